@@ -1,0 +1,140 @@
+"""NUMA nodes from ``numactl --hardware`` text or from sysfs (``/sys/devices/system/node``).
+
+``parse_numactl_hardware`` is pure; ``read_sysfs_numa`` reads a directory tree (a fake root in
+tests); ``discover_numa`` runs ``numactl -H`` and falls back to sysfs.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from gpualloc.errors import TopologyParseError
+from gpualloc.model.cpuset import parse_cpulist
+from gpualloc.model.topology import NumaNode
+
+_AVAILABLE = re.compile(r"^available: (\d+) nodes? \(([0-9,\-]*)\)\s*$")
+_CPUS = re.compile(r"^node (\d+) cpus:(.*)$")
+_SIZE = re.compile(r"^node (\d+) size: (\d+) (kB|MB|GB)\s*$")
+_FREE = re.compile(r"^node (\d+) free: ")
+_DIST_HEADER = re.compile(r"^node(\s+\d+)+\s*$")
+_DIST_ROW = re.compile(r"^\s*(\d+):((\s+\d+)+)\s*$")
+_UNIT_BYTES = {"kB": 1024, "MB": 1024**2, "GB": 1024**3}
+
+SYSFS_NODE_ROOT = Path("/sys/devices/system/node")
+
+
+def parse_numactl_hardware(text: str, *, source: str | None = None) -> list[NumaNode]:
+    """Parse ``numactl --hardware``; CPU-less nodes (GPU memory on coherent hosts) are kept."""
+    cpus: dict[int, list[int]] = {}
+    sizes: dict[int, int] = {}
+    distances: dict[int, dict[int, int]] = {}
+    header: list[int] | None = None
+    declared: list[int] | None = None
+    for number, raw in enumerate(text.replace("\r\n", "\n").split("\n"), start=1):
+        line = raw.rstrip()
+        if not line.strip() or line.strip() == "node distances:" or _FREE.match(line):
+            continue
+        if match := _AVAILABLE.match(line):
+            declared = parse_cpulist(match.group(2)) if match.group(2) else []
+        elif match := _CPUS.match(line):
+            ids = match.group(2).split()
+            if not all(i.isdigit() for i in ids):
+                bad = next(i for i in ids if not i.isdigit())
+                raise TopologyParseError(
+                    "CPU id is not a number", line_number=number, token=bad, source=source
+                )
+            cpus[int(match.group(1))] = [int(i) for i in ids]
+        elif match := _SIZE.match(line):
+            sizes[int(match.group(1))] = int(match.group(2)) * _UNIT_BYTES[match.group(3)]
+        elif _DIST_HEADER.match(line):
+            header = [int(t) for t in line.split()[1:]]
+        elif (match := _DIST_ROW.match(line)) and header is not None:
+            values = [int(t) for t in match.group(2).split()]
+            if len(values) != len(header):
+                raise TopologyParseError(
+                    f"distance row has {len(values)} values for {len(header)} nodes",
+                    line_number=number,
+                    source=source,
+                )
+            distances[int(match.group(1))] = dict(zip(header, values, strict=True))
+        elif "No NUMA available" in line:
+            return []
+        else:
+            raise TopologyParseError(
+                "not a line of 'numactl --hardware' output",
+                line_number=number,
+                token=line.strip(),
+                source=source,
+                hint="record it with: numactl --hardware > numa.txt",
+            )
+    if not cpus:
+        raise TopologyParseError(
+            "no 'node N cpus:' lines; is this 'numactl --hardware' output?", source=source
+        )
+    if declared is not None and sorted(cpus) != declared:
+        raise TopologyParseError(
+            f"'available:' declares nodes {declared} but cpus are listed for {sorted(cpus)}",
+            source=source,
+        )
+    return [
+        NumaNode(
+            id=node,
+            cpus=cpus[node],
+            memory_total_bytes=sizes.get(node),
+            distances=distances.get(node, {}),
+        )
+        for node in sorted(cpus)
+    ]
+
+
+def read_sysfs_numa(root: Path = SYSFS_NODE_ROOT) -> list[NumaNode]:
+    """Read NUMA nodes from sysfs; an absent tree (kernel without NUMA) gives []."""
+    if not root.is_dir():
+        return []
+    entries = sorted(root.glob("node[0-9]*"), key=lambda p: int(p.name[4:]))
+    ids = [int(entry.name[4:]) for entry in entries]
+    nodes = []
+    for node_id, entry in zip(ids, entries, strict=True):
+        cpulist = _read(entry / "cpulist")
+        row = [int(v) for v in _read(entry / "distance").split()]
+        nodes.append(
+            NumaNode(
+                id=node_id,
+                cpus=parse_cpulist(cpulist) if cpulist else [],
+                memory_total_bytes=_meminfo_total(_read(entry / "meminfo")),
+                distances=dict(zip(ids, row, strict=True)) if len(row) == len(ids) else {},
+            )
+        )
+    return nodes
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _meminfo_total(text: str) -> int | None:
+    match = re.search(r"MemTotal:\s+(\d+) kB", text)
+    return int(match.group(1)) * 1024 if match else None
+
+
+def discover_numa(notes: list[str]) -> list[NumaNode]:
+    """This host's NUMA nodes: ``numactl -H`` if installed, else sysfs; notes say which failed."""
+    numactl = shutil.which("numactl")
+    if numactl:
+        try:
+            completed = subprocess.run(
+                [numactl, "--hardware"], capture_output=True, text=True, timeout=10, check=True
+            )
+            return parse_numactl_hardware(completed.stdout, source="numactl --hardware")
+        except (OSError, subprocess.SubprocessError, TopologyParseError) as exc:
+            notes.append(f"numactl --hardware failed ({exc}); NUMA read from sysfs")
+    nodes = read_sysfs_numa()
+    if not nodes:
+        notes.append("no NUMA information (no numactl, no /sys/devices/system/node)")
+    return nodes

@@ -1,0 +1,62 @@
+"""Recorded topologies: gpualloc JSON files, and raw ``nvidia-smi`` / ``numactl`` text files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpualloc.discovery.numa import parse_numactl_hardware
+from gpualloc.discovery.smi import topology_from_smi_texts
+from gpualloc.errors import FileAccessError, TopologyNotFound
+from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
+from gpualloc.model.topology import Topology
+
+
+def read_text(path: Path, what: str = "file") -> str:
+    """Read a text file, turning OS errors into gpualloc errors that name the path."""
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError as exc:
+        raise TopologyNotFound(f"{what} {path} does not exist") from exc
+    except IsADirectoryError as exc:
+        raise FileAccessError(f"{what} {path} is a directory") from exc
+    except OSError as exc:
+        raise FileAccessError(f"cannot read {what} {path}: {exc.strerror}") from exc
+
+
+def looks_like_json(text: str) -> bool:
+    return text.lstrip().startswith("{")
+
+
+def load_topology_file(path: Path, *, table: BandwidthTable | None = None) -> Topology:
+    """A gpualloc topology JSON file, or raw ``nvidia-smi topo -m`` text, from ``path``."""
+    text = read_text(path, "topology file")
+    if looks_like_json(text):
+        topology = Topology.from_json(text, origin=str(path))
+        return topology.with_bandwidth_table(table) if table is not None else topology
+    return topology_from_smi_texts(
+        text, origin=str(path), table=table or DEFAULT_BANDWIDTH_TABLE, name=path.stem
+    )
+
+
+def import_smi_files(
+    topo_path: Path,
+    *,
+    nvlink_path: Path | None = None,
+    numa_path: Path | None = None,
+    table: BandwidthTable = DEFAULT_BANDWIDTH_TABLE,
+    name: str | None = None,
+) -> Topology:
+    """``gpualloc topo import``: recorded ``topo -m`` text plus optional companions."""
+    numa_nodes = None
+    if numa_path is not None:
+        numa_nodes = parse_numactl_hardware(
+            read_text(numa_path, "numactl file"), source=str(numa_path)
+        )
+    return topology_from_smi_texts(
+        read_text(topo_path, "topo -m file"),
+        nvlink_text=read_text(nvlink_path, "nvlink file") if nvlink_path else None,
+        numa_nodes=numa_nodes,
+        origin=str(topo_path),
+        table=table,
+        name=name or topo_path.stem,
+    )

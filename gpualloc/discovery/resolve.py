@@ -1,0 +1,106 @@
+"""Which topology a command works on.
+
+Order (issue 2, section 3): ``--topology NAME|PATH`` or ``$GPUALLOC_TOPOLOGY``; else NVML; else
+nvidia-smi; else :class:`~gpualloc.errors.NoGpuFound` with a hint to try a bundled topology.
+Discovered topologies are cached (see :mod:`.cache`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gpualloc.discovery import cache
+from gpualloc.discovery.numa import discover_numa
+from gpualloc.errors import DiscoveryUnavailable, NoGpuFound, TopologyNotFound
+from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
+from gpualloc.model.topology import Topology
+
+TOPOLOGY_ENV = "GPUALLOC_TOPOLOGY"
+NO_GPU_HINT = "try a bundled topology: --topology dgx1-v100 (gpualloc topo list shows them all)"
+
+
+def resolve_topology(
+    spec: str | None = None,
+    *,
+    refresh: bool = False,
+    table: BandwidthTable | None = None,
+) -> Topology:
+    """The topology named by ``spec`` (or ``$GPUALLOC_TOPOLOGY``), else this host's."""
+    spec = spec or os.environ.get(TOPOLOGY_ENV) or None
+    if spec:
+        return load_named_topology(spec, table=table)
+    return discover_host(refresh=refresh, table=table or DEFAULT_BANDWIDTH_TABLE)
+
+
+def load_named_topology(spec: str, *, table: BandwidthTable | None = None) -> Topology:
+    """A bundled topology by name, or a topology file (JSON or ``topo -m`` text) by path."""
+    from gpualloc.discovery.recorded import load_topology_file
+    from gpualloc.topologies import bundled_names, load_bundled
+
+    if spec in bundled_names():
+        topology = load_bundled(spec)
+        return topology.with_bandwidth_table(table) if table is not None else topology
+    path = Path(spec).expanduser()
+    if path.exists():
+        return load_topology_file(path, table=table)
+    if os.sep in spec or spec.endswith((".json", ".txt")):
+        raise TopologyNotFound(f"topology file {spec} does not exist")
+    return load_bundled(spec)  # raises TopologyNotFound with the closest names as a hint
+
+
+def discover_host(
+    *, refresh: bool = False, table: BandwidthTable = DEFAULT_BANDWIDTH_TABLE
+) -> Topology:
+    """Probe this host: NVML first, nvidia-smi if NVML cannot be used."""
+    try:
+        return _discover_nvml(refresh=refresh, table=table)
+    except DiscoveryUnavailable as nvml_problem:
+        try:
+            topology = _discover_nvidia_smi(refresh=refresh, table=table)
+        except DiscoveryUnavailable as smi_problem:
+            raise NoGpuFound(
+                f"no NVIDIA GPU found ({nvml_problem}; {smi_problem})", hint=NO_GPU_HINT
+            ) from smi_problem
+        topology.provenance.notes.insert(0, f"NVML unusable ({nvml_problem}); used nvidia-smi")
+        return topology
+
+
+def _discover_nvml(*, refresh: bool, table: BandwidthTable) -> Topology:
+    from gpualloc.discovery.nvml import NvmlSession
+
+    with NvmlSession() as session:
+        key = cache.CacheKey(
+            source="nvml",
+            boot_id=cache.boot_id(),
+            driver_version=session.driver_version(),
+            gpu_uuids=tuple(session.gpu_uuids()),
+        )
+        if not refresh and (cached := cache.load_cached(key)) is not None:
+            return cached.with_bandwidth_table(table)
+        notes: list[str] = []
+        topology = session.probe(numa_nodes=discover_numa(notes), table=table)
+    topology.provenance.notes.extend(notes)
+    cache.store_cached(key, topology)
+    return topology
+
+
+def _discover_nvidia_smi(*, refresh: bool, table: BandwidthTable) -> Topology:
+    from gpualloc.discovery.smi import discover_with_nvidia_smi, query_gpus
+
+    queried = query_gpus()
+    key = cache.CacheKey(
+        source="nvidia-smi",
+        boot_id=cache.boot_id(),
+        driver_version=queried[0].driver_version if queried else None,
+        gpu_uuids=tuple(q.uuid for q in queried),
+    )
+    if not queried:
+        raise DiscoveryUnavailable("nvidia-smi lists no GPU")
+    if not refresh and (cached := cache.load_cached(key)) is not None:
+        return cached.with_bandwidth_table(table)
+    notes: list[str] = []
+    topology = discover_with_nvidia_smi(numa_nodes=discover_numa(notes), table=table)
+    topology.provenance.notes.extend(notes)
+    cache.store_cached(key, topology)
+    return topology

@@ -1,0 +1,273 @@
+"""The nvidia-smi source: run nvidia-smi, and turn its texts into a topology.
+
+``topology_from_smi_texts`` is pure and serves both the live fallback (NVML absent) and
+``gpualloc topo import`` of recorded text. ``topo -m`` gives the PCIe classes, NVLink counts and
+affinities; ``nvlink -s`` adds GPU names, UUIDs and per-link rates; ``--query-gpu`` adds bus ids,
+memory, MIG mode and PCIe links; ``numactl -H`` adds the NUMA nodes. Only ``topo -m`` is required.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from gpualloc.discovery.assemble import PairFacts, assemble_topology
+from gpualloc.discovery.nvlink_status import NvlinkGpuStatus, parse_nvlink_status
+from gpualloc.discovery.topo_matrix import TopoMatrix, parse_topo_matrix
+from gpualloc.errors import DiscoveryError, DiscoveryUnavailable, TopologyParseError
+from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
+from gpualloc.model.cpuset import parse_cpulist
+from gpualloc.model.paths import PciePath
+from gpualloc.model.topology import Gpu, Health, NumaNode, Provenance, Source, Topology
+
+QUERY_FIELDS = (
+    "index",
+    "uuid",
+    "pci.bus_id",
+    "name",
+    "memory.total",
+    "mig.mode.current",
+    "pcie.link.gen.max",
+    "pcie.link.width.max",
+    "driver_version",
+)
+_MIB = 1024 * 1024
+
+
+@dataclass
+class QueriedGpu:
+    """One row of ``nvidia-smi --query-gpu`` (fields nvidia-smi could not read are None)."""
+
+    index: int
+    uuid: str | None
+    pci_bus_id: str | None
+    name: str | None
+    memory_total_bytes: int | None
+    mig_enabled: bool | None
+    pcie_generation: int | None
+    pcie_width: int | None
+    driver_version: str | None
+
+
+def topology_from_smi_texts(
+    topo_text: str,
+    *,
+    nvlink_text: str | None = None,
+    numa_nodes: list[NumaNode] | None = None,
+    queried: list[QueriedGpu] | None = None,
+    source: Source = "file",
+    origin: str | None = None,
+    table: BandwidthTable = DEFAULT_BANDWIDTH_TABLE,
+    name: str | None = None,
+    hostname: str | None = None,
+    driver_version: str | None = None,
+) -> Topology:
+    """Build a topology from ``nvidia-smi topo -m`` text and, optionally, its companions."""
+    matrix = parse_topo_matrix(topo_text, source=origin)
+    notes = list(matrix.notes)
+    statuses = parse_nvlink_status(nvlink_text, source="nvlink -s") if nvlink_text else []
+    _check_counts(matrix, statuses, queried)
+    gpus = [_gpu_from_row(matrix, index, notes) for index in range(matrix.gpu_count)]
+    gpus = [_merge_nvlink_status(gpu, statuses, notes) for gpu in gpus]
+    gpus = [_merge_query(gpu, queried or []) for gpu in gpus]
+    if queried and not driver_version:
+        driver_version = queried[0].driver_version
+    if not queried:
+        notes.append("GPU bus ids, memory sizes and MIG modes unknown (topo -m does not show them)")
+    provenance = Provenance(
+        source=source,
+        origin=origin,
+        hostname=hostname,
+        captured_at=datetime.now(timezone.utc) if source == "nvidia-smi" else None,
+        driver_version=driver_version,
+        notes=notes,
+    )
+    return assemble_topology(
+        gpus=gpus,
+        pairs=_pairs_from_matrix(matrix),
+        numa_nodes=numa_nodes or [],
+        provenance=provenance,
+        table=table,
+        name=name,
+    )
+
+
+def _check_counts(
+    matrix: TopoMatrix, statuses: list[NvlinkGpuStatus], queried: list[QueriedGpu] | None
+) -> None:
+    for status in statuses:
+        if status.index >= matrix.gpu_count:
+            raise TopologyParseError(
+                f"'nvlink -s' describes GPU {status.index} but 'topo -m' shows "
+                f"{matrix.gpu_count} GPUs; are the two files from the same host?"
+            )
+    if queried is not None and len(queried) != matrix.gpu_count:
+        raise DiscoveryError(
+            f"nvidia-smi --query-gpu lists {len(queried)} GPUs but topo -m shows {matrix.gpu_count}"
+        )
+
+
+def _gpu_from_row(matrix: TopoMatrix, index: int, notes: list[str]) -> Gpu:
+    row = matrix.rows[index]
+    cpu_text = row.affinity.get("CPU Affinity", "")
+    numa_text = row.affinity.get("NUMA Affinity", "")
+    gpu_numa_text = row.affinity.get("GPU NUMA ID", "")
+    cpus = parse_cpulist(cpu_text) if cpu_text not in ("", "N/A") else []
+    numa = parse_cpulist(numa_text) if numa_text not in ("", "N/A") else []
+    if not cpus:
+        notes.append(f"GPU{index}: CPU affinity not reported")
+    if len(numa) > 1:
+        notes.append(f"GPU{index}: NUMA affinity spans nodes {numa_text}; no single nearest node")
+    return Gpu(
+        index=index,
+        numa_node=numa[0] if len(numa) == 1 else None,
+        numa_affinity=numa,
+        cpu_affinity=cpus,
+        gpu_numa_node=int(gpu_numa_text) if gpu_numa_text.isdigit() else None,
+        health=Health.UNKNOWN,
+    )
+
+
+def _pairs_from_matrix(matrix: TopoMatrix) -> dict[tuple[int, int], PairFacts]:
+    labels = matrix.gpu_labels
+    pairs = {}
+    for a in range(len(labels)):
+        for b in range(a + 1, len(labels)):
+            cell = matrix.cell(labels[a], labels[b])
+            if cell.startswith("NV"):
+                # topo -m hides the PCIe path of NVLinked pairs.
+                pairs[(a, b)] = PairFacts(nvlinks=int(cell[2:]))
+            else:
+                pairs[(a, b)] = PairFacts(pcie=PciePath.from_token(cell))
+    return pairs
+
+
+def _merge_nvlink_status(gpu: Gpu, statuses: list[NvlinkGpuStatus], notes: list[str]) -> Gpu:
+    status = next((s for s in statuses if s.index == gpu.index), None)
+    if status is None:
+        return gpu
+    if status.snipped:
+        notes.append(f"GPU{gpu.index}: 'nvlink -s' block was cut by its author; link count unknown")
+    return gpu.model_copy(
+        update={
+            "name": status.name,
+            "uuid": status.uuid,
+            "nvlink_link_gbps": status.link_gbps,
+            "nvlinks_active": None if status.snipped else status.active_links,
+        }
+    )
+
+
+def _merge_query(gpu: Gpu, queried: list[QueriedGpu]) -> Gpu:
+    row = next((q for q in queried if q.index == gpu.index), None)
+    if row is None:
+        return gpu
+    return gpu.model_copy(
+        update={
+            "uuid": row.uuid or gpu.uuid,
+            "name": row.name or gpu.name,
+            "pci_bus_id": row.pci_bus_id,
+            "memory_total_bytes": row.memory_total_bytes,
+            "mig_enabled": row.mig_enabled,
+            "pcie_generation": row.pcie_generation,
+            "pcie_width": row.pcie_width,
+            "health": Health.OK,
+        }
+    )
+
+
+# ---- running nvidia-smi ----------------------------------------------------------------------
+
+
+def run_nvidia_smi(*args: str, timeout_s: float = 60.0) -> str:
+    """Run ``nvidia-smi ARGS``; absent binary or driver -> DiscoveryUnavailable."""
+    binary = shutil.which("nvidia-smi")
+    if binary is None:
+        raise DiscoveryUnavailable("nvidia-smi is not installed (not on PATH)")
+    try:
+        completed = subprocess.run(
+            [binary, *args], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise DiscoveryError(
+            f"nvidia-smi {' '.join(args)} did not answer within {timeout_s:.0f} s",
+            hint="a GPU may be hung; check 'dmesg' for Xid errors",
+        ) from exc
+    except OSError as exc:
+        raise DiscoveryUnavailable(f"cannot run nvidia-smi: {exc.strerror}") from exc
+    if completed.returncode != 0:
+        message = (completed.stdout + completed.stderr).strip().splitlines()
+        first = message[0] if message else f"exit status {completed.returncode}"
+        raise DiscoveryUnavailable(f"nvidia-smi {' '.join(args)} failed: {first}")
+    return completed.stdout
+
+
+def parse_query_gpu_csv(text: str) -> list[QueriedGpu]:
+    """Parse ``--query-gpu=<QUERY_FIELDS> --format=csv,noheader,nounits`` output."""
+    rows = []
+    for number, fields in enumerate(csv.reader(io.StringIO(text)), start=1):
+        if not fields:
+            continue
+        values = [_na(f.strip()) for f in fields]
+        if len(values) != len(QUERY_FIELDS) or values[0] is None or not values[0].isdigit():
+            raise TopologyParseError(
+                f"expected {len(QUERY_FIELDS)} CSV fields ({','.join(QUERY_FIELDS)})",
+                line_number=number,
+                token=",".join(fields),
+                source="nvidia-smi --query-gpu",
+            )
+        index, uuid, bus, name, memory, mig, gen, width, driver = values
+        rows.append(
+            QueriedGpu(
+                index=int(index),
+                uuid=uuid,
+                pci_bus_id=bus,
+                name=name,
+                memory_total_bytes=int(float(memory)) * _MIB if memory else None,
+                mig_enabled=None if mig is None else mig.lower() == "enabled",
+                pcie_generation=int(gen) if gen and gen.isdigit() else None,
+                pcie_width=int(width) if width and width.isdigit() else None,
+                driver_version=driver,
+            )
+        )
+    return rows
+
+
+def _na(value: str) -> str | None:
+    return None if value in ("", "[N/A]", "N/A", "[Not Supported]", "[Unknown Error]") else value
+
+
+def query_gpus() -> list[QueriedGpu]:
+    text = run_nvidia_smi(f"--query-gpu={','.join(QUERY_FIELDS)}", "--format=csv,noheader,nounits")
+    return parse_query_gpu_csv(text)
+
+
+def discover_with_nvidia_smi(
+    *, numa_nodes: list[NumaNode], table: BandwidthTable = DEFAULT_BANDWIDTH_TABLE
+) -> Topology:
+    """This host's topology from nvidia-smi alone (the fallback when NVML cannot be loaded)."""
+    queried = query_gpus()
+    topo_text = run_nvidia_smi("topo", "-m")
+    notes: list[str] = []
+    try:
+        nvlink_text: str | None = run_nvidia_smi("nvlink", "-s") or None
+    except DiscoveryError as exc:
+        nvlink_text = None
+        notes.append(f"nvidia-smi nvlink -s failed: {exc}")
+    topology = topology_from_smi_texts(
+        topo_text,
+        nvlink_text=nvlink_text,
+        numa_nodes=numa_nodes,
+        queried=queried,
+        source="nvidia-smi",
+        origin="nvidia-smi topo -m",
+        table=table,
+        hostname=socket.gethostname(),
+    )
+    topology.provenance.notes.extend(notes)
+    return topology

@@ -1,0 +1,134 @@
+"""The error hierarchy and the one exit-code table of gpualloc.
+
+The library raises :class:`GpuallocError` subclasses named after domain facts; only the CLI's
+``main`` turns them into ``error: ...`` / ``hint: ...`` lines on stderr and an exit code (house
+style habit 1, after sqlite-utils and pipx). Every exit code gpualloc can return is listed in
+:class:`ExitCode`; README and the man page are generated from this table.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Process exit codes. Stable: scripts and Slurm prologs depend on them."""
+
+    OK = 0
+    INTERNAL = 1
+    """An unexpected failure inside gpualloc (a bug); rerun with ``--debug`` for the traceback."""
+    USAGE = 2
+    """The command line is wrong (unknown option, bad value); click's own convention."""
+    TOPOLOGY_NOT_FOUND = 3
+    """``--topology`` names neither a bundled topology nor a readable file."""
+    TOPOLOGY_PARSE = 4
+    """Recorded ``nvidia-smi`` / ``numactl`` text or a topology file could not be understood."""
+    TOPOLOGY_INVALID = 5
+    """A topology file parsed but is inconsistent, or was written by a newer gpualloc."""
+    NO_GPU = 6
+    """No NVIDIA GPU was found on this host and no topology was given."""
+    DISCOVERY = 7
+    """NVML or nvidia-smi is present but failed in a way gpualloc cannot work around."""
+    IO = 8
+    """A file gpualloc had to read or write could not be accessed."""
+    INTERRUPTED = 130
+    """Interrupted by SIGINT (128 + 2), as shells report it."""
+
+
+EXIT_CODE_DESCRIPTIONS: dict[ExitCode, str] = {
+    ExitCode.OK: "success",
+    ExitCode.INTERNAL: "internal error (a bug); rerun with --debug and report it",
+    ExitCode.USAGE: "bad command line",
+    ExitCode.TOPOLOGY_NOT_FOUND: "--topology names no bundled topology and no readable file",
+    ExitCode.TOPOLOGY_PARSE: "recorded nvidia-smi/numactl text or topology file not understood",
+    ExitCode.TOPOLOGY_INVALID: "topology file inconsistent or written by a newer gpualloc",
+    ExitCode.NO_GPU: "no NVIDIA GPU found and no topology given",
+    ExitCode.DISCOVERY: "NVML or nvidia-smi failed",
+    ExitCode.IO: "a file could not be read or written",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
+}
+
+
+class GpuallocError(Exception):
+    """Base of every error gpualloc reports to a user.
+
+    ``message`` is one line saying what went wrong; ``hint`` is one line saying what to do.
+    """
+
+    exit_code: ExitCode = ExitCode.INTERNAL
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class TopologyError(GpuallocError):
+    """Something is wrong with a topology: where it comes from or what it says."""
+
+    exit_code = ExitCode.TOPOLOGY_INVALID
+
+
+class TopologyNotFound(TopologyError):
+    """``--topology`` names neither a bundled topology nor an existing file."""
+
+    exit_code = ExitCode.TOPOLOGY_NOT_FOUND
+
+
+class TopologyParseError(TopologyError):
+    """Recorded text could not be parsed; names the line and the offending token."""
+
+    exit_code = ExitCode.TOPOLOGY_PARSE
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        line_number: int | None = None,
+        line: str | None = None,
+        token: str | None = None,
+        source: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        where = []
+        if source:
+            where.append(source)
+        if line_number is not None:
+            where.append(f"line {line_number}")
+        prefix = ":".join(where)
+        text = f"{prefix}: {message}" if prefix else message
+        if token is not None:
+            text += f" (token {token!r})"
+        super().__init__(text, hint=hint)
+        self.line_number = line_number
+        self.line = line
+        self.token = token
+
+
+class SchemaVersionError(TopologyError):
+    """A file was written by a newer gpualloc whose schema this version does not know."""
+
+
+class NoGpuFound(GpuallocError):
+    """Neither NVML nor nvidia-smi found a GPU, and no topology was given."""
+
+    exit_code = ExitCode.NO_GPU
+
+
+class DiscoveryError(GpuallocError):
+    """A discovery source is present but failed."""
+
+    exit_code = ExitCode.DISCOVERY
+
+
+class DiscoveryUnavailable(DiscoveryError):
+    """A discovery source is absent (no libnvidia-ml, no nvidia-smi); the next one is tried."""
+
+
+class FileAccessError(GpuallocError):
+    """A file could not be read or written."""
+
+    exit_code = ExitCode.IO

@@ -1,0 +1,26 @@
+"""Pure data: the host topology model. No I/O, no discovery (house style: ``model/``)."""
+
+from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
+from gpualloc.model.paths import PciePath
+from gpualloc.model.topology import (
+    SCHEMA_VERSION,
+    Gpu,
+    Health,
+    Link,
+    NumaNode,
+    Provenance,
+    Topology,
+)
+
+__all__ = [
+    "DEFAULT_BANDWIDTH_TABLE",
+    "SCHEMA_VERSION",
+    "BandwidthTable",
+    "Gpu",
+    "Health",
+    "Link",
+    "NumaNode",
+    "PciePath",
+    "Provenance",
+    "Topology",
+]

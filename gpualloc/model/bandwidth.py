@@ -1,0 +1,166 @@
+"""The one table behind every link-bandwidth estimate, and the estimate itself.
+
+Every figure is a *unidirectional* data rate in GB/s (10^9 bytes per second), the unit NVIDIA
+uses for ``nvidia-smi nvlink -s`` and the unit of the MAPA paper's bandwidths. A pair's estimate is:
+
+- NVLinked pair: ``links x per-link rate``. The per-link rate is the one the driver reported for
+  these GPUs when a source told it (``nvidia-smi nvlink -s``), else the GPU family's rate from
+  :mod:`gpualloc.model.catalog`, else :attr:`BandwidthTable.nvlink_link_gbps` for the link's
+  NVLink generation. Through an NVSwitch the same formula holds: a GPU's links into the switch
+  fabric are all usable to any one peer.
+- PCIe-only pair: ``lane rate(generation) x lanes x path factor``, with the lower generation and
+  width of the two GPUs. The path factor is the penalty for a path that climbs above a PCIe switch;
+  ``SYS`` carries the cost of crossing the CPU interconnect.
+
+The table is a pydantic model, so it can be overridden in full or in part from a JSON file
+(``--bandwidth-table FILE`` / ``GPUALLOC_BANDWIDTH_TABLE``); later issues calibrate it against
+measurements.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gpualloc.errors import FileAccessError, TopologyError
+from gpualloc.model.paths import PciePath
+
+
+class BandwidthTable(BaseModel):
+    """Per-link and per-lane data rates and PCIe path penalties. Units: GB/s, one direction."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    nvlink_link_gbps: dict[int, float] = Field(
+        default_factory=lambda: {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0},
+        description=(
+            "Per-link, per-direction NVLink rate by NVLink generation. Sources: NVIDIA Tesla P100 "
+            "whitepaper (NVLink 1: 4 links, 160 GB/s bidirectional -> 20), Tesla V100 whitepaper "
+            "(NVLink 2: 6 links, 300 GB/s -> 25), A100 whitepaper (NVLink 3: 12 links, 600 GB/s "
+            "-> 25), H100 whitepaper (NVLink 4: 18 links, 900 GB/s -> 25), Blackwell "
+            "architecture brief (NVLink 5: 18 links, 1.8 TB/s -> 50)."
+        ),
+    )
+    default_nvlink_generation: int = Field(
+        2,
+        description=(
+            "Generation assumed when no source tells it (a bare 'nvidia-smi topo -m' names no "
+            "GPU model). 2 is the generation of the MAPA paper's DGX-1 V100."
+        ),
+    )
+    pcie_lane_gbps: dict[int, float] = Field(
+        default_factory=lambda: {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563},
+        description=(
+            "Per-lane, per-direction PCIe rate after line encoding, by PCIe generation. Source: "
+            "PCI-SIG base specifications (2.5/5 GT/s with 8b/10b; 8/16/32 GT/s with 128b/130b; "
+            "64 GT/s PAM4 with 242B/256B FLITs)."
+        ),
+    )
+    default_pcie_generation: int = Field(
+        3, description="PCIe generation assumed when no source tells it (most GPUs of 2016-2020)."
+    )
+    default_pcie_width: int = Field(16, description="PCIe lanes assumed when unknown.")
+    pcie_path_factor: dict[PciePath, float] = Field(
+        default_factory=lambda: {
+            PciePath.BOARD: 1.0,
+            PciePath.PIX: 1.0,
+            PciePath.PXB: 0.9,
+            PciePath.PHB: 0.8,
+            PciePath.NODE: 0.7,
+            PciePath.SYS: 0.5,
+        },
+        description=(
+            "Fraction of the PCIe link rate that peer traffic achieves along each path class. "
+            "gpualloc's prior, pending calibration: ordered as NVML's topology levels; SYS at "
+            "one half because peer-to-peer over QPI/UPI is not supported or is staged through "
+            "host memory (CUDA C Programming Guide, 'Peer-to-Peer Memory Access'; NCCL disables "
+            "P2P across SYS by default), and the DRB paper's reference machine weights a "
+            "cross-socket pair 20 times a same-socket pair (shared/reference/drb_topologies.json)."
+        ),
+    )
+    unknown_path_factor: float = Field(
+        0.5, description="Factor for a pair whose PCIe path is unknown: assume the worst (SYS)."
+    )
+
+    def nvlink_rate(self, generation: int | None) -> float:
+        """Per-link rate for an NVLink generation (None: the default generation)."""
+        if generation is None:
+            generation = self.default_nvlink_generation
+        if generation in self.nvlink_link_gbps:
+            return self.nvlink_link_gbps[generation]
+        # A generation newer than the table: the newest rate the table knows is a lower bound.
+        older = [g for g in self.nvlink_link_gbps if g < generation]
+        return self.nvlink_link_gbps[max(older) if older else min(self.nvlink_link_gbps)]
+
+    def pcie_rate(self, generation: int | None, width: int | None) -> float:
+        """Raw PCIe link rate for a generation and width, with the defaults for unknowns."""
+        gen = generation if generation in self.pcie_lane_gbps else self.default_pcie_generation
+        return self.pcie_lane_gbps[gen] * (width or self.default_pcie_width)
+
+    def path_factor(self, path: PciePath | None) -> float:
+        """The path penalty; unknown paths get :attr:`unknown_path_factor`."""
+        if path is None:
+            return self.unknown_path_factor
+        return self.pcie_path_factor.get(path, self.unknown_path_factor)
+
+
+DEFAULT_BANDWIDTH_TABLE = BandwidthTable()
+
+
+def load_bandwidth_table(path: Path) -> BandwidthTable:
+    """Read a JSON override; fields it leaves out keep their default values."""
+    try:
+        data: Any = json.loads(path.read_text())
+    except OSError as exc:
+        raise FileAccessError(
+            f"cannot read bandwidth table {path}: {exc.strerror}",
+            hint="check the path given to --bandwidth-table / GPUALLOC_BANDWIDTH_TABLE",
+        ) from exc
+    except json.JSONDecodeError as exc:
+        raise TopologyError(
+            f"bandwidth table {path} is not JSON: {exc.msg} at line {exc.lineno}",
+            hint="the file is a JSON object with fields of BandwidthTable, e.g. "
+            '{"pcie_path_factor": {"SYS": 0.4}}',
+        ) from exc
+    if not isinstance(data, dict):
+        raise TopologyError(f"bandwidth table {path} must be a JSON object")
+    merged = DEFAULT_BANDWIDTH_TABLE.model_dump()
+    for key, value in data.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    try:
+        return BandwidthTable.model_validate(merged)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise TopologyError(
+            f"bandwidth table {path}: {where}: {first['msg']}",
+            hint="see 'gpualloc topo show --help' for the table's fields",
+        ) from exc
+
+
+def estimate_link_bandwidth_gbps(
+    *,
+    nvlinks: int,
+    nvlink_generation: int | None,
+    nvlink_link_gbps: float | None,
+    pcie: PciePath | None,
+    pcie_generation: int | None,
+    pcie_width: int | None,
+    table: BandwidthTable = DEFAULT_BANDWIDTH_TABLE,
+) -> float:
+    """Estimated one-direction bandwidth between two GPUs, in GB/s (see the module docstring).
+
+    ``nvlink_link_gbps`` is a per-link rate known for these GPUs (driver report or GPU family);
+    ``pcie_generation`` and ``pcie_width`` are the lower of the two GPUs' values, or None.
+    """
+    if nvlinks > 0:
+        per_link = nvlink_link_gbps or table.nvlink_rate(nvlink_generation)
+        return round(nvlinks * per_link, 3)
+    rate = table.pcie_rate(pcie_generation, pcie_width)
+    return round(rate * table.path_factor(pcie), 3)

@@ -1,0 +1,326 @@
+"""The host topology: GPUs, the link between every pair of them, NUMA nodes, and provenance.
+
+This is the contract every later capability consumes (placement, ledger, launcher, simulator,
+Slurm). It is pure data: no I/O beyond JSON text, no discovery. ``--json`` output is
+``Topology.to_json()``; the documented keys (``gpus[].index/uuid/pci_bus_id/name/numa_node/
+cpu_affinity`` and ``links[].a/b/kind/nvlinks/pcie/bandwidth_gbps``) are stable.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    computed_field,
+    field_validator,
+    model_validator,
+)
+
+from gpualloc.errors import SchemaVersionError, TopologyError
+from gpualloc.model.bandwidth import (
+    DEFAULT_BANDWIDTH_TABLE,
+    BandwidthTable,
+    estimate_link_bandwidth_gbps,
+)
+from gpualloc.model.catalog import family_of
+from gpualloc.model.paths import PciePath
+
+if TYPE_CHECKING:
+    import networkx
+
+SCHEMA_VERSION = 1
+"""Version of the topology file format. Bump it, and add a migration, on any breaking change."""
+
+
+class Health(str, Enum):
+    """Whether a GPU answered discovery."""
+
+    OK = "ok"
+    LOST = "lost"
+    """NVML reported the GPU lost (fell off the bus); it must not be placed on."""
+    UNKNOWN = "unknown"
+    """A recorded source cannot tell."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Gpu(_Strict):
+    """One physical GPU as NVML numbers it (``CUDA_DEVICE_ORDER=PCI_BUS_ID`` order)."""
+
+    index: int = Field(ge=0, description="NVML index, equal to the CUDA index in PCI_BUS_ID order")
+    uuid: str | None = None
+    pci_bus_id: str | None = Field(None, description="e.g. 00000000:07:00.0")
+    name: str | None = None
+    memory_total_bytes: int | None = Field(None, ge=0)
+    numa_node: int | None = Field(
+        None, description="the one NUMA node nearest the GPU; None when unknown or ambiguous"
+    )
+    numa_affinity: list[int] = Field(
+        default_factory=list,
+        description="every NUMA node nvidia-smi lists as near (VMs list ranges)",
+    )
+    cpu_affinity: list[int] = Field(
+        default_factory=list, description="ids of the CPUs near the GPU"
+    )
+    gpu_numa_node: int | None = Field(
+        None, description="NUMA node of the GPU's own memory (coherent hosts: Grace, POWER9)"
+    )
+    mig_enabled: bool | None = None
+    health: Health = Health.OK
+    pcie_generation: int | None = Field(None, ge=1)
+    pcie_width: int | None = Field(None, ge=1)
+    nvlink_generation: int | None = Field(None, ge=1)
+    nvlink_link_gbps: float | None = Field(
+        None, gt=0, description="per-link NVLink rate reported by the driver (nvlink -s)"
+    )
+    nvlinks_active: int | None = Field(None, ge=0, description="active NVLinks of this GPU")
+
+    @field_validator("cpu_affinity", "numa_affinity")
+    @classmethod
+    def _sorted_unique(cls, value: list[int]) -> list[int]:
+        return sorted(set(value))
+
+
+class Link(_Strict):
+    """What connects GPUs ``a < b``: the PCIe path, NVLinks, an NVSwitch, and the bandwidth."""
+
+    a: int = Field(ge=0)
+    b: int = Field(ge=0)
+    pcie: PciePath | None = Field(None, description="PCIe path class; None when unknown")
+    nvlinks: int = Field(0, ge=0, description="NVLinks bonded between the pair (NV# in topo -m)")
+    nvlink_generation: int | None = Field(None, ge=1)
+    nvswitch: bool = Field(False, description="the NVLinks run through an NVSwitch fabric")
+    bandwidth_gbps: float = Field(ge=0, description="estimated one-direction bandwidth, GB/s")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_derived_kind(cls, data: Any) -> Any:
+        # ``kind`` is derived; JSON written by to_json() carries it, so accept it back.
+        if isinstance(data, dict) and "kind" in data:
+            data = {k: v for k, v in data.items() if k != "kind"}
+        return data
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Link:
+        if self.a >= self.b:
+            raise ValueError(f"link endpoints must satisfy a < b, got a={self.a}, b={self.b}")
+        return self
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def kind(self) -> str:
+        """``NV<n>`` when NVLinked, else the PCIe class, else ``UNKNOWN``."""
+        if self.nvlinks:
+            return f"NV{self.nvlinks}"
+        return self.pcie.value if self.pcie else "UNKNOWN"
+
+
+class NumaNode(_Strict):
+    """A NUMA node; GPU-memory nodes of coherent hosts have no CPUs."""
+
+    id: int = Field(ge=0)
+    cpus: list[int] = Field(default_factory=list)
+    memory_total_bytes: int | None = Field(None, ge=0)
+    distances: dict[int, int] = Field(
+        default_factory=dict, description="SLIT distance to each node id (10 = local)"
+    )
+
+    @field_validator("cpus")
+    @classmethod
+    def _sorted_unique(cls, value: list[int]) -> list[int]:
+        return sorted(set(value))
+
+
+Source = Literal["nvml", "nvidia-smi", "file", "bundled"]
+
+
+class Provenance(_Strict):
+    """Where a topology came from, and what could not be read."""
+
+    source: Source
+    origin: str | None = Field(None, description="file path, bundled name, or command")
+    hostname: str | None = None
+    captured_at: datetime | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    description: str | None = Field(
+        None, description="for bundled and recorded files: what and whence"
+    )
+    notes: list[str] = Field(default_factory=list, description="fields that could not be read")
+
+
+class Topology(_Strict):
+    """A multi-GPU host. Links are complete: one per unordered GPU pair, sorted by (a, b)."""
+
+    schema_version: int = SCHEMA_VERSION
+    name: str | None = None
+    gpus: list[Gpu]
+    links: list[Link] = Field(default_factory=list)
+    numa_nodes: list[NumaNode] = Field(default_factory=list)
+    provenance: Provenance
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Topology:
+        indices = [g.index for g in self.gpus]
+        if indices != list(range(len(indices))):
+            raise ValueError(f"GPU indices must be 0..{len(indices) - 1} in order, got {indices}")
+        self.links.sort(key=lambda link: (link.a, link.b))
+        pairs = [(link.a, link.b) for link in self.links]
+        expected = [(a, b) for a in indices for b in indices if a < b]
+        if pairs != expected:
+            missing = sorted(set(expected) - set(pairs))
+            extra = sorted(set(pairs) - set(expected))
+            dup = len(pairs) - len(set(pairs))
+            raise ValueError(
+                "links must cover every GPU pair exactly once"
+                + (f"; missing {missing[:4]}" if missing else "")
+                + (f"; unknown pairs {extra[:4]}" if extra else "")
+                + (f"; {dup} duplicated" if dup else "")
+            )
+        node_ids = [n.id for n in self.numa_nodes]
+        if len(set(node_ids)) != len(node_ids):
+            raise ValueError(f"NUMA node ids repeat: {node_ids}")
+        self.numa_nodes.sort(key=lambda n: n.id)
+        return self
+
+    # ---- lookups -------------------------------------------------------------------------
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    def gpu(self, index: int) -> Gpu:
+        try:
+            return self.gpus[index]
+        except IndexError:
+            raise TopologyError(
+                f"GPU {index} does not exist on this host ({self.gpu_count} GPUs)"
+            ) from None
+
+    def link(self, a: int, b: int) -> Link:
+        """The link between two distinct GPUs, in either order."""
+        if a == b:
+            raise ValueError("a GPU has no link to itself")
+        low, high = min(a, b), max(a, b)
+        n = self.gpu_count
+        if low < 0 or high >= n:
+            raise TopologyError(f"GPU pair ({a}, {b}) does not exist on this host ({n} GPUs)")
+        # Links are sorted (a, b) over a < b: row `low` starts after the rows above it.
+        position = low * n - low * (low + 1) // 2 + (high - low - 1)
+        return self.links[position]
+
+    def bandwidth_gbps(self, a: int, b: int) -> float:
+        return self.link(a, b).bandwidth_gbps
+
+    def numa_node(self, node_id: int) -> NumaNode | None:
+        return next((n for n in self.numa_nodes if n.id == node_id), None)
+
+    @property
+    def has_nvlink(self) -> bool:
+        return any(link.nvlinks for link in self.links)
+
+    # ---- derived views -------------------------------------------------------------------
+
+    def with_bandwidth_table(self, table: BandwidthTable) -> Topology:
+        """A copy whose link bandwidths are re-estimated with ``table``."""
+        links = [
+            link.model_copy(update={"bandwidth_gbps": pair_bandwidth_gbps(self.gpus, link, table)})
+            for link in self.links
+        ]
+        return self.model_copy(update={"links": links})
+
+    def to_networkx(self) -> networkx.Graph:
+        """An undirected graph: GPU nodes (with their attributes), one edge per pair.
+
+        Edge attributes are the link's fields plus ``weight`` = bandwidth in GB/s. networkx is
+        imported here, not at module level, so that the CLI starts fast (house style habit 9).
+        """
+        import networkx as nx
+
+        graph = nx.Graph(name=self.name or "")
+        for gpu in self.gpus:
+            graph.add_node(gpu.index, **gpu.model_dump(exclude={"index"}))
+        for link in self.links:
+            graph.add_edge(
+                link.a, link.b, weight=link.bandwidth_gbps, **link.model_dump(exclude={"a", "b"})
+            )
+        return graph
+
+    # ---- JSON ----------------------------------------------------------------------------
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_json_dict(), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json_dict(cls, data: Any, *, origin: str = "<json>") -> Topology:
+        """Validate a parsed JSON document; errors name the file and the offending field."""
+        if not isinstance(data, dict):
+            raise TopologyError(f"{origin}: a topology file holds a JSON object")
+        version = data.get("schema_version")
+        if not isinstance(version, int):
+            raise TopologyError(
+                f"{origin}: no integer schema_version; not a gpualloc topology file",
+                hint="create one with 'gpualloc topo record' or 'gpualloc topo import'",
+            )
+        if version > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{origin} has schema_version {version}; this gpualloc reads up to "
+                f"{SCHEMA_VERSION}",
+                hint="upgrade gpualloc (pip install -U gpualloc)",
+            )
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+            more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+            raise TopologyError(f"{origin}: {where}: {first['msg']}{more}") from exc
+
+    @classmethod
+    def from_json(cls, text: str, *, origin: str = "<json>") -> Topology:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TopologyError(
+                f"{origin}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            ) from exc
+        return cls.from_json_dict(data, origin=origin)
+
+
+def _per_link_rate(gpu: Gpu) -> float | None:
+    """The driver-reported NVLink rate, else the GPU family's (see ``catalog``)."""
+    if gpu.nvlink_link_gbps:
+        return gpu.nvlink_link_gbps
+    family = family_of(gpu.name)
+    return family.nvlink_link_gbps if family else None
+
+
+def pair_bandwidth_gbps(
+    gpus: list[Gpu], link: Link, table: BandwidthTable = DEFAULT_BANDWIDTH_TABLE
+) -> float:
+    """Estimate a link's bandwidth from the two GPUs' facts and ``table``."""
+    first, second = gpus[link.a], gpus[link.b]
+    rates = [rate for g in (first, second) if (rate := _per_link_rate(g))]
+    generations = [g.pcie_generation for g in (first, second) if g.pcie_generation]
+    widths = [g.pcie_width for g in (first, second) if g.pcie_width]
+    return estimate_link_bandwidth_gbps(
+        nvlinks=link.nvlinks,
+        nvlink_generation=link.nvlink_generation,
+        nvlink_link_gbps=min(rates) if rates else None,
+        pcie=link.pcie,
+        pcie_generation=min(generations) if generations else None,
+        pcie_width=min(widths) if widths else None,
+        table=table,
+    )
