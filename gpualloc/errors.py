@@ -33,6 +33,8 @@ class ExitCode(IntEnum):
     """A file gpualloc had to read or write could not be accessed."""
     INTERRUPTED = 130
     """Interrupted by SIGINT (128 + 2), as shells report it."""
+    BROKEN_PIPE = 141
+    """stdout was closed by its reader (128 + SIGPIPE), e.g. ``gpualloc topo show | head``."""
 
 
 EXIT_CODE_DESCRIPTIONS: dict[ExitCode, str] = {
@@ -46,6 +48,7 @@ EXIT_CODE_DESCRIPTIONS: dict[ExitCode, str] = {
     ExitCode.DISCOVERY: "NVML or nvidia-smi failed",
     ExitCode.IO: "a file could not be read or written",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
+    ExitCode.BROKEN_PIPE: "the reader of stdout went away (| head); nothing is wrong",
 }
 
 

@@ -9,12 +9,13 @@ read or written is ignored, never an error.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gpualloc.atomic import write_text_atomic
 from gpualloc.errors import TopologyError
 from gpualloc.model.topology import Topology
 
@@ -64,19 +65,7 @@ def load_cached(key: CacheKey) -> Topology | None:
 
 
 def store_cached(key: CacheKey, topology: Topology) -> None:
-    """Write atomically (temp file, fsync, rename), so readers never see half a file."""
-    path = _path(key.source)
+    """Write atomically, so readers never see half a file; failures are ignored."""
     document = {"key": asdict(key), "topology": topology.to_json_dict()}
-    temporary: Path | None = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=".topology-", suffix=".tmp")
-        temporary = Path(name)
-        with os.fdopen(descriptor, "w") as handle:
-            json.dump(document, handle, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        temporary.replace(path)
-    except OSError:
-        if temporary is not None:
-            temporary.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        write_text_atomic(_path(key.source), json.dumps(document, sort_keys=True))

@@ -43,20 +43,38 @@ def import_smi_files(
     *,
     nvlink_path: Path | None = None,
     numa_path: Path | None = None,
-    table: BandwidthTable = DEFAULT_BANDWIDTH_TABLE,
+    table: BandwidthTable | None = None,
     name: str | None = None,
 ) -> Topology:
-    """``gpualloc topo import``: recorded ``topo -m`` text plus optional companions."""
-    numa_nodes = None
-    if numa_path is not None:
-        numa_nodes = parse_numactl_hardware(
-            read_text(numa_path, "numactl file"), source=str(numa_path)
-        )
-    return topology_from_smi_texts(
+    """``gpualloc topo import``: recorded ``topo -m`` text plus optional companion files."""
+    return import_smi_texts(
         read_text(topo_path, "topo -m file"),
         nvlink_text=read_text(nvlink_path, "nvlink file") if nvlink_path else None,
-        numa_nodes=numa_nodes,
+        numa_text=read_text(numa_path, "numactl file") if numa_path else None,
         origin=str(topo_path),
+        numa_origin=str(numa_path) if numa_path else None,
         table=table,
         name=name or topo_path.stem,
+    )
+
+
+def import_smi_texts(
+    topo_text: str,
+    *,
+    nvlink_text: str | None = None,
+    numa_text: str | None = None,
+    origin: str | None = None,
+    numa_origin: str | None = None,
+    table: BandwidthTable | None = None,
+    name: str | None = None,
+) -> Topology:
+    """Recorded texts to a topology (the file-less core of :func:`import_smi_files`)."""
+    numa_nodes = parse_numactl_hardware(numa_text, source=numa_origin) if numa_text else None
+    return topology_from_smi_texts(
+        topo_text,
+        nvlink_text=nvlink_text,
+        numa_nodes=numa_nodes,
+        origin=origin,
+        table=table or DEFAULT_BANDWIDTH_TABLE,
+        name=name,
     )

@@ -1,0 +1,1 @@
+"""The command line: a typer app, one module per command group (house style: ``cli/``)."""

@@ -1,0 +1,117 @@
+"""Human and JSON rendering. stdout is data, stderr is people (house style habit 6).
+
+Human output is a sequence of :class:`Table` objects: rich tables with colour on a terminal,
+plain aligned text when stdout is a pipe or a file (so ``grep`` and ``awk`` work on it). JSON is
+sorted and indented. rich is imported only when a terminal will show it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+STYLE_BY_CLASS = {
+    "NV": "bold green",
+    "BOARD": "cyan",
+    "PIX": "cyan",
+    "PXB": "cyan",
+    "PHB": "yellow",
+    "NODE": "yellow",
+    "SYS": "red",
+    "UNKNOWN": "dim",
+}
+
+
+@dataclass
+class Table:
+    """A titled table; ``styles`` optionally gives a rich style per cell."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    styles: list[list[str | None]] | None = None
+    caption: str | None = None
+    right_align_from: int | None = None
+    """Columns from this index on are right-aligned (numbers)."""
+
+
+def stdout_is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def print_lines(lines: list[str]) -> None:
+    sys.stdout.write("".join(line + "\n" for line in lines))
+
+
+def print_tables(
+    tables: list[Table], *, heading: str | None = None, footer: list[str] | None = None
+) -> None:
+    if stdout_is_terminal():
+        _print_rich(tables, heading, footer or [])
+    else:
+        _print_plain(tables, heading, footer or [])
+
+
+def say(message: str) -> None:
+    """A line for people, on stderr."""
+    sys.stderr.write(message + "\n")
+
+
+def _print_plain(tables: list[Table], heading: str | None, footer: list[str]) -> None:
+    out: list[str] = []
+    if heading:
+        out += [heading, ""]
+    for table in tables:
+        out.append(table.title)
+        cells = [table.columns, *table.rows]
+        widths = [max(len(row[i]) for row in cells) for i in range(len(table.columns))]
+        for row in cells:
+            parts = []
+            for i, cell in enumerate(row):
+                right = table.right_align_from is not None and i >= table.right_align_from
+                parts.append(cell.rjust(widths[i]) if right else cell.ljust(widths[i]))
+            out.append("  " + "  ".join(parts).rstrip())
+        if table.caption:
+            out.append("  " + table.caption)
+        out.append("")
+    out += footer
+    while out and not out[-1]:
+        out.pop()
+    print_lines(out)
+
+
+def _print_rich(tables: list[Table], heading: str | None, footer: list[str]) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table as RichTable
+    from rich.text import Text
+
+    console = Console(highlight=False)
+    if heading:
+        console.print(Text(heading, style="bold"))
+        console.print()
+    for table in tables:
+        rich_table = RichTable(
+            title=table.title,
+            title_justify="left",
+            title_style="bold",
+            caption=table.caption,
+            caption_justify="left",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+        )
+        for i, column in enumerate(table.columns):
+            right = table.right_align_from is not None and i >= table.right_align_from
+            rich_table.add_column(column, justify="right" if right else "left", no_wrap=i == 0)
+        for r, row in enumerate(table.rows):
+            styles = table.styles[r] if table.styles else [None] * len(row)
+            rich_table.add_row(*(Text(c, style=s or "") for c, s in zip(row, styles, strict=True)))
+        console.print(rich_table)
+    for line in footer:
+        console.print(Text(line, style="dim" if line.startswith("  ") else ""))

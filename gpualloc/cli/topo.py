@@ -1,0 +1,161 @@
+"""``gpualloc topo``: show, list, import and record host topologies."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gpualloc.cli.state import STATE
+
+app = typer.Typer(
+    help="What a host looks like: GPUs, NVLink/PCIe links, NUMA nodes.",
+    no_args_is_help=True,
+)
+
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Print the topology as JSON (the documented model) instead.")
+]
+
+
+@app.command("show")
+def show(as_json: JsonOption = False) -> None:
+    """Show the GPUs, the link and bandwidth matrices, the NUMA nodes, and where it all came from.
+
+    The topology is this host's (NVML, then nvidia-smi; cached until reboot or driver change),
+    or the one named by --topology / GPUALLOC_TOPOLOGY.
+    """
+    _render(STATE.load_topology(), as_json)
+
+
+@app.command("list")
+def list_bundled(as_json: JsonOption = False) -> None:
+    """List the bundled topologies usable with --topology NAME."""
+    from gpualloc.cli.output import Table, print_json, print_tables
+    from gpualloc.cli.topology_view import describe
+    from gpualloc.topologies import bundled_names, load_bundled
+
+    topologies = [load_bundled(name) for name in bundled_names()]
+    if as_json:
+        print_json(
+            [
+                {
+                    "name": t.name,
+                    "gpus": t.gpu_count,
+                    "summary": describe(t),
+                    "description": t.provenance.description,
+                }
+                for t in topologies
+            ]
+        )
+        return
+    rows = [[t.name or "", str(t.gpu_count), describe(t).split(": ", 1)[1]] for t in topologies]
+    print_tables(
+        [
+            Table(
+                "Bundled topologies",
+                ["Name", "GPUs", "Summary"],
+                rows,
+                caption="Use one with: gpualloc --topology NAME topo show",
+            )
+        ]
+    )
+
+
+@app.command("import")
+def import_text(
+    topo_file: Annotated[
+        Path,
+        typer.Argument(
+            metavar="FILE", help="Output of 'nvidia-smi topo -m' saved to a file ('-' for stdin)."
+        ),
+    ],
+    nvlink: Annotated[
+        Optional[Path],  # noqa: UP045 - typer needs Optional on Python 3.10
+        typer.Option("--nvlink", metavar="FILE", help="Output of 'nvidia-smi nvlink -s'."),
+    ] = None,
+    numa: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--numa", metavar="FILE", help="Output of 'numactl --hardware'."),
+    ] = None,
+    output: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--output", "-o", metavar="OUT", help="Write the topology JSON to OUT."),
+    ] = None,
+    name: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--name", help="Name stored in the topology (default: the file's stem)."),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Turn recorded nvidia-smi / numactl text into a gpualloc topology.
+
+    'nvidia-smi topo -m' gives the links and affinities; 'nvlink -s' adds GPU names and link
+    rates; 'numactl -H' adds NUMA memory and distances. Without -o or --json the result is shown
+    as 'topo show' would show it.
+    """
+    from gpualloc.discovery.recorded import import_smi_files, import_smi_texts
+
+    table = STATE.bandwidth_override()
+    if str(topo_file) == "-":
+        topology = import_smi_texts(sys.stdin.read(), origin="<stdin>", name=name, table=table)
+    else:
+        topology = import_smi_files(
+            topo_file, nvlink_path=nvlink, numa_path=numa, name=name, table=table
+        )
+    if output is not None:
+        _write(output, topology.to_json())
+        from gpualloc.cli.output import say
+
+        say(f"wrote {output} ({topology.gpu_count} GPUs)")
+        if not as_json:
+            return
+    _render(topology, as_json)
+
+
+@app.command("record")
+def record(
+    output: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--output", "-o", metavar="FILE", help="Write here instead of stdout."),
+    ] = None,
+) -> None:
+    """Save what this host looks like as a topology file, for bug reports and test fixtures.
+
+    Probes the host afresh (ignoring the cache). The file works anywhere with --topology FILE.
+    """
+    from gpualloc.cli.output import say
+
+    STATE.refresh = True
+    topology = STATE.load_topology()
+    if output is None:
+        sys.stdout.write(topology.to_json())
+        return
+    _write(output, topology.to_json())
+    say(f"wrote {output} ({topology.gpu_count} GPUs)")
+
+
+def _render(topology, as_json: bool) -> None:
+    from gpualloc.cli.output import print_json, print_tables
+    from gpualloc.cli.topology_view import LEGEND, describe, provenance_lines, topology_tables
+
+    if as_json:
+        print_json(topology.to_json_dict())
+        return
+    footer = [*LEGEND, "", *provenance_lines(topology)]
+    print_tables(topology_tables(topology), heading=describe(topology), footer=footer)
+
+
+def _write(path: Path, text: str) -> None:
+    from gpualloc.atomic import write_text_atomic
+    from gpualloc.errors import FileAccessError
+
+    try:
+        write_text_atomic(path, text)
+    except OSError as exc:
+        raise FileAccessError(
+            f"cannot write {path}: {exc.strerror}",
+            hint="check the directory exists and is writable",
+        ) from exc

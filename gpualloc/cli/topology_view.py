@@ -1,0 +1,184 @@
+"""How ``gpualloc topo show`` presents a topology to people."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpualloc.cli.output import STYLE_BY_CLASS, Table
+from gpualloc.model.cpuset import format_cpulist
+from gpualloc.model.topology import Link, Topology
+
+Cell = tuple[str, str | None]
+
+LEGEND = [
+    "Legend:",
+    "  NV<n>  n NVLinks between the pair; NV<n>* through an NVSwitch fabric",
+    "  PIX    at most one PCIe bridge        PXB   several PCIe bridges, no host bridge",
+    "  PHB    through a PCIe host bridge     NODE  between host bridges of one NUMA node",
+    "  SYS    across the CPU interconnect (QPI/UPI/xGMI; older drivers printed SOC)",
+    "  BOARD  both GPUs on one board         ?     unknown",
+    "  Bandwidth: estimated one-direction GB/s from gpualloc's bandwidth table",
+]
+
+
+def describe(topology: Topology) -> str:
+    """One line: name, GPU count, interconnect, NUMA nodes."""
+    name = topology.name or topology.provenance.origin or "this host"
+    models = sorted({g.name for g in topology.gpus if g.name})
+    model = f" x {models[0]}" if len(models) == 1 else ""
+    kinds = sorted({link.kind for link in topology.links if link.nvlinks})
+    fabric = " through NVSwitch" if any(link.nvswitch for link in topology.links) else ""
+    interconnect = f"NVLink ({'/'.join(kinds)}){fabric}" if kinds else "PCIe only"
+    cpu_nodes = [n for n in topology.numa_nodes if n.cpus]
+    numa = f", {len(cpu_nodes)} NUMA node{'s' if len(cpu_nodes) != 1 else ''}" if cpu_nodes else ""
+    count = topology.gpu_count
+    return f"{name}: {count} GPU{'s' if count != 1 else ''}{model}, {interconnect}{numa}"
+
+
+def topology_tables(topology: Topology) -> list[Table]:
+    tables = [gpu_table(topology)]
+    if topology.gpu_count > 1:
+        tables.append(link_matrix(topology))
+        if any(link.nvlinks and link.pcie for link in topology.links):
+            tables.append(pcie_matrix(topology))
+        tables.append(bandwidth_matrix(topology))
+    if topology.numa_nodes:
+        tables.append(numa_table(topology))
+    return tables
+
+
+def gpu_table(topology: Topology) -> Table:
+    rows = []
+    for gpu in topology.gpus:
+        rows.append(
+            [
+                str(gpu.index),
+                gpu.name or "?",
+                gpu.pci_bus_id or "?",
+                _gib(gpu.memory_total_bytes),
+                _numa(gpu.numa_node, gpu.numa_affinity),
+                format_cpulist(gpu.cpu_affinity) or "?",
+                _mig(gpu.mig_enabled),
+                gpu.health.value,
+            ]
+        )
+    return Table(
+        "GPUs",
+        ["GPU", "Name", "Bus id", "Memory", "NUMA", "CPU affinity", "MIG", "Health"],
+        rows,
+    )
+
+
+def _matrix(topology: Topology, title: str, cell_of: Callable[[Link], Cell]) -> Table:
+    labels = [f"GPU{g.index}" for g in topology.gpus]
+    rows: list[list[str]] = []
+    styles: list[list[str | None]] = []
+    for a in range(topology.gpu_count):
+        row: list[str] = [labels[a]]
+        style: list[str | None] = ["bold"]
+        for b in range(topology.gpu_count):
+            text, cell_style = ("X", "dim") if a == b else cell_of(topology.link(a, b))
+            row.append(text)
+            style.append(cell_style)
+        rows.append(row)
+        styles.append(style)
+    return Table(title, ["", *labels], rows, styles=styles, right_align_from=1)
+
+
+def link_matrix(topology: Topology) -> Table:
+    def cell(link: Link) -> Cell:
+        if link.nvlinks:
+            return f"NV{link.nvlinks}{'*' if link.nvswitch else ''}", STYLE_BY_CLASS["NV"]
+        kind = link.pcie.value if link.pcie else "?"
+        return kind, STYLE_BY_CLASS.get(kind, STYLE_BY_CLASS["UNKNOWN"])
+
+    return _matrix(topology, "Links", cell)
+
+
+def pcie_matrix(topology: Topology) -> Table:
+    def cell(link: Link) -> Cell:
+        kind = link.pcie.value if link.pcie else "?"
+        return kind, STYLE_BY_CLASS.get(kind, STYLE_BY_CLASS["UNKNOWN"])
+
+    return _matrix(topology, "PCIe paths (also under NVLinked pairs)", cell)
+
+
+def bandwidth_matrix(topology: Topology) -> Table:
+    best = max((link.bandwidth_gbps for link in topology.links), default=0.0)
+
+    def cell(link: Link) -> Cell:
+        value = link.bandwidth_gbps
+        text = f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+        if link.nvlinks:
+            style = "bold green" if value >= 0.5 * best else "green"
+        else:
+            style = STYLE_BY_CLASS.get(link.pcie.value if link.pcie else "UNKNOWN")
+        return text, style
+
+    return _matrix(topology, "Bandwidth (GB/s, one direction, estimated)", cell)
+
+
+def numa_table(topology: Topology) -> Table:
+    ids = [node.id for node in topology.numa_nodes]
+    rows = []
+    for node in topology.numa_nodes:
+        gpus = [g.index for g in topology.gpus if g.numa_node == node.id]
+        gpu_memory = [g.index for g in topology.gpus if g.gpu_numa_node == node.id]
+        if gpu_memory:
+            gpus_text = f"memory of GPU {format_cpulist(gpu_memory)}"
+        else:
+            gpus_text = format_cpulist(gpus) or "-"
+        distances = (
+            " ".join(str(node.distances.get(i, "?")) for i in ids) if node.distances else "?"
+        )
+        rows.append(
+            [
+                str(node.id),
+                format_cpulist(node.cpus) or "(none)",
+                _gib(node.memory_total_bytes),
+                gpus_text,
+                distances,
+            ]
+        )
+    return Table(
+        "NUMA nodes",
+        ["Node", "CPUs", "Memory", "GPUs", f"Distances to {' '.join(map(str, ids))}"],
+        rows,
+    )
+
+
+def provenance_lines(topology: Topology) -> list[str]:
+    p = topology.provenance
+    parts = [f"source: {p.source}"]
+    if p.origin:
+        parts.append(p.origin)
+    if p.hostname:
+        parts.append(f"host {p.hostname}")
+    if p.driver_version:
+        parts.append(f"driver {p.driver_version}")
+    if p.captured_at:
+        parts.append(f"captured {p.captured_at:%Y-%m-%d %H:%M:%S %Z}".rstrip())
+    lines = [", ".join(parts)]
+    if p.description:
+        lines.append(f"  {p.description}")
+    if p.notes:
+        lines.append("Notes:")
+        lines += [f"  - {note}" for note in p.notes]
+    return lines
+
+
+def _gib(size: int | None) -> str:
+    if size is None:
+        return "?"
+    gib = size / 1024**3
+    return f"{gib:.0f} GiB" if gib >= 10 else f"{gib:.1f} GiB"
+
+
+def _numa(node: int | None, affinity: list[int]) -> str:
+    if node is not None:
+        return str(node)
+    return format_cpulist(affinity) if affinity else "?"
+
+
+def _mig(enabled: bool | None) -> str:
+    return "?" if enabled is None else ("on" if enabled else "off")
