@@ -109,6 +109,7 @@ def main(
 
 def run(argv: list[str] | None = None) -> None:
     """Console-script entry point; never returns."""
+    STATE.reset()
     STATE.debug = os.environ.get("GPUALLOC_DEBUG", "") not in ("", "0")
     try:
         code = app(args=argv, standalone_mode=False)

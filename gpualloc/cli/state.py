@@ -18,6 +18,10 @@ class GlobalState:
     refresh: bool = False
     debug: bool = False
 
+    def reset(self) -> None:
+        """Back to the defaults (tests run several invocations in one process)."""
+        self.__init__()  # type: ignore[misc]
+
     def bandwidth_override(self) -> BandwidthTable | None:
         """The table given with --bandwidth-table, or None for the built-in one."""
         from gpualloc.model.bandwidth import load_bandwidth_table

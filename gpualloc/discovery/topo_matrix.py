@@ -93,9 +93,14 @@ def parse_topo_matrix(
         devices=devices, affinity_columns=affinity_columns, rows=[], header_line=header_index + 1
     )
     index = header_index + 1
-    while index < len(lines) and lines[index].strip():
-        if len(matrix.rows) == len(devices):
-            break
+    while index < len(lines) and len(matrix.rows) < len(devices):
+        if not lines[index].strip():
+            # Tolerate blank lines pasted between rows, but end the matrix at any other blank.
+            following = next((i for i in range(index, len(lines)) if lines[i].strip()), None)
+            expected = devices[len(matrix.rows)]
+            if following is None or lines[following].split()[0] != expected:
+                break
+            index = following
         matrix.rows.append(_parse_row(matrix, lines[index], index + 1, source))
         index += 1
     _parse_legends(matrix, lines[index:])

@@ -4,10 +4,10 @@ Every figure is a *unidirectional* data rate in GB/s (10^9 bytes per second), th
 uses for ``nvidia-smi nvlink -s`` and the unit of the MAPA paper's bandwidths. A pair's estimate is:
 
 - NVLinked pair: ``links x per-link rate``. The per-link rate is the one the driver reported for
-  these GPUs when a source told it (``nvidia-smi nvlink -s``), else the GPU family's rate from
-  :mod:`gpualloc.model.catalog`, else :attr:`BandwidthTable.nvlink_link_gbps` for the link's
-  NVLink generation. Through an NVSwitch the same formula holds: a GPU's links into the switch
-  fabric are all usable to any one peer.
+  these GPUs when a source told it (``nvidia-smi nvlink -s``), else the table's rate for the GPU
+  architecture (:mod:`gpualloc.model.catalog`) where it differs from its generation's, else the
+  table's rate for the link's NVLink generation. Through an NVSwitch the same formula holds: a
+  GPU's links into the switch fabric are all usable to any one peer.
 - PCIe-only pair: ``lane rate(generation) x lanes x path factor``, with the lower generation and
   width of the two GPUs. The path factor is the penalty for a path that climbs above a PCIe switch;
   ``SYS`` carries the cost of crossing the CPU interconnect.
@@ -42,6 +42,14 @@ class BandwidthTable(BaseModel):
             "(NVLink 2: 6 links, 300 GB/s -> 25), A100 whitepaper (NVLink 3: 12 links, 600 GB/s "
             "-> 25), H100 whitepaper (NVLink 4: 18 links, 900 GB/s -> 25), Blackwell "
             "architecture brief (NVLink 5: 18 links, 1.8 TB/s -> 50)."
+        ),
+    )
+    nvlink_link_gbps_by_architecture: dict[str, float] = Field(
+        default_factory=lambda: {"ampere-ga102": 14.0625},
+        description=(
+            "Per-link rates of GPU architectures whose NVLink runs slower than their generation's "
+            "(keys are catalog architectures). Source: RTX A6000 datasheet, NVLink bridge "
+            "112.5 GB/s bidirectional over 4 links -> 14.0625 (also RTX 3090, A40, A5000)."
         ),
     )
     default_nvlink_generation: int = Field(

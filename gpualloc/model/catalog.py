@@ -1,9 +1,9 @@
 """What a GPU's marketing name tells about its links: NVLink generation, link rate, PCIe generation.
 
 Used when a source names the GPUs (NVML, ``nvidia-smi nvlink -s``, ``--query-gpu``) but does not
-report link versions, so that an NVLinked pair of RTX A6000 cards (4 links at 14.06 GB/s) is not
-estimated like a pair of A100s (12 links at 25 GB/s). Figures are per direction; sources are the
-vendor datasheets named on each entry.
+report link versions or PCIe links. The architecture label keys per-link rates that differ from
+their generation's in :class:`~gpualloc.model.bandwidth.BandwidthTable` (GA102 bridges run NVLink 3
+at 14.06 GB/s per link, not 25). Sources are the vendor documents named on each entry.
 """
 
 from __future__ import annotations
@@ -19,21 +19,17 @@ class GpuFamily:
     pattern: str
     architecture: str
     nvlink_generation: int | None
-    nvlink_link_gbps: float | None
     max_nvlinks: int | None
     pcie_generation: int | None
     source: str
 
 
 FAMILIES: tuple[GpuFamily, ...] = (
-    GpuFamily(
-        r"\bG?B[123]00\b", "blackwell", 5, 50.0, 18, 5, "HGX B200 datasheet: 18 links, 1.8 TB/s"
-    ),
+    GpuFamily(r"\bG?B[123]00\b", "blackwell", 5, 18, 5, "HGX B200 datasheet: 18 links, 1.8 TB/s"),
     GpuFamily(
         r"\bGH200|\bH[12]00\b|\bH800\b|\bH20\b",
         "hopper",
         4,
-        25.0,
         18,
         5,
         "H100 whitepaper: 18 NVLink 4 links, 900 GB/s bidirectional",
@@ -42,16 +38,14 @@ FAMILIES: tuple[GpuFamily, ...] = (
         r"\bA100\b|\bA800\b|\bA30\b",
         "ampere",
         3,
-        25.0,
         12,
         4,
         "A100 whitepaper: 12 NVLink 3 links, 600 GB/s bidirectional",
     ),
     GpuFamily(
         r"RTX A6000|RTX A5500|RTX A5000|RTX A4500|\bA40\b|RTX 3090",
-        "ampere",
+        "ampere-ga102",
         3,
-        14.0625,
         4,
         4,
         "RTX A6000 datasheet: NVLink bridge 112.5 GB/s bidirectional over 4 links",
@@ -60,7 +54,6 @@ FAMILIES: tuple[GpuFamily, ...] = (
         r"V100|TITAN V\b|Quadro GV100",
         "volta",
         2,
-        25.0,
         6,
         3,
         "Tesla V100 whitepaper: 6 NVLink 2 links, 300 GB/s bidirectional",
@@ -69,7 +62,6 @@ FAMILIES: tuple[GpuFamily, ...] = (
         r"P100|Quadro GP100",
         "pascal",
         1,
-        20.0,
         4,
         3,
         "Tesla P100 whitepaper: 4 NVLink 1 links, 160 GB/s bidirectional",
@@ -78,7 +70,6 @@ FAMILIES: tuple[GpuFamily, ...] = (
         r"Quadro RTX [68]000|RTX 2080 Ti|TITAN RTX",
         "turing",
         2,
-        25.0,
         2,
         3,
         "Quadro RTX 8000 datasheet: NVLink 100 GB/s bidirectional over 2 links",
@@ -86,7 +77,6 @@ FAMILIES: tuple[GpuFamily, ...] = (
     GpuFamily(
         r"RTX PRO 6000|RTX 50[6-9]0|GB10\b",
         "blackwell",
-        None,
         None,
         None,
         5,
@@ -97,7 +87,6 @@ FAMILIES: tuple[GpuFamily, ...] = (
         "ada",
         None,
         None,
-        None,
         4,
         "L40S / RTX 6000 Ada datasheets: PCIe Gen 4, no NVLink",
     ),
@@ -106,11 +95,10 @@ FAMILIES: tuple[GpuFamily, ...] = (
         "turing",
         None,
         None,
-        None,
         3,
         "T4 datasheet: PCIe Gen 3",
     ),
-    GpuFamily(r"\bK(80|40|20)\b", "kepler", None, None, None, 3, "Tesla K80 datasheet: PCIe Gen 3"),
+    GpuFamily(r"\bK(80|40|20)\b", "kepler", None, None, 3, "Tesla K80 datasheet: PCIe Gen 3"),
 )
 
 

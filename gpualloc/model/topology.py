@@ -299,12 +299,12 @@ class Topology(_Strict):
         return cls.from_json_dict(data, origin=origin)
 
 
-def _per_link_rate(gpu: Gpu) -> float | None:
-    """The driver-reported NVLink rate, else the GPU family's (see ``catalog``)."""
+def _per_link_rate(gpu: Gpu, table: BandwidthTable) -> float | None:
+    """The driver-reported NVLink rate, else the table's rate for the GPU's architecture."""
     if gpu.nvlink_link_gbps:
         return gpu.nvlink_link_gbps
     family = family_of(gpu.name)
-    return family.nvlink_link_gbps if family else None
+    return table.nvlink_link_gbps_by_architecture.get(family.architecture) if family else None
 
 
 def pair_bandwidth_gbps(
@@ -312,7 +312,7 @@ def pair_bandwidth_gbps(
 ) -> float:
     """Estimate a link's bandwidth from the two GPUs' facts and ``table``."""
     first, second = gpus[link.a], gpus[link.b]
-    rates = [rate for g in (first, second) if (rate := _per_link_rate(g))]
+    rates = [rate for g in (first, second) if (rate := _per_link_rate(g, table))]
     generations = [g.pcie_generation for g in (first, second) if g.pcie_generation]
     widths = [g.pcie_width for g in (first, second) if g.pcie_width]
     return estimate_link_bandwidth_gbps(

@@ -1,0 +1,187 @@
+"""A data-driven fake of the pynvml functions gpualloc calls (house style habit 3).
+
+Built from a Topology (usually a bundled one), it answers like NVML would on that host and raises
+the real ``pynvml.NVMLError_*`` classes, so the NVML source is tested the way it meets a driver:
+NVSwitch links, fields a GPU does not support, a GPU that falls off the bus, no library at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pynvml
+
+from gpualloc.model import PciePath, Topology
+from gpualloc.model.paths import NVML_TOPOLOGY_LEVELS
+
+LEVEL_OF = {path: level for level, path in NVML_TOPOLOGY_LEVELS.items()}
+GENERATION_TO_VERSION = {1: 1, 2: 2, 3: 4, 4: 6, 5: 7}
+
+
+def bus_id(index: int) -> str:
+    return f"00000000:{0x10 + index:02X}:00.0"
+
+
+@dataclass
+class FakeGpu:
+    uuid: str
+    name: str
+    bus_id: str
+    memory_bytes: int
+    numa_node: int
+    cpus: list[int]
+    pcie_generation: int = 4
+    pcie_width: int = 16
+    mig_mode: int = 0
+    nvlinks: list[tuple[str, int, int]] = field(default_factory=list)
+    """(remote bus id, remote device type, nvmlNvlinkVersion_t) per active link."""
+    unsupported: set[str] = field(default_factory=set)
+    """NVML function names that raise NotSupported for this GPU."""
+    lost_on: set[str] = field(default_factory=set)
+    """NVML function names that raise GpuIsLost for this GPU ('*' = all, even the handle)."""
+
+
+class FakeNvml(SimpleNamespace):
+    """Module-like object: attribute access mirrors ``pynvml``."""
+
+    def __init__(self, gpus: list[FakeGpu], ancestors: dict[tuple[int, int], int]) -> None:
+        errors = {
+            name: getattr(pynvml, name) for name in dir(pynvml) if name.startswith("NVMLError")
+        }
+        super().__init__(**errors, NVML_NVLINK_MAX_LINKS=pynvml.NVML_NVLINK_MAX_LINKS)
+        self.gpus = gpus
+        self.ancestors = ancestors
+        self.init_error: Exception | None = None
+        self.calls: dict[str, int] = {}
+
+    @classmethod
+    def from_topology(cls, topology: Topology) -> FakeNvml:
+        gpus = []
+        for gpu in topology.gpus:
+            gpus.append(
+                FakeGpu(
+                    uuid=gpu.uuid or f"GPU-fake-{gpu.index}",
+                    name=gpu.name or "NVIDIA Fake",
+                    bus_id=bus_id(gpu.index),
+                    memory_bytes=gpu.memory_total_bytes or 0,
+                    numa_node=gpu.numa_node if gpu.numa_node is not None else -1,
+                    cpus=gpu.cpu_affinity,
+                    pcie_generation=gpu.pcie_generation or 3,
+                    mig_mode=1 if gpu.mig_enabled else 0,
+                )
+            )
+        switch_links: dict[int, int] = {}
+        for link in topology.links:
+            version = GENERATION_TO_VERSION[link.nvlink_generation or 2]
+            if link.nvswitch:
+                for side in (link.a, link.b):
+                    switch_links[side] = link.nvlinks
+                continue
+            for _ in range(link.nvlinks):
+                gpus[link.a].nvlinks.append((bus_id(link.b), 0, version))
+                gpus[link.b].nvlinks.append((bus_id(link.a), 0, version))
+        for index, count in switch_links.items():
+            version = GENERATION_TO_VERSION[topology.gpus[index].nvlink_generation or 4]
+            gpus[index].nvlinks += [
+                (f"00000000:{0xA0 + k % 6:02X}:00.0", 2, version) for k in range(count)
+            ]
+        ancestors = {
+            (link.a, link.b): LEVEL_OF[link.pcie or PciePath.PHB] for link in topology.links
+        }
+        return cls(gpus, ancestors)
+
+    # ---- helpers --------------------------------------------------------------------------
+
+    def _gpu(self, handle: int, function: str) -> FakeGpu:
+        self.calls[function] = self.calls.get(function, 0) + 1
+        gpu = self.gpus[handle]
+        if function in gpu.lost_on or "*" in gpu.lost_on:
+            raise pynvml.NVMLError_GpuIsLost()
+        if function in gpu.unsupported:
+            raise pynvml.NVMLError_NotSupported()
+        return gpu
+
+    # ---- the NVML API used by gpualloc.discovery.nvml ------------------------------------
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise self.init_error
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "580.82.07"
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return 13000
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        if "*" in self.gpus[index].lost_on:
+            raise pynvml.NVMLError_GpuIsLost()
+        return index
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return self._gpu(handle, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        return self._gpu(handle, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetPciInfo(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(busId=self._gpu(handle, "nvmlDeviceGetPciInfo").bus_id)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(total=self._gpu(handle, "nvmlDeviceGetMemoryInfo").memory_bytes)
+
+    def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
+        mode = self._gpu(handle, "nvmlDeviceGetMigMode").mig_mode
+        return [mode, mode]
+
+    def nvmlDeviceGetNumaNodeId(self, handle: int) -> int:
+        return self._gpu(handle, "nvmlDeviceGetNumaNodeId").numa_node
+
+    def nvmlDeviceGetCpuAffinity(self, handle: int, words: int) -> list[int]:
+        cpus = self._gpu(handle, "nvmlDeviceGetCpuAffinity").cpus
+        mask = [0] * words
+        for cpu in cpus:
+            if cpu // 64 < words:  # NVML fills only the words it was given
+                mask[cpu // 64] |= 1 << (cpu % 64)
+        return mask
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: int) -> int:
+        return self._gpu(handle, "nvmlDeviceGetMaxPcieLinkGeneration").pcie_generation
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: int) -> int:
+        return self._gpu(handle, "nvmlDeviceGetMaxPcieLinkWidth").pcie_width
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, first: int, second: int) -> int:
+        self._gpu(first, "nvmlDeviceGetTopologyCommonAncestor")
+        self._gpu(second, "nvmlDeviceGetTopologyCommonAncestor")
+        return self.ancestors[(min(first, second), max(first, second))]
+
+    def _link(self, handle: int, link: int, function: str) -> tuple[str, int, int]:
+        gpu = self._gpu(handle, function)
+        if not gpu.nvlinks and function == "nvmlDeviceGetNvLinkState":
+            raise pynvml.NVMLError_NotSupported()
+        if link >= len(gpu.nvlinks):
+            raise pynvml.NVMLError_InvalidArgument()
+        return gpu.nvlinks[link]
+
+    def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:
+        self._link(handle, link, "nvmlDeviceGetNvLinkState")
+        return 1
+
+    def nvmlDeviceGetNvLinkVersion(self, handle: int, link: int) -> int:
+        return self._link(handle, link, "nvmlDeviceGetNvLinkVersion")[2]
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: int, link: int) -> SimpleNamespace:
+        return SimpleNamespace(
+            busId=self._link(handle, link, "nvmlDeviceGetNvLinkRemotePciInfo")[0]
+        )
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: int, link: int) -> int:
+        return self._link(handle, link, "nvmlDeviceGetNvLinkRemoteDeviceType")[1]
