@@ -48,7 +48,7 @@ EXIT_CODE_DESCRIPTIONS: dict[ExitCode, str] = {
     ExitCode.DISCOVERY: "NVML or nvidia-smi failed",
     ExitCode.IO: "a file could not be read or written",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
-    ExitCode.BROKEN_PIPE: "the reader of stdout went away (| head); nothing is wrong",
+    ExitCode.BROKEN_PIPE: "the reader of stdout went away (as with head); nothing is wrong",
 }
 
 

@@ -65,6 +65,13 @@ def test_nvlink_status_malformed(text: str, message: str) -> None:
         parse_nvlink_status(text)
 
 
+def test_comments_and_prompts_above_the_output_are_skipped() -> None:
+    numa = "# recorded on delos\n$ numactl -H\nnode 0 cpus: 0 1\n"
+    assert parse_numactl_hardware(numa)[0].cpus == [0, 1]
+    nvlink = "root@host:~# nvidia-smi nvlink -s\nGPU 0: A (UUID: GPU-1)\n\t Link 0: 25 GB/s\n"
+    assert parse_nvlink_status(nvlink)[0].active_links == 1
+
+
 def test_numactl_two_sockets() -> None:
     nodes = parse_numactl_hardware(recorded("numactl_2socket_x86_delos.txt"))
     assert [n.id for n in nodes] == [0, 1]

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from gpualloc.discovery.text import is_comment_or_prompt
 from gpualloc.errors import TopologyParseError
 from gpualloc.model.cpuset import parse_cpulist
 from gpualloc.model.topology import NumaNode
@@ -36,6 +37,8 @@ def parse_numactl_hardware(text: str, *, source: str | None = None) -> list[Numa
     for number, raw in enumerate(text.replace("\r\n", "\n").split("\n"), start=1):
         line = raw.rstrip()
         if not line.strip() or line.strip() == "node distances:" or _FREE.match(line):
+            continue
+        if is_comment_or_prompt(line):
             continue
         if match := _AVAILABLE.match(line):
             declared = parse_cpulist(match.group(2)) if match.group(2) else []

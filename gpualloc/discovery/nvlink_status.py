@@ -3,7 +3,8 @@
 Pure: ``parse_nvlink_status(text) -> list[NvlinkGpuStatus]``. Handles the formats in
 tests/fixtures/topologies: ``GPU n: NAME (UUID: ...)`` headers with or without the UUID (old
 drivers), ``Link k: 25.781 GB/s`` or ``<inactive>`` lines, the message NVML prints for a GPU whose
-links are all inactive, and authors' ``[snip]`` / ``...<snip>...`` cuts (noted, not fatal).
+links are all inactive, authors' ``[snip]`` / ``...<snip>...`` cuts (noted, not fatal), and
+``#`` comments or shell prompts pasted above the output.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from gpualloc.discovery.text import is_comment_or_prompt
 from gpualloc.errors import TopologyParseError
 
 _GPU_HEADER = re.compile(r"^GPU (\d+): (.+?)(?: \(UUID: (\S+)\))?\s*$")
@@ -48,7 +50,7 @@ def parse_nvlink_status(text: str, *, source: str | None = None) -> list[NvlinkG
     current: NvlinkGpuStatus | None = None
     for number, raw in enumerate(text.replace("\r\n", "\n").split("\n"), start=1):
         line = raw.rstrip()
-        if not line.strip():
+        if not line.strip() or is_comment_or_prompt(line):
             continue
         if header := _GPU_HEADER.match(line):
             current = NvlinkGpuStatus(int(header.group(1)), header.group(2), header.group(3))

@@ -1,0 +1,35 @@
+"""The README and examples stay true to the code."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gpualloc.errors import EXIT_CODE_DESCRIPTIONS, ExitCode
+from gpualloc.model.bandwidth import load_bandwidth_table
+from gpualloc.topologies import bundled_names
+
+ROOT = Path(__file__).parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def test_readme_exit_code_table_matches_errors_py() -> None:
+    rows = re.findall(r"^\| (\d+) \| `([a-z-]+)` \| (.+) \|$", README, flags=re.MULTILINE)
+    expected = [
+        (str(int(code)), code.name.lower().replace("_", "-"), EXIT_CODE_DESCRIPTIONS[code])
+        for code in ExitCode
+    ]
+    assert rows == expected
+
+
+def test_readme_names_every_bundled_topology_and_environment_variable() -> None:
+    for name in bundled_names():
+        assert f"`{name}`" in README, name
+    source = "\n".join(p.read_text() for p in (ROOT / "gpualloc").rglob("*.py"))
+    for variable in sorted(set(re.findall(r"GPUALLOC_[A-Z_]+", source))):
+        assert f"`{variable}`" in README, variable
+
+
+def test_example_bandwidth_table_loads() -> None:
+    table = load_bandwidth_table(ROOT / "examples" / "bandwidth-table.json")
+    assert table.nvlink_link_gbps[2] == 24.0
