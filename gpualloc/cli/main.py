@@ -19,8 +19,9 @@ import typer
 
 from gpualloc import __version__
 from gpualloc.cli import topo
+from gpualloc.cli.output import StdoutClosed, write_stdout
 from gpualloc.cli.state import STATE
-from gpualloc.errors import ExitCode, GpuallocError
+from gpualloc.errors import ExitCode, FileAccessError, GpuallocError
 
 ENVIRONMENT_HELP = """Environment variables:
 
@@ -60,7 +61,7 @@ app.add_typer(topo.app, name="topo")
 
 def _version(value: bool) -> None:
     if value:
-        sys.stdout.write(f"gpualloc {__version__}\n")
+        write_stdout(f"gpualloc {__version__}\n")
         raise typer.Exit()
 
 
@@ -101,6 +102,11 @@ def main(
     ] = False,
 ) -> None:
     """Global options, shared by every command."""
+    if bandwidth_table is not None and not bandwidth_table.is_file():
+        raise FileAccessError(
+            f"bandwidth table {bandwidth_table} does not exist or is not a file",
+            hint="check the path given to --bandwidth-table / GPUALLOC_BANDWIDTH_TABLE",
+        )
     STATE.topology = topology
     STATE.bandwidth_table = bandwidth_table
     STATE.refresh = refresh
@@ -124,7 +130,7 @@ def run(argv: list[str] | None = None) -> None:
     except (KeyboardInterrupt, *ABORT_EXCEPTIONS):
         sys.stderr.write("\ninterrupted\n")
         sys.exit(ExitCode.INTERRUPTED)
-    except BrokenPipeError:
+    except (StdoutClosed, BrokenPipeError):
         _quiet_broken_pipe()
     except Exception as exc:  # the last resort: a bug in gpualloc
         _report(
@@ -132,10 +138,6 @@ def run(argv: list[str] | None = None) -> None:
             "rerun with --debug and report the traceback",
         )
         sys.exit(ExitCode.INTERNAL)
-    try:
-        sys.stdout.flush()
-    except BrokenPipeError:
-        _quiet_broken_pipe()
     sys.exit(code if isinstance(code, int) else ExitCode.OK)
 
 

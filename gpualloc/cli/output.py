@@ -37,23 +37,43 @@ class Table:
     """Columns from this index on are right-aligned (numbers)."""
 
 
+class StdoutClosed(Exception):
+    """The reader of stdout went away (``gpualloc ... | head``).
+
+    Not an OSError on purpose: typer's click turns EPIPE into a bare ``exit 1`` before our error
+    boundary sees it, so writes translate it here and ``run()`` exits quietly with 141.
+    """
+
+
+def write_stdout(text: str) -> None:
+    """Every write to stdout goes through here (or through :func:`_print_rich`)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError as exc:
+        raise StdoutClosed from exc
+
+
 def stdout_is_terminal() -> bool:
     return sys.stdout.isatty()
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    write_stdout(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def print_lines(lines: list[str]) -> None:
-    sys.stdout.write("".join(line + "\n" for line in lines))
+    write_stdout("".join(line + "\n" for line in lines))
 
 
 def print_tables(
     tables: list[Table], *, heading: str | None = None, footer: list[str] | None = None
 ) -> None:
     if stdout_is_terminal():
-        _print_rich(tables, heading, footer or [])
+        try:
+            _print_rich(tables, heading, footer or [])
+        except BrokenPipeError as exc:
+            raise StdoutClosed from exc
     else:
         _print_plain(tables, heading, footer or [])
 

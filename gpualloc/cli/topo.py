@@ -126,12 +126,12 @@ def record(
 
     Probes the host afresh (ignoring the cache). The file works anywhere with --topology FILE.
     """
-    from gpualloc.cli.output import say
+    from gpualloc.cli.output import say, write_stdout
 
     STATE.refresh = True
     topology = STATE.load_topology()
     if output is None:
-        sys.stdout.write(topology.to_json())
+        write_stdout(topology.to_json())
         return
     _write(output, topology.to_json())
     say(f"wrote {output} ({topology.gpu_count} GPUs)")

@@ -100,7 +100,9 @@ def _discover_nvidia_smi(*, refresh: bool, table: BandwidthTable) -> Topology:
     if not refresh and (cached := cache.load_cached(key)) is not None:
         return cached.with_bandwidth_table(table)
     notes: list[str] = []
-    topology = discover_with_nvidia_smi(numa_nodes=discover_numa(notes), table=table)
+    topology = discover_with_nvidia_smi(
+        queried=queried, numa_nodes=discover_numa(notes), table=table
+    )
     topology.provenance.notes.extend(notes)
     cache.store_cached(key, topology)
     return topology

@@ -248,10 +248,15 @@ def query_gpus() -> list[QueriedGpu]:
 
 
 def discover_with_nvidia_smi(
-    *, numa_nodes: list[NumaNode], table: BandwidthTable = DEFAULT_BANDWIDTH_TABLE
+    *,
+    queried: list[QueriedGpu],
+    numa_nodes: list[NumaNode],
+    table: BandwidthTable = DEFAULT_BANDWIDTH_TABLE,
 ) -> Topology:
-    """This host's topology from nvidia-smi alone (the fallback when NVML cannot be loaded)."""
-    queried = query_gpus()
+    """This host's topology from nvidia-smi alone (the fallback when NVML cannot be loaded).
+
+    ``queried`` is the caller's ``query_gpus()`` result (it already read it for the cache key).
+    """
     topo_text = run_nvidia_smi("topo", "-m")
     notes: list[str] = []
     try:

@@ -218,15 +218,8 @@ class Topology(_Strict):
         position = low * n - low * (low + 1) // 2 + (high - low - 1)
         return self.links[position]
 
-    def bandwidth_gbps(self, a: int, b: int) -> float:
-        return self.link(a, b).bandwidth_gbps
-
     def numa_node(self, node_id: int) -> NumaNode | None:
         return next((n for n in self.numa_nodes if n.id == node_id), None)
-
-    @property
-    def has_nvlink(self) -> bool:
-        return any(link.nvlinks for link in self.links)
 
     # ---- derived views -------------------------------------------------------------------
 
