@@ -31,6 +31,8 @@ class ExitCode(IntEnum):
     """NVML or nvidia-smi is present but failed in a way gpualloc cannot work around."""
     IO = 8
     """A file gpualloc had to read or write could not be accessed."""
+    NO_PLACEMENT = 9
+    """No set of GPUs satisfies the request now (too few free GPUs, a required GPU busy)."""
     INTERRUPTED = 130
     """Interrupted by SIGINT (128 + 2), as shells report it."""
     BROKEN_PIPE = 141
@@ -47,6 +49,7 @@ EXIT_CODE_DESCRIPTIONS: dict[ExitCode, str] = {
     ExitCode.NO_GPU: "no NVIDIA GPU found and no topology given",
     ExitCode.DISCOVERY: "NVML or nvidia-smi failed",
     ExitCode.IO: "a file could not be read or written",
+    ExitCode.NO_PLACEMENT: "no set of free GPUs satisfies the request",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
     ExitCode.BROKEN_PIPE: "the reader of stdout went away (as with head); nothing is wrong",
 }
@@ -135,3 +138,15 @@ class FileAccessError(GpuallocError):
     """A file could not be read or written."""
 
     exit_code = ExitCode.IO
+
+
+class RequestError(GpuallocError):
+    """A job request is malformed: a bad pattern, a GPU index that does not exist, a conflict."""
+
+    exit_code = ExitCode.USAGE
+
+
+class NoFeasiblePlacement(GpuallocError):
+    """No set of GPUs satisfies the request on the GPUs that are free now."""
+
+    exit_code = ExitCode.NO_PLACEMENT

@@ -1,0 +1,121 @@
+"""What a job asks for and what it gets: ``JobRequest``, ``HostState``, ``Placement``.
+
+Pure data, shared by ``plan``, the launcher (issue 4), the queue (issue 5) and the simulator
+(issue 6), so that every consumer sees the same request and the same answer. A placement is an
+*ordered* list of GPUs: pattern vertex ``i`` (rank ``i`` of the job) runs on ``gpus[i]``, and that
+order becomes the order of ``CUDA_VISIBLE_DEVICES``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class CommunicationPattern:
+    """A job's communication graph over vertices ``0..size-1`` (MAPA paper section 3.1).
+
+    ``edges`` may list a pair twice: that pair then counts twice in every edge score, which is how
+    MAPA scores a 2-GPU ring (its one link carries both directions of the ring).
+    """
+
+    name: str
+    size: int
+    edges: tuple[tuple[int, int], ...]
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError("a pattern has at least one vertex")
+        for u, v in self.edges:
+            if u == v or not (0 <= u < self.size and 0 <= v < self.size):
+                raise ValueError(f"bad pattern edge ({u}, {v}) for {self.size} vertices")
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A request for ``gpus`` GPUs that talk along ``pattern``.
+
+    ``sensitive`` is MAPA's bandwidth sensitivity (section 2.3). ``required`` GPUs must be in the
+    answer; ``excluded`` GPUs must not be.
+    """
+
+    gpus: int
+    pattern: CommunicationPattern
+    sensitive: bool
+    required: frozenset[int] = frozenset()
+    excluded: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1:
+            raise ValueError("a job asks for at least one GPU")
+        if self.pattern.size != self.gpus:
+            raise ValueError(
+                f"the pattern has {self.pattern.size} vertices but the job asks for "
+                f"{self.gpus} GPUs"
+            )
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """A job that holds GPUs now: the source of interference for DRB (seed 000, Eq. 4).
+
+    ``sensitive`` is ``None`` when unknown (GPUs marked busy by hand or by a foreign process).
+    """
+
+    gpus: frozenset[int]
+    sensitive: bool | None = None
+
+
+@dataclass(frozen=True)
+class HostState:
+    """Which GPUs are free now, and the jobs holding the others."""
+
+    free: frozenset[int]
+    running: tuple[RunningJob, ...] = ()
+
+    @classmethod
+    def all_free(cls, gpu_count: int) -> HostState:
+        return cls(free=frozenset(range(gpu_count)))
+
+    @classmethod
+    def with_busy(cls, gpu_count: int, busy: frozenset[int]) -> HostState:
+        """``busy`` GPUs held by one job of unknown sensitivity, the rest free."""
+        running = (RunningJob(gpus=busy),) if busy else ()
+        return cls(free=frozenset(range(gpu_count)) - busy, running=running)
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Every score of one placement. ``None`` where a score does not apply.
+
+    Units: GB/s for the bandwidths, a number in [0, 1] for the DRB utility.
+    """
+
+    aggregated_gbps: float | None
+    effective_gbps: float | None
+    preserved_gbps: float
+    bottleneck_gbps: float | None
+    utility: float
+    effective_model: str | None = None
+    """The model behind ``effective_gbps``: "mapa" (Table 2) or "bottleneck"."""
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {
+            "aggregated_gbps": self.aggregated_gbps,
+            "effective_gbps": self.effective_gbps,
+            "preserved_gbps": self.preserved_gbps,
+            "bottleneck_gbps": self.bottleneck_gbps,
+            "utility": self.utility,
+        }
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A policy's answer: GPUs in rank order, the scores, and what the policy optimised."""
+
+    policy: str
+    gpus: tuple[int, ...]
+    scores: Scores
+    objective: str
+    """One line naming the policy's objective, e.g. "max predicted effective bandwidth"."""
+    notes: tuple[str, ...] = field(default=())

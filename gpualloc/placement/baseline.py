@@ -1,0 +1,29 @@
+"""``baseline``: the lowest free GPU indices.
+
+What ``CUDA_VISIBLE_DEVICES=0,1`` users and nvidia-docker get, and MAPA's "Baseline" policy (seed
+003, section 4: "allocates GPU by ID by selecting the lowest IDs"). Required GPUs are taken first,
+then the lowest others; the order is ascending. O(n).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpualloc.model.request import Placement
+from gpualloc.placement.context import DecisionContext
+from gpualloc.placement.policy import Policy, SetKey
+
+
+class BaselinePolicy(Policy):
+    name = "baseline"
+    summary = "lowest free GPU indices (what CUDA_VISIBLE_DEVICES=0,1 users get)"
+    reference = "MAPA (SC'21) section 4, Baseline; nvidia-docker"
+
+    def place(self, ctx: DecisionContext) -> Placement:
+        required = sorted(ctx.request.required)
+        others = [g for g in ctx.pool if g not in ctx.request.required]
+        chosen = sorted(required + others[: ctx.k - len(required)])
+        return ctx.placement(self.name, chosen, self.summary)
+
+    def set_key(self, ctx: DecisionContext, order: Sequence[int]) -> SetKey:
+        return tuple(-g for g in sorted(order))

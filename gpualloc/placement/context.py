@@ -1,0 +1,125 @@
+"""Everything one placement decision needs, checked once: :class:`DecisionContext`.
+
+Built by :func:`gpualloc.placement.engine.plan`; every policy reads it and returns a
+:class:`~gpualloc.model.request.Placement` through :meth:`DecisionContext.placement`, so that
+all policies report the same scores computed the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from gpualloc.errors import NoFeasiblePlacement, RequestError
+from gpualloc.model.request import HostState, JobRequest, Placement, Scores
+from gpualloc.model.topology import Topology
+from gpualloc.placement import scores
+from gpualloc.placement.host import HostGraph
+from gpualloc.placement.scores import EffectiveModel
+from gpualloc.placement.search import (
+    AggregatedObjective,
+    EdgeObjective,
+    best_order_of_set,
+    effective_objective,
+)
+from gpualloc.placement.utility import UtilityModel, UtilityWeights
+
+
+def _fmt(gpus: Sequence[int] | frozenset[int]) -> str:
+    return ",".join(str(g) for g in sorted(gpus))
+
+
+@dataclass
+class DecisionContext:
+    topology: Topology
+    request: JobRequest
+    state: HostState
+    effective_model: EffectiveModel = EffectiveModel.AUTO
+    weights: UtilityWeights = field(default_factory=UtilityWeights)
+
+    def __post_init__(self) -> None:
+        n = self.topology.gpu_count
+        named = self.request.required | self.request.excluded | self.state.free
+        unknown = sorted(g for g in named if not 0 <= g < n)
+        if unknown:
+            raise RequestError(
+                f"GPU {unknown[0]} does not exist on this host ({n} GPUs: 0..{n - 1})",
+                hint="'gpualloc topo show' lists the GPUs",
+            )
+        both = self.request.required & self.request.excluded
+        if both:
+            raise RequestError(
+                f"GPU {min(both)} is both required and excluded",
+                hint="drop it from --require or from --exclude",
+            )
+        self.host = HostGraph.from_topology(self.topology)
+        self.resolved_model = scores.resolve_model(self.host, self.effective_model)
+        self.pool = tuple(sorted(self.state.free - self.request.excluded))
+        self._check_feasible()
+
+    def _check_feasible(self) -> None:
+        request, k = self.request, self.request.gpus
+        busy_required = request.required - self.state.free
+        if busy_required:
+            raise NoFeasiblePlacement(
+                f"required GPU {_fmt(busy_required)} is not free",
+                hint="wait for it, or drop it from --require",
+            )
+        if len(request.required) > k:
+            raise NoFeasiblePlacement(
+                f"{len(request.required)} GPUs are required but the job asks for {k}",
+                hint="raise -n or require fewer GPUs",
+            )
+        if len(self.pool) < k:
+            n = self.topology.gpu_count
+            excluded = len(self.state.free & request.excluded)
+            why = f"{len(self.pool)} of {n} GPUs are usable ({len(self.state.free)} free"
+            why += f", {excluded} of them excluded)" if excluded else ")"
+            raise NoFeasiblePlacement(
+                f"the job asks for {k} GPUs but {why}",
+                hint="ask for fewer GPUs (-n), or wait until more are free",
+            )
+
+    # ---- helpers for policies ----------------------------------------------------------------
+
+    @property
+    def k(self) -> int:
+        return self.request.gpus
+
+    @cached_property
+    def utility_model(self) -> UtilityModel:
+        return UtilityModel(self.host, self.state, self.request.sensitive, self.weights)
+
+    def sensitive_objective(self) -> EdgeObjective:
+        return effective_objective(self.resolved_model)
+
+    def order_for_set(self, gpus: Sequence[int]) -> tuple[int, ...]:
+        """The order of a chosen set that gives the pattern's edges the most bandwidth."""
+        if len(gpus) <= 1:
+            return tuple(gpus)
+        return best_order_of_set(self.host, self.request.pattern, AggregatedObjective(), gpus)
+
+    def scores_of(self, order: Sequence[int]) -> Scores:
+        host, pattern = self.host, self.request.pattern
+        pairs = scores.pattern_pairs(order, pattern)
+        effective = scores.effective_gbps(host, pairs, self.resolved_model)
+        return Scores(
+            aggregated_gbps=round(scores.aggregated_gbps(host, pairs), 6) if pairs else None,
+            effective_gbps=round(effective, 6) if effective is not None else None,
+            preserved_gbps=round(scores.preserved_gbps(host, self.state.free, order), 6),
+            bottleneck_gbps=scores.bottleneck_gbps(host, order),
+            utility=round(self.utility_model.utility(order), 6),
+            effective_model=self.resolved_model.value if effective is not None else None,
+        )
+
+    def placement(
+        self, policy: str, order: Sequence[int], objective: str, notes: Sequence[str] = ()
+    ) -> Placement:
+        return Placement(
+            policy=policy,
+            gpus=tuple(order),
+            scores=self.scores_of(order),
+            objective=objective,
+            notes=tuple(notes),
+        )

@@ -1,0 +1,47 @@
+"""``drb``: topology-aware placement by utility (Amaral et al., SC'17, seed 000, section 4).
+
+The physical graph (section 4.1.2, Fig. 7) has levels host, socket (NUMA node), PCIe switch tree,
+GPU, with NVLink edges between GPUs; its shortest paths give the communication cost of Eq. 3
+(:mod:`gpualloc.placement.utility`). Algorithm 2 bi-partitions that graph recursively (host into
+sockets, a socket into switch trees, a switch tree into GPUs) and Algorithm 3 sends the job's
+tasks to the side of higher utility U (Eq. 2) under the capacity constraint.
+
+Algorithm 3 decides one task at a time, so it can split a job across sockets before it learns
+that the other side had room for all of it. gpualloc evaluates the choice Algorithm 3 makes
+exactly: every split of the job down the hierarchy, i.e. every candidate set, is compared by the
+utility of the finished mapping (communication cost, interference of the jobs already running on
+the same sockets and switches, fragmentation), so the answer is the set of highest U; ties go to
+the lowest indices. The weights alpha default to 1/3 each (section 5.1) and are settable. The
+utility is reported normalised to [0, 1], so that a minimum utility (TOPO-AWARE-P, section 4.4)
+means the same on every host. The chosen set is ordered for the job's pattern.
+
+Complexity: O(C(n, k) (k^2 + d)) for d hierarchy domains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpualloc.model.request import Placement
+from gpualloc.placement.context import DecisionContext
+from gpualloc.placement.policy import Policy, SetKey, best_set
+
+
+class DrbPolicy(Policy):
+    name = "drb"
+    summary = "highest DRB utility: communication cost, interference, fragmentation"
+    reference = "DRB (SC'17) section 4, Algorithms 2-3, Eq. 2-5"
+
+    def place(self, ctx: DecisionContext) -> Placement:
+        chosen = best_set(ctx, lambda gpus: self.set_key(ctx, gpus))
+        return ctx.placement(self.name, ctx.order_for_set(chosen), self.objective(ctx))
+
+    def objective(self, ctx: DecisionContext) -> str:
+        w = ctx.utility_model.weights
+        return (
+            f"max DRB utility (Eq. 2; weights communication {w.communication:.2f}, "
+            f"interference {w.interference:.2f}, fragmentation {w.fragmentation:.2f})"
+        )
+
+    def set_key(self, ctx: DecisionContext, order: Sequence[int]) -> SetKey:
+        return (round(ctx.utility_model.utility(sorted(order)), 6),)

@@ -1,0 +1,72 @@
+"""The placement engine's entry points: :func:`plan`, :func:`compare`, :func:`explain`.
+
+Pure computation on a :class:`~gpualloc.model.Topology` (no ledger, no exec): the same calls
+serve ``gpualloc plan``, the launcher, the waiting queue and the simulator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpualloc.model.request import HostState, JobRequest, Placement
+from gpualloc.model.topology import Topology
+from gpualloc.placement.context import DecisionContext
+from gpualloc.placement.explain import Alternative, alternatives, reason
+from gpualloc.placement.registry import DEFAULT_POLICY, POLICIES, get_policy
+from gpualloc.placement.scores import EffectiveModel
+from gpualloc.placement.utility import UtilityWeights
+
+
+def decision_context(
+    topology: Topology,
+    request: JobRequest,
+    state: HostState | None = None,
+    *,
+    effective_model: EffectiveModel = EffectiveModel.AUTO,
+    weights: UtilityWeights | None = None,
+) -> DecisionContext:
+    """Validate a request against a host; raises RequestError / NoFeasiblePlacement."""
+    return DecisionContext(
+        topology=topology,
+        request=request,
+        state=state or HostState.all_free(topology.gpu_count),
+        effective_model=effective_model,
+        weights=weights or UtilityWeights(),
+    )
+
+
+def plan(
+    topology: Topology,
+    request: JobRequest,
+    state: HostState | None = None,
+    *,
+    policy: str = DEFAULT_POLICY,
+    effective_model: EffectiveModel = EffectiveModel.AUTO,
+    weights: UtilityWeights | None = None,
+) -> Placement:
+    """The placement ``policy`` chooses for ``request`` on ``topology`` in ``state``."""
+    chosen = get_policy(policy)
+    ctx = decision_context(
+        topology, request, state, effective_model=effective_model, weights=weights
+    )
+    return chosen.place(ctx)
+
+
+def compare(ctx: DecisionContext) -> list[Placement]:
+    """What every registered policy chooses for the same request."""
+    return [policy.place(ctx) for policy in POLICIES.values()]
+
+
+@dataclass(frozen=True)
+class Explanation:
+    placement: Placement
+    reason: str
+    alternatives: list[Alternative]
+
+
+def explain(ctx: DecisionContext, policy: str = DEFAULT_POLICY, top: int = 5) -> Explanation:
+    """The policy's choice, its best alternatives under its own objective, and why."""
+    chosen_policy = get_policy(policy)
+    placement = chosen_policy.place(ctx)
+    others = alternatives(ctx, chosen_policy, placement, top)
+    return Explanation(placement, reason(ctx, chosen_policy, placement, others), others)

@@ -1,0 +1,136 @@
+"""``mapa``: MAPA's Preserve policy (Ranganath et al., SC'21, seed 003, section 3.5.2, Algorithm 1).
+
+- A bandwidth-sensitive job gets the placement of highest predicted effective bandwidth: Table 2
+  (Eq. 2) on hosts whose links are the DGX-1 classes it was fitted on, else the edge-bottleneck
+  estimate (:mod:`gpualloc.placement.scores`); ``--score`` chooses explicitly.
+- A bandwidth-insensitive job, and every 1-GPU job, gets the set that *preserves* the most NVLink
+  bandwidth among the GPUs left free (Eq. 3), so that later sensitive jobs find NVLinked GPUs.
+- Ties go to the higher aggregated bandwidth (Eq. 1), then to the lowest indices.
+
+Unlike the reference code, a placement is never refused because its predicted bandwidth does not
+exceed the empty allocation's 12.335 GB/s: if GPUs are free, the best of them is returned.
+
+Preserve search: the NVLink bandwidth a set S removes from the free pool is
+``lost(S) = sum_{v in S} d(v) - internal(S)`` (``d`` = a GPU's NVLink bandwidth to free GPUs), so
+the search walks the candidate sets depth first, adding one GPU at a time in O(degree), and cuts a
+branch when even the cheapest completion cannot lose less than the incumbent. Complexity: O(C(n, k))
+sets in the worst case (a host whose every set loses the same), each in O(NVLink degree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpualloc.model.request import Placement
+from gpualloc.placement.context import DecisionContext
+from gpualloc.placement.policy import Policy, SetKey
+from gpualloc.placement.search import (
+    AggregatedObjective,
+    best_ordered_placement,
+    evaluate_order,
+)
+
+
+class MapaPolicy(Policy):
+    name = "mapa"
+    summary = "MAPA Preserve: best predicted bandwidth if sensitive, else preserve NVLinks"
+    reference = "MAPA (SC'21) section 3.5.2, Algorithm 1; Eq. 2, Eq. 3"
+
+    def _preserves(self, ctx: DecisionContext) -> bool:
+        return not ctx.request.sensitive or ctx.k == 1
+
+    def objective(self, ctx: DecisionContext) -> str:
+        if self._preserves(ctx):
+            return "max preserved NVLink bandwidth (MAPA Eq. 3), then aggregated"
+        return ctx.sensitive_objective().describe()
+
+    def place(self, ctx: DecisionContext) -> Placement:
+        if self._preserves(ctx):
+            order = self._preserve(ctx)
+        else:
+            found = best_ordered_placement(
+                ctx.host,
+                ctx.request.pattern,
+                ctx.sensitive_objective(),
+                ctx.pool,
+                sorted(ctx.request.required),
+            )
+            assert found is not None
+            order = found.order
+        return ctx.placement(self.name, order, self.objective(ctx))
+
+    def set_key(self, ctx: DecisionContext, order: Sequence[int]) -> SetKey:
+        pattern = ctx.request.pattern
+        if self._preserves(ctx):
+            aggregated = evaluate_order(ctx.host, pattern, AggregatedObjective(), order)
+            return (round(ctx.scores_of(order).preserved_gbps, 6), *aggregated)
+        return evaluate_order(ctx.host, pattern, ctx.sensitive_objective(), order)
+
+    # ---- Preserve ----------------------------------------------------------------------------
+
+    def _preserve(self, ctx: DecisionContext) -> tuple[int, ...]:
+        ties = min_loss_sets(ctx)
+        if ctx.k == 1 or len(ctx.request.pattern.edges) == 0:
+            return ties[0]
+        # Among the sets that preserve the most, the highest aggregated bandwidth, then the first.
+        objective = AggregatedObjective()
+        bw = ctx.host.bandwidth
+        pool = ctx.pool
+        widest = max((bw[a][b] for a in pool for b in pool if a != b), default=0.0)
+        ceiling = round(len(ctx.request.pattern.edges) * widest, 6)
+        best_key: tuple[float, ...] | None = None
+        best_order: tuple[int, ...] = ties[0]
+        for gpus in ties:
+            found = best_ordered_placement(ctx.host, ctx.request.pattern, objective, gpus, gpus)
+            assert found is not None
+            if best_key is None or found.key > best_key:
+                best_key, best_order = found.key, found.order
+            if best_key[0] >= ceiling:
+                break
+        return best_order
+
+
+def min_loss_sets(ctx: DecisionContext) -> list[tuple[int, ...]]:
+    """Every candidate set that removes the least NVLink bandwidth, in lexicographic order."""
+    host, k = ctx.host, ctx.k
+    free = sorted(ctx.state.free)
+    nv = host.nvlink_bandwidth
+    degree = {v: sum(nv[v][u] for u in free if u != v) for v in ctx.pool}
+    neighbours = {v: [u for u in free if u != v and nv[v][u] > 0] for v in ctx.pool}
+    required = ctx.request.required
+    pool = ctx.pool
+    best: list = [float("inf"), []]
+    chosen: list[int] = []
+    chosen_set: set[int] = set()
+
+    def extend(start: int, lost: float) -> None:
+        if len(chosen) == k:
+            if not required <= chosen_set:
+                return
+            value = round(lost, 6)
+            if value < best[0]:
+                best[0], best[1] = value, [tuple(chosen)]
+            elif value == best[0]:
+                best[1].append(tuple(chosen))
+            return
+        need = k - len(chosen)
+        for index in range(start, len(pool) - need + 1):
+            g = pool[index]
+            # A required GPU cannot be skipped: every later set would miss it.
+            if any(r < g and r not in chosen_set for r in required):
+                break
+            inside = sum(nv[g][u] for u in neighbours[g] if u in chosen_set)
+            new_lost = lost + degree[g] - inside
+            # Adding GPUs never lowers the loss below the loss so far minus what the remaining
+            # picks could share with each other and with the chosen GPUs; with non-negative
+            # contributions (degree >= links into the set) the loss is monotone.
+            if round(new_lost, 6) > best[0]:
+                continue
+            chosen.append(g)
+            chosen_set.add(g)
+            extend(index + 1, new_lost)
+            chosen.pop()
+            chosen_set.discard(g)
+
+    extend(0, 0.0)
+    return best[1]

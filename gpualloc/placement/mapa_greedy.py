@@ -1,0 +1,32 @@
+"""``mapa-greedy``: the placement of highest aggregated bandwidth (MAPA, seed 003, section 4,
+"Greedy": "selects a matching pattern with the highest Aggregated Bandwidth").
+
+The ordered search of :mod:`gpualloc.placement.search` finds the exact optimum over every set and
+order; ties go to the lowest indices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpualloc.model.request import Placement
+from gpualloc.placement.context import DecisionContext
+from gpualloc.placement.policy import Policy, SetKey
+from gpualloc.placement.search import AggregatedObjective, best_ordered_placement, evaluate_order
+
+
+class MapaGreedyPolicy(Policy):
+    name = "mapa-greedy"
+    summary = "highest aggregated bandwidth over the pattern's links (MAPA Greedy)"
+    reference = "MAPA (SC'21) section 4, Greedy; Eq. 1"
+
+    def place(self, ctx: DecisionContext) -> Placement:
+        objective = AggregatedObjective()
+        found = best_ordered_placement(
+            ctx.host, ctx.request.pattern, objective, ctx.pool, sorted(ctx.request.required)
+        )
+        assert found is not None
+        return ctx.placement(self.name, found.order, objective.describe())
+
+    def set_key(self, ctx: DecisionContext, order: Sequence[int]) -> SetKey:
+        return evaluate_order(ctx.host, ctx.request.pattern, AggregatedObjective(), order)

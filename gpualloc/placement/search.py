@@ -1,0 +1,523 @@
+"""Exact search for the best ordered placement under an edge objective.
+
+An *edge objective* scores an ordered placement from the links that carry the pattern's edges:
+the aggregated bandwidth (MAPA Greedy), the predicted effective bandwidth then the aggregated one
+(MAPA Preserve for a sensitive job), or the slowest link then the aggregated bandwidth (the general
+effective estimate). The original MAPA enumerates all k! orders of every candidate set (half a
+billion evaluations for 8 of 16 GPUs). This module finds the structure instead:
+
+1. **Link classes and count vectors.** Pairs of GPUs fall into a few classes: the distinct
+   (MAPA class, bandwidth) combinations of the host, typically 2 to 4 (NV2 / NV1 / PCIe on a
+   DGX-1). Every objective is a function of the *count vector*: how many of the pattern's edges
+   land in each class. A ring of 8 has at most 45 vectors over 3 classes, against 8!/16 orders
+   of each of the 12,870 sets.
+2. **Vectors best first.** Vectors are ranked by the objective and tried in that order; the first
+   vector that some placement *realises* is optimal. Necessary conditions (a class cannot carry
+   more edges than its subgraph on the free GPUs can under the pattern's degree) discard most
+   unrealisable vectors without search.
+3. **Budgeted depth-first search.** A vector is checked by assigning ranks to GPUs in the
+   pattern's visiting order, spending one unit of the class budget per pattern edge closed; a
+   branch dies as soon as a budget goes negative. Tight budgets (few PCIe edges, say) confine the
+   search to the sparse NVLink graph, which is why the best vectors, mostly NVLink, are proven or
+   refuted in a few hundred nodes.
+4. **Symmetry and ties.** Orders equivalent under an automorphism of the pattern are skipped
+   (:mod:`gpualloc.placement.patterns`: a ring has 2k equivalent orders). Among placements with
+   the same key the lexicographically lowest sorted GPU set wins, then the lowest order; the DFS
+   visits orders lexicographically and cuts a branch whose lowest reachable set cannot beat the
+   incumbent.
+
+Keys are rounded to 1e-6 so that the same links summed in another order tie exactly.
+
+Complexity: the problems are NP-hard (a ring is a travelling-salesman tour), so the worst case is
+exponential; on hosts with few link classes the work is a few thousand search nodes per decision.
+``benchmarks/bench_placement.py`` measures every bundled host, pattern and size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import combinations
+
+from gpualloc.model.request import CommunicationPattern
+from gpualloc.placement.host import DOUBLE_NVLINK, PCIE, SINGLE_NVLINK, HostGraph
+from gpualloc.placement.patterns import search_shape
+from gpualloc.placement.scores import EffectiveModel, mapa_predicted_gbps
+
+Key = tuple[float, ...]
+_INF = float("inf")
+
+
+def _r(value: float) -> float:
+    return round(value, 6)
+
+
+# ---- objectives ------------------------------------------------------------------------------
+
+
+class EdgeObjective:
+    """What a search maximises, as a function of the pattern edges' link classes."""
+
+    name = "aggregated"
+
+    def key(self, agg: float, x: int, y: int, z: int, low: float) -> Key:
+        return (_r(agg),)
+
+    def describe(self) -> str:
+        return "max aggregated bandwidth (MAPA Eq. 1)"
+
+
+class AggregatedObjective(EdgeObjective):
+    name = "aggregated"
+
+
+class MapaObjective(EdgeObjective):
+    """Table 2 first, aggregated bandwidth second (MAPA Algorithm 1, with a tie-break)."""
+
+    name = "mapa"
+
+    def key(self, agg: float, x: int, y: int, z: int, low: float) -> Key:
+        return (_r(mapa_predicted_gbps(x, y, z)), _r(agg))
+
+    def describe(self) -> str:
+        return "max predicted effective bandwidth (MAPA Eq. 2, Table 2), then aggregated"
+
+
+class BottleneckObjective(EdgeObjective):
+    """Slowest pattern link first, aggregated bandwidth second."""
+
+    name = "bottleneck"
+
+    def key(self, agg: float, x: int, y: int, z: int, low: float) -> Key:
+        return (_r(low if low < _INF else 0.0), _r(agg))
+
+    def describe(self) -> str:
+        return "max slowest pattern link (edge-bottleneck effective bandwidth), then aggregated"
+
+
+def effective_objective(model: EffectiveModel) -> EdgeObjective:
+    """The objective of a sensitive job under a resolved effective-bandwidth model."""
+    return MapaObjective() if model is EffectiveModel.MAPA else BottleneckObjective()
+
+
+def evaluate_order(
+    host: HostGraph, pattern: CommunicationPattern, objective: EdgeObjective, order: Sequence[int]
+) -> Key:
+    """The objective's key of one ordered placement (the brute-force reference)."""
+    bw, cls = host.bandwidth, host.mapa_class
+    agg, low = 0.0, _INF
+    counts = [0, 0, 0]
+    for u, v in pattern.edges:
+        a, b = order[u], order[v]
+        agg += bw[a][b]
+        low = min(low, bw[a][b])
+        counts[cls[a][b]] += 1
+    return objective.key(agg, counts[DOUBLE_NVLINK], counts[SINGLE_NVLINK], counts[PCIE], low)
+
+
+# ---- link classes ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Classes:
+    """The distinct (MAPA class, bandwidth) combinations among the pool's pairs."""
+
+    of_pair: tuple[tuple[int, ...], ...]  # class id per GPU pair (-1 on the diagonal)
+    mapa: tuple[int, ...]  # MAPA class per class id
+    weight: tuple[float, ...]  # bandwidth per class id
+    adjacency: tuple[tuple[int, ...], ...]  # per class: bitmask of pool neighbours per GPU
+
+
+def _link_classes(host: HostGraph, pool: Sequence[int]) -> _Classes:
+    n = host.gpu_count
+    ids: dict[tuple[int, float], int] = {}
+    of_pair = [[-1] * n for _ in range(n)]
+    for i, a in enumerate(pool):
+        for b in pool[i + 1 :]:
+            label = (host.mapa_class[a][b], _r(host.bandwidth[a][b]))
+            c = ids.setdefault(label, len(ids))
+            of_pair[a][b] = of_pair[b][a] = c
+    labels = sorted(ids, key=ids.__getitem__)
+    adjacency = [[0] * n for _ in labels]
+    for a in pool:
+        for b in pool:
+            if a != b:
+                adjacency[of_pair[a][b]][a] |= 1 << b
+    return _Classes(
+        of_pair=tuple(tuple(row) for row in of_pair),
+        mapa=tuple(label[0] for label in labels),
+        weight=tuple(label[1] for label in labels),
+        adjacency=tuple(tuple(row) for row in adjacency),
+    )
+
+
+def _vectors(classes: int, total: int) -> list[tuple[int, ...]]:
+    """Every way to spread ``total`` edges over ``classes`` classes."""
+    if classes == 1:
+        return [(total,)]
+    result = []
+    for first in range(total, -1, -1):
+        for rest in _vectors(classes - 1, total - first):
+            result.append((first, *rest))
+    return result
+
+
+MAX_VECTORS = 20_000
+"""Above this many count vectors (many distinct link bandwidths and a large pattern) the search
+falls back to plain branch and bound over orders."""
+
+
+# ---- the search ------------------------------------------------------------------------------
+
+
+@dataclass
+class SearchResult:
+    order: tuple[int, ...]
+    key: Key
+    vectors_tried: int
+    nodes: int
+
+
+class PlacementSearch:
+    """Best ordered placement of one pattern on a pool of GPUs under one objective."""
+
+    def __init__(
+        self,
+        host: HostGraph,
+        pattern: CommunicationPattern,
+        objective: EdgeObjective,
+        pool: Sequence[int],
+        required: Sequence[int] = (),
+    ) -> None:
+        self.host = host
+        self.pattern = pattern
+        self.objective = objective
+        self.pool = tuple(sorted(set(pool)))
+        self.required = frozenset(required)
+        self.k = pattern.size
+        shape = search_shape(pattern)
+        self.order_free = shape.order_free
+        self.visit = shape.visit
+        position = {v: i for i, v in enumerate(shape.visit)}
+        self.back: list[tuple[int, ...]] = [() for _ in range(self.k)]
+        back: list[list[int]] = [[] for _ in range(self.k)]
+        for u, v in pattern.edges:
+            pu, pv = position[u], position[v]
+            back[max(pu, pv)].append(min(pu, pv))
+        self.back = [tuple(b) for b in back]
+        after: list[list[int]] = [[] for _ in range(self.k)]
+        before: list[list[int]] = [[] for _ in range(self.k)]
+        for i, j in shape.less_than:
+            pi, pj = position[i], position[j]
+            if pi < pj:
+                after[pj].append(pi)
+            else:
+                before[pi].append(pj)
+        self.after = [tuple(a) for a in after]
+        self.before = [tuple(b) for b in before]
+        degree = [0] * self.k
+        for u, v in pattern.edges:
+            degree[u] += 1
+            degree[v] += 1
+        self.max_degree = max(degree, default=0)
+        self.classes = _link_classes(host, self.pool)
+        self.nodes = 0
+
+    # ---- public ------------------------------------------------------------------------------
+
+    def run(self) -> SearchResult | None:
+        if len(self.pool) < self.k or not self.required <= set(self.pool):
+            return None
+        if len(self.required) > self.k:
+            return None
+        edges = len(self.pattern.edges)
+        if self.order_free or edges == 0:
+            return self._run_order_free()
+        n_classes = len(self.classes.weight)
+        if _count_vectors(n_classes, edges) > MAX_VECTORS:
+            return self._run_branch_and_bound()
+        ranked: dict[Key, list[tuple[int, ...]]] = {}
+        for vector in _vectors(n_classes, edges):
+            if self._obviously_unrealisable(vector):
+                continue
+            ranked.setdefault(self._vector_key(vector), []).append(vector)
+        tried = 0
+        for key in sorted(ranked, reverse=True):
+            best: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # (sorted set, order)
+            realise = self._realise_star if self.pattern.name == "star" else self._realise
+            for vector in ranked[key]:
+                tried += 1
+                found = realise(vector, best)
+                if found is not None:
+                    best = found
+            if best is not None:
+                return SearchResult(best[1], key, tried, self.nodes)
+        return None
+
+    # ---- vectors -----------------------------------------------------------------------------
+
+    def _vector_key(self, vector: tuple[int, ...]) -> Key:
+        counts = [0, 0, 0]
+        agg = 0.0
+        low = _INF
+        for c, count in enumerate(vector):
+            if count:
+                counts[self.classes.mapa[c]] += count
+                agg += count * self.classes.weight[c]
+                low = min(low, self.classes.weight[c])
+        return self.objective.key(agg, counts[0], counts[1], counts[2], low)
+
+    def _obviously_unrealisable(self, vector: tuple[int, ...]) -> bool:
+        """A class cannot carry more pattern edges than its subgraph allows (degree bound)."""
+        k, d = self.k, self.max_degree
+        adjacency = self.classes.adjacency
+        pool_mask = 0
+        for g in self.pool:
+            pool_mask |= 1 << g
+        two_gpu = self.k == 2
+        for c, count in enumerate(vector):
+            if count == 0:
+                continue
+            ends = sorted(
+                (min(d, (adjacency[c][g] & pool_mask).bit_count()) for g in self.pool),
+                reverse=True,
+            )
+            if two_gpu:
+                if ends[0] == 0:
+                    return True
+                continue
+            if count > sum(ends[:k]) // 2:
+                return True
+        return False
+
+    # ---- budgeted DFS ------------------------------------------------------------------------
+
+    def _realise(
+        self,
+        vector: tuple[int, ...],
+        incumbent: tuple[tuple[int, ...], tuple[int, ...]] | None,
+    ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """The lowest (sorted set, order) realising ``vector`` that beats ``incumbent``."""
+        k = self.k
+        pool = self.pool
+        of_pair = self.classes.of_pair
+        back, after, before = self.back, self.after, self.before
+        budget = list(vector)
+        assigned = [0] * k
+        used: set[int] = set()
+        required = self.required
+        visit = self.visit
+        best: list = [incumbent]
+
+        def lowest_reachable_set(s: int) -> tuple[int, ...]:
+            chosen = assigned[:s]
+            need = k - s
+            extra = []
+            for g in pool:
+                if need == 0:
+                    break
+                if g not in used:
+                    extra.append(g)
+                    need -= 1
+            return tuple(sorted(chosen + extra))
+
+        def step(s: int) -> bool:
+            self.nodes += 1
+            if s == k:
+                order = [0] * k
+                for position, vertex in enumerate(visit):
+                    order[vertex] = assigned[position]
+                candidate = (tuple(sorted(assigned)), tuple(order))
+                if best[0] is not None and candidate >= best[0]:
+                    return False
+                best[0] = candidate
+                return True
+            missing = len(required - used)
+            if missing > k - s:
+                return False
+            if best[0] is not None and lowest_reachable_set(s) >= best[0][0]:
+                return False
+            lower = max((assigned[p] for p in after[s]), default=-1)
+            upper = min((assigned[p] for p in before[s]), default=1 << 30)
+            must_be_required = missing == k - s
+            found = False
+            for g in pool:
+                if g <= lower or g in used:
+                    continue
+                if g >= upper:
+                    break
+                if must_be_required and g not in required:
+                    continue
+                row = of_pair[g]
+                spent = []
+                ok = True
+                for p in back[s]:
+                    c = row[assigned[p]]
+                    budget[c] -= 1
+                    spent.append(c)
+                    if budget[c] < 0:
+                        ok = False
+                        break
+                if ok:
+                    used.add(g)
+                    assigned[s] = g
+                    if step(s + 1):
+                        found = True
+                    used.discard(g)
+                for c in spent:
+                    budget[c] += 1
+                if found and best[0] is not None and lowest_reachable_set(s) >= best[0][0]:
+                    break
+            return found
+
+        if step(0):
+            return best[0]
+        return None
+
+    def _realise_star(
+        self,
+        vector: tuple[int, ...],
+        incumbent: tuple[tuple[int, ...], tuple[int, ...]] | None,
+    ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """A star's edges all touch its centre: per centre, the leaves of each class are free
+        to choose, so the lowest ones of each class give the lowest set (O(n) per centre)."""
+        of_pair = self.classes.of_pair
+        best = incumbent
+        self.nodes += 1
+        for center in self.pool:
+            need = list(vector)
+            leaves: list[int] = []
+            for r in sorted(self.required - {center}):
+                need[of_pair[center][r]] -= 1
+                leaves.append(r)
+            if min(need) < 0:
+                continue
+            for g in self.pool:
+                if g == center or g in self.required:
+                    continue
+                c = of_pair[center][g]
+                if need[c] > 0:
+                    need[c] -= 1
+                    leaves.append(g)
+            if any(need):
+                continue
+            leaves.sort()
+            candidate = (tuple(sorted((center, *leaves))), (center, *leaves))
+            if best is None or candidate < best:
+                best = candidate
+        return best if best is not incumbent else None
+
+    # ---- the easy and the fallback cases ------------------------------------------------------
+
+    def _run_order_free(self) -> SearchResult | None:
+        """All orders of a set score the same: search sets only (lexicographic, first best)."""
+        best_key: Key | None = None
+        best_set: tuple[int, ...] | None = None
+        count = 0
+        for gpus in _candidate_sets(self.pool, self.required, self.k):
+            count += 1
+            key = evaluate_order(self.host, self.pattern, self.objective, gpus)
+            if best_key is None or key > best_key:
+                best_key, best_set = key, gpus
+        if best_set is None or best_key is None:
+            return None
+        return SearchResult(best_set, best_key, 0, count)
+
+    def _run_branch_and_bound(self) -> SearchResult | None:
+        """Plain search over all orders with the widest-link bound (many link classes)."""
+        best: list = [None, None]  # key, (sorted set, order)
+        k, pool = self.k, self.pool
+        bw = self.host.bandwidth
+        widest = max((bw[a][b] for a in pool for b in pool if a != b), default=0.0)
+        remaining = [0] * (k + 1)
+        for s in range(k - 1, -1, -1):
+            remaining[s] = remaining[s + 1] + len(self.back[s])
+        assigned = [0] * k
+        used: set[int] = set()
+        host, objective, visit = self.host, self.objective, self.visit
+        cls = host.mapa_class
+
+        def step(s: int, agg: float, counts: tuple[int, int, int], low: float) -> None:
+            self.nodes += 1
+            if s == k:
+                order = [0] * k
+                for position, vertex in enumerate(visit):
+                    order[vertex] = assigned[position]
+                key = objective.key(agg, *counts, low)
+                candidate = (tuple(sorted(assigned)), tuple(order))
+                if best[0] is None or key > best[0] or (key == best[0] and candidate < best[1]):
+                    best[0], best[1] = key, candidate
+                return
+            if len(self.required - used) > k - s:
+                return
+            lower = max((assigned[p] for p in self.after[s]), default=-1)
+            upper = min((assigned[p] for p in self.before[s]), default=1 << 30)
+            for g in pool:
+                if g <= lower or g >= upper or g in used:
+                    continue
+                na, nlow = agg, low
+                c = list(counts)
+                for p in self.back[s]:
+                    w = bw[g][assigned[p]]
+                    na += w
+                    nlow = min(nlow, w)
+                    c[cls[g][assigned[p]]] += 1
+                if (
+                    best[0] is not None
+                    and objective.name == "aggregated"
+                    and _r(na + remaining[s + 1] * widest) < best[0][0]
+                ):
+                    continue
+                used.add(g)
+                assigned[s] = g
+                step(s + 1, na, (c[0], c[1], c[2]), nlow)
+                used.discard(g)
+
+        step(0, 0.0, (0, 0, 0), _INF)
+        if best[0] is None:
+            return None
+        return SearchResult(best[1][1], best[0], 0, self.nodes)
+
+
+def _count_vectors(classes: int, total: int) -> int:
+    from math import comb
+
+    return comb(total + classes - 1, classes - 1)
+
+
+def _candidate_sets(
+    pool: Sequence[int], required: frozenset[int], k: int
+) -> list[tuple[int, ...]] | combinations:
+    """Every k-set of ``pool`` containing ``required``, in lexicographic order of sorted sets.
+
+    Merging a fixed set into lexicographically ordered combinations keeps them in lexicographic
+    order, so ``itertools.combinations`` (C speed) does the enumeration.
+    """
+    others = [g for g in pool if g not in required]
+    need = k - len(required)
+    if need < 0:
+        return []
+    if not required:
+        return combinations(others, need)
+    base = tuple(sorted(required))
+    return [tuple(sorted(base + extra)) for extra in combinations(others, need)]
+
+
+def best_ordered_placement(
+    host: HostGraph,
+    pattern: CommunicationPattern,
+    objective: EdgeObjective,
+    pool: Sequence[int],
+    required: Sequence[int] = (),
+) -> SearchResult | None:
+    """The best (set, order) of ``pattern`` on ``pool`` under ``objective``; None if infeasible."""
+    return PlacementSearch(host, pattern, objective, pool, required).run()
+
+
+def best_order_of_set(
+    host: HostGraph, pattern: CommunicationPattern, objective: EdgeObjective, gpus: Sequence[int]
+) -> tuple[int, ...]:
+    """The best order of a set chosen by another objective (pack, spread, DRB)."""
+    result = PlacementSearch(host, pattern, objective, gpus, gpus).run()
+    assert result is not None
+    return result.order
