@@ -18,7 +18,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpualloc import __version__
-from gpualloc.cli import topo
+from gpualloc.cli import plan, topo
 from gpualloc.cli.output import StdoutClosed, write_stdout
 from gpualloc.cli.state import STATE
 from gpualloc.errors import ExitCode, FileAccessError, GpuallocError
@@ -57,6 +57,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(topo.app, name="topo")
+app.command("plan")(plan.plan_command)
 
 
 def _version(value: bool) -> None:

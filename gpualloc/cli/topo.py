@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpualloc.cli.state import STATE
+from gpualloc.errors import RequestError
 
 app = typer.Typer(
     help="What a host looks like: GPUs, NVLink/PCIe links, NUMA nodes.",
@@ -67,11 +68,13 @@ def list_bundled(as_json: JsonOption = False) -> None:
 @app.command("import")
 def import_text(
     topo_file: Annotated[
-        Path,
+        Optional[Path],  # noqa: UP045
         typer.Argument(
-            metavar="FILE", help="Output of 'nvidia-smi topo -m' saved to a file ('-' for stdin)."
+            metavar="[FILE]",
+            help="Output of 'nvidia-smi topo -m' saved to a file ('-' for stdin).",
+            show_default=False,
         ),
-    ],
+    ] = None,
     nvlink: Annotated[
         Optional[Path],  # noqa: UP045 - typer needs Optional on Python 3.10
         typer.Option("--nvlink", metavar="FILE", help="Output of 'nvidia-smi nvlink -s'."),
@@ -88,6 +91,16 @@ def import_text(
         Optional[str],  # noqa: UP045
         typer.Option("--name", help="Name stored in the topology (default: the file's stem)."),
     ] = None,
+    bandwidth_matrix: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--bandwidth-matrix",
+            metavar="FILE",
+            help="Measured GB/s matrix (p2pBandwidthLatencyTest output, a 'gpu_0 gpu_1 ...' "
+            "table, or JSON rows): its numbers replace the estimated link bandwidths. Alone, "
+            "it makes a topology of its own.",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Turn recorded nvidia-smi / numactl text into a gpualloc topology.
@@ -96,15 +109,33 @@ def import_text(
     rates; 'numactl -H' adds NUMA memory and distances. Without -o or --json the result is shown
     as 'topo show' would show it.
     """
-    from gpualloc.discovery.recorded import import_smi_files, import_smi_texts
+    from gpualloc.discovery import bandwidth_matrix as bm
+    from gpualloc.discovery.recorded import import_smi_files, import_smi_texts, read_text
 
+    if topo_file is None and bandwidth_matrix is None:
+        raise RequestError(
+            "nothing to import",
+            hint="give a 'nvidia-smi topo -m' file, --bandwidth-matrix, or both",
+        )
     table = STATE.bandwidth_override()
-    if str(topo_file) == "-":
+    matrix = None
+    if bandwidth_matrix is not None:
+        matrix = bm.parse_bandwidth_matrix(
+            read_text(bandwidth_matrix), source=str(bandwidth_matrix)
+        )
+    if topo_file is None:
+        assert matrix is not None and bandwidth_matrix is not None
+        topology = bm.topology_from_bandwidth_matrix(
+            matrix, name=name or bandwidth_matrix.stem, origin=str(bandwidth_matrix)
+        )
+    elif str(topo_file) == "-":
         topology = import_smi_texts(sys.stdin.read(), origin="<stdin>", name=name, table=table)
     else:
         topology = import_smi_files(
             topo_file, nvlink_path=nvlink, numa_path=numa, name=name, table=table
         )
+    if matrix is not None and topo_file is not None:
+        topology = bm.apply_measured_bandwidth(topology, matrix)
     if output is not None:
         _write(output, topology.to_json())
         from gpualloc.cli.output import say

@@ -156,6 +156,11 @@ class Provenance(_Strict):
         None, description="for bundled and recorded files: what and whence"
     )
     notes: list[str] = Field(default_factory=list, description="fields that could not be read")
+    bandwidth: Literal["estimated", "measured"] = Field(
+        "estimated",
+        description="link bandwidths estimated from the bandwidth table, or measured "
+        "('topo import --bandwidth-matrix'); measured ones are never re-estimated",
+    )
 
 
 class Topology(_Strict):
@@ -224,7 +229,9 @@ class Topology(_Strict):
     # ---- derived views -------------------------------------------------------------------
 
     def with_bandwidth_table(self, table: BandwidthTable) -> Topology:
-        """A copy whose link bandwidths are re-estimated with ``table``."""
+        """A copy whose link bandwidths are re-estimated with ``table`` (unless measured)."""
+        if self.provenance.bandwidth == "measured":
+            return self
         links = [
             link.model_copy(update={"bandwidth_gbps": pair_bandwidth_gbps(self.gpus, link, table)})
             for link in self.links

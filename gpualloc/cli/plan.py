@@ -1,0 +1,293 @@
+"""``gpualloc plan``: what a policy would choose for a job, and why; runs nothing."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from gpualloc.cli.state import STATE
+from gpualloc.errors import RequestError
+
+if TYPE_CHECKING:
+    from gpualloc.model.request import Placement
+    from gpualloc.placement.context import DecisionContext
+
+POLICY_HELP = (
+    "Placement policy: mapa (default; MAPA Preserve), mapa-greedy, drb, pack, spread, "
+    "besteffort (NVIDIA go-gpuallocator), slurm (Slurm 22.05), baseline (lowest indices)."
+)
+
+
+def _gpu_list(text: str | None, option: str) -> frozenset[int]:
+    from gpualloc.model.cpuset import parse_cpulist
+
+    if text is None or text.strip() == "":
+        return frozenset()
+    try:
+        return frozenset(parse_cpulist(text))
+    except ValueError:
+        raise RequestError(
+            f"{option} {text!r} is not a GPU list",
+            hint=f"write indices and ranges, e.g. {option} 0,2,4-7",
+        ) from None
+
+
+def plan_command(
+    gpus: Annotated[int, typer.Option("-n", "--gpus", min=1, help="Number of GPUs the job needs.")],
+    pattern: Annotated[
+        str,
+        typer.Option(
+            help="How the job's ranks talk: ring (NCCL's collectives), all, tree, star, or a "
+            "JSON edge list file over ranks 0..n-1.",
+        ),
+    ] = "ring",
+    sensitive: Annotated[
+        Optional[bool],  # noqa: UP045
+        typer.Option(
+            "--sensitive/--insensitive",
+            help="Bandwidth-sensitive job (MAPA 2.3). Default: sensitive for 2+ GPUs.",
+            show_default=False,
+        ),
+    ] = None,
+    busy: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="GPUs to treat as taken, e.g. 0,3-4 (later: from the ledger)."),
+    ] = None,
+    free: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="GPUs to treat as the only free ones (the opposite of --busy)."),
+    ] = None,
+    exclude: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="GPUs the job must not get, e.g. a GPU you know is flaky."),
+    ] = None,
+    require: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="GPUs that must be part of the answer."),
+    ] = None,
+    policy: Annotated[str, typer.Option(help=POLICY_HELP)] = "mapa",
+    score: Annotated[
+        str,
+        typer.Option(
+            help="Effective-bandwidth model for sensitive jobs: auto (MAPA Table 2 on hosts with "
+            "the DGX-1's NV1/NV2/PCIe links, else the slowest pattern link), mapa, bottleneck.",
+        ),
+    ] = "auto",
+    drb_weights: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            help="DRB utility weights communication,interference,fragmentation (default "
+            "1,1,1: a third each).",
+        ),
+    ] = None,
+    explain: Annotated[
+        bool, typer.Option("--explain", help="Show the best alternatives and why this one won.")
+    ] = False,
+    compare: Annotated[
+        bool, typer.Option("--compare", help="Show what every policy would choose, side by side.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead.")] = False,
+) -> None:
+    """Choose GPUs for a job without running it: the GPUs in rank order, their NUMA nodes, the
+    links between consecutive ranks, and the scores.
+
+    Rank i of the job runs on the i-th GPU listed; `gpualloc run` will export them in that order
+    as CUDA_VISIBLE_DEVICES. Exit code 9 when no set of GPUs satisfies the request.
+
+    Example: `gpualloc --topology dgx1-v100 plan -n 3 --busy 0 --explain`
+    """
+    from gpualloc.model.request import HostState, JobRequest
+    from gpualloc.placement.engine import decision_context
+    from gpualloc.placement.patterns import build_pattern
+    from gpualloc.placement.registry import get_policy
+    from gpualloc.placement.scores import EffectiveModel
+
+    if busy is not None and free is not None:
+        raise RequestError("--busy and --free both say which GPUs are free", hint="give one")
+    get_policy(policy)
+    try:
+        model = EffectiveModel(score)
+    except ValueError:
+        raise RequestError(
+            f"unknown --score {score!r}", hint="choose auto, mapa or bottleneck"
+        ) from None
+    weights = _weights(drb_weights)
+    topology = STATE.load_topology()
+    n = topology.gpu_count
+    everything = frozenset(range(n))
+    if free is not None:
+        busy_set = everything - _gpu_list(free, "--free")
+        outside = _gpu_list(free, "--free") - everything
+    else:
+        busy_set = _gpu_list(busy, "--busy")
+        outside = busy_set - everything
+    if outside:
+        raise RequestError(
+            f"GPU {min(outside)} does not exist on this host ({n} GPUs: 0..{n - 1})",
+            hint="'gpualloc topo show' lists the GPUs",
+        )
+    request = JobRequest(
+        gpus=gpus,
+        pattern=build_pattern(pattern, gpus),
+        sensitive=sensitive if sensitive is not None else gpus >= 2,
+        required=_gpu_list(require, "--require"),
+        excluded=_gpu_list(exclude, "--exclude"),
+    )
+    ctx = decision_context(
+        topology,
+        request,
+        HostState.with_busy(n, busy_set & everything),
+        effective_model=model,
+        weights=weights,
+    )
+    if compare:
+        _show_compare(ctx, as_json)
+    else:
+        _show_plan(ctx, policy, explain, as_json)
+
+
+def _weights(text: str | None):  # type: ignore[no-untyped-def]
+    from gpualloc.placement.utility import UtilityWeights
+
+    if text is None:
+        return UtilityWeights()
+    try:
+        values = [float(part) for part in text.split(",")]
+        if len(values) != 3:
+            raise ValueError
+        return UtilityWeights(*values).normalised()
+    except ValueError:
+        raise RequestError(
+            f"--drb-weights {text!r} is not three non-negative numbers",
+            hint="e.g. --drb-weights 0.5,0.25,0.25 (communication, interference, fragmentation)",
+        ) from None
+
+
+def placement_json(ctx: DecisionContext, placement: Placement) -> dict[str, Any]:
+    """The documented ``plan --json`` contract, plus context fields."""
+    return {
+        "policy": placement.policy,
+        "gpus": list(placement.gpus),
+        "scores": placement.scores.as_dict(),
+        "numa_nodes": [ctx.topology.gpu(g).numa_node for g in placement.gpus],
+        "effective_model": placement.scores.effective_model,
+        "objective": placement.objective,
+        "pattern": ctx.request.pattern.name,
+        "sensitive": ctx.request.sensitive,
+    }
+
+
+def _link_label(ctx: DecisionContext, a: int, b: int) -> str:
+    link = ctx.topology.link(a, b)
+    return f"{link.kind} {link.bandwidth_gbps:g} GB/s"
+
+
+def _fmt(value: float | None, unit: str = " GB/s") -> str:
+    return "n/a" if value is None else f"{value:g}{unit}"
+
+
+def _placement_lines(ctx: DecisionContext, placement: Placement) -> list[str]:
+    s = placement.scores
+    effective = _fmt(s.effective_gbps)
+    if s.effective_model:
+        effective += f" ({'MAPA Table 2' if s.effective_model == 'mapa' else 'slowest link'})"
+    return [
+        f"policy {placement.policy}: {placement.objective}",
+        f"aggregated {_fmt(s.aggregated_gbps)}, effective {effective}, "
+        f"preserved {_fmt(s.preserved_gbps)}, bottleneck {_fmt(s.bottleneck_gbps)}, "
+        f"utility {s.utility:.3f}",
+    ]
+
+
+def _show_plan(ctx: DecisionContext, policy: str, explain: bool, as_json: bool) -> None:
+    from gpualloc.cli.output import Table, print_json, print_tables
+    from gpualloc.placement.engine import explain as explain_choice
+    from gpualloc.placement.registry import get_policy
+
+    explanation = explain_choice(ctx, policy) if explain else None
+    placement = explanation.placement if explanation else get_policy(policy).place(ctx)
+    if as_json:
+        data = placement_json(ctx, placement)
+        if explanation:
+            data["explain"] = {
+                "reason": explanation.reason,
+                "alternatives": [
+                    {"gpus": list(alt.gpus), "scores": alt.scores.as_dict(), "key": list(alt.key)}
+                    for alt in explanation.alternatives
+                ],
+            }
+        print_json(data)
+        return
+    order = placement.gpus
+    ring = ctx.request.pattern.name == "ring" and len(order) >= 3
+    rows = []
+    for rank, g in enumerate(order):
+        nxt = order[rank + 1] if rank + 1 < len(order) else (order[0] if ring else None)
+        link = f"-> {nxt}: {_link_label(ctx, g, nxt)}" if nxt is not None else ""
+        numa = ctx.topology.gpu(g).numa_node
+        rows.append([str(rank), str(g), "-" if numa is None else str(numa), link])
+    tables = [
+        Table(
+            f"Plan: {len(order)} GPU(s), {ctx.request.pattern.name} pattern, "
+            f"{'sensitive' if ctx.request.sensitive else 'insensitive'}",
+            ["Rank", "GPU", "NUMA", "Link to next rank"],
+            rows,
+        )
+    ]
+    footer = _placement_lines(ctx, placement)
+    footer.append(f"CUDA_VISIBLE_DEVICES={','.join(str(g) for g in order)}")
+    if explanation:
+        alt_rows = [
+            [
+                ",".join(str(g) for g in alt.gpus),
+                _fmt(alt.scores.effective_gbps, ""),
+                _fmt(alt.scores.aggregated_gbps, ""),
+                _fmt(alt.scores.preserved_gbps, ""),
+                f"{alt.scores.utility:.3f}",
+            ]
+            for alt in explanation.alternatives
+        ]
+        tables.append(
+            Table(
+                "Runners-up under the same objective",
+                ["GPUs", "Effective", "Aggregated", "Preserved", "Utility"],
+                alt_rows,
+                right_align_from=1,
+            )
+        )
+        footer.append(f"why: {explanation.reason}")
+    print_tables(tables, footer=footer)
+
+
+def _show_compare(ctx: DecisionContext, as_json: bool) -> None:
+    from gpualloc.cli.output import Table, print_json, print_tables
+    from gpualloc.placement.engine import compare as compare_all
+
+    placements = compare_all(ctx)
+    if as_json:
+        print_json({"compare": [placement_json(ctx, p) for p in placements]})
+        return
+    rows = [
+        [
+            p.policy,
+            ",".join(str(g) for g in p.gpus),
+            _fmt(p.scores.effective_gbps, ""),
+            _fmt(p.scores.aggregated_gbps, ""),
+            _fmt(p.scores.preserved_gbps, ""),
+            _fmt(p.scores.bottleneck_gbps, ""),
+            f"{p.scores.utility:.3f}",
+        ]
+        for p in placements
+    ]
+    print_tables(
+        [
+            Table(
+                f"Every policy for {ctx.k} GPU(s), {ctx.request.pattern.name} pattern "
+                f"(GB/s; utility in [0, 1])",
+                ["Policy", "GPUs", "Effective", "Aggregated", "Preserved", "Bottleneck", "Utility"],
+                rows,
+                right_align_from=2,
+            )
+        ]
+    )

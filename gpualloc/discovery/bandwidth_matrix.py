@@ -1,0 +1,163 @@
+"""Measured GPU-to-GPU bandwidth matrices, so that users can plan on measured numbers.
+
+Three formats are read (all in GB/s, one row per source GPU):
+
+- the Kubernetes GPU-topology proposal's table (seed 001): a ``gpu_0 gpu_1 ...`` header, then
+  rows ``gpu_i v0 v1 ...``, optionally under a ``Bandwidth Matrix:`` title;
+- CUDA samples' ``p2pBandwidthLatencyTest``: ``D\\D 0 1 ...`` header, then rows ``i v0 v1 ...``
+  (the first matrix in the file is used; pass the one you want, e.g. unidirectional P2P enabled);
+- JSON: a list of rows ``[[750.48, 48.39, ...], ...]`` (the proposal's CR example).
+
+The diagonal (a GPU's own memory bandwidth) is ignored. Measured matrices are not symmetric (the
+proposal's has 4.64 GB/s one way and 16.81 the other); a link's bandwidth is the lower of the two
+directions, because a ring or tree moves data both ways and the slower one sets the pace.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from gpualloc.errors import TopologyError, TopologyParseError
+from gpualloc.model.topology import Gpu, Link, Provenance, Topology
+
+_ROW_LABEL = re.compile(r"^(?:gpu_?)?(\d+)$", re.IGNORECASE)
+
+
+def parse_bandwidth_matrix(text: str, *, source: str = "<matrix>") -> list[list[float]]:
+    """The square matrix in ``text``; errors name the line and the token."""
+    stripped = text.strip()
+    if stripped.startswith("["):
+        return _from_json(stripped, source)
+    rows: dict[int, list[float]] = {}
+    columns: int | None = None
+    for number, raw in enumerate(text.splitlines(), start=1):
+        tokens = raw.split()
+        if not tokens:
+            if rows:
+                break  # the first matrix ends at a blank line
+            continue
+        head = tokens[0]
+        if columns is None:
+            labels = tokens[1:] if head.upper() in ("D\\D", "D/D") else tokens
+            if labels and all(_ROW_LABEL.match(t) for t in labels):
+                indices = [int(_ROW_LABEL.match(t).group(1)) for t in labels]  # type: ignore[union-attr]
+                if indices != list(range(len(indices))):
+                    raise TopologyParseError(
+                        "matrix columns are not GPUs 0, 1, 2, ... in order",
+                        line_number=number,
+                        token=raw.strip(),
+                        source=source,
+                    )
+                columns = len(indices)
+            continue
+        label = _ROW_LABEL.match(head)
+        if not label:
+            if rows:
+                break
+            continue
+        row = int(label.group(1))
+        if row != len(rows):
+            raise TopologyParseError(
+                f"expected the row of GPU {len(rows)}",
+                line_number=number,
+                token=head,
+                source=source,
+            )
+        values = tokens[1:]
+        if len(values) != columns:
+            raise TopologyParseError(
+                f"row of GPU {row} has {len(values)} values, the header {columns}",
+                line_number=number,
+                token=raw.strip(),
+                source=source,
+            )
+        rows[row] = [_number(v, number, source) for v in values]
+    if columns is None or not rows:
+        raise TopologyParseError(
+            "no bandwidth matrix found (expected a 'gpu_0 gpu_1 ...' or 'D\\D 0 1 ...' header)",
+            source=source,
+        )
+    if len(rows) != columns:
+        raise TopologyParseError(
+            f"{len(rows)} rows for {columns} columns: the matrix is not square", source=source
+        )
+    return [rows[i] for i in range(columns)]
+
+
+def _number(token: str, line: int, source: str) -> float:
+    try:
+        value = float(token)
+    except ValueError:
+        raise TopologyParseError(
+            "not a bandwidth in GB/s", line_number=line, token=token, source=source
+        ) from None
+    if value < 0:
+        raise TopologyParseError("negative bandwidth", line_number=line, token=token, source=source)
+    return value
+
+
+def _from_json(text: str, source: str) -> list[list[float]]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TopologyParseError(
+            f"not valid JSON: {exc.msg}", line_number=exc.lineno, source=source
+        ) from exc
+    if not (isinstance(data, list) and data and all(isinstance(r, list) for r in data)):
+        raise TopologyParseError("a JSON matrix is a list of rows", source=source)
+    n = len(data)
+    matrix = []
+    for i, row in enumerate(data):
+        if len(row) != n:
+            raise TopologyParseError(
+                f"row {i} has {len(row)} values for {n} GPUs: the matrix is not square",
+                source=source,
+            )
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in row):
+            raise TopologyParseError(
+                f"row {i} holds a value that is not a bandwidth", source=source
+            )
+        matrix.append([float(v) for v in row])
+    return matrix
+
+
+def link_bandwidths(matrix: list[list[float]]) -> dict[tuple[int, int], float]:
+    """Per unordered pair (a < b): the slower of the two directions."""
+    n = len(matrix)
+    return {(a, b): min(matrix[a][b], matrix[b][a]) for a in range(n) for b in range(a + 1, n)}
+
+
+def apply_measured_bandwidth(topology: Topology, matrix: list[list[float]]) -> Topology:
+    """``topology`` with every link's bandwidth replaced by the measured one."""
+    if len(matrix) != topology.gpu_count:
+        raise TopologyError(
+            f"the bandwidth matrix has {len(matrix)} GPUs, the topology {topology.gpu_count}",
+            hint="record both on the same host",
+        )
+    measured = link_bandwidths(matrix)
+    links = [
+        link.model_copy(update={"bandwidth_gbps": measured[(link.a, link.b)]})
+        for link in topology.links
+    ]
+    provenance = topology.provenance.model_copy(update={"bandwidth": "measured"})
+    return topology.model_copy(update={"links": links, "provenance": provenance})
+
+
+def topology_from_bandwidth_matrix(
+    matrix: list[list[float]], *, name: str, origin: str
+) -> Topology:
+    """A topology that knows only the measured bandwidths (link kinds unknown)."""
+    n = len(matrix)
+    measured = link_bandwidths(matrix)
+    return Topology(
+        name=name,
+        gpus=[Gpu(index=i) for i in range(n)],
+        links=[Link(a=a, b=b, bandwidth_gbps=bw) for (a, b), bw in sorted(measured.items())],
+        provenance=Provenance(
+            source="file",
+            origin=origin,
+            bandwidth="measured",
+            notes=["link kinds and NUMA affinity unknown: only a bandwidth matrix was given"],
+        ),
+    )
