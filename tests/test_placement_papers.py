@@ -107,12 +107,12 @@ def test_preserved_bandwidth_counts_nvlinks_left_free() -> None:
 
 
 def test_insensitive_job_keeps_nvlinked_pairs() -> None:
-    topology = load_bundled("nvlink-pairs-4gpu")
-    placement = plan(topology, JobRequest(1, ring(1), False))
-    state = HostState.with_busy(4, frozenset({placement.gpus[0]}))
-    second = plan(topology, JobRequest(1, ring(1), False), state)
-    links = HostGraph.from_topology(topology).nvlinks
-    assert links[placement.gpus[0]][second.gpus[0]] > 0  # both from the same NVLink pair
+    topology = load_bundled("nvlink-pairs-4gpu")  # NVLink pairs 0-1 and 2-3
+    state = HostState.with_busy(4, frozenset({2}))
+    request = JobRequest(1, ring(1), False)
+    # GPU 3 has lost its partner; taking it keeps the pair 0-1 whole. Lowest index would break it.
+    assert plan(topology, request, state).gpus == (3,)
+    assert plan(topology, request, state, policy="baseline").gpus == (0,)
 
 
 def test_slurm_matches_the_verified_behaviour() -> None:

@@ -12,6 +12,7 @@ from gpualloc.errors import RequestError
 if TYPE_CHECKING:
     from gpualloc.model.request import Placement
     from gpualloc.placement.context import DecisionContext
+    from gpualloc.placement.utility import UtilityWeights
 
 POLICY_HELP = (
     "Placement policy: mapa (default; MAPA Preserve), mapa-greedy, drb, pack, spread, "
@@ -117,8 +118,8 @@ def plan_command(
     n = topology.gpu_count
     everything = frozenset(range(n))
     if free is not None:
-        busy_set = everything - _gpu_list(free, "--free")
-        outside = _gpu_list(free, "--free") - everything
+        free_set = _gpu_list(free, "--free")
+        busy_set, outside = everything - free_set, free_set - everything
     else:
         busy_set = _gpu_list(busy, "--busy")
         outside = busy_set - everything
@@ -147,7 +148,7 @@ def plan_command(
         _show_plan(ctx, policy, explain, as_json)
 
 
-def _weights(text: str | None):  # type: ignore[no-untyped-def]
+def _weights(text: str | None) -> UtilityWeights:
     from gpualloc.placement.utility import UtilityWeights
 
     if text is None:

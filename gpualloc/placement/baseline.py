@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from gpualloc.model.request import Placement
 from gpualloc.placement.context import DecisionContext
-from gpualloc.placement.policy import Policy, SetKey
+from gpualloc.placement.policy import Alternative, Policy, SetKey
 
 
 class BaselinePolicy(Policy):
@@ -27,3 +27,11 @@ class BaselinePolicy(Policy):
 
     def set_key(self, ctx: DecisionContext, order: Sequence[int]) -> SetKey:
         return tuple(-g for g in sorted(order))
+
+    def order_of(self, ctx: DecisionContext, gpus: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(sorted(gpus))
+
+    def reason(
+        self, ctx: DecisionContext, placement: Placement, runner_up: Alternative | None
+    ) -> str:
+        return "the lowest usable GPU indices"

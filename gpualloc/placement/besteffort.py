@@ -29,7 +29,7 @@ from itertools import combinations
 from gpualloc.model.paths import PciePath
 from gpualloc.model.request import Placement
 from gpualloc.placement.context import DecisionContext
-from gpualloc.placement.policy import Policy, SetKey
+from gpualloc.placement.policy import Alternative, Policy, SetKey
 
 PCIE_SCORE = {
     PciePath.SYS: 10,
@@ -61,6 +61,18 @@ class BestEffortPolicy(Policy):
 
     def set_key(self, ctx: DecisionContext, order: Sequence[int]) -> SetKey:
         return (float(sum(pair_score(ctx, a, b) for a, b in combinations(order, 2))),)
+
+    def order_of(self, ctx: DecisionContext, gpus: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(sorted(gpus))
+
+    def reason(
+        self, ctx: DecisionContext, placement: Placement, runner_up: Alternative | None
+    ) -> str:
+        score = self.set_key(ctx, placement.gpus)[0]
+        return (
+            f"the best group (pair score {score:g}) of the highest-scoring partition of the free "
+            "GPUs, as go-gpuallocator picks it; other sets may score higher alone"
+        )
 
     def choose(self, ctx: DecisionContext) -> tuple[int, ...]:
         k, pool = ctx.k, list(ctx.pool)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from gpualloc.errors import NoFeasiblePlacement, RequestError
+from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.request import HostState, JobRequest, Placement, Scores
 from gpualloc.model.topology import Topology
 from gpualloc.placement import scores
@@ -26,8 +27,8 @@ from gpualloc.placement.search import (
 from gpualloc.placement.utility import UtilityModel, UtilityWeights
 
 
-def _fmt(gpus: Sequence[int] | frozenset[int]) -> str:
-    return ",".join(str(g) for g in sorted(gpus))
+def _fmt(gpus: frozenset[int]) -> str:
+    return format_cpulist(gpus)
 
 
 @dataclass

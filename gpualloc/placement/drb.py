@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from gpualloc.model.request import Placement
 from gpualloc.placement.context import DecisionContext
-from gpualloc.placement.policy import Policy, SetKey, best_set
+from gpualloc.placement.policy import Alternative, Policy, SetKey, best_set, gpu_list
 
 
 class DrbPolicy(Policy):
@@ -34,7 +34,7 @@ class DrbPolicy(Policy):
 
     def place(self, ctx: DecisionContext) -> Placement:
         chosen = best_set(ctx, lambda gpus: self.set_key(ctx, gpus))
-        return ctx.placement(self.name, ctx.order_for_set(chosen), self.objective(ctx))
+        return ctx.placement(self.name, self.order_of(ctx, chosen), self.objective(ctx))
 
     def objective(self, ctx: DecisionContext) -> str:
         w = ctx.utility_model.weights
@@ -45,3 +45,16 @@ class DrbPolicy(Policy):
 
     def set_key(self, ctx: DecisionContext, order: Sequence[int]) -> SetKey:
         return (round(ctx.utility_model.utility(sorted(order)), 6),)
+
+    def reason(
+        self, ctx: DecisionContext, placement: Placement, runner_up: Alternative | None
+    ) -> str:
+        parts = ctx.utility_model.parts(sorted(placement.gpus))
+        text = (
+            f"utility {parts.utility:.3f} (communication cost {parts.communication_cost:.2f}, "
+            f"interference {parts.interference:.2f}, fragmentation {parts.fragmentation:.2f}, "
+            "each normalised, lower is better)"
+        )
+        if runner_up:
+            text += f"; runner-up {gpu_list(runner_up.gpus)} scores {runner_up.scores.utility:.3f}"
+        return text

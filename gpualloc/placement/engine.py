@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from gpualloc.model.request import HostState, JobRequest, Placement
 from gpualloc.model.topology import Topology
 from gpualloc.placement.context import DecisionContext
-from gpualloc.placement.explain import Alternative, alternatives, reason
+from gpualloc.placement.explain import alternatives, reason
+from gpualloc.placement.policy import Alternative
 from gpualloc.placement.registry import DEFAULT_POLICY, POLICIES, get_policy
 from gpualloc.placement.scores import EffectiveModel
 from gpualloc.placement.utility import UtilityWeights

@@ -83,12 +83,6 @@ class HostGraph:
             published_model_fits=fits,
         )
 
-    def mask(self, gpus: frozenset[int] | set[int] | tuple[int, ...]) -> int:
-        value = 0
-        for g in gpus:
-            value |= 1 << g
-        return value
-
 
 def _mapa_class(links: int) -> int:
     """Double NVLink for two or more bonded links, single for one, PCIe for none."""

@@ -23,9 +23,11 @@ from collections.abc import Sequence
 
 from gpualloc.model.request import Placement
 from gpualloc.placement.context import DecisionContext
-from gpualloc.placement.policy import Policy, SetKey
+from gpualloc.placement.policy import Alternative, Policy, SetKey, gpu_list
+from gpualloc.placement.scores import mapa_counts, pattern_pairs, preserved_gbps
 from gpualloc.placement.search import (
     AggregatedObjective,
+    best_order_of_set,
     best_ordered_placement,
     evaluate_order,
 )
@@ -63,8 +65,35 @@ class MapaPolicy(Policy):
         pattern = ctx.request.pattern
         if self._preserves(ctx):
             aggregated = evaluate_order(ctx.host, pattern, AggregatedObjective(), order)
-            return (round(ctx.scores_of(order).preserved_gbps, 6), *aggregated)
+            preserved = preserved_gbps(ctx.host, ctx.state.free, order)
+            return (round(preserved, 6), *aggregated)
         return evaluate_order(ctx.host, pattern, ctx.sensitive_objective(), order)
+
+    def order_of(self, ctx: DecisionContext, gpus: tuple[int, ...]) -> tuple[int, ...]:
+        if self._preserves(ctx):
+            return ctx.order_for_set(gpus)
+        return best_order_of_set(ctx.host, ctx.request.pattern, ctx.sensitive_objective(), gpus)
+
+    def reason(
+        self, ctx: DecisionContext, placement: Placement, runner_up: Alternative | None
+    ) -> str:
+        s = placement.scores
+        if self._preserves(ctx):
+            return _preserve_reason(ctx, placement, runner_up)
+        if s.effective_model == "mapa":
+            x, y, z = mapa_counts(ctx.host, pattern_pairs(placement.gpus, ctx.request.pattern))
+            text = (
+                f"predicted effective bandwidth {s.effective_gbps:g} GB/s (Table 2 on {x} "
+                f"double-NVLink, {y} single-NVLink, {z} PCIe pattern edges)"
+            )
+        else:
+            text = f"slowest pattern link {s.effective_gbps:g} GB/s"
+        if runner_up:
+            text += (
+                f"; runner-up {gpu_list(runner_up.gpus)} predicts "
+                f"{runner_up.scores.effective_gbps:g} GB/s"
+            )
+        return text
 
     # ---- Preserve ----------------------------------------------------------------------------
 
@@ -134,3 +163,32 @@ def min_loss_sets(ctx: DecisionContext) -> list[tuple[int, ...]]:
 
     extend(0, 0.0)
     return best[1]
+
+
+def _nvlink_pairs_left(ctx: DecisionContext, chosen: Sequence[int]) -> list[tuple[int, int]]:
+    """NVLinked pairs among the GPUs the placement leaves free, widest first."""
+    left = sorted(ctx.state.free - set(chosen))
+    nv = ctx.host.nvlink_bandwidth
+    pairs = [(a, b) for i, a in enumerate(left) for b in left[i + 1 :] if nv[a][b] > 0]
+    pairs.sort(key=lambda p: (-nv[p[0]][p[1]], p))
+    return pairs
+
+
+def _preserve_reason(
+    ctx: DecisionContext, placement: Placement, runner_up: Alternative | None
+) -> str:
+    kept = _nvlink_pairs_left(ctx, placement.gpus)
+    if runner_up:
+        theirs = set(_nvlink_pairs_left(ctx, runner_up.gpus))
+        kept = [p for p in kept if p not in theirs] or kept
+    links = ctx.host.nvlinks
+    preserved = placement.scores.preserved_gbps
+    shown = ", ".join(f"NV{links[a][b]} {a}-{b}" for a, b in kept[:3])
+    text = f"keeps {preserved:g} GB/s of NVLink free for later sensitive jobs"
+    if shown:
+        text = f"keeps the pairs {shown} free for later sensitive jobs ({preserved:g} GB/s)"
+    if runner_up:
+        text += (
+            f"; runner-up {gpu_list(runner_up.gpus)} keeps {runner_up.scores.preserved_gbps:g} GB/s"
+        )
+    return text

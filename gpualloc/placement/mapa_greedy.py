@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from gpualloc.model.request import Placement
 from gpualloc.placement.context import DecisionContext
-from gpualloc.placement.policy import Policy, SetKey
+from gpualloc.placement.policy import Alternative, Policy, SetKey, gpu_list
 from gpualloc.placement.search import AggregatedObjective, best_ordered_placement, evaluate_order
 
 
@@ -30,3 +30,15 @@ class MapaGreedyPolicy(Policy):
 
     def set_key(self, ctx: DecisionContext, order: Sequence[int]) -> SetKey:
         return evaluate_order(ctx.host, ctx.request.pattern, AggregatedObjective(), order)
+
+    def reason(
+        self, ctx: DecisionContext, placement: Placement, runner_up: Alternative | None
+    ) -> str:
+        aggregated = placement.scores.aggregated_gbps
+        text = f"aggregated bandwidth {aggregated:g} GB/s over the pattern's links"
+        if runner_up:
+            text += (
+                f"; runner-up {gpu_list(runner_up.gpus)} has "
+                f"{runner_up.scores.aggregated_gbps:g} GB/s"
+            )
+        return text

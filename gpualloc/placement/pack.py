@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from gpualloc.model.request import Placement
 from gpualloc.placement.context import DecisionContext
-from gpualloc.placement.policy import Policy, SetKey, best_set
+from gpualloc.placement.policy import Alternative, Policy, SetKey, best_set, gpu_list
 
 
 class PackPolicy(Policy):
@@ -23,7 +23,7 @@ class PackPolicy(Policy):
 
     def place(self, ctx: DecisionContext) -> Placement:
         chosen = best_set(ctx, lambda gpus: self.set_key(ctx, gpus))
-        return ctx.placement(self.name, ctx.order_for_set(chosen), self.summary)
+        return ctx.placement(self.name, self.order_of(ctx, chosen), self.summary)
 
     def set_key(self, ctx: DecisionContext, order: Sequence[int]) -> SetKey:
         model = ctx.utility_model
@@ -32,3 +32,12 @@ class PackPolicy(Policy):
             -round(model.communication_cost(gpus), 6),
             -round(model.fragmentation(gpus), 6),
         )
+
+    def reason(
+        self, ctx: DecisionContext, placement: Placement, runner_up: Alternative | None
+    ) -> str:
+        cost = ctx.utility_model.communication_cost(sorted(placement.gpus))
+        text = f"the closest usable GPUs: communication cost {cost:g} (DRB Eq. 3)"
+        if runner_up:
+            text += f"; runner-up {gpu_list(runner_up.gpus)} costs {-runner_up.key[0]:g}"
+        return text

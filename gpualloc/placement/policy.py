@@ -2,26 +2,40 @@
 
 A policy turns a :class:`~gpualloc.placement.context.DecisionContext` into a
 :class:`~gpualloc.model.request.Placement`. Policies whose objective depends only on the *set* of
-GPUs (pack, spread, DRB, MAPA Preserve) share :func:`best_set`, an exact search over the
-candidate sets in lexicographic order that keeps the first strict improvement, so ties go to the
-lowest indices; the chosen set is then ordered for the job's pattern.
+GPUs (pack, spread, DRB) share :func:`best_set`, an exact search over the candidate sets in
+lexicographic order that keeps the first strict improvement, so ties go to the lowest indices;
+the chosen set is then ordered by :meth:`Policy.order_of`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
-from itertools import combinations
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
-from gpualloc.model.request import Placement
+from gpualloc.model.request import Placement, Scores
 from gpualloc.placement.context import DecisionContext
+from gpualloc.placement.search import candidate_sets
 
 SetKey = tuple[float, ...]
 
 
+@dataclass(frozen=True)
+class Alternative:
+    """A runner-up placement for ``plan --explain``, ranked by the policy's own key."""
+
+    gpus: tuple[int, ...]
+    key: SetKey
+    scores: Scores
+
+
+def gpu_list(gpus: Sequence[int]) -> str:
+    return ",".join(str(g) for g in gpus)
+
+
 class Policy(ABC):
-    """One placement policy: a name, a one-line summary, and ``place``."""
+    """One placement policy: a name, a one-line summary, ``place`` and how to explain it."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
@@ -35,6 +49,10 @@ class Policy(ABC):
     def objective(self, ctx: DecisionContext) -> str:
         return self.summary
 
+    def order_of(self, ctx: DecisionContext, gpus: tuple[int, ...]) -> tuple[int, ...]:
+        """How the policy orders a set: by default, the most bandwidth for the pattern."""
+        return ctx.order_for_set(gpus)
+
     def set_key(self, ctx: DecisionContext, order: Sequence[int]) -> SetKey | None:
         """The policy's own score of an ordered placement (higher is better), for --explain.
 
@@ -42,33 +60,19 @@ class Policy(ABC):
         """
         return None
 
-
-def candidate_sets(ctx: DecisionContext) -> Iterable[tuple[int, ...]]:
-    """Every k-set of usable GPUs holding the required ones, lexicographically ordered."""
-    required = ctx.request.required
-    others = [g for g in ctx.pool if g not in required]
-    need = ctx.k - len(required)
-    if not required:
-        return combinations(others, need)
-    base = tuple(sorted(required))
-    return (tuple(sorted(base + extra)) for extra in combinations(others, need))
+    def reason(
+        self, ctx: DecisionContext, placement: Placement, runner_up: Alternative | None
+    ) -> str:
+        """One line saying why this placement won."""
+        versus = f"; runner-up {gpu_list(runner_up.gpus)}" if runner_up else ""
+        return f"{self.summary}{versus}"
 
 
-def best_set(
-    ctx: DecisionContext,
-    key: Callable[[tuple[int, ...]], SetKey],
-    bound: Callable[[tuple[int, ...]], SetKey] | None = None,
-) -> tuple[int, ...]:
-    """The lexicographically first set of maximal ``key``.
-
-    ``bound(set)`` may return an optimistic key that is cheaper to compute; a set whose bound does
-    not beat the incumbent is skipped.
-    """
+def best_set(ctx: DecisionContext, key: Callable[[tuple[int, ...]], SetKey]) -> tuple[int, ...]:
+    """The lexicographically first candidate set of maximal ``key``."""
     best_key: SetKey | None = None
     best: tuple[int, ...] | None = None
-    for gpus in candidate_sets(ctx):
-        if best_key is not None and bound is not None and bound(gpus) <= best_key:
-            continue
+    for gpus in candidate_sets(ctx.pool, ctx.request.required, ctx.k):
         value = key(gpus)
         if best_key is None or value > best_key:
             best_key, best = value, gpus

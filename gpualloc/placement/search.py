@@ -35,14 +35,21 @@ exponential; on hosts with few link classes the work is a few thousand search no
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
+from math import comb
 
 from gpualloc.model.request import CommunicationPattern
-from gpualloc.placement.host import DOUBLE_NVLINK, PCIE, SINGLE_NVLINK, HostGraph
+from gpualloc.placement.host import HostGraph
 from gpualloc.placement.patterns import search_shape
-from gpualloc.placement.scores import EffectiveModel, mapa_predicted_gbps
+from gpualloc.placement.scores import (
+    EffectiveModel,
+    aggregated_gbps,
+    mapa_counts,
+    mapa_predicted_gbps,
+    pattern_pairs,
+)
 
 Key = tuple[float, ...]
 _INF = float("inf")
@@ -104,15 +111,9 @@ def evaluate_order(
     host: HostGraph, pattern: CommunicationPattern, objective: EdgeObjective, order: Sequence[int]
 ) -> Key:
     """The objective's key of one ordered placement (the brute-force reference)."""
-    bw, cls = host.bandwidth, host.mapa_class
-    agg, low = 0.0, _INF
-    counts = [0, 0, 0]
-    for u, v in pattern.edges:
-        a, b = order[u], order[v]
-        agg += bw[a][b]
-        low = min(low, bw[a][b])
-        counts[cls[a][b]] += 1
-    return objective.key(agg, counts[DOUBLE_NVLINK], counts[SINGLE_NVLINK], counts[PCIE], low)
+    pairs = pattern_pairs(order, pattern)
+    low = min((host.bandwidth[a][b] for a, b in pairs), default=_INF)
+    return objective.key(aggregated_gbps(host, pairs), *mapa_counts(host, pairs), low)
 
 
 # ---- link classes ----------------------------------------------------------------------------
@@ -199,7 +200,6 @@ class PlacementSearch:
         self.order_free = shape.order_free
         self.visit = shape.visit
         position = {v: i for i, v in enumerate(shape.visit)}
-        self.back: list[tuple[int, ...]] = [() for _ in range(self.k)]
         back: list[list[int]] = [[] for _ in range(self.k)]
         for u, v in pattern.edges:
             pu, pv = position[u], position[v]
@@ -221,6 +221,7 @@ class PlacementSearch:
             degree[v] += 1
         self.max_degree = max(degree, default=0)
         self.classes = _link_classes(host, self.pool)
+        self.capacity = self._class_capacities()
         self.nodes = 0
 
     # ---- public ------------------------------------------------------------------------------
@@ -234,7 +235,7 @@ class PlacementSearch:
         if self.order_free or edges == 0:
             return self._run_order_free()
         n_classes = len(self.classes.weight)
-        if _count_vectors(n_classes, edges) > MAX_VECTORS:
+        if comb(edges + n_classes - 1, n_classes - 1) > MAX_VECTORS:
             return self._run_branch_and_bound()
         ranked: dict[Key, list[tuple[int, ...]]] = {}
         for vector in _vectors(n_classes, edges):
@@ -267,28 +268,25 @@ class PlacementSearch:
                 low = min(low, self.classes.weight[c])
         return self.objective.key(agg, counts[0], counts[1], counts[2], low)
 
-    def _obviously_unrealisable(self, vector: tuple[int, ...]) -> bool:
-        """A class cannot carry more pattern edges than its subgraph allows (degree bound)."""
+    def _class_capacities(self) -> tuple[int, ...]:
+        """Per class, the most pattern edges it can carry on k of the pool's GPUs.
+
+        Each pattern vertex has at most ``max_degree`` edges, so a GPU contributes at most
+        ``min(max_degree, its class-c neighbours)`` edge ends; a 2-GPU pattern lists its one pair
+        as often as it likes, so there any class present suffices.
+        """
         k, d = self.k, self.max_degree
-        adjacency = self.classes.adjacency
-        pool_mask = 0
-        for g in self.pool:
-            pool_mask |= 1 << g
-        two_gpu = self.k == 2
-        for c, count in enumerate(vector):
-            if count == 0:
-                continue
-            ends = sorted(
-                (min(d, (adjacency[c][g] & pool_mask).bit_count()) for g in self.pool),
-                reverse=True,
-            )
-            if two_gpu:
-                if ends[0] == 0:
-                    return True
-                continue
-            if count > sum(ends[:k]) // 2:
-                return True
-        return False
+        capacities = []
+        for adjacency in self.classes.adjacency:
+            ends = sorted((min(d, adjacency[g].bit_count()) for g in self.pool), reverse=True)
+            if k == 2:
+                capacities.append(len(self.pattern.edges) if ends[0] else 0)
+            else:
+                capacities.append(sum(ends[:k]) // 2)
+        return tuple(capacities)
+
+    def _obviously_unrealisable(self, vector: tuple[int, ...]) -> bool:
+        return any(count > cap for count, cap in zip(vector, self.capacity, strict=True))
 
     # ---- budgeted DFS ------------------------------------------------------------------------
 
@@ -414,7 +412,7 @@ class PlacementSearch:
         best_key: Key | None = None
         best_set: tuple[int, ...] | None = None
         count = 0
-        for gpus in _candidate_sets(self.pool, self.required, self.k):
+        for gpus in candidate_sets(self.pool, self.required, self.k):
             count += 1
             key = evaluate_order(self.host, self.pattern, self.objective, gpus)
             if best_key is None or key > best_key:
@@ -479,15 +477,9 @@ class PlacementSearch:
         return SearchResult(best[1][1], best[0], 0, self.nodes)
 
 
-def _count_vectors(classes: int, total: int) -> int:
-    from math import comb
-
-    return comb(total + classes - 1, classes - 1)
-
-
-def _candidate_sets(
+def candidate_sets(
     pool: Sequence[int], required: frozenset[int], k: int
-) -> list[tuple[int, ...]] | combinations:
+) -> Iterable[tuple[int, ...]]:
     """Every k-set of ``pool`` containing ``required``, in lexicographic order of sorted sets.
 
     Merging a fixed set into lexicographically ordered combinations keeps them in lexicographic
@@ -496,11 +488,11 @@ def _candidate_sets(
     others = [g for g in pool if g not in required]
     need = k - len(required)
     if need < 0:
-        return []
+        return ()
     if not required:
         return combinations(others, need)
     base = tuple(sorted(required))
-    return [tuple(sorted(base + extra)) for extra in combinations(others, need)]
+    return (tuple(sorted(base + extra)) for extra in combinations(others, need))
 
 
 def best_ordered_placement(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from gpualloc.model.request import Placement
 from gpualloc.placement.context import DecisionContext
-from gpualloc.placement.policy import Policy
+from gpualloc.placement.policy import Alternative, Policy
 
 
 class SlurmPolicy(Policy):
@@ -29,3 +29,11 @@ class SlurmPolicy(Policy):
         rest.sort(key=lambda g: (-links[g], g))
         chosen += rest[: ctx.k - len(chosen)]
         return ctx.placement(self.name, sorted(chosen), self.summary)
+
+    def order_of(self, ctx: DecisionContext, gpus: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(sorted(gpus))
+
+    def reason(
+        self, ctx: DecisionContext, placement: Placement, runner_up: Alternative | None
+    ) -> str:
+        return f"anchored on GPU {min(placement.gpus)}, the first usable, then most NVLinks to it"

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from gpualloc.model.request import Placement
 from gpualloc.placement.context import DecisionContext
-from gpualloc.placement.policy import Policy, SetKey, best_set
+from gpualloc.placement.policy import Alternative, Policy, SetKey, best_set, gpu_list
 
 
 class SpreadPolicy(Policy):
@@ -23,7 +23,7 @@ class SpreadPolicy(Policy):
 
     def place(self, ctx: DecisionContext) -> Placement:
         chosen = best_set(ctx, lambda gpus: self.set_key(ctx, gpus))
-        return ctx.placement(self.name, ctx.order_for_set(chosen), self.summary)
+        return ctx.placement(self.name, self.order_of(ctx, chosen), self.summary)
 
     def set_key(self, ctx: DecisionContext, order: Sequence[int]) -> SetKey:
         socket = ctx.host.socket
@@ -34,3 +34,9 @@ class SpreadPolicy(Policy):
             -float(max(per_socket.values())),
             float(sum(free_per_socket[socket[g]] for g in order)),
         )
+
+    def reason(
+        self, ctx: DecisionContext, placement: Placement, runner_up: Alternative | None
+    ) -> str:
+        sockets = sorted({ctx.host.socket[g] for g in placement.gpus})
+        return f"spreads over NUMA nodes {gpu_list(sockets)}, the most the free GPUs allow"
