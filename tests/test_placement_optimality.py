@@ -230,3 +230,79 @@ def test_many_link_classes_fall_back_to_branch_and_bound() -> None:
             assert comb(edges + classes - 1, classes - 1) > MAX_VECTORS
             got = get_policy(policy_name).place(ctx)
             assert got.gpus == tuple(_expected(ctx, policy_name)), (k, pattern, policy_name)
+
+
+@pytest.mark.parametrize("host_name", ["torus-2d-16", "cube-mesh-16"])
+@pytest.mark.parametrize("pattern", ["ring", "tree"])
+def test_large_jobs_on_a_few_free_gpus_of_16_gpu_hosts(host_name: str, pattern: str) -> None:
+    """Jobs that take most of the free GPUs of a mesh host: where the component, degree and
+    lookahead bounds of the search do the work. Brute force needs the pool small (8 GPUs)."""
+    topology = load_bundled(host_name)
+    rng = random.Random(zlib.crc32(f"{host_name}/{pattern}".encode()))
+    for _ in range(3):
+        busy = frozenset(rng.sample(range(16), 8))
+        for k in (6, 7, 8):
+            request = JobRequest(k, build_pattern(pattern, k), True)
+            ctx = decision_context(topology, request, HostState.with_busy(16, busy))
+            got = get_policy("mapa-greedy").place(ctx)
+            assert got.gpus == tuple(_expected(ctx, "mapa-greedy")), (k, sorted(busy))
+
+
+def _max_degree_limited_subgraph(edges, size, limit):
+    for count in range(len(edges), -1, -1):
+        for chosen in combinations(range(len(edges)), count):
+            degree = [0] * size
+            for i in chosen:
+                u, v = edges[i]
+                degree[u] += 1
+                degree[v] += 1
+            if max(degree) <= limit:
+                return count
+    return 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_degree_limited_edges_matches_brute_force(seed: int) -> None:
+    from gpualloc.model.request import CommunicationPattern
+    from gpualloc.placement.search import _degree_limited_edges
+
+    rng = random.Random(seed)
+    size = rng.randint(3, 9)
+    tree_edges = tuple((rng.randrange(v), v) for v in range(1, size))
+    for pattern in (
+        CommunicationPattern("custom", size, tree_edges),
+        build_pattern("tree", size),
+        build_pattern("ring", size),
+        build_pattern("star", size),
+    ):
+        for limit in range(4):
+            assert _degree_limited_edges(pattern, limit) == _max_degree_limited_subgraph(
+                pattern.edges, size, limit
+            ), (pattern, limit)
+
+
+def test_degree_limit_of_a_16_rank_tree_on_two_links_per_gpu() -> None:
+    """The bound that refutes 12+ NV2 edges for a 16-GPU tree on the torus (NV2 degree 2)."""
+    from gpualloc.placement.search import _degree_limited_edges
+
+    assert _degree_limited_edges(build_pattern("tree", 16), 2) == 11
+
+
+@pytest.mark.parametrize("host_name", ["dgx1-v100", "pcie-8gpu-2socket", "torus-2d-16"])
+def test_aggregated_upper_bound_is_an_upper_bound(host_name: str) -> None:
+    from gpualloc.placement.mapa import aggregated_upper_bound
+
+    topology = load_bundled(host_name)
+    rng = random.Random(3)
+    n = topology.gpu_count
+    for _ in range(12):
+        k = rng.randint(2, 6)
+        gpus = tuple(sorted(rng.sample(range(n), k)))
+        for pattern in PATTERNS:
+            request = JobRequest(k, build_pattern(pattern, k), False)
+            ctx = decision_context(topology, request)
+            best = max(
+                evaluate_order(ctx.host, request.pattern, AggregatedObjective(), order)[0]
+                for order in permutations(gpus)
+            )
+            assert aggregated_upper_bound(ctx.host, request.pattern, gpus) >= best - 1e-6

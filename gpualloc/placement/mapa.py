@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpualloc.model.request import Placement
+from gpualloc.model.request import CommunicationPattern, Placement
 from gpualloc.placement.context import DecisionContext
+from gpualloc.placement.host import HostGraph
 from gpualloc.placement.policy import Alternative, Policy, SetKey, gpu_list
 from gpualloc.placement.scores import mapa_counts, pattern_pairs, preserved_gbps
 from gpualloc.placement.search import (
@@ -31,6 +32,8 @@ from gpualloc.placement.search import (
     best_ordered_placement,
     evaluate_order,
 )
+
+_SLACK = 2e-6
 
 
 class MapaPolicy(Policy):
@@ -102,21 +105,55 @@ class MapaPolicy(Policy):
         if ctx.k == 1 or len(ctx.request.pattern.edges) == 0:
             return ties[0]
         # Among the sets that preserve the most, the highest aggregated bandwidth, then the first.
+        # Sets are searched in decreasing order of a cheap upper bound on their aggregated
+        # bandwidth, and the walk stops when no set left can reach the best found.
         objective = AggregatedObjective()
-        bw = ctx.host.bandwidth
-        pool = ctx.pool
-        widest = max((bw[a][b] for a in pool for b in pool if a != b), default=0.0)
-        ceiling = round(len(ctx.request.pattern.edges) * widest, 6)
+        pattern = ctx.request.pattern
+        bounded = sorted((-aggregated_upper_bound(ctx.host, pattern, gpus), gpus) for gpus in ties)
         best_key: tuple[float, ...] | None = None
         best_order: tuple[int, ...] = ties[0]
-        for gpus in ties:
-            found = best_ordered_placement(ctx.host, ctx.request.pattern, objective, gpus, gpus)
-            assert found is not None
-            if best_key is None or found.key > best_key:
-                best_key, best_order = found.key, found.order
-            if best_key[0] >= ceiling:
+        best_set: tuple[int, ...] = ties[0]
+        for negative_bound, gpus in bounded:
+            if best_key is not None and (
+                -negative_bound < best_key[0]
+                or (-negative_bound == best_key[0] and gpus > best_set)
+            ):
                 break
+            found = best_ordered_placement(ctx.host, pattern, objective, gpus, gpus)
+            assert found is not None
+            if (
+                best_key is None
+                or found.key > best_key
+                or (found.key == best_key and gpus < best_set)
+            ):
+                best_key, best_order, best_set = found.key, found.order, gpus
         return best_order
+
+
+def aggregated_upper_bound(
+    host: HostGraph, pattern: CommunicationPattern, gpus: Sequence[int]
+) -> float:
+    """An upper bound on the aggregated bandwidth of ``pattern`` on the set ``gpus``, in any order.
+
+    Each rank has at most ``d`` pattern edges (``d`` the pattern's largest degree), so each GPU
+    contributes at most its ``d`` widest links within the set, and every edge has two ends; and
+    the pattern's ``E`` edges are at most the ``E`` widest pairs (a pair listed twice, as in the
+    2-GPU ring, at most the widest pair each time). Rounded like the search's keys.
+    """
+    bw = host.bandwidth
+    edges = len(pattern.edges)
+    pairs = sorted((bw[a][b] for i, a in enumerate(gpus) for b in gpus[i + 1 :]), reverse=True)
+    if len(set(pattern.edges)) < edges:  # a pair listed twice: the widest pair each time
+        return round(edges * (pairs[0] if pairs else 0.0), 6)
+    degree: dict[int, int] = {}
+    for u, v in pattern.edges:
+        degree[u] = degree.get(u, 0) + 1
+        degree[v] = degree.get(v, 0) + 1
+    d = max(degree.values(), default=0)
+    rows = [sorted((bw[a][b] for b in gpus if b != a), reverse=True) for a in gpus]
+    by_degree = sum(sum(row[:d]) for row in rows) / 2
+    by_pairs = sum(pairs[:edges])
+    return round(min(by_degree, by_pairs), 6)
 
 
 def min_loss_sets(ctx: DecisionContext) -> list[tuple[int, ...]]:

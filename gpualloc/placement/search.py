@@ -12,14 +12,20 @@ billion evaluations for 8 of 16 GPUs). This module finds the structure instead:
    land in each class. A ring of 8 has at most 45 vectors over 3 classes, against 8!/16 orders
    of each of the 12,870 sets.
 2. **Vectors best first.** Vectors are ranked by the objective and tried in that order; the first
-   vector that some placement *realises* is optimal. Necessary conditions (a class cannot carry
-   more edges than its subgraph on the free GPUs can under the pattern's degree) discard most
-   unrealisable vectors without search.
+   vector that some placement *realises* is optimal. Necessary conditions discard most
+   unrealisable vectors without search: a class cannot carry more edges than its links can under
+   the pattern's degrees; a group of classes whose links fall into ``g`` components loses the
+   ``g - 1`` pattern edges (``g`` for a ring) that must cross between them; and a group whose
+   GPUs have at most ``D`` links in it carries at most the largest subgraph of the pattern with
+   degrees ``<= D`` (11 of a 16-rank binary tree's 15 edges when ``D = 2``).
 3. **Budgeted depth-first search.** A vector is checked by assigning ranks to GPUs in the
    pattern's visiting order, spending one unit of the class budget per pattern edge closed; a
-   branch dies as soon as a budget goes negative. Tight budgets (few PCIe edges, say) confine the
-   search to the sparse NVLink graph, which is why the best vectors, mostly NVLink, are proven or
-   refuted in a few hundred nodes.
+   branch dies as soon as a budget goes negative, or when a lookahead shows that a group of
+   classes can no longer take what is left of its budget (an assigned GPU closes at most as many
+   edges on a group's links as it has unused neighbours on them, and on a tree the degree limit
+   is applied to the edges still open). Dead ends are remembered by the GPUs used, the GPUs of
+   the ranks still read and the budget left, which on a ring is Held and Karp's dynamic program
+   over subsets.
 4. **Symmetry and ties.** Orders equivalent under an automorphism of the pattern are skipped
    (:mod:`gpualloc.placement.patterns`: a ring has 2k equivalent orders). Among placements with
    the same key the lexicographically lowest sorted GPU set wins, then the lowest order; the DFS
@@ -215,6 +221,36 @@ class PlacementSearch:
                 before[pi].append(pj)
         self.after = [tuple(a) for a in after]
         self.before = [tuple(b) for b in before]
+        # Positions that later steps still read (edges to close, symmetry constraints).
+        self.live = [
+            tuple(
+                sorted(
+                    {p for t in range(s, self.k) for p in (*self.back[t], *after[t], *before[t])}
+                    & set(range(s))
+                )
+            )
+            for s in range(self.k)
+        ]
+        self.required_mask = sum(1 << g for g in self.required)
+        # For the lookahead: per step, the edges still to close from each live position, and
+        # the edges whose both ends are still unassigned.
+        # For the lookahead, per step s: the edges still to close (earlier position first,
+        # children before parents), how many of them leave each live position, and how many
+        # join two positions not yet assigned.
+        closing = [(p, t) for t in range(self.k) for p in self.back[t]]
+        self.remaining_edges = [
+            sorted(((p, t) for p, t in closing if t >= s), key=lambda edge: -edge[1])
+            for s in range(self.k)
+        ]
+        self.pending = [
+            tuple(
+                (p, count)
+                for p in self.live[s]
+                if (count := sum(1 for q, t in closing if q == p and t >= s))
+            )
+            for s in range(self.k)
+        ]
+        self.unanchored = [sum(1 for p, _ in closing if p >= s) for s in range(self.k)]
         degree = [0] * self.k
         for u, v in pattern.edges:
             degree[u] += 1
@@ -222,6 +258,19 @@ class PlacementSearch:
         self.max_degree = max(degree, default=0)
         self.classes = _link_classes(host, self.pool)
         self.capacity = self._class_capacities()
+        self.group_masks = self._class_groups(host.gpu_count)
+        self.group_caps = self._class_group_capacities()
+        # Groups whose GPUs have fewer links in them than some rank has edges: on a tree pattern
+        # the lookahead also counts how the degree limit caps the edges still to close.
+        max_degree = self.max_degree
+        self.tight_groups: tuple[tuple[tuple[int, ...], tuple[int, ...], int], ...] = ()
+        if _forest_parents(pattern) is not None and len(set(pattern.edges)) == len(pattern.edges):
+            self.tight_groups = tuple(
+                (members, masks, widest)
+                for members, masks in self.group_masks
+                if (widest := max((masks[g].bit_count() for g in self.pool), default=0))
+                < max_degree
+            )
         self.nodes = 0
 
     # ---- public ------------------------------------------------------------------------------
@@ -285,8 +334,99 @@ class PlacementSearch:
                 capacities.append(sum(ends[:k]) // 2)
         return tuple(capacities)
 
+    def _class_groups(self, gpu_count: int) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+        """The groups of link classes the bounds look at, each with its per-GPU neighbour masks.
+
+        Every proper subset when there are few classes (a DGX-1 has three); with many (a measured
+        matrix) the single classes and the j fastest classes together, which is where NVLink-like
+        groups sit.
+        """
+        weight = self.classes.weight
+        n_classes = len(weight)
+        if n_classes <= 5:
+            groups = [
+                tuple(c for c in range(n_classes) if mask >> c & 1)
+                for mask in range(1, (1 << n_classes) - 1)
+            ]
+        else:
+            fastest = sorted(range(n_classes), key=lambda c: -weight[c])
+            groups = [(c,) for c in range(n_classes)]
+            groups += [tuple(sorted(fastest[:j])) for j in range(2, n_classes)]
+        adjacency = self.classes.adjacency
+        return tuple(
+            (members, tuple(_or(adjacency[c][g] for c in members) for g in range(gpu_count)))
+            for members in groups
+        )
+
+    def _class_group_capacities(self) -> tuple[tuple[tuple[int, ...], int], ...]:
+        """Per group T of classes, the most pattern edges T's links can carry together.
+
+        Two necessary conditions, both computed once per search:
+
+        - *Components.* The pattern edges that land on T's links join GPUs of one connected
+          component of T's link graph, so if the k GPUs span ``g`` components, every edge
+          between two of them is lost to T. A connected pattern split ``g`` ways loses at least
+          ``g - 1`` edges, a 2-edge-connected one (a ring) at least ``g`` when ``g >= 2``; ``g``
+          is at least the fewest components that hold k pool GPUs with the required ones.
+        - *Degree.* A GPU has at most ``D`` links in T, so the pattern edges on T form a
+          subgraph of the pattern whose degrees are at most ``D``: a binary tree of 16 ranks
+          fits at most 11 of its 15 edges on NV2 links when every GPU has two of them.
+        """
+        two_edge_connected = _two_edge_connected(self.pattern)
+        edges = len(self.pattern.edges)
+        groups = []
+        for members, masks in self.group_masks:
+            cap = edges
+            if two_edge_connected is not None:
+                spanned = self._fewest_components(members)
+                if spanned > 1:
+                    cap -= spanned if two_edge_connected else spanned - 1
+            widest = max((masks[g].bit_count() for g in self.pool), default=0)
+            cap = min(cap, _degree_limited_edges(self.pattern, widest))
+            if cap < edges:
+                groups.append((members, max(0, cap)))
+        return tuple(groups)
+
+    def _fewest_components(self, members: tuple[int, ...]) -> int:
+        """The fewest components of the classes' link graph that hold k pool GPUs (with the
+        required ones)."""
+        adjacency = self.classes.adjacency
+        component_of: dict[int, int] = {}
+        sizes: list[int] = []
+        for start in self.pool:
+            if start in component_of:
+                continue
+            index = len(sizes)
+            stack, size = [start], 0
+            component_of[start] = index
+            while stack:
+                g = stack.pop()
+                size += 1
+                reach = 0
+                for c in members:
+                    reach |= adjacency[c][g]
+                while reach:
+                    low = reach & -reach
+                    h = low.bit_length() - 1
+                    reach ^= low
+                    if h not in component_of:
+                        component_of[h] = index
+                        stack.append(h)
+            sizes.append(size)
+        forced = {component_of[r] for r in self.required}
+        covered = sum(sizes[i] for i in forced)
+        spanned = len(forced)
+        for size in sorted((sizes[i] for i in range(len(sizes)) if i not in forced), reverse=True):
+            if covered >= self.k:
+                break
+            covered += size
+            spanned += 1
+        return max(spanned, 1)
+
     def _obviously_unrealisable(self, vector: tuple[int, ...]) -> bool:
-        return any(count > cap for count, cap in zip(vector, self.capacity, strict=True))
+        if any(count > cap for count, cap in zip(vector, self.capacity, strict=True)):
+            return True
+        return any(sum(vector[c] for c in members) > cap for members, cap in self.group_caps)
 
     # ---- budgeted DFS ------------------------------------------------------------------------
 
@@ -295,31 +435,87 @@ class PlacementSearch:
         vector: tuple[int, ...],
         incumbent: tuple[tuple[int, ...], tuple[int, ...]] | None,
     ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-        """The lowest (sorted set, order) realising ``vector`` that beats ``incumbent``."""
+        """The lowest (sorted set, order) realising ``vector`` that beats ``incumbent``.
+
+        Dead ends are remembered: two partial placements that used the same GPUs, hold the same
+        GPUs at the ranks later edges and symmetry constraints still refer to, and have the same
+        budget left have the same completions, so a state that failed once fails again (the
+        incumbent only improves). On a ring this is Held and Karp's dynamic program over subsets.
+        Paths to one state differ only in the GPUs of ranks no longer read, so they reach the
+        same sets; a subtree is remembered only if no completion in it lost to the incumbent on
+        the order alone (same set), the one comparison that depends on those ranks.
+        """
         k = self.k
         pool = self.pool
         of_pair = self.classes.of_pair
-        back, after, before = self.back, self.after, self.before
+        back, after, before, live = self.back, self.after, self.before, self.live
         budget = list(vector)
         assigned = [0] * k
-        used: set[int] = set()
-        required = self.required
+        required_mask = self.required_mask
         visit = self.visit
         best: list = [incumbent]
+        failed: set[tuple] = set()
+        order_ties = [0]  # completions that lost to the incumbent on the order alone
 
-        def lowest_reachable_set(s: int) -> tuple[int, ...]:
+        def lowest_reachable_set(s: int, used: int) -> tuple[int, ...]:
             chosen = assigned[:s]
             need = k - s
             extra = []
             for g in pool:
                 if need == 0:
                     break
-                if g not in used:
+                if not used >> g & 1:
                     extra.append(g)
                     need -= 1
             return tuple(sorted(chosen + extra))
 
-        def step(s: int) -> bool:
+        group_masks, pending, unanchored = self.group_masks, self.pending, self.unanchored
+        tight_groups, remaining_edges = self.tight_groups, self.remaining_edges
+
+        def lookahead_ok(s: int, used: int) -> bool:
+            """Each group of classes can still take its remaining budget: an assigned GPU closes
+            at most as many of its open edges on the group's links as it has unused neighbours
+            on them; an edge between two unassigned ranks may land anywhere."""
+            free = ~used
+            loose = unanchored[s]
+            for members, masks in group_masks:
+                want = 0
+                for c in members:
+                    want += budget[c]
+                if want <= loose:
+                    continue
+                room = loose
+                for p, count in pending[s]:
+                    room += min(count, (masks[assigned[p]] & free).bit_count())
+                    if room >= want:
+                        break
+                if room < want:
+                    return False
+            for members, masks, limit in tight_groups:
+                want = 0
+                for c in members:
+                    want += budget[c]
+                if want and forest_room(s, free, masks, limit) < want:
+                    return False
+            return True
+
+        def forest_room(s: int, free: int, masks: tuple[int, ...], limit: int) -> int:
+            """The most remaining tree edges on a group whose GPUs have at most ``limit`` links
+            in it: greedy from the leaves up, an assigned rank offering its unused neighbours."""
+            room: dict[int, int] = {}
+            taken = 0
+            for p, t in remaining_edges[s]:
+                if t not in room:
+                    room[t] = limit
+                if p not in room:
+                    room[p] = (masks[assigned[p]] & free).bit_count() if p < s else limit
+                if room[t] and room[p]:
+                    room[t] -= 1
+                    room[p] -= 1
+                    taken += 1
+            return taken
+
+        def step(s: int, used: int) -> bool:
             self.nodes += 1
             if s == k:
                 order = [0] * k
@@ -327,24 +523,32 @@ class PlacementSearch:
                     order[vertex] = assigned[position]
                 candidate = (tuple(sorted(assigned)), tuple(order))
                 if best[0] is not None and candidate >= best[0]:
+                    order_ties[0] += candidate[0] == best[0][0]
                     return False
                 best[0] = candidate
                 return True
-            missing = len(required - used)
+            state = (used, *(assigned[p] for p in live[s]), *budget)
+            if state in failed:
+                return False
+            ties_before = order_ties[0]
+            if s and not lookahead_ok(s, used):
+                failed.add(state)
+                return False
+            missing = (required_mask & ~used).bit_count()
             if missing > k - s:
                 return False
-            if best[0] is not None and lowest_reachable_set(s) >= best[0][0]:
+            if best[0] is not None and lowest_reachable_set(s, used) >= best[0][0]:
                 return False
             lower = max((assigned[p] for p in after[s]), default=-1)
             upper = min((assigned[p] for p in before[s]), default=1 << 30)
             must_be_required = missing == k - s
             found = False
             for g in pool:
-                if g <= lower or g in used:
+                if g <= lower or used >> g & 1:
                     continue
                 if g >= upper:
                     break
-                if must_be_required and g not in required:
+                if must_be_required and not required_mask >> g & 1:
                     continue
                 row = of_pair[g]
                 spent = []
@@ -357,18 +561,18 @@ class PlacementSearch:
                         ok = False
                         break
                 if ok:
-                    used.add(g)
                     assigned[s] = g
-                    if step(s + 1):
+                    if step(s + 1, used | 1 << g):
                         found = True
-                    used.discard(g)
                 for c in spent:
                     budget[c] += 1
-                if found and best[0] is not None and lowest_reachable_set(s) >= best[0][0]:
+                if found and best[0] is not None and lowest_reachable_set(s, used) >= best[0][0]:
                     break
+            if not found and order_ties[0] == ties_before:
+                failed.add(state)
             return found
 
-        if step(0):
+        if step(0, 0):
             return best[0]
         return None
 
@@ -409,6 +613,8 @@ class PlacementSearch:
 
     def _run_order_free(self) -> SearchResult | None:
         """All orders of a set score the same: search sets only (lexicographic, first best)."""
+        if self.pattern.name == "all" and self.k > 2:
+            return self._run_all_pairs()
         best_key: Key | None = None
         best_set: tuple[int, ...] | None = None
         count = 0
@@ -420,6 +626,50 @@ class PlacementSearch:
         if best_set is None or best_key is None:
             return None
         return SearchResult(best_set, best_key, 0, count)
+
+    def _run_all_pairs(self) -> SearchResult | None:
+        """All-to-all: a set's key depends only on how many of its pairs fall in each link
+        class. Sets are walked depth first in lexicographic order, the class counts updated
+        with one popcount per class and GPU added, and keys cached per count vector."""
+        k, pool = self.k, self.pool
+        adjacency = self.classes.adjacency
+        n_classes = len(self.classes.weight)
+        required_mask = self.required_mask
+        keys: dict[tuple[int, ...], Key] = {}
+        best: list = [None, None]
+        chosen: list[int] = []
+
+        def walk(start: int, mask: int, counts: tuple[int, ...]) -> None:
+            self.nodes += 1
+            if len(chosen) == k:
+                if required_mask & ~mask:
+                    return
+                key = keys.get(counts)
+                if key is None:
+                    key = keys[counts] = self._vector_key(counts)
+                if best[0] is None or key > best[0]:
+                    best[0], best[1] = key, tuple(chosen)
+                return
+            need = k - len(chosen)
+            for index in range(start, len(pool) - need + 1):
+                g = pool[index]
+                # A required GPU cannot be skipped: every later set would miss it.
+                if (required_mask & ~mask) & ((1 << g) - 1):
+                    break
+                chosen.append(g)
+                walk(
+                    index + 1,
+                    mask | 1 << g,
+                    tuple(
+                        counts[c] + (adjacency[c][g] & mask).bit_count() for c in range(n_classes)
+                    ),
+                )
+                chosen.pop()
+
+        walk(0, 0, (0,) * n_classes)
+        if best[1] is None:
+            return None
+        return SearchResult(best[1], best[0], 0, self.nodes)
 
     def _run_branch_and_bound(self) -> SearchResult | None:
         """Plain search over all orders with the widest-link bound (many link classes)."""
@@ -475,6 +725,92 @@ class PlacementSearch:
         if best[0] is None:
             return None
         return SearchResult(best[1][1], best[0], 0, self.nodes)
+
+
+def _or(masks: Iterable[int]) -> int:
+    result = 0
+    for mask in masks:
+        result |= mask
+    return result
+
+
+def _degree_limited_edges(pattern: CommunicationPattern, limit: int) -> int:
+    """The most edges of a subgraph of ``pattern`` in which no rank has more than ``limit``.
+
+    Exact for forests (greedy from the leaves up: taking a leaf's edge never hurts) and rings;
+    the degree-sum bound otherwise.
+    """
+    k, edges = pattern.size, pattern.edges
+    degree = [0] * k
+    for u, v in edges:
+        degree[u] += 1
+        degree[v] += 1
+    if limit >= max(degree, default=0):
+        return len(edges)
+    simple = len(set(edges)) == len(edges)
+    if pattern.name == "ring" and simple:
+        return k if limit >= 2 else (k // 2 if limit == 1 else 0)
+    parent = _forest_parents(pattern) if simple else None
+    if parent is None:
+        return min(len(edges), sum(min(d, limit) for d in degree) // 2)
+    room = [limit] * k
+    taken = 0
+    for v in reversed(parent):  # children before parents
+        up = parent[v]
+        if up is not None and room[v] > 0 and room[up] > 0:
+            room[v] -= 1
+            room[up] -= 1
+            taken += 1
+    return taken
+
+
+def _forest_parents(pattern: CommunicationPattern) -> dict[int, int | None] | None:
+    """Each rank's parent in a breadth-first forest of ``pattern`` (insertion order is BFS
+    order), or None if the pattern has a cycle."""
+    neighbours: list[list[int]] = [[] for _ in range(pattern.size)]
+    for u, v in pattern.edges:
+        neighbours[u].append(v)
+        neighbours[v].append(u)
+    parent: dict[int, int | None] = {}
+    for root in range(pattern.size):
+        if root in parent:
+            continue
+        parent[root] = None
+        queue = [root]
+        while queue:
+            v = queue.pop(0)
+            for w in neighbours[v]:
+                if w == parent[v]:
+                    continue
+                if w in parent:
+                    return None
+                parent[w] = v
+                queue.append(w)
+    return parent
+
+
+def _two_edge_connected(pattern: CommunicationPattern) -> bool | None:
+    """Whether a connected pattern survives the loss of any one edge; None if disconnected."""
+    k, edges = pattern.size, pattern.edges
+    if k < 2 or not edges:
+        return None
+
+    def connected(kept: Sequence[tuple[int, int]]) -> bool:
+        neighbours: list[list[int]] = [[] for _ in range(k)]
+        for u, v in kept:
+            neighbours[u].append(v)
+            neighbours[v].append(u)
+        seen, stack = {0}, [0]
+        while stack:
+            for w in neighbours[stack.pop()]:
+                if w not in seen:
+                    seen.add(w)
+                    stack.append(w)
+        return len(seen) == k
+
+    if not connected(edges):
+        return None
+    return all(connected(edges[:i] + edges[i + 1 :]) for i in range(len(edges)))
 
 
 def candidate_sets(
