@@ -306,3 +306,26 @@ def test_aggregated_upper_bound_is_an_upper_bound(host_name: str) -> None:
                 for order in permutations(gpus)
             )
             assert aggregated_upper_bound(ctx.host, request.pattern, gpus) >= best - 1e-6
+
+
+@pytest.mark.parametrize("host_name", ["dgx1-v100", "dgx2", "torus-2d-16"])
+def test_preserve_loss_search_finds_every_tied_set(host_name: str) -> None:
+    """The least NVLink loss and every set that attains it, in order, against brute force."""
+    from gpualloc.placement.mapa import LossSearch
+    from gpualloc.placement.scores import preserved_gbps
+
+    topology = load_bundled(host_name)
+    n = topology.gpu_count
+    rng = random.Random(zlib.crc32(host_name.encode()))
+    for _ in range(4):
+        k = rng.randint(1, 5)
+        busy = frozenset(rng.sample(range(n), rng.randint(0, n - k)))
+        request = JobRequest(k, build_pattern("ring", k), False)
+        ctx = decision_context(topology, request, HostState.with_busy(n, busy))
+        kept = {
+            gpus: round(preserved_gbps(ctx.host, ctx.state.free, gpus), 6)
+            for gpus in combinations(ctx.pool, k)
+        }
+        most = max(kept.values())
+        expected = [gpus for gpus, value in kept.items() if value == most]
+        assert list(LossSearch(ctx).tied_sets()) == expected, (k, sorted(busy))

@@ -10,16 +10,15 @@
 Unlike the reference code, a placement is never refused because its predicted bandwidth does not
 exceed the empty allocation's 12.335 GB/s: if GPUs are free, the best of them is returned.
 
-Preserve search: the NVLink bandwidth a set S removes from the free pool is
-``lost(S) = sum_{v in S} d(v) - internal(S)`` (``d`` = a GPU's NVLink bandwidth to free GPUs), so
-the search walks the candidate sets depth first, adding one GPU at a time in O(degree), and cuts a
-branch when even the cheapest completion cannot lose less than the incumbent. Complexity: O(C(n, k))
-sets in the worst case (a host whose every set loses the same), each in O(NVLink degree).
+Preserve search (:class:`LossSearch`): the least NVLink bandwidth a set can remove from the free
+pool, by branch and bound over the candidate sets, then the sets that remove exactly that, lazily
+in lexicographic order; among them the aggregated-bandwidth search of
+:mod:`gpualloc.placement.search`, in decreasing order of an upper bound.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from gpualloc.model.request import CommunicationPattern, Placement
 from gpualloc.placement.context import DecisionContext
@@ -101,37 +100,110 @@ class MapaPolicy(Policy):
     # ---- Preserve ----------------------------------------------------------------------------
 
     def _preserve(self, ctx: DecisionContext) -> tuple[int, ...]:
-        ties = min_loss_sets(ctx)
+        loss = LossSearch(ctx)
+        ties = loss.tied_sets()
+        first = next(ties)
         if ctx.k == 1 or len(ctx.request.pattern.edges) == 0:
-            return ties[0]
+            return first
         # Among the sets that preserve the most, the highest aggregated bandwidth, then the first.
-        # Sets are searched in decreasing order of a cheap upper bound on their aggregated
-        # bandwidth, and the walk stops when no set left can reach the best found.
+        # The lowest tied set wins at once if it reaches a bound no k-set of the pool can beat
+        # (a uniform NVSwitch host, where every set ties); otherwise the tied sets are searched
+        # in decreasing order of their own upper bounds, stopping when none can catch up.
         objective = AggregatedObjective()
-        pattern = ctx.request.pattern
-        bounded = sorted((-aggregated_upper_bound(ctx.host, pattern, gpus), gpus) for gpus in ties)
-        best_key: tuple[float, ...] | None = None
-        best_order: tuple[int, ...] = ties[0]
-        best_set: tuple[int, ...] = ties[0]
+        host, pattern = ctx.host, ctx.request.pattern
+        found = best_ordered_placement(host, pattern, objective, first, first)
+        assert found is not None
+        if found.key[0] >= aggregated_upper_bound(host, pattern, ctx.pool, ctx.k) - _SLACK:
+            return found.order
+        best_key, best_order, best_set = found.key, found.order, first
+        bounded = sorted((-aggregated_upper_bound(host, pattern, gpus), gpus) for gpus in ties)
         for negative_bound, gpus in bounded:
-            if best_key is not None and (
-                -negative_bound < best_key[0]
-                or (-negative_bound == best_key[0] and gpus > best_set)
-            ):
+            bound = -negative_bound
+            if bound < best_key[0] - _SLACK or (bound <= best_key[0] + _SLACK and gpus > best_set):
                 break
-            found = best_ordered_placement(ctx.host, pattern, objective, gpus, gpus)
+            found = best_ordered_placement(host, pattern, objective, gpus, gpus)
             assert found is not None
-            if (
-                best_key is None
-                or found.key > best_key
-                or (found.key == best_key and gpus < best_set)
-            ):
+            if found.key > best_key or (found.key == best_key and gpus < best_set):
                 best_key, best_order, best_set = found.key, found.order, gpus
         return best_order
 
 
+class LossSearch:
+    """The candidate sets that remove the least NVLink bandwidth from the free pool (Eq. 3).
+
+    ``lost(S) = sum_{v in S} d(v) - internal(S)``, with ``d`` a GPU's NVLink bandwidth to free
+    GPUs. Sets are walked depth first in lexicographic order, one GPU at a time in O(n). A branch
+    with ``r`` GPUs still to pick is cut by a lower bound on what they add: the ``r`` smallest
+    ``d(g) - links(g, chosen)`` among the candidates, less the ``r (r - 1) / 2`` widest NVLinks
+    among the candidates (what the new GPUs could share). The bound is exact on a uniform fabric,
+    so there the minimum and the first tied set cost O(n k) steps, not C(n, k).
+    """
+
+    def __init__(self, ctx: DecisionContext) -> None:
+        self.k = ctx.k
+        self.pool = ctx.pool
+        self.required = ctx.request.required
+        free = sorted(ctx.state.free)
+        self.nv = ctx.host.nvlink_bandwidth
+        self.degree = {v: sum(self.nv[v][u] for u in free if u != v) for v in self.pool}
+        self.minimum = self.least_loss()
+
+    def tied_sets(self) -> Iterator[tuple[int, ...]]:
+        """Every set of minimal loss, lexicographically, generated lazily."""
+        return self._walk(self.minimum)
+
+    def least_loss(self) -> float:
+        for _ in self._walk(None):
+            pass
+        return self._least
+
+    def _walk(self, target: float | None) -> Iterator[tuple[int, ...]]:
+        """With ``target`` None, find the least loss (in ``_least``); else yield every set
+        that loses ``target``."""
+        k, pool, nv, degree, required = self.k, self.pool, self.nv, self.degree, self.required
+        self._least = float("inf") if target is None else target
+        chosen: list[int] = []
+
+        def lower_bound(start: int, need: int) -> float:
+            candidates = pool[start:]
+            adds = sorted(degree[g] - sum(nv[g][c] for c in chosen) for g in candidates)
+            shared = sorted(
+                (nv[a][b] for i, a in enumerate(candidates) for b in candidates[i + 1 :]),
+                reverse=True,
+            )
+            return sum(adds[:need]) - sum(shared[: need * (need - 1) // 2])
+
+        def extend(start: int, lost: float) -> Iterator[tuple[int, ...]]:
+            need = k - len(chosen)
+            if need == 0:
+                if not required <= set(chosen):
+                    return
+                value = round(lost, 6)
+                if target is None:
+                    self._least = min(self._least, value)
+                elif abs(value - target) <= _SLACK:
+                    yield tuple(chosen)
+                return
+            bound = round(lost + lower_bound(start, need), 6)
+            if bound > self._least + _SLACK:
+                return
+            if target is None and bound >= self._least - _SLACK:
+                return  # finding the minimum: a tie cannot lower it
+            for index in range(start, len(pool) - need + 1):
+                g = pool[index]
+                # A required GPU cannot be skipped: every later set would miss it.
+                if any(r < g and r not in chosen for r in required):
+                    break
+                inside = sum(nv[g][c] for c in chosen)
+                chosen.append(g)
+                yield from extend(index + 1, lost + degree[g] - inside)
+                chosen.pop()
+
+        return extend(0, 0.0)
+
+
 def aggregated_upper_bound(
-    host: HostGraph, pattern: CommunicationPattern, gpus: Sequence[int]
+    host: HostGraph, pattern: CommunicationPattern, gpus: Sequence[int], size: int | None = None
 ) -> float:
     """An upper bound on the aggregated bandwidth of ``pattern`` on the set ``gpus``, in any order.
 
@@ -151,55 +223,11 @@ def aggregated_upper_bound(
         degree[v] = degree.get(v, 0) + 1
     d = max(degree.values(), default=0)
     rows = [sorted((bw[a][b] for b in gpus if b != a), reverse=True) for a in gpus]
-    by_degree = sum(sum(row[:d]) for row in rows) / 2
+    # A subset of ``size`` GPUs: the ``size`` largest contributions bound any of them.
+    tops = sorted((sum(row[:d]) for row in rows), reverse=True)
+    by_degree = sum(tops[: size or len(gpus)]) / 2
     by_pairs = sum(pairs[:edges])
     return round(min(by_degree, by_pairs), 6)
-
-
-def min_loss_sets(ctx: DecisionContext) -> list[tuple[int, ...]]:
-    """Every candidate set that removes the least NVLink bandwidth, in lexicographic order."""
-    host, k = ctx.host, ctx.k
-    free = sorted(ctx.state.free)
-    nv = host.nvlink_bandwidth
-    degree = {v: sum(nv[v][u] for u in free if u != v) for v in ctx.pool}
-    neighbours = {v: [u for u in free if u != v and nv[v][u] > 0] for v in ctx.pool}
-    required = ctx.request.required
-    pool = ctx.pool
-    best: list = [float("inf"), []]
-    chosen: list[int] = []
-    chosen_set: set[int] = set()
-
-    def extend(start: int, lost: float) -> None:
-        if len(chosen) == k:
-            if not required <= chosen_set:
-                return
-            value = round(lost, 6)
-            if value < best[0]:
-                best[0], best[1] = value, [tuple(chosen)]
-            elif value == best[0]:
-                best[1].append(tuple(chosen))
-            return
-        need = k - len(chosen)
-        for index in range(start, len(pool) - need + 1):
-            g = pool[index]
-            # A required GPU cannot be skipped: every later set would miss it.
-            if any(r < g and r not in chosen_set for r in required):
-                break
-            inside = sum(nv[g][u] for u in neighbours[g] if u in chosen_set)
-            new_lost = lost + degree[g] - inside
-            # Adding GPUs never lowers the loss below the loss so far minus what the remaining
-            # picks could share with each other and with the chosen GPUs; with non-negative
-            # contributions (degree >= links into the set) the loss is monotone.
-            if round(new_lost, 6) > best[0]:
-                continue
-            chosen.append(g)
-            chosen_set.add(g)
-            extend(index + 1, new_lost)
-            chosen.pop()
-            chosen_set.discard(g)
-
-    extend(0, 0.0)
-    return best[1]
 
 
 def _nvlink_pairs_left(ctx: DecisionContext, chosen: Sequence[int]) -> list[tuple[int, int]]:
