@@ -221,36 +221,6 @@ class PlacementSearch:
                 before[pi].append(pj)
         self.after = [tuple(a) for a in after]
         self.before = [tuple(b) for b in before]
-        # Positions that later steps still read (edges to close, symmetry constraints).
-        self.live = [
-            tuple(
-                sorted(
-                    {p for t in range(s, self.k) for p in (*self.back[t], *after[t], *before[t])}
-                    & set(range(s))
-                )
-            )
-            for s in range(self.k)
-        ]
-        self.required_mask = sum(1 << g for g in self.required)
-        # For the lookahead: per step, the edges still to close from each live position, and
-        # the edges whose both ends are still unassigned.
-        # For the lookahead, per step s: the edges still to close (earlier position first,
-        # children before parents), how many of them leave each live position, and how many
-        # join two positions not yet assigned.
-        closing = [(p, t) for t in range(self.k) for p in self.back[t]]
-        self.remaining_edges = [
-            sorted(((p, t) for p, t in closing if t >= s), key=lambda edge: -edge[1])
-            for s in range(self.k)
-        ]
-        self.pending = [
-            tuple(
-                (p, count)
-                for p in self.live[s]
-                if (count := sum(1 for q, t in closing if q == p and t >= s))
-            )
-            for s in range(self.k)
-        ]
-        self.unanchored = [sum(1 for p, _ in closing if p >= s) for s in range(self.k)]
         degree = [0] * self.k
         for u, v in pattern.edges:
             degree[u] += 1
@@ -258,19 +228,7 @@ class PlacementSearch:
         self.max_degree = max(degree, default=0)
         self.classes = _link_classes(host, self.pool)
         self.capacity = self._class_capacities()
-        self.group_masks = self._class_groups(host.gpu_count)
-        self.group_caps = self._class_group_capacities()
-        # Groups whose GPUs have fewer links in them than some rank has edges: on a tree pattern
-        # the lookahead also counts how the degree limit caps the edges still to close.
-        max_degree = self.max_degree
-        self.tight_groups: tuple[tuple[tuple[int, ...], tuple[int, ...], int], ...] = ()
-        if _forest_parents(pattern) is not None and len(set(pattern.edges)) == len(pattern.edges):
-            self.tight_groups = tuple(
-                (members, masks, widest)
-                for members, masks in self.group_masks
-                if (widest := max((masks[g].bit_count() for g in self.pool), default=0))
-                < max_degree
-            )
+        self.required_mask = sum(1 << g for g in self.required)
         self.nodes = 0
 
     # ---- public ------------------------------------------------------------------------------
@@ -286,6 +244,7 @@ class PlacementSearch:
         n_classes = len(self.classes.weight)
         if comb(edges + n_classes - 1, n_classes - 1) > MAX_VECTORS:
             return self._run_branch_and_bound()
+        self._prepare_budget_search()
         ranked: dict[Key, list[tuple[int, ...]]] = {}
         for vector in _vectors(n_classes, edges):
             if self._obviously_unrealisable(vector):
@@ -303,6 +262,53 @@ class PlacementSearch:
             if best is not None:
                 return SearchResult(best[1], key, tried, self.nodes)
         return None
+
+    def _prepare_budget_search(self) -> None:
+        """What the count-vector search needs beyond the other paths: the positions each step
+        still reads, the groups of link classes with their bounds, the lookahead's tables."""
+        # Positions that later steps still read (edges to close, symmetry constraints).
+        self.live = [
+            tuple(
+                sorted(
+                    {
+                        p
+                        for t in range(s, self.k)
+                        for p in (*self.back[t], *self.after[t], *self.before[t])
+                    }
+                    & set(range(s))
+                )
+            )
+            for s in range(self.k)
+        ]
+        # For the lookahead, per step s: the edges still to close (earlier position first,
+        # children before parents), how many of them leave each live position, and how many
+        # join two positions not yet assigned.
+        closing = [(p, t) for t in range(self.k) for p in self.back[t]]
+        self.remaining_edges = [
+            sorted(((p, t) for p, t in closing if t >= s), key=lambda edge: -edge[1])
+            for s in range(self.k)
+        ]
+        self.pending = [
+            tuple(
+                (p, count)
+                for p in self.live[s]
+                if (count := sum(1 for q, t in closing if q == p and t >= s))
+            )
+            for s in range(self.k)
+        ]
+        self.unanchored = [sum(1 for p, _ in closing if p >= s) for s in range(self.k)]
+        self.group_masks = self._class_groups(self.host.gpu_count)
+        self.group_caps = self._class_group_capacities()
+        # Groups whose GPUs have fewer links in them than some rank has edges: on a tree pattern
+        # the lookahead also counts how the degree limit caps the edges still to close.
+        max_degree, pattern = self.max_degree, self.pattern
+        self.tight_groups: tuple[tuple[tuple[int, ...], tuple[int, ...], int], ...] = ()
+        if _forest_parents(pattern) is not None and len(set(pattern.edges)) == len(pattern.edges):
+            self.tight_groups = tuple(
+                (members, masks, widest)
+                for members, masks, widest in self.group_masks
+                if widest < max_degree
+            )
 
     # ---- vectors -----------------------------------------------------------------------------
 
@@ -334,8 +340,11 @@ class PlacementSearch:
                 capacities.append(sum(ends[:k]) // 2)
         return tuple(capacities)
 
-    def _class_groups(self, gpu_count: int) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
-        """The groups of link classes the bounds look at, each with its per-GPU neighbour masks.
+    def _class_groups(
+        self, gpu_count: int
+    ) -> tuple[tuple[tuple[int, ...], tuple[int, ...], int], ...]:
+        """The groups of link classes the bounds look at, each with its per-GPU neighbour masks
+        and the most links in the group that one pool GPU has.
 
         Every proper subset when there are few classes (a DGX-1 has three); with many (a measured
         matrix) the single classes and the j fastest classes together, which is where NVLink-like
@@ -353,10 +362,12 @@ class PlacementSearch:
             groups = [(c,) for c in range(n_classes)]
             groups += [tuple(sorted(fastest[:j])) for j in range(2, n_classes)]
         adjacency = self.classes.adjacency
-        return tuple(
-            (members, tuple(_or(adjacency[c][g] for c in members) for g in range(gpu_count)))
-            for members in groups
-        )
+        result = []
+        for members in groups:
+            masks = tuple(_or(adjacency[c][g] for c in members) for g in range(gpu_count))
+            widest = max((masks[g].bit_count() for g in self.pool), default=0)
+            result.append((members, masks, widest))
+        return tuple(result)
 
     def _class_group_capacities(self) -> tuple[tuple[tuple[int, ...], int], ...]:
         """Per group T of classes, the most pattern edges T's links can carry together.
@@ -375,13 +386,12 @@ class PlacementSearch:
         two_edge_connected = _two_edge_connected(self.pattern)
         edges = len(self.pattern.edges)
         groups = []
-        for members, masks in self.group_masks:
+        for members, _, widest in self.group_masks:
             cap = edges
             if two_edge_connected is not None:
                 spanned = self._fewest_components(members)
                 if spanned > 1:
                     cap -= spanned if two_edge_connected else spanned - 1
-            widest = max((masks[g].bit_count() for g in self.pool), default=0)
             cap = min(cap, _degree_limited_edges(self.pattern, widest))
             if cap < edges:
                 groups.append((members, max(0, cap)))
@@ -478,7 +488,7 @@ class PlacementSearch:
             on them; an edge between two unassigned ranks may land anywhere."""
             free = ~used
             loose = unanchored[s]
-            for members, masks in group_masks:
+            for members, masks, _ in group_masks:
                 want = 0
                 for c in members:
                     want += budget[c]
