@@ -20,6 +20,7 @@ from gpualloc.placement.patterns import build_pattern
 from gpualloc.placement.registry import get_policy, policy_names
 from gpualloc.placement.search import AggregatedObjective, evaluate_order
 from gpualloc.topologies import bundled_names, load_bundled
+from tests.go_gpuallocator import literal_partitions
 
 SMALL_HOSTS = [n for n in bundled_names() if load_bundled(n).gpu_count <= 8]
 PATTERNS = ["ring", "tree", "star", "all"]
@@ -126,22 +127,6 @@ def test_policy_is_optimal_on_16_gpu_hosts_small_jobs(host_name: str, policy_nam
         assert got.gpus == tuple(_expected(ctx, policy_name))
 
 
-def _go_partitions(slots, k, padding, n):
-    """go-gpuallocator's iterateGPUPartitions, literally."""
-    if not slots:
-        yield []
-        return
-    first, others = slots[0], slots[1:]
-    for rest in combinations(others, k - 1):
-        group = (first, *rest)
-        pads = sum(1 for i in group if i >= n)
-        if pads not in (0, padding):
-            continue
-        left = [i for i in others if i not in rest]
-        for tail in _go_partitions(left, k, padding, n):
-            yield [group, *tail]
-
-
 def _go_besteffort(ctx):
     from gpualloc.placement.besteffort import pair_score
 
@@ -162,7 +147,7 @@ def _go_besteffort(ctx):
         return all(i < n for i in group) and required <= {slots[i] for i in group}
 
     best, best_total = None, None
-    for partition in _go_partitions(list(range(len(slots))), k, padding, n):
+    for partition in literal_partitions(list(range(len(slots))), k, padding, n):
         if not any(qualifies(g) for g in partition):
             continue
         total = sum(score(g) for g in partition)
@@ -185,14 +170,15 @@ def test_besteffort_returns_what_go_gpuallocator_returns(host_name: str) -> None
         assert policy.place(ctx).gpus == _go_besteffort(ctx), (host_name, ctx.k)
 
 
-def test_besteffort_on_16_gpus_matches_the_enumeration_where_it_is_feasible() -> None:
-    topology = load_bundled("dgx2")
+@pytest.mark.parametrize("host_name", ["dgx2", "torus-2d-16", "cube-mesh-16"])
+def test_besteffort_on_16_gpus_matches_the_enumeration_where_it_is_feasible(host_name) -> None:
+    topology = load_bundled(host_name)
     policy = get_policy("besteffort")
-    for busy_count, k in ((6, 2), (7, 3), (8, 4)):
+    for busy_count, k, required in ((6, 2, ()), (7, 3, ()), (8, 4, ()), (5, 3, (9,)), (6, 5, ())):
         busy = frozenset(range(busy_count))
-        request = JobRequest(k, build_pattern("ring", k), True)
+        request = JobRequest(k, build_pattern("ring", k), True, required=frozenset(required))
         ctx = decision_context(topology, request, HostState.with_busy(16, busy))
-        assert policy.place(ctx).gpus == _go_besteffort(ctx)
+        assert policy.place(ctx).gpus == _go_besteffort(ctx), (k, busy_count, required)
 
 
 @pytest.mark.parametrize("host_name", bundled_names())
@@ -203,7 +189,7 @@ def test_every_policy_answers_on_every_bundled_host(host_name: str) -> None:
         request = JobRequest(k, build_pattern("ring", k), k >= 2)
         ctx = decision_context(topology, request)
         for name in policy_names():
-            if n > 8 and name in ("drb", "pack", "besteffort") and 3 <= k <= n - 3:
+            if n > 8 and name in ("drb", "pack") and 3 <= k <= n - 3:
                 continue  # covered by the benchmark; slow in pure-Python CI
             placement = get_policy(name).place(ctx)
             assert len(set(placement.gpus)) == len(placement.gpus) == k

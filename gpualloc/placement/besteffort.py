@@ -14,11 +14,9 @@ of highest total wins, the first found on a tie; of its groups that hold every r
 no padding, the best-scoring one is returned, the first on a tie. A partition is considered only
 if it has such a group. k = 1 returns the lowest free index.
 
-The original enumerates every partition: 22 million for k = 3 of 16 GPUs. This port walks them in
-the same order with branch and bound: a branch is cut when the groups so far plus an upper bound
-of the rest (each GPU pairs at best with its k-1 best partners) cannot beat the incumbent
-*strictly*. Since the first optimum in enumeration order is kept either way, the answer is the
-original's.
+The original enumerates every partition: 22 million for k = 3 of 16 GPUs. This port finds the
+same partition with :class:`~gpualloc.placement.partition.PartitionSearch` (the same order, branch
+and bound on strict improvement, a transposition table), in milliseconds.
 """
 
 from __future__ import annotations
@@ -29,6 +27,7 @@ from itertools import combinations
 from gpualloc.model.paths import PciePath
 from gpualloc.model.request import Placement
 from gpualloc.placement.context import DecisionContext
+from gpualloc.placement.partition import PartitionSearch
 from gpualloc.placement.policy import Alternative, Policy, SetKey
 
 PCIE_SCORE = {
@@ -81,58 +80,13 @@ class BestEffortPolicy(Policy):
             return (sorted(required)[0],) if required else (pool[0],)
         if len(pool) == k:
             return tuple(pool)
-        padding = (-len(pool)) % k
-        slots: list[int | None] = [*pool, *([None] * padding)]
-        n = len(pool)
-        score = [
-            [pair_score(ctx, a, b) if a != b else 0 for b in range(ctx.host.gpu_count)]
-            for a in range(ctx.host.gpu_count)
+        weights = [[pair_score(ctx, a, b) if a != b else 0 for b in pool] for a in pool]
+        search = PartitionSearch(weights, k, frozenset(pool.index(g) for g in required))
+        groups = [
+            mask for mask, padded in search.best_partition() if search.qualifies(mask, padded)
         ]
-        best_partners = {
-            g: sum(sorted((score[g][h] for h in pool if h != g), reverse=True)[: k - 1])
-            for g in pool
-        }
-
-        def group_score(group: tuple[int, ...]) -> int:
-            real = [slots[i] for i in group if i < n]
-            return sum(score[a][b] for a, b in combinations(real, 2))  # type: ignore[index]
-
-        def qualifies(group: tuple[int, ...]) -> bool:
-            if any(i >= n for i in group):
-                return False
-            members = {slots[i] for i in group}
-            return required <= members
-
-        best: list = [None, None]  # total, partition (list of position tuples)
-        partition: list[tuple[int, ...]] = []
-
-        def walk(remaining: list[int], total: int, satisfied: bool, bound: float) -> None:
-            if best[0] is not None and total + bound / 2 <= best[0]:
-                return
-            if not remaining:
-                if satisfied and (best[0] is None or total > best[0]):
-                    best[0], best[1] = total, list(partition)
-                return
-            if not satisfied and not all(any(slots[i] == r for i in remaining) for r in required):
-                return
-            first, others = remaining[0], remaining[1:]
-            for rest in combinations(others, k - 1):
-                group = (first, *rest)
-                pads = sum(1 for i in group if i >= n)
-                if pads not in (0, padding):
-                    continue
-                left = [i for i in others if i not in rest]
-                removed = sum(best_partners[slots[i]] for i in group if i < n)  # type: ignore[index]
-                partition.append(group)
-                walk(
-                    left, total + group_score(group), satisfied or qualifies(group), bound - removed
-                )
-                partition.pop()
-
-        walk(list(range(len(slots))), 0, False, float(sum(best_partners.values())))
-        groups = [g for g in best[1] if qualifies(g)]
         chosen = groups[0]
         for group in groups[1:]:
-            if group_score(group) > group_score(chosen):
+            if search.score(group) > search.score(chosen):
                 chosen = group
-        return tuple(sorted(slots[i] for i in chosen))  # type: ignore[type-var]
+        return tuple(g for i, g in enumerate(pool) if chosen >> i & 1)

@@ -1,0 +1,94 @@
+"""The partition search behind ``besteffort`` returns go-gpuallocator's partition, exactly.
+
+The reference is the literal enumeration of ``iterateGPUPartitions`` (every partition of the
+padded slots, in its order, first strict maximum kept). Random integer weights with few distinct
+values make ties common, so the tie-break by enumeration order is exercised, not just the
+maximum.
+"""
+
+from __future__ import annotations
+
+import random
+from itertools import combinations
+
+import pytest
+
+from gpualloc.placement import partition as partition_module
+from gpualloc.placement.partition import PartitionSearch
+from tests.go_gpuallocator import literal_partitions
+
+
+def _literal_best(weights, k, required):
+    n = len(weights)
+    padding = (-n) % k
+
+    def score(group):
+        real = [i for i in group if i < n]
+        return sum(weights[a][b] for a, b in combinations(real, 2))
+
+    def qualifies(group):
+        return all(i < n for i in group) and required <= set(group)
+
+    best, best_total = None, None
+    for candidate in literal_partitions(list(range(n + padding)), k, padding, n):
+        if not any(qualifies(g) for g in candidate):
+            continue
+        total = sum(score(g) for g in candidate)
+        if best is None or total > best_total:
+            best, best_total = candidate, total
+    return [(sum(1 << i for i in g if i < n), any(i >= n for i in g)) for g in best]
+
+
+def _random_weights(rng: random.Random, n: int, values: list[int]) -> list[list[int]]:
+    weights = [[0] * n for _ in range(n)]
+    for a, b in combinations(range(n), 2):
+        weights[a][b] = weights[b][a] = rng.choice(values)
+    return weights
+
+
+def _cases(seed: int, count: int):
+    rng = random.Random(seed)
+    for _ in range(count):
+        n = rng.randint(3, 12)
+        # Up to 12 GPUs in 3 or 4 groups: enough depth for the transposition table to matter.
+        k = rng.randint(3, 4) if n > 10 else rng.randint(2, n)
+        values = rng.choice([[0, 1], [0, 1, 2], [10, 20, 40, 110], list(range(0, 300, 7))])
+        weights = _random_weights(rng, n, values)
+        required = frozenset()
+        if rng.random() < 0.4:
+            required = frozenset(rng.sample(range(n), rng.randint(1, min(k, 3))))
+        yield weights, k, required
+
+
+@pytest.mark.parametrize("tabulated", [True, False], ids=["share-bound", "pair-bound"])
+def test_partition_search_matches_the_literal_enumeration(tabulated, monkeypatch) -> None:
+    if not tabulated:
+        monkeypatch.setattr(partition_module, "_MAX_TABULATED_GROUPS", 0)
+    for weights, k, required in _cases(seed=11 if tabulated else 12, count=150):
+        expected = _literal_best(weights, k, required)
+        got = PartitionSearch(weights, k, required).best_partition()
+        assert got == expected, (weights, k, sorted(required))
+
+
+def test_groups_come_in_go_gpuallocators_order() -> None:
+    """Padding slots sort after every GPU: (0, 1, pad, pad) comes after (0, 1, 2, 3)."""
+    n, k = 6, 4  # two padding slots; the padded group holds two GPUs
+    search = PartitionSearch([[0] * n for _ in range(n)], k, frozenset())
+    got = list(search.groups_with_lowest((1 << n) - 1, padding_left=True))
+    slots = list(range(n + 2))
+    expected = []
+    for rest in combinations(slots[1:], k - 1):
+        pads = sum(1 for i in rest if i >= n)
+        if pads in (0, 2):
+            expected.append((1 + sum(1 << i for i in rest if i < n), pads == 2))
+    assert got == expected
+
+
+def test_a_required_gpu_is_never_split_from_the_others_or_padded() -> None:
+    n, k = 7, 3
+    weights = [[0 if a == b else 100 for b in range(n)] for a in range(n)]
+    weights[0][6] = weights[6][0] = 0  # 0 and 6 are the worst pair, but both are required
+    required = frozenset({0, 6})
+    best = PartitionSearch(weights, k, required).best_partition()
+    groups = [mask for mask, padded in best if not padded]
+    assert any(mask & 0b1000001 == 0b1000001 for mask in groups)
