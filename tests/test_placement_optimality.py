@@ -234,6 +234,45 @@ def test_large_jobs_on_a_few_free_gpus_of_16_gpu_hosts(host_name: str, pattern: 
             assert got.gpus == tuple(_expected(ctx, "mapa-greedy")), (k, sorted(busy))
 
 
+def _held_karp_best_ring(host, gpus) -> float:
+    """The most aggregated bandwidth of a ring through all of ``gpus`` (Held-Karp)."""
+    k, bandwidth = len(gpus), host.bandwidth
+    w = [[bandwidth[a][b] for b in gpus] for a in gpus]
+    best: dict[tuple[int, int], float] = {(1, 0): 0.0}
+    for mask in range(1, 1 << k, 2):
+        for last in range(k):
+            value = best.get((mask, last))
+            if value is None:
+                continue
+            for nxt in range(1, k):
+                if not mask >> nxt & 1:
+                    key = (mask | 1 << nxt, nxt)
+                    if value + w[last][nxt] > best.get(key, -1.0):
+                        best[key] = value + w[last][nxt]
+    full = (1 << k) - 1
+    return max(best[(full, last)] + w[last][0] for last in range(1, k))
+
+
+@pytest.mark.parametrize("host_name", ["torus-2d-16", "cube-mesh-16", "dgx1-v100"])
+def test_ring_order_of_a_large_set_is_the_best_tour(host_name: str) -> None:
+    """Rings of 9 to 11 GPUs, ordered by the count-vector search (where the degree-deficit
+    bound prunes), against Held-Karp's exact best tour."""
+    from gpualloc.placement.host import HostGraph
+    from gpualloc.placement.search import best_order_of_set
+
+    topology = load_bundled(host_name)
+    host = HostGraph.from_topology(topology)
+    rng = random.Random(zlib.crc32(host_name.encode()))
+    for _ in range(4):
+        k = rng.randint(min(9, topology.gpu_count), min(11, topology.gpu_count))
+        gpus = sorted(rng.sample(range(topology.gpu_count), k))
+        pattern = build_pattern("ring", k)
+        order = best_order_of_set(host, pattern, AggregatedObjective(), gpus)
+        assert sorted(order) == gpus
+        got = evaluate_order(host, pattern, AggregatedObjective(), order)[0]
+        assert got == pytest.approx(_held_karp_best_ring(host, gpus), abs=1e-6), gpus
+
+
 def _max_degree_limited_subgraph(edges, size, limit):
     for count in range(len(edges), -1, -1):
         for chosen in combinations(range(len(edges)), count):

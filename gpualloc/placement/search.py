@@ -22,10 +22,12 @@ billion evaluations for 8 of 16 GPUs). This module finds the structure instead:
    pattern's visiting order, spending one unit of the class budget per pattern edge closed; a
    branch dies as soon as a budget goes negative, or when a lookahead shows that a group of
    classes can no longer take what is left of its budget (an assigned GPU closes at most as many
-   edges on a group's links as it has unused neighbours on them, and on a tree the degree limit
-   is applied to the edges still open). Dead ends are remembered by the GPUs used, the GPUs of
-   the ranks still read and the budget left, which on a ring is Held and Karp's dynamic program
-   over subsets.
+   edges on a group's links as it has unused neighbours on them; on a tree the degree limit
+   is applied to the edges still open; on other patterns, a rank of degree d on a GPU with t
+   neighbours in the group sends d - t edges elsewhere, and one edge off the group covers at
+   most two such deficits, the highest degrees going to the best-connected GPUs). Dead ends
+   are remembered by the GPUs used, the GPUs of the ranks still read and the budget left,
+   which on a ring is Held and Karp's dynamic program over subsets.
 4. **Symmetry and ties.** Orders equivalent under an automorphism of the pattern are skipped
    (:mod:`gpualloc.placement.patterns`: a ring has 2k equivalent orders). Among placements with
    the same key the lexicographically lowest sorted GPU set wins, then the lowest order; the DFS
@@ -297,6 +299,19 @@ class PlacementSearch:
             for s in range(self.k)
         ]
         self.unanchored = [sum(1 for p, _ in closing if p >= s) for s in range(self.k)]
+        # For the degree-deficit bound: the degrees of the ranks not yet assigned, largest first.
+        visit_degree = [0] * self.k
+        for u, v in self.pattern.edges:
+            visit_degree[self.visit.index(u)] += 1
+            visit_degree[self.visit.index(v)] += 1
+        self.open_degrees = [sorted(visit_degree[s:], reverse=True) for s in range(self.k)]
+        # The deficit bound needs each pair of ranks joined once (a 2-GPU ring lists its pair
+        # twice); on forests the leaves-up count of the tight groups already covers it and the
+        # extra work per node did not pay off.
+        self.deficit_bound = (
+            len(set(map(frozenset, self.pattern.edges))) == len(self.pattern.edges)
+            and _forest_parents(self.pattern) is None
+        )
         self.group_masks = self._class_groups(self.host.gpu_count)
         self.group_caps = self._class_group_capacities()
         # Groups whose GPUs have fewer links in them than some rank has edges: on a tree pattern
@@ -481,6 +496,8 @@ class PlacementSearch:
 
         group_masks, pending, unanchored = self.group_masks, self.pending, self.unanchored
         tight_groups, remaining_edges = self.tight_groups, self.remaining_edges
+        open_degrees, deficit_bound = self.open_degrees, self.deficit_bound
+        pool_mask = _or(1 << g for g in pool)
 
         def lookahead_ok(s: int, used: int) -> bool:
             """Each group of classes can still take its remaining budget: an assigned GPU closes
@@ -506,6 +523,43 @@ class PlacementSearch:
                 for c in members:
                     want += budget[c]
                 if want and forest_room(s, free, masks, limit) < want:
+                    return False
+            if deficit_bound:
+                return deficits_ok(s, used)
+            return True
+
+        def deficits_ok(s: int, used: int) -> bool:
+            """Each group of classes against the degree deficit of what is left. A rank of
+            degree d on a GPU with t neighbours on the group's links sends at least d - t of
+            its edges elsewhere; an edge off the group covers two such deficits at most. The
+            unassigned ranks' deficits are least when the highest degrees go to the GPUs with
+            the most neighbours (the convexity of max(0, d - t))."""
+            unused = pool_mask & ~used
+            reachable = unused
+            for p, _ in pending[s]:
+                reachable |= 1 << assigned[p]
+            degrees = open_degrees[s]
+            edges_left = len(remaining_edges[s])
+            for members, masks, _ in group_masks:
+                want = 0
+                for c in members:
+                    want += budget[c]
+                if not want:
+                    continue
+                deficit = 0
+                for p, count in pending[s]:
+                    room = (masks[assigned[p]] & unused).bit_count()
+                    if count > room:
+                        deficit += count - room
+                offers = sorted(
+                    ((masks[g] & reachable).bit_count() for g in pool if unused >> g & 1),
+                    reverse=True,
+                )
+                # More GPUs than ranks may be left: the ranks take the best-connected ones.
+                for degree, offer in zip(degrees, offers, strict=False):
+                    if degree > offer:
+                        deficit += degree - offer
+                if want > edges_left - (deficit + 1) // 2:
                     return False
             return True
 
