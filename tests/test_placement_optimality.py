@@ -273,6 +273,32 @@ def test_ring_order_of_a_large_set_is_the_best_tour(host_name: str) -> None:
         assert got == pytest.approx(_held_karp_best_ring(host, gpus), abs=1e-6), gpus
 
 
+@pytest.mark.parametrize("host_name", ["dgx1-v100", "torus-2d-16", "cube-mesh-16"])
+def test_search_over_a_family_of_sets_equals_searching_each(host_name: str) -> None:
+    """MAPA's tie-break searches the tied sets together; it must return what searching each
+    set alone and keeping the best key, then the lowest set, returns."""
+    from gpualloc.placement.host import HostGraph
+    from gpualloc.placement.search import best_ordered_placement, best_placement_among
+
+    topology = load_bundled(host_name)
+    host = HostGraph.from_topology(topology)
+    n = topology.gpu_count
+    rng = random.Random(zlib.crc32(f"family/{host_name}".encode()))
+    for _ in range(12):
+        k = rng.randint(3, min(8, n - 1))
+        pattern = build_pattern(rng.choice(["ring", "tree", "star", "all"]), k)
+        pool = sorted(rng.sample(range(n), rng.randint(k + 1, min(n, k + 4))))
+        family = sorted({tuple(sorted(rng.sample(pool, k))) for _ in range(rng.randint(2, 8))})
+        objective = AggregatedObjective()
+        expected = None
+        for gpus in family:
+            found = best_ordered_placement(host, pattern, objective, gpus, gpus)
+            if expected is None or found.key > expected[0]:
+                expected = (found.key, gpus, found.order)
+        got = best_placement_among(host, pattern, objective, family)
+        assert (got.key, tuple(sorted(got.order)), got.order) == expected, (k, pattern.name, family)
+
+
 def _max_degree_limited_subgraph(edges, size, limit):
     for count in range(len(edges), -1, -1):
         for chosen in combinations(range(len(edges)), count):

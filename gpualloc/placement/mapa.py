@@ -13,7 +13,8 @@ exceed the empty allocation's 12.335 GB/s: if GPUs are free, the best of them is
 Preserve search (:class:`LossSearch`): the least NVLink bandwidth a set can remove from the free
 pool, by branch and bound over the candidate sets, then the sets that remove exactly that, lazily
 in lexicographic order; among them the aggregated-bandwidth search of
-:mod:`gpualloc.placement.search`, in decreasing order of an upper bound.
+:mod:`gpualloc.placement.search`: once over the union of a few tied sets, else set by set in
+decreasing order of an upper bound.
 """
 
 from __future__ import annotations
@@ -29,10 +30,14 @@ from gpualloc.placement.search import (
     AggregatedObjective,
     best_order_of_set,
     best_ordered_placement,
+    best_placement_among,
     evaluate_order,
 )
 
 _SLACK = 2e-6
+# Up to this many tied sets, one search over their union (each node checks the sets); more,
+# and the sets are searched one by one in decreasing order of their upper bounds.
+_UNION_SEARCH_SETS = 64
 
 
 class MapaPolicy(Policy):
@@ -115,8 +120,13 @@ class MapaPolicy(Policy):
         assert found is not None
         if found.key[0] >= aggregated_upper_bound(host, pattern, ctx.pool, ctx.k) - _SLACK:
             return found.order
+        rest = list(ties)
+        if len(rest) < _UNION_SEARCH_SETS:
+            union = best_placement_among(host, pattern, objective, [first, *rest])
+            assert union is not None
+            return union.order
         best_key, best_order, best_set = found.key, found.order, first
-        bounded = sorted((-aggregated_upper_bound(host, pattern, gpus), gpus) for gpus in ties)
+        bounded = sorted((-aggregated_upper_bound(host, pattern, gpus), gpus) for gpus in rest)
         for negative_bound, gpus in bounded:
             bound = -negative_bound
             if bound < best_key[0] - _SLACK or (bound <= best_key[0] + _SLACK and gpus > best_set):

@@ -231,6 +231,8 @@ class PlacementSearch:
         self.classes = _link_classes(host, self.pool)
         self.capacity = self._class_capacities()
         self.required_mask = sum(1 << g for g in self.required)
+        # Candidate sets the placement must be one of (None: any k-set of the pool), as masks.
+        self.allowed: tuple[int, ...] | None = None
         self.nodes = 0
 
     # ---- public ------------------------------------------------------------------------------
@@ -497,6 +499,7 @@ class PlacementSearch:
         group_masks, pending, unanchored = self.group_masks, self.pending, self.unanchored
         tight_groups, remaining_edges = self.tight_groups, self.remaining_edges
         open_degrees, deficit_bound = self.open_degrees, self.deficit_bound
+        allowed = self.allowed
         pool_mask = _or(1 << g for g in pool)
 
         def lookahead_ok(s: int, used: int) -> bool:
@@ -581,6 +584,8 @@ class PlacementSearch:
 
         def step(s: int, used: int) -> bool:
             self.nodes += 1
+            if allowed is not None and not any(not used & ~mask for mask in allowed):
+                return False  # in none of the candidate sets
             if s == k:
                 order = [0] * k
                 for position, vertex in enumerate(visit):
@@ -904,6 +909,47 @@ def best_ordered_placement(
 ) -> SearchResult | None:
     """The best (set, order) of ``pattern`` on ``pool`` under ``objective``; None if infeasible."""
     return PlacementSearch(host, pattern, objective, pool, required).run()
+
+
+def best_placement_among(
+    host: HostGraph,
+    pattern: CommunicationPattern,
+    objective: EdgeObjective,
+    sets: Sequence[tuple[int, ...]],
+) -> SearchResult | None:
+    """The best (set, order) whose set is one of ``sets``: the highest key, then the lowest
+    sorted set, then the lowest order, as if each set were searched on its own.
+
+    The count-vector search runs once over the union of the sets, cutting every branch whose
+    GPUs are in none of them: the vectors above the optimum are refuted once, not once per
+    set. The other paths (order-free patterns, stars, many link classes) search set by set.
+    """
+    if not sets:
+        return None
+    union = sorted(set().union(*sets))
+    common = sorted(set(sets[0]).intersection(*sets[1:]))
+    search = PlacementSearch(host, pattern, objective, union, common)
+    edges = len(pattern.edges)
+    n_classes = len(search.classes.weight)
+    vector_path = (
+        not search.order_free
+        and edges > 0
+        and pattern.name != "star"
+        and comb(edges + n_classes - 1, n_classes - 1) <= MAX_VECTORS
+    )
+    if vector_path and len(sets) > 1:
+        search.allowed = tuple(_or(1 << g for g in gpus) for gpus in sets)
+        return search.run()
+    best: SearchResult | None = None
+    best_set: tuple[int, ...] = ()
+    for gpus in sets:
+        found = best_ordered_placement(host, pattern, objective, gpus, gpus)
+        if found is None:
+            continue
+        ordered = tuple(sorted(gpus))
+        if best is None or found.key > best.key or (found.key == best.key and ordered < best_set):
+            best, best_set = found, ordered
+    return best
 
 
 def best_order_of_set(
