@@ -13,8 +13,8 @@ exceed the empty allocation's 12.335 GB/s: if GPUs are free, the best of them is
 Preserve search (:class:`LossSearch`): the least NVLink bandwidth a set can remove from the free
 pool, by branch and bound over the candidate sets, then the sets that remove exactly that, lazily
 in lexicographic order; among them the aggregated-bandwidth search of
-:mod:`gpualloc.placement.search`: once over the union of a few tied sets, else set by set in
-decreasing order of an upper bound.
+:mod:`gpualloc.placement.search`: for a tree, once over the union of a few tied sets; else set
+by set in decreasing order of an upper bound.
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ from gpualloc.placement.search import (
     best_ordered_placement,
     best_placement_among,
     evaluate_order,
+    is_forest,
 )
 
 _SLACK = 2e-6
-# Up to this many tied sets, one search over their union (each node checks the sets); more,
-# and the sets are searched one by one in decreasing order of their upper bounds.
+# Up to this many tied sets of a tree job, one search over their union (each node checks the
+# sets); otherwise the sets are searched one by one in decreasing order of their upper bounds.
 _UNION_SEARCH_SETS = 64
 
 
@@ -121,7 +122,9 @@ class MapaPolicy(Policy):
         if found.key[0] >= aggregated_upper_bound(host, pattern, ctx.pool, ctx.k) - _SLACK:
             return found.order
         rest = list(ties)
-        if len(rest) < _UNION_SEARCH_SETS:
+        if not rest:
+            return found.order
+        if len(rest) < _UNION_SEARCH_SETS and is_forest(pattern):
             union = best_placement_among(host, pattern, objective, [first, *rest])
             assert union is not None
             return union.order

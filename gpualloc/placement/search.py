@@ -502,11 +502,10 @@ class PlacementSearch:
         allowed = self.allowed
         pool_mask = _or(1 << g for g in pool)
 
-        def lookahead_ok(s: int, used: int) -> bool:
+        def lookahead_ok(s: int, used: int, free: int) -> bool:
             """Each group of classes can still take its remaining budget: an assigned GPU closes
             at most as many of its open edges on the group's links as it has unused neighbours
             on them; an edge between two unassigned ranks may land anywhere."""
-            free = ~used
             loose = unanchored[s]
             for members, masks, _ in group_masks:
                 want = 0
@@ -528,16 +527,15 @@ class PlacementSearch:
                 if want and forest_room(s, free, masks, limit) < want:
                     return False
             if deficit_bound:
-                return deficits_ok(s, used)
+                return deficits_ok(s, free)
             return True
 
-        def deficits_ok(s: int, used: int) -> bool:
+        def deficits_ok(s: int, unused: int) -> bool:
             """Each group of classes against the degree deficit of what is left. A rank of
             degree d on a GPU with t neighbours on the group's links sends at least d - t of
             its edges elsewhere; an edge off the group covers two such deficits at most. The
             unassigned ranks' deficits are least when the highest degrees go to the GPUs with
             the most neighbours (the convexity of max(0, d - t))."""
-            unused = pool_mask & ~used
             reachable = unused
             for p, _ in pending[s]:
                 reachable |= 1 << assigned[p]
@@ -584,8 +582,16 @@ class PlacementSearch:
 
         def step(s: int, used: int) -> bool:
             self.nodes += 1
-            if allowed is not None and not any(not used & ~mask for mask in allowed):
-                return False  # in none of the candidate sets
+            free = pool_mask & ~used
+            if allowed is not None:
+                # Only GPUs of the candidate sets that hold every GPU used so far remain.
+                reach = 0
+                for mask in allowed:
+                    if not used & ~mask:
+                        reach |= mask
+                if not reach:
+                    return False
+                free &= reach
             if s == k:
                 order = [0] * k
                 for position, vertex in enumerate(visit):
@@ -600,7 +606,7 @@ class PlacementSearch:
             if state in failed:
                 return False
             ties_before = order_ties[0]
-            if s and not lookahead_ok(s, used):
+            if s and not lookahead_ok(s, used, free):
                 failed.add(state)
                 return False
             missing = (required_mask & ~used).bit_count()
@@ -613,7 +619,7 @@ class PlacementSearch:
             must_be_required = missing == k - s
             found = False
             for g in pool:
-                if g <= lower or used >> g & 1:
+                if g <= lower or not free >> g & 1:
                     continue
                 if g >= upper:
                     break
@@ -920,9 +926,12 @@ def best_placement_among(
     """The best (set, order) whose set is one of ``sets``: the highest key, then the lowest
     sorted set, then the lowest order, as if each set were searched on its own.
 
-    The count-vector search runs once over the union of the sets, cutting every branch whose
-    GPUs are in none of them: the vectors above the optimum are refuted once, not once per
-    set. The other paths (order-free patterns, stars, many link classes) search set by set.
+    The count-vector search runs once over the union of the sets, each branch restricted to
+    the GPUs of the sets that hold everything it used: the vectors above the optimum are
+    refuted once, not once per set. That pays on trees, whose refutations are the expensive
+    part; rings are refuted quickly on an exact set by the degree-deficit bound, which is
+    weaker on a union (see :func:`is_forest`). Order-free patterns, stars and many-class hosts,
+    which do not use the count-vector search, go set by set.
     """
     if not sets:
         return None
@@ -950,6 +959,12 @@ def best_placement_among(
         if best is None or found.key > best.key or (found.key == best.key and ordered < best_set):
             best, best_set = found, ordered
     return best
+
+
+def is_forest(pattern: CommunicationPattern) -> bool:
+    """Whether the pattern is a forest (a tree, a star): where searching a family of sets
+    together (:func:`best_placement_among`) beats searching them one by one."""
+    return _forest_parents(pattern) is not None
 
 
 def best_order_of_set(
