@@ -20,6 +20,7 @@ by set in decreasing order of an upper bound.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from itertools import chain, islice
 
 from gpualloc.model.request import CommunicationPattern, Placement
 from gpualloc.placement.context import DecisionContext
@@ -112,24 +113,25 @@ class MapaPolicy(Policy):
         if ctx.k == 1 or len(ctx.request.pattern.edges) == 0:
             return first
         # Among the sets that preserve the most, the highest aggregated bandwidth, then the first.
-        # The lowest tied set wins at once if it reaches a bound no k-set of the pool can beat
-        # (a uniform NVSwitch host, where every set ties); otherwise the tied sets are searched
-        # in decreasing order of their own upper bounds, stopping when none can catch up.
         objective = AggregatedObjective()
         host, pattern = ctx.host, ctx.request.pattern
+        # A tree job with few tied sets: one search over them all (refuting once per vector).
+        if is_forest(pattern):
+            few = list(islice(ties, _UNION_SEARCH_SETS))
+            if len(few) < _UNION_SEARCH_SETS:
+                union = best_placement_among(host, pattern, objective, [first, *few])
+                assert union is not None
+                return union.order
+            ties = chain(few, ties)
+        # Otherwise the lowest tied set wins at once if it reaches a bound no k-set of the pool
+        # can beat (a uniform NVSwitch host, where every set ties); if not, the tied sets are
+        # searched in decreasing order of their own upper bounds, stopping when none can catch up.
         found = best_ordered_placement(host, pattern, objective, first, first)
         assert found is not None
         if found.key[0] >= aggregated_upper_bound(host, pattern, ctx.pool, ctx.k) - _SLACK:
             return found.order
-        rest = list(ties)
-        if not rest:
-            return found.order
-        if len(rest) < _UNION_SEARCH_SETS and is_forest(pattern):
-            union = best_placement_among(host, pattern, objective, [first, *rest])
-            assert union is not None
-            return union.order
         best_key, best_order, best_set = found.key, found.order, first
-        bounded = sorted((-aggregated_upper_bound(host, pattern, gpus), gpus) for gpus in rest)
+        bounded = sorted((-aggregated_upper_bound(host, pattern, gpus), gpus) for gpus in ties)
         for negative_bound, gpus in bounded:
             bound = -negative_bound
             if bound < best_key[0] - _SLACK or (bound <= best_key[0] + _SLACK and gpus > best_set):
