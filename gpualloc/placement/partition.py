@@ -14,8 +14,8 @@ with three additions, none of which changes which partition comes out first:
 * branch and bound, with the incumbent replaced only on a *strict* improvement, and cuts only
   where nothing strictly better than the incumbent can follow. The bound gives each GPU a share:
   a group's score split evenly over its members is at most the best group score containing
-  that GPU divided by the group size (or half its best k-1 pair scores, when the host is too
-  large to tabulate the groups); exactly ``k - P`` GPUs share the padded group, and the bound
+  that GPU divided by the group size (or half its best k-1 pair scores, when there are only two
+  groups or too many to tabulate); exactly ``k - P`` GPUs share the padded group, and the bound
   counts them at their padded share;
 * a transposition table: once a set of remaining GPUs has been searched, the best it can add is
   known (exactly, or as an upper bound when nothing beat the incumbent), and a later visit of
