@@ -58,6 +58,7 @@ from gpualloc.placement.scores import (
     mapa_predicted_gbps,
     pattern_pairs,
 )
+from gpualloc.placement.treebound import TreeWeightBound
 
 Key = tuple[float, ...]
 _INF = float("inf")
@@ -326,6 +327,19 @@ class PlacementSearch:
                 for members, masks, widest in self.group_masks
                 if widest < max_degree
             )
+        self.tree_bound = self._tree_bound()
+
+    def _tree_bound(self) -> TreeWeightBound | None:
+        """The subtree bound of :mod:`gpualloc.placement.treebound`, on simple forests."""
+        if _forest_parents(self.pattern) is None or len(set(self.pattern.edges)) != len(
+            self.pattern.edges
+        ):
+            return None
+        parent = [b[0] if b else None for b in self.back]
+        n = self.host.gpu_count
+        of_pair, weight = self.classes.of_pair, self.classes.weight
+        weights = [[weight[of_pair[a][b]] if a != b else 0.0 for b in range(n)] for a in range(n)]
+        return TreeWeightBound(parent, self.pool, weights)
 
     # ---- vectors -----------------------------------------------------------------------------
 
@@ -339,6 +353,10 @@ class PlacementSearch:
                 agg += count * self.classes.weight[c]
                 low = min(low, self.classes.weight[c])
         return self.objective.key(agg, counts[0], counts[1], counts[2], low)
+
+    def _vector_weight(self, vector: Sequence[int]) -> float:
+        """The weight every realisation of ``vector`` carries, less a rounding margin."""
+        return sum(count * w for count, w in zip(vector, self.classes.weight, strict=True)) - 1e-6
 
     def _class_capacities(self) -> tuple[int, ...]:
         """Per class, the most pattern edges it can carry on k of the pool's GPUs.
@@ -453,6 +471,8 @@ class PlacementSearch:
     def _obviously_unrealisable(self, vector: tuple[int, ...]) -> bool:
         if any(count > cap for count, cap in zip(vector, self.capacity, strict=True)):
             return True
+        if self.tree_bound is not None and self._vector_weight(vector) > self.tree_bound.whole():
+            return True
         return any(sum(vector[c] for c in members) > cap for members, cap in self.group_caps)
 
     # ---- budgeted DFS ------------------------------------------------------------------------
@@ -499,6 +519,7 @@ class PlacementSearch:
         group_masks, pending, unanchored = self.group_masks, self.pending, self.unanchored
         tight_groups, remaining_edges = self.tight_groups, self.remaining_edges
         open_degrees, deficit_bound = self.open_degrees, self.deficit_bound
+        tree_bound, weights = self.tree_bound, self.classes.weight
         allowed = self.allowed
         pool_mask = _or(1 << g for g in pool)
 
@@ -528,6 +549,11 @@ class PlacementSearch:
                     return False
             if deficit_bound:
                 return deficits_ok(s, free)
+            if tree_bound is not None:
+                want = 0.0
+                for c, w in enumerate(weights):
+                    want += budget[c] * w
+                return tree_bound.remaining(s, assigned, ~free) >= want - 1e-6
             return True
 
         def deficits_ok(s: int, unused: int) -> bool:
