@@ -7,8 +7,9 @@ import tempfile
 from pathlib import Path
 
 
-def write_text_atomic(path: Path, text: str) -> None:
+def write_text_atomic(path: Path, text: str, *, mode: int | None = None) -> None:
     """Write ``text`` to ``path`` via a temporary file in the same directory, fsync, rename.
+    ``mode`` sets the new file's permissions (default: the temporary file's 0600).
 
     Raises ``OSError`` (the temporary file is removed) when the directory is not writable.
     """
@@ -17,6 +18,8 @@ def write_text_atomic(path: Path, text: str) -> None:
     temporary = Path(name)
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            if mode is not None:
+                os.fchmod(handle.fileno(), mode)
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())

@@ -33,6 +33,19 @@ class ExitCode(IntEnum):
     """A file gpualloc had to read or write could not be accessed."""
     NO_PLACEMENT = 9
     """No set of GPUs satisfies the request now (too few free GPUs, a required GPU busy)."""
+    BUSY = 10
+    """The GPUs the request needs are held by other leases or used by foreign processes."""
+    LEDGER = 11
+    """The shared ledger cannot be used: an unsafe state directory, a file from a newer
+    gpualloc, or a corrupt file with no good copy to recover from."""
+    NOT_PERMITTED = 12
+    """The lease belongs to another user (only root may release it)."""
+    NO_LEASE = 13
+    """No lease has the given id (it may have been released or reaped already)."""
+    NOT_EXECUTABLE = 126
+    """The command exists but could not be executed, as a shell reports it."""
+    COMMAND_NOT_FOUND = 127
+    """The command was not found, as a shell reports it."""
     INTERRUPTED = 130
     """Interrupted by SIGINT (128 + 2), as shells report it."""
     BROKEN_PIPE = 141
@@ -50,6 +63,12 @@ EXIT_CODE_DESCRIPTIONS: dict[ExitCode, str] = {
     ExitCode.DISCOVERY: "NVML or nvidia-smi failed",
     ExitCode.IO: "a file could not be read or written",
     ExitCode.NO_PLACEMENT: "no set of free GPUs satisfies the request",
+    ExitCode.BUSY: "the GPUs needed are held by others now",
+    ExitCode.LEDGER: "the shared ledger cannot be used (unsafe directory, newer or corrupt file)",
+    ExitCode.NOT_PERMITTED: "the lease belongs to another user",
+    ExitCode.NO_LEASE: "no lease with that id",
+    ExitCode.NOT_EXECUTABLE: "the command could not be executed",
+    ExitCode.COMMAND_NOT_FOUND: "the command was not found",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
     ExitCode.BROKEN_PIPE: "the reader of stdout went away (as with head); nothing is wrong",
 }
@@ -150,3 +169,27 @@ class NoFeasiblePlacement(GpuallocError):
     """No set of GPUs satisfies the request on the GPUs that are free now."""
 
     exit_code = ExitCode.NO_PLACEMENT
+
+
+class LedgerError(GpuallocError):
+    """The shared ledger cannot be used safely."""
+
+    exit_code = ExitCode.LEDGER
+
+
+class GpusBusy(GpuallocError):
+    """The request could be placed on an idle host, but the GPUs it needs are held now."""
+
+    exit_code = ExitCode.BUSY
+
+
+class NotPermitted(GpuallocError):
+    """A user tried to release another user's lease."""
+
+    exit_code = ExitCode.NOT_PERMITTED
+
+
+class NoSuchLease(GpuallocError):
+    """No lease has the given id."""
+
+    exit_code = ExitCode.NO_LEASE

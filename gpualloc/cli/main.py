@@ -28,6 +28,7 @@ ENVIRONMENT_HELP = """Environment variables:
 * GPUALLOC_TOPOLOGY: as --topology
 * GPUALLOC_BANDWIDTH_TABLE: as --bandwidth-table
 * GPUALLOC_CACHE_DIR: where discovered topologies are cached (default ~/.cache/gpualloc)
+* GPUALLOC_STATE_DIR: the shared ledger's directory (default /var/tmp/gpualloc)
 * GPUALLOC_DEBUG=1: as --debug
 
 Exit codes: """ + ", ".join(

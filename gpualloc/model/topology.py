@@ -31,6 +31,7 @@ from gpualloc.model.bandwidth import (
 )
 from gpualloc.model.catalog import family_of
 from gpualloc.model.paths import PciePath
+from gpualloc.model.validation import describe_validation_error
 
 if TYPE_CHECKING:
     import networkx
@@ -283,10 +284,7 @@ class Topology(_Strict):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(part) for part in first["loc"]) or "(top level)"
-            more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-            raise TopologyError(f"{origin}: {where}: {first['msg']}{more}") from exc
+            raise TopologyError(f"{origin}: {describe_validation_error(exc)}") from exc
 
     @classmethod
     def from_json(cls, text: str, *, origin: str = "<json>") -> Topology:

@@ -1,0 +1,1 @@
+"""The shared ledger of GPU leases: schema, state directory, liveness, transactions."""

@@ -1,0 +1,85 @@
+"""Whether a lease's holder is still there: its process, and the lease lock its job inherited.
+
+Two signals, either of which keeps a lease alive:
+
+- the process: its pid exists and started at the recorded time (psutil's ``create_time``), so a
+  pid the kernel reused for another program does not count;
+- the lease lock: ``gpualloc run`` takes a shared ``flock`` on ``lease-<id>.lock`` and lets the
+  job inherit the descriptor across ``exec``. Every child the job forks inherits it too, so the
+  lock is held until the last of them exits, and the kernel drops it however they end
+  (``kill -9`` included). A torchrun launcher that dies while its workers run keeps the GPUs.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from pathlib import Path
+
+import psutil
+
+_START_TIME_TOLERANCE_S = 0.05
+"""psutil derives the start time from clock ticks since boot; two readings of one process agree
+to the tick (10 ms), a different process started in the same tick is vanishingly unlikely."""
+
+
+def process_start_time(pid: int) -> float | None:
+    """The start time of ``pid`` (seconds since the epoch), or None if there is no such process."""
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+    except psutil.AccessDenied:
+        # Another user's process on a hardened /proc (hidepid): it exists, its start time is
+        # unknown; the caller treats it as alive rather than steal its GPUs.
+        return float("nan")
+
+
+def process_alive(pid: int, start_time: float | None) -> bool:
+    """True if ``pid`` runs and is the process that started at ``start_time``."""
+    current = process_start_time(pid)
+    if current is None:
+        return False
+    if start_time is None or current != current:  # unknown: err on the side of the holder
+        return True
+    try:
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return False
+    except psutil.Error:
+        return False
+    return abs(current - start_time) <= _START_TIME_TOLERANCE_S
+
+
+def lock_held(path: Path) -> bool:
+    """True if some process holds a ``flock`` on ``path`` (a missing file is not held)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        descriptor = os.open(path, flags)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # cannot tell: never free GPUs on a guess
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+    else:
+        fcntl.flock(descriptor, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(descriptor)
+
+
+def take_lease_lock(path: Path) -> int:
+    """Create ``path`` and hold a shared ``flock`` on it through a descriptor that survives
+    ``exec`` (not close-on-exec). Returns the descriptor."""
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    descriptor = os.open(path, flags, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        os.set_inheritable(descriptor, True)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor

@@ -1,0 +1,125 @@
+"""Where the ledger lives, and the checks made before gpualloc writes there.
+
+Every user of a host must reach the same ledger, so it sits in one shared directory on local
+disk: ``$GPUALLOC_STATE_DIR``, else ``/var/tmp/gpualloc``. ``/var/tmp`` is local, world-writable
+with the sticky bit on every Linux host, and survives reboots (the leases in it do not, since
+their processes are gone). Not ``$HOME`` (per user, often NFS) and not NFS at all: the ledger's
+locks are ``flock`` locks, which NFS does not share reliably between hosts.
+
+The first gpualloc to run creates the directory with mode 1777, like ``/tmp``: every user may
+create files in it and only the owner of a file may rename or delete it. Administrators who want
+it owned by root create it themselves (``install -d -m 1777 -o root -g root /var/tmp/gpualloc``,
+or mode 2775 with a ``gpualloc`` group to admit only that group's users).
+
+Safety checks, so that a root prolog cannot be tricked into writing elsewhere: the directory
+must be a real directory (a symlink is refused, not followed), must not be writable by others
+without the sticky bit, and for root it must be owned by root; every file inside is opened with
+``O_NOFOLLOW``. gpualloc is cooperative, like ``flock``: a user who can write the ledger can
+also lie in it. It keeps honest users from colliding; it is not a sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpualloc.errors import FileAccessError, LedgerError
+
+DEFAULT_STATE_DIR = Path("/var/tmp/gpualloc")
+STATE_DIR_VARIABLE = "GPUALLOC_STATE_DIR"
+SHARED_DIR_MODE = 0o1777
+
+
+@dataclass(frozen=True)
+class StateDirectory:
+    """A checked state directory."""
+
+    path: Path
+
+    @property
+    def ledger_file(self) -> Path:
+        return self.path / "ledger.json"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / "ledger.lock"
+
+    def good_copy(self, uid: int) -> Path:
+        """This user's copy of the last ledger it wrote (see :mod:`.store`)."""
+        return self.path / f"ledger.{uid}.good.json"
+
+    def good_copies(self) -> list[Path]:
+        return sorted(self.path.glob("ledger.*.good.json"))
+
+    def lease_lock(self, lease_id: str) -> Path:
+        return self.path / f"lease-{lease_id}.lock"
+
+
+def state_directory_path() -> Path:
+    """``$GPUALLOC_STATE_DIR`` if set, else the default."""
+    configured = os.environ.get(STATE_DIR_VARIABLE, "").strip()
+    return Path(configured) if configured else DEFAULT_STATE_DIR
+
+
+def open_state_directory(path: Path | None = None, *, create: bool = True) -> StateDirectory:
+    """Check (and if needed create) the state directory; raise :class:`LedgerError` if unsafe."""
+    path = (path or state_directory_path()).absolute()
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        if not create:
+            raise LedgerError(
+                f"state directory {path} does not exist",
+                hint=f"run any gpualloc command that allocates, or set {STATE_DIR_VARIABLE}",
+            ) from None
+        _create(path)
+        info = os.lstat(path)
+    except OSError as exc:
+        raise FileAccessError(
+            f"cannot inspect state directory {path}: {exc.strerror}",
+            hint=f"set {STATE_DIR_VARIABLE} to a directory on local disk you can write",
+        ) from exc
+    check_state_directory(path, info, uid=os.geteuid())
+    return StateDirectory(path)
+
+
+def _create(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if os.lstat(path).st_uid == os.geteuid():
+            path.chmod(SHARED_DIR_MODE)
+    except OSError as exc:
+        raise FileAccessError(
+            f"cannot create state directory {path}: {exc.strerror}",
+            hint=f"ask an administrator to run 'install -d -m 1777 {path}', or set "
+            f"{STATE_DIR_VARIABLE} to a directory all users of this host can write",
+        ) from exc
+
+
+def check_state_directory(path: Path, info: os.stat_result, *, uid: int) -> None:
+    """The safety rules of the module docstring, for the user ``uid``."""
+    if stat.S_ISLNK(info.st_mode):
+        raise LedgerError(
+            f"state directory {path} is a symbolic link; gpualloc does not follow it",
+            hint=f"point {STATE_DIR_VARIABLE} at the real directory",
+        )
+    if not stat.S_ISDIR(info.st_mode):
+        raise LedgerError(
+            f"state directory {path} is not a directory",
+            hint=f"remove it or set {STATE_DIR_VARIABLE} elsewhere",
+        )
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+        raise LedgerError(
+            f"state directory {path} is writable by everyone without the sticky bit "
+            f"(mode {mode:04o}): any user could replace the ledger",
+            hint=f"chmod 1777 {path} (or 2775 with a shared group)",
+        )
+    if uid == 0 and info.st_uid != 0:
+        raise LedgerError(
+            f"state directory {path} is owned by uid {info.st_uid}, and root uses only a "
+            "directory owned by root",
+            hint=f"as root: chown root:root {path} && chmod 1777 {path}",
+        )

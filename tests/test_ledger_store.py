@@ -1,0 +1,462 @@
+"""The ledger: transactions, reaping, recovery from damage, refusal of unsafe state, races and
+crashes (real processes, real locks, real kill -9)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import signal
+import stat
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from gpualloc.errors import LedgerError
+from gpualloc.ledger.liveness import lock_held, process_start_time, take_lease_lock
+from gpualloc.ledger.schema import SCHEMA_VERSION, Lease, LeasedGpu, Ledger
+from gpualloc.ledger.statedir import check_state_directory, open_state_directory
+from gpualloc.ledger.store import LedgerStore, lease_alive, new_lease_id
+
+HOST = "testhost"
+
+
+def _lease(*gpus: int, **fields) -> Lease:
+    values = {
+        "id": new_lease_id(),
+        "gpus": [LeasedGpu(index=g) for g in gpus],
+        "uid": os.geteuid(),
+        "user": "tester",
+        "hold": True,
+        "created": datetime.now(timezone.utc),
+        "source": "alloc",
+    }
+    values.update(fields)
+    return Lease(**values)
+
+
+def _store(path: Path, **options) -> LedgerStore:
+    return LedgerStore(open_state_directory(path), host=HOST, **options)
+
+
+def test_a_lease_is_written_read_back_and_the_files_are_shared(tmp_path):
+    store = _store(tmp_path / "state")
+    lease = _lease(2, 3, name="train")
+    with store.transaction() as txn:
+        txn.add(lease)
+    directory = store.directory
+    assert stat.S_IMODE(directory.path.stat().st_mode) == 0o1777
+    assert stat.S_IMODE(directory.ledger_file.stat().st_mode) == 0o666
+    assert stat.S_IMODE(directory.good_copy(os.geteuid()).stat().st_mode) == 0o644
+    ledger = store.read().ledger
+    assert ledger.leases == [lease]
+    assert ledger.generation == 1
+    assert ledger.schema_version == SCHEMA_VERSION
+    assert json.loads(directory.ledger_file.read_text())["leases"][0]["name"] == "train"
+
+
+def test_a_gpu_is_never_held_twice(tmp_path):
+    store = _store(tmp_path)
+    with store.transaction() as txn:
+        txn.add(_lease(0, 1))
+    with pytest.raises(LedgerError, match="GPU 1 is already held"), store.transaction() as txn:
+        txn.add(_lease(1, 2))
+    assert [lease.indices for lease in store.read().ledger.leases] == [(0, 1)]
+    with pytest.raises(ValueError, match="GPU 1 is held by leases"):
+        Ledger(host=HOST, leases=[_lease(0, 1), _lease(1)])
+
+
+def test_dead_leases_are_reaped_by_any_transaction(tmp_path):
+    dead = _lease(0)
+    store = _store(tmp_path, alive=lambda lease, directory: lease.id != dead.id)
+    with store.transaction() as txn:
+        txn.add(dead)
+        txn.add(_lease(1))
+    txn = store.read()
+    assert [lease.id for lease in txn.reaped] == [dead.id]
+    assert [lease.indices for lease in txn.ledger.leases] == [(1,)]
+    assert store.read().reaped == []
+
+
+def test_a_lease_lives_as_long_as_its_process(tmp_path):
+    directory = open_state_directory(tmp_path)
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        start = process_start_time(child.pid)
+        lease = _lease(0, hold=False, pid=child.pid, pid_start_time=start)
+        assert lease_alive(lease, directory)
+        # The same pid with another start time is another program: the kernel reused the pid.
+        assert not lease_alive(lease.model_copy(update={"pid_start_time": start - 5}), directory)
+    finally:
+        child.kill()
+        child.wait()
+    assert not lease_alive(lease, directory)
+
+
+def test_the_lease_lock_keeps_a_lease_alive_after_its_process(tmp_path):
+    """The job's children inherit the lock: the lease lives while any of them runs."""
+    directory = open_state_directory(tmp_path)
+    lease_id = new_lease_id()
+    path = directory.lease_lock(lease_id)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from gpualloc.ledger.liveness import take_lease_lock; "
+            "take_lease_lock(__import__('pathlib').Path(sys.argv[1])); print('ok', flush=True); "
+            "time.sleep(30)",
+            str(path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ok"
+        lease = _lease(0, id=lease_id, hold=False, lock=True, pid=2**22 - 1, pid_start_time=1.0)
+        assert lock_held(path)
+        assert lease_alive(lease, directory)
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    assert not lock_held(path)
+    assert not lease_alive(lease, directory)
+
+
+def test_a_lease_lock_is_inherited_across_exec(tmp_path):
+    path = tmp_path / "lease.lock"
+    descriptor = take_lease_lock(path)
+    child = subprocess.Popen(["sleep", "30"], pass_fds=(descriptor,))
+    os.close(descriptor)
+    try:
+        assert lock_held(path)
+    finally:
+        child.kill()
+        child.wait()
+    assert not lock_held(path)
+
+
+def test_a_torn_ledger_is_recovered_from_the_good_copy(tmp_path):
+    store = _store(tmp_path)
+    with store.transaction() as txn:
+        txn.add(_lease(0))
+        txn.add(_lease(5, 6))
+    text = store.directory.ledger_file.read_text()
+    store.directory.ledger_file.write_text(text[: len(text) // 2])
+    txn = store.read()
+    assert sorted(lease.indices for lease in txn.ledger.leases) == [(0,), (5, 6)]
+    assert "recovered generation 1" in txn.notes[0]
+    # The recovery is written back: the next reader finds nothing to say.
+    assert store.read().notes == []
+
+
+def test_a_damaged_ledger_without_a_good_copy_is_reported_not_emptied(tmp_path):
+    store = _store(tmp_path)
+    with store.transaction() as txn:
+        txn.add(_lease(0))
+    store.directory.good_copy(os.geteuid()).unlink()
+    store.directory.ledger_file.write_text('{"schema_version": 1, "leases": [')
+    with pytest.raises(LedgerError, match="no good copy") as caught:
+        store.read()
+    assert "mv " in caught.value.hint
+    assert store.directory.ledger_file.read_text().startswith('{"schema_version": 1')
+
+
+def test_a_ledger_from_a_newer_gpualloc_is_refused(tmp_path):
+    store = _store(tmp_path)
+    with store.transaction() as txn:
+        txn.add(_lease(0))
+    data = json.loads(store.directory.ledger_file.read_text())
+    data["schema_version"] = SCHEMA_VERSION + 1
+    store.directory.ledger_file.write_text(json.dumps(data))
+    with pytest.raises(LedgerError, match="newer gpualloc") as caught:
+        store.read()
+    assert "upgrade" in caught.value.hint
+
+
+def test_a_ledger_of_another_host_is_refused(tmp_path):
+    with _store(tmp_path).transaction() as txn:
+        txn.add(_lease(0))
+    other = LedgerStore(open_state_directory(tmp_path), host="elsewhere")
+    with pytest.raises(LedgerError, match="belongs to host 'testhost'"):
+        other.read()
+
+
+def test_unsafe_state_directories_are_refused(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.raises(LedgerError, match="symbolic link"):
+        open_state_directory(link)
+    real.chmod(0o777)
+    with pytest.raises(LedgerError, match="without the sticky bit"):
+        open_state_directory(real)
+    real.chmod(0o755)
+    info = os.lstat(real)
+    if info.st_uid != 0:
+        with pytest.raises(LedgerError, match="root uses only a directory owned by root"):
+            check_state_directory(real, info, uid=0)
+    file = tmp_path / "file"
+    file.write_text("")
+    with pytest.raises(LedgerError, match="not a directory"):
+        open_state_directory(file)
+
+
+def test_the_ledger_file_is_not_followed_through_a_symlink(tmp_path):
+    store = _store(tmp_path / "state")
+    target = tmp_path / "elsewhere.json"
+    target.write_text("precious\n")
+    store.directory.ledger_file.symlink_to(target)
+    with pytest.raises(OSError), store.transaction() as txn:
+        txn.add(_lease(0))
+    assert target.read_text() == "precious\n"
+
+
+def _contend(path: str, rounds: int, results) -> None:
+    """Take any free GPU of 8, then give it back; count what was taken and released."""
+    store = LedgerStore(open_state_directory(Path(path)), host=HOST)
+    taken = released = 0
+    for _ in range(rounds):
+        with store.transaction() as txn:
+            held = txn.ledger.held_gpus()
+            free = [g for g in range(8) if g not in held]
+            mine = [lease for lease in txn.ledger.leases if lease.name == str(os.getpid())]
+            if mine and (not free or random.random() < 0.5):
+                txn.remove(mine[0].id)
+                released += 1
+            elif free:
+                txn.add(_lease(random.choice(free), name=str(os.getpid())))
+                taken += 1
+    results.put((taken, released))
+
+
+def test_concurrent_transactions_never_double_book_or_lose_an_update(tmp_path):
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    workers = [
+        context.Process(target=_contend, args=(str(tmp_path), 25, results)) for _ in range(8)
+    ]
+    for worker in workers:
+        worker.start()
+    counts = [results.get(timeout=120) for _ in workers]
+    for worker in workers:
+        worker.join()
+    ledger = _store(tmp_path).read().ledger  # validates: no GPU held twice
+    assert len(ledger.leases) == sum(taken - released for taken, released in counts)
+    assert ledger.generation == sum(taken + released for taken, released in counts)
+
+
+_CHURN = """
+import sys
+from pathlib import Path
+from tests.test_ledger_store import HOST, _lease
+from gpualloc.ledger.statedir import open_state_directory
+from gpualloc.ledger.store import LedgerStore
+store = LedgerStore(open_state_directory(Path(sys.argv[1])), host=HOST)
+print("ready", flush=True)
+while True:
+    with store.transaction() as txn:
+        churn = [lease for lease in txn.ledger.leases if lease.name == "churn"]
+        if churn:
+            txn.remove(churn[0].id)
+        else:
+            txn.add(_lease(7, name="churn", command=("x" * 20000,)))
+"""
+
+
+def test_killing_a_writer_at_random_points_loses_no_live_lease(tmp_path):
+    """Fault injection with the real thing: a process rewriting the ledger in a loop is killed
+    with SIGKILL at random moments; every time, the ledger loads and the long-lived lease is
+    still there."""
+    store = _store(tmp_path)
+    keep = _lease(0, 1, 2, name="keep", command=("y" * 50000,))
+    with store.transaction() as txn:
+        txn.add(keep)
+    rng = random.Random(7)
+    root = Path(__file__).resolve().parent.parent
+    for _ in range(12):
+        writer = subprocess.Popen(
+            [sys.executable, "-c", _CHURN, str(tmp_path)],
+            cwd=root,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert writer.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.0, 0.15))
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+        writer.stdout.close()
+        leases = store.read().ledger.leases
+        assert keep in leases
+        assert all(lease.name in ("keep", "churn") for lease in leases)
+
+
+_DIE_MID_WRITE = """
+import os, sys
+from pathlib import Path
+import gpualloc.ledger.store as store_module
+from gpualloc.ledger.statedir import open_state_directory
+from tests.test_ledger_store import HOST, _lease
+
+def die_half_way(path, data):
+    descriptor = os.open(path, os.O_WRONLY)
+    os.ftruncate(descriptor, 0)
+    os.write(descriptor, data[: len(data) // 2])
+    os._exit(9)  # the process dies with ledger.json half rewritten
+
+def die_before_writing(path, data):
+    os._exit(9)  # the good copy is written, ledger.json not touched yet
+
+store_module._overwrite_in_place = {"half": die_half_way, "before": die_before_writing}[sys.argv[2]]
+store = store_module.LedgerStore(open_state_directory(Path(sys.argv[1])), host=HOST)
+with store.transaction() as txn:
+    txn.add(_lease(4, name="new"))
+"""
+
+
+@pytest.mark.parametrize(
+    ("point", "expect_new"),
+    [("half", True), ("before", False)],
+    ids=["dies-mid-rewrite", "dies-before-rewrite"],
+)
+def test_a_writer_killed_inside_a_write_leaves_a_loadable_ledger(tmp_path, point, expect_new):
+    """Deterministic fault injection at the two steps of a write: dying half way through the
+    in-place rewrite leaves a torn ledger.json, recovered from the writer's good copy (with the
+    new lease); dying before it leaves the old ledger, which loads as it was."""
+    store = _store(tmp_path)
+    keep = _lease(0, name="keep", command=("z" * 5000,))
+    with store.transaction() as txn:
+        txn.add(keep)
+    if point == "half":
+        # Another user wrote last: the dying writer's own good copy is the only newer one.
+        store.directory.good_copy(os.geteuid()).rename(tmp_path / "ledger.4242.good.json")
+    root = Path(__file__).resolve().parent.parent
+    died = subprocess.run(
+        [sys.executable, "-c", _DIE_MID_WRITE, str(tmp_path), point], cwd=root, check=False
+    )
+    assert died.returncode == 9
+    txn = store.read()
+    names = sorted(lease.name for lease in txn.ledger.leases)
+    assert names == (["keep", "new"] if expect_new else ["keep"])
+    assert bool(txn.notes) == expect_new
+
+
+def test_every_strict_prefix_of_a_ledger_is_rejected():
+    """Why a torn rewrite is always detected: ledger.json is truncated before it is written, so
+    a crash leaves a strict prefix of the new text, and no such prefix parses."""
+    from gpualloc.ledger.store import parse_ledger
+
+    ledger = Ledger(host=HOST, generation=3, leases=[_lease(0), _lease(1, 2, name="x")])
+    text = json.dumps(ledger.model_dump(mode="json"), indent=1, sort_keys=True) + "\n"
+    assert parse_ledger(text, "full") == ledger
+    for cut in range(len(text) - 1):
+        with pytest.raises(LedgerError):
+            parse_ledger(text[:cut], "prefix")
+
+
+_USERS = ("gpualloc-test-a", "gpualloc-test-b")
+
+
+def _test_users() -> list[tuple[int, int]]:
+    """(uid, gid) of two real Unix users, created with useradd when missing (root only)."""
+    import pwd
+    import shutil
+
+    if os.geteuid() != 0:
+        pytest.skip("creating two Unix users needs root (CI runs as root)")
+    found = []
+    for name in _USERS:
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            useradd = shutil.which("useradd")
+            if useradd is None:
+                pytest.skip("useradd is not installed")
+            subprocess.run([useradd, "--no-create-home", "--shell", "/bin/false", name], check=True)
+            entry = pwd.getpwnam(name)
+        found.append((entry.pw_uid, entry.pw_gid))
+    return found
+
+
+def _as_user(uid: int, gid: int, action) -> None:
+    """Run ``action`` in a forked child that has become the Unix user ``uid``."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            action()
+            code = 0
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, f"the action failed as uid {uid}"
+
+
+def test_two_unix_users_share_one_sticky_state_directory():
+    """Two real users in a root-owned mode-1777 directory, as an administrator sets it up: each
+    writes over the ledger the other created (a rename would be refused by the sticky bit),
+    each keeps a good copy, and a damaged ledger is recovered from the other user's copy."""
+    import tempfile
+
+    (uid_a, gid_a), (uid_b, gid_b) = _test_users()
+    path = Path(tempfile.mkdtemp(prefix="gpualloc-shared-", dir="/tmp"))
+    try:
+        path.chmod(0o1777)
+
+        def add(name: str, gpu: int):
+            def action() -> None:
+                store = LedgerStore(open_state_directory(path), host=HOST)
+                with store.transaction() as txn:
+                    txn.add(_lease(gpu, name=name, uid=os.geteuid()))
+
+            return action
+
+        _as_user(uid_a, gid_a, add("a", 0))
+        _as_user(uid_b, gid_b, add("b", 1))
+        _as_user(uid_a, gid_a, add("a2", 2))
+        ledger_file = path / "ledger.json"
+        assert ledger_file.stat().st_uid == uid_a  # rewritten in place, never replaced
+
+        def rename_is_refused() -> None:
+            mine = path / "b-temporary"
+            mine.write_text("{}")
+            with pytest.raises(PermissionError):
+                mine.replace(ledger_file)
+            mine.unlink()
+
+        _as_user(uid_b, gid_b, rename_is_refused)  # why temp file + rename cannot work here
+        assert (path / f"ledger.{uid_b}.good.json").stat().st_uid == uid_b
+        leases = LedgerStore(open_state_directory(path), host=HOST).read().ledger.leases
+        assert [(lease.name, lease.uid) for lease in leases] == [
+            ("a", uid_a),
+            ("b", uid_b),
+            ("a2", uid_a),
+        ]
+
+        # B's write was the last one before this damage: A recovers from B's good copy.
+        _as_user(uid_b, gid_b, add("b2", 3))
+        ledger_file.write_text("{")
+
+        def recover() -> None:
+            txn = LedgerStore(open_state_directory(path), host=HOST).read()
+            assert [lease.name for lease in txn.ledger.leases] == ["a", "b", "a2", "b2"]
+            assert "recovered" in txn.notes[0]
+
+        _as_user(uid_a, gid_a, recover)
+    finally:
+        import shutil
+
+        shutil.rmtree(path)
