@@ -131,7 +131,8 @@ def test_the_lease_lock_keeps_a_lease_alive_after_its_process(tmp_path):
 def test_a_lease_lock_is_inherited_across_exec(tmp_path):
     path = tmp_path / "lease.lock"
     descriptor = take_lease_lock(path)
-    child = subprocess.Popen(["sleep", "30"], pass_fds=(descriptor,))
+    # close_fds=False: only descriptors marked inheritable survive the exec.
+    child = subprocess.Popen(["sleep", "30"], close_fds=False)
     os.close(descriptor)
     try:
         assert lock_held(path)

@@ -49,7 +49,6 @@ class TreeWeightBound:
         self.children: list[tuple[int, ...]] = [
             tuple(c for c in range(k) if parent[c] == p) for p in range(k)
         ]
-        self.parent = tuple(parent)
         shapes = [self._shape(p) for p in range(k)]
         # Per position with a parent: for each GPU of the parent, the child's value on every
         # other GPU h (the edge to h plus the child's subtree below h), best first.
