@@ -25,30 +25,28 @@ to the tick (10 ms), a different process started in the same tick is vanishingly
 
 
 def process_start_time(pid: int) -> float | None:
-    """The start time of ``pid`` (seconds since the epoch), or None if there is no such process."""
+    """The start time of ``pid`` (seconds since the epoch), or None if it cannot be read."""
     try:
         return psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+    except psutil.Error:
         return None
-    except psutil.AccessDenied:
-        # Another user's process on a hardened /proc (hidepid): it exists, its start time is
-        # unknown; the caller treats it as alive rather than steal its GPUs.
-        return float("nan")
 
 
 def process_alive(pid: int, start_time: float | None) -> bool:
-    """True if ``pid`` runs and is the process that started at ``start_time``."""
-    current = process_start_time(pid)
-    if current is None:
-        return False
-    if start_time is None or current != current:  # unknown: err on the side of the holder
-        return True
+    """True if ``pid`` runs and is the process that started at ``start_time`` (any process with
+    that pid when the start time was not recorded)."""
     try:
-        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
             return False
-    except psutil.Error:
+        started = process.create_time()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return False
-    return abs(current - start_time) <= _START_TIME_TOLERANCE_S
+    except psutil.AccessDenied:
+        # Another user's process on a hardened /proc (hidepid): it exists but cannot be
+        # identified, so it keeps its GPUs rather than lose them on a guess.
+        return True
+    return start_time is None or abs(started - start_time) <= _START_TIME_TOLERANCE_S
 
 
 def lock_held(path: Path) -> bool:

@@ -47,6 +47,10 @@ LOCK_TIMEOUT_S = 30.0
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
+class LedgerFromNewerVersion(LedgerError):
+    """The ledger was written by a newer gpualloc: refused, never recovered over."""
+
+
 def lease_alive(lease: Lease, directory: StateDirectory) -> bool:
     """The liveness rule of :class:`~gpualloc.ledger.schema.Lease`."""
     if lease.hold:
@@ -150,6 +154,12 @@ class LedgerStore:
             text = _read_nofollow(path)
         except FileNotFoundError:
             text = None
+        except OSError as exc:  # ELOOP: a symlink planted in its place; EACCES: wrong mode
+            raise FileAccessError(
+                f"cannot read the ledger {path}: {exc.strerror}",
+                hint="ledger.json must be a regular file (not a symlink) that every user of "
+                "the host can read and write (mode 0666)",
+            ) from exc
         if text is None:
             ledger = self._newest_good_copy() or Ledger(host=self.host)
             if ledger.generation:
@@ -157,9 +167,9 @@ class LedgerStore:
         else:
             try:
                 ledger = parse_ledger(text, str(path))
+            except LedgerFromNewerVersion:
+                raise
             except LedgerError as problem:
-                if "newer gpualloc" in problem.message:
-                    raise
                 recovered = self._newest_good_copy()
                 if recovered is None:
                     raise LedgerError(
@@ -221,7 +231,7 @@ def parse_ledger(text: str, source: str) -> Ledger:
         raise LedgerError(f"{source} is not a ledger (a JSON object)")
     version = data.get("schema_version")
     if isinstance(version, int) and version > SCHEMA_VERSION:
-        raise LedgerError(
+        raise LedgerFromNewerVersion(
             f"{source} was written by a newer gpualloc (schema {version}; this one reads "
             f"{SCHEMA_VERSION})",
             hint="upgrade gpualloc on this host; every user must run the same version",

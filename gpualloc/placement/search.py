@@ -25,7 +25,9 @@ billion evaluations for 8 of 16 GPUs). This module finds the structure instead:
    edges on a group's links as it has unused neighbours on them; on a tree the degree limit
    is applied to the edges still open; on other patterns, a rank of degree d on a GPU with t
    neighbours in the group sends d - t edges elsewhere, and one edge off the group covers at
-   most two such deficits, the highest degrees going to the best-connected GPUs). Dead ends
+   most two such deficits, the highest degrees going to the best-connected GPUs; on a tree,
+   the weight the unplaced ranks can still add, from :mod:`gpualloc.placement.treebound`,
+   must reach what the vector's budget still asks for). Dead ends
    are remembered by the GPUs used, the GPUs of the ranks still read and the budget left,
    which on a ring is Held and Karp's dynamic program over subsets.
 4. **Symmetry and ties.** Orders equivalent under an automorphism of the pattern are skipped
@@ -62,6 +64,8 @@ from gpualloc.placement.treebound import TreeWeightBound
 
 Key = tuple[float, ...]
 _INF = float("inf")
+_WEIGHT_SLACK = 1e-6
+"""Weights summed in different orders differ in the last bits; bounds compare with this slack."""
 
 
 def _r(value: float) -> float:
@@ -310,31 +314,26 @@ class PlacementSearch:
         self.open_degrees = [sorted(visit_degree[s:], reverse=True) for s in range(self.k)]
         # The deficit bound needs each pair of ranks joined once (a 2-GPU ring lists its pair
         # twice); on forests the leaves-up count of the tight groups already covers it and the
-        # extra work per node did not pay off.
-        self.deficit_bound = (
-            len(set(map(frozenset, self.pattern.edges))) == len(self.pattern.edges)
-            and _forest_parents(self.pattern) is None
-        )
+        # extra work per node did not pay off. Forests get the subtree bound instead.
+        simple = len(set(map(frozenset, self.pattern.edges))) == len(self.pattern.edges)
+        simple_forest = simple and _forest_parents(self.pattern) is not None
+        self.deficit_bound = simple and not simple_forest
         self.group_masks = self._class_groups(self.host.gpu_count)
         self.group_caps = self._class_group_capacities()
         # Groups whose GPUs have fewer links in them than some rank has edges: on a tree pattern
         # the lookahead also counts how the degree limit caps the edges still to close.
-        max_degree, pattern = self.max_degree, self.pattern
+        max_degree = self.max_degree
         self.tight_groups: tuple[tuple[tuple[int, ...], tuple[int, ...], int], ...] = ()
-        if _forest_parents(pattern) is not None and len(set(pattern.edges)) == len(pattern.edges):
+        if simple_forest:
             self.tight_groups = tuple(
                 (members, masks, widest)
                 for members, masks, widest in self.group_masks
                 if widest < max_degree
             )
-        self.tree_bound = self._tree_bound()
+        self.tree_bound = self._tree_bound() if simple_forest else None
 
-    def _tree_bound(self) -> TreeWeightBound | None:
-        """The subtree bound of :mod:`gpualloc.placement.treebound`, on simple forests."""
-        if _forest_parents(self.pattern) is None or len(set(self.pattern.edges)) != len(
-            self.pattern.edges
-        ):
-            return None
+    def _tree_bound(self) -> TreeWeightBound:
+        """The subtree bound of :mod:`gpualloc.placement.treebound` (simple forests only)."""
         parent = [b[0] if b else None for b in self.back]
         n = self.host.gpu_count
         of_pair, weight = self.classes.of_pair, self.classes.weight
@@ -355,8 +354,8 @@ class PlacementSearch:
         return self.objective.key(agg, counts[0], counts[1], counts[2], low)
 
     def _vector_weight(self, vector: Sequence[int]) -> float:
-        """The weight every realisation of ``vector`` carries, less a rounding margin."""
-        return sum(count * w for count, w in zip(vector, self.classes.weight, strict=True)) - 1e-6
+        """The weight (class bandwidths summed) every realisation of ``vector`` carries."""
+        return sum(count * w for count, w in zip(vector, self.classes.weight, strict=True))
 
     def _class_capacities(self) -> tuple[int, ...]:
         """Per class, the most pattern edges it can carry on k of the pool's GPUs.
@@ -471,7 +470,10 @@ class PlacementSearch:
     def _obviously_unrealisable(self, vector: tuple[int, ...]) -> bool:
         if any(count > cap for count, cap in zip(vector, self.capacity, strict=True)):
             return True
-        if self.tree_bound is not None and self._vector_weight(vector) > self.tree_bound.whole():
+        if (
+            self.tree_bound is not None
+            and self._vector_weight(vector) - _WEIGHT_SLACK > self.tree_bound.whole()
+        ):
             return True
         return any(sum(vector[c] for c in members) > cap for members, cap in self.group_caps)
 
@@ -553,7 +555,7 @@ class PlacementSearch:
                 want = 0.0
                 for c, w in enumerate(weights):
                     want += budget[c] * w
-                return tree_bound.remaining(s, assigned, ~free) >= want - 1e-6
+                return tree_bound.remaining(s, assigned, ~free) >= want - _WEIGHT_SLACK
             return True
 
         def deficits_ok(s: int, unused: int) -> bool:
