@@ -82,10 +82,14 @@ class GpuallocError(Exception):
 
     exit_code: ExitCode = ExitCode.INTERNAL
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, hint: str | None = None, details: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.details = details
+        """Supporting lines shown between the error and the hint (who holds the GPUs)."""
 
     def __str__(self) -> str:
         return self.message
@@ -193,3 +197,15 @@ class NoSuchLease(GpuallocError):
     """No lease has the given id."""
 
     exit_code = ExitCode.NO_LEASE
+
+
+class CommandNotFound(GpuallocError):
+    """The job's command is not on PATH (or the path given does not exist)."""
+
+    exit_code = ExitCode.COMMAND_NOT_FOUND
+
+
+class CommandNotExecutable(GpuallocError):
+    """The job's command exists but cannot be executed (no x bit, a directory, bad format)."""
+
+    exit_code = ExitCode.NOT_EXECUTABLE

@@ -23,6 +23,7 @@ def isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pat
     """No test reads the developer's cache or environment, or writes outside tmp_path."""
     cache = tmp_path / "cache"
     monkeypatch.setenv("GPUALLOC_CACHE_DIR", str(cache))
+    monkeypatch.setenv("GPUALLOC_STATE_DIR", str(tmp_path / "state"))
     for name in ("GPUALLOC_TOPOLOGY", "GPUALLOC_BANDWIDTH_TABLE", "GPUALLOC_DEBUG"):
         monkeypatch.delenv(name, raising=False)
     return cache

@@ -22,6 +22,7 @@ from gpualloc.ledger.liveness import lock_held, process_start_time, take_lease_l
 from gpualloc.ledger.schema import SCHEMA_VERSION, Lease, LeasedGpu, Ledger
 from gpualloc.ledger.statedir import check_state_directory, open_state_directory
 from gpualloc.ledger.store import LedgerStore, lease_alive, new_lease_id
+from tests.unix_users import as_user, two_test_users
 
 HOST = "testhost"
 
@@ -366,58 +367,13 @@ def test_every_strict_prefix_of_a_ledger_is_rejected():
             parse_ledger(text[:cut], "prefix")
 
 
-_USERS = ("gpualloc-test-a", "gpualloc-test-b")
-
-
-def _test_users() -> list[tuple[int, int]]:
-    """(uid, gid) of two real Unix users, created with useradd when missing (root only)."""
-    import pwd
-    import shutil
-
-    if os.geteuid() != 0:
-        pytest.skip("creating two Unix users needs root (CI runs as root)")
-    found = []
-    for name in _USERS:
-        try:
-            entry = pwd.getpwnam(name)
-        except KeyError:
-            useradd = shutil.which("useradd")
-            if useradd is None:
-                pytest.skip("useradd is not installed")
-            subprocess.run([useradd, "--no-create-home", "--shell", "/bin/false", name], check=True)
-            entry = pwd.getpwnam(name)
-        found.append((entry.pw_uid, entry.pw_gid))
-    return found
-
-
-def _as_user(uid: int, gid: int, action) -> None:
-    """Run ``action`` in a forked child that has become the Unix user ``uid``."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
-            action()
-            code = 0
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, f"the action failed as uid {uid}"
-
-
 def test_two_unix_users_share_one_sticky_state_directory():
     """Two real users in a root-owned mode-1777 directory, as an administrator sets it up: each
     writes over the ledger the other created (a rename would be refused by the sticky bit),
     each keeps a good copy, and a damaged ledger is recovered from the other user's copy."""
     import tempfile
 
-    (uid_a, gid_a), (uid_b, gid_b) = _test_users()
+    (uid_a, gid_a), (uid_b, gid_b) = two_test_users()
     path = Path(tempfile.mkdtemp(prefix="gpualloc-shared-", dir="/tmp"))
     try:
         path.chmod(0o1777)
@@ -430,9 +386,9 @@ def test_two_unix_users_share_one_sticky_state_directory():
 
             return action
 
-        _as_user(uid_a, gid_a, add("a", 0))
-        _as_user(uid_b, gid_b, add("b", 1))
-        _as_user(uid_a, gid_a, add("a2", 2))
+        as_user(uid_a, gid_a, add("a", 0))
+        as_user(uid_b, gid_b, add("b", 1))
+        as_user(uid_a, gid_a, add("a2", 2))
         ledger_file = path / "ledger.json"
         assert ledger_file.stat().st_uid == uid_a  # rewritten in place, never replaced
 
@@ -443,7 +399,7 @@ def test_two_unix_users_share_one_sticky_state_directory():
                 mine.replace(ledger_file)
             mine.unlink()
 
-        _as_user(uid_b, gid_b, rename_is_refused)  # why temp file + rename cannot work here
+        as_user(uid_b, gid_b, rename_is_refused)  # why temp file + rename cannot work here
         assert (path / f"ledger.{uid_b}.good.json").stat().st_uid == uid_b
         leases = LedgerStore(open_state_directory(path), host=HOST).read().ledger.leases
         assert [(lease.name, lease.uid) for lease in leases] == [
@@ -453,7 +409,7 @@ def test_two_unix_users_share_one_sticky_state_directory():
         ]
 
         # B's write was the last one before this damage: A recovers from B's good copy.
-        _as_user(uid_b, gid_b, add("b2", 3))
+        as_user(uid_b, gid_b, add("b2", 3))
         ledger_file.write_text("{")
 
         def recover() -> None:
@@ -461,7 +417,7 @@ def test_two_unix_users_share_one_sticky_state_directory():
             assert [lease.name for lease in txn.ledger.leases] == ["a", "b", "a2", "b2"]
             assert "recovered" in txn.notes[0]
 
-        _as_user(uid_a, gid_a, recover)
+        as_user(uid_a, gid_a, recover)
     finally:
         import shutil
 

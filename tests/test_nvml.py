@@ -8,6 +8,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from gpualloc.discovery import numa as numa_source
 from gpualloc.discovery import nvml as nvml_source
 from gpualloc.discovery import resolve
 from gpualloc.discovery.nvml import NvmlSession, normalise_bus_id
@@ -136,7 +137,7 @@ def fake_host(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
     """Make this machine look like a DGX-1 V100 to the resolver."""
     fake = FakeNvml.from_topology(load_bundled("dgx1-v100"))
     monkeypatch.setattr(nvml_source, "load_pynvml", lambda: fake)
-    monkeypatch.setattr(resolve, "discover_numa", lambda notes: [])
+    monkeypatch.setattr(numa_source, "discover_numa", lambda notes: [])
     monkeypatch.setattr(nvml_source.os, "cpu_count", lambda: 80)
     return fake
 
@@ -195,7 +196,7 @@ def test_falls_back_to_nvidia_smi(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     fake = FakeNvml([], {})
     fake.init_error = pynvml.NVMLError_DriverNotLoaded()
     monkeypatch.setattr(nvml_source, "load_pynvml", lambda: fake)
-    monkeypatch.setattr(resolve, "discover_numa", lambda notes: [])
+    monkeypatch.setattr(numa_source, "discover_numa", lambda notes: [])
     query = "".join(
         f"{i}, GPU-{i}, 00000000:{i + 10}:00.0, NVIDIA H200, 143771, Disabled, 5, 16, 570.1\n"
         for i in range(8)

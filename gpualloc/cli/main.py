@@ -18,21 +18,24 @@ from typing import Annotated, Optional
 import typer
 
 from gpualloc import __version__
-from gpualloc.cli import plan, topo
+from gpualloc.cli import leases, plan, run, status, topo
 from gpualloc.cli.output import StdoutClosed, write_stdout
 from gpualloc.cli.state import STATE
 from gpualloc.errors import ExitCode, FileAccessError, GpuallocError
 
-ENVIRONMENT_HELP = """Environment variables:
-
-* GPUALLOC_TOPOLOGY: as --topology
-* GPUALLOC_BANDWIDTH_TABLE: as --bandwidth-table
-* GPUALLOC_CACHE_DIR: where discovered topologies are cached (default ~/.cache/gpualloc)
-* GPUALLOC_STATE_DIR: the shared ledger's directory (default /var/tmp/gpualloc)
-* GPUALLOC_DEBUG=1: as --debug
-
-Exit codes: """ + ", ".join(
-    f"{int(code)} {code.name.lower().replace('_', '-')}" for code in ExitCode
+ENVIRONMENT_VARIABLES = (
+    ("GPUALLOC_TOPOLOGY", "as --topology"),
+    ("GPUALLOC_BANDWIDTH_TABLE", "as --bandwidth-table"),
+    ("GPUALLOC_CACHE_DIR", "where discovered topologies are cached (default ~/.cache/gpualloc)"),
+    ("GPUALLOC_STATE_DIR", "the shared ledger's directory (default /var/tmp/gpualloc)"),
+    ("GPUALLOC_DEBUG=1", "as --debug"),
+    ("GPUALLOC_LEASE_ID, GPUALLOC_GPUS", "set for jobs: their lease id and GPU indices"),
+)
+ENVIRONMENT_HELP = (
+    "Environment variables:\n\n"
+    + "\n\n".join(f"* {name}: {meaning}" for name, meaning in ENVIRONMENT_VARIABLES)
+    + "\n\nExit codes: "
+    + ", ".join(f"{int(code)} {code.name.lower().replace('_', '-')}" for code in ExitCode)
 )
 
 # typer >= 0.20 vendors click; older versions use the click package. Take the exception classes
@@ -59,6 +62,11 @@ app = typer.Typer(
 )
 app.add_typer(topo.app, name="topo")
 app.command("plan")(plan.plan_command)
+app.command("run", context_settings={"allow_interspersed_args": False})(run.run_command)
+app.command("alloc")(leases.alloc_command)
+app.command("release")(leases.release_command)
+app.command("status")(status.status_command)
+app.command("gc")(leases.gc_command)
 
 
 def _version(value: bool) -> None:
@@ -122,7 +130,7 @@ def run(argv: list[str] | None = None) -> None:
     try:
         code = app(args=argv, standalone_mode=False)
     except GpuallocError as exc:
-        _report(exc.message, exc.hint)
+        _report(exc.message, exc.hint, exc.details)
         sys.exit(int(exc.exit_code))
     except EXIT_EXCEPTIONS as exc:
         sys.exit(exc.exit_code)
@@ -143,10 +151,12 @@ def run(argv: list[str] | None = None) -> None:
     sys.exit(code if isinstance(code, int) else ExitCode.OK)
 
 
-def _report(message: str, hint: str | None) -> None:
+def _report(message: str, hint: str | None, details: tuple[str, ...] = ()) -> None:
     if STATE.debug:
         traceback.print_exc()
     sys.stderr.write(f"error: {message}\n")
+    for line in details:
+        sys.stderr.write(f"  {line}\n")
     if hint:
         sys.stderr.write(f"hint: {hint}\n")
 

@@ -6,82 +6,47 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
+from gpualloc.cli.request_options import (
+    CountOption,
+    DrbWeightsOption,
+    ExcludeOption,
+    PatternOption,
+    PolicyOption,
+    RequireOption,
+    ScoreOption,
+    SensitiveOption,
+    build_want,
+    gpu_list,
+)
 from gpualloc.cli.state import STATE
 from gpualloc.errors import RequestError
 
 if TYPE_CHECKING:
-    from gpualloc.model.request import Placement
+    from gpualloc.model.request import JobRequest, Placement
+    from gpualloc.model.topology import Topology
     from gpualloc.placement.context import DecisionContext
-    from gpualloc.placement.utility import UtilityWeights
-
-POLICY_HELP = (
-    "Placement policy: mapa (default; MAPA Preserve), mapa-greedy, drb, pack, spread, "
-    "besteffort (NVIDIA go-gpuallocator), slurm (Slurm 22.05), baseline (lowest indices)."
-)
-
-
-def _gpu_list(text: str | None, option: str) -> frozenset[int]:
-    from gpualloc.model.cpuset import parse_cpulist
-
-    if text is None or text.strip() == "":
-        return frozenset()
-    try:
-        return frozenset(parse_cpulist(text))
-    except ValueError:
-        raise RequestError(
-            f"{option} {text!r} is not a GPU list",
-            hint=f"write indices and ranges, e.g. {option} 0,2,4-7",
-        ) from None
 
 
 def plan_command(
-    gpus: Annotated[int, typer.Option("-n", "--gpus", min=1, help="Number of GPUs the job needs.")],
-    pattern: Annotated[
-        str,
-        typer.Option(
-            help="How the job's ranks talk: ring (NCCL's collectives), all, tree, star, or a "
-            "JSON edge list file over ranks 0..n-1.",
-        ),
-    ] = "ring",
-    sensitive: Annotated[
-        Optional[bool],  # noqa: UP045
-        typer.Option(
-            "--sensitive/--insensitive",
-            help="Bandwidth-sensitive job (MAPA 2.3). Default: sensitive for 2+ GPUs.",
-            show_default=False,
-        ),
-    ] = None,
+    gpus: CountOption,
+    pattern: PatternOption = "ring",
+    sensitive: SensitiveOption = None,
     busy: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(help="GPUs to treat as taken, e.g. 0,3-4 (later: from the ledger)."),
+        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
+        typer.Option(
+            help="GPUs to treat as taken, e.g. 0,3-4 (default: none; 'run' and 'alloc' read "
+            "the ledger)."
+        ),
     ] = None,
     free: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(help="GPUs to treat as the only free ones (the opposite of --busy)."),
     ] = None,
-    exclude: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(help="GPUs the job must not get, e.g. a GPU you know is flaky."),
-    ] = None,
-    require: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(help="GPUs that must be part of the answer."),
-    ] = None,
-    policy: Annotated[str, typer.Option(help=POLICY_HELP)] = "mapa",
-    score: Annotated[
-        str,
-        typer.Option(
-            help="Effective-bandwidth model for sensitive jobs: auto (MAPA Table 2 on hosts with "
-            "the DGX-1's NV1/NV2/PCIe links, else the slowest pattern link), mapa, bottleneck.",
-        ),
-    ] = "auto",
-    drb_weights: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            help="DRB utility weights communication,interference,fragmentation (default "
-            "1,1,1: a third each).",
-        ),
-    ] = None,
+    exclude: ExcludeOption = None,
+    require: RequireOption = None,
+    policy: PolicyOption = "mapa",
+    score: ScoreOption = "auto",
+    drb_weights: DrbWeightsOption = None,
     explain: Annotated[
         bool, typer.Option("--explain", help="Show the best alternatives and why this one won.")
     ] = False,
@@ -98,49 +63,41 @@ def plan_command(
 
     Example: `gpualloc --topology dgx1-v100 plan -n 3 --busy 0 --explain`
     """
-    from gpualloc.model.request import HostState, JobRequest
+    from gpualloc.model.request import HostState
     from gpualloc.placement.engine import decision_context
-    from gpualloc.placement.patterns import build_pattern
-    from gpualloc.placement.registry import get_policy
-    from gpualloc.placement.scores import EffectiveModel
 
     if busy is not None and free is not None:
         raise RequestError("--busy and --free both say which GPUs are free", hint="give one")
-    get_policy(policy)
-    try:
-        model = EffectiveModel(score)
-    except ValueError:
-        raise RequestError(
-            f"unknown --score {score!r}", hint="choose auto, mapa or bottleneck"
-        ) from None
-    weights = _weights(drb_weights)
+    want = build_want(
+        count=gpus,
+        pattern=pattern,
+        sensitive=sensitive,
+        exclude=exclude,
+        require=require,
+        policy=policy,
+        score=score,
+        drb_weights=drb_weights,
+    )
     topology = STATE.load_topology()
     n = topology.gpu_count
     everything = frozenset(range(n))
     if free is not None:
-        free_set = _gpu_list(free, "--free")
+        free_set = gpu_list(free, "--free")
         busy_set, outside = everything - free_set, free_set - everything
     else:
-        busy_set = _gpu_list(busy, "--busy")
+        busy_set = gpu_list(busy, "--busy")
         outside = busy_set - everything
     if outside:
         raise RequestError(
             f"GPU {min(outside)} does not exist on this host ({n} GPUs: 0..{n - 1})",
             hint="'gpualloc topo show' lists the GPUs",
         )
-    request = JobRequest(
-        gpus=gpus,
-        pattern=build_pattern(pattern, gpus),
-        sensitive=sensitive if sensitive is not None else gpus >= 2,
-        required=_gpu_list(require, "--require"),
-        excluded=_gpu_list(exclude, "--exclude"),
-    )
     ctx = decision_context(
         topology,
-        request,
+        want.request,
         HostState.with_busy(n, busy_set & everything),
-        effective_model=model,
-        weights=weights,
+        effective_model=want.effective_model,
+        weights=want.weights,
     )
     if compare:
         _show_compare(ctx, as_json)
@@ -148,34 +105,18 @@ def plan_command(
         _show_plan(ctx, policy, explain, as_json)
 
 
-def _weights(text: str | None) -> UtilityWeights:
-    from gpualloc.placement.utility import UtilityWeights
-
-    if text is None:
-        return UtilityWeights()
-    try:
-        values = [float(part) for part in text.split(",")]
-        if len(values) != 3:
-            raise ValueError
-        return UtilityWeights(*values).normalised()
-    except ValueError:
-        raise RequestError(
-            f"--drb-weights {text!r} is not three non-negative numbers",
-            hint="e.g. --drb-weights 0.5,0.25,0.25 (communication, interference, fragmentation)",
-        ) from None
-
-
-def placement_json(ctx: DecisionContext, placement: Placement) -> dict[str, Any]:
-    """The documented ``plan --json`` contract, plus context fields."""
+def placement_json(topology: Topology, request: JobRequest, placement: Placement) -> dict[str, Any]:
+    """The documented ``plan --json`` contract, plus context fields (also in ``run``,
+    ``alloc`` and ``status`` output)."""
     return {
         "policy": placement.policy,
         "gpus": list(placement.gpus),
         "scores": placement.scores.as_dict(),
-        "numa_nodes": [ctx.topology.gpu(g).numa_node for g in placement.gpus],
+        "numa_nodes": [topology.gpu(g).numa_node for g in placement.gpus],
         "effective_model": placement.scores.effective_model,
         "objective": placement.objective,
-        "pattern": ctx.request.pattern.name,
-        "sensitive": ctx.request.sensitive,
+        "pattern": request.pattern.name,
+        "sensitive": request.sensitive,
     }
 
 
@@ -209,7 +150,7 @@ def _show_plan(ctx: DecisionContext, policy: str, explain: bool, as_json: bool) 
     explanation = explain_choice(ctx, policy) if explain else None
     placement = explanation.placement if explanation else get_policy(policy).place(ctx)
     if as_json:
-        data = placement_json(ctx, placement)
+        data = placement_json(ctx.topology, ctx.request, placement)
         if explanation:
             data["explain"] = {
                 "reason": explanation.reason,
@@ -267,7 +208,7 @@ def _show_compare(ctx: DecisionContext, as_json: bool) -> None:
 
     placements = compare_all(ctx)
     if as_json:
-        print_json({"compare": [placement_json(ctx, p) for p in placements]})
+        print_json({"compare": [placement_json(ctx.topology, ctx.request, p) for p in placements]})
         return
     rows = [
         [

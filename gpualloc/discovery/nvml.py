@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from gpualloc.discovery.assemble import PairFacts, assemble_topology
+from gpualloc.discovery.processes import RunningProcess
 from gpualloc.errors import DiscoveryError, DiscoveryUnavailable, NoGpuFound
 from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
 from gpualloc.model.paths import NVML_TOPOLOGY_LEVELS
@@ -130,6 +131,35 @@ class NvmlSession:
             return int(self.nvml.nvmlDeviceGetCount())
         except self.nvml.NVMLError as exc:
             raise DiscoveryError(f"NVML cannot count the GPUs: {exc}") from exc
+
+    # ---- who runs on the GPUs now -------------------------------------------------------------
+
+    def compute_processes(self) -> list[RunningProcess]:
+        """Every compute process on every GPU (``nvmlDeviceGetComputeRunningProcesses``).
+
+        A GPU that cannot be asked (lost, or the call unsupported) is skipped: its processes are
+        unknown, which the caller reports; the others are still listed.
+        """
+        nvml = self.nvml
+        found: list[RunningProcess] = []
+        for index in range(self.device_count()):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+                processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except nvml.NVMLError:
+                continue
+            for process in processes:
+                memory = getattr(process, "usedGpuMemory", None)
+                found.append(
+                    RunningProcess(
+                        nvml_index=index,
+                        uuid=uuid,
+                        pid=int(process.pid),
+                        used_memory_bytes=int(memory) if isinstance(memory, int) else None,
+                    )
+                )
+        return found
 
     # ---- the full probe --------------------------------------------------------------------
 

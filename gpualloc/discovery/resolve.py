@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gpualloc.discovery import cache
-from gpualloc.discovery.numa import discover_numa
 from gpualloc.errors import DiscoveryUnavailable, NoGpuFound, TopologyNotFound
 from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
 from gpualloc.model.topology import Topology
@@ -35,12 +33,13 @@ def resolve_topology(
 
 def load_named_topology(spec: str, *, table: BandwidthTable | None = None) -> Topology:
     """A bundled topology by name, or a topology file (JSON or ``topo -m`` text) by path."""
-    from gpualloc.discovery.recorded import load_topology_file
     from gpualloc.topologies import bundled_names, load_bundled
 
     if spec in bundled_names():
         topology = load_bundled(spec)
         return topology.with_bandwidth_table(table) if table is not None else topology
+    from gpualloc.discovery.recorded import load_topology_file
+
     path = Path(spec).expanduser()
     if path.exists():
         return load_topology_file(path, table=table)
@@ -67,6 +66,8 @@ def discover_host(
 
 
 def _discover_nvml(*, refresh: bool, table: BandwidthTable) -> Topology:
+    from gpualloc.discovery import cache
+    from gpualloc.discovery.numa import discover_numa
     from gpualloc.discovery.nvml import NvmlSession
 
     with NvmlSession() as session:
@@ -86,6 +87,8 @@ def _discover_nvml(*, refresh: bool, table: BandwidthTable) -> Topology:
 
 
 def _discover_nvidia_smi(*, refresh: bool, table: BandwidthTable) -> Topology:
+    from gpualloc.discovery import cache
+    from gpualloc.discovery.numa import discover_numa
     from gpualloc.discovery.smi import discover_with_nvidia_smi, query_gpus
 
     queried = query_gpus()

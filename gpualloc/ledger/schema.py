@@ -51,6 +51,8 @@ class Lease(BaseModel):
     command: tuple[str, ...] = ()
     name: str | None = None
     policy: str | None = None
+    sensitive: bool | None = None
+    """The job's bandwidth sensitivity, for DRB's interference term (None: unknown)."""
     scores: dict[str, float | None] = Field(default_factory=dict)
     created: datetime
     source: LeaseSource

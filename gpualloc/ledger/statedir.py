@@ -20,6 +20,7 @@ also lie in it. It keeps honest users from colliding; it is not a sandbox.
 
 from __future__ import annotations
 
+import glob
 import os
 import stat
 from dataclasses import dataclass
@@ -34,27 +35,53 @@ SHARED_DIR_MODE = 0o1777
 
 @dataclass(frozen=True)
 class StateDirectory:
-    """A checked state directory."""
+    """A checked state directory, and which ledger in it a command uses.
+
+    ``scope`` is None for the host's own ledger (``ledger.json``). Recorded and bundled
+    topologies that do not describe this host get a ledger of their own
+    (``ledger@<scope>.json``), so that trying gpualloc on ``--topology dgx1-v100`` never marks
+    this host's real GPUs as held.
+    """
 
     path: Path
+    scope: str | None = None
+
+    @property
+    def _stem(self) -> str:
+        return "ledger" if self.scope is None else f"ledger@{self.scope}"
 
     @property
     def ledger_file(self) -> Path:
-        return self.path / "ledger.json"
+        return self.path / f"{self._stem}.json"
 
     @property
     def lock_file(self) -> Path:
-        return self.path / "ledger.lock"
+        return self.path / f"{self._stem}.lock"
 
     def good_copy(self, uid: int) -> Path:
         """This user's copy of the last ledger it wrote (see :mod:`.store`)."""
-        return self.path / f"ledger.{uid}.good.json"
+        return self.path / f"{self._stem}.{uid}.good.json"
 
     def good_copies(self) -> list[Path]:
-        return sorted(self.path.glob("ledger.*.good.json"))
+        return sorted(
+            copy
+            for copy in self.path.glob(f"{glob.escape(self._stem)}.*.good.json")
+            if copy.name[len(self._stem) + 1 : -len(".good.json")].isdigit()
+        )
 
     def lease_lock(self, lease_id: str) -> Path:
         return self.path / f"lease-{lease_id}.lock"
+
+    def lease_locks(self) -> list[Path]:
+        """Every lease lock file in the directory, of every scope."""
+        return sorted(self.path.glob("lease-*.lock"))
+
+    def scoped(self, scope: str | None) -> StateDirectory:
+        return StateDirectory(self.path, scope)
+
+
+class StateDirectoryMissing(LedgerError):
+    """The state directory does not exist (yet): nothing was ever allocated on this host."""
 
 
 def state_directory_path() -> Path:
@@ -70,7 +97,7 @@ def open_state_directory(path: Path | None = None, *, create: bool = True) -> St
         info = os.lstat(path)
     except FileNotFoundError:
         if not create:
-            raise LedgerError(
+            raise StateDirectoryMissing(
                 f"state directory {path} does not exist",
                 hint=f"run any gpualloc command that allocates, or set {STATE_DIR_VARIABLE}",
             ) from None

@@ -111,6 +111,39 @@ class LedgerStore:
     @contextmanager
     def transaction(self) -> Iterator[LedgerTransaction]:
         """Lock, load, reap dead leases, hand the ledger over; write it back if it changed."""
+        with self._locked():
+            ledger, notes = self._load()
+            txn = LedgerTransaction(ledger, notes=notes, changed=bool(notes))
+            self._reap(txn)
+            yield txn
+            if txn.changed:
+                self._write(txn.ledger)
+                for lease in txn.reaped:
+                    _unlink_quietly(self.directory.lease_lock(lease.id))
+
+    def read(self) -> LedgerTransaction:
+        """One transaction that changes nothing but the reaping; its result."""
+        with self.transaction() as txn:
+            return txn
+
+    def snapshot(self) -> LedgerTransaction:
+        """The ledger as it stands, dead leases left out (listed in ``reaped``), written nowhere:
+        for ``status`` and ``--dry-run``, which must not change the host."""
+        with self._locked():
+            ledger, notes = self._load()
+        txn = LedgerTransaction(ledger, notes=notes)
+        self._reap(txn)
+        txn.changed = False
+        return txn
+
+    def _reap(self, txn: LedgerTransaction) -> None:
+        for lease in list(txn.ledger.leases):
+            if not self.alive(lease, self.directory):
+                txn.remove(lease.id)
+                txn.reaped.append(lease)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
         lock = FileLock(self.directory.lock_file, timeout=self.lock_timeout_s, mode=0o666)
         try:
             lock.acquire()
@@ -126,24 +159,9 @@ class LedgerStore:
                 hint="the lock file must be readable and writable by every user (mode 0666)",
             ) from exc
         try:
-            ledger, notes = self._load()
-            txn = LedgerTransaction(ledger, notes=notes, changed=bool(notes))
-            for lease in list(txn.ledger.leases):
-                if not self.alive(lease, self.directory):
-                    txn.remove(lease.id)
-                    txn.reaped.append(lease)
-            yield txn
-            if txn.changed:
-                self._write(txn.ledger)
-                for lease in txn.reaped:
-                    _unlink_quietly(self.directory.lease_lock(lease.id))
+            yield
         finally:
             lock.release()
-
-    def read(self) -> LedgerTransaction:
-        """One transaction that changes nothing but the reaping; its result."""
-        with self.transaction() as txn:
-            return txn
 
     # ---- reading -----------------------------------------------------------------------------
 

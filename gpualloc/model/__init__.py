@@ -5,6 +5,7 @@ from gpualloc.model.paths import PciePath
 from gpualloc.model.topology import (
     SCHEMA_VERSION,
     Gpu,
+    GpuProcess,
     Health,
     Link,
     NumaNode,
@@ -17,6 +18,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "BandwidthTable",
     "Gpu",
+    "GpuProcess",
     "Health",
     "Link",
     "NumaNode",

@@ -141,6 +141,21 @@ class NumaNode(_Strict):
         return sorted(set(value))
 
 
+class GpuProcess(_Strict):
+    """A compute process running on a GPU, as NVML's running-process list reports it.
+
+    On a live host gpualloc asks NVML each time; a recorded or bundled topology may declare such
+    processes (``processes`` in its file), so that GPUs busy outside gpualloc can be tested
+    without a GPU.
+    """
+
+    gpu: int = Field(ge=0, description="index of the GPU the process runs on")
+    pid: int = Field(gt=0)
+    name: str | None = Field(None, description="the process's command name")
+    user: str | None = Field(None, description="the user running it, when known")
+    used_memory_bytes: int | None = Field(None, ge=0)
+
+
 Source = Literal["nvml", "nvidia-smi", "file", "bundled"]
 
 
@@ -173,12 +188,20 @@ class Topology(_Strict):
     links: list[Link] = Field(default_factory=list)
     numa_nodes: list[NumaNode] = Field(default_factory=list)
     provenance: Provenance
+    processes: list[GpuProcess] = Field(
+        default_factory=list,
+        description="compute processes declared on the GPUs (recorded files only; a live host "
+        "is asked each time)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Topology:
         indices = [g.index for g in self.gpus]
         if indices != list(range(len(indices))):
             raise ValueError(f"GPU indices must be 0..{len(indices) - 1} in order, got {indices}")
+        strays = [p.gpu for p in self.processes if p.gpu >= len(indices)]
+        if strays:
+            raise ValueError(f"a process runs on GPU {strays[0]}, which does not exist")
         self.links.sort(key=lambda link: (link.a, link.b))
         pairs = [(link.a, link.b) for link in self.links]
         expected = [(a, b) for a in indices for b in indices if a < b]

@@ -13,7 +13,7 @@ from gpualloc.model.topology import Topology
 from gpualloc.placement.context import DecisionContext
 from gpualloc.placement.explain import alternatives, reason
 from gpualloc.placement.policy import Alternative
-from gpualloc.placement.registry import DEFAULT_POLICY, POLICIES, get_policy
+from gpualloc.placement.registry import DEFAULT_POLICY, all_policies, get_policy
 from gpualloc.placement.scores import EffectiveModel
 from gpualloc.placement.utility import UtilityWeights
 
@@ -55,7 +55,7 @@ def plan(
 
 def compare(ctx: DecisionContext) -> list[Placement]:
     """What every registered policy chooses for the same request."""
-    return [policy.place(ctx) for policy in POLICIES.values()]
+    return [policy.place(ctx) for policy in all_policies()]
 
 
 @dataclass(frozen=True)

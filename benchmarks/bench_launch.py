@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""What ``gpualloc run`` costs a job, and how many allocations the ledger takes per second.
+
+Prints the median wall time of ``gpualloc run -n 1 -- true`` on a bundled topology next to
+``python -c pass`` and ``true``, and checks gpualloc's added cost against the budget of issue 4
+(200 ms over ``python -c pass``); then alloc+release throughput with 8 concurrent clients, both
+through the command line (a process per call, as scripts use it) and through the library (the
+ledger's own capacity). Exit status 1 on a budget miss.
+
+Runs against a temporary state directory. Byte-code caching is forced on: an installed gpualloc
+has its ``.pyc`` files, and environments that set ``PYTHONDONTWRITEBYTECODE`` (some CI images)
+would otherwise make every start compile the package from source.
+
+Usage: python benchmarks/bench_launch.py [--runs N] [--cycles N] [--topology NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BUDGET_MS = 200.0
+CLIENTS = 8
+
+
+def _median_ms(argv: list[str], runs: int, env: dict[str, str]) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def _gpualloc_argv() -> list[str]:
+    script = Path(sys.executable).with_name("gpualloc")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "gpualloc"]
+
+
+def _cli_client(args: tuple[list[str], dict[str, str], int]) -> int:
+    base, env, cycles = args
+    for _ in range(cycles):
+        lease = subprocess.run(
+            [*base, "alloc", "--hold", "--format", "json"],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        lease_id = lease.split('"id": "', 1)[1][:12]
+        subprocess.run([*base, "release", lease_id], env=env, check=True, capture_output=True)
+    return cycles
+
+
+def _library_client(args: tuple[str, str, int]) -> int:
+    topology_name, state, cycles = args
+    os.environ["GPUALLOC_STATE_DIR"] = state
+    from gpualloc.launcher.allocate import HostLedger, LeaseTerms, Want
+    from gpualloc.model.request import JobRequest
+    from gpualloc.placement.patterns import build_pattern
+    from gpualloc.topologies import load_bundled
+
+    host = HostLedger.open(load_bundled(topology_name))
+    want = Want(JobRequest(gpus=1, pattern=build_pattern("ring", 1), sensitive=False))
+    for _ in range(cycles):
+        allocation = host.allocate(want, LeaseTerms(source="alloc", hold=True))
+        host.release(allocation.lease.id)
+    return cycles
+
+
+def _throughput(worker, jobs: list) -> float:
+    start = time.perf_counter()
+    with multiprocessing.get_context("fork").Pool(len(jobs)) as pool:
+        done = sum(pool.map(worker, jobs))
+    return done / (time.perf_counter() - start)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=21, help="timed starts per command")
+    parser.add_argument("--cycles", type=int, default=5, help="alloc+release per CLI client")
+    parser.add_argument("--topology", default="dgx1-v100")
+    options = parser.parse_args()
+
+    state = tempfile.mkdtemp(prefix="gpualloc-bench-")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["GPUALLOC_STATE_DIR"] = state
+    base = [*_gpualloc_argv(), "--topology", options.topology]
+    try:
+        run = [*base, "run", "-n", "1", "-q", "--", "true"]
+        for warm_up in (run, [*base, "alloc", "--hold"], [*base, "release", "--mine"]):
+            subprocess.run(warm_up, env=env, check=True, stdout=subprocess.DEVNULL)
+        true_ms = _median_ms([shutil.which("true") or "true"], options.runs, env)
+        python_ms = _median_ms([sys.executable, "-c", "pass"], options.runs, env)
+        run_ms = _median_ms(run, options.runs, env)
+        added = run_ms - python_ms
+        print(f"median of {options.runs} starts on {options.topology}:")
+        print(f"  true                              {true_ms:7.1f} ms")
+        print(f"  python -c pass                    {python_ms:7.1f} ms")
+        print(f"  gpualloc run -n 1 -- true         {run_ms:7.1f} ms")
+        verdict = "ok" if added <= BUDGET_MS else "OVER BUDGET"
+        print(
+            f"  added over python -c pass         {added:7.1f} ms  (budget {BUDGET_MS:.0f}: "
+            f"{verdict})"
+        )
+
+        cli_rate = _throughput(_cli_client, [(base, env, options.cycles)] * CLIENTS)
+        library_rate = _throughput(
+            _library_client, [(options.topology, state, options.cycles * 20)] * CLIENTS
+        )
+        print(f"alloc+release with {CLIENTS} concurrent clients:")
+        print(f"  command line (2 processes/cycle)  {cli_rate:7.1f} cycles/s")
+        print(f"  library (2 transactions/cycle)    {library_rate:7.1f} cycles/s")
+        return 0 if added <= BUDGET_MS else 1
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""``gpualloc status``: every GPU of the host, free, held (by whom, doing what) or busy."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from gpualloc.cli.host import open_host_ledger
+from gpualloc.cli.leases import JsonOption, lease_json
+
+if TYPE_CHECKING:
+    from gpualloc.cli.output import Table
+    from gpualloc.launcher.allocate import HostLedger
+    from gpualloc.ledger.occupancy import Occupancy
+    from gpualloc.ledger.store import LedgerTransaction
+
+STATE_STYLE = {"free": "green", "held": "yellow", "foreign": "red", "lost": "red"}
+
+
+def status_command(
+    as_json: JsonOption = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", "-w", help="Redraw every --interval seconds until Ctrl-C.")
+    ] = False,
+    interval: Annotated[
+        float, typer.Option(min=0.2, help="Seconds between redraws with --watch.")
+    ] = 2.0,
+) -> None:
+    """Show every GPU: free, held by a lease (user, pid, name, command, since, lease id), busy
+    with processes that did not come through gpualloc, or lost.
+
+    Reads the ledger without changing it: leases whose jobs are gone are left out (and freed by
+    the next command that writes, or by 'gpualloc gc').
+    """
+    host = open_host_ledger(create=False)
+    if not watch:
+        _show(host, as_json)
+        return
+    try:
+        while True:
+            if sys.stdout.isatty():
+                sys.stdout.write("\x1b[H\x1b[2J")
+            _show(host, as_json)
+            if not sys.stdout.isatty():
+                sys.stdout.write("\n")
+            time.sleep(interval)
+            host = open_host_ledger(create=False)
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+def _show(host: HostLedger, as_json: bool) -> None:
+    from gpualloc.cli.host import warn
+    from gpualloc.cli.output import print_json, print_tables
+
+    txn = host.snapshot()
+    warn(txn.notes)
+    occupancy = host.occupancy(txn.ledger)
+    if as_json:
+        print_json(status_json(host, txn, occupancy))
+        return
+    free = sorted(occupancy.free)
+    ledger = host.store.directory.ledger_file if host.store else "none yet"
+    footer = [
+        f"{len(free)} of {host.topology.gpu_count} GPUs free; {len(txn.ledger.leases)} "
+        f"lease(s) in {ledger}",
+    ]
+    if not host.this_host:
+        footer.append(
+            f"  topology {host.topology.name or '(unnamed)'} is not this host: its leases are "
+            "kept apart from the host's, and its processes are the ones its file declares"
+        )
+    print_tables([_gpu_table(host, occupancy)], footer=footer)
+
+
+def _gpu_table(host: HostLedger, occupancy: Occupancy) -> Table:
+    from gpualloc.cli.output import Table
+    from gpualloc.ledger.occupancy import describe_processes, format_age, shorten
+
+    now = datetime.now(timezone.utc)
+    rows, styles = [], []
+    for gpu in host.topology.gpus:
+        state = occupancy.state(gpu.index)
+        lease = occupancy.leases.get(gpu.index)
+        if lease is not None:
+            job = lease.name or shorten(" ".join(lease.command), 40) or "-"
+            row = [
+                str(gpu.index),
+                state,
+                lease.user,
+                lease.id,
+                format_age(now - lease.created),
+                "hold" if lease.hold else str(lease.pid or "-"),
+                job,
+            ]
+        else:
+            foreign = occupancy.foreign(gpu.index)
+            users = sorted({p.user for p in foreign if p.user})
+            job = describe_processes(foreign) if foreign else ""
+            if foreign and occupancy.ignore_foreign:
+                job += " (ignored)"
+            row = [str(gpu.index), state, ",".join(users) or "-", "-", "-", "-", job or "-"]
+        rows.append(row)
+        styles.append([None, STATE_STYLE.get(state), None, None, None, None, None])
+    return Table(
+        f"GPUs of {host.topology.name or socket.gethostname()}",
+        ["GPU", "State", "User", "Lease", "Since", "PID", "Job"],
+        rows,
+        styles=styles,
+    )
+
+
+def status_json(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) -> dict[str, Any]:
+    gpus = []
+    for gpu in host.topology.gpus:
+        lease = occupancy.leases.get(gpu.index)
+        gpus.append(
+            {
+                "index": gpu.index,
+                "uuid": gpu.uuid,
+                "state": occupancy.state(gpu.index),
+                "lease": lease.id if lease else None,
+                "processes": [
+                    p.model_dump(mode="json") for p in occupancy.processes.get(gpu.index, ())
+                ],
+            }
+        )
+    return {
+        "host": socket.gethostname(),
+        "topology": host.topology.name,
+        "this_host": host.this_host,
+        "ledger": str(host.store.directory.ledger_file) if host.store else None,
+        "processes_source": host.processes.source,
+        "free": sorted(occupancy.free),
+        "gpus": gpus,
+        "leases": [lease_json(lease) for lease in txn.ledger.leases],
+        "notes": [*host.processes.notes, *txn.notes],
+    }

@@ -1,0 +1,145 @@
+"""Who runs compute work on the GPUs now: NVML's running-process lists, or a recorded list.
+
+The ledger knows what gpualloc handed out; this module sees what actually runs, so that a GPU
+used by someone who never asked gpualloc counts as busy (issue 4, section 1). On this host the
+answer comes from NVML (``nvmlDeviceGetComputeRunningProcesses`` per GPU), else from
+``nvidia-smi --query-compute-apps``; a recorded or bundled topology answers with the processes
+its file declares (``processes``), so that all of this is testable without a GPU.
+
+Processes are matched to the topology's GPUs by UUID, so a topology recorded earlier on this
+host still lines up; by NVML index when a GPU has no UUID.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from gpualloc.errors import DiscoveryError
+from gpualloc.model.topology import GpuProcess, Topology
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RunningProcess:
+    """One entry of a GPU's running-process list, before it is matched to the topology."""
+
+    nvml_index: int
+    """NVML's index of the GPU; -1 when the source gives only the UUID (nvidia-smi)."""
+    uuid: str | None
+    pid: int
+    used_memory_bytes: int | None
+
+
+@dataclass
+class ProcessReport:
+    """The compute processes seen on the GPUs, and what could not be seen."""
+
+    processes: list[GpuProcess] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    source: str = "none"
+    """``nvml``, ``nvidia-smi``, ``topology`` (declared in a recorded file) or ``none``."""
+
+    def on_gpu(self, index: int) -> list[GpuProcess]:
+        return [p for p in self.processes if p.gpu == index]
+
+
+def declared_processes(topology: Topology) -> ProcessReport:
+    """The processes a recorded or bundled topology declares."""
+    return ProcessReport(processes=list(topology.processes), source="topology")
+
+
+def live_processes(topology: Topology) -> ProcessReport:
+    """This host's compute processes: NVML, else nvidia-smi, else a note saying that none could
+    be seen (foreign use then goes undetected, and the caller says so)."""
+    problems: list[str] = []
+    for source, probe in (("nvml", _from_nvml), ("nvidia-smi", _from_nvidia_smi)):
+        try:
+            return ProcessReport(probe(topology), source=source)
+        except DiscoveryError as problem:  # DiscoveryUnavailable included
+            problems.append(str(problem))
+    return ProcessReport(
+        notes=[
+            f"cannot list GPU processes ({'; '.join(problems)}): GPUs used outside gpualloc "
+            "are not detected"
+        ]
+    )
+
+
+def _from_nvml(topology: Topology) -> list[GpuProcess]:
+    from gpualloc.discovery.nvml import NvmlSession
+
+    with NvmlSession() as session:
+        return match_processes(topology, session.compute_processes())
+
+
+def _from_nvidia_smi(topology: Topology) -> list[GpuProcess]:
+    from gpualloc.discovery.smi import run_nvidia_smi
+
+    text = run_nvidia_smi(
+        "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits"
+    )
+    return match_processes(topology, parse_compute_apps_csv(text))
+
+
+def parse_compute_apps_csv(text: str) -> list[RunningProcess]:
+    """``nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory --format=csv,noheader,
+    nounits`` (memory in MiB; ``[N/A]`` where unknown)."""
+    found: list[RunningProcess] = []
+    for row in csv.reader(io.StringIO(text)):
+        cells = [cell.strip() for cell in row]
+        if len(cells) < 2 or not cells[1].isdigit():
+            continue
+        memory = cells[2] if len(cells) > 2 else ""
+        found.append(
+            RunningProcess(
+                nvml_index=-1,
+                uuid=cells[0] or None,
+                pid=int(cells[1]),
+                used_memory_bytes=int(memory) * MIB if memory.isdigit() else None,
+            )
+        )
+    return found
+
+
+def match_processes(topology: Topology, running: Iterable[RunningProcess]) -> list[GpuProcess]:
+    """Place NVML's entries on the topology's GPUs (by UUID, else by index) and name them."""
+    by_uuid = {gpu.uuid: gpu.index for gpu in topology.gpus if gpu.uuid}
+    processes: list[GpuProcess] = []
+    for entry in running:
+        index = by_uuid.get(entry.uuid) if entry.uuid else None
+        if index is None and 0 <= entry.nvml_index < topology.gpu_count:
+            index = entry.nvml_index
+        if index is None:
+            continue
+        name, user = describe_pid(entry.pid)
+        processes.append(
+            GpuProcess(
+                gpu=index,
+                pid=entry.pid,
+                name=name,
+                user=user,
+                used_memory_bytes=entry.used_memory_bytes,
+            )
+        )
+    return processes
+
+
+def describe_pid(pid: int) -> tuple[str | None, str | None]:
+    """The command name and user of ``pid``, where this process may see them."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        with process.oneshot():
+            name = process.name()
+            try:
+                user = process.username()
+            except (psutil.AccessDenied, KeyError):
+                user = None
+        return name, user
+    except psutil.Error:
+        return None, None  # another pid namespace (a container), or gone meanwhile

@@ -1,0 +1,1 @@
+"""Launching jobs on their GPUs: placement with the ledger, environment, NUMA binding, exec."""

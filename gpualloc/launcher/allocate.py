@@ -1,0 +1,389 @@
+"""Allocating GPUs through the shared ledger: decide and record in one locked transaction.
+
+The race that breaks every small GPU picker (read who is free, then use it, while another job
+does the same) is closed here: the placement is computed *inside* the ledger transaction, from
+the ledger as it stands under the lock, and the lease is written before the lock is released.
+Two gpualloc processes can therefore never be given the same GPU.
+
+Used by ``run``, ``alloc`` and, later, the waiting queue and the Slurm prolog. What runs on the
+GPUs outside gpualloc is read before the transaction (asking NVML takes time, and holding the
+ledger lock meanwhile would serialise every user of the host on the driver).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpualloc.discovery.processes import ProcessReport, declared_processes, live_processes
+from gpualloc.discovery.this_host import describes_this_host
+from gpualloc.errors import (
+    GpusBusy,
+    LedgerError,
+    NoFeasiblePlacement,
+    NoSuchLease,
+    NotPermitted,
+    RequestError,
+)
+from gpualloc.ledger.liveness import lock_held, take_lease_lock
+from gpualloc.ledger.occupancy import Occupancy
+from gpualloc.ledger.schema import Lease, LeasedGpu, LeaseSource, Ledger
+from gpualloc.ledger.scope import ledger_scope
+from gpualloc.ledger.statedir import StateDirectoryMissing, open_state_directory
+from gpualloc.ledger.store import LedgerStore, LedgerTransaction, new_lease_id
+from gpualloc.model.cpuset import format_cpulist
+from gpualloc.model.request import HostState, JobRequest, Placement
+from gpualloc.model.topology import Topology
+from gpualloc.placement.registry import DEFAULT_POLICY
+from gpualloc.placement.scores import EffectiveModel
+from gpualloc.placement.utility import UtilityWeights
+
+if TYPE_CHECKING:
+    from gpualloc.placement.context import DecisionContext
+
+EXPLICIT_POLICY = "explicit"
+ORPHAN_LOCK_AGE_S = 60.0
+"""A lease lock file no lease names is removed only when older than this, so that the lock of a
+lease being created right now (file made, ledger not yet written) is never taken for litter."""
+
+
+@dataclass(frozen=True)
+class Want:
+    """What the caller wants: the engine's choice for ``request``, or exactly ``explicit``."""
+
+    request: JobRequest
+    policy: str = DEFAULT_POLICY
+    explicit: tuple[int, ...] | None = None
+    effective_model: EffectiveModel = EffectiveModel.AUTO
+    weights: UtilityWeights | None = None
+
+
+@dataclass(frozen=True)
+class LeaseTerms:
+    """Who a new lease belongs to and how long it lives (see :class:`Lease`)."""
+
+    source: LeaseSource
+    pid: int | None = None
+    hold: bool = False
+    lock: bool = False
+    """Take the lease lock now and keep its descriptor open for the job to inherit."""
+    command: tuple[str, ...] = ()
+    name: str | None = None
+
+
+@dataclass
+class Allocation:
+    lease: Lease
+    placement: Placement
+    lock_fd: int | None = None
+    notes: list[str] = field(default_factory=list)
+    reaped: list[Lease] = field(default_factory=list)
+
+
+@dataclass
+class HostLedger:
+    """A topology together with its ledger and the processes running on its GPUs."""
+
+    topology: Topology
+    store: LedgerStore | None
+    """None when the state directory does not exist yet (opened without creating it)."""
+    processes: ProcessReport
+    this_host: bool
+    ignore_foreign: bool = False
+
+    @classmethod
+    def open(
+        cls, topology: Topology, *, ignore_foreign: bool = False, create: bool = True
+    ) -> HostLedger:
+        this_host = describes_this_host(topology)
+        try:
+            directory = open_state_directory(create=create).scoped(ledger_scope(topology))
+            store: LedgerStore | None = LedgerStore(directory)
+        except StateDirectoryMissing:
+            store = None
+        if not this_host:
+            processes = declared_processes(topology)
+        elif ignore_foreign:
+            processes = ProcessReport(source="none")
+        else:
+            processes = live_processes(topology)
+        return cls(topology, store, processes, this_host, ignore_foreign)
+
+    def occupancy(self, ledger: Ledger) -> Occupancy:
+        return Occupancy.build(
+            self.topology,
+            ledger,
+            self.processes.processes,
+            ignore_foreign=self.ignore_foreign,
+        )
+
+    def snapshot(self) -> LedgerTransaction:
+        """The ledger now, dead leases left out, without writing anything."""
+        if self.store is None:
+            return LedgerTransaction(Ledger(host=_hostname()))
+        return self.store.snapshot()
+
+    def _store(self) -> LedgerStore:
+        if self.store is None:  # only when opened with create=False
+            raise LedgerError("the state directory does not exist")
+        return self.store
+
+    # ---- allocation ------------------------------------------------------------------------
+
+    def allocate(self, want: Want, terms: LeaseTerms) -> Allocation:
+        """Choose GPUs and record the lease, in one transaction. Raises GpusBusy when the job
+        would fit an idle host but not the GPUs free now, NoFeasiblePlacement when it never
+        fits."""
+        store = self._store()
+        with store.transaction() as txn:
+            placement = choose(self.topology, self.occupancy(txn.ledger), want)
+            lease_id = new_lease_id()
+            lock_fd = take_lease_lock(store.directory.lease_lock(lease_id)) if terms.lock else None
+            try:
+                lease = self._lease(lease_id, placement, want, terms)
+                txn.add(lease)
+            except BaseException:
+                _drop_lock(lock_fd, store, lease_id)
+                raise
+        return Allocation(lease, placement, lock_fd, txn.notes, txn.reaped)
+
+    def _lease(self, lease_id: str, placement: Placement, want: Want, terms: LeaseTerms) -> Lease:
+        from gpualloc.ledger.liveness import process_start_time
+
+        start_time = None
+        if terms.pid is not None:
+            start_time = process_start_time(terms.pid)
+            if start_time is None:
+                raise RequestError(
+                    f"no process with pid {terms.pid}", hint="give the pid of a running process"
+                )
+        uid = os.geteuid()
+        return Lease(
+            id=lease_id,
+            gpus=tuple(LeasedGpu(index=g, uuid=self.topology.gpu(g).uuid) for g in placement.gpus),
+            uid=uid,
+            user=user_name(uid),
+            pid=terms.pid,
+            pid_start_time=start_time,
+            lock=terms.lock,
+            hold=terms.hold,
+            command=terms.command,
+            name=terms.name,
+            policy=placement.policy,
+            sensitive=want.request.sensitive,
+            scores=placement.scores.as_dict(),
+            created=datetime.now(timezone.utc),
+            source=terms.source,
+        )
+
+    def release(self, lease_id: str) -> None:
+        """Drop one lease of the caller's, quietly (an exec that failed, a lost race)."""
+        store = self._store()
+        with store.transaction() as txn:
+            txn.remove(lease_id)
+        _unlink_quietly(store.directory.lease_lock(lease_id))
+
+    # ---- release and gc --------------------------------------------------------------------
+
+    def release_leases(self, selectors: Iterable[str], *, mine: bool = False) -> ReleaseResult:
+        """Release the leases ``selectors`` name (ids or unique id prefixes), or all of the
+        caller's with ``mine``. Only the owner or root may release a lease."""
+        store = self._store()
+        uid = os.geteuid()
+        result = ReleaseResult()
+        with store.transaction() as txn:
+            result.reaped = list(txn.reaped)
+            targets: list[Lease] = []
+            for selector in selectors:
+                try:
+                    lease = _find(txn, selector)
+                except NoSuchLease as missing:
+                    result.problems.append(missing)
+                    continue
+                if lease is not None and lease not in targets:
+                    targets.append(lease)
+            if mine:
+                targets += [x for x in txn.ledger.leases if x.uid == uid and x not in targets]
+            for lease in targets:
+                if lease.uid != uid and uid != 0:
+                    result.problems.append(
+                        NotPermitted(
+                            f"lease {lease.id} belongs to {lease.user} (uid {lease.uid})",
+                            hint="only its owner or root may release it",
+                        )
+                    )
+                    continue
+                txn.remove(lease.id)
+                result.released.append(lease)
+        for lease in result.released:
+            _unlink_quietly(store.directory.lease_lock(lease.id))
+        return result
+
+    def collect_garbage(self) -> GarbageReport:
+        """Reap dead leases now, and remove lease lock files that no lease names."""
+        store = self._store()
+        with store.transaction() as txn:
+            reaped = list(txn.reaped)
+            named = {lease.id for lease in txn.ledger.leases}
+        removed = []
+        for path in store.directory.lease_locks():
+            lease_id = path.name[len("lease-") : -len(".lock")]
+            if lease_id in named or not _old(path) or lock_held(path):
+                continue
+            if _unlink_quietly(path):
+                removed.append(path.name)
+        return GarbageReport(reaped, removed, txn.notes)
+
+
+@dataclass
+class ReleaseResult:
+    released: list[Lease] = field(default_factory=list)
+    reaped: list[Lease] = field(default_factory=list)
+    problems: list[RequestError | NoSuchLease | NotPermitted] = field(default_factory=list)
+
+
+@dataclass
+class GarbageReport:
+    reaped: list[Lease]
+    removed_lock_files: list[str]
+    notes: list[str]
+
+
+# ---- choosing ----------------------------------------------------------------------------------
+
+
+def choose(topology: Topology, occupancy: Occupancy, want: Want) -> Placement:
+    """The placement for ``want`` on the GPUs free in ``occupancy``.
+
+    Raises :class:`GpusBusy` (naming who holds what) when the request would fit the host with
+    every usable GPU free, and :class:`NoFeasiblePlacement` when it would not fit even then.
+    """
+    from gpualloc.placement.engine import decision_context
+    from gpualloc.placement.registry import get_policy
+
+    if want.explicit is not None:
+        return _explicit(topology, occupancy, want)
+    policy = get_policy(want.policy)
+    try:
+        ctx = _context_now(topology, occupancy, want)
+    except NoFeasiblePlacement as now:
+        usable = frozenset(range(topology.gpu_count)) - occupancy.lost
+        decision_context(topology, want.request, HostState(free=usable))  # never fits: raises
+        raise _busy(occupancy, want.request, now) from None
+    return policy.place(ctx)
+
+
+def _context_now(topology: Topology, occupancy: Occupancy, want: Want) -> DecisionContext:
+    from gpualloc.placement.engine import decision_context
+
+    return decision_context(
+        topology,
+        want.request,
+        occupancy.host_state(),
+        effective_model=want.effective_model,
+        weights=want.weights,
+    )
+
+
+def _explicit(topology: Topology, occupancy: Occupancy, want: Want) -> Placement:
+    gpus = want.explicit or ()
+    n = topology.gpu_count
+    outside = [g for g in gpus if not 0 <= g < n]
+    if outside:
+        raise RequestError(
+            f"GPU {outside[0]} does not exist on this host ({n} GPUs: 0..{n - 1})",
+            hint="'gpualloc topo show' lists the GPUs",
+        )
+    if len(set(gpus)) != len(gpus):
+        raise RequestError("--gpus names a GPU twice", hint="list each GPU once")
+    taken = [g for g in gpus if g in occupancy.busy]
+    if taken:
+        raise GpusBusy(
+            f"GPU {format_cpulist(taken)} of --gpus {','.join(map(str, gpus))} is not free",
+            details=tuple(occupancy.describe(taken)),
+            hint="'gpualloc status' shows the host; choose other GPUs or leave out --gpus",
+        )
+    ctx = _context_now(topology, occupancy, want)
+    return ctx.placement(EXPLICIT_POLICY, gpus, "the GPUs given with --gpus, in that order")
+
+
+def _busy(occupancy: Occupancy, request: JobRequest, why: NoFeasiblePlacement) -> GpusBusy:
+    required_busy = sorted(request.required & occupancy.busy)
+    free = sorted(occupancy.free - request.excluded)
+    if required_busy:
+        message = why.message
+    else:
+        message = f"the job needs {request.gpus} GPU(s) and {len(free)} usable one(s) are free"
+        message += f" now ({format_cpulist(free)})" if free else " now"
+    return GpusBusy(
+        message,
+        details=tuple(occupancy.describe(required_busy or sorted(occupancy.busy))),
+        hint="wait for them ('gpualloc status' shows the host), or ask for fewer GPUs",
+    )
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+
+def _find(txn: LedgerTransaction, selector: str) -> Lease | None:
+    """The lease ``selector`` names: an id, or a unique prefix of one (4 characters or more).
+    A lease this very transaction reaped counts as found and already gone (None)."""
+    selector = selector.strip().lower()
+    if len(selector) < 4:
+        raise NoSuchLease(
+            f"lease id {selector!r} is too short", hint="give at least 4 characters of the id"
+        )
+    matches = [x for x in txn.ledger.leases if x.id.startswith(selector)]
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise NoSuchLease(
+            f"lease id {selector!r} is ambiguous ({', '.join(x.id for x in matches)})",
+            hint="give more characters of the id",
+        )
+    if any(x.id.startswith(selector) for x in txn.reaped):
+        return None
+    raise NoSuchLease(
+        f"no lease {selector}", hint="'gpualloc status' lists the leases; it may have ended"
+    )
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def _old(path: Path) -> bool:
+    import time
+
+    try:
+        return time.time() - path.lstat().st_mtime > ORPHAN_LOCK_AGE_S
+    except OSError:
+        return False
+
+
+def _unlink_quietly(path: Path) -> bool:
+    try:
+        path.unlink()
+    except OSError:
+        return False  # gone already, or another user's file in a sticky directory
+    return True
+
+
+def _drop_lock(fd: int | None, store: LedgerStore, lease_id: str) -> None:
+    if fd is not None:
+        os.close(fd)
+        _unlink_quietly(store.directory.lease_lock(lease_id))

@@ -1,0 +1,57 @@
+"""The environment a job runs with: what gpualloc adds, and nothing else changed.
+
+- ``CUDA_VISIBLE_DEVICES``: the GPUs in the placement's rank order, as indices (or UUIDs with
+  ``--uuid``, which stay right even if indices move after a GPU fails). Rank ``i`` of the job
+  sees its GPU as CUDA device ``i``.
+- ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: CUDA numbers GPUs fastest-first by default, NVML and
+  nvidia-smi by PCI bus id; without this the indices above would name other GPUs on hosts with
+  mixed GPU models. Slurm never sets it, task-spooler misspells it, GPUtil, gpustat and nvitop
+  only tell users to.
+- ``GPUALLOC_LEASE_ID`` (when there is a lease) and ``GPUALLOC_GPUS`` (the physical indices, in
+  order, whatever ``CUDA_VISIBLE_DEVICES`` holds).
+
+Every other variable passes through unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from gpualloc.errors import RequestError
+from gpualloc.model.topology import Gpu
+
+LEASE_ID_VARIABLE = "GPUALLOC_LEASE_ID"
+GPUS_VARIABLE = "GPUALLOC_GPUS"
+
+
+def gpu_variables(
+    gpus: Sequence[Gpu], *, lease_id: str | None = None, use_uuid: bool = False
+) -> dict[str, str]:
+    """The variables gpualloc sets for a job on ``gpus`` (rank order), in a stable order."""
+    if use_uuid:
+        missing = [gpu.index for gpu in gpus if not gpu.uuid]
+        if missing:
+            raise RequestError(
+                f"--uuid: GPU {missing[0]} has no UUID in this topology",
+                hint="leave out --uuid to export indices",
+            )
+        visible = ",".join(str(gpu.uuid) for gpu in gpus)
+    else:
+        visible = ",".join(str(gpu.index) for gpu in gpus)
+    variables = {"CUDA_VISIBLE_DEVICES": visible, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    if lease_id is not None:
+        variables[LEASE_ID_VARIABLE] = lease_id
+    variables[GPUS_VARIABLE] = ",".join(str(gpu.index) for gpu in gpus)
+    return variables
+
+
+def job_environment(base: Mapping[str, str], variables: Mapping[str, str]) -> dict[str, str]:
+    """``base`` (the caller's environment) with ``variables`` set over it."""
+    return {**base, **variables}
+
+
+def shell_exports(variables: Mapping[str, str]) -> str:
+    """``export NAME=value`` lines a POSIX shell can ``eval`` (values single-quoted if needed)."""
+    import shlex
+
+    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in variables.items())

@@ -1,0 +1,157 @@
+"""Who occupies each GPU: a live lease, processes that never asked gpualloc, or nobody.
+
+Built from the ledger (after reaping) and the GPUs' running-process lists. A GPU is busy when a
+live lease holds it, when it was lost (fell off the bus), or when compute processes run on it
+while no lease holds it ("foreign" use; ``--ignore-foreign`` disregards it). Processes on a GPU
+that a lease holds belong to that lease's job.
+
+The result feeds the placement engine (:meth:`Occupancy.host_state`, with every lease as a
+running job for DRB's interference term) and the messages that say who holds what.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from gpualloc.ledger.schema import Lease, Ledger
+from gpualloc.model.cpuset import format_cpulist
+from gpualloc.model.request import HostState, RunningJob
+from gpualloc.model.topology import GpuProcess, Health, Topology
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    """The occupation of every GPU of one topology at one moment."""
+
+    gpu_count: int
+    leases: dict[int, Lease] = field(default_factory=dict)
+    """GPU index -> the live lease holding it."""
+    processes: dict[int, tuple[GpuProcess, ...]] = field(default_factory=dict)
+    """GPU index -> the compute processes running on it (leased GPUs included)."""
+    lost: frozenset[int] = frozenset()
+    ignore_foreign: bool = False
+
+    @classmethod
+    def build(
+        cls,
+        topology: Topology,
+        ledger: Ledger,
+        processes: Iterable[GpuProcess] = (),
+        *,
+        ignore_foreign: bool = False,
+    ) -> Occupancy:
+        by_gpu: dict[int, list[GpuProcess]] = {}
+        for process in processes:
+            by_gpu.setdefault(process.gpu, []).append(process)
+        return cls(
+            gpu_count=topology.gpu_count,
+            leases={i: lease for i, lease in ledger.held_gpus().items() if i < topology.gpu_count},
+            processes={gpu: tuple(found) for gpu, found in by_gpu.items()},
+            lost=frozenset(g.index for g in topology.gpus if g.health == Health.LOST),
+            ignore_foreign=ignore_foreign,
+        )
+
+    # ---- per GPU ---------------------------------------------------------------------------
+
+    def foreign(self, gpu: int) -> tuple[GpuProcess, ...]:
+        """Processes on ``gpu`` that no lease accounts for (ignored ones included)."""
+        return () if gpu in self.leases else self.processes.get(gpu, ())
+
+    def state(self, gpu: int) -> str:
+        """``held``, ``lost``, ``foreign`` or ``free``."""
+        if gpu in self.leases:
+            return "held"
+        if gpu in self.lost:
+            return "lost"
+        if self.foreign(gpu):
+            return "free" if self.ignore_foreign else "foreign"
+        return "free"
+
+    @property
+    def busy(self) -> frozenset[int]:
+        return frozenset(g for g in range(self.gpu_count) if self.state(g) != "free")
+
+    @property
+    def free(self) -> frozenset[int]:
+        return frozenset(range(self.gpu_count)) - self.busy
+
+    def host_state(self) -> HostState:
+        """Free GPUs and running jobs, as the placement engine takes them: one job per lease
+        (with its sensitivity when recorded) and one of unknown sensitivity per foreign GPU."""
+        running: list[RunningJob] = []
+        seen: set[str] = set()
+        for lease in self.leases.values():
+            if lease.id not in seen:
+                seen.add(lease.id)
+                held = frozenset(i for i in lease.indices if i < self.gpu_count)
+                running.append(RunningJob(gpus=held, sensitive=lease.sensitive))
+        for gpu in sorted(self.busy - frozenset(self.leases)):
+            running.append(RunningJob(gpus=frozenset({gpu})))
+        return HostState(free=self.free, running=tuple(running))
+
+    # ---- words -----------------------------------------------------------------------------
+
+    def describe(self, gpus: Iterable[int], *, now: datetime | None = None) -> list[str]:
+        """One line per holder of any of ``gpus``: who, which GPUs, since when, doing what."""
+        now = now or datetime.now(timezone.utc)
+        wanted = sorted(set(gpus))
+        lines: list[str] = []
+        seen: set[str] = set()
+        for gpu in wanted:
+            lease = self.leases.get(gpu)
+            if lease is not None:
+                if lease.id not in seen:
+                    seen.add(lease.id)
+                    lines.append(describe_lease(lease, now=now))
+            elif gpu in self.lost:
+                lines.append(f"GPU {gpu} was lost (fell off the bus); check 'dmesg' for Xid errors")
+            elif self.foreign(gpu) and not self.ignore_foreign:
+                lines.append(
+                    f"GPU {gpu} runs {describe_processes(self.foreign(gpu))}, not through gpualloc"
+                )
+        return lines
+
+
+def describe_lease(lease: Lease, *, now: datetime | None = None) -> str:
+    """``GPU 0,1 held by alice since 14:02 (2h 5m), lease 1a2b3c4d5e6f, pid 4242: python
+    train.py``."""
+    now = now or datetime.now(timezone.utc)
+    text = f"GPU {format_cpulist(lease.indices)} held by {lease.user}"
+    text += f" for {format_age(now - lease.created)}, lease {lease.id}"
+    if lease.name:
+        text += f" ({lease.name})"
+    if lease.hold:
+        text += ", until released"
+    elif lease.pid is not None:
+        text += f", pid {lease.pid}"
+    if lease.command:
+        text += f": {shorten(' '.join(lease.command))}"
+    return text
+
+
+def describe_processes(processes: Iterable[GpuProcess]) -> str:
+    """``pid 812 (python, bob)`` for each process."""
+    parts = []
+    for process in processes:
+        details = ", ".join(part for part in (process.name, process.user) if part)
+        parts.append(f"pid {process.pid}" + (f" ({details})" if details else ""))
+    return "; ".join(parts)
+
+
+def format_age(delta: timedelta) -> str:
+    """A timedelta as ``45s``, ``12m``, ``3h 5m`` or ``2d 4h``."""
+    seconds = max(0, int(delta.total_seconds()))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, hours, days = seconds // 60, seconds // 3600, seconds // 86400
+    if hours == 0:
+        return f"{minutes}m"
+    if days == 0:
+        return f"{hours}h {minutes % 60}m"
+    return f"{days}d {hours % 24}h"
+
+
+def shorten(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

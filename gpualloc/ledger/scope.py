@@ -1,0 +1,28 @@
+"""Which ledger of the state directory a topology uses (see :class:`.statedir.StateDirectory`).
+
+This host's topology uses the host ledger. Any other topology gets a ledger named after it and
+after a digest of its GPUs' identities, so two different files that share a name do not share
+leases, and the same file used by two users (or by a Slurm prolog and a user) does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from gpualloc.discovery.this_host import describes_this_host
+from gpualloc.model.topology import Topology
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def ledger_scope(topology: Topology) -> str | None:
+    """None for this host's ledger; else ``<name>-<8 hex digits>``."""
+    if describes_this_host(topology):
+        return None
+    identity = "\n".join(
+        gpu.uuid or gpu.pci_bus_id or f"index {gpu.index}" for gpu in topology.gpus
+    )
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
+    name = _UNSAFE.sub("_", topology.name or "topology").strip("._")[:40] or "topology"
+    return f"{name}-{digest}"
