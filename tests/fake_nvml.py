@@ -40,6 +40,8 @@ class FakeGpu:
     """NVML function names that raise NotSupported for this GPU."""
     lost_on: set[str] = field(default_factory=set)
     """NVML function names that raise GpuIsLost for this GPU ('*' = all, even the handle)."""
+    processes: list[tuple[int, int | None]] = field(default_factory=list)
+    """(pid, used GPU memory in bytes or None) of the compute processes running on it."""
 
 
 class FakeNvml(SimpleNamespace):
@@ -124,6 +126,10 @@ class FakeNvml(SimpleNamespace):
         if "*" in self.gpus[index].lost_on:
             raise pynvml.NVMLError_GpuIsLost()
         return index
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
+        gpu = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpu.processes]
 
     def nvmlDeviceGetUUID(self, handle: int) -> str:
         return self._gpu(handle, "nvmlDeviceGetUUID").uuid

@@ -328,6 +328,25 @@ def test_hold_until_release_by_id_prefix_or_mine() -> None:
     assert gpualloc("release", "--mine").stdout == "you hold no lease\n"
 
 
+def test_status_watch_redraws_until_interrupted() -> None:
+    assert gpualloc("alloc", "--hold", "--name", "watched").returncode == 0
+    process = subprocess.Popen(
+        gpualloc_argv("status", "--watch", "--interval", "0.2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    with process:
+        footers = 0
+        while footers < 2:  # two complete views: it redraws
+            line = process.stdout.readline()
+            assert line, process.stderr.read()
+            footers += line.startswith("7 of 8 GPUs free")
+        process.send_signal(signal.SIGINT)
+        assert process.wait(TIMEOUT_S) == 0  # Ctrl-C is how a watch ends: not an error
+        assert "Traceback" not in process.stderr.read()
+
+
 def test_alloc_refuses_a_dead_pid_and_conflicting_lifetimes() -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -416,18 +435,23 @@ def test_numa_none_and_gpu_processes_warning(this_machine: tuple[str, list[int]]
 
 
 def test_a_user_may_release_only_their_own_leases(cli) -> None:
-    """Real Unix users (forked and setuid, running the CLI in-process: the interpreter may sit
-    in a directory only root can read, so everything is imported before the fork)."""
+    """Real Unix users (forked and setuid, running the CLI in-process: the interpreter and the
+    package may sit in a directory only root can read, so everything is imported and the
+    topology copied to the shared directory before the fork)."""
     (uid_a, gid_a), (uid_b, gid_b) = two_test_users()
-    assert cli("--topology", "dgx1-v100", "alloc", "--hold").exit_code == 0  # imports, as root
-    assert cli("--topology", "dgx1-v100", "release", "--mine").exit_code == 0
     shared = Path(tempfile.mkdtemp(prefix="gpualloc-shared-", dir="/tmp"))
     shared.chmod(0o1777)
     try:
+        topology = shared / "dgx1-v100.json"
+        topology.write_text(load_bundled("dgx1-v100").to_json())
+        topology.chmod(0o644)
+        for warm_up in (("alloc", "--hold"), ("release", "--mine")):  # imports, as root
+            assert cli("--topology", str(topology), *warm_up).exit_code == 0
         env = {**os.environ, "GPUALLOC_STATE_DIR": str(shared)}
 
         def as_a() -> None:
-            assert _cli_exit_code("alloc", "--hold", "--name", "a-job", state=shared) == 0
+            code = _cli_exit_code("alloc", "--hold", "--name", "a-job", state=shared)
+            assert code == 0
 
         as_user(uid_a, gid_a, as_a)
         (lease,) = json.loads(gpualloc("status", "--json", env=env).stdout)["leases"]
@@ -445,12 +469,13 @@ def test_a_user_may_release_only_their_own_leases(cli) -> None:
 
 
 def _cli_exit_code(*args: str, state: Path) -> int:
-    """The exit code of ``gpualloc ARGS`` run in this (forked) process."""
+    """The exit code of ``gpualloc --topology STATE/dgx1-v100.json ARGS``, run in this (forked)
+    process."""
     from gpualloc.cli.main import run
 
     os.environ["GPUALLOC_STATE_DIR"] = str(state)
     try:
-        run(["--topology", "dgx1-v100", *args])
+        run(["--topology", str(state / "dgx1-v100.json"), *args])
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 1
     raise AssertionError("run() returned instead of exiting")

@@ -12,6 +12,7 @@ from gpualloc.discovery import numa as numa_source
 from gpualloc.discovery import nvml as nvml_source
 from gpualloc.discovery import resolve
 from gpualloc.discovery.nvml import NvmlSession, normalise_bus_id
+from gpualloc.discovery.processes import live_processes, parse_compute_apps_csv
 from gpualloc.errors import DiscoveryUnavailable, NoGpuFound
 from gpualloc.model import Health, PciePath, Topology
 from gpualloc.topologies import load_bundled
@@ -222,3 +223,49 @@ def test_falls_back_to_nvidia_smi(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     assert topology.provenance.driver_version == "570.1"
     assert any("used nvidia-smi" in n for n in topology.provenance.notes)
     assert any("nvlink -s failed" in n for n in topology.provenance.notes)
+
+
+def test_compute_processes_are_matched_to_gpus_by_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML's running-process lists, one GPU unable to answer; the topology's indices come from
+    UUIDs, so a topology whose GPU order differs from NVML's still lines up."""
+    topology = load_bundled("dgx1-v100")
+    fake = FakeNvml.from_topology(topology)
+    fake.gpus[2].processes = [(os.getpid(), 512 * 2**20)]
+    fake.gpus[5].processes = [(4_000_000, None)]  # in another pid namespace: no name
+    fake.gpus[6].unsupported.add("nvmlDeviceGetComputeRunningProcesses")
+    monkeypatch.setattr(nvml_source, "load_pynvml", lambda: fake)
+    report = live_processes(topology)
+    assert report.source == "nvml" and report.notes == []
+    mine, other = report.processes
+    assert (mine.gpu, mine.pid, mine.used_memory_bytes) == (2, os.getpid(), 512 * 2**20)
+    assert mine.name and mine.user  # this process, described by psutil
+    assert (other.gpu, other.name, other.used_memory_bytes) == (5, None, None)
+    swapped = topology.model_copy(
+        update={
+            "gpus": [
+                g.model_copy(update={"uuid": topology.gpus[7 - g.index].uuid})
+                for g in topology.gpus
+            ]
+        }
+    )
+    assert [p.gpu for p in live_processes(swapped).processes] == [5, 2]
+
+
+def test_without_nvml_or_nvidia_smi_processes_are_unknown_and_said_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeNvml([], {})
+    fake.init_error = pynvml.NVMLError_LibraryNotFound()
+    monkeypatch.setattr(nvml_source, "load_pynvml", lambda: fake)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    report = live_processes(load_bundled("dgx1-v100"))
+    assert report.processes == [] and report.source == "none"
+    assert "GPUs used outside gpualloc are not detected" in report.notes[0]
+
+
+def test_nvidia_smi_compute_apps_csv() -> None:
+    text = "GPU-aaa, 4242, 1024\nGPU-bbb, 17, [N/A]\n\nNo running processes found\n"
+    assert [(p.uuid, p.pid, p.used_memory_bytes) for p in parse_compute_apps_csv(text)] == [
+        ("GPU-aaa", 4242, 1024 * 2**20),
+        ("GPU-bbb", 17, None),
+    ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -37,6 +38,10 @@ def as_user(uid: int, gid: int, action: Callable[[], object]) -> None:
     pid = os.fork()
     if pid == 0:
         code = 1
+        # Line-buffered streams on the real descriptors: what the action prints must survive
+        # os._exit, which flushes nothing.
+        sys.stdout = os.fdopen(os.dup(1), "w", buffering=1)
+        sys.stderr = os.fdopen(os.dup(2), "w", buffering=1)
         try:
             os.setgroups([])
             os.setgid(gid)
@@ -46,7 +51,8 @@ def as_user(uid: int, gid: int, action: Callable[[], object]) -> None:
         except BaseException:
             import traceback
 
-            traceback.print_exc()
+            # Straight to the file descriptor: buffered writes die with os._exit.
+            os.write(2, traceback.format_exc().encode())
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)

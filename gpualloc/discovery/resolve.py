@@ -32,18 +32,23 @@ def resolve_topology(
 
 
 def load_named_topology(spec: str, *, table: BandwidthTable | None = None) -> Topology:
-    """A bundled topology by name, or a topology file (JSON or ``topo -m`` text) by path."""
+    """A bundled topology by name, or a topology file (JSON or ``topo -m`` text) by path.
+
+    A spec that looks like a path (a ``/``, or a ``.json``/``.txt`` suffix) is always a file;
+    a bare name is a bundled topology first, then a file in the current directory.
+    """
     from gpualloc.topologies import bundled_names, load_bundled
 
-    if spec in bundled_names():
+    path = Path(spec).expanduser()
+    looks_like_path = os.sep in spec or spec.endswith((".json", ".txt"))
+    if not looks_like_path and spec in bundled_names():
         topology = load_bundled(spec)
         return topology.with_bandwidth_table(table) if table is not None else topology
-    from gpualloc.discovery.recorded import load_topology_file
-
-    path = Path(spec).expanduser()
     if path.exists():
+        from gpualloc.discovery.recorded import load_topology_file
+
         return load_topology_file(path, table=table)
-    if os.sep in spec or spec.endswith((".json", ".txt")):
+    if looks_like_path:
         raise TopologyNotFound(f"topology file {spec} does not exist")
     return load_bundled(spec)  # raises TopologyNotFound with the closest names as a hint
 
