@@ -88,7 +88,8 @@ def _gpu_table(host: HostLedger, occupancy: Occupancy) -> Table:
         state = occupancy.state(gpu.index)
         lease = occupancy.leases.get(gpu.index)
         if lease is not None:
-            job = lease.name or shorten(" ".join(lease.command), 40) or "-"
+            command = shorten(" ".join(lease.command), 40)
+            job = ": ".join(part for part in (lease.name, command) if part) or "-"
             row = [
                 str(gpu.index),
                 state,
