@@ -5,7 +5,8 @@ Prints the median wall time of ``gpualloc run -n 1 -- true`` on a bundled topolo
 ``python -c pass`` and ``true``, and checks gpualloc's added cost against the budget of issue 4
 (200 ms over ``python -c pass``); then alloc+release throughput with 8 concurrent clients, both
 through the command line (a process per call, as scripts use it) and through the library (the
-ledger's own capacity). Exit status 1 on a budget miss.
+ledger's own capacity); then how soon a ``run --wait`` job starts after the GPUs it waits for
+are released (issue 5: within 500 ms). Exit status 1 on a budget miss.
 
 Runs against a temporary state directory. Byte-code caching is forced on: an installed gpualloc
 has its ``.pyc`` files, and environments that set ``PYTHONDONTWRITEBYTECODE`` (some CI images)
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 
 BUDGET_MS = 200.0
+START_LATENCY_BUDGET_MS = 500.0
 CLIENTS = 8
 
 
@@ -76,6 +78,32 @@ def _library_client(args: tuple[str, str, int]) -> int:
     return cycles
 
 
+def _start_latency_ms(base: list[str], env: dict[str, str], repeats: int) -> list[float]:
+    """From the moment a release has committed to the moment a waiting job's command runs."""
+    latencies = []
+    for _ in range(repeats):
+        held = subprocess.run(
+            [*base, "alloc", "--hold", "-n", "8", "--format", "json"],
+            env=env, check=True, capture_output=True, text=True,
+        ).stdout.split('"id": "', 1)[1][:12]  # fmt: skip
+        waiter = subprocess.Popen(
+            [*base, "run", "--wait", "-q", "--", "date", "+%s.%N"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        while (
+            '"queue": []'
+            in subprocess.run(
+                [*base, "status", "--json"], env=env, capture_output=True, text=True
+            ).stdout
+        ):
+            time.sleep(0.02)
+        subprocess.run([*base, "release", held], env=env, check=True, capture_output=True)
+        released = time.time()
+        out, _ = waiter.communicate(timeout=60)
+        latencies.append((float(out) - released) * 1000)
+    return latencies
+
+
 def _throughput(worker, jobs: list) -> float:
     start = time.perf_counter()
     with multiprocessing.get_context("fork").Pool(len(jobs)) as pool:
@@ -119,7 +147,15 @@ def main() -> int:
         print(f"alloc+release with {CLIENTS} concurrent clients:")
         print(f"  command line (2 processes/cycle)  {cli_rate:7.1f} cycles/s")
         print(f"  library (2 transactions/cycle)    {library_rate:7.1f} cycles/s")
-        return 0 if added <= BUDGET_MS else 1
+        latencies = _start_latency_ms(base, env, repeats=5)
+        typical = statistics.median(latencies)
+        verdict = "ok" if typical <= START_LATENCY_BUDGET_MS else "OVER BUDGET"
+        print("run --wait: start after the GPUs are released (5 times):")
+        print(
+            f"  median {typical:6.0f} ms, max {max(latencies):6.0f} ms  (budget "
+            f"{START_LATENCY_BUDGET_MS:.0f}: {verdict})"
+        )
+        return 0 if added <= BUDGET_MS and typical <= START_LATENCY_BUDGET_MS else 1
     finally:
         shutil.rmtree(state, ignore_errors=True)
 

@@ -42,6 +42,8 @@ class ExitCode(IntEnum):
     """The lease belongs to another user (only root may release it)."""
     NO_LEASE = 13
     """No lease has the given id (it may have been released or reaped already)."""
+    TIMEOUT = 124
+    """``--wait --timeout`` ran out before the GPUs came free, as timeout(1) reports it."""
     NOT_EXECUTABLE = 126
     """The command exists but could not be executed, as a shell reports it."""
     COMMAND_NOT_FOUND = 127
@@ -67,6 +69,7 @@ EXIT_CODE_DESCRIPTIONS: dict[ExitCode, str] = {
     ExitCode.LEDGER: "the shared ledger cannot be used (unsafe directory, newer or corrupt file)",
     ExitCode.NOT_PERMITTED: "the lease belongs to another user",
     ExitCode.NO_LEASE: "no lease with that id",
+    ExitCode.TIMEOUT: "waited for GPUs until --timeout and gave up",
     ExitCode.NOT_EXECUTABLE: "the command could not be executed",
     ExitCode.COMMAND_NOT_FOUND: "the command was not found",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
@@ -209,3 +212,9 @@ class CommandNotExecutable(GpuallocError):
     """The job's command exists but cannot be executed (no x bit, a directory, bad format)."""
 
     exit_code = ExitCode.NOT_EXECUTABLE
+
+
+class WaitTimedOut(GpuallocError):
+    """``--wait`` gave up at ``--timeout``."""
+
+    exit_code = ExitCode.TIMEOUT

@@ -340,7 +340,7 @@ def test_status_watch_redraws_until_interrupted() -> None:
         while footers < 2:  # two complete views: it redraws
             line = process.stdout.readline()
             assert line, process.stderr.read()
-            footers += line.startswith("7 of 8 GPUs free")
+            footers += line.startswith("7 of 8 GPUs free;")
         process.send_signal(signal.SIGINT)
         assert process.wait(TIMEOUT_S) == 0  # Ctrl-C is how a watch ends: not an error
         assert "Traceback" not in process.stderr.read()

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 from gpualloc.cli.state import STATE
 
 if TYPE_CHECKING:
-    from gpualloc.launcher.allocate import HostLedger
+    from gpualloc.launcher.allocate import Allocation, HostLedger, LeaseTerms, Want
+    from gpualloc.launcher.wait import WaitOptions, WaitStatus
 
 
 def open_host_ledger(*, ignore_foreign: bool = False, create: bool = True) -> HostLedger:
@@ -28,3 +29,48 @@ def warn(lines: Iterable[str]) -> None:
 
 def say(line: str) -> None:
     sys.stderr.write(f"gpualloc: {line}\n")
+
+
+def allocate(
+    host: HostLedger, want: Want, terms: LeaseTerms, waiting: WaitOptions | None
+) -> Allocation:
+    """Allocate now, or with --wait queue until it is this job's turn (with a status line)."""
+    if waiting is None:
+        return host.allocate(want, terms)
+    from gpualloc.launcher.wait import wait_and_allocate
+
+    line = StatusLine()
+    try:
+        return wait_and_allocate(host, want, terms, waiting, report=line.show)
+    finally:
+        line.close()
+
+
+class StatusLine:
+    """One live line on stderr while waiting: redrawn in place on a terminal, otherwise a plain
+    line each time what it says changes (not every tick: logs stay readable)."""
+
+    def __init__(self) -> None:
+        self.terminal = sys.stderr.isatty()
+        self.drawn = False
+        self.last_said: tuple[int, str, str] | None = None
+
+    def show(self, status: WaitStatus) -> None:
+        if self.terminal:
+            import shutil
+
+            width = shutil.get_terminal_size().columns
+            text = f"gpualloc: {status.line()}"[: max(20, width - 1)]
+            sys.stderr.write(f"\r\x1b[K{text}")
+            sys.stderr.flush()
+            self.drawn = True
+            return
+        said = (status.position, status.reason, status.holders)
+        if said != self.last_said:
+            self.last_said = said
+            say(status.line())
+
+    def close(self) -> None:
+        if self.drawn:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()

@@ -8,20 +8,27 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from gpualloc.cli.host import open_host_ledger, warn
+from gpualloc.cli.host import allocate, open_host_ledger, warn
 from gpualloc.cli.request_options import (
     DrbWeightsOption,
     ExcludeOption,
     ExplicitGpusOption,
     IgnoreForeignOption,
+    MaxBypassOption,
+    MinBandwidthOption,
+    MinUtilityOption,
     NameOption,
     PatternOption,
     PolicyOption,
+    PriorityOption,
     RequireOption,
     ScoreOption,
     SensitiveOption,
+    TimeoutOption,
     UuidOption,
+    WaitOption,
     build_want,
+    wait_options,
 )
 from gpualloc.errors import RequestError
 
@@ -68,6 +75,12 @@ def alloc_command(
     name: NameOption = None,
     uuid: UuidOption = False,
     ignore_foreign: IgnoreForeignOption = False,
+    wait: WaitOption = False,
+    timeout: TimeoutOption = None,
+    priority: PriorityOption = "normal",
+    max_bypass: MaxBypassOption = 8,
+    min_utility: MinUtilityOption = None,
+    min_bandwidth: MinBandwidthOption = None,
 ) -> None:
     """Allocate GPUs without running anything: for scripts, notebooks and prologs.
 
@@ -102,12 +115,13 @@ def alloc_command(
         score=score,
         drb_weights=drb_weights,
         explicit=gpus,
+        min_utility=min_utility,
+        min_bandwidth=min_bandwidth,
     )
+    waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
     host = open_host_ledger(ignore_foreign=ignore_foreign)
-    allocation = host.allocate(
-        want,
-        LeaseTerms(source="alloc", pid=owner, hold=hold, command=_command_of(owner), name=name),
-    )
+    terms = LeaseTerms(source="alloc", pid=owner, hold=hold, command=_command_of(owner), name=name)
+    allocation = allocate(host, want, terms, waiting)
     warn(allocation.notes)
     _print_allocation(host, want, allocation, output_format, uuid)
 

@@ -14,6 +14,7 @@ from gpualloc.errors import RequestError
 
 if TYPE_CHECKING:
     from gpualloc.launcher.allocate import Want
+    from gpualloc.launcher.wait import WaitOptions
     from gpualloc.placement.scores import EffectiveModel
     from gpualloc.placement.utility import UtilityWeights
 
@@ -89,6 +90,68 @@ UuidOption = Annotated[
 ]
 
 
+MinUtilityOption = Annotated[
+    Optional[float],  # noqa: UP045
+    typer.Option(
+        min=0.0,
+        max=1.0,
+        help="Only start on a placement whose DRB utility (0..1) is at least this; with --wait, "
+        "keep waiting for a better one even when enough GPUs are free (DRB's postponement).",
+    ),
+]
+MinBandwidthOption = Annotated[
+    Optional[float],  # noqa: UP045
+    typer.Option(
+        "--min-bandwidth",
+        min=0.0,
+        metavar="GBPS",
+        help="Only start on a placement whose predicted effective bandwidth is at least this "
+        "many GB/s (e.g. wait for an NVLinked pair); with --wait, keep waiting.",
+    ),
+]
+WaitOption = Annotated[
+    bool,
+    typer.Option(
+        "--wait",
+        help="When the GPUs are taken, join the host's queue and start as soon as it is this "
+        "job's turn (first come, first served; backfill; priorities).",
+    ),
+]
+TimeoutOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        metavar="DURATION",
+        help="With --wait: give up after this long (90, 30s, 5m, 2h, 1h30m) with exit 124.",
+    ),
+]
+PriorityOption = Annotated[
+    str,
+    typer.Option(help="With --wait: queue class high, normal or low; arrival order within."),
+]
+MaxBypassOption = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        help="With --wait: how many later jobs may start before this one (backfill) before "
+        "backfill past it stops until it starts.",
+    ),
+]
+
+
+def parse_duration(text: str, option: str = "--timeout") -> float:
+    """``90``, ``30s``, ``5m``, ``2h``, ``1h30m``, ``1.5h`` -> seconds."""
+    import re
+
+    units = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+    cleaned = text.strip().lower()
+    parts = re.findall(r"(\d+(?:\.\d+)?)([smhd]?)", cleaned)
+    if not parts or "".join(n + u for n, u in parts) != cleaned:
+        raise RequestError(
+            f"{option} {text!r} is not a duration", hint=f"e.g. {option} 90, 30s, 5m, 1h30m"
+        )
+    return sum(float(number) * units[unit] for number, unit in parts)
+
+
 def gpu_list(text: str | None, option: str) -> frozenset[int]:
     """A ``0,2,4-7`` list of GPU indices, or a usage error naming ``option``."""
     return frozenset(gpu_sequence(text, option))
@@ -151,6 +214,8 @@ def build_want(
     score: str,
     drb_weights: str | None,
     explicit: str | None = None,
+    min_utility: float | None = None,
+    min_bandwidth: float | None = None,
 ) -> Want:
     """The engine's request from the option values; usage errors for bad combinations."""
     from gpualloc.launcher.allocate import Want
@@ -187,4 +252,25 @@ def build_want(
         explicit=chosen,
         effective_model=effective_model(score),
         weights=utility_weights(drb_weights),
+        min_utility=min_utility,
+        min_bandwidth_gbps=min_bandwidth,
+    )
+
+
+def wait_options(
+    *, wait: bool, timeout: str | None, priority: str, max_bypass: int
+) -> WaitOptions | None:
+    """The queue options, or None without --wait (usage errors for options that need it)."""
+    from gpualloc.launcher.wait import WaitOptions
+
+    if priority not in ("high", "normal", "low"):
+        raise RequestError(f"unknown --priority {priority!r}", hint="choose high, normal or low")
+    if not wait:
+        if timeout is not None or priority != "normal":
+            raise RequestError("--timeout and --priority apply to --wait", hint="add --wait")
+        return None
+    return WaitOptions(
+        timeout_s=parse_duration(timeout) if timeout is not None else None,
+        priority=priority,  # type: ignore[arg-type]
+        max_bypass=max_bypass,
     )

@@ -8,26 +8,34 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from gpualloc.cli.host import open_host_ledger, say, warn
+from gpualloc.cli.host import allocate, open_host_ledger, say, warn
 from gpualloc.cli.request_options import (
     DrbWeightsOption,
     ExcludeOption,
     ExplicitGpusOption,
     IgnoreForeignOption,
+    MaxBypassOption,
+    MinBandwidthOption,
+    MinUtilityOption,
     NameOption,
     PatternOption,
     PolicyOption,
+    PriorityOption,
     RequireOption,
     ScoreOption,
     SensitiveOption,
+    TimeoutOption,
     UuidOption,
+    WaitOption,
     build_want,
+    wait_options,
 )
 from gpualloc.errors import RequestError
 
 if TYPE_CHECKING:
     from gpualloc.launcher.allocate import HostLedger, Want
     from gpualloc.launcher.binding import Binding, NumaMode
+    from gpualloc.launcher.wait import WaitOptions
     from gpualloc.model.request import Placement
 
 NumaOption = Annotated[
@@ -64,6 +72,12 @@ def run_command(
     name: NameOption = None,
     uuid: UuidOption = False,
     ignore_foreign: IgnoreForeignOption = False,
+    wait: WaitOption = False,
+    timeout: TimeoutOption = None,
+    priority: PriorityOption = "normal",
+    max_bypass: MaxBypassOption = 8,
+    min_utility: MinUtilityOption = None,
+    min_bandwidth: MinBandwidthOption = None,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -82,9 +96,14 @@ def run_command(
     GPUALLOC_GPUS set, under numactl bound to the GPUs' NUMA nodes. Its GPUs are free again as
     soon as it and every process it started have exited, however they end.
 
+    With --wait it queues when the GPUs are taken and starts within half a second of its turn
+    (first come, first served; a later job may start first only while an earlier one cannot;
+    --priority classes). --min-bandwidth / --min-utility keep it waiting for a good placement
+    even when enough GPUs are free.
+
     Exit codes: the job's own; 10 when the GPUs it needs are held (the message says by whom);
-    9 when the request cannot fit this host at all; 127/126 when the command is not found or
-    not executable.
+    124 when --wait reached --timeout; 9 when the request cannot fit this host at all; 127/126
+    when the command is not found or not executable.
 
     Example: `gpualloc run -n 2 --sensitive -- python train.py`
     """
@@ -107,13 +126,16 @@ def run_command(
         score=score,
         drb_weights=drb_weights,
         explicit=gpus,
+        min_utility=min_utility,
+        min_bandwidth=min_bandwidth,
     )
+    waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
     resolve_program(command[0], os.environ)  # 127/126 before any GPU is taken
     host = open_host_ledger(ignore_foreign=ignore_foreign, create=not dry_run)
     if dry_run:
         _dry_run(host, want, command, mode, uuid, as_json)
         return
-    _launch(host, want, command, mode, uuid=uuid, name=name, quiet=quiet)
+    _launch(host, want, command, mode, uuid=uuid, name=name, quiet=quiet, waiting=waiting)
 
 
 def _binding(host: HostLedger, placement: Placement, mode: NumaMode) -> Binding:
@@ -133,16 +155,15 @@ def _launch(
     uuid: bool,
     name: str | None,
     quiet: bool,
+    waiting: WaitOptions | None,
 ) -> None:
     from gpualloc.launcher.allocate import LeaseTerms
     from gpualloc.launcher.command import job_argv
     from gpualloc.launcher.environment import gpu_variables, job_environment
     from gpualloc.launcher.exec import exec_job
 
-    allocation = host.allocate(
-        want,
-        LeaseTerms(source="run", pid=os.getpid(), lock=True, command=tuple(command), name=name),
-    )
+    terms = LeaseTerms(source="run", pid=os.getpid(), lock=True, command=tuple(command), name=name)
+    allocation = allocate(host, want, terms, waiting)
     warn(allocation.notes)
     lease = allocation.lease
     try:

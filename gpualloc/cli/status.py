@@ -68,14 +68,50 @@ def _show(host: HostLedger, as_json: bool) -> None:
     ledger = host.store.directory.ledger_file if host.store else "none yet"
     footer = [
         f"{len(free)} of {host.topology.gpu_count} GPUs free; {len(txn.ledger.leases)} "
-        f"lease(s) in {ledger}",
+        f"lease(s), {len(txn.ledger.queue)} waiting, in {ledger}",
     ]
     if not host.this_host:
         footer.append(
             f"  topology {host.topology.name or '(unnamed)'} is not this host: its leases are "
             "kept apart from the host's, and its processes are the ones its file declares"
         )
-    print_tables([_gpu_table(host, occupancy)], footer=footer)
+    tables = [_gpu_table(host, occupancy)]
+    if txn.ledger.queue:
+        tables.append(_queue_table(txn))
+    print_tables(tables, footer=footer)
+
+
+def _queue_table(txn: LedgerTransaction) -> Table:
+    from gpualloc.cli.output import Table
+    from gpualloc.launcher.queue import turn_order
+    from gpualloc.ledger.occupancy import format_age, shorten
+
+    now = datetime.now(timezone.utc)
+    rows = []
+    for position, waiter in enumerate(turn_order(txn.ledger.queue), start=1):
+        request = waiter.request
+        wants = f"{request.gpus} GPU(s)" + (" sensitive" if request.sensitive else "")
+        if request.min_bandwidth_gbps is not None:
+            wants += f", >= {request.min_bandwidth_gbps:g} GB/s"
+        if request.min_utility is not None:
+            wants += f", utility >= {request.min_utility:g}"
+        command = shorten(" ".join(waiter.command), 40)
+        rows.append(
+            [
+                str(position),
+                waiter.user,
+                waiter.priority,
+                wants,
+                format_age(now - waiter.created),
+                str(waiter.passed_over),
+                ": ".join(part for part in (waiter.name, command) if part) or "-",
+            ]
+        )
+    return Table(
+        "Queue (turn order)",
+        ["#", "User", "Priority", "Wants", "Waiting", "Passed", "Job"],
+        rows,
+    )
 
 
 def _gpu_table(host: HostLedger, occupancy: Occupancy) -> Table:
@@ -117,6 +153,8 @@ def _gpu_table(host: HostLedger, occupancy: Occupancy) -> Table:
 
 
 def status_json(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) -> dict[str, Any]:
+    from gpualloc.launcher.queue import turn_order
+
     gpus = []
     for gpu in host.topology.gpus:
         lease = occupancy.leases.get(gpu.index)
@@ -140,5 +178,9 @@ def status_json(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) 
         "free": sorted(occupancy.free),
         "gpus": gpus,
         "leases": [lease_json(lease) for lease in txn.ledger.leases],
+        "queue": [
+            {"position": position, **waiter.model_dump(mode="json")}
+            for position, waiter in enumerate(turn_order(txn.ledger.queue), start=1)
+        ],
         "notes": [*host.processes.notes, *txn.notes],
     }

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 import pwd
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,7 +33,7 @@ from gpualloc.errors import (
 )
 from gpualloc.ledger.liveness import lock_held, take_lease_lock
 from gpualloc.ledger.occupancy import Occupancy
-from gpualloc.ledger.schema import Lease, LeasedGpu, LeaseSource, Ledger
+from gpualloc.ledger.schema import Lease, LeasedGpu, LeaseSource, Ledger, QueuedRequest
 from gpualloc.ledger.scope import ledger_scope
 from gpualloc.ledger.statedir import StateDirectoryMissing, open_state_directory
 from gpualloc.ledger.store import LedgerStore, LedgerTransaction, new_lease_id
@@ -54,13 +55,60 @@ lease being created right now (file made, ledger not yet written) is never taken
 
 @dataclass(frozen=True)
 class Want:
-    """What the caller wants: the engine's choice for ``request``, or exactly ``explicit``."""
+    """What the caller wants: the engine's choice for ``request``, or exactly ``explicit``;
+    with ``min_utility`` / ``min_bandwidth_gbps``, only a placement at least that good
+    (postponement, DRB paper section 4.4)."""
 
     request: JobRequest
     policy: str = DEFAULT_POLICY
     explicit: tuple[int, ...] | None = None
     effective_model: EffectiveModel = EffectiveModel.AUTO
     weights: UtilityWeights | None = None
+    min_utility: float | None = None
+    min_bandwidth_gbps: float | None = None
+
+    def queued(self) -> QueuedRequest:
+        """This request as the queue stores it."""
+        weights = self.weights
+        return QueuedRequest(
+            gpus=self.request.gpus,
+            pattern=self.request.pattern.name,
+            edges=self.request.pattern.edges,
+            sensitive=self.request.sensitive,
+            required=tuple(sorted(self.request.required)),
+            excluded=tuple(sorted(self.request.excluded)),
+            explicit=self.explicit,
+            policy=self.policy,
+            score=self.effective_model.value,
+            drb_weights=(
+                (weights.communication, weights.interference, weights.fragmentation)
+                if weights
+                else None
+            ),
+            min_utility=self.min_utility,
+            min_bandwidth_gbps=self.min_bandwidth_gbps,
+        )
+
+    @classmethod
+    def from_queued(cls, queued: QueuedRequest) -> Want:
+        """The request of a waiting job, as any gpualloc process can place it."""
+        from gpualloc.model.request import CommunicationPattern
+
+        return cls(
+            request=JobRequest(
+                gpus=queued.gpus,
+                pattern=CommunicationPattern(queued.pattern, queued.gpus, queued.edges),
+                sensitive=queued.sensitive,
+                required=frozenset(queued.required),
+                excluded=frozenset(queued.excluded),
+            ),
+            policy=queued.policy,
+            explicit=queued.explicit,
+            effective_model=EffectiveModel(queued.score),
+            weights=UtilityWeights(*queued.drb_weights) if queued.drb_weights else None,
+            min_utility=queued.min_utility,
+            min_bandwidth_gbps=queued.min_bandwidth_gbps,
+        )
 
 
 @dataclass(frozen=True)
@@ -95,6 +143,8 @@ class HostLedger:
     processes: ProcessReport
     this_host: bool
     ignore_foreign: bool = False
+    _pending_lock: tuple[int, str] | None = field(default=None, init=False, repr=False)
+    """The lease lock taken by :meth:`record` in the current transaction, until it commits."""
 
     @classmethod
     def open(
@@ -113,6 +163,11 @@ class HostLedger:
         else:
             processes = live_processes(topology)
         return cls(topology, store, processes, this_host, ignore_foreign)
+
+    def refresh_processes(self) -> None:
+        """Ask NVML again who runs on the GPUs (a waiting job does this now and then)."""
+        if self.this_host and not self.ignore_foreign:
+            self.processes = live_processes(self.topology)
 
     def occupancy(self, ledger: Ledger) -> Occupancy:
         return Occupancy.build(
@@ -137,19 +192,42 @@ class HostLedger:
 
     def allocate(self, want: Want, terms: LeaseTerms) -> Allocation:
         """Choose GPUs and record the lease, in one transaction. Raises GpusBusy when the job
-        would fit an idle host but not the GPUs free now, NoFeasiblePlacement when it never
-        fits."""
+        would fit an idle host but not the GPUs free now (or only below its thresholds),
+        NoFeasiblePlacement when it never fits."""
+        from gpualloc.launcher.wait import newcomer_passes
+
+        with self.transaction() as txn:
+            occupancy = self.occupancy(txn.ledger)
+            placement = choose(self.topology, occupancy, want)
+            txn.count_passed_over(newcomer_passes(self, txn, occupancy, want, terms))
+            return self.record(txn, placement, want, terms)
+
+    @contextmanager
+    def transaction(self) -> Iterator[LedgerTransaction]:
+        """A ledger transaction; a lease lock taken in it is dropped again if it fails."""
         store = self._store()
-        with store.transaction() as txn:
-            placement = choose(self.topology, self.occupancy(txn.ledger), want)
-            lease_id = new_lease_id()
-            lock_fd = take_lease_lock(store.directory.lease_lock(lease_id)) if terms.lock else None
-            try:
-                lease = self._lease(lease_id, placement, want, terms)
-                txn.add(lease)
-            except BaseException:
-                _drop_lock(lock_fd, store, lease_id)
-                raise
+        self._pending_lock = None
+        try:
+            with store.transaction() as txn:
+                yield txn
+        except BaseException:
+            if self._pending_lock is not None:
+                _drop_lock(self._pending_lock[0], store, self._pending_lock[1])
+            raise
+        finally:
+            self._pending_lock = None
+
+    def record(
+        self, txn: LedgerTransaction, placement: Placement, want: Want, terms: LeaseTerms
+    ) -> Allocation:
+        """Add the lease for ``placement`` to ``txn`` (taking its lease lock if asked)."""
+        store = self._store()
+        lease_id = new_lease_id()
+        lock_fd = take_lease_lock(store.directory.lease_lock(lease_id)) if terms.lock else None
+        if lock_fd is not None:
+            self._pending_lock = (lock_fd, lease_id)
+        lease = self._lease(lease_id, placement, want, terms)
+        txn.add(lease)
         return Allocation(lease, placement, lock_fd, txn.notes, txn.reaped)
 
     def _lease(self, lease_id: str, placement: Placement, want: Want, terms: LeaseTerms) -> Lease:
@@ -267,7 +345,7 @@ def choose(topology: Topology, occupancy: Occupancy, want: Want) -> Placement:
     from gpualloc.placement.registry import get_policy
 
     if want.explicit is not None:
-        return _explicit(topology, occupancy, want)
+        return _good_enough(_explicit(topology, occupancy, want), want)
     policy = get_policy(want.policy)
     try:
         ctx = _context_now(topology, occupancy, want)
@@ -275,7 +353,35 @@ def choose(topology: Topology, occupancy: Occupancy, want: Want) -> Placement:
         usable = frozenset(range(topology.gpu_count)) - occupancy.lost
         decision_context(topology, want.request, HostState(free=usable))  # never fits: raises
         raise _busy(occupancy, want.request, now) from None
-    return policy.place(ctx)
+    return _good_enough(policy.place(ctx), want)
+
+
+class PlacementTooPoor(GpusBusy):
+    """Enough GPUs are free, but the placement they allow is below the job's threshold."""
+
+
+def _good_enough(placement: Placement, want: Want) -> Placement:
+    """``placement``, unless it misses ``--min-utility`` or ``--min-bandwidth``."""
+    s = placement.scores
+    gpus = ",".join(map(str, placement.gpus))
+    if want.min_utility is not None and s.utility < want.min_utility:
+        raise PlacementTooPoor(
+            f"the best placement now (GPU {gpus}) has utility {s.utility:.3f}, below "
+            f"--min-utility {want.min_utility:g}",
+            hint="wait for better GPUs (--wait), or lower --min-utility",
+        )
+    effective = s.effective_gbps  # None for one GPU: no link to be slow
+    if (
+        want.min_bandwidth_gbps is not None
+        and effective is not None
+        and (effective < want.min_bandwidth_gbps)
+    ):
+        raise PlacementTooPoor(
+            f"the best placement now (GPU {gpus}) predicts {effective:g} GB/s, below "
+            f"--min-bandwidth {want.min_bandwidth_gbps:g}",
+            hint="wait for better GPUs (--wait), or lower --min-bandwidth",
+        )
+    return placement
 
 
 def _context_now(topology: Topology, occupancy: Occupancy, want: Want) -> DecisionContext:

@@ -12,9 +12,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2 added the waiting queue (``queue``, ``next_seq``) and ``Lease.sensitive``; a version 1
+file reads as version 2 with an empty queue."""
 
 LeaseSource = Literal["run", "alloc", "slurm"]
+Priority = Literal["high", "normal", "low"]
+PRIORITY_RANK: dict[str, int] = {"high": 0, "normal": 1, "low": 2}
 
 
 class LeasedGpu(BaseModel):
@@ -62,6 +66,54 @@ class Lease(BaseModel):
         return tuple(gpu.index for gpu in self.gpus)
 
 
+class QueuedRequest(BaseModel):
+    """A waiting job's request, complete enough for any gpualloc process to place it (a later
+    job decides whether it may pass this one by asking whether this one could start now)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpus: int = Field(ge=1)
+    pattern: str = "ring"
+    edges: tuple[tuple[int, int], ...] = ()
+    sensitive: bool
+    required: tuple[int, ...] = ()
+    excluded: tuple[int, ...] = ()
+    explicit: tuple[int, ...] | None = None
+    policy: str = "mapa"
+    score: str = "auto"
+    drb_weights: tuple[float, float, float] | None = None
+    min_utility: float | None = Field(default=None, ge=0, le=1)
+    min_bandwidth_gbps: float | None = Field(default=None, ge=0)
+
+
+class Waiter(BaseModel):
+    """A job waiting in the host queue (``run --wait``, ``alloc --wait``).
+
+    Alive while its gpualloc process is (pid and start time, as for leases); a dead waiter is
+    removed by the next transaction, so a killed waiter leaves no ghost entry.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=r"^[0-9a-f]{12}$")
+    seq: int = Field(ge=0)
+    """Arrival order on this host (first come, first served within a priority class)."""
+    uid: int = Field(ge=0)
+    user: str
+    pid: int = Field(gt=0)
+    pid_start_time: float | None = None
+    priority: Priority = "normal"
+    passed_over: int = Field(default=0, ge=0)
+    """How many later jobs started before this one (backfill)."""
+    max_bypass: int = Field(default=8, ge=0)
+    """Once passed over this often, this waiter stops backfill until it starts."""
+    request: QueuedRequest
+    command: tuple[str, ...] = ()
+    name: str | None = None
+    source: LeaseSource = "run"
+    created: datetime
+
+
 class Ledger(BaseModel):
     """The whole state file."""
 
@@ -71,6 +123,8 @@ class Ledger(BaseModel):
     generation: int = Field(default=0, ge=0)
     host: str
     leases: list[Lease] = Field(default_factory=list)
+    queue: list[Waiter] = Field(default_factory=list)
+    next_seq: int = Field(default=0, ge=0)
 
     @field_validator("leases")
     @classmethod
@@ -92,3 +146,6 @@ class Ledger(BaseModel):
 
     def find(self, lease_id: str) -> Lease | None:
         return next((lease for lease in self.leases if lease.id == lease_id), None)
+
+    def waiter(self, waiter_id: str) -> Waiter | None:
+        return next((w for w in self.queue if w.id == waiter_id), None)

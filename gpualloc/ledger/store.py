@@ -26,7 +26,7 @@ import json
 import os
 import secrets
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +37,7 @@ from pydantic import ValidationError
 from gpualloc.atomic import write_text_atomic
 from gpualloc.errors import FileAccessError, LedgerError
 from gpualloc.ledger.liveness import lock_held, process_alive
-from gpualloc.ledger.schema import SCHEMA_VERSION, Lease, Ledger
+from gpualloc.ledger.schema import SCHEMA_VERSION, Lease, Ledger, Waiter
 from gpualloc.ledger.statedir import StateDirectory
 from gpualloc.model.validation import describe_validation_error
 
@@ -70,6 +70,7 @@ class LedgerTransaction:
 
     ledger: Ledger
     reaped: list[Lease] = field(default_factory=list)
+    reaped_waiters: list[Waiter] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     """Things the user should hear about (a recovered ledger)."""
     changed: bool = False
@@ -90,6 +91,35 @@ class LedgerTransaction:
             self.ledger.leases = [other for other in self.ledger.leases if other.id != lease_id]
             self.changed = True
         return lease
+
+    # ---- the waiting queue -----------------------------------------------------------------
+
+    def enqueue(self, waiter: Waiter) -> Waiter:
+        """Add ``waiter`` at the back of its priority class; returns it with its arrival number."""
+        if self.ledger.waiter(waiter.id) is not None:
+            raise LedgerError(f"a waiter with id {waiter.id} exists already")
+        queued = waiter.model_copy(update={"seq": self.ledger.next_seq})
+        self.ledger.next_seq += 1
+        self.ledger.queue.append(queued)
+        self.changed = True
+        return queued
+
+    def dequeue(self, waiter_id: str) -> Waiter | None:
+        waiter = self.ledger.waiter(waiter_id)
+        if waiter is not None:
+            self.ledger.queue = [w for w in self.ledger.queue if w.id != waiter_id]
+            self.changed = True
+        return waiter
+
+    def count_passed_over(self, waiter_ids: Iterable[str]) -> None:
+        """Record that a job started before each of these waiters (backfill)."""
+        passed = set(waiter_ids)
+        if passed:
+            self.ledger.queue = [
+                w.model_copy(update={"passed_over": w.passed_over + 1}) if w.id in passed else w
+                for w in self.ledger.queue
+            ]
+            self.changed = True
 
 
 class LedgerStore:
@@ -141,6 +171,10 @@ class LedgerStore:
             if not self.alive(lease, self.directory):
                 txn.remove(lease.id)
                 txn.reaped.append(lease)
+        for waiter in list(txn.ledger.queue):
+            if not process_alive(waiter.pid, waiter.pid_start_time):
+                txn.dequeue(waiter.id)
+                txn.reaped_waiters.append(waiter)
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -254,6 +288,8 @@ def parse_ledger(text: str, source: str) -> Ledger:
             f"{SCHEMA_VERSION})",
             hint="upgrade gpualloc on this host; every user must run the same version",
         )
+    if version == 1:
+        data = {**data, "schema_version": SCHEMA_VERSION}  # 2 only added fields with defaults
     try:
         return Ledger.model_validate(data)
     except ValidationError as exc:

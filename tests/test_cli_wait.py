@@ -1,0 +1,188 @@
+"""``run --wait`` / ``alloc --wait`` end to end: real processes on a bundled topology.
+
+Tests synchronise on what the processes report (the queue as ``status --json`` shows it, lines
+the jobs print, exits), never on fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.test_cli_run import TIMEOUT_S, gpualloc, gpualloc_argv, status
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for: {what}"
+        time.sleep(0.05)
+
+
+def _queued(count: int) -> Callable[[], bool]:
+    return lambda: len(status()["queue"]) == count
+
+
+def _hold(gpus: str) -> str:
+    result = gpualloc("alloc", "--hold", "--gpus", gpus, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)["lease"]["id"]
+
+
+def _waiter(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        gpualloc_argv("run", "--wait", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+
+
+def _finish(process: subprocess.Popen) -> tuple[int, str, str]:
+    out, err = process.communicate(timeout=TIMEOUT_S)
+    return process.returncode, out, err
+
+
+def test_a_waiter_starts_when_the_holder_releases_on_the_pair_plan_would_choose() -> None:
+    everything = _hold("0-7")
+    waiter = _waiter("-n", "2", "--sensitive", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES")
+    _until(_queued(1), "the waiter to join the queue")
+    (entry,) = status()["queue"]
+    assert entry["position"] == 1 and entry["request"]["gpus"] == 2 and entry["seq"] == 0
+    assert gpualloc("release", everything).returncode == 0
+    code, out, err = _finish(waiter)
+    assert code == 0, err
+    planned = json.loads(gpualloc("plan", "-n", "2", "--sensitive", "--json").stdout)["gpus"]
+    assert out == ",".join(map(str, planned)) + "\n"
+    # Not a terminal: plain status lines saying what it waits for and who holds the GPUs.
+    assert "#1 of 1 in the queue: the job needs 2 GPU(s)" in err
+    assert "held by " in err
+    assert status()["queue"] == []
+
+
+def test_timeout_exits_124_and_leaves_the_queue() -> None:
+    _hold("0-7")
+    result = gpualloc("run", "--wait", "--timeout", "0.5", "--", "true")
+    assert result.returncode == 124
+    assert "no GPUs for this job within 0.5 s" in result.stderr
+    assert status()["queue"] == []
+    assert gpualloc("run", "--timeout", "5", "--", "true").returncode == 2  # needs --wait
+    assert gpualloc("run", "--wait", "--timeout", "soon", "--", "true").returncode == 2
+
+
+def test_postponement_waits_for_an_nvlinked_pair_even_with_two_gpus_free() -> None:
+    """DGX-1: with GPUs 1 and 4 free (no NVLink between them: PCIe across the sockets), a
+    sensitive pair job with --min-bandwidth waits; when 5-7 come free it takes an NVLinked pair
+    there, the pair 'plan' chooses on those GPUs."""
+    _hold("0,2,3")
+    right = _hold("5-7")
+    waiter = _waiter("-n", "2", "--min-bandwidth", "20", "--", "sh", "-c", "echo $GPUALLOC_GPUS")
+    _until(_queued(1), "the waiter to join the queue")
+    now = gpualloc("run", "-n", "2", "--min-bandwidth", "20", "--", "true")
+    assert now.returncode == 10 and "below --min-bandwidth 20" in now.stderr
+    assert gpualloc("release", right).returncode == 0
+    code, out, err = _finish(waiter)
+    assert code == 0, err
+    chosen = [int(g) for g in out.split(",")]
+    planned = json.loads(gpualloc("plan", "-n", "2", "--busy", "0,2,3", "--json").stdout)
+    assert chosen == planned["gpus"] and planned["scores"]["effective_gbps"] >= 20
+    assert 1 not in chosen or 4 not in chosen
+
+
+def test_a_threshold_no_placement_can_meet_is_refused_at_once() -> None:
+    result = gpualloc("run", "-n", "2", "--wait", "--min-bandwidth", "5000", "--", "true")
+    assert result.returncode == 9 and "wait forever" in result.stderr
+
+
+def test_backfill_lets_small_jobs_pass_a_blocked_big_one_but_not_forever() -> None:
+    held = _hold("0-5")  # GPUs 6 and 7 free
+    big = _waiter("-n", "4", "--max-bypass", "1", "--", "true")
+    _until(_queued(1), "the 4-GPU job to queue")
+    small = gpualloc("run", "-n", "1", "--wait", "--timeout", "60", "--", "true")
+    assert small.returncode == 0  # passed the blocked 4-GPU job
+    assert status()["queue"][0]["passed_over"] == 1
+    refused = gpualloc("run", "-n", "1", "--wait", "--timeout", "0.5", "--", "true")
+    assert refused.returncode == 124  # two GPUs free, but the big job may not be passed again
+    assert "passed over 1 times: no more backfill" in refused.stderr
+    jumper = gpualloc("run", "-n", "1", "--", "true")  # not waiting does not mean not queueing
+    assert jumper.returncode == 10 and "may not pass them" in jumper.stderr
+    assert gpualloc("release", held).returncode == 0
+    assert _finish(big)[0] == 0
+
+
+def test_priority_high_goes_before_an_earlier_normal_job(tmp_path: Path) -> None:
+    held = _hold("0-7")
+    order = tmp_path / "order.txt"
+    normal = _waiter("-n", "8", "--", "sh", "-c", f"echo normal >> {order}")
+    _until(_queued(1), "the normal job to queue")
+    high = _waiter("-n", "8", "--priority", "high", "--", "sh", "-c", f"echo high >> {order}")
+    _until(_queued(2), "the high-priority job to queue")
+    assert [w["priority"] for w in status()["queue"]] == ["high", "normal"]  # turn order
+    assert gpualloc("release", held).returncode == 0
+    assert _finish(high)[0] == 0 and _finish(normal)[0] == 0
+    assert order.read_text() == "high\nnormal\n"
+
+
+def test_a_killed_or_interrupted_waiter_leaves_no_entry() -> None:
+    _hold("0-7")
+    killed = _waiter("--", "true")
+    _until(_queued(1), "the waiter to queue")
+    killed.kill()
+    _finish(killed)
+    assert status()["queue"] == []
+    interrupted = _waiter("--", "true")
+    _until(_queued(1), "the waiter to queue")
+    interrupted.send_signal(signal.SIGINT)
+    code, _, err = _finish(interrupted)
+    assert code == 130 and "Traceback" not in err
+    assert json.loads(Path(_ledger_file()).read_text())["queue"] == []  # removed, not reaped
+
+
+def _ledger_file() -> str:
+    return status()["ledger"]
+
+
+def test_32_waiters_on_8_gpus_all_run_and_never_share_a_gpu(tmp_path: Path) -> None:
+    log = tmp_path / "log.txt"
+    job = (
+        "import os, sys, time\n"
+        "gpu = os.environ['GPUALLOC_GPUS']\n"
+        "def note(what):\n"
+        "    with open(sys.argv[1], 'a') as f: f.write(f'{gpu} {what} {time.monotonic()}\\n')\n"
+        "note('start'); time.sleep(0.2); note('end')\n"
+    )
+    script = tmp_path / "job.py"
+    script.write_text(job)
+    waiters = [
+        _waiter("-n", "1", "-q", "--", sys.executable, str(script), str(log)) for _ in range(32)
+    ]
+    for waiter in waiters:
+        code, _, err = _finish(waiter)
+        assert code == 0, err
+    events: dict[str, list[tuple[float, str]]] = {}
+    for line in log.read_text().splitlines():
+        gpu, what, when = line.split()
+        events.setdefault(gpu, []).append((float(when), what))
+    assert sum(len(e) for e in events.values()) == 64  # 32 starts, 32 ends
+    for gpu, timeline in events.items():
+        kinds = [what for _, what in sorted(timeline)]
+        assert kinds == ["start", "end"] * (len(kinds) // 2), f"GPU {gpu} was shared"
+    assert status()["queue"] == [] and status()["leases"] == []
+
+
+def test_alloc_wait_gets_a_lease_when_gpus_free() -> None:
+    held = _hold("0-7")
+    waiter = subprocess.Popen(
+        gpualloc_argv("alloc", "--wait", "--hold", "-n", "2", "--format", "json"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _until(_queued(1), "alloc to queue")
+    assert gpualloc("release", held).returncode == 0
+    code, out, err = _finish(waiter)
+    assert code == 0, err
+    assert json.loads(out)["lease"]["source"] == "alloc"

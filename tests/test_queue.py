@@ -1,0 +1,109 @@
+"""The host queue's rule (gpualloc.launcher.queue), and the queue in the ledger."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from gpualloc.launcher.allocate import Want
+from gpualloc.launcher.queue import Attempt, take_turn, turn_order
+from gpualloc.ledger.schema import Ledger, QueuedRequest, Waiter
+from gpualloc.ledger.store import LedgerTransaction, parse_ledger
+from gpualloc.model.request import Placement, Scores
+from gpualloc.placement.scores import EffectiveModel
+from gpualloc.placement.utility import UtilityWeights
+
+PLACEMENT = Placement("mapa", (0,), Scores(None, None, 0.0, None, 1.0), "test")
+
+
+def _waiter(name: str, seq: int, gpus: int = 1, **fields: object) -> Waiter:
+    return Waiter(
+        id=f"{seq:012x}",
+        seq=seq,
+        uid=1000,
+        user=name,
+        pid=1,
+        request=QueuedRequest(gpus=gpus, sensitive=gpus > 1),
+        created=datetime(2026, 11, 21, tzinfo=timezone.utc),
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def _fits(free: int):
+    """An attempt function for a host with ``free`` GPUs free and no topology to speak of."""
+    return lambda w: Attempt(PLACEMENT if w.request.gpus <= free else None, "too few free")
+
+
+def test_first_come_first_served_when_the_earlier_job_can_start() -> None:
+    queue = [_waiter("a", 0), _waiter("b", 1)]
+    turn = take_turn(queue, queue[1].id, _fits(free=2))
+    assert not turn.go and turn.position == 2
+    assert turn.reason == "a's 1-GPU job is ahead and can start now"
+    assert take_turn(queue, queue[0].id, _fits(free=2)).go
+
+
+def test_backfill_passes_an_earlier_job_that_cannot_start_and_counts_it() -> None:
+    queue = [_waiter("big", 0, gpus=4), _waiter("small", 1)]
+    turn = take_turn(queue, queue[1].id, _fits(free=2))
+    assert turn.go and turn.passed == (queue[0].id,)
+    assert take_turn(queue, queue[0].id, _fits(free=2)).reason == "too few free"
+
+
+def test_no_backfill_past_a_job_passed_over_too_often() -> None:
+    starving = _waiter("big", 0, gpus=4, passed_over=3, max_bypass=3)
+    queue = [starving, _waiter("small", 1)]
+    turn = take_turn(queue, queue[1].id, _fits(free=2))
+    assert not turn.go
+    assert "passed over 3 times: no more backfill" in turn.reason
+
+
+def test_priority_classes_come_before_arrival() -> None:
+    queue = [
+        _waiter("low", 0, priority="low"),
+        _waiter("n", 1),
+        _waiter("high", 2, priority="high"),
+    ]
+    assert [w.user for w in turn_order(queue)] == ["high", "n", "low"]
+    assert take_turn(queue, queue[2].id, _fits(free=1)).go
+    assert take_turn(queue, queue[0].id, _fits(free=1)).position == 3
+    with pytest.raises(KeyError):
+        take_turn(queue, "ffffffffffff", _fits(free=1))
+
+
+def test_the_ledger_numbers_arrivals_and_counts_passes() -> None:
+    txn = LedgerTransaction(Ledger(host="h"))
+    first = txn.enqueue(_waiter("a", 0))
+    second = txn.enqueue(_waiter("b", 0).model_copy(update={"id": "0000000000bb"}))
+    assert (first.seq, second.seq, txn.ledger.next_seq) == (0, 1, 2)
+    txn.count_passed_over([first.id])
+    assert txn.ledger.waiter(first.id).passed_over == 1
+    removed = txn.dequeue(first.id)
+    assert removed is not None and removed.id == first.id and txn.ledger.queue == [second]
+    assert txn.dequeue(first.id) is None
+
+
+def test_a_queued_request_round_trips_to_the_same_want() -> None:
+    from gpualloc.model.request import JobRequest
+    from gpualloc.placement.patterns import build_pattern
+
+    want = Want(
+        request=JobRequest(
+            gpus=3,
+            pattern=build_pattern("tree", 3),
+            sensitive=True,
+            required=frozenset({2}),
+            excluded=frozenset({5}),
+        ),
+        policy="drb",
+        effective_model=EffectiveModel.BOTTLENECK,
+        weights=UtilityWeights(0.5, 0.25, 0.25),
+        min_utility=0.5,
+        min_bandwidth_gbps=40.0,
+    )
+    assert Want.from_queued(want.queued()) == want
+
+
+def test_a_version_1_ledger_reads_with_an_empty_queue() -> None:
+    ledger = parse_ledger('{"schema_version": 1, "host": "h", "leases": []}', "old")
+    assert ledger.schema_version == 2 and ledger.queue == [] and ledger.next_seq == 0
