@@ -186,3 +186,32 @@ def test_alloc_wait_gets_a_lease_when_gpus_free() -> None:
     code, out, err = _finish(waiter)
     assert code == 0, err
     assert json.loads(out)["lease"]["source"] == "alloc"
+
+
+def test_on_a_terminal_the_status_line_is_redrawn_in_place_and_cleared() -> None:
+    import os
+    import pty
+
+    held = _hold("0-7")
+    master, slave = pty.openpty()
+    waiter = subprocess.Popen(
+        gpualloc_argv("run", "--wait", "-q", "--", "true"),
+        stdout=subprocess.DEVNULL,
+        stderr=slave,
+    )
+    os.close(slave)
+    seen = b""
+    while seen.count(b"\r\x1b[Kgpualloc: waiting") < 2:  # drawn, then redrawn over itself
+        chunk = os.read(master, 4096)
+        assert chunk, seen
+        seen += chunk
+    assert b"#1 of 1 in the queue" in seen and b"\n" not in seen
+    assert gpualloc("release", held).returncode == 0
+    assert waiter.wait(TIMEOUT_S) == 0
+    try:
+        while chunk := os.read(master, 4096):
+            seen += chunk
+    except OSError:  # EIO: the terminal's last writer has gone
+        pass
+    os.close(master)
+    assert seen.endswith(b"\r\x1b[K")  # the line is cleared before the job starts
