@@ -97,6 +97,27 @@ def test_a_threshold_no_placement_can_meet_is_refused_at_once() -> None:
     assert result.returncode == 9 and "wait forever" in result.stderr
 
 
+def test_min_utility_postpones_by_drb_utility() -> None:
+    """With GPU 0 held, DRB's utility of every free pair drops (interference with the running
+    job, fragmentation): a threshold between the two keeps the job out until GPU 0 is free."""
+    idle = json.loads(gpualloc("plan", "-n", "2", "--policy", "drb", "--json").stdout)
+    busy = json.loads(
+        gpualloc("plan", "-n", "2", "--policy", "drb", "--busy", "0", "--json").stdout
+    )
+    threshold = (idle["scores"]["utility"] + busy["scores"]["utility"]) / 2
+    assert busy["scores"]["utility"] < threshold < idle["scores"]["utility"]
+    held = _hold("0")
+    args = ["-n", "2", "--policy", "drb", "--min-utility", f"{threshold:.6f}"]
+    refused = gpualloc("run", *args, "--", "true")
+    assert refused.returncode == 10 and "below --min-utility" in refused.stderr
+    waiter = _waiter(*args, "--", "sh", "-c", "echo $GPUALLOC_GPUS")
+    _until(_queued(1), "the waiter to queue")
+    assert gpualloc("release", held).returncode == 0
+    code, out, err = _finish(waiter)
+    assert code == 0, err
+    assert out.strip() == ",".join(map(str, idle["gpus"]))
+
+
 def test_backfill_lets_small_jobs_pass_a_blocked_big_one_but_not_forever() -> None:
     held = _hold("0-5")  # GPUs 6 and 7 free
     big = _waiter("-n", "4", "--max-bypass", "1", "--", "true")
