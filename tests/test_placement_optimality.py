@@ -380,3 +380,32 @@ def test_preserve_loss_search_finds_every_tied_set(host_name: str) -> None:
         most = max(kept.values())
         expected = [gpus for gpus, value in kept.items() if value == most]
         assert list(LossSearch(ctx).tied_sets()) == expected, (k, sorted(busy))
+
+
+@pytest.mark.parametrize("host_name", ["cube-mesh-16", "torus-2d-16", "dgx2", "dgx-a100"])
+def test_drb_fast_scan_matches_scoring_every_set(host_name: str) -> None:
+    """UtilityModel.best_set (prefix memo, bitmasks) picks the set that scoring every candidate
+    with UtilityModel.utility picks, with jobs running (interference) and without."""
+    import random
+
+    from gpualloc.model.request import RunningJob
+    from gpualloc.placement.search import candidate_sets
+
+    topology = load_bundled(host_name)
+    n = topology.gpu_count
+    rng = random.Random(zlib.crc32(host_name.encode()))
+    for k in (2, 3, 5, n // 2) * 3:
+        busy = rng.sample(range(n), rng.randint(0, n // 3))
+        running = tuple(
+            RunningJob(frozenset(part), sensitive=rng.choice([True, False, None]))
+            for part in (busy[: len(busy) // 2], busy[len(busy) // 2 :])
+            if part
+        )
+        state = HostState(free=frozenset(range(n)) - frozenset(busy), running=running)
+        request = JobRequest(k, build_pattern("ring", k), rng.choice([True, False]))
+        ctx = decision_context(topology, request, state)
+        model = ctx.utility_model
+        sets = list(candidate_sets(ctx.pool, ctx.request.required, k))
+        keys = [round(model.utility(gpus), 6) for gpus in sets]
+        expected = sets[keys.index(max(keys))]
+        assert model.best_set(sets) == expected, (host_name, k, sorted(busy))

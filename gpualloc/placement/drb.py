@@ -24,7 +24,8 @@ from collections.abc import Sequence
 
 from gpualloc.model.request import Placement
 from gpualloc.placement.context import DecisionContext
-from gpualloc.placement.policy import Alternative, Policy, SetKey, best_set, gpu_list
+from gpualloc.placement.policy import Alternative, Policy, SetKey, gpu_list
+from gpualloc.placement.search import candidate_sets
 
 
 class DrbPolicy(Policy):
@@ -33,7 +34,7 @@ class DrbPolicy(Policy):
     reference = "DRB (SC'17) section 4, Algorithms 2-3, Eq. 2-5"
 
     def place(self, ctx: DecisionContext) -> Placement:
-        chosen = best_set(ctx, lambda gpus: self.set_key(ctx, gpus))
+        chosen = ctx.utility_model.best_set(candidate_sets(ctx.pool, ctx.request.required, ctx.k))
         return ctx.placement(self.name, self.order_of(ctx, chosen), self.objective(ctx))
 
     def objective(self, ctx: DecisionContext) -> str:
