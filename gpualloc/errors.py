@@ -42,6 +42,8 @@ class ExitCode(IntEnum):
     """The lease belongs to another user (only root may release it)."""
     NO_LEASE = 13
     """No lease has the given id (it may have been released or reaped already)."""
+    TRACE = 14
+    """A simulation trace or generator spec could not be understood."""
     TIMEOUT = 124
     """``--wait --timeout`` ran out before the GPUs came free, as timeout(1) reports it."""
     NOT_EXECUTABLE = 126
@@ -69,6 +71,7 @@ EXIT_CODE_DESCRIPTIONS: dict[ExitCode, str] = {
     ExitCode.LEDGER: "the shared ledger cannot be used (unsafe directory, newer or corrupt file)",
     ExitCode.NOT_PERMITTED: "the lease belongs to another user",
     ExitCode.NO_LEASE: "no lease with that id",
+    ExitCode.TRACE: "a simulation trace or --generate spec is not understood",
     ExitCode.TIMEOUT: "waited for GPUs until --timeout and gave up",
     ExitCode.NOT_EXECUTABLE: "the command could not be executed",
     ExitCode.COMMAND_NOT_FOUND: "the command was not found",
@@ -218,3 +221,9 @@ class WaitTimedOut(GpuallocError):
     """``--wait`` gave up at ``--timeout``."""
 
     exit_code = ExitCode.TIMEOUT
+
+
+class TraceError(GpuallocError):
+    """A simulation trace or generator spec is malformed; names the line and the field."""
+
+    exit_code = ExitCode.TRACE

@@ -45,6 +45,8 @@ class Turn:
     """Why it waits, for the status line."""
     position: int = 0
     """1-based position in turn order."""
+    waiter: Waiter | None = None
+    """The waiter this turn is for (set by :func:`next_start`)."""
 
     @property
     def go(self) -> bool:
@@ -89,3 +91,22 @@ def take_turn(
 def _who(waiter: Waiter) -> str:
     label = f"{waiter.user}'s {waiter.request.gpus}-GPU job"
     return f"{label} ({waiter.name})" if waiter.name else label
+
+
+def next_start(queue: Sequence[Waiter], attempt: Callable[[Waiter], Attempt]) -> Turn | None:
+    """The one waiter :func:`take_turn` lets start now, found in a single pass (the simulator
+    asks this after every change; a live gpualloc asks :func:`take_turn` about itself).
+
+    It is the first waiter in turn order that can be placed, provided every waiter before it
+    may still be passed; any later waiter is behind a placeable one and must wait. ``None``
+    when nobody may start. The returned turn's ``waiter`` names it.
+    """
+    passed: list[str] = []
+    for position, waiter in enumerate(turn_order(queue), start=1):
+        placed = attempt(waiter)
+        if placed.placement is not None:
+            return Turn(placed.placement, passed=tuple(passed), position=position, waiter=waiter)
+        if waiter.passed_over >= waiter.max_bypass:
+            return None
+        passed.append(waiter.id)
+    return None

@@ -38,6 +38,7 @@ from gpualloc.launcher.queue import Attempt, Turn, take_turn
 from gpualloc.ledger.occupancy import Occupancy, format_age
 from gpualloc.ledger.schema import Ledger, Priority, QueuedRequest, Waiter
 from gpualloc.ledger.store import LedgerTransaction, new_lease_id
+from gpualloc.model.topology import Topology
 
 POLL_S = 0.25
 PROCESS_REFRESH_S = 2.0
@@ -146,7 +147,7 @@ def _look(
 ) -> tuple[Allocation | None, WaitStatus]:
     """Apply the queue rule for ``waiter_id`` in ``txn``; start it if it may."""
     occupancy = host.occupancy(txn.ledger)
-    turn = take_turn(txn.ledger.queue, waiter_id, attempts(host, occupancy))
+    turn = take_turn(txn.ledger.queue, waiter_id, attempts(host.topology, occupancy))
     status = WaitStatus(
         position=turn.position,
         queue_length=len(txn.ledger.queue),
@@ -173,7 +174,7 @@ def _start(
     return host.record(txn, turn.placement, want, terms)
 
 
-def attempts(host: HostLedger, occupancy: Occupancy) -> Callable[[Waiter], Attempt]:
+def attempts(topology: Topology, occupancy: Occupancy) -> Callable[[Waiter], Attempt]:
     """Where a waiter would start on the GPUs free now, or why it cannot; waiters asking for
     the same thing get one answer per look (32 one-GPU waiters cost one placement)."""
     answers: dict[QueuedRequest, Attempt] = {}
@@ -182,7 +183,7 @@ def attempts(host: HostLedger, occupancy: Occupancy) -> Callable[[Waiter], Attem
         if waiter.request not in answers:
             try:
                 want = Want.from_queued(waiter.request)
-                answers[waiter.request] = Attempt(choose(host.topology, occupancy, want))
+                answers[waiter.request] = Attempt(choose(topology, occupancy, want))
             except (GpusBusy, NoFeasiblePlacement) as why:
                 answers[waiter.request] = Attempt(None, why.message)
             except GpuallocError as why:  # e.g. a policy this gpualloc does not know
@@ -204,7 +205,7 @@ def newcomer_passes(
     newcomer = _waiter(new_lease_id(), want, terms, WaitOptions()).model_copy(
         update={"seq": txn.ledger.next_seq}
     )
-    turn = take_turn([*txn.ledger.queue, newcomer], newcomer.id, attempts(host, occupancy))
+    turn = take_turn([*txn.ledger.queue, newcomer], newcomer.id, attempts(host.topology, occupancy))
     if not turn.go:
         raise GpusBusy(
             f"{len(txn.ledger.queue)} job(s) wait in the host queue and this one may not pass "

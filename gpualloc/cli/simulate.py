@@ -1,0 +1,187 @@
+"""``gpualloc simulate``: compare policies on a job trace, the way the MAPA and DRB papers did."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from gpualloc.cli.state import STATE
+from gpualloc.errors import RequestError, TraceError
+
+
+def simulate_command(
+    trace: Annotated[
+        Optional[Path],  # noqa: UP045 - typer needs Optional on Python 3.10
+        typer.Option(
+            metavar="FILE",
+            help="Jobs, JSON Lines or CSV with a header: id, arrival_s, gpus, duration_s, "
+            "sensitive[, pattern, workload, batch, min_utility, priority].",
+        ),
+    ] = None,
+    generate: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            metavar="SPEC",
+            help="Generate the jobs instead: mapa[:jobs=300,min_gpus=2,max_gpus=5,...] (the "
+            "MAPA paper's workload) or drb[:jobs=100,rate_per_min=10] (the DRB paper's).",
+        ),
+    ] = None,
+    policy: Annotated[
+        str,
+        typer.Option(help="Policies to compare, comma-separated (e.g. baseline,besteffort,mapa)."),
+    ] = "mapa",
+    queue: Annotated[
+        str,
+        typer.Option(
+            help="fifo: no job passes another; backfill: a job may pass one that cannot start, "
+            "a bounded number of times (as 'run --wait' does)."
+        ),
+    ] = "fifo",
+    runtime: Annotated[
+        str,
+        typer.Option(
+            help="fixed: the trace's durations; bandwidth: sensitive jobs slow down with the "
+            "effective bandwidth they got; profile: the DRB paper's measured times."
+        ),
+    ] = "fixed",
+    profile: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(metavar="FILE", help="Job profile for --runtime profile (default: DRB's)."),
+    ] = None,
+    no_postpone: Annotated[
+        bool,
+        typer.Option(
+            "--no-postpone", help="Ignore the jobs' min_utility (DRB's TOPO-AWARE, not -P)."
+        ),
+    ] = False,
+    seed: Annotated[int, typer.Option(help="Seed of --generate.")] = 0,
+    save_trace: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(metavar="FILE", help="Write the jobs simulated as a JSON Lines trace."),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print JSON: summaries and jobs.")
+    ] = False,
+) -> None:
+    """Simulate a stream of jobs on a topology under each policy and compare them: makespan,
+    completion and waiting times, and the effective bandwidth jobs got.
+
+    Placement and queueing are the live code of 'run --wait'. The DRB paper's schedulers:
+    FCFS = --policy baseline --queue fifo; BF = --policy pack --queue backfill; TOPO-AWARE =
+    --policy drb --no-postpone; TOPO-AWARE-P = --policy drb.
+
+    Example: `gpualloc -t dgx1-v100 simulate --generate mapa --policy baseline,besteffort,mapa`
+    """
+    from gpualloc.placement.registry import get_policy
+    from gpualloc.simulate.engine import SimOptions, simulate
+    from gpualloc.simulate.generate import generate as generate_jobs
+    from gpualloc.simulate.profile import DrbProfile
+    from gpualloc.simulate.summary import summarise
+    from gpualloc.simulate.trace import load_trace, write_trace
+
+    if (trace is None) == (generate is None):
+        raise RequestError("give --trace FILE or --generate SPEC", hint="one of them")
+    policies = [name.strip() for name in policy.split(",") if name.strip()]
+    if not policies:
+        raise RequestError("--policy names no policy", hint="e.g. --policy baseline,mapa")
+    for name in policies:
+        get_policy(name)
+    jobs = load_trace(trace) if trace is not None else generate_jobs(generate or "", seed)
+    if save_trace is not None:
+        from gpualloc.atomic import write_text_atomic
+
+        write_text_atomic(save_trace, write_trace(jobs))
+    topology = STATE.load_topology()
+    loaded_profile = DrbProfile.load(profile) if profile is not None else None
+    if loaded_profile is not None and runtime != "profile":
+        raise TraceError("--profile applies to --runtime profile", hint="add --runtime profile")
+    results = {
+        name: simulate(
+            topology,
+            jobs,
+            SimOptions(
+                policy=name,
+                queue=queue,
+                runtime=runtime,
+                postpone=not no_postpone,
+                profile=loaded_profile,
+            ),
+        )
+        for name in policies
+    }
+    summaries = {name: summarise(result) for name, result in results.items()}
+    if as_json:
+        from gpualloc.cli.output import print_json
+
+        print_json(
+            {
+                "topology": topology.name,
+                "queue": queue,
+                "runtime": runtime,
+                "postpone": not no_postpone,
+                "policies": {
+                    name: {
+                        "summary": summaries[name],
+                        "jobs": [job.as_dict() for job in results[name].jobs],
+                    }
+                    for name in policies
+                },
+            }
+        )
+        return
+    _show(topology.name or "topology", len(jobs), queue, runtime, summaries)
+
+
+def _show(name: str, count: int, queue: str, runtime: str, summaries: dict[str, Any]) -> None:
+    from gpualloc.cli.output import Table, print_tables
+
+    def fmt(value: float | None, digits: int = 1) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    rows = []
+    for policy, s in summaries.items():
+        sensitive = s["sensitive_effective_gbps"]
+        rows.append(
+            [
+                policy,
+                fmt(s["makespan_s"]),
+                fmt(s["mean_jct_s"]),
+                fmt(s["p95_jct_s"]),
+                fmt(s["mean_wait_s"]),
+                fmt(sensitive["min"]),
+                fmt(sensitive["p25"]),
+                fmt(sensitive["p50"]),
+                fmt(s["insensitive_effective_gbps"]["p50"]),
+                fmt(s["mean_pcie_share"], 2),
+                fmt(s["decision_ms"]["mean"], 2),
+            ]
+        )
+    print_tables(
+        [
+            Table(
+                f"{count} jobs on {name}, {queue} queue, {runtime} runtimes (times in s, "
+                "bandwidths in GB/s)",
+                [
+                    "Policy",
+                    "Makespan",
+                    "Mean JCT",
+                    "p95 JCT",
+                    "Mean wait",
+                    "Sens min",
+                    "Sens p25",
+                    "Sens p50",
+                    "Insens p50",
+                    "PCIe share",
+                    "Decision ms",
+                ],
+                rows,
+                right_align_from=1,
+            )
+        ],
+        footer=[
+            "Sens/Insens: effective bandwidth of bandwidth-sensitive / insensitive jobs of 2+ "
+            "GPUs; PCIe share: of the pattern's links that carry no NVLink."
+        ],
+    )

@@ -1,0 +1,1 @@
+"""The trace-driven simulator: the live placement and queue logic on simulated time."""

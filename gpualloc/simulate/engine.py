@@ -1,0 +1,332 @@
+"""The discrete-event simulator: arrivals and finishes on simulated time, placed and queued by
+the live code.
+
+Placement is :func:`gpualloc.launcher.allocate.choose` (the policy objects of ``run``, with
+``--min-utility`` postponement); the queue is :mod:`gpualloc.launcher.queue` (the rule
+``run --wait`` applies; :func:`~gpualloc.launcher.queue.next_start` finds the one job that rule
+lets start). ``--queue fifo`` lets no job pass another (``max_bypass`` 0); ``backfill`` lets a
+job pass one that cannot start, each at most ``DEFAULT_MAX_BYPASS`` times, as on a live host.
+
+Events at the same time are handled finishes first, then arrivals in trace order, then as many
+starts as the queue allows, so a run is deterministic.
+
+Runtime models (``--runtime``):
+
+- ``fixed``: the trace's duration (MAPA's simulator);
+- ``bandwidth``: a sensitive job spends half its time communicating, and that half stretches by
+  the ratio of the best effective bandwidth a job of its size gets on the empty host to the one
+  it got: ``T = T0 * (0.5 + 0.5 * ideal / got)``; insensitive and 1-GPU jobs keep ``T0``;
+- ``profile``: the DRB paper's measured times (``--profile``, default the paper's): the solo time
+  within a socket, or across sockets when the job's GPUs span both, stretched by the worst
+  co-location slowdown with the jobs already running on the same sockets. Slowdowns are fixed
+  when a job starts (jobs that arrive later do not slow it down retroactively).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+
+from gpualloc.errors import TraceError
+from gpualloc.launcher.queue import next_start
+from gpualloc.launcher.wait import DEFAULT_MAX_BYPASS, attempts
+from gpualloc.ledger.occupancy import Occupancy
+from gpualloc.ledger.schema import Lease, LeasedGpu, QueuedRequest, Waiter
+from gpualloc.model.request import HostState, JobRequest, Placement
+from gpualloc.model.topology import Topology
+from gpualloc.placement.patterns import build_pattern
+from gpualloc.simulate.profile import DrbProfile
+from gpualloc.simulate.trace import SimJob
+
+QUEUES = ("fifo", "backfill")
+RUNTIMES = ("fixed", "bandwidth", "profile")
+COMMUNICATION_SHARE = 0.5
+"""The share of a sensitive job's time spent communicating, in the ``bandwidth`` model."""
+_EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    policy: str = "mapa"
+    queue: str = "fifo"
+    runtime: str = "fixed"
+    postpone: bool = True
+    """Honour each job's ``min_utility`` (TOPO-AWARE-P); False: TOPO-AWARE."""
+    profile: DrbProfile | None = None
+
+
+@dataclass
+class JobResult:
+    job: SimJob
+    start_s: float
+    end_s: float
+    gpus: tuple[int, ...]
+    aggregated_gbps: float | None
+    effective_gbps: float | None
+    preserved_gbps: float
+    bottleneck_gbps: float | None
+    utility: float
+    ideal_effective_gbps: float | None
+    pcie_share: float | None
+    """Share of the pattern's edges that run over PCIe (no NVLink)."""
+
+    @property
+    def wait_s(self) -> float:
+        return self.start_s - self.job.arrival_s
+
+    @property
+    def jct_s(self) -> float:
+        return self.end_s - self.job.arrival_s
+
+    @property
+    def relative_score(self) -> float | None:
+        """Effective bandwidth over the best a job of its size gets on the empty host."""
+        if self.effective_gbps is None or not self.ideal_effective_gbps:
+            return None
+        return self.effective_gbps / self.ideal_effective_gbps
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "id": self.job.id,
+            "arrival_s": self.job.arrival_s,
+            "start_s": round(self.start_s, 6),
+            "end_s": round(self.end_s, 6),
+            "wait_s": round(self.wait_s, 6),
+            "gpus": list(self.gpus),
+            "sensitive": self.job.sensitive,
+            "aggregated_gbps": self.aggregated_gbps,
+            "effective_gbps": self.effective_gbps,
+            "preserved_gbps": self.preserved_gbps,
+            "bottleneck_gbps": self.bottleneck_gbps,
+            "utility": self.utility,
+            "relative_score": _round(self.relative_score),
+            "pcie_share": _round(self.pcie_share),
+        }
+
+
+@dataclass
+class SimResult:
+    policy: str
+    jobs: list[JobResult]
+    timeline: list[tuple[float, int, int]] = field(default_factory=list)
+    """(time, free GPUs, waiting jobs) after each event time."""
+    decision_ms: list[float] = field(default_factory=list)
+
+
+@dataclass(order=True)
+class _Running:
+    end_s: float
+    order: int
+    result: JobResult = field(compare=False)
+
+
+def simulate(topology: Topology, jobs: list[SimJob], options: SimOptions) -> SimResult:
+    """Run ``jobs`` (arrival order) on ``topology`` under ``options``."""
+    _check(topology, jobs, options)
+    sim = _Simulation(topology, options)
+    return sim.run(jobs)
+
+
+def _check(topology: Topology, jobs: list[SimJob], options: SimOptions) -> None:
+    if options.queue not in QUEUES:
+        raise TraceError(f"unknown --queue {options.queue!r}", hint=" or ".join(QUEUES))
+    if options.runtime not in RUNTIMES:
+        raise TraceError(f"unknown --runtime {options.runtime!r}", hint=", ".join(RUNTIMES))
+    too_big = [job for job in jobs if job.gpus > topology.gpu_count]
+    if too_big:
+        raise TraceError(
+            f"job {too_big[0].id} asks for {too_big[0].gpus} GPUs; "
+            f"{topology.name or 'the topology'} has {topology.gpu_count}",
+            hint="drop it from the trace or simulate a bigger host",
+        )
+    if options.runtime == "profile":
+        missing = [job for job in jobs if job.workload is None or job.batch is None]
+        if missing:
+            raise TraceError(
+                f"--runtime profile needs workload and batch; job {missing[0].id} lacks them",
+                hint="use --generate drb, or --runtime fixed",
+            )
+
+
+class _Simulation:
+    def __init__(self, topology: Topology, options: SimOptions) -> None:
+        self.topology = topology
+        self.options = options
+        self.max_bypass = 0 if options.queue == "fifo" else DEFAULT_MAX_BYPASS
+        self.profile = options.profile or (
+            DrbProfile.bundled() if options.runtime == "profile" else None
+        )
+        self.running: list[_Running] = []
+        self.leases: dict[str, Lease] = {}
+        self.queue: list[Waiter] = []
+        self.by_waiter: dict[str, SimJob] = {}
+        self.results: list[JobResult] = []
+        self.ideal: dict[tuple[int, str], float | None] = {}
+        self.result = SimResult(options.policy, self.results)
+
+    # ---- the event loop ----------------------------------------------------------------------
+
+    def run(self, jobs: list[SimJob]) -> SimResult:
+        pending = [replace(job, order=index) for index, job in enumerate(jobs)]
+        index = 0
+        while index < len(pending) or self.running or self.queue:
+            next_arrival = pending[index].arrival_s if index < len(pending) else None
+            next_finish = self.running[0].end_s if self.running else None
+            if next_finish is None and next_arrival is None:
+                stuck = ", ".join(w.id for w in self.queue[:3])
+                raise TraceError(
+                    f"jobs can never start (waiters {stuck}): their minimum utility is out of "
+                    "reach on this host",
+                    hint="lower min_utility, or use --no-postpone",
+                )
+            now = min(t for t in (next_arrival, next_finish) if t is not None)
+            while self.running and self.running[0].end_s <= now:
+                self._finish(heapq.heappop(self.running))
+            while index < len(pending) and pending[index].arrival_s <= now:
+                self._arrive(pending[index])
+                index += 1
+            self._start_what_may(now)
+            free = self.topology.gpu_count - sum(len(r.result.gpus) for r in self.running)
+            self.result.timeline.append((now, free, len(self.queue)))
+        self.results.sort(key=lambda result: result.job.order)
+        return self.result
+
+    def _arrive(self, job: SimJob) -> None:
+        waiter_id = f"{job.order:012x}"
+        pattern = build_pattern(job.pattern, job.gpus)
+        request = QueuedRequest(
+            gpus=job.gpus,
+            pattern=pattern.name,
+            edges=pattern.edges,
+            sensitive=job.sensitive,
+            policy=self.options.policy,
+            min_utility=job.min_utility if self.options.postpone else None,
+        )
+        self.queue.append(
+            Waiter(
+                id=waiter_id,
+                seq=job.order,
+                uid=0,
+                user="sim",
+                pid=1,
+                priority=job.priority,  # type: ignore[arg-type]
+                max_bypass=self.max_bypass,
+                request=request,
+                created=_EPOCH,
+            )
+        )
+        self.by_waiter[waiter_id] = job
+
+    def _finish(self, running: _Running) -> None:
+        self.leases.pop(running.result.job.id, None)
+
+    def _start_what_may(self, now: float) -> None:
+        while self.queue:
+            occupancy = self._occupancy()
+            started = time.perf_counter()
+            turn = next_start(self.queue, attempts(self.topology, occupancy))
+            self.result.decision_ms.append((time.perf_counter() - started) * 1000)
+            if turn is None or turn.waiter is None or turn.placement is None:
+                return
+            passed = set(turn.passed)
+            self.queue = [
+                w.model_copy(update={"passed_over": w.passed_over + 1}) if w.id in passed else w
+                for w in self.queue
+                if w.id != turn.waiter.id
+            ]
+            self._start(self.by_waiter.pop(turn.waiter.id), turn.placement, now, occupancy)
+
+    def _occupancy(self) -> Occupancy:
+        leases = {g.index: lease for lease in self.leases.values() for g in lease.gpus}
+        return Occupancy(gpu_count=self.topology.gpu_count, leases=leases)
+
+    # ---- starting a job ------------------------------------------------------------------------
+
+    def _start(self, job: SimJob, placement: Placement, now: float, before: Occupancy) -> None:
+        s = placement.scores
+        result = JobResult(
+            job=job,
+            start_s=now,
+            end_s=now + self._duration(job, placement, before),
+            gpus=placement.gpus,
+            aggregated_gbps=s.aggregated_gbps,
+            effective_gbps=s.effective_gbps,
+            preserved_gbps=s.preserved_gbps,
+            bottleneck_gbps=s.bottleneck_gbps,
+            utility=s.utility,
+            ideal_effective_gbps=self._ideal(job),
+            pcie_share=self._pcie_share(job, placement),
+        )
+        self.results.append(result)
+        self.leases[job.id] = Lease(
+            id=f"{job.order:012x}",
+            gpus=tuple(LeasedGpu(index=g) for g in placement.gpus),
+            uid=0,
+            user="sim",
+            sensitive=job.sensitive,
+            hold=True,
+            command=(job.workload or job.id,),
+            name=job.id,
+            created=_EPOCH,
+            source="run",
+        )
+        heapq.heappush(self.running, _Running(result.end_s, job.order, result))
+
+    def _duration(self, job: SimJob, placement: Placement, before: Occupancy) -> float:
+        runtime = self.options.runtime
+        if runtime == "fixed":
+            return job.duration_s
+        if runtime == "bandwidth":
+            got, ideal = placement.scores.effective_gbps, self._ideal(job)
+            if not job.sensitive or not got or not ideal:
+                return job.duration_s
+            return job.duration_s * (1 - COMMUNICATION_SHARE + COMMUNICATION_SHARE * ideal / got)
+        return self._profile_duration(job, placement)
+
+    def _profile_duration(self, job: SimJob, placement: Placement) -> float:
+        assert self.profile is not None and job.workload is not None and job.batch is not None
+        sockets = {self.topology.gpu(g).numa_node for g in placement.gpus}
+        solo = self.profile.solo_s(job.workload, job.batch, job.gpus, cross_socket=len(sockets) > 1)
+        worst = 1.0
+        for other in self.running:
+            other_job = other.result.job
+            shared = sockets & {self.topology.gpu(g).numa_node for g in other.result.gpus}
+            if shared and other_job.workload and other_job.batch:
+                worst = max(
+                    worst,
+                    self.profile.slowdown(
+                        job.workload,
+                        job.batch,
+                        job.gpus,
+                        (other_job.workload, other_job.batch, other_job.gpus),
+                    ),
+                )
+        return solo * worst
+
+    def _ideal(self, job: SimJob) -> float | None:
+        """The best effective bandwidth a job of this size and pattern gets on the empty host
+        (MAPA's ``sensitive`` objective)."""
+        key = (job.gpus, job.pattern)
+        if key not in self.ideal:
+            from gpualloc.placement.engine import plan
+
+            request = JobRequest(job.gpus, build_pattern(job.pattern, job.gpus), True)
+            best = plan(self.topology, request, HostState.all_free(self.topology.gpu_count))
+            self.ideal[key] = best.scores.effective_gbps
+        return self.ideal[key]
+
+    def _pcie_share(self, job: SimJob, placement: Placement) -> float | None:
+        pattern = build_pattern(job.pattern, job.gpus)
+        if not pattern.edges:
+            return None
+        order = placement.gpus
+        pcie = sum(
+            1 for u, v in pattern.edges if not self.topology.link(order[u], order[v]).nvlinks
+        )
+        return pcie / len(pattern.edges)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)

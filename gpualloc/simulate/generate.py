@@ -1,0 +1,164 @@
+"""Seeded workload generators: the MAPA paper's and the DRB paper's (``--generate SPEC``).
+
+A SPEC is a generator name with optional ``key=value`` settings: ``mapa``,
+``mapa:jobs=300,min_gpus=2,max_gpus=5``, ``drb:jobs=100,rate_per_min=10``. The same SPEC and
+seed always give the same jobs.
+
+``mapa`` follows MAPA's job generator (socal-ucr/jobGenerator, final version, as recorded in the
+project's reference notes): GPU counts uniform over ``min_gpus..max_gpus`` (default 2..5),
+service times uniform over ``min_service..max_service`` (default 5..24, seconds here), ring
+jobs, the network uniform over six, of which AlexNet, Inception-v3, ResNet-50 and VGG16 are
+bandwidth-sensitive and GoogLeNet and CaffeNet are not. MAPA's simulator queues every job at
+time 0 (``arrival=zero``, the default); ``arrival=spread`` draws the generator's sorted uniform
+arrival times in ``[0, 14.5 * jobs)`` instead.
+
+``drb`` follows the DRB paper's simulation (seed 000, section 5.3): Poisson arrivals with
+``rate_per_min`` jobs per minute (default 10); the network from a Binomial(2, 1/2) over AlexNet,
+CaffeRef, GoogLeNet; the batch size from a Binomial(3, 1/2) over tiny, small, medium, big
+(1, 4, 64, 128); the GPU count 1 + Binomial(``max_gpus`` - 1, 1/2) (default up to 3, what the
+measured profiles cover). Durations are the measured solo run times within one socket
+(``drb_profile.json``; CaffeRef, which was not profiled, takes AlexNet's, its close relative).
+Small batches (1, 4) communicate most and are sensitive (section 3); the minimum utility is
+0.3 for one GPU and 0.5 for more (Table 1).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from gpualloc.errors import TraceError
+from gpualloc.simulate.profile import DrbProfile
+from gpualloc.simulate.trace import SimJob
+
+MAPA_NETWORKS: dict[str, bool] = {
+    "alexnet": True,
+    "inception-v3": True,
+    "resnet-50": True,
+    "vgg16": True,
+    "googlenet": False,
+    "caffenet": False,
+}
+"""The six networks of MAPA's generator and whether each is bandwidth-sensitive."""
+
+DRB_NETWORKS = ("bvlc_alexnet", "bvlc_reference_caffenet", "bvlc_googlenet")
+DRB_BATCHES = (1, 4, 64, 128)
+
+
+@dataclass(frozen=True)
+class GeneratorSpec:
+    name: str
+    settings: dict[str, float]
+
+
+DEFAULTS: dict[str, dict[str, float]] = {
+    "mapa": {"jobs": 300, "min_gpus": 2, "max_gpus": 5, "min_service": 5, "max_service": 24},
+    "drb": {"jobs": 100, "rate_per_min": 10, "max_gpus": 3},
+}
+CHOICES: dict[str, dict[str, tuple[str, ...]]] = {"mapa": {"arrival": ("zero", "spread")}}
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``name[:key=value,...]`` -> the generator name and its settings (defaults filled in)."""
+    name, _, rest = spec.strip().partition(":")
+    if name not in DEFAULTS:
+        raise TraceError(
+            f"unknown generator {name!r}",
+            hint=f"choose {' or '.join(DEFAULTS)}, e.g. mapa:jobs=300",
+        )
+    settings: dict[str, Any] = dict(DEFAULTS[name])
+    settings.update({key: values[0] for key, values in CHOICES.get(name, {}).items()})
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, equals, value = item.partition("=")
+        if not equals or key not in settings:
+            known = ", ".join([*DEFAULTS[name], *CHOICES.get(name, {})])
+            raise TraceError(
+                f"--generate {spec!r}: unknown setting {item!r}", hint=f"known: {known}"
+            )
+        if key in CHOICES.get(name, {}):
+            if value not in CHOICES[name][key]:
+                raise TraceError(
+                    f"--generate {spec!r}: {key} is one of {', '.join(CHOICES[name][key])}"
+                )
+            settings[key] = value
+            continue
+        try:
+            number = float(value)
+        except ValueError:
+            raise TraceError(f"--generate {spec!r}: {key}={value!r} is not a number") from None
+        if number < 0 or (key != "rate_per_min" and not number.is_integer()):
+            raise TraceError(f"--generate {spec!r}: {key}={value!r} is not a count")
+        settings[key] = number
+    return name, settings
+
+
+def generate(spec: str, seed: int = 0) -> list[SimJob]:
+    """The jobs ``spec`` describes, reproducibly for ``seed``."""
+    name, settings = parse_spec(spec)
+    rng = random.Random(seed)
+    jobs = _mapa(rng, settings) if name == "mapa" else _drb(rng, settings)
+    return sorted(jobs, key=lambda job: (job.arrival_s, job.order))
+
+
+def _mapa(rng: random.Random, s: dict[str, Any]) -> list[SimJob]:
+    count = int(s["jobs"])
+    low, high = int(s["min_gpus"]), int(s["max_gpus"])
+    if not 1 <= low <= high:
+        raise TraceError("--generate mapa: need 1 <= min_gpus <= max_gpus")
+    if not 0 < s["min_service"] <= s["max_service"]:
+        raise TraceError("--generate mapa: need 0 < min_service <= max_service")
+    arrivals = (
+        sorted(rng.uniform(0, 14.5 * count) for _ in range(count))
+        if s["arrival"] == "spread"
+        else [0.0] * count
+    )
+    networks = list(MAPA_NETWORKS)
+    jobs = []
+    for i in range(count):
+        network = rng.choice(networks)
+        jobs.append(
+            SimJob(
+                id=f"job{i}",
+                arrival_s=round(arrivals[i], 3),
+                gpus=rng.randint(low, high),
+                duration_s=float(rng.randint(int(s["min_service"]), int(s["max_service"]))),
+                sensitive=MAPA_NETWORKS[network],
+                workload=network,
+                order=i,
+            )
+        )
+    return jobs
+
+
+def _drb(rng: random.Random, s: dict[str, Any]) -> list[SimJob]:
+    profile = DrbProfile.bundled()
+    count, rate = int(s["jobs"]), float(s["rate_per_min"])
+    max_gpus = int(s["max_gpus"])
+    if rate <= 0 or max_gpus < 1:
+        raise TraceError("--generate drb: need rate_per_min > 0 and max_gpus >= 1")
+    now = 0.0
+    jobs = []
+    for i in range(count):
+        now += rng.expovariate(rate / 60.0)
+        network = DRB_NETWORKS[_binomial(rng, 2)]
+        batch = DRB_BATCHES[_binomial(rng, 3)]
+        gpus = 1 + _binomial(rng, max_gpus - 1)
+        jobs.append(
+            SimJob(
+                id=f"job{i}",
+                arrival_s=round(now, 3),
+                gpus=gpus,
+                duration_s=round(profile.solo_s(network, batch, gpus), 3),
+                sensitive=batch <= 4,
+                workload=network,
+                batch=batch,
+                min_utility=0.3 if gpus == 1 else 0.5,
+                order=i,
+            )
+        )
+    return jobs
+
+
+def _binomial(rng: random.Random, trials: int) -> int:
+    return sum(rng.random() < 0.5 for _ in range(trials))

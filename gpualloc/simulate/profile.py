@@ -1,0 +1,88 @@
+"""Measured job profiles (the DRB paper's): solo run times within and across sockets, and run
+times when co-located with another job.
+
+The bundled ``drb_profile.json`` is the profile the DRB reference simulator was configured
+with (HiEST/gpu-topo-aware ``prof_from_experiments``, measured on the paper's IBM Minsky);
+``--profile FILE`` takes another in the same format. Keys: network (``bvlc_alexnet``,
+``bvlc_googlenet``), per-GPU batch size, GPU count. A time of 0 means "not measured" and falls
+back as documented on each method. ``bvlc_reference_caffenet`` (CaffeRef, in the paper's
+workloads but not profiled) reads as AlexNet, its close relative.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from gpualloc.errors import TraceError
+
+ALIASES = {"bvlc_reference_caffenet": "bvlc_alexnet", "caffenet": "bvlc_alexnet",
+           "alexnet": "bvlc_alexnet", "googlenet": "bvlc_googlenet"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DrbProfile:
+    solo: dict[tuple[str, int, int], tuple[float, float]]
+    """(network, batch, GPUs) -> (seconds within one socket, seconds across sockets or 0)."""
+    collocation: dict[tuple[str, int, int, str, int, int], float]
+    """(network, batch, GPUs, other network, other batch, other GPUs) -> seconds (0: unknown)."""
+    source: str
+
+    @classmethod
+    def bundled(cls) -> DrbProfile:
+        text = resources.files("gpualloc.simulate").joinpath("drb_profile.json").read_text()
+        return cls.parse(text, "drb_profile.json (bundled)")
+
+    @classmethod
+    def load(cls, path: Path) -> DrbProfile:
+        try:
+            return cls.parse(path.read_text(encoding="utf-8"), str(path))
+        except OSError as exc:
+            raise TraceError(f"cannot read profile {path}: {exc.strerror}") from None
+
+    @classmethod
+    def parse(cls, text: str, source: str) -> DrbProfile:
+        try:
+            data = json.loads(text)
+            solo = {
+                (str(t), int(b), int(n)): (float(intra), float(inter))
+                for t, b, n, intra, inter in data["solo"]
+            }
+            collocation = {
+                (str(t1), int(b1), int(n1), str(t2), int(b2), int(n2)): float(seconds)
+                for t1, b1, n1, t2, b2, n2, seconds in data["collocation"]
+            }
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise TraceError(
+                f"{source} is not a job profile ({type(exc).__name__}: {exc})",
+                hint="a JSON object with 'solo' and 'collocation' tables, as drb_profile.json",
+            ) from None
+        return cls(solo, collocation, source)
+
+    def solo_s(self, network: str, batch: int, gpus: int, *, cross_socket: bool = False) -> float:
+        """Run time alone; across sockets when asked and measured, else within one socket."""
+        key = (ALIASES.get(network, network), batch, gpus)
+        if key not in self.solo:
+            raise TraceError(
+                f"the profile {self.source} has no solo time for {network} with batch {batch} "
+                f"on {gpus} GPU(s)",
+                hint="use --runtime fixed, or a profile that covers this job",
+            )
+        intra, inter = self.solo[key]
+        return inter if cross_socket and inter > 0 else intra
+
+    def slowdown(self, network: str, batch: int, gpus: int, other: tuple[str, int, int]) -> float:
+        """How much longer the job runs next to ``other`` (network, batch, GPUs) on one
+        socket: co-located time over solo time, at least 1; 1 where not measured."""
+        base = self.solo.get((ALIASES.get(network, network), batch, gpus))
+        o_network, o_batch, o_gpus = other
+        key = (
+            ALIASES.get(network, network), batch, gpus,
+            ALIASES.get(o_network, o_network), o_batch, o_gpus,
+        )  # fmt: skip
+        together = self.collocation.get(key, 0.0)
+        if base is None or together <= 0 or base[0] <= 0:
+            return 1.0
+        return max(1.0, together / base[0])

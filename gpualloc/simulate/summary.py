@@ -1,0 +1,69 @@
+"""Per-policy figures of a simulation run, in the ``simulate --json`` contract.
+
+Percentiles are nearest-rank on the sorted values (no interpolation), so each reported figure is
+the bandwidth some job actually got. Effective-bandwidth statistics cover jobs of two or more
+GPUs (a 1-GPU job has no link to score), split by sensitivity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from gpualloc.simulate.engine import SimResult
+
+
+def percentile(sorted_values: Sequence[float], share: float) -> float:
+    """Nearest-rank percentile of already sorted values (``share`` in [0, 1])."""
+    rank = max(1, math.ceil(share * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def distribution(values: Sequence[float]) -> dict[str, float | None]:
+    """``min``, ``p25``, ``p50``, ``p75``, ``mean`` (all None when there is no value)."""
+    ordered = sorted(values)
+    if not ordered:
+        return {"min": None, "p25": None, "p50": None, "p75": None, "mean": None}
+    return {
+        "min": round(ordered[0], 6),
+        "p25": round(percentile(ordered, 0.25), 6),
+        "p50": round(percentile(ordered, 0.50), 6),
+        "p75": round(percentile(ordered, 0.75), 6),
+        "mean": round(sum(ordered) / len(ordered), 6),
+    }
+
+
+def summarise(result: SimResult) -> dict[str, Any]:
+    jobs = result.jobs
+    first = min(job.job.arrival_s for job in jobs)
+    makespan = max(job.end_s for job in jobs) - first
+    jct = sorted(job.jct_s for job in jobs)
+    waiting_free = [free for _, free, waiting in result.timeline if waiting]
+    return {
+        "jobs": len(jobs),
+        "makespan_s": round(makespan, 6),
+        "mean_jct_s": round(sum(jct) / len(jct), 6),
+        "p95_jct_s": round(percentile(jct, 0.95), 6),
+        "mean_wait_s": round(sum(job.wait_s for job in jobs) / len(jobs), 6),
+        "throughput_jobs_per_h": round(len(jobs) / makespan * 3600, 6) if makespan > 0 else None,
+        "sensitive_effective_gbps": distribution(
+            [j.effective_gbps for j in jobs if j.job.sensitive and j.effective_gbps is not None]
+        ),
+        "insensitive_effective_gbps": distribution(
+            [j.effective_gbps for j in jobs if not j.job.sensitive and j.effective_gbps is not None]
+        ),
+        "sensitive_relative_score": distribution(
+            [j.relative_score for j in jobs if j.job.sensitive and j.relative_score is not None]
+        ),
+        "mean_pcie_share": _mean([j.pcie_share for j in jobs if j.pcie_share is not None]),
+        "mean_free_gpus_while_jobs_wait": _mean(waiting_free),
+        "decision_ms": {
+            "mean": _mean(result.decision_ms),
+            "max": round(max(result.decision_ms), 6) if result.decision_ms else None,
+        },
+    }
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return round(sum(values) / len(values), 6) if values else None

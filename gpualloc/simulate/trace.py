@@ -1,0 +1,186 @@
+"""Job traces for ``gpualloc simulate``: JSON Lines or CSV with a header, one job per line.
+
+Columns: ``id``, ``arrival_s``, ``gpus``, ``duration_s``, ``sensitive`` (required), and
+optionally ``pattern`` (ring, all, tree, star; default ring), ``workload`` (a network name, for
+the ``profile`` runtime model), ``batch``, ``min_utility`` (postponement, DRB section 4.4) and
+``priority`` (high, normal, low). Jobs are simulated in arrival order; equal arrival times keep
+the file's order.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpualloc.errors import TraceError
+
+REQUIRED = ("id", "arrival_s", "gpus", "duration_s", "sensitive")
+OPTIONAL = ("pattern", "workload", "batch", "min_utility", "priority")
+PATTERNS = ("ring", "all", "tree", "star")
+PRIORITIES = ("high", "normal", "low")
+_TRUE = {"true", "1", "yes", "y", "t"}
+_FALSE = {"false", "0", "no", "n", "f", ""}
+
+
+@dataclass(frozen=True)
+class SimJob:
+    """One job of a trace."""
+
+    id: str
+    arrival_s: float
+    gpus: int
+    duration_s: float
+    sensitive: bool
+    pattern: str = "ring"
+    workload: str | None = None
+    batch: int | None = None
+    min_utility: float | None = None
+    priority: str = "normal"
+    order: int = field(default=0, compare=False)
+    """Position in the trace (ties in arrival time go in this order)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("order")
+        return {k: v for k, v in data.items() if v is not None}
+
+
+def load_trace(path: Path) -> list[SimJob]:
+    """The jobs of a trace file (``.jsonl``/``.json`` or ``.csv``; else sniffed)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceError(f"trace {path} does not exist", hint="check the path") from None
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {path}: {exc.strerror}") from None
+    return parse_trace(text, source=str(path))
+
+
+def parse_trace(text: str, *, source: str = "<trace>") -> list[SimJob]:
+    stripped = text.lstrip()
+    if not stripped:
+        raise TraceError(f"{source} holds no job", hint="one job per line; see examples/")
+    rows = _json_lines(text, source) if stripped.startswith("{") else _csv_rows(text, source)
+    jobs = [_job(row, number, source, order) for order, (number, row) in enumerate(rows)]
+    if not jobs:
+        raise TraceError(f"{source} holds no job", hint="one job per line; see examples/")
+    seen: set[str] = set()
+    for job in jobs:
+        if job.id in seen:
+            raise TraceError(f"{source}: job id {job.id!r} appears twice")
+        seen.add(job.id)
+    return sorted(jobs, key=lambda job: (job.arrival_s, job.order))
+
+
+def write_trace(jobs: list[SimJob]) -> str:
+    """JSON Lines, one job per line (what ``--generate`` produces with ``--save-trace``)."""
+    return "".join(json.dumps(job.as_dict(), sort_keys=True) + "\n" for job in jobs)
+
+
+def _json_lines(text: str, source: str) -> list[tuple[int, dict[str, Any]]]:
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"{source}:{number}: not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise TraceError(f"{source}:{number}: a job is a JSON object")
+        rows.append((number, row))
+    return rows
+
+
+def _csv_rows(text: str, source: str) -> list[tuple[int, dict[str, Any]]]:
+    reader = csv.DictReader(io.StringIO(text))
+    header = [name.strip() for name in reader.fieldnames or []]
+    missing = [name for name in REQUIRED if name not in header]
+    if missing:
+        raise TraceError(
+            f"{source}: the CSV header lacks {', '.join(missing)}",
+            hint=f"the first line names the columns: {','.join(REQUIRED)}[,...]",
+        )
+    reader.fieldnames = header
+    return [
+        (number, {k: v.strip() for k, v in row.items() if k is not None and v is not None})
+        for number, row in enumerate(reader, start=2)
+    ]
+
+
+def _job(row: dict[str, Any], number: int, source: str, order: int) -> SimJob:
+    where = f"{source}:{number}"
+    unknown = sorted(set(row) - set(REQUIRED) - set(OPTIONAL))
+    if unknown:
+        raise TraceError(
+            f"{where}: unknown column {unknown[0]!r}",
+            hint=f"columns: {', '.join(REQUIRED + OPTIONAL)}",
+        )
+    for name in REQUIRED:
+        if row.get(name) in (None, ""):
+            raise TraceError(f"{where}: {name} is missing")
+    job = SimJob(
+        id=str(row["id"]),
+        arrival_s=_number(row["arrival_s"], "arrival_s", where, minimum=0.0),
+        gpus=int(_number(row["gpus"], "gpus", where, minimum=1, integer=True)),
+        duration_s=_number(row["duration_s"], "duration_s", where, minimum=0.0),
+        sensitive=_bool(row["sensitive"], where),
+        pattern=str(row.get("pattern") or "ring"),
+        workload=str(row["workload"]) if row.get("workload") not in (None, "") else None,
+        batch=(
+            int(_number(row["batch"], "batch", where, minimum=1, integer=True))
+            if row.get("batch") not in (None, "")
+            else None
+        ),
+        min_utility=(
+            _number(row["min_utility"], "min_utility", where, minimum=0.0, maximum=1.0)
+            if row.get("min_utility") not in (None, "")
+            else None
+        ),
+        priority=str(row.get("priority") or "normal"),
+        order=order,
+    )
+    if job.pattern not in PATTERNS:
+        raise TraceError(f"{where}: unknown pattern {job.pattern!r}", hint=", ".join(PATTERNS))
+    if job.priority not in PRIORITIES:
+        raise TraceError(f"{where}: unknown priority {job.priority!r}", hint=", ".join(PRIORITIES))
+    return job
+
+
+def _number(
+    value: Any,
+    name: str,
+    where: str,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    integer: bool = False,
+) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise TraceError(f"{where}: {name} {value!r} is not a number") from None
+    if isinstance(value, bool) or number != number or (integer and not number.is_integer()):
+        raise TraceError(
+            f"{where}: {name} {value!r} is not {'an integer' if integer else 'a number'}"
+        )
+    if minimum is not None and number < minimum:
+        raise TraceError(f"{where}: {name} {value!r} is below {minimum:g}")
+    if maximum is not None and number > maximum:
+        raise TraceError(f"{where}: {name} {value!r} is above {maximum:g}")
+    return number
+
+
+def _bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise TraceError(f"{where}: sensitive {value!r} is not true or false")

@@ -1,0 +1,258 @@
+"""The simulator: traces, generators, the event loop on the live queue rule, the command."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from gpualloc.errors import TraceError
+from gpualloc.launcher.queue import Attempt, next_start, take_turn
+from gpualloc.ledger.schema import QueuedRequest, Waiter
+from gpualloc.model.request import Placement, Scores
+from gpualloc.simulate.engine import SimOptions, simulate
+from gpualloc.simulate.generate import MAPA_NETWORKS, generate, parse_spec
+from gpualloc.simulate.summary import distribution, percentile
+from gpualloc.simulate.trace import SimJob, parse_trace, write_trace
+from gpualloc.topologies import load_bundled
+
+ROOT = Path(__file__).parent.parent
+
+
+def _job(job_id: str, arrival: float, gpus: int, duration: float, **fields: object) -> SimJob:
+    return SimJob(job_id, arrival, gpus, duration, fields.pop("sensitive", True), **fields)  # type: ignore[arg-type]
+
+
+# ---- traces -----------------------------------------------------------------------------------
+
+
+def test_csv_and_json_lines_traces_read_alike() -> None:
+    csv_text = "id,arrival_s,gpus,duration_s,sensitive,min_utility\nb,5,2,10,yes,0.5\na,0,1,3,0,\n"
+    jobs = parse_trace(csv_text)
+    assert [(j.id, j.arrival_s, j.gpus, j.sensitive, j.min_utility) for j in jobs] == [
+        ("a", 0.0, 1, False, None),
+        ("b", 5.0, 2, True, 0.5),
+    ]  # sorted by arrival
+    assert parse_trace(write_trace(jobs)) == jobs
+    assert len(parse_trace((ROOT / "examples" / "trace.csv").read_text())) == 6
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("id,arrival_s,gpus\n", "lacks duration_s, sensitive"),
+        ('{"id": "a", "arrival_s": 0, "gpus": 0, "duration_s": 1, "sensitive": true}', "below 1"),
+        ('{"id": "a", "arrival_s": 0, "gpus": 1.5, "duration_s": 1, "sensitive": true}', "integer"),
+        (
+            '{"id": "a", "arrival_s": 0, "gpus": 1, "duration_s": 1, "sensitive": "maybe"}',
+            "true or",
+        ),
+        ('{"id": "a", "arrival_s": 0, "gpus": 1, "duration_s": 1, "sensitive": 1, "x": 2}', "'x'"),
+        (
+            '{"id": "a", "arrival_s": 0, "gpus": 1, "duration_s": 1, "sensitive": 1,'
+            ' "pattern": "mesh"}',
+            "pattern",
+        ),
+        ("{not json", "t.jsonl:1: not valid JSON"),
+        ("", "no job"),
+    ],
+)
+def test_bad_traces_are_refused_with_the_line(text: str, message: str) -> None:
+    with pytest.raises(TraceError, match=message):
+        parse_trace(text, source="t.jsonl")
+
+
+# ---- generators -------------------------------------------------------------------------------
+
+
+def test_the_mapa_generator_follows_its_spec_and_is_reproducible() -> None:
+    jobs = generate("mapa:jobs=400", seed=3)
+    assert jobs == generate("mapa:jobs=400", seed=3) != generate("mapa:jobs=400", seed=4)
+    assert len(jobs) == 400 and {j.gpus for j in jobs} == {2, 3, 4, 5}
+    assert {j.duration_s for j in jobs} <= set(map(float, range(5, 25)))
+    assert all(j.arrival_s == 0 and j.pattern == "ring" for j in jobs)
+    assert all(j.sensitive == MAPA_NETWORKS[j.workload] for j in jobs)  # type: ignore[index]
+    spread = generate("mapa:jobs=50,arrival=spread", seed=1)
+    assert 0 < max(j.arrival_s for j in spread) < 14.5 * 50
+
+
+def test_the_drb_generator_draws_poisson_arrivals_and_profiled_jobs() -> None:
+    jobs = generate("drb:jobs=300", seed=5)
+    gaps = [b.arrival_s - a.arrival_s for a, b in itertools.pairwise(jobs)]
+    assert 4.5 < sum(gaps) / len(gaps) < 7.5  # 10 per minute: 6 s apart on average
+    assert {j.gpus for j in jobs} == {1, 2, 3} and {j.batch for j in jobs} == {1, 4, 64, 128}
+    assert all(j.min_utility == (0.3 if j.gpus == 1 else 0.5) for j in jobs)
+    assert all(j.sensitive == (j.batch in (1, 4)) for j in jobs)
+    alexnet_1 = next(j for j in jobs if j.workload == "bvlc_alexnet" and j.batch == 1)
+    assert alexnet_1.duration_s == {1: 69.165, 2: 127.415, 3: 170.36}[alexnet_1.gpus]
+
+
+@pytest.mark.parametrize("spec", ["hpc", "mapa:jobs", "mapa:color=3", "mapa:jobs=1.5", "drb:x=1"])
+def test_bad_generator_specs(spec: str) -> None:
+    with pytest.raises(TraceError):
+        parse_spec(spec)
+
+
+# ---- the queue rule, once more: the simulator's single pass equals the live rule -------------
+
+
+def test_next_start_is_the_waiter_take_turn_lets_go() -> None:
+    placement = Placement("x", (0,), Scores(None, None, 0.0, None, 1.0), "x")
+    rng = random.Random(11)
+    for _ in range(300):
+        queue = [
+            Waiter(
+                id=f"{i:012x}",
+                seq=i,
+                uid=0,
+                user="u",
+                pid=1,
+                priority=rng.choice(["high", "normal", "low"]),
+                passed_over=rng.randint(0, 2),
+                max_bypass=rng.randint(0, 2),
+                request=QueuedRequest(gpus=rng.randint(1, 4), sensitive=False),
+                created=datetime(2026, 1, 1, tzinfo=timezone.utc),
+            )
+            for i in range(rng.randint(1, 6))
+        ]
+        free = rng.randint(0, 4)
+
+        def attempt(w: Waiter, free: int = free) -> Attempt:
+            return Attempt(placement if w.request.gpus <= free else None, "no")
+
+        allowed = [w.id for w in queue if take_turn(queue, w.id, attempt).go]
+        turn = next_start(queue, attempt)
+        assert allowed == ([turn.waiter.id] if turn and turn.waiter else [])
+
+
+# ---- the engine -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def dgx1():
+    return load_bundled("dgx1-v100")
+
+
+def test_fifo_keeps_order_and_backfill_fills_the_gaps(dgx1) -> None:
+    jobs = [_job("a", 0, 6, 100), _job("big", 1, 4, 50), _job("small", 2, 2, 10)]
+    fifo = {r.job.id: r for r in simulate(dgx1, jobs, SimOptions(queue="fifo")).jobs}
+    assert fifo["big"].start_s == 100 and fifo["small"].start_s == 100  # behind the big one
+    filled = {r.job.id: r for r in simulate(dgx1, jobs, SimOptions(queue="backfill")).jobs}
+    assert filled["small"].start_s == 2 and filled["big"].start_s == 100
+    assert filled["small"].wait_s == 0 and filled["big"].wait_s == 99
+
+
+def test_postponement_waits_for_a_good_placement_unless_turned_off() -> None:
+    """The DRB paper's prototype scenario in small (section 5.2.2, Minsky: two sockets of two
+    NVLinked P100). Three 1-GPU jobs fill three GPUs; when one ends, the two free GPUs sit on
+    different sockets. TOPO-AWARE (no postponement) starts the 2-GPU job on that poor pair at
+    once; TOPO-AWARE-P keeps it waiting until a whole socket is free."""
+    minsky = load_bundled("minsky-p100")
+    fillers = [_job("first", 0, 1, 100), _job("second", 1, 1, 50), _job("third", 2, 1, 80)]
+    pair = _job("pair", 3, 2, 10)
+    eager = {r.job.id: r for r in simulate(minsky, [*fillers, pair], SimOptions("drb")).jobs}
+    assert eager["pair"].start_s == 51 and eager["pair"].pcie_share == 1.0  # across sockets
+    picky = _job("pair", 3, 2, 10, min_utility=eager["pair"].utility + 0.05)
+    waited = {r.job.id: r for r in simulate(minsky, [*fillers, picky], SimOptions("drb")).jobs}
+    assert waited["pair"].start_s == 82 and waited["pair"].pcie_share == 0.0
+    assert waited["pair"].utility >= picky.min_utility
+    no_postpone = SimOptions("drb", postpone=False)
+    assert simulate(minsky, [*fillers, picky], no_postpone).jobs[3].start_s == 51
+
+
+def test_the_bandwidth_runtime_stretches_sensitive_jobs_on_poor_links(dgx1) -> None:
+    jobs = [
+        _job("hold", 0, 6, 100),
+        _job("pair", 1, 2, 10),
+        _job("calm", 2, 2, 10, sensitive=False),
+    ]
+    result = {r.job.id: r for r in simulate(dgx1, jobs, SimOptions(runtime="bandwidth")).jobs}
+    pair = result["pair"]
+    ratio = pair.ideal_effective_gbps / pair.effective_gbps
+    assert pair.end_s - pair.start_s == pytest.approx(10 * (0.5 + 0.5 * ratio))
+    calm = result["calm"]
+    assert calm.end_s - calm.start_s == 10
+
+
+def test_the_profile_runtime_uses_measured_times() -> None:
+    minsky = load_bundled("minsky-p100")
+    jobs = [
+        _job("solo", 0, 2, 1, workload="bvlc_alexnet", batch=1),
+        _job("later", 500, 1, 1, workload="bvlc_googlenet", batch=4),
+    ]
+    result = {r.job.id: r for r in simulate(minsky, jobs, SimOptions(runtime="profile")).jobs}
+    assert result["solo"].end_s == pytest.approx(127.415)  # intra-socket, measured
+    with pytest.raises(TraceError, match="needs workload and batch"):
+        simulate(minsky, [_job("x", 0, 1, 1)], SimOptions(runtime="profile"))
+
+
+def test_a_job_bigger_than_the_host_is_refused(dgx1) -> None:
+    with pytest.raises(TraceError, match="asks for 9 GPUs"):
+        simulate(dgx1, [_job("x", 0, 9, 1)], SimOptions())
+
+
+def test_simulation_is_deterministic_and_gpus_are_never_shared(dgx1) -> None:
+    jobs = generate("mapa:jobs=120,arrival=spread", seed=2)
+    first = simulate(dgx1, jobs, SimOptions(policy="mapa", queue="backfill"))
+    again = simulate(dgx1, jobs, SimOptions(policy="mapa", queue="backfill"))
+    assert [r.as_dict() for r in first.jobs] == [r.as_dict() for r in again.jobs]
+    events = sorted(
+        [(r.start_s, 1, g) for r in first.jobs for g in r.gpus]
+        + [(r.end_s, 0, g) for r in first.jobs for g in r.gpus]
+    )
+    busy: set[int] = set()
+    for _, starting, gpu in events:  # ends before starts at equal times
+        if starting:
+            assert gpu not in busy
+            busy.add(gpu)
+        else:
+            busy.discard(gpu)
+
+
+# ---- summary and command ----------------------------------------------------------------------
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    values = [1.0, 2.0, 3.0, 4.0]
+    assert [percentile(values, q) for q in (0.25, 0.5, 0.75, 1.0)] == [1.0, 2.0, 3.0, 4.0]
+    assert distribution([]) == {"min": None, "p25": None, "p50": None, "p75": None, "mean": None}
+
+
+def test_simulate_command_prints_the_json_contract(cli) -> None:
+    result = cli(
+        "--topology", "dgx1-v100", "simulate", "--generate", "mapa:jobs=60",
+        "--policy", "baseline,mapa", "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    for name in ("baseline", "mapa"):
+        summary = data["policies"][name]["summary"]
+        for key in (
+            "makespan_s",
+            "mean_jct_s",
+            "p95_jct_s",
+            "mean_wait_s",
+            "throughput_jobs_per_h",
+        ):
+            assert isinstance(summary[key], float)
+        for group in ("sensitive_effective_gbps", "insensitive_effective_gbps"):
+            assert set(summary[group]) == {"min", "p25", "p50", "p75", "mean"}
+        job = data["policies"][name]["jobs"][0]
+        assert {"id", "start_s", "end_s", "gpus", "effective_gbps", "aggregated_gbps"} <= set(job)
+    mapa = data["policies"]["mapa"]["summary"]["sensitive_effective_gbps"]
+    baseline = data["policies"]["baseline"]["summary"]["sensitive_effective_gbps"]
+    assert mapa["p25"] > baseline["p25"]  # MAPA's claim: a better lower tail
+
+
+def test_simulate_command_errors(cli, tmp_path: Path) -> None:
+    assert cli("--topology", "dgx1-v100", "simulate", "--policy", "mapa").exit_code == 2
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,arrival_s\n")
+    result = cli("--topology", "dgx1-v100", "simulate", "--trace", str(bad))
+    assert result.exit_code == 14 and "lacks" in result.stderr
+    table = cli("--topology", "dgx1-v100", "simulate", "--trace", str(ROOT / "examples/trace.csv"))
+    assert table.exit_code == 0 and "6 jobs on dgx1-v100" in table.stdout
