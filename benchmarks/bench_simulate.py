@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""How fast the simulator runs: 10,000 jobs on a 16-GPU topology with the ``mapa`` policy.
+
+Issue 6's target is under a minute on this (2-core) machine. The workload is the MAPA
+generator's shape with arrivals spread over time (so the queue is neither always empty nor
+always full) and job sizes of 2 to 8 GPUs. Prints the wall time per queue discipline, the jobs
+simulated per second, and the mean placement-decision time; exit status 1 on a miss.
+
+Usage: python benchmarks/bench_simulate.py [--jobs N] [--topology NAME] [--policy P]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from gpualloc.simulate.engine import SimOptions, simulate
+from gpualloc.simulate.generate import generate
+from gpualloc.topologies import load_bundled
+
+BUDGET_S = 60.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--topology", default="torus-2d-16")
+    parser.add_argument("--policy", default="mapa")
+    options = parser.parse_args()
+    topology = load_bundled(options.topology)
+    spec = f"mapa:jobs={options.jobs},min_gpus=2,max_gpus=8,arrival=spread"
+    jobs = generate(spec, seed=0)
+    worst = 0.0
+    print(f"{options.jobs} jobs ({spec}) on {options.topology}, policy {options.policy}:")
+    for queue in ("fifo", "backfill"):
+        start = time.perf_counter()
+        result = simulate(topology, jobs, SimOptions(policy=options.policy, queue=queue))
+        elapsed = time.perf_counter() - start
+        worst = max(worst, elapsed)
+        decisions = result.decision_ms
+        print(
+            f"  {queue:<9} {elapsed:7.1f} s  {options.jobs / elapsed:8.0f} jobs/s  "
+            f"mean decision {sum(decisions) / len(decisions):6.2f} ms  "
+            f"({len(decisions)} decisions)"
+        )
+    verdict = "ok" if worst <= BUDGET_S else "OVER BUDGET"
+    print(f"slowest {worst:.1f} s (budget {BUDGET_S:.0f} s: {verdict})")
+    return 0 if worst <= BUDGET_S else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
