@@ -256,3 +256,17 @@ def test_simulate_command_errors(cli, tmp_path: Path) -> None:
     assert result.exit_code == 14 and "lacks" in result.stderr
     table = cli("--topology", "dgx1-v100", "simulate", "--trace", str(ROOT / "examples/trace.csv"))
     assert table.exit_code == 0 and "6 jobs on dgx1-v100" in table.stdout
+
+
+def test_remembered_placements_change_no_answer(dgx1, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulator reuses a placement when a request meets the same host state again; the
+    same run without that memory gives the same jobs the same GPUs at the same times."""
+    from gpualloc.simulate import engine
+
+    jobs = generate("mapa:jobs=150,min_gpus=1,max_gpus=6,arrival=spread", seed=9)
+    options = SimOptions(policy="drb", queue="backfill", runtime="bandwidth")
+    remembered = simulate(dgx1, jobs, options)
+    forgetful = engine.attempts
+    monkeypatch.setattr(engine, "attempts", lambda t, o, memo=None: forgetful(t, o))
+    fresh = simulate(dgx1, jobs, options)
+    assert [r.as_dict() for r in remembered.jobs] == [r.as_dict() for r in fresh.jobs]

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
 from gpualloc.errors import TraceError
-from gpualloc.launcher.queue import next_start
+from gpualloc.launcher.queue import Attempt, next_start
 from gpualloc.launcher.wait import DEFAULT_MAX_BYPASS, attempts
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Lease, LeasedGpu, QueuedRequest, Waiter
@@ -164,6 +164,9 @@ class _Simulation:
         self.by_waiter: dict[str, SimJob] = {}
         self.results: list[JobResult] = []
         self.ideal: dict[tuple[int, str], float | None] = {}
+        self.placements: dict[tuple[QueuedRequest, HostState], Attempt] = {}
+        """Placements by request and host state: a state recurs often, the answer never
+        changes (see :func:`gpualloc.launcher.wait.attempts`)."""
         self.result = SimResult(options.policy, self.results)
 
     # ---- the event loop ----------------------------------------------------------------------
@@ -226,7 +229,7 @@ class _Simulation:
         while self.queue:
             occupancy = self._occupancy()
             started = time.perf_counter()
-            turn = next_start(self.queue, attempts(self.topology, occupancy))
+            turn = next_start(self.queue, attempts(self.topology, occupancy, self.placements))
             self.result.decision_ms.append((time.perf_counter() - started) * 1000)
             if turn is None or turn.waiter is None or turn.placement is None:
                 return
