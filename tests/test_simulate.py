@@ -270,3 +270,38 @@ def test_remembered_placements_change_no_answer(dgx1, monkeypatch: pytest.Monkey
     monkeypatch.setattr(engine, "attempts", lambda t, o, memo=None: forgetful(t, o))
     fresh = simulate(dgx1, jobs, options)
     assert [r.as_dict() for r in remembered.jobs] == [r.as_dict() for r in fresh.jobs]
+
+
+def test_plot_writes_the_three_kinds_of_figure(cli, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "figures"
+    result = cli(
+        "--topology", "dgx1-v100", "simulate", "--generate", "mapa:jobs=40",
+        "--policy", "baseline,mapa", "--plot", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [
+        "completion-cdf.png", "effective-bandwidth.png", "occupancy-baseline.png",
+        "occupancy-mapa.png",
+    ]  # fmt: skip
+    assert all((out / name).read_bytes().startswith(b"\x89PNG") for name in names)
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(cli, tmp_path, monkeypatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    result = cli(
+        "--topology", "dgx1-v100", "simulate", "--generate", "mapa:jobs=5",
+        "--plot", str(tmp_path / "f"),
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "pip install 'gpualloc[plot]'" in result.stderr

@@ -61,6 +61,14 @@ def simulate_command(
         Optional[Path],  # noqa: UP045
         typer.Option(metavar="FILE", help="Write the jobs simulated as a JSON Lines trace."),
     ] = None,
+    plot: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            metavar="DIR",
+            help="Write PNG figures there: effective bandwidth per policy, GPU occupancy over "
+            "time, completion-time CDF (needs pip install 'gpualloc[plot]').",
+        ),
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print JSON: summaries and jobs.")
     ] = False,
@@ -112,6 +120,13 @@ def simulate_command(
         for name in policies
     }
     summaries = {name: summarise(result) for name, result in results.items()}
+    if plot is not None:
+        from gpualloc.cli.host import say
+        from gpualloc.simulate.plots import write_figures
+
+        title = f"{len(jobs)} jobs on {topology.name or 'topology'} ({queue}, {runtime})"
+        for path in write_figures(results, plot, title):
+            say(f"wrote {path}")
     if as_json:
         from gpualloc.cli.output import print_json
 

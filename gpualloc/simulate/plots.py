@@ -1,0 +1,129 @@
+"""Figures of a simulation (``simulate --plot DIR``), with matplotlib (``gpualloc[plot]``).
+
+- ``effective-bandwidth.png``: the effective bandwidth each policy gave bandwidth-sensitive and
+  insensitive jobs, as box plots (the comparison of the MAPA paper's Fig. 13);
+- ``occupancy-<policy>.png``: which job held which GPU when (the DRB paper's Fig. 8);
+- ``completion-cdf.png``: the distribution of job completion times, one curve per policy.
+
+matplotlib is imported only here, with the non-interactive Agg backend, so that the simulator
+works without it and nothing tries to open a window on a server.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from gpualloc.errors import FileAccessError, RequestError
+
+if TYPE_CHECKING:
+    from gpualloc.simulate.engine import SimResult
+
+
+def write_figures(results: dict[str, SimResult], directory: Path, title: str) -> list[Path]:
+    """Write the figures for ``results`` (policy name -> run) into ``directory``."""
+    plt = _pyplot()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FileAccessError(f"cannot create {directory}: {exc.strerror}") from None
+    written = [
+        _bandwidth_boxes(plt, results, directory / "effective-bandwidth.png", title),
+        _completion_cdf(plt, results, directory / "completion-cdf.png", title),
+    ]
+    for policy, result in results.items():
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", policy)
+        written.append(
+            _occupancy(plt, result, directory / f"occupancy-{safe}.png", f"{title}: {policy}")
+        )
+    return written
+
+
+def _pyplot() -> ModuleType:
+    try:
+        import matplotlib
+    except ImportError:
+        raise RequestError(
+            "--plot needs matplotlib, which is not installed",
+            hint="pip install 'gpualloc[plot]'",
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(plt: ModuleType, figure: Any, path: Path) -> Path:
+    figure.tight_layout()
+    try:
+        figure.savefig(path, dpi=150)
+    except OSError as exc:
+        raise FileAccessError(f"cannot write {path}: {exc.strerror}") from None
+    finally:
+        plt.close(figure)
+    return path
+
+
+def _bandwidth_boxes(
+    plt: ModuleType, results: dict[str, SimResult], path: Path, title: str
+) -> Path:
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    for ax, sensitive, label in ((axes[0], True, "sensitive"), (axes[1], False, "insensitive")):
+        data, names = [], []
+        for policy, result in results.items():
+            values = [
+                job.effective_gbps
+                for job in result.jobs
+                if job.job.sensitive == sensitive and job.effective_gbps is not None
+            ]
+            if values:
+                data.append(values)
+                names.append(policy)
+        if data:
+            ax.boxplot(data, showmeans=True)
+            ax.set_xticks(range(1, len(names) + 1), names, rotation=30, ha="right")
+        ax.set_title(f"bandwidth-{label} jobs (2+ GPUs)")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylabel("predicted effective bandwidth (GB/s)")
+    figure.suptitle(title)
+    return _save(plt, figure, path)
+
+
+def _completion_cdf(plt: ModuleType, results: dict[str, SimResult], path: Path, title: str) -> Path:
+    figure, ax = plt.subplots(figsize=(7, 4.5))
+    for policy, result in results.items():
+        times = sorted(job.jct_s for job in result.jobs)
+        shares = [(i + 1) / len(times) for i in range(len(times))]
+        ax.step(times, shares, where="post", label=policy)
+    ax.set_xlabel("job completion time (s, arrival to end)")
+    ax.set_ylabel("share of jobs")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(title)
+    return _save(plt, figure, path)
+
+
+def _occupancy(plt: ModuleType, result: SimResult, path: Path, title: str) -> Path:
+    jobs = result.jobs
+    gpu_count = max((max(job.gpus) for job in jobs if job.gpus), default=0) + 1
+    figure, ax = plt.subplots(figsize=(10, 0.35 * gpu_count + 1.8))
+    colours = plt.get_cmap("tab20")
+    for index, job in enumerate(jobs):
+        for gpu in job.gpus:
+            ax.broken_barh(
+                [(job.start_s, job.end_s - job.start_s)],
+                (gpu - 0.4, 0.8),
+                facecolors=colours(index % 20),
+                edgecolor="black" if job.job.sensitive else "none",
+                linewidth=0.4,
+            )
+    ax.set_yticks(range(gpu_count))
+    ax.set_ylabel("GPU")
+    ax.set_xlabel("time (s); outlined: bandwidth-sensitive jobs")
+    ax.set_ylim(-0.6, gpu_count - 0.4)
+    ax.invert_yaxis()
+    ax.set_title(title)
+    return _save(plt, figure, path)
