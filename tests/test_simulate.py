@@ -305,3 +305,22 @@ def test_plot_without_matplotlib_says_how_to_get_it(cli, tmp_path, monkeypatch) 
     )  # fmt: skip
     assert result.exit_code == 2
     assert "pip install 'gpualloc[plot]'" in result.stderr
+
+
+def test_the_evaluation_script_regenerates_its_document(tmp_path: Path) -> None:
+    """benchmarks/evaluate.py end to end on a small workload (the full one is not CI's job)."""
+    import subprocess
+    import sys
+
+    script = ROOT / "benchmarks" / "evaluate.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--jobs", "12", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "evaluation.md").read_text()
+    for heading in ("## 1. DGX-1", "## 2. The 16-GPU", "## 3. The DRB paper", "## 4. Where"):
+        assert heading in text
+    assert "TOPO-AWARE-P vs FCFS" in text and "`mapa` vs `besteffort`" in text
