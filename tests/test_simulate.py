@@ -324,3 +324,18 @@ def test_the_evaluation_script_regenerates_its_document(tmp_path: Path) -> None:
     for heading in ("## 1. DGX-1", "## 2. The 16-GPU", "## 3. The DRB paper", "## 4. Where"):
         assert heading in text
     assert "TOPO-AWARE-P vs FCFS" in text and "`mapa` vs `besteffort`" in text
+
+
+def test_report_and_timeline(cli, tmp_path: Path) -> None:
+    report = tmp_path / "out" / "report.md"
+    result = cli(
+        "--topology", "dgx1-v100", "simulate", "--trace", str(ROOT / "examples/trace.csv"),
+        "--policy", "baseline,mapa", "--report", str(report), "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    text = report.read_text()
+    assert text.startswith("# 6 jobs on dgx1-v100 (fifo queue, fixed runtimes)")
+    assert "| `mapa` |" in text and "examples/trace.csv" in text
+    timeline = json.loads(result.stdout)["policies"]["mapa"]["timeline"]
+    assert timeline[0] == {"time_s": 0.0, "free_gpus": 4, "waiting_jobs": 0}
+    assert all(0 <= point["free_gpus"] <= 8 for point in timeline)

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from gpualloc.cli.state import STATE
-from gpualloc.errors import RequestError, TraceError
+from gpualloc.errors import FileAccessError, RequestError, TraceError
 
 
 def simulate_command(
@@ -69,8 +69,16 @@ def simulate_command(
             "time, completion-time CDF (needs pip install 'gpualloc[plot]').",
         ),
     ] = None,
+    report: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            metavar="FILE",
+            help="Write a Markdown report: the settings, the comparison table, and the figures "
+            "of --plot.",
+        ),
+    ] = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print JSON: summaries and jobs.")
+        bool, typer.Option("--json", help="Print JSON: summaries, jobs and the timeline.")
     ] = False,
 ) -> None:
     """Simulate a stream of jobs on a topology under each policy and compare them: makespan,
@@ -120,13 +128,25 @@ def simulate_command(
         for name in policies
     }
     summaries = {name: summarise(result) for name, result in results.items()}
+    title = f"{len(jobs)} jobs on {topology.name or 'topology'} ({queue} queue, {runtime} runtimes)"
+    figures: list[Path] = []
     if plot is not None:
         from gpualloc.cli.host import say
         from gpualloc.simulate.plots import write_figures
 
-        title = f"{len(jobs)} jobs on {topology.name or 'topology'} ({queue}, {runtime})"
-        for path in write_figures(results, plot, title):
+        figures = write_figures(results, plot, title)
+        for path in figures:
             say(f"wrote {path}")
+    if report is not None:
+        from gpualloc.atomic import write_text_atomic
+        from gpualloc.simulate.report import markdown_report
+
+        source = str(trace) if trace is not None else f"--generate {generate} --seed {seed}"
+        text = markdown_report(title, source, summaries, figures, report.parent)
+        try:
+            write_text_atomic(report, text)
+        except OSError as exc:
+            raise FileAccessError(f"cannot write {report}: {exc.strerror}") from None
     if as_json:
         from gpualloc.cli.output import print_json
 
@@ -140,6 +160,10 @@ def simulate_command(
                     name: {
                         "summary": summaries[name],
                         "jobs": [job.as_dict() for job in results[name].jobs],
+                        "timeline": [
+                            {"time_s": t, "free_gpus": free, "waiting_jobs": waiting}
+                            for t, free, waiting in results[name].timeline
+                        ],
                     }
                     for name in policies
                 },
