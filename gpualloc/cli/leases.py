@@ -224,11 +224,16 @@ def gc_command(as_json: JsonOption = False) -> None:
         print_json(
             {
                 "reaped": [lease_json(lease) for lease in report.reaped],
+                "dropped_waiters": [w.model_dump(mode="json") for w in report.dropped_waiters],
                 "removed_lock_files": report.removed_lock_files,
             }
         )
         return
     lines = [f"freed {describe_lease(lease)} (its job is gone)" for lease in report.reaped]
+    lines += [
+        f"dropped {w.user}'s waiting {w.request.gpus}-GPU job from the queue (pid {w.pid} is gone)"
+        for w in report.dropped_waiters
+    ]
     if report.removed_lock_files:
         lines.append(f"removed {len(report.removed_lock_files)} stale lease lock file(s)")
     write_stdout("\n".join(lines or ["nothing to collect: every lease is alive"]) + "\n")

@@ -33,7 +33,7 @@ from gpualloc.errors import (
 )
 from gpualloc.ledger.liveness import lock_held, take_lease_lock
 from gpualloc.ledger.occupancy import Occupancy
-from gpualloc.ledger.schema import Lease, LeasedGpu, LeaseSource, Ledger, QueuedRequest
+from gpualloc.ledger.schema import Lease, LeasedGpu, LeaseSource, Ledger, QueuedRequest, Waiter
 from gpualloc.ledger.scope import ledger_scope
 from gpualloc.ledger.statedir import StateDirectoryMissing, open_state_directory
 from gpualloc.ledger.store import LedgerStore, LedgerTransaction, new_lease_id
@@ -130,7 +130,6 @@ class Allocation:
     placement: Placement
     lock_fd: int | None = None
     notes: list[str] = field(default_factory=list)
-    reaped: list[Lease] = field(default_factory=list)
 
 
 @dataclass
@@ -228,7 +227,7 @@ class HostLedger:
             self._pending_lock = (lock_fd, lease_id)
         lease = self._lease(lease_id, placement, want, terms)
         txn.add(lease)
-        return Allocation(lease, placement, lock_fd, txn.notes, txn.reaped)
+        return Allocation(lease, placement, lock_fd, txn.notes)
 
     def _lease(self, lease_id: str, placement: Placement, want: Want, terms: LeaseTerms) -> Lease:
         from gpualloc.ledger.liveness import process_start_time
@@ -275,7 +274,6 @@ class HostLedger:
         uid = os.geteuid()
         result = ReleaseResult()
         with store.transaction() as txn:
-            result.reaped = list(txn.reaped)
             targets: list[Lease] = []
             for selector in selectors:
                 try:
@@ -307,6 +305,7 @@ class HostLedger:
         store = self._store()
         with store.transaction() as txn:
             reaped = list(txn.reaped)
+            dropped = list(txn.reaped_waiters)
             named = {lease.id for lease in txn.ledger.leases}
         removed = []
         for path in store.directory.lease_locks():
@@ -315,19 +314,20 @@ class HostLedger:
                 continue
             if _unlink_quietly(path):
                 removed.append(path.name)
-        return GarbageReport(reaped, removed, txn.notes)
+        return GarbageReport(reaped, dropped, removed, txn.notes)
 
 
 @dataclass
 class ReleaseResult:
     released: list[Lease] = field(default_factory=list)
-    reaped: list[Lease] = field(default_factory=list)
     problems: list[RequestError | NoSuchLease | NotPermitted] = field(default_factory=list)
 
 
 @dataclass
 class GarbageReport:
     reaped: list[Lease]
+    dropped_waiters: list[Waiter]
+    """Queue entries of waiting gpualloc processes that are gone."""
     removed_lock_files: list[str]
     notes: list[str]
 
