@@ -409,3 +409,32 @@ def test_drb_fast_scan_matches_scoring_every_set(host_name: str) -> None:
         keys = [round(model.utility(gpus), 6) for gpus in sets]
         expected = sets[keys.index(max(keys))]
         assert model.best_set(sets) == expected, (host_name, k, sorted(busy))
+
+
+@pytest.mark.parametrize("host_name", ["dgx1-v100", "pcie-8gpu-2socket", "torus-2d-16", "dgx2"])
+def test_star_shortcut_matches_the_search(host_name: str) -> None:
+    """The hub-only evaluation of a star on a fixed set gives the search's order and key."""
+    from gpualloc.placement.host import HostGraph
+    from gpualloc.placement.scores import EffectiveModel, resolve_model
+    from gpualloc.placement.search import (
+        AggregatedObjective,
+        PlacementSearch,
+        _best_star_order,
+        effective_objective,
+    )
+
+    topology = load_bundled(host_name)
+    host = HostGraph.from_topology(topology)
+    rng = random.Random(zlib.crc32(host_name.encode()))
+    objectives = (
+        AggregatedObjective(),
+        effective_objective(resolve_model(host, EffectiveModel.AUTO)),
+    )
+    for _ in range(12):
+        k = rng.randint(2, min(7, topology.gpu_count))
+        gpus = tuple(sorted(rng.sample(range(topology.gpu_count), k)))
+        pattern = build_pattern("star", k)
+        for objective in objectives:
+            searched = PlacementSearch(host, pattern, objective, gpus, gpus).run()
+            shortcut = _best_star_order(host, pattern, objective, gpus)
+            assert (shortcut.order, shortcut.key) == (searched.order, searched.key), gpus

@@ -979,14 +979,42 @@ def best_placement_among(
         return search.run()
     best: SearchResult | None = None
     best_set: tuple[int, ...] = ()
+    star = _is_star(pattern)
     for gpus in sets:
-        found = best_ordered_placement(host, pattern, objective, gpus, gpus)
+        if star:
+            found: SearchResult | None = _best_star_order(host, pattern, objective, gpus)
+        else:
+            found = best_ordered_placement(host, pattern, objective, gpus, gpus)
         if found is None:
             continue
         ordered = tuple(sorted(gpus))
         if best is None or found.key > best.key or (found.key == best.key and ordered < best_set):
             best, best_set = found, ordered
     return best
+
+
+def _is_star(pattern: CommunicationPattern) -> bool:
+    """Rank 0 talks to every other rank once, and nobody else talks."""
+    return sorted(pattern.edges) == [(0, i) for i in range(1, pattern.size)]
+
+
+def _best_star_order(
+    host: HostGraph, pattern: CommunicationPattern, objective: EdgeObjective, gpus: Sequence[int]
+) -> SearchResult:
+    """The best order of a star on exactly ``gpus``: every edge touches the hub, so the score
+    depends on the hub alone; k candidates instead of a search. The hub comes first and the
+    leaves ascend, which makes the first best hub the lowest optimal order, as the search
+    would return it (MAPA's tie-break among many tied sets calls this once per set)."""
+    ordered = sorted(gpus)
+    best_order: tuple[int, ...] = ()
+    best_key: Key | None = None
+    for hub in ordered:
+        order = (hub, *(g for g in ordered if g != hub))
+        key = evaluate_order(host, pattern, objective, order)
+        if best_key is None or key > best_key:
+            best_order, best_key = order, key
+    assert best_key is not None
+    return SearchResult(best_order, best_key, vectors_tried=0, nodes=len(ordered))
 
 
 def is_forest(pattern: CommunicationPattern) -> bool:
