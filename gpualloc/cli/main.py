@@ -18,7 +18,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpualloc import __version__
-from gpualloc.cli import leases, plan, run, simulate, status, topo
+from gpualloc.cli import leases, plan, run, simulate, slurm, status, topo
 from gpualloc.cli.output import StdoutClosed, write_stdout
 from gpualloc.cli.state import STATE
 from gpualloc.errors import ExitCode, FileAccessError, GpuallocError
@@ -68,6 +68,7 @@ app.command("release")(leases.release_command)
 app.command("status")(status.status_command)
 app.command("gc")(leases.gc_command)
 app.command("simulate")(simulate.simulate_command)
+app.add_typer(slurm.app, name="slurm")
 
 
 def _version(value: bool) -> None:

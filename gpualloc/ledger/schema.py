@@ -60,6 +60,8 @@ class Lease(BaseModel):
     scores: dict[str, float | None] = Field(default_factory=dict)
     created: datetime
     source: LeaseSource
+    slurm_job: str | None = None
+    """The Slurm job id, for leases the Slurm prolog records (the epilog releases them)."""
 
     @property
     def indices(self) -> tuple[int, ...]:

@@ -1,0 +1,98 @@
+"""``gpualloc slurm ...``: the node hooks that make gpualloc Slurm's per-node placement brain."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+
+import typer
+
+from gpualloc.cli.state import STATE
+
+if TYPE_CHECKING:
+    from gpualloc.launcher.allocate import HostLedger
+
+HOOK_LOG = "slurm-hooks.log"
+
+app = typer.Typer(
+    help="Slurm node hooks: Prolog/Epilog record the job's GPUs in the host ledger, TaskProlog "
+    "sets CUDA_DEVICE_ORDER and a ring order. Give the wrappers GPUALLOC_TOPOLOGY and "
+    "GPUALLOC_STATE_DIR: slurmd runs them with no PATH and a bare environment.",
+    no_args_is_help=True,
+)
+
+
+@app.command("prolog")
+def prolog_command() -> None:
+    """For Prolog= (runs as root before each job): record the job's GPUs (SLURM_JOB_GPUS) as a
+    lease of the job's user, so that 'gpualloc run' outside Slurm avoids them.
+
+    Always exits 0, since a failing Prolog drains the node and holds the job; problems go to
+    stderr and to slurm-hooks.log in the state directory.
+    """
+    from gpualloc.slurm.hooks import prolog
+
+    _node_hook("prolog", prolog, create=True)
+
+
+@app.command("epilog")
+def epilog_command() -> None:
+    """For Epilog= (runs as root after each job, also when the Prolog never ran): release the
+    job's leases. Idempotent; always exits 0 (a failing Epilog drains the node)."""
+    from gpualloc.slurm.hooks import epilog
+
+    _node_hook("epilog", epilog, create=False)
+
+
+@app.command("taskprolog")
+def taskprolog_command() -> None:
+    """For TaskProlog= (runs as the job's user for every task; slurmstepd reads its output):
+    print export lines for CUDA_DEVICE_ORDER=PCI_BUS_ID and CUDA_VISIBLE_DEVICES in the order
+    of the best ring through the step's GPUs. Never fails the task: on a problem it prints
+    only the first line and says why on stderr."""
+    from gpualloc.cli.output import write_stdout
+    from gpualloc.slurm.hooks import task_prolog
+
+    env = dict(os.environ)
+    try:
+        lines = task_prolog(STATE.load_topology(), env)
+    except Exception as exc:  # never fail the task
+        sys.stderr.write(f"gpualloc taskprolog: {exc}\n")
+        lines = ["export CUDA_DEVICE_ORDER=PCI_BUS_ID"]
+    write_stdout("".join(line + "\n" for line in lines))
+
+
+def _node_hook(
+    kind: str, hook: Callable[[HostLedger, dict[str, str]], list[str]], *, create: bool
+) -> None:
+    from gpualloc.launcher.allocate import HostLedger
+
+    env = dict(os.environ)
+    host = None
+    try:
+        host = HostLedger.open(STATE.load_topology(), ignore_foreign=True, create=create)
+        lines = hook(host, env)
+    except Exception as exc:  # never drain the node
+        lines = [f"job {env.get('SLURM_JOB_ID', '?')}: {kind} failed: {exc}"]
+    _log(host, kind, lines)
+    raise typer.Exit(0)
+
+
+def _log(host: HostLedger | None, kind: str, lines: list[str]) -> None:
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    text = "".join(f"{stamp} {kind}: {line}\n" for line in lines)
+    sys.stderr.write(text)
+    if host is None or host.store is None:
+        return
+    path = host.store.directory.path / HOOK_LOG
+    try:
+        descriptor = os.open(
+            path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644
+        )
+        with os.fdopen(descriptor, "a", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError as exc:
+        sys.stderr.write(f"{stamp} {kind}: cannot append to {path}: {exc.strerror}\n")

@@ -1,0 +1,140 @@
+"""Slurm's node hooks: what ``gpualloc slurm prolog|epilog|taskprolog`` do (issue 7).
+
+- Prolog (root, no PATH, before the job): record the job's GPUs (``SLURM_JOB_GPUS``, global
+  indices) in the host ledger as a lease of ``SLURM_JOB_UID`` tagged with the job id, so that
+  ``gpualloc run`` outside Slurm on a shared node avoids them. Running it twice for one job
+  replaces the lease. A GPU a gpualloc lease already holds outside Slurm is reported, not
+  taken: Slurm has given it to the job anyway, and the ledger never lists a GPU twice.
+- Epilog (root, after the job, also when the Prolog never ran): release the job's leases; a job
+  with none is fine. ``SLURM_JOB_EXIT_CODE`` is not consulted (it reads 0 after ``scancel``).
+- TaskProlog (the job's user, once per task): ``export CUDA_DEVICE_ORDER=PCI_BUS_ID`` (Slurm never
+  sets it) and ``CUDA_VISIBLE_DEVICES`` reordered along the best ring through the step's GPUs,
+  so that NCCL's ring follows NVLinks. slurmstepd reads ``export NAME=value`` literally to the
+  end of the line, so values are never quoted (and anything that would need quotes is left
+  out).
+
+The hooks return lines for the log; the command turns every failure into a logged line and exit
+status 0 (a failing Prolog or Epilog drains the node).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import datetime, timezone
+
+from gpualloc.errors import RequestError
+from gpualloc.launcher.allocate import HostLedger, user_name
+from gpualloc.ledger.occupancy import describe_lease
+from gpualloc.ledger.schema import Lease, LeasedGpu
+from gpualloc.ledger.store import new_lease_id
+from gpualloc.model.cpuset import format_cpulist
+from gpualloc.model.topology import Topology
+
+_SAFE_VALUE = re.compile(r"^[A-Za-z0-9,._:-]*$")
+
+
+def gpu_indices(text: str | None) -> tuple[int, ...]:
+    """``SLURM_JOB_GPUS`` / ``SLURM_STEP_GPUS``: ``0,1`` (global indices, in Slurm's order)."""
+    if not text or not text.strip():
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise RequestError(f"GPU list {text!r} is not a list of indices") from None
+
+
+def _job_id(env: Mapping[str, str]) -> str:
+    job = env.get("SLURM_JOB_ID", "").strip()
+    if not job:
+        raise RequestError("SLURM_JOB_ID is not set: not run by slurmd as a Prolog/Epilog")
+    return job
+
+
+def prolog(host: HostLedger, env: Mapping[str, str]) -> list[str]:
+    """Record the job's GPUs as a lease of the job's user; returns log lines."""
+    job = _job_id(env)
+    gpus = gpu_indices(env.get("SLURM_JOB_GPUS"))
+    if not gpus:
+        return [f"job {job}: no GPUs allocated; nothing to record"]
+    try:
+        uid = int(env.get("SLURM_JOB_UID", ""))
+    except ValueError:
+        raise RequestError(f"job {job}: SLURM_JOB_UID is not a number") from None
+    user = env.get("SLURM_JOB_USER") or user_name(uid)
+    outside = [g for g in gpus if not 0 <= g < host.topology.gpu_count]
+    lines = []
+    if outside:
+        lines.append(
+            f"job {job}: GPU {format_cpulist(outside)} is not in the topology "
+            f"({host.topology.gpu_count} GPUs); check GPUALLOC_TOPOLOGY and gres.conf"
+        )
+    with host.transaction() as txn:
+        for earlier in [x for x in txn.ledger.leases if x.slurm_job == job]:
+            txn.remove(earlier.id)  # the Prolog ran again for this job: replace, not add
+        held = txn.ledger.held_gpus()
+        for gpu in gpus:
+            if gpu in held:
+                lines.append(
+                    f"job {job}: Slurm gave it GPU {gpu}, which is also held outside Slurm: "
+                    f"{describe_lease(held[gpu])}"
+                )
+        mine = [g for g in gpus if g not in held and g not in outside]
+        if mine:
+            lease = Lease(
+                id=new_lease_id(),
+                gpus=tuple(LeasedGpu(index=g, uuid=host.topology.gpu(g).uuid) for g in mine),
+                uid=uid,
+                user=user,
+                hold=True,
+                name=f"slurm job {job}",
+                created=datetime.now(timezone.utc),
+                source="slurm",
+                slurm_job=job,
+            )
+            txn.add(lease)
+            lines.append(f"job {job}: recorded GPU {format_cpulist(mine)} for {user} ({lease.id})")
+    return lines
+
+
+def epilog(host: HostLedger, env: Mapping[str, str]) -> list[str]:
+    """Release the job's leases (none is fine); returns log lines."""
+    job = _job_id(env)
+    if host.store is None:
+        return [f"job {job}: no ledger on this host; nothing to release"]
+    with host.transaction() as txn:
+        mine = [x for x in txn.ledger.leases if x.slurm_job == job]
+        for lease in mine:
+            txn.remove(lease.id)
+    if not mine:
+        return [f"job {job}: no lease to release"]
+    return [f"job {job}: released GPU {format_cpulist(x.indices)} ({x.id})" for x in mine]
+
+
+def task_prolog(topology: Topology, env: Mapping[str, str]) -> list[str]:
+    """The ``export`` lines for one task of a step."""
+    lines = ["export CUDA_DEVICE_ORDER=PCI_BUS_ID"]
+    physical = gpu_indices(env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS"))
+    visible = [part for part in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if part]
+    if (
+        len(physical) < 3  # a pair (or one GPU) has one order
+        or len(visible) != len(physical)
+        or not all(0 <= g < topology.gpu_count for g in physical)
+        or not all(_SAFE_VALUE.match(v) for v in visible)
+    ):
+        return lines
+    order = best_ring(topology, physical)
+    position = {gpu: i for i, gpu in enumerate(physical)}
+    lines.append("export CUDA_VISIBLE_DEVICES=" + ",".join(visible[position[g]] for g in order))
+    return lines
+
+
+def best_ring(topology: Topology, gpus: tuple[int, ...]) -> tuple[int, ...]:
+    """The order of ``gpus`` whose ring carries the most bandwidth (MAPA Eq. 1)."""
+    from gpualloc.placement.host import HostGraph
+    from gpualloc.placement.patterns import build_pattern
+    from gpualloc.placement.search import AggregatedObjective, best_order_of_set
+
+    host = HostGraph.from_topology(topology)
+    pattern = build_pattern("ring", len(gpus))
+    return best_order_of_set(host, pattern, AggregatedObjective(), sorted(gpus))
