@@ -127,6 +127,10 @@ class FakeNvml(SimpleNamespace):
             raise pynvml.NVMLError_GpuIsLost()
         return index
 
+    def nvmlDeviceGetMinorNumber(self, handle: int) -> int:
+        self._gpu(handle, "nvmlDeviceGetMinorNumber")
+        return handle  # the driver numbers device files in probe order: index order here
+
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
         gpu = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpu.processes]

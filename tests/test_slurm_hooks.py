@@ -136,3 +136,70 @@ def test_taskprolog_never_fails_the_task(cli, monkeypatch: pytest.MonkeyPatch) -
     assert result.exit_code == 0
     assert result.stdout == "export CUDA_DEVICE_ORDER=PCI_BUS_ID\n"
     assert "not a list of indices" in result.stderr
+
+
+# ---- gres.conf --------------------------------------------------------------------------------
+
+
+def test_gres_conf_links_rows_mirror_the_nvlink_matrix(cli) -> None:
+    from gpualloc.topologies import load_bundled
+
+    result = cli(*TOPOLOGY, "slurm", "gres-conf", "--node", "gpu01")
+    assert result.exit_code == 0
+    lines = [line for line in result.stdout.splitlines() if not line.startswith("#")]
+    assert lines[0] == "AutoDetect=off"
+    topology = load_bundled("dgx1-v100")
+    for gpu, line in enumerate(lines[1:]):
+        fields = dict(field.split("=", 1) for field in line.split())
+        assert fields["NodeName"] == "gpu01" and fields["File"] == f"/dev/nvidia{gpu}"
+        links = [int(x) for x in fields["Links"].split(",")]
+        assert links[gpu] == -1
+        assert all(
+            links[other] == topology.link(gpu, other).nvlinks for other in range(8) if other != gpu
+        )
+        assert "Cores" not in fields  # a bundled topology has no thread layout to go by
+    assert "N = index" in result.stdout  # and says that minor numbers were assumed
+
+
+def test_gres_conf_cores_follow_slurms_socket_major_numbering(cli) -> None:
+    # nvlink-pairs-4gpu: NUMA node 0 holds the even CPUs, node 1 the odd ones.
+    result = cli("--topology", "nvlink-pairs-4gpu", "slurm", "gres-conf", "--threads-per-core", "1")
+    cores = [line.split("Cores=")[1].split()[0] for line in result.stdout.splitlines()[-4:]]
+    assert cores == ["0-5", "0-5", "6-11", "6-11"]
+    dgx = cli(*TOPOLOGY, "slurm", "gres-conf", "--threads-per-core", "2").stdout.splitlines()
+    assert "Cores=0-19 " in dgx[-8] and "Cores=20-39 " in dgx[-1]  # hyperthreads fold away
+
+
+def test_sysfs_core_numbers_rank_package_then_core(tmp_path: Path) -> None:
+    from gpualloc.slurm.gres import sysfs_core_numbers
+
+    # 2 packages x 2 cores x 2 threads, Linux-style ids: threads 0-3 first, siblings 4-7.
+    layout = {
+        0: (0, 0),
+        1: (0, 1),
+        2: (1, 0),
+        3: (1, 1),
+        4: (0, 0),
+        5: (0, 1),
+        6: (1, 0),
+        7: (1, 1),
+    }
+    for cpu, (package, core) in layout.items():
+        topology = tmp_path / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "physical_package_id").write_text(f"{package}\n")
+        (topology / "core_id").write_text(f"{core}\n")
+    (tmp_path / "cpufreq").mkdir()  # not a CPU
+    assert sysfs_core_numbers(tmp_path) == {0: 0, 1: 1, 2: 2, 3: 3, 4: 0, 5: 1, 6: 2, 7: 3}
+
+
+def test_gres_conf_uses_known_minor_numbers() -> None:
+    from gpualloc.slurm.gres import gres_conf
+    from gpualloc.topologies import load_bundled
+
+    topology = load_bundled("nvlink-pairs-4gpu")
+    renumbered = topology.model_copy(
+        update={"gpus": [g.model_copy(update={"minor_number": 3 - g.index}) for g in topology.gpus]}
+    )
+    text = gres_conf(renumbered, core_numbers={})
+    assert "File=/dev/nvidia3 " in text.splitlines()[-4] and "assumes" not in text

@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -23,6 +23,46 @@ app = typer.Typer(
     "GPUALLOC_STATE_DIR: slurmd runs them with no PATH and a bare environment.",
     no_args_is_help=True,
 )
+
+
+@app.command("gres-conf")
+def gres_conf_command(
+    node: Annotated[
+        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
+        typer.Option(help="NodeName= for each line (for a gres.conf shared by several nodes)."),
+    ] = None,
+    threads_per_core: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            min=1,
+            help="For a recorded topology: hardware threads per core, to derive Cores= "
+            "(this host's come from sysfs).",
+        ),
+    ] = None,
+    device_dir: Annotated[
+        str, typer.Option(help="Where the GPU device files are (File=DIR/nvidiaN).")
+    ] = "/dev",
+) -> None:
+    """Print gres.conf lines for this host: File=/dev/nvidiaN (device minor numbers, PCI bus
+    order), Cores= (the GPUs' local cores, Slurm numbering), Links= (NVLink counts).
+
+    Why: Debian's Slurm has no NVML plugin in main, so slurmd cannot see GPUs or NVLinks by
+    itself. Limits: Slurm 22.05 uses Links= only to prefer GPUs linked to the first free one,
+    never to find the best-linked set (the taskprolog reorders within what Slurm gave);
+    Cores= matters only with a task plugin that binds cores.
+    """
+    from gpualloc.cli.output import write_stdout
+    from gpualloc.discovery.this_host import describes_this_host
+    from gpualloc.slurm.gres import enumerated_core_numbers, gres_conf, sysfs_core_numbers
+
+    topology = STATE.load_topology()
+    if threads_per_core is not None:
+        cores = enumerated_core_numbers(topology, threads_per_core)
+    elif describes_this_host(topology):
+        cores = sysfs_core_numbers()
+    else:
+        cores = None
+    write_stdout(gres_conf(topology, node=node, core_numbers=cores, device_dir=device_dir))
 
 
 @app.command("prolog")

@@ -262,6 +262,9 @@ class NvmlSession:
             pcie_width=q(
                 notes, f"{label} PCIe width", lambda: nvml.nvmlDeviceGetMaxPcieLinkWidth(handle)
             ),
+            minor_number=q(
+                notes, f"{label} minor number", lambda: nvml.nvmlDeviceGetMinorNumber(handle)
+            ),
         )
 
     def _nvlinks(

@@ -61,6 +61,9 @@ class Gpu(_Strict):
     uuid: str | None = None
     pci_bus_id: str | None = Field(None, description="e.g. 00000000:07:00.0")
     name: str | None = None
+    minor_number: int | None = Field(
+        None, ge=0, description="N of the device file /dev/nvidiaN (NVML's minor number)"
+    )
     memory_total_bytes: int | None = Field(None, ge=0)
     numa_node: int | None = Field(
         None, description="the one NUMA node nearest the GPU; None when unknown or ambiguous"
