@@ -203,3 +203,37 @@ def test_gres_conf_uses_known_minor_numbers() -> None:
     )
     text = gres_conf(renumbered, core_numbers={})
     assert "File=/dev/nvidia3 " in text.splitlines()[-4] and "assumes" not in text
+
+
+ROOT = Path(__file__).parent.parent
+
+
+def test_the_example_gres_conf_is_what_gres_conf_prints(cli) -> None:
+    printed = cli(*TOPOLOGY, "slurm", "gres-conf", "--node", "gpu01", "--threads-per-core", "2")
+    example = (ROOT / "examples" / "slurm" / "gres.conf.example").read_text()
+
+    def settings(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+    assert settings(example) == settings(printed.stdout)
+
+
+def test_the_example_wrapper_picks_the_hook_by_its_name(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    fake = tmp_path / "gpualloc"
+    fake.write_text('#!/bin/sh\necho "$@ state=$GPUALLOC_STATE_DIR"\n')
+    fake.chmod(0o755)
+    wrapper = ROOT / "examples" / "slurm" / "gpualloc-hook.sh"
+    env = {"GPUALLOC_BIN": str(fake)}  # slurmd gives hooks no PATH
+    for hook in ("prolog", "epilog", "taskprolog"):
+        link = tmp_path / f"gpualloc-{hook}"
+        link.symlink_to(wrapper)
+        ran = subprocess.run([str(link)], env=env, capture_output=True, text=True, check=True)
+        assert ran.stdout == f"slurm {hook} state=/var/tmp/gpualloc\n"
+    stray = tmp_path / "other-name"
+    stray.symlink_to(wrapper)
+    ran = subprocess.run([str(stray)], env=env, capture_output=True, text=True)
+    assert ran.returncode == 0 and "expected gpualloc-prolog" in ran.stderr
+    assert os.access(wrapper, os.X_OK)
