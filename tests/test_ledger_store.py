@@ -422,3 +422,24 @@ def test_two_unix_users_share_one_sticky_state_directory():
         import shutil
 
         shutil.rmtree(path)
+
+
+def test_nothing_survives_a_reboot_not_even_a_held_lease(tmp_path):
+    """A lease made in an earlier boot is dead: a Slurm job's lease on a node that crashed
+    before its Epilog, or an 'alloc --hold' somebody forgot, does not block the GPUs forever."""
+    from gpualloc.boot import boot_id
+
+    now = boot_id()
+    if now is None:
+        pytest.skip("this kernel offers no boot id")
+    store = _store(tmp_path / "state")
+    this_boot = _lease(0, boot_id=now)
+    last_boot = _lease(1, boot_id="00000000-0000-0000-0000-000000000000")
+    unknown = _lease(2)  # written where no boot id was known: the old rule stands
+    with store.transaction() as txn:
+        txn.add(this_boot)
+        txn.add(last_boot)
+        txn.add(unknown)
+    txn = store.read()
+    assert [lease.id for lease in txn.reaped] == [last_boot.id]
+    assert [lease.id for lease in txn.ledger.leases] == [this_boot.id, unknown.id]

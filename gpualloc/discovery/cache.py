@@ -19,8 +19,6 @@ from gpualloc.atomic import write_text_atomic
 from gpualloc.errors import TopologyError
 from gpualloc.model.topology import Topology
 
-BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
-
 
 @dataclass(frozen=True)
 class CacheKey:
@@ -38,13 +36,6 @@ def cache_dir() -> Path:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "gpualloc"
-
-
-def boot_id() -> str | None:
-    try:
-        return BOOT_ID_PATH.read_text().strip() or None
-    except OSError:
-        return None
 
 
 def _path(source: str) -> Path:

@@ -71,6 +71,7 @@ def discover_host(
 
 
 def _discover_nvml(*, refresh: bool, table: BandwidthTable) -> Topology:
+    from gpualloc.boot import boot_id
     from gpualloc.discovery import cache
     from gpualloc.discovery.numa import discover_numa
     from gpualloc.discovery.nvml import NvmlSession
@@ -78,7 +79,7 @@ def _discover_nvml(*, refresh: bool, table: BandwidthTable) -> Topology:
     with NvmlSession() as session:
         key = cache.CacheKey(
             source="nvml",
-            boot_id=cache.boot_id(),
+            boot_id=boot_id(),
             driver_version=session.driver_version(),
             gpu_uuids=tuple(session.gpu_uuids()),
         )
@@ -92,6 +93,7 @@ def _discover_nvml(*, refresh: bool, table: BandwidthTable) -> Topology:
 
 
 def _discover_nvidia_smi(*, refresh: bool, table: BandwidthTable) -> Topology:
+    from gpualloc.boot import boot_id
     from gpualloc.discovery import cache
     from gpualloc.discovery.numa import discover_numa
     from gpualloc.discovery.smi import discover_with_nvidia_smi, query_gpus
@@ -99,7 +101,7 @@ def _discover_nvidia_smi(*, refresh: bool, table: BandwidthTable) -> Topology:
     queried = query_gpus()
     key = cache.CacheKey(
         source="nvidia-smi",
-        boot_id=cache.boot_id(),
+        boot_id=boot_id(),
         driver_version=queried[0].driver_version if queried else None,
         gpu_uuids=tuple(q.uuid for q in queried),
     )

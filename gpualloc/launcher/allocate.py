@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpualloc.boot import boot_id
 from gpualloc.discovery.processes import ProcessReport, declared_processes, live_processes
 from gpualloc.discovery.this_host import describes_this_host
 from gpualloc.errors import (
@@ -256,6 +257,7 @@ class HostLedger:
             scores=placement.scores.as_dict(),
             created=datetime.now(timezone.utc),
             source=terms.source,
+            boot_id=boot_id(),
         )
 
     def release(self, lease_id: str) -> None:

@@ -36,7 +36,8 @@ class Lease(BaseModel):
 
     A lease is alive while its process is (``pid`` and ``pid_start_time``, so that a reused pid is
     not mistaken for the job), or while some process still holds its lease lock (the exec'd job
-    and its children inherit it), or, with ``hold``, until it is released.
+    and its children inherit it), or, with ``hold``, until it is released or the machine
+    reboots.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -62,6 +63,8 @@ class Lease(BaseModel):
     source: LeaseSource
     slurm_job: str | None = None
     """The Slurm job id, for leases the Slurm prolog records (the epilog releases them)."""
+    boot_id: str | None = None
+    """The boot the lease was made in; a lease from an earlier boot is dead, ``hold`` or not."""
 
     @property
     def indices(self) -> tuple[int, ...]:

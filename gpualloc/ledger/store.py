@@ -35,6 +35,7 @@ from filelock import FileLock, Timeout
 from pydantic import ValidationError
 
 from gpualloc.atomic import write_text_atomic
+from gpualloc.boot import boot_id
 from gpualloc.errors import FileAccessError, LedgerError
 from gpualloc.ledger.liveness import lock_held, process_alive
 from gpualloc.ledger.schema import SCHEMA_VERSION, Lease, Ledger, Waiter
@@ -53,6 +54,8 @@ class LedgerFromNewerVersion(LedgerError):
 
 def lease_alive(lease: Lease, directory: StateDirectory) -> bool:
     """The liveness rule of :class:`~gpualloc.ledger.schema.Lease`."""
+    if lease.boot_id is not None and lease.boot_id != boot_id():
+        return False  # nothing survives a reboot: a held lease of a crashed node included
     if lease.hold:
         return True
     if lease.lock and lock_held(directory.lease_lock(lease.id)):

@@ -23,6 +23,7 @@ import re
 from collections.abc import Mapping
 from datetime import datetime, timezone
 
+from gpualloc.boot import boot_id
 from gpualloc.errors import RequestError
 from gpualloc.launcher.allocate import HostLedger, user_name
 from gpualloc.ledger.occupancy import describe_lease
@@ -91,6 +92,7 @@ def prolog(host: HostLedger, env: Mapping[str, str]) -> list[str]:
                 created=datetime.now(timezone.utc),
                 source="slurm",
                 slurm_job=job,
+                boot_id=boot_id(),
             )
             txn.add(lease)
             lines.append(f"job {job}: recorded GPU {format_cpulist(mine)} for {user} ({lease.id})")

@@ -1,0 +1,19 @@
+"""Which boot of this machine we are in: the kernel's random boot id.
+
+Discovered topologies are cached per boot (GPUs may change across a reboot), and leases are
+valid for the boot that made them (no process, lock or Slurm job survives a reboot).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id() -> str | None:
+    """The current boot id, or None where the kernel does not offer one."""
+    try:
+        return BOOT_ID_PATH.read_text().strip() or None
+    except OSError:
+        return None
