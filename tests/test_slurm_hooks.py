@@ -219,7 +219,6 @@ def test_the_example_gres_conf_is_what_gres_conf_prints(cli) -> None:
 
 
 def test_the_example_wrapper_picks_the_hook_by_its_name(tmp_path: Path) -> None:
-    import os
     import subprocess
 
     fake = tmp_path / "gpualloc"
@@ -236,4 +235,3 @@ def test_the_example_wrapper_picks_the_hook_by_its_name(tmp_path: Path) -> None:
     stray.symlink_to(wrapper)
     ran = subprocess.run([str(stray)], env=env, capture_output=True, text=True)
     assert ran.returncode == 0 and "expected gpualloc-prolog" in ran.stderr
-    assert os.access(wrapper, os.X_OK)

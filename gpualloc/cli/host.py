@@ -24,11 +24,14 @@ def open_host_ledger(*, ignore_foreign: bool = False, create: bool = True) -> Ho
 
 def warn(lines: Iterable[str]) -> None:
     for line in lines:
-        sys.stderr.write(f"gpualloc: warning: {line}\n")
+        say(f"warning: {line}")
 
 
 def say(line: str) -> None:
-    sys.stderr.write(f"gpualloc: {line}\n")
+    """A line for people on stderr, prefixed so it stands out among the job's own output."""
+    from gpualloc.cli.output import say as to_stderr
+
+    to_stderr(f"gpualloc: {line}")
 
 
 def allocate(

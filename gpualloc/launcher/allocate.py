@@ -265,7 +265,7 @@ class HostLedger:
         store = self._store()
         with store.transaction() as txn:
             txn.remove(lease_id)
-        _unlink_quietly(store.directory.lease_lock(lease_id))
+        _remove_file(store.directory.lease_lock(lease_id))
 
     # ---- release and gc --------------------------------------------------------------------
 
@@ -299,7 +299,7 @@ class HostLedger:
                 txn.remove(lease.id)
                 result.released.append(lease)
         for lease in result.released:
-            _unlink_quietly(store.directory.lease_lock(lease.id))
+            _remove_file(store.directory.lease_lock(lease.id))
         return result
 
     def collect_garbage(self) -> GarbageReport:
@@ -314,7 +314,7 @@ class HostLedger:
             lease_id = path.name[len("lease-") : -len(".lock")]
             if lease_id in named or not _old(path) or lock_held(path):
                 continue
-            if _unlink_quietly(path):
+            if _remove_file(path):
                 removed.append(path.name)
         return GarbageReport(reaped, dropped, removed, txn.notes)
 
@@ -483,7 +483,8 @@ def _old(path: Path) -> bool:
         return False
 
 
-def _unlink_quietly(path: Path) -> bool:
+def _remove_file(path: Path) -> bool:
+    """Remove ``path`` whoever holds it (the lease is gone); False if it could not be."""
     try:
         path.unlink()
     except OSError:
@@ -494,4 +495,4 @@ def _unlink_quietly(path: Path) -> bool:
 def _drop_lock(fd: int | None, store: LedgerStore, lease_id: str) -> None:
     if fd is not None:
         os.close(fd)
-        _unlink_quietly(store.directory.lease_lock(lease_id))
+        _remove_file(store.directory.lease_lock(lease_id))

@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from gpualloc.errors import GpuallocError, GpusBusy, NoFeasiblePlacement, WaitTimedOut
 from gpualloc.launcher.allocate import (
@@ -67,16 +67,10 @@ class WaitStatus:
 
     def line(self) -> str:
         text = (
-            f"waiting {format_age_seconds(self.waited_s)}, #{self.position} of "
+            f"waiting {format_age(timedelta(seconds=self.waited_s))}, #{self.position} of "
             f"{self.queue_length} in the queue: {self.reason}"
         )
         return f"{text}; {self.holders}" if self.holders else text
-
-
-def format_age_seconds(seconds: float) -> str:
-    from datetime import timedelta
-
-    return format_age(timedelta(seconds=seconds))
 
 
 def wait_and_allocate(
