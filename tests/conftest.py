@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,6 +10,8 @@ from pathlib import Path
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
+SUMMARY: list[str] = []
+"""Lines for the end of the test report (for example Slurm's choice next to gpualloc's)."""
 RECORDED = FIXTURES / "topologies"
 
 
@@ -26,6 +29,8 @@ def isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pat
     monkeypatch.setenv("GPUALLOC_STATE_DIR", str(tmp_path / "state"))
     for name in ("GPUALLOC_TOPOLOGY", "GPUALLOC_BANDWIDTH_TABLE", "GPUALLOC_DEBUG"):
         monkeypatch.delenv(name, raising=False)
+    for name in [n for n in os.environ if n.startswith("SLURM_") or n == "GPUALLOC_NO_SLURM"]:
+        monkeypatch.delenv(name)  # a suite run inside a Slurm job must not act as a sub-job
     return cache
 
 
@@ -53,3 +58,16 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
         return Result(code, captured.out, captured.err)
 
     return invoke
+
+
+@pytest.fixture
+def summary() -> Callable[[str], None]:
+    """Add a line to the section printed at the end of the run, whatever the outcome."""
+    return SUMMARY.append
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if SUMMARY:
+        terminalreporter.section("gpualloc next to a real Slurm")
+        for line in SUMMARY:
+            terminalreporter.write_line(line)

@@ -6,6 +6,9 @@ A real single-node Slurm exercises the same commands in the Slurm test suite (is
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,8 +30,21 @@ def slurmd_env(monkeypatch: pytest.MonkeyPatch):
     return set_job
 
 
+@contextmanager
+def outside_slurm() -> Iterator[None]:
+    """A user of the node outside Slurm: none of slurmd's variables."""
+    saved = {name: value for name, value in os.environ.items() if name.startswith("SLURM_")}
+    for name in saved:
+        del os.environ[name]
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
 def _leases(cli) -> list[dict]:
-    result = cli(*TOPOLOGY, "status", "--json")
+    with outside_slurm():
+        result = cli(*TOPOLOGY, "status", "--json")
     assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout)["leases"]
 
@@ -40,7 +56,8 @@ def test_prolog_records_the_jobs_gpus_and_gpualloc_run_avoids_them(cli, slurmd_e
     (lease,) = _leases(cli)
     assert lease["slurm_job"] == "42" and lease["uid"] == 1000 and lease["user"] == "alice"
     assert [g["index"] for g in lease["gpus"]] == [0, 1] and lease["source"] == "slurm"
-    dry = cli(*TOPOLOGY, "run", "-n", "2", "--dry-run", "--json", "--", "true")
+    with outside_slurm():
+        dry = cli(*TOPOLOGY, "run", "-n", "2", "--dry-run", "--json", "--", "true")
     assert not {0, 1} & set(json.loads(dry.stdout)["placement"]["gpus"])
 
 
@@ -63,7 +80,8 @@ def test_epilog_without_a_prolog_or_a_ledger_is_fine(cli, slurmd_env) -> None:
 
 
 def test_a_gpu_held_outside_slurm_is_reported_not_taken(cli, slurmd_env) -> None:
-    assert cli(*TOPOLOGY, "alloc", "--hold", "--gpus", "1").exit_code == 0
+    with outside_slurm():
+        assert cli(*TOPOLOGY, "alloc", "--hold", "--gpus", "1").exit_code == 0
     result = cli(*TOPOLOGY, "slurm", "prolog")
     assert result.exit_code == 0
     assert "Slurm gave it GPU 1, which is also held outside Slurm" in result.stderr

@@ -14,10 +14,23 @@ if TYPE_CHECKING:
 
 
 def open_host_ledger(*, ignore_foreign: bool = False, create: bool = True) -> HostLedger:
-    """The selected topology with its ledger and GPU processes; warnings go to stderr."""
-    from gpualloc.launcher.allocate import HostLedger
+    """The selected topology with its ledger and GPU processes; warnings go to stderr.
 
-    host = HostLedger.open(STATE.load_topology(), ignore_foreign=ignore_foreign, create=create)
+    Inside a Slurm job with GPUs, the job's own ledger, limited to the job's GPUs (see
+    :mod:`gpualloc.slurm.job`).
+    """
+    import os
+
+    from gpualloc.launcher.allocate import HostLedger
+    from gpualloc.slurm.job import slurm_job
+
+    topology = STATE.load_topology()
+    host = HostLedger.open(
+        topology,
+        ignore_foreign=ignore_foreign,
+        create=create,
+        slurm_job=slurm_job(topology, os.environ),
+    )
     warn(host.processes.notes)
     return host
 

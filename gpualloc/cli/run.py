@@ -96,6 +96,10 @@ def run_command(
     GPUALLOC_GPUS set, under numactl bound to the GPUs' NUMA nodes. Its GPUs are free again as
     soon as it and every process it started have exited, however they end.
 
+    Inside a Slurm job it places only on the job's GPUs (SLURM_STEP_GPUS, matched by device
+    number) and keeps a ledger of the job's own, so one allocation can run a sweep of
+    topology-placed sub-jobs; GPUALLOC_NO_SLURM=1 uses the host's ledger instead.
+
     With --wait it queues when the GPUs are taken and starts within half a second of its turn
     (first come, first served; a later job may start first only while an earlier one cannot;
     --priority classes). --min-bandwidth / --min-utility keep it waiting for a good placement

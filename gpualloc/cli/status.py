@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from gpualloc.ledger.occupancy import Occupancy
     from gpualloc.ledger.store import LedgerTransaction
 
-STATE_STYLE = {"free": "green", "held": "yellow", "foreign": "red", "lost": "red"}
+STATE_STYLE = {"free": "green", "held": "yellow", "foreign": "red", "lost": "red", "outside": "dim"}
 
 
 def status_command(
@@ -32,7 +32,8 @@ def status_command(
     ] = 2.0,
 ) -> None:
     """Show every GPU: free, held by a lease (user, pid, name, command, since, lease id), busy
-    with processes that did not come through gpualloc, or lost.
+    with processes that did not come through gpualloc, or lost. Inside a Slurm job: the job's
+    own ledger, and the GPUs that are not the job's as outside.
 
     Reads the ledger without changing it: leases whose jobs are gone are left out (and freed by
     the next command that writes, or by 'gpualloc gc').
@@ -70,6 +71,11 @@ def _show(host: HostLedger, as_json: bool) -> None:
         f"{len(free)} of {host.topology.gpu_count} GPUs free; {len(txn.ledger.leases)} "
         f"lease(s), {len(txn.ledger.queue)} waiting, in {ledger}",
     ]
+    if host.slurm_job is not None:
+        footer.append(
+            f"  inside {host.slurm_job.describe()}: the job's own ledger; the host's GPUs that "
+            "are not the job's show as outside (GPUALLOC_NO_SLURM=1 shows the host's ledger)"
+        )
     if not host.this_host:
         footer.append(
             f"  topology {host.topology.name or '(unnamed)'} is not this host: its leases are "
@@ -174,6 +180,11 @@ def status_json(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) 
         "topology": host.topology.name,
         "this_host": host.this_host,
         "ledger": str(host.store.directory.ledger_file) if host.store else None,
+        "slurm_job": (
+            {"id": host.slurm_job.job_id, "gpus": sorted(host.slurm_job.gpus)}
+            if host.slurm_job
+            else None
+        ),
         "processes_source": host.processes.source,
         "free": sorted(occupancy.free),
         "gpus": gpus,

@@ -47,6 +47,7 @@ from gpualloc.placement.utility import UtilityWeights
 
 if TYPE_CHECKING:
     from gpualloc.placement.context import DecisionContext
+    from gpualloc.slurm.job import SlurmJob
 
 EXPLICIT_POLICY = "explicit"
 ORPHAN_LOCK_AGE_S = 60.0
@@ -143,16 +144,30 @@ class HostLedger:
     processes: ProcessReport
     this_host: bool
     ignore_foreign: bool = False
+    slurm_job: SlurmJob | None = None
+    """Inside a Slurm job: only the job's GPUs, in a ledger of the job's own."""
     _pending_lock: tuple[int, str] | None = field(default=None, init=False, repr=False)
     """The lease lock taken by :meth:`record` in the current transaction, until it commits."""
 
     @classmethod
     def open(
-        cls, topology: Topology, *, ignore_foreign: bool = False, create: bool = True
+        cls,
+        topology: Topology,
+        *,
+        ignore_foreign: bool = False,
+        create: bool = True,
+        slurm_job: SlurmJob | None = None,
     ) -> HostLedger:
+        """The ledger of ``topology`` (the host's, or a recorded topology's own); with
+        ``slurm_job``, the job's own ledger, limited to its GPUs."""
         this_host = describes_this_host(topology)
+        scope = ledger_scope(topology)
+        if slurm_job is not None:
+            from gpualloc.slurm.job import job_ledger_scope
+
+            scope = job_ledger_scope(scope, slurm_job.job_id)
         try:
-            directory = open_state_directory(create=create).scoped(ledger_scope(topology))
+            directory = open_state_directory(create=create).scoped(scope)
             store: LedgerStore | None = LedgerStore(directory)
         except StateDirectoryMissing:
             store = None
@@ -162,7 +177,14 @@ class HostLedger:
             processes = ProcessReport(source="none")
         else:
             processes = live_processes(topology)
-        return cls(topology, store, processes, this_host, ignore_foreign)
+        return cls(topology, store, processes, this_host, ignore_foreign, slurm_job)
+
+    @property
+    def outside(self) -> frozenset[int]:
+        """The GPUs this ledger may not place on (those not the Slurm job's)."""
+        if self.slurm_job is None:
+            return frozenset()
+        return frozenset(range(self.topology.gpu_count)) - self.slurm_job.gpus
 
     def refresh_processes(self) -> None:
         """Ask NVML again who runs on the GPUs (a waiting job does this now and then)."""
@@ -175,6 +197,7 @@ class HostLedger:
             ledger,
             self.processes.processes,
             ignore_foreign=self.ignore_foreign,
+            outside=self.outside,
         )
 
     def snapshot(self) -> LedgerTransaction:
@@ -352,7 +375,7 @@ def choose(topology: Topology, occupancy: Occupancy, want: Want) -> Placement:
     try:
         ctx = _context_now(topology, occupancy, want)
     except NoFeasiblePlacement as now:
-        usable = frozenset(range(topology.gpu_count)) - occupancy.lost
+        usable = frozenset(range(topology.gpu_count)) - occupancy.lost - occupancy.outside
         decision_context(topology, want.request, HostState(free=usable))  # never fits: raises
         raise _busy(occupancy, want.request, now) from None
     return _good_enough(policy.place(ctx), want)
@@ -409,6 +432,14 @@ def _explicit(topology: Topology, occupancy: Occupancy, want: Want) -> Placement
         )
     if len(set(gpus)) != len(gpus):
         raise RequestError("--gpus names a GPU twice", hint="list each GPU once")
+    foreign_to_job = [g for g in gpus if g in occupancy.outside]
+    if foreign_to_job:
+        mine = sorted(frozenset(range(n)) - occupancy.outside)
+        raise RequestError(
+            f"GPU {format_cpulist(foreign_to_job)} is not this Slurm job's "
+            f"(it has GPU {format_cpulist(mine)})",
+            hint="choose among the job's GPUs, or ask Slurm for those GPUs",
+        )
     taken = [g for g in gpus if g in occupancy.busy]
     if taken:
         raise GpusBusy(
@@ -430,7 +461,9 @@ def _busy(occupancy: Occupancy, request: JobRequest, why: NoFeasiblePlacement) -
         message += f" now ({format_cpulist(free)})" if free else " now"
     return GpusBusy(
         message,
-        details=tuple(occupancy.describe(required_busy or sorted(occupancy.busy))),
+        details=tuple(
+            occupancy.describe(required_busy or sorted(occupancy.busy - occupancy.outside))
+        ),
         hint="wait for them ('gpualloc status' shows the host), or ask for fewer GPUs",
     )
 

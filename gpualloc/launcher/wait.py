@@ -122,7 +122,7 @@ def wait_and_allocate(
 
 def never_fits(host: HostLedger, want: Want) -> None:
     """Raise NoFeasiblePlacement if ``want`` could not start even on an idle host."""
-    idle = Occupancy.build(host.topology, Ledger(host="idle"), ())
+    idle = Occupancy.build(host.topology, Ledger(host="idle"), (), outside=host.outside)
     try:
         choose(host.topology, idle, want)
     except GpusBusy as too_poor:  # a threshold that no placement on this host meets
@@ -234,7 +234,7 @@ def _holders(occupancy: Occupancy) -> str:
     by_user: dict[str, list[int]] = {}
     for gpu, lease in sorted(occupancy.leases.items()):
         by_user.setdefault(lease.user, []).append(gpu)
-    for gpu in sorted(occupancy.busy - frozenset(occupancy.leases)):
+    for gpu in sorted(occupancy.busy - frozenset(occupancy.leases) - occupancy.outside):
         by_user.setdefault("not gpualloc" if gpu not in occupancy.lost else "lost", []).append(gpu)
     if not by_user:
         return ""

@@ -32,6 +32,9 @@ class Occupancy:
     """GPU index -> the compute processes running on it (leased GPUs included)."""
     lost: frozenset[int] = frozenset()
     ignore_foreign: bool = False
+    outside: frozenset[int] = frozenset()
+    """GPUs this scope may not use: inside a Slurm job, the host's GPUs that are not the
+    job's."""
 
     @classmethod
     def build(
@@ -41,6 +44,7 @@ class Occupancy:
         processes: Iterable[GpuProcess] = (),
         *,
         ignore_foreign: bool = False,
+        outside: frozenset[int] = frozenset(),
     ) -> Occupancy:
         by_gpu: dict[int, list[GpuProcess]] = {}
         for process in processes:
@@ -51,6 +55,7 @@ class Occupancy:
             processes={gpu: tuple(found) for gpu, found in by_gpu.items()},
             lost=frozenset(g.index for g in topology.gpus if g.health == Health.LOST),
             ignore_foreign=ignore_foreign,
+            outside=outside,
         )
 
     # ---- per GPU ---------------------------------------------------------------------------
@@ -60,9 +65,11 @@ class Occupancy:
         return () if gpu in self.leases else self.processes.get(gpu, ())
 
     def state(self, gpu: int) -> str:
-        """``held``, ``lost``, ``foreign`` or ``free``."""
+        """``held``, ``outside``, ``lost``, ``foreign`` or ``free``."""
         if gpu in self.leases:
             return "held"
+        if gpu in self.outside:
+            return "outside"
         if gpu in self.lost:
             return "lost"
         if self.foreign(gpu):
@@ -87,7 +94,7 @@ class Occupancy:
                 seen.add(lease.id)
                 held = frozenset(i for i in lease.indices if i < self.gpu_count)
                 running.append(RunningJob(gpus=held, sensitive=lease.sensitive))
-        for gpu in sorted(self.busy - frozenset(self.leases)):
+        for gpu in sorted(self.busy - frozenset(self.leases) - self.outside):
             running.append(RunningJob(gpus=frozenset({gpu})))
         return HostState(free=self.free, running=tuple(running))
 
@@ -98,6 +105,10 @@ class Occupancy:
         now = now or datetime.now(timezone.utc)
         wanted = sorted(set(gpus))
         lines: list[str] = []
+        outside = [g for g in wanted if g in self.outside and g not in self.leases]
+        if outside:
+            lines.append(f"GPU {format_cpulist(outside)}: not this Slurm job's")
+            wanted = [g for g in wanted if g not in outside]
         seen: set[str] = set()
         for gpu in wanted:
             lease = self.leases.get(gpu)

@@ -28,9 +28,11 @@ from gpualloc.errors import RequestError
 from gpualloc.launcher.allocate import HostLedger, user_name
 from gpualloc.ledger.occupancy import describe_lease
 from gpualloc.ledger.schema import Lease, LeasedGpu
+from gpualloc.ledger.statedir import StateDirectory
 from gpualloc.ledger.store import new_lease_id
 from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.topology import Topology
+from gpualloc.slurm.job import check_job_id, device_numbers
 
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9,._:-]*$")
 
@@ -49,7 +51,7 @@ def _job_id(env: Mapping[str, str]) -> str:
     job = env.get("SLURM_JOB_ID", "").strip()
     if not job:
         raise RequestError("SLURM_JOB_ID is not set: not run by slurmd as a Prolog/Epilog")
-    return job
+    return check_job_id(job)
 
 
 def prolog(host: HostLedger, env: Mapping[str, str]) -> list[str]:
@@ -108,23 +110,46 @@ def epilog(host: HostLedger, env: Mapping[str, str]) -> list[str]:
         mine = [x for x in txn.ledger.leases if x.slurm_job == job]
         for lease in mine:
             txn.remove(lease.id)
-    if not mine:
-        return [f"job {job}: no lease to release"]
-    return [f"job {job}: released GPU {format_cpulist(x.indices)} ({x.id})" for x in mine]
+    lines = [f"job {job}: released GPU {format_cpulist(x.indices)} ({x.id})" for x in mine]
+    lines = lines or [f"job {job}: no lease to release"]
+    return lines + forget_job_ledger(host.store.directory, job)
+
+
+def forget_job_ledger(directory: StateDirectory, job: str) -> list[str]:
+    """Remove the job's own ledger (what ``gpualloc run`` inside the job kept) and the lock
+    files of its leases: after the job, every process of it is gone."""
+    from gpualloc.ledger.store import LedgerStore
+    from gpualloc.slurm.job import job_ledger_scope
+
+    scoped = directory.scoped(job_ledger_scope(directory.scope, job))
+    if not scoped.ledger_file.exists():
+        return []
+    txn = LedgerStore(scoped).snapshot()
+    leases = [*txn.reaped, *txn.ledger.leases]
+    for path in [
+        *(scoped.lease_lock(lease.id) for lease in leases),
+        *scoped.good_copies(),
+        scoped.ledger_file,
+        scoped.lock_file,
+    ]:
+        path.unlink(missing_ok=True)
+    return [f"job {job}: removed its own ledger ({len(leases)} sub-job lease(s))"]
 
 
 def task_prolog(topology: Topology, env: Mapping[str, str]) -> list[str]:
     """The ``export`` lines for one task of a step."""
     lines = ["export CUDA_DEVICE_ORDER=PCI_BUS_ID"]
-    physical = gpu_indices(env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS"))
+    numbers = gpu_indices(env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS"))
     visible = [part for part in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if part]
+    index_of = device_numbers(topology)
     if (
-        len(physical) < 3  # a pair (or one GPU) has one order
-        or len(visible) != len(physical)
-        or not all(0 <= g < topology.gpu_count for g in physical)
+        len(numbers) < 3  # a pair (or one GPU) has one order
+        or len(visible) != len(numbers)
+        or not all(n in index_of for n in numbers)
         or not all(_SAFE_VALUE.match(v) for v in visible)
     ):
         return lines
+    physical = tuple(index_of[n] for n in numbers)
     order = best_ring(topology, physical)
     position = {gpu: i for i, gpu in enumerate(physical)}
     lines.append("export CUDA_VISIBLE_DEVICES=" + ",".join(visible[position[g]] for g in order))
