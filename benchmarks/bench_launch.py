@@ -26,25 +26,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
+
+from process_timing import gpualloc_argv, median_ms
 
 BUDGET_MS = 200.0
 START_LATENCY_BUDGET_MS = 500.0
 CLIENTS = 8
-
-
-def _median_ms(argv: list[str], runs: int, env: dict[str, str]) -> float:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
-
-
-def _gpualloc_argv() -> list[str]:
-    script = Path(sys.executable).with_name("gpualloc")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "gpualloc"]
 
 
 def _cli_client(args: tuple[list[str], dict[str, str], int]) -> int:
@@ -121,14 +108,14 @@ def main() -> int:
     state = tempfile.mkdtemp(prefix="gpualloc-bench-")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["GPUALLOC_STATE_DIR"] = state
-    base = [*_gpualloc_argv(), "--topology", options.topology]
+    base = [*gpualloc_argv(), "--topology", options.topology]
     try:
         run = [*base, "run", "-n", "1", "-q", "--", "true"]
         for warm_up in (run, [*base, "alloc", "--hold"], [*base, "release", "--mine"]):
             subprocess.run(warm_up, env=env, check=True, stdout=subprocess.DEVNULL)
-        true_ms = _median_ms([shutil.which("true") or "true"], options.runs, env)
-        python_ms = _median_ms([sys.executable, "-c", "pass"], options.runs, env)
-        run_ms = _median_ms(run, options.runs, env)
+        true_ms = median_ms([shutil.which("true") or "true"], options.runs, env)
+        python_ms = median_ms([sys.executable, "-c", "pass"], options.runs, env)
+        run_ms = median_ms(run, options.runs, env)
         added = run_ms - python_ms
         print(f"median of {options.runs} starts on {options.topology}:")
         print(f"  true                              {true_ms:7.1f} ms")

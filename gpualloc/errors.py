@@ -44,6 +44,8 @@ class ExitCode(IntEnum):
     """No lease has the given id (it may have been released or reaped already)."""
     TRACE = 14
     """A simulation trace or generator spec could not be understood."""
+    CONFIG = 15
+    """A configuration file or ``GPUALLOC_*`` setting could not be understood."""
     TIMEOUT = 124
     """``--wait --timeout`` ran out before the GPUs came free, as timeout(1) reports it."""
     NOT_EXECUTABLE = 126
@@ -72,6 +74,7 @@ EXIT_CODE_DESCRIPTIONS: dict[ExitCode, str] = {
     ExitCode.NOT_PERMITTED: "the lease belongs to another user",
     ExitCode.NO_LEASE: "no lease with that id",
     ExitCode.TRACE: "a simulation trace or --generate spec is not understood",
+    ExitCode.CONFIG: "a config.toml file or a GPUALLOC_* setting is not understood",
     ExitCode.TIMEOUT: "waited for GPUs until --timeout and gave up",
     ExitCode.NOT_EXECUTABLE: "the command could not be executed",
     ExitCode.COMMAND_NOT_FOUND: "the command was not found",
@@ -227,3 +230,10 @@ class TraceError(GpuallocError):
     """A simulation trace or generator spec is malformed; names the line and the field."""
 
     exit_code = ExitCode.TRACE
+
+
+class ConfigError(GpuallocError):
+    """A configuration file or setting is wrong; the message names the file (or variable) and
+    the key."""
+
+    exit_code = ExitCode.CONFIG

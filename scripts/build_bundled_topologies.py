@@ -13,7 +13,6 @@ that tools keyed on UUIDs work on bundled hosts.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import uuid
 from collections.abc import Callable
@@ -540,21 +539,13 @@ def build_all() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="fail if the files are stale")
-    args = parser.parse_args(argv)
-    stale = []
-    for filename, text in build_all().items():
-        path = OUT_DIR / filename
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(filename)
-        else:
-            path.write_text(text)
-    if stale:
-        print(f"stale bundled topologies: {', '.join(stale)}; run {sys.argv[0]}", file=sys.stderr)
-        return 1
-    return 0
+    from generated_files import write_or_check
+
+    return write_or_check(
+        __doc__.splitlines()[0],
+        lambda: {OUT_DIR / name: text for name, text in build_all().items()},
+        argv,
+    )
 
 
 if __name__ == "__main__":

@@ -162,6 +162,10 @@ def test_slurms_choice_next_to_gpualloc_s(
     holder = cluster.sbatch("sleep 300", "--gres=gpu:1")
     assert _gpus(_running(cluster, holder)) == [0]
     by_slurm = cluster.run("srun", "--gres=gpu:2", "printenv", "SLURM_STEP_GPUS").stdout.strip()
+    cluster.wait_for(  # the srun job's Epilog, which may still be running
+        "the srun job's Epilog",
+        lambda: [x["slurm_job"] for x in cluster.host_status()["leases"]] == [holder],
+    )
 
     def would_pick(*policy: str) -> str:
         dry = ("run", "--dry-run", "--json", "-n", "2", "--sensitive", *policy, "--", "true")

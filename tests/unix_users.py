@@ -46,6 +46,9 @@ def as_user(uid: int, gid: int, action: Callable[[], object]) -> None:
             os.setgroups([])
             os.setgid(gid)
             os.setuid(uid)
+            # The user's own (absent) configuration, not root's test directories.
+            os.environ["XDG_CONFIG_HOME"] = f"/nonexistent/gpualloc-test-{uid}"
+            os.environ["GPUALLOC_SYSTEM_CONFIG"] = "/nonexistent/gpualloc-system.toml"
             action()
             code = 0
         except BaseException:

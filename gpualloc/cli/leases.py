@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
+from gpualloc.cli import complete
 from gpualloc.cli.host import allocate, open_host_ledger, warn
 from gpualloc.cli.request_options import (
     DrbWeightsOption,
@@ -30,6 +31,7 @@ from gpualloc.cli.request_options import (
     build_want,
     wait_options,
 )
+from gpualloc.cli.state import STATE
 from gpualloc.errors import RequestError
 
 if TYPE_CHECKING:
@@ -49,7 +51,7 @@ def alloc_command(
     sensitive: SensitiveOption = None,
     exclude: ExcludeOption = None,
     require: RequireOption = None,
-    policy: PolicyOption = "mapa",
+    policy: PolicyOption = None,
     score: ScoreOption = "auto",
     drb_weights: DrbWeightsOption = None,
     gpus: ExplicitGpusOption = None,
@@ -74,11 +76,11 @@ def alloc_command(
     ] = "ids",
     name: NameOption = None,
     uuid: UuidOption = False,
-    ignore_foreign: IgnoreForeignOption = False,
+    ignore_foreign: IgnoreForeignOption = None,
     wait: WaitOption = False,
     timeout: TimeoutOption = None,
-    priority: PriorityOption = "normal",
-    max_bypass: MaxBypassOption = 8,
+    priority: PriorityOption = None,
+    max_bypass: MaxBypassOption = None,
     min_utility: MinUtilityOption = None,
     min_bandwidth: MinBandwidthOption = None,
 ) -> None:
@@ -119,7 +121,7 @@ def alloc_command(
         min_bandwidth=min_bandwidth,
     )
     waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
-    host = open_host_ledger(ignore_foreign=ignore_foreign)
+    host = open_host_ledger(ignore_foreign=STATE.setting("ignore_foreign", ignore_foreign))
     terms = LeaseTerms(source="alloc", pid=owner, hold=hold, command=_command_of(owner), name=name)
     allocation = allocate(host, want, terms, waiting)
     warn(allocation.notes)
@@ -170,7 +172,9 @@ def release_command(
     leases: Annotated[
         Optional[list[str]],  # noqa: UP045
         typer.Argument(
-            metavar="[LEASE]...", help="Lease ids (or unique prefixes of 4+ characters)."
+            metavar="[LEASE]...",
+            help="Lease ids (or unique prefixes of 4+ characters).",
+            autocompletion=complete.lease_ids,
         ),
     ] = None,
     mine: Annotated[bool, typer.Option("--mine", help="Release every lease of yours.")] = False,

@@ -18,7 +18,7 @@ from typing import Annotated, Optional
 import typer
 
 from gpualloc import __version__
-from gpualloc.cli import leases, plan, run, simulate, slurm, status, topo
+from gpualloc.cli import complete, config, leases, plan, run, simulate, slurm, status, topo
 from gpualloc.cli.output import StdoutClosed, write_stdout
 from gpualloc.cli.state import STATE
 from gpualloc.errors import ExitCode, FileAccessError, GpuallocError
@@ -29,6 +29,13 @@ ENVIRONMENT_VARIABLES = (
     ("GPUALLOC_CACHE_DIR", "where discovered topologies are cached (default ~/.cache/gpualloc)"),
     ("GPUALLOC_STATE_DIR", "the shared ledger's directory (default /var/tmp/gpualloc)"),
     ("GPUALLOC_DEBUG=1", "as --debug"),
+    ("GPUALLOC_POLICY", "as --policy (default mapa)"),
+    ("GPUALLOC_NUMA", "as run --numa (default auto)"),
+    ("GPUALLOC_IGNORE_FOREIGN=1", "as --ignore-foreign"),
+    ("GPUALLOC_PRIORITY, GPUALLOC_MAX_BYPASS", "as --priority and --max-bypass of --wait"),
+    ("GPUALLOC_SYSTEM_CONFIG", "the system config file (default /etc/gpualloc/config.toml)"),
+    ("XDG_CONFIG_HOME", "the user's config file is $XDG_CONFIG_HOME/gpualloc/config.toml"),
+    ("GPUALLOC_NO_SLURM=1", "inside a Slurm job, use the host's ledger and GPUs"),
     ("GPUALLOC_LEASE_ID, GPUALLOC_GPUS", "set for jobs: their lease id and GPU indices"),
 )
 ENVIRONMENT_HELP = (
@@ -56,7 +63,7 @@ app = typer.Typer(
     epilog=ENVIRONMENT_HELP,
     rich_markup_mode="markdown",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -69,6 +76,7 @@ app.command("status")(status.status_command)
 app.command("gc")(leases.gc_command)
 app.command("simulate")(simulate.simulate_command)
 app.add_typer(slurm.app, name="slurm")
+app.add_typer(config.app, name="config")
 
 
 def _version(value: bool) -> None:
@@ -88,15 +96,16 @@ def main(
             metavar="NAME|PATH",
             help="Work on a bundled topology (see 'topo list') or a topology file (gpualloc "
             "JSON or 'nvidia-smi topo -m' text) instead of probing this host.",
+            autocompletion=complete.topologies,
         ),
     ] = None,
     bandwidth_table: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(
             "--bandwidth-table",
-            envvar="GPUALLOC_BANDWIDTH_TABLE",
             metavar="FILE",
-            help="JSON file overriding entries of the link bandwidth table.",
+            help="JSON file overriding entries of the link bandwidth table (else "
+            "GPUALLOC_BANDWIDTH_TABLE, else bandwidth_table in config.toml).",
         ),
     ] = None,
     refresh: Annotated[
@@ -117,7 +126,7 @@ def main(
     if bandwidth_table is not None and not bandwidth_table.is_file():
         raise FileAccessError(
             f"bandwidth table {bandwidth_table} does not exist or is not a file",
-            hint="check the path given to --bandwidth-table / GPUALLOC_BANDWIDTH_TABLE",
+            hint="check the path given to --bandwidth-table",
         )
     STATE.topology = topology
     STATE.bandwidth_table = bandwidth_table
@@ -130,7 +139,7 @@ def run(argv: list[str] | None = None) -> None:
     STATE.reset()
     STATE.debug = os.environ.get("GPUALLOC_DEBUG", "") not in ("", "0")
     try:
-        code = app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False, prog_name="gpualloc")
     except GpuallocError as exc:
         _report(exc.message, exc.hint, exc.details)
         sys.exit(int(exc.exit_code))

@@ -44,7 +44,7 @@ def plan_command(
     ] = None,
     exclude: ExcludeOption = None,
     require: RequireOption = None,
-    policy: PolicyOption = "mapa",
+    policy: PolicyOption = None,
     score: ScoreOption = "auto",
     drb_weights: DrbWeightsOption = None,
     explain: Annotated[
@@ -102,7 +102,7 @@ def plan_command(
     if compare:
         _show_compare(ctx, as_json)
     else:
-        _show_plan(ctx, policy, explain, as_json)
+        _show_plan(ctx, want.policy, explain, as_json)
 
 
 def placement_json(topology: Topology, request: JobRequest, placement: Placement) -> dict[str, Any]:

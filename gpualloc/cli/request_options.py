@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from gpualloc.cli import complete
+from gpualloc.cli.state import STATE
 from gpualloc.errors import RequestError
 
 if TYPE_CHECKING:
@@ -20,7 +22,8 @@ if TYPE_CHECKING:
 
 POLICY_HELP = (
     "Placement policy: mapa (default; MAPA Preserve), mapa-greedy, drb, pack, spread, "
-    "besteffort (NVIDIA go-gpuallocator), slurm (Slurm 22.05), baseline (lowest indices)."
+    "besteffort (NVIDIA go-gpuallocator), slurm (Slurm 22.05), baseline (lowest indices). "
+    "Else GPUALLOC_POLICY, else policy in config.toml."
 )
 
 CountOption = Annotated[
@@ -31,6 +34,7 @@ PatternOption = Annotated[
     typer.Option(
         help="How the job's ranks talk: ring (NCCL's collectives), all, tree, star, or a "
         "JSON edge list file over ranks 0..n-1.",
+        autocompletion=complete.patterns,
     ),
 ]
 SensitiveOption = Annotated[
@@ -49,12 +53,16 @@ RequireOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(help="GPUs that must be part of the answer."),
 ]
-PolicyOption = Annotated[str, typer.Option(help=POLICY_HELP)]
+PolicyOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(help=POLICY_HELP, autocompletion=complete.policies, show_default=False),
+]
 ScoreOption = Annotated[
     str,
     typer.Option(
         help="Effective-bandwidth model for sensitive jobs: auto (MAPA Table 2 on hosts with "
         "the DGX-1's NV1/NV2/PCIe links, else the slowest pattern link), mapa, bottleneck.",
+        autocompletion=complete.scores,
     ),
 ]
 DrbWeightsOption = Annotated[
@@ -73,11 +81,13 @@ ExplicitGpusOption = Annotated[
     ),
 ]
 IgnoreForeignOption = Annotated[
-    bool,
+    Optional[bool],  # noqa: UP045
     typer.Option(
-        "--ignore-foreign",
+        "--ignore-foreign/--heed-foreign",
         help="Treat GPUs as free even when processes that did not come through gpualloc run "
-        "on them (NVML's process list).",
+        "on them (NVML's process list). Default: heed them (GPUALLOC_IGNORE_FOREIGN, "
+        "ignore_foreign in config.toml).",
+        show_default=False,
     ),
 ]
 NameOption = Annotated[
@@ -125,15 +135,22 @@ TimeoutOption = Annotated[
     ),
 ]
 PriorityOption = Annotated[
-    str,
-    typer.Option(help="With --wait: queue class high, normal or low; arrival order within."),
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        help="With --wait: queue class high, normal or low; arrival order within. Default: "
+        "normal (GPUALLOC_PRIORITY, queue.priority in config.toml).",
+        show_default=False,
+        autocompletion=complete.priorities,
+    ),
 ]
 MaxBypassOption = Annotated[
-    int,
+    Optional[int],  # noqa: UP045
     typer.Option(
         min=0,
         help="With --wait: how many later jobs may start before this one (backfill) before "
-        "backfill past it stops until it starts.",
+        "backfill past it stops until it starts. Default: 8 (GPUALLOC_MAX_BYPASS, "
+        "queue.max_bypass in config.toml).",
+        show_default=False,
     ),
 ]
 
@@ -210,7 +227,7 @@ def build_want(
     sensitive: bool | None,
     exclude: str | None,
     require: str | None,
-    policy: str,
+    policy: str | None,
     score: str,
     drb_weights: str | None,
     explicit: str | None = None,
@@ -238,6 +255,7 @@ def build_want(
             )
         count = len(chosen)
     count = count or 1
+    policy = STATE.setting("policy", policy)
     get_policy(policy)
     request = JobRequest(
         gpus=count,
@@ -258,17 +276,21 @@ def build_want(
 
 
 def wait_options(
-    *, wait: bool, timeout: str | None, priority: str, max_bypass: int
+    *, wait: bool, timeout: str | None, priority: str | None, max_bypass: int | None
 ) -> WaitOptions | None:
     """The queue options, or None without --wait (usage errors for options that need it)."""
     from gpualloc.launcher.wait import WaitOptions
 
-    if priority not in ("high", "normal", "low"):
+    if priority is not None and priority not in ("high", "normal", "low"):
         raise RequestError(f"unknown --priority {priority!r}", hint="choose high, normal or low")
     if not wait:
-        if timeout is not None or priority != "normal":
-            raise RequestError("--timeout and --priority apply to --wait", hint="add --wait")
+        if timeout is not None or priority is not None or max_bypass is not None:
+            raise RequestError(
+                "--timeout, --priority and --max-bypass apply to --wait", hint="add --wait"
+            )
         return None
+    priority = STATE.setting("queue.priority", priority)
+    max_bypass = STATE.setting("queue.max_bypass", max_bypass)
     return WaitOptions(
         timeout_s=parse_duration(timeout) if timeout is not None else None,
         priority=priority,  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from gpualloc.cli import complete
 from gpualloc.cli.host import allocate, open_host_ledger, say, warn
 from gpualloc.cli.request_options import (
     DrbWeightsOption,
@@ -30,6 +31,7 @@ from gpualloc.cli.request_options import (
     build_want,
     wait_options,
 )
+from gpualloc.cli.state import STATE
 from gpualloc.errors import RequestError
 
 if TYPE_CHECKING:
@@ -39,12 +41,14 @@ if TYPE_CHECKING:
     from gpualloc.model.request import Placement
 
 NumaOption = Annotated[
-    str,
+    Optional[str],  # noqa: UP045
     typer.Option(
         "--numa",
         help="auto: bind the job to its GPUs' NUMA nodes with numactl (CPU affinity when "
         "numactl is missing) when the topology is this host's; bind: the same, and fail if "
-        "it cannot; none: never bind.",
+        "it cannot; none: never bind. Default: auto (GPUALLOC_NUMA, numa in config.toml).",
+        show_default=False,
+        autocompletion=complete.numa_modes,
     ),
 ]
 
@@ -64,18 +68,18 @@ def run_command(
     sensitive: SensitiveOption = None,
     exclude: ExcludeOption = None,
     require: RequireOption = None,
-    policy: PolicyOption = "mapa",
+    policy: PolicyOption = None,
     score: ScoreOption = "auto",
     drb_weights: DrbWeightsOption = None,
     gpus: ExplicitGpusOption = None,
-    numa: NumaOption = "auto",
+    numa: NumaOption = None,
     name: NameOption = None,
     uuid: UuidOption = False,
-    ignore_foreign: IgnoreForeignOption = False,
+    ignore_foreign: IgnoreForeignOption = None,
     wait: WaitOption = False,
     timeout: TimeoutOption = None,
-    priority: PriorityOption = "normal",
-    max_bypass: MaxBypassOption = 8,
+    priority: PriorityOption = None,
+    max_bypass: MaxBypassOption = None,
     min_utility: MinUtilityOption = None,
     min_bandwidth: MinBandwidthOption = None,
     dry_run: Annotated[
@@ -115,7 +119,7 @@ def run_command(
     from gpualloc.launcher.command import resolve_program
 
     try:
-        mode = NumaMode(numa)
+        mode = NumaMode(STATE.setting("numa", numa))
     except ValueError:
         raise RequestError(f"unknown --numa {numa!r}", hint="choose auto, bind or none") from None
     if as_json and not dry_run:
@@ -135,7 +139,9 @@ def run_command(
     )
     waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
     resolve_program(command[0], os.environ)  # 127/126 before any GPU is taken
-    host = open_host_ledger(ignore_foreign=ignore_foreign, create=not dry_run)
+    host = open_host_ledger(
+        ignore_foreign=STATE.setting("ignore_foreign", ignore_foreign), create=not dry_run
+    )
     if dry_run:
         _dry_run(host, want, command, mode, uuid, as_json)
         return

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from gpualloc.config import Config
     from gpualloc.model.bandwidth import BandwidthTable
     from gpualloc.model.topology import Topology
 
@@ -17,16 +18,35 @@ class GlobalState:
     bandwidth_table: Path | None = None
     refresh: bool = False
     debug: bool = False
+    _config: Config | None = None
 
     def reset(self) -> None:
         """Back to the defaults (tests run several invocations in one process)."""
         self.__init__()  # type: ignore[misc]
 
-    def bandwidth_override(self) -> BandwidthTable | None:
-        """The table given with --bandwidth-table, or None for the built-in one."""
-        from gpualloc.model.bandwidth import load_bandwidth_table
+    def config(self) -> Config:
+        """The configuration files and environment of this invocation (read once)."""
+        if self._config is None:
+            from gpualloc.config import Config
 
-        return load_bandwidth_table(self.bandwidth_table) if self.bandwidth_table else None
+            self._config = Config.load()
+        return self._config
+
+    def setting(self, key: str, flag: object = None) -> Any:
+        """A flag's value when given, else the configured default (see :mod:`gpualloc.config`)."""
+        return self.config().value(key, flag)
+
+    def bandwidth_override(self) -> BandwidthTable | None:
+        """The table of --bandwidth-table / GPUALLOC_BANDWIDTH_TABLE / config.toml, or None for
+        the built-in one."""
+        from gpualloc.model.bandwidth import bandwidth_table_from, load_bandwidth_table
+
+        resolved = self.config().resolve("bandwidth_table", self.bandwidth_table)
+        if resolved.value is None:
+            return None
+        if isinstance(resolved.value, dict):
+            return bandwidth_table_from(resolved.value, f"{resolved.source}: [bandwidth_table]")
+        return load_bandwidth_table(resolved.value)
 
     def load_topology(self) -> Topology:
         """The topology named by --topology / $GPUALLOC_TOPOLOGY, else this host's."""

@@ -85,9 +85,10 @@ class StateDirectoryMissing(LedgerError):
 
 
 def state_directory_path() -> Path:
-    """``$GPUALLOC_STATE_DIR`` if set, else the default."""
-    configured = os.environ.get(STATE_DIR_VARIABLE, "").strip()
-    return Path(configured) if configured else DEFAULT_STATE_DIR
+    """``$GPUALLOC_STATE_DIR`` if set, else ``state_dir`` of config.toml, else the default."""
+    from gpualloc.config import Config
+
+    return Config.load().value("state_dir")
 
 
 def open_state_directory(path: Path | None = None, *, create: bool = True) -> StateDirectory:

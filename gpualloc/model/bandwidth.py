@@ -133,8 +133,14 @@ def load_bandwidth_table(path: Path) -> BandwidthTable:
             hint="the file is a JSON object with fields of BandwidthTable, e.g. "
             '{"pcie_path_factor": {"SYS": 0.4}}',
         ) from exc
+    return bandwidth_table_from(data, f"bandwidth table {path}")
+
+
+def bandwidth_table_from(data: Any, origin: str) -> BandwidthTable:
+    """The default table with the overrides in ``data`` (a mapping, as in the JSON file or a
+    ``[bandwidth_table]`` section of config.toml); ``origin`` names it in errors."""
     if not isinstance(data, dict):
-        raise TopologyError(f"bandwidth table {path} must be a JSON object")
+        raise TopologyError(f"{origin} must be a JSON object / TOML table")
     merged = DEFAULT_BANDWIDTH_TABLE.model_dump()
     for key, value in data.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
@@ -147,7 +153,7 @@ def load_bandwidth_table(path: Path) -> BandwidthTable:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise TopologyError(
-            f"bandwidth table {path}: {where}: {first['msg']}",
+            f"{origin}: {where}: {first['msg']}",
             hint="see 'gpualloc topo show --help' for the table's fields",
         ) from exc
 

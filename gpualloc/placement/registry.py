@@ -7,9 +7,12 @@ does not load the seven others (start-up is a feature: house style habit 9).
 from __future__ import annotations
 
 from importlib import import_module
+from typing import TYPE_CHECKING
 
 from gpualloc.errors import RequestError
-from gpualloc.placement.policy import Policy
+
+if TYPE_CHECKING:
+    from gpualloc.placement.policy import Policy
 
 DEFAULT_POLICY = "mapa"
 

@@ -1,0 +1,1 @@
+complete --command gpualloc --no-files --arguments "(env _GPUALLOC_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=get-args _TYPER_COMPLETE_ARGS=(commandline -cp) gpualloc)" --condition "env _GPUALLOC_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=is-args _TYPER_COMPLETE_ARGS=(commandline -cp) gpualloc"

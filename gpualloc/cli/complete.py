@@ -1,0 +1,94 @@
+"""Values for shell completion: policy names, bundled topologies, lease ids, option choices.
+
+A completion runs gpualloc on every Tab, so these functions import nothing heavy (no pydantic,
+networkx, NVML, psutil or filelock; a test checks it): topology names come from the package's
+file names, lease ids from the ledger files read as plain JSON without taking their lock. Each
+returns ``(value, help)`` pairs, which zsh and fish show beside the value.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+PATTERNS = (
+    ("ring", "NCCL's ring collectives"),
+    ("all", "all-to-all"),
+    ("tree", "a binary tree"),
+    ("star", "one rank talks to every other"),
+)
+NUMA_MODES = (
+    ("auto", "bind when this is the host and numactl works"),
+    ("bind", "bind, or fail"),
+    ("none", "no binding"),
+)
+SCORES = (
+    ("auto", "MAPA Table 2 on DGX-1-like links, else the bottleneck"),
+    ("mapa", "MAPA Table 2"),
+    ("bottleneck", "the slowest link of the pattern"),
+)
+PRIORITIES = (("high", ""), ("normal", ""), ("low", ""))
+
+
+def _matching(pairs: tuple[tuple[str, str], ...] | list[tuple[str, str]], incomplete: str):
+    return [(value, about) for value, about in pairs if value.startswith(incomplete)]
+
+
+def patterns(incomplete: str) -> list[tuple[str, str]]:
+    return _matching(PATTERNS, incomplete)
+
+
+def numa_modes(incomplete: str) -> list[tuple[str, str]]:
+    return _matching(NUMA_MODES, incomplete)
+
+
+def scores(incomplete: str) -> list[tuple[str, str]]:
+    return _matching(SCORES, incomplete)
+
+
+def priorities(incomplete: str) -> list[tuple[str, str]]:
+    return _matching(PRIORITIES, incomplete)
+
+
+def policies(incomplete: str) -> list[tuple[str, str]]:
+    from gpualloc.placement.registry import DEFAULT_POLICY, policy_names
+
+    return _matching(
+        [(name, "the default" if name == DEFAULT_POLICY else "") for name in policy_names()],
+        incomplete,
+    )
+
+
+def topologies(incomplete: str) -> list[tuple[str, str]]:
+    """Bundled topology names (a path is left to the shell's file completion)."""
+    if "/" in incomplete:
+        return []
+    directory = Path(__file__).resolve().parent.parent / "topologies"
+    names = sorted(path.stem for path in directory.glob("*.json"))
+    return _matching([(name, "bundled") for name in names], incomplete)
+
+
+def lease_ids(incomplete: str) -> list[tuple[str, str]]:
+    """The ids of the leases in every ledger of the state directory, with who holds what."""
+    from gpualloc.config import Config
+    from gpualloc.errors import ConfigError
+
+    try:
+        directory = Path(Config.load().value("state_dir"))
+    except ConfigError:
+        return []
+    found: dict[str, str] = {}
+    for path in sorted(directory.glob("ledger*.json")):
+        if path.name.endswith(".good.json"):
+            continue
+        try:
+            leases = json.loads(path.read_text(encoding="utf-8")).get("leases", [])
+        except (OSError, ValueError, AttributeError):
+            continue
+        for lease in leases if isinstance(leases, list) else []:
+            try:
+                gpus = ",".join(str(gpu["index"]) for gpu in lease["gpus"])
+                found[str(lease["id"])] = f"GPU {gpus}, {lease.get('user', '?')}"
+            except (KeyError, TypeError):
+                continue
+    return _matching(sorted(found.items()), incomplete)

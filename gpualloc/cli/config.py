@@ -1,0 +1,72 @@
+"""``gpualloc config show``: every configurable default, its effective value, and its source."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from gpualloc.cli.state import STATE
+
+app = typer.Typer(
+    help="Configuration: defaults from /etc/gpualloc/config.toml and "
+    "$XDG_CONFIG_HOME/gpualloc/config.toml, overridden by GPUALLOC_* variables and flags.",
+    no_args_is_help=True,
+)
+
+
+def _shown(value: Any) -> Any:
+    """A value as JSON and people read it (paths as strings, inline tables as they are)."""
+    if value is None or isinstance(value, (bool, int, float, str, dict)):
+        return value
+    return str(value)
+
+
+@app.command("show")
+def show_command(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead.")] = False,
+) -> None:
+    """Print every setting: its effective value and where it came from (a GPUALLOC_* variable,
+    the user's or the system's config.toml, or the default).
+
+    Precedence: flag > environment > user file > system file > default. The files are TOML
+    (policy = "drb", numa = "bind", ignore_foreign = false, state_dir = "...",
+    bandwidth_table = "file.json" or a [bandwidth_table] table, and in a [queue] table
+    priority and max_bypass); an unknown key or a bad value is an error (exit 15).
+    """
+    from gpualloc.cli.output import Table, print_json, print_tables
+    from gpualloc.config import SETTINGS
+
+    config = STATE.config()
+    resolved = [config.resolve(setting.key) for setting in SETTINGS]
+    files = config.considered()
+    if as_json:
+        print_json(
+            {
+                "settings": [
+                    {
+                        "key": r.key,
+                        "value": _shown(r.value),
+                        "source": r.source,
+                        "variable": s.variable,
+                        "flag": s.flag,
+                        "default": _shown(s.default),
+                    }
+                    for r, s in zip(resolved, SETTINGS, strict=True)
+                ],
+                "files": [{"path": str(path), "exists": exists} for path, exists in files],
+            }
+        )
+        return
+    rows = []
+    for r, s in zip(resolved, SETTINGS, strict=True):
+        value = "-" if r.value is None else str(_shown(r.value))
+        rows.append([r.key, value, r.source, s.variable, s.flag or "-"])
+    footer = [
+        f"{'user' if i == 0 else 'system'} file: {path}" + ("" if exists else " (absent)")
+        for i, (path, exists) in enumerate(files)
+    ]
+    footer.append("precedence: flag > environment > user file > system file > default")
+    print_tables(
+        [Table("Settings", ["Key", "Value", "From", "Variable", "Flag"], rows)], footer=footer
+    )

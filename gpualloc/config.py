@@ -1,0 +1,236 @@
+"""Defaults from configuration files and the environment, and where each value came from.
+
+Precedence, highest first: a command-line flag, a ``GPUALLOC_*`` environment variable, the
+user's file (``$XDG_CONFIG_HOME/gpualloc/config.toml``, else ``~/.config/gpualloc/config.toml``),
+the system file (``/etc/gpualloc/config.toml``; ``GPUALLOC_SYSTEM_CONFIG`` names another, for
+packagers and tests), the built-in default. ``gpualloc config show`` prints every effective value
+with its source. A file is TOML::
+
+    policy = "drb"              # plan, run, alloc
+    numa = "bind"               # run
+    ignore_foreign = false      # run, alloc
+    state_dir = "/var/tmp/gpualloc"
+    bandwidth_table = "/etc/gpualloc/bandwidth.json"   # or an inline [bandwidth_table] table
+
+    [queue]
+    priority = "normal"         # run --wait, alloc --wait
+    max_bypass = 8
+
+An unknown key or a bad value is an error naming the file and the key (exit 15), never silently
+ignored: a typo in a system file would otherwise change nothing and nobody would know why.
+Reading is cheap (no pydantic): completion and ``--help`` may load this module.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpualloc.errors import ConfigError
+from gpualloc.ledger.statedir import DEFAULT_STATE_DIR
+
+SYSTEM_FILE = Path("/etc/gpualloc/config.toml")
+SYSTEM_FILE_VARIABLE = "GPUALLOC_SYSTEM_CONFIG"
+DEFAULT_SOURCE = "default"
+
+
+def _choice(*allowed: str) -> Callable[[Any], Any]:
+    def parse(value: Any) -> str:
+        if value not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}")
+        return value
+
+    return parse
+
+
+def _boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("must be true or false")
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError("must be a whole number >= 0")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError("must be a whole number >= 0") from None
+    if number < 0 or (isinstance(value, float) and value != number):
+        raise ValueError("must be a whole number >= 0")
+    return number
+
+
+def _path(value: Any) -> Path:
+    if not isinstance(value, (str, Path)) or not str(value).strip():
+        raise ValueError("must be a path")
+    return Path(str(value)).expanduser()
+
+
+def _policy(value: Any) -> str:
+    from gpualloc.placement.registry import policy_names
+
+    return _choice(*policy_names())(value)
+
+
+def _path_or_table(value: Any) -> Path | dict[str, Any]:
+    return value if isinstance(value, dict) else _path(value)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One configurable default."""
+
+    key: str
+    """Its name in config.toml (``queue.max_bypass`` lives in the ``[queue]`` table)."""
+    variable: str
+    default: Any
+    parse: Callable[[Any], Any]
+    about: str
+    flag: str | None = None
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("policy", "GPUALLOC_POLICY", "mapa", _policy, "placement policy", "--policy"),
+    Setting(
+        "numa", "GPUALLOC_NUMA", "auto", _choice("auto", "bind", "none"),
+        "NUMA binding of 'run'", "--numa",
+    ),
+    Setting(
+        "ignore_foreign", "GPUALLOC_IGNORE_FOREIGN", False, _boolean,
+        "treat GPUs running processes gpualloc did not start as free", "--ignore-foreign",
+    ),
+    Setting(
+        "state_dir", "GPUALLOC_STATE_DIR", DEFAULT_STATE_DIR, _path,
+        "the shared ledger's directory",
+    ),
+    Setting(
+        "bandwidth_table", "GPUALLOC_BANDWIDTH_TABLE", None, _path_or_table,
+        "link bandwidth overrides (a JSON file, or an inline table)", "--bandwidth-table",
+    ),
+    Setting(
+        "queue.priority", "GPUALLOC_PRIORITY", "normal", _choice("high", "normal", "low"),
+        "queue class of --wait", "--priority",
+    ),
+    Setting(
+        "queue.max_bypass", "GPUALLOC_MAX_BYPASS", 8, _count,
+        "later jobs that may start before a waiting one", "--max-bypass",
+    ),
+)  # fmt: skip
+BY_KEY = {setting.key: setting for setting in SETTINGS}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """An effective value and where it came from (a flag, a variable, a file, the default)."""
+
+    key: str
+    value: Any
+    source: str
+
+
+def user_file(env: Mapping[str, str]) -> Path:
+    base = env.get("XDG_CONFIG_HOME", "").strip()
+    root = Path(base) if base else Path(env.get("HOME") or Path.home()) / ".config"
+    return root / "gpualloc" / "config.toml"
+
+
+def system_file(env: Mapping[str, str]) -> Path:
+    named = env.get(SYSTEM_FILE_VARIABLE, "").strip()
+    return Path(named) if named else SYSTEM_FILE
+
+
+@dataclass(frozen=True)
+class Config:
+    """The environment and the parsed files, ready to answer :meth:`resolve`."""
+
+    env: Mapping[str, str]
+    files: tuple[tuple[Path, dict[str, Any]], ...]
+    """(path, its checked settings, flattened) of the files that exist, highest precedence
+    first."""
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None) -> Config:
+        env = os.environ if env is None else env
+        files = []
+        for path in (user_file(env), system_file(env)):
+            table = _read(path)
+            if table is not None:
+                files.append((path, table))
+        return cls(env, tuple(files))
+
+    def resolve(self, key: str, flag: Any = None) -> Resolved:
+        """The value of ``key``: ``flag`` when given, else the environment, the files, the
+        default."""
+        setting = BY_KEY[key]
+        if flag is not None:
+            return Resolved(key, flag, setting.flag or "command line")
+        raw = self.env.get(setting.variable, "").strip()
+        if raw:
+            return Resolved(key, _parsed(setting, raw, setting.variable), setting.variable)
+        for path, table in self.files:
+            if key in table:
+                return Resolved(key, table[key], str(path))
+        return Resolved(key, setting.default, DEFAULT_SOURCE)
+
+    def value(self, key: str, flag: Any = None) -> Any:
+        return self.resolve(key, flag).value
+
+    def considered(self) -> list[tuple[Path, bool]]:
+        """The files looked at, highest precedence first, and whether each exists."""
+        present = {path for path, _ in self.files}
+        return [(p, p in present) for p in (user_file(self.env), system_file(self.env))]
+
+
+def _parsed(setting: Setting, raw: Any, where: str) -> Any:
+    try:
+        return setting.parse(raw)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{where} = {raw!r}: {exc}",
+            hint=f"fix it, or see 'gpualloc config show' ({setting.key}: {setting.about})",
+        ) from None
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    """The file's settings, flattened (``queue.max_bypass``); None when it does not exist."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read {path}: {exc.strerror}", hint="fix its permissions, or remove it"
+        ) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}", hint="fix the file") from None
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if key == "queue" and isinstance(value, dict):
+            flat.update({f"queue.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
+    unknown = sorted(set(flat) - set(BY_KEY))
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown setting {unknown[0]!r}",
+            hint="known settings: " + ", ".join(BY_KEY),
+        )
+    # Every value is checked now, not when a command first needs it: a bad line in a file is
+    # reported by whichever command runs next.
+    return {key: _parsed(BY_KEY[key], value, f"{path}: {key}") for key, value in flat.items()}
