@@ -1,0 +1,169 @@
+"""gpualloc as a Python library: plan placements, and hold GPUs through the shared ledger.
+
+For Python programs that launch work themselves (a sweep driver, a notebook, a Ray or Dask
+worker) and want what ``gpualloc plan`` and ``gpualloc run`` give the shell::
+
+    import gpualloc.api as gpualloc
+
+    topology = gpualloc.load_topology("dgx1-v100")      # None: probe this host
+    placement = gpualloc.plan(topology, 2, busy={0})     # what would be chosen, nothing held
+    print(placement.gpus, placement.scores.effective_gbps)
+
+    with gpualloc.hold(2, topology=topology, wait=True) as lease:   # in the ledger, for us
+        subprocess.run(["python", "train.py"], env={**os.environ, **lease.environment})
+
+A held lease belongs to this process (its pid): it is released when the ``with`` block ends,
+and reaped by the next gpualloc that looks if the process dies first. Defaults (policy, state
+directory, queue bounds) come from the configuration files, as on the command line. Errors are
+:class:`gpualloc.errors.GpuallocError` subclasses with ``message``, ``hint`` and ``exit_code``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpualloc.launcher.allocate import Want
+    from gpualloc.ledger.schema import Lease
+    from gpualloc.model.request import Placement
+    from gpualloc.model.topology import Topology
+
+
+def load_topology(name_or_path: str | None = None) -> Topology:
+    """A bundled topology by name, a topology file (JSON or ``nvidia-smi topo -m`` text), or,
+    with None, this host (NVML, else nvidia-smi; ``$GPUALLOC_TOPOLOGY`` when set)."""
+    from gpualloc.config import Config
+    from gpualloc.discovery.resolve import resolve_topology
+    from gpualloc.model.bandwidth import bandwidth_table_from, load_bandwidth_table
+
+    table = Config.load().value("bandwidth_table")
+    if isinstance(table, dict):
+        table = bandwidth_table_from(table, "config.toml [bandwidth_table]")
+    elif table is not None:
+        table = load_bandwidth_table(table)
+    return resolve_topology(name_or_path, table=table)
+
+
+def _want(
+    gpus: int,
+    *,
+    pattern: str,
+    sensitive: bool | None,
+    policy: str | None,
+    exclude: Iterable[int],
+    require: Iterable[int],
+) -> Want:
+    from gpualloc.config import Config
+    from gpualloc.launcher.allocate import Want
+    from gpualloc.model.request import JobRequest
+    from gpualloc.placement.patterns import build_pattern
+    from gpualloc.placement.registry import get_policy
+
+    policy = policy or Config.load().value("policy")
+    get_policy(policy)  # an unknown name fails here, with the list of known ones
+    request = JobRequest(
+        gpus=gpus,
+        pattern=build_pattern(pattern, gpus),
+        sensitive=sensitive if sensitive is not None else gpus >= 2,
+        required=frozenset(require),
+        excluded=frozenset(exclude),
+    )
+    return Want(request=request, policy=policy)
+
+
+def plan(
+    topology: Topology,
+    gpus: int,
+    *,
+    busy: Iterable[int] = (),
+    pattern: str = "ring",
+    sensitive: bool | None = None,
+    policy: str | None = None,
+    exclude: Iterable[int] = (),
+    require: Iterable[int] = (),
+) -> Placement:
+    """The placement ``policy`` chooses for a job of ``gpus`` GPUs with ``busy`` taken (the
+    ledger is not consulted; see :func:`hold`). ``pattern`` is ring, all, tree, star or a JSON
+    edge-list file. Raises NoFeasiblePlacement when no set fits."""
+    from gpualloc.model.request import HostState
+    from gpualloc.placement.engine import decision_context
+    from gpualloc.placement.registry import get_policy
+
+    want = _want(
+        gpus, pattern=pattern, sensitive=sensitive, policy=policy, exclude=exclude,
+        require=require,
+    )  # fmt: skip
+    state = HostState.with_busy(topology.gpu_count, frozenset(busy))
+    return get_policy(want.policy).place(decision_context(topology, want.request, state))
+
+
+@dataclass
+class HeldGpus:
+    """GPUs held in the ledger for this process."""
+
+    lease: Lease
+    placement: Placement
+    environment: dict[str, str] = field(default_factory=dict)
+    """CUDA_VISIBLE_DEVICES (rank order), CUDA_DEVICE_ORDER, GPUALLOC_LEASE_ID, GPUALLOC_GPUS."""
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return self.placement.gpus
+
+
+@contextmanager
+def hold(
+    gpus: int,
+    *,
+    topology: Topology | None = None,
+    pattern: str = "ring",
+    sensitive: bool | None = None,
+    policy: str | None = None,
+    exclude: Iterable[int] = (),
+    require: Iterable[int] = (),
+    name: str | None = None,
+    wait: bool = False,
+    timeout_s: float | None = None,
+) -> Iterator[HeldGpus]:
+    """Hold the best free GPUs for the ``with`` block, through the ledger every user of the
+    host shares (inside a Slurm job: the job's GPUs and its own ledger). Without ``wait``,
+    raises GpusBusy when they are taken now; with it, queues like ``run --wait`` (WaitTimedOut
+    after ``timeout_s``)."""
+    from gpualloc.launcher.allocate import HostLedger, LeaseTerms
+    from gpualloc.launcher.environment import gpu_variables
+    from gpualloc.launcher.wait import WaitOptions, wait_and_allocate
+    from gpualloc.slurm.job import slurm_job
+
+    topology = topology or load_topology()
+    want = _want(
+        gpus, pattern=pattern, sensitive=sensitive, policy=policy, exclude=exclude,
+        require=require,
+    )  # fmt: skip
+    host = HostLedger.open(topology, slurm_job=slurm_job(topology, os.environ))
+    terms = LeaseTerms(source="alloc", pid=os.getpid(), name=name)
+    if wait:
+        from gpualloc.config import Config
+
+        config = Config.load()
+        options = WaitOptions(
+            timeout_s=timeout_s,
+            priority=config.value("queue.priority"),
+            max_bypass=config.value("queue.max_bypass"),
+        )
+        allocation = wait_and_allocate(host, want, terms, options)
+    else:
+        allocation = host.allocate(want, terms)
+    chosen = [topology.gpu(g) for g in allocation.placement.gpus]
+    held = HeldGpus(
+        allocation.lease,
+        allocation.placement,
+        gpu_variables(chosen, lease_id=allocation.lease.id),
+    )
+    try:
+        yield held
+    finally:
+        host.release(allocation.lease.id)

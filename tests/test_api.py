@@ -1,0 +1,38 @@
+"""gpualloc as a Python library (gpualloc.api): plan, and hold GPUs through the ledger."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import gpualloc.api as gpualloc
+from gpualloc.errors import GpusBusy, NoFeasiblePlacement, RequestError, WaitTimedOut
+
+
+def test_plan_chooses_like_the_command_line() -> None:
+    topology = gpualloc.load_topology("dgx1-v100")
+    assert gpualloc.plan(topology, 2).gpus == (0, 3)  # the first NV2 pair
+    assert gpualloc.plan(topology, 2, busy={0}).gpus == (1, 2)
+    assert gpualloc.plan(topology, 2, policy="baseline").gpus == (0, 1)
+    with pytest.raises(NoFeasiblePlacement):
+        gpualloc.plan(topology, 9)
+    with pytest.raises(RequestError, match="unknown policy"):
+        gpualloc.plan(topology, 2, policy="fastest")
+
+
+def test_hold_records_a_lease_of_this_process_and_releases_it(cli) -> None:
+    import json
+
+    topology = gpualloc.load_topology("dgx1-v100")
+    with gpualloc.hold(2, topology=topology, name="notebook") as held:
+        assert held.gpus == (0, 3) and held.environment["CUDA_VISIBLE_DEVICES"] == "0,3"
+        assert held.environment["GPUALLOC_LEASE_ID"] == held.lease.id
+        (lease,) = json.loads(cli("--topology", "dgx1-v100", "status", "--json").stdout)["leases"]
+        assert lease["pid"] == os.getpid() and lease["name"] == "notebook"
+        with pytest.raises(GpusBusy), gpualloc.hold(8, topology=topology):
+            pass
+        queued = gpualloc.hold(8, topology=topology, wait=True, timeout_s=0.3)
+        with pytest.raises(WaitTimedOut), queued:
+            pass
+    assert json.loads(cli("--topology", "dgx1-v100", "status", "--json").stdout)["leases"] == []
