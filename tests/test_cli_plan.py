@@ -163,3 +163,18 @@ def test_import_needs_something(cli) -> None:
     result = cli("topo", "import")
     assert result.exit_code == 2
     assert "nothing to import" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "model"),
+    [
+        (("-n", "8"), "mapa"),  # a ring through all eight GPUs: 8 edges, Table 2's domain
+        (("-n", "5", "--pattern", "all"), "bottleneck"),  # 10 edges: beyond it
+        (("-n", "8", "--pattern", "all"), "bottleneck"),  # 28 edges: Table 2 says -3434 GB/s
+    ],
+)
+def test_auto_uses_table_2_only_within_its_domain(cli, args: tuple[str, ...], model: str) -> None:
+    data = json.loads(cli("--topology", "dgx1-v100", "plan", *args, "--json").stdout)
+    assert data["effective_model"] == model and data["scores"]["effective_gbps"] > 0
+    forced = cli("--topology", "dgx1-v100", "plan", *args, "--score", "mapa", "--json")
+    assert json.loads(forced.stdout)["effective_model"] == "mapa"  # asked for: given

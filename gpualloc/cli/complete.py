@@ -23,7 +23,7 @@ NUMA_MODES = (
     ("none", "no binding"),
 )
 SCORES = (
-    ("auto", "MAPA Table 2 on DGX-1-like links, else the bottleneck"),
+    ("auto", "MAPA Table 2 on DGX-1-like links and up to 8 edges, else the bottleneck"),
     ("mapa", "MAPA Table 2"),
     ("bottleneck", "the slowest link of the pattern"),
 )

@@ -61,7 +61,8 @@ ScoreOption = Annotated[
     str,
     typer.Option(
         help="Effective-bandwidth model for sensitive jobs: auto (MAPA Table 2 on hosts with "
-        "the DGX-1's NV1/NV2/PCIe links, else the slowest pattern link), mapa, bottleneck.",
+        "the DGX-1's NV1/NV2/PCIe links and patterns of up to 8 edges, else the slowest "
+        "pattern link), mapa, bottleneck.",
         autocompletion=complete.scores,
     ),
 ]

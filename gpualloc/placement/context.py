@@ -55,7 +55,9 @@ class DecisionContext:
                 hint="drop it from --require or from --exclude",
             )
         self.host = HostGraph.from_topology(self.topology)
-        self.resolved_model = scores.resolve_model(self.host, self.effective_model)
+        self.resolved_model = scores.resolve_model(
+            self.host, self.effective_model, len(self.request.pattern.edges)
+        )
         self.pool = tuple(sorted(self.state.free - self.request.excluded))
         self._check_feasible()
 

@@ -92,11 +92,22 @@ def mapa_predicted_gbps(x: int, y: int, z: int) -> float:
     )
 
 
-def resolve_model(host: HostGraph, requested: EffectiveModel) -> EffectiveModel:
-    """``auto`` becomes Table 2 on hosts whose links are the DGX-1 classes, else the bottleneck."""
+MAPA_MODEL_MAX_EDGES = 8
+"""The most pattern edges ``auto`` gives Table 2: a ring through the eight GPUs of one DGX-1,
+the largest job MAPA's evaluation scored with it. Beyond that the polynomial runs far outside
+anything it was fitted on (an 8-GPU all-to-all, 28 edges, scores -3434 GB/s)."""
+
+
+def resolve_model(
+    host: HostGraph, requested: EffectiveModel, edges: int | None = None
+) -> EffectiveModel:
+    """``auto`` becomes Table 2 on hosts whose links are the DGX-1 classes, for patterns of at
+    most :data:`MAPA_MODEL_MAX_EDGES` edges (``edges`` None: any), else the bottleneck."""
     if requested is not EffectiveModel.AUTO:
         return requested
-    return EffectiveModel.MAPA if host.published_model_fits else EffectiveModel.BOTTLENECK
+    if host.published_model_fits and (edges is None or edges <= MAPA_MODEL_MAX_EDGES):
+        return EffectiveModel.MAPA
+    return EffectiveModel.BOTTLENECK
 
 
 def pattern_pairs(order: Sequence[int], pattern: CommunicationPattern) -> list[tuple[int, int]]:
@@ -125,7 +136,7 @@ def effective_gbps(
     """Predicted effective bandwidth of these pattern edges; ``None`` when there is no edge."""
     if not pairs:
         return None
-    if resolve_model(host, model) is EffectiveModel.MAPA:
+    if resolve_model(host, model, len(pairs)) is EffectiveModel.MAPA:
         return mapa_predicted_gbps(*mapa_counts(host, pairs))
     bw = host.bandwidth
     return min(bw[a][b] for a, b in pairs)
