@@ -416,20 +416,49 @@ class PlacementSearch:
         - *Degree.* A GPU has at most ``D`` links in T, so the pattern edges on T form a
           subgraph of the pattern whose degrees are at most ``D``: a binary tree of 16 ranks
           fits at most 11 of its 15 edges on NV2 links when every GPU has two of them.
+        - *Parity.* When T's link graph is bipartite (the NVLinks of a 2D torus, a hypercube,
+          the NV2 links of a DGX-1), colour its sides A and B: a placement colours each rank by
+          its GPU's side, and only edges between ranks of different colours can lie on T. With
+          ``a`` of the k GPUs on side A, at least ``m(a)`` pattern edges join ranks of one
+          colour (:func:`_fewest_monochromatic`): an odd ring never fits on such links, and a
+          16-rank binary tree (6 ranks on one side of its own bipartition, 10 on the other)
+          keeps at least one edge off a torus's NVLinks, where each side has 8 GPUs.
         """
         two_edge_connected = _two_edge_connected(self.pattern)
         edges = len(self.pattern.edges)
+        monochromatic = _fewest_monochromatic(self.pattern)
         groups = []
-        for members, _, widest in self.group_masks:
+        for members, masks, widest in self.group_masks:
             cap = edges
             if two_edge_connected is not None:
                 spanned = self._fewest_components(members)
                 if spanned > 1:
                     cap -= spanned if two_edge_connected else spanned - 1
             cap = min(cap, _degree_limited_edges(self.pattern, widest))
+            if monochromatic is not None:
+                cap = min(cap, edges - self._fewest_off_bipartite(masks, monochromatic))
             if cap < edges:
                 groups.append((members, max(0, cap)))
         return tuple(groups)
+
+    def _fewest_off_bipartite(self, masks: tuple[int, ...], monochromatic: list[int]) -> int:
+        """The fewest pattern edges that cannot lie on the links ``masks`` (per GPU, its pool
+        neighbours on them): 0 unless those links form a bipartite graph (the parity bound of
+        :meth:`_class_group_capacities`), else the least ``m(a)`` over the numbers ``a`` of
+        side-A GPUs a candidate set can have."""
+        side_a = _bipartition(self.pool, masks)
+        if side_a is None:
+            return 0
+        k = self.k
+        if self.allowed is not None:
+            counts = {(mask & side_a).bit_count() for mask in self.allowed}
+        else:
+            in_a = sum(1 for g in self.pool if side_a >> g & 1)
+            in_b = len(self.pool) - in_a
+            required_a = sum(1 for g in self.required if side_a >> g & 1)
+            required_b = len(self.required) - required_a
+            counts = set(range(max(required_a, k - in_b), min(in_a, k - required_b) + 1))
+        return min((monochromatic[a] for a in counts), default=0)
 
     def _fewest_components(self, members: tuple[int, ...]) -> int:
         """The fewest components of the classes' link graph that hold k pool GPUs (with the
@@ -890,6 +919,90 @@ def _forest_parents(pattern: CommunicationPattern) -> dict[int, int | None] | No
                 parent[w] = v
                 queue.append(w)
     return parent
+
+
+def _bipartition(pool: Sequence[int], masks: Sequence[int]) -> int | None:
+    """A bitmask of one side of the graph on ``pool`` whose neighbours of GPU g are
+    ``masks[g]``, or None if the graph has an odd cycle. Each component is coloured from its
+    lowest GPU; any proper colouring serves the parity bound."""
+    in_pool = _or(1 << g for g in pool)
+    colour: dict[int, int] = {}
+    side_a = 0
+    for start in pool:
+        if start in colour:
+            continue
+        colour[start] = 0
+        stack = [start]
+        while stack:
+            g = stack.pop()
+            if colour[g] == 0:
+                side_a |= 1 << g
+            reach = masks[g] & in_pool
+            while reach:
+                low = reach & -reach
+                h = low.bit_length() - 1
+                reach ^= low
+                if h not in colour:
+                    colour[h] = 1 - colour[g]
+                    stack.append(h)
+                elif colour[h] == colour[g]:
+                    return None
+    return side_a
+
+
+def _fewest_monochromatic(pattern: CommunicationPattern) -> list[int] | None:
+    """``m[a]`` for a = 0..k: the fewest pattern edges whose two ranks share a colour, over
+    the 2-colourings of the ranks with exactly ``a`` of them coloured A. Exact for forests (a
+    dynamic program over subtrees) and for a single cycle (k - 2 min(a, k - a) edges: each run
+    of A ranks is bounded by two bichromatic edges); None for other patterns (the bound is then
+    not used)."""
+    k, edges = pattern.size, pattern.edges
+    if k == 0 or not edges:
+        return None
+    degree = [0] * k
+    for u, v in edges:
+        degree[u] += 1
+        degree[v] += 1
+    parents = _forest_parents(pattern)
+    if parents is None:
+        cycle = len(edges) == k and all(d == 2 for d in degree) and _two_edge_connected(pattern)
+        if not cycle:
+            return None
+        return [k - 2 * min(a, k - a) for a in range(k + 1)]
+    children: list[list[int]] = [[] for _ in range(k)]
+    for v, p in parents.items():
+        if p is not None:
+            children[p].append(v)
+    inf = k + 1
+
+    def subtree(v: int) -> list[list[int]]:
+        """best[c][a]: fewest monochromatic edges below v, v coloured c, a ranks coloured A."""
+        best = [[0, inf], [inf, 0]]  # v alone: coloured B (no A rank), or A (one)
+        for child in children[v]:
+            below = subtree(child)
+            merged = [[inf] * (len(best[0]) + len(below[0]) - 1) for _ in range(2)]
+            for c in range(2):
+                for a, cost in enumerate(best[c]):
+                    if cost >= inf:
+                        continue
+                    for cc in range(2):
+                        for b, extra in enumerate(below[cc]):
+                            total = cost + extra + (c == cc)
+                            if total < merged[c][a + b]:
+                                merged[c][a + b] = total
+            best = merged
+        return best
+
+    whole = [0]
+    for root in [v for v, p in parents.items() if p is None]:
+        part = subtree(root)
+        combined = [min(part[0][a], part[1][a]) for a in range(len(part[0]))]
+        merged = [inf] * (len(whole) + len(combined) - 1)
+        for a, cost in enumerate(whole):
+            for b, extra in enumerate(combined):
+                merged[a + b] = min(merged[a + b], cost + extra)
+        whole = merged
+    return whole
 
 
 def _two_edge_connected(pattern: CommunicationPattern) -> bool | None:

@@ -1,0 +1,75 @@
+"""The parity bound of the placement search: bipartite link groups and monochromatic edges."""
+
+from __future__ import annotations
+
+from itertools import product
+
+import pytest
+
+from gpualloc.model.request import CommunicationPattern, HostState, JobRequest
+from gpualloc.placement import search
+from gpualloc.placement.engine import decision_context
+from gpualloc.placement.host import HostGraph
+from gpualloc.placement.patterns import build_pattern
+from gpualloc.placement.registry import get_policy
+from gpualloc.topologies import load_bundled
+
+
+def _brute_force(pattern: CommunicationPattern) -> list[int]:
+    k = pattern.size
+    fewest = [k + 1] * (k + 1)
+    for colours in product((0, 1), repeat=k):
+        mono = sum(colours[u] == colours[v] for u, v in pattern.edges)
+        fewest[sum(colours)] = min(fewest[sum(colours)], mono)
+    return fewest
+
+
+@pytest.mark.parametrize("name", ["ring", "tree", "star"])
+@pytest.mark.parametrize("k", range(2, 11))
+def test_fewest_monochromatic_edges_match_brute_force(name: str, k: int) -> None:
+    pattern = build_pattern(name, k)
+    assert search._fewest_monochromatic(pattern) == _brute_force(pattern)
+
+
+def test_fewest_monochromatic_of_a_forest_and_of_other_graphs() -> None:
+    forest = CommunicationPattern("custom", 7, ((0, 1), (1, 2), (3, 4), (4, 5), (4, 6)))
+    assert search._fewest_monochromatic(forest) == _brute_force(forest)
+    assert search._fewest_monochromatic(build_pattern("all", 4)) is None  # not a tree or cycle
+    theta = CommunicationPattern("custom", 4, ((0, 1), (1, 2), (2, 3), (3, 0), (0, 2)))
+    assert search._fewest_monochromatic(theta) is None
+
+
+def _nvlink_masks(host: HostGraph, *, least: int = 1) -> list[int]:
+    n = host.gpu_count
+    return [
+        sum(1 << b for b in range(n) if b != a and host.nvlinks[a][b] >= least) for a in range(n)
+    ]
+
+
+def test_bipartite_link_graphs_are_found() -> None:
+    torus = HostGraph.from_topology(load_bundled("torus-2d-16"))
+    side = search._bipartition(range(16), _nvlink_masks(torus))
+    assert side is not None and side.bit_count() == 8
+    dgx = HostGraph.from_topology(load_bundled("dgx1-v100"))
+    assert search._bipartition(range(8), _nvlink_masks(dgx)) is None  # 0-1-2 is a triangle
+    assert search._bipartition(range(8), _nvlink_masks(dgx, least=2)) is not None  # NV2: 8-cycle
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("pattern", "k", "sensitive"), [("ring", 9, True), ("tree", 12, True), ("tree", 11, False)]
+)
+def test_the_bound_changes_no_answer(
+    monkeypatch: pytest.MonkeyPatch, pattern: str, k: int, sensitive: bool
+) -> None:
+    topology = load_bundled("torus-2d-16")
+    request = JobRequest(gpus=k, pattern=build_pattern(pattern, k), sensitive=sensitive)
+    state = HostState.with_busy(16, frozenset({5}))
+
+    def place() -> tuple:
+        placement = get_policy("mapa").place(decision_context(topology, request, state))
+        return placement.gpus, placement.scores
+
+    with_bound = place()
+    monkeypatch.setattr(search, "_fewest_monochromatic", lambda pattern: None)
+    assert place() == with_bound
