@@ -2,19 +2,26 @@
 """Speed of placement decisions on every bundled host, pattern and job size.
 
 Run on its own: ``python benchmarks/bench_placement.py [--policy P ...] [--host H ...]
-[--pattern X ...] [--sensitivity both|sensitive|insensitive] [--repeats 5] [--cap-s 2]
-[--over-only]``. For each (policy, host, pattern, sensitivity, k) it times
+[--pattern X ...] [--sensitivity both|sensitive|insensitive] [--repeats 5] [--samples 200]
+[--cap-s 2] [--over-only]``. For each (policy, host, pattern, sensitivity, k) it times
 ``policy.place`` (the decision itself, not process start-up) on the empty host and on random
-busy sets that leave enough GPUs free, and prints the p99 and the maximum in milliseconds, with a
-flag where the issue's budget is missed (10 ms on 8-GPU hosts, 100 ms on 16-GPU hosts). A case
-over budget is not repeated; one slower than ``--cap-s`` is stopped and shown as ``inf``.
-Exits 1 when a case is over budget, so it can gate a release; no unit test times anything.
+busy sets that leave enough GPUs free (a uniform number of busy GPUs, then which ones), and
+prints the p99 and the maximum in milliseconds, with a flag where the issue's budget (10 ms on
+8-GPU hosts, 100 ms on 16-GPU hosts, p99) is missed.
+
+A quick screen of ``--repeats`` samples settles most cases; one whose slowest quick sample is
+over budget is measured again on ``--samples`` busy sets, and judged by their p99 (the maximum
+is printed beside it: some busy sets stay slower than the budget even where the p99 is within
+it). ``--samples 0`` judges by the slowest quick sample instead. A sample slower than
+``--cap-s`` is stopped and counted as ``inf``. Exits 1 when a case is over budget, so it can
+gate a release; no unit test times anything.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import math
 import random
 import signal
 import sys
@@ -61,8 +68,11 @@ def timed_place(policy, ctx, cap_s: float) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-def bench_case(policy, topology, request, repeats: int, cap_s: float, rng) -> list[float]:
-    """Timings of one (policy, host, request): the empty host first, then random busy sets."""
+def bench_case(
+    policy, topology, request, repeats: int, cap_s: float, rng, *, stop_over: bool = True
+) -> list[float]:
+    """Timings of one (policy, host, request): the empty host first, then random busy sets
+    (a random number of GPUs, then which ones, uniformly)."""
     n = topology.gpu_count
     timings: list[float] = []
     for repeat in range(repeats):
@@ -73,9 +83,14 @@ def bench_case(policy, topology, request, repeats: int, cap_s: float, rng) -> li
         )
         ctx = decision_context(topology, request, HostState.with_busy(n, busy))
         timings.append(timed_place(policy, ctx, cap_s))
-        if timings[-1] > budget_ms(n):
+        if stop_over and timings[-1] > budget_ms(n):
             break
     return sorted(timings)
+
+
+def percentile(timings: list[float], share: float) -> float:
+    """The ``share`` quantile of sorted ``timings`` (nearest rank)."""
+    return timings[min(len(timings) - 1, max(0, math.ceil(share * len(timings)) - 1))]
 
 
 def main() -> None:
@@ -88,6 +103,13 @@ def main() -> None:
         "--sensitivity", choices=("both", "sensitive", "insensitive"), default="both"
     )
     parser.add_argument("--cap-s", type=float, default=2.0)
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=200,
+        help="when a quick sample is over budget, time this many busy sets and judge the "
+        "case by their p99 (0: judge by the slowest quick sample)",
+    )
     parser.add_argument("--over-only", action="store_true", help="print only cases over budget")
     args = parser.parse_args()
     signal.signal(signal.SIGALRM, _alarm)
@@ -110,11 +132,17 @@ def main() -> None:
                         timings = bench_case(
                             policy, topology, request, args.repeats, args.cap_s, rng
                         )
-                        p99 = timings[min(len(timings) - 1, int(0.99 * len(timings)))]
-                        over = timings[-1] > budget_ms(n)
+                        if timings[-1] > budget_ms(n) and args.samples:
+                            # A slow sample: measure the real p99 over many busy sets.
+                            timings = bench_case(
+                                policy, topology, request, args.samples, args.cap_s,
+                                random.Random(k), stop_over=False,
+                            )  # fmt: skip
+                        p99 = percentile(timings, 0.99)
+                        over = p99 > budget_ms(n)
                         cases += 1
                         missed += over
-                        share = timings[-1] / budget_ms(n)
+                        share = p99 / budget_ms(n)
                         worst[policy.name] = max(worst.get(policy.name, 0.0), share)
                         if over or not args.over_only:
                             job = "sens" if sensitive else "ins"
@@ -123,7 +151,7 @@ def main() -> None:
                                 f"{p99:>10.1f}{timings[-1]:>10.1f}  {'OVER' if over else 'ok'}"
                             )
     for name, share in worst.items():
-        print(f"{name:<12} slowest case used {share:.0%} of its budget")
+        print(f"{name:<12} slowest case (p99) used {share:.0%} of its budget")
     print(f"cases over budget: {missed} of {cases}")
     if missed:
         sys.exit(1)
