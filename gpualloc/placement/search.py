@@ -331,6 +331,20 @@ class PlacementSearch:
                 if widest < max_degree
             )
         self.tree_bound = self._tree_bound() if simple_forest else None
+        # Per node the subtree bound pays where it is tight: where the fastest links form a
+        # forest (cube-mesh-16's NV2 spanning tree), a relaxed map that keeps its edges on them
+        # is a real placement. Where they close cycles (a torus) the relaxation wraps around
+        # them, refutes little and costs a fifth of the search; the vectors are still screened
+        # with it.
+        self.tree_bound_per_node = self.tree_bound is not None and self._fastest_links_acyclic()
+
+    def _fastest_links_acyclic(self) -> bool:
+        """Whether the links of the fastest class form a forest on the pool."""
+        weight = self.classes.weight
+        fastest = max(range(len(weight)), key=weight.__getitem__)
+        adjacency = self.classes.adjacency[fastest]
+        links = sum(adjacency[g].bit_count() for g in self.pool) // 2
+        return links == len(self.pool) - len(_component_sizes(self.pool, adjacency))
 
     def _tree_bound(self) -> TreeWeightBound:
         """The subtree bound of :mod:`gpualloc.placement.treebound` (simple forests only)."""
@@ -423,10 +437,17 @@ class PlacementSearch:
           colour (:func:`_fewest_monochromatic`): an odd ring never fits on such links, and a
           16-rank binary tree (6 ranks on one side of its own bipartition, 10 on the other)
           keeps at least one edge off a torus's NVLinks, where each side has 8 GPUs.
+        - *Paths.* When no GPU has more than two links in T (T's links are paths and cycles,
+          like the NV2 rows of a torus), the edges of a tree pattern on T form disjoint paths
+          of the pattern, none longer than its diameter ``D``, and each inside one component of
+          T's links: a component of ``s`` GPUs holds at most ``max over p of min(s - p, p D)``
+          of them. A 14-rank binary tree (``D = 6``) fits at most 6 edges on an 8-GPU NV2
+          cycle, where counting alone allows 7.
         """
         two_edge_connected = _two_edge_connected(self.pattern)
         edges = len(self.pattern.edges)
         monochromatic = _fewest_monochromatic(self.pattern)
+        diameter = _forest_diameter(self.pattern)
         groups = []
         for members, masks, widest in self.group_masks:
             cap = edges
@@ -435,11 +456,21 @@ class PlacementSearch:
                 if spanned > 1:
                     cap -= spanned if two_edge_connected else spanned - 1
             cap = min(cap, _degree_limited_edges(self.pattern, widest))
+            if widest <= 2 and diameter is not None:
+                cap = min(cap, self._paths_within_components(masks, diameter))
             if monochromatic is not None:
                 cap = min(cap, edges - self._fewest_off_bipartite(masks, monochromatic))
             if cap < edges:
                 groups.append((members, max(0, cap)))
         return tuple(groups)
+
+    def _paths_within_components(self, masks: tuple[int, ...], diameter: int) -> int:
+        """The *Paths* cap of :meth:`_class_group_capacities`, summed over the components of the
+        links ``masks`` on the pool (a set of k of them can only use fewer)."""
+        total = 0
+        for size in _component_sizes(self.pool, masks):
+            total += max((min(size - p, p * diameter) for p in range(1, size + 1)), default=0)
+        return total
 
     def _fewest_off_bipartite(self, masks: tuple[int, ...], monochromatic: list[int]) -> int:
         """The fewest pattern edges that cannot lie on the links ``masks`` (per GPU, its pool
@@ -551,6 +582,8 @@ class PlacementSearch:
         tight_groups, remaining_edges = self.tight_groups, self.remaining_edges
         open_degrees, deficit_bound = self.open_degrees, self.deficit_bound
         tree_bound, weights = self.tree_bound, self.classes.weight
+        if not self.tree_bound_per_node:
+            tree_bound = None
         allowed = self.allowed
         pool_mask = _or(1 << g for g in pool)
 
@@ -598,6 +631,12 @@ class PlacementSearch:
                 reachable |= 1 << assigned[p]
             degrees = open_degrees[s]
             edges_left = len(remaining_edges[s])
+            unused_gpus = []
+            rest = unused
+            while rest:
+                low = rest & -rest
+                unused_gpus.append(low.bit_length() - 1)
+                rest ^= low
             for members, masks, _ in group_masks:
                 want = 0
                 for c in members:
@@ -609,10 +648,8 @@ class PlacementSearch:
                     room = (masks[assigned[p]] & unused).bit_count()
                     if count > room:
                         deficit += count - room
-                offers = sorted(
-                    ((masks[g] & reachable).bit_count() for g in pool if unused >> g & 1),
-                    reverse=True,
-                )
+                offers = [(masks[g] & reachable).bit_count() for g in unused_gpus]
+                offers.sort(reverse=True)
                 # More GPUs than ranks may be left: the ranks take the best-connected ones.
                 for degree, offer in zip(degrees, offers, strict=False):
                     if degree > offer:
@@ -659,7 +696,7 @@ class PlacementSearch:
                     return False
                 best[0] = candidate
                 return True
-            state = (used, *(assigned[p] for p in live[s]), *budget)
+            state = (used, *[assigned[p] for p in live[s]], *budget)
             if state in failed:
                 return False
             ties_before = order_ties[0]
@@ -671,8 +708,13 @@ class PlacementSearch:
                 return False
             if best[0] is not None and lowest_reachable_set(s, used) >= best[0][0]:
                 return False
-            lower = max((assigned[p] for p in after[s]), default=-1)
-            upper = min((assigned[p] for p in before[s]), default=1 << 30)
+            lower, upper = -1, 1 << 30
+            for p in after[s]:
+                if assigned[p] > lower:
+                    lower = assigned[p]
+            for p in before[s]:
+                if assigned[p] < upper:
+                    upper = assigned[p]
             must_be_required = missing == k - s
             found = False
             for g in pool:
@@ -919,6 +961,55 @@ def _forest_parents(pattern: CommunicationPattern) -> dict[int, int | None] | No
                 parent[w] = v
                 queue.append(w)
     return parent
+
+
+def _component_sizes(pool: Sequence[int], masks: Sequence[int]) -> list[int]:
+    """The sizes of the connected components of the graph on ``pool`` whose neighbours of GPU
+    g are ``masks[g]`` (restricted to the pool)."""
+    in_pool = _or(1 << g for g in pool)
+    seen = 0
+    sizes = []
+    for start in pool:
+        if seen >> start & 1:
+            continue
+        seen |= 1 << start
+        stack, size = [start], 0
+        while stack:
+            size += 1
+            reach = masks[stack.pop()] & in_pool & ~seen
+            seen |= reach
+            while reach:
+                low = reach & -reach
+                stack.append(low.bit_length() - 1)
+                reach ^= low
+        sizes.append(size)
+    return sizes
+
+
+def _forest_diameter(pattern: CommunicationPattern) -> int | None:
+    """The most edges on a path of a forest pattern (None for other patterns): from any rank
+    the farthest one is an end of a longest path of its tree, and from there the farthest is
+    the other end."""
+    parents = _forest_parents(pattern)
+    if parents is None or not pattern.edges:
+        return None
+    neighbours: list[list[int]] = [[] for _ in range(pattern.size)]
+    for u, v in pattern.edges:
+        neighbours[u].append(v)
+        neighbours[v].append(u)
+
+    def farthest(start: int) -> tuple[int, int]:
+        distance = {start: 0}
+        queue = [start]
+        for v in queue:
+            for w in neighbours[v]:
+                if w not in distance:
+                    distance[w] = distance[v] + 1
+                    queue.append(w)
+        end = max(distance, key=distance.__getitem__)
+        return end, distance[end]
+
+    return max(farthest(farthest(root)[0])[1] for root, up in parents.items() if up is None)
 
 
 def _bipartition(pool: Sequence[int], masks: Sequence[int]) -> int | None:

@@ -1,4 +1,4 @@
-"""The parity bound of the placement search: bipartite link groups and monochromatic edges."""
+"""Bounds of the placement search: parity on bipartite link groups, paths on degree-2 links."""
 
 from __future__ import annotations
 
@@ -72,4 +72,35 @@ def test_the_bound_changes_no_answer(
 
     with_bound = place()
     monkeypatch.setattr(search, "_fewest_monochromatic", lambda pattern: None)
+    assert place() == with_bound
+
+
+def test_forest_diameters_and_component_sizes() -> None:
+    assert search._forest_diameter(build_pattern("tree", 14)) == 6
+    assert search._forest_diameter(build_pattern("tree", 16)) == 7  # rank 15 hangs one deeper
+    assert search._forest_diameter(build_pattern("star", 5)) == 2
+    assert search._forest_diameter(build_pattern("ring", 5)) is None
+    torus = HostGraph.from_topology(load_bundled("torus-2d-16"))
+    nv2 = _nvlink_masks(torus, least=2)
+    assert sorted(search._component_sizes(range(16), nv2)) == [4, 4, 8]
+    assert sorted(search._component_sizes([g for g in range(16) if g not in (6, 10)], nv2)) == [
+        1, 1, 2, 2, 8,
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("policy", "busy"), [("pack", (6, 10)), ("mapa-greedy", (0, 9))])
+def test_the_paths_bound_changes_no_answer(
+    monkeypatch: pytest.MonkeyPatch, policy: str, busy: tuple[int, ...]
+) -> None:
+    topology = load_bundled("torus-2d-16")
+    request = JobRequest(gpus=14, pattern=build_pattern("tree", 14), sensitive=False)
+    state = HostState.with_busy(16, frozenset(busy))
+
+    def place() -> tuple:
+        placement = get_policy(policy).place(decision_context(topology, request, state))
+        return placement.gpus, placement.scores
+
+    with_bound = place()
+    monkeypatch.setattr(search, "_forest_diameter", lambda pattern: None)
     assert place() == with_bound
