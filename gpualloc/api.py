@@ -38,14 +38,8 @@ def load_topology(name_or_path: str | None = None) -> Topology:
     with None, this host (NVML, else nvidia-smi; ``$GPUALLOC_TOPOLOGY`` when set)."""
     from gpualloc.config import Config
     from gpualloc.discovery.resolve import resolve_topology
-    from gpualloc.model.bandwidth import bandwidth_table_from, load_bandwidth_table
 
-    table = Config.load().value("bandwidth_table")
-    if isinstance(table, dict):
-        table = bandwidth_table_from(table, "config.toml [bandwidth_table]")
-    elif table is not None:
-        table = load_bandwidth_table(table)
-    return resolve_topology(name_or_path, table=table)
+    return resolve_topology(name_or_path, table=Config.load().bandwidth_table())
 
 
 def _want(

@@ -28,10 +28,13 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpualloc.errors import ConfigError
 from gpualloc.ledger.statedir import DEFAULT_STATE_DIR
+
+if TYPE_CHECKING:
+    from gpualloc.model.bandwidth import BandwidthTable
 
 SYSTEM_FILE = Path("/etc/gpualloc/config.toml")
 SYSTEM_FILE_VARIABLE = "GPUALLOC_SYSTEM_CONFIG"
@@ -184,6 +187,18 @@ class Config:
 
     def value(self, key: str, flag: Any = None) -> Any:
         return self.resolve(key, flag).value
+
+    def bandwidth_table(self, flag: Path | None = None) -> BandwidthTable | None:
+        """The link bandwidth overrides in effect (a JSON file, or a ``[bandwidth_table]``
+        table of a config file), or None for the built-in table."""
+        from gpualloc.model.bandwidth import bandwidth_table_from, load_bandwidth_table
+
+        resolved = self.resolve("bandwidth_table", flag)
+        if resolved.value is None:
+            return None
+        if isinstance(resolved.value, dict):
+            return bandwidth_table_from(resolved.value, f"{resolved.source}: [bandwidth_table]")
+        return load_bandwidth_table(resolved.value)
 
     def considered(self) -> list[tuple[Path, bool]]:
         """The files looked at, highest precedence first, and whether each exists."""

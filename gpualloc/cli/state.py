@@ -39,14 +39,7 @@ class GlobalState:
     def bandwidth_override(self) -> BandwidthTable | None:
         """The table of --bandwidth-table / GPUALLOC_BANDWIDTH_TABLE / config.toml, or None for
         the built-in one."""
-        from gpualloc.model.bandwidth import bandwidth_table_from, load_bandwidth_table
-
-        resolved = self.config().resolve("bandwidth_table", self.bandwidth_table)
-        if resolved.value is None:
-            return None
-        if isinstance(resolved.value, dict):
-            return bandwidth_table_from(resolved.value, f"{resolved.source}: [bandwidth_table]")
-        return load_bandwidth_table(resolved.value)
+        return self.config().bandwidth_table(self.bandwidth_table)
 
     def load_topology(self) -> Topology:
         """The topology named by --topology / $GPUALLOC_TOPOLOGY, else this host's."""
