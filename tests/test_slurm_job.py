@@ -152,3 +152,10 @@ def test_the_taskprolog_maps_slurm_numbers_by_device_number(
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7,5,3,1")
     result = cli("--topology", str(path), "slurm", "taskprolog")
     assert result.stdout.splitlines()[1] == "export CUDA_VISIBLE_DEVICES=7,5,1,3"
+
+
+def test_plan_inside_a_job_plans_on_its_gpus(cli, in_job) -> None:
+    result = cli(*TOPOLOGY, "plan", "-n", "2", "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["gpus"] == [4, 7]  # its NV2 pair
+    assert "inside Slurm job 9 (GPU 4-7): planning on its GPUs" in result.stderr
+    assert cli(*TOPOLOGY, "plan", "-n", "5").exit_code == 9

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
@@ -59,12 +60,15 @@ def plan_command(
     links between consecutive ranks, and the scores.
 
     Rank i of the job runs on the i-th GPU listed; `gpualloc run` will export them in that order
-    as CUDA_VISIBLE_DEVICES. Exit code 9 when no set of GPUs satisfies the request.
+    as CUDA_VISIBLE_DEVICES. Exit code 9 when no set of GPUs satisfies the request. Inside a
+    Slurm job it plans on the job's GPUs, as `run` would place.
 
     Example: `gpualloc --topology dgx1-v100 plan -n 3 --busy 0 --explain`
     """
+    from gpualloc.cli.host import say
     from gpualloc.model.request import HostState
     from gpualloc.placement.engine import decision_context
+    from gpualloc.slurm.job import slurm_job
 
     if busy is not None and free is not None:
         raise RequestError("--busy and --free both say which GPUs are free", hint="give one")
@@ -92,10 +96,15 @@ def plan_command(
             f"GPU {min(outside)} does not exist on this host ({n} GPUs: 0..{n - 1})",
             hint="'gpualloc topo show' lists the GPUs",
         )
+    state = HostState.with_busy(n, busy_set & everything)
+    job = slurm_job(topology, os.environ)
+    if job is not None:  # plan as 'run' would place: on the job's GPUs only
+        say(f"inside {job.describe()}: planning on its GPUs (GPUALLOC_NO_SLURM=1: the host's)")
+        state = HostState(free=state.free & job.gpus, running=state.running)
     ctx = decision_context(
         topology,
         want.request,
-        HostState.with_busy(n, busy_set & everything),
+        state,
         effective_model=want.effective_model,
         weights=want.weights,
     )
