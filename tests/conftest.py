@@ -24,15 +24,14 @@ def recorded(name: str) -> str:
 @pytest.fixture(autouse=True)
 def isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """No test reads the developer's cache or environment, or writes outside tmp_path."""
+    from gpualloc.config import SETTINGS
+
+    # Every setting's variable, from the one list of them: a new one cannot leak in unnoticed.
+    for name in ("GPUALLOC_TOPOLOGY", "GPUALLOC_DEBUG", *(s.variable for s in SETTINGS)):
+        monkeypatch.delenv(name, raising=False)
     cache = tmp_path / "cache"
     monkeypatch.setenv("GPUALLOC_CACHE_DIR", str(cache))
     monkeypatch.setenv("GPUALLOC_STATE_DIR", str(tmp_path / "state"))
-    for name in ("GPUALLOC_TOPOLOGY", "GPUALLOC_BANDWIDTH_TABLE", "GPUALLOC_DEBUG"):
-        monkeypatch.delenv(name, raising=False)
-    for name in ("GPUALLOC_POLICY", "GPUALLOC_NUMA", "GPUALLOC_IGNORE_FOREIGN"):
-        monkeypatch.delenv(name, raising=False)
-    for name in ("GPUALLOC_PRIORITY", "GPUALLOC_MAX_BYPASS"):
-        monkeypatch.delenv(name, raising=False)
     # No configuration file of the developer's or the machine's: a fresh user on a bare host.
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("GPUALLOC_SYSTEM_CONFIG", str(tmp_path / "etc" / "config.toml"))

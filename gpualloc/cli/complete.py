@@ -30,7 +30,9 @@ SCORES = (
 PRIORITIES = (("high", ""), ("normal", ""), ("low", ""))
 
 
-def _matching(pairs: tuple[tuple[str, str], ...] | list[tuple[str, str]], incomplete: str):
+def _matching(
+    pairs: tuple[tuple[str, str], ...] | list[tuple[str, str]], incomplete: str
+) -> list[tuple[str, str]]:
     return [(value, about) for value, about in pairs if value.startswith(incomplete)]
 
 
