@@ -13,8 +13,9 @@ exceed the empty allocation's 12.335 GB/s: if GPUs are free, the best of them is
 Preserve search (:class:`LossSearch`): the least NVLink bandwidth a set can remove from the free
 pool, by branch and bound over the candidate sets, then the sets that remove exactly that, lazily
 in lexicographic order; among them the aggregated-bandwidth search of
-:mod:`gpualloc.placement.search`: for a tree, once over the union of a few tied sets; else set
-by set in decreasing order of an upper bound.
+:mod:`gpualloc.placement.search`: for a tree with a few tied sets, the lowest set alone, then the
+others together, one per orbit of the host's symmetries, for a better key only; else set by set
+in decreasing order of an upper bound.
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ from gpualloc.placement.policy import Alternative, Policy, SetKey, gpu_list
 from gpualloc.placement.scores import mapa_counts, pattern_pairs, preserved_gbps
 from gpualloc.placement.search import (
     AggregatedObjective,
+    SearchResult,
     best_order_of_set,
     best_ordered_placement,
     best_placement_among,
     evaluate_order,
     is_forest,
 )
+from gpualloc.placement.symmetry import host_symmetries, set_orbits
 
 _SLACK = 2e-6
 # Up to this many tied sets of a tree job, one search over their union (each node checks the
@@ -119,9 +122,7 @@ class MapaPolicy(Policy):
         if is_forest(pattern):
             few = list(islice(ties, _UNION_SEARCH_SETS))
             if len(few) < _UNION_SEARCH_SETS:
-                union = best_placement_among(host, pattern, objective, [first, *few])
-                assert union is not None
-                return union.order
+                return _best_of_few_sets(host, pattern, [first, *few]).order
             ties = chain(few, ties)
         # Otherwise the lowest tied set wins at once if it reaches a bound no k-set of the pool
         # can beat (a uniform NVSwitch host, where every set ties); if not, the tied sets are
@@ -141,6 +142,28 @@ class MapaPolicy(Policy):
             if found.key > best_key or (found.key == best_key and gpus < best_set):
                 best_key, best_order, best_set = found.key, found.order, gpus
         return best_order
+
+
+def _best_of_few_sets(
+    host: HostGraph, pattern: CommunicationPattern, sets: Sequence[tuple[int, ...]]
+) -> SearchResult:
+    """The best aggregated placement of a tree job on one of a few tied ``sets`` (the lowest set
+    first, lexicographically): the highest key, then the lowest set, then the lowest order.
+
+    The lowest set is searched alone: its key is then the floor the others must beat, and
+    finding a realisation (the expensive part on a fixed set) is not repeated for them. The
+    others only have keys above the floor to refute, on one set per orbit of the host's
+    symmetries (:mod:`gpualloc.placement.symmetry`: a symmetric set has the same best key),
+    together (:func:`best_placement_among`). That is exact: a representative is the lowest set
+    of its orbit, so the lowest set reaching the best key is a representative.
+    """
+    objective = AggregatedObjective()
+    lowest = best_ordered_placement(host, pattern, objective, sets[0], sets[0])
+    assert lowest is not None
+    orbits = set_orbits(sets, host_symmetries(host))
+    others = [members[0] for members in orbits[1:]]  # the first orbit holds the lowest set
+    better = best_placement_among(host, pattern, objective, others, floor=lowest.key)
+    return better or lowest
 
 
 class LossSearch:

@@ -18,6 +18,16 @@ path), so a relaxed map that keeps every edge on such links is a real placement;
 links the bound is still far tighter than degree counting (675 GB/s against 750 for the 16-rank
 tree on ``cube-mesh-16``, where the optimum is 650.2).
 
+**Penalties (Lagrangian relaxation of injectivity).** Where the links close cycles (a torus), the
+relaxed map wraps around them, putting several ranks on the best GPUs. A penalty ``λ_g`` per GPU,
+charged for every rank the relaxed map puts on ``g`` and credited once per GPU still free, keeps
+the bound valid (a real completion puts at most one rank on each free GPU, so with ``λ >= 0`` the
+credit covers the charge; with exactly as many free GPUs as ranks left every free GPU takes one,
+and ``λ`` may have any sign) and, tuned by subgradient steps (:func:`lagrangian_bound`, the
+method Held and Karp used for the travelling salesman's 1-trees), discourages the wrapping: the
+14-rank tree on 14 GPUs of ``torus-2d-16`` is bounded at 523.5 GB/s instead of 562.6, where the
+optimum is 512.8.
+
 During the search the GPUs already used are excluded as well, which tightens the bound as the
 placement grows. Children are kept distinct exactly for up to two children of a rank (every
 built-in pattern); wider ranks of a custom tree relax that, which stays an upper bound.
@@ -28,6 +38,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 Candidates = tuple[tuple[float, int], ...]  # (value, GPU), best first
+Pick = tuple[float, tuple[int, ...]]  # (value, the children's GPUs)
+_NONE: Pick = (float("-inf"), ())
 
 
 class TreeWeightBound:
@@ -35,7 +47,9 @@ class TreeWeightBound:
 
     ``parent[s]`` is the position of rank ``s``'s parent in the search's visiting order (None
     for a component's root), every parent coming before its children; ``weight[a][b]`` is the
-    weight the search counts for a pattern edge on GPUs ``a`` and ``b``.
+    weight the search counts for a pattern edge on GPUs ``a`` and ``b``; ``penalty[g]`` (indexed
+    like ``weight``) the Lagrangian price of a rank on GPU ``g``: non-negative unless every GPU of
+    the pool takes a rank (``len(pool) == len(parent)``).
     """
 
     def __init__(
@@ -43,31 +57,55 @@ class TreeWeightBound:
         parent: Sequence[int | None],
         pool: Sequence[int],
         weight: Sequence[Sequence[float]],
+        penalty: Sequence[float] | None = None,
+        allowed: Sequence[int] | None = None,
     ) -> None:
         k = len(parent)
+        self.k = k
         self.pool = tuple(pool)
+        self.pool_mask = sum(1 << g for g in self.pool)
+        self.penalty = list(penalty) if penalty is not None else [0.0] * len(weight)
+        self.penalised = any(self.penalty[g] for g in self.pool)
+        # The candidate sets a placement must be one of (bitmasks), with their penalties summed.
+        self.allowed = tuple(allowed) if allowed is not None else None
+        self.allowed_penalty = tuple(
+            sum(self.penalty[g] for g in self.pool if mask >> g & 1) for mask in self.allowed or ()
+        )
+        self.by_penalty = sorted(self.pool, key=lambda g: (-self.penalty[g], g))
+        self.parent = tuple(parent)
         self.children: list[tuple[int, ...]] = [
             tuple(c for c in range(k) if parent[c] == p) for p in range(k)
         ]
-        shapes = [self._shape(p) for p in range(k)]
+        self.shape = shapes = [self._shape(p) for p in range(k)]
+        # Children in the order of their shapes: subtrees of one shape share a table, whose
+        # picks list the children's GPUs in this order.
+        self.by_shape = [tuple(sorted(self.children[v], key=shapes.__getitem__)) for v in range(k)]
         # Per position with a parent: for each GPU of the parent, the child's value on every
-        # other GPU h (the edge to h plus the child's subtree below h), best first.
+        # other GPU h (the edge to h, less h's penalty, plus the child's subtree below h).
         self.candidates: list[dict[int, Candidates]] = [{} for _ in range(k)]
-        table_of_shape: dict[tuple, dict[int, dict[int | None, float]]] = {}
+        self.tables: dict[tuple, tuple[dict[int, Pick], dict[int, dict[int, Pick]]]] = {}
         candidates_of_shape: dict[tuple, dict[int, Candidates]] = {}
         self.root_best: list[float] = [0.0] * k
+        self.root_gpu: list[int | None] = [None] * k
+        pen = self.penalty
         for v in range(k - 1, -1, -1):  # children before parents
             shape = shapes[v]
-            if shape not in table_of_shape:
-                table_of_shape[shape] = self._subtree_table(v)
-            table = table_of_shape[shape]
+            if shape not in self.tables:
+                self.tables[shape] = self._subtree_table(v)
+            best, alternatives = self.tables[shape]
             if parent[v] is None:
-                self.root_best[v] = max((table[g][None] for g in self.pool), default=0.0)
+                scored = [(best[g][0] - pen[g], -g) for g in self.pool]
+                value, minus_g = max(scored, default=(0.0, 1))
+                self.root_best[v], self.root_gpu[v] = value, -minus_g
             elif shape not in candidates_of_shape:
                 candidates_of_shape[shape] = {
                     a: tuple(
                         sorted(
-                            ((weight[a][h] + table[h][a], h) for h in self.pool if h != a),
+                            (
+                                (weight[a][h] - pen[h] + alternatives[h].get(a, best[h])[0], h)
+                                for h in self.pool
+                                if h != a
+                            ),
                             reverse=True,
                         )
                     )
@@ -92,40 +130,172 @@ class TreeWeightBound:
     def _shape(self, v: int) -> tuple:
         return tuple(sorted(self._shape(c) for c in self.children[v]))
 
-    def _subtree_table(self, v: int) -> dict[int, dict[int | None, float]]:
-        """``F(v, g, p)`` for every GPU ``g`` of the pool and parent GPU ``p`` (None: a root)."""
-        children = self.children[v]
-        if not children:
-            zero = dict.fromkeys((*self.pool, None), 0.0)
-            return dict.fromkeys(self.pool, zero)
-        table: dict[int, dict[int | None, float]] = {}
+    def _subtree_table(self, v: int) -> tuple[dict[int, Pick], dict[int, dict[int, Pick]]]:
+        """Per GPU ``g`` of the pool: ``F(v, g, None)`` with the children's GPUs that reach it,
+        and ``F(v, g, p)`` for the parent GPUs ``p`` that change it (the picked ones; any other
+        parent leaves the best picks available)."""
+        children = self.by_shape[v]
+        best: dict[int, Pick] = {}
+        alternatives: dict[int, dict[int, Pick]] = {}
         for g in self.pool:
+            if not children:
+                best[g], alternatives[g] = (0.0, ()), {}
+                continue
             lists = [self.candidates[c][g] for c in children]
-            row: dict[int | None, float] = {None: best_children(lists, 0)}
-            for p in self.pool:
-                if p != g:
-                    row[p] = best_children(lists, 1 << p)
-            table[g] = row
-        return table
+            best[g] = top = best_pick(lists, 0)
+            alternatives[g] = {p: best_pick(lists, 1 << p) for p in set(top[1])}
+        return best, alternatives
 
     def whole(self) -> float:
         """The most weight any placement of the whole pattern can carry."""
-        return self.unstarted[0]
+        return self.unstarted[0] + self.credit(0, 0, self.pool_mask)
 
-    def remaining(self, s: int, assigned: Sequence[int], used: int) -> float:
+    def remaining(
+        self, s: int, assigned: Sequence[int], used: int, free: int | None = None
+    ) -> float:
         """The most weight the ranks at positions ``s..k-1`` can add when those below sit on
-        ``assigned`` and the GPUs in ``used`` (a bitmask) are taken."""
+        ``assigned`` and the GPUs in ``used`` (a bitmask) are taken; only those in ``free``
+        (default: the rest of the pool) may take the others."""
+        if free is None:
+            free = self.pool_mask & ~used
         total = self.unstarted[s]
+        if self.penalised:
+            total += self.credit(s, used, free)
         candidates = self.candidates
+        excluded = ~free
         for p, children in self.frontier[s]:
             on = assigned[p]
-            total += best_children([candidates[c][on] for c in children], used)
+            total += best_children([candidates[c][on] for c in children], excluded)
         return total
+
+    def credit(self, s: int, used: int, free: int) -> float:
+        """The penalties credited back to ranks ``s..k-1``: the most their GPUs' penalties can
+        sum to, one rank on each. That is the ``k - s`` largest penalties of the free GPUs, or
+        with candidate sets, the largest sum over the rest of a set holding every GPU used."""
+        if not self.penalised:
+            return 0.0
+        penalty = self.penalty
+        if self.allowed is not None:
+            spent = 0.0
+            rest = used & self.pool_mask
+            while rest:
+                low = rest & -rest
+                spent += penalty[low.bit_length() - 1]
+                rest ^= low
+            fits = [
+                total
+                for mask, total in zip(self.allowed, self.allowed_penalty, strict=True)
+                if not used & ~mask
+            ]
+            return max(fits, default=float("-inf")) - spent
+        left = self.k - s
+        total = 0.0
+        for g in self.by_penalty:
+            if not left:
+                break
+            if free >> g & 1:
+                total += penalty[g]
+                left -= 1
+        return total
+
+    def credited_gpus(self) -> set[int]:
+        """The GPUs whose penalties :meth:`whole` credits (its subgradient's other half)."""
+        if self.allowed is not None:
+            best = max(range(len(self.allowed)), key=self.allowed_penalty.__getitem__)
+            return {g for g in self.pool if self.allowed[best] >> g & 1}
+        return set(self.by_penalty[: self.k])
+
+    def relaxed_use(self) -> list[int]:
+        """How many ranks the relaxed optimum of the whole pattern puts on each GPU (indexed like
+        ``penalty``): the subgradient of :func:`lagrangian_bound`."""
+        use = [0] * len(self.penalty)
+        stack: list[tuple[int, int, int | None]] = [
+            (v, g, None) for v, g in enumerate(self.root_gpu) if g is not None
+        ]
+        while stack:
+            v, g, p = stack.pop()
+            use[g] += 1
+            best, alternatives = self.tables[self.shape[v]]
+            picks = alternatives[g].get(p, best[g])[1] if p is not None else best[g][1]
+            stack.extend((c, h, g) for c, h in zip(self.by_shape[v], picks, strict=False))
+        return use
+
+
+def lagrangian_bound(
+    parent: Sequence[int | None],
+    pool: Sequence[int],
+    weight: Sequence[Sequence[float]],
+    aim: float,
+    rounds: int,
+    allowed: Sequence[int] | None = None,
+    start: Sequence[float] | None = None,
+) -> TreeWeightBound:
+    """The tightest :class:`TreeWeightBound` found by ``rounds`` subgradient steps on the
+    per-GPU penalties (Held and Karp's method for the 1-tree bound of the travelling salesman).
+
+    The bound is ``relaxed(λ) + credit(λ)``; its subgradient in ``λ_g`` is whether ``g`` is
+    credited less the number of ranks the relaxed optimum puts on ``g``. Steps follow Polyak's
+    rule towards ``aim`` (the weight of some real placement, below the bound), halving their
+    scale when three in a row bring no improvement.
+    """
+    penalty = list(start) if start is not None else [0.0] * len(weight)
+    best = current = TreeWeightBound(parent, pool, weight, penalty, allowed)
+    scale = 1.0
+    stalled = 0
+    for _ in range(rounds):
+        value = current.whole()
+        if value < best.whole():
+            best, stalled = current, 0
+        elif current is not best:
+            stalled += 1
+            if stalled >= 3:
+                scale, stalled = scale / 2, 0
+        use = current.relaxed_use()
+        credited = current.credited_gpus()
+        gradient = [(g in credited) - use[g] for g in pool]
+        norm = sum(step * step for step in gradient)
+        if not norm or value <= aim:
+            break  # the relaxed optimum is a real placement: nothing tighter exists
+        length = scale * (value - aim) / norm
+        for g, step in zip(pool, gradient, strict=True):
+            penalty[g] -= length * step
+        current = TreeWeightBound(parent, pool, weight, penalty, allowed)
+    if current.whole() < best.whole():
+        best = current
+    return best
+
+
+def best_pick(lists: Sequence[Candidates], excluded: int) -> Pick:
+    """The best total of one candidate per list on GPUs outside ``excluded`` (a bitmask), with
+    the GPUs picked: distinct GPUs for up to two lists; more lists take each one's best (an
+    upper bound)."""
+    if len(lists) == 2:
+        first = _two_best(lists[0], excluded)
+        second = _two_best(lists[1], excluded)
+        if not first or not second:
+            return _NONE
+        (a1, g1), (b1, h1) = first[0], second[0]
+        if g1 != h1:
+            return (a1 + b1, (g1, h1))
+        options: list[Pick] = []
+        if len(second) > 1:
+            options.append((a1 + second[1][0], (g1, second[1][1])))
+        if len(first) > 1:
+            options.append((first[1][0] + b1, (first[1][1], h1)))
+        return max(options, default=_NONE)
+    total = 0.0
+    picks = []
+    for candidates in lists:
+        found = _two_best(candidates, excluded)
+        if not found:
+            return _NONE
+        total += found[0][0]
+        picks.append(found[0][1])
+    return (total, tuple(picks))
 
 
 def best_children(lists: Sequence[Candidates], excluded: int) -> float:
-    """The best total of one candidate per list on GPUs outside ``excluded`` (a bitmask),
-    distinct GPUs for up to two lists; more lists take each one's best (an upper bound)."""
+    """The value of :func:`best_pick` (the search's hot path: no picks kept)."""
     if len(lists) == 2:
         first = _two_best(lists[0], excluded)
         second = _two_best(lists[1], excluded)
@@ -155,3 +325,29 @@ def _two_best(candidates: Candidates, excluded: int) -> list[tuple[float, int]]:
             if len(found) == 2:
                 break
     return found
+
+
+def greedy_weight(
+    parent: Sequence[int | None], pool: Sequence[int], weight: Sequence[Sequence[float]], k: int
+) -> float:
+    """The weight of a real placement built greedily (a lower bound on the optimum, which
+    :func:`lagrangian_bound` aims its steps at): the first rank on each GPU of the pool in turn,
+    every other rank on the free GPU with the widest link to its parent's (a later root on the
+    lowest free GPU); the best of these, ``O(k n^2)``."""
+    best = float("-inf")
+    for first in pool:
+        free = [g for g in pool if g != first]
+        on = [first]
+        total = 0.0
+        for s in range(1, k):
+            p = parent[s]
+            if p is None:
+                g = free[0]
+            else:
+                row = weight[on[p]]
+                g = max(free, key=lambda h: (row[h], -h))
+                total += row[g]
+            free.remove(g)
+            on.append(g)
+        best = max(best, total)
+    return best

@@ -1,0 +1,84 @@
+"""Symmetries of a host: permutations of its GPUs that keep every pair's link class.
+
+A permutation ``σ`` of the GPUs with ``class(σ(a), σ(b)) = class(a, b)`` for every pair (the same
+bandwidth and the same MAPA class) maps every placement on a set ``S`` to one on ``σ(S)`` with the
+same links, so the best key of an edge objective is the same on both sets. MAPA's Preserve
+tie-break (:mod:`gpualloc.placement.mapa`) uses this to refute better keys on one set per orbit
+instead of on every tied set: on ``torus-2d-16`` the 14 sets that leave one NV2 pair free fall
+into 5 orbits of the torus's 4 symmetries.
+
+The group can be huge (every permutation of an NVSwitch host's GPUs is one), so the search stops
+after ``limit`` permutations or ``max_nodes`` steps: any subset of the group is still sound, it
+only merges fewer sets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpualloc.placement.host import HostGraph
+
+Permutation = tuple[int, ...]
+
+
+def host_symmetries(host: HostGraph, limit: int = 64, max_nodes: int = 20_000) -> list[Permutation]:
+    """Permutations of the host's GPUs that preserve every pair's bandwidth and MAPA class, the
+    identity first; at most ``limit`` of them, found by a backtracking search of at most
+    ``max_nodes`` steps (GPU by GPU, each image checked against the GPUs already mapped)."""
+    n = host.gpu_count
+    link = [[(host.bandwidth[a][b], host.mapa_class[a][b]) for b in range(n)] for a in range(n)]
+    # A GPU can only map to one with the same multiset of links.
+    signature = [tuple(sorted(link[a][b] for b in range(n) if b != a)) for a in range(n)]
+    found: list[Permutation] = []
+    image: list[int] = []
+    taken = [False] * n
+    nodes = 0
+
+    def extend() -> bool:
+        """False once the search must stop (enough found, or out of steps)."""
+        nonlocal nodes
+        a = len(image)
+        if a == n:
+            found.append(tuple(image))
+            return len(found) < limit
+        for g in range(n):
+            nodes += 1
+            if nodes > max_nodes:
+                return False
+            if taken[g] or signature[g] != signature[a]:
+                continue
+            row, mapped = link[a], link[g]
+            if all(row[b] == mapped[image[b]] for b in range(a)):
+                image.append(g)
+                taken[g] = True
+                go_on = extend()
+                image.pop()
+                taken[g] = False
+                if not go_on:
+                    return False
+        return True
+
+    extend()
+    return found or [tuple(range(n))]
+
+
+def set_orbits(
+    sets: Sequence[tuple[int, ...]], symmetries: Sequence[Permutation]
+) -> list[list[tuple[int, ...]]]:
+    """``sets`` grouped by the symmetries (each group's first set is its lowest in ``sets``'
+    order); two sets are grouped when a symmetry maps one onto the other."""
+    index = {tuple(sorted(s)): i for i, s in enumerate(sets)}
+    group_of: dict[int, int] = {}
+    groups: list[list[tuple[int, ...]]] = []
+    for i, gpus in enumerate(sets):
+        if i in group_of:
+            continue
+        group_of[i] = len(groups)
+        members = [gpus]
+        for sigma in symmetries:
+            j = index.get(tuple(sorted(sigma[g] for g in gpus)))
+            if j is not None and j not in group_of:
+                group_of[j] = len(groups)
+                members.append(sets[j])
+        groups.append(members)
+    return groups
