@@ -15,7 +15,8 @@ pool, by branch and bound over the candidate sets, then the sets that remove exa
 in lexicographic order; among them the aggregated-bandwidth search of
 :mod:`gpualloc.placement.search`: for a tree with a few tied sets, the lowest set alone, then the
 others together, one per orbit of the host's symmetries, for a better key only; else set by set
-in decreasing order of an upper bound.
+in decreasing order of an upper bound. Where no free GPU has an NVLink every set ties, and the
+tie-break is MAPA Greedy's search over the pool.
 """
 
 from __future__ import annotations
@@ -118,6 +119,12 @@ class MapaPolicy(Policy):
         # Among the sets that preserve the most, the highest aggregated bandwidth, then the first.
         objective = AggregatedObjective()
         host, pattern = ctx.host, ctx.request.pattern
+        if loss.every_set_ties():  # no NVLink among the free GPUs: MAPA Greedy's search
+            found = best_ordered_placement(
+                host, pattern, objective, ctx.pool, sorted(ctx.request.required)
+            )
+            assert found is not None
+            return found.order
         # A tree job with few tied sets: one search over them all (refuting once per vector).
         if is_forest(pattern):
             few = list(islice(ties, _UNION_SEARCH_SETS))
@@ -185,6 +192,11 @@ class LossSearch:
         self.nv = ctx.host.nvlink_bandwidth
         self.degree = {v: sum(self.nv[v][u] for u in free if u != v) for v in self.pool}
         self.minimum = self.least_loss()
+
+    def every_set_ties(self) -> bool:
+        """Whether every candidate set loses the same: none of the pool's GPUs has an NVLink
+        to a free GPU (a PCIe-only host), so each loses nothing."""
+        return not any(self.degree.values())
 
     def tied_sets(self) -> Iterator[tuple[int, ...]]:
         """Every set of minimal loss, lexicographically, generated lazily."""
