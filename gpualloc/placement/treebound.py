@@ -19,14 +19,14 @@ links the bound is still far tighter than degree counting (675 GB/s against 750 
 tree on ``cube-mesh-16``, where the optimum is 650.2).
 
 **Penalties (Lagrangian relaxation of injectivity).** Where the links close cycles (a torus), the
-relaxed map wraps around them, putting several ranks on the best GPUs. A penalty ``λ_g`` per GPU,
-charged for every rank the relaxed map puts on ``g`` and credited once per GPU still free, keeps
-the bound valid (a real completion puts at most one rank on each free GPU, so with ``λ >= 0`` the
-credit covers the charge; with exactly as many free GPUs as ranks left every free GPU takes one,
-and ``λ`` may have any sign) and, tuned by subgradient steps (:func:`lagrangian_bound`, the
-method Held and Karp used for the travelling salesman's 1-trees), discourages the wrapping: the
-14-rank tree on 14 GPUs of ``torus-2d-16`` is bounded at 523.5 GB/s instead of 562.6, where the
-optimum is 512.8.
+relaxed map wraps around them, putting several ranks on the best GPUs. A penalty ``λ_g`` per GPU
+is charged for every rank the relaxed map puts on ``g``, and the most a real completion could be
+charged is credited back: it puts one rank on each of ``r`` distinct free GPUs, so at most the
+``r`` largest penalties among them (or, with candidate sets, the largest sum over the rest of a
+set). The bound stays valid for penalties of either sign and, tuned by subgradient steps
+(:func:`lagrangian_bound`, the method Held and Karp used for the travelling salesman's 1-trees),
+prices the wrapping out: the 14-rank tree on 14 GPUs of ``torus-2d-16`` is bounded at about 528
+GB/s after 15 steps (523.5 at best) instead of 562.6, where the optimum is 512.8.
 
 During the search the GPUs already used are excluded as well, which tightens the bound as the
 placement grows. Children are kept distinct exactly for up to two children of a rank (every
@@ -48,8 +48,8 @@ class TreeWeightBound:
     ``parent[s]`` is the position of rank ``s``'s parent in the search's visiting order (None
     for a component's root), every parent coming before its children; ``weight[a][b]`` is the
     weight the search counts for a pattern edge on GPUs ``a`` and ``b``; ``penalty[g]`` (indexed
-    like ``weight``) the Lagrangian price of a rank on GPU ``g``: non-negative unless every GPU of
-    the pool takes a rank (``len(pool) == len(parent)``).
+    like ``weight``, any sign) the Lagrangian price of a rank on GPU ``g``; ``allowed`` the
+    candidate sets (bitmasks) a placement must be one of, if any.
     """
 
     def __init__(
@@ -228,7 +228,6 @@ def lagrangian_bound(
     aim: float,
     rounds: int,
     allowed: Sequence[int] | None = None,
-    start: Sequence[float] | None = None,
 ) -> TreeWeightBound:
     """The tightest :class:`TreeWeightBound` found by ``rounds`` subgradient steps on the
     per-GPU penalties (Held and Karp's method for the 1-tree bound of the travelling salesman).
@@ -238,7 +237,7 @@ def lagrangian_bound(
     rule towards ``aim`` (the weight of some real placement, below the bound), halving their
     scale when three in a row bring no improvement.
     """
-    penalty = list(start) if start is not None else [0.0] * len(weight)
+    penalty = [0.0] * len(weight)
     best = current = TreeWeightBound(parent, pool, weight, penalty, allowed)
     scale = 1.0
     stalled = 0
@@ -255,7 +254,7 @@ def lagrangian_bound(
         gradient = [(g in credited) - use[g] for g in pool]
         norm = sum(step * step for step in gradient)
         if not norm or value <= aim:
-            break  # the relaxed optimum is a real placement: nothing tighter exists
+            break  # the bound is reached by a real placement: nothing tighter exists
         length = scale * (value - aim) / norm
         for g, step in zip(pool, gradient, strict=True):
             penalty[g] -= length * step
