@@ -5,7 +5,6 @@ it returns what the search without it returns."""
 from __future__ import annotations
 
 import random
-from itertools import permutations
 
 import pytest
 
@@ -19,26 +18,9 @@ from gpualloc.placement.search import AggregatedObjective, PlacementSearch
 from gpualloc.placement.treebound import TreeWeightBound, greedy_weight, lagrangian_bound
 from gpualloc.topologies import load_bundled
 
-from .test_tree_bound import _random_forest, _random_weights
+from .test_tree_bound import _random_forest, _random_weights, added_weight, completions
 
 TORUS_SET = (1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15)  # torus-2d-16 without 0 and 9
-
-
-def _completions(parent, pool, prefix, allowed):
-    """Every injective completion of ``prefix`` whose set is one of ``allowed`` (any set when
-    None), as full orders."""
-    k, s = len(parent), len(prefix)
-    free = [g for g in pool if g not in prefix]
-    for rest in permutations(free, k - s):
-        order = (*prefix, *rest)
-        if allowed is None or sum(1 << g for g in order) in allowed:
-            yield order
-
-
-def _added_weight(parent, weights, order, s):
-    return sum(
-        weights[order[v]][order[parent[v]]] for v in range(s, len(parent)) if parent[v] is not None
-    )
 
 
 @pytest.mark.parametrize("seed", range(80))
@@ -60,8 +42,8 @@ def test_a_penalised_bound_is_never_below_a_real_completion(seed: int) -> None:
     bound = TreeWeightBound(parent, pool, weights, penalty, allowed)
     best = max(
         (
-            _added_weight(parent, weights, order, 0)
-            for order in _completions(parent, pool, (), allowed)
+            added_weight(parent, weights, order, 0)
+            for order in completions(parent, pool, (), allowed)
         ),
         default=float("-inf"),
     )
@@ -70,14 +52,14 @@ def test_a_penalised_bound_is_never_below_a_real_completion(seed: int) -> None:
         s = rng.randint(1, k - 1) if k > 1 else 0
         prefix = tuple(rng.sample(pool, s))
         used = sum(1 << g for g in prefix)
-        completions = list(_completions(parent, pool, prefix, allowed))
-        if not completions:
+        found = list(completions(parent, pool, prefix, allowed))
+        if not found:
             continue
         free = 0
-        for order in completions:
+        for order in found:
             free |= sum(1 << g for g in order)
         free &= ~used
-        best = max(_added_weight(parent, weights, order, s) for order in completions)
+        best = max(added_weight(parent, weights, order, s) for order in found)
         assert bound.remaining(s, prefix, used, free) >= best - 1e-9, (prefix, penalty)
 
 
@@ -93,7 +75,7 @@ def test_the_relaxed_optimum_places_every_rank_and_the_greedy_one_is_real(seed: 
     use = bound.relaxed_use()
     assert sum(use) == k and all(use[g] == 0 for g in range(n) if g not in pool)
     best = max(
-        _added_weight(parent, weights, order, 0) for order in _completions(parent, pool, (), None)
+        added_weight(parent, weights, order, 0) for order in completions(parent, pool, (), None)
     )
     assert greedy_weight(parent, pool, weights, k) <= best + 1e-9
     assert lagrangian_bound(parent, pool, weights, 0.0, 10).whole() >= best - 1e-9

@@ -29,19 +29,29 @@ def _random_weights(rng: random.Random, n: int) -> list[list[float]]:
     return weights
 
 
-def _best_completion(parent, pool, weights, prefix) -> float:
-    """Brute force: the most weight the positions after ``prefix`` add to it, over every
-    injective completion."""
+def completions(parent, pool, prefix, allowed=None):
+    """Brute force: every injective completion of ``prefix`` (GPUs of the first positions) to
+    a full order, whose set is one of ``allowed`` (bitmasks) when given."""
     k, s = len(parent), len(prefix)
     free = [g for g in pool if g not in prefix]
-    best = float("-inf")
     for rest in permutations(free, k - s):
         order = (*prefix, *rest)
-        added = sum(
-            weights[order[v]][order[parent[v]]] for v in range(s, k) if parent[v] is not None
-        )
-        best = max(best, added)
-    return best
+        if allowed is None or sum(1 << g for g in order) in allowed:
+            yield order
+
+
+def added_weight(parent, weights, order, s: int) -> float:
+    """The weight of the edges from the positions ``s..k-1`` of ``order`` to their parents."""
+    k = len(parent)
+    return sum(weights[order[v]][order[parent[v]]] for v in range(s, k) if parent[v] is not None)
+
+
+def _best_completion(parent, pool, weights, prefix) -> float:
+    """The most weight the positions after ``prefix`` add to it, over every completion."""
+    return max(
+        (added_weight(parent, weights, o, len(prefix)) for o in completions(parent, pool, prefix)),
+        default=float("-inf"),
+    )
 
 
 @pytest.mark.parametrize("seed", range(60))

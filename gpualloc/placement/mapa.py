@@ -41,8 +41,9 @@ from gpualloc.placement.search import (
 from gpualloc.placement.symmetry import host_symmetries, set_orbits
 
 _SLACK = 2e-6
-# Up to this many tied sets of a tree job, one search over their union (each node checks the
-# sets); otherwise the sets are searched one by one in decreasing order of their upper bounds.
+# Up to this many tied sets of a tree job, the lowest alone and then the others together (each
+# node checks the sets: _best_of_few_sets); otherwise the sets are searched one by one in
+# decreasing order of their upper bounds.
 _UNION_SEARCH_SETS = 64
 
 
@@ -125,7 +126,7 @@ class MapaPolicy(Policy):
             )
             assert found is not None
             return found.order
-        # A tree job with few tied sets: one search over them all (refuting once per vector).
+        # A tree job with few tied sets: refuting a better key once for them all.
         if is_forest(pattern):
             few = list(islice(ties, _UNION_SEARCH_SETS))
             if len(few) < _UNION_SEARCH_SETS:

@@ -180,6 +180,8 @@ def _vectors(classes: int, total: int) -> list[tuple[int, ...]]:
 
 
 MAX_VECTORS = 20_000
+"""Above this many count vectors (many distinct link bandwidths and a large pattern) the search
+falls back to plain branch and bound over orders."""
 
 ESCALATE_AFTER_NODES = 1500
 """A tree search that has visited this many nodes with the cheap bounds tightens its subtree
@@ -190,10 +192,6 @@ LAGRANGIAN_ROUNDS = 15
 
 class _Escalate(Exception):
     """The search outgrew its cheap bounds: tighten them, then try the vector again."""
-
-
-"""Above this many count vectors (many distinct link bandwidths and a large pattern) the search
-falls back to plain branch and bound over orders."""
 
 
 # ---- the search ------------------------------------------------------------------------------
