@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from gpualloc.config import Config
     from gpualloc.launcher.allocate import Want
     from gpualloc.ledger.schema import Lease
     from gpualloc.model.request import Placement
@@ -37,9 +38,14 @@ def load_topology(name_or_path: str | None = None) -> Topology:
     """A bundled topology by name, a topology file (JSON or ``nvidia-smi topo -m`` text), or,
     with None, this host (NVML, else nvidia-smi; ``$GPUALLOC_TOPOLOGY`` when set)."""
     from gpualloc.config import Config
+
+    return _load_topology(name_or_path, Config.load())
+
+
+def _load_topology(name_or_path: str | None, config: Config) -> Topology:
     from gpualloc.discovery.resolve import resolve_topology
 
-    return resolve_topology(name_or_path, table=Config.load().bandwidth_table())
+    return resolve_topology(name_or_path, table=config.bandwidth_table())
 
 
 def _want(
@@ -50,14 +56,14 @@ def _want(
     policy: str | None,
     exclude: Iterable[int],
     require: Iterable[int],
+    config: Config,
 ) -> Want:
-    from gpualloc.config import Config
     from gpualloc.launcher.allocate import Want
     from gpualloc.model.request import JobRequest
     from gpualloc.placement.patterns import build_pattern
     from gpualloc.placement.registry import get_policy
 
-    policy = policy or Config.load().value("policy")
+    policy = policy or config.value("policy")
     get_policy(policy)  # an unknown name fails here, with the list of known ones
     request = JobRequest(
         gpus=gpus,
@@ -83,13 +89,14 @@ def plan(
     """The placement ``policy`` chooses for a job of ``gpus`` GPUs with ``busy`` taken (the
     ledger is not consulted; see :func:`hold`). ``pattern`` is ring, all, tree, star or a JSON
     edge-list file. Raises NoFeasiblePlacement when no set fits."""
+    from gpualloc.config import Config
     from gpualloc.model.request import HostState
     from gpualloc.placement.engine import decision_context
     from gpualloc.placement.registry import get_policy
 
     want = _want(
         gpus, pattern=pattern, sensitive=sensitive, policy=policy, exclude=exclude,
-        require=require,
+        require=require, config=Config.load(),
     )  # fmt: skip
     state = HostState.with_busy(topology.gpu_count, frozenset(busy))
     return get_policy(want.policy).place(decision_context(topology, want.request, state))
@@ -127,22 +134,25 @@ def hold(
     host shares (inside a Slurm job: the job's GPUs and its own ledger). Without ``wait``,
     raises GpusBusy when they are taken now; with it, queues like ``run --wait`` (WaitTimedOut
     after ``timeout_s``)."""
+    from gpualloc.config import Config
     from gpualloc.launcher.allocate import HostLedger, LeaseTerms
     from gpualloc.launcher.environment import gpu_variables
     from gpualloc.launcher.wait import WaitOptions, wait_and_allocate
     from gpualloc.slurm.job import slurm_job
 
-    topology = topology or load_topology()
+    config = Config.load()  # read once: the topology, the policy, the state directory, the queue
+    topology = topology or _load_topology(None, config)
     want = _want(
         gpus, pattern=pattern, sensitive=sensitive, policy=policy, exclude=exclude,
-        require=require,
+        require=require, config=config,
     )  # fmt: skip
-    host = HostLedger.open(topology, slurm_job=slurm_job(topology, os.environ))
+    host = HostLedger.open(
+        topology,
+        slurm_job=slurm_job(topology, os.environ),
+        state_dir=config.value("state_dir"),
+    )
     terms = LeaseTerms(source="alloc", pid=os.getpid(), name=name)
     if wait:
-        from gpualloc.config import Config
-
-        config = Config.load()
         options = WaitOptions(
             timeout_s=timeout_s,
             priority=config.value("queue.priority"),

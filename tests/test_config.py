@@ -122,3 +122,37 @@ def test_config_show_lists_the_files_it_read(cli, files) -> None:
     assert f"user file: {files.user}\n" in result.stdout
     assert f"system file: {files.system} (absent)" in result.stdout
     assert "numa" in result.stdout and "bind" in result.stdout
+
+
+def _count_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    from gpualloc.config import Config
+
+    loads = [0]
+    real = Config.load.__func__
+
+    def counting(cls, env=None):
+        loads[0] += 1
+        return real(cls, env)
+
+    monkeypatch.setattr(Config, "load", classmethod(counting))
+    return loads
+
+
+def test_a_command_reads_the_configuration_once(cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command line reads the files once and hands the state directory to the ledger."""
+    loads = _count_loads(monkeypatch)
+    assert cli(*TOPOLOGY, "alloc", "--hold", "-n", "1").exit_code == 0
+    assert loads[0] == 1
+    loads[0] = 0
+    assert cli(*TOPOLOGY, "status", "--json").exit_code == 0
+    assert loads[0] == 1
+
+
+def test_the_library_reads_the_configuration_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpualloc.api as api
+
+    topology = api.load_topology("dgx1-v100")
+    loads = _count_loads(monkeypatch)
+    with api.hold(1, wait=True, topology=topology):
+        pass
+    assert loads[0] == 1  # for the policy, the state directory and the queue together

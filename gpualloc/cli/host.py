@@ -30,6 +30,7 @@ def open_host_ledger(*, ignore_foreign: bool = False, create: bool = True) -> Ho
         ignore_foreign=ignore_foreign,
         create=create,
         slurm_job=slurm_job(topology, os.environ),
+        state_dir=STATE.setting("state_dir"),
     )
     warn(host.processes.notes)
     return host

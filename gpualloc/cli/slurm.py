@@ -113,7 +113,12 @@ def _node_hook(
     env = dict(os.environ)
     host = None
     try:
-        host = HostLedger.open(STATE.load_topology(), ignore_foreign=True, create=create)
+        host = HostLedger.open(
+            STATE.load_topology(),
+            ignore_foreign=True,
+            create=create,
+            state_dir=STATE.setting("state_dir"),
+        )
         lines = hook(host, env)
     except Exception as exc:  # never drain the node
         lines = [f"job {env.get('SLURM_JOB_ID', '?')}: {kind} failed: {exc}"]

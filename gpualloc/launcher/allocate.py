@@ -157,9 +157,11 @@ class HostLedger:
         ignore_foreign: bool = False,
         create: bool = True,
         slurm_job: SlurmJob | None = None,
+        state_dir: Path | None = None,
     ) -> HostLedger:
         """The ledger of ``topology`` (the host's, or a recorded topology's own); with
-        ``slurm_job``, the job's own ledger, limited to its GPUs."""
+        ``slurm_job``, the job's own ledger, limited to its GPUs. ``state_dir`` is the
+        configured state directory (None: read the configuration for it)."""
         this_host = describes_this_host(topology)
         scope = ledger_scope(topology)
         if slurm_job is not None:
@@ -167,7 +169,7 @@ class HostLedger:
 
             scope = job_ledger_scope(scope, slurm_job.job_id)
         try:
-            directory = open_state_directory(create=create).scoped(scope)
+            directory = open_state_directory(state_dir, create=create).scoped(scope)
             store: LedgerStore | None = LedgerStore(directory)
         except StateDirectoryMissing:
             store = None
