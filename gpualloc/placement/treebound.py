@@ -39,7 +39,8 @@ from collections.abc import Sequence
 
 Candidates = tuple[tuple[float, int], ...]  # (value, GPU), best first
 Pick = tuple[float, tuple[int, ...]]  # (value, the children's GPUs)
-_NONE: Pick = (float("-inf"), ())
+_NEGATIVE = float("-inf")
+_NONE: Pick = (_NEGATIVE, ())
 
 
 class TreeWeightBound:
@@ -165,7 +166,12 @@ class TreeWeightBound:
         excluded = ~free
         for p, children in self.frontier[s]:
             on = assigned[p]
-            total += best_children([candidates[c][on] for c in children], excluded)
+            if len(children) == 2:
+                total += best_pair(
+                    candidates[children[0]][on], candidates[children[1]][on], excluded
+                )
+            else:
+                total += best_children([candidates[c][on] for c in children], excluded)
         return total
 
     def credit(self, s: int, used: int, free: int) -> float:
@@ -296,17 +302,7 @@ def best_pick(lists: Sequence[Candidates], excluded: int) -> Pick:
 def best_children(lists: Sequence[Candidates], excluded: int) -> float:
     """The value of :func:`best_pick` (the search's hot path: no picks kept)."""
     if len(lists) == 2:
-        first = _two_best(lists[0], excluded)
-        second = _two_best(lists[1], excluded)
-        if not first or not second:
-            return float("-inf")
-        (a1, g1), (b1, h1) = first[0], second[0]
-        if g1 != h1:
-            return a1 + b1
-        options = [a1 + second[1][0]] if len(second) > 1 else []
-        if len(first) > 1:
-            options.append(first[1][0] + b1)
-        return max(options, default=float("-inf"))
+        return best_pair(lists[0], lists[1], excluded)
     total = 0.0
     for candidates in lists:
         found = _two_best(candidates, excluded)
@@ -314,6 +310,34 @@ def best_children(lists: Sequence[Candidates], excluded: int) -> float:
             return float("-inf")
         total += found[0][0]
     return total
+
+
+def best_pair(first: Candidates, second: Candidates, excluded: int) -> float:
+    """:func:`best_children` of two lists, unrolled: the best two candidates of each outside
+    ``excluded``, then the best pair on distinct GPUs (-inf when a list has none)."""
+    a1 = a2 = b1 = b2 = _NEGATIVE
+    g1 = h1 = -1
+    for value, g in first:
+        if not excluded >> g & 1:
+            if g1 < 0:
+                a1, g1 = value, g
+            else:
+                a2 = value
+                break
+    if g1 < 0:
+        return _NEGATIVE
+    for value, h in second:
+        if not excluded >> h & 1:
+            if h1 < 0:
+                b1, h1 = value, h
+            else:
+                b2 = value
+                break
+    if h1 < 0:
+        return _NEGATIVE
+    if g1 != h1:
+        return a1 + b1
+    return max(a1 + b2, a2 + b1)
 
 
 def _two_best(candidates: Candidates, excluded: int) -> list[tuple[float, int]]:
