@@ -98,3 +98,20 @@ def test_a_set_that_beats_the_lowest_is_found_through_its_orbit(k: int) -> None:
     assert len(orbit) > 1
     got = _best_of_few_sets(ctx.host, request.pattern, sets)
     assert (got.key, got.order) == (together.key, together.order)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("busy", [(9,), (0,), (6,)])
+def test_when_every_set_ties_the_search_over_the_pool_decides(busy: tuple[int, ...]) -> None:
+    """14 of the torus's 15 free GPUs: all 15 sets tie on preserved bandwidth, so the tie-break
+    is the aggregated search over the pool, which must agree with searching the sets."""
+    from gpualloc.placement.registry import get_policy
+
+    topology = load_bundled("torus-2d-16")
+    request = JobRequest(14, build_pattern("tree", 14), False)
+    ctx = decision_context(topology, request, HostState.with_busy(16, frozenset(busy)))
+    loss = LossSearch(ctx)
+    sets = list(loss.tied_sets())
+    assert len(sets) == loss.candidate_count() == 15
+    expected = _best_of_few_sets(ctx.host, request.pattern, sets)
+    assert get_policy("mapa").place(ctx).gpus == expected.order

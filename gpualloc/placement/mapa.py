@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from itertools import chain, islice
+from math import comb
 
 from gpualloc.model.request import CommunicationPattern, Placement
 from gpualloc.placement.context import DecisionContext
@@ -120,16 +121,15 @@ class MapaPolicy(Policy):
         # Among the sets that preserve the most, the highest aggregated bandwidth, then the first.
         objective = AggregatedObjective()
         host, pattern = ctx.host, ctx.request.pattern
+        required = sorted(ctx.request.required)
         if loss.every_set_ties():  # no NVLink among the free GPUs: MAPA Greedy's search
-            found = best_ordered_placement(
-                host, pattern, objective, ctx.pool, sorted(ctx.request.required)
-            )
-            assert found is not None
-            return found.order
+            return _best_on_pool(host, pattern, ctx.pool, required)
         # A tree job with few tied sets: refuting a better key once for them all.
         if is_forest(pattern):
             few = list(islice(ties, _UNION_SEARCH_SETS))
             if len(few) < _UNION_SEARCH_SETS:
+                if 1 + len(few) == loss.candidate_count():  # all tie (k of k + 1 free GPUs)
+                    return _best_on_pool(host, pattern, ctx.pool, required)
                 return _best_of_few_sets(host, pattern, [first, *few]).order
             ties = chain(few, ties)
         # Otherwise the lowest tied set wins at once if it reaches a bound no k-set of the pool
@@ -150,6 +150,15 @@ class MapaPolicy(Policy):
             if found.key > best_key or (found.key == best_key and gpus < best_set):
                 best_key, best_order, best_set = found.key, found.order, gpus
         return best_order
+
+
+def _best_on_pool(
+    host: HostGraph, pattern: CommunicationPattern, pool: Sequence[int], required: Sequence[int]
+) -> tuple[int, ...]:
+    """The tie-break when every candidate set ties: MAPA Greedy's search over the pool."""
+    found = best_ordered_placement(host, pattern, AggregatedObjective(), pool, required)
+    assert found is not None
+    return found.order
 
 
 def _best_of_few_sets(
@@ -198,6 +207,11 @@ class LossSearch:
         """Whether every candidate set loses the same: none of the pool's GPUs has an NVLink
         to a free GPU (a PCIe-only host), so each loses nothing."""
         return not any(self.degree.values())
+
+    def candidate_count(self) -> int:
+        """How many candidate sets there are: k of the pool, with the required GPUs."""
+        required = len(self.required)
+        return comb(len(self.pool) - required, self.k - required)
 
     def tied_sets(self) -> Iterator[tuple[int, ...]]:
         """Every set of minimal loss, lexicographically, generated lazily."""
