@@ -18,7 +18,13 @@ from gpualloc.placement.search import AggregatedObjective, PlacementSearch
 from gpualloc.placement.treebound import TreeWeightBound, greedy_weight, lagrangian_bound
 from gpualloc.topologies import load_bundled
 
-from .test_tree_bound import _random_forest, _random_weights, added_weight, completions
+from .test_tree_bound import (
+    _random_forest,
+    _random_weights,
+    added_weight,
+    completions,
+    random_instance,
+)
 
 TORUS_SET = (1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15)  # torus-2d-16 without 0 and 9
 
@@ -28,11 +34,7 @@ def test_a_penalised_bound_is_never_below_a_real_completion(seed: int) -> None:
     """Any penalties, of either sign, with or without candidate sets: the credit (the largest
     penalties a completion can reach) keeps the bound above every real completion."""
     rng = random.Random(seed)
-    k = rng.randint(2, 6)
-    n = rng.randint(k, 7)
-    pool = sorted(rng.sample(range(n + 2), n))
-    weights = _random_weights(rng, n + 2)
-    parent = _random_forest(rng, k)
+    k, n, pool, weights, parent = random_instance(rng, 6, 7)
     penalty = [rng.uniform(-4, 4) if rng.random() < 0.8 else 0.0 for _ in range(n + 2)]
     allowed = None
     if rng.random() < 0.5:

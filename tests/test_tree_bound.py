@@ -54,14 +54,20 @@ def _best_completion(parent, pool, weights, prefix) -> float:
     )
 
 
+def random_instance(rng: random.Random, most_ranks: int, most_gpus: int):
+    """A random forest of 2..most_ranks ranks, a pool of up to most_gpus GPUs (among two more
+    that stay out) and random weights: (k, n, pool, weights, parent)."""
+    k = rng.randint(2, most_ranks)
+    n = rng.randint(k, most_gpus)
+    pool = sorted(rng.sample(range(n + 2), n))
+    weights = _random_weights(rng, n + 2)
+    return k, n, pool, weights, _random_forest(rng, k)
+
+
 @pytest.mark.parametrize("seed", range(60))
 def test_the_bound_is_never_below_a_real_completion(seed):
     rng = random.Random(seed)
-    k = rng.randint(2, 7)
-    n = rng.randint(k, 8)
-    pool = sorted(rng.sample(range(n + 2), n))
-    weights = _random_weights(rng, n + 2)
-    parent = _random_forest(rng, k)
+    k, _, pool, weights, parent = random_instance(rng, 7, 8)
     bound = TreeWeightBound(parent, pool, weights)
     assert bound.whole() >= _best_completion(parent, pool, weights, ()) - 1e-9
     for _ in range(5):

@@ -121,17 +121,19 @@ class MapaPolicy(Policy):
         # Among the sets that preserve the most, the highest aggregated bandwidth, then the first.
         objective = AggregatedObjective()
         host, pattern = ctx.host, ctx.request.pattern
-        required = sorted(ctx.request.required)
-        if loss.every_set_ties():  # no NVLink among the free GPUs: MAPA Greedy's search
-            return _best_on_pool(host, pattern, ctx.pool, required)
+        few = list(islice(ties, _UNION_SEARCH_SETS))
+        ties = chain(few, ties)
+        if loss.every_set_ties() or 1 + len(few) == loss.candidate_count():
+            # Every candidate set ties (no free NVLink, or k of k + 1 free GPUs): the
+            # tie-break is MAPA Greedy's search over the pool.
+            found = best_ordered_placement(
+                host, pattern, objective, ctx.pool, sorted(ctx.request.required)
+            )
+            assert found is not None
+            return found.order
         # A tree job with few tied sets: refuting a better key once for them all.
-        if is_forest(pattern):
-            few = list(islice(ties, _UNION_SEARCH_SETS))
-            if len(few) < _UNION_SEARCH_SETS:
-                if 1 + len(few) == loss.candidate_count():  # all tie (k of k + 1 free GPUs)
-                    return _best_on_pool(host, pattern, ctx.pool, required)
-                return _best_of_few_sets(host, pattern, [first, *few]).order
-            ties = chain(few, ties)
+        if is_forest(pattern) and len(few) < _UNION_SEARCH_SETS:
+            return _best_of_few_sets(host, pattern, [first, *few]).order
         # Otherwise the lowest tied set wins at once if it reaches a bound no k-set of the pool
         # can beat (a uniform NVSwitch host, where every set ties); if not, the tied sets are
         # searched in decreasing order of their own upper bounds, stopping when none can catch up.
@@ -150,15 +152,6 @@ class MapaPolicy(Policy):
             if found.key > best_key or (found.key == best_key and gpus < best_set):
                 best_key, best_order, best_set = found.key, found.order, gpus
         return best_order
-
-
-def _best_on_pool(
-    host: HostGraph, pattern: CommunicationPattern, pool: Sequence[int], required: Sequence[int]
-) -> tuple[int, ...]:
-    """The tie-break when every candidate set ties: MAPA Greedy's search over the pool."""
-    found = best_ordered_placement(host, pattern, AggregatedObjective(), pool, required)
-    assert found is not None
-    return found.order
 
 
 def _best_of_few_sets(
@@ -204,8 +197,8 @@ class LossSearch:
         self.minimum = self.least_loss()
 
     def every_set_ties(self) -> bool:
-        """Whether every candidate set loses the same: none of the pool's GPUs has an NVLink
-        to a free GPU (a PCIe-only host), so each loses nothing."""
+        """Whether every candidate set loses the same, known without listing them: none of the
+        pool's GPUs has an NVLink to a free GPU (a PCIe-only host), so each loses nothing."""
         return not any(self.degree.values())
 
     def candidate_count(self) -> int:

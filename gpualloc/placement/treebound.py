@@ -275,27 +275,22 @@ def best_pick(lists: Sequence[Candidates], excluded: int) -> Pick:
     the GPUs picked: distinct GPUs for up to two lists; more lists take each one's best (an
     upper bound)."""
     if len(lists) == 2:
-        first = _two_best(lists[0], excluded)
-        second = _two_best(lists[1], excluded)
-        if not first or not second:
+        a1, g1, a2, g2 = _two_best(lists[0], excluded)
+        b1, h1, b2, h2 = _two_best(lists[1], excluded)
+        if g1 < 0 or h1 < 0:
             return _NONE
-        (a1, g1), (b1, h1) = first[0], second[0]
         if g1 != h1:
             return (a1 + b1, (g1, h1))
-        options: list[Pick] = []
-        if len(second) > 1:
-            options.append((a1 + second[1][0], (g1, second[1][1])))
-        if len(first) > 1:
-            options.append((first[1][0] + b1, (first[1][1], h1)))
-        return max(options, default=_NONE)
+        options = [(a1 + b2, (g1, h2)), (a2 + b1, (g2, h1))]
+        return max((o for o in options if o[0] > _NEGATIVE), default=_NONE)
     total = 0.0
     picks = []
     for candidates in lists:
-        found = _two_best(candidates, excluded)
-        if not found:
+        value, g, _, _ = _two_best(candidates, excluded)
+        if g < 0:
             return _NONE
-        total += found[0][0]
-        picks.append(found[0][1])
+        total += value
+        picks.append(g)
     return (total, tuple(picks))
 
 
@@ -305,49 +300,36 @@ def best_children(lists: Sequence[Candidates], excluded: int) -> float:
         return best_pair(lists[0], lists[1], excluded)
     total = 0.0
     for candidates in lists:
-        found = _two_best(candidates, excluded)
-        if not found:
-            return float("-inf")
-        total += found[0][0]
+        value, g, _, _ = _two_best(candidates, excluded)
+        if g < 0:
+            return _NEGATIVE
+        total += value
     return total
 
 
 def best_pair(first: Candidates, second: Candidates, excluded: int) -> float:
-    """:func:`best_children` of two lists, unrolled: the best two candidates of each outside
-    ``excluded``, then the best pair on distinct GPUs (-inf when a list has none)."""
-    a1 = a2 = b1 = b2 = _NEGATIVE
-    g1 = h1 = -1
-    for value, g in first:
-        if not excluded >> g & 1:
-            if g1 < 0:
-                a1, g1 = value, g
-            else:
-                a2 = value
-                break
-    if g1 < 0:
-        return _NEGATIVE
-    for value, h in second:
-        if not excluded >> h & 1:
-            if h1 < 0:
-                b1, h1 = value, h
-            else:
-                b2 = value
-                break
-    if h1 < 0:
+    """:func:`best_children` of two lists: the best pair on distinct GPUs outside ``excluded``
+    (-inf when a list has none)."""
+    a1, g1, a2, _ = _two_best(first, excluded)
+    b1, h1, b2, _ = _two_best(second, excluded)
+    if g1 < 0 or h1 < 0:
         return _NEGATIVE
     if g1 != h1:
         return a1 + b1
     return max(a1 + b2, a2 + b1)
 
 
-def _two_best(candidates: Candidates, excluded: int) -> list[tuple[float, int]]:
-    found: list[tuple[float, int]] = []
-    for value, h in candidates:
-        if not excluded >> h & 1:
-            found.append((value, h))
-            if len(found) == 2:
-                break
-    return found
+def _two_best(candidates: Candidates, excluded: int) -> tuple[float, int, float, int]:
+    """The first two candidates outside ``excluded`` as (value, GPU, value, GPU); a missing one
+    is (-inf, -1). A tuple, not a list: this runs at every node of the search."""
+    value1, gpu1 = _NEGATIVE, -1
+    for value, g in candidates:
+        if not excluded >> g & 1:
+            if gpu1 < 0:
+                value1, gpu1 = value, g
+            else:
+                return value1, gpu1, value, g
+    return value1, gpu1, _NEGATIVE, -1
 
 
 def greedy_weight(
