@@ -5,7 +5,7 @@ Prints the median wall time of ``python -c pass``, ``gpualloc --help`` and three
 completion requests (a command name, a bundled topology name, the lease ids of a ledger), and
 checks what each adds over ``python -c pass`` against the budget (200 ms). Exit status 1 on a
 miss. Nothing is timed in the unit tests: shared machines make timed tests flaky; the tests
-check instead that these paths import no networkx, pynvml, psutil or filelock.
+check instead that these paths import no networkx, pynvml or psutil.
 
 Byte-code caching is forced on, as in bench_launch.py: an installed gpualloc has its ``.pyc``
 files.

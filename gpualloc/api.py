@@ -153,11 +153,7 @@ def hold(
     )
     terms = LeaseTerms(source="alloc", pid=os.getpid(), name=name)
     if wait:
-        options = WaitOptions(
-            timeout_s=timeout_s,
-            priority=config.value("queue.priority"),
-            max_bypass=config.value("queue.max_bypass"),
-        )
+        options = WaitOptions.from_config(config, timeout_s=timeout_s)
         allocation = wait_and_allocate(host, want, terms, options)
     else:
         allocation = host.allocate(want, terms)

@@ -14,7 +14,15 @@ with its source. A file is TOML::
 
     [queue]
     priority = "normal"         # run --wait, alloc --wait
-    max_bypass = 8
+    max_bypass = 8              # in the system file also the least a user may ask for
+    privileged = ["alice", "@gpuadmin"]   # system file only: may use --priority high and
+                                          # a lower --max-bypass (root always may)
+    max_waiting = 32            # system file only: waiting jobs per user (0: no limit)
+    backfill_window = "2h"      # system file only: no backfill past a job waiting longer
+
+Settings that limit what one user may do to the others (issue 18, point 4) are read from the
+system file only: a user's own file or a variable that sets them is an error, since a limit a
+user could lift for themselves would bind nobody.
 
 An unknown key or a bad value is an error naming the file and the key (exit 15), never silently
 ignored: a typo in a system file would otherwise change nothing and nobody would know why.
@@ -79,6 +87,28 @@ def _path(value: Any) -> Path:
     return Path(str(value)).expanduser()
 
 
+def _names(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise ValueError('must be a list of user names and @groups, e.g. ["alice", "@gpuadmin"]')
+    return tuple(v.strip() for v in value)
+
+
+def _duration_or_none(value: Any) -> float | None:
+    if isinstance(value, str) and value.strip().lower() in ("", "none", "off"):
+        return None
+    if isinstance(value, bool):
+        raise ValueError('must be a duration such as "2h", "90m" or 3600 (seconds), or "none"')
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        from gpualloc.durations import parse_duration_text
+
+        seconds = parse_duration_text(str(value))
+    if seconds <= 0:
+        raise ValueError('must be a positive duration, or "none"')
+    return seconds
+
+
 def _policy(value: Any) -> str:
     from gpualloc.placement.registry import policy_names
 
@@ -95,11 +125,13 @@ class Setting:
 
     key: str
     """Its name in config.toml (``queue.max_bypass`` lives in the ``[queue]`` table)."""
-    variable: str
+    variable: str | None
     default: Any
     parse: Callable[[Any], Any]
     about: str
     flag: str | None = None
+    system_only: bool = False
+    """Read from the system file alone (a limit users must not lift for themselves)."""
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -127,6 +159,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "queue.max_bypass", "GPUALLOC_MAX_BYPASS", 8, _count,
         "later jobs that may start before a waiting one", "--max-bypass",
+    ),
+    Setting(
+        "queue.privileged", None, (), _names,
+        "users and @groups who may use --priority high and a lower --max-bypass",
+        system_only=True,
+    ),
+    Setting(
+        "queue.max_waiting", None, 32, _count,
+        "waiting jobs a user may have in the queue at once (0: no limit)", system_only=True,
+    ),
+    Setting(
+        "queue.backfill_window", None, None, _duration_or_none,
+        "no later job starts before one that has waited this long", system_only=True,
     ),
 )  # fmt: skip
 BY_KEY = {setting.key: setting for setting in SETTINGS}
@@ -169,6 +214,14 @@ class Config:
             table = _read(path)
             if table is not None:
                 files.append((path, table))
+        if files and files[0][0] == user_file(env):
+            lifted = sorted(key for key in files[0][1] if BY_KEY[key].system_only)
+            if lifted:
+                raise ConfigError(
+                    f"{files[0][0]}: {lifted[0]} can be set only in the system configuration "
+                    f"({system_file(env)})",
+                    hint="it limits what one user may do to the others; remove it from your file",
+                )
         return cls(env, tuple(files))
 
     def resolve(self, key: str, flag: Any = None) -> Resolved:
@@ -177,9 +230,15 @@ class Config:
         setting = BY_KEY[key]
         if flag is not None:
             return Resolved(key, flag, setting.flag or "command line")
-        raw = self.env.get(setting.variable, "").strip()
-        if raw:
-            return Resolved(key, _parsed(setting, raw, setting.variable), setting.variable)
+        raw = self.env.get(setting.variable) if setting.variable else None
+        if raw is not None:
+            if not raw.strip():
+                raise ConfigError(
+                    f"{setting.variable} is set but empty",
+                    hint=f"give it a value, or unset it ('unset {setting.variable}') for the "
+                    f"configured {setting.about}",
+                )
+            return Resolved(key, _parsed(setting, raw.strip(), setting.variable), setting.variable)
         for path, table in self.files:
             if key in table:
                 return Resolved(key, table[key], str(path))
@@ -187,6 +246,15 @@ class Config:
 
     def value(self, key: str, flag: Any = None) -> Any:
         return self.resolve(key, flag).value
+
+    def system_value(self, key: str) -> Any:
+        """``key`` as the system file alone sets it (else its default): the limits of issue 18,
+        point 4, which no user's file or variable may change."""
+        system = system_file(self.env)
+        for path, table in self.files:
+            if path == system and key in table:
+                return table[key]
+        return BY_KEY[key].default
 
     def bandwidth_table(self, flag: Path | None = None) -> BandwidthTable | None:
         """The link bandwidth overrides in effect (a JSON file, or a ``[bandwidth_table]``

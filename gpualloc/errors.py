@@ -39,13 +39,18 @@ class ExitCode(IntEnum):
     """The shared ledger cannot be used: an unsafe state directory, a file from a newer
     gpualloc, or a corrupt file with no good copy to recover from."""
     NOT_PERMITTED = 12
-    """The lease belongs to another user (only root may release it)."""
+    """The lease belongs to another user (only root may release it), or the host's system
+    configuration does not let this user ask for that (``--priority high``, a lower
+    ``--max-bypass``, more waiting jobs)."""
     NO_LEASE = 13
     """No lease has the given id (it may have been released or reaped already)."""
     TRACE = 14
     """A simulation trace or generator spec could not be understood."""
     CONFIG = 15
     """A configuration file or ``GPUALLOC_*`` setting could not be understood."""
+    LOCKED = 16
+    """Another process held the shared ledger's lock for longer than gpualloc waits (the
+    message names it); nothing was changed."""
     TIMEOUT = 124
     """``--wait --timeout`` ran out before the GPUs came free, as timeout(1) reports it."""
     NOT_EXECUTABLE = 126
@@ -71,10 +76,11 @@ EXIT_CODE_DESCRIPTIONS: dict[ExitCode, str] = {
     ExitCode.NO_PLACEMENT: "no set of free GPUs satisfies the request",
     ExitCode.BUSY: "the GPUs needed are held by others now",
     ExitCode.LEDGER: "the shared ledger cannot be used (unsafe directory, newer or corrupt file)",
-    ExitCode.NOT_PERMITTED: "the lease belongs to another user",
+    ExitCode.NOT_PERMITTED: "the lease is another user's, or the host's configuration forbids it",
     ExitCode.NO_LEASE: "no lease with that id",
     ExitCode.TRACE: "a simulation trace or --generate spec is not understood",
     ExitCode.CONFIG: "a config.toml file or a GPUALLOC_* setting is not understood",
+    ExitCode.LOCKED: "another process held the ledger's lock too long (named in the message)",
     ExitCode.TIMEOUT: "waited for GPUs until --timeout and gave up",
     ExitCode.NOT_EXECUTABLE: "the command could not be executed",
     ExitCode.COMMAND_NOT_FOUND: "the command was not found",
@@ -190,6 +196,12 @@ class LedgerError(GpuallocError):
     exit_code = ExitCode.LEDGER
 
 
+class LedgerLocked(LedgerError):
+    """Another process held the ledger's lock for longer than gpualloc waits."""
+
+    exit_code = ExitCode.LOCKED
+
+
 class GpusBusy(GpuallocError):
     """The request could be placed on an idle host, but the GPUs it needs are held now."""
 
@@ -197,7 +209,8 @@ class GpusBusy(GpuallocError):
 
 
 class NotPermitted(GpuallocError):
-    """A user tried to release another user's lease."""
+    """A user tried to release another user's lease, or to use a queue privilege the system
+    configuration does not grant them."""
 
     exit_code = ExitCode.NOT_PERMITTED
 

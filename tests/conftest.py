@@ -27,7 +27,7 @@ def isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pat
     from gpualloc.config import SETTINGS
 
     # Every setting's variable, from the one list of them: a new one cannot leak in unnoticed.
-    for name in ("GPUALLOC_TOPOLOGY", "GPUALLOC_DEBUG", *(s.variable for s in SETTINGS)):
+    for name in ("GPUALLOC_TOPOLOGY", "GPUALLOC_DEBUG", *(s.variable for s in SETTINGS if s.variable)):
         monkeypatch.delenv(name, raising=False)
     cache = tmp_path / "cache"
     monkeypatch.setenv("GPUALLOC_CACHE_DIR", str(cache))

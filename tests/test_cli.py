@@ -215,7 +215,7 @@ def test_help_imports_nothing_heavy() -> None:
         "import sys, json\n"
         "from gpualloc.cli.main import run\n"
         "try:\n    run(['--help'])\nexcept SystemExit:\n    pass\n"
-        "heavy = ['networkx', 'pynvml', 'psutil', 'pydantic', 'filelock']\n"
+        "heavy = ['networkx', 'pynvml', 'psutil', 'pydantic']\n"
         "sys.stderr.write(json.dumps([m for m in heavy if m in sys.modules]))\n"
     )
     result = _run("-c", probe)

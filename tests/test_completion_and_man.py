@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).parent.parent
 BUILDER = ROOT / "scripts" / "build_docs.py"
-HEAVY = ("networkx", "pynvml", "psutil", "filelock")
+HEAVY = ("networkx", "pynvml", "psutil")
 
 
 def _builder():

@@ -106,4 +106,5 @@ def test_a_queued_request_round_trips_to_the_same_want() -> None:
 
 def test_a_version_1_ledger_reads_with_an_empty_queue() -> None:
     ledger = parse_ledger('{"schema_version": 1, "host": "h", "leases": []}', "old")
-    assert ledger.schema_version == 2 and ledger.queue == [] and ledger.next_seq == 0
+    assert ledger.schema_version == 3 and ledger.queue == [] and ledger.next_seq == 0
+    assert ledger.writer_uid is None and ledger.root_journal_seq == 0

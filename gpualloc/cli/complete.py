@@ -1,7 +1,7 @@
 """Values for shell completion: policy names, bundled topologies, lease ids, option choices.
 
 A completion runs gpualloc on every Tab, so these functions import nothing heavy (no pydantic,
-networkx, NVML, psutil or filelock; a test checks it): topology names come from the package's
+networkx, NVML or psutil; a test checks it): topology names come from the package's
 file names, lease ids from the ledger files read as plain JSON without taking their lock. Each
 returns ``(value, help)`` pairs, which zsh and fish show beside the value.
 """

@@ -19,6 +19,8 @@ def _shown(value: Any) -> Any:
     """A value as JSON and people read it (paths as strings, inline tables as they are)."""
     if value is None or isinstance(value, (bool, int, float, str, dict)):
         return value
+    if isinstance(value, tuple):
+        return list(value)
     return str(value)
 
 
@@ -32,7 +34,8 @@ def show_command(
     Precedence: flag > environment > user file > system file > default. The files are TOML
     (policy = "drb", numa = "bind", ignore_foreign = false, state_dir = "...",
     bandwidth_table = "file.json" or a [bandwidth_table] table, and in a [queue] table
-    priority and max_bypass); an unknown key or a bad value is an error (exit 15).
+    priority and max_bypass, and, in the system file only, privileged, max_waiting and
+    backfill_window); an unknown key or a bad value is an error (exit 15).
     """
     from gpualloc.cli.output import Table, print_json, print_tables
     from gpualloc.config import SETTINGS
@@ -61,7 +64,7 @@ def show_command(
     rows = []
     for r, s in zip(resolved, SETTINGS, strict=True):
         value = "-" if r.value is None else str(_shown(r.value))
-        rows.append([r.key, value, r.source, s.variable, s.flag or "-"])
+        rows.append([r.key, value, r.source, s.variable or "(system file only)", s.flag or "-"])
     footer = [
         f"{'user' if i == 0 else 'system'} file: {path}" + ("" if exists else " (absent)")
         for i, (path, exists) in enumerate(files)

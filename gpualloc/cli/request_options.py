@@ -158,16 +158,14 @@ MaxBypassOption = Annotated[
 
 def parse_duration(text: str, option: str = "--timeout") -> float:
     """``90``, ``30s``, ``5m``, ``2h``, ``1h30m``, ``1.5h`` -> seconds."""
-    import re
+    from gpualloc.durations import parse_duration_text
 
-    units = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-    cleaned = text.strip().lower()
-    parts = re.findall(r"(\d+(?:\.\d+)?)([smhd]?)", cleaned)
-    if not parts or "".join(n + u for n, u in parts) != cleaned:
+    try:
+        return parse_duration_text(text)
+    except ValueError:
         raise RequestError(
             f"{option} {text!r} is not a duration", hint=f"e.g. {option} 90, 30s, 5m, 1h30m"
-        )
-    return sum(float(number) * units[unit] for number, unit in parts)
+        ) from None
 
 
 def gpu_list(text: str | None, option: str) -> frozenset[int]:
@@ -290,9 +288,8 @@ def wait_options(
                 "--timeout, --priority and --max-bypass apply to --wait", hint="add --wait"
             )
         return None
-    priority = STATE.setting("queue.priority", priority)
-    max_bypass = STATE.setting("queue.max_bypass", max_bypass)
-    return WaitOptions(
+    return WaitOptions.from_config(
+        STATE.config(),
         timeout_s=parse_duration(timeout) if timeout is not None else None,
         priority=priority,  # type: ignore[arg-type]
         max_bypass=max_bypass,

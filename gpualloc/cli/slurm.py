@@ -6,11 +6,13 @@ import os
 import sys
 from collections.abc import Callable
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from gpualloc.cli.state import STATE
+from gpualloc.errors import GpuallocError
 
 if TYPE_CHECKING:
     from gpualloc.launcher.allocate import HostLedger
@@ -134,10 +136,28 @@ def _log(host: HostLedger | None, kind: str, lines: list[str]) -> None:
         return
     path = host.store.directory.path / HOOK_LOG
     try:
-        descriptor = os.open(
-            path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644
-        )
+        descriptor = _open_log(path)
         with os.fdopen(descriptor, "a", encoding="utf-8") as handle:
             handle.write(text)
-    except OSError as exc:
-        sys.stderr.write(f"{stamp} {kind}: cannot append to {path}: {exc.strerror}\n")
+    except (OSError, GpuallocError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else str(exc)
+        sys.stderr.write(f"{stamp} {kind}: cannot append to {path}: {why}\n")
+
+
+def _open_log(path: Path) -> int:
+    """The hooks' log, opened to append: never through a symlink, never blocking on a FIFO,
+    and, for root, only a file of root's (anything a user planted there is replaced)."""
+    from gpualloc.ledger.shared_files import UnsafeFile, open_shared, replace_planted
+
+    flags = os.O_WRONLY | os.O_APPEND
+    try:
+        descriptor, info = open_shared(path, flags, create_mode=0o644)
+    except UnsafeFile:
+        if not replace_planted(path):
+            raise
+        descriptor, info = open_shared(path, flags, create_mode=0o644)
+    if os.geteuid() == 0 and info.st_uid != 0:
+        os.close(descriptor)
+        replace_planted(path)
+        descriptor, info = open_shared(path, flags, create_mode=0o644)
+    return descriptor

@@ -7,8 +7,9 @@ placement meets its ``--min-utility`` / ``--min-bandwidth``, the DRB paper's pos
 TOPO-AWARE-P, seed 000 section 4.4) and every waiter ahead of it
 
 - cannot be placed now (otherwise it goes first: first come, first served), and
-- has been passed over fewer than its ``max_bypass`` times (backfill: a later job may start
-  before an earlier one that cannot start anyway, but not forever, so no job starves).
+- has been passed over fewer than its ``max_bypass`` times, and has waited less than the
+  host's backfill window where one is set (backfill: a later job may start before an earlier
+  one that cannot start anyway, but not forever, so no job starves).
 
 A waiter that starts past earlier ones counts as one more pass for each of them.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from gpualloc.ledger.schema import PRIORITY_RANK, Waiter
 from gpualloc.model.request import Placement
@@ -58,9 +60,14 @@ def turn_order(queue: Sequence[Waiter]) -> list[Waiter]:
 
 
 def take_turn(
-    queue: Sequence[Waiter], waiter_id: str, attempt: Callable[[Waiter], Attempt]
+    queue: Sequence[Waiter],
+    waiter_id: str,
+    attempt: Callable[[Waiter], Attempt],
+    *,
+    now: datetime | None = None,
 ) -> Turn:
     """May ``waiter_id`` start now? ``attempt`` places a waiter on the GPUs free now."""
+    now = now or datetime.now(timezone.utc)
     order = turn_order(queue)
     ids = [w.id for w in order]
     if waiter_id not in ids:
@@ -81,11 +88,23 @@ def take_turn(
                 "more backfill until it starts",
                 position=position,
             )
+        if _window_over(earlier, now):
+            return Turn(
+                None,
+                reason=f"{_who(earlier)} has waited longer than this host's backfill window "
+                f"({earlier.backfill_window_s:g} s): no more backfill until it starts",
+                position=position,
+            )
         passed.append(earlier.id)
     mine = attempt(order[position - 1])
     if mine.placement is None:
         return Turn(None, reason=mine.reason, position=position)
     return Turn(mine.placement, passed=tuple(passed), position=position)
+
+
+def _window_over(waiter: Waiter, now: datetime) -> bool:
+    window = waiter.backfill_window_s
+    return window is not None and (now - waiter.created).total_seconds() >= window
 
 
 def _who(waiter: Waiter) -> str:

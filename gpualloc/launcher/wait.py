@@ -22,8 +22,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING
 
 from gpualloc.errors import GpuallocError, GpusBusy, NoFeasiblePlacement, WaitTimedOut
 from gpualloc.launcher.allocate import (
@@ -35,11 +36,15 @@ from gpualloc.launcher.allocate import (
     user_name,
 )
 from gpualloc.launcher.queue import Attempt, Turn, take_turn
+from gpualloc.launcher.queue_policy import QueuePolicy
 from gpualloc.ledger.occupancy import Occupancy, format_age
 from gpualloc.ledger.schema import Ledger, Priority, QueuedRequest, Waiter
 from gpualloc.ledger.store import LedgerTransaction, new_lease_id
 from gpualloc.model.request import HostState
 from gpualloc.model.topology import Topology
+
+if TYPE_CHECKING:
+    from gpualloc.config import Config
 
 POLL_S = 0.25
 PROCESS_REFRESH_S = 2.0
@@ -53,6 +58,26 @@ class WaitOptions:
     priority: Priority = "normal"
     max_bypass: int = DEFAULT_MAX_BYPASS
     poll_s: float = POLL_S
+    policy: QueuePolicy = field(default_factory=QueuePolicy)
+    """The host's bounds (:mod:`.queue_policy`), checked when the job joins the queue."""
+
+    @classmethod
+    def from_config(
+        cls,
+        config: Config,
+        *,
+        timeout_s: float | None = None,
+        priority: Priority | None = None,
+        max_bypass: int | None = None,
+    ) -> WaitOptions:
+        """The options of a ``--wait``: flags over the configured defaults, under the host's
+        queue policy (one place for the command line and :func:`gpualloc.api.hold`)."""
+        return cls(
+            timeout_s=timeout_s,
+            priority=config.value("queue.priority", priority),
+            max_bypass=config.value("queue.max_bypass", max_bypass),
+            policy=QueuePolicy.from_config(config),
+        )
 
 
 @dataclass(frozen=True)
@@ -89,6 +114,12 @@ def wait_and_allocate(
     started = time.monotonic()
     waiter_id = new_lease_id()
     with host.transaction() as txn:
+        options.policy.admit(
+            uid=os.geteuid(),
+            priority=options.priority,
+            max_bypass=options.max_bypass,
+            queue=txn.ledger.queue,
+        )
         txn.enqueue(_waiter(waiter_id, want, terms, options))
         allocation, status = _look(host, txn, waiter_id, want, terms, started)
     if allocation is not None:
@@ -254,6 +285,7 @@ def _waiter(waiter_id: str, want: Want, terms: LeaseTerms, options: WaitOptions)
         pid_start_time=process_start_time(os.getpid()),
         priority=options.priority,
         max_bypass=options.max_bypass,
+        backfill_window_s=options.policy.backfill_window_s,
         request=want.queued(),
         command=terms.command,
         name=terms.name,

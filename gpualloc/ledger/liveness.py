@@ -50,11 +50,14 @@ def process_alive(pid: int, start_time: float | None) -> bool:
 
 
 def lock_held(path: Path) -> bool:
-    """True if some process holds a ``flock`` on ``path`` (a missing file is not held)."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    """True if some process holds a ``flock`` on ``path``. A missing file is not held, and
+    neither is anything but a regular file (a FIFO planted in its place must neither hang the
+    reaper nor keep GPUs held)."""
+    from gpualloc.ledger.shared_files import UnsafeFile, open_shared
+
     try:
-        descriptor = os.open(path, flags)
-    except FileNotFoundError:
+        descriptor, _ = open_shared(path, os.O_RDONLY)
+    except (FileNotFoundError, UnsafeFile):
         return False
     except OSError:
         return True  # cannot tell: never free GPUs on a guess
@@ -72,7 +75,8 @@ def lock_held(path: Path) -> bool:
 def take_lease_lock(path: Path) -> int:
     """Create ``path`` and hold a shared ``flock`` on it through a descriptor that survives
     ``exec`` (not close-on-exec). Returns the descriptor."""
-    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    # Exclusive: the name is new (a random lease id), so anything already there was planted.
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
     descriptor = os.open(path, flags, 0o644)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)

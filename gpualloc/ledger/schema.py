@@ -12,9 +12,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-SCHEMA_VERSION = 2
-"""2 added the waiting queue (``queue``, ``next_seq``) and ``Lease.sensitive``; a version 1
-file reads as version 2 with an empty queue."""
+SCHEMA_VERSION = 3
+"""2 added the waiting queue (``queue``, ``next_seq``) and ``Lease.sensitive``; 3 added
+``writer_uid``, ``root_journal_seq``, ``Lease.process_group`` and the confirmation of a new
+lease (``announced``, ``creator_pid``). Older files read as version 3: every added field has a
+default that means what the older file meant."""
 
 LeaseSource = Literal["run", "alloc", "slurm"]
 Priority = Literal["high", "normal", "low"]
@@ -65,6 +67,17 @@ class Lease(BaseModel):
     """The Slurm job id, for leases the Slurm prolog records (the epilog releases them)."""
     boot_id: str | None = None
     """The boot the lease was made in; a lease from an earlier boot is dead, ``hold`` or not."""
+    process_group: int | None = Field(default=None, gt=0)
+    """The job's own process group, recorded when the job leads it (``run`` from a shell with
+    job control, a Slurm task, ``setsid``): the lease lives while any process of the group does,
+    so a child that closed the inherited lease lock (a daemon's ``closerange``) still holds the
+    GPUs (issue 18, point 5). The kernel does not reuse a pid while it names a live group."""
+    announced: bool = True
+    """False until the gpualloc that made the lease has printed its id: a lease whose creator
+    was killed before that is shown as such by ``status`` (``release --mine`` frees it)."""
+    creator_pid: int | None = Field(default=None, gt=0)
+    """The gpualloc process making a lease that is not ``announced`` yet."""
+    creator_start_time: float | None = None
 
     @property
     def indices(self) -> tuple[int, ...]:
@@ -112,6 +125,9 @@ class Waiter(BaseModel):
     """How many later jobs started before this one (backfill)."""
     max_bypass: int = Field(default=8, ge=0)
     """Once passed over this often, this waiter stops backfill until it starts."""
+    backfill_window_s: float | None = Field(default=None, gt=0)
+    """Once it has waited this long, this waiter stops backfill until it starts (the host's
+    ``queue.backfill_window``; None: only ``max_bypass`` bounds it)."""
     request: QueuedRequest
     command: tuple[str, ...] = ()
     name: str | None = None
@@ -125,11 +141,17 @@ class Ledger(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     schema_version: int = SCHEMA_VERSION
+    writer_uid: int | None = Field(default=None, ge=0)
+    """Who wrote this generation. A good copy is trusted for recovery only when its owner wrote
+    it, and a damaged ledger's first bytes name the copy it is recovered from (see
+    :mod:`.store`)."""
     generation: int = Field(default=0, ge=0)
     host: str
     leases: list[Lease] = Field(default_factory=list)
     queue: list[Waiter] = Field(default_factory=list)
     next_seq: int = Field(default=0, ge=0)
+    root_journal_seq: int = Field(default=0, ge=0)
+    """The last entry of root's journal (:mod:`.journal`) this ledger includes."""
 
     @field_validator("leases")
     @classmethod

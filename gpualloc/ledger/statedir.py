@@ -58,6 +58,15 @@ class StateDirectory:
     def lock_file(self) -> Path:
         return self.path / f"{self._stem}.lock"
 
+    @property
+    def journal_file(self) -> Path:
+        """Root's journal (:mod:`.journal`)."""
+        return self.path / f"{self._stem}.root-journal.json"
+
+    @property
+    def journal_lock(self) -> Path:
+        return self.path / f"{self._stem}.root-journal.lock"
+
     def good_copy(self, uid: int) -> Path:
         """This user's copy of the last ledger it wrote (see :mod:`.store`)."""
         return self.path / f"{self._stem}.{uid}.good.json"

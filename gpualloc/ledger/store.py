@@ -1,7 +1,9 @@
 """The ledger's transactions: lock, read (recovering if needed), reap, change, write.
 
-Every read-modify-write holds ``ledger.lock`` (a ``flock`` through :mod:`filelock`, which the
-kernel drops when its holder dies, so a killed gpualloc never blocks the host).
+Every read-modify-write holds ``ledger.lock`` (a ``flock``, :mod:`.locking`, which the kernel
+drops when its holder dies, so a killed gpualloc never blocks the host). ``status`` reads
+without waiting for it when another process holds it (:meth:`LedgerStore.snapshot`), and root's
+Slurm hooks write to root's journal instead (:mod:`.journal`), which every transaction applies.
 
 Writing must be crash-safe *and* work when several Unix users share the directory. The usual
 temp file + ``rename`` does not: in a sticky directory (mode 1777, like ``/tmp``) nobody may
@@ -22,30 +24,42 @@ left is reported with what to do, never silently emptied.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import secrets
 import socket
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from filelock import FileLock, Timeout
 from pydantic import ValidationError
 
 from gpualloc.atomic import write_text_atomic
 from gpualloc.boot import boot_id
-from gpualloc.errors import FileAccessError, LedgerError
+from gpualloc.errors import FileAccessError, GpuallocError, LedgerError
+from gpualloc.ledger import journal
 from gpualloc.ledger.liveness import lock_held, process_alive
+from gpualloc.ledger.locking import SharedLock
 from gpualloc.ledger.schema import SCHEMA_VERSION, Lease, Ledger, Waiter
+from gpualloc.ledger.shared_files import (
+    UnsafeFile,
+    adopt,
+    open_shared,
+    owner_name,
+    read_shared,
+    replace_planted,
+)
 from gpualloc.ledger.statedir import StateDirectory
 from gpualloc.model.validation import describe_validation_error
 
 LOCK_TIMEOUT_S = 30.0
 """How long a transaction waits for another one; a transaction takes milliseconds."""
-
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+SHARED_LEDGER_MODE = 0o666
+_HEADER = re.compile(r'^\{\s*"writer_uid":\s*(\d+),\s*"generation":\s*(\d+)')
 
 
 class LedgerFromNewerVersion(LedgerError):
@@ -141,18 +155,33 @@ class LedgerStore:
         self.alive = alive
         self.lock_timeout_s = lock_timeout_s
 
+    def _lock(self) -> SharedLock:
+        return SharedLock(self.directory.lock_file, timeout_s=self.lock_timeout_s)
+
     @contextmanager
     def transaction(self) -> Iterator[LedgerTransaction]:
-        """Lock, load, reap dead leases, hand the ledger over; write it back if it changed."""
-        with self._locked():
+        """Lock, load, apply root's journal, reap dead leases, hand the ledger over; write it
+        back if it changed."""
+        with self._lock():
             ledger, notes = self._load()
             txn = LedgerTransaction(ledger, notes=notes, changed=bool(notes))
+            self._apply_journal(txn)
             self._reap(txn)
             yield txn
             if txn.changed:
                 self._write(txn.ledger)
                 for lease in txn.reaped:
                     _unlink_quietly(self.directory.lease_lock(lease.id))
+        if os.geteuid() == 0 and txn.ledger.root_journal_seq:
+            # What fails to fold now is folded by root's next transaction (and applying an
+            # entry a ledger already includes changes nothing).
+            with contextlib.suppress(OSError, LedgerError):
+                journal.fold_applied(
+                    self.directory.journal_file,
+                    self.directory.journal_lock,
+                    self.host,
+                    txn.ledger.root_journal_seq,
+                )
 
     def read(self) -> LedgerTransaction:
         """One transaction that changes nothing but the reaping; its result."""
@@ -161,13 +190,31 @@ class LedgerStore:
 
     def snapshot(self) -> LedgerTransaction:
         """The ledger as it stands, dead leases left out (listed in ``reaped``), written nowhere:
-        for ``status`` and ``--dry-run``, which must not change the host."""
-        with self._locked():
-            ledger, notes = self._load()
+        for ``status`` and ``--dry-run``, which must not change the host.
+
+        It never waits for the lock: when another process holds it, the ledger is read as the
+        last completed write left it (a write in progress is recovered from its writer's good
+        copy) and a note names the holder, so that ``status`` still shows who holds what."""
+        lock = self._lock()
+        if lock.try_acquire():
+            try:
+                ledger, notes = self._load()
+            finally:
+                lock.release()
+        else:
+            ledger, notes = self._load(unlocked=True)
+            notes.append(f"the ledger's lock is held by {lock.holders()}; shown as last written")
         txn = LedgerTransaction(ledger, notes=notes)
+        self._apply_journal(txn)
         self._reap(txn)
         txn.changed = False
         return txn
+
+    def _apply_journal(self, txn: LedgerTransaction) -> None:
+        found, notes = journal.read_journal(self.directory.journal_file, self.host)
+        applied = journal.apply_journal(txn.ledger, found) if found is not None else []
+        txn.notes += notes + applied
+        txn.changed = txn.changed or bool(applied)
 
     def _reap(self, txn: LedgerTransaction) -> None:
         for lease in list(txn.ledger.leases):
@@ -179,53 +226,32 @@ class LedgerStore:
                 txn.dequeue(waiter.id)
                 txn.reaped_waiters.append(waiter)
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        lock = FileLock(self.directory.lock_file, timeout=self.lock_timeout_s, mode=0o666)
-        try:
-            lock.acquire()
-        except Timeout:
-            raise LedgerError(
-                f"the ledger in {self.directory.path} stayed locked for {self.lock_timeout_s:g} s",
-                hint="another gpualloc is stuck in a transaction; find it with "
-                f"'fuser -v {self.directory.lock_file}'",
-            ) from None
-        except OSError as exc:
-            raise FileAccessError(
-                f"cannot lock {self.directory.lock_file}: {exc.strerror}",
-                hint="the lock file must be readable and writable by every user (mode 0666)",
-            ) from exc
-        try:
-            yield
-        finally:
-            lock.release()
-
     # ---- reading -----------------------------------------------------------------------------
 
-    def _load(self) -> tuple[Ledger, list[str]]:
+    def _load(self, *, unlocked: bool = False) -> tuple[Ledger, list[str]]:
+        """The ledger, recovered from the good copies when it is missing or damaged. Without
+        the lock (``unlocked``) a damaged file may be a write in progress: it is read again
+        before being recovered from, and quietly."""
         path = self.directory.ledger_file
         notes: list[str] = []
-        try:
-            text = _read_nofollow(path)
-        except FileNotFoundError:
-            text = None
-        except OSError as exc:  # ELOOP: a symlink planted in its place; EACCES: wrong mode
-            raise FileAccessError(
-                f"cannot read the ledger {path}: {exc.strerror}",
-                hint="ledger.json must be a regular file (not a symlink) that every user of "
-                "the host can read and write (mode 0666)",
-            ) from exc
+        text = self._read_ledger_text()
+        for _ in range(3 if unlocked else 0):
+            if text is None or _parses(text):
+                break
+            time.sleep(0.005)
+            text = self._read_ledger_text()
         if text is None:
-            ledger = self._newest_good_copy() or Ledger(host=self.host)
-            if ledger.generation:
-                notes.append(f"{path} was missing; restored generation {ledger.generation}")
+            ledger, notes = self._recover(None, f"{path} was missing")
+            ledger = ledger or Ledger(host=self.host)
+            if not ledger.generation:
+                notes = []
         else:
             try:
                 ledger = parse_ledger(text, str(path))
             except LedgerFromNewerVersion:
                 raise
             except LedgerError as problem:
-                recovered = self._newest_good_copy()
+                recovered, notes = self._recover(text, f"{path} was damaged ({problem.message})")
                 if recovered is None:
                     raise LedgerError(
                         f"{problem.message}, and no good copy is left to recover from",
@@ -233,10 +259,8 @@ class LedgerStore:
                         "ledger, and the GPUs of running jobs look free until they are seen",
                     ) from None
                 ledger = recovered
-                notes.append(
-                    f"{path} was damaged ({problem.message}); recovered generation "
-                    f"{ledger.generation} from a good copy"
-                )
+        if unlocked:
+            notes = []
         if ledger.host != self.host:
             raise LedgerError(
                 f"the ledger in {self.directory.path} belongs to host {ledger.host!r}, not "
@@ -246,34 +270,88 @@ class LedgerStore:
             )
         return ledger, notes
 
-    def _newest_good_copy(self) -> Ledger | None:
-        best: Ledger | None = None
+    def _read_ledger_text(self) -> str | None:
+        path = self.directory.ledger_file
+        try:
+            return read_shared(path)
+        except FileNotFoundError:
+            return None
+        except UnsafeFile:
+            if replace_planted(path):  # root: the planted object goes, the copies remain
+                return None
+            raise
+        except OSError as exc:  # EACCES: a mode that shuts others out
+            raise _access_error(path, exc, "read") from exc
+
+    def _good_copies(self) -> list[tuple[Path, int, Ledger]]:
+        """(path, owner uid, ledger) of every good copy that can be trusted to be its owner's."""
+        found = []
         for copy in self.directory.good_copies():
+            uid = int(copy.name[len(self.directory.ledger_file.stem) + 1 : -len(".good.json")])
             try:
-                candidate = parse_ledger(_read_nofollow(copy), str(copy))
+                descriptor, info = open_shared(copy, os.O_RDONLY)
+                with os.fdopen(descriptor, "rb") as handle:
+                    text = handle.read().decode("utf-8", errors="replace")
+                candidate = parse_ledger(text, str(copy))
             except (LedgerError, OSError):
                 continue
-            if candidate.host != self.host:
+            if info.st_uid != uid or candidate.host != self.host:
+                continue  # planted under another user's name, or another host's
+            if candidate.writer_uid not in (None, uid):
                 continue
-            if best is None or candidate.generation > best.generation:
-                best = candidate
-        return best
+            found.append((copy, uid, candidate))
+        return found
+
+    def _recover(self, damaged: str | None, what: str) -> tuple[Ledger | None, list[str]]:
+        """The good copy to recover from, and what to tell the user (module docstring)."""
+        copies = self._good_copies()
+        if not copies:
+            return None, []
+        header = _HEADER.match(damaged or "")
+        if header is not None:
+            writer, generation = int(header.group(1)), int(header.group(2))
+            for _, uid, ledger in copies:
+                if uid == writer and ledger.generation == generation:
+                    return ledger, [
+                        f"{what}; recovered generation {generation} from "
+                        f"{owner_name(uid)}'s good copy, which its last write names"
+                    ]
+        path, uid, best = max(copies, key=lambda found: found[2].generation)
+        others = ", ".join(
+            f"{owner_name(u)}'s generation {c.generation}" for p, u, c in copies if p != path
+        )
+        return best, [
+            f"WARNING: {what}; recovered generation {best.generation} from {owner_name(uid)}'s "
+            f"good copy {path.name}, which nothing confirms"
+            + (f" (the other copies: {others})" if others else "")
+            + ". If no gpualloc was killed while writing, that copy may be forged: check "
+            "'gpualloc status'"
+        ]
 
     # ---- writing -----------------------------------------------------------------------------
 
     def _write(self, ledger: Ledger) -> None:
+        uid = os.geteuid()
         ledger.generation += 1
-        text = json.dumps(ledger.model_dump(mode="json"), indent=1, sort_keys=True) + "\n"
-        data = text.encode()
+        ledger.writer_uid = uid
+        data = ledger.model_dump(mode="json")
+        head = {"writer_uid": data.pop("writer_uid"), "generation": data.pop("generation")}
+        text = json.dumps({**head, **dict(sorted(data.items()))}, indent=1) + "\n"
+        own = self.directory.good_copy(uid)
+        _check_own_copy(own, uid)
         try:
-            own = self.directory.good_copy(os.geteuid())
             write_text_atomic(own, text, mode=0o644)  # others recover from it
-            _overwrite_in_place(self.directory.ledger_file, data)
         except OSError as exc:
-            raise FileAccessError(
-                f"cannot write the ledger in {self.directory.path}: {exc.strerror}",
-                hint="ledger.json must be writable by every user of the host (mode 0666)",
-            ) from exc
+            raise _access_error(own, exc, "write", changed=False) from exc
+        path = self.directory.ledger_file
+        try:
+            _overwrite_in_place(path, text.encode())
+        except UnsafeFile:
+            if not replace_planted(path):
+                raise
+            _overwrite_in_place(path, text.encode())
+        except OSError as exc:
+            raise _access_error(path, exc, "write", changed=True) from exc
 
 
 def parse_ledger(text: str, source: str) -> Ledger:
@@ -291,8 +369,8 @@ def parse_ledger(text: str, source: str) -> Ledger:
             f"{SCHEMA_VERSION})",
             hint="upgrade gpualloc on this host; every user must run the same version",
         )
-    if version == 1:
-        data = {**data, "schema_version": SCHEMA_VERSION}  # 2 only added fields with defaults
+    if version in (1, 2):
+        data = {**data, "schema_version": SCHEMA_VERSION}  # 2 and 3 only added defaults
     try:
         return Ledger.model_validate(data)
     except ValidationError as exc:
@@ -301,20 +379,65 @@ def parse_ledger(text: str, source: str) -> Ledger:
         ) from None
 
 
-def _read_nofollow(path: Path) -> str:
-    descriptor = os.open(path, os.O_RDONLY | _NOFOLLOW)
-    with os.fdopen(descriptor, encoding="utf-8", errors="replace") as handle:
-        return handle.read()
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_own_copy(path: Path, uid: int) -> None:
+    """A user's good copy can be squatted: another user may create a file of that name first,
+    and the sticky bit then forbids replacing it. Say who did (root replaces it anyway)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if uid != 0 and info.st_uid != uid:
+        raise UnsafeFile(
+            f"{path} belongs to {owner_name(info.st_uid)}, not to you: gpualloc keeps your "
+            "copy of the ledger there, and cannot replace another user's file",
+            hint=f"{owner_name(info.st_uid)} or root must remove it ('rm {path}')",
+        )
+
+
+def _access_error(path: Path, exc: OSError, doing: str, *, changed: bool = False) -> GpuallocError:
+    """Why ``path`` could not be read or written, with the remedy that fits the cause."""
+    import errno
+
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        state = (
+            "the ledger may be torn; the next gpualloc recovers it from your good copy"
+            if changed
+            else "the ledger is unchanged"
+        )
+        return FileAccessError(
+            f"cannot {doing} {path}: the file system is full ({exc.strerror}); {state}",
+            hint=f"free space on the file system of {path.parent}",
+        )
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        try:
+            info = os.lstat(path)
+            whose = f"{owner_name(info.st_uid)}'s, mode {info.st_mode & 0o7777:04o}"
+        except OSError:
+            whose = "of unknown owner"
+        return LedgerError(
+            f"cannot {doing} {path} ({whose}): {exc.strerror}",
+            hint=f"every user of the host must be able to read and write it: its owner or "
+            f"root must 'chmod 0666 {path}' (a gpualloc run as root fixes it)",
+        )
+    return FileAccessError(
+        f"cannot {doing} {path}: {exc.strerror}",
+        hint=f"check the state directory {path.parent}",
+    )
 
 
 def _overwrite_in_place(path: Path, data: bytes) -> None:
     """Write ``data`` over ``path`` without replacing the inode (see the module docstring)."""
+    descriptor, info = open_shared(path, os.O_WRONLY, create_mode=SHARED_LEDGER_MODE)
     try:
-        descriptor = os.open(path, os.O_WRONLY | _NOFOLLOW)
-    except FileNotFoundError:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o666)
-        os.fchmod(descriptor, 0o666)
-    try:
+        adopt(descriptor, info, SHARED_LEDGER_MODE)
         os.ftruncate(descriptor, 0)
         view = memoryview(data)
         while view:

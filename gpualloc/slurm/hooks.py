@@ -13,8 +13,11 @@
   end of the line, so values are never quoted (and anything that would need quotes is left
   out).
 
-The hooks return lines for the log; the command turns every failure into a logged line and exit
-status 0 (a failing Prolog or Epilog drains the node).
+Prolog and Epilog never depend on another user: when the ledger's lock stays held (a user may
+hold it by hand), they record the change in root's journal, which only root can write and every
+gpualloc applies (issue 18, point 3). The hooks return lines for the log; the command turns
+every failure into a logged line and exit status 0 (a failing Prolog or Epilog drains the
+node).
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 
 from gpualloc.boot import boot_id
-from gpualloc.errors import RequestError
+from gpualloc.errors import LedgerLocked, RequestError
 from gpualloc.launcher.allocate import HostLedger, user_name
-from gpualloc.ledger.occupancy import describe_lease
+from gpualloc.ledger.journal import JournalEntry, append_entry, record_job_lease, release_job
 from gpualloc.ledger.schema import Lease, LeasedGpu
 from gpualloc.ledger.statedir import StateDirectory
 from gpualloc.ledger.store import new_lease_id
@@ -35,6 +38,9 @@ from gpualloc.model.topology import Topology
 from gpualloc.slurm.job import check_job_id, device_numbers
 
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9,._:-]*$")
+HOOK_LOCK_TIMEOUT_S = 5.0
+"""How long the Prolog and Epilog wait for the ledger's lock before writing root's journal
+instead (slurmd's PrologEpilogTimeout is far longer; a transaction takes milliseconds)."""
 
 
 def gpu_indices(text: str | None) -> tuple[int, ...]:
@@ -72,33 +78,23 @@ def prolog(host: HostLedger, env: Mapping[str, str]) -> list[str]:
             f"job {job}: GPU {format_cpulist(outside)} is not in the topology "
             f"({host.topology.gpu_count} GPUs); check GPUALLOC_TOPOLOGY and gres.conf"
         )
-    with host.transaction() as txn:
-        for earlier in [x for x in txn.ledger.leases if x.slurm_job == job]:
-            txn.remove(earlier.id)  # the Prolog ran again for this job: replace, not add
-        held = txn.ledger.held_gpus()
-        for gpu in gpus:
-            if gpu in held:
-                lines.append(
-                    f"job {job}: Slurm gave it GPU {gpu}, which is also held outside Slurm: "
-                    f"{describe_lease(held[gpu])}"
-                )
-        mine = [g for g in gpus if g not in held and g not in outside]
-        if mine:
-            lease = Lease(
-                id=new_lease_id(),
-                gpus=tuple(LeasedGpu(index=g, uuid=host.topology.gpu(g).uuid) for g in mine),
-                uid=uid,
-                user=user,
-                hold=True,
-                name=f"slurm job {job}",
-                created=datetime.now(timezone.utc),
-                source="slurm",
-                slurm_job=job,
-                boot_id=boot_id(),
-            )
-            txn.add(lease)
-            lines.append(f"job {job}: recorded GPU {format_cpulist(mine)} for {user} ({lease.id})")
-    return lines
+    mine = [g for g in gpus if g not in outside]
+    if not mine:
+        return lines
+    lease = Lease(
+        id=new_lease_id(),
+        gpus=tuple(LeasedGpu(index=g, uuid=host.topology.gpu(g).uuid) for g in mine),
+        uid=uid,
+        user=user,
+        hold=True,
+        name=f"slurm job {job}",
+        created=datetime.now(timezone.utc),
+        source="slurm",
+        slurm_job=job,
+        boot_id=boot_id(),
+    )
+    add = JournalEntry(seq=1, op="add", slurm_job=job, lease=lease)
+    return lines + _record(host, add)
 
 
 def epilog(host: HostLedger, env: Mapping[str, str]) -> list[str]:
@@ -106,13 +102,41 @@ def epilog(host: HostLedger, env: Mapping[str, str]) -> list[str]:
     job = _job_id(env)
     if host.store is None:
         return [f"job {job}: no ledger on this host; nothing to release"]
-    with host.transaction() as txn:
-        mine = [x for x in txn.ledger.leases if x.slurm_job == job]
-        for lease in mine:
-            txn.remove(lease.id)
-    lines = [f"job {job}: released GPU {format_cpulist(x.indices)} ({x.id})" for x in mine]
-    lines = lines or [f"job {job}: no lease to release"]
+    lines = _record(host, JournalEntry(seq=1, op="release", slurm_job=job))
     return lines + forget_job_ledger(host.store.directory, job)
+
+
+def _record(host: HostLedger, entry: JournalEntry) -> list[str]:
+    """Make the Prolog's or Epilog's change in the ledger; when another process holds the
+    ledger's lock past :data:`HOOK_LOCK_TIMEOUT_S`, in root's journal, which every later
+    gpualloc applies (:mod:`gpualloc.ledger.journal`)."""
+    store = host._store()
+    store.lock_timeout_s = min(store.lock_timeout_s, HOOK_LOCK_TIMEOUT_S)
+    job = entry.slurm_job
+    try:
+        with host.transaction() as txn:
+            if entry.lease is not None:
+                _, lines = record_job_lease(txn.ledger, entry.lease)
+            else:
+                lines = [
+                    f"job {job}: released GPU {format_cpulist(x.indices)} ({x.id})"
+                    for x in release_job(txn.ledger, job)
+                ] or [f"job {job}: no lease to release"]
+            txn.changed = True
+        return lines
+    except LedgerLocked as locked:
+        directory = store.directory
+        append_entry(directory.journal_file, directory.journal_lock, store.host, entry)
+        change = (
+            f"GPU {format_cpulist(entry.lease.indices)} for {entry.lease.user}"
+            if entry.lease is not None
+            else "the release of its GPUs"
+        )
+        return [
+            f"job {job}: {locked.message}",
+            f"job {job}: recorded {change} in root's journal instead; every gpualloc applies "
+            "it from now on",
+        ]
 
 
 def forget_job_ledger(directory: StateDirectory, job: str) -> list[str]:

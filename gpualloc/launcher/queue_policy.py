@@ -1,0 +1,101 @@
+"""What the host's administrator lets each user do in the queue (issue 18, point 4).
+
+The queue's rule (:mod:`.queue`) is fair only while nobody can lift its bounds for themselves:
+one user's ``--wait -n 16 --max-bypass 0 --priority high`` would otherwise stop every other
+job on the host, 15 free GPUs or not. So the system configuration (``/etc/gpualloc/config.toml``,
+which users cannot write, and which no user file or variable may override) decides:
+
+- who may use ``--priority high`` and a ``--max-bypass`` below the host's default
+  (``queue.privileged``: user names and ``@group`` names; root always may);
+- how many jobs one user may have waiting at once (``queue.max_waiting``, default 32);
+- how long a waiting job may be passed by later ones at most (``queue.backfill_window``): after
+  that no later job starts before it, whatever its bypass count (off by default: the count
+  bound alone already guarantees that it starts).
+
+A request beyond these bounds is refused with exit 12 and the setting that would allow it, never
+silently weakened: a user who asked for ``--max-bypass 0`` must learn that it was not granted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpualloc.errors import NotPermitted
+from gpualloc.ledger.schema import Priority, Waiter
+
+DEFAULT_MAX_WAITING = 32
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """The system configuration's bounds on the queue."""
+
+    privileged: tuple[str, ...] = ()
+    min_bypass: int = 8
+    """The host's default ``max_bypass``: a user may raise theirs, only the privileged lower it."""
+    max_waiting: int = DEFAULT_MAX_WAITING
+    backfill_window_s: float | None = None
+    source: str = "the system configuration"
+
+    @classmethod
+    def from_config(cls, config: object) -> QueuePolicy:
+        from gpualloc.config import Config, system_file
+
+        assert isinstance(config, Config)
+        return cls(
+            privileged=config.system_value("queue.privileged"),
+            min_bypass=config.system_value("queue.max_bypass"),
+            max_waiting=config.system_value("queue.max_waiting"),
+            backfill_window_s=config.system_value("queue.backfill_window"),
+            source=str(system_file(config.env)),
+        )
+
+    def is_privileged(self, uid: int) -> bool:
+        if uid == 0:
+            return True
+        import grp
+        import pwd
+
+        try:
+            entry = pwd.getpwuid(uid)
+        except KeyError:
+            return False
+        for name in self.privileged:
+            if not name.startswith("@"):
+                if name == entry.pw_name:
+                    return True
+                continue
+            try:
+                group = grp.getgrnam(name[1:])
+            except KeyError:
+                continue
+            if entry.pw_gid == group.gr_gid or entry.pw_name in group.gr_mem:
+                return True
+        return False
+
+    def admit(
+        self, *, uid: int, priority: Priority, max_bypass: int, queue: Sequence[Waiter]
+    ) -> None:
+        """Raise :class:`NotPermitted` unless ``uid`` may join ``queue`` so."""
+        privileged = self.is_privileged(uid)
+        allowed_by = f"queue.privileged in {self.source}"
+        if priority == "high" and not privileged:
+            raise NotPermitted(
+                "--priority high is for the users the host's administrator names",
+                hint=f"use normal or low, or ask for a place in {allowed_by}",
+            )
+        if max_bypass < self.min_bypass and not privileged:
+            raise NotPermitted(
+                f"--max-bypass {max_bypass} is below this host's {self.min_bypass}: fewer "
+                "passes would hold other users' jobs back",
+                hint=f"use --max-bypass {self.min_bypass} or more (or unset GPUALLOC_MAX_BYPASS"
+                f" / queue.max_bypass in your config.toml), or ask for a place in {allowed_by}",
+            )
+        mine = sum(1 for waiter in queue if waiter.uid == uid)
+        if self.max_waiting and mine >= self.max_waiting and not privileged:
+            raise NotPermitted(
+                f"you have {mine} job(s) waiting already, this host's limit "
+                f"(queue.max_waiting in {self.source})",
+                hint="wait for some of them to start, or end some ('gpualloc status' lists them)",
+            )

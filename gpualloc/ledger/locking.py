@@ -1,0 +1,218 @@
+"""The ledger's lock: an exclusive ``flock`` on ``ledger.lock``, shared by every user of the host.
+
+The kernel drops a ``flock`` when the last descriptor of its holder closes, so a killed gpualloc
+never leaves the host locked. What this module adds to the bare system call (issue 18):
+
+- the lock file is opened as :mod:`.shared_files` opens everything in the state directory: it
+  may have been created by any user (opened without ``O_CREAT``, so Linux's
+  ``fs.protected_regular`` does not refuse another user's file), and a FIFO or symlink planted in
+  its place is an error, not a hang; root takes it over (:func:`.shared_files.adopt`) so that
+  the user who created it can no longer remove it while others wait on it;
+- after locking, the name is checked to still be the locked inode: a lock on a file that was
+  removed or replaced meanwhile guards nothing, and is taken again on the new file;
+- waiting polls with a back-off from half a millisecond up to 20 ms (a transaction takes a few
+  milliseconds; filelock's fixed 50 ms poll put a floor of 50 ms under every contended one);
+- a lock held too long is reported with its holder, read from ``/proc/locks``: user, pid and
+  command, so that a user who holds it by hand (``flock ledger.lock sleep 1000``) is named, and
+  :class:`~gpualloc.errors.LedgerLocked` (exit 16) tells scripts that nothing was changed.
+
+Any user who can open the file can lock it; gpualloc is cooperative (see the README's trust
+model). Root's Slurm hooks therefore never depend on winning it: :mod:`.journal`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpualloc.errors import FileAccessError, LedgerLocked
+from gpualloc.ledger.shared_files import UnsafeFile, adopt, open_shared, owner_name, replace_planted
+
+SHARED_MODE = 0o666
+FIRST_DELAY_S = 0.0005
+MAX_DELAY_S = 0.02
+NOTICE_AFTER_S = 2.0
+"""A wait longer than this is announced (through :data:`slow_wait_notice`) with the holder."""
+
+slow_wait_notice: Callable[[str], None] | None = None
+"""Set by the command line to print a one-line notice on stderr while a wait drags on."""
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """Who holds a lock, as ``/proc/locks`` and ``/proc/<pid>`` tell."""
+
+    pid: int
+    user: str | None
+    command: str | None
+
+    def __str__(self) -> str:
+        text = f"pid {self.pid}"
+        if self.user:
+            text = f"{self.user} ({text}"
+            text += f": {self.command})" if self.command else ")"
+        elif self.command:
+            text += f" ({self.command})"
+        return text
+
+
+def lock_holders(descriptor: int) -> list[LockHolder]:
+    """The processes holding a ``flock`` on the file open as ``descriptor`` (best effort: an
+    empty list where ``/proc/locks`` cannot be read)."""
+    info = os.fstat(descriptor)
+    inode = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    try:
+        text = Path("/proc/locks").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return []
+    holders = []
+    for line in text.splitlines():
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF"; waiters are marked "->"
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == inode:
+            try:
+                pid = int(fields[4])
+            except ValueError:
+                continue
+            if pid > 0:
+                holders.append(_describe_pid(pid))
+    return holders
+
+
+def _describe_pid(pid: int) -> LockHolder:
+    proc = Path(f"/proc/{pid}")
+    user = command = None
+    try:
+        user = owner_name(proc.stat().st_uid)
+        raw = (proc / "cmdline").read_bytes()
+        command = " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+        command = command[:80] or None
+    except OSError:
+        pass
+    return LockHolder(pid, user, command)
+
+
+def describe_holders(descriptor: int) -> str:
+    holders = lock_holders(descriptor)
+    return ", ".join(map(str, holders)) if holders else "a process /proc/locks does not name"
+
+
+class SharedLock:
+    """An exclusive ``flock`` on ``path``; a context manager."""
+
+    def __init__(self, path: Path, *, timeout_s: float, what: str = "the ledger") -> None:
+        self.path = path
+        self.timeout_s = timeout_s
+        self.what = what
+        self._descriptor: int | None = None
+
+    def __enter__(self) -> SharedLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        started = time.monotonic()
+        delay = FIRST_DELAY_S
+        noticed = False
+        while True:
+            descriptor = self._open()
+            try:
+                while True:
+                    if self._try_lock(descriptor):
+                        if self._still_named(descriptor):
+                            self._descriptor = descriptor
+                            return
+                        break  # replaced while we waited: lock the file now at the name
+                    waited = time.monotonic() - started
+                    if waited >= self.timeout_s:
+                        raise LedgerLocked(
+                            f"{self.what} in {self.path.parent} stayed locked for "
+                            f"{self.timeout_s:g} s by {describe_holders(descriptor)}; nothing "
+                            "was changed",
+                            hint="gpualloc holds this lock for milliseconds: a process that "
+                            "holds it longer is stuck or hostile; ask its owner or root to end "
+                            "it, then try again",
+                        )
+                    if not noticed and waited >= NOTICE_AFTER_S and slow_wait_notice:
+                        noticed = True
+                        slow_wait_notice(
+                            f"waiting for {self.what}'s lock, held by "
+                            f"{describe_holders(descriptor)} (gives up after "
+                            f"{self.timeout_s:g} s)"
+                        )
+                    time.sleep(delay)
+                    delay = min(delay * 2, MAX_DELAY_S)
+            except BaseException:
+                os.close(descriptor)
+                raise
+            os.close(descriptor)
+
+    def release(self) -> None:
+        if self._descriptor is not None:
+            descriptor, self._descriptor = self._descriptor, None
+            os.close(descriptor)  # closing drops the flock
+
+    def holders(self) -> str:
+        """Who holds the lock now (for a note while reading without it)."""
+        descriptor = self._open()
+        try:
+            return describe_holders(descriptor)
+        finally:
+            os.close(descriptor)
+
+    def try_acquire(self) -> bool:
+        """Take the lock if nobody holds it; never waits."""
+        descriptor = self._open()
+        if self._try_lock(descriptor) and self._still_named(descriptor):
+            self._descriptor = descriptor
+            return True
+        os.close(descriptor)
+        return False
+
+    def _open(self) -> int:
+        try:
+            try:
+                descriptor, info = open_shared(self.path, os.O_RDWR, create_mode=SHARED_MODE)
+            except PermissionError:
+                # Another user's file they made read-only: flock needs only a read descriptor.
+                descriptor, info = open_shared(self.path, os.O_RDONLY)
+        except UnsafeFile:
+            if not replace_planted(self.path):
+                raise
+            descriptor, info = open_shared(self.path, os.O_RDWR, create_mode=SHARED_MODE)
+        except OSError as exc:
+            raise FileAccessError(
+                f"cannot open the lock file {self.path}: {exc.strerror}",
+                hint="every user of the host must be able to read it: ask root to "
+                f"'chmod 0666 {self.path}'",
+            ) from exc
+        with contextlib.suppress(OSError):  # a file system that refuses chown: still a lock
+            adopt(descriptor, info, SHARED_MODE)
+        return descriptor
+
+    @staticmethod
+    def _try_lock(descriptor: int) -> bool:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        return True
+
+    def _still_named(self, descriptor: int) -> bool:
+        held = os.fstat(descriptor)
+        try:
+            named = os.lstat(self.path)
+        except FileNotFoundError:
+            return False
+        return held.st_nlink > 0 and (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
