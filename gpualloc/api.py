@@ -150,6 +150,7 @@ def hold(
         topology,
         slurm_job=slurm_job(topology, os.environ),
         state_dir=config.value("state_dir"),
+        lock_timeout_s=config.value("lock_timeout"),
     )
     terms = LeaseTerms(source="alloc", pid=os.getpid(), name=name)
     if wait:

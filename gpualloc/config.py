@@ -10,6 +10,7 @@ with its source. A file is TOML::
     numa = "bind"               # run
     ignore_foreign = false      # run, alloc
     state_dir = "/var/tmp/gpualloc"
+    lock_timeout = "30s"        # waiting for the ledger's lock, then exit 16
     bandwidth_table = "/etc/gpualloc/bandwidth.json"   # or an inline [bandwidth_table] table
 
     [queue]
@@ -109,6 +110,13 @@ def _duration_or_none(value: Any) -> float | None:
     return seconds
 
 
+def _duration(value: Any) -> float:
+    seconds = _duration_or_none(value)
+    if seconds is None:
+        raise ValueError('must be a duration such as "30s" or 30')
+    return seconds
+
+
 def _policy(value: Any) -> str:
     from gpualloc.placement.registry import policy_names
 
@@ -147,6 +155,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "state_dir", "GPUALLOC_STATE_DIR", DEFAULT_STATE_DIR, _path,
         "the shared ledger's directory",
+    ),
+    Setting(
+        "lock_timeout", "GPUALLOC_LOCK_TIMEOUT", 30.0, _duration,
+        "how long a command waits for the ledger's lock before exit 16",
     ),
     Setting(
         "bandwidth_table", "GPUALLOC_BANDWIDTH_TABLE", None, _path_or_table,

@@ -27,7 +27,11 @@ def isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pat
     from gpualloc.config import SETTINGS
 
     # Every setting's variable, from the one list of them: a new one cannot leak in unnoticed.
-    for name in ("GPUALLOC_TOPOLOGY", "GPUALLOC_DEBUG", *(s.variable for s in SETTINGS if s.variable)):
+    for name in (
+        "GPUALLOC_TOPOLOGY",
+        "GPUALLOC_DEBUG",
+        *(s.variable for s in SETTINGS if s.variable),
+    ):
         monkeypatch.delenv(name, raising=False)
     cache = tmp_path / "cache"
     monkeypatch.setenv("GPUALLOC_CACHE_DIR", str(cache))
@@ -70,6 +74,13 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
 def summary() -> Callable[[str], None]:
     """Add a line to the section printed at the end of the run, whatever the outcome."""
     return SUMMARY.append
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the Unix users the multi-user tests made (useradd as root, userdel after)."""
+    from tests.unix_users import remove_created_users
+
+    remove_created_users()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpualloc.errors import FileAccessError, LedgerError
+from gpualloc.errors import LedgerError
 from gpualloc.ledger.liveness import lock_held, process_start_time, take_lease_lock
 from gpualloc.ledger.schema import SCHEMA_VERSION, Lease, LeasedGpu, Ledger
 from gpualloc.ledger.statedir import check_state_directory, open_state_directory

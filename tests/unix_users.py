@@ -1,36 +1,66 @@
-"""Two real Unix users for the tests of a state directory shared between users (root only)."""
+"""Real Unix users for the tests of a state directory shared between users (root only).
+
+Users are made with ``useradd`` when missing and removed with ``userdel`` when the session ends
+(:func:`remove_created_users`, called by ``conftest.py``): multi-user behaviour is tested with
+real uids, never faked ones.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import site
 import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 USERS = ("gpualloc-test-a", "gpualloc-test-b")
+ROOT = Path(__file__).resolve().parent.parent
+CREATED: list[str] = []
+"""Users this session made, removed at its end."""
+
+
+@dataclass(frozen=True)
+class UnixUser:
+    name: str
+    uid: int
+    gid: int
+
+
+def ensure_user(name: str) -> UnixUser:
+    """The Unix user ``name``, created when missing (root only; skips otherwise)."""
+    import pwd
+
+    if os.geteuid() != 0:
+        pytest.skip("creating Unix users needs root (CI runs as root)")
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        useradd = shutil.which("useradd")
+        if useradd is None:
+            pytest.skip("useradd is not installed")
+        subprocess.run(
+            [useradd, "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True
+        )
+        CREATED.append(name)
+        entry = pwd.getpwnam(name)
+    return UnixUser(name, entry.pw_uid, entry.pw_gid)
+
+
+def remove_created_users() -> None:
+    userdel = shutil.which("userdel")
+    while CREATED and userdel:
+        subprocess.run([userdel, CREATED.pop()], check=False, capture_output=True)
 
 
 def two_test_users() -> list[tuple[int, int]]:
-    """(uid, gid) of two real Unix users, created with useradd when missing (root only)."""
-    import pwd
-    import shutil
-
-    if os.geteuid() != 0:
-        pytest.skip("creating two Unix users needs root (CI runs as root)")
-    found = []
-    for name in USERS:
-        try:
-            entry = pwd.getpwnam(name)
-        except KeyError:
-            useradd = shutil.which("useradd")
-            if useradd is None:
-                pytest.skip("useradd is not installed")
-            subprocess.run([useradd, "--no-create-home", "--shell", "/bin/false", name], check=True)
-            entry = pwd.getpwnam(name)
-        found.append((entry.pw_uid, entry.pw_gid))
-    return found
+    """(uid, gid) of two real Unix users."""
+    return [(user.uid, user.gid) for user in map(ensure_user, USERS)]
 
 
 def as_user(uid: int, gid: int, action: Callable[[], object]) -> None:
@@ -60,3 +90,98 @@ def as_user(uid: int, gid: int, action: Callable[[], object]) -> None:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, f"the action failed as uid {uid}"
+
+
+# ---- the real command line, as another user ---------------------------------------------------
+
+
+def shared_directory(prefix: str) -> Path:
+    """A new directory as an administrator makes the state directory: owned by root, mode 1777
+    (``install -d -m 1777 -o root -g root``), somewhere every user can reach."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    os.chown(path, 0, 0)
+    path.chmod(0o1777)
+    return path
+
+
+class UserCommandLine:
+    """Runs ``gpualloc`` as real users, each a separate process with that uid.
+
+    The interpreter must be one every user may execute: the test's own when it is (a system
+    Python), else the system's Python of the same version, which then imports gpualloc and its
+    dependencies from this checkout and this environment's site-packages (one ABI). Skips, with
+    the reason, where no such interpreter exists.
+    """
+
+    def __init__(self, probe_user: UnixUser, *, system_config: Path | None = None) -> None:
+        self.system_config = system_config or Path("/nonexistent/gpualloc-system.toml")
+        paths = [str(ROOT), *site.getsitepackages()]
+        self.python_path = os.pathsep.join(paths)
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        for candidate in (sys.executable, f"/usr/bin/python{version}"):
+            try:
+                probe = self._run(probe_user, [candidate, "-c", "import gpualloc.cli.main"], {})
+            except OSError:  # EACCES: in a directory the user may not enter
+                continue
+            if probe.returncode == 0:
+                self.python = candidate
+                return
+        pytest.skip(
+            f"no Python {version} that other users may run imports gpualloc from {ROOT} "
+            "(the interpreter or the checkout lies in a directory only root can enter)"
+        )
+
+    def _run(
+        self,
+        user: UnixUser,
+        argv: Sequence[str],
+        env: dict[str, str],
+        *,
+        timeout_s: float = 60,
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            list(argv),
+            env=self._environment(user, env),
+            user=user.uid,
+            group=user.gid,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            cwd="/",
+            check=False,
+        )
+
+    def _environment(self, user: UnixUser, extra: dict[str, str]) -> dict[str, str]:
+        """A bare environment of the user's own: none of root's test settings leak in."""
+        return {
+            "PATH": "/usr/bin:/bin:/usr/sbin:/sbin",
+            "PYTHONPATH": self.python_path,
+            "HOME": "/nonexistent",
+            "XDG_CONFIG_HOME": f"/nonexistent/gpualloc-test-{user.uid}",
+            "GPUALLOC_SYSTEM_CONFIG": str(self.system_config),
+            "GPUALLOC_CACHE_DIR": f"/tmp/gpualloc-test-cache-{user.uid}",
+            "LC_ALL": "C.UTF-8",
+            **extra,
+        }
+
+    def argv(self, *args: str) -> list[str]:
+        return [self.python, "-m", "gpualloc", *args]
+
+    def __call__(
+        self, user: UnixUser, *args: str, env: dict[str, str] | None = None, timeout_s: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        return self._run(user, self.argv(*args), env or {}, timeout_s=timeout_s)
+
+    def popen(self, user: UnixUser, *args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.argv(*args),
+            env=self._environment(user, env),
+            user=user.uid,
+            group=user.gid,
+            extra_groups=[],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd="/",
+        )

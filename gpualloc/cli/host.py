@@ -31,6 +31,7 @@ def open_host_ledger(*, ignore_foreign: bool = False, create: bool = True) -> Ho
         create=create,
         slurm_job=slurm_job(topology, os.environ),
         state_dir=STATE.setting("state_dir"),
+        lock_timeout_s=STATE.setting("lock_timeout"),
     )
     warn(host.processes.notes)
     return host

@@ -136,8 +136,11 @@ def main(
 
 def run(argv: list[str] | None = None) -> None:
     """Console-script entry point; never returns."""
+    from gpualloc.ledger import locking
+
     STATE.reset()
     STATE.debug = os.environ.get("GPUALLOC_DEBUG", "") not in ("", "0")
+    locking.slow_wait_notice = _notice
     try:
         code = app(args=argv, standalone_mode=False, prog_name="gpualloc")
     except GpuallocError as exc:
@@ -160,6 +163,10 @@ def run(argv: list[str] | None = None) -> None:
         )
         sys.exit(ExitCode.INTERNAL)
     sys.exit(code if isinstance(code, int) else ExitCode.OK)
+
+
+def _notice(line: str) -> None:
+    sys.stderr.write(f"note: {line}\n")
 
 
 def _report(message: str, hint: str | None, details: tuple[str, ...] = ()) -> None:

@@ -120,6 +120,7 @@ def _node_hook(
             ignore_foreign=True,
             create=create,
             state_dir=STATE.setting("state_dir"),
+            lock_timeout_s=STATE.setting("lock_timeout"),
         )
         lines = hook(host, env)
     except Exception as exc:  # never drain the node

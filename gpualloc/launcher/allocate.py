@@ -158,10 +158,12 @@ class HostLedger:
         create: bool = True,
         slurm_job: SlurmJob | None = None,
         state_dir: Path | None = None,
+        lock_timeout_s: float | None = None,
     ) -> HostLedger:
         """The ledger of ``topology`` (the host's, or a recorded topology's own); with
         ``slurm_job``, the job's own ledger, limited to its GPUs. ``state_dir`` is the
-        configured state directory (None: read the configuration for it)."""
+        configured state directory (None: read the configuration for it), ``lock_timeout_s``
+        how long to wait for the ledger's lock (None: 30 s)."""
         this_host = describes_this_host(topology)
         scope = ledger_scope(topology)
         if slurm_job is not None:
@@ -171,6 +173,8 @@ class HostLedger:
         try:
             directory = open_state_directory(state_dir, create=create).scoped(scope)
             store: LedgerStore | None = LedgerStore(directory)
+            if lock_timeout_s is not None:
+                store.lock_timeout_s = lock_timeout_s
         except StateDirectoryMissing:
             store = None
         if not this_host:
