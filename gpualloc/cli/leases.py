@@ -122,10 +122,14 @@ def alloc_command(
     )
     waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
     host = open_host_ledger(ignore_foreign=STATE.setting("ignore_foreign", ignore_foreign))
-    terms = LeaseTerms(source="alloc", pid=owner, hold=hold, command=_command_of(owner), name=name)
+    terms = LeaseTerms(
+        source="alloc", pid=owner, hold=hold, command=_command_of(owner), name=name, announce=True
+    )
     allocation = allocate(host, want, terms, waiting)
     warn(allocation.notes)
     _print_allocation(host, want, allocation, output_format, uuid)
+    sys.stdout.flush()  # the id has reached the reader: only now is the lease confirmed
+    host.confirm(allocation.lease.id)
 
 
 def _command_of(pid: int | None) -> tuple[str, ...]:
@@ -164,8 +168,11 @@ def _print_allocation(
 
 
 def lease_json(lease: Lease) -> dict[str, Any]:
-    """A lease as ``status --json`` and ``alloc --format json`` print it."""
-    return lease.model_dump(mode="json")
+    """A lease as ``status --json`` and ``alloc --format json`` print it, with ``orphaned``:
+    its id never reached anyone (see :func:`gpualloc.ledger.occupancy.orphaned`)."""
+    from gpualloc.ledger.occupancy import orphaned
+
+    return {**lease.model_dump(mode="json"), "orphaned": orphaned(lease)}
 
 
 def release_command(

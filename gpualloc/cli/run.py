@@ -172,7 +172,14 @@ def _launch(
     from gpualloc.launcher.environment import gpu_variables, job_environment
     from gpualloc.launcher.exec import exec_job
 
-    terms = LeaseTerms(source="run", pid=os.getpid(), lock=True, command=tuple(command), name=name)
+    terms = LeaseTerms(
+        source="run",
+        pid=os.getpid(),
+        lock=True,
+        command=tuple(command),
+        name=name,
+        process_group=os.getpid() if os.getpgrp() == os.getpid() else None,
+    )
     allocation = allocate(host, want, terms, waiting)
     warn(allocation.notes)
     lease = allocation.lease

@@ -122,7 +122,13 @@ def _queue_table(txn: LedgerTransaction) -> Table:
 
 def _gpu_table(host: HostLedger, occupancy: Occupancy) -> Table:
     from gpualloc.cli.output import Table
-    from gpualloc.ledger.occupancy import describe_processes, format_age, shorten
+    from gpualloc.ledger.occupancy import (
+        ORPHANED,
+        describe_processes,
+        format_age,
+        orphaned,
+        shorten,
+    )
 
     now = datetime.now(timezone.utc)
     rows, styles = [], []
@@ -132,6 +138,8 @@ def _gpu_table(host: HostLedger, occupancy: Occupancy) -> Table:
         if lease is not None:
             command = shorten(" ".join(lease.command), 40)
             job = ": ".join(part for part in (lease.name, command) if part) or "-"
+            if orphaned(lease):
+                job = f"ORPHANED, {ORPHANED} ({job})"
             row = [
                 str(gpu.index),
                 state,

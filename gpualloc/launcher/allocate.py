@@ -124,6 +124,10 @@ class LeaseTerms:
     """Take the lease lock now and keep its descriptor open for the job to inherit."""
     command: tuple[str, ...] = ()
     name: str | None = None
+    process_group: int | None = None
+    """The job's own process group, when it leads one (see ``Lease.process_group``)."""
+    announce: bool = False
+    """The lease is unconfirmed until :meth:`HostLedger.confirm` (after its id was printed)."""
 
 
 @dataclass
@@ -170,19 +174,21 @@ class HostLedger:
             from gpualloc.slurm.job import job_ledger_scope
 
             scope = job_ledger_scope(scope, slurm_job.job_id)
-        try:
-            directory = open_state_directory(state_dir, create=create).scoped(scope)
-            store: LedgerStore | None = LedgerStore(directory)
-            if lock_timeout_s is not None:
-                store.lock_timeout_s = lock_timeout_s
-        except StateDirectoryMissing:
-            store = None
         if not this_host:
             processes = declared_processes(topology)
         elif ignore_foreign:
             processes = ProcessReport(source="none")
         else:
             processes = live_processes(topology)
+        try:
+            directory = open_state_directory(state_dir, create=create).scoped(scope)
+            store: LedgerStore | None = LedgerStore(
+                directory, gpu_processes=lambda: processes.processes
+            )
+            if lock_timeout_s is not None:
+                store.lock_timeout_s = lock_timeout_s
+        except StateDirectoryMissing:
+            store = None
         return cls(topology, store, processes, this_host, ignore_foreign, slurm_job)
 
     @property
@@ -287,7 +293,22 @@ class HostLedger:
             created=datetime.now(timezone.utc),
             source=terms.source,
             boot_id=boot_id(),
+            process_group=terms.process_group,
+            announced=not terms.announce,
+            creator_pid=os.getpid() if terms.announce else None,
+            creator_start_time=process_start_time(os.getpid()) if terms.announce else None,
         )
+
+    def confirm(self, lease_id: str) -> None:
+        """Mark the lease announced: its id has reached its user (issue 18, point 6)."""
+        with self._store().transaction() as txn:
+            lease = txn.ledger.find(lease_id)
+            if lease is not None and not lease.announced:
+                txn.replace(
+                    lease.model_copy(
+                        update={"announced": True, "creator_pid": None, "creator_start_time": None}
+                    )
+                )
 
     def release(self, lease_id: str) -> None:
         """Drop one lease of the caller's, quietly (an exec that failed, a lost race)."""

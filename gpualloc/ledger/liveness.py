@@ -1,13 +1,18 @@
-"""Whether a lease's holder is still there: its process, and the lease lock its job inherited.
+"""Whether a lease's holder is still there: its process, the lease lock its job inherited, its
+process group.
 
-Two signals, either of which keeps a lease alive:
+Signals, any of which keeps a lease alive:
 
 - the process: its pid exists and started at the recorded time (psutil's ``create_time``), so a
   pid the kernel reused for another program does not count;
 - the lease lock: ``gpualloc run`` takes a shared ``flock`` on ``lease-<id>.lock`` and lets the
   job inherit the descriptor across ``exec``. Every child the job forks inherits it too, so the
   lock is held until the last of them exits, and the kernel drops it however they end
-  (``kill -9`` included). A torchrun launcher that dies while its workers run keeps the GPUs.
+  (``kill -9`` included). A torchrun launcher that dies while its workers run keeps the GPUs;
+- the job's process group, when the job led one: a child that closed every inherited
+  descriptor (a daemon's ``closerange(3, 1024)``, which drops the lease lock) but stayed in the
+  group still holds the GPUs (issue 18, point 5). A child that also left the group (``setsid``)
+  is found on the GPUs themselves, by the ledger store (:func:`started_by`).
 """
 
 from __future__ import annotations
@@ -85,3 +90,27 @@ def take_lease_lock(path: Path) -> int:
         os.close(descriptor)
         raise
     return descriptor
+
+
+def group_alive(group: int) -> bool:
+    """True while some process of the process group ``group`` (which its leader's pid names)
+    lives; asked once the leader itself has ended. The kernel never hands out a pid that names
+    a live group, so when another process has the leader's pid now, the job's group is gone."""
+    import errno
+
+    if process_alive(group, None):
+        return False  # the pid was handed out again: the job's group had emptied before
+    try:
+        os.killpg(group, 0)
+    except OSError as exc:
+        return exc.errno == errno.EPERM  # another user's members exist
+    return True
+
+
+def started_by(pid: int, uid: int, *, since: float) -> bool:
+    """True if process ``pid`` runs as ``uid`` and started at or after ``since`` (epoch s)."""
+    try:
+        process = psutil.Process(pid)
+        return process.uids().real == uid and process.create_time() >= since - 1.0
+    except psutil.Error:
+        return False

@@ -125,6 +125,20 @@ class Occupancy:
         return lines
 
 
+ORPHANED = "its id was never printed: the alloc that made it was killed; 'release --mine' frees it"
+
+
+def orphaned(lease: Lease) -> bool:
+    """The gpualloc that made ``lease`` died before it printed the lease's id (issue 18,
+    point 6): nobody knows the id, so ``status`` marks the lease, and ``release --mine`` (or
+    ``release`` with the id ``status`` shows) frees it."""
+    if lease.announced or lease.creator_pid is None:
+        return False
+    from gpualloc.ledger.liveness import process_alive
+
+    return not process_alive(lease.creator_pid, lease.creator_start_time)
+
+
 def describe_lease(lease: Lease, *, now: datetime | None = None) -> str:
     """``GPU 0,1 held by alice since 14:02 (2h 5m), lease 1a2b3c4d5e6f, pid 4242: python
     train.py``."""
@@ -139,6 +153,8 @@ def describe_lease(lease: Lease, *, now: datetime | None = None) -> str:
         text += f", pid {lease.pid}"
     if lease.command:
         text += f": {shorten(' '.join(lease.command))}"
+    if orphaned(lease):
+        text += f" ({ORPHANED})"
     return text
 
 

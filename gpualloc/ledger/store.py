@@ -42,7 +42,7 @@ from gpualloc.atomic import write_text_atomic
 from gpualloc.boot import boot_id
 from gpualloc.errors import FileAccessError, GpuallocError, LedgerError
 from gpualloc.ledger import journal
-from gpualloc.ledger.liveness import lock_held, process_alive
+from gpualloc.ledger.liveness import group_alive, lock_held, process_alive, started_by
 from gpualloc.ledger.locking import SharedLock
 from gpualloc.ledger.schema import SCHEMA_VERSION, Lease, Ledger, Waiter
 from gpualloc.ledger.shared_files import (
@@ -54,6 +54,7 @@ from gpualloc.ledger.shared_files import (
     replace_planted,
 )
 from gpualloc.ledger.statedir import StateDirectory
+from gpualloc.model.topology import GpuProcess
 from gpualloc.model.validation import describe_validation_error
 
 LOCK_TIMEOUT_S = 30.0
@@ -74,7 +75,9 @@ def lease_alive(lease: Lease, directory: StateDirectory) -> bool:
         return True
     if lease.lock and lock_held(directory.lease_lock(lease.id)):
         return True
-    return lease.pid is not None and process_alive(lease.pid, lease.pid_start_time)
+    if lease.pid is not None and process_alive(lease.pid, lease.pid_start_time):
+        return True
+    return lease.process_group is not None and group_alive(lease.process_group)
 
 
 def new_lease_id() -> str:
@@ -100,6 +103,11 @@ class LedgerTransaction:
         if self.ledger.find(lease.id) is not None:
             raise LedgerError(f"a lease with id {lease.id} exists already")
         self.ledger.leases.append(lease)
+        self.changed = True
+
+    def replace(self, lease: Lease) -> None:
+        """Put ``lease`` in place of the lease with its id."""
+        self.ledger.leases = [lease if x.id == lease.id else x for x in self.ledger.leases]
         self.changed = True
 
     def remove(self, lease_id: str) -> Lease | None:
@@ -149,11 +157,14 @@ class LedgerStore:
         host: str | None = None,
         alive: Callable[[Lease, StateDirectory], bool] = lease_alive,
         lock_timeout_s: float = LOCK_TIMEOUT_S,
+        gpu_processes: Callable[[], Iterable[GpuProcess]] = tuple,
     ) -> None:
         self.directory = directory
         self.host = host or socket.gethostname()
         self.alive = alive
         self.lock_timeout_s = lock_timeout_s
+        self.gpu_processes = gpu_processes
+        """What runs on the GPUs now (NVML's process lists, or a recorded topology's)."""
 
     def _lock(self) -> SharedLock:
         return SharedLock(self.directory.lock_file, timeout_s=self.lock_timeout_s)
@@ -218,13 +229,26 @@ class LedgerStore:
 
     def _reap(self, txn: LedgerTransaction) -> None:
         for lease in list(txn.ledger.leases):
-            if not self.alive(lease, self.directory):
+            if not self.alive(lease, self.directory) and not self._runs_on_its_gpus(lease):
                 txn.remove(lease.id)
                 txn.reaped.append(lease)
         for waiter in list(txn.ledger.queue):
             if not process_alive(waiter.pid, waiter.pid_start_time):
                 txn.dequeue(waiter.id)
                 txn.reaped_waiters.append(waiter)
+
+    def _runs_on_its_gpus(self, lease: Lease) -> bool:
+        """A process of the lease's owner, started since the lease, computes on one of its
+        GPUs: a descendant that lost the lease lock and left the job's process group (a daemon
+        that closed its descriptors and called setsid) still keeps the GPUs (issue 18, point
+        5). Only for leases whose job has ended, so NVML's view is asked about rarely."""
+        if lease.boot_id is not None and lease.boot_id != boot_id():
+            return False
+        created = lease.created.timestamp()
+        return any(
+            process.gpu in lease.indices and started_by(process.pid, lease.uid, since=created)
+            for process in self.gpu_processes()
+        )
 
     # ---- reading -----------------------------------------------------------------------------
 
