@@ -1,0 +1,169 @@
+"""The pieces of issue 18 that need no second user: the lock and its holder, root's journal, the
+backfill window, the messages for a full disk and an empty GPUALLOC_STATE_DIR."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from gpualloc.errors import ConfigError, FileAccessError, LedgerLocked
+from gpualloc.launcher.queue import Attempt, take_turn
+from gpualloc.ledger import journal
+from gpualloc.ledger.locking import SharedLock
+from gpualloc.ledger.schema import Lease, LeasedGpu, Ledger, QueuedRequest, Waiter
+from gpualloc.ledger.statedir import open_state_directory
+from gpualloc.ledger.store import LedgerStore, new_lease_id
+from gpualloc.model.request import Placement, Scores
+
+HOST = "testhost"
+
+
+def _lease(*gpus: int, job: str | None = None) -> Lease:
+    return Lease(
+        id=new_lease_id(),
+        gpus=tuple(LeasedGpu(index=g) for g in gpus),
+        uid=os.geteuid(),
+        user="tester",
+        hold=True,
+        created=datetime.now(timezone.utc),
+        source="slurm" if job else "alloc",
+        slurm_job=job,
+    )
+
+
+def test_a_held_lock_is_reported_with_its_holder_and_nothing_changes(tmp_path: Path) -> None:
+    store = LedgerStore(open_state_directory(tmp_path / "state"), host=HOST, lock_timeout_s=0.3)
+    with store.transaction() as txn:
+        txn.add(_lease(0))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time\n"
+         "f = open(sys.argv[1], 'r+'); fcntl.flock(f, fcntl.LOCK_EX); print(flush=True)\n"
+         "time.sleep(60)", str(store.directory.lock_file)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "\n"
+        started = time.monotonic()
+        with pytest.raises(LedgerLocked, match=f"pid {holder.pid}") as caught, store.transaction():
+            pytest.fail("the transaction ran without the lock")
+        assert 0.3 <= time.monotonic() - started < 2
+        assert caught.value.exit_code == 16 and "nothing was changed" in caught.value.message
+        seen = store.snapshot()  # status reads without waiting, and says who holds it
+        assert [lease.indices for lease in seen.ledger.leases] == [(0,)]
+        assert any(f"pid {holder.pid}" in note for note in seen.notes)
+    finally:
+        holder.kill()
+        holder.communicate()
+    with store.transaction() as txn:  # the kernel dropped it with its holder
+        txn.add(_lease(1))
+
+
+def test_a_lock_file_replaced_while_waiting_is_locked_anew(tmp_path: Path) -> None:
+    path = tmp_path / "x.lock"
+    first = SharedLock(path, timeout_s=1)
+    first.acquire()
+    path.unlink()  # its owner removed it while we held it: the name is a new file now
+    second = SharedLock(path, timeout_s=1)
+    second.acquire()  # not blocked by a lock on a file nobody can name
+    assert path.exists()
+    second.release()
+    first.release()
+
+
+def test_roots_journal_applies_once_in_order_and_a_future_mark_is_ignored() -> None:
+    ledger = Ledger(host=HOST, leases=[_lease(1)])
+    add = journal.JournalEntry(seq=10, op="add", slurm_job="7", lease=_lease(0, 1, job="7"))
+    release = journal.JournalEntry(seq=20, op="release", slurm_job="7")
+    notes = journal.apply_journal(ledger, journal.Journal(host=HOST, entries=[add]))
+    assert [lease.indices for lease in ledger.leases] == [(1,), (0,)]  # GPU 1 stays held
+    assert ledger.root_journal_seq == 10 and "also held outside Slurm" in notes[0]
+    assert journal.apply_journal(ledger, journal.Journal(host=HOST, entries=[add])) == []
+    journal.apply_journal(ledger, journal.Journal(host=HOST, entries=[release, add]))
+    assert [lease.indices for lease in ledger.leases] == [(1,)]  # seq order, not file order
+    ledger.root_journal_seq = time.time_ns() * 2  # forged: would hide root's entries forever
+    notes = journal.apply_journal(ledger, journal.Journal(host=HOST, entries=[add]))
+    assert "future" in notes[0] and [lease.indices for lease in ledger.leases] == [(1,), (0,)]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root's journal is root's: the hooks run as root")
+def test_a_journal_not_written_by_root_is_ignored(tmp_path: Path) -> None:
+    directory = open_state_directory(tmp_path / "state")
+    entry = journal.JournalEntry(seq=1, op="add", slurm_job="9", lease=_lease(3, job="9"))
+    written = journal.append_entry(directory.journal_file, directory.journal_lock, HOST, entry)
+    assert written.seq > 1  # numbered by the clock
+    found, notes = journal.read_journal(directory.journal_file, HOST)
+    assert found is not None and notes == []
+    directory.journal_file.chmod(0o666)  # writable by everyone: no longer root's word
+    found, notes = journal.read_journal(directory.journal_file, HOST)
+    assert found is None and "not root's" in notes[0]
+
+
+def _waiter(seq: int, gpus: int, *, waited_s: float, window_s: float | None) -> Waiter:
+    return Waiter(
+        id=f"{seq:012x}",
+        seq=seq,
+        uid=1000,
+        user=f"user{seq}",
+        pid=1,
+        request=QueuedRequest(gpus=gpus, sensitive=False),
+        backfill_window_s=window_s,
+        created=datetime.now(timezone.utc) - timedelta(seconds=waited_s),
+    )
+
+
+@pytest.mark.parametrize(("waited_s", "passes"), [(10, True), (7200, False)])
+def test_no_backfill_past_a_job_older_than_the_hosts_window(waited_s: float, passes: bool) -> None:
+    big = _waiter(0, 8, waited_s=waited_s, window_s=3600)
+    small = _waiter(1, 1, waited_s=0, window_s=3600)
+    scores = Scores(None, None, 0.0, None, 1.0)
+    placement = Placement(policy="mapa", gpus=(3,), scores=scores, objective="test")
+
+    def attempt(waiter: Waiter) -> Attempt:
+        return Attempt(placement if waiter.request.gpus == 1 else None, "busy")
+
+    turn = take_turn([big, small], small.id, attempt)
+    assert turn.go is passes
+    assert passes or "backfill window" in turn.reason
+
+
+def test_a_full_disk_says_so_and_that_the_ledger_is_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gpualloc.ledger.store as store_module
+
+    store = LedgerStore(open_state_directory(tmp_path / "state"), host=HOST)
+    with store.transaction() as txn:
+        txn.add(_lease(0))
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(store_module, "write_text_atomic", full)
+    with (
+        pytest.raises(FileAccessError, match="file system is full") as caught,
+        store.transaction() as txn,
+    ):
+        txn.add(_lease(1))
+    assert "the ledger is unchanged" in caught.value.message
+    assert "0666" not in (caught.value.hint or "") and "free space" in (caught.value.hint or "")
+    monkeypatch.undo()
+    assert [lease.indices for lease in store.read().ledger.leases] == [(0,)]
+
+
+def test_an_empty_state_dir_variable_is_refused_not_silently_the_default(
+    monkeypatch: pytest.MonkeyPatch, cli
+) -> None:
+    from gpualloc.config import Config
+
+    monkeypatch.setenv("GPUALLOC_STATE_DIR", "")
+    with pytest.raises(ConfigError, match="GPUALLOC_STATE_DIR is set but empty"):
+        Config.load().value("state_dir")
+    result = cli("--topology", "dgx1-v100", "status")
+    assert result.exit_code == 15 and "unset GPUALLOC_STATE_DIR" in result.stderr
