@@ -10,8 +10,12 @@ never leaves the host locked. What this module adds to the bare system call (iss
   the user who created it can no longer remove it while others wait on it;
 - after locking, the name is checked to still be the locked inode: a lock on a file that was
   removed or replaced meanwhile guards nothing, and is taken again on the new file;
-- waiting polls with a back-off from half a millisecond up to 20 ms (a transaction takes a few
-  milliseconds; filelock's fixed 50 ms poll put a floor of 50 ms under every contended one);
+- waiting blocks in the kernel, which hands the lock on the moment it is dropped, bounded by an
+  interval timer (``flock -w`` does the same); where a timer cannot be used (not the main
+  thread, or the program uses ``SIGALRM`` itself) it polls with a back-off from half a
+  millisecond up to 20 ms. Polling alone let newcomers overtake a waiter asleep in its back-off
+  again and again: with 8 processes on 2 cores, 1 alloc in 100 waited 0.7 s; filelock's fixed
+  50 ms poll put a floor of 50 ms under every contended transaction;
 - a lock held too long is reported with its holder, read from ``/proc/locks``: user, pid and
   command, so that a user who holds it by hand (``flock ledger.lock sleep 1000``) is named, and
   :class:`~gpualloc.errors.LedgerLocked` (exit 16) tells scripts that nothing was changed.
@@ -103,6 +107,48 @@ def describe_holders(descriptor: int) -> str:
     return ", ".join(map(str, holders)) if holders else "a process /proc/locks does not name"
 
 
+class _Expired(Exception):
+    """The interval timer ran out while waiting in ``flock``."""
+
+
+def _timer_usable() -> bool:
+    """Whether waiting may use ``SIGALRM``: only the main thread receives it, and a program that
+    uses it itself must keep it."""
+    import signal
+    import threading
+
+    return (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
+        and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    )
+
+
+def _lock_within(descriptor: int, seconds: float) -> bool:
+    """Wait in the kernel for the ``flock`` on ``descriptor`` for at most ``seconds``."""
+    import signal
+
+    armed = [True]
+
+    def expire(signum: int, frame: object) -> None:
+        if armed[0]:
+            raise _Expired
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        with contextlib.suppress(_Expired):
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        armed[0] = False
+    except _Expired:  # the timer fired just after flock returned: asked again below
+        pass
+    finally:
+        armed[0] = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    return SharedLock._try_lock(descriptor)  # true if this descriptor holds it now
+
+
 class SharedLock:
     """An exclusive ``flock`` on ``path``; a context manager."""
 
@@ -123,11 +169,16 @@ class SharedLock:
         started = time.monotonic()
         delay = FIRST_DELAY_S
         noticed = False
+        blocking = _timer_usable()
         while True:
             descriptor = self._open()
             try:
                 while True:
-                    if self._try_lock(descriptor):
+                    waited = time.monotonic() - started
+                    checkpoint = self.timeout_s if noticed else min(NOTICE_AFTER_S, self.timeout_s)
+                    if self._try_lock(descriptor) or (
+                        blocking and _lock_within(descriptor, max(checkpoint - waited, 0.001))
+                    ):
                         if self._still_named(descriptor):
                             self._descriptor = descriptor
                             return
@@ -142,15 +193,17 @@ class SharedLock:
                             "holds it longer is stuck or hostile; ask its owner or root to end "
                             "it, then try again",
                         )
-                    if not noticed and waited >= NOTICE_AFTER_S and slow_wait_notice:
+                    if not noticed and waited >= NOTICE_AFTER_S:
                         noticed = True
-                        slow_wait_notice(
-                            f"waiting for {self.what}'s lock, held by "
-                            f"{describe_holders(descriptor)} (gives up after "
-                            f"{self.timeout_s:g} s)"
-                        )
-                    time.sleep(delay)
-                    delay = min(delay * 2, MAX_DELAY_S)
+                        if slow_wait_notice is not None:
+                            slow_wait_notice(
+                                f"waiting for {self.what}'s lock, held by "
+                                f"{describe_holders(descriptor)} (gives up after "
+                                f"{self.timeout_s:g} s)"
+                            )
+                    if not blocking:
+                        time.sleep(delay)
+                        delay = min(delay * 2, MAX_DELAY_S)
             except BaseException:
                 os.close(descriptor)
                 raise

@@ -11,8 +11,13 @@ rename over another user's file. So a write has two steps:
 
 1. the new ledger goes to the writer's own copy, ``ledger.<uid>.good.json``, by temp file, fsync
    and rename (a user may always replace their own file);
-2. then ``ledger.json`` (mode 0666, shared) is rewritten in place: truncate to nothing, write,
-   fsync.
+2. then ``ledger.json`` (mode 0666, shared) is rewritten in place: truncate to nothing, write.
+
+Only step 1 is synced to disk. A killed gpualloc loses nothing that is not synced (the page
+cache outlives it); only a crash of the machine does, and every lease and waiter dies with the
+machine (boot id, pids), so what a power cut can take from ``ledger.json`` is recovered from the
+synced good copy or reaped anyway. Not syncing ``ledger.json`` halves the time each transaction
+holds the lock (issue 18, point 9).
 
 A crash during step 1 leaves ``ledger.json`` untouched. A crash during step 2 leaves it empty or
 holding a strict prefix of a JSON object, which no JSON parser accepts (truncating first matters:
@@ -360,7 +365,8 @@ class LedgerStore:
         ledger.writer_uid = uid
         data = ledger.model_dump(mode="json")
         head = {"writer_uid": data.pop("writer_uid"), "generation": data.pop("generation")}
-        text = json.dumps({**head, **dict(sorted(data.items()))}, indent=1) + "\n"
+        # Compact: json's C encoder, which indentation turns off (a third of a write's time).
+        text = json.dumps({**head, **dict(sorted(data.items()))}, separators=(",", ":")) + "\n"
         own = self.directory.good_copy(uid)
         _check_own_copy(own, uid)
         try:
@@ -466,7 +472,6 @@ def _overwrite_in_place(path: Path, data: bytes) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(descriptor, view) :]
-        os.fsync(descriptor)
     finally:
         os.close(descriptor)
 
