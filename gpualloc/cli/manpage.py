@@ -25,6 +25,20 @@ FILES = (
         "ledger@NAME-DIGEST.json; a Slurm job's sub-jobs in ledger@...+slurm-job-ID.json.",
     ),
     (
+        "/var/tmp/gpualloc/ledger.lock",
+        "Held (flock) by every change of the ledger, for milliseconds; a process holding it "
+        "longer than lock_timeout is named, and the command exits 16.",
+    ),
+    (
+        "/var/tmp/gpualloc/ledger.UID.good.json",
+        "Each user's copy of the last ledger they wrote, to recover a damaged ledger.json from.",
+    ),
+    (
+        "/var/tmp/gpualloc/ledger.root-journal.json",
+        "Root's journal: what the Slurm Prolog and Epilog recorded while another process held "
+        "the lock; every gpualloc applies it.",
+    ),
+    (
         "/var/tmp/gpualloc/slurm-hooks.log",
         "What the Slurm Prolog, Epilog and TaskProlog did, and what went wrong.",
     ),
