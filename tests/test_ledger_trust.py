@@ -167,3 +167,39 @@ def test_an_empty_state_dir_variable_is_refused_not_silently_the_default(
         Config.load().value("state_dir")
     result = cli("--topology", "dgx1-v100", "status")
     assert result.exit_code == 15 and "unset GPUALLOC_STATE_DIR" in result.stderr
+
+
+def test_process_facts_from_proc_agree_with_psutil() -> None:
+    """Liveness reads /proc itself (psutil's import cost every command ~25 ms); what it reads
+    must be what psutil reports, since ledgers written before hold psutil's start times."""
+    import psutil
+
+    from gpualloc.ledger.liveness import (
+        command_line,
+        process_alive,
+        process_start_time,
+        started_by,
+    )
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)  # fmt: skip
+    try:
+        started = psutil.Process(child.pid).create_time()
+        assert process_start_time(child.pid) == pytest.approx(started, abs=0.011)
+        assert process_alive(child.pid, started)
+        assert not process_alive(child.pid, started - 1)  # the pid, but another process
+        assert started_by(child.pid, os.getuid(), since=started)
+        assert not started_by(child.pid, os.getuid() + 1, since=started)
+        assert not started_by(child.pid, os.getuid(), since=started + 5)
+        assert command_line(child.pid)[1:] == ("-c", "import sys; sys.stdin.read()")
+        assert child.stdin is not None
+        child.stdin.close()
+        deadline = time.monotonic() + 30
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not process_alive(child.pid, None)  # ended, not yet waited for
+    finally:
+        child.wait()
+    assert not process_alive(child.pid, None) and process_start_time(child.pid) is None
+    assert process_start_time(0) is None and command_line(-1) == ()

@@ -133,14 +133,9 @@ def alloc_command(
 
 
 def _command_of(pid: int | None) -> tuple[str, ...]:
-    import psutil
+    from gpualloc.ledger.liveness import command_line
 
-    if pid is None:
-        return ()
-    try:
-        return tuple(psutil.Process(pid).cmdline())
-    except psutil.Error:
-        return ()
+    return () if pid is None else command_line(pid)
 
 
 def _print_allocation(

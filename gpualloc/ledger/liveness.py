@@ -3,7 +3,8 @@ process group.
 
 Signals, any of which keeps a lease alive:
 
-- the process: its pid exists and started at the recorded time (psutil's ``create_time``), so a
+- the process: its pid exists and started at the recorded time (``/proc/<pid>/stat``, read as
+  psutil's ``create_time`` reads it, without importing psutil on every command), so a
   pid the kernel reused for another program does not count;
 - the lease lock: ``gpualloc run`` takes a shared ``flock`` on ``lease-<id>.lock`` and lets the
   job inherit the descriptor across ``exec``. Every child the job forks inherits it too, so the
@@ -19,39 +20,63 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import os
 from pathlib import Path
 
-import psutil
-
 _START_TIME_TOLERANCE_S = 0.05
-"""psutil derives the start time from clock ticks since boot; two readings of one process agree
-to the tick (10 ms), a different process started in the same tick is vanishingly unlikely."""
+"""The start time is counted in clock ticks since boot; two readings of one process agree to
+the tick (10 ms), a different process started in the same tick is vanishingly unlikely."""
+
+
+@functools.lru_cache(maxsize=1)
+def _boot_time() -> float:
+    """The boot time (``btime`` of ``/proc/stat``, seconds since the epoch), as psutil uses it."""
+    for line in Path("/proc/stat").read_text(encoding="ascii").splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    raise OSError(errno.ENOENT, "no btime in /proc/stat")
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name: [state, ppid, ...]. Raises
+    ProcessLookupError for no such process, PermissionError where ``/proc`` hides it."""
+    if pid <= 0:
+        raise ProcessLookupError(pid)
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except FileNotFoundError:
+        raise ProcessLookupError(pid) from None
+    return text[text.rindex(")") + 2 :].split()  # the name may hold spaces and parentheses
+
+
+def _started(fields: list[str]) -> float:
+    return _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
 
 
 def process_start_time(pid: int) -> float | None:
-    """The start time of ``pid`` (seconds since the epoch), or None if it cannot be read."""
+    """The start time of ``pid`` (seconds since the epoch, as psutil's ``create_time``), or
+    None if it cannot be read."""
     try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
+        return _started(_stat(pid))
+    except (OSError, ValueError, IndexError):
         return None
 
 
 def process_alive(pid: int, start_time: float | None) -> bool:
     """True if ``pid`` runs and is the process that started at ``start_time`` (any process with
-    that pid when the start time was not recorded)."""
+    that pid when the start time was not recorded). A zombie has ended."""
     try:
-        process = psutil.Process(pid)
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return False
-        started = process.create_time()
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        fields = _stat(pid)
+    except ProcessLookupError:
         return False
-    except psutil.AccessDenied:
+    except OSError:
         # Another user's process on a hardened /proc (hidepid): it exists but cannot be
         # identified, so it keeps its GPUs rather than lose them on a guess.
         return True
-    return start_time is None or abs(started - start_time) <= _START_TIME_TOLERANCE_S
+    if fields[0] in ("Z", "X"):
+        return False
+    return start_time is None or abs(_started(fields) - start_time) <= _START_TIME_TOLERANCE_S
 
 
 def lock_held(path: Path) -> bool:
@@ -110,7 +135,18 @@ def group_alive(group: int) -> bool:
 def started_by(pid: int, uid: int, *, since: float) -> bool:
     """True if process ``pid`` runs as ``uid`` and started at or after ``since`` (epoch s)."""
     try:
-        process = psutil.Process(pid)
-        return process.uids().real == uid and process.create_time() >= since - 1.0
-    except psutil.Error:
+        fields = _stat(pid)
+        status = Path(f"/proc/{pid}/status").read_text(encoding="ascii", errors="replace")
+    except OSError:
         return False
+    real = next((line.split()[1] for line in status.splitlines() if line.startswith("Uid:")), "")
+    return fields[0] not in ("Z", "X") and real == str(uid) and _started(fields) >= since - 1.0
+
+
+def command_line(pid: int) -> tuple[str, ...]:
+    """The arguments of process ``pid`` (empty if it cannot be read)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ()
+    return tuple(part.decode(errors="replace") for part in raw.split(b"\0") if part)

@@ -50,7 +50,8 @@ class Lease(BaseModel):
     user: str
     pid: int | None = Field(default=None, gt=0)
     pid_start_time: float | None = None
-    """The process's start time as psutil reports it (seconds since the epoch)."""
+    """The process's start time as psutil's ``create_time`` reports it (seconds since the
+    epoch; gpualloc reads it from ``/proc`` the same way)."""
     lock: bool = False
     """True when the job holds the lease lock file (``lease-<id>.lock``)."""
     hold: bool = False
