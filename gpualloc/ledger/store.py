@@ -46,7 +46,6 @@ from pydantic import ValidationError
 from gpualloc.atomic import write_text_atomic
 from gpualloc.boot import boot_id
 from gpualloc.errors import FileAccessError, GpuallocError, LedgerError
-from gpualloc.ledger import journal
 from gpualloc.ledger.liveness import group_alive, lock_held, process_alive, started_by
 from gpualloc.ledger.locking import SharedLock
 from gpualloc.ledger.schema import SCHEMA_VERSION, Lease, Ledger, Waiter
@@ -188,7 +187,9 @@ class LedgerStore:
                 self._write(txn.ledger)
                 for lease in txn.reaped:
                     _unlink_quietly(self.directory.lease_lock(lease.id))
-        if os.geteuid() == 0 and txn.ledger.root_journal_seq:
+        if os.geteuid() == 0 and os.path.lexists(self.directory.journal_file):
+            from gpualloc.ledger import journal
+
             # What fails to fold now is folded by root's next transaction (and applying an
             # entry a ledger already includes changes nothing).
             with contextlib.suppress(OSError, LedgerError):
@@ -227,6 +228,10 @@ class LedgerStore:
         return txn
 
     def _apply_journal(self, txn: LedgerTransaction) -> None:
+        if not os.path.lexists(self.directory.journal_file):
+            return  # the usual case: the journal's models are not even built
+        from gpualloc.ledger import journal
+
         found, notes = journal.read_journal(self.directory.journal_file, self.host)
         applied = journal.apply_journal(txn.ledger, found) if found is not None else []
         txn.notes += notes + applied
