@@ -84,8 +84,9 @@ def _complete(words: str, state_dir: Path) -> tuple[list[str], list[str]]:
         "GPUALLOC_STATE_DIR": str(state_dir),
     }
     result = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=False
-    )
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=False,
+        timeout=60,
+    )  # fmt: skip
     return result.stdout.split(), json.loads(result.stderr)
 
 
@@ -99,6 +100,9 @@ def test_completion_offers_names_and_imports_nothing_heavy(cli, tmp_path: Path) 
     assert offered == ["dgx-a100", "dgx1-p100", "dgx1-v100", "dgx2"] and heavy == []
     offered, heavy = _complete("gpualloc plan --policy mapa", state)
     assert offered == ["mapa", "mapa-greedy"] and heavy == []
+    offered, heavy = _complete("gpualloc release ", state)
+    assert offered == [lease["id"]] and heavy == []
+    os.mkfifo(state / "ledger@planted.json")  # another user's FIFO must not hang the shell
     offered, heavy = _complete("gpualloc release ", state)
     assert offered == [lease["id"]] and heavy == []
     offered, heavy = _complete("gpualloc s", state)

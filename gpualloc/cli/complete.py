@@ -73,7 +73,8 @@ def topologies(incomplete: str) -> list[tuple[str, str]]:
 def lease_ids(incomplete: str) -> list[tuple[str, str]]:
     """The ids of the leases in every ledger of the state directory, with who holds what."""
     from gpualloc.config import Config
-    from gpualloc.errors import ConfigError
+    from gpualloc.errors import ConfigError, GpuallocError
+    from gpualloc.ledger.shared_files import read_shared
 
     try:
         directory = Path(Config.load().value("state_dir"))
@@ -83,9 +84,9 @@ def lease_ids(incomplete: str) -> list[tuple[str, str]]:
     for path in sorted(directory.glob("ledger*.json")):
         if path.name.endswith(".good.json"):
             continue
-        try:
-            leases = json.loads(path.read_text(encoding="utf-8")).get("leases", [])
-        except (OSError, ValueError, AttributeError):
+        try:  # never blocks: a FIFO planted as a ledger must not hang the user's shell
+            leases = json.loads(read_shared(path)).get("leases", [])
+        except (OSError, ValueError, AttributeError, GpuallocError):
             continue
         for lease in leases if isinstance(leases, list) else []:
             try:
