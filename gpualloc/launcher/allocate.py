@@ -218,7 +218,8 @@ class HostLedger:
             return LedgerTransaction(Ledger(host=_hostname()))
         return self.store.snapshot()
 
-    def _store(self) -> LedgerStore:
+    def ledger_store(self) -> LedgerStore:
+        """The store, which exists unless the ledger was opened without creating it."""
         if self.store is None:  # only when opened with create=False
             raise LedgerError("the state directory does not exist")
         return self.store
@@ -240,7 +241,7 @@ class HostLedger:
     @contextmanager
     def transaction(self) -> Iterator[LedgerTransaction]:
         """A ledger transaction; a lease lock taken in it is dropped again if it fails."""
-        store = self._store()
+        store = self.ledger_store()
         self._pending_lock = None
         try:
             with store.transaction() as txn:
@@ -256,7 +257,7 @@ class HostLedger:
         self, txn: LedgerTransaction, placement: Placement, want: Want, terms: LeaseTerms
     ) -> Allocation:
         """Add the lease for ``placement`` to ``txn`` (taking its lease lock if asked)."""
-        store = self._store()
+        store = self.ledger_store()
         lease_id = new_lease_id()
         lock_fd = take_lease_lock(store.directory.lease_lock(lease_id)) if terms.lock else None
         if lock_fd is not None:
@@ -301,7 +302,7 @@ class HostLedger:
 
     def confirm(self, lease_id: str) -> None:
         """Mark the lease announced: its id has reached its user (issue 18, point 6)."""
-        with self._store().transaction() as txn:
+        with self.ledger_store().transaction() as txn:
             lease = txn.ledger.find(lease_id)
             if lease is not None and not lease.announced:
                 txn.replace(
@@ -312,7 +313,7 @@ class HostLedger:
 
     def release(self, lease_id: str) -> None:
         """Drop one lease of the caller's, quietly (an exec that failed, a lost race)."""
-        store = self._store()
+        store = self.ledger_store()
         with store.transaction() as txn:
             txn.remove(lease_id)
         _remove_file(store.directory.lease_lock(lease_id))
@@ -322,7 +323,7 @@ class HostLedger:
     def release_leases(self, selectors: Iterable[str], *, mine: bool = False) -> ReleaseResult:
         """Release the leases ``selectors`` name (ids or unique id prefixes), or all of the
         caller's with ``mine``. Only the owner or root may release a lease."""
-        store = self._store()
+        store = self.ledger_store()
         uid = os.geteuid()
         result = ReleaseResult()
         with store.transaction() as txn:
@@ -354,7 +355,7 @@ class HostLedger:
 
     def collect_garbage(self) -> GarbageReport:
         """Reap dead leases now, and remove lease lock files that no lease names."""
-        store = self._store()
+        store = self.ledger_store()
         with store.transaction() as txn:
             reaped = list(txn.reaped)
             dropped = list(txn.reaped_waiters)

@@ -110,7 +110,7 @@ def _record(host: HostLedger, entry: JournalEntry) -> list[str]:
     """Make the Prolog's or Epilog's change in the ledger; when another process holds the
     ledger's lock past :data:`HOOK_LOCK_TIMEOUT_S`, in root's journal, which every later
     gpualloc applies (:mod:`gpualloc.ledger.journal`)."""
-    store = host._store()
+    store = host.ledger_store()
     store.lock_timeout_s = min(store.lock_timeout_s, HOOK_LOCK_TIMEOUT_S)
     job = entry.slurm_job
     try:
