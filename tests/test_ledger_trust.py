@@ -203,3 +203,41 @@ def test_process_facts_from_proc_agree_with_psutil() -> None:
         child.wait()
     assert not process_alive(child.pid, None) and process_start_time(child.pid) is None
     assert process_start_time(0) is None and command_line(-1) == ()
+
+
+@pytest.mark.parametrize("alarm", ["free", "blocked", "handled"])
+def test_waiting_for_a_held_lock_ends_at_the_timeout_whatever_sigalrm_is(
+    tmp_path: Path, alarm: str
+) -> None:
+    """The wait sleeps in flock under an interval timer only where SIGALRM can interrupt it;
+    with SIGALRM blocked by a launcher, or used by the program, it polls: never a hang."""
+    lock = tmp_path / "x.lock"
+    lock.touch()
+    waiter = f"""
+import signal, sys
+from pathlib import Path
+from gpualloc.errors import LedgerLocked
+from gpualloc.ledger.locking import SharedLock
+if {alarm!r} == "blocked":
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
+elif {alarm!r} == "handled":
+    signal.signal(signal.SIGALRM, lambda *a: None)
+try:
+    SharedLock(Path({str(lock)!r}), timeout_s=0.5).acquire()
+except LedgerLocked:
+    sys.exit(16)
+"""
+    holder = subprocess.Popen(["flock", str(lock), "sleep", "60"], start_new_session=True)
+    try:
+        from gpualloc.ledger.liveness import lock_held
+
+        deadline = time.monotonic() + 30
+        while not lock_held(lock):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        started = time.monotonic()
+        result = subprocess.run([sys.executable, "-c", waiter], timeout=30, check=False)
+        assert result.returncode == 16 and time.monotonic() - started < 10
+    finally:
+        os.killpg(holder.pid, 9)
+        holder.wait()

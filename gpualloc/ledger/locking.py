@@ -112,8 +112,9 @@ class _Expired(Exception):
 
 
 def _timer_usable() -> bool:
-    """Whether waiting may use ``SIGALRM``: only the main thread receives it, and a program that
-    uses it itself must keep it."""
+    """Whether waiting may use ``SIGALRM``: only the main thread receives it, a program that
+    uses it itself must keep it, and a launcher may have blocked it (then the timer would never
+    interrupt the wait, and a lock held forever would hang gpualloc forever)."""
     import signal
     import threading
 
@@ -121,6 +122,7 @@ def _timer_usable() -> bool:
         threading.current_thread() is threading.main_thread()
         and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
         and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+        and signal.SIGALRM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
     )
 
 
