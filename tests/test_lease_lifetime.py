@@ -133,3 +133,45 @@ def test_an_alloc_that_printed_its_id_confirms_the_lease() -> None:
     assert made.returncode == 0, made.stderr
     (lease,) = status()["leases"]
     assert lease["announced"] and not lease["orphaned"] and lease["creator_pid"] is None
+
+
+def test_whoever_reaps_sees_the_gpus_processes_even_when_ignoring_foreign_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lease kept by a process on its GPU must not be reaped by the next command just because
+    that command was told to ignore foreign processes (--ignore-foreign, the Slurm hooks): NVML
+    is asked then too, once, and only when a lease looks dead."""
+    from datetime import datetime, timezone
+
+    import gpualloc.launcher.allocate as allocate
+    from gpualloc.discovery.processes import ProcessReport
+    from gpualloc.ledger.schema import Lease, LeasedGpu
+    from gpualloc.model.topology import GpuProcess
+
+    topology = load_bundled("dgx1-v100")
+    lease = Lease(
+        id="0123456789ab", gpus=(LeasedGpu(index=3),), uid=os.getuid(), user="me",
+        pid=2**22 - 1, created=datetime.now(timezone.utc), source="run",
+    )  # fmt: skip
+    daemon = subprocess.Popen(["sleep", "60"])
+    asked = []
+
+    def nvml(_topology) -> ProcessReport:
+        asked.append(1)
+        return ProcessReport([GpuProcess(gpu=3, pid=daemon.pid)], source="nvml")
+
+    monkeypatch.setattr(allocate, "describes_this_host", lambda _topology: True)
+    monkeypatch.setattr(allocate, "live_processes", nvml)
+    try:
+        host = allocate.HostLedger.open(topology, ignore_foreign=True)
+        assert host.processes.source == "none" and asked == []  # not asked up front
+        with host.transaction() as txn:
+            txn.add(lease)
+        for _ in range(2):
+            assert [x.id for x in host.snapshot().ledger.leases] == [lease.id]
+        assert asked == [1]
+    finally:
+        daemon.kill()
+        daemon.wait()
+    fresh = allocate.HostLedger.open(topology, ignore_foreign=True)
+    assert fresh.snapshot().ledger.leases == []  # its process is gone: reaped

@@ -65,16 +65,28 @@ def test_a_held_lock_is_reported_with_its_holder_and_nothing_changes(tmp_path: P
         txn.add(_lease(1))
 
 
-def test_a_lock_file_replaced_while_waiting_is_locked_anew(tmp_path: Path) -> None:
+def test_a_lock_won_on_a_file_replaced_meanwhile_does_not_count(tmp_path: Path) -> None:
+    """A waiter that finally locks the file its owner removed and replaced must lock the file
+    now at the name, or two transactions would run at once."""
+    import threading
+
     path = tmp_path / "x.lock"
-    first = SharedLock(path, timeout_s=1)
+    first = SharedLock(path, timeout_s=5)
     first.acquire()
-    path.unlink()  # its owner removed it while we held it: the name is a new file now
-    second = SharedLock(path, timeout_s=1)
-    second.acquire()  # not blocked by a lock on a file nobody can name
-    assert path.exists()
-    second.release()
-    first.release()
+    waiter = SharedLock(path, timeout_s=10)
+    got = threading.Event()
+    thread = threading.Thread(target=lambda: (waiter.acquire(), got.set()))
+    thread.start()  # off the main thread: it polls the first file's lock
+    time.sleep(0.1)
+    path.unlink()  # its owner removes it; a third process locks the new file at the name
+    third = SharedLock(path, timeout_s=1)
+    third.acquire()
+    first.release()  # the waiter can now lock the old, nameless file ...
+    assert not got.wait(0.5), "it took a lock on a file nobody can name any more"
+    third.release()  # ... but only this one counts
+    assert got.wait(5)
+    thread.join()
+    waiter.release()
 
 
 def test_roots_journal_applies_once_in_order_and_a_future_mark_is_ignored() -> None:

@@ -85,7 +85,7 @@ def lease_ids(incomplete: str) -> list[tuple[str, str]]:
         if path.name.endswith(".good.json"):
             continue
         try:  # never blocks: a FIFO planted as a ledger must not hang the user's shell
-            leases = json.loads(read_shared(path)).get("leases", [])
+            leases = json.loads(read_shared(path)[0]).get("leases", [])
         except (OSError, ValueError, AttributeError, GpuallocError):
             continue
         for lease in leases if isinstance(leases, list) else []:

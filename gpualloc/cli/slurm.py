@@ -148,16 +148,11 @@ def _log(host: HostLedger | None, kind: str, lines: list[str]) -> None:
 def _open_log(path: Path) -> int:
     """The hooks' log, opened to append: never through a symlink, never blocking on a FIFO,
     and, for root, only a file of root's (anything a user planted there is replaced)."""
-    from gpualloc.ledger.shared_files import UnsafeFile, open_shared, replace_planted
+    from gpualloc.ledger.shared_files import open_shared, replace_planted
 
     flags = os.O_WRONLY | os.O_APPEND
-    try:
-        descriptor, info = open_shared(path, flags, create_mode=0o644)
-    except UnsafeFile:
-        if not replace_planted(path):
-            raise
-        descriptor, info = open_shared(path, flags, create_mode=0o644)
-    if os.geteuid() == 0 and info.st_uid != 0:
+    descriptor, info = open_shared(path, flags, create_mode=0o644, replace_as_root=True)
+    if os.geteuid() == 0 and info.st_uid != 0:  # a user's file: root's log must be root's
         os.close(descriptor)
         replace_planted(path)
         descriptor, info = open_shared(path, flags, create_mode=0o644)

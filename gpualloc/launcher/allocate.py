@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import pwd
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -37,10 +37,10 @@ from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Lease, LeasedGpu, LeaseSource, Ledger, QueuedRequest, Waiter
 from gpualloc.ledger.scope import ledger_scope
 from gpualloc.ledger.statedir import StateDirectoryMissing, open_state_directory
-from gpualloc.ledger.store import LedgerStore, LedgerTransaction, new_lease_id
+from gpualloc.ledger.store import LOCK_TIMEOUT_S, LedgerStore, LedgerTransaction, new_lease_id
 from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.request import HostState, JobRequest, Placement
-from gpualloc.model.topology import Topology
+from gpualloc.model.topology import GpuProcess, Topology
 from gpualloc.placement.registry import DEFAULT_POLICY
 from gpualloc.placement.scores import EffectiveModel
 from gpualloc.placement.utility import UtilityWeights
@@ -183,10 +183,10 @@ class HostLedger:
         try:
             directory = open_state_directory(state_dir, create=create).scoped(scope)
             store: LedgerStore | None = LedgerStore(
-                directory, gpu_processes=lambda: processes.processes
+                directory,
+                gpu_processes=_processes_for_reaping(topology, processes, this_host),
+                lock_timeout_s=lock_timeout_s or LOCK_TIMEOUT_S,
             )
-            if lock_timeout_s is not None:
-                store.lock_timeout_s = lock_timeout_s
         except StateDirectoryMissing:
             store = None
         return cls(topology, store, processes, this_host, ignore_foreign, slurm_job)
@@ -239,12 +239,12 @@ class HostLedger:
             return self.record(txn, placement, want, terms)
 
     @contextmanager
-    def transaction(self) -> Iterator[LedgerTransaction]:
+    def transaction(self, *, lock_timeout_s: float | None = None) -> Iterator[LedgerTransaction]:
         """A ledger transaction; a lease lock taken in it is dropped again if it fails."""
         store = self.ledger_store()
         self._pending_lock = None
         try:
-            with store.transaction() as txn:
+            with store.transaction(lock_timeout_s=lock_timeout_s) as txn:
                 yield txn
         except BaseException:
             if self._pending_lock is not None:
@@ -527,6 +527,23 @@ def user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
+
+
+def _processes_for_reaping(
+    topology: Topology, seen: ProcessReport, this_host: bool
+) -> Callable[[], list[GpuProcess]]:
+    """What runs on the GPUs, for deciding whether a lease lives: whoever reaps must decide
+    the same, so a command that ignores foreign processes (``--ignore-foreign``, the Slurm
+    hooks) still asks NVML, but only once a lease looks dead, and once."""
+    found: list[list[GpuProcess]] = []
+
+    def processes() -> list[GpuProcess]:
+        if not found:
+            needs_asking = this_host and seen.source == "none"
+            found.append(live_processes(topology).processes if needs_asking else seen.processes)
+        return found[0]
+
+    return processes
 
 
 def _hostname() -> str:

@@ -19,30 +19,33 @@ silently weakened: a user who asked for ``--max-bypass 0`` must learn that it wa
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+from gpualloc.config import BY_KEY, Config, system_file
 from gpualloc.errors import NotPermitted
-from gpualloc.ledger.schema import Priority, Waiter
 
-DEFAULT_MAX_WAITING = 32
+if TYPE_CHECKING:
+    from gpualloc.ledger.schema import Priority, Waiter
+
+
+def _default(key: str) -> Any:
+    return field(default_factory=lambda: BY_KEY[key].default)
 
 
 @dataclass(frozen=True)
 class QueuePolicy:
     """The system configuration's bounds on the queue."""
 
-    privileged: tuple[str, ...] = ()
-    min_bypass: int = 8
+    privileged: tuple[str, ...] = _default("queue.privileged")
+    min_bypass: int = _default("queue.max_bypass")
     """The host's default ``max_bypass``: a user may raise theirs, only the privileged lower it."""
-    max_waiting: int = DEFAULT_MAX_WAITING
-    backfill_window_s: float | None = None
+    max_waiting: int = _default("queue.max_waiting")
+    backfill_window_s: float | None = _default("queue.backfill_window")
     source: str = "the system configuration"
 
     @classmethod
-    def from_config(cls, config: object) -> QueuePolicy:
-        from gpualloc.config import Config, system_file
-
-        assert isinstance(config, Config)
+    def from_config(cls, config: Config) -> QueuePolicy:
         return cls(
             privileged=config.system_value("queue.privileged"),
             min_bypass=config.system_value("queue.max_bypass"),

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
+from gpualloc.config import BY_KEY
 from gpualloc.errors import GpuallocError, GpusBusy, NoFeasiblePlacement, WaitTimedOut
 from gpualloc.launcher.allocate import (
     Allocation,
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 
 POLL_S = 0.25
 PROCESS_REFRESH_S = 2.0
-DEFAULT_MAX_BYPASS = 8
+DEFAULT_MAX_BYPASS: int = BY_KEY["queue.max_bypass"].default
 """How many later jobs may start before a waiting one, before backfill past it stops."""
 
 

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gpualloc.atomic import write_text_atomic
 from gpualloc.errors import LedgerError
 from gpualloc.ledger.schema import Lease, Ledger
-from gpualloc.ledger.shared_files import UnsafeFile, open_shared, replace_planted
+from gpualloc.ledger.shared_files import UnsafeFile, open_shared, read_shared, replace_planted
 from gpualloc.model.cpuset import format_cpulist
 
 JOURNAL_SCHEMA_VERSION = 1
@@ -64,14 +64,15 @@ class Journal(BaseModel):
 # ---- the changes an entry makes (the Prolog and Epilog make them directly, too) -----------------
 
 
-def record_job_lease(ledger: Ledger, lease: Lease) -> tuple[list[Lease], list[str]]:
+def record_job_lease(ledger: Ledger, lease: Lease) -> list[str]:
     """Put the Slurm job's ``lease`` in ``ledger``, replacing its earlier one; a GPU another
-    lease holds is left to it and reported. Returns (the leases removed, log lines)."""
+    lease holds is left to it and reported. Returns log lines."""
     from gpualloc.ledger.occupancy import describe_lease
 
     job = lease.slurm_job
-    removed = [x for x in ledger.leases if x.slurm_job == job]
-    ledger.leases = [x for x in ledger.leases if x.slurm_job != job]
+    if job is None:
+        raise ValueError(f"lease {lease.id} is not a Slurm job's")
+    release_job(ledger, job)
     held = ledger.held_gpus()
     lines = [
         f"job {job}: Slurm gave it GPU {gpu}, which is also held outside Slurm: "
@@ -84,7 +85,7 @@ def record_job_lease(ledger: Ledger, lease: Lease) -> tuple[list[Lease], list[st
         ledger.leases.append(lease.model_copy(update={"gpus": mine}))
         indices = format_cpulist([g.index for g in mine])
         lines.append(f"job {job}: recorded GPU {indices} for {lease.user} ({lease.id})")
-    return removed, lines
+    return lines
 
 
 def release_job(ledger: Ledger, job: str) -> list[Lease]:
@@ -101,20 +102,13 @@ def read_journal(path: Path, host: str) -> tuple[Journal | None, list[str]]:
     """Root's journal at ``path`` if there is a trustworthy one: a regular file owned by root
     that nobody else may write. Anything else is ignored, with a note."""
     try:
-        descriptor, info = open_shared(path, os.O_RDONLY)
+        text, info = read_shared(path)
     except FileNotFoundError:
         return None, []
     except (UnsafeFile, OSError) as problem:
         return None, [f"ignored {path}: {problem}"]
-    try:
-        if info.st_uid != 0 or stat.S_IMODE(info.st_mode) & 0o022:
-            return None, [f"ignored {path}: not root's (only root's Slurm hooks write it)"]
-        with os.fdopen(descriptor, "rb") as handle:
-            descriptor = -1
-            text = handle.read().decode("utf-8", errors="replace")
-    finally:
-        if descriptor >= 0:
-            os.close(descriptor)
+    if info.st_uid != 0 or stat.S_IMODE(info.st_mode) & 0o022:
+        return None, [f"ignored {path}: not root's (only root's Slurm hooks write it)"]
     try:
         journal = Journal.model_validate(json.loads(text))
     except (ValueError, ValidationError):
@@ -140,7 +134,7 @@ def apply_journal(ledger: Ledger, journal: Journal, *, now_ns: int | None = None
         if entry.seq <= mark:
             continue
         if entry.op == "add" and entry.lease is not None:
-            _, lines = record_job_lease(ledger, entry.lease)
+            lines = record_job_lease(ledger, entry.lease)
             notes += [f"from root's journal: {line}" for line in lines]
         else:
             for lease in release_job(ledger, entry.slurm_job):
@@ -198,11 +192,7 @@ def _root_lock(path: Path) -> Iterator[None]:
     if os.geteuid() != 0:
         raise LedgerError("only root writes root's journal", hint="run the hook as root")
     for _ in range(3):
-        try:
-            descriptor, info = open_shared(path, os.O_RDWR, create_mode=0o600)
-        except UnsafeFile:
-            replace_planted(path)
-            continue
+        descriptor, info = open_shared(path, os.O_RDWR, create_mode=0o600, replace_as_root=True)
         if info.st_uid != 0 or stat.S_IMODE(info.st_mode) & 0o077:
             os.close(descriptor)  # a user's file: others could open and lock it
             replace_planted(path)

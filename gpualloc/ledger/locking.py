@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpualloc.errors import FileAccessError, LedgerLocked
-from gpualloc.ledger.shared_files import UnsafeFile, adopt, open_shared, owner_name, replace_planted
+from gpualloc.ledger.shared_files import adopt, open_shared, owner_name
 
 SHARED_MODE = 0o666
 FIRST_DELAY_S = 0.0005
@@ -236,14 +236,12 @@ class SharedLock:
     def _open(self) -> int:
         try:
             try:
-                descriptor, info = open_shared(self.path, os.O_RDWR, create_mode=SHARED_MODE)
+                descriptor, info = open_shared(
+                    self.path, os.O_RDWR, create_mode=SHARED_MODE, replace_as_root=True
+                )
             except PermissionError:
                 # Another user's file they made read-only: flock needs only a read descriptor.
                 descriptor, info = open_shared(self.path, os.O_RDONLY)
-        except UnsafeFile:
-            if not replace_planted(self.path):
-                raise
-            descriptor, info = open_shared(self.path, os.O_RDWR, create_mode=SHARED_MODE)
         except OSError as exc:
             raise FileAccessError(
                 f"cannot open the lock file {self.path}: {exc.strerror}",

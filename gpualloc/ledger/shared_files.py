@@ -74,17 +74,28 @@ def _refusal(path: Path, what: str) -> UnsafeFile:
 
 
 def open_shared(
-    path: Path, flags: int, *, create_mode: int | None = None
+    path: Path, flags: int, *, create_mode: int | None = None, replace_as_root: bool = False
 ) -> tuple[int, os.stat_result]:
     """Open ``path`` (``flags`` is the access mode: ``O_RDONLY``, ``O_WRONLY``, ``O_RDWR``,
     plus ``O_APPEND`` if wanted) under the rules of the module docstring.
 
     With ``create_mode`` a missing file is created (exclusively) with that mode, set with
-    ``fchmod`` so that the umask does not narrow a file every user must share. Returns the
-    descriptor (close-on-exec, non-blocking) and its ``fstat``. Raises FileNotFoundError when
-    the file is missing and not to be created, :class:`UnsafeFile` when it is not a regular file,
-    PermissionError when it is one this user may not open so.
+    ``fchmod`` so that the umask does not narrow a file every user must share. With
+    ``replace_as_root``, gpualloc running as root removes a planted object and opens again
+    (:func:`replace_planted`). Returns the descriptor (close-on-exec, non-blocking) and its
+    ``fstat``. Raises FileNotFoundError when the file is missing and not to be created,
+    :class:`UnsafeFile` when it is not a regular file, PermissionError when it is one this user
+    may not open so.
     """
+    try:
+        return _open_checked(path, flags, create_mode)
+    except UnsafeFile:
+        if not (replace_as_root and replace_planted(path)):
+            raise
+    return _open_checked(path, flags, create_mode)
+
+
+def _open_checked(path: Path, flags: int, create_mode: int | None) -> tuple[int, os.stat_result]:
     for _ in range(3):  # a file removed between the two opens is created on the next round
         try:
             descriptor = os.open(path, flags | SAFE_FLAGS)
@@ -109,11 +120,12 @@ def open_shared(
     raise FileExistsError(errno.EEXIST, "created and removed again repeatedly", str(path))
 
 
-def read_shared(path: Path) -> str:
-    """The text of the regular file ``path`` (FileNotFoundError if missing)."""
-    descriptor, _ = open_shared(path, os.O_RDONLY)
+def read_shared(path: Path, *, replace_as_root: bool = False) -> tuple[str, os.stat_result]:
+    """The text of the regular file ``path`` and its ``fstat`` (whose owner the caller may have
+    to check); FileNotFoundError if missing (also once root removed a planted object)."""
+    descriptor, info = open_shared(path, os.O_RDONLY, replace_as_root=replace_as_root)
     with os.fdopen(descriptor, "rb") as handle:
-        return handle.read().decode("utf-8", errors="replace")
+        return handle.read().decode("utf-8", errors="replace"), info
 
 
 def replace_planted(path: Path) -> bool:

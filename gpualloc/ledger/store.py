@@ -49,14 +49,7 @@ from gpualloc.errors import FileAccessError, GpuallocError, LedgerError
 from gpualloc.ledger.liveness import group_alive, lock_held, process_alive, started_by
 from gpualloc.ledger.locking import SharedLock
 from gpualloc.ledger.schema import SCHEMA_VERSION, Lease, Ledger, Waiter
-from gpualloc.ledger.shared_files import (
-    UnsafeFile,
-    adopt,
-    open_shared,
-    owner_name,
-    read_shared,
-    replace_planted,
-)
+from gpualloc.ledger.shared_files import UnsafeFile, adopt, open_shared, owner_name, read_shared
 from gpualloc.ledger.statedir import StateDirectory
 from gpualloc.model.topology import GpuProcess
 from gpualloc.model.validation import describe_validation_error
@@ -170,14 +163,14 @@ class LedgerStore:
         self.gpu_processes = gpu_processes
         """What runs on the GPUs now (NVML's process lists, or a recorded topology's)."""
 
-    def _lock(self) -> SharedLock:
-        return SharedLock(self.directory.lock_file, timeout_s=self.lock_timeout_s)
+    def _lock(self, timeout_s: float | None = None) -> SharedLock:
+        return SharedLock(self.directory.lock_file, timeout_s=timeout_s or self.lock_timeout_s)
 
     @contextmanager
-    def transaction(self) -> Iterator[LedgerTransaction]:
-        """Lock, load, apply root's journal, reap dead leases, hand the ledger over; write it
-        back if it changed."""
-        with self._lock():
+    def transaction(self, *, lock_timeout_s: float | None = None) -> Iterator[LedgerTransaction]:
+        """Lock (waiting ``lock_timeout_s``, else the store's timeout), load, apply root's
+        journal, reap dead leases, hand the ledger over; write it back if it changed."""
+        with self._lock(lock_timeout_s):
             ledger, notes = self._load()
             txn = LedgerTransaction(ledger, notes=notes, changed=bool(notes))
             self._apply_journal(txn)
@@ -305,15 +298,13 @@ class LedgerStore:
         return ledger, notes
 
     def _read_ledger_text(self) -> str | None:
+        """The ledger's text; None when it is missing, or was planted and root removed it
+        (the good copies remain to recover from)."""
         path = self.directory.ledger_file
         try:
-            return read_shared(path)
+            return read_shared(path, replace_as_root=True)[0]
         except FileNotFoundError:
             return None
-        except UnsafeFile:
-            if replace_planted(path):  # root: the planted object goes, the copies remain
-                return None
-            raise
         except OSError as exc:  # EACCES: a mode that shuts others out
             raise _access_error(path, exc, "read") from exc
 
@@ -323,9 +314,7 @@ class LedgerStore:
         for copy in self.directory.good_copies():
             uid = int(copy.name[len(self.directory.ledger_file.stem) + 1 : -len(".good.json")])
             try:
-                descriptor, info = open_shared(copy, os.O_RDONLY)
-                with os.fdopen(descriptor, "rb") as handle:
-                    text = handle.read().decode("utf-8", errors="replace")
+                text, info = read_shared(copy)
                 candidate = parse_ledger(text, str(copy))
             except (LedgerError, OSError):
                 continue
@@ -380,10 +369,6 @@ class LedgerStore:
             raise _access_error(own, exc, "write", changed=False) from exc
         path = self.directory.ledger_file
         try:
-            _overwrite_in_place(path, text.encode())
-        except UnsafeFile:
-            if not replace_planted(path):
-                raise
             _overwrite_in_place(path, text.encode())
         except OSError as exc:
             raise _access_error(path, exc, "write", changed=True) from exc
@@ -470,7 +455,9 @@ def _access_error(path: Path, exc: OSError, doing: str, *, changed: bool = False
 
 def _overwrite_in_place(path: Path, data: bytes) -> None:
     """Write ``data`` over ``path`` without replacing the inode (see the module docstring)."""
-    descriptor, info = open_shared(path, os.O_WRONLY, create_mode=SHARED_LEDGER_MODE)
+    descriptor, info = open_shared(
+        path, os.O_WRONLY, create_mode=SHARED_LEDGER_MODE, replace_as_root=True
+    )
     try:
         adopt(descriptor, info, SHARED_LEDGER_MODE)
         os.ftruncate(descriptor, 0)

@@ -111,12 +111,11 @@ def _record(host: HostLedger, entry: JournalEntry) -> list[str]:
     ledger's lock past :data:`HOOK_LOCK_TIMEOUT_S`, in root's journal, which every later
     gpualloc applies (:mod:`gpualloc.ledger.journal`)."""
     store = host.ledger_store()
-    store.lock_timeout_s = min(store.lock_timeout_s, HOOK_LOCK_TIMEOUT_S)
     job = entry.slurm_job
     try:
-        with host.transaction() as txn:
+        with host.transaction(lock_timeout_s=min(store.lock_timeout_s, HOOK_LOCK_TIMEOUT_S)) as txn:
             if entry.lease is not None:
-                _, lines = record_job_lease(txn.ledger, entry.lease)
+                lines = record_job_lease(txn.ledger, entry.lease)
             else:
                 lines = [
                     f"job {job}: released GPU {format_cpulist(x.indices)} ({x.id})"
