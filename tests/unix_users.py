@@ -23,6 +23,13 @@ USERS = ("gpualloc-test-a", "gpualloc-test-b")
 ROOT = Path(__file__).resolve().parent.parent
 CREATED: list[str] = []
 """Users this session made, removed at its end."""
+MIRRORS: list[Path] = []
+"""World-readable copies of gpualloc and its dependencies this session made (see
+:class:`UserCommandLine`), removed at its end."""
+_NOT_NEEDED = ("matplotlib*", "numpy*", "PIL", "pillow*", "fontTools", "kiwisolver*",
+               "contourpy*", "hypothesis*", "_pytest", "pytest*", "pip", "pip-*", "setuptools*",
+               "ruff*", "__pycache__", "*.pyc")  # fmt: skip
+"""What the command line never imports: left out of the mirror to keep copying it quick."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,8 @@ def remove_created_users() -> None:
     userdel = shutil.which("userdel")
     while CREATED and userdel:
         subprocess.run([userdel, CREATED.pop()], check=False, capture_output=True)
+    while MIRRORS:
+        shutil.rmtree(MIRRORS.pop(), ignore_errors=True)
 
 
 def two_test_users() -> list[tuple[int, int]]:
@@ -95,6 +104,24 @@ def as_user(uid: int, gid: int, action: Callable[[], object]) -> None:
 # ---- the real command line, as another user ---------------------------------------------------
 
 
+def _mirror() -> list[str]:
+    """A world-readable copy of gpualloc and of this environment's site-packages; the
+    ``PYTHONPATH`` entries that import them."""
+    if not MIRRORS:
+        mirror = Path(tempfile.mkdtemp(prefix="gpualloc-test-python-", dir="/tmp"))
+        mirror.chmod(0o755)
+        MIRRORS.append(mirror)
+        ignore = shutil.ignore_patterns(*_NOT_NEEDED)
+        shutil.copytree(ROOT / "gpualloc", mirror / "gpualloc", ignore=ignore)
+        for number, packages in enumerate(site.getsitepackages()):
+            if Path(packages).is_dir():
+                shutil.copytree(packages, mirror / f"site-{number}", ignore=ignore)
+        for path in mirror.rglob("*"):
+            path.chmod(0o755 if path.is_dir() else path.stat().st_mode | 0o444)
+    mirror = MIRRORS[0]
+    return [str(mirror), *sorted(str(p) for p in mirror.glob("site-*"))]
+
+
 def shared_directory(prefix: str) -> Path:
     """A new directory as an administrator makes the state directory: owned by root, mode 1777
     (``install -d -m 1777 -o root -g root``), somewhere every user can reach."""
@@ -109,27 +136,28 @@ class UserCommandLine:
 
     The interpreter must be one every user may execute: the test's own when it is (a system
     Python), else the system's Python of the same version, which then imports gpualloc and its
-    dependencies from this checkout and this environment's site-packages (one ABI). Skips, with
-    the reason, where no such interpreter exists.
+    dependencies from this checkout and this environment's site-packages (one ABI). Where the
+    checkout or the environment lies in a directory only root can enter (a clone in a
+    ``mktemp -d`` directory, a virtual environment under /root), they are copied to a
+    world-readable directory first, so that the tests run wherever CI clones. Skips, with the
+    reason, only where no Python of this version is executable by other users at all.
     """
 
     def __init__(self, probe_user: UnixUser, *, system_config: Path | None = None) -> None:
         self.system_config = system_config or Path("/nonexistent/gpualloc-system.toml")
-        paths = [str(ROOT), *site.getsitepackages()]
-        self.python_path = os.pathsep.join(paths)
         version = f"{sys.version_info.major}.{sys.version_info.minor}"
-        for candidate in (sys.executable, f"/usr/bin/python{version}"):
-            try:
-                probe = self._run(probe_user, [candidate, "-c", "import gpualloc.cli.main"], {})
-            except OSError:  # EACCES: in a directory the user may not enter
-                continue
-            if probe.returncode == 0:
-                self.python = candidate
-                return
-        pytest.skip(
-            f"no Python {version} that other users may run imports gpualloc from {ROOT} "
-            "(the interpreter or the checkout lies in a directory only root can enter)"
-        )
+        candidates = (sys.executable, f"/usr/bin/python{version}")
+        for paths in ([str(ROOT), *site.getsitepackages()], None):
+            self.python_path = os.pathsep.join(paths or _mirror())
+            for candidate in candidates:
+                try:
+                    probe = self._run(probe_user, [candidate, "-c", "import gpualloc.cli.main"], {})
+                except OSError:  # EACCES: in a directory the user may not enter
+                    continue
+                if probe.returncode == 0:
+                    self.python = candidate
+                    return
+        pytest.skip(f"no Python {version} that other users may execute ({', '.join(candidates)})")
 
     def _run(
         self,
