@@ -23,8 +23,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from msgspec import Struct, field
 
 if TYPE_CHECKING:
     from gpualloc.config import Config
@@ -102,8 +103,7 @@ def plan(
     return get_policy(want.policy).place(decision_context(topology, want.request, state))
 
 
-@dataclass
-class HeldGpus:
+class HeldGpus(Struct):
     """GPUs held in the ledger for this process."""
 
     lease: Lease

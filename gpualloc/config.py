@@ -35,9 +35,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from msgspec import Struct
 
 from gpualloc.errors import ConfigError
 from gpualloc.ledger.statedir import DEFAULT_STATE_DIR
@@ -127,8 +128,7 @@ def _path_or_table(value: Any) -> Path | dict[str, Any]:
     return value if isinstance(value, dict) else _path(value)
 
 
-@dataclass(frozen=True)
-class Setting:
+class Setting(Struct, frozen=True):
     """One configurable default."""
 
     key: str
@@ -189,8 +189,7 @@ SETTINGS: tuple[Setting, ...] = (
 BY_KEY = {setting.key: setting for setting in SETTINGS}
 
 
-@dataclass(frozen=True)
-class Resolved:
+class Resolved(Struct, frozen=True):
     """An effective value and where it came from (a flag, a variable, a file, the default)."""
 
     key: str
@@ -209,8 +208,7 @@ def system_file(env: Mapping[str, str]) -> Path:
     return Path(named) if named else SYSTEM_FILE
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(Struct, frozen=True):
     """The environment and the parsed files, ready to answer :meth:`resolve`."""
 
     env: Mapping[str, str]

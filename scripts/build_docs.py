@@ -23,7 +23,7 @@ def build_all() -> dict[Path, str]:
     import typer
     from typer._completion_shared import get_completion_script
 
-    from gpualloc.cli.main import ENVIRONMENT_VARIABLES, app
+    from gpualloc.cli.app import ENVIRONMENT_VARIABLES, app
     from gpualloc.cli.manpage import render
 
     files = {

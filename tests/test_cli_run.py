@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from msgspec.structs import replace
 
 from gpualloc.model import NumaNode
 from gpualloc.model.cpuset import parse_cpulist
@@ -375,15 +376,12 @@ def this_machine(tmp_path: Path) -> tuple[str, list[int]]:
         pytest.skip("no NUMA information in sysfs")
     cpus = parse_cpulist(node0.read_text())
     topology = load_bundled("nvlink-pairs-4gpu")
-    gpus = [g.model_copy(update={"numa_node": 0, "cpu_affinity": cpus}) for g in topology.gpus]
-    here = topology.model_copy(
-        update={
-            "gpus": gpus,
-            "numa_nodes": [NumaNode(id=0, cpus=cpus)],
-            "provenance": topology.provenance.model_copy(
-                update={"source": "nvml", "hostname": socket.gethostname()}
-            ),
-        }
+    gpus = [replace(g, numa_node=0, cpu_affinity=cpus) for g in topology.gpus]
+    here = replace(
+        topology,
+        gpus=gpus,
+        numa_nodes=[NumaNode(id=0, cpus=cpus)],
+        provenance=replace(topology.provenance, source="nvml", hostname=socket.gethostname()),
     )
     path = tmp_path / "this-machine.json"
     path.write_text(here.to_json())

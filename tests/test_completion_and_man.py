@@ -35,7 +35,7 @@ def test_committed_completions_and_man_page_are_current() -> None:
 def test_the_man_page_documents_every_command_and_option() -> None:
     import typer
 
-    from gpualloc.cli.main import app
+    from gpualloc.cli.app import app
 
     page = (ROOT / "man" / "gpualloc.1").read_text()
     for section in ("NAME", "SYNOPSIS", "DESCRIPTION", "COMMANDS", "OPTIONS", "ENVIRONMENT",

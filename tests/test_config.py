@@ -76,7 +76,7 @@ def test_every_setting_reaches_the_commands(
 
 
 def test_queue_defaults_apply_only_with_wait(cli, files) -> None:
-    from gpualloc.cli.request_options import wait_options
+    from gpualloc.cli.want import wait_options
     from gpualloc.cli.state import STATE
 
     files(system_text='[queue]\npriority = "high"\nmax_bypass = 2\n')

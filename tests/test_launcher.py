@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 from gpualloc.errors import (
     CommandNotExecutable,
@@ -217,13 +218,8 @@ def test_occupancy_tells_leases_foreign_processes_and_lost_gpus_apart(dgx1) -> N
         GpuProcess(gpu=0, pid=11, name="python", user="alice"),  # the lease's own job
         GpuProcess(gpu=5, pid=12, name="python", user="bob"),  # nobody asked gpualloc
     ]
-    lost = dgx1.model_copy(
-        update={
-            "gpus": [
-                g if g.index != 7 else g.model_copy(update={"health": Health.LOST})
-                for g in dgx1.gpus
-            ]
-        }
+    lost = replace(
+        dgx1, gpus=[g if g.index != 7 else replace(g, health=Health.LOST) for g in dgx1.gpus]
     )
     occupancy = Occupancy.build(lost, ledger, processes)
     assert [occupancy.state(g) for g in range(8)] == [
@@ -298,15 +294,9 @@ def test_only_this_hosts_topology_uses_the_host_ledger(dgx1) -> None:
     assert scope is not None and scope.startswith("dgx1-v100-")
     assert ledger_scope(load_bundled("dgx1-v100")) == scope  # stable across loads
     assert ledger_scope(load_bundled("dgx1-p100")) != scope
-    here = dgx1.model_copy(
-        update={
-            "provenance": dgx1.provenance.model_copy(
-                update={"source": "nvml", "hostname": socket.gethostname()}
-            )
-        }
+    here = replace(
+        dgx1, provenance=replace(dgx1.provenance, source="nvml", hostname=socket.gethostname())
     )
     assert ledger_scope(here) is None
-    elsewhere = here.model_copy(
-        update={"provenance": here.provenance.model_copy(update={"hostname": "other-host"})}
-    )
+    elsewhere = replace(here, provenance=replace(here.provenance, hostname="other-host"))
     assert ledger_scope(elsewhere) is not None

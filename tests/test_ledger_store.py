@@ -16,12 +16,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 from gpualloc.errors import LedgerError
 from gpualloc.ledger.liveness import lock_held, process_start_time, take_lease_lock
 from gpualloc.ledger.schema import SCHEMA_VERSION, Lease, LeasedGpu, Ledger
 from gpualloc.ledger.statedir import check_state_directory, open_state_directory
 from gpualloc.ledger.store import LedgerStore, lease_alive, new_lease_id
+from gpualloc.model.validation import to_builtins
 from tests.unix_users import as_user, two_test_users
 
 HOST = "testhost"
@@ -30,7 +32,7 @@ HOST = "testhost"
 def _lease(*gpus: int, **fields) -> Lease:
     values = {
         "id": new_lease_id(),
-        "gpus": [LeasedGpu(index=g) for g in gpus],
+        "gpus": tuple(LeasedGpu(index=g) for g in gpus),
         "uid": os.geteuid(),
         "user": "tester",
         "hold": True,
@@ -92,7 +94,7 @@ def test_a_lease_lives_as_long_as_its_process(tmp_path):
         lease = _lease(0, hold=False, pid=child.pid, pid_start_time=start)
         assert lease_alive(lease, directory)
         # The same pid with another start time is another program: the kernel reused the pid.
-        assert not lease_alive(lease.model_copy(update={"pid_start_time": start - 5}), directory)
+        assert not lease_alive(replace(lease, pid_start_time=start - 5), directory)
     finally:
         child.kill()
         child.wait()
@@ -367,7 +369,7 @@ def test_every_strict_prefix_of_a_ledger_is_rejected():
     from gpualloc.ledger.store import parse_ledger
 
     ledger = Ledger(host=HOST, generation=3, leases=[_lease(0), _lease(1, 2, name="x")])
-    text = json.dumps(ledger.model_dump(mode="json"), indent=1, sort_keys=True) + "\n"
+    text = json.dumps(to_builtins(ledger), indent=1, sort_keys=True) + "\n"
     assert parse_ledger(text, "full") == ledger
     for cut in range(len(text) - 1):
         with pytest.raises(LedgerError):

@@ -115,7 +115,7 @@ def test_newer_schema_is_refused_with_a_hint() -> None:
         ({"schema_version": "1"}, "no integer schema_version"),
         ({"links": []}, "every GPU pair exactly once"),
         ({"gpus": []}, "every GPU pair"),
-        ({"surprise": 1}, "Extra inputs"),
+        ({"surprise": 1}, "unknown field surprise"),
     ],
 )
 def test_invalid_documents(changes: dict, message: str) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
+from msgspec.structs import replace
 
 from gpualloc.discovery import numa as numa_source
 from gpualloc.discovery import nvml as nvml_source
@@ -240,13 +241,8 @@ def test_compute_processes_are_matched_to_gpus_by_uuid(monkeypatch: pytest.Monke
     assert (mine.gpu, mine.pid, mine.used_memory_bytes) == (2, os.getpid(), 512 * 2**20)
     assert mine.name and mine.user  # this process, described by psutil
     assert (other.gpu, other.name, other.used_memory_bytes) == (5, None, None)
-    swapped = topology.model_copy(
-        update={
-            "gpus": [
-                g.model_copy(update={"uuid": topology.gpus[7 - g.index].uuid})
-                for g in topology.gpus
-            ]
-        }
+    swapped = replace(
+        topology, gpus=[replace(g, uuid=topology.gpus[7 - g.index].uuid) for g in topology.gpus]
     )
     assert [p.gpu for p in live_processes(swapped).processes] == [5, 2]
 

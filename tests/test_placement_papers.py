@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 from gpualloc.discovery.bandwidth_matrix import (
     parse_bandwidth_matrix,
@@ -33,10 +34,10 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def _paper_link_table(topology: Topology) -> Topology:
     """MAPA Fig. 4's link table: NV2 50, NV1 25, PCIe 12 GB/s."""
     links = [
-        link.model_copy(update={"bandwidth_gbps": {2: 50.0, 1: 25.0, 0: 12.0}[link.nvlinks]})
+        replace(link, bandwidth_gbps={2: 50.0, 1: 25.0, 0: 12.0}[link.nvlinks])
         for link in topology.links
     ]
-    return topology.model_copy(update={"links": links})
+    return replace(topology, links=links)
 
 
 def test_mapa_fig4_aggregated_bandwidth() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 import pytest
+from msgspec.structs import replace
 
 from gpualloc.launcher.allocate import Want
 from gpualloc.launcher.queue import Attempt, take_turn, turn_order
@@ -74,7 +75,7 @@ def test_priority_classes_come_before_arrival() -> None:
 def test_the_ledger_numbers_arrivals_and_counts_passes() -> None:
     txn = LedgerTransaction(Ledger(host="h"))
     first = txn.enqueue(_waiter("a", 0))
-    second = txn.enqueue(_waiter("b", 0).model_copy(update={"id": "0000000000bb"}))
+    second = txn.enqueue(replace(_waiter("b", 0), id="0000000000bb"))
     assert (first.seq, second.seq, txn.ledger.next_seq) == (0, 1, 2)
     txn.count_passed_over([first.id])
     assert txn.ledger.waiter(first.id).passed_over == 1

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 TOPOLOGY = ("--topology", "dgx1-v100")
 
@@ -216,8 +217,8 @@ def test_gres_conf_uses_known_minor_numbers() -> None:
     from gpualloc.topologies import load_bundled
 
     topology = load_bundled("nvlink-pairs-4gpu")
-    renumbered = topology.model_copy(
-        update={"gpus": [g.model_copy(update={"minor_number": 3 - g.index}) for g in topology.gpus]}
+    renumbered = replace(
+        topology, gpus=[replace(g, minor_number=3 - g.index) for g in topology.gpus]
     )
     text = gres_conf(renumbered, core_numbers={})
     assert "File=/dev/nvidia3 " in text.splitlines()[-4] and "assumes" not in text

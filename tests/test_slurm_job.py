@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 from gpualloc.errors import RequestError
 from gpualloc.model.topology import Topology
@@ -24,11 +25,7 @@ def _renumbered(name: str) -> Topology:
     """A bundled topology whose device minor numbers run backwards (GPU 0 is /dev/nvidia3...)."""
     topology = load_bundled(name)
     last = topology.gpu_count - 1
-    return topology.model_copy(
-        update={
-            "gpus": [g.model_copy(update={"minor_number": last - g.index}) for g in topology.gpus]
-        }
-    )
+    return replace(topology, gpus=[replace(g, minor_number=last - g.index) for g in topology.gpus])
 
 
 # ---- which GPUs are the job's ----------------------------------------------------------------

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 STYLE_BY_CLASS = {
     "NV": "bold green",
@@ -24,8 +25,7 @@ STYLE_BY_CLASS = {
 }
 
 
-@dataclass
-class Table:
+class Table(Struct):
     """A titled table; ``styles`` optionally gives a rich style per cell."""
 
     title: str

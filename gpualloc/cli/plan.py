@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from gpualloc.cli.json_views import placement_json
 from gpualloc.cli.request_options import (
     CountOption,
     DrbWeightsOption,
@@ -16,15 +17,13 @@ from gpualloc.cli.request_options import (
     RequireOption,
     ScoreOption,
     SensitiveOption,
-    build_want,
-    gpu_list,
 )
 from gpualloc.cli.state import STATE
+from gpualloc.cli.want import build_want, gpu_list
 from gpualloc.errors import RequestError
 
 if TYPE_CHECKING:
-    from gpualloc.model.request import JobRequest, Placement
-    from gpualloc.model.topology import Topology
+    from gpualloc.model.request import Placement
     from gpualloc.placement.context import DecisionContext
 
 
@@ -112,21 +111,6 @@ def plan_command(
         _show_compare(ctx, as_json)
     else:
         _show_plan(ctx, want.policy, explain, as_json)
-
-
-def placement_json(topology: Topology, request: JobRequest, placement: Placement) -> dict[str, Any]:
-    """The documented ``plan --json`` contract, plus context fields (also in ``run``,
-    ``alloc`` and ``status`` output)."""
-    return {
-        "policy": placement.policy,
-        "gpus": list(placement.gpus),
-        "scores": placement.scores.as_dict(),
-        "numa_nodes": [topology.gpu(g).numa_node for g in placement.gpus],
-        "effective_model": placement.scores.effective_model,
-        "objective": placement.objective,
-        "pattern": request.pattern.name,
-        "sensitive": request.sensitive,
-    }
 
 
 def _link_label(ctx: DecisionContext, a: int, b: int) -> str:

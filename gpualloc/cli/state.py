@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from msgspec import Struct
 
 if TYPE_CHECKING:
     from gpualloc.config import Config
@@ -12,8 +13,7 @@ if TYPE_CHECKING:
     from gpualloc.model.topology import Topology
 
 
-@dataclass
-class GlobalState:
+class GlobalState(Struct):
     topology: str | None = None
     bandwidth_table: Path | None = None
     refresh: bool = False
@@ -22,7 +22,25 @@ class GlobalState:
 
     def reset(self) -> None:
         """Back to the defaults (tests run several invocations in one process)."""
-        self.__init__()  # type: ignore[misc]
+        fresh = GlobalState()
+        for name in self.__struct_fields__:
+            setattr(self, name, getattr(fresh, name))
+
+    def apply_global_options(
+        self, *, topology: str | None, bandwidth_table: Path | None, refresh: bool, debug: bool
+    ) -> None:
+        """The options before the command (typer's callback and the fast path both call this)."""
+        if bandwidth_table is not None and not bandwidth_table.is_file():
+            from gpualloc.errors import FileAccessError
+
+            raise FileAccessError(
+                f"bandwidth table {bandwidth_table} does not exist or is not a file",
+                hint="check the path given to --bandwidth-table",
+            )
+        self.topology = topology
+        self.bandwidth_table = bandwidth_table
+        self.refresh = refresh
+        self.debug = debug or self.debug
 
     def config(self) -> Config:
         """The configuration files and environment of this invocation (read once)."""

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from gpualloc.cli.host import open_host_ledger
-from gpualloc.cli.leases import JsonOption, lease_json
+from gpualloc.cli.json_views import lease_json
+from gpualloc.cli.leases import JsonOption
 
 if TYPE_CHECKING:
     from gpualloc.cli.output import Table
@@ -168,6 +169,7 @@ def _gpu_table(host: HostLedger, occupancy: Occupancy) -> Table:
 
 def status_json(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) -> dict[str, Any]:
     from gpualloc.launcher.queue import turn_order
+    from gpualloc.model.validation import to_builtins
 
     gpus = []
     for gpu in host.topology.gpus:
@@ -178,9 +180,7 @@ def status_json(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) 
                 "uuid": gpu.uuid,
                 "state": occupancy.state(gpu.index),
                 "lease": lease.id if lease else None,
-                "processes": [
-                    p.model_dump(mode="json") for p in occupancy.processes.get(gpu.index, ())
-                ],
+                "processes": [to_builtins(p) for p in occupancy.processes.get(gpu.index, ())],
             }
         )
     return {
@@ -198,7 +198,7 @@ def status_json(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) 
         "gpus": gpus,
         "leases": [lease_json(lease) for lease in txn.ledger.leases],
         "queue": [
-            {"position": position, **waiter.model_dump(mode="json")}
+            {"position": position, **to_builtins(waiter)}
             for position, waiter in enumerate(turn_order(txn.ledger.queue), start=1)
         ],
         "notes": [*host.processes.notes, *txn.notes],

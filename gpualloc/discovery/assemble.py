@@ -9,7 +9,8 @@ the provenance so that ``topo show`` can say what was observed and what was assu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
+from msgspec.structs import replace
 
 from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
 from gpualloc.model.catalog import family_of
@@ -21,8 +22,7 @@ MOST_NVLINKS_PER_GPU = 18
 NVLinks to its peers than that must reach them through an NVSwitch."""
 
 
-@dataclass
-class PairFacts:
+class PairFacts(Struct):
     """What a source observed between two GPUs."""
 
     pcie: PciePath | None = None
@@ -77,7 +77,7 @@ def assemble_topology(
         links=links,
         numa_nodes=numa_nodes,
         provenance=provenance,
-    )
+    ).validated()
 
 
 def _with_family_facts(gpu: Gpu, notes: list[str]) -> Gpu:
@@ -94,7 +94,7 @@ def _with_family_facts(gpu: Gpu, notes: list[str]) -> Gpu:
         )
         if note not in notes:
             notes.append(note)
-    return gpu.model_copy(update=update) if update else gpu
+    return replace(gpu, **update) if update else gpu
 
 
 def _common_generation(first: Gpu, second: Gpu) -> int | None:
@@ -163,4 +163,4 @@ def _with_numa_placement(gpu: Gpu, numa_nodes: list[NumaNode]) -> Gpu:
         node = next((n for n in numa_nodes if n.id == gpu.numa_node), None)
         if node and node.cpus:
             update["cpu_affinity"] = node.cpus
-    return gpu.model_copy(update=update) if update else gpu
+    return replace(gpu, **update) if update else gpu

@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import re
 
+from msgspec.structs import replace
+
 from gpualloc.errors import TopologyError, TopologyParseError
 from gpualloc.model.topology import Gpu, Link, Provenance, Topology
 
@@ -136,12 +138,9 @@ def apply_measured_bandwidth(topology: Topology, matrix: list[list[float]]) -> T
             hint="record both on the same host",
         )
     measured = link_bandwidths(matrix)
-    links = [
-        link.model_copy(update={"bandwidth_gbps": measured[(link.a, link.b)]})
-        for link in topology.links
-    ]
-    provenance = topology.provenance.model_copy(update={"bandwidth": "measured"})
-    return topology.model_copy(update={"links": links, "provenance": provenance})
+    links = [replace(link, bandwidth_gbps=measured[(link.a, link.b)]) for link in topology.links]
+    provenance = replace(topology.provenance, bandwidth="measured")
+    return replace(topology, links=links, provenance=provenance)
 
 
 def topology_from_bandwidth_matrix(
@@ -160,4 +159,4 @@ def topology_from_bandwidth_matrix(
             bandwidth="measured",
             notes=["link kinds and NUMA affinity unknown: only a bandwidth matrix was given"],
         ),
-    )
+    ).validated()

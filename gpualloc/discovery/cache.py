@@ -12,16 +12,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from msgspec import Struct
+from msgspec.structs import asdict
 
 from gpualloc.atomic import write_text_atomic
 from gpualloc.errors import TopologyError
 from gpualloc.model.topology import Topology
 
 
-@dataclass(frozen=True)
-class CacheKey:
+class CacheKey(Struct, frozen=True):
     """What must be unchanged for a cached topology to still describe this host."""
 
     source: str

@@ -10,7 +10,8 @@ links are all inactive, authors' ``[snip]`` / ``...<snip>...`` cuts (noted, not 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 from gpualloc.discovery.text import is_comment_or_prompt
 from gpualloc.errors import TopologyParseError
@@ -23,8 +24,7 @@ _ALL_INACTIVE = re.compile(r"all links are in\s*active", re.IGNORECASE)
 _SNIP = re.compile(r"^\s*(\[snip\]|\.\.\.\s*<snip>\s*\.\.\.|\.\.\.)\s*$", re.IGNORECASE)
 
 
-@dataclass
-class NvlinkGpuStatus:
+class NvlinkGpuStatus(Struct):
     """One GPU's block: its links' rates in GB/s (None = inactive)."""
 
     index: int

@@ -20,11 +20,13 @@ import contextlib
 import os
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
+
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from gpualloc.discovery.assemble import PairFacts, assemble_topology
 from gpualloc.discovery.processes import RunningProcess
@@ -74,8 +76,7 @@ class _GpuLost(Exception):
     """Internal: a GPU stopped answering while it was being queried."""
 
 
-@dataclass
-class _Probe:
+class _Probe(Struct):
     """Per-GPU results collected while probing."""
 
     handle: Any
@@ -224,7 +225,7 @@ class NvmlSession:
             probe.nvlinks = self._nvlinks(index, handle, notes)
         except _GpuLost as lost:
             notes.append(f"GPU{index}: fell off the bus while reading {lost}; marked lost")
-            probe.gpu = probe.gpu.model_copy(update={"health": Health.LOST})
+            probe.gpu = replace(probe.gpu, health=Health.LOST)
             probe.handle = None
         return probe
 
@@ -330,11 +331,10 @@ class NvmlSession:
                     switch_links[me] = switch_links.get(me, 0) + 1
             generations = [g for _, _, g in probe.nvlinks if g]
             if generations:
-                probe.gpu = probe.gpu.model_copy(
-                    update={
-                        "nvlink_generation": min(generations),
-                        "nvlinks_active": len(probe.nvlinks),
-                    }
+                probe.gpu = replace(
+                    probe.gpu,
+                    nvlink_generation=min(generations),
+                    nvlinks_active=len(probe.nvlinks),
                 )
         pairs: dict[tuple[int, int], PairFacts] = {}
         for first in probes:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 from gpualloc.errors import DiscoveryError
 from gpualloc.model.topology import GpuProcess, Topology
@@ -23,8 +24,7 @@ from gpualloc.model.topology import GpuProcess, Topology
 MIB = 1024 * 1024
 
 
-@dataclass(frozen=True)
-class RunningProcess:
+class RunningProcess(Struct, frozen=True):
     """One entry of a GPU's running-process list, before it is matched to the topology."""
 
     nvml_index: int
@@ -34,8 +34,7 @@ class RunningProcess:
     used_memory_bytes: int | None
 
 
-@dataclass
-class ProcessReport:
+class ProcessReport(Struct):
     """The compute processes seen on the GPUs, and what could not be seen."""
 
     processes: list[GpuProcess] = field(default_factory=list)

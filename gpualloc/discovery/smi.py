@@ -13,8 +13,10 @@ import io
 import shutil
 import socket
 import subprocess
-from dataclasses import dataclass
 from datetime import datetime, timezone
+
+from msgspec import Struct
+from msgspec.structs import replace
 
 from gpualloc.discovery.assemble import PairFacts, assemble_topology
 from gpualloc.discovery.nvlink_status import NvlinkGpuStatus, parse_nvlink_status
@@ -39,8 +41,7 @@ QUERY_FIELDS = (
 _MIB = 1024 * 1024
 
 
-@dataclass
-class QueriedGpu:
+class QueriedGpu(Struct):
     """One row of ``nvidia-smi --query-gpu`` (fields nvidia-smi could not read are None)."""
 
     index: int
@@ -153,13 +154,12 @@ def _merge_nvlink_status(gpu: Gpu, statuses: list[NvlinkGpuStatus], notes: list[
         return gpu
     if status.snipped:
         notes.append(f"GPU{gpu.index}: 'nvlink -s' block was cut by its author; link count unknown")
-    return gpu.model_copy(
-        update={
-            "name": status.name,
-            "uuid": status.uuid,
-            "nvlink_link_gbps": status.link_gbps,
-            "nvlinks_active": None if status.snipped else status.active_links,
-        }
+    return replace(
+        gpu,
+        name=status.name,
+        uuid=status.uuid,
+        nvlink_link_gbps=status.link_gbps,
+        nvlinks_active=None if status.snipped else status.active_links,
     )
 
 
@@ -167,17 +167,16 @@ def _merge_query(gpu: Gpu, queried: list[QueriedGpu]) -> Gpu:
     row = next((q for q in queried if q.index == gpu.index), None)
     if row is None:
         return gpu
-    return gpu.model_copy(
-        update={
-            "uuid": row.uuid or gpu.uuid,
-            "name": row.name or gpu.name,
-            "pci_bus_id": row.pci_bus_id,
-            "memory_total_bytes": row.memory_total_bytes,
-            "mig_enabled": row.mig_enabled,
-            "pcie_generation": row.pcie_generation,
-            "pcie_width": row.pcie_width,
-            "health": Health.OK,
-        }
+    return replace(
+        gpu,
+        uuid=row.uuid or gpu.uuid,
+        name=row.name or gpu.name,
+        pci_bus_id=row.pci_bus_id,
+        memory_total_bytes=row.memory_total_bytes,
+        mig_enabled=row.mig_enabled,
+        pcie_generation=row.pcie_generation,
+        pcie_width=row.pcie_width,
+        health=Health.OK,
     )
 
 

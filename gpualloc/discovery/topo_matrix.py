@@ -16,7 +16,8 @@ must be a known class, the diagonal must be ``X`` and the matrix symmetric. Anyt
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 from gpualloc.errors import TopologyParseError
 from gpualloc.model.cpuset import is_cpulist
@@ -33,8 +34,7 @@ _LEGEND_ENTRY = re.compile(r"^\s*(\S+)\s*=\s*(.+?)\s*$")
 _NIC_LEGEND_ENTRY = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 
 
-@dataclass
-class MatrixRow:
+class MatrixRow(Struct):
     """One row of the matrix: its label, its cells in header order, and affinity values."""
 
     label: str
@@ -43,8 +43,7 @@ class MatrixRow:
     affinity: dict[str, str]
 
 
-@dataclass
-class TopoMatrix:
+class TopoMatrix(Struct):
     """What ``nvidia-smi topo -m`` printed, checked but not yet interpreted."""
 
     devices: list[str]

@@ -16,10 +16,12 @@ import os
 import pwd
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from gpualloc.boot import boot_id
 from gpualloc.discovery.processes import ProcessReport, declared_processes, live_processes
@@ -55,8 +57,7 @@ ORPHAN_LOCK_AGE_S = 60.0
 lease being created right now (file made, ledger not yet written) is never taken for litter."""
 
 
-@dataclass(frozen=True)
-class Want:
+class Want(Struct, frozen=True):
     """What the caller wants: the engine's choice for ``request``, or exactly ``explicit``;
     with ``min_utility`` / ``min_bandwidth_gbps``, only a placement at least that good
     (postponement, DRB paper section 4.4)."""
@@ -113,8 +114,7 @@ class Want:
         )
 
 
-@dataclass(frozen=True)
-class LeaseTerms:
+class LeaseTerms(Struct, frozen=True):
     """Who a new lease belongs to and how long it lives (see :class:`Lease`)."""
 
     source: LeaseSource
@@ -130,16 +130,14 @@ class LeaseTerms:
     """The lease is unconfirmed until :meth:`HostLedger.confirm` (after its id was printed)."""
 
 
-@dataclass
-class Allocation:
+class Allocation(Struct):
     lease: Lease
     placement: Placement
     lock_fd: int | None = None
     notes: list[str] = field(default_factory=list)
 
 
-@dataclass
-class HostLedger:
+class HostLedger(Struct):
     """A topology together with its ledger and the processes running on its GPUs."""
 
     topology: Topology
@@ -150,7 +148,7 @@ class HostLedger:
     ignore_foreign: bool = False
     slurm_job: SlurmJob | None = None
     """Inside a Slurm job: only the job's GPUs, in a ledger of the job's own."""
-    _pending_lock: tuple[int, str] | None = field(default=None, init=False, repr=False)
+    _pending_lock: tuple[int, str] | None = None
     """The lease lock taken by :meth:`record` in the current transaction, until it commits."""
 
     @classmethod
@@ -306,9 +304,7 @@ class HostLedger:
             lease = txn.ledger.find(lease_id)
             if lease is not None and not lease.announced:
                 txn.replace(
-                    lease.model_copy(
-                        update={"announced": True, "creator_pid": None, "creator_start_time": None}
-                    )
+                    replace(lease, announced=True, creator_pid=None, creator_start_time=None)
                 )
 
     def release(self, lease_id: str) -> None:
@@ -370,14 +366,12 @@ class HostLedger:
         return GarbageReport(reaped, dropped, removed, txn.notes)
 
 
-@dataclass
-class ReleaseResult:
+class ReleaseResult(Struct):
     released: list[Lease] = field(default_factory=list)
     problems: list[RequestError | NoSuchLease | NotPermitted] = field(default_factory=list)
 
 
-@dataclass
-class GarbageReport:
+class GarbageReport(Struct):
     reaped: list[Lease]
     dropped_waiters: list[Waiter]
     """Queue entries of waiting gpualloc processes that are gone."""

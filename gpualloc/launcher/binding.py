@@ -22,9 +22,10 @@ import os
 import re
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+
+from msgspec import Struct
 
 from gpualloc.errors import RequestError
 from gpualloc.model.cpuset import format_cpulist, parse_cpulist
@@ -41,8 +42,7 @@ class NumaMode(str, Enum):
     """Never bind."""
 
 
-@dataclass(frozen=True)
-class HostNuma:
+class HostNuma(Struct, frozen=True):
     """This machine's NUMA nodes and what this process may use, as the kernel reports them."""
 
     node_cpus: dict[int, frozenset[int]]
@@ -84,8 +84,7 @@ def _allowed_mems() -> frozenset[int]:
         return frozenset()
 
 
-@dataclass(frozen=True)
-class Binding:
+class Binding(Struct, frozen=True):
     """How the job will be bound. ``method`` ``none`` keeps ``nodes`` when they are known, so
     that ``--dry-run`` can say what would have been bound."""
 

@@ -20,23 +20,22 @@ every time it looks (see :mod:`.wait`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
+
+from msgspec import Struct
 
 from gpualloc.ledger.schema import PRIORITY_RANK, Waiter
 from gpualloc.model.request import Placement
 
 
-@dataclass(frozen=True)
-class Attempt:
+class Attempt(Struct, frozen=True):
     """What placing one waiter now would give: a placement, or why not."""
 
     placement: Placement | None
     reason: str = ""
 
 
-@dataclass(frozen=True)
-class Turn:
+class Turn(Struct, frozen=True):
     """The decision for one waiter."""
 
     placement: Placement | None

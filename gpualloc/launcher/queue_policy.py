@@ -19,8 +19,9 @@ silently weakened: a user who asked for ``--max-bypass 0`` must learn that it wa
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from msgspec import Struct, field
 
 from gpualloc.config import BY_KEY, Config, system_file
 from gpualloc.errors import NotPermitted
@@ -33,8 +34,7 @@ def _default(key: str) -> Any:
     return field(default_factory=lambda: BY_KEY[key].default)
 
 
-@dataclass(frozen=True)
-class QueuePolicy:
+class QueuePolicy(Struct, frozen=True):
     """The system configuration's bounds on the queue."""
 
     privileged: tuple[str, ...] = _default("queue.privileged")

@@ -22,9 +22,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
+
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from gpualloc.config import BY_KEY
 from gpualloc.errors import GpuallocError, GpusBusy, NoFeasiblePlacement, WaitTimedOut
@@ -53,8 +55,7 @@ DEFAULT_MAX_BYPASS: int = BY_KEY["queue.max_bypass"].default
 """How many later jobs may start before a waiting one, before backfill past it stops."""
 
 
-@dataclass(frozen=True)
-class WaitOptions:
+class WaitOptions(Struct, frozen=True):
     timeout_s: float | None = None
     priority: Priority = "normal"
     max_bypass: int = DEFAULT_MAX_BYPASS
@@ -81,8 +82,7 @@ class WaitOptions:
         )
 
 
-@dataclass(frozen=True)
-class WaitStatus:
+class WaitStatus(Struct, frozen=True):
     """What a waiting job shows its user."""
 
     position: int
@@ -246,9 +246,7 @@ def newcomer_passes(
     GpusBusy when it would have to wait."""
     if not txn.ledger.queue:
         return ()
-    newcomer = _waiter(new_lease_id(), want, terms, WaitOptions()).model_copy(
-        update={"seq": txn.ledger.next_seq}
-    )
+    newcomer = replace(_waiter(new_lease_id(), want, terms, WaitOptions()), seq=txn.ledger.next_seq)
     turn = take_turn([*txn.ledger.queue, newcomer], newcomer.id, attempts(host.topology, occupancy))
     if not turn.go:
         raise GpusBusy(

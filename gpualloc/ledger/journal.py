@@ -30,35 +30,33 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from gpualloc.atomic import write_text_atomic
 from gpualloc.errors import LedgerError
 from gpualloc.ledger.schema import Lease, Ledger
 from gpualloc.ledger.shared_files import UnsafeFile, open_shared, read_shared, replace_planted
 from gpualloc.model.cpuset import format_cpulist
+from gpualloc.model.validation import DecodeError, PositiveInt, decode_json, to_builtins
 
 JOURNAL_SCHEMA_VERSION = 1
 FUTURE_SLACK_NS = 86_400 * 10**9
 """A mark more than a day ahead of the clock was not written by root's journal."""
 
 
-class JournalEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    seq: int = Field(gt=0)
+class JournalEntry(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    seq: PositiveInt
     op: Literal["add", "release"]
     slurm_job: str
     lease: Lease | None = None
     """The Prolog's lease (``add``)."""
 
 
-class Journal(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class Journal(Struct, kw_only=True, forbid_unknown_fields=True):
     schema_version: int = JOURNAL_SCHEMA_VERSION
     host: str
-    entries: list[JournalEntry] = Field(default_factory=list)
+    entries: list[JournalEntry] = field(default_factory=list)
 
 
 # ---- the changes an entry makes (the Prolog and Epilog make them directly, too) -----------------
@@ -82,7 +80,7 @@ def record_job_lease(ledger: Ledger, lease: Lease) -> list[str]:
     ]
     mine = tuple(g for g in lease.gpus if g.index not in held)
     if mine:
-        ledger.leases.append(lease.model_copy(update={"gpus": mine}))
+        ledger.leases.append(replace(lease, gpus=mine))
         indices = format_cpulist([g.index for g in mine])
         lines.append(f"job {job}: recorded GPU {indices} for {lease.user} ({lease.id})")
     return lines
@@ -110,8 +108,8 @@ def read_journal(path: Path, host: str) -> tuple[Journal | None, list[str]]:
     if info.st_uid != 0 or stat.S_IMODE(info.st_mode) & 0o022:
         return None, [f"ignored {path}: not root's (only root's Slurm hooks write it)"]
     try:
-        journal = Journal.model_validate(json.loads(text))
-    except (ValueError, ValidationError):
+        journal = decode_json(text, Journal)
+    except DecodeError:
         return None, [f"ignored {path}: not a valid journal"]
     if journal.host != host:
         return None, [f"ignored {path}: written on host {journal.host!r}"]
@@ -155,7 +153,7 @@ def append_entry(path: Path, lock_path: Path, host: str, entry: JournalEntry) ->
         journal, _ = read_journal(path, host)
         journal = journal or Journal(host=host)
         last = max((e.seq for e in journal.entries), default=0)
-        entry = entry.model_copy(update={"seq": max(time.time_ns(), last + 1)})
+        entry = replace(entry, seq=max(time.time_ns(), last + 1))
         journal.entries.append(entry)
         _write(path, journal)
     return entry
@@ -179,7 +177,7 @@ def fold_applied(path: Path, lock_path: Path, host: str, upto_seq: int) -> None:
 
 
 def _write(path: Path, journal: Journal) -> None:
-    text = json.dumps(journal.model_dump(mode="json"), indent=1, sort_keys=True) + "\n"
+    text = json.dumps(to_builtins(journal), indent=1, sort_keys=True) + "\n"
     write_text_atomic(path, text, mode=0o644)  # root may rename over anything, planted or not
 
 

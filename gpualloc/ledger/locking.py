@@ -32,8 +32,9 @@ import fcntl
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+
+from msgspec import Struct
 
 from gpualloc.errors import FileAccessError, LedgerLocked
 from gpualloc.ledger.shared_files import adopt, open_shared, owner_name
@@ -48,8 +49,7 @@ slow_wait_notice: Callable[[str], None] | None = None
 """Set by the command line to print a one-line notice on stderr while a wait drags on."""
 
 
-@dataclass(frozen=True)
-class LockHolder:
+class LockHolder(Struct, frozen=True):
     """Who holds a lock, as ``/proc/locks`` and ``/proc/<pid>`` tell."""
 
     pid: int

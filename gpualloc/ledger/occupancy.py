@@ -12,8 +12,9 @@ running job for DRB's interference term) and the messages that say who holds wha
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+
+from msgspec import Struct, field
 
 from gpualloc.ledger.schema import Lease, Ledger
 from gpualloc.model.cpuset import format_cpulist
@@ -21,8 +22,7 @@ from gpualloc.model.request import HostState, RunningJob
 from gpualloc.model.topology import GpuProcess, Health, Topology
 
 
-@dataclass(frozen=True)
-class Occupancy:
+class Occupancy(Struct, frozen=True):
     """The occupation of every GPU of one topology at one moment."""
 
     gpu_count: int

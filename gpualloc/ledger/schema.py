@@ -1,4 +1,4 @@
-"""The ledger's on-disk model: which GPUs are held, by whom, since when (pydantic, versioned).
+"""The ledger's on-disk model: which GPUs are held, by whom, since when (validated, versioned).
 
 One JSON document per host. ``schema_version`` says how to read it: a file written by a newer
 gpualloc is refused, never half-understood. ``generation`` grows by one with every committed
@@ -8,9 +8,11 @@ write, so that the freshest of several copies can be told apart (see :mod:`.stor
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from msgspec import Meta, Struct, field
+
+from gpualloc.model.validation import NonNegativeInt, PositiveInt
 
 SCHEMA_VERSION = 3
 """2 added the waiting queue (``queue``, ``next_seq``) and ``Lease.sensitive``; 3 added
@@ -21,19 +23,23 @@ default that means what the older file meant."""
 LeaseSource = Literal["run", "alloc", "slurm"]
 Priority = Literal["high", "normal", "low"]
 PRIORITY_RANK: dict[str, int] = {"high": 0, "normal": 1, "low": 2}
+ItemId = Annotated[str, Meta(pattern=r"^[0-9a-f]{12}$")]
+"""A lease's or waiter's id: 12 hex digits."""
 
 
-class LeasedGpu(BaseModel):
+class _Entry(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """A part of the ledger: unknown fields refused, immutable (change one with ``replace``)."""
+
+
+class LeasedGpu(_Entry, kw_only=True, frozen=True):
     """One GPU of a lease: its index on this host and, when known, its UUID (indices can move
     when a GPU fails or the driver is reloaded; the UUID does not)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    index: int = Field(ge=0)
+    index: NonNegativeInt
     uuid: str | None = None
 
 
-class Lease(BaseModel):
+class Lease(_Entry, kw_only=True, frozen=True):
     """GPUs held by one job or one allocation.
 
     A lease is alive while its process is (``pid`` and ``pid_start_time``, so that a reused pid is
@@ -42,13 +48,11 @@ class Lease(BaseModel):
     reboots.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: str = Field(pattern=r"^[0-9a-f]{12}$")
-    gpus: tuple[LeasedGpu, ...] = Field(min_length=1)
-    uid: int = Field(ge=0)
+    id: ItemId
+    gpus: Annotated[tuple[LeasedGpu, ...], Meta(min_length=1)]
+    uid: NonNegativeInt
     user: str
-    pid: int | None = Field(default=None, gt=0)
+    pid: PositiveInt | None = None
     pid_start_time: float | None = None
     """The process's start time as psutil's ``create_time`` reports it (seconds since the
     epoch; gpualloc reads it from ``/proc`` the same way)."""
@@ -61,14 +65,14 @@ class Lease(BaseModel):
     policy: str | None = None
     sensitive: bool | None = None
     """The job's bandwidth sensitivity, for DRB's interference term (None: unknown)."""
-    scores: dict[str, float | None] = Field(default_factory=dict)
+    scores: dict[str, float | None] = field(default_factory=dict)
     created: datetime
     source: LeaseSource
     slurm_job: str | None = None
     """The Slurm job id, for leases the Slurm prolog records (the epilog releases them)."""
     boot_id: str | None = None
     """The boot the lease was made in; a lease from an earlier boot is dead, ``hold`` or not."""
-    process_group: int | None = Field(default=None, gt=0)
+    process_group: PositiveInt | None = None
     """The job's own process group, recorded when the job leads it (``run`` from a shell with
     job control, a Slurm task, ``setsid``): the lease lives while any process of the group does,
     so a child that closed the inherited lease lock (a daemon's ``closerange``) still holds the
@@ -76,7 +80,7 @@ class Lease(BaseModel):
     announced: bool = True
     """False until the gpualloc that made the lease has printed its id: a lease whose creator
     was killed before that is shown as such by ``status`` (``release --mine`` frees it)."""
-    creator_pid: int | None = Field(default=None, gt=0)
+    creator_pid: PositiveInt | None = None
     """The gpualloc process making a lease that is not ``announced`` yet."""
     creator_start_time: float | None = None
 
@@ -85,13 +89,11 @@ class Lease(BaseModel):
         return tuple(gpu.index for gpu in self.gpus)
 
 
-class QueuedRequest(BaseModel):
+class QueuedRequest(_Entry, kw_only=True, frozen=True):
     """A waiting job's request, complete enough for any gpualloc process to place it (a later
     job decides whether it may pass this one by asking whether this one could start now)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    gpus: int = Field(ge=1)
+    gpus: PositiveInt
     pattern: str = "ring"
     edges: tuple[tuple[int, int], ...] = ()
     sensitive: bool
@@ -101,32 +103,30 @@ class QueuedRequest(BaseModel):
     policy: str = "mapa"
     score: str = "auto"
     drb_weights: tuple[float, float, float] | None = None
-    min_utility: float | None = Field(default=None, ge=0, le=1)
-    min_bandwidth_gbps: float | None = Field(default=None, ge=0)
+    min_utility: Annotated[float, Meta(ge=0, le=1)] | None = None
+    min_bandwidth_gbps: Annotated[float, Meta(ge=0)] | None = None
 
 
-class Waiter(BaseModel):
+class Waiter(_Entry, kw_only=True, frozen=True):
     """A job waiting in the host queue (``run --wait``, ``alloc --wait``).
 
     Alive while its gpualloc process is (pid and start time, as for leases); a dead waiter is
     removed by the next transaction, so a killed waiter leaves no ghost entry.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: str = Field(pattern=r"^[0-9a-f]{12}$")
-    seq: int = Field(ge=0)
+    id: ItemId
+    seq: NonNegativeInt
     """Arrival order on this host (first come, first served within a priority class)."""
-    uid: int = Field(ge=0)
+    uid: NonNegativeInt
     user: str
-    pid: int = Field(gt=0)
+    pid: PositiveInt
     pid_start_time: float | None = None
     priority: Priority = "normal"
-    passed_over: int = Field(default=0, ge=0)
+    passed_over: NonNegativeInt = 0
     """How many later jobs started before this one (backfill)."""
-    max_bypass: int = Field(default=8, ge=0)
+    max_bypass: NonNegativeInt = 8
     """Once passed over this often, this waiter stops backfill until it starts."""
-    backfill_window_s: float | None = Field(default=None, gt=0)
+    backfill_window_s: Annotated[float, Meta(gt=0)] | None = None
     """Once it has waited this long, this waiter stops backfill until it starts (the host's
     ``queue.backfill_window``; None: only ``max_bypass`` bounds it)."""
     request: QueuedRequest
@@ -136,37 +136,32 @@ class Waiter(BaseModel):
     created: datetime
 
 
-class Ledger(BaseModel):
-    """The whole state file."""
-
-    model_config = ConfigDict(extra="forbid")
+class Ledger(Struct, kw_only=True, forbid_unknown_fields=True):
+    """The whole state file (changed in place inside a transaction)."""
 
     schema_version: int = SCHEMA_VERSION
-    writer_uid: int | None = Field(default=None, ge=0)
+    writer_uid: NonNegativeInt | None = None
     """Who wrote this generation. A good copy is trusted for recovery only when its owner wrote
     it, and a damaged ledger's first bytes name the copy it is recovered from (see
     :mod:`.store`)."""
-    generation: int = Field(default=0, ge=0)
+    generation: NonNegativeInt = 0
     host: str
-    leases: list[Lease] = Field(default_factory=list)
-    queue: list[Waiter] = Field(default_factory=list)
-    next_seq: int = Field(default=0, ge=0)
-    root_journal_seq: int = Field(default=0, ge=0)
+    leases: list[Lease] = field(default_factory=list)
+    queue: list[Waiter] = field(default_factory=list)
+    next_seq: NonNegativeInt = 0
+    root_journal_seq: NonNegativeInt = 0
     """The last entry of root's journal (:mod:`.journal`) this ledger includes."""
 
-    @field_validator("leases")
-    @classmethod
-    def _no_gpu_held_twice(cls, leases: list[Lease]) -> list[Lease]:
+    def __post_init__(self) -> None:
         held: dict[int, str] = {}
-        for lease in leases:
+        for lease in self.leases:
             for index in lease.indices:
                 if index in held:
                     raise ValueError(f"GPU {index} is held by leases {held[index]} and {lease.id}")
                 held[index] = lease.id
-        ids = [lease.id for lease in leases]
+        ids = [lease.id for lease in self.leases]
         if len(set(ids)) != len(ids):
             raise ValueError("two leases share an id")
-        return leases
 
     def held_gpus(self) -> dict[int, Lease]:
         """GPU index -> the lease holding it."""

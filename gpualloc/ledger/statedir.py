@@ -23,8 +23,9 @@ from __future__ import annotations
 import glob
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
+
+from msgspec import Struct
 
 from gpualloc.errors import FileAccessError, LedgerError
 
@@ -33,8 +34,7 @@ STATE_DIR_VARIABLE = "GPUALLOC_STATE_DIR"
 SHARED_DIR_MODE = 0o1777
 
 
-@dataclass(frozen=True)
-class StateDirectory:
+class StateDirectory(Struct, frozen=True):
     """A checked state directory, and which ledger in it a command uses.
 
     ``scope`` is None for the host's own ledger (``ledger.json``). Recorded and bundled

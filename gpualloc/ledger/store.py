@@ -38,10 +38,10 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import ValidationError
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from gpualloc.atomic import write_text_atomic
 from gpualloc.boot import boot_id
@@ -52,7 +52,14 @@ from gpualloc.ledger.schema import SCHEMA_VERSION, Lease, Ledger, Waiter
 from gpualloc.ledger.shared_files import UnsafeFile, adopt, open_shared, owner_name, read_shared
 from gpualloc.ledger.statedir import StateDirectory
 from gpualloc.model.topology import GpuProcess
-from gpualloc.model.validation import describe_validation_error
+from gpualloc.model.validation import (
+    DecodeError,
+    ValidationError,
+    decode_json,
+    describe_validation_error,
+    from_builtins,
+    to_builtins,
+)
 
 LOCK_TIMEOUT_S = 30.0
 """How long a transaction waits for another one; a transaction takes milliseconds."""
@@ -81,8 +88,7 @@ def new_lease_id() -> str:
     return secrets.token_hex(6)
 
 
-@dataclass
-class LedgerTransaction:
+class LedgerTransaction(Struct):
     """The ledger as one transaction sees it; changes are written when the transaction ends."""
 
     ledger: Ledger
@@ -120,7 +126,7 @@ class LedgerTransaction:
         """Add ``waiter`` at the back of its priority class; returns it with its arrival number."""
         if self.ledger.waiter(waiter.id) is not None:
             raise LedgerError(f"a waiter with id {waiter.id} exists already")
-        queued = waiter.model_copy(update={"seq": self.ledger.next_seq})
+        queued = replace(waiter, seq=self.ledger.next_seq)
         self.ledger.next_seq += 1
         self.ledger.queue.append(queued)
         self.changed = True
@@ -138,7 +144,7 @@ class LedgerTransaction:
         passed = set(waiter_ids)
         if passed:
             self.ledger.queue = [
-                w.model_copy(update={"passed_over": w.passed_over + 1}) if w.id in passed else w
+                replace(w, passed_over=w.passed_over + 1) if w.id in passed else w
                 for w in self.ledger.queue
             ]
             self.changed = True
@@ -357,7 +363,7 @@ class LedgerStore:
         uid = os.geteuid()
         ledger.generation += 1
         ledger.writer_uid = uid
-        data = ledger.model_dump(mode="json")
+        data = to_builtins(ledger)
         head = {"writer_uid": data.pop("writer_uid"), "generation": data.pop("generation")}
         # Compact: json's C encoder, which indentation turns off (a third of a write's time).
         text = json.dumps({**head, **dict(sorted(data.items()))}, separators=(",", ":")) + "\n"
@@ -377,6 +383,14 @@ class LedgerStore:
 def parse_ledger(text: str, source: str) -> Ledger:
     """A ledger from its JSON text; :class:`LedgerError` if damaged or from a newer gpualloc."""
     try:
+        ledger = decode_json(text, Ledger)  # one pass of C for the common case
+    except DecodeError:
+        ledger = None
+    if ledger is not None and ledger.schema_version <= SCHEMA_VERSION:
+        ledger.schema_version = SCHEMA_VERSION  # 2 and 3 only added defaults
+        return ledger
+    # Say why: not JSON, not a ledger, a newer gpualloc's, or the field that is wrong.
+    try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise LedgerError(f"{source} is not valid JSON (line {exc.lineno})") from None
@@ -389,14 +403,14 @@ def parse_ledger(text: str, source: str) -> Ledger:
             f"{SCHEMA_VERSION})",
             hint="upgrade gpualloc on this host; every user must run the same version",
         )
-    if version in (1, 2):
-        data = {**data, "schema_version": SCHEMA_VERSION}  # 2 and 3 only added defaults
     try:
-        return Ledger.model_validate(data)
+        ledger = from_builtins(data, Ledger)
     except ValidationError as exc:
         raise LedgerError(
             f"{source} is not a valid ledger ({describe_validation_error(exc)})"
         ) from None
+    ledger.schema_version = SCHEMA_VERSION
+    return ledger
 
 
 def _parses(text: str) -> bool:

@@ -12,7 +12,7 @@ uses for ``nvidia-smi nvlink -s`` and the unit of the MAPA paper's bandwidths. A
   width of the two GPUs. The path factor is the penalty for a path that climbs above a PCIe switch;
   ``SYS`` carries the cost of crossing the CPU interconnect.
 
-The table is a pydantic model, so it can be overridden in full or in part from a JSON file
+The table is a validated struct, so it can be overridden in full or in part from a JSON file
 (``--bandwidth-table FILE`` / ``GPUALLOC_BANDWIDTH_TABLE``); later issues calibrate it against
 measurements.
 """
@@ -23,55 +23,50 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from msgspec import Struct, field
 
 from gpualloc.errors import FileAccessError, TopologyError
 from gpualloc.model.paths import PciePath
+from gpualloc.model.validation import (
+    PositiveInt,
+    ValidationError,
+    describe_validation_error,
+    from_builtins,
+    to_builtins,
+)
 
 
-class BandwidthTable(BaseModel):
+class BandwidthTable(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Per-link and per-lane data rates and PCIe path penalties. Units: GB/s, one direction."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    nvlink_link_gbps: dict[int, float] = Field(
-        default_factory=lambda: {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0},
-        description=(
-            "Per-link, per-direction NVLink rate by NVLink generation. Sources: NVIDIA Tesla P100 "
-            "whitepaper (NVLink 1: 4 links, 160 GB/s bidirectional -> 20), Tesla V100 whitepaper "
-            "(NVLink 2: 6 links, 300 GB/s -> 25), A100 whitepaper (NVLink 3: 12 links, 600 GB/s "
-            "-> 25), H100 whitepaper (NVLink 4: 18 links, 900 GB/s -> 25), Blackwell "
-            "architecture brief (NVLink 5: 18 links, 1.8 TB/s -> 50)."
-        ),
+    nvlink_link_gbps: dict[int, float] = field(
+        default_factory=lambda: {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
     )
-    nvlink_link_gbps_by_architecture: dict[str, float] = Field(
-        default_factory=lambda: {"ampere-ga102": 14.0625},
-        description=(
-            "Per-link rates of GPU architectures whose NVLink runs slower than their generation's "
-            "(keys are catalog architectures). Source: RTX A6000 datasheet, NVLink bridge "
-            "112.5 GB/s bidirectional over 4 links -> 14.0625 (also RTX 3090, A40, A5000)."
-        ),
+    """Per-link, per-direction NVLink rate by NVLink generation. Sources: NVIDIA Tesla P100
+    whitepaper (NVLink 1: 4 links, 160 GB/s bidirectional -> 20), Tesla V100 whitepaper (NVLink
+    2: 6 links, 300 GB/s -> 25), A100 whitepaper (NVLink 3: 12 links, 600 GB/s -> 25), H100
+    whitepaper (NVLink 4: 18 links, 900 GB/s -> 25), Blackwell architecture brief (NVLink 5: 18
+    links, 1.8 TB/s -> 50)."""
+    nvlink_link_gbps_by_architecture: dict[str, float] = field(
+        default_factory=lambda: {"ampere-ga102": 14.0625}
     )
-    default_nvlink_generation: int = Field(
-        2,
-        description=(
-            "Generation assumed when no source tells it (a bare 'nvidia-smi topo -m' names no "
-            "GPU model). 2 is the generation of the MAPA paper's DGX-1 V100."
-        ),
+    """Per-link rates of GPU architectures whose NVLink runs slower than their generation's
+    (keys are catalog architectures). Source: RTX A6000 datasheet, NVLink bridge 112.5 GB/s
+    bidirectional over 4 links -> 14.0625 (also RTX 3090, A40, A5000)."""
+    default_nvlink_generation: PositiveInt = 2
+    """Generation assumed when no source tells it (a bare 'nvidia-smi topo -m' names no GPU
+    model). 2 is the generation of the MAPA paper's DGX-1 V100."""
+    pcie_lane_gbps: dict[int, float] = field(
+        default_factory=lambda: {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
     )
-    pcie_lane_gbps: dict[int, float] = Field(
-        default_factory=lambda: {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563},
-        description=(
-            "Per-lane, per-direction PCIe rate after line encoding, by PCIe generation. Source: "
-            "PCI-SIG base specifications (2.5/5 GT/s with 8b/10b; 8/16/32 GT/s with 128b/130b; "
-            "64 GT/s PAM4 with 242B/256B FLITs)."
-        ),
-    )
-    default_pcie_generation: int = Field(
-        3, description="PCIe generation assumed when no source tells it (most GPUs of 2016-2020)."
-    )
-    default_pcie_width: int = Field(16, description="PCIe lanes assumed when unknown.")
-    pcie_path_factor: dict[PciePath, float] = Field(
+    """Per-lane, per-direction PCIe rate after line encoding, by PCIe generation. Source:
+    PCI-SIG base specifications (2.5/5 GT/s with 8b/10b; 8/16/32 GT/s with 128b/130b; 64 GT/s
+    PAM4 with 242B/256B FLITs)."""
+    default_pcie_generation: PositiveInt = 3
+    """PCIe generation assumed when no source tells it (most GPUs of 2016-2020)."""
+    default_pcie_width: PositiveInt = 16
+    """PCIe lanes assumed when unknown."""
+    pcie_path_factor: dict[PciePath, float] = field(
         default_factory=lambda: {
             PciePath.BOARD: 1.0,
             PciePath.PIX: 1.0,
@@ -79,19 +74,16 @@ class BandwidthTable(BaseModel):
             PciePath.PHB: 0.8,
             PciePath.NODE: 0.7,
             PciePath.SYS: 0.5,
-        },
-        description=(
-            "Fraction of the PCIe link rate that peer traffic achieves along each path class. "
-            "gpualloc's prior, pending calibration: ordered as NVML's topology levels; SYS at "
-            "one half because peer-to-peer over QPI/UPI is not supported or is staged through "
-            "host memory (CUDA C Programming Guide, 'Peer-to-Peer Memory Access'; NCCL disables "
-            "P2P across SYS by default), and the DRB paper's reference machine weights a "
-            "cross-socket pair 20 times a same-socket pair (shared/reference/drb_topologies.json)."
-        ),
+        }
     )
-    unknown_path_factor: float = Field(
-        0.5, description="Factor for a pair whose PCIe path is unknown: assume the worst (SYS)."
-    )
+    """Fraction of the PCIe link rate that peer traffic achieves along each path class.
+    gpualloc's prior, pending calibration: ordered as NVML's topology levels; SYS at one half
+    because peer-to-peer over QPI/UPI is not supported or is staged through host memory (CUDA C
+    Programming Guide, 'Peer-to-Peer Memory Access'; NCCL disables P2P across SYS by default),
+    and the DRB paper's reference machine weights a cross-socket pair 20 times a same-socket
+    pair (shared/reference/drb_topologies.json)."""
+    unknown_path_factor: float = 0.5
+    """Factor for a pair whose PCIe path is unknown: assume the worst (SYS)."""
 
     def nvlink_rate(self, generation: int | None) -> float:
         """Per-link rate for an NVLink generation (None: the default generation)."""
@@ -141,21 +133,33 @@ def bandwidth_table_from(data: Any, origin: str) -> BandwidthTable:
     ``[bandwidth_table]`` section of config.toml); ``origin`` names it in errors."""
     if not isinstance(data, dict):
         raise TopologyError(f"{origin} must be a JSON object / TOML table")
-    merged = DEFAULT_BANDWIDTH_TABLE.model_dump()
+    merged = to_builtins(DEFAULT_BANDWIDTH_TABLE)
     for key, value in data.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = {**merged[key], **value}
+            # JSON and TOML keys are strings: "2" overrides the default for generation 2.
+            merged[key] = {str(k): v for k, v in {**merged[key], **value}.items()}
         else:
             merged[key] = value
     try:
-        return BandwidthTable.model_validate(merged)
+        return from_builtins(merged, BandwidthTable)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
         raise TopologyError(
-            f"{origin}: {where}: {first['msg']}",
+            f"{origin}: {_where(exc, data)}",
             hint="see 'gpualloc topo show --help' for the table's fields",
         ) from exc
+
+
+def _where(exc: ValidationError, overrides: dict[str, Any]) -> str:
+    """The error, naming the entry of a mapping that is wrong (msgspec says only ``[...]``)."""
+    described = describe_validation_error(exc)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and described.startswith(f"{key}[...]"):
+            for entry, rate in value.items():
+                try:
+                    from_builtins({key: {str(entry): rate}}, BandwidthTable)
+                except ValidationError:
+                    return described.replace("[...]", f".{entry}", 1)
+    return described
 
 
 def estimate_link_bandwidth_gbps(

@@ -9,11 +9,11 @@ at 14.06 GB/s per link, not 25). Sources are the vendor documents named on each 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 
-@dataclass(frozen=True)
-class GpuFamily:
+class GpuFamily(Struct, frozen=True):
     """Link facts shared by every GPU whose name matches ``pattern``."""
 
     pattern: str

@@ -8,11 +8,10 @@ order becomes the order of ``CUDA_VISIBLE_DEVICES``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from msgspec import Struct, field
 
 
-@dataclass(frozen=True)
-class CommunicationPattern:
+class CommunicationPattern(Struct, frozen=True):
     """A job's communication graph over vertices ``0..size-1`` (MAPA paper section 3.1).
 
     ``edges`` may list a pair twice: that pair then counts twice in every edge score, which is how
@@ -31,8 +30,7 @@ class CommunicationPattern:
                 raise ValueError(f"bad pattern edge ({u}, {v}) for {self.size} vertices")
 
 
-@dataclass(frozen=True)
-class JobRequest:
+class JobRequest(Struct, frozen=True):
     """A request for ``gpus`` GPUs that talk along ``pattern``.
 
     ``sensitive`` is MAPA's bandwidth sensitivity (section 2.3). ``required`` GPUs must be in the
@@ -55,8 +53,7 @@ class JobRequest:
             )
 
 
-@dataclass(frozen=True)
-class RunningJob:
+class RunningJob(Struct, frozen=True):
     """A job that holds GPUs now: the source of interference for DRB (seed 000, Eq. 4).
 
     ``sensitive`` is ``None`` when unknown (GPUs marked busy by hand or by a foreign process).
@@ -66,8 +63,7 @@ class RunningJob:
     sensitive: bool | None = None
 
 
-@dataclass(frozen=True)
-class HostState:
+class HostState(Struct, frozen=True):
     """Which GPUs are free now, and the jobs holding the others."""
 
     free: frozenset[int]
@@ -84,8 +80,7 @@ class HostState:
         return cls(free=frozenset(range(gpu_count)) - busy, running=running)
 
 
-@dataclass(frozen=True)
-class Scores:
+class Scores(Struct, frozen=True):
     """Every score of one placement. ``None`` where a score does not apply.
 
     Units: GB/s for the bandwidths, a number in [0, 1] for the DRB utility.
@@ -109,8 +104,7 @@ class Scores:
         }
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(Struct, frozen=True):
     """A policy's answer: GPUs in rank order, the scores, and what the policy optimised."""
 
     policy: str

@@ -13,15 +13,8 @@ from datetime import datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    computed_field,
-    field_validator,
-    model_validator,
-)
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from gpualloc.errors import SchemaVersionError, TopologyError
 from gpualloc.model.bandwidth import (
@@ -31,7 +24,16 @@ from gpualloc.model.bandwidth import (
 )
 from gpualloc.model.catalog import family_of
 from gpualloc.model.paths import PciePath
-from gpualloc.model.validation import describe_validation_error
+from gpualloc.model.validation import (
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    describe_validation_error,
+    from_builtins,
+    to_builtins,
+)
 
 if TYPE_CHECKING:
     import networkx
@@ -50,76 +52,64 @@ class Health(str, Enum):
     """A recorded source cannot tell."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Strict(Struct, kw_only=True, forbid_unknown_fields=True):
+    """A document part: unknown fields are refused, fields are passed by name."""
 
 
-class Gpu(_Strict):
+class Gpu(_Strict, kw_only=True):
     """One physical GPU as NVML numbers it (``CUDA_DEVICE_ORDER=PCI_BUS_ID`` order)."""
 
-    index: int = Field(ge=0, description="NVML index, equal to the CUDA index in PCI_BUS_ID order")
+    index: NonNegativeInt
+    """NVML index, equal to the CUDA index in PCI_BUS_ID order."""
     uuid: str | None = None
-    pci_bus_id: str | None = Field(None, description="e.g. 00000000:07:00.0")
+    pci_bus_id: str | None = None
+    """E.g. ``00000000:07:00.0``."""
     name: str | None = None
-    minor_number: int | None = Field(
-        None, ge=0, description="N of the device file /dev/nvidiaN (NVML's minor number)"
-    )
-    memory_total_bytes: int | None = Field(None, ge=0)
-    numa_node: int | None = Field(
-        None, description="the one NUMA node nearest the GPU; None when unknown or ambiguous"
-    )
-    numa_affinity: list[int] = Field(
-        default_factory=list,
-        description="every NUMA node nvidia-smi lists as near (VMs list ranges)",
-    )
-    cpu_affinity: list[int] = Field(
-        default_factory=list, description="ids of the CPUs near the GPU"
-    )
-    gpu_numa_node: int | None = Field(
-        None, description="NUMA node of the GPU's own memory (coherent hosts: Grace, POWER9)"
-    )
+    minor_number: NonNegativeInt | None = None
+    """N of the device file /dev/nvidiaN (NVML's minor number)."""
+    memory_total_bytes: NonNegativeInt | None = None
+    numa_node: int | None = None
+    """The one NUMA node nearest the GPU; None when unknown or ambiguous."""
+    numa_affinity: list[int] = field(default_factory=list)
+    """Every NUMA node nvidia-smi lists as near (VMs list ranges)."""
+    cpu_affinity: list[int] = field(default_factory=list)
+    """Ids of the CPUs near the GPU."""
+    gpu_numa_node: int | None = None
+    """NUMA node of the GPU's own memory (coherent hosts: Grace, POWER9)."""
     mig_enabled: bool | None = None
     health: Health = Health.OK
-    pcie_generation: int | None = Field(None, ge=1)
-    pcie_width: int | None = Field(None, ge=1)
-    nvlink_generation: int | None = Field(None, ge=1)
-    nvlink_link_gbps: float | None = Field(
-        None, gt=0, description="per-link NVLink rate reported by the driver (nvlink -s)"
-    )
-    nvlinks_active: int | None = Field(None, ge=0, description="active NVLinks of this GPU")
+    pcie_generation: PositiveInt | None = None
+    pcie_width: PositiveInt | None = None
+    nvlink_generation: PositiveInt | None = None
+    nvlink_link_gbps: PositiveFloat | None = None
+    """Per-link NVLink rate reported by the driver (nvlink -s)."""
+    nvlinks_active: NonNegativeInt | None = None
+    """Active NVLinks of this GPU."""
 
-    @field_validator("cpu_affinity", "numa_affinity")
-    @classmethod
-    def _sorted_unique(cls, value: list[int]) -> list[int]:
-        return sorted(set(value))
+    def __post_init__(self) -> None:
+        self.cpu_affinity = sorted(set(self.cpu_affinity))
+        self.numa_affinity = sorted(set(self.numa_affinity))
 
 
-class Link(_Strict):
+class Link(_Strict, kw_only=True):
     """What connects GPUs ``a < b``: the PCIe path, NVLinks, an NVSwitch, and the bandwidth."""
 
-    a: int = Field(ge=0)
-    b: int = Field(ge=0)
-    pcie: PciePath | None = Field(None, description="PCIe path class; None when unknown")
-    nvlinks: int = Field(0, ge=0, description="NVLinks bonded between the pair (NV# in topo -m)")
-    nvlink_generation: int | None = Field(None, ge=1)
-    nvswitch: bool = Field(False, description="the NVLinks run through an NVSwitch fabric")
-    bandwidth_gbps: float = Field(ge=0, description="estimated one-direction bandwidth, GB/s")
+    a: NonNegativeInt
+    b: NonNegativeInt
+    pcie: PciePath | None = None
+    """PCIe path class; None when unknown."""
+    nvlinks: NonNegativeInt = 0
+    """NVLinks bonded between the pair (NV# in topo -m)."""
+    nvlink_generation: PositiveInt | None = None
+    nvswitch: bool = False
+    """The NVLinks run through an NVSwitch fabric."""
+    bandwidth_gbps: NonNegativeFloat
+    """Estimated (or measured) one-direction bandwidth, GB/s."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _drop_derived_kind(cls, data: Any) -> Any:
-        # ``kind`` is derived; JSON written by to_json() carries it, so accept it back.
-        if isinstance(data, dict) and "kind" in data:
-            data = {k: v for k, v in data.items() if k != "kind"}
-        return data
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Link:
+    def __post_init__(self) -> None:
         if self.a >= self.b:
             raise ValueError(f"link endpoints must satisfy a < b, got a={self.a}, b={self.b}")
-        return self
 
-    @computed_field  # type: ignore[prop-decorator]
     @property
     def kind(self) -> str:
         """``NV<n>`` when NVLinked, else the PCIe class, else ``UNKNOWN``."""
@@ -127,24 +117,25 @@ class Link(_Strict):
             return f"NV{self.nvlinks}"
         return self.pcie.value if self.pcie else "UNKNOWN"
 
+    def to_json_dict(self) -> dict[str, Any]:
+        """The link's fields and its derived ``kind`` (which reading ignores)."""
+        return {**to_builtins(self), "kind": self.kind}
 
-class NumaNode(_Strict):
+
+class NumaNode(_Strict, kw_only=True):
     """A NUMA node; GPU-memory nodes of coherent hosts have no CPUs."""
 
-    id: int = Field(ge=0)
-    cpus: list[int] = Field(default_factory=list)
-    memory_total_bytes: int | None = Field(None, ge=0)
-    distances: dict[int, int] = Field(
-        default_factory=dict, description="SLIT distance to each node id (10 = local)"
-    )
+    id: NonNegativeInt
+    cpus: list[int] = field(default_factory=list)
+    memory_total_bytes: NonNegativeInt | None = None
+    distances: dict[int, int] = field(default_factory=dict)
+    """SLIT distance to each node id (10 = local)."""
 
-    @field_validator("cpus")
-    @classmethod
-    def _sorted_unique(cls, value: list[int]) -> list[int]:
-        return sorted(set(value))
+    def __post_init__(self) -> None:
+        self.cpus = sorted(set(self.cpus))
 
 
-class GpuProcess(_Strict):
+class GpuProcess(_Strict, kw_only=True, frozen=True):
     """A compute process running on a GPU, as NVML's running-process list reports it.
 
     On a live host gpualloc asks NVML each time; a recorded or bundled topology may declare such
@@ -152,53 +143,56 @@ class GpuProcess(_Strict):
     without a GPU.
     """
 
-    gpu: int = Field(ge=0, description="index of the GPU the process runs on")
-    pid: int = Field(gt=0)
-    name: str | None = Field(None, description="the process's command name")
-    user: str | None = Field(None, description="the user running it, when known")
-    used_memory_bytes: int | None = Field(None, ge=0)
+    gpu: NonNegativeInt
+    """Index of the GPU the process runs on."""
+    pid: PositiveInt
+    name: str | None = None
+    """The process's command name."""
+    user: str | None = None
+    """The user running it, when known."""
+    used_memory_bytes: NonNegativeInt | None = None
 
 
 Source = Literal["nvml", "nvidia-smi", "file", "bundled"]
 
 
-class Provenance(_Strict):
+class Provenance(_Strict, kw_only=True):
     """Where a topology came from, and what could not be read."""
 
     source: Source
-    origin: str | None = Field(None, description="file path, bundled name, or command")
+    origin: str | None = None
+    """File path, bundled name, or command."""
     hostname: str | None = None
     captured_at: datetime | None = None
     driver_version: str | None = None
     cuda_version: str | None = None
-    description: str | None = Field(
-        None, description="for bundled and recorded files: what and whence"
-    )
-    notes: list[str] = Field(default_factory=list, description="fields that could not be read")
-    bandwidth: Literal["estimated", "measured"] = Field(
-        "estimated",
-        description="link bandwidths estimated from the bandwidth table, or measured "
-        "('topo import --bandwidth-matrix'); measured ones are never re-estimated",
-    )
+    description: str | None = None
+    """For bundled and recorded files: what and whence."""
+    notes: list[str] = field(default_factory=list)
+    """Fields that could not be read."""
+    bandwidth: Literal["estimated", "measured"] = "estimated"
+    """Link bandwidths estimated from the bandwidth table, or measured ('topo import
+    --bandwidth-matrix'); measured ones are never re-estimated."""
 
 
-class Topology(_Strict):
-    """A multi-GPU host. Links are complete: one per unordered GPU pair, sorted by (a, b)."""
+class Topology(_Strict, kw_only=True):
+    """A multi-GPU host. Links are complete: one per unordered GPU pair, sorted by (a, b).
+
+    Built in code (discovery), it is checked by :meth:`validated`; read from JSON, by
+    :meth:`from_json_dict`. Both refuse what :meth:`__post_init__` and the field types refuse.
+    """
 
     schema_version: int = SCHEMA_VERSION
     name: str | None = None
     gpus: list[Gpu]
-    links: list[Link] = Field(default_factory=list)
-    numa_nodes: list[NumaNode] = Field(default_factory=list)
+    links: list[Link] = field(default_factory=list)
+    numa_nodes: list[NumaNode] = field(default_factory=list)
     provenance: Provenance
-    processes: list[GpuProcess] = Field(
-        default_factory=list,
-        description="compute processes declared on the GPUs (recorded files only; a live host "
-        "is asked each time)",
-    )
+    processes: list[GpuProcess] = field(default_factory=list)
+    """Compute processes declared on the GPUs (recorded files only; a live host is asked each
+    time)."""
 
-    @model_validator(mode="after")
-    def _consistent(self) -> Topology:
+    def __post_init__(self) -> None:
         indices = [g.index for g in self.gpus]
         if indices != list(range(len(indices))):
             raise ValueError(f"GPU indices must be 0..{len(indices) - 1} in order, got {indices}")
@@ -222,7 +216,6 @@ class Topology(_Strict):
         if len(set(node_ids)) != len(node_ids):
             raise ValueError(f"NUMA node ids repeat: {node_ids}")
         self.numa_nodes.sort(key=lambda n: n.id)
-        return self
 
     # ---- lookups -------------------------------------------------------------------------
 
@@ -260,10 +253,10 @@ class Topology(_Strict):
         if self.provenance.bandwidth == "measured":
             return self
         links = [
-            link.model_copy(update={"bandwidth_gbps": pair_bandwidth_gbps(self.gpus, link, table)})
+            replace(link, bandwidth_gbps=pair_bandwidth_gbps(self.gpus, link, table))
             for link in self.links
         ]
-        return self.model_copy(update={"links": links})
+        return replace(self, links=links)
 
     def to_networkx(self) -> networkx.Graph:
         """An undirected graph: GPU nodes (with their attributes), one edge per pair.
@@ -275,17 +268,21 @@ class Topology(_Strict):
 
         graph = nx.Graph(name=self.name or "")
         for gpu in self.gpus:
-            graph.add_node(gpu.index, **gpu.model_dump(exclude={"index"}))
+            attributes = to_builtins(gpu)
+            del attributes["index"]
+            graph.add_node(gpu.index, **attributes)
         for link in self.links:
-            graph.add_edge(
-                link.a, link.b, weight=link.bandwidth_gbps, **link.model_dump(exclude={"a", "b"})
-            )
+            attributes = link.to_json_dict()
+            del attributes["a"], attributes["b"]
+            graph.add_edge(link.a, link.b, weight=link.bandwidth_gbps, **attributes)
         return graph
 
     # ---- JSON ----------------------------------------------------------------------------
 
     def to_json_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        data = to_builtins(self)
+        data["links"] = [link.to_json_dict() for link in self.links]
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_json_dict(), indent=2, sort_keys=True) + "\n"
@@ -307,10 +304,17 @@ class Topology(_Strict):
                 f"{SCHEMA_VERSION}",
                 hint="upgrade gpualloc (pip install -U gpualloc)",
             )
+        links = data.get("links")
+        if isinstance(links, list):  # ``kind`` is derived: to_json() writes it, reading drops it
+            data = {**data, "links": [_without_kind(link) for link in links]}
         try:
-            return cls.model_validate(data)
+            return from_builtins(data, cls)
         except ValidationError as exc:
             raise TopologyError(f"{origin}: {describe_validation_error(exc)}") from exc
+
+    def validated(self) -> Topology:
+        """This topology, built in code, checked as if read from its JSON (types, ranges)."""
+        return Topology.from_json_dict(self.to_json_dict(), origin="discovered topology")
 
     @classmethod
     def from_json(cls, text: str, *, origin: str = "<json>") -> Topology:
@@ -321,6 +325,12 @@ class Topology(_Strict):
                 f"{origin}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
             ) from exc
         return cls.from_json_dict(data, origin=origin)
+
+
+def _without_kind(link: Any) -> Any:
+    if isinstance(link, dict) and "kind" in link:
+        return {key: value for key, value in link.items() if key != "kind"}
+    return link
 
 
 def _per_link_rate(gpu: Gpu, table: BandwidthTable) -> float | None:

@@ -8,8 +8,9 @@ all policies report the same scores computed the same way.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from functools import cached_property
+
+from msgspec import Struct, field
 
 from gpualloc.errors import NoFeasiblePlacement, RequestError
 from gpualloc.model.cpuset import format_cpulist
@@ -31,8 +32,7 @@ def _fmt(gpus: frozenset[int]) -> str:
     return format_cpulist(gpus)
 
 
-@dataclass
-class DecisionContext:
+class DecisionContext(Struct, dict=True):
     topology: Topology
     request: JobRequest
     state: HostState

@@ -6,7 +6,7 @@ serve ``gpualloc plan``, the launcher, the waiting queue and the simulator.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
 
 from gpualloc.model.request import HostState, JobRequest, Placement
 from gpualloc.model.topology import Topology
@@ -58,8 +58,7 @@ def compare(ctx: DecisionContext) -> list[Placement]:
     return [policy.place(ctx) for policy in all_policies()]
 
 
-@dataclass(frozen=True)
-class Explanation:
+class Explanation(Struct, frozen=True):
     placement: Placement
     reason: str
     alternatives: list[Alternative]

@@ -24,8 +24,9 @@ no constraints, which is always correct but slower.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
+
+from msgspec import Struct
 
 from gpualloc.errors import RequestError
 from gpualloc.model.request import CommunicationPattern
@@ -37,8 +38,7 @@ class PatternError(RequestError):
     """A ``--pattern`` value or pattern file cannot be used."""
 
 
-@dataclass(frozen=True)
-class SearchShape:
+class SearchShape(Struct, frozen=True):
     """How the order search walks a pattern: vertex visiting order and symmetry constraints."""
 
     visit: tuple[int, ...]

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import ClassVar
+
+from msgspec import Struct
 
 from gpualloc.model.request import Placement, Scores
 from gpualloc.placement.context import DecisionContext
@@ -21,8 +22,7 @@ from gpualloc.placement.search import candidate_sets
 SetKey = tuple[float, ...]
 
 
-@dataclass(frozen=True)
-class Alternative:
+class Alternative(Struct, frozen=True):
     """A runner-up placement for ``plan --explain``, ranked by the policy's own key."""
 
     gpus: tuple[int, ...]

@@ -49,9 +49,10 @@ exponential; on hosts with few link classes the work is a few thousand search no
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from itertools import combinations
 from math import comb
+
+from msgspec import Struct
 
 from gpualloc.model.request import CommunicationPattern
 from gpualloc.placement.host import HostGraph
@@ -135,8 +136,7 @@ def evaluate_order(
 # ---- link classes ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Classes:
+class _Classes(Struct, frozen=True):
     """The distinct (MAPA class, bandwidth) combinations among the pool's pairs."""
 
     of_pair: tuple[tuple[int, ...], ...]  # class id per GPU pair (-1 on the diagonal)
@@ -197,8 +197,7 @@ class _Escalate(Exception):
 # ---- the search ------------------------------------------------------------------------------
 
 
-@dataclass
-class SearchResult:
+class SearchResult(Struct):
     order: tuple[int, ...]
     key: Key
     vectors_tried: int

@@ -34,7 +34,8 @@ O(k^2 + n) per set.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from gpualloc.model.paths import PciePath
 from gpualloc.model.request import HostState
@@ -58,8 +59,7 @@ _PATH_DISTANCE = {
 }
 
 
-@dataclass(frozen=True)
-class UtilityWeights:
+class UtilityWeights(Struct, frozen=True):
     """alpha_cc, alpha_b, alpha_d of Eq. 1/2; normalised to sum to 1."""
 
     communication: float = 1 / 3
@@ -75,8 +75,7 @@ class UtilityWeights:
         )
 
 
-@dataclass(frozen=True)
-class UtilityParts:
+class UtilityParts(Struct, frozen=True):
     communication_cost: float
     interference: float
     fragmentation: float

@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
+from msgspec import structs
+
 from gpualloc.errors import TraceError
 from gpualloc.launcher.queue import Attempt, next_start
 from gpualloc.launcher.wait import DEFAULT_MAX_BYPASS, attempts
@@ -235,7 +237,7 @@ class _Simulation:
                 return
             passed = set(turn.passed)
             self.queue = [
-                w.model_copy(update={"passed_over": w.passed_over + 1}) if w.id in passed else w
+                structs.replace(w, passed_over=w.passed_over + 1) if w.id in passed else w
                 for w in self.queue
                 if w.id != turn.waiter.id
             ]

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from gpualloc.errors import RequestError
 from gpualloc.model.cpuset import format_cpulist
@@ -35,8 +36,7 @@ _JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
 _HINT = f"check gres.conf File= against 'nvidia-smi -q | grep Minor', or set {IGNORE_VARIABLE}=1"
 
 
-@dataclass(frozen=True)
-class SlurmJob:
+class SlurmJob(Struct, frozen=True):
     """The Slurm job gpualloc runs in, and its GPUs as indices of the topology."""
 
     job_id: str

@@ -1,0 +1,117 @@
+"""The ``gpualloc`` command as typer declares it: global options, commands, help.
+
+Start-up is a feature (house style habit 9): this module imports typer and nothing heavy;
+pydantic (through typer), networkx, pynvml and psutil load inside the commands that need them,
+and a test checks what ``gpualloc --help`` loaded. The frequent command lines do not come here
+at all (:mod:`gpualloc.cli.fastpath`); :func:`gpualloc.cli.main.run` is the entry point and the
+error boundary of both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gpualloc import __version__
+from gpualloc.cli import complete, config, leases, plan, run, simulate, slurm, status, topo
+from gpualloc.cli.output import write_stdout
+from gpualloc.cli.state import STATE
+from gpualloc.errors import ExitCode
+
+ENVIRONMENT_VARIABLES = (
+    ("GPUALLOC_TOPOLOGY", "as --topology"),
+    ("GPUALLOC_BANDWIDTH_TABLE", "as --bandwidth-table"),
+    ("GPUALLOC_CACHE_DIR", "where discovered topologies are cached (default ~/.cache/gpualloc)"),
+    ("GPUALLOC_STATE_DIR", "the shared ledger's directory (default /var/tmp/gpualloc)"),
+    ("GPUALLOC_DEBUG=1", "as --debug"),
+    ("GPUALLOC_POLICY", "as --policy (default mapa)"),
+    ("GPUALLOC_NUMA", "as run --numa (default auto)"),
+    ("GPUALLOC_IGNORE_FOREIGN=1", "as --ignore-foreign"),
+    ("GPUALLOC_PRIORITY, GPUALLOC_MAX_BYPASS", "as --priority and --max-bypass of --wait"),
+    ("GPUALLOC_SYSTEM_CONFIG", "the system config file (default /etc/gpualloc/config.toml)"),
+    ("XDG_CONFIG_HOME", "the user's config file is $XDG_CONFIG_HOME/gpualloc/config.toml"),
+    ("GPUALLOC_NO_SLURM=1", "inside a Slurm job, use the host's ledger and GPUs"),
+    ("GPUALLOC_LEASE_ID, GPUALLOC_GPUS", "set for jobs: their lease id and GPU indices"),
+)
+ENVIRONMENT_HELP = (
+    "Environment variables:\n\n"
+    + "\n\n".join(f"* {name}: {meaning}" for name, meaning in ENVIRONMENT_VARIABLES)
+    + "\n\nExit codes: "
+    + ", ".join(f"{int(code)} {code.name.lower().replace('_', '-')}" for code in ExitCode)
+)
+
+app = typer.Typer(
+    name="gpualloc",
+    help=(
+        "Topology-aware GPU allocator and job launcher for a shared multi-GPU host.\n\n"
+        "Without a GPU, every command works on a bundled or recorded topology: "
+        "`gpualloc --topology dgx1-v100 topo show`"
+    ),
+    epilog=ENVIRONMENT_HELP,
+    rich_markup_mode="markdown",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(topo.app, name="topo")
+app.command("plan")(plan.plan_command)
+app.command("run", context_settings={"allow_interspersed_args": False})(run.run_command)
+app.command("alloc")(leases.alloc_command)
+app.command("release")(leases.release_command)
+app.command("status")(status.status_command)
+app.command("gc")(leases.gc_command)
+app.command("simulate")(simulate.simulate_command)
+app.add_typer(slurm.app, name="slurm")
+app.add_typer(config.app, name="config")
+
+
+def _version(value: bool) -> None:
+    if value:
+        write_stdout(f"gpualloc {__version__}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    topology: Annotated[
+        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
+        typer.Option(
+            "--topology",
+            "-t",
+            envvar="GPUALLOC_TOPOLOGY",
+            metavar="NAME|PATH",
+            help="Work on a bundled topology (see 'topo list') or a topology file (gpualloc "
+            "JSON or 'nvidia-smi topo -m' text) instead of probing this host.",
+            autocompletion=complete.topologies,
+        ),
+    ] = None,
+    bandwidth_table: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--bandwidth-table",
+            metavar="FILE",
+            help="JSON file overriding entries of the link bandwidth table (else "
+            "GPUALLOC_BANDWIDTH_TABLE, else bandwidth_table in config.toml).",
+        ),
+    ] = None,
+    refresh: Annotated[
+        bool, typer.Option("--refresh", help="Probe the host again instead of using the cache.")
+    ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option("--debug", envvar="GPUALLOC_DEBUG", help="Show tracebacks on errors."),
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Global options, shared by every command."""
+    STATE.apply_global_options(
+        topology=topology, bandwidth_table=bandwidth_table, refresh=refresh, debug=debug
+    )

@@ -1,0 +1,327 @@
+"""What ``run``, ``alloc`` and ``release`` do, without typer.
+
+:mod:`gpualloc.cli.run` and :mod:`gpualloc.cli.leases` declare these commands for typer (their
+options, help and completion) and call these functions with every option by name; the
+command-line fast path (:mod:`gpualloc.cli.fastpath`) calls them directly for the command lines
+it understands, so that the commands run most often start without importing typer (issue 18,
+point 9). A test checks that each function takes exactly its typer command's parameters, with
+the same defaults.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from typing import TYPE_CHECKING
+
+from gpualloc.cli.host import allocate, open_host_ledger, say, warn
+from gpualloc.cli.state import STATE
+from gpualloc.cli.want import build_want, wait_options
+from gpualloc.errors import RequestError
+
+if TYPE_CHECKING:
+    from gpualloc.launcher.allocate import Allocation, HostLedger, Want
+    from gpualloc.launcher.binding import Binding, NumaMode
+    from gpualloc.launcher.wait import WaitOptions
+    from gpualloc.model.request import Placement
+
+ALLOC_FORMATS = ("ids", "env", "json")
+
+
+# ---- run -------------------------------------------------------------------------------------
+
+
+def run_job(
+    *,
+    command: list[str],
+    count: int | None = None,
+    pattern: str = "ring",
+    sensitive: bool | None = None,
+    exclude: str | None = None,
+    require: str | None = None,
+    policy: str | None = None,
+    score: str = "auto",
+    drb_weights: str | None = None,
+    gpus: str | None = None,
+    numa: str | None = None,
+    name: str | None = None,
+    uuid: bool = False,
+    ignore_foreign: bool | None = None,
+    wait: bool = False,
+    timeout: str | None = None,
+    priority: str | None = None,
+    max_bypass: int | None = None,
+    min_utility: float | None = None,
+    min_bandwidth: float | None = None,
+    dry_run: bool = False,
+    quiet: bool = False,
+    as_json: bool = False,
+) -> None:
+    """``gpualloc run``: place the job, record its lease, exec it (see its ``--help``)."""
+    from gpualloc.launcher.binding import NumaMode
+    from gpualloc.launcher.command import resolve_program
+
+    try:
+        mode = NumaMode(STATE.setting("numa", numa))
+    except ValueError:
+        raise RequestError(f"unknown --numa {numa!r}", hint="choose auto, bind or none") from None
+    if as_json and not dry_run:
+        raise RequestError("--json applies to --dry-run", hint="add --dry-run")
+    want = build_want(
+        count=count,
+        pattern=pattern,
+        sensitive=sensitive,
+        exclude=exclude,
+        require=require,
+        policy=policy,
+        score=score,
+        drb_weights=drb_weights,
+        explicit=gpus,
+        min_utility=min_utility,
+        min_bandwidth=min_bandwidth,
+    )
+    waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
+    resolve_program(command[0], os.environ)  # 127/126 before any GPU is taken
+    host = open_host_ledger(
+        ignore_foreign=STATE.setting("ignore_foreign", ignore_foreign), create=not dry_run
+    )
+    if dry_run:
+        _dry_run(host, want, command, mode, uuid, as_json)
+        return
+    _launch(host, want, command, mode, uuid=uuid, name=name, quiet=quiet, waiting=waiting)
+
+
+def _binding(host: HostLedger, placement: Placement, mode: NumaMode) -> Binding:
+    from gpualloc.launcher.binding import HostNuma, NumaMode, plan_binding
+
+    nodes = [host.topology.gpu(g).numa_node for g in placement.gpus]
+    numa_view = HostNuma.read() if host.this_host and mode is not NumaMode.NONE else None
+    return plan_binding(nodes, mode, this_host=host.this_host, host=numa_view)
+
+
+def _launch(
+    host: HostLedger,
+    want: Want,
+    command: list[str],
+    mode: NumaMode,
+    *,
+    uuid: bool,
+    name: str | None,
+    quiet: bool,
+    waiting: WaitOptions | None,
+) -> None:
+    from gpualloc.launcher.allocate import LeaseTerms
+    from gpualloc.launcher.command import job_argv
+    from gpualloc.launcher.environment import gpu_variables, job_environment
+    from gpualloc.launcher.exec import exec_job
+
+    terms = LeaseTerms(
+        source="run",
+        pid=os.getpid(),
+        lock=True,
+        command=tuple(command),
+        name=name,
+        process_group=os.getpid() if os.getpgrp() == os.getpid() else None,
+    )
+    allocation = allocate(host, want, terms, waiting)
+    warn(allocation.notes)
+    lease = allocation.lease
+    try:
+        binding = _binding(host, allocation.placement, mode)
+        chosen = [host.topology.gpu(g) for g in allocation.placement.gpus]
+        variables = gpu_variables(chosen, lease_id=lease.id, use_uuid=uuid)
+        if binding.method == "affinity":
+            warn([binding.reason])
+        if not quiet:
+            where = binding.describe() if binding.method == "numactl" else "not NUMA-bound"
+            say(
+                f"lease {lease.id}: GPU {','.join(map(str, lease.indices))} "
+                f"({where}) for {shlex.join(command)}"
+            )
+        exec_job(job_argv(command, binding), job_environment(os.environ, variables), binding)
+    except BaseException:
+        if allocation.lock_fd is not None:
+            os.close(allocation.lock_fd)
+        host.release(lease.id)
+        raise
+
+
+def _dry_run(
+    host: HostLedger,
+    want: Want,
+    command: list[str],
+    mode: NumaMode,
+    uuid: bool,
+    as_json: bool,
+) -> None:
+    from gpualloc.cli.json_views import placement_json
+    from gpualloc.cli.output import print_json, write_stdout
+    from gpualloc.launcher.allocate import choose
+    from gpualloc.launcher.command import job_argv
+    from gpualloc.launcher.environment import LEASE_ID_VARIABLE, gpu_variables
+
+    txn = host.snapshot()
+    warn(txn.notes)
+    placement = choose(host.topology, host.occupancy(txn.ledger), want)
+    binding = _binding(host, placement, mode)
+    chosen = [host.topology.gpu(g) for g in placement.gpus]
+    variables = gpu_variables(chosen, lease_id="(new lease id)", use_uuid=uuid)
+    argv = job_argv(command, binding)
+    if as_json:
+        variables[LEASE_ID_VARIABLE] = None  # type: ignore[assignment]
+        print_json(
+            {
+                "dry_run": True,
+                "placement": placement_json(host.topology, want.request, placement),
+                "environment": variables,
+                "numa": binding.as_json(),
+                "argv": argv,
+            }
+        )
+        return
+    s = placement.scores
+    lines = [
+        f"would run on GPU {','.join(map(str, placement.gpus))} "
+        f"(policy {placement.policy}: {placement.objective})",
+        f"  scores: effective {s.effective_gbps} GB/s, aggregated {s.aggregated_gbps} GB/s, "
+        f"utility {s.utility:.3f}",
+        f"  NUMA: {binding.describe()}",
+    ]
+    if binding.method == "none" and binding.nodes and host.this_host is False:
+        lines.append(f"        on its own host: {shlex.join(binding.as_if_bound())}")
+    lines.append("  environment (the rest is passed unchanged):")
+    lines += [f"    {key}={value}" for key, value in variables.items()]
+    lines.append(f"  argv: {shlex.join(argv)}")
+    lines.append("nothing was allocated (--dry-run)")
+    write_stdout("\n".join(lines) + "\n")
+
+
+# ---- alloc -----------------------------------------------------------------------------------
+
+
+def alloc_gpus(
+    *,
+    count: int | None = None,
+    pattern: str = "ring",
+    sensitive: bool | None = None,
+    exclude: str | None = None,
+    require: str | None = None,
+    policy: str | None = None,
+    score: str = "auto",
+    drb_weights: str | None = None,
+    gpus: str | None = None,
+    pid: int | None = None,
+    hold: bool = False,
+    output_format: str = "ids",
+    name: str | None = None,
+    uuid: bool = False,
+    ignore_foreign: bool | None = None,
+    wait: bool = False,
+    timeout: str | None = None,
+    priority: str | None = None,
+    max_bypass: int | None = None,
+    min_utility: float | None = None,
+    min_bandwidth: float | None = None,
+) -> None:
+    """``gpualloc alloc``: allocate GPUs without running anything (see its ``--help``)."""
+    from gpualloc.launcher.allocate import LeaseTerms
+
+    if output_format not in ALLOC_FORMATS:
+        raise RequestError(f"unknown --format {output_format!r}", hint="choose ids, env or json")
+    if pid is not None and hold:
+        raise RequestError("--pid and --hold both say how long the lease lives", hint="give one")
+    owner = None if hold else (pid or os.getppid())
+    if owner == 1:
+        raise RequestError(
+            "gpualloc's parent is init, so the lease would end at once",
+            hint="give --pid of the process that uses the GPUs, or --hold",
+        )
+    want = build_want(
+        count=count,
+        pattern=pattern,
+        sensitive=sensitive,
+        exclude=exclude,
+        require=require,
+        policy=policy,
+        score=score,
+        drb_weights=drb_weights,
+        explicit=gpus,
+        min_utility=min_utility,
+        min_bandwidth=min_bandwidth,
+    )
+    waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
+    host = open_host_ledger(ignore_foreign=STATE.setting("ignore_foreign", ignore_foreign))
+    terms = LeaseTerms(
+        source="alloc", pid=owner, hold=hold, command=_command_of(owner), name=name, announce=True
+    )
+    allocation = allocate(host, want, terms, waiting)
+    warn(allocation.notes)
+    _print_allocation(host, want, allocation, output_format, uuid)
+    sys.stdout.flush()  # the id has reached the reader: only now is the lease confirmed
+    host.confirm(allocation.lease.id)
+
+
+def _command_of(pid: int | None) -> tuple[str, ...]:
+    from gpualloc.ledger.liveness import command_line
+
+    return () if pid is None else command_line(pid)
+
+
+def _print_allocation(
+    host: HostLedger, want: Want, allocation: Allocation, output_format: str, uuid: bool
+) -> None:
+    from gpualloc.cli.json_views import lease_json, placement_json
+    from gpualloc.cli.output import print_json, write_stdout
+    from gpualloc.launcher.environment import gpu_variables, shell_exports
+
+    lease = allocation.lease
+    chosen = [host.topology.gpu(g) for g in lease.indices]
+    variables = gpu_variables(chosen, lease_id=lease.id, use_uuid=uuid)
+    if output_format == "ids":
+        write_stdout(variables["CUDA_VISIBLE_DEVICES"] + "\n")
+    elif output_format == "env":
+        write_stdout(shell_exports(variables))
+    else:
+        print_json(
+            {
+                "lease": lease_json(lease),
+                "placement": placement_json(host.topology, want.request, allocation.placement),
+                "environment": variables,
+            }
+        )
+
+
+# ---- release ---------------------------------------------------------------------------------
+
+
+def release_gpus(
+    *, leases: list[str] | None = None, mine: bool = False, as_json: bool = False
+) -> None:
+    """``gpualloc release``: give the leases named, or all of yours, back (see its ``--help``)."""
+    from gpualloc.cli.json_views import lease_json
+    from gpualloc.cli.output import print_json, write_stdout
+    from gpualloc.ledger.occupancy import describe_lease
+
+    if not leases and not mine:
+        raise RequestError("nothing to release", hint="give lease ids, or --mine for all yours")
+    host = open_host_ledger(ignore_foreign=True)
+    result = host.release_leases(leases or [], mine=mine)
+    if as_json:
+        print_json(
+            {
+                "released": [lease_json(lease) for lease in result.released],
+                "errors": [problem.message for problem in result.problems],
+            }
+        )
+    else:
+        lines = [f"released {describe_lease(lease)}" for lease in result.released]
+        if mine and not result.released and not result.problems:
+            lines.append("you hold no lease")
+        write_stdout("".join(line + "\n" for line in lines))
+    for problem in result.problems:
+        sys.stderr.write(f"error: {problem.message}\n")
+        if problem.hint:
+            sys.stderr.write(f"hint: {problem.hint}\n")
+    if result.problems:
+        sys.exit(int(result.problems[0].exit_code))

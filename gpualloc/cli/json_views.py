@@ -1,0 +1,34 @@
+"""The documented ``--json`` shapes of a placement and of a lease (typer-free)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpualloc.ledger.schema import Lease
+    from gpualloc.model.request import JobRequest, Placement
+    from gpualloc.model.topology import Topology
+
+
+def placement_json(topology: Topology, request: JobRequest, placement: Placement) -> dict[str, Any]:
+    """The documented ``plan --json`` contract, plus context fields (also in ``run``,
+    ``alloc`` and ``status`` output)."""
+    return {
+        "policy": placement.policy,
+        "gpus": list(placement.gpus),
+        "scores": placement.scores.as_dict(),
+        "numa_nodes": [topology.gpu(g).numa_node for g in placement.gpus],
+        "effective_model": placement.scores.effective_model,
+        "objective": placement.objective,
+        "pattern": request.pattern.name,
+        "sensitive": request.sensitive,
+    }
+
+
+def lease_json(lease: Lease) -> dict[str, Any]:
+    """A lease as ``status --json`` and ``alloc --format json`` print it, with ``orphaned``:
+    its id never reached anyone (see :func:`gpualloc.ledger.occupancy.orphaned`)."""
+    from gpualloc.ledger.occupancy import orphaned
+    from gpualloc.model.validation import to_builtins
+
+    return {**to_builtins(lease), "orphaned": orphaned(lease)}

@@ -1,0 +1,159 @@
+"""From the option values of ``plan``, ``run`` and ``alloc`` to the placement engine's request.
+
+No typer here: the command-line fast path (:mod:`gpualloc.cli.fastpath`) calls these as the
+typer commands do, so both paths turn the same values into the same request and the same usage
+errors.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gpualloc.cli.state import STATE
+from gpualloc.errors import RequestError
+
+if TYPE_CHECKING:
+    from gpualloc.launcher.allocate import Want
+    from gpualloc.launcher.wait import WaitOptions
+    from gpualloc.placement.scores import EffectiveModel
+    from gpualloc.placement.utility import UtilityWeights
+
+
+def parse_duration(text: str, option: str = "--timeout") -> float:
+    """``90``, ``30s``, ``5m``, ``2h``, ``1h30m``, ``1.5h`` -> seconds."""
+    from gpualloc.durations import parse_duration_text
+
+    try:
+        return parse_duration_text(text)
+    except ValueError:
+        raise RequestError(
+            f"{option} {text!r} is not a duration", hint=f"e.g. {option} 90, 30s, 5m, 1h30m"
+        ) from None
+
+
+def gpu_list(text: str | None, option: str) -> frozenset[int]:
+    """A ``0,2,4-7`` list of GPU indices, or a usage error naming ``option``."""
+    return frozenset(gpu_sequence(text, option))
+
+
+def gpu_sequence(text: str | None, option: str) -> tuple[int, ...]:
+    """Like :func:`gpu_list`, keeping the order given (``3,1`` is not ``1,3``)."""
+    from gpualloc.model.cpuset import is_cpulist, parse_cpulist
+
+    if text is None or text.strip() == "":
+        return ()
+    parts = [part.strip() for part in text.split(",")]
+    if not all(is_cpulist(part) for part in parts):
+        raise RequestError(
+            f"{option} {text!r} is not a GPU list",
+            hint=f"write indices and ranges, e.g. {option} 0,2,4-7",
+        )
+    try:
+        return tuple(g for part in parts for g in parse_cpulist(part))
+    except ValueError as exc:
+        raise RequestError(f"{option} {text!r}: {exc}", hint=f"e.g. {option} 0,2,4-7") from None
+
+
+def effective_model(score: str) -> EffectiveModel:
+    from gpualloc.placement.scores import EffectiveModel
+
+    try:
+        return EffectiveModel(score)
+    except ValueError:
+        raise RequestError(
+            f"unknown --score {score!r}", hint="choose auto, mapa or bottleneck"
+        ) from None
+
+
+def utility_weights(text: str | None) -> UtilityWeights:
+    from gpualloc.placement.utility import UtilityWeights
+
+    if text is None:
+        return UtilityWeights()
+    try:
+        values = [float(part) for part in text.split(",")]
+        if len(values) != 3:
+            raise ValueError
+        return UtilityWeights(*values).normalised()
+    except ValueError:
+        raise RequestError(
+            f"--drb-weights {text!r} is not three non-negative numbers",
+            hint="e.g. --drb-weights 0.5,0.25,0.25 (communication, interference, fragmentation)",
+        ) from None
+
+
+def build_want(
+    *,
+    count: int | None,
+    pattern: str,
+    sensitive: bool | None,
+    exclude: str | None,
+    require: str | None,
+    policy: str | None,
+    score: str,
+    drb_weights: str | None,
+    explicit: str | None = None,
+    min_utility: float | None = None,
+    min_bandwidth: float | None = None,
+) -> Want:
+    """The engine's request from the option values; usage errors for bad combinations."""
+    from gpualloc.launcher.allocate import Want
+    from gpualloc.model.request import JobRequest
+    from gpualloc.placement.patterns import build_pattern
+    from gpualloc.placement.registry import get_policy
+
+    chosen = gpu_sequence(explicit, "--gpus") if explicit is not None else None
+    if chosen is not None:
+        if not chosen:
+            raise RequestError("--gpus is empty", hint="e.g. --gpus 0,1")
+        if count is not None and count != len(chosen):
+            raise RequestError(
+                f"-n {count} but --gpus names {len(chosen)} GPU(s)", hint="give one of them"
+            )
+        if exclude or require:
+            raise RequestError(
+                "--gpus takes exactly the GPUs named; --exclude and --require do not apply",
+                hint="leave them out",
+            )
+        count = len(chosen)
+    count = count or 1
+    policy = STATE.setting("policy", policy)
+    get_policy(policy)
+    request = JobRequest(
+        gpus=count,
+        pattern=build_pattern(pattern, count),
+        sensitive=sensitive if sensitive is not None else count >= 2,
+        required=gpu_list(require, "--require"),
+        excluded=gpu_list(exclude, "--exclude"),
+    )
+    return Want(
+        request=request,
+        policy=policy,
+        explicit=chosen,
+        effective_model=effective_model(score),
+        weights=utility_weights(drb_weights),
+        min_utility=min_utility,
+        min_bandwidth_gbps=min_bandwidth,
+    )
+
+
+def wait_options(
+    *, wait: bool, timeout: str | None, priority: str | None, max_bypass: int | None
+) -> WaitOptions | None:
+    """The queue options, or None without --wait (usage errors for options that need it)."""
+    from gpualloc.launcher.wait import WaitOptions
+
+    if priority is not None and priority not in ("high", "normal", "low"):
+        raise RequestError(f"unknown --priority {priority!r}", hint="choose high, normal or low")
+    if not wait:
+        if timeout is not None or priority is not None or max_bypass is not None:
+            raise RequestError(
+                "--timeout, --priority and --max-bypass apply to --wait", hint="add --wait"
+            )
+        return None
+    return WaitOptions.from_config(
+        STATE.config(),
+        timeout_s=parse_duration(timeout) if timeout is not None else None,
+        priority=priority,  # type: ignore[arg-type]
+        max_bypass=max_bypass,
+    )
