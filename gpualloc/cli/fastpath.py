@@ -25,7 +25,9 @@ Kind = Literal["flag", "int", "float", "str", "path"]
 
 COMPLETION_VARIABLE = "_GPUALLOC_COMPLETE"
 """Set by the shell when it asks for completions: typer answers those."""
-DEBUG_VARIABLE = "GPUALLOC_DEBUG"
+FLAG_WORDS = {"1": True, "0": False}
+"""Values of a flag's environment variable read here; click's other words (``yes``, ``off``,
+...) and its refusal of anything else are left to typer."""
 
 
 class Option(Struct, frozen=True):
@@ -64,7 +66,7 @@ GLOBAL_OPTIONS = (
     Option(("--topology", "-t"), "topology", envvar="GPUALLOC_TOPOLOGY"),
     Option(("--bandwidth-table",), "bandwidth_table", "path"),
     _flag("--refresh", dest="refresh"),
-    _flag("--debug", dest="debug"),
+    Option(("--debug",), "debug", "flag", envvar="GPUALLOC_DEBUG"),
 )
 JOB_OPTIONS = (
     Option(("-n", "--num-gpus"), "count", "int", minimum=1),
@@ -149,8 +151,8 @@ class _NotForUs(Exception):
 
 def parse(args: list[str], environ: Mapping[str, str]) -> FastCommand | None:
     """The command line as the fast path runs it, or None to leave it to typer."""
-    if COMPLETION_VARIABLE in environ or environ.get(DEBUG_VARIABLE, "") not in ("", "0", "1"):
-        return None  # completion; a value of click's boolean words other than these two
+    if COMPLETION_VARIABLE in environ:
+        return None
     try:
         return _parse(args, environ)
     except _NotForUs:
@@ -159,19 +161,22 @@ def parse(args: list[str], environ: Mapping[str, str]) -> FastCommand | None:
 
 def _parse(args: list[str], environ: Mapping[str, str]) -> FastCommand:
     position = 0
+    given: dict[str, Any] = {}
+    while position < len(args) and args[position].startswith("-"):
+        position = _take_option(args, position, GLOBAL_OPTIONS, given)
+    if position == len(args) or args[position] not in COMMANDS:
+        raise _NotForUs
     global_values: dict[str, Any] = {
         "topology": None,
         "bandwidth_table": None,
         "refresh": False,
         "debug": False,
     }
-    while position < len(args) and args[position].startswith("-"):
-        position = _take_option(args, position, GLOBAL_OPTIONS, global_values)
-    if position == len(args) or args[position] not in COMMANDS:
-        raise _NotForUs
     for option in GLOBAL_OPTIONS:
-        if option.envvar and global_values[option.dest] is None and environ.get(option.envvar):
-            global_values[option.dest] = option.convert(environ[option.envvar])
+        value = environ.get(option.envvar or "", "")
+        if value and option.dest not in given:
+            global_values[option.dest] = _from_environment(option, value)
+    global_values.update(given)
     name = args[position]
     spec = COMMANDS[name]
     values: dict[str, Any] = {}  # options not given take the functions' defaults, typer's own
@@ -201,6 +206,15 @@ def _parse(args: list[str], environ: Mapping[str, str]) -> FastCommand:
     elif arguments:
         raise _NotForUs
     return FastCommand(name, global_values, values)
+
+
+def _from_environment(option: Option, value: str) -> Any:
+    """An option's value from its environment variable, as click reads it."""
+    if option.kind != "flag":
+        return option.convert(value)
+    if value not in FLAG_WORDS:
+        raise _NotForUs
+    return FLAG_WORDS[value]
 
 
 def _take_option(

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from gpualloc.cli import complete
+from gpualloc.cli import complete, jobs
 from gpualloc.cli.host import open_host_ledger, warn
 from gpualloc.cli.request_options import (
     DrbWeightsOption,
@@ -87,9 +87,7 @@ def alloc_command(
 
     Inside a pipeline or a subshell the parent is not your shell: pass --pid $$ there.
     """
-    from gpualloc.cli.jobs import alloc_gpus
-
-    alloc_gpus(**locals())  # every option by name (a test checks both signatures agree)
+    jobs.alloc_gpus(**locals())  # every option by name (a test checks both signatures agree)
 
 
 def release_command(
@@ -109,9 +107,7 @@ def release_command(
     Only a lease's owner (or root) may release it: exit 12 otherwise, 13 for an unknown id. A
     job still running on released GPUs keeps running; the GPUs just stop being reserved for it.
     """
-    from gpualloc.cli.jobs import release_gpus
-
-    release_gpus(**locals())  # every option by name (a test checks both signatures agree)
+    jobs.release_gpus(**locals())  # every option by name (a test checks both signatures agree)
 
 
 def gc_command(as_json: JsonOption = False) -> None:

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from gpualloc.cli import complete
+from gpualloc.cli import complete, jobs
 from gpualloc.cli.request_options import (
     DrbWeightsOption,
     ExcludeOption,
@@ -102,6 +102,4 @@ def run_command(
 
     Example: `gpualloc run -n 2 --sensitive -- python train.py`
     """
-    from gpualloc.cli.jobs import run_job
-
-    run_job(**locals())  # every option by name (a test checks both signatures agree)
+    jobs.run_job(**locals())  # every option by name (a test checks both signatures agree)

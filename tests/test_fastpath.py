@@ -1,0 +1,302 @@
+"""The command-line fast path reads exactly what typer reads, or leaves the line to typer.
+
+Three nets: the option table against typer's declarations (names, flags, types, ranges,
+environment variables); the work functions' signatures against the typer commands'; and the
+same command lines through both paths (a fixed corpus and generated ones), where every line the
+fast path takes must reach the work function with the values typer would have passed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpualloc.cli import fastpath, jobs, leases, run
+from gpualloc.cli.app import app
+from gpualloc.cli.main import run as main
+from gpualloc.cli.state import STATE
+
+WORK = {"run": jobs.run_job, "alloc": jobs.alloc_gpus, "release": jobs.release_gpus}
+TYPER_COMMANDS = {
+    "run": run.run_command,
+    "alloc": leases.alloc_command,
+    "release": leases.release_command,
+}
+LEFT_TO_TYPER = {"--version", "--install-completion", "--show-completion"}
+"""Typer's own global options (--help is not a parameter at all)."""
+
+
+def _click_group() -> Any:
+    return typer.main.get_command(app)
+
+
+def _is_option(param: Any) -> bool:
+    return hasattr(param, "is_flag")  # click's Option and typer's own (typer 0.20 and later)
+
+
+def _kind(param: Any) -> tuple[str, float | None, float | None]:
+    """A typer option's type as the fast path names it, with its range (typer >= 0.20 keeps the
+    annotation; older typer, a click type)."""
+    descriptor = getattr(param, "type_descriptor", None)
+    if descriptor is not None:
+        annotation = descriptor.annotation
+        low, high = param.min, param.max
+    else:
+        names = {"IntRange": int, "INT": int, "FloatRange": float, "FLOAT": float}
+        annotation = names.get(type(param.type).__name__) or {
+            "integer": int, "float": float, "path": Path, "text": str
+        }[param.type.name]  # fmt: skip
+        low, high = getattr(param.type, "min", None), getattr(param.type, "max", None)
+    kinds = {int: "int", float: "float", Path: "path", str: "str"}
+    return kinds[annotation], low, high
+
+
+def _check_options(params: list[Any], table: tuple[fastpath.Option, ...]) -> set[str]:
+    """Each option the table has is typer's, read the same way; returns typer's names the
+    table leaves out."""
+    by_name = {name: option for option in table for name in option.names}
+    left_out = set()
+    covered = set()
+    for param in params:
+        if not _is_option(param):
+            continue
+        names = [*param.opts, *param.secondary_opts]
+        if not any(name in by_name for name in names):
+            left_out.update(names)
+            continue
+        assert not param.multiple and param.nargs == 1, param.name
+        for name in param.opts:
+            option = by_name[name]
+            covered.add(name)
+            assert option.dest == param.name, name
+            assert option.envvar == param.envvar, name
+            if param.is_flag:
+                assert (option.kind, option.flag_value) == ("flag", True), name
+            else:
+                assert (option.kind, option.minimum, option.maximum) == _kind(param), name
+        for name in param.secondary_opts:
+            covered.add(name)
+            assert by_name[name].dest == param.name and by_name[name].kind == "flag", name
+            assert by_name[name].flag_value is False, name
+    assert covered == set(by_name), set(by_name) - covered
+    return left_out
+
+
+def test_the_global_options_are_typers() -> None:
+    left_out = _check_options(_click_group().params, fastpath.GLOBAL_OPTIONS)
+    assert left_out == LEFT_TO_TYPER
+
+
+@pytest.mark.parametrize("name", sorted(fastpath.COMMANDS))
+def test_each_command_option_is_typers(name: str) -> None:
+    command = _click_group().commands[name]
+    spec = fastpath.COMMANDS[name]
+    assert _check_options(command.params, spec.options) == set()
+    arguments = [p for p in command.params if not _is_option(p)]
+    if spec.arguments == "none":
+        assert arguments == []
+    else:
+        (argument,) = arguments
+        assert argument.name == spec.argument_dest and argument.nargs == -1
+        assert argument.required == (spec.arguments == "command")
+    interspersed = command.context_settings.get(
+        "allow_interspersed_args", command.allow_interspersed_args
+    )
+    assert interspersed == (spec.arguments != "command")
+
+
+@pytest.mark.parametrize("name", sorted(WORK))
+def test_the_work_takes_exactly_the_typer_commands_parameters(name: str) -> None:
+    declared = inspect.signature(TYPER_COMMANDS[name]).parameters
+    work = inspect.signature(WORK[name]).parameters
+    assert list(declared) == list(work)
+    for parameter, value in declared.items():
+        assert value.default == work[parameter].default, parameter
+        assert work[parameter].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+# ---- the same command lines through both paths -------------------------------------------------
+
+
+class Called(BaseException):
+    """Raised by the stand-in work function, carrying what it was given (a BaseException,
+    so that the error boundary lets it through)."""
+
+    def __init__(self, name: str, values: dict[str, Any]) -> None:
+        super().__init__(name)
+        self.name = name
+        self.values = values
+
+
+def _outcome(args: list[str], *, fast: bool) -> tuple[str, Any]:
+    """What ``gpualloc ARGS`` does up to the work: ("work", (name, values, global options))
+    or ("exit", code)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, function in WORK.items():
+            defaults = {key: p.default for key, p in inspect.signature(function).parameters.items()}
+
+            def stand_in(*, _name: str = name, _defaults: dict = defaults, **values: Any) -> None:
+                raise Called(_name, {**_defaults, **values})
+
+            patch.setattr(jobs, function.__name__, stand_in)
+        if not fast:
+            patch.setattr(fastpath, "parse", lambda args, environ: None)
+        try:
+            main(list(args))
+        except Called as call:
+            state = (STATE.topology, STATE.bandwidth_table, STATE.refresh, STATE.debug)
+            return "work", (call.name, call.values, state)
+        except SystemExit as exc:
+            return "exit", exc.code
+    raise AssertionError("neither the work nor an exit")
+
+
+def _same_through_both(args: list[str]) -> bool:
+    """Both paths agree; True when the fast path took the line."""
+    taken = fastpath.parse(list(args), os.environ) is not None
+    through_typer = _outcome(args, fast=False)
+    if taken:
+        assert through_typer[0] == "work", (args, through_typer)
+        assert _outcome(args, fast=True) == through_typer, args
+    return taken
+
+
+TAKEN = [
+    ["run", "--", "true"],
+    ["run", "true"],
+    ["run", "-n", "2", "--sensitive", "--", "python", "train.py", "-n", "3"],
+    ["run", "-n2", "python", "-u", "x.py"],
+    ["run", "--num-gpus=3", "--policy", "drb", "--min-utility", "0.5", "--", "a"],
+    ["run", "-q", "--numa", "none", "--insensitive", "--sensitive", "--", "a", "--", "b"],
+    ["run", "--wait", "--timeout", "5m", "--priority", "low", "--max-bypass", "0", "--", "x"],
+    ["run", "--dry-run", "--json", "--gpus", "3,1", "--uuid", "--", "x"],
+    ["run", "--name", "", "--", "x"],
+    ["run", "--", "-x"],
+    ["-t", "dgx1-v100", "--refresh", "--debug", "run", "--", "x"],
+    ["--topology=dgx2", "alloc"],
+    ["alloc", "--hold", "--format", "json", "-n", "2", "--exclude", "0-3", "--require", "7"],
+    ["alloc", "--pid", "1234", "--heed-foreign", "--ignore-foreign", "--score", "mapa"],
+    ["alloc", "--drb-weights", "1,0,0", "--min-bandwidth", "0", "--pattern", "all", "--"],
+    ["release", "abcd", "--json", "ef01"],
+    ["release", "--mine"],
+    ["release"],
+    ["release", "--", "--mine"],
+]
+LEFT = [
+    ["--help"],
+    ["run", "--help"],
+    ["alloc", "-h"],
+    ["--version"],
+    ["run"],
+    ["run", "--"],
+    ["run", "-n", "0", "--", "x"],
+    ["run", "-n", "x", "--", "x"],
+    ["run", "-n", "-2", "--", "x"],
+    ["run", "--min-utility", "1.5", "--", "x"],
+    ["run", "--wait=1", "--", "x"],
+    ["run", "-qn", "2", "--", "x"],
+    ["run", "--name", "--", "x"],
+    ["run", "-t", "dgx2", "--", "x"],
+    ["run", "--nonsense", "--", "x"],
+    ["alloc", "extra"],
+    ["alloc", "--", "extra"],
+    ["alloc", "-n"],
+    ["status"],
+    ["topo", "show"],
+    ["-t"],
+    ["--bogus", "run", "--", "x"],
+    [],
+]
+
+
+@pytest.mark.parametrize("args", TAKEN, ids=" ".join)
+def test_lines_the_fast_path_takes_reach_the_work_as_through_typer(args: list[str]) -> None:
+    assert _same_through_both(args)
+
+
+@pytest.mark.parametrize("args", LEFT, ids=" ".join)
+def test_help_errors_and_other_commands_are_left_to_typer(args: list[str]) -> None:
+    assert fastpath.parse(list(args), {}) is None
+
+
+TOKENS = [
+    *{name for spec in fastpath.COMMANDS.values() for o in spec.options for name in o.names},
+    *{name for o in fastpath.GLOBAL_OPTIONS for name in o.names},
+    "run", "alloc", "release", "status", "--", "-", "-h", "--help",
+    "0", "1", "2", "-1", "1.5", "x", "", "ring", "none", "json", "3,1", "abcd",
+    "-n2", "-n0", "--num-gpus=2", "--wait=1", "-qn", "--name=", "--min-utility=0.2",
+    "-tdgx2", "--topology=dgx2", "--max-bypass=-1",
+]  # fmt: skip
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+)
+@given(
+    args=st.sampled_from(["run", "alloc", "release", "-t"]).flatmap(
+        lambda first: st.lists(st.sampled_from(TOKENS), max_size=7).map(lambda rest: [first, *rest])
+    )
+)
+def test_generated_lines_agree_or_go_to_typer(args: list[str]) -> None:
+    _same_through_both(args)
+
+
+def test_the_topology_variable_is_read_as_click_reads_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GPUALLOC_TOPOLOGY", "dgx2")
+    assert (
+        fastpath.parse(["run", "--", "x"], {"GPUALLOC_TOPOLOGY": "dgx2"}).global_values["topology"]
+        == "dgx2"
+    )
+    assert _same_through_both(["run", "--", "x"])
+    assert _same_through_both(["-t", "hgx-h100", "run", "--", "x"])
+
+
+@pytest.mark.parametrize("value", ["true", "yes", "2", "on"])
+def test_debug_words_other_than_0_and_1_go_to_typer(value: str) -> None:
+    assert fastpath.parse(["run", "--", "x"], {"GPUALLOC_DEBUG": value}) is None
+    assert fastpath.parse(["run", "--", "x"], {"GPUALLOC_DEBUG": "1"}) is not None
+
+
+def test_completion_requests_go_to_typer() -> None:
+    assert fastpath.parse(["run", "--", "x"], {fastpath.COMPLETION_VARIABLE: "bash"}) is None
+
+
+def test_a_missing_bandwidth_table_is_the_same_error_on_both_paths(
+    tmp_path: Path, cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = ["--bandwidth-table", str(tmp_path / "none.json"), "-t", "dgx2", "alloc"]
+    fast = cli(*args)
+    monkeypatch.setattr(fastpath, "parse", lambda args, environ: None)
+    slow = cli(*args)
+    assert (fast.exit_code, fast.stderr) == (slow.exit_code, slow.stderr)
+    assert "does not exist" in fast.stderr
+
+
+@pytest.mark.slow
+def test_the_fast_path_imports_neither_typer_nor_pydantic(tmp_path: Path) -> None:
+    probe = (
+        "import sys, json\n"
+        "from gpualloc.cli.main import run\n"
+        "try:\n    run(['-t', 'dgx1-v100', 'alloc', '--hold'])\nexcept SystemExit:\n    pass\n"
+        "heavy = ['typer', 'click', 'pydantic', 'rich', 'networkx', 'psutil', 'pynvml']\n"
+        "sys.stderr.write(json.dumps([m for m in heavy if m in sys.modules]))\n"
+    )
+    env = {**os.environ, "GPUALLOC_STATE_DIR": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=False
+    )
+    assert result.stdout.strip() == "0"
+    assert json.loads(result.stderr.splitlines()[-1]) == []
