@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 
@@ -14,8 +13,11 @@ def write_text_atomic(path: Path, text: str, *, mode: int | None = None) -> None
     Raises ``OSError`` (the temporary file is removed) when the directory is not writable.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    temporary = Path(name)
+    # What tempfile.mkstemp does, without importing tempfile (and shutil, random) on every
+    # command's path: a new name nobody else can have opened, created 0600.
+    temporary = path.with_name(f".{path.name}.{os.urandom(6).hex()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    descriptor = os.open(temporary, flags, 0o600)
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             if mode is not None:

@@ -1,4 +1,4 @@
-"""Which boot of this machine we are in: the kernel's random boot id.
+"""This machine: its name, and which boot of it we are in (the kernel's random boot id).
 
 Discovered topologies are cached per boot (GPUs may change across a reboot), and leases are
 valid for the boot that made them (no process, lock or Slurm job survives a reboot).
@@ -6,6 +6,7 @@ valid for the boot that made them (no process, lock or Slurm job survives a rebo
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
@@ -17,3 +18,9 @@ def boot_id() -> str | None:
         return BOOT_ID_PATH.read_text().strip() or None
     except OSError:
         return None
+
+
+def hostname() -> str:
+    """This machine's name, as ``socket.gethostname()`` returns it on Linux (the kernel's
+    nodename), without importing socket on every command's path."""
+    return os.uname().nodename

@@ -296,18 +296,18 @@ def _parsed(setting: Setting, raw: Any, where: str) -> Any:
 
 def _read(path: Path) -> dict[str, Any] | None:
     """The file's settings, flattened (``queue.max_bypass``); None when it does not exist."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.10
-        import tomli as tomllib
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        return None
+        return None  # most hosts have no file: no TOML parser to import (issue 18, point 9)
     except OSError as exc:
         raise ConfigError(
             f"cannot read {path}: {exc.strerror}", hint="fix its permissions, or remove it"
         ) from None
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -300,3 +300,13 @@ def test_the_fast_path_imports_neither_typer_nor_pydantic(tmp_path: Path) -> Non
     )
     assert result.stdout.strip() == "0"
     assert json.loads(result.stderr.splitlines()[-1]) == []
+
+
+def test_the_typer_path_still_does_the_work(cli: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fastpath, "parse", lambda args, environ: None)
+    held = cli("-t", "dgx2", "alloc", "--hold", "-n", "2")
+    assert held.exit_code == 0 and held.stdout.strip() == "0,1"
+    planned = cli("-t", "dgx2", "run", "--dry-run", "--json", "--", "true")  # run itself execs
+    assert planned.exit_code == 0 and json.loads(planned.stdout)["placement"]["gpus"] == [2]
+    released = cli("-t", "dgx2", "release", "--mine")
+    assert released.exit_code == 0 and "released GPU 0-1" in released.stdout

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 import time
 from datetime import datetime, timezone
@@ -10,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from gpualloc import boot
 from gpualloc.cli.host import open_host_ledger
 from gpualloc.cli.json_views import lease_json
 from gpualloc.cli.leases import JsonOption
@@ -160,7 +160,7 @@ def _gpu_table(host: HostLedger, occupancy: Occupancy) -> Table:
         rows.append(row)
         styles.append([None, STATE_STYLE.get(state), None, None, None, None, None])
     return Table(
-        f"GPUs of {host.topology.name or socket.gethostname()}",
+        f"GPUs of {host.topology.name or boot.hostname()}",
         ["GPU", "State", "User", "Lease", "Since", "PID", "Job"],
         rows,
         styles=styles,
@@ -184,7 +184,7 @@ def status_json(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) 
             }
         )
     return {
-        "host": socket.gethostname(),
+        "host": boot.hostname(),
         "topology": host.topology.name,
         "this_host": host.this_host,
         "ledger": str(host.store.directory.ledger_file) if host.store else None,

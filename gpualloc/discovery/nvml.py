@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any, TypeVar
 from msgspec import Struct, field
 from msgspec.structs import replace
 
+from gpualloc import boot
 from gpualloc.discovery.assemble import PairFacts, assemble_topology
 from gpualloc.discovery.processes import RunningProcess
 from gpualloc.errors import DiscoveryError, DiscoveryUnavailable, NoGpuFound
@@ -186,7 +186,7 @@ class NvmlSession:
         provenance = Provenance(
             source="nvml",
             origin="NVML",
-            hostname=socket.gethostname(),
+            hostname=boot.hostname(),
             captured_at=datetime.now(timezone.utc),
             driver_version=self.driver_version(),
             cuda_version=self._cuda_version(),

@@ -11,13 +11,13 @@ from __future__ import annotations
 import csv
 import io
 import shutil
-import socket
 import subprocess
 from datetime import datetime, timezone
 
 from msgspec import Struct
 from msgspec.structs import replace
 
+from gpualloc import boot
 from gpualloc.discovery.assemble import PairFacts, assemble_topology
 from gpualloc.discovery.nvlink_status import NvlinkGpuStatus, parse_nvlink_status
 from gpualloc.discovery.topo_matrix import TopoMatrix, parse_topo_matrix
@@ -271,7 +271,7 @@ def discover_with_nvidia_smi(
         source="nvidia-smi",
         origin="nvidia-smi topo -m",
         table=table,
-        hostname=socket.gethostname(),
+        hostname=boot.hostname(),
     )
     topology.provenance.notes.extend(notes)
     return topology

@@ -10,8 +10,7 @@ no real GPU.
 
 from __future__ import annotations
 
-import socket
-
+from gpualloc import boot
 from gpualloc.model.topology import Topology
 
 DISCOVERED_SOURCES = ("nvml", "nvidia-smi")
@@ -21,4 +20,4 @@ def describes_this_host(topology: Topology, hostname: str | None = None) -> bool
     provenance = topology.provenance
     if provenance.source not in DISCOVERED_SOURCES:
         return False
-    return provenance.hostname is None or provenance.hostname == (hostname or socket.gethostname())
+    return provenance.hostname is None or provenance.hostname == (hostname or boot.hostname())

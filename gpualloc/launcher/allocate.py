@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from msgspec import Struct, field
 from msgspec.structs import replace
 
+from gpualloc import boot
 from gpualloc.boot import boot_id
 from gpualloc.discovery.processes import ProcessReport, declared_processes, live_processes
 from gpualloc.discovery.this_host import describes_this_host
@@ -213,7 +214,7 @@ class HostLedger(Struct):
     def snapshot(self) -> LedgerTransaction:
         """The ledger now, dead leases left out, without writing anything."""
         if self.store is None:
-            return LedgerTransaction(Ledger(host=_hostname()))
+            return LedgerTransaction(Ledger(host=boot.hostname()))
         return self.store.snapshot()
 
     def ledger_store(self) -> LedgerStore:
@@ -538,12 +539,6 @@ def _processes_for_reaping(
         return found[0]
 
     return processes
-
-
-def _hostname() -> str:
-    import socket
-
-    return socket.gethostname()
 
 
 def _old(path: Path) -> bool:

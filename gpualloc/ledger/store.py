@@ -33,8 +33,6 @@ import contextlib
 import json
 import os
 import re
-import secrets
-import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -43,6 +41,7 @@ from pathlib import Path
 from msgspec import Struct, field
 from msgspec.structs import replace
 
+from gpualloc import boot
 from gpualloc.atomic import write_text_atomic
 from gpualloc.boot import boot_id
 from gpualloc.errors import FileAccessError, GpuallocError, LedgerError
@@ -85,7 +84,7 @@ def lease_alive(lease: Lease, directory: StateDirectory) -> bool:
 
 
 def new_lease_id() -> str:
-    return secrets.token_hex(6)
+    return os.urandom(6).hex()
 
 
 class LedgerTransaction(Struct):
@@ -163,7 +162,7 @@ class LedgerStore:
         gpu_processes: Callable[[], Iterable[GpuProcess]] = tuple,
     ) -> None:
         self.directory = directory
-        self.host = host or socket.gethostname()
+        self.host = host or boot.hostname()
         self.alive = alive
         self.lock_timeout_s = lock_timeout_s
         self.gpu_processes = gpu_processes
