@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from process_timing import gpualloc_argv, median_ms
+from process_timing import cpu_ms, gpualloc_argv, median_ms
 
 BUDGET_MS = 200.0
 RUN_TARGET_MS = 100.0
@@ -54,6 +54,15 @@ def _cli_client(args: tuple[list[str], dict[str, str], int]) -> int:
         ).stdout
         lease_id = lease.split('"id": "', 1)[1][:12]
         subprocess.run([*base, "release", lease_id], env=env, check=True, capture_output=True)
+    return cycles
+
+
+def _python_client(args: tuple[list[str], dict[str, str], int]) -> int:
+    """The command-line clients' pattern with ``python -c pass`` for both commands: the most
+    cycles per second any Python command line can give on this machine."""
+    _, env, cycles = args
+    for _ in range(cycles * 2):
+        subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
     return cycles
 
 
@@ -142,7 +151,17 @@ def main() -> int:
             f"{'ok' if added <= RUN_TARGET_MS else 'MISSED'})"
         )
 
+        alloc_cpu, release_cpu, python_cpu = cpu_ms(
+            [
+                [*base, "alloc", "--hold"],
+                [*base, "release", "--mine"],
+                [sys.executable, "-c", "pass"],
+            ],
+            10,
+            env,
+        )
         cli_rate, _ = _throughput(_cli_client, [(base, env, options.cycles)] * CLIENTS)
+        ceiling, _ = _throughput(_python_client, [(base, env, options.cycles)] * CLIENTS)
         library_rate, per_client = _throughput(
             _library_client, [(options.topology, state, options.cycles * 20)] * CLIENTS
         )
@@ -152,6 +171,12 @@ def main() -> int:
         print(
             f"  command line (2 processes/cycle)  {cli_rate:7.1f} cycles/s  (issue 18 target "
             f"{CLI_TARGET_CYCLES_S:.0f}: {'ok' if cli_rate >= CLI_TARGET_CYCLES_S else 'MISSED'})"
+        )
+        cores = os.cpu_count()
+        print(f"  python -c pass twice (ceiling)    {ceiling:7.1f} cycles/s  ({cores} cores)")
+        print(
+            f"  CPU per command                   alloc {alloc_cpu:.0f} ms, release "
+            f"{release_cpu:.0f} ms, python -c pass {python_cpu:.0f} ms"
         )
         print(f"  library (2 transactions/cycle)    {library_rate:7.1f} cycles/s")
         print(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 from typing import NoReturn
 
 from gpualloc.cli.output import StdoutClosed
@@ -83,6 +82,8 @@ def _notice(line: str) -> None:
 
 def _report(message: str, hint: str | None, details: tuple[str, ...] = ()) -> None:
     if STATE.debug:
+        import traceback
+
         traceback.print_exc()
     sys.stderr.write(f"error: {message}\n")
     for line in details:
