@@ -178,3 +178,43 @@ def test_p2p_bandwidth_latency_test_format() -> None:
     )
     matrix = parse_bandwidth_matrix(text)
     assert matrix[0][1] == 10.16 and matrix[2][1] == 11.18 and len(matrix) == 3
+
+
+@pytest.mark.parametrize("name", ["minsky-p100", "dgx1-v100", "summit-node", "torus-2d-16"])
+def test_the_cheapest_set_is_found_exactly(name: str) -> None:
+    """t_min(k) of DRB's Eq. 2 on the paper's scale: the search equals brute force."""
+    import itertools
+
+    from gpualloc.placement.utility import cheapest_communication, physical_distances
+
+    distance = physical_distances(HostGraph.from_topology(load_bundled(name)))
+    n = len(distance)
+    for k in range(2, n + 1) if n <= 8 else (2, 3, 5, 8, 11):
+        brute = min(
+            sum(distance[a][b] for i, a in enumerate(chosen) for b in chosen[i + 1 :])
+            for chosen in itertools.combinations(range(n), k)
+        )
+        assert cheapest_communication(distance, k) == pytest.approx(brute), k
+
+
+def test_drb_utility_is_on_the_papers_scale() -> None:
+    """On the DRB paper's Minsky (seed 000, section 5.2.2): the last two GPUs across the sockets
+    score below Table 1's 0.5 for 2-GPU jobs; an NVLinked pair with a socket left half free
+    scores above it; a 1-GPU job goes to the socket without another job (interference)."""
+    from gpualloc.model.request import RunningJob
+    from gpualloc.placement.utility import UtilityModel
+
+    host = HostGraph.from_topology(load_bundled("minsky-p100"))
+    running = (RunningJob(frozenset({1}), True), RunningJob(frozenset({2}), True))
+    full = UtilityModel(host, HostState(free=frozenset({0, 3}), running=running), True)
+    assert full.parts([0, 3]).utility == pytest.approx(0.30, abs=0.01)
+    roomy = UtilityModel(host, HostState(free=frozenset({0, 2, 3}), running=running[:1]), True)
+    assert roomy.parts([2, 3]).utility == pytest.approx(0.75)
+    alone = UtilityModel(host, HostState(free=frozenset({1, 2, 3}), running=(running[0],)), True)
+    assert alone.parts([2]).utility > alone.parts([3]).utility - 1e-9
+    busy = UtilityModel(
+        host,
+        HostState(free=frozenset({1, 2, 3}), running=(RunningJob(frozenset({0}), True),)),
+        True,
+    )
+    assert busy.parts([2]).utility > busy.parts([1]).utility

@@ -98,8 +98,9 @@ MinUtilityOption = Annotated[
     typer.Option(
         min=0.0,
         max=1.0,
-        help="Only start on a placement whose DRB utility (0..1) is at least this; with --wait, "
-        "keep waiting for a better one even when enough GPUs are free (DRB's postponement).",
+        help="Only start on a placement whose DRB utility (Eq. 2, 0..1; the DRB paper uses 0.3 "
+        "for 1-GPU and 0.5 for 2-GPU jobs) is at least this; with --wait, keep waiting for a "
+        "better one even when enough GPUs are free (DRB's postponement).",
     ),
 ]
 MinBandwidthOption = Annotated[

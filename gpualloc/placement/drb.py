@@ -12,8 +12,10 @@ exactly: every split of the job down the hierarchy, i.e. every candidate set, is
 utility of the finished mapping (communication cost, interference of the jobs already running on
 the same sockets and switches, fragmentation), so the answer is the set of highest U; ties go to
 the lowest indices. The weights alpha default to 1/3 each (section 5.1) and are settable. The
-utility is reported normalised to [0, 1], so that a minimum utility (TOPO-AWARE-P, section 4.4)
-means the same on every host. The chosen set is ordered for the job's pattern.
+utility is Eq. 2 on the paper's scale, so that a minimum utility (TOPO-AWARE-P, section 4.4)
+means what the paper's Table 1 meant; among sets of equal utility the higher normalised utility
+wins (gpualloc's placement-sensitive reading of fragmentation; see
+:mod:`gpualloc.placement.utility`). The chosen set is ordered for the job's pattern.
 
 Complexity: O(C(n, k) (k^2 + d)) for d hierarchy domains.
 """
@@ -45,16 +47,18 @@ class DrbPolicy(Policy):
         )
 
     def set_key(self, ctx: DecisionContext, order: Sequence[int]) -> SetKey:
-        return (round(ctx.utility_model.utility(sorted(order)), 6),)
+        parts = ctx.utility_model.parts(sorted(order))
+        return (round(parts.utility, 6), round(parts.normalised, 6))
 
     def reason(
         self, ctx: DecisionContext, placement: Placement, runner_up: Alternative | None
     ) -> str:
         parts = ctx.utility_model.parts(sorted(placement.gpus))
         text = (
-            f"utility {parts.utility:.3f} (communication cost {parts.communication_cost:.2f}, "
-            f"interference {parts.interference:.2f}, fragmentation {parts.fragmentation:.2f}, "
-            "each normalised, lower is better)"
+            f"utility {parts.utility:.3f} (Eq. 2; {parts.system_free:.2f} of the sockets left "
+            f"free), normalised {parts.normalised:.3f} (communication cost "
+            f"{parts.communication_cost:.2f}, interference {parts.interference:.2f}, "
+            f"fragmentation {parts.fragmentation:.2f}, each normalised, lower is better)"
         )
         if runner_up:
             text += f"; runner-up {gpu_list(runner_up.gpus)} scores {runner_up.scores.utility:.3f}"

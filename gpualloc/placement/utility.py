@@ -1,38 +1,54 @@
-"""DRB's utility of a GPU set (Amaral et al., SC'17, seed 000, section 4.3), normalised to [0, 1].
+"""DRB's utility of a GPU set (Amaral et al., SC'17, seed 000, section 4.3), on the paper's scale.
 
-The paper minimises ``a_t t/t_w + a_I I/I_w + a_w w/w_w`` (Eq. 1) and scores a candidate with the
-utility ``U`` of Eq. 2. gpualloc reports
+The paper scores a candidate with the convex utility of Eq. 2,
 
-    U = a_t (1 - t_n) + a_I (1 - I_n) + a_w (1 - w_n),   a_t + a_I + a_w = 1,
+    U = a_cc (1/t) + a_b (1/I) + a_d (1/w),   a_cc + a_b + a_d = 1 (1/3 each in section 5.1),
 
-where each ``x_n`` is a cost normalised to [0, 1] against its worst case, as Eq. 1 prescribes, so
-that 1 is the best possible set and a minimum utility (the queue's postponement threshold,
-section 4.4) means the same thing on every host. The three costs, as the paper intends them:
+each term the inverse of a cost in units of its best value, so every term and U lie in [0, 1]
+and a job's minimum utility (TOPO-AWARE-P's postponement threshold, section 4.4; Table 1 gives
+0.3 for 1-GPU and 0.5 for 2-GPU jobs) means what it meant in the paper and its reference
+simulator (HiEST/gpu-topo-aware, ``shared/reference/drb_topologies.json``):
 
-- **Communication cost t** (Eq. 3): the sum over the set's pairs of the shortest-path distance in
-  the physical graph of Fig. 7, section 4.1.2: GPUs hang below PCIe switches (edge weight 1),
-  switches below sockets (weight 20), sockets below the host (weight 40); NVLink edges join GPUs
-  directly (weight 1 for the host's widest bond, ``max_links / links`` for narrower ones).
-  ``t_n = (t - P d_min) / (P (d_max - d_min))`` over the ``P = k(k-1)/2`` pairs.
-- **Interference I** (Eq. 4): the average slowdown ``1 - solo/co-located`` of the new job and of
-  the running jobs that share a socket or a PCIe switch tree with it. Without measured profiles
-  (the simulator brings them, issue 6) a job's slowdown is the sum over the other jobs it shares
-  a domain with of ``SWITCH_SLOWDOWN`` (shared PCIe switch) or ``SOCKET_SLOWDOWN`` (shared socket
-  only), halved for a bandwidth-insensitive victim, capped at 1. The reference implementation
-  scored *less* slowdown as *more* cost; here less slowdown is higher utility.
-- **Fragmentation w** (Eq. 5): the average over domains (sockets and PCIe switch trees with at
-  least two GPUs) of the share of the domain left free, counted only for domains the placement
-  leaves *partly* used: a domain entirely free or entirely busy is not fragmented. Taking GPUs
-  from an already-broken domain lowers it, breaking a whole one raises it, which is the paper's
-  "map GPUs from the most fragmented domains". (The reference code's term did not depend on the
-  placement on one machine.)
+- **Communication, 1/t** (Eq. 3): ``t`` is the sum over the set's pairs of the shortest-path
+  distance in the physical graph of Fig. 7 (section 4.1.2: GPUs below PCIe switches, edge weight
+  1; switches below sockets, 20; sockets below the host, 40; NVLink edges join GPUs directly,
+  weight 1 for the host's widest bond, ``max_links / links`` for narrower ones). The term is
+  ``t_min(k) / t``, ``t_min(k)`` the cheapest k-set of the host: the reference code's
+  MIN_COMM_COST (on its Minsky: 1 for two GPUs, 41 for three). An NVLinked pair scores 1, a
+  pair across Minsky's sockets 1/122.
+- **Interference, 1/I** (Eq. 4): ``I`` the average slowdown factor (co-located over solo run
+  time) of the new job and the running jobs that share a socket or a PCIe switch tree with it,
+  so the term is the average of solo over co-located time, 1 without interference. Without
+  measured profiles a job's slowdown is the sum over the other jobs it shares a domain with of
+  ``SWITCH_SLOWDOWN`` (a shared PCIe switch) or ``SOCKET_SLOWDOWN`` (a shared socket only),
+  halved for a bandwidth-insensitive victim, capped at 1. (The reference code inverted it:
+  there, less slowdown scored lower.)
+- **System fragmentation, w** (Eq. 5): the average over sockets of the share of their GPUs left
+  free by the placement. On one host it depends only on how many GPUs the job takes, which is
+  what makes the threshold bite as the host fills: a 2-GPU job that would take the last two GPUs
+  of Minsky across its sockets scores about 0.3 and waits for an NVLinked pair, as Job 3 does
+  in the paper's prototype (section 5.2.2).
 
-Complexity: O(n^3) once per host for the distances (Floyd-Warshall, n <= 16 in practice), then
-O(k^2 + n) per set.
+Among candidate sets of one job (the same ``w``), the paper's utility is decided by
+communication and interference; ties go to the higher **normalised** utility, gpualloc's
+placement-sensitive reading of the same three costs:
+
+    U_n = a_t (1 - t_n) + a_I (1 - I_n) + a_w (1 - w_n)
+
+with ``t_n = (t - P d_min) / (P (d_max - d_min))`` over the ``P = k(k-1)/2`` pairs, ``I_n`` the
+average slowdown above, and ``w_n`` the average over domains (sockets and PCIe switch trees with
+at least two GPUs) of the share of the domain left free, counted only for domains the placement
+leaves *partly* used: taking GPUs from an already-broken domain lowers it, breaking a whole one
+raises it ("map GPUs from the most fragmented domains"; the reference code's term did not depend
+on the placement on one machine).
+
+Complexity: O(n^3) once per host for the distances (Floyd-Warshall, n <= 16 in practice) and
+O(C(n, k) k^2) once per host and job size for ``t_min``; then O(k^2 + n) per set.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 
 from msgspec import Struct
@@ -76,10 +92,20 @@ class UtilityWeights(Struct, frozen=True):
 
 
 class UtilityParts(Struct, frozen=True):
+    """A set's costs and utilities (see the module docstring)."""
+
     communication_cost: float
+    """t_n: 0 for the host's closest pairs, 1 for its farthest."""
     interference: float
+    """I_n: the average slowdown, 0 without interference."""
     fragmentation: float
+    """w_n: the share of partly used domains left stranded."""
     utility: float
+    """U of Eq. 2, the paper's scale: what a minimum utility is compared with."""
+    normalised: float
+    """U_n, which breaks the paper's ties between sets."""
+    system_free: float
+    """w of Eq. 5: the average share of each socket left free."""
 
 
 def physical_distances(host: HostGraph) -> tuple[tuple[float, ...], ...]:
@@ -151,6 +177,14 @@ class UtilityModel:
             for job in state.running
         ]
         self._own_factor = 1.0 if sensitive else 0.5
+        self._cheapest: dict[int, float] = {}
+        sockets: dict[int, list[int]] = {}
+        for g in range(host.gpu_count):
+            sockets.setdefault(host.socket[g], []).append(g)
+        self._sockets = [
+            (_or(1 << g for g in members), len(members), sum(1 for g in members if g in state.free))
+            for members in sockets.values()
+        ]
 
     # ---- the three terms, per set ----------------------------------------------------------
 
@@ -175,11 +209,19 @@ class UtilityModel:
         return self._fragmentation(_or(1 << g for g in gpus))
 
     def parts(self, gpus: Sequence[int]) -> UtilityParts:
-        t = self.normalised_communication(gpus)
+        cost = self.communication_cost(gpus)
+        t = self._normalised(cost, len(gpus))
         interference = self.interference(gpus)
-        fragmentation = self.fragmentation(gpus)
+        mask = _or(1 << g for g in gpus)
+        fragmentation = self._fragmentation(mask)
+        free = self._system_free(mask)
         return UtilityParts(
-            t, interference, fragmentation, self._combine(t, interference, fragmentation)
+            communication_cost=t,
+            interference=interference,
+            fragmentation=fragmentation,
+            utility=self._published(cost, len(gpus), interference, free),
+            normalised=self._combine(t, interference, fragmentation),
+            system_free=free,
         )
 
     def utility(self, gpus: Sequence[int]) -> float:
@@ -188,8 +230,9 @@ class UtilityModel:
     # ---- the best set ------------------------------------------------------------------------
 
     def best_set(self, candidates: Iterable[tuple[int, ...]]) -> tuple[int, ...]:
-        """The first of ``candidates`` (sorted sets) of highest utility rounded to 1e-6: the
-        answer of scoring each with :meth:`utility`, several times faster. A set's
+        """The first of ``candidates`` (sorted sets) of highest utility, then highest normalised
+        utility, each rounded to 1e-6: the answer of scoring each with :meth:`parts`, several
+        times faster. A set's
         communication cost and masks extend the memoised ones of its prefix by one GPU."""
         d, socket_bit, switch_bit = self.distance, self._socket_bit, self._switch_bit
         # prefix -> (communication cost, GPU mask, socket mask, switch mask)
@@ -211,15 +254,19 @@ class UtilityModel:
             return known
 
         best: tuple[int, ...] | None = None
-        best_key = -1.0
+        best_key = (-1.0, -1.0)
         for gpus in candidates:
             cost, mask, sockets, switches = state(gpus)
-            utility = self._combine(
-                self._normalised(cost, len(gpus)),
-                self._interference(sockets, switches),
-                self._fragmentation(mask),
+            interference = self._interference(sockets, switches)
+            key = (
+                round(self._published(cost, len(gpus), interference, self._system_free(mask)), 6),
+                round(
+                    self._combine(
+                        self._normalised(cost, len(gpus)), interference, self._fragmentation(mask)
+                    ),
+                    6,
+                ),
             )
-            key = round(utility, 6)
             if key > best_key:
                 best_key, best = key, gpus
         if best is None:
@@ -234,6 +281,29 @@ class UtilityModel:
         if pairs == 0 or spread <= 0:
             return 0.0
         return (cost - pairs * self.d_min) / (pairs * spread)
+
+    def _published(self, cost: float, size: int, interference: float, free: float) -> float:
+        """Eq. 2 on the paper's scale (module docstring)."""
+        best = self._cheapest.get(size)
+        if best is None:
+            best = self._cheapest[size] = cheapest_communication(self.distance, size)
+        communication = 1.0 if size < 2 or cost <= best else best / cost
+        w = self.weights
+        return (
+            w.communication * communication
+            + w.interference * (1 - interference)
+            + w.fragmentation * free
+        )
+
+    def _system_free(self, mask: int) -> float:
+        """Eq. 5: the average over sockets of the share of their GPUs free after the set."""
+        if not self._sockets:
+            return 0.0
+        shares = [
+            (free_before - (mask & socket).bit_count()) / size
+            for socket, size, free_before in self._sockets
+        ]
+        return sum(shares) / len(shares)
 
     def _interference(self, sockets: int, switches: int) -> float:
         slowdowns: list[float] = []
@@ -268,6 +338,51 @@ class UtilityModel:
             + w.fragmentation * (1 - fragmentation)
         )
         return max(0.0, min(1.0, utility))
+
+
+@functools.lru_cache(maxsize=64)
+def cheapest_communication(distance: tuple[tuple[float, ...], ...], size: int) -> float:
+    """t_min(k): the lowest communication cost (Eq. 3) of any ``size`` GPUs of the host.
+
+    Exact, by depth-first search over sets in index order, pruned by the best set found so far
+    (a greedy one to start) against the cost so far plus the least the missing GPUs can add
+    (every new pair at the host's shortest distance). Cached per host and size."""
+    n = len(distance)
+    if size < 2 or size > n:
+        return 0.0
+    d_min = min(distance[a][b] for a in range(n) for b in range(n) if a != b)
+    best = min(_greedy_cost(distance, seed, size) for seed in range(n))
+
+    def search(start: int, chosen: list[int], cost: float) -> None:
+        nonlocal best
+        have = len(chosen)
+        if have == size:
+            best = min(best, cost)
+            return
+        later = size - have - 1  # GPUs still to come after the next one
+        least_rest = d_min * (later * (have + 1) + later * (later - 1) / 2)
+        for g in range(start, n - later):
+            row = distance[g]
+            total = cost + sum(row[c] for c in chosen)
+            if total + least_rest < best:
+                chosen.append(g)
+                search(g + 1, chosen, total)
+                chosen.pop()
+
+    search(0, [], 0.0)
+    return best
+
+
+def _greedy_cost(distance: tuple[tuple[float, ...], ...], seed: int, size: int) -> float:
+    """The cost of growing a set from ``seed`` by the GPU nearest to it each time."""
+    chosen, cost = [seed], 0.0
+    rest = set(range(len(distance))) - {seed}
+    while len(chosen) < size:
+        g = min(rest, key=lambda x: (sum(distance[x][c] for c in chosen), x))
+        cost += sum(distance[g][c] for c in chosen)
+        chosen.append(g)
+        rest.discard(g)
+    return cost
 
 
 def _or(bits: Iterable[int]) -> int:
