@@ -133,6 +133,7 @@ class FastCommand(Struct):
 
     name: str
     global_values: dict[str, Any] = field(default_factory=dict)
+    """The global options given or set in the environment (the rest take their defaults)."""
     values: dict[str, Any] = field(default_factory=dict)
 
     def invoke(self) -> None:
@@ -166,16 +167,11 @@ def _parse(args: list[str], environ: Mapping[str, str]) -> FastCommand:
         position = _take_option(args, position, GLOBAL_OPTIONS, given)
     if position == len(args) or args[position] not in COMMANDS:
         raise _NotForUs
-    global_values: dict[str, Any] = {
-        "topology": None,
-        "bandwidth_table": None,
-        "refresh": False,
-        "debug": False,
+    global_values = {  # options neither given nor in the environment take the defaults
+        option.dest: _from_environment(option, environ[option.envvar])
+        for option in GLOBAL_OPTIONS
+        if option.envvar and environ.get(option.envvar) and option.dest not in given
     }
-    for option in GLOBAL_OPTIONS:
-        value = environ.get(option.envvar or "", "")
-        if value and option.dest not in given:
-            global_values[option.dest] = _from_environment(option, value)
     global_values.update(given)
     name = args[position]
     spec = COMMANDS[name]

@@ -27,9 +27,15 @@ class GlobalState(Struct):
             setattr(self, name, getattr(fresh, name))
 
     def apply_global_options(
-        self, *, topology: str | None, bandwidth_table: Path | None, refresh: bool, debug: bool
+        self,
+        *,
+        topology: str | None = None,
+        bandwidth_table: Path | None = None,
+        refresh: bool = False,
+        debug: bool = False,
     ) -> None:
-        """The options before the command (typer's callback and the fast path both call this)."""
+        """The options before the command (typer's callback and the fast path both call this;
+        the defaults are typer's)."""
         if bandwidth_table is not None and not bandwidth_table.is_file():
             from gpualloc.errors import FileAccessError
 

@@ -193,9 +193,6 @@ class UtilityModel:
         d = self.distance
         return sum(d[a][b] for i, a in enumerate(gpus) for b in gpus[i + 1 :])
 
-    def normalised_communication(self, gpus: Sequence[int]) -> float:
-        return self._normalised(self.communication_cost(gpus), len(gpus))
-
     def interference(self, gpus: Sequence[int]) -> float:
         """Eq. 4 (intent): average slowdown of the new job and the running jobs it touches
         (a shared PCIe switch tree slows by ``SWITCH_SLOWDOWN``, a shared socket by
@@ -344,32 +341,42 @@ class UtilityModel:
 def cheapest_communication(distance: tuple[tuple[float, ...], ...], size: int) -> float:
     """t_min(k): the lowest communication cost (Eq. 3) of any ``size`` GPUs of the host.
 
-    Exact, by depth-first search over sets in index order, pruned by the best set found so far
-    (a greedy one to start) against the cost so far plus the least the missing GPUs can add
-    (every new pair at the host's shortest distance). Cached per host and size."""
+    Exact, by depth-first search over sets in index order, keeping for every GPU its summed
+    distance to the GPUs chosen so far. A branch is cut when its cost plus the least the missing
+    GPUs can add (the smallest of those sums among the GPUs still to come, and the host's
+    shortest distance for the pairs among them) cannot beat the best set found (a greedy one to
+    start). Cached per host and size."""
     n = len(distance)
     if size < 2 or size > n:
         return 0.0
     d_min = min(distance[a][b] for a in range(n) for b in range(n) if a != b)
     best = min(_greedy_cost(distance, seed, size) for seed in range(n))
+    to_chosen = [0.0] * n  # summed distance from each GPU to the chosen ones
 
-    def search(start: int, chosen: list[int], cost: float) -> None:
+    def search(start: int, have: int, cost: float) -> None:
         nonlocal best
-        have = len(chosen)
         if have == size:
             best = min(best, cost)
             return
         later = size - have - 1  # GPUs still to come after the next one
-        least_rest = d_min * (later * (have + 1) + later * (later - 1) / 2)
+        among_later = d_min * later * (later - 1) / 2
         for g in range(start, n - later):
+            total = cost + to_chosen[g]
+            if later:
+                row = distance[g]
+                adds = sorted(to_chosen[h] + row[h] for h in range(g + 1, n))
+                if total + sum(adds[:later]) + among_later >= best:
+                    continue
+            elif total >= best:
+                continue
             row = distance[g]
-            total = cost + sum(row[c] for c in chosen)
-            if total + least_rest < best:
-                chosen.append(g)
-                search(g + 1, chosen, total)
-                chosen.pop()
+            for h in range(n):
+                to_chosen[h] += row[h]
+            search(g + 1, have + 1, total)
+            for h in range(n):
+                to_chosen[h] -= row[h]
 
-    search(0, [], 0.0)
+    search(0, 0, 0.0)
     return best
 
 
