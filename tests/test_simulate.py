@@ -17,6 +17,7 @@ from gpualloc.model.request import Placement, Scores
 from gpualloc.simulate import drb_prototype
 from gpualloc.simulate.engine import SimOptions, simulate
 from gpualloc.simulate.generate import MAPA_NETWORKS, generate, parse_spec
+from gpualloc.simulate.networks import SENSITIVE
 from gpualloc.simulate.summary import distribution, percentile, summarise
 from gpualloc.simulate.trace import SimJob, parse_trace, write_trace
 from gpualloc.topologies import load_bundled
@@ -92,10 +93,38 @@ def test_the_drb_generator_draws_poisson_arrivals_and_profiled_jobs() -> None:
     assert alexnet_1.duration_s == {1: 69.165, 2: 127.415, 3: 170.36}[alexnet_1.gpus]
 
 
-@pytest.mark.parametrize("spec", ["hpc", "mapa:jobs", "mapa:color=3", "mapa:jobs=1.5", "drb:x=1"])
+def test_the_mixed_generator_offers_the_load_it_is_asked_for() -> None:
+    """Arrivals over time at the rate that keeps the host ``load`` busy; sizes by weight; a
+    share of insensitive jobs; durations within the bounds."""
+    jobs = generate("mixed:jobs=3000,load=0.6,host_gpus=8,insensitive=0.25", seed=7)
+    assert jobs == generate("mixed:jobs=3000,load=0.6,host_gpus=8,insensitive=0.25", seed=7)
+    offered = sum(j.gpus * j.duration_s for j in jobs) / (8 * jobs[-1].arrival_s)
+    assert 0.5 < offered < 0.7
+    sizes = [j.gpus for j in jobs]
+    assert set(sizes) == {1, 2, 3, 4, 8} and sizes.count(1) > sizes.count(4) > sizes.count(3)
+    calm = [j for j in jobs if not j.sensitive]
+    assert 0.2 < len(calm) / len(jobs) < 0.3
+    assert all(MAPA_NETWORKS[j.workload] == j.sensitive for j in jobs)  # type: ignore[index]
+    assert all(300 <= j.duration_s <= 3600 for j in jobs)
+    only_pairs = generate("mixed:jobs=50,w1=0,w2=1,w4=0,w8=0,w3=0", seed=1)
+    assert {j.gpus for j in only_pairs} == {2}
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["hpc", "mapa:jobs", "mapa:color=3", "mapa:jobs=1.5", "drb:x=1", "mixed:w9=1", "mixed:load=x"],
+)
 def test_bad_generator_specs(spec: str) -> None:
     with pytest.raises(TraceError):
         parse_spec(spec)
+
+
+@pytest.mark.parametrize(
+    "spec", ["mixed:w1=0,w2=0,w3=0,w4=0,w8=0", "mixed:load=0", "mixed:insensitive=2"]
+)
+def test_impossible_mixed_workloads_are_refused(spec: str) -> None:
+    with pytest.raises(TraceError, match="mixed"):
+        generate(spec)
 
 
 # ---- the queue rule, once more: the simulator's single pass equals the live rule -------------
@@ -168,17 +197,20 @@ def test_postponement_waits_for_a_good_placement_unless_turned_off() -> None:
 
 
 def test_the_bandwidth_runtime_stretches_sensitive_jobs_on_poor_links(dgx1) -> None:
+    """With six GPUs held, the pair left is a poor one: the sensitive job runs longer there
+    than on the host's best pair, the insensitive one barely."""
     jobs = [
         _job("hold", 0, 6, 100),
         _job("pair", 1, 2, 10),
         _job("calm", 2, 2, 10, sensitive=False),
     ]
     result = {r.job.id: r for r in simulate(dgx1, jobs, SimOptions(runtime="bandwidth")).jobs}
-    pair = result["pair"]
-    ratio = pair.ideal_effective_gbps / pair.effective_gbps
-    assert pair.end_s - pair.start_s == pytest.approx(10 * (0.5 + 0.5 * ratio))
-    calm = result["calm"]
-    assert calm.end_s - calm.start_s == 10
+    pair, calm = result["pair"], result["calm"]
+    assert dgx1.link(*pair.gpus).bandwidth_gbps == 25.0  # one NVLink, the best pair has two
+    v = SENSITIVE.intensity_gb
+    assert pair.stretch == pytest.approx((1 + v / 25.0) / (1 + v / 50.0))
+    assert calm.stretch is not None and 1.0 < calm.stretch < 1.01
+    assert result["hold"].stretch == pytest.approx(1.0)  # six GPUs: the best ring of six
 
 
 def test_the_profile_runtime_uses_measured_times() -> None:
@@ -337,7 +369,7 @@ def test_report_and_timeline(cli, tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     text = report.read_text()
-    assert text.startswith("# 6 jobs on dgx1-v100 (fifo queue, fixed runtimes)")
+    assert text.startswith("# 6 jobs on dgx1-v100 (fifo queue, auto runtimes)")
     assert "| `mapa` |" in text and "examples/trace.csv" in text
     timeline = json.loads(result.stdout)["policies"]["mapa"]["timeline"]
     assert timeline[0] == {"time_s": 0.0, "free_gpus": 4, "waiting_jobs": 0}

@@ -25,7 +25,9 @@ def simulate_command(
         typer.Option(
             metavar="SPEC",
             help="Generate the jobs instead: mapa[:jobs=300,min_gpus=2,max_gpus=5,...] (the "
-            "MAPA paper's workload) or drb[:jobs=100,rate_per_min=10] (the DRB paper's).",
+            "MAPA paper's workload), drb[:jobs=100,rate_per_min=10] (the DRB paper's) or "
+            "mixed[:jobs=300,load=0.9,host_gpus=8,insensitive=0.3,...] (a shared lab server: "
+            "arrivals over time, mostly small jobs).",
         ),
     ] = None,
     policy: Annotated[
@@ -42,13 +44,17 @@ def simulate_command(
     runtime: Annotated[
         str,
         typer.Option(
-            help="fixed: the trace's durations; bandwidth: sensitive jobs slow down with the "
-            "effective bandwidth they got; profile: the DRB paper's measured times."
+            help="How long a job runs on the GPUs it got. auto: the DRB paper's measured times "
+            "for the jobs its profile covers, else bandwidth; bandwidth: compute plus ring "
+            "all-reduce at the speed of the GPUs' best ring (published per-network figures); "
+            "profile: the measured times only; fixed: the trace's durations (MAPA's simulator)."
         ),
-    ] = "fixed",
+    ] = "auto",
     profile: Annotated[
         Optional[Path],  # noqa: UP045
-        typer.Option(metavar="FILE", help="Job profile for --runtime profile (default: DRB's)."),
+        typer.Option(
+            metavar="FILE", help="Job profile for --runtime profile or auto (default: DRB's)."
+        ),
     ] = None,
     no_postpone: Annotated[
         bool,
@@ -111,8 +117,10 @@ def simulate_command(
         write_text_atomic(save_trace, write_trace(jobs))
     topology = STATE.load_topology()
     loaded_profile = DrbProfile.load(profile) if profile is not None else None
-    if loaded_profile is not None and runtime != "profile":
-        raise TraceError("--profile applies to --runtime profile", hint="add --runtime profile")
+    if loaded_profile is not None and runtime not in ("profile", "auto"):
+        raise TraceError(
+            "--profile applies to --runtime profile or auto", hint="add --runtime profile"
+        )
     results = {
         name: simulate(
             topology,

@@ -10,21 +10,14 @@ job pass one that cannot start, each at most ``DEFAULT_MAX_BYPASS`` times, as on
 Events at the same time are handled finishes first, then arrivals in trace order, then as many
 starts as the queue allows, so a run is deterministic.
 
-Runtime models (``--runtime``):
-
-- ``fixed``: the trace's duration (MAPA's simulator);
-- ``bandwidth``: a sensitive job spends half its time communicating, and that half stretches by
-  the ratio of the best effective bandwidth a job of its size gets on the empty host to the one
-  it got: ``T = T0 * (0.5 + 0.5 * ideal / got)``; insensitive and 1-GPU jobs keep ``T0``;
-- ``profile``: the DRB paper's measured times (``--profile``, default the paper's): the solo time
-  within a socket, or across sockets when the job's GPUs span both, stretched by the worst
-  co-location slowdown with the jobs already running on the same sockets. Slowdowns are fixed
-  when a job starts (jobs that arrive later do not slow it down retroactively).
+How long each job runs is the runtime model's (``--runtime``, :mod:`gpualloc.simulate.runtime`):
+its time alone on the GPUs it got, stretched by the jobs beside it. When a job starts or ends,
+the models with interference re-time the running jobs: the work a job has left goes at the new
+pace from then on.
 """
 
 from __future__ import annotations
 
-import heapq
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -40,12 +33,10 @@ from gpualloc.model.request import HostState, JobRequest, Placement
 from gpualloc.model.topology import Topology
 from gpualloc.placement.patterns import build_pattern
 from gpualloc.simulate.profile import DrbProfile
+from gpualloc.simulate.runtime import RUNTIMES, Neighbour, runtime_model
 from gpualloc.simulate.trace import SimJob
 
 QUEUES = ("fifo", "backfill")
-RUNTIMES = ("fixed", "bandwidth", "profile")
-COMMUNICATION_SHARE = 0.5
-"""The share of a sensitive job's time spent communicating, in the ``bandwidth`` model."""
 _EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
@@ -73,6 +64,8 @@ class JobResult:
     ideal_effective_gbps: float | None
     pcie_share: float | None
     """Share of the pattern's edges that run over PCIe (no NVLink)."""
+    alone_s: float = 0.0
+    """What the runtime model gives the job alone on these GPUs (before interference)."""
 
     @property
     def wait_s(self) -> float:
@@ -81,6 +74,13 @@ class JobResult:
     @property
     def jct_s(self) -> float:
         return self.end_s - self.job.arrival_s
+
+    @property
+    def stretch(self) -> float | None:
+        """Run time over the trace's duration: what placement and neighbours cost the job."""
+        if self.job.duration_s <= 0:
+            return None
+        return (self.end_s - self.start_s) / self.job.duration_s
 
     @property
     def relative_score(self) -> float | None:
@@ -96,6 +96,8 @@ class JobResult:
             "start_s": round(self.start_s, 6),
             "end_s": round(self.end_s, 6),
             "wait_s": round(self.wait_s, 6),
+            "alone_s": round(self.alone_s, 6),
+            "stretch": _round(self.stretch),
             "gpus": list(self.gpus),
             "sensitive": self.job.sensitive,
             "aggregated_gbps": self.aggregated_gbps,
@@ -117,11 +119,30 @@ class SimResult:
     decision_ms: list[float] = field(default_factory=list)
 
 
-@dataclass(order=True)
+@dataclass
 class _Running:
-    end_s: float
-    order: int
-    result: JobResult = field(compare=False)
+    """A running job's progress: ``done`` of its work at ``since``, at ``slowdown`` now."""
+
+    result: JobResult
+    done: float
+    since: float
+    slowdown: float
+
+    @property
+    def pace_s(self) -> float:
+        """Seconds the whole job takes at today's pace."""
+        return self.result.alone_s * self.slowdown
+
+    def advance(self, now: float) -> None:
+        if self.pace_s > 0:
+            self.done = min(1.0, self.done + (now - self.since) / self.pace_s)
+        self.since = now
+
+    def set_slowdown(self, slowdown: float) -> None:
+        """Go on at a new pace; the end moves only when the pace changes."""
+        if slowdown != self.slowdown:
+            self.slowdown = slowdown
+            self.result.end_s = self.since + (1.0 - self.done) * self.pace_s
 
 
 def simulate(topology: Topology, jobs: list[SimJob], options: SimOptions) -> SimResult:
@@ -157,9 +178,7 @@ class _Simulation:
         self.topology = topology
         self.options = options
         self.max_bypass = 0 if options.queue == "fifo" else DEFAULT_MAX_BYPASS
-        self.profile = options.profile or (
-            DrbProfile.bundled() if options.runtime == "profile" else None
-        )
+        self.runtime = runtime_model(options.runtime, topology, options.profile)
         self.running: list[_Running] = []
         self.leases: dict[str, Lease] = {}
         self.queue: list[Waiter] = []
@@ -178,7 +197,7 @@ class _Simulation:
         index = 0
         while index < len(pending) or self.running or self.queue:
             next_arrival = pending[index].arrival_s if index < len(pending) else None
-            next_finish = self.running[0].end_s if self.running else None
+            next_finish = min((r.result.end_s for r in self.running), default=None)
             if next_finish is None and next_arrival is None:
                 stuck = ", ".join(w.id for w in self.queue[:3])
                 raise TraceError(
@@ -187,12 +206,18 @@ class _Simulation:
                     hint="lower min_utility, or use --no-postpone",
                 )
             now = min(t for t in (next_arrival, next_finish) if t is not None)
-            while self.running and self.running[0].end_s <= now:
-                self._finish(heapq.heappop(self.running))
+            ending = sorted(
+                (r for r in self.running if r.result.end_s <= now),
+                key=lambda r: (r.result.end_s, r.result.job.order),
+            )
+            for running in ending:
+                self._finish(running)
             while index < len(pending) and pending[index].arrival_s <= now:
                 self._arrive(pending[index])
                 index += 1
-            self._start_what_may(now)
+            started = self._start_what_may(now)
+            if self.runtime.dynamic and (ending or started):
+                self._retime(now)
             free = self.topology.gpu_count - sum(len(r.result.gpus) for r in self.running)
             self.result.timeline.append((now, free, len(self.queue)))
         self.results.sort(key=lambda result: result.job.order)
@@ -225,23 +250,37 @@ class _Simulation:
         self.by_waiter[waiter_id] = job
 
     def _finish(self, running: _Running) -> None:
+        self.running.remove(running)
         self.leases.pop(running.result.job.id, None)
 
-    def _start_what_may(self, now: float) -> None:
+    def _retime(self, now: float) -> None:
+        """Each running job goes on at the pace its neighbours allow now."""
+        for running in self.running:
+            running.advance(now)
+        jobs = [Neighbour(r.result.job, r.result.gpus) for r in self.running]
+        for running, (job, gpus) in zip(self.running, jobs, strict=True):
+            beside = [other for other in jobs if other.job is not job]
+            running.set_slowdown(self.runtime.slowdown(job, gpus, beside))
+
+    def _start_what_may(self, now: float) -> int:
+        """Start the jobs the queue lets start now; how many."""
+        started = 0
         while self.queue:
             occupancy = self._occupancy()
             started = time.perf_counter()
             turn = next_start(self.queue, attempts(self.topology, occupancy, self.placements))
             self.result.decision_ms.append((time.perf_counter() - started) * 1000)
             if turn is None or turn.waiter is None or turn.placement is None:
-                return
+                return started
             passed = set(turn.passed)
             self.queue = [
                 structs.replace(w, passed_over=w.passed_over + 1) if w.id in passed else w
                 for w in self.queue
                 if w.id != turn.waiter.id
             ]
-            self._start(self.by_waiter.pop(turn.waiter.id), turn.placement, now, occupancy)
+            self._start(self.by_waiter.pop(turn.waiter.id), turn.placement, now)
+            started += 1
+        return started
 
     def _occupancy(self) -> Occupancy:
         leases = {g.index: lease for lease in self.leases.values() for g in lease.gpus}
@@ -249,12 +288,13 @@ class _Simulation:
 
     # ---- starting a job ------------------------------------------------------------------------
 
-    def _start(self, job: SimJob, placement: Placement, now: float, before: Occupancy) -> None:
+    def _start(self, job: SimJob, placement: Placement, now: float) -> None:
         s = placement.scores
+        alone = self.runtime.solo_s(job, placement.gpus)
         result = JobResult(
             job=job,
             start_s=now,
-            end_s=now + self._duration(job, placement, before),
+            end_s=now + alone,
             gpus=placement.gpus,
             aggregated_gbps=s.aggregated_gbps,
             effective_gbps=s.effective_gbps,
@@ -263,6 +303,7 @@ class _Simulation:
             utility=s.utility,
             ideal_effective_gbps=self._ideal(job),
             pcie_share=self._pcie_share(job, placement),
+            alone_s=alone,
         )
         self.results.append(result)
         self.leases[job.id] = Lease(
@@ -277,38 +318,7 @@ class _Simulation:
             created=_EPOCH,
             source="run",
         )
-        heapq.heappush(self.running, _Running(result.end_s, job.order, result))
-
-    def _duration(self, job: SimJob, placement: Placement, before: Occupancy) -> float:
-        runtime = self.options.runtime
-        if runtime == "fixed":
-            return job.duration_s
-        if runtime == "bandwidth":
-            got, ideal = placement.scores.effective_gbps, self._ideal(job)
-            if not job.sensitive or not got or not ideal:
-                return job.duration_s
-            return job.duration_s * (1 - COMMUNICATION_SHARE + COMMUNICATION_SHARE * ideal / got)
-        return self._profile_duration(job, placement)
-
-    def _profile_duration(self, job: SimJob, placement: Placement) -> float:
-        assert self.profile is not None and job.workload is not None and job.batch is not None
-        sockets = {self.topology.gpu(g).numa_node for g in placement.gpus}
-        solo = self.profile.solo_s(job.workload, job.batch, job.gpus, cross_socket=len(sockets) > 1)
-        worst = 1.0
-        for other in self.running:
-            other_job = other.result.job
-            shared = sockets & {self.topology.gpu(g).numa_node for g in other.result.gpus}
-            if shared and other_job.workload and other_job.batch:
-                worst = max(
-                    worst,
-                    self.profile.slowdown(
-                        job.workload,
-                        job.batch,
-                        job.gpus,
-                        (other_job.workload, other_job.batch, other_job.gpus),
-                    ),
-                )
-        return solo * worst
+        self.running.append(_Running(result, done=0.0, since=now, slowdown=1.0))
 
     def _ideal(self, job: SimJob) -> float | None:
         """The best effective bandwidth a job of this size and pattern gets on the empty host

@@ -20,10 +20,19 @@ measured profiles cover). Durations are the measured solo run times within one s
 (``drb_profile.json``; CaffeRef, which was not profiled, takes AlexNet's, its close relative).
 Small batches (1, 4) communicate most and are sensitive (section 3); the minimum utility is
 0.3 for one GPU and 0.5 for more (Table 1).
+
+``mixed`` is what a lab's shared server sees: Poisson arrivals at the rate that keeps a
+``host_gpus``-GPU host ``load`` busy on average (default 0.9 of 8 GPUs); sizes drawn with
+weights ``w1``..``w8`` (default 40, 25, 5, 20, 0, 0, 0, 10 per cent: mostly small jobs, some
+whole-host ones; an assumption, not a measured distribution); a share ``insensitive`` (default
+0.3) of bandwidth-insensitive jobs (GoogLeNet, CaffeNet), the rest MAPA's four sensitive
+networks; durations log-uniform over ``min_service``..``max_service`` (default 300..3600 s), the
+time each job takes on the best GPUs of its size.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +64,18 @@ class GeneratorSpec:
 DEFAULTS: dict[str, dict[str, float]] = {
     "mapa": {"jobs": 300, "min_gpus": 2, "max_gpus": 5, "min_service": 5, "max_service": 24},
     "drb": {"jobs": 100, "rate_per_min": 10, "max_gpus": 3},
+    "mixed": {
+        "jobs": 300,
+        "load": 0.9,
+        "host_gpus": 8,
+        "insensitive": 0.3,
+        "min_service": 300,
+        "max_service": 3600,
+        **{f"w{size}": weight for size, weight in enumerate((40, 25, 5, 20, 0, 0, 0, 10), 1)},
+    },
 }
+FRACTIONS = {"rate_per_min", "load", "insensitive"}
+"""Settings that need not be whole numbers."""
 CHOICES: dict[str, dict[str, tuple[str, ...]]] = {"mapa": {"arrival": ("zero", "spread")}}
 
 
@@ -87,7 +107,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
             number = float(value)
         except ValueError:
             raise TraceError(f"--generate {spec!r}: {key}={value!r} is not a number") from None
-        if number < 0 or (key != "rate_per_min" and not number.is_integer()):
+        if number < 0 or (key not in FRACTIONS and not number.is_integer()):
             raise TraceError(f"--generate {spec!r}: {key}={value!r} is not a count")
         settings[key] = number
     return name, settings
@@ -97,7 +117,8 @@ def generate(spec: str, seed: int = 0) -> list[SimJob]:
     """The jobs ``spec`` describes, reproducibly for ``seed``."""
     name, settings = parse_spec(spec)
     rng = random.Random(seed)
-    jobs = _mapa(rng, settings) if name == "mapa" else _drb(rng, settings)
+    make = {"mapa": _mapa, "drb": _drb, "mixed": _mixed}[name]
+    jobs = make(rng, settings)
     return sorted(jobs, key=lambda job: (job.arrival_s, job.order))
 
 
@@ -154,6 +175,39 @@ def _drb(rng: random.Random, s: dict[str, Any]) -> list[SimJob]:
                 workload=network,
                 batch=batch,
                 min_utility=0.3 if gpus == 1 else 0.5,
+                order=i,
+            )
+        )
+    return jobs
+
+
+def _mixed(rng: random.Random, s: dict[str, Any]) -> list[SimJob]:
+    weights = {size: s[f"w{size}"] for size in range(1, 9) if s[f"w{size}"] > 0}
+    low, high = float(s["min_service"]), float(s["max_service"])
+    if not weights:
+        raise TraceError("--generate mixed: give some size a weight (w1=..w8=)")
+    if not 0 < low <= high or s["load"] <= 0 or not 0 <= s["insensitive"] <= 1:
+        raise TraceError(
+            "--generate mixed: need 0 < min_service <= max_service, load > 0, 0 <= insensitive <= 1"
+        )
+    mean_gpus = sum(size * w for size, w in weights.items()) / sum(weights.values())
+    mean_service = (high - low) / math.log(high / low) if high > low else low
+    rate_per_s = s["load"] * s["host_gpus"] / (mean_gpus * mean_service)
+    sensitive_networks = [n for n, sensitive in MAPA_NETWORKS.items() if sensitive]
+    calm_networks = [n for n, sensitive in MAPA_NETWORKS.items() if not sensitive]
+    sizes, size_weights = list(weights), list(weights.values())
+    now, jobs = 0.0, []
+    for i in range(int(s["jobs"])):
+        now += rng.expovariate(rate_per_s)
+        sensitive = rng.random() >= s["insensitive"]
+        jobs.append(
+            SimJob(
+                id=f"job{i}",
+                arrival_s=round(now, 3),
+                gpus=rng.choices(sizes, size_weights)[0],
+                duration_s=round(math.exp(rng.uniform(math.log(low), math.log(high))), 1),
+                sensitive=sensitive,
+                workload=rng.choice(sensitive_networks if sensitive else calm_networks),
                 order=i,
             )
         )

@@ -61,6 +61,10 @@ class DrbProfile:
             ) from None
         return cls(solo, collocation, source)
 
+    def has(self, network: str, batch: int, gpus: int) -> bool:
+        """Whether a solo time was measured for this job."""
+        return (ALIASES.get(network, network), batch, gpus) in self.solo
+
     def solo_s(self, network: str, batch: int, gpus: int, *, cross_socket: bool = False) -> float:
         """Run time alone; across sockets when asked and measured, else within one socket."""
         key = (ALIASES.get(network, network), batch, gpus)
