@@ -196,7 +196,9 @@ def _show(name: str, count: int, queue: str, runtime: str, summaries: dict[str, 
                 fmt(s["makespan_s"]),
                 fmt(s["mean_jct_s"]),
                 fmt(s["p95_jct_s"]),
+                fmt(s["max_jct_s"]),
                 fmt(s["mean_wait_s"]),
+                fmt(s["run_time_stretch"]["p95"], 2),
                 fmt(sensitive["min"]),
                 fmt(sensitive["p25"]),
                 fmt(sensitive["p50"]),
@@ -215,7 +217,9 @@ def _show(name: str, count: int, queue: str, runtime: str, summaries: dict[str, 
                     "Makespan",
                     "Mean JCT",
                     "p95 JCT",
+                    "Worst JCT",
                     "Mean wait",
+                    "Stretch p95",
                     "Sens min",
                     "Sens p25",
                     "Sens p50",
@@ -228,7 +232,8 @@ def _show(name: str, count: int, queue: str, runtime: str, summaries: dict[str, 
             )
         ],
         footer=[
-            "Sens/Insens: effective bandwidth of bandwidth-sensitive / insensitive jobs of 2+ "
-            "GPUs; PCIe share: of the pattern's links that carry no NVLink."
+            "Stretch: a job's run time over its trace duration (its time alone on the best "
+            "GPUs). Sens/Insens: effective bandwidth of bandwidth-sensitive / insensitive jobs "
+            "of 2+ GPUs; PCIe share: of the pattern's links that carry no NVLink."
         ],
     )

@@ -77,11 +77,16 @@ class BandwidthTable(Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tr
         }
     )
     """Fraction of the PCIe link rate that peer traffic achieves along each path class.
-    gpualloc's prior, pending calibration: ordered as NVML's topology levels; SYS at one half
-    because peer-to-peer over QPI/UPI is not supported or is staged through host memory (CUDA C
-    Programming Guide, 'Peer-to-Peer Memory Access'; NCCL disables P2P across SYS by default),
-    and the DRB paper's reference machine weights a cross-socket pair 20 times a same-socket
-    pair (shared/reference/drb_topologies.json)."""
+
+    SYS at one half is measured: the Kubernetes GPU-topology proposal (seed 001) publishes a
+    DGX-1 V100's bandwidth matrix in which the PCIe-only pairs (PCIe 3.0 x16, 15.75 GB/s each
+    way, through the CPUs) move 14.6 to 17.6 GB/s counted both ways (two readings of 4.6 and
+    5.0 aside), i.e. 0.46 to 0.56 of the link each way. Its figures are read as both ways
+    because its NVLink pairs, 96.4 and 48.4, are two and one NVLink 2 links (50 and 25 GB/s
+    each way) counted so. Peer traffic across QPI/UPI is staged through host memory (CUDA C
+    Programming Guide, 'Peer-to-Peer Memory Access'). PIX, PXB, PHB and NODE are gpualloc's
+    prior, ordered as NVML's topology levels, pending measurements of such hosts
+    (``topo import --bandwidth-matrix``)."""
     unknown_path_factor: float = 0.5
     """Factor for a pair whose PCIe path is unknown: assume the worst (SYS)."""
 

@@ -10,7 +10,9 @@ COLUMNS = (
     ("makespan s", lambda s: s["makespan_s"]),
     ("mean JCT s", lambda s: s["mean_jct_s"]),
     ("p95 JCT s", lambda s: s["p95_jct_s"]),
+    ("worst JCT s", lambda s: s["max_jct_s"]),
     ("mean wait s", lambda s: s["mean_wait_s"]),
+    ("run-time stretch p95", lambda s: s["run_time_stretch"]["p95"]),
     ("jobs/h", lambda s: s["throughput_jobs_per_h"]),
     ("sensitive min", lambda s: s["sensitive_effective_gbps"]["min"]),
     ("p25", lambda s: s["sensitive_effective_gbps"]["p25"]),
@@ -34,7 +36,8 @@ def markdown_report(
         "",
         f"Jobs: {source}. Effective bandwidths are predicted, in GB/s, for jobs of 2+ GPUs; "
         "'free GPUs while jobs wait' is the mean number of idle GPUs at the moments when jobs "
-        "were waiting (capacity stranded by placement or queue order).",
+        "were waiting (capacity stranded by placement or queue order); a job's run-time stretch "
+        "is its run time over the trace's duration (its time on the best GPUs, alone).",
         "",
         "| policy | " + " | ".join(name for name, _ in COLUMNS) + " |",
         "|---|" + "---:|" * len(COLUMNS),

@@ -2,7 +2,8 @@
 
 Percentiles are nearest-rank on the sorted values (no interpolation), so each reported figure is
 the bandwidth some job actually got. Effective-bandwidth statistics cover jobs of two or more
-GPUs (a 1-GPU job has no link to score), split by sensitivity.
+GPUs (a 1-GPU job has no link to score), split by sensitivity. A job's run-time stretch is its
+run time (start to end) over the trace's duration: what its GPUs and its neighbours cost it.
 """
 
 from __future__ import annotations
@@ -39,14 +40,21 @@ def summarise(result: SimResult) -> dict[str, Any]:
     first = min(job.job.arrival_s for job in jobs)
     makespan = max(job.end_s for job in jobs) - first
     jct = sorted(job.jct_s for job in jobs)
+    stretch = sorted(job.stretch for job in jobs if job.stretch is not None)
     waiting_free = [free for _, free, waiting in result.timeline if waiting]
     return {
         "jobs": len(jobs),
         "makespan_s": round(makespan, 6),
         "mean_jct_s": round(sum(jct) / len(jct), 6),
         "p95_jct_s": round(percentile(jct, 0.95), 6),
+        "max_jct_s": round(jct[-1], 6),
         "mean_wait_s": round(sum(job.wait_s for job in jobs) / len(jobs), 6),
         "throughput_jobs_per_h": round(len(jobs) / makespan * 3600, 6) if makespan > 0 else None,
+        "run_time_stretch": {
+            "mean": _mean(stretch),
+            "p95": round(percentile(stretch, 0.95), 6) if stretch else None,
+            "max": round(stretch[-1], 6) if stretch else None,
+        },
         "sensitive_effective_gbps": distribution(
             [j.effective_gbps for j in jobs if j.job.sensitive and j.effective_gbps is not None]
         ),
