@@ -159,3 +159,21 @@ def test_every_published_figure_names_its_source() -> None:
         _ = networks.PublishedSensitivity(
             slowdown=10.0, fast_gbps=50.0, slow_gbps=7.88, source="x"
         ).intensity_gb
+
+
+def test_any_collective_pattern_is_measured_against_the_best_ring(dgx1) -> None:
+    """A tree or star job's collectives are NCCL's too: its best is the best ring's, so no set
+    runs it faster than its trace duration."""
+    model = BandwidthRuntime(dgx1)
+    for pattern in ("tree", "star"):
+        job = _job(4, pattern=pattern)
+        assert model.best_gbps(job) == model.best_gbps(_job(4))
+        for chosen in itertools.combinations(range(8), 4):
+            assert model.solo_s(job, chosen) >= 100.0 - 1e-9
+
+
+def test_network_names_are_read_in_their_usual_spellings() -> None:
+    assert networks.sensitivity("VGG-16", True) is networks.VGG16
+    assert networks.sensitivity("bvlc_googlenet", False) is networks.GOOGLENET
+    assert networks.sensitivity("my-transformer", True) is networks.SENSITIVE
+    assert networks.sensitivity(None, False) is networks.GOOGLENET

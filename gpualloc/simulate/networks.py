@@ -82,12 +82,25 @@ BY_NETWORK: dict[str, PublishedSensitivity] = {
 }
 """The six networks of the MAPA paper's workload (:data:`~gpualloc.simulate.generate.
 MAPA_NETWORKS`)."""
+ALIASES = {
+    "vgg-16": "vgg16",
+    "inception": "inception-v3",
+    "inception_v3": "inception-v3",
+    "resnet50": "resnet-50",
+    "resnet_50": "resnet-50",
+    "bvlc_alexnet": "alexnet",
+    "bvlc_googlenet": "googlenet",
+    "bvlc_reference_caffenet": "caffenet",
+}
+"""Other spellings, including the DRB paper's Caffe model names."""
 
 
 def sensitivity(network: str | None, sensitive: bool) -> PublishedSensitivity:
     """The published figure behind a job: its network's, else its class's."""
-    if network is not None and network.lower() in BY_NETWORK:
-        return BY_NETWORK[network.lower()]
+    name = (network or "").lower()
+    name = ALIASES.get(name, name)
+    if name in BY_NETWORK:
+        return BY_NETWORK[name]
     return SENSITIVE if sensitive else GOOGLENET
 
 

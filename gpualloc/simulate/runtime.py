@@ -96,7 +96,9 @@ class BandwidthRuntime(RuntimeModel):
             from gpualloc.placement.patterns import build_pattern
             from gpualloc.placement.scores import EffectiveModel
 
-            request = JobRequest(job.gpus, build_pattern(job.pattern, job.gpus), True)
+            # What ring_gbps measures: the slowest pair for "all", else the best ring.
+            shape = "all" if job.pattern == "all" else "ring"
+            request = JobRequest(job.gpus, build_pattern(shape, job.gpus), True)
             best = plan(
                 self.topology,
                 request,

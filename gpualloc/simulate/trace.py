@@ -1,10 +1,11 @@
 """Job traces for ``gpualloc simulate``: JSON Lines or CSV with a header, one job per line.
 
-Columns: ``id``, ``arrival_s``, ``gpus``, ``duration_s``, ``sensitive`` (required), and
-optionally ``pattern`` (ring, all, tree, star; default ring), ``workload`` (a network name, for
-the ``profile`` runtime model), ``batch``, ``min_utility`` (postponement, DRB section 4.4) and
-``priority`` (high, normal, low). Jobs are simulated in arrival order; equal arrival times keep
-the file's order.
+Columns: ``id``, ``arrival_s``, ``gpus``, ``duration_s`` (the job's time alone on the best GPUs
+of its size), ``sensitive`` (required), and optionally ``pattern`` (ring, all, tree, star;
+default ring), ``workload`` (a network name: the runtime models look up its measured
+sensitivity and, with ``batch``, its DRB profile), ``batch``, ``min_utility`` (postponement,
+DRB section 4.4) and ``priority`` (high, normal, low). Jobs are simulated in arrival order;
+equal arrival times keep the file's order.
 """
 
 from __future__ import annotations
