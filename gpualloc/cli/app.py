@@ -15,7 +15,18 @@ from typing import Annotated, Optional
 import typer
 
 from gpualloc import __version__
-from gpualloc.cli import complete, config, leases, plan, run, simulate, slurm, status, topo
+from gpualloc.cli import (
+    calibrate,
+    complete,
+    config,
+    leases,
+    plan,
+    run,
+    simulate,
+    slurm,
+    status,
+    topo,
+)
 from gpualloc.cli.output import write_stdout
 from gpualloc.cli.state import STATE
 from gpualloc.errors import ExitCode
@@ -64,6 +75,7 @@ app.command("release")(leases.release_command)
 app.command("status")(status.status_command)
 app.command("gc")(leases.gc_command)
 app.command("simulate")(simulate.simulate_command)
+app.command("calibrate")(calibrate.calibrate_command)
 app.add_typer(slurm.app, name="slurm")
 app.add_typer(config.app, name="config")
 

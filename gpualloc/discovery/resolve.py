@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpualloc.errors import DiscoveryUnavailable, NoGpuFound, TopologyNotFound
 from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
 from gpualloc.model.topology import Topology
+
+if TYPE_CHECKING:
+    from gpualloc.discovery.cache import CacheKey
 
 TOPOLOGY_ENV = "GPUALLOC_TOPOLOGY"
 NO_GPU_HINT = "try a bundled topology: --topology dgx1-v100 (gpualloc topo list shows them all)"
@@ -84,12 +88,12 @@ def _discover_nvml(*, refresh: bool, table: BandwidthTable) -> Topology:
             gpu_uuids=tuple(session.gpu_uuids()),
         )
         if not refresh and (cached := cache.load_cached(key)) is not None:
-            return cached.with_bandwidth_table(table)
+            return with_calibration(cached.with_bandwidth_table(table), key)
         notes: list[str] = []
         topology = session.probe(numa_nodes=discover_numa(notes), table=table)
     topology.provenance.notes.extend(notes)
     cache.store_cached(key, topology)
-    return topology
+    return with_calibration(topology, key)
 
 
 def _discover_nvidia_smi(*, refresh: bool, table: BandwidthTable) -> Topology:
@@ -108,11 +112,67 @@ def _discover_nvidia_smi(*, refresh: bool, table: BandwidthTable) -> Topology:
     if not queried:
         raise DiscoveryUnavailable("nvidia-smi lists no GPU")
     if not refresh and (cached := cache.load_cached(key)) is not None:
-        return cached.with_bandwidth_table(table)
+        return with_calibration(cached.with_bandwidth_table(table), key)
     notes: list[str] = []
     topology = discover_with_nvidia_smi(
         queried=queried, numa_nodes=discover_numa(notes), table=table
     )
     topology.provenance.notes.extend(notes)
     cache.store_cached(key, topology)
-    return topology
+    return with_calibration(topology, key)
+
+
+def host_key() -> CacheKey:
+    """What identifies this host's GPUs (NVML, else nvidia-smi): the key of its cache and of
+    its calibration. :class:`NoGpuFound` when there is no GPU."""
+    from gpualloc.boot import boot_id
+    from gpualloc.discovery import cache
+
+    try:
+        from gpualloc.discovery.nvml import NvmlSession
+
+        with NvmlSession() as session:
+            return cache.CacheKey(
+                source="nvml",
+                boot_id=boot_id(),
+                driver_version=session.driver_version(),
+                gpu_uuids=tuple(session.gpu_uuids()),
+            )
+    except DiscoveryUnavailable as nvml_problem:
+        from gpualloc.discovery.smi import query_gpus
+
+        try:
+            queried = query_gpus()
+        except DiscoveryUnavailable as smi_problem:
+            raise NoGpuFound(f"no NVIDIA GPU found ({nvml_problem}; {smi_problem})") from None
+        if not queried:
+            raise NoGpuFound(
+                f"no NVIDIA GPU found ({nvml_problem}; nvidia-smi lists none)"
+            ) from None
+        return cache.CacheKey(
+            source="nvidia-smi",
+            boot_id=boot_id(),
+            driver_version=queried[0].driver_version,
+            gpu_uuids=tuple(q.uuid for q in queried),
+        )
+
+
+def with_calibration(topology: Topology, key: CacheKey) -> Topology:
+    """This host's topology with the bandwidths ``gpualloc calibrate`` measured on these GPUs
+    and this driver, if any (a calibration that cannot be used is ignored, as the cache is)."""
+    from gpualloc.discovery.bandwidth_matrix import apply_measured_bandwidth
+    from gpualloc.discovery.calibrate import load_calibration
+    from gpualloc.errors import TopologyError
+
+    calibration = load_calibration()
+    if calibration is None or not calibration.matches(key):
+        return topology
+    try:
+        measured = apply_measured_bandwidth(topology, calibration.matrix)
+    except TopologyError:
+        return topology
+    measured.provenance.notes.append(
+        f"link bandwidths measured by 'gpualloc calibrate' ({calibration.method}, "
+        f"{calibration.measured_at})"
+    )
+    return measured
