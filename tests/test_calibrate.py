@@ -9,6 +9,7 @@ What torch itself measures is checked on a GPU machine, not here.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -40,9 +41,13 @@ class RecordedCopies:
     def __init__(self, matrix: list[list[float]]) -> None:
         self.matrix = matrix
         self.asked: list[tuple[int, int, int, int]] = []
+        self.uuids: list[str] = []
 
     def device_count(self) -> int:
         return len(self.matrix)
+
+    def device_uuid(self, index: int) -> str | None:
+        return self.uuids[index] if self.uuids else None
 
     def copy_gbps(self, source: int, target: int, size_bytes: int, repeats: int) -> float:
         self.asked.append((source, target, size_bytes, repeats))
@@ -117,7 +122,9 @@ def test_a_recorded_topology_cannot_be_calibrated(cli) -> None:
 def test_without_torch_it_says_what_to_install(cli, monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_host(monkeypatch, "dgx1-v100")
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
     result = cli("calibrate")
+    assert os.environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # set before torch is imported
     assert result.exit_code == ExitCode.DISCOVERY
     assert "torch is not installed" in result.stderr and "pip install torch" in result.stderr
 
@@ -128,3 +135,17 @@ def test_a_damaged_calibration_is_ignored(monkeypatch: pytest.MonkeyPatch) -> No
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text('{"matrix": "half a file')
     assert resolve.resolve_topology().provenance.bandwidth != "measured"
+
+
+def test_devices_numbered_otherwise_than_nvml_are_refused(
+    cli, monkeypatch: pytest.MonkeyPatch, recorded: RecordedCopies
+) -> None:
+    """torch must see NVML's GPU i as device i, or the matrix would land on the wrong pairs."""
+    fake = _fake_host(monkeypatch, "dgx1-v100")
+    uuids = [gpu.uuid for gpu in fake.gpus]
+    recorded.uuids = [uuids[1], uuids[0], *uuids[2:]]
+    result = cli("calibrate")
+    assert result.exit_code == ExitCode.DISCOVERY and "CUDA_VISIBLE_DEVICES" in result.stderr
+    assert not calibrate.calibration_path().exists()
+    recorded.uuids = uuids
+    assert cli("calibrate").exit_code == 0

@@ -39,6 +39,10 @@ def cache_dir() -> Path:
     return Path(base) / "gpualloc"
 
 
+CALIBRATION_FILE = "calibration.json"
+"""Where ``gpualloc calibrate`` keeps its measurements, in :func:`cache_dir`."""
+
+
 def _path(source: str) -> Path:
     return cache_dir() / f"topology-{source}.json"
 

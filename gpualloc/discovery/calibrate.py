@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from msgspec import Struct
 
-from gpualloc.discovery.cache import CacheKey, cache_dir
+from gpualloc.discovery.cache import CALIBRATION_FILE, CacheKey, cache_dir
 from gpualloc.errors import DiscoveryError
 
 DEFAULT_SIZE_MIB = 256
@@ -52,7 +53,7 @@ class Calibration(Struct, frozen=True, kw_only=True):
 
 
 def calibration_path() -> Path:
-    return cache_dir() / "calibration.json"
+    return cache_dir() / CALIBRATION_FILE
 
 
 def load_calibration() -> Calibration | None:
@@ -88,6 +89,8 @@ class TorchCopy:
     name = "torch"
 
     def __init__(self) -> None:
+        # Number devices as NVML does (CUDA's default puts the fastest first), before CUDA starts.
+        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         try:
             import torch
         except ImportError:
@@ -104,6 +107,11 @@ class TorchCopy:
 
     def device_count(self) -> int:
         return int(self.torch.cuda.device_count())
+
+    def device_uuid(self, index: int) -> str | None:
+        """The device's UUID as NVML writes it (``GPU-...``), where torch tells it."""
+        uuid = getattr(self.torch.cuda.get_device_properties(index), "uuid", None)
+        return None if uuid is None else f"GPU-{uuid}"
 
     def copy_gbps(self, source: int, target: int, size_bytes: int, repeats: int) -> float:
         torch = self.torch
@@ -142,6 +150,13 @@ def measure(
             f"torch sees {backend.device_count()} GPU(s), NVML {count}",
             hint="unset CUDA_VISIBLE_DEVICES so that every GPU can be measured",
         )
+    for index, expected in enumerate(key.gpu_uuids):
+        seen = backend.device_uuid(index)
+        if seen is not None and expected is not None and seen != expected:
+            raise CalibrationUnavailable(
+                f"torch's device {index} is {seen}, NVML's GPU {index} is {expected}",
+                hint="unset CUDA_VISIBLE_DEVICES so that torch numbers GPUs as NVML does",
+            )
     matrix = [[0.0] * count for _ in range(count)]
     for source in range(count):
         for target in range(count):

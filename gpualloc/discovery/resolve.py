@@ -160,6 +160,10 @@ def host_key() -> CacheKey:
 def with_calibration(topology: Topology, key: CacheKey) -> Topology:
     """This host's topology with the bandwidths ``gpualloc calibrate`` measured on these GPUs
     and this driver, if any (a calibration that cannot be used is ignored, as the cache is)."""
+    from gpualloc.discovery.cache import CALIBRATION_FILE, cache_dir
+
+    if not (cache_dir() / CALIBRATION_FILE).exists():
+        return topology  # the usual case: no module more to import
     from gpualloc.discovery.bandwidth_matrix import apply_measured_bandwidth
     from gpualloc.discovery.calibrate import load_calibration
     from gpualloc.errors import TopologyError
