@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Regenerate docs/evaluation.md and its figures: every policy, the papers' workloads, several
-hosts, through ``gpualloc.simulate`` (issue 6, section 2).
+"""Regenerate docs/evaluation.md and its figures: every policy, the papers' workloads and a
+mixed one, several hosts, through ``gpualloc.simulate`` (issues 6 and 19).
 
-Usage: python benchmarks/evaluate.py [--out docs] [--jobs 300] [--seed 0]
+Usage: python benchmarks/evaluate.py [--out docs] [--jobs N] [--seed 0]
+
+``--jobs`` shrinks every workload to N jobs (a quick check); by default each has its own count.
 
 Deterministic for a given seed. Needs the ``plot`` extra for the figures (without it the text
 and tables are still written, and it says so).
