@@ -81,11 +81,11 @@ LOWER_IS_BETTER = ("mean", "p95", "worst")
 """The figures the verdicts compare (job completion time)."""
 
 
-def policy_options(workload: Workload, policies: Sequence[str] = POLICIES):
+def policy_options(workload: Workload) -> dict[str, SimOptions]:
     """Each policy with the workload's queue and runtime model, no postponement."""
     return {
         policy: SimOptions(policy, workload.queue, workload.runtime, postpone=False)
-        for policy in policies
+        for policy in POLICIES
     }
 
 
@@ -198,9 +198,9 @@ def mapa_table_3(outcomes: dict[str, Outcome]) -> list[str]:
     ]
     for policy, (paper_name, paper) in MAPA_TABLE_3.items():
         ours = outcomes[policy]
-        speedups = [_at(base.run_times(), q) / _at(ours.run_times(), q) for q in points] + [
-            sum(base.makespans) / sum(ours.makespans)
-        ]
+        theirs, mine = base.run_times(), ours.run_times()
+        speedups = [percentile(theirs, q) / percentile(mine, q) for q in points]
+        speedups.append(sum(base.makespans) / sum(ours.makespans))
         lines.append(
             f"| `{policy}` ({paper_name}) | gpualloc | "
             + " | ".join(f"{x:.3f}" for x in speedups)
@@ -242,10 +242,6 @@ def change_text(ours: float, theirs: float) -> str:
 def _name(scheduler: str) -> str:
     """Policies in code type; the DRB paper's scheduler names as they are."""
     return scheduler if scheduler.isupper() else f"`{scheduler}`"
-
-
-def _at(values: list[float], share: float) -> float:
-    return values[0] if share == 0 else percentile(values, share)
 
 
 def _cell(value: float, key: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Annotated
 
 import typer
@@ -48,7 +47,7 @@ def calibrate_command(
         else:
             say("calibration removed" if removed else "there was no calibration to remove")
         return
-    if STATE.topology or os.environ.get("GPUALLOC_TOPOLOGY"):
+    if STATE.topology:  # --topology or GPUALLOC_TOPOLOGY
         raise RequestError(
             "calibrate measures this host's GPUs, not a recorded topology", hint=NOT_HERE_HINT
         )

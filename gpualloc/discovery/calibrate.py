@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -137,7 +136,6 @@ def measure(
     *,
     size_bytes: int = DEFAULT_SIZE_MIB * 2**20,
     repeats: int = DEFAULT_REPEATS,
-    progress: Callable[[int, int], None] | None = None,
 ) -> Calibration:
     """Every ordered pair of the host's GPUs, copied ``repeats`` times ``size_bytes``.
 
@@ -161,8 +159,6 @@ def measure(
     for source in range(count):
         for target in range(count):
             if source != target:
-                if progress is not None:
-                    progress(source, target)
                 gbps = backend.copy_gbps(source, target, size_bytes, repeats)
                 matrix[source][target] = round(gbps, 3)
     return Calibration(

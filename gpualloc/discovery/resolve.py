@@ -17,6 +17,8 @@ from gpualloc.model.topology import Topology
 
 if TYPE_CHECKING:
     from gpualloc.discovery.cache import CacheKey
+    from gpualloc.discovery.nvml import NvmlSession
+    from gpualloc.discovery.smi import QueriedGpu
 
 TOPOLOGY_ENV = "GPUALLOC_TOPOLOGY"
 NO_GPU_HINT = "try a bundled topology: --topology dgx1-v100 (gpualloc topo list shows them all)"
@@ -75,18 +77,12 @@ def discover_host(
 
 
 def _discover_nvml(*, refresh: bool, table: BandwidthTable) -> Topology:
-    from gpualloc.boot import boot_id
     from gpualloc.discovery import cache
     from gpualloc.discovery.numa import discover_numa
     from gpualloc.discovery.nvml import NvmlSession
 
     with NvmlSession() as session:
-        key = cache.CacheKey(
-            source="nvml",
-            boot_id=boot_id(),
-            driver_version=session.driver_version(),
-            gpu_uuids=tuple(session.gpu_uuids()),
-        )
+        key = _nvml_key(session)
         if not refresh and (cached := cache.load_cached(key)) is not None:
             return with_calibration(cached.with_bandwidth_table(table), key)
         notes: list[str] = []
@@ -97,20 +93,14 @@ def _discover_nvml(*, refresh: bool, table: BandwidthTable) -> Topology:
 
 
 def _discover_nvidia_smi(*, refresh: bool, table: BandwidthTable) -> Topology:
-    from gpualloc.boot import boot_id
     from gpualloc.discovery import cache
     from gpualloc.discovery.numa import discover_numa
     from gpualloc.discovery.smi import discover_with_nvidia_smi, query_gpus
 
     queried = query_gpus()
-    key = cache.CacheKey(
-        source="nvidia-smi",
-        boot_id=boot_id(),
-        driver_version=queried[0].driver_version if queried else None,
-        gpu_uuids=tuple(q.uuid for q in queried),
-    )
     if not queried:
         raise DiscoveryUnavailable("nvidia-smi lists no GPU")
+    key = _smi_key(queried)
     if not refresh and (cached := cache.load_cached(key)) is not None:
         return with_calibration(cached.with_bandwidth_table(table), key)
     notes: list[str] = []
@@ -125,22 +115,13 @@ def _discover_nvidia_smi(*, refresh: bool, table: BandwidthTable) -> Topology:
 def host_key() -> CacheKey:
     """What identifies this host's GPUs (NVML, else nvidia-smi): the key of its cache and of
     its calibration. :class:`NoGpuFound` when there is no GPU."""
-    from gpualloc.boot import boot_id
-    from gpualloc.discovery import cache
+    from gpualloc.discovery.nvml import NvmlSession
+    from gpualloc.discovery.smi import query_gpus
 
     try:
-        from gpualloc.discovery.nvml import NvmlSession
-
         with NvmlSession() as session:
-            return cache.CacheKey(
-                source="nvml",
-                boot_id=boot_id(),
-                driver_version=session.driver_version(),
-                gpu_uuids=tuple(session.gpu_uuids()),
-            )
+            return _nvml_key(session)
     except DiscoveryUnavailable as nvml_problem:
-        from gpualloc.discovery.smi import query_gpus
-
         try:
             queried = query_gpus()
         except DiscoveryUnavailable as smi_problem:
@@ -149,12 +130,31 @@ def host_key() -> CacheKey:
             raise NoGpuFound(
                 f"no NVIDIA GPU found ({nvml_problem}; nvidia-smi lists none)"
             ) from None
-        return cache.CacheKey(
-            source="nvidia-smi",
-            boot_id=boot_id(),
-            driver_version=queried[0].driver_version,
-            gpu_uuids=tuple(q.uuid for q in queried),
-        )
+        return _smi_key(queried)
+
+
+def _nvml_key(session: NvmlSession) -> CacheKey:
+    from gpualloc.boot import boot_id
+    from gpualloc.discovery.cache import CacheKey
+
+    return CacheKey(
+        source="nvml",
+        boot_id=boot_id(),
+        driver_version=session.driver_version(),
+        gpu_uuids=tuple(session.gpu_uuids()),
+    )
+
+
+def _smi_key(queried: list[QueriedGpu]) -> CacheKey:
+    from gpualloc.boot import boot_id
+    from gpualloc.discovery.cache import CacheKey
+
+    return CacheKey(
+        source="nvidia-smi",
+        boot_id=boot_id(),
+        driver_version=queried[0].driver_version,
+        gpu_uuids=tuple(q.uuid for q in queried),
+    )
 
 
 def with_calibration(topology: Topology, key: CacheKey) -> Topology:

@@ -64,7 +64,7 @@ class JobResult:
     ideal_effective_gbps: float | None
     pcie_share: float | None
     """Share of the pattern's edges that run over PCIe (no NVLink)."""
-    alone_s: float = 0.0
+    alone_s: float
     """What the runtime model gives the job alone on these GPUs (before interference)."""
 
     @property
