@@ -140,3 +140,17 @@ def test_a_damaged_calibration_is_ignored(
     topology = resolve.resolve_topology()
     assert topology.provenance.bandwidth != "measured"
     assert topology.link(1, 4).bandwidth_gbps == 7.88
+
+
+def test_devices_numbered_otherwise_than_nvml_are_refused(
+    cli, monkeypatch: pytest.MonkeyPatch, recorded: RecordedCopies
+) -> None:
+    """torch must see NVML's GPU i as device i, or the matrix would land on the wrong pairs."""
+    fake = _fake_host(monkeypatch, "dgx1-v100")
+    uuids = [gpu.uuid for gpu in fake.gpus]
+    recorded.uuids = [uuids[1], uuids[0], *uuids[2:]]
+    result = cli("calibrate")
+    assert result.exit_code == ExitCode.DISCOVERY and "CUDA_VISIBLE_DEVICES" in result.stderr
+    assert not calibrate.calibration_path().exists()
+    recorded.uuids = uuids
+    assert cli("calibrate").exit_code == 0
