@@ -273,6 +273,109 @@ def hgx_h100() -> Topology:
     )
 
 
+MIB = 1024**2
+
+MigSpec = tuple[str, int, int, int]
+"""(profile, GPU instance id, placement start, MiB of memory) of one MIG device."""
+
+A100_40GB_MIG_MIB = {"1g.5gb": 4864, "2g.10gb": 9984, "3g.20gb": 20096, "4g.20gb": 20096}
+"""Memory per profile of an A100-SXM4-40GB: 3g.20gb from the real 'nvidia-smi' MIG table in
+tests/fixtures/topologies (20096 MiB, GI 2), the others as NVIDIA's MIG User Guide lists them
+for 'nvidia-smi mig -lgip' (4.75 and 9.75 GiB; 4g.20gb has the memory of 3g.20gb)."""
+
+H100_80GB_MIG_MIB = {"1g.10gb": 9984, "2g.20gb": 20096, "3g.40gb": 40192, "7g.80gb": 81152}
+"""Memory per profile of an H100 80GB, as NVIDIA's MIG User Guide lists them (9.75, 19.62,
+39.25 and 79.25 GiB); not checked against a real H100 here."""
+
+
+def with_mig(
+    topology: Topology, layouts: dict[int, list[MigSpec]], slots: dict[str, int]
+) -> Topology:
+    """Turn MIG on for the GPUs in ``layouts``, with those MIG devices (device index in GI id
+    order, compute instance 0, synthetic MIG UUIDs). ``slots``: memory slices per profile."""
+    from msgspec.structs import replace
+
+    from gpualloc.model import MigInstance
+
+    gpus = [replace(g, mig_enabled=True) if g.index in layouts else g for g in topology.gpus]
+    instances = []
+    for gpu, specs in layouts.items():
+        for device, (profile, gi, start, mib) in enumerate(sorted(specs, key=lambda s: s[1])):
+            key = f"gpualloc:{topology.name}/{gpu}/mig{device}"
+            instances.append(
+                MigInstance(
+                    gpu=gpu,
+                    device=device,
+                    profile=profile,
+                    uuid=f"MIG-{uuid.uuid5(uuid.NAMESPACE_URL, key)}",
+                    gpu_instance=gi,
+                    compute_instance=0,
+                    memory_total_bytes=mib * MIB,
+                    placement_start=start,
+                    placement_size=slots[profile],
+                )
+            )
+    return replace(topology, gpus=gpus, mig_instances=instances).validated()
+
+
+def dgx_a100_mig() -> Topology:
+    base = dgx_a100()
+    mib = A100_40GB_MIG_MIB
+    slots = {"1g.5gb": 1, "2g.10gb": 2, "3g.20gb": 4, "4g.20gb": 4}
+    seven = [("1g.5gb", 7 + k, k, mib["1g.5gb"]) for k in range(7)]
+    two = [("3g.20gb", 1, 4, 20224), ("3g.20gb", 2, 0, mib["3g.20gb"])]
+    mixed = [
+        ("4g.20gb", 1, 0, mib["4g.20gb"]),
+        ("2g.10gb", 5, 4, mib["2g.10gb"]),
+        ("1g.5gb", 13, 6, mib["1g.5gb"]),
+    ]
+    topology = replace_identity(
+        base,
+        "dgx-a100-mig",
+        "The dgx-a100 host with MIG on three GPUs, as a lab shares one: GPU0 split into 7 x "
+        "1g.5gb (the layout of the real 'nvidia-smi -L' output in tests/fixtures/topologies), "
+        "GPU1 into 2 x 3g.20gb (GI ids, placements 4:4 and 0:4 and memories 20224 / 20096 MiB "
+        "of the real 'mig -lgi' and 'nvidia-smi' outputs there), GPU2 into 4g.20gb + 2g.10gb + "
+        "1g.5gb; GPUs 3-7 whole. Memory of the other profiles as NVIDIA's MIG User Guide lists "
+        "it; GI ids of GPU0 and GPU2 and all MIG UUIDs are synthetic.",
+    )
+    return with_mig(topology, {0: seven, 1: two, 2: mixed}, slots)
+
+
+def hgx_h100_mig() -> Topology:
+    base = hgx_h100()
+    mib = H100_80GB_MIG_MIB
+    slots = {"1g.10gb": 1, "2g.20gb": 2, "3g.40gb": 4, "7g.80gb": 8}
+    mixed = [
+        ("3g.40gb", 2, 0, mib["3g.40gb"]),
+        ("2g.20gb", 3, 4, mib["2g.20gb"]),
+        ("1g.10gb", 9, 6, mib["1g.10gb"]),
+        ("1g.10gb", 10, 7, mib["1g.10gb"]),
+    ]
+    seven = [("1g.10gb", 7 + k, k, mib["1g.10gb"]) for k in range(7)]
+    topology = replace_identity(
+        base,
+        "hgx-h100-mig",
+        "The hgx-h100 host with MIG on two GPUs: GPU0 mixed (3g.40gb + 2g.20gb + 2 x "
+        "1g.10gb), GPU1 7 x 1g.10gb; GPUs 2-7 whole. Memory per profile as NVIDIA's MIG User "
+        "Guide lists it for the H100 80GB (assumed, not read from a real H100); GI ids and MIG "
+        "UUIDs are synthetic.",
+    )
+    return with_mig(topology, {0: mixed, 1: seven}, slots)
+
+
+def replace_identity(topology: Topology, name: str, description: str) -> Topology:
+    """``topology`` under another name: new description, new synthetic GPU UUIDs."""
+    from msgspec.structs import replace
+
+    gpus = [
+        replace(g, uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'gpualloc:{name}/{g.index}')}")
+        for g in topology.gpus
+    ]
+    provenance = replace(topology.provenance, origin=name, description=description)
+    return replace(topology, name=name, gpus=gpus, provenance=provenance)
+
+
 def summit_node() -> Topology:
     sockets = [
         NumaNode(
@@ -518,7 +621,9 @@ BUILDERS: tuple[Callable[[], Topology], ...] = (
     dgx1_v100,
     dgx2,
     dgx_a100,
+    dgx_a100_mig,
     hgx_h100,
+    hgx_h100_mig,
     summit_node,
     pcie_8gpu_2socket,
     nvlink_pairs_4gpu,

@@ -24,6 +24,29 @@ def bus_id(index: int) -> str:
 
 
 @dataclass
+class FakeMig:
+    """One MIG device of a fake GPU in MIG mode."""
+
+    slot: int
+    uuid: str
+    profile: str
+    gpu_instance: int
+    compute_instance: int
+    memory_bytes: int
+    slices: int
+    compute_slices: int
+    placement: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class MigHandle:
+    """What the fake returns for nvmlDeviceGetMigDeviceHandleByIndex."""
+
+    gpu: int
+    slot: int
+
+
+@dataclass
 class FakeGpu:
     uuid: str
     name: str
@@ -42,6 +65,8 @@ class FakeGpu:
     """NVML function names that raise GpuIsLost for this GPU ('*' = all, even the handle)."""
     processes: list[tuple[int, int | None]] = field(default_factory=list)
     """(pid, used GPU memory in bytes or None) of the compute processes running on it."""
+    mig: list[FakeMig] = field(default_factory=list)
+    max_mig_devices: int = 7
 
 
 class FakeNvml(SimpleNamespace):
@@ -71,6 +96,20 @@ class FakeNvml(SimpleNamespace):
                     cpus=gpu.cpu_affinity,
                     pcie_generation=gpu.pcie_generation or 3,
                     mig_mode=1 if gpu.mig_enabled else 0,
+                    mig=[
+                        FakeMig(
+                            slot=m.device,
+                            uuid=m.uuid or f"MIG-fake-{gpu.index}-{m.device}",
+                            profile=m.profile,
+                            gpu_instance=m.gpu_instance or 0,
+                            compute_instance=m.compute_instance or 0,
+                            memory_bytes=m.memory_bytes,
+                            slices=m.slices,
+                            compute_slices=m.parsed_profile.compute_slices,
+                            placement=(m.placement_start or 0, m.placement_size or m.slices),
+                        )
+                        for m in topology.mig_on(gpu.index)
+                    ],
                 )
             )
         switch_links: dict[int, int] = {}
@@ -94,6 +133,13 @@ class FakeNvml(SimpleNamespace):
         return cls(gpus, ancestors)
 
     # ---- helpers --------------------------------------------------------------------------
+
+    def _mig(self, handle: MigHandle, function: str) -> FakeMig:
+        self.calls[function] = self.calls.get(function, 0) + 1
+        gpu = self.gpus[handle.gpu]
+        if function in gpu.unsupported:
+            raise pynvml.NVMLError_NotSupported()
+        return next(m for m in gpu.mig if m.slot == handle.slot)
 
     def _gpu(self, handle: int, function: str) -> FakeGpu:
         self.calls[function] = self.calls.get(function, 0) + 1
@@ -135,17 +181,65 @@ class FakeNvml(SimpleNamespace):
         gpu = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpu.processes]
 
-    def nvmlDeviceGetUUID(self, handle: int) -> str:
+    def nvmlDeviceGetUUID(self, handle: int | MigHandle) -> str:
+        if isinstance(handle, MigHandle):
+            return self._mig(handle, "nvmlDeviceGetUUID").uuid
         return self._gpu(handle, "nvmlDeviceGetUUID").uuid
 
-    def nvmlDeviceGetName(self, handle: int) -> str:
+    def nvmlDeviceGetName(self, handle: int | MigHandle) -> str:
+        if isinstance(handle, MigHandle):
+            mig = self._mig(handle, "nvmlDeviceGetName")
+            return f"{self.gpus[handle.gpu].name} MIG {mig.profile}"
         return self._gpu(handle, "nvmlDeviceGetName").name
 
     def nvmlDeviceGetPciInfo(self, handle: int) -> SimpleNamespace:
         return SimpleNamespace(busId=self._gpu(handle, "nvmlDeviceGetPciInfo").bus_id)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, handle: int | MigHandle) -> SimpleNamespace:
+        if isinstance(handle, MigHandle):
+            return SimpleNamespace(total=self._mig(handle, "nvmlDeviceGetMemoryInfo").memory_bytes)
         return SimpleNamespace(total=self._gpu(handle, "nvmlDeviceGetMemoryInfo").memory_bytes)
+
+    # ---- MIG ------------------------------------------------------------------------------
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: int) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetMaxMigDeviceCount")
+        return gpu.max_mig_devices if gpu.mig_mode else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: int, index: int) -> MigHandle:
+        gpu = self._gpu(handle, "nvmlDeviceGetMigDeviceHandleByIndex")
+        if not gpu.mig_mode:
+            raise pynvml.NVMLError_InvalidArgument()
+        if all(m.slot != index for m in gpu.mig):
+            raise pynvml.NVMLError_NotFound()
+        return MigHandle(handle, index)
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: MigHandle) -> int:
+        return self._mig(handle, "nvmlDeviceGetGpuInstanceId").gpu_instance
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: MigHandle) -> int:
+        return self._mig(handle, "nvmlDeviceGetComputeInstanceId").compute_instance
+
+    def nvmlDeviceGetAttributes(self, handle: MigHandle) -> SimpleNamespace:
+        mig = self._mig(handle, "nvmlDeviceGetAttributes")
+        return SimpleNamespace(
+            gpuInstanceSliceCount=mig.slices,
+            computeInstanceSliceCount=mig.compute_slices,
+            memorySizeMB=mig.memory_bytes // (1024 * 1024),
+        )
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: int, gpu_instance: int) -> tuple[int, int]:
+        gpu = self._gpu(handle, "nvmlDeviceGetGpuInstanceById")
+        if not any(m.gpu_instance == gpu_instance for m in gpu.mig):
+            raise pynvml.NVMLError_NotFound()
+        return handle, gpu_instance
+
+    def nvmlGpuInstanceGetInfo(self, instance: tuple[int, int]) -> SimpleNamespace:
+        handle, gpu_instance = instance
+        gpu = self._gpu(handle, "nvmlGpuInstanceGetInfo")
+        mig = next(m for m in gpu.mig if m.gpu_instance == gpu_instance)
+        start, size = mig.placement
+        return SimpleNamespace(id=gpu_instance, placement=SimpleNamespace(start=start, size=size))
 
     def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
         mode = self._gpu(handle, "nvmlDeviceGetMigMode").mig_mode

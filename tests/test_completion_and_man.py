@@ -97,7 +97,7 @@ def test_completion_offers_names_and_imports_nothing_heavy(cli, tmp_path: Path) 
     lease = json.loads(cli("--topology", "dgx1-v100", "status", "--json").stdout)["leases"][0]
 
     offered, heavy = _complete("gpualloc --topology dgx", state)
-    assert offered == ["dgx-a100", "dgx1-p100", "dgx1-v100", "dgx2"] and heavy == []
+    assert offered == ["dgx-a100", "dgx-a100-mig", "dgx1-p100", "dgx1-v100", "dgx2"] and heavy == []
     offered, heavy = _complete("gpualloc plan --policy mapa", state)
     assert offered == ["mapa", "mapa-greedy"] and heavy == []
     offered, heavy = _complete("gpualloc release ", state)

@@ -101,29 +101,47 @@ def import_text(
             "it makes a topology of its own.",
         ),
     ] = None,
+    mig: Annotated[
+        Optional[list[Path]],  # noqa: UP045
+        typer.Option(
+            "--mig",
+            metavar="FILE",
+            help="MIG layout: output of 'nvidia-smi -L', 'nvidia-smi mig -lgi' or plain "
+            "'nvidia-smi' (its MIG devices table); repeat for several, each is recognised by "
+            "its content. With no topo -m file, 'nvidia-smi -L' alone makes the topology.",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Turn recorded nvidia-smi / numactl text into a gpualloc topology.
 
     'nvidia-smi topo -m' gives the links and affinities; 'nvlink -s' adds GPU names and link
-    rates; 'numactl -H' adds NUMA memory and distances. Without -o or --json the result is shown
-    as 'topo show' would show it.
+    rates; 'numactl -H' adds NUMA memory and distances; --mig adds the MIG devices. Without -o
+    or --json the result is shown as 'topo show' would show it.
     """
     from gpualloc.discovery import bandwidth_matrix as bm
+    from gpualloc.discovery.mig_text import read_mig_texts, topology_from_gpu_list, with_mig_layout
     from gpualloc.discovery.recorded import import_smi_files, import_smi_texts, read_text
 
-    if topo_file is None and bandwidth_matrix is None:
+    if topo_file is None and bandwidth_matrix is None and not mig:
         raise RequestError(
             "nothing to import",
-            hint="give a 'nvidia-smi topo -m' file, --bandwidth-matrix, or both",
+            hint="give a 'nvidia-smi topo -m' file, --bandwidth-matrix, --mig, or some of them",
         )
+    mig_texts = (
+        read_mig_texts([(str(path), read_text(path, "MIG file")) for path in mig]) if mig else None
+    )
     table = STATE.bandwidth_override()
     matrix = None
     if bandwidth_matrix is not None:
         matrix = bm.parse_bandwidth_matrix(
             read_text(bandwidth_matrix), source=str(bandwidth_matrix)
         )
-    if topo_file is None:
+    if topo_file is None and matrix is None:
+        assert mig is not None and mig_texts is not None
+        topology = topology_from_gpu_list(mig_texts, origin=str(mig[0]), name=name or mig[0].stem)
+        mig_texts = None
+    elif topo_file is None:
         assert matrix is not None and bandwidth_matrix is not None
         topology = bm.topology_from_bandwidth_matrix(
             matrix, name=name or bandwidth_matrix.stem, origin=str(bandwidth_matrix)
@@ -136,6 +154,8 @@ def import_text(
         )
     if matrix is not None and topo_file is not None:
         topology = bm.apply_measured_bandwidth(topology, matrix)
+    if mig_texts is not None:
+        topology = with_mig_layout(topology, mig_texts)
     if output is not None:
         _write(output, topology.to_json())
         from gpualloc.cli.output import say

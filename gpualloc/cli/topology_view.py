@@ -32,11 +32,16 @@ def describe(topology: Topology) -> str:
     cpu_nodes = [n for n in topology.numa_nodes if n.cpus]
     numa = f", {len(cpu_nodes)} NUMA node{'s' if len(cpu_nodes) != 1 else ''}" if cpu_nodes else ""
     count = topology.gpu_count
-    return f"{name}: {count} GPU{'s' if count != 1 else ''}{model}, {interconnect}{numa}"
+    mig = len(topology.mig_instances)
+    parents = format_cpulist(sorted({m.gpu for m in topology.mig_instances}))
+    split = f", {mig} MIG device{'s' if mig != 1 else ''} on GPU {parents}" if mig else ""
+    return f"{name}: {count} GPU{'s' if count != 1 else ''}{model}, {interconnect}{numa}{split}"
 
 
 def topology_tables(topology: Topology) -> list[Table]:
     tables = [gpu_table(topology)]
+    if topology.mig_instances:
+        tables.append(mig_table(topology))
     if topology.gpu_count > 1:
         tables.append(link_matrix(topology))
         if any(link.nvlinks and link.pcie for link in topology.links):
@@ -67,6 +72,42 @@ def gpu_table(topology: Topology) -> Table:
         ["GPU", "Name", "Bus id", "Memory", "NUMA", "CPU affinity", "MIG", "Health"],
         rows,
     )
+
+
+def mig_table(topology: Topology) -> Table:
+    """One row per MIG device: what ``--mig`` and ``CUDA_VISIBLE_DEVICES`` name."""
+    rows = []
+    for instance in topology.mig_instances:
+        memory = instance.memory_total_bytes
+        rows.append(
+            [
+                instance.label,
+                instance.profile,
+                str(instance.slices),
+                _gib(memory) if memory is not None else f"~{_gib(instance.memory_bytes)}",
+                _id(instance.gpu_instance) + "/" + _id(instance.compute_instance),
+                _placement(instance.placement_start, instance.placement_size),
+                instance.uuid or "?",
+            ]
+        )
+    return Table(
+        "MIG devices",
+        ["Device", "Profile", "Slices", "Memory", "GI/CI", "Placement", "UUID"],
+        rows,
+        caption=(
+            "~: the profile's nominal size (the source did not report the memory)"
+            if any(m.memory_total_bytes is None for m in topology.mig_instances)
+            else None
+        ),
+    )
+
+
+def _id(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def _placement(start: int | None, size: int | None) -> str:
+    return "?" if start is None or size is None else f"{start}:{size}"
 
 
 def _matrix(topology: Topology, title: str, cell_of: Callable[[Link], Cell]) -> Table:

@@ -14,6 +14,7 @@ from msgspec.structs import replace
 
 from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
 from gpualloc.model.catalog import family_of
+from gpualloc.model.mig import MigInstance
 from gpualloc.model.paths import PciePath
 from gpualloc.model.topology import Gpu, Link, NumaNode, Provenance, Topology, pair_bandwidth_gbps
 
@@ -40,6 +41,7 @@ def assemble_topology(
     provenance: Provenance,
     table: BandwidthTable = DEFAULT_BANDWIDTH_TABLE,
     name: str | None = None,
+    mig_instances: list[MigInstance] | None = None,
 ) -> Topology:
     notes = provenance.notes
     gpus = [_with_family_facts(gpu, notes) for gpu in gpus]
@@ -77,6 +79,7 @@ def assemble_topology(
         links=links,
         numa_nodes=numa_nodes,
         provenance=provenance,
+        mig_instances=mig_instances or [],
     ).validated()
 
 

@@ -29,6 +29,9 @@ class CacheKey(Struct, frozen=True):
     boot_id: str | None
     driver_version: str | None
     gpu_uuids: tuple[str | None, ...]
+    mig_uuids: tuple[str | None, ...] = ()
+    """The MIG devices' UUIDs: an administrator can change the MIG layout without any GPU
+    UUID or the driver changing."""
 
 
 def cache_dir() -> Path:
@@ -53,6 +56,7 @@ def load_cached(key: CacheKey) -> Topology | None:
         document = json.loads(_path(key.source).read_text())
         stored = document["key"]
         stored["gpu_uuids"] = tuple(stored["gpu_uuids"])
+        stored["mig_uuids"] = tuple(stored.get("mig_uuids", ()))
         if CacheKey(**stored) != key:
             return None
         return Topology.from_json_dict(document["topology"], origin=str(_path(key.source)))

@@ -29,6 +29,7 @@ from msgspec.structs import replace
 
 from gpualloc import boot
 from gpualloc.discovery.assemble import PairFacts, assemble_topology
+from gpualloc.discovery.nvml_mig import mig_device_uuids, probe_mig_devices
 from gpualloc.discovery.processes import RunningProcess
 from gpualloc.errors import DiscoveryError, DiscoveryUnavailable, NoGpuFound
 from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
@@ -127,6 +128,18 @@ class NvmlSession:
                 uuids.append(None)
         return uuids
 
+    def mig_uuids(self) -> tuple[str | None, ...]:
+        """The UUIDs of every MIG device, GPU by GPU (empty without MIG)."""
+        nvml = self.nvml
+        uuids: list[str | None] = []
+        for index in range(self.device_count()):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            except nvml.NVMLError:
+                continue
+            uuids.extend(mig_device_uuids(nvml, handle))
+        return tuple(uuids)
+
     def device_count(self) -> int:
         try:
             return int(self.nvml.nvmlDeviceGetCount())
@@ -183,6 +196,12 @@ class NvmlSession:
             for index in range(count)
         ]
         pairs = self._pairs(probes, notes)
+        mig = [
+            instance
+            for probe in probes
+            if probe.handle is not None and probe.gpu.mig_enabled
+            for instance in probe_mig_devices(self.nvml, probe.gpu.index, probe.handle, notes)
+        ]
         provenance = Provenance(
             source="nvml",
             origin="NVML",
@@ -198,6 +217,7 @@ class NvmlSession:
             numa_nodes=numa_nodes,
             provenance=provenance,
             table=table,
+            mig_instances=mig,
         )
 
     def _query(self, notes: list[str], what: str, call: Callable[[], T]) -> T | None:

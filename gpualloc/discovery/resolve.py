@@ -142,6 +142,7 @@ def _nvml_key(session: NvmlSession) -> CacheKey:
         boot_id=boot_id(),
         driver_version=session.driver_version(),
         gpu_uuids=tuple(session.gpu_uuids()),
+        mig_uuids=session.mig_uuids(),
     )
 
 
@@ -154,7 +155,20 @@ def _smi_key(queried: list[QueriedGpu]) -> CacheKey:
         boot_id=boot_id(),
         driver_version=queried[0].driver_version,
         gpu_uuids=tuple(q.uuid for q in queried),
+        mig_uuids=_smi_mig_uuids() if any(q.mig_enabled for q in queried) else (),
     )
+
+
+def _smi_mig_uuids() -> tuple[str | None, ...]:
+    """The MIG device UUIDs ``nvidia-smi -L`` lists (asked only when a GPU is in MIG mode)."""
+    from gpualloc.discovery.mig_text import parse_gpu_list
+    from gpualloc.discovery.smi import list_gpus_text
+    from gpualloc.errors import DiscoveryError, TopologyParseError
+
+    try:
+        return tuple(m.uuid for m in parse_gpu_list(list_gpus_text()).mig)
+    except (DiscoveryError, TopologyParseError):
+        return ("unreadable",)  # a layout no host has; matches only a probe that failed alike
 
 
 def with_calibration(topology: Topology, key: CacheKey) -> Topology:

@@ -273,5 +273,29 @@ def discover_with_nvidia_smi(
         table=table,
         hostname=boot.hostname(),
     )
+    if any(q.mig_enabled for q in queried):
+        topology = _with_live_mig(topology, notes)
     topology.provenance.notes.extend(notes)
     return topology
+
+
+def list_gpus_text() -> str:
+    """``nvidia-smi -L``: GPUs and MIG devices with their UUIDs (cheap; for the cache key)."""
+    return run_nvidia_smi("-L")
+
+
+def _with_live_mig(topology: Topology, notes: list[str]) -> Topology:
+    """Add the MIG devices from ``nvidia-smi -L`` and the MIG devices table of ``nvidia-smi``
+    (``mig -lgi`` needs root, so placements stay unknown here)."""
+    from gpualloc.discovery.mig_text import read_mig_texts, with_mig_layout
+
+    texts = [("nvidia-smi -L", list_gpus_text())]
+    try:
+        texts.append(("nvidia-smi", run_nvidia_smi()))
+    except DiscoveryError as exc:
+        notes.append(f"MIG memory unknown: nvidia-smi failed ({exc})")
+    try:
+        return with_mig_layout(topology, read_mig_texts(texts))
+    except TopologyParseError as exc:
+        notes.append(f"MIG devices unknown: {exc}")
+        return topology

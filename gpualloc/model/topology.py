@@ -23,6 +23,7 @@ from gpualloc.model.bandwidth import (
     estimate_link_bandwidth_gbps,
 )
 from gpualloc.model.catalog import family_of
+from gpualloc.model.mig import MigInstance, check_mig_layout
 from gpualloc.model.paths import PciePath
 from gpualloc.model.validation import (
     NonNegativeFloat,
@@ -38,8 +39,9 @@ from gpualloc.model.validation import (
 if TYPE_CHECKING:
     import networkx
 
-SCHEMA_VERSION = 1
-"""Version of the topology file format. Bump it, and add a migration, on any breaking change."""
+SCHEMA_VERSION = 2
+"""Version of the topology file format. Bump it, and add a migration, on any breaking change.
+2 added ``mig_instances``; a version 1 file reads as a host without MIG instances."""
 
 
 class Health(str, Enum):
@@ -191,6 +193,8 @@ class Topology(_Strict, kw_only=True):
     processes: list[GpuProcess] = field(default_factory=list)
     """Compute processes declared on the GPUs (recorded files only; a live host is asked each
     time)."""
+    mig_instances: list[MigInstance] = field(default_factory=list)
+    """The MIG devices of the GPUs with MIG enabled, sorted by (parent GPU, device index)."""
 
     def __post_init__(self) -> None:
         indices = [g.index for g in self.gpus]
@@ -212,6 +216,13 @@ class Topology(_Strict, kw_only=True):
                 + (f"; unknown pairs {extra[:4]}" if extra else "")
                 + (f"; {dup} duplicated" if dup else "")
             )
+        check_mig_layout(self.mig_instances, len(indices))
+        self.mig_instances.sort(key=lambda m: (m.gpu, m.device))
+        for instance in self.mig_instances:
+            if self.gpus[instance.gpu].mig_enabled is False:
+                raise ValueError(
+                    f"MIG device {instance.label} is on GPU {instance.gpu}, whose MIG mode is off"
+                )
         node_ids = [n.id for n in self.numa_nodes]
         if len(set(node_ids)) != len(node_ids):
             raise ValueError(f"NUMA node ids repeat: {node_ids}")
@@ -242,6 +253,10 @@ class Topology(_Strict, kw_only=True):
         # Links are sorted (a, b) over a < b: row `low` starts after the rows above it.
         position = low * n - low * (low + 1) // 2 + (high - low - 1)
         return self.links[position]
+
+    def mig_on(self, gpu: int) -> list[MigInstance]:
+        """The MIG devices of one GPU (empty when MIG is off or none is configured)."""
+        return [m for m in self.mig_instances if m.gpu == gpu]
 
     def numa_node(self, node_id: int) -> NumaNode | None:
         return next((n for n in self.numa_nodes if n.id == node_id), None)

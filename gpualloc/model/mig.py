@@ -1,0 +1,148 @@
+"""MIG instances: the slices of a GPU that NVIDIA's Multi-Instance GPU mode hands out.
+
+With MIG on, an A100/H100/H200 is split into GPU instances (GI: a share of the memory and of
+the streaming multiprocessors, in *slices* of one seventh) and each GI into compute instances
+(CI). What CUDA sees, and what ``nvidia-smi -L`` lists as ``MIG <profile> Device N``, is one CI:
+a *MIG device*, named by its ``MIG-<uuid>``. A CUDA process uses one MIG device at most (NVIDIA
+MIG User Guide, "CUDA Device Enumeration"), so gpualloc leases them one at a time.
+
+A profile name says the size: ``3g.20gb`` is a 3-slice GI with about 20 GB; ``1c.3g.20gb`` one
+compute slice of such a GI (the GI's memory is then shared with its other CIs); suffixes like
+``+me`` (media engines) or ``-me`` leave the size as it is.
+"""
+
+from __future__ import annotations
+
+import re
+
+from msgspec import Struct
+
+from gpualloc.model.validation import NonNegativeInt, PositiveInt
+
+GIB = 1024**3
+
+_PROFILE = re.compile(
+    r"^(?:(?P<compute>[1-9]\d*)c\.)?(?P<slices>[1-9]\d*)g\.(?P<memory>[1-9]\d*)gb"
+    r"(?P<extras>(?:[+-][a-z]+)*)$"
+)
+
+
+class MigProfile(Struct, frozen=True, kw_only=True):
+    """A parsed MIG profile name."""
+
+    name: str
+    slices: int
+    """GPU slices of the GPU instance (the ``3`` of ``3g.20gb``)."""
+    compute_slices: int
+    """Compute slices of the compute instance (``1`` of ``1c.3g.20gb``; all of the GI when the
+    name has no ``c.`` part)."""
+    nominal_memory_gb: int
+    """The ``20`` of ``3g.20gb``: a rounded figure; NVML reports the exact memory."""
+
+    @property
+    def shares_memory(self) -> bool:
+        """The compute instance is smaller than its GI, whose memory other CIs may use."""
+        return self.compute_slices < self.slices
+
+
+def parse_mig_profile(text: str) -> MigProfile:
+    """``3g.20gb`` / ``1c.3g.20gb`` / ``1g.10gb+me`` -> :class:`MigProfile`.
+
+    Raises ValueError naming the expected form for anything else.
+    """
+    name = text.strip()
+    match = _PROFILE.match(name.lower())
+    if match is None:
+        raise ValueError(
+            f"{text!r} is not a MIG profile; expected a form like 1g.5gb, 3g.20gb or 1c.3g.20gb"
+        )
+    slices = int(match["slices"])
+    compute = int(match["compute"]) if match["compute"] else slices
+    if compute > slices:
+        raise ValueError(f"MIG profile {text!r} has more compute slices than GPU slices")
+    return MigProfile(
+        name=name.lower(),
+        slices=slices,
+        compute_slices=compute,
+        nominal_memory_gb=int(match["memory"]),
+    )
+
+
+class MigInstance(Struct, kw_only=True, forbid_unknown_fields=True):
+    """One MIG device (a compute instance of a GPU instance) of a GPU with MIG enabled."""
+
+    gpu: NonNegativeInt
+    """Index of the parent GPU."""
+    device: NonNegativeInt
+    """MIG device index on the parent, as ``nvidia-smi -L`` numbers it (``Device N``) and
+    NVML's ``nvmlDeviceGetMigDeviceHandleByIndex`` takes it."""
+    profile: str
+    """The profile name, e.g. ``3g.20gb``."""
+    uuid: str | None = None
+    """``MIG-<uuid>``: what ``CUDA_VISIBLE_DEVICES`` takes. None when the source did not show it
+    (``nvidia-smi mig -lgi``); such an instance can be shown but not leased."""
+    gpu_instance: NonNegativeInt | None = None
+    """GPU instance id (GI)."""
+    compute_instance: NonNegativeInt | None = None
+    """Compute instance id within the GI (CI)."""
+    memory_total_bytes: NonNegativeInt | None = None
+    """The instance's memory as NVML or nvidia-smi reports it (None: only the nominal size of
+    the profile is known)."""
+    placement_start: NonNegativeInt | None = None
+    """First memory slice of the GI on the GPU (``Start`` of ``nvidia-smi mig -lgi``)."""
+    placement_size: PositiveInt | None = None
+
+    def __post_init__(self) -> None:
+        parse_mig_profile(self.profile)  # a file with a malformed profile is refused
+
+    @property
+    def parsed_profile(self) -> MigProfile:
+        return parse_mig_profile(self.profile)
+
+    @property
+    def slices(self) -> int:
+        return self.parsed_profile.slices
+
+    @property
+    def label(self) -> str:
+        """How gpualloc names the instance to people: ``GPU0/MIG3``."""
+        return mig_label(self.gpu, self.device)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Reported memory, else the profile's nominal size (in GiB, as NVIDIA rounds it)."""
+        if self.memory_total_bytes is not None:
+            return self.memory_total_bytes
+        return self.parsed_profile.nominal_memory_gb * GIB
+
+
+def mig_label(gpu: int, device: int) -> str:
+    """``GPU<gpu>/MIG<device>``: the name gpualloc prints and accepts for a MIG device."""
+    return f"GPU{gpu}/MIG{device}"
+
+
+_LABEL = re.compile(r"^(?:gpu)?(\d+)\s*[/:]\s*(?:mig)?(\d+)$", re.IGNORECASE)
+
+
+def parse_mig_label(text: str) -> tuple[int, int] | None:
+    """``GPU0/MIG3``, ``0/3`` or ``0:3`` -> (0, 3); None when ``text`` is not such a label."""
+    match = _LABEL.match(text.strip())
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def check_mig_layout(instances: list[MigInstance], gpu_count: int) -> None:
+    """Refuse a layout no GPU can have: a parent that does not exist, a device index or a UUID
+    used twice. Raises ValueError (the topology's validation turns it into a clear error)."""
+    seen: set[tuple[int, int]] = set()
+    uuids: set[str] = set()
+    for instance in instances:
+        if instance.gpu >= gpu_count:
+            raise ValueError(f"MIG device {instance.label} is on a GPU that does not exist")
+        key = (instance.gpu, instance.device)
+        if key in seen:
+            raise ValueError(f"MIG device {instance.label} is listed twice")
+        seen.add(key)
+        if instance.uuid is not None:
+            if instance.uuid in uuids:
+                raise ValueError(f"MIG UUID {instance.uuid} is listed twice")
+            uuids.add(instance.uuid)
