@@ -89,6 +89,8 @@ JOB_OPTIONS = (
     Option(("--max-bypass",), "max_bypass", "int", minimum=0),
     Option(("--min-utility",), "min_utility", "float", minimum=0.0, maximum=1.0),
     Option(("--min-bandwidth",), "min_bandwidth", "float", minimum=0.0),
+    Option(("--mig",), "mig"),
+    Option(("--mem",), "mem"),
 )
 RUN_OPTIONS = (
     *JOB_OPTIONS,

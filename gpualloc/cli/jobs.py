@@ -54,6 +54,8 @@ def run_job(
     max_bypass: int | None = None,
     min_utility: float | None = None,
     min_bandwidth: float | None = None,
+    mig: str | None = None,
+    mem: str | None = None,
     dry_run: bool = False,
     quiet: bool = False,
     as_json: bool = False,
@@ -80,6 +82,8 @@ def run_job(
         explicit=gpus,
         min_utility=min_utility,
         min_bandwidth=min_bandwidth,
+        mig=mig,
+        mem=mem,
     )
     waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
     resolve_program(command[0], os.environ)  # 127/126 before any GPU is taken
@@ -95,9 +99,28 @@ def run_job(
 def _binding(host: HostLedger, placement: Placement, mode: NumaMode) -> Binding:
     from gpualloc.launcher.binding import HostNuma, NumaMode, plan_binding
 
-    nodes = [host.topology.gpu(g).numa_node for g in placement.gpus]
+    parents = placement.gpus or tuple(gpu for gpu, _device in placement.mig_devices)
+    nodes = [host.topology.gpu(g).numa_node for g in parents]
     numa_view = HostNuma.read() if host.this_host and mode is not NumaMode.NONE else None
     return plan_binding(nodes, mode, this_host=host.this_host, host=numa_view)
+
+
+def _variables(
+    host: HostLedger,
+    gpus: tuple[int, ...],
+    mig: tuple[tuple[int, int], ...],
+    *,
+    lease_id: str | None,
+    uuid: bool,
+) -> dict[str, str]:
+    """The job's GPU variables: for whole GPUs, or for the one MIG device of a MIG lease."""
+    from gpualloc.launcher.environment import gpu_variables, mig_variables
+
+    if mig:
+        (key,) = mig
+        instance = next(m for m in host.topology.mig_instances if (m.gpu, m.device) == key)
+        return mig_variables(instance, lease_id=lease_id)
+    return gpu_variables([host.topology.gpu(g) for g in gpus], lease_id=lease_id, use_uuid=uuid)
 
 
 def _launch(
@@ -113,8 +136,9 @@ def _launch(
 ) -> None:
     from gpualloc.launcher.allocate import LeaseTerms
     from gpualloc.launcher.command import job_argv
-    from gpualloc.launcher.environment import gpu_variables, job_environment
+    from gpualloc.launcher.environment import job_environment
     from gpualloc.launcher.exec import exec_job
+    from gpualloc.ledger.occupancy import held_devices
 
     terms = LeaseTerms(
         source="run",
@@ -129,16 +153,12 @@ def _launch(
     lease = allocation.lease
     try:
         binding = _binding(host, allocation.placement, mode)
-        chosen = [host.topology.gpu(g) for g in allocation.placement.gpus]
-        variables = gpu_variables(chosen, lease_id=lease.id, use_uuid=uuid)
+        variables = _variables(host, lease.indices, lease.mig_keys, lease_id=lease.id, uuid=uuid)
         if binding.method == "affinity":
             warn([binding.reason])
         if not quiet:
             where = binding.describe() if binding.method == "numactl" else "not NUMA-bound"
-            say(
-                f"lease {lease.id}: GPU {','.join(map(str, lease.indices))} "
-                f"({where}) for {shlex.join(command)}"
-            )
+            say(f"lease {lease.id}: {held_devices(lease)} ({where}) for {shlex.join(command)}")
         exec_job(job_argv(command, binding), job_environment(os.environ, variables), binding)
     except BaseException:
         if allocation.lock_fd is not None:
@@ -159,14 +179,15 @@ def _dry_run(
     from gpualloc.cli.output import print_json, write_stdout
     from gpualloc.launcher.allocate import choose
     from gpualloc.launcher.command import job_argv
-    from gpualloc.launcher.environment import LEASE_ID_VARIABLE, gpu_variables
+    from gpualloc.launcher.environment import LEASE_ID_VARIABLE
 
     txn = host.snapshot()
     warn(txn.notes)
     placement = choose(host.topology, host.occupancy(txn.ledger), want)
     binding = _binding(host, placement, mode)
-    chosen = [host.topology.gpu(g) for g in placement.gpus]
-    variables = gpu_variables(chosen, lease_id="(new lease id)", use_uuid=uuid)
+    variables = _variables(
+        host, placement.gpus, placement.mig_devices, lease_id="(new lease id)", uuid=uuid
+    )
     argv = job_argv(command, binding)
     if as_json:
         variables[LEASE_ID_VARIABLE] = None  # type: ignore[assignment]
@@ -181,13 +202,16 @@ def _dry_run(
         )
         return
     s = placement.scores
-    lines = [
-        f"would run on GPU {','.join(map(str, placement.gpus))} "
-        f"(policy {placement.policy}: {placement.objective})",
-        f"  scores: effective {s.effective_gbps} GB/s, aggregated {s.aggregated_gbps} GB/s, "
-        f"utility {s.utility:.3f}",
-        f"  NUMA: {binding.describe()}",
-    ]
+    if placement.mig_devices:
+        lines = [f"would run on {placement.objective}"]
+    else:
+        lines = [
+            f"would run on GPU {','.join(map(str, placement.gpus))} "
+            f"(policy {placement.policy}: {placement.objective})",
+            f"  scores: effective {s.effective_gbps} GB/s, aggregated {s.aggregated_gbps} GB/s, "
+            f"utility {s.utility:.3f}",
+        ]
+    lines.append(f"  NUMA: {binding.describe()}")
     if binding.method == "none" and binding.nodes and host.this_host is False:
         lines.append(f"        on its own host: {shlex.join(binding.as_if_bound())}")
     lines.append("  environment (the rest is passed unchanged):")
@@ -223,6 +247,8 @@ def alloc_gpus(
     max_bypass: int | None = None,
     min_utility: float | None = None,
     min_bandwidth: float | None = None,
+    mig: str | None = None,
+    mem: str | None = None,
 ) -> None:
     """``gpualloc alloc``: allocate GPUs without running anything (see its ``--help``)."""
     from gpualloc.launcher.allocate import LeaseTerms
@@ -249,6 +275,8 @@ def alloc_gpus(
         explicit=gpus,
         min_utility=min_utility,
         min_bandwidth=min_bandwidth,
+        mig=mig,
+        mem=mem,
     )
     waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
     host = open_host_ledger(ignore_foreign=STATE.setting("ignore_foreign", ignore_foreign))
@@ -273,11 +301,10 @@ def _print_allocation(
 ) -> None:
     from gpualloc.cli.json_views import lease_json, placement_json
     from gpualloc.cli.output import print_json, write_stdout
-    from gpualloc.launcher.environment import gpu_variables, shell_exports
+    from gpualloc.launcher.environment import shell_exports
 
     lease = allocation.lease
-    chosen = [host.topology.gpu(g) for g in lease.indices]
-    variables = gpu_variables(chosen, lease_id=lease.id, use_uuid=uuid)
+    variables = _variables(host, lease.indices, lease.mig_keys, lease_id=lease.id, uuid=uuid)
     if output_format == "ids":
         write_stdout(variables["CUDA_VISIBLE_DEVICES"] + "\n")
     elif output_format == "env":

@@ -14,6 +14,8 @@ from gpualloc.cli.request_options import (
     ExplicitGpusOption,
     IgnoreForeignOption,
     MaxBypassOption,
+    MemOption,
+    MigOption,
     MinBandwidthOption,
     MinUtilityOption,
     NameOption,
@@ -75,6 +77,8 @@ def alloc_command(
     max_bypass: MaxBypassOption = None,
     min_utility: MinUtilityOption = None,
     min_bandwidth: MinBandwidthOption = None,
+    mig: MigOption = None,
+    mem: MemOption = None,
 ) -> None:
     """Allocate GPUs without running anything: for scripts, notebooks and prologs.
 

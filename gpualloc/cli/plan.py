@@ -12,6 +12,8 @@ from gpualloc.cli.request_options import (
     CountOption,
     DrbWeightsOption,
     ExcludeOption,
+    MemOption,
+    MigOption,
     PatternOption,
     PolicyOption,
     RequireOption,
@@ -24,11 +26,13 @@ from gpualloc.errors import RequestError
 
 if TYPE_CHECKING:
     from gpualloc.model.request import Placement
+    from gpualloc.model.topology import Topology
     from gpualloc.placement.context import DecisionContext
+    from gpualloc.placement.mig import MigRequest
 
 
 def plan_command(
-    gpus: CountOption,
+    gpus: CountOption = None,
     pattern: PatternOption = "ring",
     sensitive: SensitiveOption = None,
     busy: Annotated[
@@ -47,6 +51,8 @@ def plan_command(
     policy: PolicyOption = None,
     score: ScoreOption = "auto",
     drb_weights: DrbWeightsOption = None,
+    mig: MigOption = None,
+    mem: MemOption = None,
     explain: Annotated[
         bool, typer.Option("--explain", help="Show the best alternatives and why this one won.")
     ] = False,
@@ -71,6 +77,8 @@ def plan_command(
 
     if busy is not None and free is not None:
         raise RequestError("--busy and --free both say which GPUs are free", hint="give one")
+    if gpus is None and mig is None and mem is None:
+        raise RequestError("how many GPUs?", hint="give -n K (or --mig / --mem for a MIG device)")
     want = build_want(
         count=gpus,
         pattern=pattern,
@@ -80,8 +88,15 @@ def plan_command(
         policy=policy,
         score=score,
         drb_weights=drb_weights,
+        mig=mig,
+        mem=mem,
     )
     topology = STATE.load_topology()
+    if want.mig is not None:
+        if free is not None:
+            raise RequestError("--free names whole GPUs", hint="with --mig, use --busy GPU0/MIG1")
+        _show_mig_plan(topology, want.mig, busy, explain, as_json)
+        return
     n = topology.gpu_count
     everything = frozenset(range(n))
     if free is not None:
@@ -96,6 +111,9 @@ def plan_command(
             hint="'gpualloc topo show' lists the GPUs",
         )
     state = HostState.with_busy(n, busy_set & everything)
+    split = frozenset(g.index for g in topology.gpus if g.mig_enabled)
+    if split:  # as 'run' would place: a GPU in MIG mode is leased by MIG device only
+        state = HostState(free=state.free - split, running=state.running)
     job = slurm_job(topology, os.environ)
     if job is not None:  # plan as 'run' would place: on the job's GPUs only
         say(f"inside {job.describe()}: planning on its GPUs (GPUALLOC_NO_SLURM=1: the host's)")
@@ -111,6 +129,64 @@ def plan_command(
         _show_compare(ctx, as_json)
     else:
         _show_plan(ctx, want.policy, explain, as_json)
+
+
+def _show_mig_plan(
+    topology: Topology, request: MigRequest, busy: str | None, explain: bool, as_json: bool
+) -> None:
+    """``plan --mig``: the MIG device ``run --mig`` would take, with ``--busy`` naming MIG
+    devices to treat as held."""
+    from gpualloc.cli.output import print_json, write_stdout
+    from gpualloc.model.mig import parse_mig_label
+    from gpualloc.placement.mig import choose_mig, format_size
+
+    held: dict[tuple[int, int], object] = {}
+    for part in (busy or "").split(","):
+        if not part.strip():
+            continue
+        key = parse_mig_label(part)
+        if key is None or not any((m.gpu, m.device) == key for m in topology.mig_instances):
+            raise RequestError(
+                f"--busy {part.strip()!r} is not a MIG device of this host",
+                hint="with --mig, --busy lists MIG devices, e.g. --busy GPU0/MIG0,GPU0/MIG1",
+            )
+        held[key] = True
+    choice = choose_mig(topology, request, held)
+    chosen = choice.instance
+    if as_json:
+        print_json(
+            {
+                "policy": "mig-best-fit",
+                "mig_device": {
+                    "device": chosen.label,
+                    "gpu": chosen.gpu,
+                    "index": chosen.device,
+                    "profile": chosen.profile,
+                    "uuid": chosen.uuid,
+                    "memory_bytes": chosen.memory_bytes,
+                },
+                "reason": choice.reason,
+                "runners_up": [m.label for m in choice.runners_up],
+                "numa_node": topology.gpu(chosen.gpu).numa_node,
+            }
+        )
+        return
+    lines = [
+        f"{choice.reason}",
+        f"CUDA_VISIBLE_DEVICES={chosen.uuid}",
+        f"NUMA node {_numa_text(topology.gpu(chosen.gpu).numa_node)} (of GPU{chosen.gpu})",
+    ]
+    if explain:
+        lines.append("next in line (best fit: fewest slices, least memory, fullest GPU first):")
+        lines += [
+            f"  {m.label} ({m.profile}, {format_size(m.memory_bytes)})"
+            for m in choice.runners_up[:5]
+        ] or ["  none: it is the only free MIG device that fits"]
+    write_stdout("\n".join(lines) + "\n")
+
+
+def _numa_text(node: int | None) -> str:
+    return "?" if node is None else str(node)
 
 
 def _link_label(ctx: DecisionContext, a: int, b: int) -> str:

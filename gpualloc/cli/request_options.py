@@ -19,7 +19,15 @@ POLICY_HELP = (
 )
 
 CountOption = Annotated[
-    int, typer.Option("-n", "--num-gpus", min=1, help="Number of GPUs the job needs.")
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "-n",
+        "--num-gpus",
+        min=1,
+        help="Number of GPUs the job needs (required, unless --mig or --mem asks for a MIG "
+        "device).",
+        show_default=False,
+    ),
 ]
 PatternOption = Annotated[
     str,
@@ -71,6 +79,27 @@ ExplicitGpusOption = Annotated[
         "--gpus",
         metavar="LIST",
         help="Take exactly these GPUs, in this order (e.g. 3,1); -n is then their number.",
+    ),
+]
+MigOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--mig",
+        metavar="PROFILE|DEVICE",
+        help="Take one MIG device instead of whole GPUs: the smallest free one of this profile "
+        "(e.g. 1g.5gb, 3g.20gb), or exactly this one (GPU0/MIG3, or its MIG- UUID). "
+        "'gpualloc topo show' lists them.",
+        show_default=False,
+    ),
+]
+MemOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--mem",
+        metavar="SIZE",
+        help="Take the smallest free MIG device with at least this much memory (e.g. 10G, "
+        "4.5G, 512M; G = GiB); with --mig, a device of that profile with that much.",
+        show_default=False,
     ),
 ]
 IgnoreForeignOption = Annotated[

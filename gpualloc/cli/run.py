@@ -13,6 +13,8 @@ from gpualloc.cli.request_options import (
     ExplicitGpusOption,
     IgnoreForeignOption,
     MaxBypassOption,
+    MemOption,
+    MigOption,
     MinBandwidthOption,
     MinUtilityOption,
     NameOption,
@@ -69,6 +71,8 @@ def run_command(
     max_bypass: MaxBypassOption = None,
     min_utility: MinUtilityOption = None,
     min_bandwidth: MinBandwidthOption = None,
+    mig: MigOption = None,
+    mem: MemOption = None,
     dry_run: Annotated[
         bool,
         typer.Option(

@@ -18,9 +18,17 @@ if TYPE_CHECKING:
     from gpualloc.cli.output import Table
     from gpualloc.launcher.allocate import HostLedger
     from gpualloc.ledger.occupancy import Occupancy
+    from gpualloc.ledger.schema import Lease
     from gpualloc.ledger.store import LedgerTransaction
 
-STATE_STYLE = {"free": "green", "held": "yellow", "foreign": "red", "lost": "red", "outside": "dim"}
+STATE_STYLE = {
+    "free": "green",
+    "held": "yellow",
+    "foreign": "red",
+    "lost": "red",
+    "outside": "dim",
+    "mig": "cyan",
+}
 
 
 def status_command(
@@ -82,7 +90,13 @@ def _show(host: HostLedger, as_json: bool) -> None:
             f"  topology {host.topology.name or '(unnamed)'} is not this host: its leases are "
             "kept apart from the host's, and its processes are the ones its file declares"
         )
+    if host.topology.mig_instances:
+        devices = host.topology.mig_instances
+        free_mig = [m for m in devices if (m.gpu, m.device) not in occupancy.mig_leases]
+        footer[0] += f"; {len(free_mig)} of {len(devices)} MIG devices free"
     tables = [_gpu_table(host, occupancy)]
+    if host.topology.mig_instances:
+        tables.append(_mig_table(host, occupancy))
     if txn.ledger.queue:
         tables.append(_queue_table(txn))
     print_tables(tables, footer=footer)
@@ -98,6 +112,18 @@ def _queue_table(txn: LedgerTransaction) -> Table:
     for position, waiter in enumerate(turn_order(txn.ledger.queue), start=1):
         request = waiter.request
         wants = f"{request.gpus} GPU(s)" + (" sensitive" if request.sensitive else "")
+        if request.is_mig:
+            from gpualloc.placement.mig import MigRequest
+
+            wants = (
+                "MIG "
+                + MigRequest(
+                    profile=request.mig_profile,
+                    device=request.mig_device,
+                    uuid=request.mig_uuid,
+                    memory_bytes=request.mig_memory_bytes,
+                ).describe()
+            )
         if request.min_bandwidth_gbps is not None:
             wants += f", >= {request.min_bandwidth_gbps:g} GB/s"
         if request.min_utility is not None:
@@ -123,13 +149,7 @@ def _queue_table(txn: LedgerTransaction) -> Table:
 
 def _gpu_table(host: HostLedger, occupancy: Occupancy) -> Table:
     from gpualloc.cli.output import Table
-    from gpualloc.ledger.occupancy import (
-        ORPHANED,
-        describe_processes,
-        format_age,
-        orphaned,
-        shorten,
-    )
+    from gpualloc.ledger.occupancy import describe_processes
 
     now = datetime.now(timezone.utc)
     rows, styles = [], []
@@ -137,19 +157,7 @@ def _gpu_table(host: HostLedger, occupancy: Occupancy) -> Table:
         state = occupancy.state(gpu.index)
         lease = occupancy.leases.get(gpu.index)
         if lease is not None:
-            command = shorten(" ".join(lease.command), 40)
-            job = ": ".join(part for part in (lease.name, command) if part) or "-"
-            if orphaned(lease):
-                job = f"ORPHANED, {ORPHANED} ({job})"
-            row = [
-                str(gpu.index),
-                state,
-                lease.user,
-                lease.id,
-                format_age(now - lease.created),
-                "hold" if lease.hold else str(lease.pid or "-"),
-                job,
-            ]
+            row = [str(gpu.index), state, *_lease_cells(lease, now)]
         else:
             foreign = occupancy.foreign(gpu.index)
             users = sorted({p.user for p in foreign if p.user})
@@ -162,6 +170,47 @@ def _gpu_table(host: HostLedger, occupancy: Occupancy) -> Table:
     return Table(
         f"GPUs of {host.topology.name or boot.hostname()}",
         ["GPU", "State", "User", "Lease", "Since", "PID", "Job"],
+        rows,
+        styles=styles,
+    )
+
+
+def _lease_id(lease: Lease | None) -> str | None:
+    return lease.id if lease is not None else None
+
+
+def _lease_cells(lease: Lease, now: datetime) -> list[str]:
+    """User, lease id, age, pid and job of a lease, as the status tables show them."""
+    from gpualloc.ledger.occupancy import ORPHANED, format_age, orphaned, shorten
+
+    command = shorten(" ".join(lease.command), 40)
+    job = ": ".join(part for part in (lease.name, command) if part) or "-"
+    if orphaned(lease):
+        job = f"ORPHANED, {ORPHANED} ({job})"
+    return [
+        lease.user,
+        lease.id,
+        format_age(now - lease.created),
+        "hold" if lease.hold else str(lease.pid or "-"),
+        job,
+    ]
+
+
+def _mig_table(host: HostLedger, occupancy: Occupancy) -> Table:
+    """One row per MIG device: free, or who holds it."""
+    from gpualloc.cli.output import Table
+
+    now = datetime.now(timezone.utc)
+    rows, styles = [], []
+    for instance in host.topology.mig_instances:
+        lease = occupancy.mig_leases.get((instance.gpu, instance.device))
+        state = "held" if lease else ("lost" if instance.gpu in occupancy.lost else "free")
+        cells = _lease_cells(lease, now) if lease else ["-"] * 5
+        rows.append([instance.label, instance.profile, state, *cells])
+        styles.append([None, None, STATE_STYLE.get(state), None, None, None, None, None])
+    return Table(
+        "MIG devices",
+        ["Device", "Profile", "State", "User", "Lease", "Since", "PID", "Job"],
         rows,
         styles=styles,
     )
@@ -196,6 +245,17 @@ def status_json(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) 
         "processes_source": host.processes.source,
         "free": sorted(occupancy.free),
         "gpus": gpus,
+        "mig_devices": [
+            {
+                "device": m.label,
+                "gpu": m.gpu,
+                "index": m.device,
+                "profile": m.profile,
+                "uuid": m.uuid,
+                "lease": _lease_id(occupancy.mig_leases.get((m.gpu, m.device))),
+            }
+            for m in host.topology.mig_instances
+        ],
         "leases": [lease_json(lease) for lease in txn.ledger.leases],
         "queue": [
             {"position": position, **to_builtins(waiter)}

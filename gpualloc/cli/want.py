@@ -15,6 +15,7 @@ from gpualloc.errors import RequestError
 if TYPE_CHECKING:
     from gpualloc.launcher.allocate import Want
     from gpualloc.launcher.wait import WaitOptions
+    from gpualloc.placement.mig import MigRequest
     from gpualloc.placement.scores import EffectiveModel
     from gpualloc.placement.utility import UtilityWeights
 
@@ -95,8 +96,25 @@ def build_want(
     explicit: str | None = None,
     min_utility: float | None = None,
     min_bandwidth: float | None = None,
+    mig: str | None = None,
+    mem: str | None = None,
 ) -> Want:
     """The engine's request from the option values; usage errors for bad combinations."""
+    if mig is not None or mem is not None:
+        given = {
+            "-n": count is not None and count != 1,
+            "--gpus": explicit is not None,
+            "--exclude": exclude is not None,
+            "--require": require is not None,
+            "--min-utility": min_utility is not None,
+            "--min-bandwidth": min_bandwidth is not None,
+        }
+        clash = [option for option, present in given.items() if present]
+        if clash:
+            raise RequestError(
+                f"{clash[0]} applies to whole GPUs, not to a MIG device (--mig/--mem)",
+                hint="a CUDA process uses one MIG device; leave out " + ", ".join(clash),
+            )
     from gpualloc.launcher.allocate import Want
     from gpualloc.model.request import JobRequest
     from gpualloc.placement.patterns import build_pattern
@@ -134,7 +152,47 @@ def build_want(
         weights=utility_weights(drb_weights),
         min_utility=min_utility,
         min_bandwidth_gbps=min_bandwidth,
+        mig=mig_request(mig, mem) if mig is not None or mem is not None else None,
     )
+
+
+def mig_request(mig: str | None, mem: str | None) -> MigRequest:
+    """``--mig PROFILE|GPU0/MIG3|MIG-uuid`` and ``--mem SIZE`` -> the MIG request."""
+    from gpualloc.model.mig import parse_mig_label, parse_mig_profile
+    from gpualloc.placement.mig import MigRequest
+
+    memory = parse_size(mem, "--mem") if mem is not None else None
+    if mig is None:
+        return MigRequest(memory_bytes=memory)
+    text = mig.strip()
+    if text.upper().startswith("MIG-"):
+        return MigRequest(uuid=text, memory_bytes=memory)
+    if (device := parse_mig_label(text)) is not None:
+        return MigRequest(device=device, memory_bytes=memory)
+    try:
+        return MigRequest(profile=parse_mig_profile(text).name, memory_bytes=memory)
+    except ValueError:
+        raise RequestError(
+            f"--mig {mig!r} is neither a MIG profile nor a MIG device",
+            hint="e.g. --mig 1g.5gb, --mig GPU0/MIG3 or --mig MIG-<uuid> (gpualloc topo show)",
+        ) from None
+
+
+_SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+def parse_size(text: str, option: str) -> int:
+    """``10G``, ``4.5GiB``, ``512M``, ``20GB`` -> bytes (K/M/G/T are binary, as nvidia-smi's
+    MiB; a bare number is bytes)."""
+    import re
+
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
+    value = float(match[1]) * _SIZE_UNITS[match[2]] if match else 0.0
+    if value < 1:
+        raise RequestError(
+            f"{option} {text!r} is not a memory size", hint=f"e.g. {option} 10G, 4.5G or 512M"
+        )
+    return int(value)
 
 
 def wait_options(

@@ -36,14 +36,24 @@ from gpualloc.errors import (
     RequestError,
 )
 from gpualloc.ledger.liveness import lock_held, take_lease_lock
-from gpualloc.ledger.occupancy import Occupancy
-from gpualloc.ledger.schema import Lease, LeasedGpu, LeaseSource, Ledger, QueuedRequest, Waiter
+from gpualloc.ledger.occupancy import Occupancy, describe_lease
+from gpualloc.ledger.schema import (
+    Lease,
+    LeasedGpu,
+    LeasedMig,
+    LeaseSource,
+    Ledger,
+    QueuedRequest,
+    Waiter,
+)
 from gpualloc.ledger.scope import ledger_scope
 from gpualloc.ledger.statedir import StateDirectoryMissing, open_state_directory
 from gpualloc.ledger.store import LOCK_TIMEOUT_S, LedgerStore, LedgerTransaction, new_lease_id
 from gpualloc.model.cpuset import format_cpulist
+from gpualloc.model.mig import MigInstance
 from gpualloc.model.request import HostState, JobRequest, Placement
 from gpualloc.model.topology import GpuProcess, Topology
+from gpualloc.placement.mig import MigRequest
 from gpualloc.placement.registry import DEFAULT_POLICY
 from gpualloc.placement.scores import EffectiveModel
 from gpualloc.placement.utility import UtilityWeights
@@ -70,6 +80,8 @@ class Want(Struct, frozen=True):
     weights: UtilityWeights | None = None
     min_utility: float | None = None
     min_bandwidth_gbps: float | None = None
+    mig: MigRequest | None = None
+    """A MIG device instead of whole GPUs (``request`` then asks for one GPU)."""
 
     def queued(self) -> QueuedRequest:
         """This request as the queue stores it."""
@@ -91,6 +103,10 @@ class Want(Struct, frozen=True):
             ),
             min_utility=self.min_utility,
             min_bandwidth_gbps=self.min_bandwidth_gbps,
+            mig_profile=self.mig.profile if self.mig else None,
+            mig_device=self.mig.device if self.mig else None,
+            mig_uuid=self.mig.uuid if self.mig else None,
+            mig_memory_bytes=self.mig.memory_bytes if self.mig else None,
         )
 
     @classmethod
@@ -112,6 +128,16 @@ class Want(Struct, frozen=True):
             weights=UtilityWeights(*queued.drb_weights) if queued.drb_weights else None,
             min_utility=queued.min_utility,
             min_bandwidth_gbps=queued.min_bandwidth_gbps,
+            mig=(
+                MigRequest(
+                    profile=queued.mig_profile,
+                    device=queued.mig_device,
+                    uuid=queued.mig_uuid,
+                    memory_bytes=queued.mig_memory_bytes,
+                )
+                if queued.is_mig
+                else None
+            ),
         )
 
 
@@ -276,9 +302,13 @@ class HostLedger(Struct):
                     f"no process with pid {terms.pid}", hint="give the pid of a running process"
                 )
         uid = os.geteuid()
+        mig = [self._mig_instance(key) for key in placement.mig_devices]
         return Lease(
             id=lease_id,
             gpus=tuple(LeasedGpu(index=g, uuid=self.topology.gpu(g).uuid) for g in placement.gpus),
+            mig=tuple(
+                LeasedMig(gpu=m.gpu, device=m.device, uuid=m.uuid, profile=m.profile) for m in mig
+            ),
             uid=uid,
             user=user_name(uid),
             pid=terms.pid,
@@ -298,6 +328,9 @@ class HostLedger(Struct):
             creator_pid=os.getpid() if terms.announce else None,
             creator_start_time=process_start_time(os.getpid()) if terms.announce else None,
         )
+
+    def _mig_instance(self, key: tuple[int, int]) -> MigInstance:
+        return next(m for m in self.topology.mig_instances if (m.gpu, m.device) == key)
 
     def confirm(self, lease_id: str) -> None:
         """Mark the lease announced: its id has reached its user (issue 18, point 6)."""
@@ -392,16 +425,76 @@ def choose(topology: Topology, occupancy: Occupancy, want: Want) -> Placement:
     from gpualloc.placement.engine import decision_context
     from gpualloc.placement.registry import get_policy
 
+    if want.mig is not None:
+        return _mig_placement(topology, occupancy, want.mig)
     if want.explicit is not None:
         return _good_enough(_explicit(topology, occupancy, want), want)
     policy = get_policy(want.policy)
     try:
         ctx = _context_now(topology, occupancy, want)
     except NoFeasiblePlacement as now:
-        usable = frozenset(range(topology.gpu_count)) - occupancy.lost - occupancy.outside
-        decision_context(topology, want.request, HostState(free=usable))  # never fits: raises
+        usable = (
+            frozenset(range(topology.gpu_count))
+            - occupancy.lost
+            - occupancy.outside
+            - occupancy.mig
+        )
+        try:
+            decision_context(topology, want.request, HostState(free=usable))
+        except NoFeasiblePlacement as never:
+            if occupancy.mig:  # never fits: say that the GPUs in MIG mode do not count
+                raise NoFeasiblePlacement(
+                    f"{never.message} (GPU {format_cpulist(occupancy.mig)} in MIG mode cannot "
+                    "be leased whole)",
+                    hint="ask for a MIG device with --mig PROFILE or --mem SIZE, or fewer GPUs",
+                ) from None
+            raise
         raise _busy(occupancy, want.request, now) from None
     return _good_enough(policy.place(ctx), want)
+
+
+MIG_POLICY = "mig-best-fit"
+
+
+def _mig_placement(topology: Topology, occupancy: Occupancy, request: MigRequest) -> Placement:
+    """The MIG device for ``request`` (see :mod:`gpualloc.placement.mig`) as a placement."""
+    from gpualloc.model.request import Scores
+    from gpualloc.placement.mig import choose_mig
+
+    try:
+        choice = choose_mig(
+            topology,
+            request,
+            occupancy.mig_leases,
+            unusable=occupancy.lost | occupancy.outside,
+        )
+    except GpusBusy as busy:
+        by_key = {(m.gpu, m.device): m for m in topology.mig_instances}
+        holders = {
+            lease.id: lease
+            for key, lease in occupancy.mig_leases.items()
+            if key in by_key and request.accepts(by_key[key])
+        }
+        raise GpusBusy(
+            busy.message,
+            hint=busy.hint,
+            details=tuple(describe_lease(lease) for lease in holders.values()),
+        ) from None
+    instance = choice.instance
+    return Placement(
+        policy=MIG_POLICY,
+        gpus=(),
+        scores=Scores(
+            aggregated_gbps=None,
+            effective_gbps=None,
+            preserved_gbps=0.0,
+            bottleneck_gbps=None,
+            utility=1.0,
+        ),
+        objective=choice.reason,
+        notes=tuple(f"runner-up: {m.label} ({m.profile})" for m in choice.runners_up[:3]),
+        mig_devices=((instance.gpu, instance.device),),
+    )
 
 
 class PlacementTooPoor(GpusBusy):
@@ -462,6 +555,12 @@ def _explicit(topology: Topology, occupancy: Occupancy, want: Want) -> Placement
             f"GPU {format_cpulist(foreign_to_job)} is not this Slurm job's "
             f"(it has GPU {format_cpulist(mine)})",
             hint="choose among the job's GPUs, or ask Slurm for those GPUs",
+        )
+    split = [g for g in gpus if g in occupancy.mig]
+    if split:
+        raise RequestError(
+            f"GPU {format_cpulist(split)} is in MIG mode and cannot be leased whole",
+            hint="ask for one of its MIG devices with --mig (gpualloc topo show lists them)",
         )
     taken = [g for g in gpus if g in occupancy.busy]
     if taken:

@@ -9,6 +9,9 @@
   only tell users to.
 - ``GPUALLOC_LEASE_ID`` (when there is a lease) and ``GPUALLOC_GPUS`` (the physical indices, in
   order, whatever ``CUDA_VISIBLE_DEVICES`` holds).
+- For a MIG device: ``CUDA_VISIBLE_DEVICES=MIG-<uuid>`` (the only form that names one device of
+  one GPU for CUDA 11 and later), ``GPUALLOC_GPUS`` its parent GPU and ``GPUALLOC_MIG`` its
+  gpualloc name (``GPU0/MIG3``).
 
 Every other variable passes through unchanged.
 """
@@ -18,10 +21,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from gpualloc.errors import RequestError
+from gpualloc.model.mig import MigInstance
 from gpualloc.model.topology import Gpu
 
 LEASE_ID_VARIABLE = "GPUALLOC_LEASE_ID"
 GPUS_VARIABLE = "GPUALLOC_GPUS"
+MIG_VARIABLE = "GPUALLOC_MIG"
 
 
 def gpu_variables(
@@ -42,6 +47,21 @@ def gpu_variables(
     if lease_id is not None:
         variables[LEASE_ID_VARIABLE] = lease_id
     variables[GPUS_VARIABLE] = ",".join(str(gpu.index) for gpu in gpus)
+    return variables
+
+
+def mig_variables(instance: MigInstance, *, lease_id: str | None = None) -> dict[str, str]:
+    """The variables gpualloc sets for a job on one MIG device."""
+    if not instance.uuid:
+        raise RequestError(
+            f"MIG device {instance.label} has no UUID in this topology",
+            hint="CUDA names MIG devices only by UUID; record the topology with nvidia-smi -L",
+        )
+    variables = {"CUDA_VISIBLE_DEVICES": instance.uuid, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    if lease_id is not None:
+        variables[LEASE_ID_VARIABLE] = lease_id
+    variables[GPUS_VARIABLE] = str(instance.gpu)
+    variables[MIG_VARIABLE] = instance.label
     return variables
 
 

@@ -260,15 +260,22 @@ def newcomer_passes(
 def _holders(occupancy: Occupancy) -> str:
     """``held by alice: 0-3, bob: 5`` (who to ask)."""
     from gpualloc.model.cpuset import format_cpulist
+    from gpualloc.model.mig import mig_label
 
-    by_user: dict[str, list[int]] = {}
+    by_user: dict[str, list[str]] = {}
+    gpus: dict[str, list[int]] = {}
     for gpu, lease in sorted(occupancy.leases.items()):
-        by_user.setdefault(lease.user, []).append(gpu)
-    for gpu in sorted(occupancy.busy - frozenset(occupancy.leases) - occupancy.outside):
-        by_user.setdefault("not gpualloc" if gpu not in occupancy.lost else "lost", []).append(gpu)
+        gpus.setdefault(lease.user, []).append(gpu)
+    unaccounted = occupancy.busy - frozenset(occupancy.leases) - occupancy.outside - occupancy.mig
+    for gpu in sorted(unaccounted):
+        gpus.setdefault("not gpualloc" if gpu not in occupancy.lost else "lost", []).append(gpu)
+    for who, held in gpus.items():
+        by_user[who] = [format_cpulist(held)]
+    for (gpu, device), lease in sorted(occupancy.mig_leases.items()):
+        by_user.setdefault(lease.user, []).append(mig_label(gpu, device))
     if not by_user:
         return ""
-    return "held by " + ", ".join(f"{who}: {format_cpulist(g)}" for who, g in by_user.items())
+    return "held by " + ", ".join(f"{who}: {','.join(held)}" for who, held in by_user.items())
 
 
 def _waiter(waiter_id: str, want: Want, terms: LeaseTerms, options: WaitOptions) -> Waiter:

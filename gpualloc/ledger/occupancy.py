@@ -35,6 +35,10 @@ class Occupancy(Struct, frozen=True):
     outside: frozenset[int] = frozenset()
     """GPUs this scope may not use: inside a Slurm job, the host's GPUs that are not the
     job's."""
+    mig: frozenset[int] = frozenset()
+    """GPUs in MIG mode: never leased whole, only by their MIG devices."""
+    mig_leases: dict[tuple[int, int], Lease] = field(default_factory=dict)
+    """(parent GPU, MIG device index) -> the live lease holding that MIG device."""
 
     @classmethod
     def build(
@@ -56,6 +60,12 @@ class Occupancy(Struct, frozen=True):
             lost=frozenset(g.index for g in topology.gpus if g.health == Health.LOST),
             ignore_foreign=ignore_foreign,
             outside=outside,
+            mig=frozenset(g.index for g in topology.gpus if g.mig_enabled),
+            mig_leases={
+                key: lease
+                for key, lease in ledger.held_mig().items()
+                if key[0] < topology.gpu_count
+            },
         )
 
     # ---- per GPU ---------------------------------------------------------------------------
@@ -65,13 +75,16 @@ class Occupancy(Struct, frozen=True):
         return () if gpu in self.leases else self.processes.get(gpu, ())
 
     def state(self, gpu: int) -> str:
-        """``held``, ``outside``, ``lost``, ``foreign`` or ``free``."""
+        """``held``, ``outside``, ``lost``, ``mig`` (in MIG mode: only its MIG devices are
+        leased), ``foreign`` or ``free``."""
         if gpu in self.leases:
             return "held"
         if gpu in self.outside:
             return "outside"
         if gpu in self.lost:
             return "lost"
+        if gpu in self.mig:
+            return "mig"
         if self.foreign(gpu):
             return "free" if self.ignore_foreign else "foreign"
         return "free"
@@ -90,11 +103,11 @@ class Occupancy(Struct, frozen=True):
         running: list[RunningJob] = []
         seen: set[str] = set()
         for lease in self.leases.values():
-            if lease.id not in seen:
+            if lease.id not in seen and lease.indices:
                 seen.add(lease.id)
                 held = frozenset(i for i in lease.indices if i < self.gpu_count)
                 running.append(RunningJob(gpus=held, sensitive=lease.sensitive))
-        for gpu in sorted(self.busy - frozenset(self.leases) - self.outside):
+        for gpu in sorted(self.busy - frozenset(self.leases) - self.outside - self.mig):
             running.append(RunningJob(gpus=frozenset({gpu})))
         return HostState(free=self.free, running=tuple(running))
 
@@ -118,6 +131,8 @@ class Occupancy(Struct, frozen=True):
                     lines.append(describe_lease(lease, now=now))
             elif gpu in self.lost:
                 lines.append(f"GPU {gpu} was lost (fell off the bus); check 'dmesg' for Xid errors")
+            elif gpu in self.mig:
+                lines.append(f"GPU {gpu} is in MIG mode: it is leased by MIG device (--mig)")
             elif self.foreign(gpu) and not self.ignore_foreign:
                 lines.append(
                     f"GPU {gpu} runs {describe_processes(self.foreign(gpu))}, not through gpualloc"
@@ -143,7 +158,7 @@ def describe_lease(lease: Lease, *, now: datetime | None = None) -> str:
     """``GPU 0,1 held by alice since 14:02 (2h 5m), lease 1a2b3c4d5e6f, pid 4242: python
     train.py``."""
     now = now or datetime.now(timezone.utc)
-    text = f"GPU {format_cpulist(lease.indices)} held by {lease.user}"
+    text = f"{held_devices(lease)} held by {lease.user}"
     text += f" for {format_age(now - lease.created)}, lease {lease.id}"
     if lease.name:
         text += f" ({lease.name})"
@@ -156,6 +171,17 @@ def describe_lease(lease: Lease, *, now: datetime | None = None) -> str:
     if orphaned(lease):
         text += f" ({ORPHANED})"
     return text
+
+
+def held_devices(lease: Lease) -> str:
+    """``GPU 0,1``, ``GPU0/MIG3 (1g.5gb)``, or both."""
+    from gpualloc.model.mig import mig_label
+
+    parts = [f"GPU {format_cpulist(lease.indices)}"] if lease.indices else []
+    parts += [
+        mig_label(m.gpu, m.device) + (f" ({m.profile})" if m.profile else "") for m in lease.mig
+    ]
+    return ", ".join(parts)
 
 
 def describe_processes(processes: Iterable[GpuProcess]) -> str:

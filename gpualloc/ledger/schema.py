@@ -14,11 +14,12 @@ from msgspec import Meta, Struct, field
 
 from gpualloc.model.validation import NonNegativeInt, PositiveInt
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """2 added the waiting queue (``queue``, ``next_seq``) and ``Lease.sensitive``; 3 added
 ``writer_uid``, ``root_journal_seq``, ``Lease.process_group`` and the confirmation of a new
-lease (``announced``, ``creator_pid``). Older files read as version 3: every added field has a
-default that means what the older file meant."""
+lease (``announced``, ``creator_pid``); 4 added ``Lease.mig`` (MIG devices held; such a lease
+may hold no whole GPU). Older files read as version 4: every added field has a default that
+means what the older file meant."""
 
 LeaseSource = Literal["run", "alloc", "slurm"]
 Priority = Literal["high", "normal", "low"]
@@ -39,6 +40,20 @@ class LeasedGpu(_Entry, kw_only=True, frozen=True):
     uuid: str | None = None
 
 
+class LeasedMig(_Entry, kw_only=True, frozen=True):
+    """One MIG device of a lease: its parent GPU and MIG device index on this host, and its
+    ``MIG-`` UUID (what the job's ``CUDA_VISIBLE_DEVICES`` names)."""
+
+    gpu: NonNegativeInt
+    device: NonNegativeInt
+    uuid: str | None = None
+    profile: str | None = None
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.gpu, self.device)
+
+
 class Lease(_Entry, kw_only=True, frozen=True):
     """GPUs held by one job or one allocation.
 
@@ -49,7 +64,10 @@ class Lease(_Entry, kw_only=True, frozen=True):
     """
 
     id: ItemId
-    gpus: Annotated[tuple[LeasedGpu, ...], Meta(min_length=1)]
+    gpus: tuple[LeasedGpu, ...] = ()
+    """Whole GPUs held. Empty only when ``mig`` is not."""
+    mig: tuple[LeasedMig, ...] = ()
+    """MIG devices held (a GPU in MIG mode is never leased whole)."""
     uid: NonNegativeInt
     user: str
     pid: PositiveInt | None = None
@@ -84,9 +102,19 @@ class Lease(_Entry, kw_only=True, frozen=True):
     """The gpualloc process making a lease that is not ``announced`` yet."""
     creator_start_time: float | None = None
 
+    def __post_init__(self) -> None:
+        if not self.gpus and not self.mig:
+            raise ValueError(f"lease {self.id} holds neither a GPU nor a MIG device")
+
     @property
     def indices(self) -> tuple[int, ...]:
+        """The whole GPUs held (not the parents of MIG devices)."""
         return tuple(gpu.index for gpu in self.gpus)
+
+    @property
+    def mig_keys(self) -> tuple[tuple[int, int], ...]:
+        """(parent GPU, MIG device index) of every MIG device held."""
+        return tuple(m.key for m in self.mig)
 
 
 class QueuedRequest(_Entry, kw_only=True, frozen=True):
@@ -105,6 +133,22 @@ class QueuedRequest(_Entry, kw_only=True, frozen=True):
     drb_weights: tuple[float, float, float] | None = None
     min_utility: Annotated[float, Meta(ge=0, le=1)] | None = None
     min_bandwidth_gbps: Annotated[float, Meta(ge=0)] | None = None
+    mig_profile: str | None = None
+    """A MIG request (see :class:`gpualloc.placement.mig.MigRequest`): the profile wanted,"""
+    mig_device: tuple[NonNegativeInt, NonNegativeInt] | None = None
+    """the MIG device wanted (or ``mig_uuid``),"""
+    mig_uuid: str | None = None
+    mig_memory_bytes: PositiveInt | None = None
+    """the memory wanted."""
+
+    @property
+    def is_mig(self) -> bool:
+        return (
+            self.mig_profile is not None
+            or self.mig_device is not None
+            or self.mig_uuid is not None
+            or self.mig_memory_bytes is not None
+        )
 
 
 class Waiter(_Entry, kw_only=True, frozen=True):
@@ -159,6 +203,15 @@ class Ledger(Struct, kw_only=True, forbid_unknown_fields=True):
                 if index in held:
                     raise ValueError(f"GPU {index} is held by leases {held[index]} and {lease.id}")
                 held[index] = lease.id
+        held_mig: dict[tuple[int, int], str] = {}
+        for lease in self.leases:
+            for key in lease.mig_keys:
+                if key in held_mig:
+                    raise ValueError(
+                        f"MIG device {key[0]}/{key[1]} is held by leases {held_mig[key]} and "
+                        f"{lease.id}"
+                    )
+                held_mig[key] = lease.id
         ids = [lease.id for lease in self.leases]
         if len(set(ids)) != len(ids):
             raise ValueError("two leases share an id")
@@ -166,6 +219,10 @@ class Ledger(Struct, kw_only=True, forbid_unknown_fields=True):
     def held_gpus(self) -> dict[int, Lease]:
         """GPU index -> the lease holding it."""
         return {index: lease for lease in self.leases for index in lease.indices}
+
+    def held_mig(self) -> dict[tuple[int, int], Lease]:
+        """(parent GPU, MIG device index) -> the lease holding that MIG device."""
+        return {key: lease for lease in self.leases for key in lease.mig_keys}
 
     def find(self, lease_id: str) -> Lease | None:
         return next((lease for lease in self.leases if lease.id == lease_id), None)

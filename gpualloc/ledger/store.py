@@ -102,6 +102,13 @@ class LedgerTransaction(Struct):
         taken = [index for index in lease.indices if index in held]
         if taken:
             raise LedgerError(f"GPU {taken[0]} is already held by lease {held[taken[0]].id}")
+        held_mig = self.ledger.held_mig()
+        for key in lease.mig_keys:
+            if key in held_mig:
+                raise LedgerError(
+                    f"MIG device GPU{key[0]}/MIG{key[1]} is already held by lease "
+                    f"{held_mig[key].id}"
+                )
         if self.ledger.find(lease.id) is not None:
             raise LedgerError(f"a lease with id {lease.id} exists already")
         self.ledger.leases.append(lease)
@@ -386,7 +393,7 @@ def parse_ledger(text: str, source: str) -> Ledger:
     except DecodeError:
         ledger = None
     if ledger is not None and ledger.schema_version <= SCHEMA_VERSION:
-        ledger.schema_version = SCHEMA_VERSION  # 2 and 3 only added defaults
+        ledger.schema_version = SCHEMA_VERSION  # 2, 3 and 4 only added defaults
         return ledger
     # Say why: not JSON, not a ledger, a newer gpualloc's, or the field that is wrong.
     try:

@@ -113,3 +113,6 @@ class Placement(Struct, frozen=True):
     objective: str
     """One line naming the policy's objective, e.g. "max predicted effective bandwidth"."""
     notes: tuple[str, ...] = field(default=())
+    mig_devices: tuple[tuple[int, int], ...] = ()
+    """(parent GPU, MIG device index) of the MIG device chosen for a MIG request (``gpus`` is
+    then empty)."""

@@ -1,0 +1,141 @@
+"""Choosing a MIG device: best fit, packed onto the GPUs already in use.
+
+A MIG request names a profile (``--mig 3g.20gb``), a device (``--mig GPU0/MIG3`` or its
+``MIG-`` UUID), or only a memory size (``--mem 10G``). Among the free MIG devices that satisfy
+it, the choice is the *smallest* (fewest slices, then least memory: best fit, so that a big
+device stays for a request that needs it), then the one on the GPU whose MIG devices are most
+in use already (so that the other split GPUs stay wholly free, for big requests or for an
+administrator to re-split), then the lowest GPU and device index. A CUDA process uses one MIG
+device (NVIDIA MIG User Guide, "CUDA Device Enumeration"), so a request gets exactly one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from msgspec import Struct
+
+from gpualloc.errors import GpusBusy, NoFeasiblePlacement
+from gpualloc.model.mig import MigInstance, mig_label
+from gpualloc.model.topology import Topology
+
+GIB = 1024**3
+
+
+class MigRequest(Struct, frozen=True, kw_only=True):
+    """What MIG device a job wants; at least one field is set."""
+
+    profile: str | None = None
+    """Exactly this profile (``3g.20gb``)."""
+    device: tuple[int, int] | None = None
+    """Exactly this MIG device: (parent GPU, device index)."""
+    uuid: str | None = None
+    """Exactly the MIG device with this ``MIG-`` UUID."""
+    memory_bytes: int | None = None
+    """At least this much memory."""
+
+    def describe(self) -> str:
+        parts = []
+        if self.device is not None:
+            parts.append(mig_label(*self.device))
+        if self.uuid is not None:
+            parts.append(self.uuid)
+        if self.profile:
+            parts.append(self.profile)
+        if self.memory_bytes is not None:
+            parts.append(f">= {format_size(self.memory_bytes)}")
+        return " ".join(parts) or "any MIG device"
+
+    def accepts(self, instance: MigInstance) -> bool:
+        if self.device is not None and (instance.gpu, instance.device) != self.device:
+            return False
+        if self.uuid is not None and (instance.uuid or "").lower() != self.uuid.lower():
+            return False
+        if self.profile is not None and instance.profile != self.profile:
+            return False
+        return self.memory_bytes is None or instance.memory_bytes >= self.memory_bytes
+
+
+class MigChoice(Struct, frozen=True):
+    """The chosen device, why, and the other fitting free devices in order of preference."""
+
+    instance: MigInstance
+    reason: str
+    runners_up: tuple[MigInstance, ...] = ()
+
+
+def choose_mig(
+    topology: Topology,
+    request: MigRequest,
+    held: Mapping[tuple[int, int], object],
+    *,
+    unusable: frozenset[int] = frozenset(),
+) -> MigChoice:
+    """The MIG device for ``request`` among those not in ``held`` (whose parents are not in
+    ``unusable``: lost, or not this Slurm job's).
+
+    Raises :class:`NoFeasiblePlacement` when no device of the host could ever satisfy the
+    request, :class:`GpusBusy` when every one that could is held now.
+    """
+    devices = [m for m in topology.mig_instances if m.gpu not in unusable]
+    if not devices:
+        raise NoFeasiblePlacement(
+            "this host has no MIG device"
+            if not topology.mig_instances
+            else "no MIG device of this host is usable here",
+            hint="ask for whole GPUs (-n), or an administrator enables MIG "
+            "(nvidia-smi -mig 1, then nvidia-smi mig -cgi PROFILES -C)",
+        )
+    fitting = [m for m in devices if request.accepts(m)]
+    if not fitting:
+        raise NoFeasiblePlacement(
+            f"no MIG device here is {request.describe()} (this host has {inventory(devices)})",
+            hint="choose one of those (gpualloc topo show lists them), or ask for a whole GPU",
+        )
+    nameless = [m for m in fitting if m.uuid is None]
+    fitting = [m for m in fitting if m.uuid is not None]
+    if not fitting:
+        raise NoFeasiblePlacement(
+            f"the MIG devices that fit ({', '.join(m.label for m in nameless)}) have no known "
+            "UUID, so CUDA_VISIBLE_DEVICES cannot name them",
+            hint="record the topology with 'nvidia-smi -L' (topo import --mig) or on the host",
+        )
+    free = [m for m in fitting if (m.gpu, m.device) not in held]
+    if not free:
+        raise GpusBusy(
+            f"every MIG device that is {request.describe()} is held now "
+            f"({', '.join(m.label for m in fitting)})",
+            hint="wait for one (--wait; 'gpualloc status' shows who holds them)",
+        )
+    in_use = {gpu: sum(1 for key in held if key[0] == gpu) for gpu in {m.gpu for m in devices}}
+    ranked = sorted(
+        free, key=lambda m: (m.slices, m.memory_bytes, -in_use.get(m.gpu, 0), m.gpu, m.device)
+    )
+    best = ranked[0]
+    reason = _reason(best, request, in_use, len(topology.mig_on(best.gpu)))
+    return MigChoice(best, reason, tuple(ranked[1:]))
+
+
+def _reason(best: MigInstance, request: MigRequest, in_use: dict[int, int], count: int) -> str:
+    what = f"{best.label} ({best.profile}, {format_size(best.memory_bytes)})"
+    if request.device is not None or request.uuid is not None:
+        return f"{what}: the MIG device asked for"
+    text = f"{what}: the smallest free MIG device that is {request.describe()}"
+    used = in_use.get(best.gpu, 0)
+    if used:
+        text += f"; packed onto GPU{best.gpu}, {used} of whose {count} MIG devices are in use"
+    return text
+
+
+def inventory(devices: list[MigInstance]) -> str:
+    """``7 x 1g.5gb, 2 x 3g.20gb``: the profiles of ``devices`` with their counts."""
+    counts: dict[str, int] = {}
+    for device in sorted(devices, key=lambda m: (m.slices, m.memory_bytes)):
+        counts[device.profile] = counts.get(device.profile, 0) + 1
+    return ", ".join(f"{count} x {profile}" for profile, count in counts.items())
+
+
+def format_size(size: int) -> str:
+    """Bytes as ``4.75 GiB`` / ``20 GiB``."""
+    gib = size / GIB
+    return f"{gib:.0f} GiB" if abs(gib - round(gib)) < 0.005 else f"{gib:.2f} GiB"
