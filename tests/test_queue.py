@@ -9,7 +9,7 @@ from msgspec.structs import replace
 
 from gpualloc.launcher.allocate import Want
 from gpualloc.launcher.queue import Attempt, take_turn, turn_order
-from gpualloc.ledger.schema import Ledger, QueuedRequest, Waiter
+from gpualloc.ledger.schema import SCHEMA_VERSION, Ledger, QueuedRequest, Waiter
 from gpualloc.ledger.store import LedgerTransaction, parse_ledger
 from gpualloc.model.request import Placement, Scores
 from gpualloc.placement.scores import EffectiveModel
@@ -107,5 +107,5 @@ def test_a_queued_request_round_trips_to_the_same_want() -> None:
 
 def test_a_version_1_ledger_reads_with_an_empty_queue() -> None:
     ledger = parse_ledger('{"schema_version": 1, "host": "h", "leases": []}', "old")
-    assert ledger.schema_version == 3 and ledger.queue == [] and ledger.next_seq == 0
+    assert ledger.schema_version == SCHEMA_VERSION and ledger.queue == [] and ledger.next_seq == 0
     assert ledger.writer_uid is None and ledger.root_journal_seq == 0
