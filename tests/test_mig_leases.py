@@ -16,9 +16,8 @@ import pytest
 from gpualloc.errors import ExitCode
 from gpualloc.launcher.allocate import Want
 from gpualloc.ledger.schema import Lease, LeasedMig, Ledger
-from gpualloc.model.mig import parse_mig_profile
+from gpualloc.model.mig import MigRequest, parse_mig_profile
 from gpualloc.model.validation import ValidationError, from_builtins
-from gpualloc.placement.mig import MigRequest
 from gpualloc.topologies import load_bundled
 from tests.conftest import recorded
 from tests.test_cli_run import gpualloc
@@ -93,6 +92,10 @@ def test_a_device_by_label_or_uuid(cli) -> None:
 
 def test_the_lease_records_the_mig_device(cli) -> None:
     allocation = take(cli, "--mig", "3g.20gb", "--name", "notebook")
+    placement = allocation["placement"]
+    assert (placement["gpus"], placement["mig_devices"]) == ([], ["GPU1/MIG1"])
+    assert placement["numa_nodes"] == [3]  # GPU1's node
+    assert placement["scores"] == {} and allocation["lease"]["scores"] == {}  # no link to score
     assert allocation["lease"]["gpus"] == []
     assert allocation["lease"]["mig"] == [
         {
@@ -205,7 +208,7 @@ def test_the_ledger_refuses_a_mig_device_held_twice() -> None:
 
     ok = from_builtins({"host": "h", "leases": [lease("a" * 12, 0), lease("b" * 12, 1)]}, Ledger)
     assert ok.held_mig()[(0, 1)].id == "b" * 12
-    with pytest.raises(ValidationError, match="MIG device 0/0 is held by leases"):
+    with pytest.raises(ValidationError, match="MIG device GPU0/MIG0 is held by leases"):
         from_builtins({"host": "h", "leases": [lease("a" * 12, 0), lease("b" * 12, 0)]}, Ledger)
     empty = {**lease("c" * 12, 0), "mig": []}
     with pytest.raises(ValidationError, match="neither a GPU nor a MIG device"):

@@ -99,8 +99,7 @@ def run_job(
 def _binding(host: HostLedger, placement: Placement, mode: NumaMode) -> Binding:
     from gpualloc.launcher.binding import HostNuma, NumaMode, plan_binding
 
-    parents = placement.gpus or tuple(gpu for gpu, _device in placement.mig_devices)
-    nodes = [host.topology.gpu(g).numa_node for g in parents]
+    nodes = [host.topology.gpu(g).numa_node for g in placement.parent_gpus]
     numa_view = HostNuma.read() if host.this_host and mode is not NumaMode.NONE else None
     return plan_binding(nodes, mode, this_host=host.this_host, host=numa_view)
 
@@ -118,8 +117,7 @@ def _variables(
 
     if mig:
         (key,) = mig
-        instance = next(m for m in host.topology.mig_instances if (m.gpu, m.device) == key)
-        return mig_variables(instance, lease_id=lease_id)
+        return mig_variables(host.topology.mig_device(*key), lease_id=lease_id)
     return gpu_variables([host.topology.gpu(g) for g in gpus], lease_id=lease_id, use_uuid=uuid)
 
 

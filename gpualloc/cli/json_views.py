@@ -13,11 +13,14 @@ if TYPE_CHECKING:
 def placement_json(topology: Topology, request: JobRequest, placement: Placement) -> dict[str, Any]:
     """The documented ``plan --json`` contract, plus context fields (also in ``run``,
     ``alloc`` and ``status`` output)."""
+    from gpualloc.model.mig import mig_label
+
     return {
         "policy": placement.policy,
         "gpus": list(placement.gpus),
-        "scores": placement.scores.as_dict(),
-        "numa_nodes": [topology.gpu(g).numa_node for g in placement.gpus],
+        "mig_devices": [mig_label(*key) for key in placement.mig_devices],
+        "scores": placement.score_values(),
+        "numa_nodes": [topology.gpu(g).numa_node for g in placement.parent_gpus],
         "effective_model": placement.scores.effective_model,
         "objective": placement.objective,
         "pattern": request.pattern.name,

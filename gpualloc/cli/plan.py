@@ -25,10 +25,10 @@ from gpualloc.cli.want import build_want, gpu_list
 from gpualloc.errors import RequestError
 
 if TYPE_CHECKING:
+    from gpualloc.model.mig import MigRequest
     from gpualloc.model.request import Placement
     from gpualloc.model.topology import Topology
     from gpualloc.placement.context import DecisionContext
-    from gpualloc.placement.mig import MigRequest
 
 
 def plan_command(
@@ -137,15 +137,16 @@ def _show_mig_plan(
     """``plan --mig``: the MIG device ``run --mig`` would take, with ``--busy`` naming MIG
     devices to treat as held."""
     from gpualloc.cli.output import print_json, write_stdout
-    from gpualloc.model.mig import parse_mig_label
-    from gpualloc.placement.mig import choose_mig, format_size
+    from gpualloc.model.mig import format_size, parse_mig_label
+    from gpualloc.placement.mig import choose_mig
 
+    known = {(m.gpu, m.device) for m in topology.mig_instances}
     held: dict[tuple[int, int], object] = {}
     for part in (busy or "").split(","):
         if not part.strip():
             continue
         key = parse_mig_label(part)
-        if key is None or not any((m.gpu, m.device) == key for m in topology.mig_instances):
+        if key is None or key not in known:
             raise RequestError(
                 f"--busy {part.strip()!r} is not a MIG device of this host",
                 hint="with --mig, --busy lists MIG devices, e.g. --busy GPU0/MIG0,GPU0/MIG1",

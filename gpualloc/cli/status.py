@@ -112,18 +112,8 @@ def _queue_table(txn: LedgerTransaction) -> Table:
     for position, waiter in enumerate(turn_order(txn.ledger.queue), start=1):
         request = waiter.request
         wants = f"{request.gpus} GPU(s)" + (" sensitive" if request.sensitive else "")
-        if request.is_mig:
-            from gpualloc.placement.mig import MigRequest
-
-            wants = (
-                "MIG "
-                + MigRequest(
-                    profile=request.mig_profile,
-                    device=request.mig_device,
-                    uuid=request.mig_uuid,
-                    memory_bytes=request.mig_memory_bytes,
-                ).describe()
-            )
+        if request.mig is not None:
+            wants = f"MIG {request.mig.describe()}"
         if request.min_bandwidth_gbps is not None:
             wants += f", >= {request.min_bandwidth_gbps:g} GB/s"
         if request.min_utility is not None:

@@ -15,7 +15,7 @@ from gpualloc.errors import RequestError
 if TYPE_CHECKING:
     from gpualloc.launcher.allocate import Want
     from gpualloc.launcher.wait import WaitOptions
-    from gpualloc.placement.mig import MigRequest
+    from gpualloc.model.mig import MigRequest
     from gpualloc.placement.scores import EffectiveModel
     from gpualloc.placement.utility import UtilityWeights
 
@@ -158,8 +158,7 @@ def build_want(
 
 def mig_request(mig: str | None, mem: str | None) -> MigRequest:
     """``--mig PROFILE|GPU0/MIG3|MIG-uuid`` and ``--mem SIZE`` -> the MIG request."""
-    from gpualloc.model.mig import parse_mig_label, parse_mig_profile
-    from gpualloc.placement.mig import MigRequest
+    from gpualloc.model.mig import MigRequest, parse_mig_label, parse_mig_profile
 
     memory = parse_size(mem, "--mem") if mem is not None else None
     if mig is None:

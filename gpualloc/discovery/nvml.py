@@ -29,7 +29,6 @@ from msgspec.structs import replace
 
 from gpualloc import boot
 from gpualloc.discovery.assemble import PairFacts, assemble_topology
-from gpualloc.discovery.nvml_mig import mig_device_uuids, probe_mig_devices
 from gpualloc.discovery.processes import RunningProcess
 from gpualloc.errors import DiscoveryError, DiscoveryUnavailable, NoGpuFound
 from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
@@ -114,7 +113,7 @@ class NvmlSession:
 
     def driver_version(self) -> str | None:
         try:
-            return _text(self.nvml.nvmlSystemGetDriverVersion())
+            return text_of(self.nvml.nvmlSystemGetDriverVersion())
         except self.nvml.NVMLError:
             return None
 
@@ -123,13 +122,17 @@ class NvmlSession:
         uuids: list[str | None] = []
         for index in range(self.device_count()):
             try:
-                uuids.append(_text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index))))
+                uuids.append(
+                    text_of(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index)))
+                )
             except nvml.NVMLError:
                 uuids.append(None)
         return uuids
 
     def mig_uuids(self) -> tuple[str | None, ...]:
         """The UUIDs of every MIG device, GPU by GPU (empty without MIG)."""
+        from gpualloc.discovery.nvml_mig import mig_device_uuids
+
         nvml = self.nvml
         uuids: list[str | None] = []
         for index in range(self.device_count()):
@@ -159,7 +162,7 @@ class NvmlSession:
         for index in range(self.device_count()):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+                uuid = text_of(nvml.nvmlDeviceGetUUID(handle))
                 processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
             except nvml.NVMLError:
                 continue
@@ -196,6 +199,8 @@ class NvmlSession:
             for index in range(count)
         ]
         pairs = self._pairs(probes, notes)
+        from gpualloc.discovery.nvml_mig import probe_mig_devices
+
         mig = [
             instance
             for probe in probes
@@ -266,9 +271,9 @@ class NvmlSession:
         )
         return Gpu(
             index=index,
-            uuid=_text(q(notes, f"{label} UUID", lambda: nvml.nvmlDeviceGetUUID(handle))),
+            uuid=text_of(q(notes, f"{label} UUID", lambda: nvml.nvmlDeviceGetUUID(handle))),
             pci_bus_id=bus_id,
-            name=_text(q(notes, f"{label} name", lambda: nvml.nvmlDeviceGetName(handle))),
+            name=text_of(q(notes, f"{label} name", lambda: nvml.nvmlDeviceGetName(handle))),
             memory_total_bytes=int(memory.total) if memory is not None else None,
             numa_node=numa,
             numa_affinity=[numa] if numa is not None else [],
@@ -394,7 +399,8 @@ class NvmlSession:
         return f"{version // 1000}.{version % 1000 // 10}"
 
 
-def _text(value: str | bytes | None) -> str | None:
+def text_of(value: str | bytes | None) -> str | None:
+    """NVML strings are bytes in older nvidia-ml-py releases, str in newer ones."""
     if value is None:
         return None
     return value.decode() if isinstance(value, bytes) else str(value)

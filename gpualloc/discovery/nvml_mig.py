@@ -18,6 +18,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
+from gpualloc.discovery.nvml import text_of
 from gpualloc.model.mig import MigInstance, parse_mig_profile
 
 T = TypeVar("T")
@@ -58,7 +59,7 @@ def mig_device_uuids(nvml: ModuleType, handle: Any) -> tuple[str | None, ...]:
     uuids: list[str | None] = []
     for _slot, mig in mig_handles(nvml, handle):
         try:
-            uuids.append(_text(nvml.nvmlDeviceGetUUID(mig)))
+            uuids.append(text_of(nvml.nvmlDeviceGetUUID(mig)))
         except nvml.NVMLError:
             uuids.append(None)
     return tuple(uuids)
@@ -80,7 +81,7 @@ def probe_mig_devices(
                 return None
 
         attributes = query("attributes", lambda mig=mig: nvml.nvmlDeviceGetAttributes(mig))
-        name = _text(query("name", lambda mig=mig: nvml.nvmlDeviceGetName(mig)))
+        name = text_of(query("name", lambda mig=mig: nvml.nvmlDeviceGetName(mig)))
         profile = _profile(name, attributes)
         if profile is None:
             notes.append(f"{label}: profile unknown (NVML gave neither name nor sizes); skipped")
@@ -97,7 +98,7 @@ def probe_mig_devices(
                 gpu=gpu,
                 device=slot,
                 profile=profile,
-                uuid=_text(query("UUID", lambda mig=mig: nvml.nvmlDeviceGetUUID(mig))),
+                uuid=text_of(query("UUID", lambda mig=mig: nvml.nvmlDeviceGetUUID(mig))),
                 gpu_instance=gi,
                 compute_instance=ci,
                 memory_total_bytes=total,
@@ -141,9 +142,3 @@ def _placement(
             notes.append(note)
         return None, None
     return int(info.placement.start), int(info.placement.size)
-
-
-def _text(value: str | bytes | None) -> str | None:
-    if value is None:
-        return None
-    return value.decode() if isinstance(value, bytes) else str(value)

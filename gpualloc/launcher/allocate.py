@@ -50,10 +50,9 @@ from gpualloc.ledger.scope import ledger_scope
 from gpualloc.ledger.statedir import StateDirectoryMissing, open_state_directory
 from gpualloc.ledger.store import LOCK_TIMEOUT_S, LedgerStore, LedgerTransaction, new_lease_id
 from gpualloc.model.cpuset import format_cpulist
-from gpualloc.model.mig import MigInstance
+from gpualloc.model.mig import MigRequest
 from gpualloc.model.request import HostState, JobRequest, Placement
 from gpualloc.model.topology import GpuProcess, Topology
-from gpualloc.placement.mig import MigRequest
 from gpualloc.placement.registry import DEFAULT_POLICY
 from gpualloc.placement.scores import EffectiveModel
 from gpualloc.placement.utility import UtilityWeights
@@ -103,10 +102,7 @@ class Want(Struct, frozen=True):
             ),
             min_utility=self.min_utility,
             min_bandwidth_gbps=self.min_bandwidth_gbps,
-            mig_profile=self.mig.profile if self.mig else None,
-            mig_device=self.mig.device if self.mig else None,
-            mig_uuid=self.mig.uuid if self.mig else None,
-            mig_memory_bytes=self.mig.memory_bytes if self.mig else None,
+            mig=self.mig,
         )
 
     @classmethod
@@ -128,16 +124,7 @@ class Want(Struct, frozen=True):
             weights=UtilityWeights(*queued.drb_weights) if queued.drb_weights else None,
             min_utility=queued.min_utility,
             min_bandwidth_gbps=queued.min_bandwidth_gbps,
-            mig=(
-                MigRequest(
-                    profile=queued.mig_profile,
-                    device=queued.mig_device,
-                    uuid=queued.mig_uuid,
-                    memory_bytes=queued.mig_memory_bytes,
-                )
-                if queued.is_mig
-                else None
-            ),
+            mig=queued.mig,
         )
 
 
@@ -302,7 +289,7 @@ class HostLedger(Struct):
                     f"no process with pid {terms.pid}", hint="give the pid of a running process"
                 )
         uid = os.geteuid()
-        mig = [self._mig_instance(key) for key in placement.mig_devices]
+        mig = [self.topology.mig_device(*key) for key in placement.mig_devices]
         return Lease(
             id=lease_id,
             gpus=tuple(LeasedGpu(index=g, uuid=self.topology.gpu(g).uuid) for g in placement.gpus),
@@ -319,7 +306,7 @@ class HostLedger(Struct):
             name=terms.name,
             policy=placement.policy,
             sensitive=want.request.sensitive,
-            scores=placement.scores.as_dict(),
+            scores=placement.score_values(),
             created=datetime.now(timezone.utc),
             source=terms.source,
             boot_id=boot_id(),
@@ -328,9 +315,6 @@ class HostLedger(Struct):
             creator_pid=os.getpid() if terms.announce else None,
             creator_start_time=process_start_time(os.getpid()) if terms.announce else None,
         )
-
-    def _mig_instance(self, key: tuple[int, int]) -> MigInstance:
-        return next(m for m in self.topology.mig_instances if (m.gpu, m.device) == key)
 
     def confirm(self, lease_id: str) -> None:
         """Mark the lease announced: its id has reached its user (issue 18, point 6)."""
@@ -459,7 +443,7 @@ MIG_POLICY = "mig-best-fit"
 def _mig_placement(topology: Topology, occupancy: Occupancy, request: MigRequest) -> Placement:
     """The MIG device for ``request`` (see :mod:`gpualloc.placement.mig`) as a placement."""
     from gpualloc.model.request import Scores
-    from gpualloc.placement.mig import choose_mig
+    from gpualloc.placement.mig import MigDevicesBusy, choose_mig
 
     try:
         choice = choose_mig(
@@ -468,18 +452,10 @@ def _mig_placement(topology: Topology, occupancy: Occupancy, request: MigRequest
             occupancy.mig_leases,
             unusable=occupancy.lost | occupancy.outside,
         )
-    except GpusBusy as busy:
-        by_key = {(m.gpu, m.device): m for m in topology.mig_instances}
-        holders = {
-            lease.id: lease
-            for key, lease in occupancy.mig_leases.items()
-            if key in by_key and request.accepts(by_key[key])
-        }
-        raise GpusBusy(
-            busy.message,
-            hint=busy.hint,
-            details=tuple(describe_lease(lease) for lease in holders.values()),
-        ) from None
+    except MigDevicesBusy as busy:
+        holders = {occupancy.mig_leases[key].id: occupancy.mig_leases[key] for key in busy.held}
+        busy.details = tuple(describe_lease(lease) for lease in holders.values())
+        raise
     instance = choice.instance
     return Placement(
         policy=MIG_POLICY,

@@ -262,15 +262,13 @@ def _holders(occupancy: Occupancy) -> str:
     from gpualloc.model.cpuset import format_cpulist
     from gpualloc.model.mig import mig_label
 
-    by_user: dict[str, list[str]] = {}
     gpus: dict[str, list[int]] = {}
     for gpu, lease in sorted(occupancy.leases.items()):
         gpus.setdefault(lease.user, []).append(gpu)
     unaccounted = occupancy.busy - frozenset(occupancy.leases) - occupancy.outside - occupancy.mig
     for gpu in sorted(unaccounted):
         gpus.setdefault("not gpualloc" if gpu not in occupancy.lost else "lost", []).append(gpu)
-    for who, held in gpus.items():
-        by_user[who] = [format_cpulist(held)]
+    by_user = {who: [format_cpulist(held)] for who, held in gpus.items()}
     for (gpu, device), lease in sorted(occupancy.mig_leases.items()):
         by_user.setdefault(lease.user, []).append(mig_label(gpu, device))
     if not by_user:

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from msgspec import Meta, Struct, field
 
+from gpualloc.model.mig import MigRequest, mig_label
 from gpualloc.model.validation import NonNegativeInt, PositiveInt
 
 SCHEMA_VERSION = 4
@@ -52,6 +53,10 @@ class LeasedMig(_Entry, kw_only=True, frozen=True):
     @property
     def key(self) -> tuple[int, int]:
         return (self.gpu, self.device)
+
+    @property
+    def label(self) -> str:
+        return mig_label(self.gpu, self.device)
 
 
 class Lease(_Entry, kw_only=True, frozen=True):
@@ -133,22 +138,8 @@ class QueuedRequest(_Entry, kw_only=True, frozen=True):
     drb_weights: tuple[float, float, float] | None = None
     min_utility: Annotated[float, Meta(ge=0, le=1)] | None = None
     min_bandwidth_gbps: Annotated[float, Meta(ge=0)] | None = None
-    mig_profile: str | None = None
-    """A MIG request (see :class:`gpualloc.placement.mig.MigRequest`): the profile wanted,"""
-    mig_device: tuple[NonNegativeInt, NonNegativeInt] | None = None
-    """the MIG device wanted (or ``mig_uuid``),"""
-    mig_uuid: str | None = None
-    mig_memory_bytes: PositiveInt | None = None
-    """the memory wanted."""
-
-    @property
-    def is_mig(self) -> bool:
-        return (
-            self.mig_profile is not None
-            or self.mig_device is not None
-            or self.mig_uuid is not None
-            or self.mig_memory_bytes is not None
-        )
+    mig: MigRequest | None = None
+    """A MIG device instead of whole GPUs."""
 
 
 class Waiter(_Entry, kw_only=True, frozen=True):
@@ -205,13 +196,13 @@ class Ledger(Struct, kw_only=True, forbid_unknown_fields=True):
                 held[index] = lease.id
         held_mig: dict[tuple[int, int], str] = {}
         for lease in self.leases:
-            for key in lease.mig_keys:
-                if key in held_mig:
+            for device in lease.mig:
+                if device.key in held_mig:
                     raise ValueError(
-                        f"MIG device {key[0]}/{key[1]} is held by leases {held_mig[key]} and "
-                        f"{lease.id}"
+                        f"MIG device {device.label} is held by leases {held_mig[device.key]} "
+                        f"and {lease.id}"
                     )
-                held_mig[key] = lease.id
+                held_mig[device.key] = lease.id
         ids = [lease.id for lease in self.leases]
         if len(set(ids)) != len(ids):
             raise ValueError("two leases share an id")

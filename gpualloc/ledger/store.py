@@ -103,11 +103,10 @@ class LedgerTransaction(Struct):
         if taken:
             raise LedgerError(f"GPU {taken[0]} is already held by lease {held[taken[0]].id}")
         held_mig = self.ledger.held_mig()
-        for key in lease.mig_keys:
-            if key in held_mig:
+        for device in lease.mig:
+            if device.key in held_mig:
                 raise LedgerError(
-                    f"MIG device GPU{key[0]}/MIG{key[1]} is already held by lease "
-                    f"{held_mig[key].id}"
+                    f"MIG device {device.label} is already held by lease {held_mig[device.key].id}"
                 )
         if self.ledger.find(lease.id) is not None:
             raise LedgerError(f"a lease with id {lease.id} exists already")

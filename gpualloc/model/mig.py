@@ -146,3 +146,44 @@ def check_mig_layout(instances: list[MigInstance], gpu_count: int) -> None:
             if instance.uuid in uuids:
                 raise ValueError(f"MIG UUID {instance.uuid} is listed twice")
             uuids.add(instance.uuid)
+
+
+class MigRequest(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What MIG device a job wants (``--mig``, ``--mem``); at least one field is set. Stored
+    whole in a waiting job's queue entry."""
+
+    profile: str | None = None
+    """Exactly this profile (``3g.20gb``)."""
+    device: tuple[NonNegativeInt, NonNegativeInt] | None = None
+    """Exactly this MIG device: (parent GPU, device index)."""
+    uuid: str | None = None
+    """Exactly the MIG device with this ``MIG-`` UUID."""
+    memory_bytes: PositiveInt | None = None
+    """At least this much memory."""
+
+    def describe(self) -> str:
+        parts = []
+        if self.device is not None:
+            parts.append(mig_label(*self.device))
+        if self.uuid is not None:
+            parts.append(self.uuid)
+        if self.profile:
+            parts.append(self.profile)
+        if self.memory_bytes is not None:
+            parts.append(f">= {format_size(self.memory_bytes)}")
+        return " ".join(parts) or "any MIG device"
+
+    def accepts(self, instance: MigInstance) -> bool:
+        if self.device is not None and (instance.gpu, instance.device) != self.device:
+            return False
+        if self.uuid is not None and (instance.uuid or "").lower() != self.uuid.lower():
+            return False
+        if self.profile is not None and instance.profile != self.profile:
+            return False
+        return self.memory_bytes is None or instance.memory_bytes >= self.memory_bytes
+
+
+def format_size(size: int) -> str:
+    """Bytes as ``4.75 GiB`` / ``20 GiB``."""
+    gib = size / GIB
+    return f"{gib:.0f} GiB" if abs(gib - round(gib)) < 0.005 else f"{gib:.2f} GiB"

@@ -116,3 +116,13 @@ class Placement(Struct, frozen=True):
     mig_devices: tuple[tuple[int, int], ...] = ()
     """(parent GPU, MIG device index) of the MIG device chosen for a MIG request (``gpus`` is
     then empty)."""
+
+    @property
+    def parent_gpus(self) -> tuple[int, ...]:
+        """The GPUs the job runs on: ``gpus``, or the parents of its MIG devices."""
+        return self.gpus or tuple(gpu for gpu, _device in self.mig_devices)
+
+    def score_values(self) -> dict[str, float | None]:
+        """The scores as ledger and JSON record them; none for a MIG device (no links, and
+        the utility of a placement of whole GPUs does not apply)."""
+        return {} if self.mig_devices else self.scores.as_dict()

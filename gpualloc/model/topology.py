@@ -23,7 +23,7 @@ from gpualloc.model.bandwidth import (
     estimate_link_bandwidth_gbps,
 )
 from gpualloc.model.catalog import family_of
-from gpualloc.model.mig import MigInstance, check_mig_layout
+from gpualloc.model.mig import MigInstance, check_mig_layout, mig_label
 from gpualloc.model.paths import PciePath
 from gpualloc.model.validation import (
     NonNegativeFloat,
@@ -257,6 +257,16 @@ class Topology(_Strict, kw_only=True):
     def mig_on(self, gpu: int) -> list[MigInstance]:
         """The MIG devices of one GPU (empty when MIG is off or none is configured)."""
         return [m for m in self.mig_instances if m.gpu == gpu]
+
+    def mig_device(self, gpu: int, device: int) -> MigInstance:
+        """MIG device ``device`` of GPU ``gpu`` (TopologyError when the host has none such)."""
+        found = next((m for m in self.mig_instances if (m.gpu, m.device) == (gpu, device)), None)
+        if found is None:
+            raise TopologyError(
+                f"this host has no MIG device {mig_label(gpu, device)}",
+                hint="'gpualloc topo show' lists the MIG devices",
+            )
+        return found
 
     def numa_node(self, node_id: int) -> NumaNode | None:
         return next((n for n in self.numa_nodes if n.id == node_id), None)

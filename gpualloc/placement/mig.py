@@ -16,44 +16,16 @@ from collections.abc import Mapping
 from msgspec import Struct
 
 from gpualloc.errors import GpusBusy, NoFeasiblePlacement
-from gpualloc.model.mig import MigInstance, mig_label
+from gpualloc.model.mig import MigInstance, MigRequest, format_size
 from gpualloc.model.topology import Topology
 
-GIB = 1024**3
 
+class MigDevicesBusy(GpusBusy):
+    """Every MIG device that fits the request is held now; ``held`` names them."""
 
-class MigRequest(Struct, frozen=True, kw_only=True):
-    """What MIG device a job wants; at least one field is set."""
-
-    profile: str | None = None
-    """Exactly this profile (``3g.20gb``)."""
-    device: tuple[int, int] | None = None
-    """Exactly this MIG device: (parent GPU, device index)."""
-    uuid: str | None = None
-    """Exactly the MIG device with this ``MIG-`` UUID."""
-    memory_bytes: int | None = None
-    """At least this much memory."""
-
-    def describe(self) -> str:
-        parts = []
-        if self.device is not None:
-            parts.append(mig_label(*self.device))
-        if self.uuid is not None:
-            parts.append(self.uuid)
-        if self.profile:
-            parts.append(self.profile)
-        if self.memory_bytes is not None:
-            parts.append(f">= {format_size(self.memory_bytes)}")
-        return " ".join(parts) or "any MIG device"
-
-    def accepts(self, instance: MigInstance) -> bool:
-        if self.device is not None and (instance.gpu, instance.device) != self.device:
-            return False
-        if self.uuid is not None and (instance.uuid or "").lower() != self.uuid.lower():
-            return False
-        if self.profile is not None and instance.profile != self.profile:
-            return False
-        return self.memory_bytes is None or instance.memory_bytes >= self.memory_bytes
+    def __init__(self, message: str, *, hint: str, held: tuple[tuple[int, int], ...]) -> None:
+        super().__init__(message, hint=hint)
+        self.held = held
 
 
 class MigChoice(Struct, frozen=True):
@@ -75,7 +47,7 @@ def choose_mig(
     ``unusable``: lost, or not this Slurm job's).
 
     Raises :class:`NoFeasiblePlacement` when no device of the host could ever satisfy the
-    request, :class:`GpusBusy` when every one that could is held now.
+    request, :class:`MigDevicesBusy` when every one that could is held now.
     """
     devices = [m for m in topology.mig_instances if m.gpu not in unusable]
     if not devices:
@@ -102,10 +74,11 @@ def choose_mig(
         )
     free = [m for m in fitting if (m.gpu, m.device) not in held]
     if not free:
-        raise GpusBusy(
+        raise MigDevicesBusy(
             f"every MIG device that is {request.describe()} is held now "
             f"({', '.join(m.label for m in fitting)})",
             hint="wait for one (--wait; 'gpualloc status' shows who holds them)",
+            held=tuple((m.gpu, m.device) for m in fitting),
         )
     in_use = {gpu: sum(1 for key in held if key[0] == gpu) for gpu in {m.gpu for m in devices}}
     ranked = sorted(
@@ -133,9 +106,3 @@ def inventory(devices: list[MigInstance]) -> str:
     for device in sorted(devices, key=lambda m: (m.slices, m.memory_bytes)):
         counts[device.profile] = counts.get(device.profile, 0) + 1
     return ", ".join(f"{count} x {profile}" for profile, count in counts.items())
-
-
-def format_size(size: int) -> str:
-    """Bytes as ``4.75 GiB`` / ``20 GiB``."""
-    gib = size / GIB
-    return f"{gib:.0f} GiB" if abs(gib - round(gib)) < 0.005 else f"{gib:.2f} GiB"
