@@ -65,7 +65,6 @@ class SlurmCluster:
 
     directory: Path
     topology: Path
-    gpus: int
     pids: dict[str, int] = field(default_factory=dict)
     _scripts: int = 0
     _processes: list[subprocess.Popen] = field(default_factory=list, repr=False)
@@ -160,9 +159,9 @@ class SlurmCluster:
     # ---- life cycle ----------------------------------------------------------------------------
 
     @classmethod
-    def start(cls, topology: Path, gpus: int) -> SlurmCluster:
+    def start(cls, topology: Path) -> SlurmCluster:
         directory = Path(tempfile.mkdtemp(prefix="gpualloc-slurm-", dir="/tmp"))
-        cluster = cls(directory, topology, gpus)
+        cluster = cls(directory, topology)
         try:
             cluster._prepare()
             cluster._start_daemons()
@@ -177,8 +176,6 @@ class SlurmCluster:
         for sub in ("state", "spool", "run", "log", "dev", "munge", "hooks"):
             (d / sub).mkdir()
         (d / "log").chmod(0o1777)  # the TaskProlog runs as the job's user
-        for n in range(self.gpus):
-            os.mknod(d / "dev" / f"nvidia{n}", 0o600 | 0o020000, os.makedev(195, n))
         hook = d / "hooks" / "gpualloc-hook.sh"
         text = HOOK.read_text()
         text = text.replace("/opt/gpualloc/bin/gpualloc", gpualloc_program())
@@ -195,13 +192,39 @@ class SlurmCluster:
             "gpualloc", "slurm", "gres-conf", "--node", "localhost", "--device-dir", str(d / "dev")
         ).stdout
         (d / "gres.conf").write_text(gres)
+        self._make_device_files(gres)
         (d / "slurm.conf").write_text(self._slurm_conf())
+
+    def _gres_lines(self) -> list[dict[str, str]]:
+        text = (self.directory / "gres.conf").read_text()
+        return [
+            dict(part.split("=", 1) for part in line.split())
+            for line in text.splitlines()
+            if line.startswith("NodeName=")
+        ]
+
+    def _make_device_files(self, gres: str) -> None:
+        """Character devices standing in for every file gres.conf names (slurmd checks them)."""
+        for line in self._gres_lines():
+            for path in (line.get("File") or line["MultipleFiles"]).split(","):
+                device = Path(path)
+                device.parent.mkdir(exist_ok=True)
+                if not device.exists():
+                    number = int("".join(c for c in device.name if c.isdigit()))
+                    os.mknod(device, 0o600 | 0o020000, os.makedev(195, number))
+
+    def gres_counts(self) -> str:
+        """slurm.conf's Gres= for the node: gpu:N, or gpu:TYPE:N per type."""
+        types: dict[str | None, int] = {}
+        for line in self._gres_lines():
+            types[line.get("Type")] = types.get(line.get("Type"), 0) + 1
+        return ",".join(f"gpu:{kind}:{n}" if kind else f"gpu:{n}" for kind, n in types.items())
 
     def _slurm_conf(self) -> str:
         d = self.directory
         node = (
             f"NodeName=localhost NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} RealMemory=1000 "
-            f"Gres=gpu:{self.gpus} State=UNKNOWN"
+            f"Gres={self.gres_counts()} State=UNKNOWN"
         )
         return f"""\
 ClusterName=gpualloctest

@@ -47,7 +47,7 @@ def _crossed(directory: Path) -> Path:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     path = tmp_path_factory.mktemp("topology") / "nvlink-pairs-4gpu.json"
     path.write_text(load_bundled("nvlink-pairs-4gpu").to_json())
-    started = SlurmCluster.start(path, gpus=4)
+    started = SlurmCluster.start(path)
     try:
         yield started
     finally:
@@ -112,7 +112,7 @@ def test_the_taskprolog_exports_reach_the_job(cluster: SlurmCluster) -> None:
 
 def test_the_taskprolog_reorders_a_step_along_its_nvlinks(tmp_path: Path) -> None:
     topology = _crossed(tmp_path)
-    crossed = SlurmCluster.start(topology, gpus=4)
+    crossed = SlurmCluster.start(topology)
     try:
         out = crossed.run(
             "srun", "--gres=gpu:4", "sh", "-c", 'echo "$SLURM_STEP_GPUS $CUDA_VISIBLE_DEVICES"'
@@ -196,3 +196,36 @@ def test_a_broken_state_file_does_not_drain_the_node(cluster: SlurmCluster) -> N
         assert "prolog: job" in log and "prolog failed" in log and "not valid JSON" in log
     finally:
         ledger.unlink()
+
+
+def test_mig_devices_as_gres_conf_lists_them(tmp_path: Path) -> None:
+    """On a MIG host Slurm numbers the gres.conf records by position; the Prolog leases the MIG
+    devices Slurm gave and the TaskProlog names them by UUID (issue 20)."""
+    topology = load_bundled("dgx-a100-mig")
+    path = tmp_path / "dgx-a100-mig.json"
+    path.write_text(topology.to_json())
+    mig = SlurmCluster.start(path)
+    a100 = "nvidia_a100-sxm4-40gb"
+    try:
+        # All eight 1g.5gb devices: seven on GPU0, one on GPU2, which gres.conf lists next to
+        # them; were Slurm numbering in another order, the ledger would show other devices.
+        ones = mig.sbatch("sleep 300", f"--gres=gpu:{a100}_1g.5gb:8")
+        lease = _running(mig, ones)
+        held = {(m["gpu"], m["device"]) for m in lease["mig"]}
+        assert held == {(0, d) for d in range(7)} | {(2, 2)} and lease["gpus"] == []
+        refused = mig.run("gpualloc", "run", "--mig", "1g.5gb", "--", "true", check=False)
+        assert refused.returncode == 10 and f"slurm job {ones}" in refused.stderr
+        # A 3g.20gb step: the task gets its MIG UUID, the ledger shows the same device.
+        step = mig.run(
+            "srun", f"--gres=gpu:{a100}_3g.20gb:1", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES"
+        )
+        uuids = {m.uuid: m.label for m in topology.mig_on(1)}
+        assert step.stdout.strip() in uuids, step.stdout
+        assert f"{uuids[step.stdout.strip()]} (3g.20gb) for root" in mig.hook_log()
+        # Whole GPUs 3-7 are typed too and numbered after the MIG devices.
+        whole = mig.run("srun", f"--gres=gpu:{a100}:2", "printenv", "SLURM_STEP_GPUS")
+        assert whole.stdout.strip() == "12,13" and "recorded GPU 3-4 for root" in mig.hook_log()
+        mig.run("scancel", ones)
+        mig.wait_for("the Epilogs", lambda: not mig.host_status()["leases"])
+    finally:
+        mig.stop()

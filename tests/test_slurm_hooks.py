@@ -254,3 +254,106 @@ def test_the_example_wrapper_picks_the_hook_by_its_name(tmp_path: Path) -> None:
     stray.symlink_to(wrapper)
     ran = subprocess.run([str(stray)], env=env, capture_output=True, text=True)
     assert ran.returncode == 0 and "expected gpualloc-prolog" in ran.stderr
+
+
+# ---- MIG (issue 20) ---------------------------------------------------------------------------
+
+MIG = ("--topology", "dgx-a100-mig")
+A100 = "nvidia_a100-sxm4-40gb"
+
+
+def _gres_fields(text: str) -> list[dict[str, str]]:
+    return [
+        dict(part.split("=", 1) for part in line.split())
+        for line in text.splitlines()
+        if line.startswith("Name=")
+    ]
+
+
+def test_gres_conf_lists_mig_devices_as_autodetect_nvml_names_them(cli) -> None:
+    from gpualloc.slurm.gres import gres_records
+    from gpualloc.topologies import load_bundled
+
+    result = cli(*MIG, "slurm", "gres-conf")
+    assert result.exit_code == 0, result.stderr
+    lines = _gres_fields(result.stdout)
+    # 12 MIG devices on GPUs 0-2, then the five whole GPUs 3-7; none of GPUs 0-2 whole.
+    assert len(lines) == 17 and not any("Links" in line for line in lines)
+    assert [line["File"] for line in lines[12:]] == [f"/dev/nvidia{n}" for n in range(3, 8)]
+    assert {line["Type"] for line in lines[12:]} == {A100}
+    # GPU1's 3g.20gb devices are GPU instances 1 and 2 (the fixture's), compute instance 0:
+    # /dev/nvidia-caps minors 3 + 135 * gpu + 9 * gi, plus 1 + ci.
+    threes = [line for line in lines if line["Type"] == f"{A100}_3g.20gb"]
+    assert [line["MultipleFiles"] for line in threes] == [
+        "/dev/nvidia1,/dev/nvidia-caps/nvidia-cap147,/dev/nvidia-caps/nvidia-cap148",
+        "/dev/nvidia1,/dev/nvidia-caps/nvidia-cap156,/dev/nvidia-caps/nvidia-cap157",
+    ]
+    # Grouped by type in order of first appearance, which is how Slurm numbers them: GPU2's
+    # 1g.5gb comes right after GPU0's seven.
+    types = [line["Type"].removeprefix(A100) for line in lines]
+    assert types[:8] == ["_1g.5gb"] * 8 and types[8:12] == [
+        "_3g.20gb", "_3g.20gb", "_4g.20gb", "_2g.10gb"
+    ]  # fmt: skip
+    assert lines[7]["MultipleFiles"].startswith("/dev/nvidia2,")
+    records = gres_records(load_bundled("dgx-a100-mig"))
+    assert [(r.gpu, r.mig.device if r.mig else None) for r in records][6:9] == [
+        (0, 6), (2, 2), (1, 0)
+    ]  # fmt: skip
+
+
+def test_gres_conf_takes_the_drivers_mig_minors_and_a_gpu_type(cli, tmp_path: Path) -> None:
+    from gpualloc.slurm.gres import parse_mig_minors
+
+    table = ["config 1", "monitor 2"]
+    # A driver numbering its capabilities from 1000, to tell the table from the formula.
+    for gpu in range(3):
+        for gi in range(15):
+            table.append(f"gpu{gpu}/gi{gi}/access {1000 + 100 * gpu + 2 * gi}")
+            table.append(f"gpu{gpu}/gi{gi}/ci0/access {1001 + 100 * gpu + 2 * gi}")
+    minors = tmp_path / "mig-minors"
+    minors.write_text("\n".join(table) + "\n")
+    assert parse_mig_minors(minors.read_text())[(1, 2, 0)] == 1105
+    result = cli(*MIG, "slurm", "gres-conf", "--mig-minors", str(minors), "--gpu-type", "a100")
+    assert result.exit_code == 0, result.stderr
+    lines = _gres_fields(result.stdout)
+    assert lines[9] == {
+        "Name": "gpu",
+        "Type": "a100_3g.20gb",
+        "MultipleFiles": "/dev/nvidia1,/dev/nvidia-caps/nvidia-cap1104,"
+        "/dev/nvidia-caps/nvidia-cap1105",
+    }
+    assert lines[-1]["Type"] == "a100" and "computed" not in result.stdout
+    # A table that lacks a GPU instance of the layout is the wrong host's: refused, one line.
+    minors.write_text("\n".join(line for line in table if not line.startswith("gpu1/gi2/")))
+    refused = cli(*MIG, "slurm", "gres-conf", "--mig-minors", str(minors))
+    assert refused.exit_code == 5 and "has no gpu1/gi2/access" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def test_prolog_on_a_mig_host_leases_the_mig_devices_slurm_numbered(cli, slurmd_env) -> None:
+    # Slurm's numbers are positions in gres.conf: 7 is GPU2's 1g.5gb, 9 GPU1's second 3g.20gb,
+    # 12 the first whole GPU (GPU 3).
+    slurmd_env(gpus="7,9,12")
+    result = cli(*MIG, "slurm", "prolog")
+    assert result.exit_code == 0, result.stderr
+    assert "recorded GPU 3, GPU2/MIG2 (1g.5gb), GPU1/MIG1 (3g.20gb) for alice" in result.stderr
+    with outside_slurm():
+        status = json.loads(cli(*MIG, "status", "--json").stdout)
+        taken = cli(*MIG, "run", "--mig", "GPU1/MIG1", "--", "true")
+    (lease,) = status["leases"]
+    assert [(m["gpu"], m["device"]) for m in lease["mig"]] == [(2, 2), (1, 1)]
+    assert taken.exit_code == 10 and "slurm job 42" in taken.stderr
+    assert "released GPU 3, GPU2/MIG2" in cli(*MIG, "slurm", "epilog").stderr
+
+
+def test_taskprolog_names_mig_devices_by_uuid(cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpualloc.topologies import load_bundled
+
+    monkeypatch.setenv("SLURM_STEP_GPUS", "8")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "8")  # what Slurm sets: meaningless to CUDA
+    result = cli(*MIG, "slurm", "taskprolog")
+    uuid = load_bundled("dgx-a100-mig").mig_device(1, 0).uuid
+    assert result.stdout.splitlines() == [
+        "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
+        f"export CUDA_VISIBLE_DEVICES={uuid}",
+    ]

@@ -62,7 +62,7 @@ def test_uuids_in_cuda_visible_devices_are_matched_by_prefix() -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"SLURM_JOB_GPUS": "0,7"}, "names GPU 7 (/dev/nvidia7), which is not among"),
+        ({"SLURM_JOB_GPUS": "0,7"}, "names GPU 7, which is not among"),
         ({"SLURM_JOB_GPUS": "0,x"}, "is not a list of GPU numbers"),
         ({"CUDA_VISIBLE_DEVICES": "GPU-ffff"}, "matches no GPU"),
         ({"CUDA_VISIBLE_DEVICES": "GPU-"}, "matches several GPUs"),

@@ -44,27 +44,69 @@ def gres_conf_command(
     device_dir: Annotated[
         str, typer.Option(help="Where the GPU device files are (File=DIR/nvidiaN).")
     ] = "/dev",
+    mig_minors: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            help="The driver's MIG capability table (a copy of "
+            "/proc/driver/nvidia-caps/mig-minors), for a recorded topology; this host's is read "
+            "when present, else the minors are computed from the driver's layout.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
+    gpu_type: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            help="GPU type name for Type= on a host with MIG (default: the NVML name in lower "
+            "case with underscores, as Slurm's NVML plugin derives it); it must match "
+            "Gres=gpu:<type>:N in slurm.conf.",
+        ),
+    ] = None,
 ) -> None:
     """Print gres.conf lines for this host: File=/dev/nvidiaN (device minor numbers, PCI bus
     order), Cores= (the GPUs' local cores, Slurm numbering), Links= (NVLink counts).
 
-    Why: Debian's Slurm has no NVML plugin in main, so slurmd cannot see GPUs or NVLinks by
-    itself. Limits: Slurm 22.05 uses Links= only to prefer GPUs linked to the first free one,
-    never to find the best-linked set (the taskprolog reorders within what Slurm gave);
-    Cores= matters only with a task plugin that binds cores.
+    A GPU with MIG enabled gets one line per MIG device instead, as AutoDetect=nvml makes them:
+    Type=<gpu type>_<profile> and MultipleFiles= the parent's /dev/nvidiaN plus the
+    /dev/nvidia-caps files of its GPU and compute instance.
+
+    Why: Debian's Slurm has no NVML plugin in main, so slurmd cannot see GPUs, NVLinks or MIG
+    devices by itself. Limits: Slurm 22.05 uses Links= only to prefer GPUs linked to the first
+    free one, never to find the best-linked set (the taskprolog reorders within what Slurm
+    gave); Cores= matters only with a task plugin that binds cores; a host with MIG gets no
+    Links= (Slurm counts them per GRES record).
     """
     from gpualloc.cli.output import write_stdout
+    from gpualloc.discovery.recorded import read_text
     from gpualloc.discovery.this_host import describes_this_host
-    from gpualloc.slurm.gres import enumerated_core_numbers, gres_conf, sysfs_core_numbers
+    from gpualloc.slurm.gres import (
+        MIG_MINORS,
+        enumerated_core_numbers,
+        gres_conf,
+        parse_mig_minors,
+        sysfs_core_numbers,
+    )
 
     topology = STATE.load_topology()
+    here = describes_this_host(topology)
     if threads_per_core is not None:
         cores = enumerated_core_numbers(topology, threads_per_core)
-    elif describes_this_host(topology):
+    elif here:
         cores = sysfs_core_numbers()
     else:
         cores = None
-    write_stdout(gres_conf(topology, node=node, core_numbers=cores, device_dir=device_dir))
+    minors_file = mig_minors or (MIG_MINORS if here and MIG_MINORS.exists() else None)
+    minors = parse_mig_minors(read_text(minors_file, "MIG minors file")) if minors_file else None
+    write_stdout(
+        gres_conf(
+            topology,
+            node=node,
+            core_numbers=cores,
+            device_dir=device_dir,
+            mig_minors=minors,
+            gpu_type=gpu_type,
+        )
+    )
 
 
 @app.command("prolog")

@@ -65,24 +65,29 @@ class Journal(Struct, kw_only=True, forbid_unknown_fields=True):
 def record_job_lease(ledger: Ledger, lease: Lease) -> list[str]:
     """Put the Slurm job's ``lease`` in ``ledger``, replacing its earlier one; a GPU another
     lease holds is left to it and reported. Returns log lines."""
-    from gpualloc.ledger.occupancy import describe_lease
+    from gpualloc.ledger.occupancy import describe_lease, held_devices
 
     job = lease.slurm_job
     if job is None:
         raise ValueError(f"lease {lease.id} is not a Slurm job's")
     release_job(ledger, job)
     held = ledger.held_gpus()
+    held_mig = ledger.held_mig()
     lines = [
-        f"job {job}: Slurm gave it GPU {gpu}, which is also held outside Slurm: "
-        f"{describe_lease(held[gpu])}"
-        for gpu in lease.indices
-        if gpu in held
+        f"job {job}: Slurm gave it {what}, which is also held outside Slurm: "
+        f"{describe_lease(holder)}"
+        for what, holder in [
+            *((f"GPU {g.index}", held.get(g.index)) for g in lease.gpus),
+            *((f"MIG device {m.label}", held_mig.get(m.key)) for m in lease.mig),
+        ]
+        if holder is not None
     ]
     mine = tuple(g for g in lease.gpus if g.index not in held)
-    if mine:
-        ledger.leases.append(replace(lease, gpus=mine))
-        indices = format_cpulist([g.index for g in mine])
-        lines.append(f"job {job}: recorded GPU {indices} for {lease.user} ({lease.id})")
+    mine_mig = tuple(m for m in lease.mig if m.key not in held_mig)
+    if mine or mine_mig:
+        recorded = replace(lease, gpus=mine, mig=mine_mig)
+        ledger.leases.append(recorded)
+        lines.append(f"job {job}: recorded {held_devices(recorded)} for {lease.user} ({lease.id})")
     return lines
 
 

@@ -30,12 +30,14 @@ from gpualloc.boot import boot_id
 from gpualloc.errors import LedgerLocked, RequestError
 from gpualloc.launcher.allocate import HostLedger, user_name
 from gpualloc.ledger.journal import JournalEntry, append_entry, record_job_lease, release_job
-from gpualloc.ledger.schema import Lease, LeasedGpu
+from gpualloc.ledger.occupancy import held_devices
+from gpualloc.ledger.schema import Lease, LeasedGpu, LeasedMig
 from gpualloc.ledger.statedir import StateDirectory
 from gpualloc.ledger.store import new_lease_id
 from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.topology import Topology
-from gpualloc.slurm.job import check_job_id, device_numbers
+from gpualloc.slurm.gres import slurm_gpu_numbers
+from gpualloc.slurm.job import check_job_id
 
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9,._:-]*$")
 HOOK_LOCK_TIMEOUT_S = 5.0
@@ -71,19 +73,28 @@ def prolog(host: HostLedger, env: Mapping[str, str]) -> list[str]:
     except ValueError:
         raise RequestError(f"job {job}: SLURM_JOB_UID is not a number") from None
     user = env.get("SLURM_JOB_USER") or user_name(uid)
-    outside = [g for g in gpus if not 0 <= g < host.topology.gpu_count]
+    records = slurm_gpu_numbers(host.topology)
+    outside = [g for g in gpus if g not in records]
     lines = []
     if outside:
         lines.append(
             f"job {job}: GPU {format_cpulist(outside)} is not in the topology "
-            f"({host.topology.gpu_count} GPUs); check GPUALLOC_TOPOLOGY and gres.conf"
+            f"({len(records)} GPUs in gres.conf); check GPUALLOC_TOPOLOGY and gres.conf"
         )
-    mine = [g for g in gpus if g not in outside]
+    mine = [records[g] for g in gpus if g in records]
     if not mine:
         return lines
+    topology = host.topology
     lease = Lease(
         id=new_lease_id(),
-        gpus=tuple(LeasedGpu(index=g, uuid=host.topology.gpu(g).uuid) for g in mine),
+        gpus=tuple(
+            LeasedGpu(index=r.gpu, uuid=topology.gpu(r.gpu).uuid) for r in mine if r.mig is None
+        ),
+        mig=tuple(
+            LeasedMig(gpu=r.gpu, device=r.mig.device, uuid=r.mig.uuid, profile=r.mig.profile)
+            for r in mine
+            if r.mig is not None
+        ),
         uid=uid,
         user=user,
         hold=True,
@@ -118,7 +129,7 @@ def _record(host: HostLedger, entry: JournalEntry) -> list[str]:
                 lines = record_job_lease(txn.ledger, entry.lease)
             else:
                 lines = [
-                    f"job {job}: released GPU {format_cpulist(x.indices)} ({x.id})"
+                    f"job {job}: released {held_devices(x)} ({x.id})"
                     for x in release_job(txn.ledger, job)
                 ] or [f"job {job}: no lease to release"]
             txn.changed = True
@@ -127,7 +138,7 @@ def _record(host: HostLedger, entry: JournalEntry) -> list[str]:
         directory = store.directory
         append_entry(directory.journal_file, directory.journal_lock, store.host, entry)
         change = (
-            f"GPU {format_cpulist(entry.lease.indices)} for {entry.lease.user}"
+            f"{held_devices(entry.lease)} for {entry.lease.user}"
             if entry.lease is not None
             else "the release of its GPUs"
         )
@@ -160,19 +171,33 @@ def forget_job_ledger(directory: StateDirectory, job: str) -> list[str]:
 
 
 def task_prolog(topology: Topology, env: Mapping[str, str]) -> list[str]:
-    """The ``export`` lines for one task of a step."""
+    """The ``export`` lines for one task of a step.
+
+    A step on MIG devices gets ``CUDA_VISIBLE_DEVICES=MIG-<uuid>`` instead of Slurm's number: a
+    gres.conf without NVML detection gives Slurm no UUID, and its number means nothing to CUDA.
+    A step on three or more whole GPUs gets them in the order of the best ring.
+    """
     lines = ["export CUDA_DEVICE_ORDER=PCI_BUS_ID"]
     numbers = gpu_indices(env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS"))
+    records = slurm_gpu_numbers(topology)
+    if not numbers or not all(n in records for n in numbers):
+        return lines
+    step = [records[n] for n in numbers]
+    if any(record.mig is not None for record in step):
+        uuids = [
+            record.mig.uuid if record.mig else topology.gpu(record.gpu).uuid for record in step
+        ]
+        if all(uuid and _SAFE_VALUE.match(uuid) for uuid in uuids):
+            lines.append("export CUDA_VISIBLE_DEVICES=" + ",".join(uuids))  # type: ignore[arg-type]
+        return lines
     visible = [part for part in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if part]
-    index_of = device_numbers(topology)
     if (
         len(numbers) < 3  # a pair (or one GPU) has one order
         or len(visible) != len(numbers)
-        or not all(n in index_of for n in numbers)
         or not all(_SAFE_VALUE.match(v) for v in visible)
     ):
         return lines
-    physical = tuple(index_of[n] for n in numbers)
+    physical = tuple(record.gpu for record in step)
     order = best_ring(topology, physical)
     position = {gpu: i for i, gpu in enumerate(physical)}
     lines.append("export CUDA_VISIBLE_DEVICES=" + ",".join(visible[position[g]] for g in order))

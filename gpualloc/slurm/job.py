@@ -12,7 +12,8 @@ The job's GPUs are mapped to physical GPUs by identity, never by position:
   whatever the line's position; slurmd's ``DebugFlags=Gres`` log shows ``Index=3`` for it), and
   ``/dev/nvidiaN`` is the GPU whose device minor number is N (NVML
   ``nvmlDeviceGetMinorNumber``, which also gives its PCI bus id). A recorded topology without
-  minor numbers takes N as the index, as ``gpualloc slurm gres-conf`` does.
+  minor numbers takes N as the index, as ``gpualloc slurm gres-conf`` does. On a host with MIG
+  the numbers are positions in gres.conf instead (:func:`gpualloc.slurm.gres.gres_records`).
 - Otherwise ``CUDA_VISIBLE_DEVICES`` entries that are UUIDs (``GPU-...``; unique prefixes, as CUDA
   accepts them) are matched against the GPUs' UUIDs. Index entries are not used: under
   ``ConstrainDevices`` Slurm renumbers them from 0.
@@ -82,28 +83,30 @@ def slurm_job(topology: Topology, env: Mapping[str, str]) -> SlurmJob | None:
     return None
 
 
-def device_numbers(topology: Topology) -> dict[int, int]:
-    """Slurm's GPU number (the N of ``/dev/nvidiaN``: the device minor number) -> index."""
-    return {
-        (gpu.minor_number if gpu.minor_number is not None else gpu.index): gpu.index
-        for gpu in topology.gpus
-    }
-
-
 def _by_device_number(topology: Topology, variable: str, text: str) -> frozenset[int]:
+    from gpualloc.slurm.gres import slurm_gpu_numbers
+
     try:
         numbers = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise RequestError(f"{variable}={text!r} is not a list of GPU numbers") from None
-    index_of = device_numbers(topology)
-    missing = [n for n in numbers if n not in index_of]
+    records = slurm_gpu_numbers(topology)
+    missing = [n for n in numbers if n not in records]
     if missing:
         raise RequestError(
-            f"{variable} names GPU {format_cpulist(missing)} (/dev/nvidia{missing[0]}), which "
-            f"is not among this host's GPUs (device numbers {format_cpulist(sorted(index_of))})",
+            f"{variable} names GPU {format_cpulist(missing)}, which is not among this host's "
+            f"GPUs (Slurm numbers {format_cpulist(sorted(records))})",
             hint=_HINT,
         )
-    return frozenset(index_of[n] for n in numbers)
+    mig = [records[n].mig for n in numbers if records[n].mig is not None]
+    if mig:
+        raise RequestError(
+            f"this Slurm job holds MIG device {mig[0].label}; gpualloc places sub-jobs on whole "  # type: ignore[union-attr]
+            "GPUs only",
+            hint=f"run the job directly (the taskprolog set CUDA_VISIBLE_DEVICES), or set "
+            f"{IGNORE_VARIABLE}=1",
+        )
+    return frozenset(records[n].gpu for n in numbers)
 
 
 def _by_uuid(topology: Topology, uuids: list[str]) -> frozenset[int]:
