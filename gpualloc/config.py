@@ -21,6 +21,9 @@ with its source. A file is TOML::
     max_waiting = 32            # system file only: waiting jobs per user (0: no limit)
     backfill_window = "2h"      # system file only: no backfill past a job waiting longer
 
+    [share]
+    max_jobs = 4                # system file only: shared jobs per GPU (run --share)
+
 Settings that limit what one user may do to the others (issue 18, point 4) are read from the
 system file only: a user's own file or a variable that sets them is an error, since a limit a
 user could lift for themselves would bind nobody.
@@ -42,6 +45,7 @@ from msgspec import Struct
 
 from gpualloc.errors import ConfigError
 from gpualloc.ledger.statedir import DEFAULT_STATE_DIR
+from gpualloc.model.share import DEFAULT_MAX_SHARED_JOBS
 
 if TYPE_CHECKING:
     from gpualloc.model.bandwidth import BandwidthTable
@@ -185,6 +189,10 @@ SETTINGS: tuple[Setting, ...] = (
         "queue.backfill_window", None, None, _duration_or_none,
         "no later job starts before one that has waited this long", system_only=True,
     ),
+    Setting(
+        "share.max_jobs", None, DEFAULT_MAX_SHARED_JOBS, _count,
+        "shared jobs (run --share) one GPU may run at once (0: no sharing)", system_only=True,
+    ),
 )  # fmt: skip
 BY_KEY = {setting.key: setting for setting in SETTINGS}
 
@@ -295,7 +303,8 @@ def _parsed(setting: Setting, raw: Any, where: str) -> Any:
 
 
 def _read(path: Path) -> dict[str, Any] | None:
-    """The file's settings, flattened (``queue.max_bypass``); None when it does not exist."""
+    """The file's settings, flattened (``queue.max_bypass``, ``share.max_jobs``); None when it
+    does not exist."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -314,8 +323,8 @@ def _read(path: Path) -> dict[str, Any] | None:
         raise ConfigError(f"{path} is not valid TOML: {exc}", hint="fix the file") from None
     flat: dict[str, Any] = {}
     for key, value in data.items():
-        if key == "queue" and isinstance(value, dict):
-            flat.update({f"queue.{k}": v for k, v in value.items()})
+        if key in ("queue", "share") and isinstance(value, dict):
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
         else:
             flat[key] = value
     unknown = sorted(set(flat) - set(BY_KEY))

@@ -67,6 +67,14 @@ class FakeGpu:
     """(pid, used GPU memory in bytes or None) of the compute processes running on it."""
     mig: list[FakeMig] = field(default_factory=list)
     max_mig_devices: int = 7
+    memory_used_bytes: int | None = None
+    """What nvmlDeviceGetMemoryInfo reports in use; None: the processes' memory summed."""
+
+    @property
+    def used_memory(self) -> int:
+        if self.memory_used_bytes is not None:
+            return self.memory_used_bytes
+        return sum(used or 0 for _pid, used in self.processes)
 
 
 class FakeNvml(SimpleNamespace):
@@ -198,7 +206,9 @@ class FakeNvml(SimpleNamespace):
     def nvmlDeviceGetMemoryInfo(self, handle: int | MigHandle) -> SimpleNamespace:
         if isinstance(handle, MigHandle):
             return SimpleNamespace(total=self._mig(handle, "nvmlDeviceGetMemoryInfo").memory_bytes)
-        return SimpleNamespace(total=self._gpu(handle, "nvmlDeviceGetMemoryInfo").memory_bytes)
+        gpu = self._gpu(handle, "nvmlDeviceGetMemoryInfo")
+        used = min(gpu.used_memory, gpu.memory_bytes)
+        return SimpleNamespace(total=gpu.memory_bytes, used=used, free=gpu.memory_bytes - used)
 
     # ---- MIG ------------------------------------------------------------------------------
 

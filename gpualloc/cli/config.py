@@ -35,7 +35,8 @@ def show_command(
     (policy = "drb", numa = "bind", ignore_foreign = false, state_dir = "...",
     bandwidth_table = "file.json" or a [bandwidth_table] table, and in a [queue] table
     priority and max_bypass, and, in the system file only, privileged, max_waiting and
-    backfill_window); an unknown key or a bad value is an error (exit 15).
+    backfill_window; in a [share] table, system file only, max_jobs); an unknown key or a bad
+    value is an error (exit 15).
     """
     from gpualloc.cli.output import Table, print_json, print_tables
     from gpualloc.config import SETTINGS

@@ -91,9 +91,13 @@ JOB_OPTIONS = (
     Option(("--min-bandwidth",), "min_bandwidth", "float", minimum=0.0),
     Option(("--mig",), "mig"),
     Option(("--mem",), "mem"),
+    _flag("--shareable", dest="shareable"),
 )
 RUN_OPTIONS = (
     *JOB_OPTIONS,
+    _flag("--share", dest="share"),
+    _flag("--background", dest="background"),
+    Option(("--sm-share",), "sm_share", "int", minimum=1, maximum=100),
     Option(("--numa",), "numa"),
     _flag("--dry-run", dest="dry_run"),
     _flag("--quiet", "-q", dest="quiet"),
@@ -107,6 +111,8 @@ ALLOC_OPTIONS = (
 )
 RELEASE_OPTIONS = (
     _flag("--mine", dest="mine"),
+    _flag("--evict-shared", dest="evict_shared"),
+    Option(("--grace",), "grace"),
     _flag("--json", dest="as_json"),
 )
 

@@ -33,6 +33,7 @@ def open_host_ledger(*, ignore_foreign: bool = False, create: bool = True) -> Ho
         state_dir=STATE.setting("state_dir"),
         lock_timeout_s=STATE.setting("lock_timeout"),
     )
+    host.max_shared_jobs = STATE.config().system_value("share.max_jobs")
     warn(host.processes.notes)
     return host
 

@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING
 
 from gpualloc.cli.host import allocate, open_host_ledger, say, warn
 from gpualloc.cli.state import STATE
-from gpualloc.cli.want import build_want, wait_options
-from gpualloc.errors import RequestError
+from gpualloc.cli.want import build_want, declared_memory, wait_options
+from gpualloc.errors import ExitCode, RequestError
 
 if TYPE_CHECKING:
-    from gpualloc.launcher.allocate import Allocation, HostLedger, Want
+    from gpualloc.launcher.allocate import Allocation, HostLedger, LeaseTerms, Want
     from gpualloc.launcher.binding import Binding, NumaMode
     from gpualloc.launcher.wait import WaitOptions
     from gpualloc.model.request import Placement
+    from gpualloc.model.share import LeasedShare
 
 ALLOC_FORMATS = ("ids", "env", "json")
 
@@ -56,13 +57,19 @@ def run_job(
     min_bandwidth: float | None = None,
     mig: str | None = None,
     mem: str | None = None,
+    share: bool = False,
+    shareable: bool = False,
+    background: bool = False,
+    sm_share: int | None = None,
     dry_run: bool = False,
     quiet: bool = False,
     as_json: bool = False,
 ) -> None:
     """``gpualloc run``: place the job, record its lease, exec it (see its ``--help``)."""
+    from gpualloc.launcher.allocate import LeaseTerms
     from gpualloc.launcher.binding import NumaMode
     from gpualloc.launcher.command import resolve_program
+    from gpualloc.launcher.sharing import share_mode
 
     try:
         mode = NumaMode(STATE.setting("numa", numa))
@@ -84,6 +91,10 @@ def run_job(
         min_bandwidth=min_bandwidth,
         mig=mig,
         mem=mem,
+        share=share,
+        shareable=shareable,
+        background=background,
+        sm_share=sm_share,
     )
     waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
     resolve_program(command[0], os.environ)  # 127/126 before any GPU is taken
@@ -93,7 +104,18 @@ def run_job(
     if dry_run:
         _dry_run(host, want, command, mode, uuid, as_json)
         return
-    _launch(host, want, command, mode, uuid=uuid, name=name, quiet=quiet, waiting=waiting)
+    terms = LeaseTerms(
+        source="run",
+        pid=os.getpid(),
+        lock=True,
+        command=tuple(command),
+        name=name,
+        process_group=os.getpid() if os.getpgrp() == os.getpid() else None,
+        shareable=shareable,
+        memory_bytes=declared_memory(mem, shareable),
+        share_mode=share_mode(os.environ),
+    )
+    _launch(host, want, terms, command, mode, uuid=uuid, quiet=quiet, waiting=waiting)
 
 
 def _binding(host: HostLedger, placement: Placement, mode: NumaMode) -> Binding:
@@ -111,52 +133,63 @@ def _variables(
     *,
     lease_id: str | None,
     uuid: bool,
+    share: LeasedShare | None = None,
 ) -> dict[str, str]:
-    """The job's GPU variables: for whole GPUs, or for the one MIG device of a MIG lease."""
+    """The job's GPU variables: for whole GPUs, for the one MIG device of a MIG lease, and
+    for a shared job also how it shares."""
     from gpualloc.launcher.environment import gpu_variables, mig_variables
+    from gpualloc.launcher.sharing import share_variables
 
     if mig:
         (key,) = mig
         return mig_variables(host.topology.mig_device(*key), lease_id=lease_id)
-    return gpu_variables([host.topology.gpu(g) for g in gpus], lease_id=lease_id, use_uuid=uuid)
+    variables = gpu_variables(
+        [host.topology.gpu(g) for g in gpus], lease_id=lease_id, use_uuid=uuid
+    )
+    return {**variables, **share_variables(share)} if share is not None else variables
 
 
 def _launch(
     host: HostLedger,
     want: Want,
+    terms: LeaseTerms,
     command: list[str],
     mode: NumaMode,
     *,
     uuid: bool,
-    name: str | None,
     quiet: bool,
     waiting: WaitOptions | None,
 ) -> None:
-    from gpualloc.launcher.allocate import LeaseTerms
     from gpualloc.launcher.command import job_argv
     from gpualloc.launcher.environment import job_environment
     from gpualloc.launcher.exec import exec_job
+    from gpualloc.launcher.sharing import (
+        BACKGROUND_NICENESS,
+        share_notes,
+        start_eviction_watcher,
+    )
     from gpualloc.ledger.occupancy import held_devices
 
-    terms = LeaseTerms(
-        source="run",
-        pid=os.getpid(),
-        lock=True,
-        command=tuple(command),
-        name=name,
-        process_group=os.getpid() if os.getpgrp() == os.getpid() else None,
-    )
     allocation = allocate(host, want, terms, waiting)
     warn(allocation.notes)
     lease = allocation.lease
     try:
         binding = _binding(host, allocation.placement, mode)
-        variables = _variables(host, lease.indices, lease.mig_keys, lease_id=lease.id, uuid=uuid)
+        variables = _variables(
+            host, lease.indices, lease.mig_keys, lease_id=lease.id, uuid=uuid, share=lease.share
+        )
         if binding.method == "affinity":
             warn([binding.reason])
+        if lease.share is not None:
+            warn(share_notes(lease.share, os.environ))
         if not quiet:
             where = binding.describe() if binding.method == "numactl" else "not NUMA-bound"
-            say(f"lease {lease.id}: {held_devices(lease)} ({where}) for {shlex.join(command)}")
+            how = f", shared ({lease.share.mode})" if lease.share is not None else ""
+            say(f"lease {lease.id}: {held_devices(lease)}{how} ({where}) for {shlex.join(command)}")
+        if lease.share is not None:
+            start_eviction_watcher(host.ledger_store().directory.ledger_file, lease.id)
+            if lease.share.background:
+                os.nice(BACKGROUND_NICENESS)
         exec_job(job_argv(command, binding), job_environment(os.environ, variables), binding)
     except BaseException:
         if allocation.lock_fd is not None:
@@ -183,8 +216,14 @@ def _dry_run(
     warn(txn.notes)
     placement = choose(host.topology, host.occupancy(txn.ledger), want)
     binding = _binding(host, placement, mode)
+    share = _planned_share(host, want, placement)
     variables = _variables(
-        host, placement.gpus, placement.mig_devices, lease_id="(new lease id)", uuid=uuid
+        host,
+        placement.gpus,
+        placement.mig_devices,
+        lease_id="(new lease id)",
+        uuid=uuid,
+        share=share,
     )
     argv = job_argv(command, binding)
     if as_json:
@@ -202,6 +241,8 @@ def _dry_run(
     s = placement.scores
     if placement.mig_devices:
         lines = [f"would run on {placement.objective}"]
+    elif share is not None:
+        lines = [f"would run shared ({share.mode}) on {placement.objective}"]
     else:
         lines = [
             f"would run on GPU {','.join(map(str, placement.gpus))} "
@@ -217,6 +258,22 @@ def _dry_run(
     lines.append(f"  argv: {shlex.join(argv)}")
     lines.append("nothing was allocated (--dry-run)")
     write_stdout("\n".join(lines) + "\n")
+
+
+def _planned_share(host: HostLedger, want: Want, placement: Placement) -> LeasedShare | None:
+    """How a shared job would hold its GPU, for ``--dry-run``."""
+    from gpualloc.launcher.sharing import share_mode
+    from gpualloc.model.share import LeasedShare, share_fraction
+
+    if want.share is None:
+        return None
+    total = host.topology.gpu(placement.gpus[0]).memory_total_bytes
+    return LeasedShare(
+        fraction=share_fraction(want.share, total, host.max_shared_jobs),
+        background=want.share.background,
+        sm_percent=want.share.sm_percent,
+        mode=share_mode(os.environ),
+    )
 
 
 # ---- alloc -----------------------------------------------------------------------------------
@@ -247,6 +304,7 @@ def alloc_gpus(
     min_bandwidth: float | None = None,
     mig: str | None = None,
     mem: str | None = None,
+    shareable: bool = False,
 ) -> None:
     """``gpualloc alloc``: allocate GPUs without running anything (see its ``--help``)."""
     from gpualloc.launcher.allocate import LeaseTerms
@@ -275,11 +333,19 @@ def alloc_gpus(
         min_bandwidth=min_bandwidth,
         mig=mig,
         mem=mem,
+        shareable=shareable,
     )
     waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
     host = open_host_ledger(ignore_foreign=STATE.setting("ignore_foreign", ignore_foreign))
     terms = LeaseTerms(
-        source="alloc", pid=owner, hold=hold, command=_command_of(owner), name=name, announce=True
+        source="alloc",
+        pid=owner,
+        hold=hold,
+        command=_command_of(owner),
+        name=name,
+        announce=True,
+        shareable=shareable,
+        memory_bytes=declared_memory(mem, shareable),
     )
     allocation = allocate(host, want, terms, waiting)
     warn(allocation.notes)
@@ -321,16 +387,27 @@ def _print_allocation(
 
 
 def release_gpus(
-    *, leases: list[str] | None = None, mine: bool = False, as_json: bool = False
+    *,
+    leases: list[str] | None = None,
+    mine: bool = False,
+    evict_shared: bool = False,
+    grace: str | None = None,
+    as_json: bool = False,
 ) -> None:
-    """``gpualloc release``: give the leases named, or all of yours, back (see its ``--help``)."""
+    """``gpualloc release``: give the leases named, or all of yours, back (see its ``--help``);
+    with ``--evict-shared``, end the shared jobs beside them instead."""
     from gpualloc.cli.json_views import lease_json
     from gpualloc.cli.output import print_json, write_stdout
     from gpualloc.ledger.occupancy import describe_lease
 
     if not leases and not mine:
         raise RequestError("nothing to release", hint="give lease ids, or --mine for all yours")
+    if grace is not None and not evict_shared:
+        raise RequestError("--grace applies to --evict-shared", hint="add --evict-shared")
     host = open_host_ledger(ignore_foreign=True)
+    if evict_shared:
+        _evict_shared(host, leases or [], mine, grace, as_json)
+        return
     result = host.release_leases(leases or [], mine=mine)
     if as_json:
         print_json(
@@ -344,9 +421,57 @@ def release_gpus(
         if mine and not result.released and not result.problems:
             lines.append("you hold no lease")
         write_stdout("".join(line + "\n" for line in lines))
-    for problem in result.problems:
+    _report_problems(result.problems)
+
+
+def _report_problems(problems: list) -> None:
+    for problem in problems:
         sys.stderr.write(f"error: {problem.message}\n")
         if problem.hint:
             sys.stderr.write(f"hint: {problem.hint}\n")
-    if result.problems:
-        sys.exit(int(result.problems[0].exit_code))
+    if problems:
+        sys.exit(int(problems[0].exit_code))
+
+
+def _evict_shared(
+    host: HostLedger, leases: list[str], mine: bool, grace: str | None, as_json: bool
+) -> None:
+    """Mark the shared jobs for eviction, then wait (their watchers' SIGTERM, the grace, their
+    SIGKILL, a margin) until their leases are gone."""
+    import time
+
+    from gpualloc.cli.json_views import lease_json
+    from gpualloc.cli.output import print_json, write_stdout
+    from gpualloc.cli.want import parse_duration
+    from gpualloc.launcher.sharing import EVICTION_GRACE_S
+    from gpualloc.ledger.occupancy import describe_lease
+
+    grace_s = parse_duration(grace, "--grace") if grace is not None else EVICTION_GRACE_S
+    result = host.evict_shared(leases, mine=mine, grace_s=grace_s)
+    marked = {lease.id: lease for lease in result.released}
+    deadline = time.monotonic() + grace_s + 5.0
+    remaining = set(marked)
+    while remaining and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = {lease.id for lease in host.snapshot().ledger.leases}
+        remaining &= alive
+    if as_json:
+        print_json(
+            {
+                "evicted": [lease_json(marked[i]) for i in marked if i not in remaining],
+                "still_running": [lease_json(marked[i]) for i in sorted(remaining)],
+                "errors": [problem.message for problem in result.problems],
+            }
+        )
+    else:
+        lines = [f"evicted {describe_lease(marked[i])}" for i in marked if i not in remaining]
+        lines += [
+            f"still running after {grace_s + 5:g}s: {describe_lease(marked[i])}"
+            for i in sorted(remaining)
+        ]
+        if not marked and not result.problems:
+            lines.append("no shared job runs beside " + ("your leases" if mine else "it"))
+        write_stdout("".join(line + "\n" for line in lines))
+    _report_problems(result.problems)
+    if remaining:
+        sys.exit(int(ExitCode.BUSY))

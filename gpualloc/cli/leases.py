@@ -25,6 +25,7 @@ from gpualloc.cli.request_options import (
     RequireOption,
     ScoreOption,
     SensitiveOption,
+    ShareableOption,
     TimeoutOption,
     UuidOption,
     WaitOption,
@@ -79,6 +80,7 @@ def alloc_command(
     min_bandwidth: MinBandwidthOption = None,
     mig: MigOption = None,
     mem: MemOption = None,
+    shareable: ShareableOption = False,
 ) -> None:
     """Allocate GPUs without running anything: for scripts, notebooks and prologs.
 
@@ -104,12 +106,35 @@ def release_command(
         ),
     ] = None,
     mine: Annotated[bool, typer.Option("--mine", help="Release every lease of yours.")] = False,
+    evict_shared: Annotated[
+        bool,
+        typer.Option(
+            "--evict-shared",
+            help="Do not release: end the shared jobs (run --share) on the GPUs of the "
+            "--shareable leases named (or of all yours with --mine), or the shared job named. "
+            "Each gets SIGTERM, then SIGKILL after --grace; waits until they are gone.",
+        ),
+    ] = False,
+    grace: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--grace",
+            metavar="DURATION",
+            help="With --evict-shared: how long a job has between SIGTERM and SIGKILL "
+            "(default 10s).",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Give GPUs back: the leases named, or all of yours with --mine.
 
     Only a lease's owner (or root) may release it: exit 12 otherwise, 13 for an unknown id. A
     job still running on released GPUs keeps running; the GPUs just stop being reserved for it.
+
+    With --evict-shared the leases stay and the shared jobs beside them leave: the owner of a
+    --shareable lease may evict other users' shared jobs (their own gpualloc watcher ends them,
+    since nobody but root may signal another user's processes).
     """
     jobs.release_gpus(**locals())  # every option by name (a test checks both signatures agree)
 

@@ -98,8 +98,18 @@ MemOption = Annotated[
         "--mem",
         metavar="SIZE",
         help="Take the smallest free MIG device with at least this much memory (e.g. 10G, "
-        "4.5G, 512M; G = GiB); with --mig, a device of that profile with that much.",
+        "4.5G, 512M; G = GiB); with --mig, a device of that profile with that much. With "
+        "--share: the GPU memory the shared job needs; with --shareable: what this job uses, "
+        "so that shared jobs leave it room.",
         show_default=False,
+    ),
+]
+ShareableOption = Annotated[
+    bool,
+    typer.Option(
+        "--shareable",
+        help="Let shared jobs (run --share) run on these GPUs beside this job, as long as "
+        "their memory fits; you may evict them (release --evict-shared).",
     ),
 ]
 IgnoreForeignOption = Annotated[

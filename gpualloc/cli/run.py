@@ -24,6 +24,7 @@ from gpualloc.cli.request_options import (
     RequireOption,
     ScoreOption,
     SensitiveOption,
+    ShareableOption,
     TimeoutOption,
     UuidOption,
     WaitOption,
@@ -38,6 +39,38 @@ NumaOption = Annotated[
         "it cannot; none: never bind. Default: auto (GPUALLOC_NUMA, numa in config.toml).",
         show_default=False,
         autocompletion=complete.numa_modes,
+    ),
+]
+
+
+ShareOption = Annotated[
+    bool,
+    typer.Option(
+        "--share",
+        help="Run on a GPU together with other jobs: one a --shareable lease holds, one only "
+        "shared jobs use, else a free one; the memory asked for with --mem must be free there "
+        "and the GPU must run fewer shared jobs than the host allows (share.max_jobs, "
+        "default 4). Under CUDA MPS when its daemon runs, else time-sliced.",
+    ),
+]
+BackgroundOption = Annotated[
+    bool,
+    typer.Option(
+        "--background",
+        help="With --share: a low-priority job (DeepPool's background job): its CPU priority "
+        "is lowered (nice 10) and status marks it so.",
+    ),
+]
+SmShareOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--sm-share",
+        min=1,
+        max=100,
+        metavar="PERCENT",
+        help="With --share under CUDA MPS: the share of the GPU's multiprocessors the job may "
+        "use (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); no effect when time-sliced.",
+        show_default=False,
     ),
 ]
 
@@ -73,6 +106,10 @@ def run_command(
     min_bandwidth: MinBandwidthOption = None,
     mig: MigOption = None,
     mem: MemOption = None,
+    share: ShareOption = False,
+    shareable: ShareableOption = False,
+    background: BackgroundOption = False,
+    sm_share: SmShareOption = None,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -94,6 +131,10 @@ def run_command(
     Inside a Slurm job it places only on the job's GPUs (SLURM_STEP_GPUS, matched by device
     number) and keeps a ledger of the job's own, so one allocation can run a sweep of
     topology-placed sub-jobs; GPUALLOC_NO_SLURM=1 uses the host's ledger instead.
+
+    With --share it runs beside other jobs on one GPU (--shareable leases, or GPUs only shared
+    jobs use, else a free one); the owner of the lease it shares may evict it (release
+    --evict-shared), and then it gets SIGTERM, and SIGKILL 10 s later.
 
     With --wait it queues when the GPUs are taken and starts within half a second of its turn
     (first come, first served; a later job may start first only while an earlier one cannot;

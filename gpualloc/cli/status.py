@@ -28,6 +28,7 @@ STATE_STYLE = {
     "lost": "red",
     "outside": "dim",
     "mig": "cyan",
+    "shared": "magenta",
 }
 
 
@@ -97,6 +98,10 @@ def _show(host: HostLedger, as_json: bool) -> None:
     tables = [_gpu_table(host, occupancy)]
     if host.topology.mig_instances:
         tables.append(_mig_table(host, occupancy))
+    shares = [lease for found in occupancy.shares.values() for lease in found]
+    if shares:
+        footer[0] += f"; {len(shares)} shared job(s)"
+        tables.append(_share_table(host, occupancy))
     if txn.ledger.queue:
         tables.append(_queue_table(txn))
     print_tables(tables, footer=footer)
@@ -114,6 +119,8 @@ def _queue_table(txn: LedgerTransaction) -> Table:
         wants = f"{request.gpus} GPU(s)" + (" sensitive" if request.sensitive else "")
         if request.mig is not None:
             wants = f"MIG {request.mig.describe()}"
+        if request.share is not None:
+            wants = request.share.describe()
         if request.min_bandwidth_gbps is not None:
             wants += f", >= {request.min_bandwidth_gbps:g} GB/s"
         if request.min_utility is not None:
@@ -146,8 +153,15 @@ def _gpu_table(host: HostLedger, occupancy: Occupancy) -> Table:
     for gpu in host.topology.gpus:
         state = occupancy.state(gpu.index)
         lease = occupancy.leases.get(gpu.index)
+        shares = occupancy.shares.get(gpu.index, ())
         if lease is not None:
             row = [str(gpu.index), state, *_lease_cells(lease, now)]
+            if lease.shareable:
+                note = f"[shareable: {len(shares)} shared job(s)]"
+                row[-1] = note if row[-1] == "-" else f"{row[-1]} {note}"
+        elif shares:
+            users = ",".join(sorted({x.user for x in shares}))
+            row = [str(gpu.index), state, users, "-", "-", "-", f"{len(shares)} shared job(s)"]
         else:
             foreign = occupancy.foreign(gpu.index)
             users = sorted({p.user for p in foreign if p.user})
@@ -206,9 +220,33 @@ def _mig_table(host: HostLedger, occupancy: Occupancy) -> Table:
     )
 
 
+def _share_table(host: HostLedger, occupancy: Occupancy) -> Table:
+    """One row per shared job: where, whose, how big a part, how it shares."""
+    from gpualloc.cli.output import Table
+    from gpualloc.model.mig import format_size
+
+    now = datetime.now(timezone.utc)
+    rows = []
+    for gpu, found in sorted(occupancy.shares.items()):
+        for lease in found:
+            share = lease.share
+            assert share is not None
+            how = [f"{share.fraction:.0%}", share.mode]
+            if lease.memory_bytes is not None:
+                how.insert(1, format_size(lease.memory_bytes))
+            if share.background:
+                how.append("background")
+            if share.evict_by is not None:
+                how.append(f"evicted by {share.evict_by}")
+            user, lease_id, since, pid, job = _lease_cells(lease, now)
+            rows.append([str(gpu), user, lease_id, since, pid, ", ".join(how), job])
+    return Table("Shared jobs", ["GPU", "User", "Lease", "Since", "PID", "Share", "Job"], rows)
+
+
 def status_json(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) -> dict[str, Any]:
     from gpualloc.launcher.queue import turn_order
     from gpualloc.model.validation import to_builtins
+    from gpualloc.placement.share import free_memory
 
     gpus = []
     for gpu in host.topology.gpus:
@@ -219,6 +257,9 @@ def status_json(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) 
                 "uuid": gpu.uuid,
                 "state": occupancy.state(gpu.index),
                 "lease": lease.id if lease else None,
+                "shareable": bool(lease and lease.shareable),
+                "shared_jobs": [x.id for x in occupancy.shares.get(gpu.index, ())],
+                "memory_free_bytes": free_memory(host.topology, occupancy, gpu.index),
                 "processes": [to_builtins(p) for p in occupancy.processes.get(gpu.index, ())],
             }
         )

@@ -98,8 +98,22 @@ def build_want(
     min_bandwidth: float | None = None,
     mig: str | None = None,
     mem: str | None = None,
+    share: bool = False,
+    shareable: bool = False,
+    background: bool = False,
+    sm_share: int | None = None,
 ) -> Want:
-    """The engine's request from the option values; usage errors for bad combinations."""
+    """The engine's request from the option values; usage errors for bad combinations.
+
+    ``--mem`` asks for a MIG device, except with ``--share`` (the shared job's memory) and
+    ``--shareable`` (what the job declares it uses: see :func:`declared_memory`)."""
+    _check_sharing(share, shareable, background, sm_share, mig)
+    if share:
+        return _share_want(
+            count, explicit, exclude, require, min_utility, min_bandwidth, mem, background, sm_share
+        )
+    if shareable:
+        mem = None  # declared, not a MIG request
     if mig is not None or mem is not None:
         given = {
             "-n": count is not None and count != 1,
@@ -154,6 +168,75 @@ def build_want(
         min_bandwidth_gbps=min_bandwidth,
         mig=mig_request(mig, mem) if mig is not None or mem is not None else None,
     )
+
+
+def _check_sharing(
+    share: bool, shareable: bool, background: bool, sm_share: int | None, mig: str | None
+) -> None:
+    if (background or sm_share is not None) and not share:
+        option = "--background" if background else "--sm-share"
+        raise RequestError(f"{option} applies to a shared job", hint="add --share")
+    if share and shareable:
+        raise RequestError(
+            "--share and --shareable: a shared job already lets other shared jobs beside it",
+            hint="give one of them",
+        )
+    if (share or shareable) and mig is not None:
+        option = "--share" if share else "--shareable"
+        raise RequestError(
+            f"{option} applies to whole GPUs, not to a MIG device (--mig)",
+            hint="a MIG device is a slice of a GPU already; leave out one of them",
+        )
+
+
+def _share_want(
+    count: int | None,
+    explicit: str | None,
+    exclude: str | None,
+    require: str | None,
+    min_utility: float | None,
+    min_bandwidth: float | None,
+    mem: str | None,
+    background: bool,
+    sm_share: int | None,
+) -> Want:
+    """The request of ``run --share``: one GPU, shared."""
+    from gpualloc.launcher.allocate import Want
+    from gpualloc.model.request import JobRequest
+    from gpualloc.model.share import ShareRequest
+    from gpualloc.placement.patterns import build_pattern
+
+    chosen = gpu_sequence(explicit, "--gpus") if explicit is not None else ()
+    given = {
+        "-n": count is not None and count != 1,
+        "--gpus": len(chosen) > 1,
+        "--exclude": exclude is not None,
+        "--require": require is not None,
+        "--min-utility": min_utility is not None,
+        "--min-bandwidth": min_bandwidth is not None,
+    }
+    clash = [option for option, present in given.items() if present]
+    if clash:
+        raise RequestError(
+            f"{clash[0]} does not apply to a shared job (--share), which runs on one GPU",
+            hint="leave out " + ", ".join(clash) + " (--gpus N names the one GPU to share)",
+        )
+    request = ShareRequest(
+        memory_bytes=parse_size(mem, "--mem") if mem is not None else None,
+        background=background,
+        sm_percent=sm_share,
+        gpu=chosen[0] if chosen else None,
+    )
+    return Want(
+        request=JobRequest(gpus=1, pattern=build_pattern("ring", 1), sensitive=False),
+        policy=STATE.setting("policy", None),
+        share=request,
+    )
+
+
+def declared_memory(mem: str | None, shareable: bool) -> int | None:
+    """The memory a ``--shareable`` job declares it uses (``--mem``), else None."""
+    return parse_size(mem, "--mem") if shareable and mem is not None else None
 
 
 def mig_request(mig: str | None, mem: str | None) -> MigRequest:

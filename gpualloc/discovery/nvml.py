@@ -178,6 +178,20 @@ class NvmlSession:
                 )
         return found
 
+    def memory_used(self) -> dict[str, int]:
+        """GPU UUID -> bytes of memory in use (``nvmlDeviceGetMemoryInfo``); GPUs that cannot be
+        asked are left out."""
+        nvml = self.nvml
+        used: dict[str, int] = {}
+        for index in range(self.device_count()):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = text_of(nvml.nvmlDeviceGetUUID(handle))
+                used[uuid] = int(nvml.nvmlDeviceGetMemoryInfo(handle).used)
+            except (nvml.NVMLError, AttributeError, TypeError, ValueError):
+                continue
+        return used
+
     # ---- the full probe --------------------------------------------------------------------
 
     def probe(

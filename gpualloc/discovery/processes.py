@@ -41,6 +41,9 @@ class ProcessReport(Struct):
     notes: list[str] = field(default_factory=list)
     source: str = "none"
     """``nvml``, ``nvidia-smi``, ``topology`` (declared in a recorded file) or ``none``."""
+    memory_used: dict[int, int] = field(default_factory=dict)
+    """GPU index -> memory in use as NVML reports it (``nvmlDeviceGetMemoryInfo``), for GPUs
+    it could be asked about; shared jobs check their memory against it."""
 
     def on_gpu(self, index: int) -> list[GpuProcess]:
         return [p for p in self.processes if p.gpu == index]
@@ -55,9 +58,9 @@ def live_processes(topology: Topology) -> ProcessReport:
     """This host's compute processes: NVML, else nvidia-smi, else a note saying that none could
     be seen (foreign use then goes undetected, and the caller says so)."""
     problems: list[str] = []
-    for source, probe in (("nvml", _from_nvml), ("nvidia-smi", _from_nvidia_smi)):
+    for probe in (_from_nvml, _from_nvidia_smi):
         try:
-            return ProcessReport(probe(topology), source=source)
+            return probe(topology)
         except DiscoveryError as problem:  # DiscoveryUnavailable included
             problems.append(str(problem))
     return ProcessReport(
@@ -68,20 +71,27 @@ def live_processes(topology: Topology) -> ProcessReport:
     )
 
 
-def _from_nvml(topology: Topology) -> list[GpuProcess]:
+def _from_nvml(topology: Topology) -> ProcessReport:
     from gpualloc.discovery.nvml import NvmlSession
 
     with NvmlSession() as session:
-        return match_processes(topology, session.compute_processes())
+        processes = match_processes(topology, session.compute_processes())
+        by_uuid = {gpu.uuid: gpu.index for gpu in topology.gpus if gpu.uuid}
+        memory = {
+            by_uuid[uuid]: used for uuid, used in session.memory_used().items() if uuid in by_uuid
+        }
+    return ProcessReport(processes, source="nvml", memory_used=memory)
 
 
-def _from_nvidia_smi(topology: Topology) -> list[GpuProcess]:
+def _from_nvidia_smi(topology: Topology) -> ProcessReport:
     from gpualloc.discovery.smi import run_nvidia_smi
 
     text = run_nvidia_smi(
         "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits"
     )
-    return match_processes(topology, parse_compute_apps_csv(text))
+    return ProcessReport(
+        match_processes(topology, parse_compute_apps_csv(text)), source="nvidia-smi"
+    )
 
 
 def parse_compute_apps_csv(text: str) -> list[RunningProcess]:

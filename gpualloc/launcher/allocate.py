@@ -52,6 +52,13 @@ from gpualloc.ledger.store import LOCK_TIMEOUT_S, LedgerStore, LedgerTransaction
 from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.mig import MigRequest
 from gpualloc.model.request import HostState, JobRequest, Placement
+from gpualloc.model.share import (
+    DEFAULT_MAX_SHARED_JOBS,
+    LeasedShare,
+    ShareMode,
+    ShareRequest,
+    share_fraction,
+)
 from gpualloc.model.topology import GpuProcess, Topology
 from gpualloc.placement.registry import DEFAULT_POLICY
 from gpualloc.placement.scores import EffectiveModel
@@ -81,6 +88,8 @@ class Want(Struct, frozen=True):
     min_bandwidth_gbps: float | None = None
     mig: MigRequest | None = None
     """A MIG device instead of whole GPUs (``request`` then asks for one GPU)."""
+    share: ShareRequest | None = None
+    """A shared place on one GPU instead of whole GPUs (``request`` then asks for one)."""
 
     def queued(self) -> QueuedRequest:
         """This request as the queue stores it."""
@@ -103,6 +112,7 @@ class Want(Struct, frozen=True):
             min_utility=self.min_utility,
             min_bandwidth_gbps=self.min_bandwidth_gbps,
             mig=self.mig,
+            share=self.share,
         )
 
     @classmethod
@@ -125,6 +135,7 @@ class Want(Struct, frozen=True):
             min_utility=queued.min_utility,
             min_bandwidth_gbps=queued.min_bandwidth_gbps,
             mig=queued.mig,
+            share=queued.share,
         )
 
 
@@ -142,6 +153,12 @@ class LeaseTerms(Struct, frozen=True):
     """The job's own process group, when it leads one (see ``Lease.process_group``)."""
     announce: bool = False
     """The lease is unconfirmed until :meth:`HostLedger.confirm` (after its id was printed)."""
+    shareable: bool = False
+    """Shared jobs may join the lease's GPUs (``--shareable``)."""
+    memory_bytes: int | None = None
+    """GPU memory the job declares it uses (``--shareable --mem``)."""
+    share_mode: ShareMode = "time-sliced"
+    """How a shared job shares its GPU (CUDA MPS when its daemon runs)."""
 
 
 class Allocation(Struct):
@@ -162,6 +179,8 @@ class HostLedger(Struct):
     ignore_foreign: bool = False
     slurm_job: SlurmJob | None = None
     """Inside a Slurm job: only the job's GPUs, in a ledger of the job's own."""
+    max_shared_jobs: int = DEFAULT_MAX_SHARED_JOBS
+    """Shared jobs a GPU may run at once (the system config's ``share.max_jobs``)."""
     _pending_lock: tuple[int, str] | None = None
     """The lease lock taken by :meth:`record` in the current transaction, until it commits."""
 
@@ -222,6 +241,8 @@ class HostLedger(Struct):
             self.processes.processes,
             ignore_foreign=self.ignore_foreign,
             outside=self.outside,
+            memory_used=self.processes.memory_used,
+            max_shared_jobs=self.max_shared_jobs,
         )
 
     def snapshot(self) -> LedgerTransaction:
@@ -314,6 +335,20 @@ class HostLedger(Struct):
             announced=not terms.announce,
             creator_pid=os.getpid() if terms.announce else None,
             creator_start_time=process_start_time(os.getpid()) if terms.announce else None,
+            shareable=terms.shareable,
+            memory_bytes=want.share.memory_bytes if want.share else terms.memory_bytes,
+            share=self._share(placement, want, terms),
+        )
+
+    def _share(self, placement: Placement, want: Want, terms: LeaseTerms) -> LeasedShare | None:
+        if want.share is None:
+            return None
+        total = self.topology.gpu(placement.gpus[0]).memory_total_bytes
+        return LeasedShare(
+            fraction=share_fraction(want.share, total, self.max_shared_jobs),
+            background=want.share.background,
+            sm_percent=want.share.sm_percent,
+            mode=terms.share_mode,
         )
 
     def confirm(self, lease_id: str) -> None:
@@ -367,6 +402,71 @@ class HostLedger(Struct):
             _remove_file(store.directory.lease_lock(lease.id))
         return result
 
+    def evict_shared(
+        self, selectors: Iterable[str], *, mine: bool = False, grace_s: float | None = None
+    ) -> ReleaseResult:
+        """Ask the shared jobs on the GPUs of the leases ``selectors`` name (or of all the
+        caller's with ``mine``) to leave; a selector may also name one shared job. Only the
+        owner of the lease they share, the shared job's owner, or root may. The jobs' watchers
+        end them (:mod:`gpualloc.launcher.sharing`); their leases go when they have ended.
+        ``released`` lists the shared jobs marked."""
+        store = self.ledger_store()
+        uid = os.geteuid()
+        result = ReleaseResult()
+        with store.transaction() as txn:
+            named: list[Lease] = []
+            for selector in selectors:
+                try:
+                    lease = _find(txn, selector)
+                except NoSuchLease as missing:
+                    result.problems.append(missing)
+                    continue
+                if lease is not None:
+                    named.append(lease)
+            if mine:
+                named += [x for x in txn.ledger.leases if x.uid == uid and x.shareable]
+            shares = txn.ledger.shares()
+            held = txn.ledger.held_gpus()
+            for lease in named:
+                whose = f"lease {lease.id} belongs to {lease.user} (uid {lease.uid})"
+                if lease.share is not None:
+                    targets = [lease]
+                    beside = held.get(lease.gpus[0].index)
+                    owners = {lease.uid, *([beside.uid] if beside else [])}
+                    whose = f"shared job {lease.id} belongs to {lease.user}" + (
+                        f" and runs beside {beside.user}'s lease {beside.id}" if beside else ""
+                    )
+                elif not lease.shareable:
+                    result.problems.append(
+                        RequestError(
+                            f"lease {lease.id} is not shareable: no shared job runs beside it",
+                            hint="'gpualloc status' shows the shared jobs",
+                        )
+                    )
+                    continue
+                else:
+                    targets = [x for g in lease.indices for x in shares.get(g, [])]
+                    owners = {lease.uid}
+                if uid not in owners and uid != 0:
+                    result.problems.append(
+                        NotPermitted(
+                            whose,
+                            hint="only the owner of the shared lease, the job's owner or root "
+                            "may evict",
+                        )
+                    )
+                    continue
+                for share in targets:
+                    if share.share is None or any(x.id == share.id for x in result.released):
+                        continue
+                    marked = replace(
+                        share,
+                        share=replace(share.share, evict_by=user_name(uid), evict_grace_s=grace_s),
+                    )
+                    txn.replace(marked)
+                    result.released.append(marked)
+        return result
+
     def collect_garbage(self) -> GarbageReport:
         """Reap dead leases now, and remove lease lock files that no lease names."""
         store = self.ledger_store()
@@ -411,6 +511,8 @@ def choose(topology: Topology, occupancy: Occupancy, want: Want) -> Placement:
 
     if want.mig is not None:
         return _mig_placement(topology, occupancy, want.mig)
+    if want.share is not None:
+        return _share_placement(topology, occupancy, want.share)
     if want.explicit is not None:
         return _good_enough(_explicit(topology, occupancy, want), want)
     policy = get_policy(want.policy)
@@ -470,6 +572,31 @@ def _mig_placement(topology: Topology, occupancy: Occupancy, request: MigRequest
         objective=choice.reason,
         notes=tuple(f"runner-up: {m.label} ({m.profile})" for m in choice.runners_up[:3]),
         mig_devices=((instance.gpu, instance.device),),
+    )
+
+
+SHARE_POLICY = "share-best-fit"
+
+
+def _share_placement(topology: Topology, occupancy: Occupancy, request: ShareRequest) -> Placement:
+    """The GPU for a shared job (see :mod:`gpualloc.placement.share`) as a placement."""
+    from gpualloc.model.request import Scores
+    from gpualloc.placement.share import choose_share
+
+    choice = choose_share(topology, occupancy, request, occupancy.max_shared_jobs)
+    return Placement(
+        policy=SHARE_POLICY,
+        gpus=(choice.candidate.gpu,),
+        scores=Scores(
+            aggregated_gbps=None,
+            effective_gbps=None,
+            preserved_gbps=0.0,
+            bottleneck_gbps=None,
+            utility=1.0,
+        ),
+        objective=choice.reason,
+        notes=tuple(f"runner-up: {c.describe()}" for c in choice.runners_up[:3]),
+        shared=True,
     )
 
 

@@ -129,7 +129,24 @@ def group_alive(group: int) -> bool:
         os.killpg(group, 0)
     except OSError as exc:
         return exc.errno == errno.EPERM  # another user's members exist
-    return True
+    return _live_member(group)
+
+
+def _live_member(group: int) -> bool:
+    """True if a process of ``group`` has not ended: members that are all zombies (a parent
+    that has not waited for them yet) hold nothing, though ``killpg`` still finds them."""
+    try:
+        entries = [entry.name for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+    except OSError:
+        return True
+    for entry in entries:
+        try:
+            fields = _stat(int(entry))
+        except OSError:
+            continue
+        if fields[2] == str(group) and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def started_by(pid: int, uid: int, *, since: float) -> bool:

@@ -11,7 +11,7 @@ running job for DRB's interference term) and the messages that say who holds wha
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta, timezone
 
 from msgspec import Struct, field
@@ -19,6 +19,7 @@ from msgspec import Struct, field
 from gpualloc.ledger.schema import Lease, Ledger
 from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.request import HostState, RunningJob
+from gpualloc.model.share import DEFAULT_MAX_SHARED_JOBS
 from gpualloc.model.topology import GpuProcess, Health, Topology
 
 
@@ -39,6 +40,13 @@ class Occupancy(Struct, frozen=True):
     """GPUs in MIG mode: never leased whole, only by their MIG devices."""
     mig_leases: dict[tuple[int, int], Lease] = field(default_factory=dict)
     """(parent GPU, MIG device index) -> the live lease holding that MIG device."""
+    shares: dict[int, tuple[Lease, ...]] = field(default_factory=dict)
+    """GPU index -> the shared jobs on it (``run --share``), oldest first."""
+    memory_used: dict[int, int] = field(default_factory=dict)
+    """GPU index -> memory in use as the driver reports it (NVML), else the sum of its
+    processes' memory; absent when nothing says."""
+    max_shared_jobs: int = DEFAULT_MAX_SHARED_JOBS
+    """Shared jobs a GPU may run at once (the system config's ``share.max_jobs``)."""
 
     @classmethod
     def build(
@@ -49,10 +57,18 @@ class Occupancy(Struct, frozen=True):
         *,
         ignore_foreign: bool = False,
         outside: frozenset[int] = frozenset(),
+        memory_used: Mapping[int, int] | None = None,
+        max_shared_jobs: int = DEFAULT_MAX_SHARED_JOBS,
     ) -> Occupancy:
         by_gpu: dict[int, list[GpuProcess]] = {}
         for process in processes:
             by_gpu.setdefault(process.gpu, []).append(process)
+        used = {
+            gpu: sum(p.used_memory_bytes or 0 for p in found)
+            for gpu, found in by_gpu.items()
+            if any(p.used_memory_bytes is not None for p in found)
+        }
+        used.update(memory_used or {})
         return cls(
             gpu_count=topology.gpu_count,
             leases={i: lease for i, lease in ledger.held_gpus().items() if i < topology.gpu_count},
@@ -66,19 +82,30 @@ class Occupancy(Struct, frozen=True):
                 for key, lease in ledger.held_mig().items()
                 if key[0] < topology.gpu_count
             },
+            shares={
+                gpu: tuple(found)
+                for gpu, found in ledger.shares().items()
+                if gpu < topology.gpu_count
+            },
+            memory_used=used,
+            max_shared_jobs=max_shared_jobs,
         )
 
     # ---- per GPU ---------------------------------------------------------------------------
 
     def foreign(self, gpu: int) -> tuple[GpuProcess, ...]:
         """Processes on ``gpu`` that no lease accounts for (ignored ones included)."""
-        return () if gpu in self.leases else self.processes.get(gpu, ())
+        if gpu in self.leases or gpu in self.shares:
+            return ()
+        return self.processes.get(gpu, ())
 
     def state(self, gpu: int) -> str:
-        """``held``, ``outside``, ``lost``, ``mig`` (in MIG mode: only its MIG devices are
-        leased), ``foreign`` or ``free``."""
+        """``held``, ``shared`` (only shared jobs run on it), ``outside``, ``lost``, ``mig``
+        (in MIG mode: only its MIG devices are leased), ``foreign`` or ``free``."""
         if gpu in self.leases:
             return "held"
+        if gpu in self.shares:
+            return "shared"
         if gpu in self.outside:
             return "outside"
         if gpu in self.lost:
@@ -108,6 +135,10 @@ class Occupancy(Struct, frozen=True):
                 held = frozenset(i for i in lease.indices if i < self.gpu_count)
                 running.append(RunningJob(gpus=held, sensitive=lease.sensitive))
         for gpu in sorted(self.busy - frozenset(self.leases) - self.outside - self.mig):
+            if gpu in self.shares:
+                found = self.shares[gpu]
+                running.append(RunningJob(gpus=frozenset({gpu}), sensitive=found[0].sensitive))
+                continue
             running.append(RunningJob(gpus=frozenset({gpu})))
         return HostState(free=self.free, running=tuple(running))
 
@@ -125,10 +156,11 @@ class Occupancy(Struct, frozen=True):
         seen: set[str] = set()
         for gpu in wanted:
             lease = self.leases.get(gpu)
-            if lease is not None:
-                if lease.id not in seen:
-                    seen.add(lease.id)
-                    lines.append(describe_lease(lease, now=now))
+            if lease is not None or gpu in self.shares:
+                for holder in (lease, *self.shares.get(gpu, ())):
+                    if holder is not None and holder.id not in seen:
+                        seen.add(holder.id)
+                        lines.append(describe_lease(holder, now=now))
             elif gpu in self.lost:
                 lines.append(f"GPU {gpu} was lost (fell off the bus); check 'dmesg' for Xid errors")
             elif gpu in self.mig:
@@ -158,10 +190,12 @@ def describe_lease(lease: Lease, *, now: datetime | None = None) -> str:
     """``GPU 0,1 held by alice since 14:02 (2h 5m), lease 1a2b3c4d5e6f, pid 4242: python
     train.py``."""
     now = now or datetime.now(timezone.utc)
-    text = f"{held_devices(lease)} held by {lease.user}"
+    text = f"{held_devices(lease)} {'shared' if lease.share else 'held'} by {lease.user}"
     text += f" for {format_age(now - lease.created)}, lease {lease.id}"
     if lease.name:
         text += f" ({lease.name})"
+    if lease.shareable:
+        text += ", shareable"
     if lease.hold:
         text += ", until released"
     elif lease.pid is not None:

@@ -13,14 +13,16 @@ from typing import Annotated, Literal
 from msgspec import Meta, Struct, field
 
 from gpualloc.model.mig import MigRequest, mig_label
+from gpualloc.model.share import LeasedShare, ShareRequest
 from gpualloc.model.validation import NonNegativeInt, PositiveInt
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """2 added the waiting queue (``queue``, ``next_seq``) and ``Lease.sensitive``; 3 added
 ``writer_uid``, ``root_journal_seq``, ``Lease.process_group`` and the confirmation of a new
 lease (``announced``, ``creator_pid``); 4 added ``Lease.mig`` (MIG devices held; such a lease
-may hold no whole GPU). Older files read as version 4: every added field has a default that
-means what the older file meant."""
+may hold no whole GPU); 5 added shared GPUs (``Lease.shareable``, ``Lease.memory_bytes``,
+``Lease.share``, ``QueuedRequest.share``). Older files read as version 5: every added field has
+a default that means what the older file meant."""
 
 LeaseSource = Literal["run", "alloc", "slurm"]
 Priority = Literal["high", "normal", "low"]
@@ -106,10 +108,21 @@ class Lease(_Entry, kw_only=True, frozen=True):
     creator_pid: PositiveInt | None = None
     """The gpualloc process making a lease that is not ``announced`` yet."""
     creator_start_time: float | None = None
+    shareable: bool = False
+    """Shared jobs (``run --share``) may run on this lease's GPUs beside its own job."""
+    memory_bytes: PositiveInt | None = None
+    """GPU memory the job declared (``--mem`` with ``--shareable`` or ``--share``), per GPU."""
+    share: LeasedShare | None = None
+    """Set for a shared job: it holds its one GPU together with others (a *share*), and the
+    GPU is not its alone. Every other lease holds its GPUs whole."""
 
     def __post_init__(self) -> None:
         if not self.gpus and not self.mig:
             raise ValueError(f"lease {self.id} holds neither a GPU nor a MIG device")
+        if self.share is not None and (len(self.gpus) != 1 or self.mig or self.shareable):
+            raise ValueError(f"shared lease {self.id} must hold exactly one whole GPU")
+        if self.shareable and self.mig:
+            raise ValueError(f"lease {self.id} holds MIG devices, which cannot be shared")
 
     @property
     def indices(self) -> tuple[int, ...]:
@@ -140,6 +153,8 @@ class QueuedRequest(_Entry, kw_only=True, frozen=True):
     min_bandwidth_gbps: Annotated[float, Meta(ge=0)] | None = None
     mig: MigRequest | None = None
     """A MIG device instead of whole GPUs."""
+    share: ShareRequest | None = None
+    """A shared place on one GPU instead of whole GPUs."""
 
 
 class Waiter(_Entry, kw_only=True, frozen=True):
@@ -189,7 +204,7 @@ class Ledger(Struct, kw_only=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         held: dict[int, str] = {}
-        for lease in self.leases:
+        for lease in self.whole_leases():
             for index in lease.indices:
                 if index in held:
                     raise ValueError(f"GPU {index} is held by leases {held[index]} and {lease.id}")
@@ -207,9 +222,21 @@ class Ledger(Struct, kw_only=True, forbid_unknown_fields=True):
         if len(set(ids)) != len(ids):
             raise ValueError("two leases share an id")
 
+    def whole_leases(self) -> list[Lease]:
+        """Every lease but the shared jobs'."""
+        return [lease for lease in self.leases if lease.share is None]
+
     def held_gpus(self) -> dict[int, Lease]:
-        """GPU index -> the lease holding it."""
-        return {index: lease for lease in self.leases for index in lease.indices}
+        """GPU index -> the lease holding it (shared jobs aside: see :meth:`shares`)."""
+        return {index: lease for lease in self.whole_leases() for index in lease.indices}
+
+    def shares(self) -> dict[int, list[Lease]]:
+        """GPU index -> the shared jobs on it, oldest first."""
+        found: dict[int, list[Lease]] = {}
+        for lease in self.leases:
+            if lease.share is not None:
+                found.setdefault(lease.gpus[0].index, []).append(lease)
+        return found
 
     def held_mig(self) -> dict[tuple[int, int], Lease]:
         """(parent GPU, MIG device index) -> the lease holding that MIG device."""

@@ -99,9 +99,15 @@ class LedgerTransaction(Struct):
 
     def add(self, lease: Lease) -> None:
         held = self.ledger.held_gpus()
-        taken = [index for index in lease.indices if index in held]
-        if taken:
-            raise LedgerError(f"GPU {taken[0]} is already held by lease {held[taken[0]].id}")
+        shares = self.ledger.shares()
+        for index in lease.indices:
+            holder = held.get(index)
+            if lease.share is None and holder is not None:
+                raise LedgerError(f"GPU {index} is already held by lease {holder.id}")
+            if lease.share is None and index in shares:
+                raise LedgerError(f"GPU {index} runs shared job {shares[index][0].id}")
+            if lease.share is not None and holder is not None and not holder.shareable:
+                raise LedgerError(f"GPU {index} is held by lease {holder.id}, which is not shared")
         held_mig = self.ledger.held_mig()
         for device in lease.mig:
             if device.key in held_mig:

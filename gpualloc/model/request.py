@@ -116,6 +116,8 @@ class Placement(Struct, frozen=True):
     mig_devices: tuple[tuple[int, int], ...] = ()
     """(parent GPU, MIG device index) of the MIG device chosen for a MIG request (``gpus`` is
     then empty)."""
+    shared: bool = False
+    """A shared place on ``gpus[0]`` (``run --share``), not the GPU whole."""
 
     @property
     def parent_gpus(self) -> tuple[int, ...]:
@@ -123,6 +125,6 @@ class Placement(Struct, frozen=True):
         return self.gpus or tuple(gpu for gpu, _device in self.mig_devices)
 
     def score_values(self) -> dict[str, float | None]:
-        """The scores as ledger and JSON record them; none for a MIG device (no links, and
-        the utility of a placement of whole GPUs does not apply)."""
-        return {} if self.mig_devices else self.scores.as_dict()
+        """The scores as ledger and JSON record them; none for a MIG device or a shared place
+        (no links, and the utility of a placement of whole GPUs does not apply)."""
+        return {} if self.mig_devices or self.shared else self.scores.as_dict()
