@@ -361,3 +361,10 @@ def test_the_owner_of_a_shareable_lease_evicts_another_users_shared_job(
             job.kill()
     assert job.returncode == 7 and out.strip() == "evicted"
     assert [x["id"] for x in _status(run, bob)["leases"]] == [mine]
+    _until(lambda: not _processes_of(bob), "bob's watcher to exit after his job", timeout_s=10)
+
+
+def _processes_of(user: UnixUser) -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"].real == user.uid]
