@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate docs/evaluation.md and its figures: every policy, the papers' workloads and a
-mixed one, several hosts, through ``gpualloc.simulate`` (issues 6 and 19).
+mixed one, several hosts, and what sharing GPUs does, through ``gpualloc.simulate`` (issues
+6, 19 and 20).
 
 Usage: python benchmarks/evaluate.py [--out docs] [--jobs N] [--seed 0]
 
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 
 import job_time
+from sharing import sharing_section
 
 from gpualloc.simulate import drb_prototype
 from gpualloc.simulate.engine import SimOptions, SimResult, simulate
@@ -71,6 +73,7 @@ def main() -> int:
     ]
     for title, hosts in sections:
         lines += _bandwidth_section(title, hosts, jobs, figures, plots)
+    lines += ["", *sharing_section(options.jobs)]
     if plots is None:
         lines += ["", "_Figures were not regenerated: matplotlib is not installed._"]
     options.out.mkdir(parents=True, exist_ok=True)

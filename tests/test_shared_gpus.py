@@ -357,3 +357,67 @@ def test_a_shared_job_waits_in_the_queue_for_room(tmp_path: Path) -> None:
             waiting.kill()
     assert waiting.returncode == 0, err
     assert out.strip().isdigit()
+
+
+# ---- simulate --sharing ------------------------------------------------------------------------
+
+
+def _simulated(topology: str, jobs: list, **options) -> dict[str, tuple[float, float, bool]]:
+    from gpualloc.simulate.engine import SimOptions, simulate
+
+    result = simulate(load_bundled(topology), jobs, SimOptions(runtime="fixed", **options))
+    return {r.job.id: (round(r.start_s, 6), round(r.end_s, 6), r.shared) for r in result.jobs}
+
+
+def test_simulated_sharing_trades_time_slices_for_an_earlier_start() -> None:
+    from gpualloc.simulate.trace import SimJob
+
+    jobs = [SimJob("big", 0.0, 4, 100.0, True), SimJob("small", 0.0, 1, 50.0, False)]
+    # Whole GPUs: the small job waits for the big one.
+    assert _simulated("nvlink-pairs-4gpu", jobs) == {
+        "big": (0, 100, False),
+        "small": (100, 150, False),
+    }
+    # Compute-bound (U = 1): side by side at half pace; the big job finishes alone.
+    assert _simulated("nvlink-pairs-4gpu", jobs, sharing=2) == {
+        "big": (0, 150, False),
+        "small": (0, 100, True),
+    }
+    # Half-busy jobs fill each other's idle time: nobody slows.
+    assert _simulated("nvlink-pairs-4gpu", jobs, sharing=2, gpu_busy=0.5) == {
+        "big": (0, 100, False),
+        "small": (0, 50, True),
+    }
+
+
+def test_simulated_sharing_keeps_to_the_limit_per_gpu() -> None:
+    from gpualloc.simulate.trace import SimJob
+
+    jobs = [SimJob(name, 0.0, 1, 60.0, False) for name in ("a", "b", "c")]
+    assert _simulated("single-gpu", jobs, sharing=2) == {
+        "a": (0, 120, True),
+        "b": (0, 120, True),
+        "c": (120, 180, True),
+    }
+
+
+def test_simulate_sharing_on_the_command_line(cli) -> None:
+    args = ("--topology", "dgx1-v100", "simulate", "--generate", "mixed:jobs=40", "--json")
+    result = cli(*args, "--sharing", "2", "--gpu-busy", "0.5")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    summary = data["policies"]["mapa"]["summary"]
+    assert data["sharing"] == 2 and data["gpu_busy"] == 0.5
+    assert summary["shared_jobs"] == summary["one_gpu_jobs"]["jobs"] > 0
+    refused = cli(*args, "--gpu-busy", "0.5")
+    assert refused.exit_code != 0 and "--gpu-busy applies to --sharing" in refused.stderr
+
+
+def test_inside_a_slurm_job_gpus_outside_it_are_never_shared() -> None:
+    topology = load_bundled("dgx1-v100")
+    ledger = Ledger(host="h", leases=[shared_lease(3, "a")])
+    outside = frozenset(range(8)) - {0}
+    occupancy = Occupancy.build(topology, ledger, outside=outside)
+    assert choose_share(topology, occupancy, ShareRequest(), 4).candidate.gpu == 0
+    with pytest.raises(NoFeasiblePlacement, match="GPU 3 cannot be shared"):
+        choose_share(topology, occupancy, ShareRequest(gpu=3), 4)

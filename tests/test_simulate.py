@@ -361,12 +361,16 @@ def test_the_evaluation_script_regenerates_its_document(tmp_path: Path) -> None:
         "## 1. Job completion time per policy",
         "## 2. The DRB paper's prototype scenario (Table 1, IBM Minsky)",
         "## 3. Predicted bandwidth: which policy gives jobs the better GPUs",
+        "## 4. Sharing GPUs: what `run --share` does to waiting and job time",
     ]
     first_table = next(line for line in text.splitlines() if line.startswith("| "))
     assert first_table.startswith("| scheduler | makespan s | mean JCT s | p95 JCT s | worst JCT")
     for needle in ("In short", "the paper | 1.006", "speed-up over FCFS", "`mapa` vs `besteffort`"):
         assert needle in text
     assert "### 1.2 The same jobs on a PCIe-only server" in text and "load 0.9" in text
+    sharing = text.split("\n## 4. ")[1]
+    assert "| whole GPUs |" in sharing and "U = 0.5: mean JCT" in sharing
+    assert "no job shared a GPU, so nothing changed" in sharing  # the MAPA control
 
 
 def test_report_and_timeline(cli, tmp_path: Path) -> None:

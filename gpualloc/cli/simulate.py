@@ -62,6 +62,25 @@ def simulate_command(
             "--no-postpone", help="Ignore the jobs' min_utility (DRB's TOPO-AWARE, not -P)."
         ),
     ] = False,
+    sharing: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            metavar="N",
+            help="Let 1-GPU jobs share GPUs as 'run --share' does, at most N per GPU, beside "
+            "--shareable multi-GPU jobs; k jobs on a GPU each run k times slower (equal time "
+            "slices). 0: no sharing.",
+        ),
+    ] = 0,
+    gpu_busy: Annotated[
+        float,
+        typer.Option(
+            metavar="U",
+            help="With --sharing: the share of time a job alone keeps its GPU busy (0 < U <= "
+            "1). Jobs on one GPU lose nothing until their U add up past 1; then they slow by "
+            "that sum. 1: compute-bound jobs, where sharing gains no capacity.",
+        ),
+    ] = 1.0,
     seed: Annotated[int, typer.Option(help="Seed of --generate.")] = 0,
     save_trace: Annotated[
         Optional[Path],  # noqa: UP045
@@ -131,12 +150,18 @@ def simulate_command(
                 runtime=runtime,
                 postpone=not no_postpone,
                 profile=loaded_profile,
+                sharing=sharing,
+                gpu_busy=gpu_busy,
             ),
         )
         for name in policies
     }
     summaries = {name: summarise(result) for name, result in results.items()}
-    title = f"{len(jobs)} jobs on {topology.name or 'topology'} ({queue} queue, {runtime} runtimes)"
+    shared = f", sharing {sharing} per GPU at U={gpu_busy:g}" if sharing else ""
+    title = (
+        f"{len(jobs)} jobs on {topology.name or 'topology'} ({queue} queue, {runtime} runtimes"
+        f"{shared})"
+    )
     figures: list[Path] = []
     if plot is not None:
         from gpualloc.cli.host import say
@@ -164,6 +189,8 @@ def simulate_command(
                 "queue": queue,
                 "runtime": runtime,
                 "postpone": not no_postpone,
+                "sharing": sharing,
+                "gpu_busy": gpu_busy,
                 "policies": {
                     name: {
                         "summary": summaries[name],
@@ -178,7 +205,7 @@ def simulate_command(
             }
         )
         return
-    _show(topology.name or "topology", len(jobs), queue, runtime, summaries)
+    _show(topology.name or "topology", len(jobs), f"{queue} queue{shared}", runtime, summaries)
 
 
 def _show(name: str, count: int, queue: str, runtime: str, summaries: dict[str, Any]) -> None:
@@ -210,7 +237,7 @@ def _show(name: str, count: int, queue: str, runtime: str, summaries: dict[str, 
     print_tables(
         [
             Table(
-                f"{count} jobs on {name}, {queue} queue, {runtime} runtimes (times in s, "
+                f"{count} jobs on {name}, {queue}, {runtime} runtimes (times in s, "
                 "bandwidths in GB/s)",
                 [
                     "Policy",

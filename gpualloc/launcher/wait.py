@@ -220,7 +220,8 @@ def attempts(
         request = waiter.request
         if request in answers:
             return answers[request]
-        if memo is not None and (request, state) in memo:
+        remember = memo is not None and request.share is None  # shares hang on more than state
+        if remember and (request, state) in memo:  # type: ignore[operator]
             answers[request] = memo[(request, state)]  # type: ignore[index]
             return answers[request]
         try:
@@ -230,7 +231,7 @@ def attempts(
         except GpuallocError as why:  # e.g. a policy this gpualloc does not know
             answer = Attempt(None, f"cannot be placed here ({why.message})")
         answers[request] = answer
-        if memo is not None:
+        if remember:
             memo[(request, state)] = answer  # type: ignore[index]
         return answer
 

@@ -68,7 +68,7 @@ def share_candidates(
 ) -> list[ShareCandidate]:
     """Every GPU a shared job may use now, whatever its memory."""
     found = []
-    for gpu in range(topology.gpu_count):
+    for gpu in _usable(topology, occupancy):
         state = occupancy.state(gpu)
         holder = occupancy.leases.get(gpu)
         if state == "held" and not (holder is not None and holder.shareable):

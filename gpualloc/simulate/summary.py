@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from gpualloc.simulate.engine import SimResult
+from gpualloc.simulate.engine import JobResult, SimResult
 
 
 def percentile(sorted_values: Sequence[float], share: float) -> float:
@@ -66,10 +66,24 @@ def summarise(result: SimResult) -> dict[str, Any]:
         ),
         "mean_pcie_share": _mean([j.pcie_share for j in jobs if j.pcie_share is not None]),
         "mean_free_gpus_while_jobs_wait": _mean(waiting_free),
+        "shared_jobs": sum(1 for job in jobs if job.shared),
+        "one_gpu_jobs": _group([job for job in jobs if job.job.gpus == 1]),
+        "multi_gpu_jobs": _group([job for job in jobs if job.job.gpus > 1]),
         "decision_ms": {
             "mean": _mean(result.decision_ms),
             "max": round(max(result.decision_ms), 6) if result.decision_ms else None,
         },
+    }
+
+
+def _group(jobs: Sequence[JobResult]) -> dict[str, Any]:
+    """Waiting, completion and stretch of one kind of job (what sharing trades)."""
+    stretch = [job.stretch for job in jobs if job.stretch is not None]
+    return {
+        "jobs": len(jobs),
+        "mean_wait_s": _mean([job.wait_s for job in jobs]),
+        "mean_jct_s": _mean([job.jct_s for job in jobs]),
+        "mean_stretch": _mean(stretch),
     }
 
 
