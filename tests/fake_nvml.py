@@ -23,6 +23,10 @@ def bus_id(index: int) -> str:
     return f"00000000:{0x10 + index:02X}:00.0"
 
 
+NO_ID = 0xFFFFFFFF
+"""NVML's GPU/compute instance id of a process on a GPU not in MIG mode."""
+
+
 @dataclass
 class FakeMig:
     """One MIG device of a fake GPU in MIG mode."""
@@ -69,6 +73,8 @@ class FakeGpu:
     max_mig_devices: int = 7
     memory_used_bytes: int | None = None
     """What nvmlDeviceGetMemoryInfo reports in use; None: the processes' memory summed."""
+    mig_processes: list[tuple[int, int | None, int, int]] = field(default_factory=list)
+    """(pid, used memory, GPU instance id, compute instance id) of processes on MIG devices."""
 
     @property
     def used_memory(self) -> int:
@@ -187,7 +193,17 @@ class FakeNvml(SimpleNamespace):
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
         gpu = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
-        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpu.processes]
+        found = [
+            SimpleNamespace(
+                pid=pid, usedGpuMemory=used, gpuInstanceId=NO_ID, computeInstanceId=NO_ID
+            )
+            for pid, used in gpu.processes
+        ]
+        found += [
+            SimpleNamespace(pid=pid, usedGpuMemory=used, gpuInstanceId=gi, computeInstanceId=ci)
+            for pid, used, gi, ci in gpu.mig_processes
+        ]
+        return found
 
     def nvmlDeviceGetUUID(self, handle: int | MigHandle) -> str:
         if isinstance(handle, MigHandle):

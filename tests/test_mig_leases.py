@@ -54,6 +54,10 @@ def test_a_whole_gpu_request_never_takes_a_gpu_in_mig_mode(cli) -> None:
     result = cli(*HOST, "alloc", "--hold", "--gpus", "1")
     assert result.exit_code == ExitCode.USAGE
     assert "GPU 1 is in MIG mode" in result.stderr
+    planned = cli(*HOST, "plan", "-n", "6")
+    assert planned.exit_code == ExitCode.NO_PLACEMENT
+    assert "GPU 0-2 in MIG mode cannot be leased whole" in planned.stderr
+    assert "--mig" in planned.stderr
 
 
 def test_best_fit_packs_small_requests(cli) -> None:
@@ -248,3 +252,52 @@ def test_wait_for_a_mig_device_shows_in_the_queue_and_gets_it(cli) -> None:
     result = cli(*HOST, "alloc", "--hold", "--mig", "2g.10gb", "--wait", "--timeout", "1s")
     assert result.exit_code == ExitCode.TIMEOUT
     assert "GPU2/MIG1" in result.stderr
+
+
+# ---- processes on MIG devices outside gpualloc --------------------------------------------------
+
+
+def test_nvml_names_the_mig_device_a_foreign_process_runs_on(monkeypatch: pytest.MonkeyPatch):
+    """NVML lists a MIG device's processes on the parent GPU with their GPU and compute
+    instance ids: GI 1 / CI 0 of GPU 1 is GPU1/MIG0 in dgx-a100-mig."""
+    from gpualloc.discovery import nvml as nvml_source
+    from gpualloc.discovery.processes import live_processes
+    from gpualloc.ledger.occupancy import Occupancy
+    from tests.fake_nvml import FakeNvml
+
+    topology = load_bundled("dgx-a100-mig")
+    fake = FakeNvml.from_topology(topology)
+    fake.gpus[1].mig_processes = [(4_000_000, 2**30, 1, 0)]
+    fake.gpus[4].processes = [(4_000_001, None)]  # a whole GPU: no instance ids
+    monkeypatch.setattr(nvml_source, "load_pynvml", lambda: fake)
+    report = live_processes(topology)
+    on_mig, whole = report.processes
+    assert (on_mig.gpu, on_mig.gpu_instance, on_mig.compute_instance) == (1, 1, 0)
+    assert (whole.gpu, whole.gpu_instance) == (4, None)
+    occupancy = Occupancy.build(topology, Ledger(host="h"), report.processes)
+    assert list(occupancy.mig_foreign) == [(1, 0)]
+    assert "GPU1/MIG0 runs pid 4000000" in occupancy.mig_taken()[(1, 0)]
+    ignoring = Occupancy.build(topology, Ledger(host="h"), report.processes, ignore_foreign=True)
+    assert ignoring.mig_taken() == {}
+
+
+def test_a_mig_device_busy_outside_gpualloc_is_not_leased(cli, tmp_path: Path) -> None:
+    data = json.loads(load_bundled("dgx-a100-mig").to_json())
+    data["processes"] = [
+        {"gpu": 1, "pid": 4242, "name": "python", "user": "eve", "gpu_instance": 2,
+         "compute_instance": 0}
+    ]  # fmt: skip
+    path = tmp_path / "busy-mig.json"
+    path.write_text(json.dumps(data))
+    host = ("--topology", str(path))
+    first = cli(*host, "alloc", "--hold", "--mig", "3g.20gb", "--format", "json")
+    assert json.loads(first.stdout)["environment"]["GPUALLOC_MIG"] == "GPU1/MIG0"
+    second = cli(*host, "alloc", "--hold", "--mig", "3g.20gb")
+    assert second.exit_code == ExitCode.BUSY
+    assert "GPU1/MIG1 runs pid 4242 (python, eve), not through gpualloc" in second.stderr
+    status = json.loads(cli(*host, "status", "--json").stdout)
+    (mig1,) = [m for m in status["mig_devices"] if m["device"] == "GPU1/MIG1"]
+    assert mig1["lease"] is None and [p["pid"] for p in mig1["processes"]] == [4242]
+    assert "GPU1/MIG1  3g.20gb  foreign  eve" in cli(*host, "status").stdout
+    ignoring = cli(*host, "alloc", "--hold", "--mig", "3g.20gb", "--ignore-foreign")
+    assert ignoring.exit_code == 0, ignoring.stderr

@@ -22,7 +22,7 @@ from gpualloc.cli.request_options import (
 )
 from gpualloc.cli.state import STATE
 from gpualloc.cli.want import build_want, gpu_list
-from gpualloc.errors import RequestError
+from gpualloc.errors import NoFeasiblePlacement, RequestError
 
 if TYPE_CHECKING:
     from gpualloc.model.mig import MigRequest
@@ -71,6 +71,7 @@ def plan_command(
     Example: `gpualloc --topology dgx1-v100 plan -n 3 --busy 0 --explain`
     """
     from gpualloc.cli.host import say
+    from gpualloc.model.cpuset import format_cpulist
     from gpualloc.model.request import HostState
     from gpualloc.placement.engine import decision_context
     from gpualloc.slurm.job import slurm_job
@@ -118,13 +119,21 @@ def plan_command(
     if job is not None:  # plan as 'run' would place: on the job's GPUs only
         say(f"inside {job.describe()}: planning on its GPUs (GPUALLOC_NO_SLURM=1: the host's)")
         state = HostState(free=state.free & job.gpus, running=state.running)
-    ctx = decision_context(
-        topology,
-        want.request,
-        state,
-        effective_model=want.effective_model,
-        weights=want.weights,
-    )
+    try:
+        ctx = decision_context(
+            topology,
+            want.request,
+            state,
+            effective_model=want.effective_model,
+            weights=want.weights,
+        )
+    except NoFeasiblePlacement as never:
+        if not split:
+            raise
+        raise NoFeasiblePlacement(
+            f"{never.message} (GPU {format_cpulist(split)} in MIG mode cannot be leased whole)",
+            hint="plan a MIG device with --mig PROFILE or --mem SIZE, or fewer GPUs",
+        ) from None
     if compare:
         _show_compare(ctx, as_json)
     else:

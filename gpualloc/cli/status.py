@@ -203,13 +203,20 @@ def _lease_cells(lease: Lease, now: datetime) -> list[str]:
 def _mig_table(host: HostLedger, occupancy: Occupancy) -> Table:
     """One row per MIG device: free, or who holds it."""
     from gpualloc.cli.output import Table
+    from gpualloc.ledger.occupancy import describe_processes
 
     now = datetime.now(timezone.utc)
     rows, styles = [], []
     for instance in host.topology.mig_instances:
-        lease = occupancy.mig_leases.get((instance.gpu, instance.device))
+        key = (instance.gpu, instance.device)
+        lease = occupancy.mig_leases.get(key)
+        foreign = occupancy.mig_foreign.get(key, ())
         state = "held" if lease else ("lost" if instance.gpu in occupancy.lost else "free")
         cells = _lease_cells(lease, now) if lease else ["-"] * 5
+        if not lease and foreign:
+            state = "free" if occupancy.ignore_foreign else "foreign"
+            users = ",".join(sorted({p.user for p in foreign if p.user})) or "-"
+            cells = [users, "-", "-", "-", describe_processes(foreign)]
         rows.append([instance.label, instance.profile, state, *cells])
         styles.append([None, None, STATE_STYLE.get(state), None, None, None, None, None])
     return Table(
@@ -284,6 +291,9 @@ def status_json(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) 
                 "profile": m.profile,
                 "uuid": m.uuid,
                 "lease": _lease_id(occupancy.mig_leases.get((m.gpu, m.device))),
+                "processes": [
+                    to_builtins(p) for p in occupancy.mig_foreign.get((m.gpu, m.device), ())
+                ],
             }
             for m in host.topology.mig_instances
         ],

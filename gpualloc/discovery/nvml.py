@@ -174,6 +174,8 @@ class NvmlSession:
                         uuid=uuid,
                         pid=int(process.pid),
                         used_memory_bytes=int(memory) if isinstance(memory, int) else None,
+                        gpu_instance=_instance_id(getattr(process, "gpuInstanceId", None)),
+                        compute_instance=_instance_id(getattr(process, "computeInstanceId", None)),
                     )
                 )
         return found
@@ -445,3 +447,12 @@ def _sysfs_numa_node(bus_id: str | None) -> int | None:
     except (OSError, ValueError):
         return None
     return node if node >= 0 else None
+
+
+_NO_INSTANCE = 0xFFFFFFFF
+"""What NVML reports as the GPU/compute instance of a process on a GPU not in MIG mode."""
+
+
+def _instance_id(value: object) -> int | None:
+    """NVML's ``gpuInstanceId`` / ``computeInstanceId``: None off MIG (or when absent)."""
+    return value if isinstance(value, int) and 0 <= value < _NO_INSTANCE else None

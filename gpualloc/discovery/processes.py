@@ -32,6 +32,8 @@ class RunningProcess(Struct, frozen=True):
     uuid: str | None
     pid: int
     used_memory_bytes: int | None
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
 
 
 class ProcessReport(Struct):
@@ -132,6 +134,8 @@ def match_processes(topology: Topology, running: Iterable[RunningProcess]) -> li
                 name=name,
                 user=user,
                 used_memory_bytes=entry.used_memory_bytes,
+                gpu_instance=entry.gpu_instance,
+                compute_instance=entry.compute_instance,
             )
         )
     return processes

@@ -36,7 +36,7 @@ from gpualloc.errors import (
     RequestError,
 )
 from gpualloc.ledger.liveness import lock_held, take_lease_lock
-from gpualloc.ledger.occupancy import Occupancy, describe_lease
+from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import (
     Lease,
     LeasedGpu,
@@ -547,16 +547,11 @@ def _mig_placement(topology: Topology, occupancy: Occupancy, request: MigRequest
     from gpualloc.model.request import Scores
     from gpualloc.placement.mig import MigDevicesBusy, choose_mig
 
+    taken = occupancy.mig_taken()
     try:
-        choice = choose_mig(
-            topology,
-            request,
-            occupancy.mig_leases,
-            unusable=occupancy.lost | occupancy.outside,
-        )
+        choice = choose_mig(topology, request, taken, unusable=occupancy.lost | occupancy.outside)
     except MigDevicesBusy as busy:
-        holders = {occupancy.mig_leases[key].id: occupancy.mig_leases[key] for key in busy.held}
-        busy.details = tuple(describe_lease(lease) for lease in holders.values())
+        busy.details = tuple(dict.fromkeys(taken[key] for key in busy.held))
         raise
     instance = choice.instance
     return Placement(

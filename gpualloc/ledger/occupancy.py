@@ -18,6 +18,7 @@ from msgspec import Struct, field
 
 from gpualloc.ledger.schema import Lease, Ledger
 from gpualloc.model.cpuset import format_cpulist
+from gpualloc.model.mig import mig_label
 from gpualloc.model.request import HostState, RunningJob
 from gpualloc.model.share import DEFAULT_MAX_SHARED_JOBS
 from gpualloc.model.topology import GpuProcess, Health, Topology
@@ -47,6 +48,9 @@ class Occupancy(Struct, frozen=True):
     processes' memory; absent when nothing says."""
     max_shared_jobs: int = DEFAULT_MAX_SHARED_JOBS
     """Shared jobs a GPU may run at once (the system config's ``share.max_jobs``)."""
+    mig_foreign: dict[tuple[int, int], tuple[GpuProcess, ...]] = field(default_factory=dict)
+    """(parent GPU, MIG device index) -> processes on that MIG device that no lease accounts
+    for (NVML names their GPU and compute instance)."""
 
     @classmethod
     def build(
@@ -89,7 +93,20 @@ class Occupancy(Struct, frozen=True):
             },
             memory_used=used,
             max_shared_jobs=max_shared_jobs,
+            mig_foreign=_mig_foreign(topology, ledger, by_gpu),
         )
+
+    def mig_taken(self) -> dict[tuple[int, int], str]:
+        """MIG devices a new lease may not take, with who has them: held by a lease, or (unless
+        foreign processes are ignored) running processes that did not come through gpualloc."""
+        taken = {key: describe_lease(lease) for key, lease in self.mig_leases.items()}
+        if not self.ignore_foreign:
+            for key, processes in self.mig_foreign.items():
+                taken.setdefault(
+                    key,
+                    f"{mig_label(*key)} runs {describe_processes(processes)}, not through gpualloc",
+                )
+        return taken
 
     # ---- per GPU ---------------------------------------------------------------------------
 
@@ -170,6 +187,25 @@ class Occupancy(Struct, frozen=True):
                     f"GPU {gpu} runs {describe_processes(self.foreign(gpu))}, not through gpualloc"
                 )
         return lines
+
+
+def _mig_foreign(
+    topology: Topology, ledger: Ledger, by_gpu: Mapping[int, list[GpuProcess]]
+) -> dict[tuple[int, int], tuple[GpuProcess, ...]]:
+    """Processes on MIG devices no lease holds, by MIG device (matched by GI and CI id)."""
+    held = ledger.held_mig()
+    device_of = {
+        (m.gpu, m.gpu_instance, m.compute_instance): (m.gpu, m.device)
+        for m in topology.mig_instances
+        if m.gpu_instance is not None and m.compute_instance is not None
+    }
+    found: dict[tuple[int, int], list[GpuProcess]] = {}
+    for gpu, processes in by_gpu.items():
+        for process in processes:
+            key = device_of.get((gpu, process.gpu_instance, process.compute_instance))
+            if key is not None and key not in held:
+                found.setdefault(key, []).append(process)
+    return {key: tuple(found[key]) for key in sorted(found)}
 
 
 ORPHANED = "its id was never printed: the alloc that made it was killed; 'release --mine' frees it"

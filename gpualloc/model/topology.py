@@ -153,6 +153,10 @@ class GpuProcess(_Strict, kw_only=True, frozen=True):
     user: str | None = None
     """The user running it, when known."""
     used_memory_bytes: NonNegativeInt | None = None
+    gpu_instance: NonNegativeInt | None = None
+    """On a GPU in MIG mode: the GPU instance (GI) the process runs in (NVML's
+    ``gpuInstanceId``); with ``compute_instance`` it names the MIG device."""
+    compute_instance: NonNegativeInt | None = None
 
 
 Source = Literal["nvml", "nvidia-smi", "file", "bundled"]
