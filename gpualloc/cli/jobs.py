@@ -443,11 +443,12 @@ def _evict_shared(
     from gpualloc.cli.json_views import lease_json
     from gpualloc.cli.output import print_json, write_stdout
     from gpualloc.cli.want import parse_duration
+    from gpualloc.launcher.eviction import evict_shared
     from gpualloc.launcher.sharing import EVICTION_GRACE_S
     from gpualloc.ledger.occupancy import describe_lease
 
     grace_s = parse_duration(grace, "--grace") if grace is not None else EVICTION_GRACE_S
-    result = host.evict_shared(leases, mine=mine, grace_s=grace_s)
+    result = evict_shared(host, leases, mine=mine, grace_s=grace_s)
     marked = {lease.id: lease for lease in result.released}
     deadline = time.monotonic() + grace_s + 5.0
     remaining = set(marked)

@@ -379,7 +379,7 @@ class HostLedger(Struct):
             targets: list[Lease] = []
             for selector in selectors:
                 try:
-                    lease = _find(txn, selector)
+                    lease = find_lease(txn, selector)
                 except NoSuchLease as missing:
                     result.problems.append(missing)
                     continue
@@ -400,71 +400,6 @@ class HostLedger(Struct):
                 result.released.append(lease)
         for lease in result.released:
             _remove_file(store.directory.lease_lock(lease.id))
-        return result
-
-    def evict_shared(
-        self, selectors: Iterable[str], *, mine: bool = False, grace_s: float | None = None
-    ) -> ReleaseResult:
-        """Ask the shared jobs on the GPUs of the leases ``selectors`` name (or of all the
-        caller's with ``mine``) to leave; a selector may also name one shared job. Only the
-        owner of the lease they share, the shared job's owner, or root may. The jobs' watchers
-        end them (:mod:`gpualloc.launcher.sharing`); their leases go when they have ended.
-        ``released`` lists the shared jobs marked."""
-        store = self.ledger_store()
-        uid = os.geteuid()
-        result = ReleaseResult()
-        with store.transaction() as txn:
-            named: list[Lease] = []
-            for selector in selectors:
-                try:
-                    lease = _find(txn, selector)
-                except NoSuchLease as missing:
-                    result.problems.append(missing)
-                    continue
-                if lease is not None:
-                    named.append(lease)
-            if mine:
-                named += [x for x in txn.ledger.leases if x.uid == uid and x.shareable]
-            shares = txn.ledger.shares()
-            held = txn.ledger.held_gpus()
-            for lease in named:
-                whose = f"lease {lease.id} belongs to {lease.user} (uid {lease.uid})"
-                if lease.share is not None:
-                    targets = [lease]
-                    beside = held.get(lease.gpus[0].index)
-                    owners = {lease.uid, *([beside.uid] if beside else [])}
-                    whose = f"shared job {lease.id} belongs to {lease.user}" + (
-                        f" and runs beside {beside.user}'s lease {beside.id}" if beside else ""
-                    )
-                elif not lease.shareable:
-                    result.problems.append(
-                        RequestError(
-                            f"lease {lease.id} is not shareable: no shared job runs beside it",
-                            hint="'gpualloc status' shows the shared jobs",
-                        )
-                    )
-                    continue
-                else:
-                    targets = [x for g in lease.indices for x in shares.get(g, [])]
-                    owners = {lease.uid}
-                if uid not in owners and uid != 0:
-                    result.problems.append(
-                        NotPermitted(
-                            whose,
-                            hint="only the owner of the shared lease, the job's owner or root "
-                            "may evict",
-                        )
-                    )
-                    continue
-                for share in targets:
-                    if share.share is None or any(x.id == share.id for x in result.released):
-                        continue
-                    marked = replace(
-                        share,
-                        share=replace(share.share, evict_by=user_name(uid), evict_grace_s=grace_s),
-                    )
-                    txn.replace(marked)
-                    result.released.append(marked)
         return result
 
     def collect_garbage(self) -> GarbageReport:
@@ -691,7 +626,7 @@ def _busy(occupancy: Occupancy, request: JobRequest, why: NoFeasiblePlacement) -
 # ---- helpers -----------------------------------------------------------------------------------
 
 
-def _find(txn: LedgerTransaction, selector: str) -> Lease | None:
+def find_lease(txn: LedgerTransaction, selector: str) -> Lease | None:
     """The lease ``selector`` names: an id, or a unique prefix of one (4 characters or more).
     A lease this very transaction reaped counts as found and already gone (None)."""
     selector = selector.strip().lower()
