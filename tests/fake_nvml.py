@@ -75,6 +75,11 @@ class FakeGpu:
     """What nvmlDeviceGetMemoryInfo reports in use; None: the processes' memory summed."""
     mig_processes: list[tuple[int, int | None, int, int]] = field(default_factory=list)
     """(pid, used memory, GPU instance id, compute instance id) of processes on MIG devices."""
+    ecc_uncorrected: int = 0
+    """Volatile uncorrectable ECC errors (nvmlDeviceGetTotalEccErrors)."""
+    retired_pages_pending: bool = False
+    remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)
+    """(corrected rows, uncorrected rows, pending, failure), as nvmlDeviceGetRemappedRows."""
 
     @property
     def used_memory(self) -> int:
@@ -90,7 +95,16 @@ class FakeNvml(SimpleNamespace):
         errors = {
             name: getattr(pynvml, name) for name in dir(pynvml) if name.startswith("NVMLError")
         }
-        super().__init__(**errors, NVML_NVLINK_MAX_LINKS=pynvml.NVML_NVLINK_MAX_LINKS)
+        constants = {
+            name: getattr(pynvml, name)
+            for name in (
+                "NVML_NVLINK_MAX_LINKS",
+                "NVML_MEMORY_ERROR_TYPE_UNCORRECTED",
+                "NVML_VOLATILE_ECC",
+                "NVML_FEATURE_ENABLED",
+            )
+        }
+        super().__init__(**errors, **constants)
         self.gpus = gpus
         self.ancestors = ancestors
         self.init_error: Exception | None = None
@@ -227,6 +241,17 @@ class FakeNvml(SimpleNamespace):
         return SimpleNamespace(total=gpu.memory_bytes, used=used, free=gpu.memory_bytes - used)
 
     # ---- MIG ------------------------------------------------------------------------------
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: int, error_type: int, counter: int) -> int:
+        assert (error_type, counter) == (1, 0)  # uncorrected, volatile
+        return self._gpu(handle, "nvmlDeviceGetTotalEccErrors").ecc_uncorrected
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: int) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetRetiredPagesPendingStatus")
+        return int(gpu.retired_pages_pending)
+
+    def nvmlDeviceGetRemappedRows(self, handle: int) -> tuple[int, int, int, int]:
+        return self._gpu(handle, "nvmlDeviceGetRemappedRows").remapped_rows
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: int) -> int:
         gpu = self._gpu(handle, "nvmlDeviceGetMaxMigDeviceCount")

@@ -92,6 +92,7 @@ JOB_OPTIONS = (
     Option(("--mig",), "mig"),
     Option(("--mem",), "mem"),
     _flag("--shareable", dest="shareable"),
+    _flag("--allow-unhealthy", dest="allow_unhealthy"),
 )
 RUN_OPTIONS = (
     *JOB_OPTIONS,

@@ -13,8 +13,15 @@ if TYPE_CHECKING:
     from gpualloc.launcher.wait import WaitOptions, WaitStatus
 
 
-def open_host_ledger(*, ignore_foreign: bool = False, create: bool = True) -> HostLedger:
-    """The selected topology with its ledger and GPU processes; warnings go to stderr.
+def open_host_ledger(
+    *,
+    ignore_foreign: bool = False,
+    create: bool = True,
+    check_health: bool = True,
+    allow_unhealthy: bool = False,
+) -> HostLedger:
+    """The selected topology with its ledger, GPU processes and GPU faults (``check_health``:
+    placing or showing needs them; releasing does not); warnings go to stderr.
 
     Inside a Slurm job with GPUs, the job's own ledger, limited to the job's GPUs (see
     :mod:`gpualloc.slurm.job`).
@@ -32,8 +39,10 @@ def open_host_ledger(*, ignore_foreign: bool = False, create: bool = True) -> Ho
         slurm_job=slurm_job(topology, os.environ),
         state_dir=STATE.setting("state_dir"),
         lock_timeout_s=STATE.setting("lock_timeout"),
+        check_health=check_health,
     )
     host.max_shared_jobs = STATE.config().system_value("share.max_jobs")
+    host.allow_unhealthy = allow_unhealthy
     warn(host.processes.notes)
     return host
 

@@ -61,6 +61,7 @@ def run_job(
     shareable: bool = False,
     background: bool = False,
     sm_share: int | None = None,
+    allow_unhealthy: bool = False,
     dry_run: bool = False,
     quiet: bool = False,
     as_json: bool = False,
@@ -99,7 +100,9 @@ def run_job(
     waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
     resolve_program(command[0], os.environ)  # 127/126 before any GPU is taken
     host = open_host_ledger(
-        ignore_foreign=STATE.setting("ignore_foreign", ignore_foreign), create=not dry_run
+        ignore_foreign=STATE.setting("ignore_foreign", ignore_foreign),
+        create=not dry_run,
+        allow_unhealthy=allow_unhealthy,
     )
     if dry_run:
         _dry_run(host, want, command, mode, uuid, as_json)
@@ -305,6 +308,7 @@ def alloc_gpus(
     mig: str | None = None,
     mem: str | None = None,
     shareable: bool = False,
+    allow_unhealthy: bool = False,
 ) -> None:
     """``gpualloc alloc``: allocate GPUs without running anything (see its ``--help``)."""
     from gpualloc.launcher.allocate import LeaseTerms
@@ -336,7 +340,10 @@ def alloc_gpus(
         shareable=shareable,
     )
     waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
-    host = open_host_ledger(ignore_foreign=STATE.setting("ignore_foreign", ignore_foreign))
+    host = open_host_ledger(
+        ignore_foreign=STATE.setting("ignore_foreign", ignore_foreign),
+        allow_unhealthy=allow_unhealthy,
+    )
     terms = LeaseTerms(
         source="alloc",
         pid=owner,

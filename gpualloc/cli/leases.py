@@ -9,6 +9,7 @@ import typer
 from gpualloc.cli import complete, jobs
 from gpualloc.cli.host import open_host_ledger, warn
 from gpualloc.cli.request_options import (
+    AllowUnhealthyOption,
     DrbWeightsOption,
     ExcludeOption,
     ExplicitGpusOption,
@@ -81,6 +82,7 @@ def alloc_command(
     mig: MigOption = None,
     mem: MemOption = None,
     shareable: ShareableOption = False,
+    allow_unhealthy: AllowUnhealthyOption = False,
 ) -> None:
     """Allocate GPUs without running anything: for scripts, notebooks and prologs.
 
@@ -150,7 +152,7 @@ def gc_command(as_json: JsonOption = False) -> None:
     from gpualloc.ledger.occupancy import describe_lease
     from gpualloc.model.validation import to_builtins
 
-    host = open_host_ledger(ignore_foreign=True)
+    host = open_host_ledger(ignore_foreign=True, check_health=False)
     report = host.collect_garbage()
     warn(report.notes)
     if as_json:

@@ -9,6 +9,7 @@ import typer
 
 from gpualloc.cli.json_views import placement_json
 from gpualloc.cli.request_options import (
+    AllowUnhealthyOption,
     CountOption,
     DrbWeightsOption,
     ExcludeOption,
@@ -53,6 +54,7 @@ def plan_command(
     drb_weights: DrbWeightsOption = None,
     mig: MigOption = None,
     mem: MemOption = None,
+    allow_unhealthy: AllowUnhealthyOption = False,
     explain: Annotated[
         bool, typer.Option("--explain", help="Show the best alternatives and why this one won.")
     ] = False,
@@ -112,6 +114,11 @@ def plan_command(
             hint="'gpualloc topo show' lists the GPUs",
         )
     state = HostState.with_busy(n, busy_set & everything)
+    if not allow_unhealthy:
+        sick = _faults(topology)
+        for gpu, reason in sorted(sick.items()):
+            say(f"skipping unhealthy GPU {gpu}: {reason} (--allow-unhealthy includes it)")
+        state = HostState(free=state.free - frozenset(sick), running=state.running)
     split = frozenset(g.index for g in topology.gpus if g.mig_enabled)
     if split:  # as 'run' would place: a GPU in MIG mode is leased by MIG device only
         state = HostState(free=state.free - split, running=state.running)
@@ -138,6 +145,22 @@ def plan_command(
         _show_compare(ctx, as_json)
     else:
         _show_plan(ctx, want.policy, explain, as_json)
+
+
+def _faults(topology: Topology) -> dict[int, str]:
+    """GPU index -> what is wrong with it: this host's now, or what a recorded file declares."""
+    from gpualloc.discovery.this_host import describes_this_host
+
+    if describes_this_host(topology):
+        from gpualloc.discovery.health import live_faults
+
+        faults, _notes = live_faults(topology)
+    else:
+        faults = topology.faults
+    found: dict[int, list[str]] = {}
+    for fault in faults:
+        found.setdefault(fault.gpu, []).append(fault.detail)
+    return {gpu: "; ".join(details) for gpu, details in found.items()}
 
 
 def _show_mig_plan(

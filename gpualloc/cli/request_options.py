@@ -104,6 +104,14 @@ MemOption = Annotated[
         show_default=False,
     ),
 ]
+AllowUnhealthyOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-unhealthy",
+        help="Place on GPUs gpualloc found unhealthy too (uncorrectable ECC errors, pages or "
+        "rows waiting for a reset, a critical Xid error; 'gpualloc status' says which).",
+    ),
+]
 ShareableOption = Annotated[
     bool,
     typer.Option(

@@ -8,6 +8,7 @@ import typer
 
 from gpualloc.cli import complete, jobs
 from gpualloc.cli.request_options import (
+    AllowUnhealthyOption,
     DrbWeightsOption,
     ExcludeOption,
     ExplicitGpusOption,
@@ -110,6 +111,7 @@ def run_command(
     shareable: ShareableOption = False,
     background: BackgroundOption = False,
     sm_share: SmShareOption = None,
+    allow_unhealthy: AllowUnhealthyOption = False,
     dry_run: Annotated[
         bool,
         typer.Option(

@@ -29,6 +29,7 @@ STATE_STYLE = {
     "outside": "dim",
     "mig": "cyan",
     "shared": "magenta",
+    "unhealthy": "red",
 }
 
 
@@ -91,6 +92,7 @@ def _show(host: HostLedger, as_json: bool) -> None:
             f"  topology {host.topology.name or '(unnamed)'} is not this host: its leases are "
             "kept apart from the host's, and its processes are the ones its file declares"
         )
+    footer += [f"  {note}" for note in host.health_notes]
     if host.topology.mig_instances:
         devices = host.topology.mig_instances
         free_mig = [m for m in devices if (m.gpu, m.device) not in occupancy.mig_leases]
@@ -149,6 +151,7 @@ def _gpu_table(host: HostLedger, occupancy: Occupancy) -> Table:
     from gpualloc.ledger.occupancy import describe_processes
 
     now = datetime.now(timezone.utc)
+    faults = _fault_texts(host)
     rows, styles = [], []
     for gpu in host.topology.gpus:
         state = occupancy.state(gpu.index)
@@ -169,6 +172,9 @@ def _gpu_table(host: HostLedger, occupancy: Occupancy) -> Table:
             if foreign and occupancy.ignore_foreign:
                 job += " (ignored)"
             row = [str(gpu.index), state, ",".join(users) or "-", "-", "-", "-", job or "-"]
+        fault = faults.get(gpu.index)
+        if fault:
+            row[-1] = f"UNHEALTHY: {fault}" if row[-1] == "-" else f"{row[-1]} (UNHEALTHY: {fault})"
         rows.append(row)
         styles.append([None, STATE_STYLE.get(state), None, None, None, None, None])
     return Table(
@@ -177,6 +183,14 @@ def _gpu_table(host: HostLedger, occupancy: Occupancy) -> Table:
         rows,
         styles=styles,
     )
+
+
+def _fault_texts(host: HostLedger) -> dict[int, str]:
+    """GPU index -> its faults in words (whether or not --allow-unhealthy is in effect)."""
+    texts: dict[int, list[str]] = {}
+    for fault in host.faults:
+        texts.setdefault(fault.gpu, []).append(fault.detail)
+    return {gpu: "; ".join(details) for gpu, details in texts.items()}
 
 
 def _lease_id(lease: Lease | None) -> str | None:
@@ -267,6 +281,7 @@ def status_json(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) 
                 "shareable": bool(lease and lease.shareable),
                 "shared_jobs": [x.id for x in occupancy.shares.get(gpu.index, ())],
                 "memory_free_bytes": free_memory(host.topology, occupancy, gpu.index),
+                "faults": [to_builtins(f) for f in host.faults if f.gpu == gpu.index],
                 "processes": [to_builtins(p) for p in occupancy.processes.get(gpu.index, ())],
             }
         )
@@ -302,5 +317,5 @@ def status_json(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) 
             {"position": position, **to_builtins(waiter)}
             for position, waiter in enumerate(turn_order(txn.ledger.queue), start=1)
         ],
-        "notes": [*host.processes.notes, *txn.notes],
+        "notes": [*host.processes.notes, *host.health_notes, *txn.notes],
     }

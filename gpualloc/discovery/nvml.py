@@ -194,6 +194,57 @@ class NvmlSession:
                 continue
         return used
 
+    def health_faults(self) -> list[tuple[str | None, int, str, str]]:
+        """(UUID, NVML index, kind, detail) of every fault NVML reports now (see
+        :mod:`gpualloc.discovery.health`); a check a GPU does not support is skipped."""
+        nvml = self.nvml
+        found: list[tuple[str | None, int, str, str]] = []
+        for index in range(self.device_count()):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = text_of(nvml.nvmlDeviceGetUUID(handle))
+            except nvml.NVMLError_GpuIsLost:
+                found.append((None, index, "lost", "fell off the bus (NVML: GPU is lost)"))
+                continue
+            except nvml.NVMLError:
+                continue
+            for kind, detail in self._faults_of(handle):
+                found.append((uuid, index, kind, detail))
+        return found
+
+    def _faults_of(self, handle: Any) -> list[tuple[str, str]]:
+        nvml = self.nvml
+
+        def ask(call: Any) -> Any:
+            try:
+                return call()
+            except nvml.NVMLError_GpuIsLost:
+                raise
+            except (nvml.NVMLError, AttributeError):
+                return None  # not supported by this GPU, driver or nvidia-ml-py
+
+        faults: list[tuple[str, str]] = []
+        try:
+            ecc = ask(
+                lambda: nvml.nvmlDeviceGetTotalEccErrors(
+                    handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
+                )
+            )
+            pending = ask(lambda: nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle))
+            rows = ask(lambda: nvml.nvmlDeviceGetRemappedRows(handle))
+        except nvml.NVMLError_GpuIsLost:
+            return [("lost", "fell off the bus (NVML: GPU is lost)")]
+        if ecc:
+            faults.append(("ecc", f"{ecc} uncorrectable ECC errors since the driver loaded"))
+        if pending == nvml.NVML_FEATURE_ENABLED:
+            faults.append(("retired-pages", "retired memory pages wait for a GPU reset"))
+        if rows is not None and len(rows) >= 4:
+            if rows[3]:
+                faults.append(("remapped-rows", "row remapping failed: the memory is faulty"))
+            elif rows[2]:
+                faults.append(("remapped-rows", "remapped memory rows wait for a GPU reset"))
+        return faults
+
     # ---- the full probe --------------------------------------------------------------------
 
     def probe(

@@ -59,7 +59,7 @@ from gpualloc.model.share import (
     ShareRequest,
     share_fraction,
 )
-from gpualloc.model.topology import GpuProcess, Topology
+from gpualloc.model.topology import GpuFault, GpuProcess, Topology
 from gpualloc.placement.registry import DEFAULT_POLICY
 from gpualloc.placement.scores import EffectiveModel
 from gpualloc.placement.utility import UtilityWeights
@@ -181,6 +181,12 @@ class HostLedger(Struct):
     """Inside a Slurm job: only the job's GPUs, in a ledger of the job's own."""
     max_shared_jobs: int = DEFAULT_MAX_SHARED_JOBS
     """Shared jobs a GPU may run at once (the system config's ``share.max_jobs``)."""
+    faults: list[GpuFault] = field(default_factory=list)
+    """What is wrong with the GPUs now (see :mod:`gpualloc.discovery.health`)."""
+    health_notes: list[str] = field(default_factory=list)
+    """What could not be checked of the GPUs' health (``status`` says it)."""
+    allow_unhealthy: bool = False
+    """Place on unhealthy GPUs too (``--allow-unhealthy``)."""
     _pending_lock: tuple[int, str] | None = None
     """The lease lock taken by :meth:`record` in the current transaction, until it commits."""
 
@@ -194,11 +200,13 @@ class HostLedger(Struct):
         slurm_job: SlurmJob | None = None,
         state_dir: Path | None = None,
         lock_timeout_s: float | None = None,
+        check_health: bool = True,
     ) -> HostLedger:
         """The ledger of ``topology`` (the host's, or a recorded topology's own); with
         ``slurm_job``, the job's own ledger, limited to its GPUs. ``state_dir`` is the
         configured state directory (None: read the configuration for it), ``lock_timeout_s``
-        how long to wait for the ledger's lock (None: 30 s)."""
+        how long to wait for the ledger's lock (None: 30 s). ``check_health``: ask NVML and
+        the kernel log which GPUs are unhealthy (a recorded topology declares them)."""
         this_host = describes_this_host(topology)
         scope = ledger_scope(topology)
         if slurm_job is not None:
@@ -220,7 +228,14 @@ class HostLedger(Struct):
             )
         except StateDirectoryMissing:
             store = None
-        return cls(topology, store, processes, this_host, ignore_foreign, slurm_job)
+        host = cls(topology, store, processes, this_host, ignore_foreign, slurm_job)
+        if not this_host:
+            host.faults = list(topology.faults)
+        elif check_health:
+            from gpualloc.discovery.health import live_faults
+
+            host.faults, host.health_notes = live_faults(topology)
+        return host
 
     @property
     def outside(self) -> frozenset[int]:
@@ -230,9 +245,14 @@ class HostLedger(Struct):
         return frozenset(range(self.topology.gpu_count)) - self.slurm_job.gpus
 
     def refresh_processes(self) -> None:
-        """Ask NVML again who runs on the GPUs (a waiting job does this now and then)."""
+        """Ask NVML again who runs on the GPUs, and how healthy they are (a waiting job does
+        this now and then)."""
         if self.this_host and not self.ignore_foreign:
             self.processes = live_processes(self.topology)
+        if self.this_host and not self.allow_unhealthy:
+            from gpualloc.discovery.health import live_faults
+
+            self.faults, self.health_notes = live_faults(self.topology)
 
     def occupancy(self, ledger: Ledger) -> Occupancy:
         return Occupancy.build(
@@ -243,6 +263,7 @@ class HostLedger(Struct):
             outside=self.outside,
             memory_used=self.processes.memory_used,
             max_shared_jobs=self.max_shared_jobs,
+            faults=() if self.allow_unhealthy else self.faults,
         )
 
     def snapshot(self) -> LedgerTransaction:
@@ -463,6 +484,12 @@ def choose(topology: Topology, occupancy: Occupancy, want: Want) -> Placement:
         try:
             decision_context(topology, want.request, HostState(free=usable))
         except NoFeasiblePlacement as never:
+            if occupancy.unhealthy:  # never fits: say that unhealthy GPUs do not count
+                raise NoFeasiblePlacement(
+                    f"{never.message} (GPU {format_cpulist(occupancy.unhealthy)} unhealthy: "
+                    f"{'; '.join(occupancy.unhealthy.values())})",
+                    hint="ask for fewer GPUs, have the GPUs reset, or --allow-unhealthy",
+                ) from None
             if occupancy.mig:  # never fits: say that the GPUs in MIG mode do not count
                 raise NoFeasiblePlacement(
                     f"{never.message} (GPU {format_cpulist(occupancy.mig)} in MIG mode cannot "
@@ -594,6 +621,12 @@ def _explicit(topology: Topology, occupancy: Occupancy, want: Want) -> Placement
         raise RequestError(
             f"GPU {format_cpulist(split)} is in MIG mode and cannot be leased whole",
             hint="ask for one of its MIG devices with --mig (gpualloc topo show lists them)",
+        )
+    sick = [g for g in gpus if g in occupancy.unhealthy]
+    if sick:
+        raise NoFeasiblePlacement(
+            f"GPU {sick[0]} of --gpus is unhealthy: {occupancy.unhealthy[sick[0]]}",
+            hint="choose other GPUs, have it reset, or --allow-unhealthy",
         )
     taken = [g for g in gpus if g in occupancy.busy]
     if taken:

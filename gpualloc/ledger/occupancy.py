@@ -21,7 +21,7 @@ from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.mig import mig_label
 from gpualloc.model.request import HostState, RunningJob
 from gpualloc.model.share import DEFAULT_MAX_SHARED_JOBS
-from gpualloc.model.topology import GpuProcess, Health, Topology
+from gpualloc.model.topology import GpuFault, GpuProcess, Health, Topology
 
 
 class Occupancy(Struct, frozen=True):
@@ -48,6 +48,8 @@ class Occupancy(Struct, frozen=True):
     processes' memory; absent when nothing says."""
     max_shared_jobs: int = DEFAULT_MAX_SHARED_JOBS
     """Shared jobs a GPU may run at once (the system config's ``share.max_jobs``)."""
+    unhealthy: dict[int, str] = field(default_factory=dict)
+    """GPU index -> why it is not handed out (its faults); such GPUs are also in ``lost``."""
     mig_foreign: dict[tuple[int, int], tuple[GpuProcess, ...]] = field(default_factory=dict)
     """(parent GPU, MIG device index) -> processes on that MIG device that no lease accounts
     for (NVML names their GPU and compute instance)."""
@@ -63,6 +65,7 @@ class Occupancy(Struct, frozen=True):
         outside: frozenset[int] = frozenset(),
         memory_used: Mapping[int, int] | None = None,
         max_shared_jobs: int = DEFAULT_MAX_SHARED_JOBS,
+        faults: Iterable[GpuFault] = (),
     ) -> Occupancy:
         by_gpu: dict[int, list[GpuProcess]] = {}
         for process in processes:
@@ -73,11 +76,18 @@ class Occupancy(Struct, frozen=True):
             if any(p.used_memory_bytes is not None for p in found)
         }
         used.update(memory_used or {})
+        unhealthy: dict[int, str] = {}
+        for fault in faults:
+            if fault.gpu < topology.gpu_count:
+                known = unhealthy.get(fault.gpu)
+                unhealthy[fault.gpu] = f"{known}; {fault.detail}" if known else fault.detail
         return cls(
             gpu_count=topology.gpu_count,
             leases={i: lease for i, lease in ledger.held_gpus().items() if i < topology.gpu_count},
             processes={gpu: tuple(found) for gpu, found in by_gpu.items()},
-            lost=frozenset(g.index for g in topology.gpus if g.health == Health.LOST),
+            lost=frozenset(g.index for g in topology.gpus if g.health == Health.LOST)
+            | frozenset(unhealthy),
+            unhealthy=unhealthy,
             ignore_foreign=ignore_foreign,
             outside=outside,
             mig=frozenset(g.index for g in topology.gpus if g.mig_enabled),
@@ -117,7 +127,8 @@ class Occupancy(Struct, frozen=True):
         return self.processes.get(gpu, ())
 
     def state(self, gpu: int) -> str:
-        """``held``, ``shared`` (only shared jobs run on it), ``outside``, ``lost``, ``mig``
+        """``held``, ``shared`` (only shared jobs run on it), ``outside``, ``unhealthy`` (a
+        fault: see :mod:`gpualloc.discovery.health`), ``lost``, ``mig``
         (in MIG mode: only its MIG devices are leased), ``foreign`` or ``free``."""
         if gpu in self.leases:
             return "held"
@@ -125,6 +136,8 @@ class Occupancy(Struct, frozen=True):
             return "shared"
         if gpu in self.outside:
             return "outside"
+        if gpu in self.unhealthy:
+            return "unhealthy"
         if gpu in self.lost:
             return "lost"
         if gpu in self.mig:
@@ -178,6 +191,8 @@ class Occupancy(Struct, frozen=True):
                     if holder is not None and holder.id not in seen:
                         seen.add(holder.id)
                         lines.append(describe_lease(holder, now=now))
+            elif gpu in self.unhealthy:
+                lines.append(f"GPU {gpu} is unhealthy: {self.unhealthy[gpu]}")
             elif gpu in self.lost:
                 lines.append(f"GPU {gpu} was lost (fell off the bus); check 'dmesg' for Xid errors")
             elif gpu in self.mig:

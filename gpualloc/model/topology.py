@@ -159,6 +159,22 @@ class GpuProcess(_Strict, kw_only=True, frozen=True):
     compute_instance: NonNegativeInt | None = None
 
 
+FaultKind = Literal["lost", "ecc", "retired-pages", "remapped-rows", "xid"]
+
+
+class GpuFault(_Strict, kw_only=True, frozen=True):
+    """Something wrong with a GPU that makes gpualloc stop handing it out (issue 21, point 2):
+    it fell off the bus, has uncorrectable ECC errors, pages or rows waiting for a reset, or
+    logged a critical Xid error. A live host is asked each time; a recorded or bundled topology
+    may declare faults (``faults`` in its file), so that all of this is testable without a
+    GPU."""
+
+    gpu: NonNegativeInt
+    kind: FaultKind
+    detail: str
+    """What was seen, for people: ``12 uncorrectable ECC errors since the driver loaded``."""
+
+
 Source = Literal["nvml", "nvidia-smi", "file", "bundled"]
 
 
@@ -199,14 +215,17 @@ class Topology(_Strict, kw_only=True):
     time)."""
     mig_instances: list[MigInstance] = field(default_factory=list)
     """The MIG devices of the GPUs with MIG enabled, sorted by (parent GPU, device index)."""
+    faults: list[GpuFault] = field(default_factory=list)
+    """Faults declared on the GPUs (recorded files only; a live host is asked each time)."""
 
     def __post_init__(self) -> None:
         indices = [g.index for g in self.gpus]
         if indices != list(range(len(indices))):
             raise ValueError(f"GPU indices must be 0..{len(indices) - 1} in order, got {indices}")
         strays = [p.gpu for p in self.processes if p.gpu >= len(indices)]
+        strays += [f.gpu for f in self.faults if f.gpu >= len(indices)]
         if strays:
-            raise ValueError(f"a process runs on GPU {strays[0]}, which does not exist")
+            raise ValueError(f"a process or fault is on GPU {strays[0]}, which does not exist")
         self.links.sort(key=lambda link: (link.a, link.b))
         pairs = [(link.a, link.b) for link in self.links]
         expected = [(a, b) for a in indices for b in indices if a < b]

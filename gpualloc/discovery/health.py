@@ -1,0 +1,136 @@
+"""Which GPUs are unhealthy now (issue 21, point 2): never hand out a broken GPU.
+
+Checked on every allocation on this host, like the process lists (a GPU's health changes while
+the topology does not), from two sources:
+
+- NVML, per GPU: the GPU is lost (``NVMLError_GpuIsLost``, fallen off the bus);
+  uncorrectable ECC errors since the driver loaded (``nvmlDeviceGetTotalEccErrors``,
+  uncorrected, volatile); retired pages waiting for a reset
+  (``nvmlDeviceGetRetiredPagesPendingStatus``); row remapping pending or failed
+  (``nvmlDeviceGetRemappedRows``, A100 and later). A check the GPU does not support is skipped.
+- The kernel log (``/dev/kmsg``, readable by root, or by everyone where ``dmesg_restrict`` is
+  0): ``NVRM: Xid (PCI:0000:3b:00): 79, ...`` lines since boot with one of the Xid codes that
+  NVIDIA's Xid catalogue says need a GPU reset or mean a hardware fault (:data:`CRITICAL_XIDS`).
+  NVML has no query for past Xids (only an event stream while one waits), so the log is the one
+  place they persist; DCGM, which watches the stream, is not assumed.
+
+A recorded or bundled topology declares its faults (``faults`` in its file) instead.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from collections.abc import Iterable
+
+from gpualloc.model.topology import GpuFault, Topology
+
+KMSG = "/dev/kmsg"
+CRITICAL_XIDS: dict[int, str] = {
+    48: "double-bit ECC error",
+    62: "internal micro-controller halt",
+    64: "ECC page retirement or row remapping failed",
+    74: "NVLink error",
+    79: "fell off the bus",
+    92: "high single-bit ECC error rate",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+}
+"""Xid codes that leave the GPU in need of a reset or point at the hardware (NVIDIA, "Xid
+Errors", docs.nvidia.com/deploy/xid-errors); application faults (13, 31, 43, 94, ...) are not
+the GPU's fault and are ignored."""
+
+_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+)[^)]*\): (\d+),")
+
+
+def parse_xid_errors(text: str) -> list[tuple[str, int]]:
+    """Kernel log text -> (PCI ``domain:bus:device``, Xid) of every ``NVRM: Xid`` line."""
+    return [(match[1].upper(), int(match[2])) for match in _XID.finditer(text)]
+
+
+def xid_faults(topology: Topology, log: str) -> list[GpuFault]:
+    """One fault per GPU with a critical Xid in ``log`` (the latest code, and how many)."""
+    by_device = {_device_of(gpu.pci_bus_id): gpu.index for gpu in topology.gpus if gpu.pci_bus_id}
+    seen: dict[int, list[int]] = {}
+    for device, xid in parse_xid_errors(log):
+        gpu = by_device.get(_device_of(device))
+        if gpu is not None and xid in CRITICAL_XIDS:
+            seen.setdefault(gpu, []).append(xid)
+    faults = []
+    for gpu, codes in sorted(seen.items()):
+        last = codes[-1]
+        count = f" ({len(codes)} critical Xid errors since boot)" if len(codes) > 1 else ""
+        detail = f"Xid {last}: {CRITICAL_XIDS[last]}{count}"
+        faults.append(GpuFault(gpu=gpu, kind="xid", detail=detail))
+    return faults
+
+
+def _device_of(bus_id: str) -> tuple[int, int, int]:
+    """``00000000:3B:00.0`` or ``0000:3b:00`` -> (domain, bus, device) as numbers."""
+    domain, bus, device = bus_id.split(".")[0].split(":")[-3:]
+    return int(domain, 16), int(bus, 16), int(device, 16)
+
+
+def read_kernel_log(path: str = KMSG) -> str:
+    """Every record of the kernel's log buffer (non-blocking). Raises OSError when it cannot be
+    read (``dmesg_restrict``)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    records = []
+    try:
+        while True:
+            try:
+                record = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # overwritten while reading: skip to the next
+                    continue
+                raise
+            if not record:
+                break
+            records.append(record.decode(errors="replace").split(";", 1)[-1])
+    finally:
+        os.close(fd)
+    return "".join(records)
+
+
+def live_faults(topology: Topology) -> tuple[list[GpuFault], list[str]]:
+    """This host's faults now (NVML, the kernel log), and notes on what could not be checked."""
+    from gpualloc.discovery.nvml import NvmlSession
+    from gpualloc.errors import DiscoveryError
+
+    faults: list[GpuFault] = []
+    notes: list[str] = []
+    try:
+        with NvmlSession() as session:
+            faults += _by_uuid(topology, session.health_faults())
+    except DiscoveryError as problem:
+        notes.append(f"GPU health not checked with NVML ({problem})")
+    try:
+        faults += xid_faults(topology, read_kernel_log())
+    except OSError as exc:
+        notes.append(
+            f"Xid errors not checked: cannot read {KMSG} ({exc.strerror}; root can, or "
+            "sysctl kernel.dmesg_restrict=0)"
+        )
+    return _one_per_kind(faults), notes
+
+
+def _by_uuid(topology: Topology, found: Iterable[tuple[str | None, int, str, str]]) -> list:
+    """NVML's (uuid, nvml index, kind, detail) placed on the topology's GPUs."""
+    index_of = {gpu.uuid: gpu.index for gpu in topology.gpus if gpu.uuid}
+    faults = []
+    for uuid, nvml_index, kind, detail in found:
+        gpu = index_of.get(uuid) if uuid else None
+        if gpu is None and 0 <= nvml_index < topology.gpu_count:
+            gpu = nvml_index
+        if gpu is not None:
+            faults.append(GpuFault(gpu=gpu, kind=kind, detail=detail))  # type: ignore[arg-type]
+    return faults
+
+
+def _one_per_kind(faults: list[GpuFault]) -> list[GpuFault]:
+    unique = {(f.gpu, f.kind): f for f in faults}
+    return sorted(unique.values(), key=lambda f: (f.gpu, f.kind))
