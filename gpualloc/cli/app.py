@@ -20,6 +20,7 @@ from gpualloc.cli import (
     complete,
     config,
     leases,
+    metrics,
     plan,
     run,
     simulate,
@@ -74,6 +75,7 @@ app.command("alloc")(leases.alloc_command)
 app.command("release")(leases.release_command)
 app.command("status")(status.status_command)
 app.command("gc")(leases.gc_command)
+app.command("metrics")(metrics.metrics_command)
 app.command("simulate")(simulate.simulate_command)
 app.command("calibrate")(calibrate.calibrate_command)
 app.add_typer(slurm.app, name="slurm")

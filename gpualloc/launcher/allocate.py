@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -288,9 +289,11 @@ class HostLedger(Struct):
 
         with self.transaction() as txn:
             occupancy = self.occupancy(txn.ledger)
+            started = time.perf_counter()
             placement = choose(self.topology, occupancy, want)
+            decided = time.perf_counter() - started
             txn.count_passed_over(newcomer_passes(self, txn, occupancy, want, terms))
-            return self.record(txn, placement, want, terms)
+            return self.record(txn, placement, want, terms, decision_s=decided)
 
     @contextmanager
     def transaction(self, *, lock_timeout_s: float | None = None) -> Iterator[LedgerTransaction]:
@@ -308,9 +311,17 @@ class HostLedger(Struct):
             self._pending_lock = None
 
     def record(
-        self, txn: LedgerTransaction, placement: Placement, want: Want, terms: LeaseTerms
+        self,
+        txn: LedgerTransaction,
+        placement: Placement,
+        want: Want,
+        terms: LeaseTerms,
+        *,
+        decision_s: float | None = None,
+        waited_s: float = 0.0,
     ) -> Allocation:
-        """Add the lease for ``placement`` to ``txn`` (taking its lease lock if asked)."""
+        """Add the lease for ``placement`` to ``txn`` (taking its lease lock if asked), and
+        count it in the ledger's statistics (how long deciding took, how long it waited)."""
         store = self.ledger_store()
         lease_id = new_lease_id()
         lock_fd = take_lease_lock(store.directory.lease_lock(lease_id)) if terms.lock else None
@@ -318,6 +329,7 @@ class HostLedger(Struct):
             self._pending_lock = (lock_fd, lease_id)
         lease = self._lease(lease_id, placement, want, terms)
         txn.add(lease)
+        txn.ledger.stats.record(placement.policy, decision_s=decision_s, waited_s=waited_s)
         return Allocation(lease, placement, lock_fd, txn.notes)
 
     def _lease(self, lease_id: str, placement: Placement, want: Want, terms: LeaseTerms) -> Lease:

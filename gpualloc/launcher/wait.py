@@ -196,9 +196,10 @@ def _start(
     terms: LeaseTerms,
 ) -> Allocation:
     assert turn.placement is not None
-    txn.dequeue(waiter_id)
+    waiter = txn.dequeue(waiter_id)
     txn.count_passed_over(turn.passed)
-    return host.record(txn, turn.placement, want, terms)
+    waited = (datetime.now(timezone.utc) - waiter.created).total_seconds() if waiter else 0.0
+    return host.record(txn, turn.placement, want, terms, waited_s=waited)
 
 
 def attempts(

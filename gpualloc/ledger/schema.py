@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from msgspec import Meta, Struct, field
 
+from gpualloc.ledger.stats import LedgerStats
 from gpualloc.model.mig import MigRequest, mig_label
 from gpualloc.model.share import LeasedShare, ShareRequest
 from gpualloc.model.validation import NonNegativeInt, PositiveInt
@@ -21,8 +22,8 @@ SCHEMA_VERSION = 5
 ``writer_uid``, ``root_journal_seq``, ``Lease.process_group`` and the confirmation of a new
 lease (``announced``, ``creator_pid``); 4 added ``Lease.mig`` (MIG devices held; such a lease
 may hold no whole GPU); 5 added shared GPUs (``Lease.shareable``, ``Lease.memory_bytes``,
-``Lease.share``, ``QueuedRequest.share``). Older files read as version 5: every added field has
-a default that means what the older file meant."""
+``Lease.share``, ``QueuedRequest.share``) and ``stats``. Older files read as version 5: every
+added field has a default that means what the older file meant."""
 
 LeaseSource = Literal["run", "alloc", "slurm"]
 Priority = Literal["high", "normal", "low"]
@@ -201,6 +202,8 @@ class Ledger(Struct, kw_only=True, forbid_unknown_fields=True):
     next_seq: NonNegativeInt = 0
     root_journal_seq: NonNegativeInt = 0
     """The last entry of root's journal (:mod:`.journal`) this ledger includes."""
+    stats: LedgerStats = field(default_factory=LedgerStats)
+    """Placements, decision times and waits so far, for ``gpualloc metrics``."""
 
     def __post_init__(self) -> None:
         held: dict[int, str] = {}

@@ -1,0 +1,104 @@
+"""``gpualloc metrics``: Prometheus text on stdout, or served over HTTP (issue 21, point 4)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from gpualloc.errors import RequestError
+
+DEFAULT_HOST = "127.0.0.1"
+
+
+def metrics_command(
+    serve: Annotated[
+        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
+        typer.Option(
+            metavar="[HOST]:PORT",
+            help="Serve the metrics at http://HOST:PORT/metrics until interrupted, read afresh "
+            "for every scrape (HOST defaults to 127.0.0.1: give 0.0.0.0 to let other machines "
+            "scrape, with a firewall in front).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Print the host's GPUs, leases and queue as Prometheus metrics: GPUs by state and per
+    GPU (with the holder), leases by user, shared jobs, MIG devices, queue length and oldest
+    wait, placements, decision latency and wait-time histograms. The README lists every
+    metric.
+
+    Example: `gpualloc metrics --serve :9400`, and in prometheus.yml a job scraping
+    localhost:9400.
+    """
+    from gpualloc.cli.output import write_stdout
+
+    if serve is None:
+        write_stdout(scrape())
+        return
+    host, port = _address(serve)
+    _serve(host, port)
+
+
+def scrape() -> str:
+    """One reading of the ledger as metrics text."""
+    from gpualloc.cli.host import open_host_ledger
+    from gpualloc.metrics import render
+
+    ledger = open_host_ledger(create=False)
+    txn = ledger.snapshot()
+    return render(ledger, txn, ledger.occupancy(txn.ledger))
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    try:
+        number = int(port)
+        if not 0 < number < 65536:
+            raise ValueError
+    except ValueError:
+        raise RequestError(
+            f"--serve {text!r} is not [HOST]:PORT", hint="e.g. --serve :9400 or 127.0.0.1:9400"
+        ) from None
+    return host.strip("[]") or DEFAULT_HOST, number
+
+
+def _serve(host: str, port: int) -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from gpualloc.cli.host import say
+    from gpualloc.errors import GpuallocError
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?")[0] not in ("/metrics", "/"):
+                self.send_error(404, "only /metrics is served")
+                return
+            try:
+                body, status = scrape().encode(), 200
+            except GpuallocError as problem:
+                body, status = f"# error: {problem.message}\n".encode(), 503
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # a scrape every few seconds is not news
+
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError as exc:
+        raise RequestError(
+            f"cannot serve on {host}:{port}: {exc.strerror}", hint="choose another port"
+        ) from None
+    say(f"serving metrics on http://{host}:{server.server_address[1]}/metrics (Ctrl-C stops)")
+    sys.stderr.flush()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()

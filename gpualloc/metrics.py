@@ -1,0 +1,143 @@
+"""The host's GPUs, leases and queue as Prometheus metrics (issue 21, point 4).
+
+Rendered in the text exposition format (version 0.0.4) from one read of the ledger, as
+``status`` reads it: nothing is kept between scrapes but what the ledger keeps
+(:mod:`gpualloc.ledger.stats`). Every metric is listed, with its type and labels, in
+:data:`METRICS`, which the README's metric table is checked against.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpualloc.launcher.allocate import HostLedger
+    from gpualloc.ledger.occupancy import Occupancy
+    from gpualloc.ledger.stats import Histogram
+    from gpualloc.ledger.store import LedgerTransaction
+
+GPU_STATES = ("free", "held", "shared", "foreign", "unhealthy", "lost", "mig", "outside")
+METRICS: dict[str, tuple[str, str]] = {
+    "gpualloc_gpus": ("gauge", "GPUs of the host by state (label state)."),
+    "gpualloc_gpu_info": (
+        "gauge",
+        "1 per GPU, labelled gpu, uuid, state, user (the lease holder, or empty) and lease.",
+    ),
+    "gpualloc_gpu_memory_used_bytes": (
+        "gauge",
+        "Memory in use per GPU (label gpu), as NVML reports it; absent where unknown.",
+    ),
+    "gpualloc_leases": ("gauge", "Live leases by source (run, alloc, slurm) and user."),
+    "gpualloc_lease_gpus": ("gauge", "Whole GPUs held by each lease (labels lease, user)."),
+    "gpualloc_shared_jobs": ("gauge", "Shared jobs (run --share) running, by GPU."),
+    "gpualloc_mig_devices": ("gauge", "MIG devices by state (free, held, foreign)."),
+    "gpualloc_queue_length": ("gauge", "Jobs waiting (run/alloc --wait) by priority."),
+    "gpualloc_queue_oldest_wait_seconds": (
+        "gauge",
+        "How long the longest-waiting job has waited (0 with an empty queue).",
+    ),
+    "gpualloc_placements_total": ("counter", "Leases made, by placement policy."),
+    "gpualloc_decision_seconds": (
+        "histogram",
+        "Time to choose GPUs for a job that did not wait, inside the ledger transaction.",
+    ),
+    "gpualloc_wait_seconds": (
+        "histogram",
+        "Time each job waited in the queue before it started (0 if it did not wait).",
+    ),
+}
+
+
+def render(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) -> str:
+    """The metrics text for one scrape."""
+    now = datetime.now(timezone.utc)
+    ledger = txn.ledger
+    out: list[str] = []
+
+    def family(name: str, samples: Iterable[tuple[dict[str, str], float]]) -> None:
+        kind, about = METRICS[name]
+        out.append(f"# HELP {name} {about}")
+        out.append(f"# TYPE {name} {kind}")
+        out.extend(_sample(name, labels, value) for labels, value in samples)
+
+    states = Counter(occupancy.state(g) for g in range(host.topology.gpu_count))
+    family("gpualloc_gpus", (({"state": state}, states[state]) for state in GPU_STATES))
+    family(
+        "gpualloc_gpu_info",
+        ((_gpu_labels(host, occupancy, g.index), 1) for g in host.topology.gpus),
+    )
+    family(
+        "gpualloc_gpu_memory_used_bytes",
+        (({"gpu": str(g)}, used) for g, used in sorted(occupancy.memory_used.items())),
+    )
+    by_source = Counter((x.source, x.user) for x in ledger.leases)
+    family(
+        "gpualloc_leases",
+        (({"source": s, "user": u}, n) for (s, u), n in sorted(by_source.items())),
+    )
+    family(
+        "gpualloc_lease_gpus",
+        (({"lease": x.id, "user": x.user}, len(x.gpus)) for x in ledger.whole_leases()),
+    )
+    family(
+        "gpualloc_shared_jobs",
+        (({"gpu": str(g)}, len(found)) for g, found in sorted(occupancy.shares.items())),
+    )
+    taken = occupancy.mig_taken()
+    mig = Counter(
+        "held"
+        if (m.gpu, m.device) in occupancy.mig_leases
+        else "foreign"
+        if (m.gpu, m.device) in taken
+        else "free"
+        for m in host.topology.mig_instances
+    )
+    family("gpualloc_mig_devices", (({"state": s}, mig[s]) for s in ("free", "held", "foreign")))
+    queued = Counter(w.priority for w in ledger.queue)
+    family(
+        "gpualloc_queue_length",
+        (({"priority": p}, queued[p]) for p in ("high", "normal", "low")),
+    )
+    oldest = max(((now - w.created).total_seconds() for w in ledger.queue), default=0.0)
+    family("gpualloc_queue_oldest_wait_seconds", [({}, max(0.0, oldest))])
+    stats = ledger.stats
+    family(
+        "gpualloc_placements_total",
+        (({"policy": p}, n) for p, n in sorted(stats.placements.items())),
+    )
+    out += _histogram("gpualloc_decision_seconds", stats.decision_seconds)
+    out += _histogram("gpualloc_wait_seconds", stats.wait_seconds)
+    return "\n".join(out) + "\n"
+
+
+def _gpu_labels(host: HostLedger, occupancy: Occupancy, gpu: int) -> dict[str, str]:
+    lease = occupancy.leases.get(gpu)
+    return {
+        "gpu": str(gpu),
+        "uuid": host.topology.gpu(gpu).uuid or "",
+        "state": occupancy.state(gpu),
+        "user": lease.user if lease else "",
+        "lease": lease.id if lease else "",
+    }
+
+
+def _histogram(name: str, histogram: Histogram) -> list[str]:
+    kind, about = METRICS[name]
+    lines = [f"# HELP {name} {about}", f"# TYPE {name} {kind}"]
+    lines += [_sample(f"{name}_bucket", {"le": le}, n) for le, n in histogram.cumulative()]
+    lines.append(_sample(f"{name}_sum", {}, histogram.total))
+    lines.append(_sample(f"{name}_count", {}, histogram.count))
+    return lines
+
+
+def _sample(name: str, labels: dict[str, str], value: float) -> str:
+    text = ",".join(f'{key}="{_escape(val)}"' for key, val in labels.items())
+    number = repr(float(value)) if isinstance(value, float) else str(value)
+    return f"{name}{{{text}}} {number}" if text else f"{name} {number}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
