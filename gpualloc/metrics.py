@@ -86,14 +86,10 @@ def render(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) -> st
         "gpualloc_shared_jobs",
         (({"gpu": str(g)}, len(found)) for g, found in sorted(occupancy.shares.items())),
     )
-    taken = occupancy.mig_taken()
+    foreign = {} if occupancy.ignore_foreign else occupancy.mig_foreign
     mig = Counter(
-        "held"
-        if (m.gpu, m.device) in occupancy.mig_leases
-        else "foreign"
-        if (m.gpu, m.device) in taken
-        else "free"
-        for m in host.topology.mig_instances
+        "held" if key in occupancy.mig_leases else "foreign" if key in foreign else "free"
+        for key in ((m.gpu, m.device) for m in host.topology.mig_instances)
     )
     family("gpualloc_mig_devices", (({"state": s}, mig[s]) for s in ("free", "held", "foreign")))
     queued = Counter(w.priority for w in ledger.queue)

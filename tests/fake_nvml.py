@@ -181,6 +181,7 @@ class FakeNvml(SimpleNamespace):
     # ---- the NVML API used by gpualloc.discovery.nvml ------------------------------------
 
     def nvmlInit(self) -> None:
+        self.calls["nvmlInit"] = self.calls.get("nvmlInit", 0) + 1
         if self.init_error is not None:
             raise self.init_error
 

@@ -17,7 +17,6 @@ from gpualloc.discovery import nvml as nvml_source
 from gpualloc.errors import ExitCode
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Ledger
-from gpualloc.model.topology import GpuFault
 from gpualloc.topologies import load_bundled
 from tests.fake_nvml import FakeNvml
 
@@ -148,4 +147,12 @@ def test_a_fault_on_a_gpu_that_does_not_exist_is_refused() -> None:
     data["faults"] = [{"gpu": 3, "kind": "xid", "detail": "Xid 79"}]
     with pytest.raises(TopologyError, match="fault is on GPU 3"):
         type(topology).from_json(json.dumps(data))
-    assert GpuFault(gpu=0, kind="lost", detail="gone").kind == "lost"
+
+
+def test_processes_and_health_are_asked_in_one_nvml_session(sick_host: FakeNvml) -> None:
+    """Initialising NVML is the slow part of asking it, and ``run`` asks every time."""
+    from gpualloc.discovery.live import observe
+
+    now = observe(with_bus_ids(load_bundled("dgx1-v100")))
+    assert sick_host.calls["nvmlInit"] == 1
+    assert now.processes.source == "nvml" and {f.gpu for f in now.faults} == {1, 2, 3, 4, 5, 6}

@@ -116,7 +116,7 @@ def run_job(
         process_group=os.getpid() if os.getpgrp() == os.getpid() else None,
         shareable=shareable,
         memory_bytes=declared_memory(mem, shareable),
-        share_mode=share_mode(os.environ),
+        share_mode=share_mode(os.environ) if share else "time-sliced",
     )
     _launch(host, want, terms, command, mode, uuid=uuid, quiet=quiet, waiting=waiting)
 
@@ -214,12 +214,17 @@ def _dry_run(
     from gpualloc.launcher.allocate import choose
     from gpualloc.launcher.command import job_argv
     from gpualloc.launcher.environment import LEASE_ID_VARIABLE
+    from gpualloc.launcher.sharing import share_mode
 
     txn = host.snapshot()
     warn(txn.notes)
     placement = choose(host.topology, host.occupancy(txn.ledger), want)
     binding = _binding(host, placement, mode)
-    share = _planned_share(host, want, placement)
+    share = (
+        host.leased_share(want.share, placement.gpus[0], share_mode(os.environ))
+        if want.share is not None
+        else None
+    )
     variables = _variables(
         host,
         placement.gpus,
@@ -261,22 +266,6 @@ def _dry_run(
     lines.append(f"  argv: {shlex.join(argv)}")
     lines.append("nothing was allocated (--dry-run)")
     write_stdout("\n".join(lines) + "\n")
-
-
-def _planned_share(host: HostLedger, want: Want, placement: Placement) -> LeasedShare | None:
-    """How a shared job would hold its GPU, for ``--dry-run``."""
-    from gpualloc.launcher.sharing import share_mode
-    from gpualloc.model.share import LeasedShare, share_fraction
-
-    if want.share is None:
-        return None
-    total = host.topology.gpu(placement.gpus[0]).memory_total_bytes
-    return LeasedShare(
-        fraction=share_fraction(want.share, total, host.max_shared_jobs),
-        background=want.share.background,
-        sm_percent=want.share.sm_percent,
-        mode=share_mode(os.environ),
-    )
 
 
 # ---- alloc -----------------------------------------------------------------------------------

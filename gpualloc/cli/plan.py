@@ -150,17 +150,13 @@ def plan_command(
 def _faults(topology: Topology) -> dict[int, str]:
     """GPU index -> what is wrong with it: this host's now, or what a recorded file declares."""
     from gpualloc.discovery.this_host import describes_this_host
+    from gpualloc.model.topology import faults_by_gpu
 
     if describes_this_host(topology):
-        from gpualloc.discovery.health import live_faults
+        from gpualloc.discovery.live import observe
 
-        faults, _notes = live_faults(topology)
-    else:
-        faults = topology.faults
-    found: dict[int, list[str]] = {}
-    for fault in faults:
-        found.setdefault(fault.gpu, []).append(fault.detail)
-    return {gpu: "; ".join(details) for gpu, details in found.items()}
+        return faults_by_gpu(observe(topology, processes=False).faults)
+    return faults_by_gpu(topology.faults)
 
 
 def _show_mig_plan(

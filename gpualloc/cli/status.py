@@ -151,7 +151,7 @@ def _gpu_table(host: HostLedger, occupancy: Occupancy) -> Table:
     from gpualloc.ledger.occupancy import describe_processes
 
     now = datetime.now(timezone.utc)
-    faults = _fault_texts(host)
+    faults = occupancy.unhealthy  # status never places, so never --allow-unhealthy
     rows, styles = [], []
     for gpu in host.topology.gpus:
         state = occupancy.state(gpu.index)
@@ -183,14 +183,6 @@ def _gpu_table(host: HostLedger, occupancy: Occupancy) -> Table:
         rows,
         styles=styles,
     )
-
-
-def _fault_texts(host: HostLedger) -> dict[int, str]:
-    """GPU index -> its faults in words (whether or not --allow-unhealthy is in effect)."""
-    texts: dict[int, list[str]] = {}
-    for fault in host.faults:
-        texts.setdefault(fault.gpu, []).append(fault.detail)
-    return {gpu: "; ".join(details) for gpu, details in texts.items()}
 
 
 def _lease_id(lease: Lease | None) -> str | None:

@@ -115,15 +115,9 @@ def build_want(
     if shareable:
         mem = None  # declared, not a MIG request
     if mig is not None or mem is not None:
-        given = {
-            "-n": count is not None and count != 1,
-            "--gpus": explicit is not None,
-            "--exclude": exclude is not None,
-            "--require": require is not None,
-            "--min-utility": min_utility is not None,
-            "--min-bandwidth": min_bandwidth is not None,
-        }
-        clash = [option for option, present in given.items() if present]
+        clash = _whole_gpu_options(
+            count, explicit is not None, exclude, require, min_utility, min_bandwidth
+        )
         if clash:
             raise RequestError(
                 f"{clash[0]} applies to whole GPUs, not to a MIG device (--mig/--mem)",
@@ -170,6 +164,27 @@ def build_want(
     )
 
 
+def _whole_gpu_options(
+    count: int | None,
+    gpus: bool,
+    exclude: str | None,
+    require: str | None,
+    min_utility: float | None,
+    min_bandwidth: float | None,
+) -> list[str]:
+    """The options given that only a request of whole GPUs can use (a MIG device or a shared
+    place is one device; ``gpus``: whether --gpus names more than it allows)."""
+    given = {
+        "-n": count is not None and count != 1,
+        "--gpus": gpus,
+        "--exclude": exclude is not None,
+        "--require": require is not None,
+        "--min-utility": min_utility is not None,
+        "--min-bandwidth": min_bandwidth is not None,
+    }
+    return [option for option, present in given.items() if present]
+
+
 def _check_sharing(
     share: bool, shareable: bool, background: bool, sm_share: int | None, mig: str | None
 ) -> None:
@@ -207,15 +222,7 @@ def _share_want(
     from gpualloc.placement.patterns import build_pattern
 
     chosen = gpu_sequence(explicit, "--gpus") if explicit is not None else ()
-    given = {
-        "-n": count is not None and count != 1,
-        "--gpus": len(chosen) > 1,
-        "--exclude": exclude is not None,
-        "--require": require is not None,
-        "--min-utility": min_utility is not None,
-        "--min-bandwidth": min_bandwidth is not None,
-    }
-    clash = [option for option, present in given.items() if present]
+    clash = _whole_gpu_options(count, len(chosen) > 1, exclude, require, min_utility, min_bandwidth)
     if clash:
         raise RequestError(
             f"{clash[0]} does not apply to a shared job (--share), which runs on one GPU",

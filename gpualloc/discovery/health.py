@@ -23,8 +23,12 @@ import errno
 import os
 import re
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from gpualloc.model.topology import GpuFault, Topology
+
+if TYPE_CHECKING:
+    from gpualloc.discovery.nvml import NvmlSession
 
 KMSG = "/dev/kmsg"
 CRITICAL_XIDS: dict[int, str] = {
@@ -96,16 +100,22 @@ def read_kernel_log(path: str = KMSG) -> str:
     return "".join(records)
 
 
-def live_faults(topology: Topology) -> tuple[list[GpuFault], list[str]]:
-    """This host's faults now (NVML, the kernel log), and notes on what could not be checked."""
+def live_faults(
+    topology: Topology, session: NvmlSession | None = None
+) -> tuple[list[GpuFault], list[str]]:
+    """This host's faults now (NVML, in ``session`` when one is open; the kernel log), and
+    notes on what could not be checked."""
     from gpualloc.discovery.nvml import NvmlSession
     from gpualloc.errors import DiscoveryError
 
     faults: list[GpuFault] = []
     notes: list[str] = []
     try:
-        with NvmlSession() as session:
+        if session is not None:
             faults += _by_uuid(topology, session.health_faults())
+        else:
+            with NvmlSession() as opened:
+                faults += _by_uuid(topology, opened.health_faults())
     except DiscoveryError as problem:
         notes.append(f"GPU health not checked with NVML ({problem})")
     try:

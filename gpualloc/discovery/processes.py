@@ -15,11 +15,15 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from msgspec import Struct, field
 
 from gpualloc.errors import DiscoveryError
 from gpualloc.model.topology import GpuProcess, Topology
+
+if TYPE_CHECKING:
+    from gpualloc.discovery.nvml import NvmlSession
 
 MIB = 1024 * 1024
 
@@ -56,13 +60,14 @@ def declared_processes(topology: Topology) -> ProcessReport:
     return ProcessReport(processes=list(topology.processes), source="topology")
 
 
-def live_processes(topology: Topology) -> ProcessReport:
-    """This host's compute processes: NVML, else nvidia-smi, else a note saying that none could
-    be seen (foreign use then goes undetected, and the caller says so)."""
+def live_processes(topology: Topology, session: NvmlSession | None = None) -> ProcessReport:
+    """This host's compute processes: NVML (in ``session`` when one is open), else nvidia-smi,
+    else a note saying that none could be seen (foreign use then goes undetected, and the caller
+    says so)."""
     problems: list[str] = []
-    for probe in (_from_nvml, _from_nvidia_smi):
+    for probe in (lambda: _from_nvml(topology, session), lambda: _from_nvidia_smi(topology)):
         try:
-            return probe(topology)
+            return probe()
         except DiscoveryError as problem:  # DiscoveryUnavailable included
             problems.append(str(problem))
     return ProcessReport(
@@ -73,15 +78,17 @@ def live_processes(topology: Topology) -> ProcessReport:
     )
 
 
-def _from_nvml(topology: Topology) -> ProcessReport:
-    from gpualloc.discovery.nvml import NvmlSession
+def _from_nvml(topology: Topology, session: NvmlSession | None) -> ProcessReport:
+    if session is None:
+        from gpualloc.discovery.nvml import NvmlSession
 
-    with NvmlSession() as session:
-        processes = match_processes(topology, session.compute_processes())
-        by_uuid = {gpu.uuid: gpu.index for gpu in topology.gpus if gpu.uuid}
-        memory = {
-            by_uuid[uuid]: used for uuid, used in session.memory_used().items() if uuid in by_uuid
-        }
+        with NvmlSession() as opened:
+            return _from_nvml(topology, opened)
+    processes = match_processes(topology, session.compute_processes())
+    by_uuid = {gpu.uuid: gpu.index for gpu in topology.gpus if gpu.uuid}
+    memory = {
+        by_uuid[uuid]: used for uuid, used in session.memory_used().items() if uuid in by_uuid
+    }
     return ProcessReport(processes, source="nvml", memory_used=memory)
 
 

@@ -26,6 +26,7 @@ from msgspec.structs import replace
 
 from gpualloc import boot
 from gpualloc.boot import boot_id
+from gpualloc.discovery.live import GpusNow, observe
 from gpualloc.discovery.processes import ProcessReport, declared_processes, live_processes
 from gpualloc.discovery.this_host import describes_this_host
 from gpualloc.errors import (
@@ -53,13 +54,7 @@ from gpualloc.ledger.store import LOCK_TIMEOUT_S, LedgerStore, LedgerTransaction
 from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.mig import MigRequest
 from gpualloc.model.request import HostState, JobRequest, Placement
-from gpualloc.model.share import (
-    DEFAULT_MAX_SHARED_JOBS,
-    LeasedShare,
-    ShareMode,
-    ShareRequest,
-    share_fraction,
-)
+from gpualloc.model.share import DEFAULT_MAX_SHARED_JOBS, LeasedShare, ShareMode, ShareRequest
 from gpualloc.model.topology import GpuFault, GpuProcess, Topology
 from gpualloc.placement.registry import DEFAULT_POLICY
 from gpualloc.placement.scores import EffectiveModel
@@ -214,12 +209,11 @@ class HostLedger(Struct):
             from gpualloc.slurm.job import job_ledger_scope
 
             scope = job_ledger_scope(scope, slurm_job.job_id)
-        if not this_host:
-            processes = declared_processes(topology)
-        elif ignore_foreign:
-            processes = ProcessReport(source="none")
+        if this_host:
+            now = observe(topology, processes=not ignore_foreign, health=check_health)
         else:
-            processes = live_processes(topology)
+            now = GpusNow(declared_processes(topology), list(topology.faults))
+        processes = now.processes
         try:
             directory = open_state_directory(state_dir, create=create).scoped(scope)
             store: LedgerStore | None = LedgerStore(
@@ -230,12 +224,7 @@ class HostLedger(Struct):
         except StateDirectoryMissing:
             store = None
         host = cls(topology, store, processes, this_host, ignore_foreign, slurm_job)
-        if not this_host:
-            host.faults = list(topology.faults)
-        elif check_health:
-            from gpualloc.discovery.health import live_faults
-
-            host.faults, host.health_notes = live_faults(topology)
+        host.faults, host.health_notes = now.faults, now.health_notes
         return host
 
     @property
@@ -248,12 +237,15 @@ class HostLedger(Struct):
     def refresh_processes(self) -> None:
         """Ask NVML again who runs on the GPUs, and how healthy they are (a waiting job does
         this now and then)."""
-        if self.this_host and not self.ignore_foreign:
-            self.processes = live_processes(self.topology)
-        if self.this_host and not self.allow_unhealthy:
-            from gpualloc.discovery.health import live_faults
-
-            self.faults, self.health_notes = live_faults(self.topology)
+        if not self.this_host:
+            return
+        now = observe(
+            self.topology, processes=not self.ignore_foreign, health=not self.allow_unhealthy
+        )
+        if not self.ignore_foreign:
+            self.processes = now.processes
+        if not self.allow_unhealthy:
+            self.faults, self.health_notes = now.faults, now.health_notes
 
     def occupancy(self, ledger: Ledger) -> Occupancy:
         return Occupancy.build(
@@ -370,19 +362,16 @@ class HostLedger(Struct):
             creator_start_time=process_start_time(os.getpid()) if terms.announce else None,
             shareable=terms.shareable,
             memory_bytes=want.share.memory_bytes if want.share else terms.memory_bytes,
-            share=self._share(placement, want, terms),
+            share=(
+                self.leased_share(want.share, placement.gpus[0], terms.share_mode)
+                if want.share is not None
+                else None
+            ),
         )
 
-    def _share(self, placement: Placement, want: Want, terms: LeaseTerms) -> LeasedShare | None:
-        if want.share is None:
-            return None
-        total = self.topology.gpu(placement.gpus[0]).memory_total_bytes
-        return LeasedShare(
-            fraction=share_fraction(want.share, total, self.max_shared_jobs),
-            background=want.share.background,
-            sm_percent=want.share.sm_percent,
-            mode=terms.share_mode,
-        )
+    def leased_share(self, request: ShareRequest, gpu: int, mode: ShareMode) -> LeasedShare:
+        """How a shared job for ``request`` holds ``gpu``."""
+        return request.leased(self.topology.gpu(gpu).memory_total_bytes, self.max_shared_jobs, mode)
 
     def confirm(self, lease_id: str) -> None:
         """Mark the lease announced: its id has reached its user (issue 18, point 6)."""
@@ -409,15 +398,7 @@ class HostLedger(Struct):
         uid = os.geteuid()
         result = ReleaseResult()
         with store.transaction() as txn:
-            targets: list[Lease] = []
-            for selector in selectors:
-                try:
-                    lease = find_lease(txn, selector)
-                except NoSuchLease as missing:
-                    result.problems.append(missing)
-                    continue
-                if lease is not None and lease not in targets:
-                    targets.append(lease)
+            targets = find_leases(txn, selectors, result.problems)
             if mine:
                 targets += [x for x in txn.ledger.leases if x.uid == uid and x not in targets]
             for lease in targets:
@@ -518,7 +499,7 @@ MIG_POLICY = "mig-best-fit"
 
 def _mig_placement(topology: Topology, occupancy: Occupancy, request: MigRequest) -> Placement:
     """The MIG device for ``request`` (see :mod:`gpualloc.placement.mig`) as a placement."""
-    from gpualloc.model.request import Scores
+    from gpualloc.model.request import UNSCORED
     from gpualloc.placement.mig import MigDevicesBusy, choose_mig
 
     taken = occupancy.mig_taken()
@@ -531,13 +512,7 @@ def _mig_placement(topology: Topology, occupancy: Occupancy, request: MigRequest
     return Placement(
         policy=MIG_POLICY,
         gpus=(),
-        scores=Scores(
-            aggregated_gbps=None,
-            effective_gbps=None,
-            preserved_gbps=0.0,
-            bottleneck_gbps=None,
-            utility=1.0,
-        ),
+        scores=UNSCORED,
         objective=choice.reason,
         notes=tuple(f"runner-up: {m.label} ({m.profile})" for m in choice.runners_up[:3]),
         mig_devices=((instance.gpu, instance.device),),
@@ -549,20 +524,14 @@ SHARE_POLICY = "share-best-fit"
 
 def _share_placement(topology: Topology, occupancy: Occupancy, request: ShareRequest) -> Placement:
     """The GPU for a shared job (see :mod:`gpualloc.placement.share`) as a placement."""
-    from gpualloc.model.request import Scores
+    from gpualloc.model.request import UNSCORED
     from gpualloc.placement.share import choose_share
 
     choice = choose_share(topology, occupancy, request, occupancy.max_shared_jobs)
     return Placement(
         policy=SHARE_POLICY,
         gpus=(choice.candidate.gpu,),
-        scores=Scores(
-            aggregated_gbps=None,
-            effective_gbps=None,
-            preserved_gbps=0.0,
-            bottleneck_gbps=None,
-            utility=1.0,
-        ),
+        scores=UNSCORED,
         objective=choice.reason,
         notes=tuple(f"runner-up: {c.describe()}" for c in choice.runners_up[:3]),
         shared=True,
@@ -669,6 +638,21 @@ def _busy(occupancy: Occupancy, request: JobRequest, why: NoFeasiblePlacement) -
 
 
 # ---- helpers -----------------------------------------------------------------------------------
+
+
+def find_leases(txn: LedgerTransaction, selectors: Iterable[str], problems: list) -> list[Lease]:
+    """The leases ``selectors`` name, each once (see :func:`find_lease`); a selector that names
+    none adds its :class:`NoSuchLease` to ``problems``."""
+    found: list[Lease] = []
+    for selector in selectors:
+        try:
+            lease = find_lease(txn, selector)
+        except NoSuchLease as missing:
+            problems.append(missing)
+            continue
+        if lease is not None and lease not in found:
+            found.append(lease)
+    return found
 
 
 def find_lease(txn: LedgerTransaction, selector: str) -> Lease | None:

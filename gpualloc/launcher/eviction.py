@@ -14,8 +14,8 @@ from collections.abc import Iterable
 
 from msgspec.structs import replace
 
-from gpualloc.errors import NoSuchLease, NotPermitted, RequestError
-from gpualloc.launcher.allocate import HostLedger, ReleaseResult, find_lease, user_name
+from gpualloc.errors import NotPermitted, RequestError
+from gpualloc.launcher.allocate import HostLedger, ReleaseResult, find_leases, user_name
 from gpualloc.ledger.schema import Lease, Ledger
 
 
@@ -31,15 +31,7 @@ def evict_shared(
     uid = os.geteuid()
     result = ReleaseResult()
     with store.transaction() as txn:
-        named: list[Lease] = []
-        for selector in selectors:
-            try:
-                lease = find_lease(txn, selector)
-            except NoSuchLease as missing:
-                result.problems.append(missing)
-                continue
-            if lease is not None:
-                named.append(lease)
+        named = find_leases(txn, selectors, result.problems)
         if mine:
             named += [x for x in txn.ledger.leases if x.uid == uid and x.shareable]
         for lease in named:

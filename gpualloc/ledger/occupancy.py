@@ -21,7 +21,7 @@ from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.mig import mig_label
 from gpualloc.model.request import HostState, RunningJob
 from gpualloc.model.share import DEFAULT_MAX_SHARED_JOBS
-from gpualloc.model.topology import GpuFault, GpuProcess, Health, Topology
+from gpualloc.model.topology import GpuFault, GpuProcess, Health, Topology, faults_by_gpu
 
 
 class Occupancy(Struct, frozen=True):
@@ -76,11 +76,9 @@ class Occupancy(Struct, frozen=True):
             if any(p.used_memory_bytes is not None for p in found)
         }
         used.update(memory_used or {})
-        unhealthy: dict[int, str] = {}
-        for fault in faults:
-            if fault.gpu < topology.gpu_count:
-                known = unhealthy.get(fault.gpu)
-                unhealthy[fault.gpu] = f"{known}; {fault.detail}" if known else fault.detail
+        unhealthy = {
+            gpu: text for gpu, text in faults_by_gpu(faults).items() if gpu < topology.gpu_count
+        }
         return cls(
             gpu_count=topology.gpu_count,
             leases={i: lease for i, lease in ledger.held_gpus().items() if i < topology.gpu_count},
@@ -260,12 +258,8 @@ def describe_lease(lease: Lease, *, now: datetime | None = None) -> str:
 
 def held_devices(lease: Lease) -> str:
     """``GPU 0,1``, ``GPU0/MIG3 (1g.5gb)``, or both."""
-    from gpualloc.model.mig import mig_label
-
     parts = [f"GPU {format_cpulist(lease.indices)}"] if lease.indices else []
-    parts += [
-        mig_label(m.gpu, m.device) + (f" ({m.profile})" if m.profile else "") for m in lease.mig
-    ]
+    parts += [m.label + (f" ({m.profile})" if m.profile else "") for m in lease.mig]
     return ", ".join(parts)
 
 

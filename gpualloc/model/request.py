@@ -104,6 +104,17 @@ class Scores(Struct, frozen=True):
         }
 
 
+UNSCORED = Scores(
+    aggregated_gbps=None,
+    effective_gbps=None,
+    preserved_gbps=0.0,
+    bottleneck_gbps=None,
+    utility=1.0,
+)
+"""The scores of a placement on part of one GPU (a MIG device, a shared place): no link to
+score, and DRB's utility of a set of whole GPUs does not apply."""
+
+
 class Placement(Struct, frozen=True):
     """A policy's answer: GPUs in rank order, the scores, and what the policy optimised."""
 

@@ -36,6 +36,22 @@ class ShareRequest(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     gpu: NonNegativeInt | None = None
     """Exactly this GPU (``--gpus N``); None: the best fit."""
 
+    def leased(self, gpu_memory_bytes: int | None, max_jobs: int, mode: ShareMode) -> LeasedShare:
+        """How the job holds its GPU once placed: its fraction of it is ``--sm-share`` when
+        given, else its declared memory over the GPU's, else one over ``max_jobs``."""
+        if self.sm_percent is not None:
+            fraction = self.sm_percent / 100
+        elif self.memory_bytes is not None and gpu_memory_bytes:
+            fraction = min(1.0, self.memory_bytes / gpu_memory_bytes)
+        else:
+            fraction = 1 / max(1, max_jobs)
+        return LeasedShare(
+            fraction=fraction,
+            background=self.background,
+            sm_percent=self.sm_percent,
+            mode=mode,
+        )
+
     def describe(self) -> str:
         parts = ["a shared place" + (f" on GPU {self.gpu}" if self.gpu is not None else "")]
         if self.memory_bytes is not None:
@@ -58,12 +74,3 @@ class LeasedShare(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     """Who asked the job to leave (``release --evict-shared``); its watcher then ends it."""
     evict_grace_s: Annotated[float, Meta(ge=0)] | None = None
     """Time between the watcher's SIGTERM and SIGKILL (None: the default, 10 s)."""
-
-
-def share_fraction(request: ShareRequest, gpu_memory_bytes: int | None, max_jobs: int) -> float:
-    """The part of the GPU a shared job is due (see :attr:`LeasedShare.fraction`)."""
-    if request.sm_percent is not None:
-        return request.sm_percent / 100
-    if request.memory_bytes is not None and gpu_memory_bytes:
-        return min(1.0, request.memory_bytes / gpu_memory_bytes)
-    return 1 / max(1, max_jobs)

@@ -9,6 +9,7 @@ cpu_affinity`` and ``links[].a/b/kind/nvlinks/pcie/bandwidth_gbps``) are stable.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from datetime import datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal
@@ -173,6 +174,14 @@ class GpuFault(_Strict, kw_only=True, frozen=True):
     kind: FaultKind
     detail: str
     """What was seen, for people: ``12 uncorrectable ECC errors since the driver loaded``."""
+
+
+def faults_by_gpu(faults: Iterable[GpuFault]) -> dict[int, str]:
+    """GPU index -> its faults in words, joined with ``; ``."""
+    found: dict[int, list[str]] = {}
+    for fault in faults:
+        found.setdefault(fault.gpu, []).append(fault.detail)
+    return {gpu: "; ".join(details) for gpu, details in found.items()}
 
 
 Source = Literal["nvml", "nvidia-smi", "file", "bundled"]

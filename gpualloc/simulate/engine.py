@@ -44,7 +44,7 @@ from gpualloc.launcher.wait import DEFAULT_MAX_BYPASS, attempts
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Lease, LeasedGpu, Ledger, QueuedRequest, Waiter
 from gpualloc.model.request import HostState, JobRequest, Placement
-from gpualloc.model.share import LeasedShare, ShareRequest
+from gpualloc.model.share import ShareRequest
 from gpualloc.model.topology import Topology
 from gpualloc.placement.patterns import build_pattern
 from gpualloc.simulate.profile import DrbProfile
@@ -358,7 +358,11 @@ class _Simulation:
             created=_EPOCH,
             source="run",
             shareable=bool(self.options.sharing) and not placement.shared,
-            share=LeasedShare(fraction=1 / self.options.sharing) if placement.shared else None,
+            share=(
+                ShareRequest().leased(None, self.options.sharing, "time-sliced")
+                if placement.shared
+                else None
+            ),
         )
         self.running.append(_Running(result, done=0.0, since=now, slowdown=1.0))
 
