@@ -115,6 +115,13 @@ def _duration_or_none(value: Any) -> float | None:
     return seconds
 
 
+def _duration_or_off(value: Any) -> float:
+    """A duration, where 0, "off" or "none" turn the thing it times off (0.0)."""
+    if value in (0, "0") or (isinstance(value, str) and value.strip().lower() in ("off", "none")):
+        return 0.0
+    return _duration(value)
+
+
 def _duration(value: Any) -> float:
     seconds = _duration_or_none(value)
     if seconds is None:
@@ -188,6 +195,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "queue.backfill_window", None, None, _duration_or_none,
         "no later job starts before one that has waited this long", system_only=True,
+    ),
+    Setting(
+        "verify.grace", "GPUALLOC_VERIFY_GRACE", 60.0, _duration_or_off,
+        "how long after 'run' starts a job its GPUs are checked for it (\"off\": not checked)",
+    ),
+    Setting(
+        "verify.action", "GPUALLOC_VERIFY_ACTION", "warn", _choice("warn", "kill"),
+        "what 'run' does with a job found on GPUs its lease does not hold",
     ),
     Setting(
         "share.max_jobs", None, DEFAULT_MAX_SHARED_JOBS, _count,

@@ -51,6 +51,9 @@ class ExitCode(IntEnum):
     LOCKED = 16
     """Another process held the shared ledger's lock for longer than gpualloc waits (the
     message names it); nothing was changed."""
+    CHECK_FAILED = 17
+    """``gpualloc doctor`` found a problem (a link down or slow, peer-to-peer off, a job off its
+    GPUs, an unhealthy GPU); the output says what."""
     TIMEOUT = 124
     """``--wait --timeout`` ran out before the GPUs came free, as timeout(1) reports it."""
     NOT_EXECUTABLE = 126
@@ -81,6 +84,7 @@ EXIT_CODE_DESCRIPTIONS: dict[ExitCode, str] = {
     ExitCode.TRACE: "a simulation trace or --generate spec is not understood",
     ExitCode.CONFIG: "a config.toml file or a GPUALLOC_* setting is not understood",
     ExitCode.LOCKED: "another process held the ledger's lock too long (named in the message)",
+    ExitCode.CHECK_FAILED: "gpualloc doctor found a problem (listed in its output)",
     ExitCode.TIMEOUT: "waited for GPUs until --timeout and gave up",
     ExitCode.NOT_EXECUTABLE: "the command could not be executed",
     ExitCode.COMMAND_NOT_FOUND: "the command was not found",

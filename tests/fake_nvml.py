@@ -78,6 +78,11 @@ class FakeGpu:
     ecc_uncorrected: int = 0
     """Volatile uncorrectable ECC errors (nvmlDeviceGetTotalEccErrors)."""
     retired_pages_pending: bool = False
+    nvlinks_down: set[int] = field(default_factory=set)
+    """NVLink ports that report inactive (nvmlDeviceGetNvLinkState 0): a link gone down."""
+    pcie_width_now: int | None = None
+    """The PCIe width the link trained to (None: its maximum)."""
+    pcie_generation_now: int | None = None
     remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)
     """(corrected rows, uncorrected rows, pending, failure), as nvmlDeviceGetRemappedRows."""
 
@@ -109,6 +114,8 @@ class FakeNvml(SimpleNamespace):
         self.ancestors = ancestors
         self.init_error: Exception | None = None
         self.calls: dict[str, int] = {}
+        self.p2p: dict[tuple[int, int, int], int] = {}
+        """(GPU a, GPU b, caps index) -> nvmlGpuP2PStatus_t other than OK (0)."""
 
     @classmethod
     def from_topology(cls, topology: Topology) -> FakeNvml:
@@ -329,7 +336,20 @@ class FakeNvml(SimpleNamespace):
 
     def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:
         self._link(handle, link, "nvmlDeviceGetNvLinkState")
-        return 1
+        return 0 if link in self.gpus[handle].nvlinks_down else 1
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: int) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetCurrPcieLinkWidth")
+        return gpu.pcie_width_now or gpu.pcie_width
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: int) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetCurrPcieLinkGeneration")
+        return gpu.pcie_generation_now or gpu.pcie_generation
+
+    def nvmlDeviceGetP2PStatus(self, first: int, second: int, index: int) -> int:
+        self._gpu(first, "nvmlDeviceGetP2PStatus")
+        self._gpu(second, "nvmlDeviceGetP2PStatus")
+        return self.p2p.get((min(first, second), max(first, second), index), 0)
 
     def nvmlDeviceGetNvLinkVersion(self, handle: int, link: int) -> int:
         return self._link(handle, link, "nvmlDeviceGetNvLinkVersion")[2]

@@ -19,6 +19,7 @@ from gpualloc.cli import (
     calibrate,
     complete,
     config,
+    doctor,
     leases,
     metrics,
     plan,
@@ -42,6 +43,7 @@ ENVIRONMENT_VARIABLES = (
     ("GPUALLOC_NUMA", "as run --numa (default auto)"),
     ("GPUALLOC_IGNORE_FOREIGN=1", "as --ignore-foreign"),
     ("GPUALLOC_PRIORITY, GPUALLOC_MAX_BYPASS", "as --priority and --max-bypass of --wait"),
+    ("GPUALLOC_VERIFY_GRACE, GPUALLOC_VERIFY_ACTION", "run: check the job's GPUs (60s; warn)"),
     ("GPUALLOC_SYSTEM_CONFIG", "the system config file (default /etc/gpualloc/config.toml)"),
     ("XDG_CONFIG_HOME", "the user's config file is $XDG_CONFIG_HOME/gpualloc/config.toml"),
     ("GPUALLOC_NO_SLURM=1", "inside a Slurm job, use the host's ledger and GPUs"),
@@ -76,6 +78,7 @@ app.command("release")(leases.release_command)
 app.command("status")(status.status_command)
 app.command("gc")(leases.gc_command)
 app.command("metrics")(metrics.metrics_command)
+app.command("doctor")(doctor.doctor_command)
 app.command("simulate")(simulate.simulate_command)
 app.command("calibrate")(calibrate.calibrate_command)
 app.add_typer(slurm.app, name="slurm")

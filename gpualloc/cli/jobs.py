@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpualloc.cli.host import allocate, open_host_ledger, say, warn
@@ -21,11 +22,15 @@ from gpualloc.cli.want import build_want, declared_memory, wait_options
 from gpualloc.errors import ExitCode, RequestError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from gpualloc.launcher.allocate import Allocation, HostLedger, LeaseTerms, Want
     from gpualloc.launcher.binding import Binding, NumaMode
     from gpualloc.launcher.wait import WaitOptions
+    from gpualloc.ledger.schema import Lease
     from gpualloc.model.request import Placement
     from gpualloc.model.share import LeasedShare
+    from gpualloc.model.topology import GpuProcess
 
 ALLOC_FORMATS = ("ids", "env", "json")
 
@@ -189,6 +194,7 @@ def _launch(
             where = binding.describe() if binding.method == "numactl" else "not NUMA-bound"
             how = f", shared ({lease.share.mode})" if lease.share is not None else ""
             say(f"lease {lease.id}: {held_devices(lease)}{how} ({where}) for {shlex.join(command)}")
+        _start_verifier(host, lease)
         if lease.share is not None:
             start_eviction_watcher(host.ledger_store().directory.ledger_file, lease.id)
             if lease.share.background:
@@ -199,6 +205,41 @@ def _launch(
             os.close(allocation.lock_fd)
         host.release(lease.id)
         raise
+
+
+def _start_verifier(host: HostLedger, lease: Lease) -> None:
+    """Check for ``verify.grace`` that the job runs on its lease's GPUs (issue 21, point 1)."""
+    from gpualloc.launcher.verify import VerifyTerms, start_verifier
+
+    grace = STATE.setting("verify.grace")
+    look = _process_lister(host)
+    if grace <= 0 or look is None:
+        return
+    terms = VerifyTerms(grace_s=grace, action=STATE.setting("verify.action"))
+    start_verifier(lease, host.ledger_store().directory.ledger_file, look, terms)
+
+
+def _process_lister(host: HostLedger) -> Callable[[], list[GpuProcess]] | None:
+    """Where the verifier looks for the job's processes: NVML on this host, the topology file
+    read again on a recorded one; None for a bundled topology (its processes never change)."""
+    from gpualloc.discovery.resolve import TOPOLOGY_ENV
+
+    if host.this_host:
+        from gpualloc.discovery.processes import live_processes
+
+        topology = host.topology
+        return lambda: live_processes(topology).processes
+    from gpualloc.topologies import bundled_names
+
+    spec = STATE.topology or os.environ.get(TOPOLOGY_ENV)
+    if not spec or spec in bundled_names():
+        return None
+    path = Path(spec).expanduser().resolve()
+    if not path.is_file():
+        return None
+    from gpualloc.discovery.recorded import load_topology_file
+
+    return lambda: list(load_topology_file(path).processes)
 
 
 def _dry_run(

@@ -13,13 +13,16 @@ from gpualloc import boot
 from gpualloc.cli.host import open_host_ledger
 from gpualloc.cli.json_views import lease_json
 from gpualloc.cli.leases import JsonOption
+from gpualloc.ledger.attribution import attribute
 
 if TYPE_CHECKING:
     from gpualloc.cli.output import Table
     from gpualloc.launcher.allocate import HostLedger
+    from gpualloc.ledger.attribution import Attribution
     from gpualloc.ledger.occupancy import Occupancy
     from gpualloc.ledger.schema import Lease
     from gpualloc.ledger.store import LedgerTransaction
+    from gpualloc.model.topology import GpuProcess
 
 STATE_STYLE = {
     "free": "green",
@@ -73,8 +76,9 @@ def _show(host: HostLedger, as_json: bool) -> None:
     txn = host.snapshot()
     warn(txn.notes)
     occupancy = host.occupancy(txn.ledger)
+    attribution = attribute(txn.ledger.leases, host.processes.processes)
     if as_json:
-        print_json(status_json(host, txn, occupancy))
+        print_json(status_json(host, txn, occupancy, attribution))
         return
     free = sorted(occupancy.free)
     ledger = host.store.directory.ledger_file if host.store else "none yet"
@@ -93,11 +97,12 @@ def _show(host: HostLedger, as_json: bool) -> None:
             "kept apart from the host's, and its processes are the ones its file declares"
         )
     footer += [f"  {note}" for note in host.health_notes]
+    footer += [f"  MISMATCH: {line}" for line in attribution.lines()]
     if host.topology.mig_instances:
         devices = host.topology.mig_instances
         free_mig = [m for m in devices if (m.gpu, m.device) not in occupancy.mig_leases]
         footer[0] += f"; {len(free_mig)} of {len(devices)} MIG devices free"
-    tables = [_gpu_table(host, occupancy)]
+    tables = [_gpu_table(host, occupancy, attribution)]
     if host.topology.mig_instances:
         tables.append(_mig_table(host, occupancy))
     shares = [lease for found in occupancy.shares.values() for lease in found]
@@ -146,7 +151,7 @@ def _queue_table(txn: LedgerTransaction) -> Table:
     )
 
 
-def _gpu_table(host: HostLedger, occupancy: Occupancy) -> Table:
+def _gpu_table(host: HostLedger, occupancy: Occupancy, attribution: Attribution) -> Table:
     from gpualloc.cli.output import Table
     from gpualloc.ledger.occupancy import describe_processes
 
@@ -168,10 +173,13 @@ def _gpu_table(host: HostLedger, occupancy: Occupancy) -> Table:
         else:
             foreign = occupancy.foreign(gpu.index)
             users = sorted({p.user for p in foreign if p.user})
-            job = describe_processes(foreign) if foreign else ""
+            job = "; ".join(_process_cell(p, attribution) for p in foreign)
             if foreign and occupancy.ignore_foreign:
                 job += " (ignored)"
             row = [str(gpu.index), state, ",".join(users) or "-", "-", "-", "-", job or "-"]
+        intruders = attribution.intruders_on(gpu.index) if lease or shares else []
+        if intruders:
+            row[-1] += f" (ALSO USED BY {describe_processes(intruders)}, not the lease's job)"
         fault = faults.get(gpu.index)
         if fault:
             row[-1] = f"UNHEALTHY: {fault}" if row[-1] == "-" else f"{row[-1]} (UNHEALTHY: {fault})"
@@ -183,6 +191,16 @@ def _gpu_table(host: HostLedger, occupancy: Occupancy) -> Table:
         rows,
         styles=styles,
     )
+
+
+def _process_cell(process: GpuProcess, attribution: Attribution) -> str:
+    """A foreign process, and the lease whose job it is when it is one's (a lease's process on
+    a GPU the lease does not hold)."""
+    from gpualloc.ledger.occupancy import describe_processes
+
+    owner = attribution.owners.get(process.pid)
+    text = describe_processes([process])
+    return f"{text} of lease {owner.id}, which does not hold this GPU" if owner else text
 
 
 def _lease_id(lease: Lease | None) -> str | None:
@@ -256,7 +274,9 @@ def _share_table(host: HostLedger, occupancy: Occupancy) -> Table:
     return Table("Shared jobs", ["GPU", "User", "Lease", "Since", "PID", "Share", "Job"], rows)
 
 
-def status_json(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) -> dict[str, Any]:
+def status_json(
+    host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy, attribution: Attribution
+) -> dict[str, Any]:
     from gpualloc.launcher.queue import turn_order
     from gpualloc.model.validation import to_builtins
     from gpualloc.placement.share import free_memory
@@ -275,6 +295,7 @@ def status_json(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) 
                 "memory_free_bytes": free_memory(host.topology, occupancy, gpu.index),
                 "faults": [to_builtins(f) for f in host.faults if f.gpu == gpu.index],
                 "processes": [to_builtins(p) for p in occupancy.processes.get(gpu.index, ())],
+                "intruders": [to_builtins(p) for p in attribution.intruders_on(gpu.index)],
             }
         )
     return {
@@ -304,7 +325,13 @@ def status_json(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) 
             }
             for m in host.topology.mig_instances
         ],
-        "leases": [lease_json(lease) for lease in txn.ledger.leases],
+        "leases": [
+            {
+                **lease_json(lease),
+                "misplaced": [to_builtins(p) for p in attribution.misplaced_of(lease.id)],
+            }
+            for lease in txn.ledger.leases
+        ],
         "queue": [
             {"position": position, **to_builtins(waiter)}
             for position, waiter in enumerate(turn_order(txn.ledger.queue), start=1)

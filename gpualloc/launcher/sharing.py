@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import stat
 import time
 from collections.abc import Mapping
@@ -75,45 +74,19 @@ def share_notes(share: LeasedShare, env: Mapping[str, str]) -> list[str]:
 
 
 def start_eviction_watcher(ledger_file: Path, lease_id: str) -> None:
-    """Fork the watcher of this process (about to become the shared job) and return.
+    """Fork the watcher of this process (about to become the shared job) and return (see
+    :mod:`gpualloc.launcher.watcher`)."""
+    from gpualloc.launcher.watcher import fork_detached
 
-    The watcher is a grandchild (its parent exits at once, so it is never a zombie of the job),
-    in a session of its own, with every descriptor closed and the standard streams on
-    /dev/null: it holds neither the lease lock nor a pipe a caller waits on.
-    """
     job = os.getpid()
     leads_group = os.getpgrp() == job
-    child = os.fork()
-    if child:
-        os.waitpid(child, 0)
-        return
-    try:
-        os.setsid()
-        if os.fork():
-            os._exit(0)
-        _detach()
-        watch(ledger_file, lease_id, job, leads_group=leads_group)
-    finally:
-        os._exit(0)
-
-
-def _detach() -> None:
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.closerange(3, _max_fd())
-
-
-def _max_fd() -> int:
-    try:
-        return os.sysconf("SC_OPEN_MAX")
-    except (ValueError, OSError):
-        return 1024
+    fork_detached(lambda: watch(ledger_file, lease_id, job, leads_group=leads_group))
 
 
 def watch(ledger_file: Path, lease_id: str, job: int, *, leads_group: bool) -> str:
     """Watch the ledger until the job ends (``"ended"``), its lease goes (``"released"``) or
     its eviction is asked for, which ends it (``"evicted"``)."""
+    from gpualloc.launcher.watcher import end_job
     from gpualloc.ledger.liveness import process_alive, process_start_time
 
     started = process_start_time(job)
@@ -128,7 +101,7 @@ def watch(ledger_file: Path, lease_id: str, job: int, *, leads_group: bool) -> s
             if verdict is not None:
                 seen = changed
                 if verdict == "evict":
-                    _end(job, leads_group, started, grace_s)
+                    end_job(job, leads_group, started, grace_s)
                     return "evicted"
                 if verdict == "gone":
                     return "released"
@@ -154,23 +127,3 @@ def _lease_verdict(ledger_file: Path, lease_id: str) -> tuple[str | None, float]
         grace = share.evict_grace_s if share.evict_grace_s is not None else EVICTION_GRACE_S
         return "evict", grace
     return "keep", EVICTION_GRACE_S
-
-
-def _end(job: int, leads_group: bool, started: float | None, grace_s: float) -> None:
-    from gpualloc.ledger.liveness import process_alive
-
-    def send(sig: signal.Signals) -> None:
-        try:
-            if leads_group:
-                os.killpg(job, sig)
-            else:
-                os.kill(job, sig)
-        except ProcessLookupError:
-            pass
-
-    send(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while process_alive(job, started) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if process_alive(job, started):
-        send(signal.SIGKILL)

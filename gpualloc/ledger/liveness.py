@@ -38,7 +38,7 @@ def _boot_time() -> float:
     raise OSError(errno.ENOENT, "no btime in /proc/stat")
 
 
-def _stat(pid: int) -> list[str]:
+def stat_fields(pid: int) -> list[str]:
     """The fields of ``/proc/<pid>/stat`` after the command name: [state, ppid, ...]. Raises
     ProcessLookupError for no such process, PermissionError where ``/proc`` hides it."""
     if pid <= 0:
@@ -58,7 +58,7 @@ def process_start_time(pid: int) -> float | None:
     """The start time of ``pid`` (seconds since the epoch, as psutil's ``create_time``), or
     None if it cannot be read."""
     try:
-        return _started(_stat(pid))
+        return _started(stat_fields(pid))
     except (OSError, ValueError, IndexError):
         return None
 
@@ -67,7 +67,7 @@ def process_alive(pid: int, start_time: float | None) -> bool:
     """True if ``pid`` runs and is the process that started at ``start_time`` (any process with
     that pid when the start time was not recorded). A zombie has ended."""
     try:
-        fields = _stat(pid)
+        fields = stat_fields(pid)
     except ProcessLookupError:
         return False
     except OSError:
@@ -141,7 +141,7 @@ def _live_member(group: int) -> bool:
         return True
     for entry in entries:
         try:
-            fields = _stat(int(entry))
+            fields = stat_fields(int(entry))
         except OSError:
             continue
         if fields[2] == str(group) and fields[0] not in ("Z", "X"):
@@ -152,7 +152,7 @@ def _live_member(group: int) -> bool:
 def started_by(pid: int, uid: int, *, since: float) -> bool:
     """True if process ``pid`` runs as ``uid`` and started at or after ``since`` (epoch s)."""
     try:
-        fields = _stat(pid)
+        fields = stat_fields(pid)
         status = Path(f"/proc/{pid}/status").read_text(encoding="ascii", errors="replace")
     except OSError:
         return False

@@ -1,0 +1,83 @@
+"""The small processes gpualloc leaves beside a job it execs: forked before the exec, detached,
+of the job's own user (the eviction watcher of a shared job, the launch verifier).
+
+Each is a grandchild of the gpualloc process (its parent exits at once, so it is never a zombie
+of the job), in a session of its own, with every descriptor closed and the standard streams on
+/dev/null: it holds neither the lease lock nor a pipe a caller waits on, and it is not in the
+job's process group or process tree, so it never keeps the lease alive nor counts as the job.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+
+
+def fork_detached(body: Callable[[], object]) -> None:
+    """Run ``body`` in a detached grandchild (see above) and return at once in this process."""
+    child = os.fork()
+    if child:
+        os.waitpid(child, 0)
+        return
+    try:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        _detach()
+        body()
+    finally:
+        os._exit(0)
+
+
+def _detach() -> None:
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.closerange(3, _max_fd())
+
+
+def _max_fd() -> int:
+    try:
+        return os.sysconf("SC_OPEN_MAX")
+    except (ValueError, OSError):
+        return 1024
+
+
+def end_job(job: int, leads_group: bool, started: float | None, grace_s: float) -> None:
+    """SIGTERM the job (its process group when it leads one), SIGKILL after ``grace_s``."""
+    from gpualloc.ledger.liveness import process_alive
+
+    def send(sig: signal.Signals) -> None:
+        try:
+            if leads_group:
+                os.killpg(job, sig)
+            else:
+                os.kill(job, sig)
+        except ProcessLookupError:
+            pass
+
+    send(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while process_alive(job, started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if process_alive(job, started):
+        send(signal.SIGKILL)
+
+
+def tell_job(job: int, text: str) -> bool:
+    """Write ``text`` to the job's standard error (``/proc/JOB/fd/2``: its terminal, pipe or
+    log, opened only for this write so that no caller waits on a descriptor the watcher keeps);
+    False when it cannot be opened (a socket, or the job is gone)."""
+    try:
+        fd = os.open(f"/proc/{job}/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NOCTTY)
+    except OSError:
+        return False
+    try:
+        os.write(fd, text.encode("utf-8", "replace"))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
