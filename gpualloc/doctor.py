@@ -69,6 +69,8 @@ def lease_findings(attribution: Attribution, faults: Iterable[GpuFault]) -> list
 def _nvlink_findings(topology: Topology, links: LinksNow) -> list[Finding]:
     from gpualloc.discovery.nvml import normalise_bus_id
 
+    if links.source == "nvidia-smi":
+        return _nvlink_counts(topology, links)  # 'nvlink -s' does not name the far end
     bus_of = {
         gpu.index: normalise_bus_id(gpu.pci_bus_id) for gpu in topology.gpus if gpu.pci_bus_id
     }
@@ -95,7 +97,7 @@ def _nvlink_findings(topology: Topology, links: LinksNow) -> list[Finding]:
         if state is None or state.ports is None or link.b not in bus_of:
             continue
         up = [p for p in state.ports if p.active and p.remote_bus_id == bus_of[link.b]]
-        where = f"GPU {link.a}-{link.b}"
+        where = f"GPU {link.a},{link.b}"
         problem = _short(where, f"GPU {link.b}", up, link.nvlinks, expected_generation)
         found += [problem] if problem else []
         healthy += problem is None
@@ -111,6 +113,32 @@ def _nvlink_findings(topology: Topology, links: LinksNow) -> list[Finding]:
     return found
 
 
+def _nvlink_counts(topology: Topology, links: LinksNow) -> list[Finding]:
+    """Per GPU: as many NVLink ports up as the topology's connections of that GPU need."""
+    expected: dict[int, int] = {}
+    into_switch: set[int] = set()
+    for link in topology.links:
+        for gpu in (link.a, link.b):
+            if link.nvswitch and gpu in into_switch:
+                continue
+            if link.nvswitch:
+                into_switch.add(gpu)
+            expected[gpu] = expected.get(gpu, 0) + link.nvlinks
+    found: list[Finding] = []
+    healthy = 0
+    for gpu, want in sorted(expected.items()):
+        state = links.gpus.get(gpu)
+        if not want or state is None or state.ports is None:
+            continue
+        up = [p for p in state.ports if p.active]
+        problem = _short(f"GPU {gpu}", "its peers", up, want, None)
+        found += [problem] if problem else []
+        healthy += problem is None
+    if healthy:
+        found.append(Finding("nvlink", "all GPUs", "ok", f"{healthy} GPU(s) with every NVLink up"))
+    return found
+
+
 def _short(
     where: str, towards: str, up: list, expected: int, generation: int | None
 ) -> Finding | None:
@@ -120,8 +148,8 @@ def _short(
             "nvlink",
             where,
             "problem",
-            f"{len(up)} of {expected} NVLinks to {towards} are up (the topology says NV{expected}"
-            "): a link is down; 'nvidia-smi nvlink -s' shows which, a GPU reset or a reseat of "
+            f"{len(up)} of {expected} NVLinks to {towards} are up (the topology has {expected})"
+            ": a link is down; 'nvidia-smi nvlink -s' shows which, a GPU reset or a reseat of "
             "the bridge may bring it back",
         )
     slow = sorted({p.generation for p in up if p.generation is not None})
@@ -216,7 +244,7 @@ def _pair_findings(pair: tuple[int, int], links: LinksNow, holder: str) -> list[
         found.append(
             Finding(
                 "p2p",
-                f"GPU {a}-{b}",
+                f"GPU {a},{b}",
                 "problem",
                 f"{holder}: peer-to-peer between GPU {a} and {b} is off ({code}: "
                 f"{P2P_MEANING[code]}); NCCL copies through host memory",
@@ -227,7 +255,7 @@ def _pair_findings(pair: tuple[int, int], links: LinksNow, holder: str) -> list[
         found.append(
             Finding(
                 "p2p",
-                f"GPU {a}-{b}",
+                f"GPU {a},{b}",
                 "problem",
                 f"{holder}: GPU {a} and {b} are NVLink peers but peer-to-peer over NVLink is "
                 f"off ({over_nvlink}: {P2P_MEANING[over_nvlink]}); traffic goes over PCIe",

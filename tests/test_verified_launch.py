@@ -223,15 +223,17 @@ def _start(host_file: Path, tmp_path: Path, *gpus: str, env: dict[str, str]) -> 
 
 
 def _stderr_until(process: subprocess.Popen, text: str, timeout_s: float = 30) -> str:
-    """The job's standard error up to a line holding ``text`` (fails after ``timeout_s``)."""
+    """The job's standard error up to ``text`` (fails after ``timeout_s``), read from the
+    descriptor itself: a buffered readline could hold the line that select waits for."""
     seen = ""
+    fd = process.stderr.fileno()
     deadline = time.monotonic() + timeout_s
     while text not in seen:
-        ready, _, _ = select.select([process.stderr], [], [], max(0, deadline - time.monotonic()))
+        ready, _, _ = select.select([fd], [], [], max(0, deadline - time.monotonic()))
         assert ready, f"no {text!r} on the job's stderr within {timeout_s}s: {seen!r}"
-        line = process.stderr.readline()
-        assert line, f"the job's stderr closed before {text!r}: {seen!r}"
-        seen += line
+        chunk = os.read(fd, 65536).decode()
+        assert chunk, f"the job's stderr closed before {text!r}: {seen!r}"
+        seen += chunk
     return seen
 
 
@@ -339,16 +341,16 @@ def test_doctor_flags_a_link_down_a_gpu_at_x8_p2p_off_and_a_job_off_its_gpus(
         if f["severity"] == "problem"
     }
     assert set(problems) == {
-        ("nvlink", "GPU 0-3"),
+        ("nvlink", "GPU 0,3"),
         ("pcie", "GPU 2"),
-        ("p2p", "GPU 0-3"),
-        ("p2p", "GPU 4-7"),
+        ("p2p", "GPU 0,3"),
+        ("p2p", "GPU 4,7"),
         ("lease", f"lease {lease_id}"),
     }
-    assert problems["nvlink", "GPU 0-3"].startswith("1 of 2 NVLinks to GPU 3 are up")
+    assert problems["nvlink", "GPU 0,3"].startswith("1 of 2 NVLinks to GPU 3 are up")
     assert problems["pcie", "GPU 2"].startswith("PCIe link at x8, below its x16")
-    assert "is off (DR: disabled by registry key)" in problems["p2p", "GPU 0-3"]
-    assert "peer-to-peer over NVLink is off (NS" in problems["p2p", "GPU 4-7"]
+    assert "is off (DR: disabled by registry key)" in problems["p2p", "GPU 0,3"]
+    assert "peer-to-peer over NVLink is off (NS" in problems["p2p", "GPU 4,7"]
     assert "runs on GPU 6, which the lease does not hold" in problems["lease", f"lease {lease_id}"]
     table = cli("doctor")
     assert "5 problem(s) found" in table.stdout
@@ -366,3 +368,42 @@ def test_nvidia_smi_link_outputs_are_read() -> None:
         :2
     ]
     assert (x16.pcie_generation, x16.pcie_width, x8.pcie_width, x8.pcie_width_max) == (1, 16, 8, 16)
+
+
+def test_doctor_reads_nvidia_smi_where_nvml_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorded ``nvlink -s`` of three RTX A6000s, GPU 0 and 1 bridged (NV4), GPU 2 not:
+    all is well; with one of GPU 0's links gone inactive, it is flagged."""
+    from gpualloc.discovery import links as links_source
+    from gpualloc.discovery import smi
+    from gpualloc.discovery.recorded import load_topology_file
+    from gpualloc.doctor import link_findings
+    from tests.conftest import RECORDED, recorded
+
+    pynvml_missing = FakeNvml([], {})
+    pynvml_missing.init_error = __import__("pynvml").NVMLError_LibraryNotFound()
+    monkeypatch.setattr(nvml_source, "load_pynvml", lambda: pynvml_missing)
+    topology = load_topology_file(RECORDED / "3x-rtx-a6000_one-nvlink-bridge_topo.txt")
+    status = recorded("nvlink_status_3x-rtx-a6000_one-bridge_inactive.txt")
+    outputs = {
+        "nvlink": status,
+        "topo": (
+            " \tGPU0\tGPU1\tGPU2\t\n GPU0\tX\tOK\tOK\t\n GPU1\tOK\tX\tOK\t\n GPU2\tOK\tOK\tX\t\n"
+        ),
+        "--query-gpu": "0, 4, 4, 16, 16\n1, 4, 4, 16, 16\n2, 1, 4, 16, 16\n",
+    }
+    first = {"nvlink": "nvlink", "topo": "topo"}
+    monkeypatch.setattr(
+        smi, "run_nvidia_smi", lambda *args: outputs[first.get(args[0], args[0].split("=")[0])]
+    )
+    now = links_source.read_links(topology, [(0, 1), (0, 2), (1, 2)])
+    assert now.source == "nvidia-smi" and now.p2p[(0, 1)] == "OK"
+    assert [p.active for p in now.gpus[0].ports] == [True] * 4 and now.gpus[2].ports == []
+    findings = link_findings(topology, now, [])
+    assert [f.severity for f in findings if f.check == "nvlink"] == ["ok"]
+    outputs["nvlink"] = status.replace("Link 3: 14.062 GB/s", "Link 3: <inactive>", 1)
+    (down,) = [
+        f
+        for f in link_findings(topology, links_source.read_links(topology, []), [])
+        if f.severity == "problem"
+    ]
+    assert (down.where, down.detail[:40]) == ("GPU 0", "3 of 4 NVLinks to its peers are up (the ")
