@@ -44,10 +44,12 @@ from typing import TYPE_CHECKING, Any
 from msgspec import Struct
 
 from gpualloc.errors import ConfigError
+from gpualloc.ledger.idle import DEFAULT_BUSY_PERCENT, DEFAULT_MAX_GAP_S, DEFAULT_NOTICE_S
 from gpualloc.ledger.statedir import DEFAULT_STATE_DIR
 from gpualloc.model.share import DEFAULT_MAX_SHARED_JOBS
 
 if TYPE_CHECKING:
+    from gpualloc.ledger.idle import IdlePolicy
     from gpualloc.model.bandwidth import BandwidthTable
 
 SYSTEM_FILE = Path("/etc/gpualloc/config.toml")
@@ -129,6 +131,19 @@ def _duration(value: Any) -> float:
     return seconds
 
 
+def _percent(value: Any) -> int:
+    number = _count(value)
+    if number > 100:
+        raise ValueError("must be a percentage, 0 to 100")
+    return number
+
+
+def _command_or_none(value: Any) -> str | None:
+    if not isinstance(value, str):
+        raise ValueError("must be a shell command (a string)")
+    return value.strip() or None
+
+
 def _policy(value: Any) -> str:
     from gpualloc.placement.registry import policy_names
 
@@ -205,11 +220,34 @@ SETTINGS: tuple[Setting, ...] = (
         "what 'run' does with a job found on GPUs its lease does not hold",
     ),
     Setting(
+        "idle.busy_percent", None, DEFAULT_BUSY_PERCENT, _percent,
+        "GPU utilisation from which a lease's GPUs count as used", system_only=True,
+    ),
+    Setting(
+        "idle.max_gap", None, DEFAULT_MAX_GAP_S, _duration,
+        "looks ('gc') further apart than this start a new idle stretch", system_only=True,
+    ),
+    Setting(
+        "idle.expire_holds", None, None, _duration_or_none,
+        "release --hold leases idle this long ('gc' does it, after notice)", system_only=True,
+    ),
+    Setting(
+        "idle.notice", None, DEFAULT_NOTICE_S, _duration,
+        "how long before an idle --hold lease expires its holder is told", system_only=True,
+    ),
+    Setting(
+        "idle.notify", None, None, _command_or_none,
+        "shell command run for each idle notice and expiry (the lease in GPUALLOC_*)",
+        system_only=True,
+    ),
+    Setting(
         "share.max_jobs", None, DEFAULT_MAX_SHARED_JOBS, _count,
         "shared jobs (run --share) one GPU may run at once (0: no sharing)", system_only=True,
     ),
 )  # fmt: skip
 BY_KEY = {setting.key: setting for setting in SETTINGS}
+TABLES = frozenset(setting.key.split(".")[0] for setting in SETTINGS if "." in setting.key)
+"""The config files' tables (``[queue]``, ``[verify]``, ...), from the settings' keys."""
 
 
 class Resolved(Struct, frozen=True):
@@ -289,6 +327,18 @@ class Config(Struct, frozen=True):
                 return table[key]
         return BY_KEY[key].default
 
+    def idle_policy(self) -> IdlePolicy:
+        """The ``[idle]`` table of the system file (issue 21, point 3)."""
+        from gpualloc.ledger.idle import IdlePolicy
+
+        return IdlePolicy(
+            busy_percent=self.system_value("idle.busy_percent"),
+            max_gap_s=self.system_value("idle.max_gap"),
+            expire_holds_s=self.system_value("idle.expire_holds"),
+            notice_s=self.system_value("idle.notice"),
+            notify=self.system_value("idle.notify"),
+        )
+
     def bandwidth_table(self, flag: Path | None = None) -> BandwidthTable | None:
         """The link bandwidth overrides in effect (a JSON file, or a ``[bandwidth_table]``
         table of a config file), or None for the built-in table."""
@@ -338,7 +388,7 @@ def _read(path: Path) -> dict[str, Any] | None:
         raise ConfigError(f"{path} is not valid TOML: {exc}", hint="fix the file") from None
     flat: dict[str, Any] = {}
     for key, value in data.items():
-        if key in ("queue", "share") and isinstance(value, dict):
+        if key in TABLES and isinstance(value, dict):
             flat.update({f"{key}.{k}": v for k, v in value.items()})
         else:
             flat[key] = value

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gpualloc.launcher.allocate import HostLedger
+    from gpualloc.ledger.idle import IdlePolicy
     from gpualloc.ledger.occupancy import Occupancy
     from gpualloc.ledger.stats import Histogram
     from gpualloc.ledger.store import LedgerTransaction
@@ -30,8 +31,23 @@ METRICS: dict[str, tuple[str, str]] = {
         "gauge",
         "Memory in use per GPU (label gpu), as NVML reports it; absent where unknown.",
     ),
+    "gpualloc_gpu_utilization_percent": (
+        "gauge",
+        "Percent of NVML's last sample period a kernel ran, per GPU (label gpu); absent where "
+        "unknown.",
+    ),
     "gpualloc_leases": ("gauge", "Live leases by source (run, alloc, slurm) and user."),
     "gpualloc_lease_gpus": ("gauge", "Whole GPUs held by each lease (labels lease, user)."),
+    "gpualloc_lease_idle_seconds": (
+        "gauge",
+        "How long each lease's GPUs have been idle (labels lease, user; 0 while busy); absent "
+        "where no utilisation is known.",
+    ),
+    "gpualloc_lease_mismatches": (
+        "gauge",
+        "Processes off their lease's GPUs (kind misplaced) and others' processes on leased GPUs "
+        "(kind intruder).",
+    ),
     "gpualloc_shared_jobs": ("gauge", "Shared jobs (run --share) running, by GPU."),
     "gpualloc_mig_devices": ("gauge", "MIG devices by state (free, held, foreign)."),
     "gpualloc_queue_length": ("gauge", "Jobs waiting (run/alloc --wait) by priority."),
@@ -51,8 +67,11 @@ METRICS: dict[str, tuple[str, str]] = {
 }
 
 
-def render(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) -> str:
-    """The metrics text for one scrape."""
+def render(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy, idle: IdlePolicy) -> str:
+    """The metrics text for one scrape (``idle``: the system's idle policy)."""
+    from gpualloc.ledger.attribution import attribute
+    from gpualloc.ledger.idle import lease_uses
+
     now = datetime.now(timezone.utc)
     ledger = txn.ledger
     out: list[str] = []
@@ -73,6 +92,10 @@ def render(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) -> st
         "gpualloc_gpu_memory_used_bytes",
         (({"gpu": str(g)}, used) for g, used in sorted(occupancy.memory_used.items())),
     )
+    family(
+        "gpualloc_gpu_utilization_percent",
+        (({"gpu": str(g)}, busy) for g, busy in sorted(host.processes.utilization.items())),
+    )
     by_source = Counter((x.source, x.user) for x in ledger.leases)
     family(
         "gpualloc_leases",
@@ -81,6 +104,23 @@ def render(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) -> st
     family(
         "gpualloc_lease_gpus",
         (({"lease": x.id, "user": x.user}, len(x.gpus)) for x in ledger.whole_leases()),
+    )
+    uses = lease_uses(ledger.leases, host.processes.utilization, idle, now)
+    family(
+        "gpualloc_lease_idle_seconds",
+        (
+            ({"lease": x.id, "user": x.user}, _seconds(uses[x.id].idle))
+            for x in ledger.leases
+            if uses[x.id].busy is not None
+        ),
+    )
+    found = attribute(ledger.leases, host.processes.processes)
+    family(
+        "gpualloc_lease_mismatches",
+        [
+            ({"kind": "misplaced"}, len(found.misplaced)),
+            ({"kind": "intruder"}, len(found.intruders)),
+        ],
     )
     family(
         "gpualloc_shared_jobs",
@@ -107,6 +147,10 @@ def render(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy) -> st
     out += _histogram("gpualloc_decision_seconds", stats.decision_seconds)
     out += _histogram("gpualloc_wait_seconds", stats.wait_seconds)
     return "\n".join(out) + "\n"
+
+
+def _seconds(idle: timedelta | None) -> float:
+    return idle.total_seconds() if idle is not None else 0.0
 
 
 def _gpu_labels(host: HostLedger, occupancy: Occupancy, gpu: int) -> dict[str, str]:

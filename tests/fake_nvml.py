@@ -78,6 +78,8 @@ class FakeGpu:
     ecc_uncorrected: int = 0
     """Volatile uncorrectable ECC errors (nvmlDeviceGetTotalEccErrors)."""
     retired_pages_pending: bool = False
+    utilization: int = 0
+    """Percent of time a kernel ran (nvmlDeviceGetUtilizationRates().gpu)."""
     nvlinks_down: set[int] = field(default_factory=set)
     """NVLink ports that report inactive (nvmlDeviceGetNvLinkState 0): a link gone down."""
     pcie_width_now: int | None = None
@@ -249,6 +251,10 @@ class FakeNvml(SimpleNamespace):
         return SimpleNamespace(total=gpu.memory_bytes, used=used, free=gpu.memory_bytes - used)
 
     # ---- MIG ------------------------------------------------------------------------------
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
+        gpu = self._gpu(handle, "nvmlDeviceGetUtilizationRates")
+        return SimpleNamespace(gpu=gpu.utilization, memory=0)
 
     def nvmlDeviceGetTotalEccErrors(self, handle: int, error_type: int, counter: int) -> int:
         assert (error_type, counter) == (1, 0)  # uncorrected, volatile

@@ -145,7 +145,7 @@ def test_a_fault_on_a_gpu_that_does_not_exist_is_refused() -> None:
     topology = load_bundled("single-gpu")
     data = json.loads(topology.to_json())
     data["faults"] = [{"gpu": 3, "kind": "xid", "detail": "Xid 79"}]
-    with pytest.raises(TopologyError, match="fault is on GPU 3"):
+    with pytest.raises(TopologyError, match="fault or utilization is on GPU 3"):
         type(topology).from_json(json.dumps(data))
 
 

@@ -31,9 +31,10 @@ from gpualloc.cli.request_options import (
     UuidOption,
     WaitOption,
 )
+from gpualloc.cli.state import STATE
 
 if TYPE_CHECKING:
-    pass
+    from gpualloc.ledger.idle import Expiry
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead.")]
 
@@ -142,25 +143,38 @@ def release_command(
 
 
 def gc_command(as_json: JsonOption = False) -> None:
-    """Free the GPUs of leases whose jobs are gone, now, and say which.
+    """Free the GPUs of leases whose jobs are gone, now, and say which; record how long each
+    lease's GPUs have been idle; under the system configuration's idle.expire_holds, give idle
+    --hold leases notice and release those whose notice ran out.
 
-    Every gpualloc command does this as it goes; gc does it explicitly (for cron or an epilog)
-    and also removes lease lock files left behind by other users' jobs.
+    Every gpualloc command reaps as it goes; gc does it explicitly (for cron, a systemd timer
+    or an epilog), removes lease lock files left behind by other users' jobs, and is what
+    tracks idle leases: run it every few minutes.
     """
     from gpualloc.cli.json_views import lease_json
     from gpualloc.cli.output import print_json, write_stdout
     from gpualloc.ledger.occupancy import describe_lease
     from gpualloc.model.validation import to_builtins
 
-    host = open_host_ledger(ignore_foreign=True, check_health=False)
-    report = host.collect_garbage()
+    host = open_host_ledger(check_health=False)
+    policy = STATE.config().idle_policy()
+    report = host.collect_garbage(policy)
     warn(report.notes)
+    warn(_notify(policy.notify, report.expiries))
     if as_json:
         print_json(
             {
                 "reaped": [lease_json(lease) for lease in report.reaped],
                 "dropped_waiters": [to_builtins(w) for w in report.dropped_waiters],
                 "removed_lock_files": report.removed_lock_files,
+                "idle": [
+                    {
+                        "event": e.event,
+                        "idle_seconds": int(e.idle.total_seconds()),
+                        "lease": lease_json(e.lease),
+                    }
+                    for e in report.expiries
+                ],
             }
         )
         return
@@ -169,6 +183,48 @@ def gc_command(as_json: JsonOption = False) -> None:
         f"dropped {w.user}'s waiting {w.request.gpus}-GPU job from the queue (pid {w.pid} is gone)"
         for w in report.dropped_waiters
     ]
+    lines += [_expiry_line(e) for e in report.expiries]
     if report.removed_lock_files:
         lines.append(f"removed {len(report.removed_lock_files)} stale lease lock file(s)")
     write_stdout("\n".join(lines or ["nothing to collect: every lease is alive"]) + "\n")
+
+
+def _expiry_line(expiry: Expiry) -> str:
+    from gpualloc.ledger.occupancy import describe_lease, format_age
+
+    idle = format_age(expiry.idle)
+    if expiry.event == "expired":
+        return f"released {describe_lease(expiry.lease)} (idle {idle}, its notice ran out)"
+    activity = expiry.lease.activity
+    assert activity is not None and activity.expires_at is not None
+    when = activity.expires_at.astimezone().strftime("%Y-%m-%d %H:%M")
+    return (
+        f"notice: {describe_lease(expiry.lease)} has been idle {idle}; it is released at "
+        f"{when} unless its GPUs are used"
+    )
+
+
+def _notify(command: str | None, expiries: list[Expiry]) -> list[str]:
+    """Run the system configuration's idle.notify for every notice and expiry; what failed."""
+    import os
+    import subprocess
+
+    from gpualloc.ledger.idle import notify_environment
+
+    problems = []
+    for expiry in expiries if command else []:
+        assert command is not None
+        env = {**os.environ, **notify_environment(expiry)}
+        try:
+            done = subprocess.run(
+                ["/bin/sh", "-c", command], env=env, timeout=30, capture_output=True, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            problems.append(f"idle.notify for lease {expiry.lease.id} failed: {exc}")
+            continue
+        if done.returncode != 0:
+            problems.append(
+                f"idle.notify for lease {expiry.lease.id} exited {done.returncode}: "
+                + done.stderr.decode(errors="replace").strip()[:200]
+            )
+    return problems

@@ -44,11 +44,12 @@ def metrics_command(
 def scrape() -> str:
     """One reading of the ledger as metrics text."""
     from gpualloc.cli.host import open_host_ledger
+    from gpualloc.cli.state import STATE
     from gpualloc.metrics import render
 
     ledger = open_host_ledger(create=False)
     txn = ledger.snapshot()
-    return render(ledger, txn, ledger.occupancy(txn.ledger))
+    return render(ledger, txn, ledger.occupancy(txn.ledger), STATE.config().idle_policy())
 
 
 def _address(text: str) -> tuple[str, int]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 import time
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Annotated, Any
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from gpualloc.cli.output import Table
     from gpualloc.launcher.allocate import HostLedger
     from gpualloc.ledger.attribution import Attribution
+    from gpualloc.ledger.idle import LeaseUse
     from gpualloc.ledger.occupancy import Occupancy
     from gpualloc.ledger.schema import Lease
     from gpualloc.ledger.store import LedgerTransaction
@@ -44,23 +45,36 @@ def status_command(
     interval: Annotated[
         float, typer.Option(min=0.2, help="Seconds between redraws with --watch.")
     ] = 2.0,
+    idle: Annotated[
+        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
+        typer.Option(
+            "--idle",
+            metavar="DURATION",
+            help="Only the leases whose GPUs have been idle at least this long (2h, 90m).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Show every GPU: free, held by a lease (user, pid, name, command, since, lease id), busy
     with processes that did not come through gpualloc, or lost. Inside a Slurm job: the job's
     own ledger, and the GPUs that are not the job's as outside.
 
+    Per GPU its utilisation and memory in use (NVML), per lease how long its GPUs have been
+    idle: as 'gpualloc gc' recorded it (run it every few minutes) and this look extends it.
+
     Reads the ledger without changing it: leases whose jobs are gone are left out (and freed by
     the next command that writes, or by 'gpualloc gc').
     """
+    idle_at_least = _idle_threshold(idle)
     host = open_host_ledger(create=False)
     if not watch:
-        _show(host, as_json)
+        _show(host, as_json, idle_at_least)
         return
     try:
         while True:
             if sys.stdout.isatty():
                 sys.stdout.write("\x1b[H\x1b[2J")
-            _show(host, as_json)
+            _show(host, as_json, idle_at_least)
             if not sys.stdout.isatty():
                 sys.stdout.write("\n")
             time.sleep(interval)
@@ -69,7 +83,30 @@ def status_command(
         raise typer.Exit(0) from None
 
 
-def _show(host: HostLedger, as_json: bool) -> None:
+def _idle_threshold(text: str | None) -> timedelta | None:
+    if text is None:
+        return None
+    from gpualloc.durations import parse_duration_text
+    from gpualloc.errors import RequestError
+
+    try:
+        return timedelta(seconds=parse_duration_text(text))
+    except ValueError:
+        raise RequestError(
+            f"--idle {text!r} is not a duration", hint="give one such as 2h, 90m or 3600"
+        ) from None
+
+
+def lease_uses(host: HostLedger, leases: list[Lease]) -> dict[str, LeaseUse]:
+    """Lease id -> its use now (see :func:`gpualloc.ledger.idle.lease_uses`)."""
+    from gpualloc.cli.state import STATE
+    from gpualloc.ledger.idle import lease_uses as uses_of
+
+    policy = STATE.config().idle_policy()
+    return uses_of(leases, host.processes.utilization, policy, datetime.now(timezone.utc))
+
+
+def _show(host: HostLedger, as_json: bool, idle_at_least: timedelta | None = None) -> None:
     from gpualloc.cli.host import warn
     from gpualloc.cli.output import print_json, print_tables
 
@@ -77,8 +114,16 @@ def _show(host: HostLedger, as_json: bool) -> None:
     warn(txn.notes)
     occupancy = host.occupancy(txn.ledger)
     attribution = attribute(txn.ledger.leases, host.processes.processes)
+    uses = lease_uses(host, txn.ledger.leases)
+    shown = None
+    if idle_at_least is not None:
+        shown = {
+            lease_id
+            for lease_id, use in uses.items()
+            if use.idle is not None and use.idle >= idle_at_least
+        }
     if as_json:
-        print_json(status_json(host, txn, occupancy, attribution))
+        print_json(status_json(host, txn, occupancy, attribution, uses, shown))
         return
     free = sorted(occupancy.free)
     ledger = host.store.directory.ledger_file if host.store else "none yet"
@@ -98,11 +143,16 @@ def _show(host: HostLedger, as_json: bool) -> None:
         )
     footer += [f"  {note}" for note in host.health_notes]
     footer += [f"  MISMATCH: {line}" for line in attribution.lines()]
+    footer += _notice_lines(txn.ledger.leases, uses)
+    if shown is not None and idle_at_least is not None:
+        from gpualloc.ledger.occupancy import format_age
+
+        footer.insert(0, f"{len(shown)} lease(s) idle for {format_age(idle_at_least)} or longer")
     if host.topology.mig_instances:
         devices = host.topology.mig_instances
         free_mig = [m for m in devices if (m.gpu, m.device) not in occupancy.mig_leases]
         footer[0] += f"; {len(free_mig)} of {len(devices)} MIG devices free"
-    tables = [_gpu_table(host, occupancy, attribution)]
+    tables = [_gpu_table(host, occupancy, attribution, uses, shown)]
     if host.topology.mig_instances:
         tables.append(_mig_table(host, occupancy))
     shares = [lease for found in occupancy.shares.values() for lease in found]
@@ -151,7 +201,13 @@ def _queue_table(txn: LedgerTransaction) -> Table:
     )
 
 
-def _gpu_table(host: HostLedger, occupancy: Occupancy, attribution: Attribution) -> Table:
+def _gpu_table(
+    host: HostLedger,
+    occupancy: Occupancy,
+    attribution: Attribution,
+    uses: dict[str, LeaseUse],
+    shown: set[str] | None,
+) -> Table:
     from gpualloc.cli.output import Table
     from gpualloc.ledger.occupancy import describe_processes
 
@@ -162,6 +218,8 @@ def _gpu_table(host: HostLedger, occupancy: Occupancy, attribution: Attribution)
         state = occupancy.state(gpu.index)
         lease = occupancy.leases.get(gpu.index)
         shares = occupancy.shares.get(gpu.index, ())
+        if shown is not None and (lease is None or lease.id not in shown):
+            continue
         if lease is not None:
             row = [str(gpu.index), state, *_lease_cells(lease, now)]
             if lease.shareable:
@@ -183,14 +241,62 @@ def _gpu_table(host: HostLedger, occupancy: Occupancy, attribution: Attribution)
         fault = faults.get(gpu.index)
         if fault:
             row[-1] = f"UNHEALTHY: {fault}" if row[-1] == "-" else f"{row[-1]} (UNHEALTHY: {fault})"
+        holder = lease or (shares[0] if shares else None)
+        use = uses.get(holder.id) if holder is not None else None
+        row[5:5] = [_use_cell(host, occupancy, gpu.index), _idle_cell(use)]
         rows.append(row)
-        styles.append([None, STATE_STYLE.get(state), None, None, None, None, None])
+        styles.append([None, STATE_STYLE.get(state), None, None, None, None, None, None, None])
     return Table(
         f"GPUs of {host.topology.name or boot.hostname()}",
-        ["GPU", "State", "User", "Lease", "Since", "PID", "Job"],
+        ["GPU", "State", "User", "Lease", "Since", "Use", "Idle", "PID", "Job"],
         rows,
         styles=styles,
     )
+
+
+def _use_cell(host: HostLedger, occupancy: Occupancy, gpu: int) -> str:
+    """``87% 31.5 GiB``: utilisation and memory in use, where known."""
+    from gpualloc.model.mig import format_size
+
+    parts = []
+    percent = host.processes.utilization.get(gpu)
+    if percent is not None:
+        parts.append(f"{percent}%")
+    memory = occupancy.memory_used.get(gpu)
+    if memory is not None:
+        parts.append(format_size(memory))
+    return " ".join(parts) or "-"
+
+
+def _idle_cell(use: LeaseUse | None) -> str:
+    from gpualloc.ledger.occupancy import format_age
+
+    if use is None or use.busy is None:
+        return "-"
+    if use.idle is None:
+        return "busy"
+    text = format_age(use.idle)
+    if use.activity is not None and use.activity.expires_at is not None:
+        text += " (notice)"
+    return text
+
+
+def _notice_lines(leases: list[Lease], uses: dict[str, LeaseUse]) -> list[str]:
+    """A line per idle --hold lease that was given notice (``idle.expire_holds``)."""
+    from gpualloc.ledger.occupancy import format_age
+
+    lines = []
+    for lease in leases:
+        activity = lease.activity
+        use = uses.get(lease.id)
+        if activity is None or activity.expires_at is None or use is None or use.idle is None:
+            continue
+        when = activity.expires_at.astimezone().strftime("%Y-%m-%d %H:%M")
+        lines.append(
+            f"  NOTICE: lease {lease.id} ({lease.user}) has been idle {format_age(use.idle)}: "
+            f"'gpualloc gc' releases it at {when} unless its GPUs are used"
+        )
+    return lines
 
 
 def _process_cell(process: GpuProcess, attribution: Attribution) -> str:
@@ -201,6 +307,10 @@ def _process_cell(process: GpuProcess, attribution: Attribution) -> str:
     owner = attribution.owners.get(process.pid)
     text = describe_processes([process])
     return f"{text} of lease {owner.id}, which does not hold this GPU" if owner else text
+
+
+def _seconds(delta: timedelta | None) -> int | None:
+    return int(delta.total_seconds()) if delta is not None else None
 
 
 def _lease_id(lease: Lease | None) -> str | None:
@@ -275,7 +385,12 @@ def _share_table(host: HostLedger, occupancy: Occupancy) -> Table:
 
 
 def status_json(
-    host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy, attribution: Attribution
+    host: HostLedger,
+    txn: LedgerTransaction,
+    occupancy: Occupancy,
+    attribution: Attribution,
+    uses: dict[str, LeaseUse],
+    shown: set[str] | None = None,
 ) -> dict[str, Any]:
     from gpualloc.launcher.queue import turn_order
     from gpualloc.model.validation import to_builtins
@@ -296,6 +411,8 @@ def status_json(
                 "faults": [to_builtins(f) for f in host.faults if f.gpu == gpu.index],
                 "processes": [to_builtins(p) for p in occupancy.processes.get(gpu.index, ())],
                 "intruders": [to_builtins(p) for p in attribution.intruders_on(gpu.index)],
+                "utilization_percent": host.processes.utilization.get(gpu.index),
+                "memory_used_bytes": occupancy.memory_used.get(gpu.index),
             }
         )
     return {
@@ -329,8 +446,11 @@ def status_json(
             {
                 **lease_json(lease),
                 "misplaced": [to_builtins(p) for p in attribution.misplaced_of(lease.id)],
+                "busy": uses[lease.id].busy,
+                "idle_seconds": _seconds(uses[lease.id].idle),
             }
             for lease in txn.ledger.leases
+            if shown is None or lease.id in shown
         ],
         "queue": [
             {"position": position, **to_builtins(waiter)}

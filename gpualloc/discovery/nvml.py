@@ -183,16 +183,26 @@ class NvmlSession:
     def memory_used(self) -> dict[str, int]:
         """GPU UUID -> bytes of memory in use (``nvmlDeviceGetMemoryInfo``); GPUs that cannot be
         asked are left out."""
+        return self._per_gpu(lambda handle: self.nvml.nvmlDeviceGetMemoryInfo(handle).used)
+
+    def utilization(self) -> dict[str, int]:
+        """GPU UUID -> percent of the last sample period a kernel ran
+        (``nvmlDeviceGetUtilizationRates``); GPUs that cannot be asked (MIG mode: per MIG
+        device there is no figure) are left out."""
+        return self._per_gpu(lambda handle: self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+
+    def _per_gpu(self, read: Callable[[Any], Any]) -> dict[str, int]:
+        """GPU UUID -> ``read(handle)`` as a number, for every GPU that answers."""
         nvml = self.nvml
-        used: dict[str, int] = {}
+        found: dict[str, int] = {}
         for index in range(self.device_count()):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
                 uuid = text_of(nvml.nvmlDeviceGetUUID(handle))
-                used[uuid] = int(nvml.nvmlDeviceGetMemoryInfo(handle).used)
+                found[uuid] = int(read(handle))
             except (nvml.NVMLError, AttributeError, TypeError, ValueError):
                 continue
-        return used
+        return found
 
     def health_faults(self) -> list[tuple[str | None, int, str, str]]:
         """(UUID, NVML index, kind, detail) of every fault NVML reports now (see

@@ -50,6 +50,10 @@ class ProcessReport(Struct):
     memory_used: dict[int, int] = field(default_factory=dict)
     """GPU index -> memory in use as NVML reports it (``nvmlDeviceGetMemoryInfo``), for GPUs
     it could be asked about; shared jobs check their memory against it."""
+    utilization: dict[int, int] = field(default_factory=dict)
+    """GPU index -> percent of the last sample period a kernel ran
+    (``nvmlDeviceGetUtilizationRates``), for GPUs that could be asked; idle leases are found
+    with it."""
 
     def on_gpu(self, index: int) -> list[GpuProcess]:
         return [p for p in self.processes if p.gpu == index]
@@ -57,7 +61,11 @@ class ProcessReport(Struct):
 
 def declared_processes(topology: Topology) -> ProcessReport:
     """The processes a recorded or bundled topology declares."""
-    return ProcessReport(processes=list(topology.processes), source="topology")
+    return ProcessReport(
+        processes=list(topology.processes),
+        source="topology",
+        utilization={u.gpu: u.percent for u in topology.utilization},
+    )
 
 
 def live_processes(topology: Topology, session: NvmlSession | None = None) -> ProcessReport:
@@ -89,7 +97,10 @@ def _from_nvml(topology: Topology, session: NvmlSession | None) -> ProcessReport
     memory = {
         by_uuid[uuid]: used for uuid, used in session.memory_used().items() if uuid in by_uuid
     }
-    return ProcessReport(processes, source="nvml", memory_used=memory)
+    busy = {
+        by_uuid[uuid]: percent for uuid, percent in session.utilization().items() if uuid in by_uuid
+    }
+    return ProcessReport(processes, source="nvml", memory_used=memory, utilization=busy)
 
 
 def _from_nvidia_smi(topology: Topology) -> ProcessReport:

@@ -61,6 +61,7 @@ from gpualloc.placement.scores import EffectiveModel
 from gpualloc.placement.utility import UtilityWeights
 
 if TYPE_CHECKING:
+    from gpualloc.ledger.idle import Expiry, IdlePolicy
     from gpualloc.placement.context import DecisionContext
     from gpualloc.slurm.job import SlurmJob
 
@@ -416,12 +417,17 @@ class HostLedger(Struct):
             _remove_file(store.directory.lease_lock(lease.id))
         return result
 
-    def collect_garbage(self) -> GarbageReport:
-        """Reap dead leases now, and remove lease lock files that no lease names."""
+    def collect_garbage(self, idle: IdlePolicy | None = None) -> GarbageReport:
+        """Reap dead leases now, and remove lease lock files that no lease names; with
+        ``idle``, record how long each lease's GPUs have been idle, give idle ``--hold`` leases
+        notice and release those whose notice ran out (see :mod:`gpualloc.ledger.idle`)."""
         store = self.ledger_store()
+        expiries: list[Expiry] = []
         with store.transaction() as txn:
             reaped = list(txn.reaped)
             dropped = list(txn.reaped_waiters)
+            if idle is not None:
+                expiries = self._look_for_idle(txn, idle)
             named = {lease.id for lease in txn.ledger.leases}
         removed = []
         for path in store.directory.lease_locks():
@@ -430,7 +436,24 @@ class HostLedger(Struct):
                 continue
             if _remove_file(path):
                 removed.append(path.name)
-        return GarbageReport(reaped, dropped, removed, txn.notes)
+        return GarbageReport(reaped, dropped, removed, txn.notes, expiries)
+
+    def _look_for_idle(self, txn: LedgerTransaction, policy: IdlePolicy) -> list[Expiry]:
+        from gpualloc.ledger.idle import judge, lease_busy, observe
+
+        now = datetime.now(timezone.utc)
+        expiries = []
+        for lease in list(txn.ledger.leases):
+            busy = lease_busy(lease, self.processes.utilization, policy.busy_percent)
+            activity, expiry = judge(lease, observe(lease, busy, now, policy), now, policy)
+            if expiry is not None:
+                expiries.append(expiry)
+                if expiry.event == "expired":
+                    txn.remove(lease.id)
+                    continue
+            if activity != lease.activity:
+                txn.replace(replace(lease, activity=activity))
+        return expiries
 
 
 class ReleaseResult(Struct):
@@ -444,6 +467,8 @@ class GarbageReport(Struct):
     """Queue entries of waiting gpualloc processes that are gone."""
     removed_lock_files: list[str]
     notes: list[str]
+    expiries: list[Expiry] = field(default_factory=list)
+    """Idle ``--hold`` leases given notice, or released (``idle.expire_holds``)."""
 
 
 # ---- choosing ----------------------------------------------------------------------------------

@@ -22,8 +22,8 @@ SCHEMA_VERSION = 5
 ``writer_uid``, ``root_journal_seq``, ``Lease.process_group`` and the confirmation of a new
 lease (``announced``, ``creator_pid``); 4 added ``Lease.mig`` (MIG devices held; such a lease
 may hold no whole GPU); 5 added shared GPUs (``Lease.shareable``, ``Lease.memory_bytes``,
-``Lease.share``, ``QueuedRequest.share``) and ``stats``. Older files read as version 5: every
-added field has a default that means what the older file meant."""
+``Lease.share``, ``QueuedRequest.share``), ``stats`` and ``Lease.activity``. Older files read
+as version 5: every added field has a default that means what the older file meant."""
 
 LeaseSource = Literal["run", "alloc", "slurm"]
 Priority = Literal["high", "normal", "low"]
@@ -60,6 +60,19 @@ class LeasedMig(_Entry, kw_only=True, frozen=True):
     @property
     def label(self) -> str:
         return mig_label(self.gpu, self.device)
+
+
+class LeaseActivity(_Entry, kw_only=True, frozen=True):
+    """Whether a lease's GPUs have been used, as ``gpualloc gc`` observes them (issue 21,
+    point 3; see :mod:`gpualloc.ledger.idle`)."""
+
+    observed_at: datetime
+    idle_since: datetime | None = None
+    """Start of the current idle stretch (every look since then found the GPUs idle, none more
+    than ``idle.max_gap`` apart); None when they were busy at the last look."""
+    expires_at: datetime | None = None
+    """For a ``--hold`` lease under ``idle.expire_holds``: when it is released unless its GPUs
+    are used before (its holder was given notice)."""
 
 
 class Lease(_Entry, kw_only=True, frozen=True):
@@ -116,6 +129,8 @@ class Lease(_Entry, kw_only=True, frozen=True):
     share: LeasedShare | None = None
     """Set for a shared job: it holds its one GPU together with others (a *share*), and the
     GPU is not its alone. Every other lease holds its GPUs whole."""
+    activity: LeaseActivity | None = None
+    """How long the lease's GPUs have been idle, when ``gc`` has looked (None: never)."""
 
     def __post_init__(self) -> None:
         if not self.gpus and not self.mig:

@@ -29,6 +29,7 @@ from gpualloc.model.paths import PciePath
 from gpualloc.model.validation import (
     NonNegativeFloat,
     NonNegativeInt,
+    Percent,
     PositiveFloat,
     PositiveInt,
     ValidationError,
@@ -176,6 +177,16 @@ class GpuFault(_Strict, kw_only=True, frozen=True):
     """What was seen, for people: ``12 uncorrectable ECC errors since the driver loaded``."""
 
 
+class GpuUtilization(_Strict, kw_only=True, frozen=True):
+    """How busy a GPU's compute is, as NVML's ``nvmlDeviceGetUtilizationRates`` reports it:
+    the percent of its last sample period (1/6 s to 1 s) during which a kernel ran. A live host
+    is asked each time; a recorded or bundled topology may declare it (``utilization`` in its
+    file), so that idle leases can be shown and tested without a GPU (issue 21, point 3)."""
+
+    gpu: NonNegativeInt
+    percent: Percent
+
+
 def faults_by_gpu(faults: Iterable[GpuFault]) -> dict[int, str]:
     """GPU index -> its faults in words, joined with ``; ``."""
     found: dict[int, list[str]] = {}
@@ -226,6 +237,8 @@ class Topology(_Strict, kw_only=True):
     """The MIG devices of the GPUs with MIG enabled, sorted by (parent GPU, device index)."""
     faults: list[GpuFault] = field(default_factory=list)
     """Faults declared on the GPUs (recorded files only; a live host is asked each time)."""
+    utilization: list[GpuUtilization] = field(default_factory=list)
+    """GPU utilisation declared (recorded files only; a live host is asked each time)."""
 
     def __post_init__(self) -> None:
         indices = [g.index for g in self.gpus]
@@ -233,8 +246,11 @@ class Topology(_Strict, kw_only=True):
             raise ValueError(f"GPU indices must be 0..{len(indices) - 1} in order, got {indices}")
         strays = [p.gpu for p in self.processes if p.gpu >= len(indices)]
         strays += [f.gpu for f in self.faults if f.gpu >= len(indices)]
+        strays += [u.gpu for u in self.utilization if u.gpu >= len(indices)]
         if strays:
-            raise ValueError(f"a process or fault is on GPU {strays[0]}, which does not exist")
+            raise ValueError(
+                f"a process, fault or utilization is on GPU {strays[0]}, which does not exist"
+            )
         self.links.sort(key=lambda link: (link.a, link.b))
         pairs = [(link.a, link.b) for link in self.links]
         expected = [(a, b) for a in indices for b in indices if a < b]

@@ -18,6 +18,7 @@ T = TypeVar("T")
 
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
+Percent = Annotated[int, msgspec.Meta(ge=0, le=100)]
 NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 
