@@ -17,6 +17,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -368,3 +369,118 @@ def _processes_of(user: UnixUser) -> list[int]:
     import psutil
 
     return [p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"].real == user.uid]
+
+
+# ---- issue 21: verified launch and idle holders, between users --------------------------------
+
+
+def _host_file(shared: Path, **declared: list) -> Path:
+    """The bundled topology as a file in the shared directory, with ``declared`` processes or
+    utilisation: every user reads it, the test rewrites it as NVML's lists would change."""
+    from gpualloc.topologies import load_bundled
+
+    path = shared / "host.json"
+    path.write_text(json.dumps({**json.loads(load_bundled(TOPOLOGY).to_json()), **declared}))
+    path.chmod(0o644)
+    return path
+
+
+def test_a_job_off_its_gpus_is_seen_by_other_users_and_its_own_verifier(
+    users: dict[str, UnixUser], as_user: UserCommandLine, shared: Path
+) -> None:
+    """alice's job also opens GPU 3; bob runs a process on alice's GPU 0. bob's status reads
+    alice's process tree through /proc, and alice's verifier (hers, not root's) tells her job."""
+    from tests.test_verified_launch import _stderr_until
+
+    alice, bob = users["alice"], users["bob"]
+    host = _host_file(shared)
+    env = {"GPUALLOC_STATE_DIR": str(shared), "GPUALLOC_VERIFY_GRACE": "60"}
+    job = as_user.popen(
+        alice, "-t", str(host), "run", "--gpus", "0,1", "--", "sh", "-c", "echo $$; exec sleep 60",
+        env=env,
+    )  # fmt: skip
+    stranger = subprocess.Popen(["sleep", "60"], user=bob.uid, group=bob.gid, extra_groups=[])
+    try:
+        assert job.stdout is not None
+        pid = int(job.stdout.readline())
+        _host_file(
+            shared,
+            processes=[
+                {"gpu": 0, "pid": pid, "name": "sleep", "user": alice.name},
+                {"gpu": 3, "pid": pid, "name": "sleep", "user": alice.name},
+                {"gpu": 0, "pid": stranger.pid, "name": "sleep", "user": bob.name},
+            ],
+        )
+        said = _stderr_until(job, "verify.action")
+        assert f"pid {pid} (sleep, {alice.name}) runs on GPU 3, which the lease does not" in said
+        seen = as_user(bob, "-t", str(host), "status", "--json", env=env)
+        assert seen.returncode == 0, seen.stderr
+        status = json.loads(seen.stdout)
+        (lease,) = status["leases"]
+        assert lease["user"] == alice.name and [p["gpu"] for p in lease["misplaced"]] == [3]
+        assert [p["pid"] for p in status["gpus"][0]["intruders"]] == [stranger.pid]
+        checked = as_user(alice, "-t", str(host), "doctor", env=env)
+        assert checked.returncode == 17 and "2 problem(s) found" in checked.stdout
+    finally:
+        stranger.kill()
+        stranger.wait()
+        job.kill()
+        job.communicate(timeout=60)
+
+
+def test_an_idle_hold_is_noticed_and_released_by_another_users_gc(
+    users: dict[str, UnixUser], as_user: UserCommandLine, shared: Path, system_config_dir: Path
+) -> None:
+    from msgspec.structs import replace
+
+    from gpualloc.discovery.recorded import load_topology_file
+    from gpualloc.launcher.allocate import HostLedger
+    from gpualloc.ledger.schema import LeaseActivity
+
+    alice, bob = users["alice"], users["bob"]
+    host = _host_file(shared, utilization=[{"gpu": g, "percent": 0} for g in range(4)])
+    told = shared / "told"
+    _system_config(
+        system_config_dir,
+        '[idle]\nexpire_holds = "4h"\nnotice = "30m"\n'
+        f'notify = "echo $GPUALLOC_EVENT $GPUALLOC_USER $(id -un) >> {told}"\n',
+    )
+    env = {"GPUALLOC_STATE_DIR": str(shared)}
+
+    def run(user: UnixUser, *args: str) -> subprocess.CompletedProcess[str]:
+        return as_user(user, "-t", str(host), *args, env=env)
+
+    def backdate(**activity: datetime) -> None:
+        """As looks by gc over the past hours would have recorded (root writes the ledger)."""
+        ledger = HostLedger.open(load_topology_file(host), state_dir=shared)
+        with ledger.transaction() as txn:
+            (lease,) = txn.ledger.leases
+            txn.replace(replace(lease, activity=LeaseActivity(**activity)))
+
+    try:
+        mine = _lease_id(run(alice, "alloc", "--gpus", "0,1", "--hold", "--format", "json"))
+        now = datetime.now(timezone.utc)
+        backdate(observed_at=now, idle_since=now - timedelta(hours=3, minutes=50))
+        noticed = run(bob, "gc")
+        assert noticed.returncode == 0, noticed.stderr
+        assert f"notice: GPU 0-1 held by {alice.name}" in noticed.stdout
+        assert f"NOTICE: lease {mine} ({alice.name})" in run(alice, "status").stdout
+        backdate(observed_at=now, idle_since=now - timedelta(hours=5), expires_at=now)
+        released = run(bob, "gc", "--json")
+        assert json.loads(released.stdout)["idle"][0]["event"] == "expired"
+        assert _status(_gpualloc_file(as_user, shared, host), alice)["leases"] == []
+        assert told.read_text().splitlines() == [
+            f"notice {alice.name} {bob.name}",
+            f"expired {alice.name} {bob.name}",
+        ]
+    finally:
+        _system_config(system_config_dir, "")
+
+
+def _gpualloc_file(
+    as_user: UserCommandLine, shared: Path, host: Path
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    def run(user: UnixUser, *args: str) -> subprocess.CompletedProcess[str]:
+        return as_user(user, "-t", str(host), *args, env={"GPUALLOC_STATE_DIR": str(shared)})
+
+    return run

@@ -17,6 +17,7 @@ from a file, from the processes the file declares, read again at every look, so 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -45,20 +46,31 @@ class VerifyTerms(Struct, frozen=True):
 def start_verifier(
     lease: Lease, ledger_file: Path, look: Callable[[], list[GpuProcess]], terms: VerifyTerms
 ) -> None:
-    """Fork the verifier of this process (about to become the job) and return."""
-    from gpualloc.launcher.watcher import fork_detached, tell_job
+    """Fork the verifier of this process (about to become the job) and return.
+
+    The verifier opens the job's standard error only to write a warning, so that a caller
+    reading the job's output to its end never waits for the verifier; where that cannot be done
+    (a pipe root made, a socket) it keeps a copy of the descriptor for the grace period."""
+    from gpualloc.launcher.watcher import fork_detached, stderr_reopenable, tell_job
 
     job = os.getpid()
     leads_group = os.getpgrp() == job
+    kept = None if stderr_reopenable() else os.dup(2)
 
     def say(text: str) -> None:
-        tell_job(job, f"gpualloc: warning: {text}\n")
+        line = f"gpualloc: warning: {text}\n"
+        if kept is None:
+            tell_job(job, line)
+            return
+        with contextlib.suppress(OSError):
+            os.write(kept, line.encode("utf-8", "replace"))
 
     def leases() -> list[Lease]:
         return _leases_in(ledger_file, lease)
 
     fork_detached(
-        lambda: verify(lease, job, look, terms, say=say, leads_group=leads_group, leases=leases)
+        lambda: verify(lease, job, look, terms, say=say, leads_group=leads_group, leases=leases),
+        keep=kept,
     )
 
 

@@ -2,8 +2,9 @@
 of the job's own user (the eviction watcher of a shared job, the launch verifier).
 
 Each is a grandchild of the gpualloc process (its parent exits at once, so it is never a zombie
-of the job), in a session of its own, with every descriptor closed and the standard streams on
-/dev/null: it holds neither the lease lock nor a pipe a caller waits on, and it is not in the
+of the job), in a session of its own, with every descriptor closed (but one it is asked to
+keep) and the standard streams on /dev/null: it holds neither the lease lock nor, unless asked
+to, a pipe a caller waits on, and it is not in the
 job's process group or process tree, so it never keeps the lease alive nor counts as the job.
 """
 
@@ -15,27 +16,35 @@ import time
 from collections.abc import Callable
 
 
-def fork_detached(body: Callable[[], object]) -> None:
-    """Run ``body`` in a detached grandchild (see above) and return at once in this process."""
+def fork_detached(body: Callable[[], object], *, keep: int | None = None) -> None:
+    """Run ``body`` in a detached grandchild (see above) and return at once in this process;
+    ``keep`` is a descriptor the grandchild keeps open (closed here)."""
     child = os.fork()
     if child:
+        if keep is not None:
+            os.close(keep)
         os.waitpid(child, 0)
         return
     try:
         os.setsid()
         if os.fork():
             os._exit(0)
-        _detach()
+        _detach(keep)
         body()
     finally:
         os._exit(0)
 
 
-def _detach() -> None:
+def _detach(keep: int | None) -> None:
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.closerange(3, _max_fd())
+        if fd != keep:
+            os.dup2(null, fd)
+    if keep is None or keep < 3:
+        os.closerange(3, _max_fd())
+    else:
+        os.closerange(3, keep)
+        os.closerange(keep + 1, _max_fd())
 
 
 def _max_fd() -> int:
@@ -64,6 +73,16 @@ def end_job(job: int, leads_group: bool, started: float | None, grace_s: float) 
         time.sleep(0.1)
     if process_alive(job, started):
         send(signal.SIGKILL)
+
+
+def stderr_reopenable() -> bool:
+    """Whether this process may open its own standard error anew through ``/proc`` (its
+    terminal, or a pipe or file of its user's; not a pipe root made for it, nor a socket)."""
+    try:
+        os.close(os.open("/proc/self/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NOCTTY))
+    except OSError:
+        return False
+    return True
 
 
 def tell_job(job: int, text: str) -> bool:
