@@ -45,8 +45,11 @@ def link_findings(topology: Topology, links: LinksNow, leases: Iterable[Lease]) 
     ]
 
 
-def lease_findings(attribution: Attribution, faults: Iterable[GpuFault]) -> list[Finding]:
-    """Jobs off their GPUs, strangers on leased ones, and unhealthy GPUs."""
+def lease_findings(
+    attribution: Attribution, faults: Iterable[GpuFault], *, processes_seen: bool = True
+) -> list[Finding]:
+    """Jobs off their GPUs, strangers on leased ones, and unhealthy GPUs; ``processes_seen``:
+    whether the GPUs' process lists could be read at all (else nothing is said of the jobs)."""
     from gpualloc.ledger.attribution import describe_intruder, describe_misplaced
 
     found = [
@@ -57,7 +60,11 @@ def lease_findings(attribution: Attribution, faults: Iterable[GpuFault]) -> list
         Finding("lease", f"GPU {i.process.gpu}", "problem", describe_intruder(i))
         for i in attribution.intruders
     ]
-    if not found:
+    if not processes_seen:
+        found.append(
+            Finding("lease", "all leases", "note", "the GPUs' process lists cannot be read here")
+        )
+    elif not found:
         found.append(Finding("lease", "all leases", "ok", "every job runs on its own GPUs only"))
     found += [Finding("health", f"GPU {fault.gpu}", "problem", fault.detail) for fault in faults]
     return found

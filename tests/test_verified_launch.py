@@ -53,6 +53,7 @@ def test_processes_belong_to_the_nearest_lease_and_mismatches_are_found() -> Non
     inner = lease("b", (4,), pid=150)  # gpualloc run from that shell: its own lease
     held = lease("c", (2,), user="bob")  # --hold: bob's processes on GPU 2 are its job's
     group = lease("d", (6,), pid=600, process_group=600)
+    second = lease("e", (7,))  # alice's --hold: the alloc shell's job may use it too
     lineage = {
         101: (100, 101, 100, 1),
         102: (100, 102, 100, 1),
@@ -61,9 +62,10 @@ def test_processes_belong_to_the_nearest_lease_and_mismatches_are_found() -> Non
         300: (300, 300, 1),
         301: (301, 301, 1),
         601: (600, 601, 1),  # a daemonised child, reparented but still in the job's group
+        103: (100, 103, 100, 1),
     }
     found = attribute(
-        [shell, inner, held, group],
+        [shell, inner, held, group, second],
         [
             on(0, 101),
             on(5, 102),  # the alloc shell's job on GPU 5: misplaced
@@ -72,6 +74,7 @@ def test_processes_belong_to_the_nearest_lease_and_mismatches_are_found() -> Non
             on(2, 300, "bob"),
             on(2, 301, "carol"),  # carol on bob's held GPU 2: intruder
             on(6, 601),
+            on(7, 103, "alice"),  # the alloc shell's job on alice's held GPU 7: hers
         ],
         lineage=lineage,
     )
@@ -81,6 +84,7 @@ def test_processes_belong_to_the_nearest_lease_and_mismatches_are_found() -> Non
         151: inner.id,  # not the alloc shell's, though it descends from it
         300: held.id,
         601: group.id,
+        103: second.id,
     }
     assert [(m.lease.id, m.process.pid) for m in found.misplaced] == [(shell.id, 102)]
     assert [(i.process.gpu, i.process.pid) for i in found.intruders] == [(1, 200), (2, 301)]
@@ -407,3 +411,12 @@ def test_doctor_reads_nvidia_smi_where_nvml_is_missing(monkeypatch: pytest.Monke
         if f.severity == "problem"
     ]
     assert (down.where, down.detail[:40]) == ("GPU 0", "3 of 4 NVLinks to its peers are up (the ")
+
+
+def test_doctor_vouches_for_no_job_where_it_cannot_see_the_processes() -> None:
+    from gpualloc.doctor import lease_findings
+    from gpualloc.ledger.attribution import Attribution
+
+    (blind,) = lease_findings(Attribution(), [], processes_seen=False)
+    assert (blind.severity, blind.detail) == ("note", "the GPUs' process lists cannot be read here")
+    assert lease_findings(Attribution(), [])[0].severity == "ok"

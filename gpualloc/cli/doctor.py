@@ -36,7 +36,11 @@ def doctor_command(as_json: JsonOption = False) -> None:
     txn = host.snapshot()
     warn(txn.notes)
     leases = txn.ledger.leases
-    findings = lease_findings(attribute(leases, host.processes.processes), host.faults)
+    findings = lease_findings(
+        attribute(leases, host.processes.processes),
+        host.faults,
+        processes_seen=host.processes.source != "none",
+    )
     notes = [*host.processes.notes, *host.health_notes]
     source = "none"
     if host.this_host:

@@ -133,18 +133,24 @@ def _owner(
 ) -> Lease | None:
     """The lease whose job ``process`` is: the lease of its nearest ancestor (itself included;
     a ``gpualloc run`` in the shell of an ``alloc`` is its own lease's), else of its process
-    group, else a ``--hold`` lease of the process's user on the GPU it runs on."""
+    group, else a ``--hold`` lease of the process's user on the GPU it runs on. A process whose
+    nearest lease does not hold its GPU belongs to a lease that does when that lease is also
+    its ancestor's or its user's hold (a shell with two leases uses both)."""
     by_pid = {lease.pid: lease for lease in leases if lease.pid is not None}
-    for pid in family[1:]:
-        if pid in by_pid:
-            return by_pid[pid]
-    for lease in leases:
-        if lease.process_group is not None and family[:1] == (lease.process_group,):
-            return lease
+    nearest = next((by_pid[pid] for pid in family[1:] if pid in by_pid), None)
+    if nearest is None:
+        nearest = next(
+            (x for x in leases if x.process_group is not None and family[:1] == (x.process_group,)),
+            None,
+        )
+    if nearest is not None and process.gpu in lease_gpus(nearest):
+        return nearest
     for lease in holders:
+        if lease.pid is not None and lease.pid in family[1:]:
+            return lease
         if lease.hold and process.user is not None and process.user == lease.user:
             return lease
-    return None
+    return nearest
 
 
 def process_lineage(pid: int) -> tuple[int, ...]:
