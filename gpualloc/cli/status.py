@@ -61,6 +61,8 @@ def status_command(
 
     Per GPU its utilisation and memory in use (NVML), per lease how long its GPUs have been
     idle: as 'gpualloc gc' recorded it (run it every few minutes) and this look extends it.
+    A lease's processes on GPUs it does not hold, and others' processes on leased GPUs, are
+    listed as MISMATCH.
 
     Reads the ledger without changing it: leases whose jobs are gone are left out (and freed by
     the next command that writes, or by 'gpualloc gc').
