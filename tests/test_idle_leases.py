@@ -212,3 +212,21 @@ def test_metrics_give_utilisation_idle_time_and_mismatches(cli, host_file: Path)
     assert value(found, "gpualloc_lease_idle_seconds", lease=busy, user=user["user"]) == 0
     assert value(found, "gpualloc_lease_mismatches", kind="intruder") == 1  # eve on GPU 0
     assert value(found, "gpualloc_lease_mismatches", kind="misplaced") == 0
+
+
+def test_a_hold_is_never_released_on_a_look_that_saw_nothing(
+    cli, host_file: Path, tmp_path: Path
+) -> None:
+    """Its notice ran out, but the GPUs' utilisation cannot be read now (NVML gone, or a MIG
+    lease): gc neither releases it nor changes what it recorded."""
+    system_config(tmp_path, '[idle]\nexpire_holds = "4h"\n')
+    lease_id = hold(cli, host_file, "0,1")
+    notice_ran_out(host_file, lease_id)
+    data = json.loads(host_file.read_text())
+    data["utilization"] = []
+    host_file.write_text(json.dumps(data))
+    before = json.loads(cli("--topology", str(host_file), "status", "--json").stdout)["leases"]
+    assert "nothing to collect" in cli("--topology", str(host_file), "gc").stdout
+    after = json.loads(cli("--topology", str(host_file), "status", "--json").stdout)["leases"]
+    assert [x["activity"] for x in after] == [x["activity"] for x in before]
+    assert after[0]["busy"] is None and after[0]["idle_seconds"] is not None

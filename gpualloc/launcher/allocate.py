@@ -445,6 +445,8 @@ class HostLedger(Struct):
         expiries = []
         for lease in list(txn.ledger.leases):
             busy = lease_busy(lease, self.processes.utilization, policy.busy_percent)
+            if busy is None:
+                continue  # nothing seen of its GPUs now: no news, and never an expiry
             activity, expiry = judge(lease, observe(lease, busy, now, policy), now, policy)
             if expiry is not None:
                 expiries.append(expiry)
