@@ -3,7 +3,9 @@
 mixed one, several hosts, and what sharing GPUs does, through ``gpualloc.simulate`` (issues
 6, 19 and 20).
 
-Usage: python benchmarks/evaluate.py [--out docs] [--jobs N] [--seed 0]
+Usage: python benchmarks/evaluate.py [--out DIR] [--jobs N] [--seed 0]
+
+``--out`` defaults to the repository's ``docs`` directory, wherever it is run from.
 
 ``--jobs`` shrinks every workload to N jobs (a quick check); by default each has its own count.
 
@@ -33,7 +35,7 @@ TODAY = ("baseline", "besteffort", "slurm")
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("docs"))
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "docs")
     parser.add_argument(
         "--jobs", type=int, default=None, help="jobs per workload (default: each workload's own)"
     )
