@@ -152,6 +152,7 @@ def hold(
         state_dir=config.value("state_dir"),
         lock_timeout_s=config.value("lock_timeout"),
     )
+    host.max_shared_jobs = config.system_value("share.max_jobs")  # as open_host_ledger does
     terms = LeaseTerms(source="alloc", pid=os.getpid(), name=name)
     if wait:
         options = WaitOptions.from_config(config, timeout_s=timeout_s)
