@@ -156,3 +156,14 @@ def test_processes_and_health_are_asked_in_one_nvml_session(sick_host: FakeNvml)
     now = observe(with_bus_ids(load_bundled("dgx1-v100")))
     assert sick_host.calls["nvmlInit"] == 1
     assert now.processes.source == "nvml" and {f.gpu for f in now.faults} == {1, 2, 3, 4, 5, 6}
+
+
+def test_a_waiting_job_hears_which_gpus_are_unhealthy_not_that_nobody_holds_them() -> None:
+    from gpualloc.launcher.wait import _holders
+    from gpualloc.model.topology import GpuFault, GpuProcess
+
+    topology = load_bundled("nvlink-pairs-4gpu")
+    fault = GpuFault(gpu=1, kind="ecc", detail="3 uncorrectable ECC errors")
+    stranger = GpuProcess(gpu=2, pid=4242, name="python", user="eve")
+    occupancy = Occupancy.build(topology, Ledger(host="h"), [stranger], faults=[fault])
+    assert _holders(occupancy) == "held by unhealthy: 1, not gpualloc: 2"

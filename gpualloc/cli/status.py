@@ -347,7 +347,8 @@ def _mig_table(host: HostLedger, occupancy: Occupancy) -> Table:
         key = (instance.gpu, instance.device)
         lease = occupancy.mig_leases.get(key)
         foreign = occupancy.mig_foreign.get(key, ())
-        state = "held" if lease else ("lost" if instance.gpu in occupancy.lost else "free")
+        parent = occupancy.state(instance.gpu)
+        state = "held" if lease else (parent if parent in ("lost", "unhealthy") else "free")
         cells = _lease_cells(lease, now) if lease else ["-"] * 5
         if not lease and foreign:
             state = "free" if occupancy.ignore_foreign else "foreign"

@@ -497,7 +497,7 @@ def choose(topology: Topology, occupancy: Occupancy, want: Want) -> Placement:
     except NoFeasiblePlacement as now:
         usable = (
             frozenset(range(topology.gpu_count))
-            - occupancy.lost
+            - occupancy.unusable
             - occupancy.outside
             - occupancy.mig
         )
@@ -531,7 +531,8 @@ def _mig_placement(topology: Topology, occupancy: Occupancy, request: MigRequest
 
     taken = occupancy.mig_taken()
     try:
-        choice = choose_mig(topology, request, taken, unusable=occupancy.lost | occupancy.outside)
+        unusable = occupancy.unusable | occupancy.outside
+        choice = choose_mig(topology, request, taken, unusable=unusable)
     except MigDevicesBusy as busy:
         busy.details = tuple(dict.fromkeys(taken[key] for key in busy.held))
         raise

@@ -51,6 +51,9 @@ if TYPE_CHECKING:
 
 POLL_S = 0.25
 PROCESS_REFRESH_S = 2.0
+WHO_HOLDS = {"foreign": "not gpualloc", "shared": "shared jobs"}
+"""How the waiting line names the holder of a GPU no lease holds whole, by the GPU's state
+(``lost`` and ``unhealthy`` say themselves)."""
 DEFAULT_MAX_BYPASS: int = BY_KEY["queue.max_bypass"].default
 """How many later jobs may start before a waiting one, before backfill past it stops."""
 
@@ -269,7 +272,8 @@ def _holders(occupancy: Occupancy) -> str:
         gpus.setdefault(lease.user, []).append(gpu)
     unaccounted = occupancy.busy - frozenset(occupancy.leases) - occupancy.outside - occupancy.mig
     for gpu in sorted(unaccounted):
-        gpus.setdefault("not gpualloc" if gpu not in occupancy.lost else "lost", []).append(gpu)
+        state = occupancy.state(gpu)
+        gpus.setdefault(WHO_HOLDS.get(state, state), []).append(gpu)
     by_user = {who: [format_cpulist(held)] for who, held in gpus.items()}
     for (gpu, device), lease in sorted(occupancy.mig_leases.items()):
         by_user.setdefault(lease.user, []).append(mig_label(gpu, device))

@@ -32,7 +32,8 @@ class Occupancy(Struct, frozen=True):
     """GPU index -> the live lease holding it."""
     processes: dict[int, tuple[GpuProcess, ...]] = field(default_factory=dict)
     """GPU index -> the compute processes running on it (leased GPUs included)."""
-    lost: frozenset[int] = frozenset()
+    unusable: frozenset[int] = frozenset()
+    """GPUs never handed out: lost (fell off the bus) or unhealthy (see ``unhealthy``)."""
     ignore_foreign: bool = False
     outside: frozenset[int] = frozenset()
     """GPUs this scope may not use: inside a Slurm job, the host's GPUs that are not the
@@ -49,7 +50,7 @@ class Occupancy(Struct, frozen=True):
     max_shared_jobs: int = DEFAULT_MAX_SHARED_JOBS
     """Shared jobs a GPU may run at once (the system config's ``share.max_jobs``)."""
     unhealthy: dict[int, str] = field(default_factory=dict)
-    """GPU index -> why it is not handed out (its faults); such GPUs are also in ``lost``."""
+    """GPU index -> why it is not handed out (its faults); such GPUs are also ``unusable``."""
     mig_foreign: dict[tuple[int, int], tuple[GpuProcess, ...]] = field(default_factory=dict)
     """(parent GPU, MIG device index) -> processes on that MIG device that no lease accounts
     for (NVML names their GPU and compute instance)."""
@@ -83,7 +84,7 @@ class Occupancy(Struct, frozen=True):
             gpu_count=topology.gpu_count,
             leases={i: lease for i, lease in ledger.held_gpus().items() if i < topology.gpu_count},
             processes={gpu: tuple(found) for gpu, found in by_gpu.items()},
-            lost=frozenset(g.index for g in topology.gpus if g.health == Health.LOST)
+            unusable=frozenset(g.index for g in topology.gpus if g.health == Health.LOST)
             | frozenset(unhealthy),
             unhealthy=unhealthy,
             ignore_foreign=ignore_foreign,
@@ -136,7 +137,7 @@ class Occupancy(Struct, frozen=True):
             return "outside"
         if gpu in self.unhealthy:
             return "unhealthy"
-        if gpu in self.lost:
+        if gpu in self.unusable:
             return "lost"
         if gpu in self.mig:
             return "mig"
@@ -191,7 +192,7 @@ class Occupancy(Struct, frozen=True):
                         lines.append(describe_lease(holder, now=now))
             elif gpu in self.unhealthy:
                 lines.append(f"GPU {gpu} is unhealthy: {self.unhealthy[gpu]}")
-            elif gpu in self.lost:
+            elif gpu in self.unusable:
                 lines.append(f"GPU {gpu} was lost (fell off the bus); check 'dmesg' for Xid errors")
             elif gpu in self.mig:
                 lines.append(f"GPU {gpu} is in MIG mode: it is leased by MIG device (--mig)")

@@ -122,7 +122,7 @@ def _usable(topology: Topology, occupancy: Occupancy) -> list[int]:
     return [
         g
         for g in range(topology.gpu_count)
-        if g not in occupancy.lost | occupancy.outside | occupancy.mig
+        if g not in occupancy.unusable | occupancy.outside | occupancy.mig
     ]
 
 
