@@ -380,8 +380,10 @@ def _host_file(shared: Path, **declared: list) -> Path:
     from gpualloc.topologies import load_bundled
 
     path = shared / "host.json"
-    path.write_text(json.dumps({**json.loads(load_bundled(TOPOLOGY).to_json()), **declared}))
-    path.chmod(0o644)
+    draft = shared / "host.json.new"  # replaced whole, as the verifier may be reading it
+    draft.write_text(json.dumps({**json.loads(load_bundled(TOPOLOGY).to_json()), **declared}))
+    draft.chmod(0o644)
+    draft.replace(path)
     return path
 
 

@@ -146,6 +146,12 @@ def test_a_job_on_a_gpu_it_does_not_hold_is_flagged_from_nvml(
     assert job.wait(timeout=TIMEOUT_S) == -signal.SIGTERM
 
 
+def half_written() -> list[GpuProcess]:
+    from gpualloc.errors import TopologyParseError
+
+    raise TopologyParseError("unexpected end of the file", source="host.json")
+
+
 def test_the_verifier_passes_a_job_that_keeps_to_its_gpus(
     monkeypatch: pytest.MonkeyPatch, job: subprocess.Popen
 ) -> None:
@@ -169,6 +175,9 @@ def test_the_verifier_passes_a_job_that_keeps_to_its_gpus(
 
     said: list[str] = []
     assert check() == "unseen" and said == []  # no CUDA yet within the grace period
+    assert verify(mine, job.pid, half_written, terms, say=said.append, leads_group=False) == (
+        "unseen"  # a look that fails (a topology file caught mid-write): it looks on, not dies
+    )
     fake.gpus[1].processes = [(job.pid, None)]
     assert check() == "verified" and said == []
     fake.gpus[1].processes.append((os.getpid(), None))

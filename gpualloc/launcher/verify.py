@@ -99,7 +99,7 @@ def verify(
     while True:
         if not process_alive(job, started):
             return "ended"
-        found = _mismatches(lease, leases() if leases else [lease], look())
+        found = _mismatches(lease, leases() if leases else [lease], _looked(look))
         seen = seen or any(owner.id == lease.id for owner in found.owners.values())
         for line in found.lines():
             if line not in said:
@@ -121,6 +121,17 @@ def verify(
         if time.monotonic() >= deadline:
             return "verified" if seen else "unseen"
         time.sleep(min(terms.poll_s, max(0.0, deadline - time.monotonic())))
+
+
+def _looked(look: Callable[[], list[GpuProcess]]) -> list[GpuProcess]:
+    """The processes now; none when they cannot be read this time (NVML busy or failing, a
+    topology file caught mid-write): the verifier looks again, it does not die."""
+    from gpualloc.errors import GpuallocError
+
+    try:
+        return look()
+    except (GpuallocError, OSError, ValueError):
+        return []
 
 
 def _mismatches(lease: Lease, leases: list[Lease], processes: list[GpuProcess]) -> Attribution:
