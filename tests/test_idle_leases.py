@@ -230,3 +230,21 @@ def test_a_hold_is_never_released_on_a_look_that_saw_nothing(
     after = json.loads(cli("--topology", str(host_file), "status", "--json").stdout)["leases"]
     assert [x["activity"] for x in after] == [x["activity"] for x in before]
     assert after[0]["busy"] is None and after[0]["idle_seconds"] is not None
+
+
+def test_nvml_gives_utilisation_with_memory_and_skips_what_a_gpu_cannot_say(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpualloc.discovery import nvml as nvml_source
+    from gpualloc.discovery.processes import live_processes
+    from tests.fake_nvml import FakeNvml
+
+    topology = load_bundled("dgx1-v100")
+    fake = FakeNvml.from_topology(topology)
+    fake.gpus[3].utilization = 87
+    fake.gpus[5].unsupported.add("nvmlDeviceGetUtilizationRates")  # as a GPU in MIG mode
+    monkeypatch.setattr(nvml_source, "load_pynvml", lambda: fake)
+    report = live_processes(topology)
+    assert report.utilization[3] == 87 and report.utilization[0] == 0
+    assert 5 not in report.utilization and 5 in report.memory_used
+    assert fake.calls["nvmlDeviceGetUtilizationRates"] == 8  # once per GPU, one pass

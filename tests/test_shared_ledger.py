@@ -60,10 +60,10 @@ def shared() -> Iterator[Path]:
 
 
 def _gpualloc(
-    as_user: UserCommandLine, shared: Path
+    as_user: UserCommandLine, shared: Path, topology: str = TOPOLOGY
 ) -> Callable[..., subprocess.CompletedProcess[str]]:
     def run(user: UnixUser, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        return as_user(user, "-t", TOPOLOGY, *args, env={"GPUALLOC_STATE_DIR": str(shared), **env})
+        return as_user(user, "-t", topology, *args, env={"GPUALLOC_STATE_DIR": str(shared), **env})
 
     return run
 
@@ -415,13 +415,12 @@ def test_a_job_off_its_gpus_is_seen_by_other_users_and_its_own_verifier(
         )
         said = _stderr_until(job, "verify.action")
         assert f"pid {pid} (sleep, {alice.name}) runs on GPU 3, which the lease does not" in said
-        seen = as_user(bob, "-t", str(host), "status", "--json", env=env)
-        assert seen.returncode == 0, seen.stderr
-        status = json.loads(seen.stdout)
+        run = _gpualloc(as_user, shared, str(host))
+        status = _status(run, bob)
         (lease,) = status["leases"]
         assert lease["user"] == alice.name and [p["gpu"] for p in lease["misplaced"]] == [3]
         assert [p["pid"] for p in status["gpus"][0]["intruders"]] == [stranger.pid]
-        checked = as_user(alice, "-t", str(host), "doctor", env=env)
+        checked = run(alice, "doctor")
         assert checked.returncode == 17 and "2 problem(s) found" in checked.stdout
     finally:
         stranger.kill()
@@ -447,10 +446,7 @@ def test_an_idle_hold_is_noticed_and_released_by_another_users_gc(
         '[idle]\nexpire_holds = "4h"\nnotice = "30m"\n'
         f'notify = "echo $GPUALLOC_EVENT $GPUALLOC_USER $(id -un) >> {told}"\n',
     )
-    env = {"GPUALLOC_STATE_DIR": str(shared)}
-
-    def run(user: UnixUser, *args: str) -> subprocess.CompletedProcess[str]:
-        return as_user(user, "-t", str(host), *args, env=env)
+    run = _gpualloc(as_user, shared, str(host))
 
     def backdate(**activity: datetime) -> None:
         """As looks by gc over the past hours would have recorded (root writes the ledger)."""
@@ -470,19 +466,10 @@ def test_an_idle_hold_is_noticed_and_released_by_another_users_gc(
         backdate(observed_at=now, idle_since=now - timedelta(hours=5), expires_at=now)
         released = run(bob, "gc", "--json")
         assert json.loads(released.stdout)["idle"][0]["event"] == "expired"
-        assert _status(_gpualloc_file(as_user, shared, host), alice)["leases"] == []
+        assert _status(run, alice)["leases"] == []
         assert told.read_text().splitlines() == [
             f"notice {alice.name} {bob.name}",
             f"expired {alice.name} {bob.name}",
         ]
     finally:
         _system_config(system_config_dir, "")
-
-
-def _gpualloc_file(
-    as_user: UserCommandLine, shared: Path, host: Path
-) -> Callable[..., subprocess.CompletedProcess[str]]:
-    def run(user: UnixUser, *args: str) -> subprocess.CompletedProcess[str]:
-        return as_user(user, "-t", str(host), *args, env={"GPUALLOC_STATE_DIR": str(shared)})
-
-    return run

@@ -180,29 +180,30 @@ class NvmlSession:
                 )
         return found
 
-    def memory_used(self) -> dict[str, int]:
-        """GPU UUID -> bytes of memory in use (``nvmlDeviceGetMemoryInfo``); GPUs that cannot be
-        asked are left out."""
-        return self._per_gpu(lambda handle: self.nvml.nvmlDeviceGetMemoryInfo(handle).used)
-
-    def utilization(self) -> dict[str, int]:
-        """GPU UUID -> percent of the last sample period a kernel ran
-        (``nvmlDeviceGetUtilizationRates``); GPUs that cannot be asked (MIG mode: per MIG
-        device there is no figure) are left out."""
-        return self._per_gpu(lambda handle: self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-
-    def _per_gpu(self, read: Callable[[Any], Any]) -> dict[str, int]:
-        """GPU UUID -> ``read(handle)`` as a number, for every GPU that answers."""
+    def gpu_usage(self) -> dict[str, tuple[int | None, int | None]]:
+        """GPU UUID -> (bytes of memory in use, ``nvmlDeviceGetMemoryInfo``; percent of the
+        last sample period a kernel ran, ``nvmlDeviceGetUtilizationRates``), in one pass over
+        the GPUs; None where a GPU cannot say (in MIG mode there is no utilisation)."""
         nvml = self.nvml
-        found: dict[str, int] = {}
+
+        def number(read: Callable[[], Any]) -> int | None:
+            try:
+                return int(read())
+            except (nvml.NVMLError, AttributeError, TypeError, ValueError):
+                return None
+
+        usage: dict[str, tuple[int | None, int | None]] = {}
         for index in range(self.device_count()):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
                 uuid = text_of(nvml.nvmlDeviceGetUUID(handle))
-                found[uuid] = int(read(handle))
-            except (nvml.NVMLError, AttributeError, TypeError, ValueError):
+            except nvml.NVMLError:
                 continue
-        return found
+            usage[uuid] = (
+                number(lambda h=handle: nvml.nvmlDeviceGetMemoryInfo(h).used),
+                number(lambda h=handle: nvml.nvmlDeviceGetUtilizationRates(h).gpu),
+            )
+        return usage
 
     def health_faults(self) -> list[tuple[str | None, int, str, str]]:
         """(UUID, NVML index, kind, detail) of every fault NVML reports now (see

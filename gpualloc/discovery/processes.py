@@ -94,12 +94,12 @@ def _from_nvml(topology: Topology, session: NvmlSession | None) -> ProcessReport
             return _from_nvml(topology, opened)
     processes = match_processes(topology, session.compute_processes())
     by_uuid = {gpu.uuid: gpu.index for gpu in topology.gpus if gpu.uuid}
-    memory = {
-        by_uuid[uuid]: used for uuid, used in session.memory_used().items() if uuid in by_uuid
-    }
-    busy = {
-        by_uuid[uuid]: percent for uuid, percent in session.utilization().items() if uuid in by_uuid
-    }
+    memory, busy = {}, {}
+    for uuid, (used, percent) in session.gpu_usage().items():
+        if uuid in by_uuid and used is not None:
+            memory[by_uuid[uuid]] = used
+        if uuid in by_uuid and percent is not None:
+            busy[by_uuid[uuid]] = percent
     return ProcessReport(processes, source="nvml", memory_used=memory, utilization=busy)
 
 

@@ -427,7 +427,10 @@ class HostLedger(Struct):
             reaped = list(txn.reaped)
             dropped = list(txn.reaped_waiters)
             if idle is not None:
-                expiries = self._look_for_idle(txn, idle)
+                from gpualloc.ledger.idle import record_look
+
+                now = datetime.now(timezone.utc)
+                expiries = record_look(txn, self.processes.utilization, idle, now)
             named = {lease.id for lease in txn.ledger.leases}
         removed = []
         for path in store.directory.lease_locks():
@@ -437,25 +440,6 @@ class HostLedger(Struct):
             if _remove_file(path):
                 removed.append(path.name)
         return GarbageReport(reaped, dropped, removed, txn.notes, expiries)
-
-    def _look_for_idle(self, txn: LedgerTransaction, policy: IdlePolicy) -> list[Expiry]:
-        from gpualloc.ledger.idle import judge, lease_busy, observe
-
-        now = datetime.now(timezone.utc)
-        expiries = []
-        for lease in list(txn.ledger.leases):
-            busy = lease_busy(lease, self.processes.utilization, policy.busy_percent)
-            if busy is None:
-                continue  # nothing seen of its GPUs now: no news, and never an expiry
-            activity, expiry = judge(lease, observe(lease, busy, now, policy), now, policy)
-            if expiry is not None:
-                expiries.append(expiry)
-                if expiry.event == "expired":
-                    txn.remove(lease.id)
-                    continue
-            if activity != lease.activity:
-                txn.replace(replace(lease, activity=activity))
-        return expiries
 
 
 class ReleaseResult(Struct):

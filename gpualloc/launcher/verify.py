@@ -3,7 +3,7 @@ the GPUs its lease holds.
 
 A *verifier* (a detached process of the job's user, see :mod:`gpualloc.launcher.watcher`)
 looks at the GPUs' running-process lists every :data:`POLL_S` seconds for the grace period
-(``verify.grace``, default :data:`DEFAULT_GRACE_S`; a job starts CUDA only after its imports
+(``verify.grace`` of the configuration, default 60 s; a job starts CUDA only after its imports
 and data loading, and data-parallel jobs start their workers later still). When a process of
 the job (see :mod:`gpualloc.ledger.attribution`) shows up on a GPU the lease does not hold, or
 a process of nobody's job on one it holds, it says so on the job's standard error; with
@@ -30,7 +30,6 @@ from gpualloc.ledger.attribution import Attribution, attribute
 from gpualloc.ledger.schema import Lease
 from gpualloc.model.topology import GpuProcess
 
-DEFAULT_GRACE_S = 60.0
 POLL_S = 2.0
 KILL_GRACE_S = 10.0
 VerifyAction = Literal["warn", "kill"]
@@ -38,7 +37,7 @@ Verdict = Literal["verified", "unseen", "misplaced", "ended"]
 
 
 class VerifyTerms(Struct, frozen=True):
-    grace_s: float = DEFAULT_GRACE_S
+    grace_s: float
     action: VerifyAction = "warn"
     poll_s: float = POLL_S
 

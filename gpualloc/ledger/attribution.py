@@ -54,10 +54,6 @@ class Attribution(Struct, frozen=True):
     def intruders_on(self, gpu: int) -> list[GpuProcess]:
         return [i.process for i in self.intruders if i.process.gpu == gpu]
 
-    @property
-    def clean(self) -> bool:
-        return not self.misplaced and not self.intruders
-
     def lines(self) -> list[str]:
         """One sentence per mismatch, as ``status``, ``doctor`` and ``run`` say them."""
         return [describe_misplaced(m) for m in self.misplaced] + [
@@ -113,12 +109,13 @@ def attribute(
     for lease in leases:
         for gpu in lease_gpus(lease):
             on_gpu.setdefault(gpu, []).append(lease)
+    by_pid = {lease.pid: lease for lease in leases if lease.pid is not None}
     owners: dict[int, Lease] = {}
     misplaced: list[Misplaced] = []
     intruders: list[Intruder] = []
     for process in processes:
         holders = on_gpu.get(process.gpu, [])
-        owner = _owner(process, leases, holders, lineage[process.pid])
+        owner = _owner(process, leases, by_pid, holders, lineage[process.pid])
         if owner is not None:
             owners[process.pid] = owner
             if process.gpu not in lease_gpus(owner):
@@ -129,14 +126,17 @@ def attribute(
 
 
 def _owner(
-    process: GpuProcess, leases: list[Lease], holders: list[Lease], family: tuple[int, ...]
+    process: GpuProcess,
+    leases: list[Lease],
+    by_pid: dict[int, Lease],
+    holders: list[Lease],
+    family: tuple[int, ...],
 ) -> Lease | None:
     """The lease whose job ``process`` is: the lease of its nearest ancestor (itself included;
     a ``gpualloc run`` in the shell of an ``alloc`` is its own lease's), else of its process
     group, else a ``--hold`` lease of the process's user on the GPU it runs on. A process whose
     nearest lease does not hold its GPU belongs to a lease that does when that lease is also
     its ancestor's or its user's hold (a shell with two leases uses both)."""
-    by_pid = {lease.pid: lease for lease in leases if lease.pid is not None}
     nearest = next((by_pid[pid] for pid in family[1:] if pid in by_pid), None)
     if nearest is None:
         nearest = next(

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from msgspec import Struct
 from msgspec.structs import replace
 
-from gpualloc.ledger.schema import Lease, LeaseActivity
+if TYPE_CHECKING:  # the configuration imports this module's defaults: keep it light to load
+    from gpualloc.ledger.schema import Lease, LeaseActivity
+    from gpualloc.ledger.store import LedgerTransaction
 
 DEFAULT_BUSY_PERCENT = 5
 DEFAULT_MAX_GAP_S = 15 * 60.0
@@ -61,6 +63,8 @@ def observe(
 ) -> LeaseActivity | None:
     """The lease's activity after a look at ``now`` that found it ``busy`` (None: could not
     tell, so nothing changes)."""
+    from gpualloc.ledger.schema import LeaseActivity
+
     previous = lease.activity
     if busy is None:
         return previous
@@ -131,6 +135,28 @@ def judge(
     expires = max(now + notice, activity.idle_since + limit)
     noticed = replace(activity, expires_at=expires)
     return noticed, Expiry(replace(lease, activity=noticed), "notice", idle)
+
+
+def record_look(
+    txn: LedgerTransaction, utilization: Mapping[int, int], policy: IdlePolicy, now: datetime
+) -> list[Expiry]:
+    """Record a look at ``now`` in every lease of ``txn`` (``gc``): extend or end its idle
+    stretch, give notice, release a ``--hold`` whose notice ran out; the notices and expiries.
+    A lease with no utilisation figure is left as it was: no news, and never an expiry."""
+    expiries = []
+    for lease in list(txn.ledger.leases):
+        busy = lease_busy(lease, utilization, policy.busy_percent)
+        if busy is None:
+            continue
+        activity, expiry = judge(lease, observe(lease, busy, now, policy), now, policy)
+        if expiry is not None:
+            expiries.append(expiry)
+            if expiry.event == "expired":
+                txn.remove(lease.id)
+                continue
+        if activity != lease.activity:
+            txn.replace(replace(lease, activity=activity))
+    return expiries
 
 
 def notify_environment(expiry: Expiry) -> dict[str, str]:
