@@ -51,6 +51,9 @@ EXPECTED = {
     "ibm-ac922_4gpu_power9_topo.txt": (
         4, 10, {(0, 1): "NV3", (2, 3): "NV3", (0, 2): "SYS"}, "0-63", 0,
     ),
+    "ibm-ac922_6gpu_power9_glued-nic-header_HANDMADE_topo.txt": (
+        6, 10, {(0, 2): "NV2", (3, 5): "NV2", (2, 3): "SYS"}, "0-87", 0,
+    ),
 }  # fmt: skip
 
 
@@ -101,6 +104,30 @@ def test_vm_numa_range_leaves_no_single_node() -> None:
 def test_power9_numa_ids_are_kept() -> None:
     topology = topology_from_smi_texts(recorded("ibm-ac922_4gpu_power9_topo.txt"))
     assert [g.numa_node for g in topology.gpus] == [0, 0, 8, 8]
+
+
+GLUED = "ibm-ac922_6gpu_power9_glued-nic-header_HANDMADE_topo.txt"
+
+
+@pytest.mark.parametrize("separator", ["\t", "  "])
+def test_header_names_run_together_are_split_by_the_row_labels(separator: str) -> None:
+    """Issue 29, point 7: 'mlx5_2mlx5_3' in the header (a name that fills its column), with
+    tabs as recorded and with spaces as a terminal copy has them."""
+    text = recorded(GLUED).replace("\t", separator)
+    matrix = parse_topo_matrix(text, source=GLUED)
+    assert matrix.devices[6:] == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
+    assert matrix.cell("mlx5_2", "mlx5_3") == "PIX"
+    assert matrix.rows[3].affinity == {"CPU Affinity": "88-175", "NUMA Affinity": "8"}
+    assert any("mlx5_2mlx5_3 -> mlx5_2 mlx5_3" in note for note in matrix.notes)
+    topology = topology_from_smi_texts(text, origin=GLUED)
+    assert [g.numa_node for g in topology.gpus] == [0, 0, 0, 8, 8, 8]
+
+
+def test_glued_header_with_rows_that_do_not_match_is_still_an_error() -> None:
+    """The split is taken only when it turns the header into the rows' labels exactly."""
+    text = recorded(GLUED).replace("\nmlx5_3\t", "\nmlx5_9\t")
+    with pytest.raises(TopologyParseError):
+        parse_topo_matrix(text, source=GLUED)
 
 
 def test_nics_are_not_gpus_and_nic_legend_is_read() -> None:

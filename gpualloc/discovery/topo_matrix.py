@@ -6,7 +6,8 @@ Real outputs differ in many ways (see tests/fixtures/topologies): raw ANSI under
 header (or the same codes pasted as literal ``^[[4m``), tabs or spaces or broken alignment, NIC
 columns named ``NIC<n>`` with a NIC legend or ``mlx5_<n>`` without one, ``CPU Affinity`` /
 ``NUMA Affinity`` / ``GPU NUMA ID`` columns with ranges, lists, empty and ``N/A`` values, the old
-``SOC`` class, 1 to 16 GPUs, and prompt lines or truncation around the table. So the parser splits
+``SOC`` class, 1 to 16 GPUs, prompt lines or truncation around the table, and a header in which two
+device names run together because one fills its column (``mlx5_2mlx5_3``). So the parser splits
 cells on tabs when the line has them and on whitespace otherwise, never on column offsets, and
 cross-checks what it reads: the row labels must repeat the header's in order, every matrix cell
 must be a known class, the diagonal must be ``X`` and the matrix symmetric. Anything else is a
@@ -88,9 +89,15 @@ def parse_topo_matrix(
     lines = strip_ansi(text).replace("\r\n", "\n").split("\n")
     header_index = _find_header(lines, source)
     devices, affinity_columns = _parse_header(lines[header_index], header_index + 1, source)
+    devices, unglued = _unglue(devices, _row_labels(lines[header_index + 1 :]))
     matrix = TopoMatrix(
         devices=devices, affinity_columns=affinity_columns, rows=[], header_line=header_index + 1
     )
+    if unglued:
+        matrix.notes.append(
+            "header names run together, split by the row labels: "
+            + ", ".join(f"{glued} -> {' '.join(parts)}" for glued, parts in unglued)
+        )
     index = header_index + 1
     while index < len(lines) and len(matrix.rows) < len(devices):
         if not lines[index].strip():
@@ -158,6 +165,51 @@ def _parse_header(line: str, line_number: int, source: str | None) -> tuple[list
             "GPU columns must come before NIC columns", line_number=line_number, source=source
         )
     return devices, [m.group(0) for m in affinity]
+
+
+def _row_labels(lines: list[str]) -> list[str]:
+    """The first token of each line of the matrix after the header (blank lines skipped, up to
+    the legend): the devices in the order the rows name them."""
+    labels = []
+    for line in lines:
+        tokens = line.split()
+        if not tokens:
+            continue
+        if tokens[0] == "Legend:" or not _DEVICE_LABEL.match(tokens[0]):
+            break
+        labels.append(tokens[0])
+    return labels
+
+
+def _unglue(
+    devices: list[str], row_labels: list[str]
+) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """``devices`` with each header name that is several row labels run together split into
+    them (nvidia-smi pads names to a column width and prints no separator after a name that
+    fills it: ``mlx5_2mlx5_3``), and what was split. Only a split that turns the header into
+    exactly the rows' labels is taken; anything else is left for the row checks to report."""
+    if devices == row_labels or not row_labels:
+        return devices, []
+    split: list[str] = []
+    unglued: list[tuple[str, list[str]]] = []
+    position = 0
+    for name in devices:
+        parts: list[str] = []
+        joined = ""
+        while position < len(row_labels) and name.startswith(joined + row_labels[position]):
+            joined += row_labels[position]
+            parts.append(row_labels[position])
+            position += 1
+            if joined == name:
+                break
+        if joined != name:
+            return devices, []
+        split += parts
+        if len(parts) > 1:
+            unglued.append((name, parts))
+    if split != row_labels[: len(split)] or not unglued:
+        return devices, []
+    return split, unglued
 
 
 def _split_row(line: str) -> tuple[str, list[str], bool]:
