@@ -70,9 +70,10 @@ def _library_client(args: tuple[str, str, int]) -> list[float]:
     """``cycles`` alloc+release cycles through the library; the latency of each alloc (ms)."""
     topology_name, state, cycles = args
     os.environ["GPUALLOC_STATE_DIR"] = state
-    from gpualloc.launcher.allocate import HostLedger, LeaseTerms, Want
+    from gpualloc.launcher.allocate import HostLedger, LeaseTerms
     from gpualloc.model.request import JobRequest
     from gpualloc.placement.patterns import build_pattern
+    from gpualloc.placement.want import Want
     from gpualloc.topologies import load_bundled
 
     host = HostLedger.open(load_bundled(topology_name))

@@ -29,10 +29,10 @@ from msgspec import Struct, field
 
 if TYPE_CHECKING:
     from gpualloc.config import Config
-    from gpualloc.launcher.allocate import Want
     from gpualloc.ledger.schema import Lease
     from gpualloc.model.request import Placement
     from gpualloc.model.topology import Topology
+    from gpualloc.placement.want import Want
 
 
 def load_topology(name_or_path: str | None = None) -> Topology:
@@ -44,9 +44,9 @@ def load_topology(name_or_path: str | None = None) -> Topology:
 
 
 def _load_topology(name_or_path: str | None, config: Config) -> Topology:
-    from gpualloc.discovery.resolve import resolve_topology
+    from gpualloc.discovery.resolve import configured_bandwidth_table, resolve_topology
 
-    return resolve_topology(name_or_path, table=config.bandwidth_table())
+    return resolve_topology(name_or_path, table=configured_bandwidth_table(config))
 
 
 def _want(
@@ -59,13 +59,12 @@ def _want(
     require: Iterable[int],
     config: Config,
 ) -> Want:
-    from gpualloc.launcher.allocate import Want
     from gpualloc.model.request import JobRequest
     from gpualloc.placement.patterns import build_pattern
-    from gpualloc.placement.registry import get_policy
+    from gpualloc.placement.registry import configured_policy
+    from gpualloc.placement.want import Want
 
-    policy = policy or config.value("policy")
-    get_policy(policy)  # an unknown name fails here, with the list of known ones
+    policy = configured_policy(config, policy)  # an unknown name fails here, listing the known
     request = JobRequest(
         gpus=gpus,
         pattern=build_pattern(pattern, gpus),
@@ -137,7 +136,8 @@ def hold(
     from gpualloc.config import Config
     from gpualloc.launcher.allocate import HostLedger, LeaseTerms
     from gpualloc.launcher.environment import gpu_variables
-    from gpualloc.launcher.wait import WaitOptions, wait_and_allocate
+    from gpualloc.launcher.queue import WaitOptions
+    from gpualloc.launcher.wait import wait_and_allocate
     from gpualloc.slurm.job import slurm_job
 
     config = Config.load()  # read once: the topology, the policy, the state directory, the queue

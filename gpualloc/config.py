@@ -31,26 +31,36 @@ user could lift for themselves would bind nobody.
 An unknown key or a bad value is an error naming the file and the key (exit 15), never silently
 ignored: a typo in a system file would otherwise change nothing and nobody would know why.
 Reading is cheap (no pydantic): completion and ``--help`` may load this module.
+
+A leaf: it imports nothing of gpualloc but :mod:`gpualloc.errors` and :mod:`gpualloc.durations`
+(issue 29, point 3). The defaults live here; what a value means is checked where it is used (a
+policy name by :func:`gpualloc.placement.registry.configured_policy`, the ``[idle]`` table by
+:meth:`gpualloc.ledger.idle.IdlePolicy.from_config`, a bandwidth table by
+:func:`gpualloc.model.bandwidth.configured_table`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from msgspec import Struct
 
+from gpualloc.durations import parse_duration_text
 from gpualloc.errors import ConfigError
-from gpualloc.ledger.idle import DEFAULT_BUSY_PERCENT, DEFAULT_MAX_GAP_S, DEFAULT_NOTICE_S
-from gpualloc.ledger.statedir import DEFAULT_STATE_DIR
-from gpualloc.model.share import DEFAULT_MAX_SHARED_JOBS
 
-if TYPE_CHECKING:
-    from gpualloc.ledger.idle import IdlePolicy
-    from gpualloc.model.bandwidth import BandwidthTable
+DEFAULT_POLICY = "mapa"
+DEFAULT_STATE_DIR = Path("/var/tmp/gpualloc")
+DEFAULT_MAX_SHARED_JOBS = 4
+"""Shared jobs (``run --share``) one GPU runs at once, unless ``share.max_jobs`` says."""
+DEFAULT_BUSY_PERCENT = 5
+"""Utilisation (%) from which a GPU counts as used: CUDA contexts alone show 0-1 %."""
+DEFAULT_MAX_GAP_S = 15 * 60.0
+DEFAULT_NOTICE_S = 30 * 60.0
 
 SYSTEM_FILE = Path("/etc/gpualloc/config.toml")
 SYSTEM_FILE_VARIABLE = "GPUALLOC_SYSTEM_CONFIG"
@@ -106,12 +116,8 @@ def _duration_or_none(value: Any) -> float | None:
         return None
     if isinstance(value, bool):
         raise ValueError('must be a duration such as "2h", "90m" or 3600 (seconds), or "none"')
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    else:
-        from gpualloc.durations import parse_duration_text
-
-        seconds = parse_duration_text(str(value))
+    number = isinstance(value, (int, float))
+    seconds = float(value) if number else parse_duration_text(str(value))
     if seconds <= 0:
         raise ValueError('must be a positive duration, or "none"')
     return seconds
@@ -144,10 +150,11 @@ def _command_or_none(value: Any) -> str | None:
     return value.strip() or None
 
 
-def _policy(value: Any) -> str:
-    from gpualloc.placement.registry import policy_names
-
-    return _choice(*policy_names())(value)
+def _name(value: Any) -> str:
+    """A policy's name; which names exist, the placement registry checks where it is used."""
+    if not isinstance(value, str) or not re.fullmatch(r"[a-z][a-z0-9-]*", value.strip()):
+        raise ValueError("must be a policy name such as mapa, drb or pack")
+    return value.strip()
 
 
 def _path_or_table(value: Any) -> Path | dict[str, Any]:
@@ -169,7 +176,7 @@ class Setting(Struct, frozen=True):
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("policy", "GPUALLOC_POLICY", "mapa", _policy, "placement policy", "--policy"),
+    Setting("policy", "GPUALLOC_POLICY", DEFAULT_POLICY, _name, "placement policy", "--policy"),
     Setting(
         "numa", "GPUALLOC_NUMA", "auto", _choice("auto", "bind", "none"),
         "NUMA binding of 'run'", "--numa",
@@ -326,30 +333,6 @@ class Config(Struct, frozen=True):
             if path == system and key in table:
                 return table[key]
         return BY_KEY[key].default
-
-    def idle_policy(self) -> IdlePolicy:
-        """The ``[idle]`` table of the system file (issue 21, point 3)."""
-        from gpualloc.ledger.idle import IdlePolicy
-
-        return IdlePolicy(
-            busy_percent=self.system_value("idle.busy_percent"),
-            max_gap_s=self.system_value("idle.max_gap"),
-            expire_holds_s=self.system_value("idle.expire_holds"),
-            notice_s=self.system_value("idle.notice"),
-            notify=self.system_value("idle.notify"),
-        )
-
-    def bandwidth_table(self, flag: Path | None = None) -> BandwidthTable | None:
-        """The link bandwidth overrides in effect (a JSON file, or a ``[bandwidth_table]``
-        table of a config file), or None for the built-in table."""
-        from gpualloc.model.bandwidth import bandwidth_table_from, load_bandwidth_table
-
-        resolved = self.resolve("bandwidth_table", flag)
-        if resolved.value is None:
-            return None
-        if isinstance(resolved.value, dict):
-            return bandwidth_table_from(resolved.value, f"{resolved.source}: [bandwidth_table]")
-        return load_bandwidth_table(resolved.value)
 
     def considered(self) -> list[tuple[Path, bool]]:
         """The files looked at, highest precedence first, and whether each exists."""

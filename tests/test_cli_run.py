@@ -165,6 +165,7 @@ def test_explicit_gpus_and_usage_errors() -> None:
     assert gpualloc("run", "-n", "9", "--", "true").returncode == 9  # never fits 8 GPUs
 
 
+@pytest.mark.slow
 def test_64_concurrent_runs_on_8_gpus_never_share_one() -> None:
     """The race every small GPU picker loses: 64 jobs start at once. Exactly 8 win, each on its
     own GPU; the 56 others get the busy code; nothing is lost from the ledger."""

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.test_cli_run import TIMEOUT_S, gpualloc, gpualloc_argv, status
 
 
@@ -168,6 +170,7 @@ def _ledger_file() -> str:
     return status()["ledger"]
 
 
+@pytest.mark.slow
 def test_32_waiters_on_8_gpus_all_run_and_never_share_a_gpu(tmp_path: Path) -> None:
     log = tmp_path / "log.txt"
     job = (

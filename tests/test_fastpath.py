@@ -239,16 +239,22 @@ TOKENS = [
 ]  # fmt: skip
 
 
-@settings(
-    max_examples=300,
-    deadline=None,
+LINES = st.sampled_from(["run", "alloc", "release", "-t"]).flatmap(
+    lambda first: st.lists(st.sampled_from(TOKENS), max_size=7).map(lambda rest: [first, *rest])
 )
-@given(
-    args=st.sampled_from(["run", "alloc", "release", "-t"]).flatmap(
-        lambda first: st.lists(st.sampled_from(TOKENS), max_size=7).map(lambda rest: [first, *rest])
-    )
-)
+
+
+@settings(max_examples=40, deadline=None)
+@given(args=LINES)
 def test_generated_lines_agree_or_go_to_typer(args: list[str]) -> None:
+    _same_through_both(args)
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None)
+@given(args=LINES)
+def test_many_generated_lines_agree_or_go_to_typer(args: list[str]) -> None:
+    """The fast loop tries 40 lines (issue 29, point 6); the whole suite tries 300 more."""
     _same_through_both(args)
 
 

@@ -236,7 +236,7 @@ def test_nvml_gives_utilisation_with_memory_and_skips_what_a_gpu_cannot_say(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from gpualloc.discovery import nvml as nvml_source
-    from gpualloc.discovery.processes import live_processes
+    from gpualloc.discovery.live import live_processes
     from tests.fake_nvml import FakeNvml
 
     topology = load_bundled("dgx1-v100")

@@ -17,7 +17,6 @@ from gpualloc.errors import (
     NoFeasiblePlacement,
     RequestError,
 )
-from gpualloc.launcher.allocate import Want, choose
 from gpualloc.launcher.binding import Binding, HostNuma, NumaMode, plan_binding
 from gpualloc.launcher.command import job_argv, resolve_program
 from gpualloc.launcher.environment import gpu_variables, job_environment, shell_exports
@@ -26,8 +25,10 @@ from gpualloc.ledger.schema import Lease, LeasedGpu, Ledger
 from gpualloc.ledger.scope import ledger_scope
 from gpualloc.model import Gpu, GpuProcess, Health
 from gpualloc.model.request import JobRequest
+from gpualloc.placement.choose import choose
 from gpualloc.placement.engine import plan
 from gpualloc.placement.patterns import build_pattern
+from gpualloc.placement.want import Want
 from gpualloc.topologies import load_bundled
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from gpualloc.errors import ExitCode
-from gpualloc.launcher.allocate import Want
 from gpualloc.ledger.schema import Lease, LeasedMig, Ledger
 from gpualloc.model.mig import MigRequest, parse_mig_profile
 from gpualloc.model.validation import ValidationError, from_builtins
+from gpualloc.placement.want import Want
 from gpualloc.topologies import load_bundled
 from tests.conftest import recorded
 from tests.test_cli_run import gpualloc
@@ -261,7 +261,7 @@ def test_nvml_names_the_mig_device_a_foreign_process_runs_on(monkeypatch: pytest
     """NVML lists a MIG device's processes on the parent GPU with their GPU and compute
     instance ids: GI 1 / CI 0 of GPU 1 is GPU1/MIG0 in dgx-a100-mig."""
     from gpualloc.discovery import nvml as nvml_source
-    from gpualloc.discovery.processes import live_processes
+    from gpualloc.discovery.live import live_processes
     from gpualloc.ledger.occupancy import Occupancy
     from tests.fake_nvml import FakeNvml
 

@@ -12,8 +12,9 @@ from msgspec.structs import replace
 from gpualloc.discovery import numa as numa_source
 from gpualloc.discovery import nvml as nvml_source
 from gpualloc.discovery import resolve
+from gpualloc.discovery.live import live_processes
 from gpualloc.discovery.nvml import NvmlSession, normalise_bus_id
-from gpualloc.discovery.processes import live_processes, parse_compute_apps_csv
+from gpualloc.discovery.processes import parse_compute_apps_csv
 from gpualloc.errors import DiscoveryUnavailable, NoGpuFound
 from gpualloc.model import Health, PciePath, Topology
 from gpualloc.topologies import load_bundled

@@ -7,13 +7,13 @@ from datetime import datetime, timezone
 import pytest
 from msgspec.structs import replace
 
-from gpualloc.launcher.allocate import Want
 from gpualloc.launcher.queue import Attempt, take_turn, turn_order
 from gpualloc.ledger.schema import SCHEMA_VERSION, Ledger, QueuedRequest, Waiter
 from gpualloc.ledger.store import LedgerTransaction, parse_ledger
 from gpualloc.model.request import Placement, Scores
 from gpualloc.placement.scores import EffectiveModel
 from gpualloc.placement.utility import UtilityWeights
+from gpualloc.placement.want import Want
 
 PLACEMENT = Placement("mapa", (0,), Scores(None, None, 0.0, None, 1.0), "test")
 

@@ -301,7 +301,7 @@ def test_on_a_live_host_nvml_memory_decides(monkeypatch: pytest.MonkeyPatch) -> 
     4 GiB goes neither to GPU 3 (2 GiB free) nor to GPU 2 (nobody shared it); GPU 6 counts
     only what is declared (32 GiB free)."""
     from gpualloc.discovery import nvml as nvml_source
-    from gpualloc.discovery.processes import live_processes
+    from gpualloc.discovery.live import live_processes
     from tests.fake_nvml import FakeNvml
 
     topology = load_bundled("dgx1-v100")

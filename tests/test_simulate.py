@@ -342,6 +342,7 @@ def test_plot_without_matplotlib_says_how_to_get_it(cli, tmp_path, monkeypatch) 
     assert "pip install 'gpualloc[plot]'" in result.stderr
 
 
+@pytest.mark.slow
 def test_the_evaluation_script_regenerates_its_document(tmp_path: Path) -> None:
     """benchmarks/evaluate.py end to end on a small workload (the full one is not CI's job)."""
     import subprocess

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpualloc.discovery import nvml as nvml_source
-from gpualloc.discovery.processes import live_processes
+from gpualloc.discovery.live import live_processes
 from gpualloc.launcher.verify import VerifyTerms, verify
 from gpualloc.ledger.attribution import attribute, process_lineage
 from gpualloc.ledger.schema import Lease, LeasedGpu

@@ -40,8 +40,10 @@ def show_command(
     """
     from gpualloc.cli.output import Table, print_json, print_tables
     from gpualloc.config import SETTINGS
+    from gpualloc.placement.registry import configured_policy
 
     config = STATE.config()
+    configured_policy(config)  # the one value whose meaning the configuration cannot check
     resolved = [config.resolve(setting.key) for setting in SETTINGS]
     files = config.considered()
     if as_json:

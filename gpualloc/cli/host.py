@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING
 from gpualloc.cli.state import STATE
 
 if TYPE_CHECKING:
-    from gpualloc.launcher.allocate import Allocation, HostLedger, LeaseTerms, Want
-    from gpualloc.launcher.wait import WaitOptions, WaitStatus
+    from gpualloc.launcher.allocate import Allocation, HostLedger, LeaseTerms
+    from gpualloc.launcher.queue import WaitOptions
+    from gpualloc.launcher.wait import WaitStatus
+    from gpualloc.placement.want import Want
 
 
 def open_host_ledger(

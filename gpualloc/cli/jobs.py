@@ -24,13 +24,14 @@ from gpualloc.errors import ExitCode, RequestError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from gpualloc.launcher.allocate import Allocation, HostLedger, LeaseTerms, Want
+    from gpualloc.launcher.allocate import Allocation, HostLedger, LeaseTerms
     from gpualloc.launcher.binding import Binding, NumaMode
-    from gpualloc.launcher.wait import WaitOptions
+    from gpualloc.launcher.queue import WaitOptions
     from gpualloc.ledger.schema import Lease
     from gpualloc.model.request import Placement
     from gpualloc.model.share import LeasedShare
     from gpualloc.model.topology import GpuProcess
+    from gpualloc.placement.want import Want
 
 ALLOC_FORMATS = ("ids", "env", "json")
 
@@ -225,7 +226,7 @@ def _process_lister(host: HostLedger) -> Callable[[], list[GpuProcess]] | None:
     from gpualloc.discovery.resolve import TOPOLOGY_ENV
 
     if host.this_host:
-        from gpualloc.discovery.processes import live_processes
+        from gpualloc.discovery.live import live_processes
 
         topology = host.topology
         return lambda: live_processes(topology).processes
@@ -252,10 +253,10 @@ def _dry_run(
 ) -> None:
     from gpualloc.cli.json_views import placement_json
     from gpualloc.cli.output import print_json, write_stdout
-    from gpualloc.launcher.allocate import choose
     from gpualloc.launcher.command import job_argv
     from gpualloc.launcher.environment import LEASE_ID_VARIABLE
     from gpualloc.launcher.sharing import share_mode
+    from gpualloc.placement.choose import choose
 
     txn = host.snapshot()
     warn(txn.notes)

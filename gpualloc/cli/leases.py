@@ -153,11 +153,12 @@ def gc_command(as_json: JsonOption = False) -> None:
     """
     from gpualloc.cli.json_views import lease_json
     from gpualloc.cli.output import print_json, write_stdout
+    from gpualloc.ledger.idle import IdlePolicy
     from gpualloc.ledger.occupancy import describe_lease
     from gpualloc.model.validation import to_builtins
 
     host = open_host_ledger(check_health=False)
-    policy = STATE.config().idle_policy()
+    policy = IdlePolicy.from_config(STATE.config())
     report = host.collect_garbage(policy)
     warn(report.notes)
     warn(_notify(policy.notify, report.expiries))

@@ -45,11 +45,12 @@ def scrape() -> str:
     """One reading of the ledger as metrics text."""
     from gpualloc.cli.host import open_host_ledger
     from gpualloc.cli.state import STATE
+    from gpualloc.ledger.idle import IdlePolicy
     from gpualloc.metrics import render
 
     ledger = open_host_ledger(create=False)
     txn = ledger.snapshot()
-    return render(ledger, txn, ledger.occupancy(txn.ledger), STATE.config().idle_policy())
+    return render(ledger, txn, ledger.occupancy(txn.ledger), IdlePolicy.from_config(STATE.config()))
 
 
 def _address(text: str) -> tuple[str, int]:

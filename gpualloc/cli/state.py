@@ -63,7 +63,9 @@ class GlobalState(Struct):
     def bandwidth_override(self) -> BandwidthTable | None:
         """The table of --bandwidth-table / GPUALLOC_BANDWIDTH_TABLE / config.toml, or None for
         the built-in one."""
-        return self.config().bandwidth_table(self.bandwidth_table)
+        from gpualloc.discovery.resolve import configured_bandwidth_table
+
+        return configured_bandwidth_table(self.config(), self.bandwidth_table)
 
     def load_topology(self) -> Topology:
         """The topology named by --topology / $GPUALLOC_TOPOLOGY, else this host's."""

@@ -102,9 +102,10 @@ def _idle_threshold(text: str | None) -> timedelta | None:
 def lease_uses(host: HostLedger, leases: list[Lease]) -> dict[str, LeaseUse]:
     """Lease id -> its use now (see :func:`gpualloc.ledger.idle.lease_uses`)."""
     from gpualloc.cli.state import STATE
+    from gpualloc.ledger.idle import IdlePolicy
     from gpualloc.ledger.idle import lease_uses as uses_of
 
-    policy = STATE.config().idle_policy()
+    policy = IdlePolicy.from_config(STATE.config())
     return uses_of(leases, host.processes.utilization, policy, datetime.now(timezone.utc))
 
 

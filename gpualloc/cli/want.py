@@ -13,11 +13,11 @@ from gpualloc.cli.state import STATE
 from gpualloc.errors import RequestError
 
 if TYPE_CHECKING:
-    from gpualloc.launcher.allocate import Want
-    from gpualloc.launcher.wait import WaitOptions
+    from gpualloc.launcher.queue import WaitOptions
     from gpualloc.model.mig import MigRequest
     from gpualloc.placement.scores import EffectiveModel
     from gpualloc.placement.utility import UtilityWeights
+    from gpualloc.placement.want import Want
 
 
 def parse_duration(text: str, option: str = "--timeout") -> float:
@@ -123,10 +123,10 @@ def build_want(
                 f"{clash[0]} applies to whole GPUs, not to a MIG device (--mig/--mem)",
                 hint="a CUDA process uses one MIG device; leave out " + ", ".join(clash),
             )
-    from gpualloc.launcher.allocate import Want
     from gpualloc.model.request import JobRequest
     from gpualloc.placement.patterns import build_pattern
-    from gpualloc.placement.registry import get_policy
+    from gpualloc.placement.registry import configured_policy
+    from gpualloc.placement.want import Want
 
     chosen = gpu_sequence(explicit, "--gpus") if explicit is not None else None
     if chosen is not None:
@@ -143,8 +143,7 @@ def build_want(
             )
         count = len(chosen)
     count = count or 1
-    policy = STATE.setting("policy", policy)
-    get_policy(policy)
+    policy = configured_policy(STATE.config(), policy)
     request = JobRequest(
         gpus=count,
         pattern=build_pattern(pattern, count),
@@ -216,10 +215,11 @@ def _share_want(
     sm_share: int | None,
 ) -> Want:
     """The request of ``run --share``: one GPU, shared."""
-    from gpualloc.launcher.allocate import Want
     from gpualloc.model.request import JobRequest
     from gpualloc.model.share import ShareRequest
     from gpualloc.placement.patterns import build_pattern
+    from gpualloc.placement.registry import configured_policy
+    from gpualloc.placement.want import Want
 
     chosen = gpu_sequence(explicit, "--gpus") if explicit is not None else ()
     clash = _whole_gpu_options(count, len(chosen) > 1, exclude, require, min_utility, min_bandwidth)
@@ -236,7 +236,7 @@ def _share_want(
     )
     return Want(
         request=JobRequest(gpus=1, pattern=build_pattern("ring", 1), sensitive=False),
-        policy=STATE.setting("policy", None),
+        policy=configured_policy(STATE.config()),
         share=request,
     )
 
@@ -288,7 +288,7 @@ def wait_options(
     *, wait: bool, timeout: str | None, priority: str | None, max_bypass: int | None
 ) -> WaitOptions | None:
     """The queue options, or None without --wait (usage errors for options that need it)."""
-    from gpualloc.launcher.wait import WaitOptions
+    from gpualloc.launcher.queue import WaitOptions
 
     if priority is not None and priority not in ("high", "normal", "low"):
         raise RequestError(f"unknown --priority {priority!r}", hint="choose high, normal or low")

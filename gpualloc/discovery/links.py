@@ -159,7 +159,7 @@ def links_from_nvml(
 
 def _handles(session: NvmlSession, topology: Topology) -> dict[int, Any]:
     """Topology GPU index -> NVML handle (matched by UUID, else by index)."""
-    from gpualloc.discovery.nvml import text_of
+    from gpualloc.discovery.text import text_of
 
     nvml = session.nvml
     by_uuid: dict[str, Any] = {}

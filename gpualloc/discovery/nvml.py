@@ -30,6 +30,7 @@ from msgspec.structs import replace
 from gpualloc import boot
 from gpualloc.discovery.assemble import PairFacts, assemble_topology
 from gpualloc.discovery.processes import RunningProcess
+from gpualloc.discovery.text import text_of
 from gpualloc.errors import DiscoveryError, DiscoveryUnavailable, NoGpuFound
 from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
 from gpualloc.model.paths import NVML_TOPOLOGY_LEVELS
@@ -475,13 +476,6 @@ class NvmlSession:
         except self.nvml.NVMLError:
             return None
         return f"{version // 1000}.{version % 1000 // 10}"
-
-
-def text_of(value: str | bytes | None) -> str | None:
-    """NVML strings are bytes in older nvidia-ml-py releases, str in newer ones."""
-    if value is None:
-        return None
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _cpus_from_mask(words: Any) -> list[int]:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
-from gpualloc.discovery.nvml import text_of
+from gpualloc.discovery.text import text_of
 from gpualloc.model.mig import MigInstance, parse_mig_profile
 
 T = TypeVar("T")

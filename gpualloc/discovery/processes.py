@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 from msgspec import Struct, field
 
-from gpualloc.errors import DiscoveryError
 from gpualloc.model.topology import GpuProcess, Topology
 
 if TYPE_CHECKING:
@@ -68,30 +67,9 @@ def declared_processes(topology: Topology) -> ProcessReport:
     )
 
 
-def live_processes(topology: Topology, session: NvmlSession | None = None) -> ProcessReport:
-    """This host's compute processes: NVML (in ``session`` when one is open), else nvidia-smi,
-    else a note saying that none could be seen (foreign use then goes undetected, and the caller
-    says so)."""
-    problems: list[str] = []
-    for probe in (lambda: _from_nvml(topology, session), lambda: _from_nvidia_smi(topology)):
-        try:
-            return probe()
-        except DiscoveryError as problem:  # DiscoveryUnavailable included
-            problems.append(str(problem))
-    return ProcessReport(
-        notes=[
-            f"cannot list GPU processes ({'; '.join(problems)}): GPUs used outside gpualloc "
-            "are not detected"
-        ]
-    )
-
-
-def _from_nvml(topology: Topology, session: NvmlSession | None) -> ProcessReport:
-    if session is None:
-        from gpualloc.discovery.nvml import NvmlSession
-
-        with NvmlSession() as opened:
-            return _from_nvml(topology, opened)
+def from_nvml(topology: Topology, session: NvmlSession) -> ProcessReport:
+    """The processes, memory in use and utilisation NVML reports in ``session`` (the caller
+    opens it: :mod:`.live` asks NVML once per command for all of it)."""
     processes = match_processes(topology, session.compute_processes())
     by_uuid = {gpu.uuid: gpu.index for gpu in topology.gpus if gpu.uuid}
     memory, busy = {}, {}
@@ -103,7 +81,8 @@ def _from_nvml(topology: Topology, session: NvmlSession | None) -> ProcessReport
     return ProcessReport(processes, source="nvml", memory_used=memory, utilization=busy)
 
 
-def _from_nvidia_smi(topology: Topology) -> ProcessReport:
+def from_nvidia_smi(topology: Topology) -> ProcessReport:
+    """The processes ``nvidia-smi --query-compute-apps`` lists (no memory or utilisation)."""
     from gpualloc.discovery.smi import run_nvidia_smi
 
     text = run_nvidia_smi(

@@ -16,6 +16,7 @@ from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
 from gpualloc.model.topology import Topology
 
 if TYPE_CHECKING:
+    from gpualloc.config import Config
     from gpualloc.discovery.cache import CacheKey
     from gpualloc.discovery.nvml import NvmlSession
     from gpualloc.discovery.smi import QueriedGpu
@@ -35,6 +36,19 @@ def resolve_topology(
     if spec:
         return load_named_topology(spec, table=table)
     return discover_host(refresh=refresh, table=table or DEFAULT_BANDWIDTH_TABLE)
+
+
+def configured_bandwidth_table(config: Config, flag: Path | None = None) -> BandwidthTable | None:
+    """The link bandwidth overrides in effect (``--bandwidth-table``, else a JSON file or a
+    ``[bandwidth_table]`` table of a config file), or None for the built-in table."""
+    from gpualloc.model.bandwidth import bandwidth_table_from, load_bandwidth_table
+
+    resolved = config.resolve("bandwidth_table", flag)
+    if resolved.value is None:
+        return None
+    if isinstance(resolved.value, dict):
+        return bandwidth_table_from(resolved.value, f"{resolved.source}: [bandwidth_table]")
+    return load_bandwidth_table(resolved.value)
 
 
 def load_named_topology(spec: str, *, table: BandwidthTable | None = None) -> Topology:

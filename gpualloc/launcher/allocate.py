@@ -13,7 +13,6 @@ ledger lock meanwhile would serialise every user of the host on the driver).
 from __future__ import annotations
 
 import os
-import pwd
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -26,18 +25,19 @@ from msgspec.structs import replace
 
 from gpualloc import boot
 from gpualloc.boot import boot_id
-from gpualloc.discovery.live import GpusNow, observe
-from gpualloc.discovery.processes import ProcessReport, declared_processes, live_processes
+from gpualloc.config import DEFAULT_MAX_SHARED_JOBS
+from gpualloc.discovery.live import GpusNow, live_processes, observe
+from gpualloc.discovery.processes import ProcessReport, declared_processes
 from gpualloc.discovery.this_host import describes_this_host
 from gpualloc.errors import (
-    GpusBusy,
     LedgerError,
-    NoFeasiblePlacement,
     NoSuchLease,
     NotPermitted,
     RequestError,
 )
+from gpualloc.launcher.queue import newcomer_passes
 from gpualloc.ledger.liveness import lock_held, take_lease_lock
+from gpualloc.ledger.lookup import find_leases, user_name
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import (
     Lease,
@@ -45,95 +45,24 @@ from gpualloc.ledger.schema import (
     LeasedMig,
     LeaseSource,
     Ledger,
-    QueuedRequest,
     Waiter,
 )
-from gpualloc.ledger.scope import ledger_scope
+from gpualloc.ledger.scope import job_ledger_scope, ledger_scope
 from gpualloc.ledger.statedir import StateDirectoryMissing, open_state_directory
 from gpualloc.ledger.store import LOCK_TIMEOUT_S, LedgerStore, LedgerTransaction, new_lease_id
-from gpualloc.model.cpuset import format_cpulist
-from gpualloc.model.mig import MigRequest
-from gpualloc.model.request import HostState, JobRequest, Placement
-from gpualloc.model.share import DEFAULT_MAX_SHARED_JOBS, LeasedShare, ShareMode, ShareRequest
+from gpualloc.model.request import Placement
+from gpualloc.model.share import LeasedShare, ShareMode, ShareRequest
 from gpualloc.model.topology import GpuFault, GpuProcess, Topology
-from gpualloc.placement.registry import DEFAULT_POLICY
-from gpualloc.placement.scores import EffectiveModel
-from gpualloc.placement.utility import UtilityWeights
+from gpualloc.placement.choose import choose
+from gpualloc.placement.want import Want
 
 if TYPE_CHECKING:
     from gpualloc.ledger.idle import Expiry, IdlePolicy
-    from gpualloc.placement.context import DecisionContext
     from gpualloc.slurm.job import SlurmJob
 
-EXPLICIT_POLICY = "explicit"
 ORPHAN_LOCK_AGE_S = 60.0
 """A lease lock file no lease names is removed only when older than this, so that the lock of a
 lease being created right now (file made, ledger not yet written) is never taken for litter."""
-
-
-class Want(Struct, frozen=True):
-    """What the caller wants: the engine's choice for ``request``, or exactly ``explicit``;
-    with ``min_utility`` / ``min_bandwidth_gbps``, only a placement at least that good
-    (postponement, DRB paper section 4.4)."""
-
-    request: JobRequest
-    policy: str = DEFAULT_POLICY
-    explicit: tuple[int, ...] | None = None
-    effective_model: EffectiveModel = EffectiveModel.AUTO
-    weights: UtilityWeights | None = None
-    min_utility: float | None = None
-    min_bandwidth_gbps: float | None = None
-    mig: MigRequest | None = None
-    """A MIG device instead of whole GPUs (``request`` then asks for one GPU)."""
-    share: ShareRequest | None = None
-    """A shared place on one GPU instead of whole GPUs (``request`` then asks for one)."""
-
-    def queued(self) -> QueuedRequest:
-        """This request as the queue stores it."""
-        weights = self.weights
-        return QueuedRequest(
-            gpus=self.request.gpus,
-            pattern=self.request.pattern.name,
-            edges=self.request.pattern.edges,
-            sensitive=self.request.sensitive,
-            required=tuple(sorted(self.request.required)),
-            excluded=tuple(sorted(self.request.excluded)),
-            explicit=self.explicit,
-            policy=self.policy,
-            score=self.effective_model.value,
-            drb_weights=(
-                (weights.communication, weights.interference, weights.fragmentation)
-                if weights
-                else None
-            ),
-            min_utility=self.min_utility,
-            min_bandwidth_gbps=self.min_bandwidth_gbps,
-            mig=self.mig,
-            share=self.share,
-        )
-
-    @classmethod
-    def from_queued(cls, queued: QueuedRequest) -> Want:
-        """The request of a waiting job, as any gpualloc process can place it."""
-        from gpualloc.model.request import CommunicationPattern
-
-        return cls(
-            request=JobRequest(
-                gpus=queued.gpus,
-                pattern=CommunicationPattern(queued.pattern, queued.gpus, queued.edges),
-                sensitive=queued.sensitive,
-                required=frozenset(queued.required),
-                excluded=frozenset(queued.excluded),
-            ),
-            policy=queued.policy,
-            explicit=queued.explicit,
-            effective_model=EffectiveModel(queued.score),
-            weights=UtilityWeights(*queued.drb_weights) if queued.drb_weights else None,
-            min_utility=queued.min_utility,
-            min_bandwidth_gbps=queued.min_bandwidth_gbps,
-            mig=queued.mig,
-            share=queued.share,
-        )
 
 
 class LeaseTerms(Struct, frozen=True):
@@ -207,8 +136,6 @@ class HostLedger(Struct):
         this_host = describes_this_host(topology)
         scope = ledger_scope(topology)
         if slurm_job is not None:
-            from gpualloc.slurm.job import job_ledger_scope
-
             scope = job_ledger_scope(scope, slurm_job.job_id)
         if this_host:
             now = observe(topology, processes=not ignore_foreign, health=check_health)
@@ -278,14 +205,12 @@ class HostLedger(Struct):
         """Choose GPUs and record the lease, in one transaction. Raises GpusBusy when the job
         would fit an idle host but not the GPUs free now (or only below its thresholds),
         NoFeasiblePlacement when it never fits."""
-        from gpualloc.launcher.wait import newcomer_passes
-
         with self.transaction() as txn:
             occupancy = self.occupancy(txn.ledger)
             started = time.perf_counter()
             placement = choose(self.topology, occupancy, want)
             decided = time.perf_counter() - started
-            txn.count_passed_over(newcomer_passes(self, txn, occupancy, want, terms))
+            txn.count_passed_over(newcomer_passes(self.topology, txn, occupancy, want, terms))
             return self.record(txn, placement, want, terms, decision_s=decided)
 
     @contextmanager
@@ -457,244 +382,7 @@ class GarbageReport(Struct):
     """Idle ``--hold`` leases given notice, or released (``idle.expire_holds``)."""
 
 
-# ---- choosing ----------------------------------------------------------------------------------
-
-
-def choose(topology: Topology, occupancy: Occupancy, want: Want) -> Placement:
-    """The placement for ``want`` on the GPUs free in ``occupancy``.
-
-    Raises :class:`GpusBusy` (naming who holds what) when the request would fit the host with
-    every usable GPU free, and :class:`NoFeasiblePlacement` when it would not fit even then.
-    """
-    from gpualloc.placement.engine import decision_context
-    from gpualloc.placement.registry import get_policy
-
-    if want.mig is not None:
-        return _mig_placement(topology, occupancy, want.mig)
-    if want.share is not None:
-        return _share_placement(topology, occupancy, want.share)
-    if want.explicit is not None:
-        return _good_enough(_explicit(topology, occupancy, want), want)
-    policy = get_policy(want.policy)
-    try:
-        ctx = _context_now(topology, occupancy, want)
-    except NoFeasiblePlacement as now:
-        usable = (
-            frozenset(range(topology.gpu_count))
-            - occupancy.unusable
-            - occupancy.outside
-            - occupancy.mig
-        )
-        try:
-            decision_context(topology, want.request, HostState(free=usable))
-        except NoFeasiblePlacement as never:
-            if occupancy.unhealthy:  # never fits: say that unhealthy GPUs do not count
-                raise NoFeasiblePlacement(
-                    f"{never.message} (GPU {format_cpulist(occupancy.unhealthy)} unhealthy: "
-                    f"{'; '.join(occupancy.unhealthy.values())})",
-                    hint="ask for fewer GPUs, have the GPUs reset, or --allow-unhealthy",
-                ) from None
-            if occupancy.mig:  # never fits: say that the GPUs in MIG mode do not count
-                raise NoFeasiblePlacement(
-                    f"{never.message} (GPU {format_cpulist(occupancy.mig)} in MIG mode cannot "
-                    "be leased whole)",
-                    hint="ask for a MIG device with --mig PROFILE or --mem SIZE, or fewer GPUs",
-                ) from None
-            raise
-        raise _busy(occupancy, want.request, now) from None
-    return _good_enough(policy.place(ctx), want)
-
-
-MIG_POLICY = "mig-best-fit"
-
-
-def _mig_placement(topology: Topology, occupancy: Occupancy, request: MigRequest) -> Placement:
-    """The MIG device for ``request`` (see :mod:`gpualloc.placement.mig`) as a placement."""
-    from gpualloc.model.request import UNSCORED
-    from gpualloc.placement.mig import MigDevicesBusy, choose_mig
-
-    taken = occupancy.mig_taken()
-    try:
-        unusable = occupancy.unusable | occupancy.outside
-        choice = choose_mig(topology, request, taken, unusable=unusable)
-    except MigDevicesBusy as busy:
-        busy.details = tuple(dict.fromkeys(taken[key] for key in busy.held))
-        raise
-    instance = choice.instance
-    return Placement(
-        policy=MIG_POLICY,
-        gpus=(),
-        scores=UNSCORED,
-        objective=choice.reason,
-        notes=tuple(f"runner-up: {m.label} ({m.profile})" for m in choice.runners_up[:3]),
-        mig_devices=((instance.gpu, instance.device),),
-    )
-
-
-SHARE_POLICY = "share-best-fit"
-
-
-def _share_placement(topology: Topology, occupancy: Occupancy, request: ShareRequest) -> Placement:
-    """The GPU for a shared job (see :mod:`gpualloc.placement.share`) as a placement."""
-    from gpualloc.model.request import UNSCORED
-    from gpualloc.placement.share import choose_share
-
-    choice = choose_share(topology, occupancy, request, occupancy.max_shared_jobs)
-    return Placement(
-        policy=SHARE_POLICY,
-        gpus=(choice.candidate.gpu,),
-        scores=UNSCORED,
-        objective=choice.reason,
-        notes=tuple(f"runner-up: {c.describe()}" for c in choice.runners_up[:3]),
-        shared=True,
-    )
-
-
-class PlacementTooPoor(GpusBusy):
-    """Enough GPUs are free, but the placement they allow is below the job's threshold."""
-
-
-def _good_enough(placement: Placement, want: Want) -> Placement:
-    """``placement``, unless it misses ``--min-utility`` or ``--min-bandwidth``."""
-    s = placement.scores
-    gpus = ",".join(map(str, placement.gpus))
-    if want.min_utility is not None and s.utility < want.min_utility:
-        raise PlacementTooPoor(
-            f"the best placement now (GPU {gpus}) has utility {s.utility:.3f}, below "
-            f"--min-utility {want.min_utility:g}",
-            hint="wait for better GPUs (--wait), or lower --min-utility",
-        )
-    effective = s.effective_gbps  # None for one GPU: no link to be slow
-    if (
-        want.min_bandwidth_gbps is not None
-        and effective is not None
-        and (effective < want.min_bandwidth_gbps)
-    ):
-        raise PlacementTooPoor(
-            f"the best placement now (GPU {gpus}) predicts {effective:g} GB/s, below "
-            f"--min-bandwidth {want.min_bandwidth_gbps:g}",
-            hint="wait for better GPUs (--wait), or lower --min-bandwidth",
-        )
-    return placement
-
-
-def _context_now(topology: Topology, occupancy: Occupancy, want: Want) -> DecisionContext:
-    from gpualloc.placement.engine import decision_context
-
-    return decision_context(
-        topology,
-        want.request,
-        occupancy.host_state(),
-        effective_model=want.effective_model,
-        weights=want.weights,
-    )
-
-
-def _explicit(topology: Topology, occupancy: Occupancy, want: Want) -> Placement:
-    gpus = want.explicit or ()
-    n = topology.gpu_count
-    outside = [g for g in gpus if not 0 <= g < n]
-    if outside:
-        raise RequestError(
-            f"GPU {outside[0]} does not exist on this host ({n} GPUs: 0..{n - 1})",
-            hint="'gpualloc topo show' lists the GPUs",
-        )
-    if len(set(gpus)) != len(gpus):
-        raise RequestError("--gpus names a GPU twice", hint="list each GPU once")
-    foreign_to_job = [g for g in gpus if g in occupancy.outside]
-    if foreign_to_job:
-        mine = sorted(frozenset(range(n)) - occupancy.outside)
-        raise RequestError(
-            f"GPU {format_cpulist(foreign_to_job)} is not this Slurm job's "
-            f"(it has GPU {format_cpulist(mine)})",
-            hint="choose among the job's GPUs, or ask Slurm for those GPUs",
-        )
-    split = [g for g in gpus if g in occupancy.mig]
-    if split:
-        raise RequestError(
-            f"GPU {format_cpulist(split)} is in MIG mode and cannot be leased whole",
-            hint="ask for one of its MIG devices with --mig (gpualloc topo show lists them)",
-        )
-    sick = [g for g in gpus if g in occupancy.unhealthy]
-    if sick:
-        raise NoFeasiblePlacement(
-            f"GPU {sick[0]} of --gpus is unhealthy: {occupancy.unhealthy[sick[0]]}",
-            hint="choose other GPUs, have it reset, or --allow-unhealthy",
-        )
-    taken = [g for g in gpus if g in occupancy.busy]
-    if taken:
-        raise GpusBusy(
-            f"GPU {format_cpulist(taken)} of --gpus {','.join(map(str, gpus))} is not free",
-            details=tuple(occupancy.describe(taken)),
-            hint="'gpualloc status' shows the host; choose other GPUs or leave out --gpus",
-        )
-    ctx = _context_now(topology, occupancy, want)
-    return ctx.placement(EXPLICIT_POLICY, gpus, "the GPUs given with --gpus, in that order")
-
-
-def _busy(occupancy: Occupancy, request: JobRequest, why: NoFeasiblePlacement) -> GpusBusy:
-    required_busy = sorted(request.required & occupancy.busy)
-    free = sorted(occupancy.free - request.excluded)
-    if required_busy:
-        message = why.message
-    else:
-        message = f"the job needs {request.gpus} GPU(s) and {len(free)} usable one(s) are free"
-        message += f" now ({format_cpulist(free)})" if free else " now"
-    return GpusBusy(
-        message,
-        details=tuple(
-            occupancy.describe(required_busy or sorted(occupancy.busy - occupancy.outside))
-        ),
-        hint="wait for them ('gpualloc status' shows the host), or ask for fewer GPUs",
-    )
-
-
 # ---- helpers -----------------------------------------------------------------------------------
-
-
-def find_leases(txn: LedgerTransaction, selectors: Iterable[str], problems: list) -> list[Lease]:
-    """The leases ``selectors`` name, each once (see :func:`find_lease`); a selector that names
-    none adds its :class:`NoSuchLease` to ``problems``."""
-    found: list[Lease] = []
-    for selector in selectors:
-        try:
-            lease = find_lease(txn, selector)
-        except NoSuchLease as missing:
-            problems.append(missing)
-            continue
-        if lease is not None and lease not in found:
-            found.append(lease)
-    return found
-
-
-def find_lease(txn: LedgerTransaction, selector: str) -> Lease | None:
-    """The lease ``selector`` names: an id, or a unique prefix of one (4 characters or more).
-    A lease this very transaction reaped counts as found and already gone (None)."""
-    selector = selector.strip().lower()
-    if len(selector) < 4:
-        raise NoSuchLease(
-            f"lease id {selector!r} is too short", hint="give at least 4 characters of the id"
-        )
-    matches = [x for x in txn.ledger.leases if x.id.startswith(selector)]
-    if len(matches) == 1:
-        return matches[0]
-    if len(matches) > 1:
-        raise NoSuchLease(
-            f"lease id {selector!r} is ambiguous ({', '.join(x.id for x in matches)})",
-            hint="give more characters of the id",
-        )
-    if any(x.id.startswith(selector) for x in txn.reaped):
-        return None
-    raise NoSuchLease(
-        f"no lease {selector}", hint="'gpualloc status' lists the leases; it may have ended"
-    )
-
-
-def user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 def _processes_for_reaping(

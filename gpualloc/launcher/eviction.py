@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from msgspec.structs import replace
 
 from gpualloc.errors import NotPermitted, RequestError
-from gpualloc.launcher.allocate import HostLedger, ReleaseResult, find_leases, user_name
+from gpualloc.launcher.allocate import HostLedger, ReleaseResult
+from gpualloc.ledger.lookup import find_leases, user_name
 from gpualloc.ledger.schema import Lease, Ledger
 
 

@@ -14,18 +14,42 @@ TOPO-AWARE-P, seed 000 section 4.4) and every waiter ahead of it
 A waiter that starts past earlier ones counts as one more pass for each of them.
 
 There is no daemon: each waiting gpualloc applies this rule to itself, under the ledger lock,
-every time it looks (see :mod:`.wait`).
+every time it looks (see :mod:`.wait`), and so does a job that does not wait
+(:func:`newcomer_passes`): it may start only where it could from the back of the queue.
+:func:`attempts` asks the placement front door (:func:`gpualloc.placement.choose.choose`) where
+each waiter would start; the simulator applies the same rule to its own queue.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
-from msgspec import Struct
+from msgspec import Struct, field
+from msgspec.structs import replace
 
-from gpualloc.ledger.schema import PRIORITY_RANK, Waiter
-from gpualloc.model.request import Placement
+from gpualloc.config import BY_KEY, Config
+from gpualloc.errors import GpuallocError, GpusBusy, NoFeasiblePlacement
+from gpualloc.launcher.queue_policy import QueuePolicy
+from gpualloc.ledger.liveness import process_start_time
+from gpualloc.ledger.lookup import user_name
+from gpualloc.ledger.occupancy import Occupancy
+from gpualloc.ledger.schema import PRIORITY_RANK, Priority, QueuedRequest, Waiter
+from gpualloc.ledger.store import LedgerTransaction, new_lease_id
+from gpualloc.model.request import HostState, Placement
+from gpualloc.model.topology import Topology
+from gpualloc.placement.choose import choose
+from gpualloc.placement.want import Want
+
+if TYPE_CHECKING:  # type only: the ledger session imports this module
+    from gpualloc.launcher.allocate import LeaseTerms
+
+POLL_S = 0.25
+"""How often a waiting job looks at the ledger (see :mod:`.wait`)."""
+DEFAULT_MAX_BYPASS: int = BY_KEY["queue.max_bypass"].default
+"""How many later jobs may start before a waiting one, before backfill past it stops."""
 
 
 class Attempt(Struct, frozen=True):
@@ -128,3 +152,114 @@ def next_start(queue: Sequence[Waiter], attempt: Callable[[Waiter], Attempt]) ->
             return None
         passed.append(waiter.id)
     return None
+
+
+class WaitOptions(Struct, frozen=True):
+    timeout_s: float | None = None
+    priority: Priority = "normal"
+    max_bypass: int = DEFAULT_MAX_BYPASS
+    poll_s: float = POLL_S
+    policy: QueuePolicy = field(default_factory=QueuePolicy)
+    """The host's bounds (:mod:`.queue_policy`), checked when the job joins the queue."""
+
+    @classmethod
+    def from_config(
+        cls,
+        config: Config,
+        *,
+        timeout_s: float | None = None,
+        priority: Priority | None = None,
+        max_bypass: int | None = None,
+    ) -> WaitOptions:
+        """The options of a ``--wait``: flags over the configured defaults, under the host's
+        queue policy (one place for the command line and :func:`gpualloc.api.hold`)."""
+        return cls(
+            timeout_s=timeout_s,
+            priority=config.value("queue.priority", priority),
+            max_bypass=config.value("queue.max_bypass", max_bypass),
+            policy=QueuePolicy.from_config(config),
+        )
+
+
+def attempts(
+    topology: Topology,
+    occupancy: Occupancy,
+    memo: dict[tuple[QueuedRequest, HostState], Attempt] | None = None,
+) -> Callable[[Waiter], Attempt]:
+    """Where a waiter would start on the GPUs free now, or why it cannot; waiters asking for
+    the same thing get one answer per look (32 one-GPU waiters cost one placement).
+
+    ``memo`` keeps answers across looks, keyed by the request and the whole host state (free
+    GPUs and running jobs), which is all a placement depends on: the simulator meets the same
+    state again and again (about half of its decisions on a busy 16-GPU host).
+    """
+    answers: dict[QueuedRequest, Attempt] = {}
+    state = occupancy.host_state() if memo is not None else None
+
+    def attempt(waiter: Waiter) -> Attempt:
+        request = waiter.request
+        if request in answers:
+            return answers[request]
+        remember = memo is not None and request.share is None  # shares hang on more than state
+        if remember and (request, state) in memo:  # type: ignore[operator]
+            answers[request] = memo[(request, state)]  # type: ignore[index]
+            return answers[request]
+        try:
+            answer = Attempt(choose(topology, occupancy, Want.from_queued(request)))
+        except (GpusBusy, NoFeasiblePlacement) as why:
+            answer = Attempt(None, why.message)
+        except GpuallocError as why:  # e.g. a policy this gpualloc does not know
+            answer = Attempt(None, f"cannot be placed here ({why.message})")
+        answers[request] = answer
+        if remember:
+            memo[(request, state)] = answer  # type: ignore[index]
+        return answer
+
+    return attempt
+
+
+def newcomer_passes(
+    topology: Topology,
+    txn: LedgerTransaction,
+    occupancy: Occupancy,
+    want: Want,
+    terms: LeaseTerms,
+) -> tuple[str, ...]:
+    """A job that does not wait still takes its turn: it may start only where it could if it
+    joined the back of the queue now (so it never takes GPUs a waiting job can use, and passes
+    a blocked one only within its backfill bound). Returns the waiters it passes; raises
+    GpusBusy when it would have to wait."""
+    if not txn.ledger.queue:
+        return ()
+    newcomer = replace(
+        new_waiter(new_lease_id(), want, terms, WaitOptions()), seq=txn.ledger.next_seq
+    )
+    turn = take_turn([*txn.ledger.queue, newcomer], newcomer.id, attempts(topology, occupancy))
+    if not turn.go:
+        raise GpusBusy(
+            f"{len(txn.ledger.queue)} job(s) wait in the host queue and this one may not pass "
+            f"them: {turn.reason}",
+            hint="add --wait to queue behind them ('gpualloc status' shows the queue)",
+        )
+    return turn.passed
+
+
+def new_waiter(waiter_id: str, want: Want, terms: LeaseTerms, options: WaitOptions) -> Waiter:
+    """The queue entry of this process for ``want`` (the transaction numbers it)."""
+    uid = os.geteuid()
+    return Waiter(
+        id=waiter_id,
+        seq=0,  # the transaction numbers it
+        uid=uid,
+        user=user_name(uid),
+        pid=os.getpid(),
+        pid_start_time=process_start_time(os.getpid()),
+        priority=options.priority,
+        max_bypass=options.max_bypass,
+        backfill_window_s=options.policy.backfill_window_s,
+        request=want.queued(),
+        command=terms.command,
+        name=terms.name,
+        source=terms.source,
+        created=datetime.now(timezone.utc),
+    )

@@ -23,66 +23,22 @@ import os
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING
 
-from msgspec import Struct, field
-from msgspec.structs import replace
+from msgspec import Struct
 
-from gpualloc.config import BY_KEY
 from gpualloc.errors import GpuallocError, GpusBusy, NoFeasiblePlacement, WaitTimedOut
-from gpualloc.launcher.allocate import (
-    Allocation,
-    HostLedger,
-    LeaseTerms,
-    Want,
-    choose,
-    user_name,
-)
-from gpualloc.launcher.queue import Attempt, Turn, take_turn
-from gpualloc.launcher.queue_policy import QueuePolicy
+from gpualloc.launcher.allocate import Allocation, HostLedger, LeaseTerms
+from gpualloc.launcher.queue import Turn, WaitOptions, attempts, new_waiter, take_turn
 from gpualloc.ledger.occupancy import Occupancy, format_age
-from gpualloc.ledger.schema import Ledger, Priority, QueuedRequest, Waiter
+from gpualloc.ledger.schema import Ledger
 from gpualloc.ledger.store import LedgerTransaction, new_lease_id
-from gpualloc.model.request import HostState
-from gpualloc.model.topology import Topology
+from gpualloc.placement.choose import choose
+from gpualloc.placement.want import Want
 
-if TYPE_CHECKING:
-    from gpualloc.config import Config
-
-POLL_S = 0.25
 PROCESS_REFRESH_S = 2.0
 WHO_HOLDS = {"foreign": "not gpualloc", "shared": "shared jobs"}
 """How the waiting line names the holder of a GPU no lease holds whole, by the GPU's state
 (``lost`` and ``unhealthy`` say themselves)."""
-DEFAULT_MAX_BYPASS: int = BY_KEY["queue.max_bypass"].default
-"""How many later jobs may start before a waiting one, before backfill past it stops."""
-
-
-class WaitOptions(Struct, frozen=True):
-    timeout_s: float | None = None
-    priority: Priority = "normal"
-    max_bypass: int = DEFAULT_MAX_BYPASS
-    poll_s: float = POLL_S
-    policy: QueuePolicy = field(default_factory=QueuePolicy)
-    """The host's bounds (:mod:`.queue_policy`), checked when the job joins the queue."""
-
-    @classmethod
-    def from_config(
-        cls,
-        config: Config,
-        *,
-        timeout_s: float | None = None,
-        priority: Priority | None = None,
-        max_bypass: int | None = None,
-    ) -> WaitOptions:
-        """The options of a ``--wait``: flags over the configured defaults, under the host's
-        queue policy (one place for the command line and :func:`gpualloc.api.hold`)."""
-        return cls(
-            timeout_s=timeout_s,
-            priority=config.value("queue.priority", priority),
-            max_bypass=config.value("queue.max_bypass", max_bypass),
-            policy=QueuePolicy.from_config(config),
-        )
 
 
 class WaitStatus(Struct, frozen=True):
@@ -124,7 +80,7 @@ def wait_and_allocate(
             max_bypass=options.max_bypass,
             queue=txn.ledger.queue,
         )
-        txn.enqueue(_waiter(waiter_id, want, terms, options))
+        txn.enqueue(new_waiter(waiter_id, want, terms, options))
         allocation, status = _look(host, txn, waiter_id, want, terms, started)
     if allocation is not None:
         return allocation
@@ -205,63 +161,6 @@ def _start(
     return host.record(txn, turn.placement, want, terms, waited_s=waited)
 
 
-def attempts(
-    topology: Topology,
-    occupancy: Occupancy,
-    memo: dict[tuple[QueuedRequest, HostState], Attempt] | None = None,
-) -> Callable[[Waiter], Attempt]:
-    """Where a waiter would start on the GPUs free now, or why it cannot; waiters asking for
-    the same thing get one answer per look (32 one-GPU waiters cost one placement).
-
-    ``memo`` keeps answers across looks, keyed by the request and the whole host state (free
-    GPUs and running jobs), which is all a placement depends on: the simulator meets the same
-    state again and again (about half of its decisions on a busy 16-GPU host).
-    """
-    answers: dict[QueuedRequest, Attempt] = {}
-    state = occupancy.host_state() if memo is not None else None
-
-    def attempt(waiter: Waiter) -> Attempt:
-        request = waiter.request
-        if request in answers:
-            return answers[request]
-        remember = memo is not None and request.share is None  # shares hang on more than state
-        if remember and (request, state) in memo:  # type: ignore[operator]
-            answers[request] = memo[(request, state)]  # type: ignore[index]
-            return answers[request]
-        try:
-            answer = Attempt(choose(topology, occupancy, Want.from_queued(request)))
-        except (GpusBusy, NoFeasiblePlacement) as why:
-            answer = Attempt(None, why.message)
-        except GpuallocError as why:  # e.g. a policy this gpualloc does not know
-            answer = Attempt(None, f"cannot be placed here ({why.message})")
-        answers[request] = answer
-        if remember:
-            memo[(request, state)] = answer  # type: ignore[index]
-        return answer
-
-    return attempt
-
-
-def newcomer_passes(
-    host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy, want: Want, terms: LeaseTerms
-) -> tuple[str, ...]:
-    """A job that does not wait still takes its turn: it may start only where it could if it
-    joined the back of the queue now (so it never takes GPUs a waiting job can use, and passes
-    a blocked one only within its backfill bound). Returns the waiters it passes; raises
-    GpusBusy when it would have to wait."""
-    if not txn.ledger.queue:
-        return ()
-    newcomer = replace(_waiter(new_lease_id(), want, terms, WaitOptions()), seq=txn.ledger.next_seq)
-    turn = take_turn([*txn.ledger.queue, newcomer], newcomer.id, attempts(host.topology, occupancy))
-    if not turn.go:
-        raise GpusBusy(
-            f"{len(txn.ledger.queue)} job(s) wait in the host queue and this one may not pass "
-            f"them: {turn.reason}",
-            hint="add --wait to queue behind them ('gpualloc status' shows the queue)",
-        )
-    return turn.passed
-
-
 def _holders(occupancy: Occupancy) -> str:
     """``held by alice: 0-3, bob: 5`` (who to ask)."""
     from gpualloc.model.cpuset import format_cpulist
@@ -280,28 +179,6 @@ def _holders(occupancy: Occupancy) -> str:
     if not by_user:
         return ""
     return "held by " + ", ".join(f"{who}: {','.join(held)}" for who, held in by_user.items())
-
-
-def _waiter(waiter_id: str, want: Want, terms: LeaseTerms, options: WaitOptions) -> Waiter:
-    from gpualloc.ledger.liveness import process_start_time
-
-    uid = os.geteuid()
-    return Waiter(
-        id=waiter_id,
-        seq=0,  # the transaction numbers it
-        uid=uid,
-        user=user_name(uid),
-        pid=os.getpid(),
-        pid_start_time=process_start_time(os.getpid()),
-        priority=options.priority,
-        max_bypass=options.max_bypass,
-        backfill_window_s=options.policy.backfill_window_s,
-        request=want.queued(),
-        command=terms.command,
-        name=terms.name,
-        source=terms.source,
-        created=datetime.now(timezone.utc),
-    )
 
 
 def _leave_queue(host: HostLedger, waiter_id: str) -> None:

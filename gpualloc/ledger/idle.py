@@ -28,13 +28,12 @@ from typing import TYPE_CHECKING, NamedTuple
 from msgspec import Struct
 from msgspec.structs import replace
 
-if TYPE_CHECKING:  # the configuration imports this module's defaults: keep it light to load
+from gpualloc.config import DEFAULT_BUSY_PERCENT, DEFAULT_MAX_GAP_S, DEFAULT_NOTICE_S
+
+if TYPE_CHECKING:  # status and metrics load this module: keep the ledger schema out of it
+    from gpualloc.config import Config
     from gpualloc.ledger.schema import Lease, LeaseActivity
     from gpualloc.ledger.store import LedgerTransaction
-
-DEFAULT_BUSY_PERCENT = 5
-DEFAULT_MAX_GAP_S = 15 * 60.0
-DEFAULT_NOTICE_S = 30 * 60.0
 
 
 class IdlePolicy(Struct, frozen=True):
@@ -47,6 +46,17 @@ class IdlePolicy(Struct, frozen=True):
     notice_s: float = DEFAULT_NOTICE_S
     notify: str | None = None
     """A shell command run for each notice and expiry (see :func:`notify_environment`)."""
+
+    @classmethod
+    def from_config(cls, config: Config) -> IdlePolicy:
+        """The ``[idle]`` table of the system file (issue 21, point 3)."""
+        return cls(
+            busy_percent=config.system_value("idle.busy_percent"),
+            max_gap_s=config.system_value("idle.max_gap"),
+            expire_holds_s=config.system_value("idle.expire_holds"),
+            notice_s=config.system_value("idle.notice"),
+            notify=config.system_value("idle.notify"),
+        )
 
 
 def lease_busy(lease: Lease, utilization: Mapping[int, int], busy_percent: int) -> bool | None:

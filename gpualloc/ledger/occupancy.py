@@ -16,11 +16,11 @@ from datetime import datetime, timedelta, timezone
 
 from msgspec import Struct, field
 
+from gpualloc.config import DEFAULT_MAX_SHARED_JOBS
 from gpualloc.ledger.schema import Lease, Ledger
 from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.mig import mig_label
 from gpualloc.model.request import HostState, RunningJob
-from gpualloc.model.share import DEFAULT_MAX_SHARED_JOBS
 from gpualloc.model.topology import GpuFault, GpuProcess, Health, Topology, faults_by_gpu
 
 

@@ -26,3 +26,9 @@ def ledger_scope(topology: Topology) -> str | None:
     digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
     name = _UNSAFE.sub("_", topology.name or "topology").strip("._")[:40] or "topology"
     return f"{name}-{digest}"
+
+
+def job_ledger_scope(host_scope: str | None, job_id: str) -> str:
+    """The scope of a job's own ledger, beside the ledger of the host (``None``) or of a
+    recorded topology (``host_scope``) that the job runs on."""
+    return f"{host_scope or 'host'}+slurm-job-{job_id}"

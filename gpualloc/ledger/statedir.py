@@ -27,9 +27,9 @@ from pathlib import Path
 
 from msgspec import Struct
 
+from gpualloc.config import Config
 from gpualloc.errors import FileAccessError, LedgerError
 
-DEFAULT_STATE_DIR = Path("/var/tmp/gpualloc")
 STATE_DIR_VARIABLE = "GPUALLOC_STATE_DIR"
 SHARED_DIR_MODE = 0o1777
 
@@ -95,8 +95,6 @@ class StateDirectoryMissing(LedgerError):
 
 def state_directory_path() -> Path:
     """``$GPUALLOC_STATE_DIR`` if set, else ``state_dir`` of config.toml, else the default."""
-    from gpualloc.config import Config
-
     return Config.load().value("state_dir")
 
 

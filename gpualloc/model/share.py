@@ -20,8 +20,6 @@ from gpualloc.model.validation import NonNegativeInt, PositiveInt
 
 ShareMode = Literal["mps", "time-sliced"]
 SmPercent = Annotated[int, Meta(ge=1, le=100)]
-DEFAULT_MAX_SHARED_JOBS = 4
-"""Shared jobs per GPU unless the system file says otherwise (``share.max_jobs``)."""
 
 
 class ShareRequest(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

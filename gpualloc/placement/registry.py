@@ -9,12 +9,14 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from gpualloc.errors import RequestError
+from gpualloc.config import DEFAULT_POLICY
+from gpualloc.errors import ConfigError, RequestError
 
 if TYPE_CHECKING:
+    from gpualloc.config import Config
     from gpualloc.placement.policy import Policy
 
-DEFAULT_POLICY = "mapa"
+__all__ = ["DEFAULT_POLICY", "all_policies", "configured_policy", "get_policy", "policy_names"]
 
 _POLICY_CLASSES: dict[str, tuple[str, str]] = {
     "mapa": ("gpualloc.placement.mapa", "MapaPolicy"),
@@ -31,6 +33,25 @@ _loaded: dict[str, Policy] = {}
 
 def policy_names() -> list[str]:
     return list(_POLICY_CLASSES)
+
+
+def configured_policy(config: Config, flag: str | None = None) -> str:
+    """The policy's name: ``flag`` when given, else the configured one, checked against the
+    registry here, where policies are known (the configuration is a leaf and cannot know
+    them). A bad name from a file or a variable is a configuration error naming where it came
+    from (exit 15); a bad ``--policy`` a usage error."""
+    resolved = config.resolve("policy", flag)
+    if flag is None and resolved.value not in _POLICY_CLASSES:
+        from gpualloc.config import BY_KEY
+
+        variable = BY_KEY["policy"].variable
+        where = variable if resolved.source == variable else f"{resolved.source}: policy"
+        raise ConfigError(
+            f"{where} = {resolved.value!r}: must be one of {', '.join(_POLICY_CLASSES)}",
+            hint="fix it, or see 'gpualloc config show' (policy: placement policy)",
+        )
+    get_policy(resolved.value)
+    return resolved.value
 
 
 def get_policy(name: str) -> Policy:

@@ -1,7 +1,7 @@
 """The discrete-event simulator: arrivals and finishes on simulated time, placed and queued by
 the live code.
 
-Placement is :func:`gpualloc.launcher.allocate.choose` (the policy objects of ``run``, with
+Placement is :func:`gpualloc.placement.choose.choose` (the policy objects of ``run``, with
 ``--min-utility`` postponement); the queue is :mod:`gpualloc.launcher.queue` (the rule
 ``run --wait`` applies; :func:`~gpualloc.launcher.queue.next_start` finds the one job that rule
 lets start). ``--queue fifo`` lets no job pass another (``max_bypass`` 0); ``backfill`` lets a
@@ -39,8 +39,7 @@ from datetime import datetime, timezone
 from msgspec import structs
 
 from gpualloc.errors import TraceError
-from gpualloc.launcher.queue import Attempt, next_start
-from gpualloc.launcher.wait import DEFAULT_MAX_BYPASS, attempts
+from gpualloc.launcher.queue import DEFAULT_MAX_BYPASS, Attempt, attempts, next_start
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Lease, LeasedGpu, Ledger, QueuedRequest, Waiter
 from gpualloc.model.request import HostState, JobRequest, Placement

@@ -28,8 +28,9 @@ from datetime import datetime, timezone
 
 from gpualloc.boot import boot_id
 from gpualloc.errors import LedgerLocked, RequestError
-from gpualloc.launcher.allocate import HostLedger, user_name
+from gpualloc.launcher.allocate import HostLedger
 from gpualloc.ledger.journal import JournalEntry, append_entry, record_job_lease, release_job
+from gpualloc.ledger.lookup import user_name
 from gpualloc.ledger.occupancy import held_devices
 from gpualloc.ledger.schema import Lease, LeasedGpu, LeasedMig
 from gpualloc.ledger.statedir import StateDirectory
@@ -152,8 +153,8 @@ def _record(host: HostLedger, entry: JournalEntry) -> list[str]:
 def forget_job_ledger(directory: StateDirectory, job: str) -> list[str]:
     """Remove the job's own ledger (what ``gpualloc run`` inside the job kept) and the lock
     files of its leases: after the job, every process of it is gone."""
+    from gpualloc.ledger.scope import job_ledger_scope
     from gpualloc.ledger.store import LedgerStore
-    from gpualloc.slurm.job import job_ledger_scope
 
     scoped = directory.scoped(job_ledger_scope(directory.scope, job))
     if not scoped.ledger_file.exists():

@@ -59,12 +59,6 @@ def check_job_id(job_id: str) -> str:
     return job_id
 
 
-def job_ledger_scope(host_scope: str | None, job_id: str) -> str:
-    """The scope of a job's own ledger, beside the ledger of the host (``None``) or of a
-    recorded topology (``host_scope``) that the job runs on."""
-    return f"{host_scope or 'host'}+slurm-job-{job_id}"
-
-
 def slurm_job(topology: Topology, env: Mapping[str, str]) -> SlurmJob | None:
     """The job gpualloc runs in, or None outside Slurm, in a job without GPUs, or when
     ``GPUALLOC_NO_SLURM`` is set. Raises RequestError when the job's GPUs cannot be found in

@@ -1,0 +1,217 @@
+"""The placement front door: where a :class:`~gpualloc.placement.want.Want` lands on the GPUs
+free now.
+
+One function, :func:`choose`, for every caller (``run``, ``alloc``, ``plan``, the queue, the
+Slurm prolog, the simulator): a MIG device (:mod:`.mig`), a shared place on one GPU
+(:mod:`.share`), exactly the GPUs given (``--gpus``), or the policy's choice among the free GPUs
+(:mod:`.registry`), each held to the job's thresholds (``--min-utility``, ``--min-bandwidth``:
+postponement, DRB paper section 4.4). It reads the ledger's view of the GPUs
+(:class:`~gpualloc.ledger.occupancy.Occupancy`) and writes nothing: recording the lease is the
+ledger session's job (:mod:`gpualloc.launcher.allocate`).
+"""
+
+from __future__ import annotations
+
+from gpualloc.errors import GpusBusy, NoFeasiblePlacement, RequestError
+from gpualloc.ledger.occupancy import Occupancy
+from gpualloc.model.cpuset import format_cpulist
+from gpualloc.model.mig import MigRequest
+from gpualloc.model.request import UNSCORED, HostState, JobRequest, Placement
+from gpualloc.model.share import ShareRequest
+from gpualloc.model.topology import Topology
+from gpualloc.placement.context import DecisionContext
+from gpualloc.placement.engine import decision_context
+from gpualloc.placement.registry import get_policy
+from gpualloc.placement.want import Want
+
+__all__ = [
+    "EXPLICIT_POLICY",
+    "MIG_POLICY",
+    "SHARE_POLICY",
+    "PlacementTooPoor",
+    "choose",
+]
+
+EXPLICIT_POLICY = "explicit"
+
+
+def choose(topology: Topology, occupancy: Occupancy, want: Want) -> Placement:
+    """The placement for ``want`` on the GPUs free in ``occupancy``.
+
+    Raises :class:`GpusBusy` (naming who holds what) when the request would fit the host with
+    every usable GPU free, and :class:`NoFeasiblePlacement` when it would not fit even then.
+    """
+    if want.mig is not None:
+        return _mig_placement(topology, occupancy, want.mig)
+    if want.share is not None:
+        return _share_placement(topology, occupancy, want.share)
+    if want.explicit is not None:
+        return _good_enough(_explicit(topology, occupancy, want), want)
+    policy = get_policy(want.policy)
+    try:
+        ctx = _context_now(topology, occupancy, want)
+    except NoFeasiblePlacement as now:
+        usable = (
+            frozenset(range(topology.gpu_count))
+            - occupancy.unusable
+            - occupancy.outside
+            - occupancy.mig
+        )
+        try:
+            decision_context(topology, want.request, HostState(free=usable))
+        except NoFeasiblePlacement as never:
+            if occupancy.unhealthy:  # never fits: say that unhealthy GPUs do not count
+                raise NoFeasiblePlacement(
+                    f"{never.message} (GPU {format_cpulist(occupancy.unhealthy)} unhealthy: "
+                    f"{'; '.join(occupancy.unhealthy.values())})",
+                    hint="ask for fewer GPUs, have the GPUs reset, or --allow-unhealthy",
+                ) from None
+            if occupancy.mig:  # never fits: say that the GPUs in MIG mode do not count
+                raise NoFeasiblePlacement(
+                    f"{never.message} (GPU {format_cpulist(occupancy.mig)} in MIG mode cannot "
+                    "be leased whole)",
+                    hint="ask for a MIG device with --mig PROFILE or --mem SIZE, or fewer GPUs",
+                ) from None
+            raise
+        raise _busy(occupancy, want.request, now) from None
+    return _good_enough(policy.place(ctx), want)
+
+
+MIG_POLICY = "mig-best-fit"
+
+
+def _mig_placement(topology: Topology, occupancy: Occupancy, request: MigRequest) -> Placement:
+    """The MIG device for ``request`` (see :mod:`gpualloc.placement.mig`) as a placement."""
+    from gpualloc.placement.mig import MigDevicesBusy, choose_mig
+
+    taken = occupancy.mig_taken()
+    try:
+        unusable = occupancy.unusable | occupancy.outside
+        choice = choose_mig(topology, request, taken, unusable=unusable)
+    except MigDevicesBusy as busy:
+        busy.details = tuple(dict.fromkeys(taken[key] for key in busy.held))
+        raise
+    instance = choice.instance
+    return Placement(
+        policy=MIG_POLICY,
+        gpus=(),
+        scores=UNSCORED,
+        objective=choice.reason,
+        notes=tuple(f"runner-up: {m.label} ({m.profile})" for m in choice.runners_up[:3]),
+        mig_devices=((instance.gpu, instance.device),),
+    )
+
+
+SHARE_POLICY = "share-best-fit"
+
+
+def _share_placement(topology: Topology, occupancy: Occupancy, request: ShareRequest) -> Placement:
+    """The GPU for a shared job (see :mod:`gpualloc.placement.share`) as a placement."""
+    from gpualloc.placement.share import choose_share
+
+    choice = choose_share(topology, occupancy, request, occupancy.max_shared_jobs)
+    return Placement(
+        policy=SHARE_POLICY,
+        gpus=(choice.candidate.gpu,),
+        scores=UNSCORED,
+        objective=choice.reason,
+        notes=tuple(f"runner-up: {c.describe()}" for c in choice.runners_up[:3]),
+        shared=True,
+    )
+
+
+class PlacementTooPoor(GpusBusy):
+    """Enough GPUs are free, but the placement they allow is below the job's threshold."""
+
+
+def _good_enough(placement: Placement, want: Want) -> Placement:
+    """``placement``, unless it misses ``--min-utility`` or ``--min-bandwidth``."""
+    s = placement.scores
+    gpus = ",".join(map(str, placement.gpus))
+    if want.min_utility is not None and s.utility < want.min_utility:
+        raise PlacementTooPoor(
+            f"the best placement now (GPU {gpus}) has utility {s.utility:.3f}, below "
+            f"--min-utility {want.min_utility:g}",
+            hint="wait for better GPUs (--wait), or lower --min-utility",
+        )
+    effective = s.effective_gbps  # None for one GPU: no link to be slow
+    if (
+        want.min_bandwidth_gbps is not None
+        and effective is not None
+        and (effective < want.min_bandwidth_gbps)
+    ):
+        raise PlacementTooPoor(
+            f"the best placement now (GPU {gpus}) predicts {effective:g} GB/s, below "
+            f"--min-bandwidth {want.min_bandwidth_gbps:g}",
+            hint="wait for better GPUs (--wait), or lower --min-bandwidth",
+        )
+    return placement
+
+
+def _context_now(topology: Topology, occupancy: Occupancy, want: Want) -> DecisionContext:
+    return decision_context(
+        topology,
+        want.request,
+        occupancy.host_state(),
+        effective_model=want.effective_model,
+        weights=want.weights,
+    )
+
+
+def _explicit(topology: Topology, occupancy: Occupancy, want: Want) -> Placement:
+    gpus = want.explicit or ()
+    n = topology.gpu_count
+    outside = [g for g in gpus if not 0 <= g < n]
+    if outside:
+        raise RequestError(
+            f"GPU {outside[0]} does not exist on this host ({n} GPUs: 0..{n - 1})",
+            hint="'gpualloc topo show' lists the GPUs",
+        )
+    if len(set(gpus)) != len(gpus):
+        raise RequestError("--gpus names a GPU twice", hint="list each GPU once")
+    foreign_to_job = [g for g in gpus if g in occupancy.outside]
+    if foreign_to_job:
+        mine = sorted(frozenset(range(n)) - occupancy.outside)
+        raise RequestError(
+            f"GPU {format_cpulist(foreign_to_job)} is not this Slurm job's "
+            f"(it has GPU {format_cpulist(mine)})",
+            hint="choose among the job's GPUs, or ask Slurm for those GPUs",
+        )
+    split = [g for g in gpus if g in occupancy.mig]
+    if split:
+        raise RequestError(
+            f"GPU {format_cpulist(split)} is in MIG mode and cannot be leased whole",
+            hint="ask for one of its MIG devices with --mig (gpualloc topo show lists them)",
+        )
+    sick = [g for g in gpus if g in occupancy.unhealthy]
+    if sick:
+        raise NoFeasiblePlacement(
+            f"GPU {sick[0]} of --gpus is unhealthy: {occupancy.unhealthy[sick[0]]}",
+            hint="choose other GPUs, have it reset, or --allow-unhealthy",
+        )
+    taken = [g for g in gpus if g in occupancy.busy]
+    if taken:
+        raise GpusBusy(
+            f"GPU {format_cpulist(taken)} of --gpus {','.join(map(str, gpus))} is not free",
+            details=tuple(occupancy.describe(taken)),
+            hint="'gpualloc status' shows the host; choose other GPUs or leave out --gpus",
+        )
+    ctx = _context_now(topology, occupancy, want)
+    return ctx.placement(EXPLICIT_POLICY, gpus, "the GPUs given with --gpus, in that order")
+
+
+def _busy(occupancy: Occupancy, request: JobRequest, why: NoFeasiblePlacement) -> GpusBusy:
+    required_busy = sorted(request.required & occupancy.busy)
+    free = sorted(occupancy.free - request.excluded)
+    if required_busy:
+        message = why.message
+    else:
+        message = f"the job needs {request.gpus} GPU(s) and {len(free)} usable one(s) are free"
+        message += f" now ({format_cpulist(free)})" if free else " now"
+    return GpusBusy(
+        message,
+        details=tuple(
+            occupancy.describe(required_busy or sorted(occupancy.busy - occupancy.outside))
+        ),
+        hint="wait for them ('gpualloc status' shows the host), or ask for fewer GPUs",
+    )

@@ -1,0 +1,89 @@
+"""What a job asks the placement engine for: a :class:`Want`.
+
+One request type for every way in: the command line and the Python API build it (through
+:mod:`gpualloc.request_options`), the queue stores it (:meth:`Want.queued`) and places it again
+for a waiting job (:meth:`Want.from_queued`), and :func:`gpualloc.placement.choose.choose` answers
+it. Who the lease belongs to and how long it lives is not part of it (that is the ledger's
+:class:`~gpualloc.launcher.allocate.LeaseTerms`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from msgspec import Struct
+
+from gpualloc.config import DEFAULT_POLICY
+from gpualloc.model.mig import MigRequest
+from gpualloc.model.request import CommunicationPattern, JobRequest
+from gpualloc.model.share import ShareRequest
+from gpualloc.placement.scores import EffectiveModel
+from gpualloc.placement.utility import UtilityWeights
+
+if TYPE_CHECKING:
+    from gpualloc.ledger.schema import QueuedRequest
+
+
+class Want(Struct, frozen=True):
+    """What the caller wants: the engine's choice for ``request``, or exactly ``explicit``;
+    with ``min_utility`` / ``min_bandwidth_gbps``, only a placement at least that good
+    (postponement, DRB paper section 4.4)."""
+
+    request: JobRequest
+    policy: str = DEFAULT_POLICY
+    explicit: tuple[int, ...] | None = None
+    effective_model: EffectiveModel = EffectiveModel.AUTO
+    weights: UtilityWeights | None = None
+    min_utility: float | None = None
+    min_bandwidth_gbps: float | None = None
+    mig: MigRequest | None = None
+    """A MIG device instead of whole GPUs (``request`` then asks for one GPU)."""
+    share: ShareRequest | None = None
+    """A shared place on one GPU instead of whole GPUs (``request`` then asks for one)."""
+
+    def queued(self) -> QueuedRequest:
+        """This request as the queue stores it."""
+        from gpualloc.ledger.schema import QueuedRequest
+
+        weights = self.weights
+        return QueuedRequest(
+            gpus=self.request.gpus,
+            pattern=self.request.pattern.name,
+            edges=self.request.pattern.edges,
+            sensitive=self.request.sensitive,
+            required=tuple(sorted(self.request.required)),
+            excluded=tuple(sorted(self.request.excluded)),
+            explicit=self.explicit,
+            policy=self.policy,
+            score=self.effective_model.value,
+            drb_weights=(
+                (weights.communication, weights.interference, weights.fragmentation)
+                if weights
+                else None
+            ),
+            min_utility=self.min_utility,
+            min_bandwidth_gbps=self.min_bandwidth_gbps,
+            mig=self.mig,
+            share=self.share,
+        )
+
+    @classmethod
+    def from_queued(cls, queued: QueuedRequest) -> Want:
+        """The request of a waiting job, as any gpualloc process can place it."""
+        return cls(
+            request=JobRequest(
+                gpus=queued.gpus,
+                pattern=CommunicationPattern(queued.pattern, queued.gpus, queued.edges),
+                sensitive=queued.sensitive,
+                required=frozenset(queued.required),
+                excluded=frozenset(queued.excluded),
+            ),
+            policy=queued.policy,
+            explicit=queued.explicit,
+            effective_model=EffectiveModel(queued.score),
+            weights=UtilityWeights(*queued.drb_weights) if queued.drb_weights else None,
+            min_utility=queued.min_utility,
+            min_bandwidth_gbps=queued.min_bandwidth_gbps,
+            mig=queued.mig,
+            share=queued.share,
+        )

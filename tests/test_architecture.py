@@ -1,0 +1,168 @@
+"""The shape of the house (issue 29): no import loops between modules or packages, function-level
+imports included, and no module too big to read.
+
+The graph is built with :mod:`ast` from every ``import`` in gpualloc, wherever it stands (a
+function-level import runs as surely as one at the top, only later). Imports under ``if
+TYPE_CHECKING:`` are left out: they never run, and they are how a module names a type of a
+module above it without depending on it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import gpualloc
+
+PACKAGE = Path(gpualloc.__file__).parent
+MAX_MODULE_LINES = 600
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for statement in node.body:
+                skipped.update(id(sub) for sub in ast.walk(statement))
+    return skipped
+
+
+def _imported_names(module: str, text: str, *, package: bool = False) -> Iterator[str]:
+    """Every name ``text`` (the source of ``module``; ``package``: an ``__init__``) imports at
+    run time, absolute, wherever the import stands."""
+    tree = ast.parse(text)
+    skipped = _type_checking_nodes(tree)
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                if not package:
+                    base.pop()
+                base = base[: len(base) - node.level + 1]
+                source = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                source = node.module or ""
+            yield source
+            yield from (f"{source}.{alias.name}" for alias in node.names)
+
+
+def _owner(name: str) -> str | None:
+    """The gpualloc module that ``name`` (a module, or a name in one) belongs to."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name if name and name != "gpualloc" else None
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the gpualloc modules it imports at run time."""
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        text = path.read_text(encoding="utf-8")
+        names = _imported_names(module, text, package=path.name == "__init__.py")
+        targets = {_owner(name) for name in names}
+        graph[module] = {t for t in targets if t is not None and t != module}
+    return graph
+
+
+def _package(module: str) -> str:
+    """``gpualloc.ledger.store`` -> ``ledger``; a top-level module is a package of its own."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _witnesses(graph: dict[str, set[str]], members: list[str], level) -> list[str]:
+    return sorted(
+        f"{a} -> {b}"
+        for a in graph
+        for b in graph[a]
+        if level(a) in members and level(b) in members and level(a) != level(b)
+    )
+
+
+def test_no_import_loop_between_modules() -> None:
+    graph = import_graph()
+    loops = cycles(graph)
+    assert not loops, "\n".join(
+        f"loop: {' / '.join(loop)} via {_witnesses(graph, loop, lambda m: m)}" for loop in loops
+    )
+
+
+def test_no_import_loop_between_packages() -> None:
+    graph = import_graph()
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        packages.setdefault(_package(module), set()).update(
+            _package(t) for t in targets if _package(t) != _package(module)
+        )
+    loops = cycles(packages)
+    assert not loops, "\n".join(
+        f"loop: {' / '.join(loop)} via {_witnesses(graph, loop, _package)}" for loop in loops
+    )
+
+
+def test_the_configuration_is_a_leaf() -> None:
+    """Every command reads it, so it must not pull in the ledger, placement or discovery."""
+    assert import_graph()["gpualloc.config"] <= {"gpualloc.errors", "gpualloc.durations"}
+
+
+def test_the_checker_finds_a_loop() -> None:
+    """The detector itself: a loop is found, and a function-level import counts."""
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    source = "def f():\n    from gpualloc.ledger import store\n    from . import errors\n"
+    names = set(_imported_names("gpualloc.config", source))
+    assert {"gpualloc.ledger", "gpualloc.ledger.store", "gpualloc.errors"} <= names
+    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import gpualloc.api\n"
+    assert "gpualloc.api" not in set(_imported_names("gpualloc.config", typed))
