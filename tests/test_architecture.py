@@ -166,3 +166,10 @@ def test_the_checker_finds_a_loop() -> None:
     assert {"gpualloc.ledger", "gpualloc.ledger.store", "gpualloc.errors"} <= names
     typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import gpualloc.api\n"
     assert "gpualloc.api" not in set(_imported_names("gpualloc.config", typed))
+
+
+def test_no_module_is_too_long_to_read() -> None:
+    """A few hundred lines a module (house style): 600 at most."""
+    lengths = {m: p.read_text(encoding="utf-8").count("\n") for m, p in MODULES.items()}
+    too_long = {m: n for m, n in lengths.items() if n > MAX_MODULE_LINES}
+    assert not too_long, too_long

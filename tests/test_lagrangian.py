@@ -9,12 +9,13 @@ import random
 import pytest
 
 from gpualloc.model.request import HostState, JobRequest
-from gpualloc.placement import search
+from gpualloc.placement import search_bounds
 from gpualloc.placement.engine import decision_context
 from gpualloc.placement.host import HostGraph
+from gpualloc.placement.objectives import AggregatedObjective
 from gpualloc.placement.patterns import build_pattern
 from gpualloc.placement.registry import get_policy
-from gpualloc.placement.search import AggregatedObjective, PlacementSearch
+from gpualloc.placement.search import PlacementSearch
 from gpualloc.placement.treebound import TreeWeightBound, greedy_weight, lagrangian_bound
 from gpualloc.topologies import load_bundled
 
@@ -112,10 +113,10 @@ def test_a_hard_search_escalates_and_visits_far_fewer_nodes(
 ) -> None:
     host, _, _ = _torus_tree_inputs()
     pattern = build_pattern("tree", 14)
-    default = search.ESCALATE_AFTER_NODES
+    default = search_bounds.ESCALATE_AFTER_NODES
 
     def run(escalate_after: float):
-        monkeypatch.setattr(search, "ESCALATE_AFTER_NODES", escalate_after)
+        monkeypatch.setattr(search_bounds, "ESCALATE_AFTER_NODES", escalate_after)
         finder = PlacementSearch(host, pattern, AggregatedObjective(), TORUS_SET, TORUS_SET)
         return finder.run()
 
@@ -145,7 +146,7 @@ def test_escalating_at_once_changes_no_answer(
         cases.append((k, busy, rng.choice([True, False])))
 
     def answers(escalate_after: float) -> list:
-        monkeypatch.setattr(search, "ESCALATE_AFTER_NODES", escalate_after)
+        monkeypatch.setattr(search_bounds, "ESCALATE_AFTER_NODES", escalate_after)
         got = []
         for k, busy, sensitive in cases:
             request = JobRequest(k, build_pattern("tree", k), sensitive)

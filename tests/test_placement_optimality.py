@@ -16,9 +16,9 @@ import pytest
 
 from gpualloc.model.request import HostState, JobRequest
 from gpualloc.placement.engine import decision_context
+from gpualloc.placement.objectives import AggregatedObjective, evaluate_order
 from gpualloc.placement.patterns import build_pattern
 from gpualloc.placement.registry import get_policy, policy_names
-from gpualloc.placement.search import AggregatedObjective, evaluate_order
 from gpualloc.topologies import bundled_names, load_bundled
 from tests.go_gpuallocator import literal_partitions
 
@@ -274,8 +274,8 @@ def _held_karp_best_ring(host, gpus) -> float:
 def test_ring_order_of_a_large_set_is_the_best_tour(host_name: str) -> None:
     """Rings of 9 to 11 GPUs, ordered by the count-vector search (where the degree-deficit
     bound prunes), against Held-Karp's exact best tour."""
+    from gpualloc.placement.exact import best_order_of_set
     from gpualloc.placement.host import HostGraph
-    from gpualloc.placement.search import best_order_of_set
 
     topology = load_bundled(host_name)
     host = HostGraph.from_topology(topology)
@@ -294,8 +294,8 @@ def test_ring_order_of_a_large_set_is_the_best_tour(host_name: str) -> None:
 def test_search_over_a_family_of_sets_equals_searching_each(host_name: str) -> None:
     """MAPA's tie-break searches the tied sets together; it must return what searching each
     set alone and keeping the best key, then the lowest set, returns."""
+    from gpualloc.placement.exact import best_ordered_placement, best_placement_among
     from gpualloc.placement.host import HostGraph
-    from gpualloc.placement.search import best_ordered_placement, best_placement_among
 
     topology = load_bundled(host_name)
     host = HostGraph.from_topology(topology)
@@ -332,7 +332,7 @@ def _max_degree_limited_subgraph(edges, size, limit):
 @pytest.mark.parametrize("seed", range(6))
 def test_degree_limited_edges_matches_brute_force(seed: int) -> None:
     from gpualloc.model.request import CommunicationPattern
-    from gpualloc.placement.search import _degree_limited_edges
+    from gpualloc.placement.pattern_graphs import degree_limited_edges
 
     rng = random.Random(seed)
     size = rng.randint(3, 9)
@@ -344,16 +344,16 @@ def test_degree_limited_edges_matches_brute_force(seed: int) -> None:
         build_pattern("star", size),
     ):
         for limit in range(4):
-            assert _degree_limited_edges(pattern, limit) == _max_degree_limited_subgraph(
+            assert degree_limited_edges(pattern, limit) == _max_degree_limited_subgraph(
                 pattern.edges, size, limit
             ), (pattern, limit)
 
 
 def test_degree_limit_of_a_16_rank_tree_on_two_links_per_gpu() -> None:
     """The bound that refutes 12+ NV2 edges for a 16-GPU tree on the torus (NV2 degree 2)."""
-    from gpualloc.placement.search import _degree_limited_edges
+    from gpualloc.placement.pattern_graphs import degree_limited_edges
 
-    assert _degree_limited_edges(build_pattern("tree", 16), 2) == 11
+    assert degree_limited_edges(build_pattern("tree", 16), 2) == 11
 
 
 @pytest.mark.parametrize("host_name", ["dgx1-v100", "pcie-8gpu-2socket", "torus-2d-16"])
@@ -406,7 +406,7 @@ def test_drb_fast_scan_matches_scoring_every_set(host_name: str) -> None:
     import random
 
     from gpualloc.model.request import RunningJob
-    from gpualloc.placement.search import candidate_sets
+    from gpualloc.placement.candidates import candidate_sets
 
     topology = load_bundled(host_name)
     n = topology.gpu_count
@@ -431,14 +431,11 @@ def test_drb_fast_scan_matches_scoring_every_set(host_name: str) -> None:
 @pytest.mark.parametrize("host_name", ["dgx1-v100", "pcie-8gpu-2socket", "torus-2d-16", "dgx2"])
 def test_star_shortcut_matches_the_search(host_name: str) -> None:
     """The hub-only evaluation of a star on a fixed set gives the search's order and key."""
+    from gpualloc.placement.exact import _best_star_order
     from gpualloc.placement.host import HostGraph
+    from gpualloc.placement.objectives import AggregatedObjective, effective_objective
     from gpualloc.placement.scores import EffectiveModel, resolve_model
-    from gpualloc.placement.search import (
-        AggregatedObjective,
-        PlacementSearch,
-        _best_star_order,
-        effective_objective,
-    )
+    from gpualloc.placement.search import PlacementSearch
 
     topology = load_bundled(host_name)
     host = HostGraph.from_topology(topology)

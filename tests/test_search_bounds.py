@@ -7,9 +7,15 @@ from itertools import product
 import pytest
 
 from gpualloc.model.request import CommunicationPattern, HostState, JobRequest
-from gpualloc.placement import search
+from gpualloc.placement import search_bounds
 from gpualloc.placement.engine import decision_context
 from gpualloc.placement.host import HostGraph
+from gpualloc.placement.pattern_graphs import (
+    bipartition,
+    component_sizes,
+    fewest_monochromatic,
+    forest_diameter,
+)
 from gpualloc.placement.patterns import build_pattern
 from gpualloc.placement.registry import get_policy
 from gpualloc.topologies import load_bundled
@@ -28,15 +34,15 @@ def _brute_force(pattern: CommunicationPattern) -> list[int]:
 @pytest.mark.parametrize("k", range(2, 11))
 def test_fewest_monochromatic_edges_match_brute_force(name: str, k: int) -> None:
     pattern = build_pattern(name, k)
-    assert search._fewest_monochromatic(pattern) == _brute_force(pattern)
+    assert fewest_monochromatic(pattern) == _brute_force(pattern)
 
 
 def test_fewest_monochromatic_of_a_forest_and_of_other_graphs() -> None:
     forest = CommunicationPattern("custom", 7, ((0, 1), (1, 2), (3, 4), (4, 5), (4, 6)))
-    assert search._fewest_monochromatic(forest) == _brute_force(forest)
-    assert search._fewest_monochromatic(build_pattern("all", 4)) is None  # not a tree or cycle
+    assert fewest_monochromatic(forest) == _brute_force(forest)
+    assert fewest_monochromatic(build_pattern("all", 4)) is None  # not a tree or cycle
     theta = CommunicationPattern("custom", 4, ((0, 1), (1, 2), (2, 3), (3, 0), (0, 2)))
-    assert search._fewest_monochromatic(theta) is None
+    assert fewest_monochromatic(theta) is None
 
 
 def _nvlink_masks(host: HostGraph, *, least: int = 1) -> list[int]:
@@ -48,11 +54,11 @@ def _nvlink_masks(host: HostGraph, *, least: int = 1) -> list[int]:
 
 def test_bipartite_link_graphs_are_found() -> None:
     torus = HostGraph.from_topology(load_bundled("torus-2d-16"))
-    side = search._bipartition(range(16), _nvlink_masks(torus))
+    side = bipartition(range(16), _nvlink_masks(torus))
     assert side is not None and side.bit_count() == 8
     dgx = HostGraph.from_topology(load_bundled("dgx1-v100"))
-    assert search._bipartition(range(8), _nvlink_masks(dgx)) is None  # 0-1-2 is a triangle
-    assert search._bipartition(range(8), _nvlink_masks(dgx, least=2)) is not None  # NV2: 8-cycle
+    assert bipartition(range(8), _nvlink_masks(dgx)) is None  # 0-1-2 is a triangle
+    assert bipartition(range(8), _nvlink_masks(dgx, least=2)) is not None  # NV2: 8-cycle
 
 
 @pytest.mark.slow
@@ -71,19 +77,19 @@ def test_the_bound_changes_no_answer(
         return placement.gpus, placement.scores
 
     with_bound = place()
-    monkeypatch.setattr(search, "_fewest_monochromatic", lambda pattern: None)
+    monkeypatch.setattr(search_bounds, "fewest_monochromatic", lambda pattern: None)
     assert place() == with_bound
 
 
 def test_forest_diameters_and_component_sizes() -> None:
-    assert search._forest_diameter(build_pattern("tree", 14)) == 6
-    assert search._forest_diameter(build_pattern("tree", 16)) == 7  # rank 15 hangs one deeper
-    assert search._forest_diameter(build_pattern("star", 5)) == 2
-    assert search._forest_diameter(build_pattern("ring", 5)) is None
+    assert forest_diameter(build_pattern("tree", 14)) == 6
+    assert forest_diameter(build_pattern("tree", 16)) == 7  # rank 15 hangs one deeper
+    assert forest_diameter(build_pattern("star", 5)) == 2
+    assert forest_diameter(build_pattern("ring", 5)) is None
     torus = HostGraph.from_topology(load_bundled("torus-2d-16"))
     nv2 = _nvlink_masks(torus, least=2)
-    assert sorted(search._component_sizes(range(16), nv2)) == [4, 4, 8]
-    assert sorted(search._component_sizes([g for g in range(16) if g not in (6, 10)], nv2)) == [
+    assert sorted(component_sizes(range(16), nv2)) == [4, 4, 8]
+    assert sorted(component_sizes([g for g in range(16) if g not in (6, 10)], nv2)) == [
         1, 1, 2, 2, 8,
     ]  # fmt: skip
 
@@ -102,5 +108,5 @@ def test_the_paths_bound_changes_no_answer(
         return placement.gpus, placement.scores
 
     with_bound = place()
-    monkeypatch.setattr(search, "_forest_diameter", lambda pattern: None)
+    monkeypatch.setattr(search_bounds, "forest_diameter", lambda pattern: None)
     assert place() == with_bound

@@ -10,10 +10,11 @@ import pytest
 
 from gpualloc.model.request import HostState, JobRequest
 from gpualloc.placement.engine import decision_context
+from gpualloc.placement.exact import best_placement_among
 from gpualloc.placement.host import HostGraph
 from gpualloc.placement.mapa import LossSearch, _best_of_few_sets
+from gpualloc.placement.objectives import AggregatedObjective
 from gpualloc.placement.patterns import build_pattern
-from gpualloc.placement.search import AggregatedObjective, best_placement_among
 from gpualloc.placement.symmetry import host_symmetries, set_orbits
 from gpualloc.topologies import load_bundled
 

@@ -10,8 +10,9 @@ import pytest
 
 from gpualloc.model.request import HostState, JobRequest
 from gpualloc.placement.engine import decision_context
+from gpualloc.placement.objectives import AggregatedObjective
 from gpualloc.placement.patterns import build_pattern
-from gpualloc.placement.search import AggregatedObjective, PlacementSearch
+from gpualloc.placement.search import PlacementSearch
 from gpualloc.placement.treebound import TreeWeightBound, best_children
 from gpualloc.topologies import load_bundled
 

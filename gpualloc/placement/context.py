@@ -17,14 +17,10 @@ from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.request import HostState, JobRequest, Placement, Scores
 from gpualloc.model.topology import Topology
 from gpualloc.placement import scores
+from gpualloc.placement.exact import best_order_of_set
 from gpualloc.placement.host import HostGraph
+from gpualloc.placement.objectives import AggregatedObjective, EdgeObjective, effective_objective
 from gpualloc.placement.scores import EffectiveModel
-from gpualloc.placement.search import (
-    AggregatedObjective,
-    EdgeObjective,
-    best_order_of_set,
-    effective_objective,
-)
 from gpualloc.placement.utility import UtilityModel, UtilityWeights
 
 

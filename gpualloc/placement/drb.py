@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpualloc.model.request import Placement
+from gpualloc.placement.candidates import candidate_sets
 from gpualloc.placement.context import DecisionContext
 from gpualloc.placement.policy import Alternative, Policy, SetKey, gpu_list
-from gpualloc.placement.search import candidate_sets
 
 
 class DrbPolicy(Policy):

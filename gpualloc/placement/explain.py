@@ -12,9 +12,9 @@ from __future__ import annotations
 from math import comb
 
 from gpualloc.model.request import Placement
+from gpualloc.placement.candidates import candidate_sets
 from gpualloc.placement.context import DecisionContext
 from gpualloc.placement.policy import Alternative, Policy
-from gpualloc.placement.search import candidate_sets
 
 MAX_EXHAUSTIVE = 200
 

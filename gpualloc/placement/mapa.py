@@ -27,18 +27,17 @@ from math import comb
 
 from gpualloc.model.request import CommunicationPattern, Placement
 from gpualloc.placement.context import DecisionContext
-from gpualloc.placement.host import HostGraph
-from gpualloc.placement.policy import Alternative, Policy, SetKey, gpu_list
-from gpualloc.placement.scores import mapa_counts, pattern_pairs, preserved_gbps
-from gpualloc.placement.search import (
-    AggregatedObjective,
-    SearchResult,
+from gpualloc.placement.exact import (
     best_order_of_set,
     best_ordered_placement,
     best_placement_among,
-    evaluate_order,
-    is_forest,
 )
+from gpualloc.placement.host import HostGraph
+from gpualloc.placement.objectives import AggregatedObjective, evaluate_order
+from gpualloc.placement.pattern_graphs import is_forest
+from gpualloc.placement.policy import Alternative, Policy, SetKey, gpu_list
+from gpualloc.placement.scores import mapa_counts, pattern_pairs, preserved_gbps
+from gpualloc.placement.search import SearchResult
 from gpualloc.placement.symmetry import host_symmetries, set_orbits
 
 _SLACK = 2e-6

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 
 from gpualloc.model.request import Placement
 from gpualloc.placement.context import DecisionContext
+from gpualloc.placement.exact import best_ordered_placement
+from gpualloc.placement.objectives import AggregatedObjective, evaluate_order
 from gpualloc.placement.policy import Alternative, Policy, SetKey, gpu_list
-from gpualloc.placement.search import AggregatedObjective, best_ordered_placement, evaluate_order
 
 
 class MapaGreedyPolicy(Policy):

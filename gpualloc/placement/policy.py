@@ -16,8 +16,8 @@ from typing import ClassVar
 from msgspec import Struct
 
 from gpualloc.model.request import Placement, Scores
+from gpualloc.placement.candidates import candidate_sets
 from gpualloc.placement.context import DecisionContext
-from gpualloc.placement.search import candidate_sets
 
 SetKey = tuple[float, ...]
 
