@@ -32,11 +32,13 @@ An unknown key or a bad value is an error naming the file and the key (exit 15),
 ignored: a typo in a system file would otherwise change nothing and nobody would know why.
 Reading is cheap (no pydantic): completion and ``--help`` may load this module.
 
-A leaf: it imports nothing of gpualloc but :mod:`gpualloc.errors` and :mod:`gpualloc.durations`
-(issue 29, point 3). The defaults live here; what a value means is checked where it is used (a
-policy name by :func:`gpualloc.placement.registry.configured_policy`, the ``[idle]`` table by
+NamedTuples, not msgspec Structs: completion asks for lease ids through this module, and
+msgspec would double what that costs. A leaf: it imports nothing of gpualloc but
+:mod:`gpualloc.errors` and :mod:`gpualloc.durations` (issue 29, point 3). The defaults live
+here; what a value means is checked where it is used (a policy name by
+:func:`gpualloc.placement.registry.configured_policy`, the ``[idle]`` table by
 :meth:`gpualloc.ledger.idle.IdlePolicy.from_config`, a bandwidth table by
-:func:`gpualloc.model.bandwidth.configured_table`).
+:func:`gpualloc.discovery.resolve.configured_bandwidth_table`).
 """
 
 from __future__ import annotations
@@ -46,9 +48,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
-
-from msgspec import Struct
+from typing import Any, NamedTuple
 
 from gpualloc.durations import parse_duration_text
 from gpualloc.errors import ConfigError
@@ -161,7 +161,7 @@ def _path_or_table(value: Any) -> Path | dict[str, Any]:
     return value if isinstance(value, dict) else _path(value)
 
 
-class Setting(Struct, frozen=True):
+class Setting(NamedTuple):
     """One configurable default."""
 
     key: str
@@ -257,7 +257,7 @@ TABLES = frozenset(setting.key.split(".")[0] for setting in SETTINGS if "." in s
 """The config files' tables (``[queue]``, ``[verify]``, ...), from the settings' keys."""
 
 
-class Resolved(Struct, frozen=True):
+class Resolved(NamedTuple):
     """An effective value and where it came from (a flag, a variable, a file, the default)."""
 
     key: str
@@ -276,7 +276,7 @@ def system_file(env: Mapping[str, str]) -> Path:
     return Path(named) if named else SYSTEM_FILE
 
 
-class Config(Struct, frozen=True):
+class Config(NamedTuple):
     """The environment and the parsed files, ready to answer :meth:`resolve`."""
 
     env: Mapping[str, str]

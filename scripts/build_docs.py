@@ -2,10 +2,12 @@
 """Generate the shell completion scripts and the manual page from the typer app.
 
 Run from the repository root: ``python scripts/build_docs.py`` writes ``completions/`` (bash,
-zsh, fish) and ``man/gpualloc.1``; ``--check`` exits 1 if a committed file differs from what
-this script builds (a test runs the same check). The completion scripts call ``gpualloc`` back
-on every Tab (``_GPUALLOC_COMPLETE``), so they stay right as commands and options change; the
-manual is rendered from the command tree by :mod:`gpualloc.cli.manpage`.
+zsh, fish), ``man/gpualloc.1`` and the help pages ``gpualloc/cli/help_pages.json``; ``--check``
+exits 1 if a committed file differs from what this script builds (a test runs the same check).
+The completion scripts are static (:mod:`gpualloc.cli.completion_scripts`: the command tree is in
+them, so a Tab starts no process); the manual is rendered from the command tree by
+:mod:`gpualloc.cli.manpage`; the help pages are typer's own output
+(:mod:`gpualloc.cli.static_help`).
 """
 
 from __future__ import annotations
@@ -15,26 +17,31 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPLETION_FILES = {"bash": "gpualloc.bash", "zsh": "_gpualloc", "fish": "gpualloc.fish"}
-COMPLETE_VARIABLE = "_GPUALLOC_COMPLETE"
 
 
 def build_all() -> dict[Path, str]:
     """Repository-relative path -> the text it should have."""
     import typer
-    from typer._completion_shared import get_completion_script
 
-    from gpualloc.cli.app import ENVIRONMENT_VARIABLES, app
+    from gpualloc.cli.app import ENVIRONMENT_VARIABLES, _completion_script, app
     from gpualloc.cli.manpage import render
 
     files = {
-        Path("completions") / name: get_completion_script(
-            prog_name="gpualloc", complete_var=COMPLETE_VARIABLE, shell=shell
-        ).rstrip("\n")
-        + "\n"
+        Path("completions") / name: _completion_script(shell)
         for shell, name in COMPLETION_FILES.items()
     }
     files[Path("man") / "gpualloc.1"] = render(typer.main.get_command(app), ENVIRONMENT_VARIABLES)
+    files[Path("gpualloc") / "cli" / "help_pages.json"] = help_pages_json()
     return files
+
+
+def help_pages_json() -> str:
+    """Every help page as typer prints it (see :mod:`gpualloc.cli.static_help`)."""
+    import json
+
+    from gpualloc.cli.static_help import render_pages
+
+    return json.dumps(render_pages(), indent=1, sort_keys=True) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -209,17 +209,73 @@ def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-def test_help_imports_nothing_heavy() -> None:
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["topo", "show", "-h"]])
+def test_help_imports_nothing_heavy(args: list[str]) -> None:
+    """Help pages are fixed texts (issue 29, point 5): not even typer or msgspec for them."""
     probe = (
         "import sys, json\n"
         "from gpualloc.cli.main import run\n"
-        "try:\n    run(['--help'])\nexcept SystemExit:\n    pass\n"
-        "heavy = ['networkx', 'pynvml', 'psutil', 'pydantic']\n"
+        f"try:\n    run({args!r})\nexcept SystemExit:\n    pass\n"
+        "heavy = ['networkx', 'pynvml', 'psutil', 'pydantic', 'typer', 'msgspec', 'rich']\n"
         "sys.stderr.write(json.dumps([m for m in heavy if m in sys.modules]))\n"
     )
-    result = _run("-c", probe)
-    assert "Usage" in result.stdout
+    result = _run("-c", probe, COLUMNS="100")
+    assert "Usage: gpualloc" in result.stdout
     assert json.loads(result.stderr) == []
+
+
+def _typer_help(args: list[str]) -> tuple[int, str, str]:
+    """What typer itself prints for ``args``: the static pages must be exactly this."""
+    import contextlib
+    import io
+
+    from gpualloc.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+    ):
+        patch.setenv("COLUMNS", "80")
+        patch.setattr(main, "_static_help", lambda args: False)
+        with pytest.raises(SystemExit) as exited:
+            main.run(list(args))
+    return int(exited.value.code), out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize(
+    "args", [["--help"], ["-h"], [], ["run", "--help"], ["topo"], ["slurm", "prolog", "-h"]]
+)
+def test_help_pages_are_typers_own(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+    import io
+
+    from gpualloc.cli import main
+
+    monkeypatch.setenv("COLUMNS", "120")
+    out, err = io.StringIO(), io.StringIO()
+    with (
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+        pytest.raises(SystemExit) as exited,
+    ):
+        main.run(list(args))
+    assert (int(exited.value.code), out.getvalue(), err.getvalue()) == _typer_help(args)
+
+
+def test_help_is_left_to_typer_where_a_page_would_not_be_exact(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpualloc.cli.static_help import page_for
+
+    assert page_for(["run", "--help"]) is not None
+    assert page_for(["-t", "dgx2", "run", "--help"]) is None  # an option typer reads first
+    assert page_for(["run", "-n", "2", "--help"]) is None
+    assert page_for(["nosuch", "--help"]) is None
+    assert page_for(["run"]) is None  # a command given nothing: typer's usage error
+    monkeypatch.setenv("COLUMNS", "60")
+    assert page_for(["--help"]) is None  # click wraps narrower than the pages
 
 
 @pytest.mark.slow

@@ -68,52 +68,142 @@ def test_man_renders_the_page_without_warnings() -> None:
     assert result.stderr == ""
 
 
-def _complete(words: str, state_dir: Path) -> tuple[list[str], list[str]]:
-    """What bash completion offers after ``words``, and which heavy modules that imported."""
-    probe = (
-        "import sys, json\n"
-        "from gpualloc.cli.main import run\n"
-        "try:\n    run()\nexcept SystemExit:\n    pass\n"
-        f"sys.stderr.write(json.dumps([m for m in {list(HEAVY)!r} if m in sys.modules]))\n"
+BASH_DRIVER = """
+source "$1"; shift
+COMP_WORDS=("$@"); COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))
+_gpualloc
+printf '%s\\n' "${COMPREPLY[@]}"
+"""
+ZSH_DRIVER = """
+script=$1; shift
+words=("$@"); CURRENT=$#words
+_describe() { local -a e; e=(${(P)2}); print -l -- ${e%%:*}; }
+compadd() { [[ $1 == -a ]] && print -l -- ${(P)2} || { shift; print -l -- "$@"; }; }
+_files() { print -- "<files>"; }
+_normal() { print -- "<job:$words[1]>"; }
+_command_names() { print -- "<commands>"; }
+compset() { cur=${cur#*=}; }
+source $script
+"""
+"""Stand-ins for zsh's completion functions that print what they are given: the script's
+logic runs as in a shell, without a terminal to press Tab in."""
+
+
+def _launcher(tmp_path: Path) -> Path:
+    """A ``gpualloc`` for the scripts to call back, running this checkout's code."""
+    launcher = tmp_path / "bin" / "gpualloc"
+    launcher.parent.mkdir(exist_ok=True)
+    launcher.write_text(f'#!/bin/sh\nexec {sys.executable} -m gpualloc "$@"\n')
+    launcher.chmod(0o755)
+    return launcher
+
+
+def _offered(shell: str, words: list[str], state: Path, launcher: Path) -> list[str]:
+    """What the committed script of ``shell`` offers for ``words`` (the last one is being
+    completed), with ``launcher`` as the gpualloc it was typed as."""
+    script = {"bash": "gpualloc.bash", "zsh": "_gpualloc"}[shell]
+    driver = BASH_DRIVER if shell == "bash" else ZSH_DRIVER
+    command = (
+        [shell, "-c", driver, shell] if shell == "bash" else ["zsh", "-f", "-c", driver, "zsh"]
     )
-    env = {
-        **os.environ,
-        "_GPUALLOC_COMPLETE": "complete_bash",
-        "COMP_WORDS": words,
-        "COMP_CWORD": str(len(words.split(" ")) - 1),
-        "GPUALLOC_STATE_DIR": str(state_dir),
-    }
     result = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=False,
-        timeout=60,
+        [*command, str(ROOT / "completions" / script), str(launcher), *words[1:]],
+        capture_output=True, text=True, check=False, timeout=60,
+        env={**os.environ, "GPUALLOC_STATE_DIR": str(state)},
     )  # fmt: skip
-    return result.stdout.split(), json.loads(result.stderr)
+    assert result.stderr == ""  # zsh's status is its last test's: not a verdict
+    return [line for line in result.stdout.splitlines() if line]
+
+
+def _matching(offered: list[str], prefix: str) -> list[str]:
+    """zsh leaves the matching to its own completion system: apply it here (to the value after
+    ``=`` of ``--option=value``)."""
+    prefix = prefix.partition("=")[2] if prefix.startswith("--") and "=" in prefix else prefix
+    return [word for word in offered if word.startswith((prefix, "<"))]
 
 
 @pytest.mark.slow
-def test_completion_offers_names_and_imports_nothing_heavy(cli, tmp_path: Path) -> None:
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_the_static_script_completes_commands_options_and_values(
+    cli, tmp_path: Path, shell: str
+) -> None:
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed")
     state = tmp_path / "state"
     assert cli("--topology", "dgx1-v100", "alloc", "--hold", "-n", "2").exit_code == 0
     lease = json.loads(cli("--topology", "dgx1-v100", "status", "--json").stdout)["leases"][0]
+    launcher = _launcher(tmp_path)
 
-    offered, heavy = _complete("gpualloc --topology dgx", state)
-    assert offered == ["dgx-a100", "dgx-a100-mig", "dgx1-p100", "dgx1-v100", "dgx2"] and heavy == []
-    offered, heavy = _complete("gpualloc plan --policy mapa", state)
-    assert offered == ["mapa", "mapa-greedy"] and heavy == []
-    offered, heavy = _complete("gpualloc release ", state)
-    assert offered == [lease["id"]] and heavy == []
+    def offered(*words: str) -> list[str]:
+        return _matching(_offered(shell, ["gpualloc", *words], state, launcher), words[-1])
+
+    files = ["<files>"] if shell == "zsh" else []  # bash adds file names by -o default
+    assert offered("--topology", "dgx") == [
+        *files, "dgx-a100", "dgx-a100-mig", "dgx1-p100", "dgx1-v100", "dgx2",
+    ]  # fmt: skip
+    assert offered("plan", "--policy", "mapa") == ["mapa", "mapa-greedy"]
+    assert offered("release", "") == [lease["id"]]
     os.mkfifo(state / "ledger@planted.json")  # another user's FIFO must not hang the shell
-    offered, heavy = _complete("gpualloc release ", state)
-    assert offered == [lease["id"]] and heavy == []
-    offered, heavy = _complete("gpualloc s", state)
-    assert offered == ["status", "simulate", "slurm"] and heavy == []
-    offered, _ = _complete("gpualloc run --numa ", state)
-    assert offered == ["auto", "bind", "none"]
+    assert offered("release", "") == [lease["id"]]
+    assert offered("s") == ["status", "simulate", "slurm"]
+    assert offered("-t", "dgx2", "run", "--numa", "") == ["auto", "bind", "none"]
+    assert offered("run", "--mig", "3g") == ["3g.20gb", "3g.40gb", "3g.71gb"]
+    assert offered("topo", "s") == ["show"]
+    assert offered("topo", "show", "--") == ["--json", "--help"]
+    assert offered("plan", "--pattern=t") == ["tree"]
+    job = offered("run", "-n", "2", "--", "pyth")
+    assert job == ["<job:pyth>"] if shell == "zsh" else "python3" in job
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("fish") is None, reason="fish is not installed")
+def test_the_fish_script_completes_commands_options_and_values(cli, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    assert cli("--topology", "dgx1-v100", "alloc", "--hold", "-n", "2").exit_code == 0
+    lease = json.loads(cli("--topology", "dgx1-v100", "status", "--json").stdout)["leases"][0]
+    launcher = _launcher(tmp_path)
+
+    def offered(line: str) -> list[str]:
+        script = ROOT / "completions" / "gpualloc.fish"
+        result = subprocess.run(
+            ["fish", "--no-config", "-c", f"source {script}; complete -C '{line}'"],
+            capture_output=True, text=True, check=False, timeout=60,
+            env={**os.environ, "GPUALLOC_STATE_DIR": str(state),
+                 "PATH": f"{launcher.parent}:{os.environ['PATH']}"},
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return [entry.split("\t")[0] for entry in result.stdout.splitlines()]
+
+    assert offered("gpualloc s") == ["simulate", "slurm", "status"]
+    assert offered("gpualloc plan --policy mapa") == ["mapa", "mapa-greedy"]
+    assert offered("gpualloc release ") == [lease["id"]]
+    assert offered("gpualloc topo s") == ["show"]
+    assert offered("gpualloc run --numa ") == ["auto", "bind", "none"]
+
+
+def test_lease_ids_for_completion_import_nothing_heavy(cli, tmp_path: Path) -> None:
+    """The one question the scripts ask gpualloc: no typer, msgspec or NVML for it."""
+    assert cli("--topology", "dgx1-v100", "alloc", "--hold", "-n", "2").exit_code == 0
+    lease = json.loads(cli("--topology", "dgx1-v100", "status", "--json").stdout)["leases"][0]
+    probe = (
+        "import sys, json\n"
+        "from gpualloc.cli.main import run\n"
+        "try:\n    run([])\nexcept SystemExit:\n    pass\n"
+        f"sys.stderr.write(json.dumps([m for m in {[*HEAVY, 'typer', 'msgspec']!r} "
+        "if m in sys.modules]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=False, timeout=60,
+        env={**os.environ, "_GPUALLOC_COMPLETE_LEASES": "1",
+             "GPUALLOC_STATE_DIR": str(tmp_path / "state")},
+    )  # fmt: skip
+    assert result.stdout == f"{lease['id']}\tGPU 0,3, {lease['user']}\n"
+    assert json.loads(result.stderr) == []
 
 
 @pytest.mark.slow
 def test_install_completion_writes_the_shells_file(tmp_path: Path) -> None:
-    env = {**os.environ, "HOME": str(tmp_path), "SHELL": "/bin/bash"}
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "data")}
     result = subprocess.run(
         [sys.executable, "-m", "gpualloc", "--install-completion", "bash"],
         capture_output=True,
@@ -122,6 +212,16 @@ def test_install_completion_writes_the_shells_file(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    installed = list(tmp_path.rglob("gpualloc*"))
-    assert installed and "_GPUALLOC_COMPLETE=complete_bash" in installed[0].read_text()
-    assert str(installed[0].name) in (tmp_path / ".bashrc").read_text()
+    installed = tmp_path / "data" / "bash-completion" / "completions" / "gpualloc"
+    assert installed.read_text() == (ROOT / "completions" / "gpualloc.bash").read_text()
+    assert f"wrote {installed}" in result.stderr
+    shown = subprocess.run(
+        [sys.executable, "-m", "gpualloc", "--show-completion", "fish"],
+        capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    assert shown.stdout == (ROOT / "completions" / "gpualloc.fish").read_text()
+    refused = subprocess.run(
+        [sys.executable, "-m", "gpualloc", "--show-completion", "tcsh"],
+        capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "choose bash, zsh or fish" in refused.stderr

@@ -415,3 +415,32 @@ def test_inside_a_slurm_job_gpus_outside_it_are_never_shared() -> None:
     assert choose_share(topology, occupancy, ShareRequest(), 4).candidate.gpu == 0
     with pytest.raises(NoFeasiblePlacement, match="GPU 3 cannot be shared"):
         choose_share(topology, occupancy, ShareRequest(gpu=3), 4)
+
+
+def test_eviction_marks_the_shared_jobs_beside_a_lease_in_the_ledger() -> None:
+    """What ``release --evict-shared`` writes, in-process (the tests above run the watchers that
+    act on it): the shared job beside the owner's ``--shareable`` lease is marked with the
+    evicter and the grace, and a lease that shares nothing is refused."""
+    from gpualloc.launcher.allocate import HostLedger, LeaseTerms
+    from gpualloc.launcher.eviction import evict_shared
+    from gpualloc.ledger.lookup import user_name
+    from gpualloc.model.request import JobRequest
+    from gpualloc.placement.patterns import build_pattern
+    from gpualloc.placement.want import Want
+
+    host = HostLedger.open(load_bundled("dgx1-v100"))
+    pid = os.getpid()
+    one_gpu = JobRequest(1, build_pattern("ring", 1), sensitive=False)
+    owner = host.allocate(
+        Want(one_gpu, explicit=(2,)), LeaseTerms(source="alloc", pid=pid, shareable=True)
+    ).lease
+    plain = host.allocate(Want(one_gpu, explicit=(5,)), LeaseTerms(source="alloc", pid=pid))
+    shared = host.allocate(
+        Want(one_gpu, share=ShareRequest(gpu=2)), LeaseTerms(source="run", pid=pid)
+    ).lease
+    result = evict_shared(host, [owner.id, plain.lease.id], grace_s=5.0)
+    assert [x.id for x in result.released] == [shared.id]
+    assert [type(p).__name__ for p in result.problems] == ["RequestError"]
+    marked = host.snapshot().ledger.find(shared.id)
+    assert marked is not None and marked.share is not None
+    assert (marked.share.evict_by, marked.share.evict_grace_s) == (user_name(os.geteuid()), 5.0)

@@ -9,6 +9,7 @@ error boundary of both.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -50,10 +51,13 @@ ENVIRONMENT_VARIABLES = (
     ("GPUALLOC_LEASE_ID, GPUALLOC_GPUS", "set for jobs: their lease id and GPU indices"),
 )
 ENVIRONMENT_HELP = (
-    "Environment variables:\n\n"
-    + "\n\n".join(f"* {name}: {meaning}" for name, meaning in ENVIRONMENT_VARIABLES)
-    + "\n\nExit codes: "
-    + ", ".join(f"{int(code)} {code.name.lower().replace('_', '-')}" for code in ExitCode)
+    "Environment variables:\n\n\b\n"  # \b: click keeps the lines of the next paragraph as they are
+    + "\n".join(f"  {name}: {meaning}" for name, meaning in ENVIRONMENT_VARIABLES)
+    + "\n\nExit codes:\n\n\b\n"
+    + "\n".join(
+        "  " + ", ".join(f"{int(code)} {code.name.lower().replace('_', '-')}" for code in row)
+        for row in (list(ExitCode)[i : i + 5] for i in range(0, len(ExitCode), 5))
+    )
 )
 
 app = typer.Typer(
@@ -64,9 +68,9 @@ app = typer.Typer(
         "`gpualloc --topology dgx1-v100 topo show`"
     ),
     epilog=ENVIRONMENT_HELP,
-    rich_markup_mode="markdown",
+    rich_markup_mode=None,
     no_args_is_help=True,
-    add_completion=True,
+    add_completion=False,  # static scripts instead (--install-completion, below)
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -83,6 +87,49 @@ app.command("simulate")(simulate.simulate_command)
 app.command("calibrate")(calibrate.calibrate_command)
 app.add_typer(slurm.app, name="slurm")
 app.add_typer(config.app, name="config")
+
+
+SHELLS = ("bash", "zsh", "fish")
+
+
+def _completion_script(shell: str) -> str:
+    from gpualloc.cli import completion_scripts as scripts
+
+    if shell not in SHELLS:
+        raise typer.BadParameter(f"{shell!r}: choose bash, zsh or fish")
+    specs = scripts.command_specs(typer.main.get_command(app))
+    build = {"bash": scripts.bash_script, "zsh": scripts.zsh_script, "fish": scripts.fish_script}
+    return build[shell](specs)
+
+
+def _show_completion(shell: str | None) -> None:
+    if shell is not None:
+        write_stdout(_completion_script(shell))
+        raise typer.Exit()
+
+
+def _install_completion(shell: str | None) -> None:
+    """Write the static script where the shell looks for completions of its own accord."""
+    if shell is None:
+        return
+    from gpualloc.cli.output import say
+
+    script = _completion_script(shell)
+    home = Path.home()
+    data = Path(os.environ.get("XDG_DATA_HOME") or home / ".local" / "share")
+    config = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config")
+    target = {
+        "bash": data / "bash-completion" / "completions" / "gpualloc",
+        "zsh": home / ".zfunc" / "_gpualloc",
+        "fish": config / "fish" / "completions" / "gpualloc.fish",
+    }[shell]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(script)
+    say(f"wrote {target}")
+    if shell == "zsh":
+        say("add to ~/.zshrc, before compinit: fpath=(~/.zfunc $fpath)")
+    say("open a new shell to use it")
+    raise typer.Exit()
 
 
 def _version(value: bool) -> None:
@@ -127,6 +174,27 @@ def main(
             "--version", callback=_version, is_eager=True, help="Print the version and exit."
         ),
     ] = False,
+    install_completion: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--install-completion",
+            metavar="SHELL",
+            callback=_install_completion,
+            is_eager=True,
+            help="Install Tab completion for bash, zsh or fish (a static script: no process "
+            "per Tab).",
+        ),
+    ] = None,
+    show_completion: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--show-completion",
+            metavar="SHELL",
+            callback=_show_completion,
+            is_eager=True,
+            help="Print the completion script for bash, zsh or fish.",
+        ),
+    ] = None,
 ) -> None:
     """Global options, shared by every command."""
     STATE.apply_global_options(

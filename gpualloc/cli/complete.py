@@ -28,6 +28,17 @@ SCORES = (
     ("bottleneck", "the slowest link of the pattern"),
 )
 PRIORITIES = (("high", ""), ("normal", ""), ("low", ""))
+MIG_PROFILES = (
+    ("1g.5gb", "A100 40GB"), ("1g.10gb", "A100 40GB, A100/H100 80GB"), ("2g.10gb", "A100 40GB"),
+    ("3g.20gb", "A100 40GB"), ("4g.20gb", "A100 40GB"), ("7g.40gb", "A100 40GB"),
+    ("1g.20gb", "A100/H100 80GB"), ("2g.20gb", "A100/H100 80GB"), ("3g.40gb", "A100/H100 80GB"),
+    ("4g.40gb", "A100/H100 80GB"), ("7g.80gb", "A100/H100 80GB"),
+    ("1g.6gb", "A30"), ("2g.12gb", "A30"), ("4g.24gb", "A30"),
+    ("1g.18gb", "H200"), ("1g.35gb", "H200"), ("2g.35gb", "H200"), ("3g.71gb", "H200"),
+    ("4g.71gb", "H200"), ("7g.141gb", "H200"),
+)  # fmt: skip
+"""The MIG profiles of NVIDIA's data-centre GPUs (its MIG user guide); ``gpualloc topo show``
+lists the devices a host has. A device label (GPU0/MIG3) or a MIG- UUID is typed by hand."""
 
 
 def _matching(
@@ -50,6 +61,10 @@ def scores(incomplete: str) -> list[tuple[str, str]]:
 
 def priorities(incomplete: str) -> list[tuple[str, str]]:
     return _matching(PRIORITIES, incomplete)
+
+
+def mig_profiles(incomplete: str) -> list[tuple[str, str]]:
+    return _matching(MIG_PROFILES, incomplete)
 
 
 def policies(incomplete: str) -> list[tuple[str, str]]:

@@ -11,15 +11,15 @@ goes to typer: ``--help``, completion requests, an unknown or malformed option, 
 range. So typer still writes every usage error, and the fast path never accepts a line that
 typer would refuse or read differently. Tests check this table against typer's declarations,
 option by option, and run a corpus of command lines through both.
+
+NamedTuples and a plain class, not msgspec Structs or dataclasses: every command line passes
+through :func:`parse`, and those imports cost 10 to 20 ms that ``--help`` does not need.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import Any, Literal
-
-from msgspec import Struct, field
+from typing import Any, Literal, NamedTuple
 
 Kind = Literal["flag", "int", "float", "str", "path"]
 
@@ -30,7 +30,7 @@ FLAG_WORDS = {"1": True, "0": False}
 ...) and its refusal of anything else are left to typer."""
 
 
-class Option(Struct, frozen=True):
+class Option(NamedTuple):
     """One option as typer declares it: its spellings, the parameter it sets, how its value
     reads, and the range typer checks (a value outside it goes to typer, which says so)."""
 
@@ -47,6 +47,8 @@ class Option(Struct, frozen=True):
     def convert(self, text: str) -> Any:
         """The value for ``text``; ValueError where typer would refuse it."""
         if self.kind == "path":
+            from pathlib import Path
+
             return Path(text)
         if self.kind == "str":
             return text
@@ -118,7 +120,7 @@ RELEASE_OPTIONS = (
 )
 
 
-class CommandSpec(Struct, frozen=True):
+class CommandSpec(NamedTuple):
     """A command the fast path takes: its options and what its arguments are."""
 
     options: tuple[Option, ...]
@@ -137,13 +139,14 @@ COMMANDS: dict[str, CommandSpec] = {
 }
 
 
-class FastCommand(Struct):
-    """A command line the fast path understood: the global options and the command's values."""
+class FastCommand:
+    """A command line the fast path understood: the global options given or set in the
+    environment (the rest take their defaults), and the command's values."""
 
-    name: str
-    global_values: dict[str, Any] = field(default_factory=dict)
-    """The global options given or set in the environment (the rest take their defaults)."""
-    values: dict[str, Any] = field(default_factory=dict)
+    def __init__(self, name: str, global_values: dict[str, Any], values: dict[str, Any]) -> None:
+        self.name = name
+        self.global_values = global_values
+        self.values = values
 
     def invoke(self) -> None:
         """Apply the global options as typer's callback does, then do the command's work."""

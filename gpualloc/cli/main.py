@@ -1,6 +1,7 @@
 """The ``gpualloc`` executable: the entry point, and the one error boundary.
 
-``run()`` hands the command lines run most often (``run``, ``alloc`` and ``release`` with their
+``run()`` prints help pages itself when they are fixed texts (:mod:`gpualloc.cli.static_help`),
+hands the command lines run most often (``run``, ``alloc`` and ``release`` with their
 options) to :mod:`gpualloc.cli.fastpath`, which calls the commands' work directly; everything
 else, ``--help`` and any line the fast path does not fully understand, goes to the typer
 application (:mod:`gpualloc.cli.app`), which imports typer and through it pydantic: about two
@@ -22,15 +23,26 @@ from gpualloc.errors import ExitCode, GpuallocError
 
 def run(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point; never returns."""
+    from gpualloc import notices
     from gpualloc.cli import fastpath
-    from gpualloc.ledger import locking
 
     args = sys.argv[1:] if argv is None else list(argv)
+    if fastpath.COMPLETION_VARIABLE in os.environ:
+        sys.exit(
+            ExitCode.OK
+        )  # typer's protocol, from a script installed by an older gpualloc: no answer
+    if os.environ.get("_GPUALLOC_COMPLETE_LEASES"):  # a completion script asks (no typer)
+        from gpualloc.cli.complete import lease_ids
+
+        sys.stdout.write("".join(f"{lease}\t{about}\n" for lease, about in lease_ids("")))
+        sys.exit(ExitCode.OK)
     STATE.reset()
     STATE.debug = os.environ.get("GPUALLOC_DEBUG", "") not in ("", "0")
-    locking.slow_wait_notice = _notice
+    notices.slow_wait = _notice
     code: int = ExitCode.OK
     try:
+        if _static_help(args):
+            sys.exit(ExitCode.OK)
         command = fastpath.parse(args, os.environ)
         if command is None:
             code = _run_typer(args)
@@ -51,6 +63,22 @@ def run(argv: list[str] | None = None) -> NoReturn:
         )
         code = ExitCode.INTERNAL
     sys.exit(int(code))
+
+
+def _static_help(args: list[str]) -> bool:
+    """Print the help page of ``args`` without typer when it is a known fixed text (see
+    :mod:`gpualloc.cli.static_help`); a group given nothing exits 2 as click's would."""
+    from gpualloc.cli.output import write_stdout
+    from gpualloc.cli.static_help import page_for
+
+    page = page_for(args)
+    if page is None:
+        return False
+    if page.usage_error:
+        sys.stderr.write(page.text)
+        sys.exit(ExitCode.USAGE)
+    write_stdout(page.text)
+    return True
 
 
 def _run_typer(args: list[str]) -> int:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
-
-from msgspec import Struct, field
+from typing import Any, NamedTuple
 
 STYLE_BY_CLASS = {
     "NV": "bold green",
@@ -25,12 +23,14 @@ STYLE_BY_CLASS = {
 }
 
 
-class Table(Struct):
-    """A titled table; ``styles`` optionally gives a rich style per cell."""
+class Table(NamedTuple):
+    """A titled table; ``styles`` optionally gives a rich style per cell. (A NamedTuple: every
+    command loads this module, ``--help`` too, and a msgspec Struct or a dataclass would cost
+    it 10 to 20 ms of imports.)"""
 
     title: str
     columns: list[str]
-    rows: list[list[str]] = field(default_factory=list)
+    rows: list[list[str]]
     styles: list[list[str | None]] | None = None
     caption: str | None = None
     right_align_from: int | None = None

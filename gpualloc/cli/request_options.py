@@ -90,6 +90,7 @@ MigOption = Annotated[
         "(e.g. 1g.5gb, 3g.20gb), or exactly this one (GPU0/MIG3, or its MIG- UUID). "
         "'gpualloc topo show' lists them.",
         show_default=False,
+        autocompletion=complete.mig_profiles,
     ),
 ]
 MemOption = Annotated[

@@ -2,29 +2,30 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from msgspec import Struct
-
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from gpualloc.config import Config
     from gpualloc.model.bandwidth import BandwidthTable
     from gpualloc.model.topology import Topology
 
 
-class GlobalState(Struct):
-    topology: str | None = None
-    bandwidth_table: Path | None = None
-    refresh: bool = False
-    debug: bool = False
-    _config: Config | None = None
+class GlobalState:
+    """A plain class, not a msgspec Struct: ``--help`` and completion load this module, and
+    msgspec would cost them 20 ms (issue 29, point 5)."""
+
+    def __init__(self) -> None:
+        self.reset()
 
     def reset(self) -> None:
         """Back to the defaults (tests run several invocations in one process)."""
-        fresh = GlobalState()
-        for name in self.__struct_fields__:
-            setattr(self, name, getattr(fresh, name))
+        self.topology: str | None = None
+        self.bandwidth_table: Path | None = None
+        self.refresh = False
+        self.debug = False
+        self._config: Config | None = None
 
     def apply_global_options(
         self,

@@ -13,7 +13,6 @@ from gpualloc import boot
 from gpualloc.cli.host import open_host_ledger
 from gpualloc.cli.json_views import lease_json
 from gpualloc.cli.leases import JsonOption
-from gpualloc.ledger.attribution import attribute
 
 if TYPE_CHECKING:
     from gpualloc.cli.output import Table
@@ -112,6 +111,7 @@ def lease_uses(host: HostLedger, leases: list[Lease]) -> dict[str, LeaseUse]:
 def _show(host: HostLedger, as_json: bool, idle_at_least: timedelta | None = None) -> None:
     from gpualloc.cli.host import warn
     from gpualloc.cli.output import print_json, print_tables
+    from gpualloc.ledger.attribution import attribute
 
     txn = host.snapshot()
     warn(txn.notes)

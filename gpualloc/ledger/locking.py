@@ -31,11 +31,11 @@ import errno
 import fcntl
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from msgspec import Struct
 
+from gpualloc import notices
 from gpualloc.errors import FileAccessError, LedgerLocked
 from gpualloc.ledger.shared_files import adopt, open_shared, owner_name
 
@@ -43,10 +43,8 @@ SHARED_MODE = 0o666
 FIRST_DELAY_S = 0.0005
 MAX_DELAY_S = 0.02
 NOTICE_AFTER_S = 2.0
-"""A wait longer than this is announced (through :data:`slow_wait_notice`) with the holder."""
-
-slow_wait_notice: Callable[[str], None] | None = None
-"""Set by the command line to print a one-line notice on stderr while a wait drags on."""
+"""A wait longer than this is announced (through :data:`gpualloc.notices.slow_wait`) with the
+holder."""
 
 
 class LockHolder(Struct, frozen=True):
@@ -197,8 +195,8 @@ class SharedLock:
                         )
                     if not noticed and waited >= NOTICE_AFTER_S:
                         noticed = True
-                        if slow_wait_notice is not None:
-                            slow_wait_notice(
+                        if notices.slow_wait is not None:
+                            notices.slow_wait(
                                 f"waiting for {self.what}'s lock, held by "
                                 f"{describe_holders(descriptor)} (gives up after "
                                 f"{self.timeout_s:g} s)"

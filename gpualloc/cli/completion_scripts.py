@@ -1,0 +1,439 @@
+"""Static shell completion for bash, zsh and fish, generated from the command declarations.
+
+typer's completion runs gpualloc on every Tab, about 200 ms each (issue 29, point 5). These
+scripts carry the command tree instead: each command's subcommands and options, which options
+take a value, and the values known in advance (patterns, policies, NUMA modes, scores,
+priorities, MIG profiles, bundled topology names). A Tab costs no process, except where the
+answer lives in the ledger: the lease ids of ``release`` come from ``gpualloc`` itself with
+``_GPUALLOC_COMPLETE_LEASES=1`` set, a path that imports only the configuration and the file
+reader (:func:`gpualloc.cli.main.run`).
+
+``scripts/build_docs.py`` writes them to ``completions/``; a test fails when they are stale, and
+others drive the bash script through bash and check what it offers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+LEASES_VARIABLE = "_GPUALLOC_COMPLETE_LEASES"
+"""Set by the scripts to ask ``gpualloc`` for the lease ids (``id<TAB>who holds what`` lines)."""
+DYNAMIC_LEASES = "@leases"
+TOPOLOGY_FILES = "@files"
+"""Values marked so: lease ids asked of gpualloc; bundled names and file names both."""
+
+
+class OptionSpec(NamedTuple):
+    names: tuple[str, ...]
+    about: str
+    takes_value: bool
+    values: tuple[str, ...] = ()
+    """Values offered after it; may include :data:`TOPOLOGY_FILES`."""
+
+
+class CommandSpec(NamedTuple):
+    path: str
+    """``""`` for gpualloc itself, else ``run``, ``topo show``, ..."""
+    about: str
+    subcommands: tuple[tuple[str, str], ...]
+    options: tuple[OptionSpec, ...]
+    arguments: str
+    """What its arguments are: "" (none or any word), :data:`DYNAMIC_LEASES`, or "command"
+    (the job of ``run``)."""
+
+
+def command_specs(root: Any) -> list[CommandSpec]:
+    """Every command of the click tree ``root`` (typer's), depth first."""
+    return list(_visit(root, ""))
+
+
+def _visit(command: Any, path: str) -> Iterator[CommandSpec]:
+    children = {
+        name: sub
+        for name, sub in getattr(command, "commands", {}).items()
+        if not getattr(sub, "hidden", False)
+    }
+    options, arguments = [], ""
+    for param in command.params:
+        if getattr(param, "hidden", False):
+            continue
+        if param.param_type_name == "argument":
+            arguments = _argument_kind(param)
+            continue
+        takes_value = not getattr(param, "is_flag", False) and not getattr(param, "count", False)
+        about = _first_line(getattr(param, "help", None) or "")
+        names = tuple(param.opts)
+        options.append(OptionSpec(names, about, takes_value, _values(param)))
+        if param.secondary_opts:
+            options.append(OptionSpec(tuple(param.secondary_opts), about, False))
+    options.append(OptionSpec(("--help", "-h"), "Show the help and exit.", False))
+    subcommands = tuple((name, _first_line(sub.help or "")) for name, sub in children.items())
+    yield CommandSpec(path, _first_line(command.help or ""), subcommands, tuple(options), arguments)
+    for name, sub in children.items():
+        yield from _visit(sub, f"{path} {name}".strip())
+
+
+def _completer(param: Any) -> Callable[[str], list[tuple[str, str]]] | None:
+    """The ``autocompletion=`` function typer wrapped for ``param``, if any."""
+    import inspect
+
+    wrapper = getattr(param, "_custom_shell_complete", None)
+    for cell in getattr(wrapper, "__closure__", None) or ():
+        value = cell.cell_contents
+        if callable(value) and getattr(value, "__module__", "") == "gpualloc.cli.complete":
+            return inspect.unwrap(value)  # typer wraps it (functools.wraps) to add ctx and args
+    return None
+
+
+def _values(param: Any) -> tuple[str, ...]:
+    from gpualloc.cli import complete
+
+    function = _completer(param)
+    if function is None:
+        return ()
+    if function is complete.lease_ids:
+        return (DYNAMIC_LEASES,)
+    values = tuple(value for value, _ in function(""))
+    return (*values, TOPOLOGY_FILES) if function is complete.topologies else values
+
+
+def _argument_kind(param: Any) -> str:
+    from gpualloc.cli import complete
+
+    if _completer(param) is complete.lease_ids:
+        return DYNAMIC_LEASES
+    return "command" if param.name == "command" else ""
+
+
+def _first_line(text: str) -> str:
+    """The first sentence of a help text, on one line, for a completion menu."""
+    line = " ".join(text.split("\n\n")[0].split())
+    end = line.find(". ")
+    return line[: end + 1] if 0 < end < 100 else line[:100]
+
+
+# ---- bash ------------------------------------------------------------------------------------
+
+
+def bash_script(specs: list[CommandSpec]) -> str:
+    commands, options, takes, values, arguments = [], [], [], [], []
+    for spec in specs:
+        key = _shell_word(spec.path)
+        if spec.subcommands:
+            commands.append(f"        {key}) echo {' '.join(n for n, _ in spec.subcommands)} ;;")
+        names = " ".join(name for option in spec.options for name in option.names)
+        options.append(f"        {key}) echo '{names}' ;;")
+        for option in spec.options:
+            if not option.takes_value:
+                continue
+            keys = "|".join(_shell_word(f"{spec.path}|{name}") for name in option.names)
+            takes.append(keys)
+            if option.values:
+                values.append(f"        {keys}) _gpualloc_offer {_bash_values(option.values)} ;;")
+        if spec.arguments:
+            arguments.append(f"        {key}) _gpualloc_offer {_bash_values((spec.arguments,))} ;;")
+    return _BASH.format(
+        leases=LEASES_VARIABLE,
+        commands="\n".join(commands),
+        options="\n".join(options),
+        takes="|".join(takes),
+        values="\n".join(values),
+        arguments="\n".join(arguments),
+    )
+
+
+def _bash_values(values: tuple[str, ...]) -> str:
+    return " ".join(_shell_word(v) for v in values)
+
+
+def _shell_word(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+_BASH = """\
+# bash completion for gpualloc. Generated by scripts/build_docs.py from the command
+# declarations (gpualloc/cli/completion_scripts.py); do not edit.
+
+_gpualloc_commands() {{
+    case $1 in
+{commands}
+    esac
+}}
+
+_gpualloc_options() {{
+    case $1 in
+{options}
+    esac
+}}
+
+_gpualloc_takes_value() {{
+    case "$1|$2" in
+        {takes}) return 0 ;;
+    esac
+    return 1
+}}
+
+# Offer words matching $cur; @files adds file names, @leases asks gpualloc for the lease ids.
+_gpualloc_offer() {{
+    local word
+    for word in "$@"; do
+        case $word in
+            @files) COMPREPLY+=($(compgen -f -- "$cur")) ;;
+            @leases) COMPREPLY+=($(compgen -W "$({leases}=1 "$_gpualloc_program" 2>/dev/null \\
+                | cut -f1)" -- "$cur")) ;;
+            "$cur"*) COMPREPLY+=("$word") ;;
+        esac
+    done
+}}
+
+_gpualloc_values() {{
+    case "$1|$2" in
+{values}
+    esac
+}}
+
+_gpualloc_arguments() {{
+    case $1 in
+{arguments}
+    esac
+}}
+
+_gpualloc() {{
+    local cur=${{COMP_WORDS[COMP_CWORD]}} prev=${{COMP_WORDS[COMP_CWORD - 1]}}
+    local path="" word i skip=0
+    _gpualloc_program=${{COMP_WORDS[0]}}
+    COMPREPLY=()
+    for ((i = 1; i < COMP_CWORD; i++)); do
+        word=${{COMP_WORDS[i]}}
+        if ((skip)); then skip=0; continue; fi
+        if [[ $path == run && $word == -- ]]; then
+            _gpualloc_job $((i + 1)); return
+        fi
+        if [[ $word == -* ]]; then
+            [[ $word != *=* ]] && _gpualloc_takes_value "$path" "$word" && skip=1
+            continue
+        fi
+        if [[ " $(_gpualloc_commands "$path") " == *" $word "* ]]; then
+            path=${{path:+$path }}$word
+        elif [[ $path == run ]]; then
+            _gpualloc_job "$i"; return
+        fi
+    done
+    if [[ $cur == --*=* ]]; then
+        prev=${{cur%%=*}}; cur=${{cur#*=}}
+        _gpualloc_values "$path" "$prev"; return
+    fi
+    if _gpualloc_takes_value "$path" "$prev"; then
+        _gpualloc_values "$path" "$prev"; return
+    fi
+    if [[ $cur == -* ]]; then
+        COMPREPLY=($(compgen -W "$(_gpualloc_options "$path")" -- "$cur")); return
+    fi
+    COMPREPLY=($(compgen -W "$(_gpualloc_commands "$path")" -- "$cur"))
+    _gpualloc_arguments "$path"
+}}
+
+# The job of 'gpualloc run': a command name, then what that command completes.
+_gpualloc_job() {{
+    if (($1 == COMP_CWORD)); then
+        COMPREPLY=($(compgen -c -- "$cur"))
+    fi
+}}
+
+complete -o default -F _gpualloc gpualloc
+"""
+
+
+# ---- zsh -------------------------------------------------------------------------------------
+
+
+def zsh_script(specs: list[CommandSpec]) -> str:
+    tables: dict[str, list[str]] = {n: [] for n in ("commands", "options", "takes", "values")}
+    arguments = []
+    for spec in specs:
+        key = f"@{spec.path}"  # zsh refuses an empty key
+        if spec.subcommands:
+            entries = [f"{n}:{_colon(a)}" for n, a in spec.subcommands]
+            tables["commands"].append(f"    {_zsh_word(key)} {_zsh_lines(entries)}")
+        entries = [f"{name}:{_colon(o.about)}" for o in spec.options for name in o.names]
+        tables["options"].append(f"    {_zsh_word(key)} {_zsh_lines(entries)}")
+        for option in spec.options:
+            for name in option.names if option.takes_value else ():
+                pair = _zsh_word(f"{key}|{name}")
+                tables["takes"].append(f"    {pair} 1")
+                if option.values:
+                    tables["values"].append(f"    {pair} {_zsh_lines(list(option.values))}")
+        if spec.arguments:
+            arguments.append(f"    {_zsh_word(key)} {_zsh_word(spec.arguments)}")
+    return _ZSH.format(
+        leases=LEASES_VARIABLE,
+        arguments="\n".join(arguments),
+        **{name: "\n".join(lines) for name, lines in tables.items()},
+    )
+
+
+def _zsh_word(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def _zsh_lines(items: list[str]) -> str:
+    """``items`` as one zsh word, a line each (``$'a\nb'``; split again with ``(f)``)."""
+    escaped = [item.replace("\\", "\\\\").replace("'", "\\'") for item in items]
+    return "$'" + "\\n".join(escaped) + "'"
+
+
+def _colon(text: str) -> str:
+    return text.replace(":", "\\:")
+
+
+_ZSH = """\
+#compdef gpualloc
+# zsh completion for gpualloc. Generated by scripts/build_docs.py from the command
+# declarations (gpualloc/cli/completion_scripts.py); do not edit.
+
+# Keys: @PATH (@ alone for gpualloc itself) and @PATH|OPTION; values: a line per entry.
+typeset -gA _gpualloc_commands _gpualloc_options _gpualloc_takes _gpualloc_values
+typeset -gA _gpualloc_arguments
+_gpualloc_commands=(
+{commands}
+)
+_gpualloc_options=(
+{options}
+)
+_gpualloc_takes=(
+{takes}
+)
+_gpualloc_values=(
+{values}
+)
+_gpualloc_arguments=(
+{arguments}
+)
+
+# Offer the values of a line list; @files adds file names, @leases asks gpualloc.
+_gpualloc_offer() {{
+    local word
+    local -a plain leases
+    for word in ${{(f)1}}; do
+        case $word in
+            @files) _files ;;
+            @leases)
+                leases=(${{(f)"$({leases}=1 $_gpualloc_program 2>/dev/null)"}})
+                leases=(${{leases//:/\\\\:}})
+                leases=(${{leases//$'\\t'/:}})
+                _describe 'lease' leases ;;
+            *) plain+=($word) ;;
+        esac
+    done
+    (( $#plain )) && compadd -a plain
+}}
+
+_gpualloc() {{
+    local path="" word key i skip=0 cur=$words[CURRENT] prev=$words[CURRENT-1]
+    local -a entries
+    _gpualloc_program=$words[1]
+    for ((i = 2; i < CURRENT; i++)); do
+        word=$words[i]
+        if ((skip)); then skip=0; continue; fi
+        if [[ $path == run && $word == -- ]]; then
+            shift $i words; ((CURRENT -= i)); _normal; return
+        fi
+        if [[ $word == -* ]]; then
+            key="@$path|$word"
+            [[ $word != *=* && -n ${{_gpualloc_takes[$key]}} ]] && skip=1
+            continue
+        fi
+        entries=(${{(f)_gpualloc_commands[@$path]}})
+        if (( ${{entries[(I)$word:*]}} )); then
+            path=${{path:+$path }}$word
+        elif [[ $path == run ]]; then
+            shift $((i - 1)) words; ((CURRENT -= i - 1)); _normal; return
+        fi
+    done
+    if [[ $cur == --*=* ]]; then
+        key="@$path|${{cur%%=*}}"
+        compset -P '*='
+        _gpualloc_offer "${{_gpualloc_values[$key]}}"; return
+    fi
+    key="@$path|$prev"
+    if [[ -n ${{_gpualloc_takes[$key]}} ]]; then
+        _gpualloc_offer "${{_gpualloc_values[$key]}}"; return
+    fi
+    if [[ $cur == -* ]]; then
+        entries=(${{(f)_gpualloc_options[@$path]}})
+        _describe 'option' entries; return
+    fi
+    entries=(${{(f)_gpualloc_commands[@$path]}})
+    (( $#entries )) && _describe 'command' entries
+    case ${{_gpualloc_arguments[@$path]}} in
+        command) _command_names -e ;;
+        ?*) _gpualloc_offer "${{_gpualloc_arguments[@$path]}}" ;;
+    esac
+}}
+
+_gpualloc "$@"
+"""
+
+
+# ---- fish ------------------------------------------------------------------------------------
+
+
+def fish_script(specs: list[CommandSpec]) -> str:
+    by_path = {spec.path: spec for spec in specs}
+    lines = [
+        "# fish completion for gpualloc. Generated by scripts/build_docs.py from the command",
+        "# declarations (gpualloc/cli/completion_scripts.py); do not edit.",
+        "",
+        "complete -c gpualloc -f",
+    ]
+    for spec in specs:
+        condition = _fish_condition(spec.path, by_path)
+        for name, about in spec.subcommands:
+            lines.append(
+                f"complete -c gpualloc -n {_fish_word(condition)} -a {_fish_word(name)} "
+                f"-d {_fish_word(about)}"
+            )
+        for option in spec.options:
+            flags = " ".join(
+                f"-l {name[2:]}" if name.startswith("--") else f"-s {name[1:]}"
+                for name in option.names
+            )
+            line = f"complete -c gpualloc -n {_fish_word(condition)} {flags}"
+            if option.takes_value:
+                line += " -r" + _fish_values(option.values)
+            lines.append(f"{line} -d {_fish_word(option.about)}")
+        if spec.arguments == DYNAMIC_LEASES:
+            lines.append(
+                f"complete -c gpualloc -n {_fish_word(condition)} "
+                f"-a '(env {LEASES_VARIABLE}=1 gpualloc 2>/dev/null)'"
+            )
+        elif spec.arguments == "command":
+            lines.append(
+                f"complete -c gpualloc -n {_fish_word(condition)} -a '(__fish_complete_command)'"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _fish_condition(path: str, by_path: dict[str, CommandSpec]) -> str:
+    """True while the command line is at ``path``: its words given, none of its subcommands."""
+    parts = path.split()
+    tests = [f"__fish_seen_subcommand_from {word}" for word in parts]
+    below = [name for name, _ in by_path[path].subcommands]
+    if not parts:
+        return "__fish_use_subcommand"
+    if below:
+        tests.append(f"not __fish_seen_subcommand_from {' '.join(below)}")
+    return "; and ".join(tests)
+
+
+def _fish_values(values: tuple[str, ...]) -> str:
+    if not values:
+        return " -F"
+    words = [v for v in values if not v.startswith("@")]
+    forced = " -F" if TOPOLOGY_FILES in values else " -x"
+    return f"{forced} -a {_fish_word(' '.join(words))}"
+
+
+def _fish_word(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
