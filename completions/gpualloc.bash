@@ -4,7 +4,7 @@
 _gpualloc_commands() {
     case $1 in
         '') echo plan run alloc release status gc metrics doctor simulate calibrate topo slurm config ;;
-        'topo') echo show list import record ;;
+        'topo') echo show list import record export ;;
         'slurm') echo gres-conf prolog epilog taskprolog ;;
         'config') echo show ;;
     esac
@@ -28,6 +28,7 @@ _gpualloc_options() {
         'topo list') echo '--json --help -h' ;;
         'topo import') echo '--nvlink --numa --output -o --name --bandwidth-matrix --mig --json --help -h' ;;
         'topo record') echo '--output -o --help -h' ;;
+        'topo export') echo '--format --output -o --help -h' ;;
         'slurm') echo '--help -h' ;;
         'slurm gres-conf') echo '--node --threads-per-core --device-dir --mig-minors --gpu-type --help -h' ;;
         'slurm prolog') echo '--help -h' ;;
@@ -40,7 +41,7 @@ _gpualloc_options() {
 
 _gpualloc_takes_value() {
     case "$1|$2" in
-        '|--topology'|'|-t'|'|--bandwidth-table'|'|--install-completion'|'|--show-completion'|'plan|-n'|'plan|--num-gpus'|'plan|--pattern'|'plan|--busy'|'plan|--free'|'plan|--exclude'|'plan|--require'|'plan|--policy'|'plan|--score'|'plan|--drb-weights'|'plan|--mig'|'plan|--mem'|'run|-n'|'run|--num-gpus'|'run|--pattern'|'run|--exclude'|'run|--require'|'run|--policy'|'run|--score'|'run|--drb-weights'|'run|--gpus'|'run|--numa'|'run|--name'|'run|--timeout'|'run|--priority'|'run|--max-bypass'|'run|--min-utility'|'run|--min-bandwidth'|'run|--mig'|'run|--mem'|'run|--sm-share'|'alloc|-n'|'alloc|--num-gpus'|'alloc|--pattern'|'alloc|--exclude'|'alloc|--require'|'alloc|--policy'|'alloc|--score'|'alloc|--drb-weights'|'alloc|--gpus'|'alloc|--pid'|'alloc|--format'|'alloc|--name'|'alloc|--timeout'|'alloc|--priority'|'alloc|--max-bypass'|'alloc|--min-utility'|'alloc|--min-bandwidth'|'alloc|--mig'|'alloc|--mem'|'release|--grace'|'status|--interval'|'status|--idle'|'metrics|--serve'|'simulate|--trace'|'simulate|--generate'|'simulate|--policy'|'simulate|--queue'|'simulate|--runtime'|'simulate|--profile'|'simulate|--sharing'|'simulate|--gpu-busy'|'simulate|--seed'|'simulate|--save-trace'|'simulate|--plot'|'simulate|--report'|'calibrate|--size-mib'|'calibrate|--repeats'|'topo import|--nvlink'|'topo import|--numa'|'topo import|--output'|'topo import|-o'|'topo import|--name'|'topo import|--bandwidth-matrix'|'topo import|--mig'|'topo record|--output'|'topo record|-o'|'slurm gres-conf|--node'|'slurm gres-conf|--threads-per-core'|'slurm gres-conf|--device-dir'|'slurm gres-conf|--mig-minors'|'slurm gres-conf|--gpu-type') return 0 ;;
+        '|--topology'|'|-t'|'|--bandwidth-table'|'|--install-completion'|'|--show-completion'|'plan|-n'|'plan|--num-gpus'|'plan|--pattern'|'plan|--busy'|'plan|--free'|'plan|--exclude'|'plan|--require'|'plan|--policy'|'plan|--score'|'plan|--drb-weights'|'plan|--mig'|'plan|--mem'|'run|-n'|'run|--num-gpus'|'run|--pattern'|'run|--exclude'|'run|--require'|'run|--policy'|'run|--score'|'run|--drb-weights'|'run|--gpus'|'run|--numa'|'run|--name'|'run|--timeout'|'run|--priority'|'run|--max-bypass'|'run|--min-utility'|'run|--min-bandwidth'|'run|--mig'|'run|--mem'|'run|--sm-share'|'alloc|-n'|'alloc|--num-gpus'|'alloc|--pattern'|'alloc|--exclude'|'alloc|--require'|'alloc|--policy'|'alloc|--score'|'alloc|--drb-weights'|'alloc|--gpus'|'alloc|--pid'|'alloc|--format'|'alloc|--name'|'alloc|--timeout'|'alloc|--priority'|'alloc|--max-bypass'|'alloc|--min-utility'|'alloc|--min-bandwidth'|'alloc|--mig'|'alloc|--mem'|'release|--grace'|'status|--interval'|'status|--idle'|'metrics|--serve'|'simulate|--trace'|'simulate|--generate'|'simulate|--policy'|'simulate|--queue'|'simulate|--runtime'|'simulate|--profile'|'simulate|--sharing'|'simulate|--gpu-busy'|'simulate|--seed'|'simulate|--save-trace'|'simulate|--plot'|'simulate|--report'|'calibrate|--size-mib'|'calibrate|--repeats'|'topo import|--nvlink'|'topo import|--numa'|'topo import|--output'|'topo import|-o'|'topo import|--name'|'topo import|--bandwidth-matrix'|'topo import|--mig'|'topo record|--output'|'topo record|-o'|'topo export|--format'|'topo export|--output'|'topo export|-o'|'slurm gres-conf|--node'|'slurm gres-conf|--threads-per-core'|'slurm gres-conf|--device-dir'|'slurm gres-conf|--mig-minors'|'slurm gres-conf|--gpu-type') return 0 ;;
     esac
     return 1
 }
@@ -76,6 +77,7 @@ _gpualloc_values() {
         'alloc|--score') _gpualloc_offer 'auto' 'mapa' 'bottleneck' ;;
         'alloc|--priority') _gpualloc_offer 'high' 'normal' 'low' ;;
         'alloc|--mig') _gpualloc_offer '1g.5gb' '1g.10gb' '2g.10gb' '3g.20gb' '4g.20gb' '7g.40gb' '1g.20gb' '2g.20gb' '3g.40gb' '4g.40gb' '7g.80gb' '1g.6gb' '2g.12gb' '4g.24gb' '1g.18gb' '1g.35gb' '2g.35gb' '3g.71gb' '4g.71gb' '7g.141gb' ;;
+        'topo export|--format') _gpualloc_offer 'graphml' 'gexf' 'json' ;;
     esac
 }
 

@@ -91,7 +91,7 @@ def plan(
     edge-list file. Raises NoFeasiblePlacement when no set fits."""
     from gpualloc.config import Config
     from gpualloc.model.request import HostState
-    from gpualloc.placement.engine import decision_context
+    from gpualloc.placement.decide import decision_context
     from gpualloc.placement.registry import get_policy
 
     want = _want(

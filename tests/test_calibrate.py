@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpualloc.discovery import calibrate, resolve
+from gpualloc.discovery import calibration, resolve
 from gpualloc.discovery import numa as numa_source
 from gpualloc.discovery import nvml as nvml_source
 from gpualloc.discovery.bandwidth_matrix import parse_bandwidth_matrix
@@ -57,7 +57,7 @@ class RecordedCopies:
 @pytest.fixture
 def recorded(monkeypatch: pytest.MonkeyPatch) -> RecordedCopies:
     backend = RecordedCopies(parse_bandwidth_matrix(MEASURED.read_text()))
-    monkeypatch.setattr(calibrate, "TorchCopy", lambda: backend)
+    monkeypatch.setattr(calibration, "TorchCopy", lambda: backend)
     return backend
 
 
@@ -69,7 +69,7 @@ def test_without_a_gpu_it_says_so_in_one_line(cli, monkeypatch: pytest.MonkeyPat
     result = cli("calibrate")
     assert result.exit_code == ExitCode.NO_GPU
     assert result.stderr.count("\n") == 1 and "no NVIDIA GPU on this host" in result.stderr
-    assert not calibrate.calibration_path().exists()
+    assert not calibration.calibration_path().exists()
 
 
 def test_one_gpu_has_no_pair_to_measure(cli, monkeypatch: pytest.MonkeyPatch, recorded) -> None:
@@ -78,7 +78,7 @@ def test_one_gpu_has_no_pair_to_measure(cli, monkeypatch: pytest.MonkeyPatch, re
     assert result.exit_code == 0
     assert "pairwise bandwidth needs two GPUs" in result.stdout + result.stderr
     assert json.loads(cli("calibrate", "--json").stdout)["measured"] is False
-    assert recorded.asked == [] and not calibrate.calibration_path().exists()
+    assert recorded.asked == [] and not calibration.calibration_path().exists()
 
 
 def test_measurements_are_saved_and_used_for_these_gpus_only(
@@ -135,7 +135,7 @@ def test_a_damaged_calibration_is_ignored(
     _fake_host(monkeypatch, "dgx1-v100")
     assert cli("calibrate").exit_code == 0
     assert resolve.resolve_topology().provenance.bandwidth == "measured"
-    path = calibrate.calibration_path()
+    path = calibration.calibration_path()
     path.write_text(path.read_text()[: len(path.read_text()) // 2])  # torn
     topology = resolve.resolve_topology()
     assert topology.provenance.bandwidth != "measured"
@@ -151,6 +151,6 @@ def test_devices_numbered_otherwise_than_nvml_are_refused(
     recorded.uuids = [uuids[1], uuids[0], *uuids[2:]]
     result = cli("calibrate")
     assert result.exit_code == ExitCode.DISCOVERY and "CUDA_VISIBLE_DEVICES" in result.stderr
-    assert not calibrate.calibration_path().exists()
+    assert not calibration.calibration_path().exists()
     recorded.uuids = uuids
     assert cli("calibrate").exit_code == 0

@@ -10,8 +10,8 @@ import pytest
 
 from gpualloc.model.request import HostState, JobRequest
 from gpualloc.placement import search_bounds
-from gpualloc.placement.engine import decision_context
-from gpualloc.placement.host import HostGraph
+from gpualloc.placement.decide import decision_context
+from gpualloc.placement.host_graph import HostGraph
 from gpualloc.placement.objectives import AggregatedObjective
 from gpualloc.placement.patterns import build_pattern
 from gpualloc.placement.registry import get_policy

@@ -26,7 +26,7 @@ from gpualloc.ledger.scope import ledger_scope
 from gpualloc.model import Gpu, GpuProcess, Health
 from gpualloc.model.request import JobRequest
 from gpualloc.placement.choose import choose
-from gpualloc.placement.engine import plan
+from gpualloc.placement.decide import plan
 from gpualloc.placement.patterns import build_pattern
 from gpualloc.placement.want import Want
 from gpualloc.topologies import load_bundled

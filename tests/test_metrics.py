@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpualloc.errors import ExitCode
-from gpualloc.metrics import METRICS
+from gpualloc.prometheus import METRICS
 
 MIG_HOST = ("--topology", "dgx-a100-mig")
 _SAMPLE = re.compile(r"^([a-z_]+)(?:\{(.*)\})? (\S+)$")

@@ -195,3 +195,33 @@ def test_cpulist_round_trip(cpus: set[int]) -> None:
 def test_bad_cpulists(text: str) -> None:
     with pytest.raises(ValueError):
         parse_cpulist(text)
+
+
+@pytest.mark.parametrize("fmt", ["graphml", "gexf", "json"])
+def test_topology_exports_as_a_graph_file_that_networkx_reads_back(cli, fmt: str) -> None:
+    """``topo export`` (networkx's writers): every GPU and pair, the link class and weight."""
+    import io
+
+    import networkx as nx
+
+    result = cli("--topology", "dgx1-v100", "topo", "export", "--format", fmt)
+    assert result.exit_code == 0, result.stderr
+    if fmt == "json":
+        data = json.loads(result.stdout)
+        graph = nx.node_link_graph(data, edges="links")
+    else:
+        reader = nx.read_graphml if fmt == "graphml" else nx.read_gexf
+        graph = reader(io.BytesIO(result.stdout.encode()), node_type=int)
+    assert graph.number_of_nodes() == 8 and graph.number_of_edges() == 28
+    assert graph.edges[0, 3]["kind"] == "NV2" and graph.edges[0, 3]["weight"] == 50.0
+    assert graph.edges[0, 5]["kind"] == "SYS"
+    assert graph.nodes[0]["cpu_affinity"] == "0-19,40-59"
+
+
+def test_topology_export_to_a_file_and_a_bad_format(cli, tmp_path: Path) -> None:
+    target = tmp_path / "dgx2.graphml"
+    result = cli("--topology", "dgx2", "topo", "export", "-o", str(target))
+    assert result.exit_code == 0 and f"wrote {target} (16 GPUs, graphml)" in result.stderr
+    assert target.read_text().count("<node ") == 16
+    refused = cli("--topology", "dgx2", "topo", "export", "--format", "dot")
+    assert refused.exit_code == 2 and "choose graphml, gexf or json" in refused.stderr

@@ -15,7 +15,7 @@ from math import comb
 import pytest
 
 from gpualloc.model.request import HostState, JobRequest
-from gpualloc.placement.engine import decision_context
+from gpualloc.placement.decide import decision_context
 from gpualloc.placement.objectives import AggregatedObjective, evaluate_order
 from gpualloc.placement.patterns import build_pattern
 from gpualloc.placement.registry import get_policy, policy_names
@@ -275,7 +275,7 @@ def test_ring_order_of_a_large_set_is_the_best_tour(host_name: str) -> None:
     """Rings of 9 to 11 GPUs, ordered by the count-vector search (where the degree-deficit
     bound prunes), against Held-Karp's exact best tour."""
     from gpualloc.placement.exact import best_order_of_set
-    from gpualloc.placement.host import HostGraph
+    from gpualloc.placement.host_graph import HostGraph
 
     topology = load_bundled(host_name)
     host = HostGraph.from_topology(topology)
@@ -295,7 +295,7 @@ def test_search_over_a_family_of_sets_equals_searching_each(host_name: str) -> N
     """MAPA's tie-break searches the tied sets together; it must return what searching each
     set alone and keeping the best key, then the lowest set, returns."""
     from gpualloc.placement.exact import best_ordered_placement, best_placement_among
-    from gpualloc.placement.host import HostGraph
+    from gpualloc.placement.host_graph import HostGraph
 
     topology = load_bundled(host_name)
     host = HostGraph.from_topology(topology)
@@ -432,7 +432,7 @@ def test_drb_fast_scan_matches_scoring_every_set(host_name: str) -> None:
 def test_star_shortcut_matches_the_search(host_name: str) -> None:
     """The hub-only evaluation of a star on a fixed set gives the search's order and key."""
     from gpualloc.placement.exact import _best_star_order
-    from gpualloc.placement.host import HostGraph
+    from gpualloc.placement.host_graph import HostGraph
     from gpualloc.placement.objectives import AggregatedObjective, effective_objective
     from gpualloc.placement.scores import EffectiveModel, resolve_model
     from gpualloc.placement.search import PlacementSearch

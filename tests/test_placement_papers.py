@@ -14,8 +14,8 @@ from gpualloc.discovery.bandwidth_matrix import (
 from gpualloc.errors import NoFeasiblePlacement, RequestError, TopologyParseError
 from gpualloc.model.request import HostState, JobRequest
 from gpualloc.model.topology import Topology
-from gpualloc.placement.engine import decision_context, plan
-from gpualloc.placement.host import HostGraph
+from gpualloc.placement.decide import decision_context, plan
+from gpualloc.placement.host_graph import HostGraph
 from gpualloc.placement.patterns import build_pattern, ring
 from gpualloc.placement.registry import policy_names
 from gpualloc.placement.scores import (

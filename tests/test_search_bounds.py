@@ -8,8 +8,8 @@ import pytest
 
 from gpualloc.model.request import CommunicationPattern, HostState, JobRequest
 from gpualloc.placement import search_bounds
-from gpualloc.placement.engine import decision_context
-from gpualloc.placement.host import HostGraph
+from gpualloc.placement.decide import decision_context
+from gpualloc.placement.host_graph import HostGraph
 from gpualloc.placement.pattern_graphs import (
     bipartition,
     component_sizes,

@@ -25,7 +25,7 @@ from gpualloc.ledger.schema import Lease, LeasedGpu, Ledger
 from gpualloc.model.mig import GIB
 from gpualloc.model.share import LeasedShare, ShareRequest
 from gpualloc.model.topology import GpuProcess
-from gpualloc.placement.share import choose_share
+from gpualloc.placement.share_fit import choose_share
 from gpualloc.topologies import load_bundled
 from tests.test_cli_run import TIMEOUT_S, gpualloc, gpualloc_argv, status
 

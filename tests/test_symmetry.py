@@ -9,9 +9,9 @@ from itertools import islice
 import pytest
 
 from gpualloc.model.request import HostState, JobRequest
-from gpualloc.placement.engine import decision_context
+from gpualloc.placement.decide import decision_context
 from gpualloc.placement.exact import best_placement_among
-from gpualloc.placement.host import HostGraph
+from gpualloc.placement.host_graph import HostGraph
 from gpualloc.placement.mapa import LossSearch, _best_of_few_sets
 from gpualloc.placement.objectives import AggregatedObjective
 from gpualloc.placement.patterns import build_pattern

@@ -9,7 +9,7 @@ from itertools import permutations
 import pytest
 
 from gpualloc.model.request import HostState, JobRequest
-from gpualloc.placement.engine import decision_context
+from gpualloc.placement.decide import decision_context
 from gpualloc.placement.objectives import AggregatedObjective
 from gpualloc.placement.patterns import build_pattern
 from gpualloc.placement.search import PlacementSearch

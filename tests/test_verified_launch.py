@@ -386,10 +386,10 @@ def test_nvidia_smi_link_outputs_are_read() -> None:
 def test_doctor_reads_nvidia_smi_where_nvml_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     """The recorded ``nvlink -s`` of three RTX A6000s, GPU 0 and 1 bridged (NV4), GPU 2 not:
     all is well; with one of GPU 0's links gone inactive, it is flagged."""
+    from gpualloc.checkup import link_findings
     from gpualloc.discovery import links as links_source
     from gpualloc.discovery import smi
     from gpualloc.discovery.recorded import load_topology_file
-    from gpualloc.doctor import link_findings
     from tests.conftest import RECORDED, recorded
 
     pynvml_missing = FakeNvml([], {})
@@ -423,7 +423,7 @@ def test_doctor_reads_nvidia_smi_where_nvml_is_missing(monkeypatch: pytest.Monke
 
 
 def test_doctor_vouches_for_no_job_where_it_cannot_see_the_processes() -> None:
-    from gpualloc.doctor import lease_findings
+    from gpualloc.checkup import lease_findings
     from gpualloc.ledger.attribution import Attribution
 
     (blind,) = lease_findings(Attribution(), [], processes_seen=False)

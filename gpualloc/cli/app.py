@@ -19,7 +19,7 @@ from gpualloc import __version__
 from gpualloc.cli import (
     calibrate,
     complete,
-    config,
+    config_show,
     doctor,
     leases,
     metrics,
@@ -86,7 +86,7 @@ app.command("doctor")(doctor.doctor_command)
 app.command("simulate")(simulate.simulate_command)
 app.command("calibrate")(calibrate.calibrate_command)
 app.add_typer(slurm.app, name="slurm")
-app.add_typer(config.app, name="config")
+app.add_typer(config_show.app, name="config")
 
 
 SHELLS = ("bash", "zsh", "fish")

@@ -38,12 +38,12 @@ def calibrate_command(
     one GPU there is no pair to measure; without a GPU there is nothing to measure.
     """
     from gpualloc.cli.output import print_json, say
-    from gpualloc.discovery import calibrate
+    from gpualloc.discovery import calibration
 
     if forget:
-        removed = calibrate.forget_calibration()
+        removed = calibration.forget_calibration()
         if as_json:
-            print_json({"forgotten": removed, "path": str(calibrate.calibration_path())})
+            print_json({"forgotten": removed, "path": str(calibration.calibration_path())})
         else:
             say("calibration removed" if removed else "there was no calibration to remove")
         return
@@ -67,11 +67,11 @@ def calibrate_command(
         else:
             say(message)
         return
-    backend = calibrate.TorchCopy()
+    backend = calibration.TorchCopy()
     if not as_json:
         say(f"measuring {count * (count - 1)} GPU pairs ({size_mib} MiB x {repeats} each) ...")
-    result = calibrate.measure(backend, key, size_bytes=size_mib * 2**20, repeats=repeats)
-    path = calibrate.save_calibration(result)
+    result = calibration.measure(backend, key, size_bytes=size_mib * 2**20, repeats=repeats)
+    path = calibration.save_calibration(result)
     if as_json:
         print_json({"gpus": count, "measured": True, "method": result.method,
                     "matrix_gbps": result.matrix, "saved": str(path)})  # fmt: skip

@@ -63,6 +63,13 @@ def priorities(incomplete: str) -> list[tuple[str, str]]:
     return _matching(PRIORITIES, incomplete)
 
 
+def graph_formats(incomplete: str) -> list[tuple[str, str]]:
+    return _matching(
+        [("graphml", "yEd, Cytoscape, Gephi"), ("gexf", "Gephi"), ("json", "node-link, d3")],
+        incomplete,
+    )
+
+
 def mig_profiles(incomplete: str) -> list[tuple[str, str]]:
     return _matching(MIG_PROFILES, incomplete)
 

@@ -1,5 +1,5 @@
 """``gpualloc doctor``: check that the host works as its topology and leases say (issue 21,
-point 1; the checks are :mod:`gpualloc.doctor`'s)."""
+point 1; the checks are :mod:`gpualloc.checkup`'s)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from gpualloc.cli.leases import JsonOption
 from gpualloc.errors import ExitCode
 
 if TYPE_CHECKING:
-    from gpualloc.doctor import Finding
+    from gpualloc.checkup import Finding
 
 SEVERITY_STYLE = {"ok": "green", "note": "yellow", "problem": "red"}
 
@@ -26,10 +26,10 @@ def doctor_command(as_json: JsonOption = False) -> None:
     peer-to-peer are read from NVML (else nvidia-smi) and so only on the host itself; on a
     recorded topology the leases and the faults and processes its file declares are checked.
     """
-    from gpualloc.cli.host import open_host_ledger, warn
+    from gpualloc.checkup import lease_findings, link_findings
+    from gpualloc.cli.open_ledger import open_host_ledger, warn
     from gpualloc.cli.output import Table, print_json, print_tables
     from gpualloc.discovery.links import read_links
-    from gpualloc.doctor import lease_findings, link_findings
     from gpualloc.ledger.attribution import attribute
 
     host = open_host_ledger(create=False)

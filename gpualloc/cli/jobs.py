@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpualloc.cli.host import allocate, open_host_ledger, say, warn
+from gpualloc.cli.open_ledger import allocate, open_host_ledger, say, warn
 from gpualloc.cli.state import STATE
 from gpualloc.cli.want import build_want, declared_memory, wait_options
 from gpualloc.errors import ExitCode, RequestError

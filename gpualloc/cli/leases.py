@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from gpualloc.cli import complete, jobs
-from gpualloc.cli.host import open_host_ledger, warn
+from gpualloc.cli.open_ledger import open_host_ledger, warn
 from gpualloc.cli.request_options import (
     AllowUnhealthyOption,
     DrbWeightsOption,

@@ -43,10 +43,10 @@ def metrics_command(
 
 def scrape() -> str:
     """One reading of the ledger as metrics text."""
-    from gpualloc.cli.host import open_host_ledger
+    from gpualloc.cli.open_ledger import open_host_ledger
     from gpualloc.cli.state import STATE
     from gpualloc.ledger.idle import IdlePolicy
-    from gpualloc.metrics import render
+    from gpualloc.prometheus import render
 
     ledger = open_host_ledger(create=False)
     txn = ledger.snapshot()
@@ -69,7 +69,7 @@ def _address(text: str) -> tuple[str, int]:
 def _serve(host: str, port: int) -> None:
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from gpualloc.cli.host import say
+    from gpualloc.cli.open_ledger import say
     from gpualloc.errors import GpuallocError
 
     class Handler(BaseHTTPRequestHandler):

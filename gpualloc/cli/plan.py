@@ -72,10 +72,10 @@ def plan_command(
 
     Example: `gpualloc --topology dgx1-v100 plan -n 3 --busy 0 --explain`
     """
-    from gpualloc.cli.host import say
+    from gpualloc.cli.open_ledger import say
     from gpualloc.model.cpuset import format_cpulist
     from gpualloc.model.request import HostState
-    from gpualloc.placement.engine import decision_context
+    from gpualloc.placement.decide import decision_context
     from gpualloc.slurm.job import slurm_job
 
     if busy is not None and free is not None:
@@ -166,7 +166,7 @@ def _show_mig_plan(
     devices to treat as held."""
     from gpualloc.cli.output import print_json, write_stdout
     from gpualloc.model.mig import format_size, parse_mig_label
-    from gpualloc.placement.mig import choose_mig
+    from gpualloc.placement.mig_fit import choose_mig
 
     known = {(m.gpu, m.device) for m in topology.mig_instances}
     held: dict[tuple[int, int], object] = {}
@@ -242,7 +242,7 @@ def _placement_lines(ctx: DecisionContext, placement: Placement) -> list[str]:
 
 def _show_plan(ctx: DecisionContext, policy: str, explain: bool, as_json: bool) -> None:
     from gpualloc.cli.output import Table, print_json, print_tables
-    from gpualloc.placement.engine import explain as explain_choice
+    from gpualloc.placement.decide import explain as explain_choice
     from gpualloc.placement.registry import get_policy
 
     explanation = explain_choice(ctx, policy) if explain else None
@@ -302,7 +302,7 @@ def _show_plan(ctx: DecisionContext, policy: str, explain: bool, as_json: bool) 
 
 def _show_compare(ctx: DecisionContext, as_json: bool) -> None:
     from gpualloc.cli.output import Table, print_json, print_tables
-    from gpualloc.placement.engine import compare as compare_all
+    from gpualloc.placement.decide import compare as compare_all
 
     placements = compare_all(ctx)
     if as_json:

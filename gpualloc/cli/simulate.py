@@ -164,7 +164,7 @@ def simulate_command(
     )
     figures: list[Path] = []
     if plot is not None:
-        from gpualloc.cli.host import say
+        from gpualloc.cli.open_ledger import say
         from gpualloc.simulate.plots import write_figures
 
         figures = write_figures(results, plot, title)

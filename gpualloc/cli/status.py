@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from gpualloc import boot
-from gpualloc.cli.host import open_host_ledger
 from gpualloc.cli.json_views import lease_json
 from gpualloc.cli.leases import JsonOption
+from gpualloc.cli.open_ledger import open_host_ledger
 
 if TYPE_CHECKING:
     from gpualloc.cli.output import Table
@@ -109,7 +109,7 @@ def lease_uses(host: HostLedger, leases: list[Lease]) -> dict[str, LeaseUse]:
 
 
 def _show(host: HostLedger, as_json: bool, idle_at_least: timedelta | None = None) -> None:
-    from gpualloc.cli.host import warn
+    from gpualloc.cli.open_ledger import warn
     from gpualloc.cli.output import print_json, print_tables
     from gpualloc.ledger.attribution import attribute
 
@@ -398,7 +398,7 @@ def status_json(
 ) -> dict[str, Any]:
     from gpualloc.launcher.queue import turn_order
     from gpualloc.model.validation import to_builtins
-    from gpualloc.placement.share import free_memory
+    from gpualloc.placement.share_fit import free_memory
 
     gpus = []
     for gpu in host.topology.gpus:

@@ -1,4 +1,4 @@
-"""``gpualloc topo``: show, list, import and record host topologies."""
+"""``gpualloc topo``: show, list, import, record and export host topologies."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from gpualloc.cli import complete
 from gpualloc.cli.state import STATE
 from gpualloc.errors import RequestError
 
@@ -186,6 +187,40 @@ def record(
         return
     _write(output, topology.to_json())
     say(f"wrote {output} ({topology.gpu_count} GPUs)")
+
+
+@app.command("export")
+def export(
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            metavar="FORMAT",
+            help="graphml (yEd, Cytoscape, Gephi, igraph), gexf (Gephi) or json (networkx's "
+            "node-link data, d3).",
+            autocompletion=complete.graph_formats,
+        ),
+    ] = "graphml",
+    output: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--output", "-o", metavar="FILE", help="Write here instead of stdout."),
+    ] = None,
+) -> None:
+    """Write the topology as a graph file: a node per GPU, an edge per GPU pair with its link
+    class and the bandwidth placement plans by (weight, GB/s one way).
+
+    Example: `gpualloc --topology dgx1-v100 topo export --format graphml -o dgx1.graphml`
+    """
+    from gpualloc.cli.output import say, write_stdout
+    from gpualloc.model.graph_export import export_graph
+
+    topology = STATE.load_topology()
+    text = export_graph(topology, fmt)
+    if output is None:
+        write_stdout(text)
+        return
+    _write(output, text)
+    say(f"wrote {output} ({topology.gpu_count} GPUs, {fmt})")
 
 
 def _render(topology, as_json: bool) -> None:

@@ -193,7 +193,7 @@ def with_calibration(topology: Topology, key: CacheKey) -> Topology:
     if not (cache_dir() / CALIBRATION_FILE).exists():
         return topology  # the usual case: no module more to import
     from gpualloc.discovery.bandwidth_matrix import apply_measured_bandwidth
-    from gpualloc.discovery.calibrate import load_calibration
+    from gpualloc.discovery.calibration import load_calibration
     from gpualloc.errors import TopologyError
 
     calibration = load_calibration()

@@ -39,11 +39,6 @@ class MigProfile(Struct, frozen=True, kw_only=True):
     nominal_memory_gb: int
     """The ``20`` of ``3g.20gb``: a rounded figure; NVML reports the exact memory."""
 
-    @property
-    def shares_memory(self) -> bool:
-        """The compute instance is smaller than its GI, whose memory other CIs may use."""
-        return self.compute_slices < self.slices
-
 
 def parse_mig_profile(text: str) -> MigProfile:
     """``3g.20gb`` / ``1c.3g.20gb`` / ``1g.10gb+me`` -> :class:`MigProfile`.

@@ -20,7 +20,7 @@ from gpualloc.model.request import UNSCORED, HostState, JobRequest, Placement
 from gpualloc.model.share import ShareRequest
 from gpualloc.model.topology import Topology
 from gpualloc.placement.context import DecisionContext
-from gpualloc.placement.engine import decision_context
+from gpualloc.placement.decide import decision_context
 from gpualloc.placement.registry import get_policy
 from gpualloc.placement.want import Want
 
@@ -81,8 +81,8 @@ MIG_POLICY = "mig-best-fit"
 
 
 def _mig_placement(topology: Topology, occupancy: Occupancy, request: MigRequest) -> Placement:
-    """The MIG device for ``request`` (see :mod:`gpualloc.placement.mig`) as a placement."""
-    from gpualloc.placement.mig import MigDevicesBusy, choose_mig
+    """The MIG device for ``request`` (see :mod:`gpualloc.placement.mig_fit`) as a placement."""
+    from gpualloc.placement.mig_fit import MigDevicesBusy, choose_mig
 
     taken = occupancy.mig_taken()
     try:
@@ -106,8 +106,8 @@ SHARE_POLICY = "share-best-fit"
 
 
 def _share_placement(topology: Topology, occupancy: Occupancy, request: ShareRequest) -> Placement:
-    """The GPU for a shared job (see :mod:`gpualloc.placement.share`) as a placement."""
-    from gpualloc.placement.share import choose_share
+    """The GPU for a shared job (see :mod:`gpualloc.placement.share_fit`) as a placement."""
+    from gpualloc.placement.share_fit import choose_share
 
     choice = choose_share(topology, occupancy, request, occupancy.max_shared_jobs)
     return Placement(

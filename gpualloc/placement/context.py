@@ -1,6 +1,6 @@
 """Everything one placement decision needs, checked once: :class:`DecisionContext`.
 
-Built by :func:`gpualloc.placement.engine.plan`; every policy reads it and returns a
+Built by :func:`gpualloc.placement.decide.plan`; every policy reads it and returns a
 :class:`~gpualloc.model.request.Placement` through :meth:`DecisionContext.placement`, so that
 all policies report the same scores computed the same way.
 """
@@ -18,7 +18,7 @@ from gpualloc.model.request import HostState, JobRequest, Placement, Scores
 from gpualloc.model.topology import Topology
 from gpualloc.placement import scores
 from gpualloc.placement.exact import best_order_of_set
-from gpualloc.placement.host import HostGraph
+from gpualloc.placement.host_graph import HostGraph
 from gpualloc.placement.objectives import AggregatedObjective, EdgeObjective, effective_objective
 from gpualloc.placement.scores import EffectiveModel
 from gpualloc.placement.utility import UtilityModel, UtilityWeights

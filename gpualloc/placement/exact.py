@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from math import comb
 
 from gpualloc.model.request import CommunicationPattern
-from gpualloc.placement.host import HostGraph
+from gpualloc.placement.host_graph import HostGraph
 from gpualloc.placement.objectives import EdgeObjective, Key, evaluate_order
 from gpualloc.placement.pattern_graphs import is_star, or_masks
 from gpualloc.placement.search import MAX_VECTORS, PlacementSearch, SearchResult

@@ -32,7 +32,7 @@ from gpualloc.placement.exact import (
     best_ordered_placement,
     best_placement_among,
 )
-from gpualloc.placement.host import HostGraph
+from gpualloc.placement.host_graph import HostGraph
 from gpualloc.placement.objectives import AggregatedObjective, evaluate_order
 from gpualloc.placement.pattern_graphs import is_forest
 from gpualloc.placement.policy import Alternative, Policy, SetKey, gpu_list

@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 
 from gpualloc.model.request import CommunicationPattern
-from gpualloc.placement.host import HostGraph
+from gpualloc.placement.host_graph import HostGraph
 from gpualloc.placement.scores import (
     EffectiveModel,
     aggregated_gbps,

@@ -25,7 +25,7 @@ _POLICY_CLASSES: dict[str, tuple[str, str]] = {
     "pack": ("gpualloc.placement.pack", "PackPolicy"),
     "spread": ("gpualloc.placement.spread", "SpreadPolicy"),
     "besteffort": ("gpualloc.placement.besteffort", "BestEffortPolicy"),
-    "slurm": ("gpualloc.placement.slurm", "SlurmPolicy"),
+    "slurm": ("gpualloc.placement.slurm_cons_tres", "SlurmPolicy"),
     "baseline": ("gpualloc.placement.baseline", "BaselinePolicy"),
 }
 _loaded: dict[str, Policy] = {}

@@ -29,7 +29,7 @@
   between any two GPUs of the set, regardless of the pattern.
 
 Complexity: every function is O(edges) or O(k^2) on lists precomputed by
-:class:`~gpualloc.placement.host.HostGraph`.
+:class:`~gpualloc.placement.host_graph.HostGraph`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 from enum import Enum
 
 from gpualloc.model.request import CommunicationPattern
-from gpualloc.placement.host import DOUBLE_NVLINK, PCIE, SINGLE_NVLINK, HostGraph
+from gpualloc.placement.host_graph import DOUBLE_NVLINK, PCIE, SINGLE_NVLINK, HostGraph
 
 MAPA_TABLE2_COEFFICIENTS: tuple[float, ...] = (
     16.39670455,

@@ -60,7 +60,7 @@ from msgspec import Struct
 
 from gpualloc.model.request import CommunicationPattern
 from gpualloc.placement.candidates import candidate_sets
-from gpualloc.placement.host import HostGraph
+from gpualloc.placement.host_graph import HostGraph
 from gpualloc.placement.objectives import EdgeObjective, Key, evaluate_order, rounded
 from gpualloc.placement.patterns import search_shape
 from gpualloc.placement.realise import Escalate, realise, realise_star

@@ -30,7 +30,7 @@ from gpualloc.placement.treebound import TreeWeightBound, greedy_weight, lagrang
 
 if TYPE_CHECKING:
     from gpualloc.model.request import CommunicationPattern
-    from gpualloc.placement.host import HostGraph
+    from gpualloc.placement.host_graph import HostGraph
     from gpualloc.placement.objectives import EdgeObjective
     from gpualloc.placement.search import LinkClasses
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpualloc.placement.host import HostGraph
+from gpualloc.placement.host_graph import HostGraph
 
 Permutation = tuple[int, ...]
 

@@ -55,7 +55,7 @@ from msgspec import Struct
 
 from gpualloc.model.paths import PciePath
 from gpualloc.model.request import HostState
-from gpualloc.placement.host import HostGraph
+from gpualloc.placement.host_graph import HostGraph
 
 SWITCH_EDGE, SOCKET_EDGE, HOST_EDGE = 1.0, 20.0, 40.0
 """Edge weights of the physical graph per level (Fig. 7: 1 right above the GPUs, 20 above)."""

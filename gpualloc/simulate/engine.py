@@ -370,7 +370,7 @@ class _Simulation:
         (MAPA's ``sensitive`` objective)."""
         key = (job.gpus, job.pattern)
         if key not in self.ideal:
-            from gpualloc.placement.engine import plan
+            from gpualloc.placement.decide import plan
 
             request = JobRequest(job.gpus, build_pattern(job.pattern, job.gpus), True)
             best = plan(self.topology, request, HostState.all_free(self.topology.gpu_count))

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
 from typing import Any
 
 from gpualloc.errors import TraceError
@@ -53,12 +52,6 @@ MAPA_NETWORKS: dict[str, bool] = {
 
 DRB_NETWORKS = ("bvlc_alexnet", "bvlc_reference_caffenet", "bvlc_googlenet")
 DRB_BATCHES = (1, 4, 64, 128)
-
-
-@dataclass(frozen=True)
-class GeneratorSpec:
-    name: str
-    settings: dict[str, float]
 
 
 DEFAULTS: dict[str, dict[str, float]] = {

@@ -92,7 +92,7 @@ class BandwidthRuntime(RuntimeModel):
         key = (job.gpus, job.pattern)
         if key not in self._best:
             from gpualloc.model.request import HostState, JobRequest
-            from gpualloc.placement.engine import plan
+            from gpualloc.placement.decide import plan
             from gpualloc.placement.patterns import build_pattern
             from gpualloc.placement.scores import EffectiveModel
 

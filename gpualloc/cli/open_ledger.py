@@ -1,4 +1,5 @@
-"""What the ledger commands share: opening this host's ledger and telling people about it."""
+"""What the ledger commands share: opening this host's ledger, allocating with or without
+--wait (and its status line), and the prefixed lines they tell people on stderr."""
 
 from __future__ import annotations
 
