@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from gpualloc.ledger.schema import Lease
     from gpualloc.model.request import Placement
     from gpualloc.model.topology import Topology
-    from gpualloc.placement.want import Want
 
 
 def load_topology(name_or_path: str | None = None) -> Topology:
@@ -47,32 +46,6 @@ def _load_topology(name_or_path: str | None, config: Config) -> Topology:
     from gpualloc.discovery.resolve import configured_bandwidth_table, resolve_topology
 
     return resolve_topology(name_or_path, table=configured_bandwidth_table(config))
-
-
-def _want(
-    gpus: int,
-    *,
-    pattern: str,
-    sensitive: bool | None,
-    policy: str | None,
-    exclude: Iterable[int],
-    require: Iterable[int],
-    config: Config,
-) -> Want:
-    from gpualloc.model.request import JobRequest
-    from gpualloc.placement.patterns import build_pattern
-    from gpualloc.placement.registry import configured_policy
-    from gpualloc.placement.want import Want
-
-    policy = configured_policy(config, policy)  # an unknown name fails here, listing the known
-    request = JobRequest(
-        gpus=gpus,
-        pattern=build_pattern(pattern, gpus),
-        sensitive=sensitive if sensitive is not None else gpus >= 2,
-        required=frozenset(require),
-        excluded=frozenset(exclude),
-    )
-    return Want(request=request, policy=policy)
 
 
 def plan(
@@ -92,12 +65,14 @@ def plan(
     from gpualloc.config import Config
     from gpualloc.model.request import HostState
     from gpualloc.placement.decide import decision_context
+    from gpualloc.placement.options import JobOptions
     from gpualloc.placement.registry import get_policy
 
-    want = _want(
-        gpus, pattern=pattern, sensitive=sensitive, policy=policy, exclude=exclude,
-        require=require, config=Config.load(),
+    options = JobOptions(
+        count=gpus, pattern=pattern, sensitive=sensitive, policy=policy,
+        exclude=tuple(exclude), require=tuple(require),
     )  # fmt: skip
+    want = options.want(Config.load())
     state = HostState.with_busy(topology.gpu_count, frozenset(busy))
     return get_policy(want.policy).place(decision_context(topology, want.request, state))
 
@@ -138,14 +113,16 @@ def hold(
     from gpualloc.launcher.environment import gpu_variables
     from gpualloc.launcher.queue import WaitOptions
     from gpualloc.launcher.wait import wait_and_allocate
+    from gpualloc.placement.options import JobOptions
     from gpualloc.slurm.job import slurm_job
 
     config = Config.load()  # read once: the topology, the policy, the state directory, the queue
     topology = topology or _load_topology(None, config)
-    want = _want(
-        gpus, pattern=pattern, sensitive=sensitive, policy=policy, exclude=exclude,
-        require=require, config=config,
+    options = JobOptions(
+        count=gpus, pattern=pattern, sensitive=sensitive, policy=policy,
+        exclude=tuple(exclude), require=tuple(require),
     )  # fmt: skip
+    want = options.want(config)  # as plan, run and alloc turn their options into a request
     host = HostLedger.open(
         topology,
         slurm_job=slurm_job(topology, os.environ),

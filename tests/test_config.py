@@ -76,8 +76,8 @@ def test_every_setting_reaches_the_commands(
 
 
 def test_queue_defaults_apply_only_with_wait(cli, files) -> None:
+    from gpualloc.cli.open_ledger import wait_options
     from gpualloc.cli.state import STATE
-    from gpualloc.cli.want import wait_options
 
     files(system_text='[queue]\npriority = "high"\nmax_bypass = 2\n')
     STATE.reset()

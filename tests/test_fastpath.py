@@ -115,14 +115,31 @@ def test_each_command_option_is_typers(name: str) -> None:
     assert interspersed == (spec.arguments != "command")
 
 
+def _parameters(function: Any) -> dict[str, inspect.Parameter]:
+    """A work function's options: its keyword parameters (``job`` is the bundle)."""
+    return {name: p for name, p in inspect.signature(function).parameters.items() if name != "job"}
+
+
 @pytest.mark.parametrize("name", sorted(WORK))
 def test_the_work_takes_exactly_the_typer_commands_parameters(name: str) -> None:
+    """A typer command's parameters are the job's options it takes (JobOptions: one
+    definition, issue 29 point 2) and its work function's own, with the same defaults."""
+    from msgspec import structs
+
+    from gpualloc.placement.options import JobOptions
+
     declared = inspect.signature(TYPER_COMMANDS[name]).parameters
-    work = inspect.signature(WORK[name]).parameters
-    assert list(declared) == list(work)
+    work = _parameters(WORK[name])
+    job_fields = {f.name: f.default for f in structs.fields(JobOptions)}
+    takes_job = "job" in inspect.signature(WORK[name]).parameters
+    expected = set(work) | (set(declared) & set(job_fields) if takes_job else set())
+    assert set(declared) == expected
+    assert not set(work) & set(job_fields)  # each option belongs to one of them
     for parameter, value in declared.items():
-        assert value.default == work[parameter].default, parameter
-        assert work[parameter].kind is inspect.Parameter.KEYWORD_ONLY
+        default = work[parameter].default if parameter in work else job_fields[parameter]
+        assert value.default == default, parameter
+        if parameter in work:
+            assert work[parameter].kind is inspect.Parameter.KEYWORD_ONLY
 
 
 # ---- the same command lines through both paths -------------------------------------------------
@@ -141,12 +158,17 @@ class Called(BaseException):
 def _outcome(args: list[str], *, fast: bool) -> tuple[str, Any]:
     """What ``gpualloc ARGS`` does up to the work: ("work", (name, values, global options))
     or ("exit", code)."""
+    from msgspec import structs
+
     with pytest.MonkeyPatch.context() as patch:
         for name, function in WORK.items():
-            defaults = {key: p.default for key, p in inspect.signature(function).parameters.items()}
+            defaults = {key: p.default for key, p in _parameters(function).items()}
 
-            def stand_in(*, _name: str = name, _defaults: dict = defaults, **values: Any) -> None:
-                raise Called(_name, {**_defaults, **values})
+            def stand_in(
+                job: Any = None, *, _name: str = name, _defaults: dict = defaults, **values: Any
+            ) -> None:
+                bundled = structs.asdict(job) if job is not None else {}
+                raise Called(_name, {**bundled, **_defaults, **values})
 
             patch.setattr(jobs, function.__name__, stand_in)
         if not fast:

@@ -221,19 +221,10 @@ def test_the_ledger_refuses_a_mig_device_held_twice() -> None:
 
 
 def _mig_want(**options: str) -> Want:
-    from gpualloc.cli.want import build_want
+    from gpualloc.config import Config
+    from gpualloc.placement.options import JobOptions
 
-    return build_want(
-        count=None,
-        pattern="ring",
-        sensitive=None,
-        exclude=None,
-        require=None,
-        policy=None,
-        score="auto",
-        drb_weights=None,
-        **options,
-    )
+    return JobOptions(**options).want(Config.load())
 
 
 def test_a_queued_mig_request_is_the_same_request_for_whoever_places_it() -> None:

@@ -18,7 +18,7 @@ through :func:`parse`, and those imports cost 10 to 20 ms that ``--help`` does n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
 Kind = Literal["flag", "int", "float", "str", "path"]
@@ -154,8 +154,7 @@ class FastCommand:
         from gpualloc.cli.state import STATE
 
         STATE.apply_global_options(**self.global_values)
-        work: Callable[..., None] = getattr(jobs, COMMANDS[self.name].function)
-        work(**self.values)
+        jobs.call(COMMANDS[self.name].function, self.values)
 
 
 class _NotForUs(Exception):

@@ -1,11 +1,12 @@
 """What ``run``, ``alloc`` and ``release`` do, without typer.
 
 :mod:`gpualloc.cli.run` and :mod:`gpualloc.cli.leases` declare these commands for typer (their
-options, help and completion) and call these functions with every option by name; the
-command-line fast path (:mod:`gpualloc.cli.fastpath`) calls them directly for the command lines
-it understands, so that the commands run most often start without importing typer (issue 18,
-point 9). A test checks that each function takes exactly its typer command's parameters, with
-the same defaults.
+options, help and completion) and hand :func:`call` their option values; the command-line fast
+path (:mod:`gpualloc.cli.fastpath`) hands it the values of the command lines it understands, so
+that the commands run most often start without importing typer (issue 18, point 9). The options
+that describe the job arrive as one :class:`~gpualloc.placement.options.JobOptions` (issue 29,
+point 2), the command's own by name. A test checks that a typer command's parameters are
+exactly the job's options it takes and its work function's, with the same defaults.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpualloc.cli.open_ledger import allocate, open_host_ledger, say, warn
+from gpualloc.cli.open_ledger import allocate, open_host_ledger, say, wait_options, warn
 from gpualloc.cli.state import STATE
-from gpualloc.cli.want import build_want, declared_memory, wait_options
 from gpualloc.errors import ExitCode, RequestError
+from gpualloc.placement.options import JobOptions
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
+    from typing import Any
 
     from gpualloc.launcher.allocate import Allocation, HostLedger, LeaseTerms
     from gpualloc.launcher.binding import Binding, NumaMode
@@ -34,23 +36,28 @@ if TYPE_CHECKING:
     from gpualloc.placement.want import Want
 
 ALLOC_FORMATS = ("ids", "env", "json")
+WORK = ("run_job", "alloc_gpus", "release_gpus")
+"""The functions :func:`call` runs; the first two take a :class:`JobOptions`."""
+
+
+def call(work: str, values: Mapping[str, Any]) -> None:
+    """Run the function named ``work`` with a command's option values (typer's or the fast
+    path's, those not given left out): the job's options bundled into one JobOptions."""
+    function = globals()[work]  # looked up now: tests stand in for the functions
+    if work == "release_gpus":
+        function(**values)
+        return
+    job, own = JobOptions.pick(values)
+    function(job, **own)
 
 
 # ---- run -------------------------------------------------------------------------------------
 
 
 def run_job(
+    job: JobOptions,
     *,
     command: list[str],
-    count: int | None = None,
-    pattern: str = "ring",
-    sensitive: bool | None = None,
-    exclude: str | None = None,
-    require: str | None = None,
-    policy: str | None = None,
-    score: str = "auto",
-    drb_weights: str | None = None,
-    gpus: str | None = None,
     numa: str | None = None,
     name: str | None = None,
     uuid: bool = False,
@@ -59,20 +66,12 @@ def run_job(
     timeout: str | None = None,
     priority: str | None = None,
     max_bypass: int | None = None,
-    min_utility: float | None = None,
-    min_bandwidth: float | None = None,
-    mig: str | None = None,
-    mem: str | None = None,
-    share: bool = False,
-    shareable: bool = False,
-    background: bool = False,
-    sm_share: int | None = None,
     allow_unhealthy: bool = False,
     dry_run: bool = False,
     quiet: bool = False,
     as_json: bool = False,
 ) -> None:
-    """``gpualloc run``: place the job, record its lease, exec it (see its ``--help``)."""
+    """``gpualloc run``: place ``job``, record its lease, exec it (see its ``--help``)."""
     from gpualloc.launcher.allocate import LeaseTerms
     from gpualloc.launcher.binding import NumaMode
     from gpualloc.launcher.command import resolve_program
@@ -84,25 +83,7 @@ def run_job(
         raise RequestError(f"unknown --numa {numa!r}", hint="choose auto, bind or none") from None
     if as_json and not dry_run:
         raise RequestError("--json applies to --dry-run", hint="add --dry-run")
-    want = build_want(
-        count=count,
-        pattern=pattern,
-        sensitive=sensitive,
-        exclude=exclude,
-        require=require,
-        policy=policy,
-        score=score,
-        drb_weights=drb_weights,
-        explicit=gpus,
-        min_utility=min_utility,
-        min_bandwidth=min_bandwidth,
-        mig=mig,
-        mem=mem,
-        share=share,
-        shareable=shareable,
-        background=background,
-        sm_share=sm_share,
-    )
+    want = job.want(STATE.config())
     waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
     resolve_program(command[0], os.environ)  # 127/126 before any GPU is taken
     host = open_host_ledger(
@@ -120,9 +101,9 @@ def run_job(
         command=tuple(command),
         name=name,
         process_group=os.getpid() if os.getpgrp() == os.getpid() else None,
-        shareable=shareable,
-        memory_bytes=declared_memory(mem, shareable),
-        share_mode=share_mode(os.environ) if share else "time-sliced",
+        shareable=job.shareable,
+        memory_bytes=job.declared_memory_bytes(),
+        share_mode=share_mode(os.environ) if job.share else "time-sliced",
     )
     _launch(host, want, terms, command, mode, uuid=uuid, quiet=quiet, waiting=waiting)
 
@@ -314,16 +295,8 @@ def _dry_run(
 
 
 def alloc_gpus(
+    job: JobOptions,
     *,
-    count: int | None = None,
-    pattern: str = "ring",
-    sensitive: bool | None = None,
-    exclude: str | None = None,
-    require: str | None = None,
-    policy: str | None = None,
-    score: str = "auto",
-    drb_weights: str | None = None,
-    gpus: str | None = None,
     pid: int | None = None,
     hold: bool = False,
     output_format: str = "ids",
@@ -334,11 +307,6 @@ def alloc_gpus(
     timeout: str | None = None,
     priority: str | None = None,
     max_bypass: int | None = None,
-    min_utility: float | None = None,
-    min_bandwidth: float | None = None,
-    mig: str | None = None,
-    mem: str | None = None,
-    shareable: bool = False,
     allow_unhealthy: bool = False,
 ) -> None:
     """``gpualloc alloc``: allocate GPUs without running anything (see its ``--help``)."""
@@ -354,22 +322,7 @@ def alloc_gpus(
             "gpualloc's parent is init, so the lease would end at once",
             hint="give --pid of the process that uses the GPUs, or --hold",
         )
-    want = build_want(
-        count=count,
-        pattern=pattern,
-        sensitive=sensitive,
-        exclude=exclude,
-        require=require,
-        policy=policy,
-        score=score,
-        drb_weights=drb_weights,
-        explicit=gpus,
-        min_utility=min_utility,
-        min_bandwidth=min_bandwidth,
-        mig=mig,
-        mem=mem,
-        shareable=shareable,
-    )
+    want = job.want(STATE.config())
     waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
     host = open_host_ledger(
         ignore_foreign=STATE.setting("ignore_foreign", ignore_foreign),
@@ -382,8 +335,8 @@ def alloc_gpus(
         command=_command_of(owner),
         name=name,
         announce=True,
-        shareable=shareable,
-        memory_bytes=declared_memory(mem, shareable),
+        shareable=job.shareable,
+        memory_bytes=job.declared_memory_bytes(),
     )
     allocation = allocate(host, want, terms, waiting)
     warn(allocation.notes)
@@ -480,10 +433,10 @@ def _evict_shared(
 
     from gpualloc.cli.json_views import lease_json
     from gpualloc.cli.output import print_json, write_stdout
-    from gpualloc.cli.want import parse_duration
     from gpualloc.launcher.eviction import evict_shared
     from gpualloc.launcher.sharing import EVICTION_GRACE_S
     from gpualloc.ledger.occupancy import describe_lease
+    from gpualloc.model.option_values import parse_duration
 
     grace_s = parse_duration(grace, "--grace") if grace is not None else EVICTION_GRACE_S
     result = evict_shared(host, leases, mine=mine, grace_s=grace_s)

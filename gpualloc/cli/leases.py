@@ -96,7 +96,7 @@ def alloc_command(
 
     Inside a pipeline or a subshell the parent is not your shell: pass --pid $$ there.
     """
-    jobs.alloc_gpus(**locals())  # every option by name (a test checks both signatures agree)
+    jobs.call("alloc_gpus", locals())  # a test checks the parameters against the work's
 
 
 def release_command(
@@ -139,7 +139,7 @@ def release_command(
     --shareable lease may evict other users' shared jobs (their own gpualloc watcher ends them,
     since nobody but root may signal another user's processes).
     """
-    jobs.release_gpus(**locals())  # every option by name (a test checks both signatures agree)
+    jobs.call("release_gpus", locals())  # a test checks the parameters against the work's
 
 
 def gc_command(as_json: JsonOption = False) -> None:

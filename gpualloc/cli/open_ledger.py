@@ -105,3 +105,27 @@ class StatusLine:
         if self.drawn:
             sys.stderr.write("\r\x1b[K")
             sys.stderr.flush()
+
+
+def wait_options(
+    *, wait: bool, timeout: str | None, priority: str | None, max_bypass: int | None
+) -> WaitOptions | None:
+    """The queue options, or None without --wait (usage errors for options that need it)."""
+    from gpualloc.errors import RequestError
+    from gpualloc.launcher.queue import WaitOptions
+    from gpualloc.model.option_values import parse_duration
+
+    if priority is not None and priority not in ("high", "normal", "low"):
+        raise RequestError(f"unknown --priority {priority!r}", hint="choose high, normal or low")
+    if not wait:
+        if timeout is not None or priority is not None or max_bypass is not None:
+            raise RequestError(
+                "--timeout, --priority and --max-bypass apply to --wait", hint="add --wait"
+            )
+        return None
+    return WaitOptions.from_config(
+        STATE.config(),
+        timeout_s=parse_duration(timeout) if timeout is not None else None,
+        priority=priority,  # type: ignore[arg-type]
+        max_bypass=max_bypass,
+    )

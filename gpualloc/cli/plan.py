@@ -22,8 +22,9 @@ from gpualloc.cli.request_options import (
     SensitiveOption,
 )
 from gpualloc.cli.state import STATE
-from gpualloc.cli.want import build_want, gpu_list
 from gpualloc.errors import NoFeasiblePlacement, RequestError
+from gpualloc.model.option_values import gpu_list
+from gpualloc.placement.options import JobOptions
 
 if TYPE_CHECKING:
     from gpualloc.model.mig import MigRequest
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 
 def plan_command(
-    gpus: CountOption = None,
+    count: CountOption = None,
     pattern: PatternOption = "ring",
     sensitive: SensitiveOption = None,
     busy: Annotated[
@@ -78,22 +79,12 @@ def plan_command(
     from gpualloc.placement.decide import decision_context
     from gpualloc.slurm.job import slurm_job
 
+    options, _ = JobOptions.pick(locals())
     if busy is not None and free is not None:
         raise RequestError("--busy and --free both say which GPUs are free", hint="give one")
-    if gpus is None and mig is None and mem is None:
+    if count is None and mig is None and mem is None:
         raise RequestError("how many GPUs?", hint="give -n K (or --mig / --mem for a MIG device)")
-    want = build_want(
-        count=gpus,
-        pattern=pattern,
-        sensitive=sensitive,
-        exclude=exclude,
-        require=require,
-        policy=policy,
-        score=score,
-        drb_weights=drb_weights,
-        mig=mig,
-        mem=mem,
-    )
+    want = options.want(STATE.config())
     topology = STATE.load_topology()
     if want.mig is not None:
         if free is not None:

@@ -1,7 +1,8 @@
 """The options that describe a job, shared by ``plan``, ``run`` and ``alloc``.
 
 One definition of each option (its name and help), so that the three commands cannot drift
-apart; :mod:`gpualloc.cli.want` turns their values into the placement engine's request.
+apart; :class:`gpualloc.placement.options.JobOptions` bundles their values and turns them into
+the placement engine's request.
 """
 
 from __future__ import annotations

@@ -149,4 +149,4 @@ def run_command(
 
     Example: `gpualloc run -n 2 --sensitive -- python train.py`
     """
-    jobs.run_job(**locals())  # every option by name (a test checks both signatures agree)
+    jobs.call("run_job", locals())  # a test checks the parameters against the work's

@@ -1,0 +1,79 @@
+"""Values as people type them on a command line: GPU lists, memory sizes, durations, MIG
+devices. Pure; each error names the option it came from and shows an example."""
+
+from __future__ import annotations
+
+import re
+
+from gpualloc.errors import RequestError
+from gpualloc.model.mig import MigRequest
+
+
+def parse_duration(text: str, option: str = "--timeout") -> float:
+    """``90``, ``30s``, ``5m``, ``2h``, ``1h30m``, ``1.5h`` -> seconds."""
+    from gpualloc.durations import parse_duration_text
+
+    try:
+        return parse_duration_text(text)
+    except ValueError:
+        raise RequestError(
+            f"{option} {text!r} is not a duration", hint=f"e.g. {option} 90, 30s, 5m, 1h30m"
+        ) from None
+
+
+def gpu_list(text: str | None, option: str) -> frozenset[int]:
+    """A ``0,2,4-7`` list of GPU indices, or a usage error naming ``option``."""
+    return frozenset(gpu_sequence(text, option))
+
+
+def gpu_sequence(text: str | None, option: str) -> tuple[int, ...]:
+    """Like :func:`gpu_list`, keeping the order given (``3,1`` is not ``1,3``)."""
+    from gpualloc.model.cpuset import is_cpulist, parse_cpulist
+
+    if text is None or text.strip() == "":
+        return ()
+    parts = [part.strip() for part in text.split(",")]
+    if not all(is_cpulist(part) for part in parts):
+        raise RequestError(
+            f"{option} {text!r} is not a GPU list",
+            hint=f"write indices and ranges, e.g. {option} 0,2,4-7",
+        )
+    try:
+        return tuple(g for part in parts for g in parse_cpulist(part))
+    except ValueError as exc:
+        raise RequestError(f"{option} {text!r}: {exc}", hint=f"e.g. {option} 0,2,4-7") from None
+
+
+_SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+def parse_size(text: str, option: str) -> int:
+    """``10G``, ``4.5GiB``, ``512M``, ``20GB`` -> bytes (K/M/G/T are binary, as nvidia-smi's
+    MiB; a bare number is bytes)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
+    value = float(match[1]) * _SIZE_UNITS[match[2]] if match else 0.0
+    if value < 1:
+        raise RequestError(
+            f"{option} {text!r} is not a memory size", hint=f"e.g. {option} 10G, 4.5G or 512M"
+        )
+    return int(value)
+
+
+def mig_request(mig: str | None, memory_bytes: int | None) -> MigRequest:
+    """``--mig PROFILE|GPU0/MIG3|MIG-uuid`` and ``--mem``'s bytes -> the MIG request."""
+    from gpualloc.model.mig import parse_mig_label, parse_mig_profile
+
+    if mig is None:
+        return MigRequest(memory_bytes=memory_bytes)
+    text = mig.strip()
+    if text.upper().startswith("MIG-"):
+        return MigRequest(uuid=text, memory_bytes=memory_bytes)
+    if (device := parse_mig_label(text)) is not None:
+        return MigRequest(device=device, memory_bytes=memory_bytes)
+    try:
+        return MigRequest(profile=parse_mig_profile(text).name, memory_bytes=memory_bytes)
+    except ValueError:
+        raise RequestError(
+            f"--mig {mig!r} is neither a MIG profile nor a MIG device",
+            hint="e.g. --mig 1g.5gb, --mig GPU0/MIG3 or --mig MIG-<uuid> (gpualloc topo show)",
+        ) from None

@@ -1,0 +1,234 @@
+"""The options that describe a job, as one struct: what ``plan``, ``run``, ``alloc`` and the
+Python API take, turned into the placement engine's :class:`~gpualloc.placement.want.Want` by
+one method (issue 29, point 2).
+
+The command line fills it with the option values as typed (``exclude="0,2-3"``,
+``mem="10G"``); the Python API with the same names and Python values (``exclude={0, 2, 3}``,
+``mem=10 * 2**30``). :meth:`JobOptions.want` reads both, checks the combinations (``--share``
+with ``--mig``, ``-n`` against ``--gpus``, ...) and fills the defaults: the configured policy, and
+a job of two or more GPUs is bandwidth-sensitive unless told (MAPA section 2.3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from msgspec import Struct
+
+from gpualloc.errors import RequestError
+from gpualloc.model.option_values import gpu_list, gpu_sequence, mig_request, parse_size
+
+if TYPE_CHECKING:
+    from gpualloc.config import Config
+    from gpualloc.placement.scores import EffectiveModel
+    from gpualloc.placement.utility import UtilityWeights
+    from gpualloc.placement.want import Want
+
+GpuSelection = str | Iterable[int] | None
+"""``"0,2,4-7"`` as typed, or the indices themselves."""
+
+
+class JobOptions(Struct, frozen=True, kw_only=True):
+    """What describes a job (see the module docstring); the names are the command line's."""
+
+    count: int | None = None
+    """``-n``: how many GPUs (None: one, or the number ``gpus`` names)."""
+    pattern: str = "ring"
+    sensitive: bool | None = None
+    """None: sensitive from two GPUs on."""
+    exclude: GpuSelection = None
+    require: GpuSelection = None
+    policy: str | None = None
+    """None: the configured one (``policy`` of config.toml, ``GPUALLOC_POLICY``)."""
+    score: str = "auto"
+    drb_weights: str | tuple[float, float, float] | None = None
+    gpus: str | tuple[int, ...] | None = None
+    """``--gpus``: exactly these GPUs, in this order."""
+    min_utility: float | None = None
+    min_bandwidth: float | None = None
+    mig: str | None = None
+    mem: str | int | None = None
+    """``--mem``: a MIG device's memory, a shared job's, or what a ``--shareable`` job uses."""
+    share: bool = False
+    shareable: bool = False
+    background: bool = False
+    sm_share: int | None = None
+
+    @classmethod
+    def pick(cls, values: Mapping[str, Any]) -> tuple[JobOptions, dict[str, Any]]:
+        """The job's options out of a command's option values, and the rest (the command's
+        own: ``--numa``, ``--wait``, ...)."""
+        fields = set(cls.__struct_fields__)
+        job = cls(**{key: value for key, value in values.items() if key in fields})
+        return job, {key: value for key, value in values.items() if key not in fields}
+
+    def memory_bytes(self) -> int | None:
+        """``mem`` in bytes, or None."""
+        if self.mem is None:
+            return None
+        return self.mem if isinstance(self.mem, int) else parse_size(self.mem, "--mem")
+
+    def declared_memory_bytes(self) -> int | None:
+        """The memory a ``--shareable`` job declares it uses (``--mem``), else None."""
+        return self.memory_bytes() if self.shareable else None
+
+    def want(self, config: Config) -> Want:
+        """The engine's request; usage errors for bad combinations.
+
+        ``--mem`` asks for a MIG device, except with ``--share`` (the shared job's memory) and
+        ``--shareable`` (what the job declares it uses: :meth:`declared_memory_bytes`)."""
+        self._check_sharing()
+        if self.share:
+            return self._share_want(config)
+        mem = None if self.shareable else self.mem  # declared, not a MIG request
+        if self.mig is not None or mem is not None:
+            clash = self._whole_gpu_options(self.gpus is not None)
+            if clash:
+                raise RequestError(
+                    f"{clash[0]} applies to whole GPUs, not to a MIG device (--mig/--mem)",
+                    hint="a CUDA process uses one MIG device; leave out " + ", ".join(clash),
+                )
+        from gpualloc.model.request import JobRequest
+        from gpualloc.placement.patterns import build_pattern
+        from gpualloc.placement.registry import configured_policy
+        from gpualloc.placement.want import Want
+
+        chosen = self._explicit()
+        count = self.count
+        if chosen is not None:
+            if not chosen:
+                raise RequestError("--gpus is empty", hint="e.g. --gpus 0,1")
+            if count is not None and count != len(chosen):
+                raise RequestError(
+                    f"-n {count} but --gpus names {len(chosen)} GPU(s)", hint="give one of them"
+                )
+            if self.exclude or self.require:
+                raise RequestError(
+                    "--gpus takes exactly the GPUs named; --exclude and --require do not apply",
+                    hint="leave them out",
+                )
+            count = len(chosen)
+        count = count or 1
+        request = JobRequest(
+            gpus=count,
+            pattern=build_pattern(self.pattern, count),
+            sensitive=self.sensitive if self.sensitive is not None else count >= 2,
+            required=_gpu_set(self.require, "--require"),
+            excluded=_gpu_set(self.exclude, "--exclude"),
+        )
+        return Want(
+            request=request,
+            policy=configured_policy(config, self.policy),
+            explicit=chosen,
+            effective_model=effective_model(self.score),
+            weights=utility_weights(self.drb_weights),
+            min_utility=self.min_utility,
+            min_bandwidth_gbps=self.min_bandwidth,
+            mig=(
+                mig_request(self.mig, self.memory_bytes())
+                if self.mig is not None or mem is not None
+                else None
+            ),
+        )
+
+    # ---- the parts of want() ---------------------------------------------------------------
+
+    def _explicit(self) -> tuple[int, ...] | None:
+        if self.gpus is None:
+            return None
+        if isinstance(self.gpus, str):
+            return gpu_sequence(self.gpus, "--gpus")
+        return tuple(int(g) for g in self.gpus)
+
+    def _whole_gpu_options(self, gpus: bool) -> list[str]:
+        """The options given that only a request of whole GPUs can use (a MIG device or a
+        shared place is one device; ``gpus``: whether --gpus names more than it allows)."""
+        given = {
+            "-n": self.count is not None and self.count != 1,
+            "--gpus": gpus,
+            "--exclude": self.exclude is not None,
+            "--require": self.require is not None,
+            "--min-utility": self.min_utility is not None,
+            "--min-bandwidth": self.min_bandwidth is not None,
+        }
+        return [option for option, present in given.items() if present]
+
+    def _check_sharing(self) -> None:
+        if (self.background or self.sm_share is not None) and not self.share:
+            option = "--background" if self.background else "--sm-share"
+            raise RequestError(f"{option} applies to a shared job", hint="add --share")
+        if self.share and self.shareable:
+            raise RequestError(
+                "--share and --shareable: a shared job already lets other shared jobs beside it",
+                hint="give one of them",
+            )
+        if (self.share or self.shareable) and self.mig is not None:
+            option = "--share" if self.share else "--shareable"
+            raise RequestError(
+                f"{option} applies to whole GPUs, not to a MIG device (--mig)",
+                hint="a MIG device is a slice of a GPU already; leave out one of them",
+            )
+
+    def _share_want(self, config: Config) -> Want:
+        """The request of ``run --share``: one GPU, shared."""
+        from gpualloc.model.request import JobRequest
+        from gpualloc.model.share import ShareRequest
+        from gpualloc.placement.patterns import build_pattern
+        from gpualloc.placement.registry import configured_policy
+        from gpualloc.placement.want import Want
+
+        chosen = self._explicit() or ()
+        clash = self._whole_gpu_options(len(chosen) > 1)
+        if clash:
+            raise RequestError(
+                f"{clash[0]} does not apply to a shared job (--share), which runs on one GPU",
+                hint="leave out " + ", ".join(clash) + " (--gpus N names the one GPU to share)",
+            )
+        request = ShareRequest(
+            memory_bytes=self.memory_bytes(),
+            background=self.background,
+            sm_percent=self.sm_share,
+            gpu=chosen[0] if chosen else None,
+        )
+        return Want(
+            request=JobRequest(gpus=1, pattern=build_pattern("ring", 1), sensitive=False),
+            policy=configured_policy(config),
+            share=request,
+        )
+
+
+def _gpu_set(value: GpuSelection, option: str) -> frozenset[int]:
+    if value is None:
+        return frozenset()
+    if isinstance(value, str):
+        return gpu_list(value, option)
+    return frozenset(int(g) for g in value)
+
+
+def effective_model(score: str) -> EffectiveModel:
+    from gpualloc.placement.scores import EffectiveModel
+
+    try:
+        return EffectiveModel(score)
+    except ValueError:
+        raise RequestError(
+            f"unknown --score {score!r}", hint="choose auto, mapa or bottleneck"
+        ) from None
+
+
+def utility_weights(value: str | tuple[float, float, float] | None) -> UtilityWeights:
+    from gpualloc.placement.utility import UtilityWeights
+
+    if value is None:
+        return UtilityWeights()
+    try:
+        values = [float(part) for part in value.split(",")] if isinstance(value, str) else value
+        if len(values) != 3:
+            raise ValueError
+        return UtilityWeights(*values).normalised()
+    except (ValueError, TypeError):
+        raise RequestError(
+            f"--drb-weights {value!r} is not three non-negative numbers",
+            hint="e.g. --drb-weights 0.5,0.25,0.25 (communication, interference, fragmentation)",
+        ) from None
