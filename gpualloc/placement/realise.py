@@ -1,17 +1,13 @@
 """Step 3 of the exact search (:mod:`.search`): does some ordered placement realise a count
 vector, and which is the lowest?
 
-:func:`realise` is a budgeted depth-first search. Its phases, each a named function inside it
-(closures, for the speed of local names on the hot path):
-
-1. ``step``: assign the next rank in the pattern's visiting order to a free GPU above the
-   symmetry bounds, spending one unit of a link class's budget per pattern edge it closes;
-2. ``lookahead_ok`` (with ``deficits_ok`` and ``forest_room``): can every group of link
-   classes still take what is left of its budget (the bounds of :mod:`.search_bounds`);
-3. ``lowest_reachable_set``: cut a branch whose lowest reachable set cannot beat the incumbent;
-4. at the last rank, the tie-break: the lowest sorted set, then the lowest order.
-
-Dead ends are remembered (Held and Karp's dynamic program over subsets, on a ring).
+:func:`realise` runs a :class:`Realisation`, a budgeted depth-first search whose phases are its
+methods: extend by one rank (``step``, in the pattern's visiting order, spending one unit of a
+link class's budget per pattern edge closed, above the symmetry bounds), narrow the GPUs a rank
+may take (``window``: unused, and in a candidate set), prune what cannot take its budget
+(``lookahead_ok``, the bounds of :mod:`.search_bounds`) or cannot beat the incumbent
+(``lowest_reachable_set``), and apply the tie-break to a whole placement (``complete``). Dead
+ends are remembered (Held and Karp's dynamic program over subsets, on a ring).
 :func:`realise_star` solves the star directly.
 """
 
@@ -30,12 +26,19 @@ class Escalate(Exception):
     """The search outgrew its cheap bounds: tighten them, then try the vector again."""
 
 
+Ranked = tuple[tuple[int, ...], tuple[int, ...]]
+"""A realisation as the tie-break ranks it: (sorted set, order)."""
+
+
 def realise(
-    search: PlacementSearch,
-    vector: tuple[int, ...],
-    incumbent: tuple[tuple[int, ...], tuple[int, ...]] | None,
-) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """The lowest (sorted set, order) realising ``vector`` that beats ``incumbent``.
+    search: PlacementSearch, vector: tuple[int, ...], incumbent: Ranked | None
+) -> Ranked | None:
+    """The lowest (sorted set, order) realising ``vector`` that beats ``incumbent``, or None."""
+    return Realisation(search, vector, incumbent).run()
+
+
+class Realisation:
+    """One budgeted depth-first search for one count vector (step 3 of :mod:`.search`).
 
     Dead ends are remembered: two partial placements that used the same GPUs, hold the same
     GPUs at the ranks later edges and symmetry constraints still refer to, and have the same
@@ -44,24 +47,154 @@ def realise(
     Paths to one state differ only in the GPUs of ranks no longer read, so they reach the
     same sets; a subtree is remembered only if no completion in it lost to the incumbent on
     the order alone (same set), the one comparison that depends on those ranks.
-    """
-    k = search.k
-    pool = search.pool
-    of_pair = search.classes.of_pair
-    back, after, before, live = search.back, search.after, search.before, search.live
-    budget = list(vector)
-    assigned = [0] * k
-    required_mask = search.required_mask
-    visit = search.visit
-    best: list = [incumbent]
-    failed: set[tuple] = set()
-    order_ties = [0]  # completions that lost to the incumbent on the order alone
 
-    def lowest_reachable_set(s: int, used: int) -> tuple[int, ...]:
-        chosen = assigned[:s]
-        need = k - s
+    The phases are methods: :meth:`step` extends a partial placement by one rank,
+    :meth:`window` narrows the GPUs it may take, :meth:`lookahead_ok` (with
+    :meth:`deficits_ok` and :meth:`forest_room`) prunes what cannot take its budget,
+    :meth:`lowest_reachable_set` prunes what cannot beat the incumbent, and :meth:`complete`
+    applies the tie-break to a whole placement. The hot ones copy the attributes they read into
+    local names first: the search visits up to thousands of nodes per decision.
+    """
+
+    def __init__(
+        self, search: PlacementSearch, vector: tuple[int, ...], incumbent: Ranked | None
+    ) -> None:
+        self.search = search
+        self.k = search.k
+        self.pool = search.pool
+        self.pool_mask = or_masks(1 << g for g in search.pool)
+        self.of_pair = search.classes.of_pair
+        self.weights = search.classes.weight
+        self.back, self.after, self.before = search.back, search.after, search.before
+        self.live, self.visit = search.live, search.visit
+        self.required_mask = search.required_mask
+        self.allowed = search.allowed
+        self.escalate_at = search.escalate_at
+        self.group_masks, self.pending = search.group_masks, search.pending
+        self.unanchored, self.tight_groups = search.unanchored, search.tight_groups
+        self.remaining_edges, self.open_degrees = search.remaining_edges, search.open_degrees
+        self.deficit_bound = search.deficit_bound
+        self.tree_bound = search.tree_bound if search.tree_bound_per_node else None
+        self.budget = list(vector)
+        """What each link class may still carry."""
+        self.assigned = [0] * search.k
+        """The GPU of each position of the visiting order, up to the current step."""
+        self.best = incumbent
+        self.failed: set[tuple] = set()
+        self.order_ties = 0
+        """Completions that lost to the incumbent on the order alone."""
+
+    def run(self) -> Ranked | None:
+        return self.best if self.step(0, 0) else None
+
+    # ---- extending by one rank ---------------------------------------------------------------
+
+    def step(self, s: int, used: int) -> bool:
+        """Try every GPU for position ``s`` after ``used``; whether a better placement was found
+        below."""
+        search = self.search
+        search.nodes += 1
+        if search.nodes > self.escalate_at:
+            raise Escalate
+        free = self.window(used)
+        if free is None:
+            return False
+        k = self.k
+        if s == k:
+            return self.complete()
+        assigned, budget = self.assigned, self.budget
+        state = (used, *[assigned[p] for p in self.live[s]], *budget)
+        failed = self.failed
+        if state in failed:
+            return False
+        ties_before = self.order_ties
+        if s and not self.lookahead_ok(s, used, free):
+            failed.add(state)
+            return False
+        required_mask = self.required_mask
+        missing = (required_mask & ~used).bit_count()
+        if missing > k - s:
+            return False
+        if self.best is not None and self.lowest_reachable_set(s, used) >= self.best[0]:
+            return False
+        lower, upper = -1, 1 << 30
+        for p in self.after[s]:
+            if assigned[p] > lower:
+                lower = assigned[p]
+        for p in self.before[s]:
+            if assigned[p] < upper:
+                upper = assigned[p]
+        must_be_required = missing == k - s
+        of_pair, back = self.of_pair, self.back[s]
+        found = False
+        for g in self.pool:
+            if g <= lower or not free >> g & 1:
+                continue
+            if g >= upper:
+                break
+            if must_be_required and not required_mask >> g & 1:
+                continue
+            row = of_pair[g]
+            spent = []
+            ok = True
+            for p in back:
+                c = row[assigned[p]]
+                budget[c] -= 1
+                spent.append(c)
+                if budget[c] < 0:
+                    ok = False
+                    break
+            if ok:
+                assigned[s] = g
+                if self.step(s + 1, used | 1 << g):
+                    found = True
+            for c in spent:
+                budget[c] += 1
+            if (
+                found
+                and self.best is not None
+                and self.lowest_reachable_set(s, used) >= self.best[0]
+            ):
+                break
+        if not found and self.order_ties == ties_before:
+            failed.add(state)
+        return found
+
+    def window(self, used: int) -> int | None:
+        """The GPUs the next position may take (a mask), or None when none may: the pool's
+        unused ones, and with candidate sets (``allowed``) only those of the sets that hold
+        every GPU used so far."""
+        free = self.pool_mask & ~used
+        if self.allowed is None:
+            return free
+        reach = 0
+        for mask in self.allowed:
+            if not used & ~mask:
+                reach |= mask
+        return free & reach if reach else None
+
+    def complete(self) -> bool:
+        """A whole placement: keep it if it beats the incumbent (the lowest sorted set, then
+        the lowest order)."""
+        assigned = self.assigned
+        order = [0] * self.k
+        for position, vertex in enumerate(self.visit):
+            order[vertex] = assigned[position]
+        candidate = (tuple(sorted(assigned)), tuple(order))
+        if self.best is not None and candidate >= self.best:
+            self.order_ties += candidate[0] == self.best[0]
+            return False
+        self.best = candidate
+        return True
+
+    # ---- pruning -----------------------------------------------------------------------------
+
+    def lowest_reachable_set(self, s: int, used: int) -> tuple[int, ...]:
+        """The lowest sorted set any completion of the first ``s`` positions can have."""
+        chosen = self.assigned[:s]
+        need = self.k - s
         extra = []
-        for g in pool:
+        for g in self.pool:
             if need == 0:
                 break
             if not used >> g & 1:
@@ -69,74 +202,66 @@ def realise(
                 need -= 1
         return tuple(sorted(chosen + extra))
 
-    group_masks, pending, unanchored = search.group_masks, search.pending, search.unanchored
-    tight_groups, remaining_edges = search.tight_groups, search.remaining_edges
-    open_degrees, deficit_bound = search.open_degrees, search.deficit_bound
-    tree_bound, weights = search.tree_bound, search.classes.weight
-    if not search.tree_bound_per_node:
-        tree_bound = None
-    escalate_at = search.escalate_at
-    allowed = search.allowed
-    pool_mask = or_masks(1 << g for g in pool)
-
-    def lookahead_ok(s: int, used: int, free: int) -> bool:
+    def lookahead_ok(self, s: int, used: int, free: int) -> bool:
         """Each group of classes can still take its remaining budget: an assigned GPU closes
         at most as many of its open edges on the group's links as it has unused neighbours
         on them; an edge between two unassigned ranks may land anywhere."""
-        loose = unanchored[s]
-        for members, masks, _ in group_masks:
+        budget, assigned, pending = self.budget, self.assigned, self.pending[s]
+        loose = self.unanchored[s]
+        for members, masks, _ in self.group_masks:
             want = 0
             for c in members:
                 want += budget[c]
             if want <= loose:
                 continue
             room = loose
-            for p, count in pending[s]:
+            for p, count in pending:
                 room += min(count, (masks[assigned[p]] & free).bit_count())
                 if room >= want:
                     break
             if room < want:
                 return False
-        for members, masks, limit in tight_groups:
+        for members, masks, limit in self.tight_groups:
             want = 0
             for c in members:
                 want += budget[c]
-            if want and forest_room(s, free, masks, limit) < want:
+            if want and self.forest_room(s, free, masks, limit) < want:
                 return False
-        if deficit_bound:
-            return deficits_ok(s, free)
-        if tree_bound is not None:
-            want = 0.0
-            for c, w in enumerate(weights):
-                want += budget[c] * w
-            return tree_bound.remaining(s, assigned, used, free) >= want - WEIGHT_SLACK
+        if self.deficit_bound:
+            return self.deficits_ok(s, free)
+        if self.tree_bound is not None:
+            weight = 0.0
+            for c, w in enumerate(self.weights):
+                weight += budget[c] * w
+            return self.tree_bound.remaining(s, assigned, used, free) >= weight - WEIGHT_SLACK
         return True
 
-    def deficits_ok(s: int, unused: int) -> bool:
+    def deficits_ok(self, s: int, unused: int) -> bool:
         """Each group of classes against the degree deficit of what is left. A rank of
         degree d on a GPU with t neighbours on the group's links sends at least d - t of
         its edges elsewhere; an edge off the group covers two such deficits at most. The
         unassigned ranks' deficits are least when the highest degrees go to the GPUs with
         the most neighbours (the convexity of max(0, d - t))."""
+        budget, assigned, pending = self.budget, self.assigned, self.pending[s]
         reachable = unused
-        for p, _ in pending[s]:
+        for p, _ in pending:
             reachable |= 1 << assigned[p]
-        degrees = open_degrees[s]
-        edges_left = len(remaining_edges[s])
+        degrees = self.open_degrees[s]
+        edges_left = len(self.remaining_edges[s])
         unused_gpus = []
         rest = unused
         while rest:
             low = rest & -rest
             unused_gpus.append(low.bit_length() - 1)
             rest ^= low
-        for members, masks, _ in group_masks:
+        for members, masks, _ in self.group_masks:
             want = 0
             for c in members:
                 want += budget[c]
             if not want:
                 continue
             deficit = 0
-            for p, count in pending[s]:
+            for p, count in pending:
                 room = (masks[assigned[p]] & unused).bit_count()
                 if count > room:
                     deficit += count - room
@@ -150,12 +275,13 @@ def realise(
                 return False
         return True
 
-    def forest_room(s: int, free: int, masks: tuple[int, ...], limit: int) -> int:
+    def forest_room(self, s: int, free: int, masks: tuple[int, ...], limit: int) -> int:
         """The most remaining tree edges on a group whose GPUs have at most ``limit`` links
         in it: greedy from the leaves up, an assigned rank offering its unused neighbours."""
+        assigned = self.assigned
         room: dict[int, int] = {}
         taken = 0
-        for p, t in remaining_edges[s]:
+        for p, t in self.remaining_edges[s]:
             if t not in room:
                 room[t] = limit
             if p not in room:
@@ -165,84 +291,6 @@ def realise(
                 room[p] -= 1
                 taken += 1
         return taken
-
-    def step(s: int, used: int) -> bool:
-        search.nodes += 1
-        if search.nodes > escalate_at:
-            raise Escalate
-        free = pool_mask & ~used
-        if allowed is not None:
-            # Only GPUs of the candidate sets that hold every GPU used so far remain.
-            reach = 0
-            for mask in allowed:
-                if not used & ~mask:
-                    reach |= mask
-            if not reach:
-                return False
-            free &= reach
-        if s == k:
-            order = [0] * k
-            for position, vertex in enumerate(visit):
-                order[vertex] = assigned[position]
-            candidate = (tuple(sorted(assigned)), tuple(order))
-            if best[0] is not None and candidate >= best[0]:
-                order_ties[0] += candidate[0] == best[0][0]
-                return False
-            best[0] = candidate
-            return True
-        state = (used, *[assigned[p] for p in live[s]], *budget)
-        if state in failed:
-            return False
-        ties_before = order_ties[0]
-        if s and not lookahead_ok(s, used, free):
-            failed.add(state)
-            return False
-        missing = (required_mask & ~used).bit_count()
-        if missing > k - s:
-            return False
-        if best[0] is not None and lowest_reachable_set(s, used) >= best[0][0]:
-            return False
-        lower, upper = -1, 1 << 30
-        for p in after[s]:
-            if assigned[p] > lower:
-                lower = assigned[p]
-        for p in before[s]:
-            if assigned[p] < upper:
-                upper = assigned[p]
-        must_be_required = missing == k - s
-        found = False
-        for g in pool:
-            if g <= lower or not free >> g & 1:
-                continue
-            if g >= upper:
-                break
-            if must_be_required and not required_mask >> g & 1:
-                continue
-            row = of_pair[g]
-            spent = []
-            ok = True
-            for p in back[s]:
-                c = row[assigned[p]]
-                budget[c] -= 1
-                spent.append(c)
-                if budget[c] < 0:
-                    ok = False
-                    break
-            if ok:
-                assigned[s] = g
-                if step(s + 1, used | 1 << g):
-                    found = True
-            for c in spent:
-                budget[c] += 1
-            if found and best[0] is not None and lowest_reachable_set(s, used) >= best[0][0]:
-                break
-        if not found and order_ties[0] == ties_before:
-            failed.add(state)
-        return found
-
-    if step(0, 0):
-        return best[0]
-    return None
 
 
 def realise_star(
