@@ -295,3 +295,17 @@ def test_quiet_on_closed_pipe() -> None:
     result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=False)
     assert result.stderr == ""
     assert result.stdout.strip() == str(int(ExitCode.BROKEN_PIPE))
+
+
+def test_help_names_values_not_python_types() -> None:
+    """Every option that takes a value names it (N, LIST, POLICY, ...): no '<str>', '<int
+    range>' or '<list[str]>' placeholders in any help page (issue 30, point 7)."""
+    import re
+
+    from gpualloc.cli.static_help import render_pages
+
+    placeholders = {
+        path or "gpualloc": re.findall(r"<(?:str|int|float|bool|path|list)[^>]*>", page["text"])
+        for path, page in render_pages().items()
+    }
+    assert {path: found for path, found in placeholders.items() if found} == {}

@@ -21,9 +21,9 @@ NO_GPU = (
 
 def calibrate_command(
     size_mib: Annotated[
-        int, typer.Option("--size-mib", min=1, help="MiB copied per transfer.")
+        int, typer.Option("--size-mib", min=1, metavar="MIB", help="MiB copied per transfer.")
     ] = 256,
-    repeats: Annotated[int, typer.Option(min=1, help="Timed transfers per pair.")] = 5,
+    repeats: Annotated[int, typer.Option(min=1, metavar="N", help="Timed transfers per pair.")] = 5,
     forget: Annotated[
         bool,
         typer.Option("--forget", help="Remove the saved calibration: estimates are used again."),

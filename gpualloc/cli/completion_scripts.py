@@ -56,10 +56,10 @@ def _visit(command: Any, path: str) -> Iterator[CommandSpec]:
     }
     options, arguments = [], ""
     for param in command.params:
-        if getattr(param, "hidden", False):
-            continue
-        if param.param_type_name == "argument":
+        if param.param_type_name == "argument":  # hidden from help pages, not from the shell
             arguments = _argument_kind(param)
+            continue
+        if getattr(param, "hidden", False):
             continue
         takes_value = not getattr(param, "is_flag", False) and not getattr(param, "count", False)
         about = _first_line(getattr(param, "help", None) or "")

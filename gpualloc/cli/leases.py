@@ -42,7 +42,7 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead.")]
 def alloc_command(
     count: Annotated[
         Optional[int],  # noqa: UP045 - typer needs Optional on Python 3.10
-        typer.Option("-n", "--num-gpus", min=1, help="Number of GPUs (default 1)."),
+        typer.Option("-n", "--num-gpus", min=1, metavar="N", help="Number of GPUs (default 1)."),
     ] = None,
     pattern: PatternOption = "ring",
     sensitive: SensitiveOption = None,
@@ -56,6 +56,7 @@ def alloc_command(
         Optional[int],  # noqa: UP045
         typer.Option(
             min=1,
+            metavar="PID",
             help="The lease lives as long as this process (default: the shell that ran "
             "gpualloc, i.e. its parent process).",
         ),
@@ -68,6 +69,7 @@ def alloc_command(
         str,
         typer.Option(
             "--format",
+            metavar="FORMAT",
             help="ids: '0,1'; env: export lines for eval; json: the lease and placement.",
         ),
     ] = "ids",
@@ -104,7 +106,7 @@ def release_command(
         Optional[list[str]],  # noqa: UP045
         typer.Argument(
             metavar="[LEASE]...",
-            help="Lease ids (or unique prefixes of 4+ characters).",
+            hidden=True,  # the docstring says what they are: no '<list[str]>' in the help
             autocompletion=complete.lease_ids,
         ),
     ] = None,
@@ -130,7 +132,8 @@ def release_command(
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Give GPUs back: the leases named, or all of yours with --mine.
+    """Give GPUs back: the leases named (ids, or unique prefixes of 4+ characters), or all of
+    yours with --mine.
 
     Only a lease's owner (or root) may release it: exit 12 otherwise, 13 for an unknown id. A
     job still running on released GPUs keeps running; the GPUs just stop being reserved for it.

@@ -40,13 +40,16 @@ def plan_command(
     busy: Annotated[
         Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
         typer.Option(
+            metavar="LIST",
             help="GPUs to treat as taken, e.g. 0,3-4 (default: none; 'run' and 'alloc' read "
-            "the ledger)."
+            "the ledger).",
         ),
     ] = None,
     free: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Option(help="GPUs to treat as the only free ones (the opposite of --busy)."),
+        typer.Option(
+            metavar="LIST", help="GPUs to treat as the only free ones (the opposite of --busy)."
+        ),
     ] = None,
     exclude: ExcludeOption = None,
     require: RequireOption = None,

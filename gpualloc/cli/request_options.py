@@ -25,6 +25,7 @@ CountOption = Annotated[
         "-n",
         "--num-gpus",
         min=1,
+        metavar="N",
         help="Number of GPUs the job needs (required, unless --mig or --mem asks for a MIG "
         "device).",
         show_default=False,
@@ -33,6 +34,7 @@ CountOption = Annotated[
 PatternOption = Annotated[
     str,
     typer.Option(
+        metavar="PATTERN",
         help="How the job's ranks talk: ring (NCCL's collectives), all, tree, star, or a "
         "JSON edge list file over ranks 0..n-1.",
         autocompletion=complete.patterns,
@@ -48,19 +50,25 @@ SensitiveOption = Annotated[
 ]
 ExcludeOption = Annotated[
     Optional[str],  # noqa: UP045
-    typer.Option(help="GPUs the job must not get, e.g. a GPU you know is flaky."),
+    typer.Option(metavar="LIST", help="GPUs the job must not get, e.g. a GPU you know is flaky."),
 ]
 RequireOption = Annotated[
     Optional[str],  # noqa: UP045
-    typer.Option(help="GPUs that must be part of the answer."),
+    typer.Option(metavar="LIST", help="GPUs that must be part of the answer."),
 ]
 PolicyOption = Annotated[
     Optional[str],  # noqa: UP045
-    typer.Option(help=POLICY_HELP, autocompletion=complete.policies, show_default=False),
+    typer.Option(
+        metavar="POLICY",
+        help=POLICY_HELP,
+        autocompletion=complete.policies,
+        show_default=False,
+    ),
 ]
 ScoreOption = Annotated[
     str,
     typer.Option(
+        metavar="MODEL",
         help="Effective-bandwidth model for sensitive jobs: auto (MAPA Table 2 on hosts with "
         "the DGX-1's NV1/NV2/PCIe links and patterns of up to 8 edges, else the slowest "
         "pattern link), mapa, bottleneck.",
@@ -70,6 +78,7 @@ ScoreOption = Annotated[
 DrbWeightsOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(
+        metavar="C,I,F",
         help="DRB utility weights communication,interference,fragmentation (default "
         "1,1,1: a third each).",
     ),
@@ -134,7 +143,7 @@ IgnoreForeignOption = Annotated[
 ]
 NameOption = Annotated[
     Optional[str],  # noqa: UP045
-    typer.Option(help="A name for the lease, shown by 'gpualloc status'."),
+    typer.Option(metavar="NAME", help="A name for the lease, shown by 'gpualloc status'."),
 ]
 UuidOption = Annotated[
     bool,
@@ -145,6 +154,7 @@ UuidOption = Annotated[
 MinUtilityOption = Annotated[
     Optional[float],  # noqa: UP045
     typer.Option(
+        metavar="U",
         min=0.0,
         max=1.0,
         help="Only start on a placement whose DRB utility (Eq. 2, 0..1; the DRB paper uses 0.3 "
@@ -180,6 +190,7 @@ TimeoutOption = Annotated[
 PriorityOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(
+        metavar="CLASS",
         help="With --wait: queue class high, normal or low; arrival order within. Default: "
         "normal (GPUALLOC_PRIORITY, queue.priority in config.toml).",
         show_default=False,
@@ -189,6 +200,7 @@ PriorityOption = Annotated[
 MaxBypassOption = Annotated[
     Optional[int],  # noqa: UP045
     typer.Option(
+        metavar="N",
         min=0,
         help="With --wait: how many later jobs may start before this one (backfill) before "
         "backfill past it stops until it starts. Default: 8 (GPUALLOC_MAX_BYPASS, "

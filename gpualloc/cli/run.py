@@ -35,6 +35,7 @@ NumaOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(
         "--numa",
+        metavar="MODE",
         help="auto: bind the job to its GPUs' NUMA nodes with numactl (CPU affinity when "
         "numactl is missing) when the topology is this host's; bind: the same, and fail if "
         "it cannot; none: never bind. Default: auto (GPUALLOC_NUMA, numa in config.toml).",
@@ -79,13 +80,13 @@ SmShareOption = Annotated[
 def run_command(
     command: Annotated[
         list[str],
-        typer.Argument(
-            metavar="-- COMMAND [ARGS]...", help="The job, after -- (options after it are its own)."
-        ),
+        typer.Argument(metavar="-- COMMAND [ARGS]...", hidden=True),  # docstring: no '<list[str]>'
     ],
     count: Annotated[
         Optional[int],  # noqa: UP045 - typer needs Optional on Python 3.10
-        typer.Option("-n", "--num-gpus", min=1, help="Number of GPUs the job needs (default 1)."),
+        typer.Option(
+            "-n", "--num-gpus", min=1, metavar="N", help="Number of GPUs the job needs (default 1)."
+        ),
     ] = None,
     pattern: PatternOption = "ring",
     sensitive: SensitiveOption = None,
@@ -124,6 +125,8 @@ def run_command(
     as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: print JSON.")] = False,
 ) -> None:
     """Run a job on the best free GPUs: place it, record the lease, exec it.
+
+    The job is the command after -- (options after it are its own).
 
     The job replaces gpualloc (same pid; signals and the exit status are the job's) with
     CUDA_VISIBLE_DEVICES in rank order, CUDA_DEVICE_ORDER=PCI_BUS_ID, GPUALLOC_LEASE_ID and

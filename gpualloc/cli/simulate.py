@@ -32,22 +32,27 @@ def simulate_command(
     ] = None,
     policy: Annotated[
         str,
-        typer.Option(help="Policies to compare, comma-separated (e.g. baseline,besteffort,mapa)."),
+        typer.Option(
+            metavar="LIST",
+            help="Policies to compare, comma-separated (e.g. baseline,besteffort,mapa).",
+        ),
     ] = "mapa",
     queue: Annotated[
         str,
         typer.Option(
+            metavar="RULE",
             help="fifo: no job passes another; backfill: a job may pass one that cannot start, "
-            "a bounded number of times (as 'run --wait' does)."
+            "a bounded number of times (as 'run --wait' does).",
         ),
     ] = "fifo",
     runtime: Annotated[
         str,
         typer.Option(
+            metavar="MODEL",
             help="How long a job runs on the GPUs it got. auto: the DRB paper's measured times "
             "for the jobs its profile covers, else bandwidth; bandwidth: compute plus ring "
             "all-reduce at the speed of the GPUs' best ring (published per-network figures); "
-            "profile: the measured times only; fixed: the trace's durations (MAPA's simulator)."
+            "profile: the measured times only; fixed: the trace's durations (MAPA's simulator).",
         ),
     ] = "auto",
     profile: Annotated[
@@ -81,7 +86,7 @@ def simulate_command(
             "that sum. 1: compute-bound jobs, where sharing gains no capacity.",
         ),
     ] = 1.0,
-    seed: Annotated[int, typer.Option(help="Seed of --generate.")] = 0,
+    seed: Annotated[int, typer.Option(metavar="N", help="Seed of --generate.")] = 0,
     save_trace: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(metavar="FILE", help="Write the jobs simulated as a JSON Lines trace."),

@@ -31,22 +31,27 @@ app = typer.Typer(
 def gres_conf_command(
     node: Annotated[
         Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
-        typer.Option(help="NodeName= for each line (for a gres.conf shared by several nodes)."),
+        typer.Option(
+            metavar="NAME",
+            help="NodeName= for each line (for a gres.conf shared by several nodes).",
+        ),
     ] = None,
     threads_per_core: Annotated[
         Optional[int],  # noqa: UP045
         typer.Option(
             min=1,
+            metavar="N",
             help="For a recorded topology: hardware threads per core, to derive Cores= "
             "(this host's come from sysfs).",
         ),
     ] = None,
     device_dir: Annotated[
-        str, typer.Option(help="Where the GPU device files are (File=DIR/nvidiaN).")
+        str, typer.Option(metavar="DIR", help="Where the GPU device files are (File=DIR/nvidiaN).")
     ] = "/dev",
     mig_minors: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(
+            metavar="FILE",
             help="The driver's MIG capability table (a copy of "
             "/proc/driver/nvidia-caps/mig-minors), for a recorded topology; this host's is read "
             "when present, else the minors are computed from the driver's layout.",
@@ -57,6 +62,7 @@ def gres_conf_command(
     gpu_type: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
+            metavar="TYPE",
             help="GPU type name for Type= on a host with MIG (default: the NVML name in lower "
             "case with underscores, as Slurm's NVML plugin derives it); it must match "
             "Gres=gpu:<type>:N in slurm.conf.",

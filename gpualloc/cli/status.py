@@ -42,7 +42,8 @@ def status_command(
         bool, typer.Option("--watch", "-w", help="Redraw every --interval seconds until Ctrl-C.")
     ] = False,
     interval: Annotated[
-        float, typer.Option(min=0.2, help="Seconds between redraws with --watch.")
+        float,
+        typer.Option(min=0.2, metavar="SECONDS", help="Seconds between redraws with --watch."),
     ] = 2.0,
     idle: Annotated[
         Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10

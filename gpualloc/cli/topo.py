@@ -72,7 +72,7 @@ def import_text(
         Optional[Path],  # noqa: UP045
         typer.Argument(
             metavar="[FILE]",
-            help="Output of 'nvidia-smi topo -m' saved to a file ('-' for stdin).",
+            hidden=True,  # the docstring says what it is: no '<path>' in the help
             show_default=False,
         ),
     ] = None,
@@ -90,7 +90,9 @@ def import_text(
     ] = None,
     name: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Option("--name", help="Name stored in the topology (default: the file's stem)."),
+        typer.Option(
+            "--name", metavar="NAME", help="Name stored in the topology (default: the file's stem)."
+        ),
     ] = None,
     bandwidth_matrix: Annotated[
         Optional[Path],  # noqa: UP045
@@ -116,9 +118,10 @@ def import_text(
 ) -> None:
     """Turn recorded nvidia-smi / numactl text into a gpualloc topology.
 
-    'nvidia-smi topo -m' gives the links and affinities; 'nvlink -s' adds GPU names and link
-    rates; 'numactl -H' adds NUMA memory and distances; --mig adds the MIG devices. Without -o
-    or --json the result is shown as 'topo show' would show it.
+    FILE is the output of 'nvidia-smi topo -m' saved to a file ('-' for stdin): the links and
+    affinities; 'nvlink -s' adds GPU names and link rates; 'numactl -H' adds NUMA memory and
+    distances; --mig adds the MIG devices. Without -o or --json the result is shown as 'topo
+    show' would show it.
     """
     from gpualloc.discovery import bandwidth_matrix as bm
     from gpualloc.discovery.mig_text import read_mig_texts, topology_from_gpu_list, with_mig_layout
