@@ -156,7 +156,7 @@ def test_bandwidth_table_option(cli: Cli, tmp_path: Path) -> None:
         ),
         (["topo", "import", "/nope.txt"], ExitCode.TOPOLOGY_NOT_FOUND, "does not exist"),
         (["--bandwidth-table", "/nope", "topo", "list"], ExitCode.IO, "does not exist"),
-        (["topo", "frobnicate"], ExitCode.USAGE, "No such command"),
+        (["topo", "frobnicate"], ExitCode.USAGE, "error: no such command 'frobnicate'"),
     ],
 )
 def test_errors_are_one_line_with_an_exit_code(
@@ -309,3 +309,36 @@ def test_help_names_values_not_python_types() -> None:
         for path, page in render_pages().items()
     }
     assert {path: found for path, found in placeholders.items() if found} == {}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["run", "-n", "0", "--", "true"],
+            "invalid value for '-n' / '--num-gpus': must be at least 1",
+        ),
+        (
+            ["run", "--min-utility", "5", "--", "true"],
+            "invalid value for '--min-utility': must be at most 1",
+        ),
+        (
+            ["run", "--share", "--sm-share", "200", "--", "true"],
+            "invalid value for '--sm-share': must be at most 100",
+        ),
+        (["alloc", "--pid", "abc"], "invalid value for '--pid': must be a whole number"),
+        (["run"], "missing argument '-- COMMAND [ARGS]...'"),
+        (["status", "--bogus"], "no such option: --bogus"),
+    ],
+)
+def test_usage_errors_are_an_error_and_a_hint_line(cli: Cli, args: list[str], message: str) -> None:
+    """Issue 30, point 6: typer's 'Usage: / Try / Error:' block, with pydantic's wording, is
+    gpualloc's two lines (exit 2), the hint giving the usage and where the help is."""
+    result = cli("--topology", "dgx1-v100", *args)
+    assert result.exit_code == ExitCode.USAGE
+    error, hint = result.stderr.splitlines()
+    assert error == f"error: {message}"
+    command = args[0]
+    assert hint.startswith(f"hint: gpualloc {command} [OPTIONS]")
+    assert hint.endswith(f"('gpualloc {command} --help' explains)")
+    assert "Input should" not in result.stderr

@@ -13,8 +13,9 @@ exit code; tracebacks are shown only with ``--debug``.
 from __future__ import annotations
 
 import os
+import re
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from gpualloc.cli.output import StdoutClosed
 from gpualloc.cli.state import STATE
@@ -96,12 +97,45 @@ def _run_typer(args: list[str]) -> int:
         code = app(args=args, standalone_mode=False, prog_name="gpualloc")
     except exits as exc:
         return int(exc.exit_code)
+    except click.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a group given nothing: its help
+            exc.show()
+        else:
+            _report(*usage_error_lines(exc))
+        return ExitCode.USAGE
     except click.ClickException as exc:
         exc.show()
-        return ExitCode.USAGE if isinstance(exc, click.UsageError) else int(exc.exit_code)
+        return int(exc.exit_code)
     except aborts:
         raise KeyboardInterrupt from None
     return code if isinstance(code, int) else ExitCode.OK
+
+
+_PYDANTIC_PHRASES = (
+    (re.compile(r"Input should be greater than or equal to (\S+)"), r"must be at least \1"),
+    (re.compile(r"Input should be greater than (\S+)"), r"must be more than \1"),
+    (re.compile(r"Input should be less than or equal to (\S+)"), r"must be at most \1"),
+    (re.compile(r"Input should be less than (\S+)"), r"must be less than \1"),
+    (re.compile(r"Input should be a valid integer.*"), "must be a whole number"),
+    (re.compile(r"Input should be a valid number.*"), "must be a number"),
+    (re.compile(r"Input should be "), "must be "),
+)
+"""typer 0.29 words a bad value as pydantic does; say it as the rest of gpualloc does."""
+
+
+def usage_error_lines(exc: Any) -> tuple[str, str]:
+    """A click usage error as gpualloc's two lines: what is wrong, and how it is used."""
+    message = exc.format_message()
+    for pattern, replacement in _PYDANTIC_PHRASES:
+        message = pattern.sub(replacement, message)
+    message = message.rstrip(".")
+    message = message[:1].lower() + message[1:] if message[:2] != "--" else message
+    context = getattr(exc, "ctx", None)
+    if context is None:
+        return message, "'gpualloc --help' lists the commands and options"
+    usage = " ".join(context.get_usage().split())  # one line
+    usage = usage.removeprefix("Usage: ")
+    return message, f"{usage} ('{context.command_path} --help' explains)"
 
 
 def _notice(line: str) -> None:
