@@ -34,8 +34,8 @@ Reading is cheap (no pydantic): completion and ``--help`` may load this module.
 
 NamedTuples, not msgspec Structs: completion asks for lease ids through this module, and
 msgspec would double what that costs. A leaf: it imports nothing of gpualloc but
-:mod:`gpualloc.errors` and :mod:`gpualloc.durations` (issue 29, point 3). The defaults live
-here; what a value means is checked where it is used (a policy name by
+:mod:`gpualloc.errors`, :mod:`gpualloc.durations` and :mod:`gpualloc.user_files` (issue 29,
+point 3). The defaults live here; what a value means is checked where it is used (a policy name by
 :func:`gpualloc.placement.registry.configured_policy`, the ``[idle]`` table by
 :meth:`gpualloc.ledger.idle.IdlePolicy.from_config`, a bandwidth table by
 :func:`gpualloc.discovery.resolve.configured_bandwidth_table`).
@@ -350,17 +350,19 @@ def _parsed(setting: Setting, raw: Any, where: str) -> Any:
         ) from None
 
 
+class _NoFile(ConfigError):
+    """The configuration file does not exist: most hosts have none."""
+
+
 def _read(path: Path) -> dict[str, Any] | None:
     """The file's settings, flattened (``queue.max_bypass``, ``share.max_jobs``); None when it
     does not exist."""
+    from gpualloc.user_files import read_user_text
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+        text = read_user_text(path, "configuration file", error=ConfigError, missing=_NoFile)
+    except _NoFile:
         return None  # most hosts have no file: no TOML parser to import (issue 18, point 9)
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read {path}: {exc.strerror}", hint="fix its permissions, or remove it"
-        ) from None
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - Python 3.10

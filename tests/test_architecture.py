@@ -155,7 +155,9 @@ def test_no_import_loop_between_packages() -> None:
 
 def test_the_configuration_is_a_leaf() -> None:
     """Every command reads it, so it must not pull in the ledger, placement or discovery."""
-    assert import_graph()["gpualloc.config"] <= {"gpualloc.errors", "gpualloc.durations"}
+    leaves = {"gpualloc.errors", "gpualloc.durations", "gpualloc.user_files"}
+    assert import_graph()["gpualloc.config"] <= leaves
+    assert import_graph()["gpualloc.user_files"] <= {"gpualloc.errors"}
 
 
 def test_the_checker_finds_a_loop() -> None:

@@ -9,18 +9,15 @@ from gpualloc.discovery.smi import topology_from_smi_texts
 from gpualloc.errors import FileAccessError, TopologyNotFound
 from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
 from gpualloc.model.topology import Topology
+from gpualloc.user_files import read_user_text
 
 
 def read_text(path: Path, what: str = "file") -> str:
-    """Read a text file, turning OS errors into gpualloc errors that name the path."""
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError as exc:
-        raise TopologyNotFound(f"{what} {path} does not exist") from exc
-    except IsADirectoryError as exc:
-        raise FileAccessError(f"{what} {path} is a directory") from exc
-    except OSError as exc:
-        raise FileAccessError(f"cannot read {what} {path}: {exc.strerror}") from exc
+    """Read a recorded text file: a regular file of at most 64 MiB, never blocking (see
+    :mod:`gpualloc.user_files`); stray bytes of pasted output become U+FFFD."""
+    return read_user_text(
+        path, what, error=FileAccessError, missing=TopologyNotFound, replace_bad_bytes=True
+    )
 
 
 def looks_like_json(text: str) -> bool:

@@ -117,13 +117,11 @@ DEFAULT_BANDWIDTH_TABLE = BandwidthTable()
 
 def load_bandwidth_table(path: Path) -> BandwidthTable:
     """Read a JSON override; fields it leaves out keep their default values."""
+    from gpualloc.user_files import read_user_text
+
+    text = read_user_text(path, "bandwidth table", error=FileAccessError)
     try:
-        data: Any = json.loads(path.read_text())
-    except OSError as exc:
-        raise FileAccessError(
-            f"cannot read bandwidth table {path}: {exc.strerror}",
-            hint="check the path given to --bandwidth-table / GPUALLOC_BANDWIDTH_TABLE",
-        ) from exc
+        data: Any = json.loads(text)
     except json.JSONDecodeError as exc:
         raise TopologyError(
             f"bandwidth table {path} is not JSON: {exc.msg} at line {exc.lineno}",

@@ -85,10 +85,11 @@ def build_pattern(spec: str, k: int) -> CommunicationPattern:
             f"unknown pattern {spec!r}: not one of {', '.join(BUILTIN_PATTERNS)} and not a file",
             hint="give ring, all, tree or star, or a JSON edge list such as [[0, 1], [1, 2]]",
         )
+    from gpualloc.user_files import read_user_text
+
+    text = read_user_text(path, "pattern file", error=PatternError)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PatternError(f"cannot read pattern file {spec}: {exc}") from exc
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise PatternError(
             f"{spec}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"

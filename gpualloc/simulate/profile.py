@@ -37,10 +37,9 @@ class DrbProfile:
 
     @classmethod
     def load(cls, path: Path) -> DrbProfile:
-        try:
-            return cls.parse(path.read_text(encoding="utf-8"), str(path))
-        except OSError as exc:
-            raise TraceError(f"cannot read profile {path}: {exc.strerror}") from None
+        from gpualloc.user_files import read_user_text
+
+        return cls.parse(read_user_text(path, "profile", error=TraceError), str(path))
 
     @classmethod
     def parse(cls, text: str, source: str) -> DrbProfile:

@@ -52,13 +52,9 @@ class SimJob:
 
 def load_trace(path: Path) -> list[SimJob]:
     """The jobs of a trace file (``.jsonl``/``.json`` or ``.csv``; else sniffed)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TraceError(f"trace {path} does not exist", hint="check the path") from None
-    except OSError as exc:
-        raise TraceError(f"cannot read trace {path}: {exc.strerror}") from None
-    return parse_trace(text, source=str(path))
+    from gpualloc.user_files import read_user_text
+
+    return parse_trace(read_user_text(path, "trace", error=TraceError), source=str(path))
 
 
 def parse_trace(text: str, *, source: str = "<trace>") -> list[SimJob]:

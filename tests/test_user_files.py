@@ -1,0 +1,101 @@
+"""Files a user names are read without hanging or exhausting gpualloc (issue 30, points 1 and 4):
+regular files of at most 64 MiB, opened without blocking, one error line naming the file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gpualloc.errors import ConfigError, ExitCode, FileAccessError
+from gpualloc.user_files import read_user_text
+
+
+def _hostile(tmp_path: Path, kind: str) -> Path:
+    """A path that names something other than a readable text file of sane size."""
+    if kind == "fifo":
+        path = tmp_path / "fifo"
+        os.mkfifo(path)
+        return path
+    if kind == "dev-zero":
+        return Path("/dev/zero")
+    if kind == "directory":
+        path = tmp_path / "dir.json"
+        path.mkdir()
+        return path
+    if kind == "huge":
+        path = tmp_path / "huge.json"
+        with path.open("wb") as file:
+            file.truncate(65 * 2**20)  # sparse: 65 MiB of size, no disk
+        return path
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [
+        ("fifo", "is a FIFO, not a regular file"),
+        ("dev-zero", "is a character device, not a regular file"),
+        ("directory", "is a directory, not a regular file"),
+        ("huge", "is 65 MiB, more than the 64 MiB gpualloc reads"),
+    ],
+)
+def test_what_is_not_a_sane_file_is_refused_at_once(tmp_path: Path, kind: str, said: str) -> None:
+    path = _hostile(tmp_path, kind)
+    with pytest.raises(FileAccessError, match=said) as refused:
+        read_user_text(path, "topology file")
+    assert str(path) in refused.value.message
+
+
+def test_bytes_that_are_not_utf8_are_an_error_or_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "binary"
+    path.write_bytes(b"GPU0\xff\xfe")
+    with pytest.raises(ConfigError, match=r"is not UTF-8 text \(byte 4 is 0xff\)"):
+        read_user_text(path, "configuration file", error=ConfigError)
+    assert read_user_text(path, "topo -m file", replace_bad_bytes=True) == "GPU0\ufffd\ufffd"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory", "huge"])
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["--topology", "{path}", "topo", "show"], ExitCode.IO),
+        (["--bandwidth-table", "{path}", "--topology", "dgx1-v100", "topo", "show"], ExitCode.IO),
+        (["--topology", "dgx1-v100", "plan", "-n", "2", "--pattern", "{path}"], ExitCode.USAGE),
+        (["--topology", "dgx1-v100", "simulate", "--trace", "{path}"], ExitCode.TRACE),
+        (["topo", "import", "{path}"], ExitCode.IO),
+    ],
+)
+def test_every_file_option_refuses_it_with_one_line(
+    cli, tmp_path: Path, kind: str, args: list[str], code: int
+) -> None:
+    """The issue's reproductions: `-t /dev/zero topo show` grew past 3 GB, `-t FIFO` hung."""
+    path = _hostile(tmp_path, kind)
+    result = cli(*(arg.replace("{path}", str(path)) for arg in args))
+    if "--pattern" in args and kind in ("fifo", "dev-zero", "directory"):
+        assert result.exit_code == ExitCode.USAGE  # not a file: an unknown pattern name
+    else:
+        assert result.exit_code == code, result.stderr
+        assert str(path) in result.stderr
+    assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("which", ["user", "system"])
+def test_a_binary_or_special_config_file_is_exit_15_naming_it(
+    cli, tmp_path: Path, which: str
+) -> None:
+    """Issue 30, point 4: 500 random bytes in config.toml gave 'internal error:
+    UnicodeDecodeError' (exit 1)."""
+    user = tmp_path / "config" / "gpualloc" / "config.toml"
+    system = tmp_path / "etc" / "config.toml"
+    path = user if which == "user" else system
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes(range(256)) * 2)
+    result = cli("--topology", "dgx1-v100", "plan", "-n", "2")
+    assert result.exit_code == ExitCode.CONFIG
+    assert f"error: configuration file {path} is not UTF-8 text" in result.stderr
+    path.unlink()
+    os.mkfifo(path)
+    result = cli("--topology", "dgx1-v100", "plan", "-n", "2")
+    assert result.exit_code == ExitCode.CONFIG and "is a FIFO" in result.stderr
