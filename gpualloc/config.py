@@ -283,6 +283,10 @@ class Config(NamedTuple):
     files: tuple[tuple[Path, dict[str, Any]], ...]
     """(path, its checked settings, flattened) of the files that exist, highest precedence
     first."""
+    variables: dict[str, Any]
+    """Setting key -> its checked value, for each ``GPUALLOC_*`` variable set: every one is
+    read when the configuration is, so a bad value stops any command before it does anything
+    (issue 30, points 2 and 3), whichever path the command line takes."""
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -300,7 +304,7 @@ class Config(NamedTuple):
                     f"({system_file(env)})",
                     hint="it limits what one user may do to the others; remove it from your file",
                 )
-        return cls(env, tuple(files))
+        return cls(env, tuple(files), _variables(env))
 
     def resolve(self, key: str, flag: Any = None) -> Resolved:
         """The value of ``key``: ``flag`` when given, else the environment, the files, the
@@ -308,15 +312,8 @@ class Config(NamedTuple):
         setting = BY_KEY[key]
         if flag is not None:
             return Resolved(key, flag, setting.flag or "command line")
-        raw = self.env.get(setting.variable) if setting.variable else None
-        if raw is not None:
-            if not raw.strip():
-                raise ConfigError(
-                    f"{setting.variable} is set but empty",
-                    hint=f"give it a value, or unset it ('unset {setting.variable}') for the "
-                    f"configured {setting.about}",
-                )
-            return Resolved(key, _parsed(setting, raw.strip(), setting.variable), setting.variable)
+        if key in self.variables:
+            return Resolved(key, self.variables[key], str(setting.variable))
         for path, table in self.files:
             if key in table:
                 return Resolved(key, table[key], str(path))
@@ -338,6 +335,23 @@ class Config(NamedTuple):
         """The files looked at, highest precedence first, and whether each exists."""
         present = {path for path, _ in self.files}
         return [(p, p in present) for p in (user_file(self.env), system_file(self.env))]
+
+
+def _variables(env: Mapping[str, str]) -> dict[str, Any]:
+    """The settings the environment sets, each checked (see :attr:`Config.variables`)."""
+    found: dict[str, Any] = {}
+    for setting in SETTINGS:
+        raw = env.get(setting.variable) if setting.variable else None
+        if raw is None:
+            continue
+        if not raw.strip():
+            raise ConfigError(
+                f"{setting.variable} is set but empty",
+                hint=f"give it a value, or unset it ('unset {setting.variable}') for the "
+                f"configured {setting.about}",
+            )
+        found[setting.key] = _parsed(setting, raw.strip(), str(setting.variable))
+    return found
 
 
 def _parsed(setting: Setting, raw: Any, where: str) -> Any:

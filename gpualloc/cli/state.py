@@ -48,6 +48,7 @@ class GlobalState:
         self.bandwidth_table = bandwidth_table
         self.refresh = refresh
         self.debug = debug or self.debug
+        self.config()  # every setting read and checked before the command does anything
 
     def config(self) -> Config:
         """The configuration files and environment of this invocation (read once)."""
