@@ -3,6 +3,7 @@ regular files of at most 64 MiB, opened without blocking, one error line naming 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -99,3 +100,30 @@ def test_a_binary_or_special_config_file_is_exit_15_naming_it(
     os.mkfifo(path)
     result = cli("--topology", "dgx1-v100", "plan", "-n", "2")
     assert result.exit_code == ExitCode.CONFIG and "is a FIFO" in result.stderr
+
+
+def test_names_and_commands_reach_other_terminals_escaped_and_short(cli) -> None:
+    """Issue 30, point 5: a lease name with an escape sequence and a newline put colour and a
+    fake row into everyone's ``status``; names had no length limit."""
+    topology = ("--topology", "dgx1-v100")
+    hostile = "x\x1b[31mRED\nline2"
+    assert cli(*topology, "alloc", "--hold", "-n", "8", "--name", hostile).exit_code == 0
+    shown = cli(*topology, "status").stdout
+    assert "\x1b" not in shown and "x\\x1b[31mRED\\nline2" in shown
+    assert not any(line.startswith("line2") for line in shown.splitlines())
+    exact = json.loads(cli(*topology, "status", "--json").stdout)["leases"][0]["name"]
+    assert exact == hostile  # programs get it as it is
+    busy = cli(*topology, "alloc", "-n", "1")
+    assert busy.exit_code == ExitCode.BUSY
+    assert "\x1b" not in busy.stderr and "\\x1b[31mRED" in busy.stderr
+    too_long = cli(*topology, "alloc", "--hold", "--name", "n" * 129)
+    assert too_long.exit_code == ExitCode.USAGE
+    assert "--name is 129 characters long; a lease name has at most 128" in too_long.stderr
+
+
+def test_printable_escapes_controls_and_bidi_and_cuts() -> None:
+    from gpualloc.model.printable import printable
+
+    assert printable("a\tb\x07c\u202ed") == "a\\tb\\x07c\\u202ed"
+    assert printable("ü 日本") == "ü 日本"  # letters of any script stay
+    assert printable("x" * 50, 10) == "xxxxxxx..."

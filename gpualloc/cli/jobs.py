@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from gpualloc.cli.open_ledger import allocate, open_host_ledger, say, wait_options, warn
 from gpualloc.cli.state import STATE
 from gpualloc.errors import ExitCode, RequestError
+from gpualloc.model.printable import printable
 from gpualloc.placement.options import JobOptions
 
 if TYPE_CHECKING:
@@ -175,7 +176,8 @@ def _launch(
         if not quiet:
             where = binding.describe() if binding.method == "numactl" else "not NUMA-bound"
             how = f", shared ({lease.share.mode})" if lease.share is not None else ""
-            say(f"lease {lease.id}: {held_devices(lease)}{how} ({where}) for {shlex.join(command)}")
+            job = printable(shlex.join(command), 200)
+            say(f"lease {lease.id}: {held_devices(lease)}{how} ({where}) for {job}")
         _start_verifier(host, lease)
         if lease.share is not None:
             start_eviction_watcher(host.ledger_store().directory.ledger_file, lease.id)

@@ -13,6 +13,7 @@ from gpualloc import boot
 from gpualloc.cli.json_views import lease_json
 from gpualloc.cli.leases import JsonOption
 from gpualloc.cli.open_ledger import open_host_ledger
+from gpualloc.model.printable import printable
 
 if TYPE_CHECKING:
     from gpualloc.cli.output import Table
@@ -171,7 +172,7 @@ def _show(host: HostLedger, as_json: bool, idle_at_least: timedelta | None = Non
 def _queue_table(txn: LedgerTransaction) -> Table:
     from gpualloc.cli.output import Table
     from gpualloc.launcher.queue import turn_order
-    from gpualloc.ledger.occupancy import format_age, shorten
+    from gpualloc.ledger.occupancy import format_age
 
     now = datetime.now(timezone.utc)
     rows = []
@@ -186,7 +187,7 @@ def _queue_table(txn: LedgerTransaction) -> Table:
             wants += f", >= {request.min_bandwidth_gbps:g} GB/s"
         if request.min_utility is not None:
             wants += f", utility >= {request.min_utility:g}"
-        command = shorten(" ".join(waiter.command), 40)
+        command = printable(" ".join(waiter.command), 40)
         rows.append(
             [
                 str(position),
@@ -195,7 +196,7 @@ def _queue_table(txn: LedgerTransaction) -> Table:
                 wants,
                 format_age(now - waiter.created),
                 str(waiter.passed_over),
-                ": ".join(part for part in (waiter.name, command) if part) or "-",
+                ": ".join(part for part in (_name(waiter.name), command) if part) or "-",
             ]
         )
     return Table(
@@ -323,10 +324,10 @@ def _lease_id(lease: Lease | None) -> str | None:
 
 def _lease_cells(lease: Lease, now: datetime) -> list[str]:
     """User, lease id, age, pid and job of a lease, as the status tables show them."""
-    from gpualloc.ledger.occupancy import ORPHANED, format_age, orphaned, shorten
+    from gpualloc.ledger.occupancy import ORPHANED, format_age, orphaned
 
-    command = shorten(" ".join(lease.command), 40)
-    job = ": ".join(part for part in (lease.name, command) if part) or "-"
+    command = printable(" ".join(lease.command), 40)
+    job = ": ".join(part for part in (_name(lease.name), command) if part) or "-"
     if orphaned(lease):
         job = f"ORPHANED, {ORPHANED} ({job})"
     return [
@@ -463,3 +464,8 @@ def status_json(
         ],
         "notes": [*host.processes.notes, *host.health_notes, *txn.notes],
     }
+
+
+def _name(name: str | None) -> str | None:
+    """A lease's name as other users' terminals may show it (issue 30, point 5)."""
+    return printable(name, 40) if name else name

@@ -60,6 +60,8 @@ if TYPE_CHECKING:
     from gpualloc.ledger.idle import Expiry, IdlePolicy
     from gpualloc.slurm.job import SlurmJob
 
+MAX_NAME_CHARS = 128
+"""A lease's name is a label in everyone's ``status``, not a document (issue 30, point 5)."""
 ORPHAN_LOCK_AGE_S = 60.0
 """A lease lock file no lease names is removed only when older than this, so that the lock of a
 lease being created right now (file made, ledger not yet written) is never taken for litter."""
@@ -85,6 +87,14 @@ class LeaseTerms(Struct, frozen=True):
     """GPU memory the job declares it uses (``--shareable --mem``)."""
     share_mode: ShareMode = "time-sliced"
     """How a shared job shares its GPU (CUDA MPS when its daemon runs)."""
+
+    def __post_init__(self) -> None:
+        if self.name is not None and len(self.name) > MAX_NAME_CHARS:
+            raise RequestError(
+                f"--name is {len(self.name)} characters long; a lease name has at most "
+                f"{MAX_NAME_CHARS}",
+                hint="give a shorter name (status shows the command beside it)",
+            )
 
 
 class Allocation(Struct):

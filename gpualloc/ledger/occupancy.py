@@ -20,6 +20,7 @@ from gpualloc.config import DEFAULT_MAX_SHARED_JOBS
 from gpualloc.ledger.schema import Lease, Ledger
 from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.mig import mig_label
+from gpualloc.model.printable import printable
 from gpualloc.model.request import HostState, RunningJob
 from gpualloc.model.topology import GpuFault, GpuProcess, Health, Topology, faults_by_gpu
 
@@ -243,7 +244,7 @@ def describe_lease(lease: Lease, *, now: datetime | None = None) -> str:
     text = f"{held_devices(lease)} {'shared' if lease.share else 'held'} by {lease.user}"
     text += f" for {format_age(now - lease.created)}, lease {lease.id}"
     if lease.name:
-        text += f" ({lease.name})"
+        text += f" ({printable(lease.name, 40)})"
     if lease.shareable:
         text += ", shareable"
     if lease.hold:
@@ -251,7 +252,7 @@ def describe_lease(lease: Lease, *, now: datetime | None = None) -> str:
     elif lease.pid is not None:
         text += f", pid {lease.pid}"
     if lease.command:
-        text += f": {shorten(' '.join(lease.command))}"
+        text += f": {printable(' '.join(lease.command), 60)}"
     if orphaned(lease):
         text += f" ({ORPHANED})"
     return text
@@ -284,7 +285,3 @@ def format_age(delta: timedelta) -> str:
     if days == 0:
         return f"{hours}h {minutes % 60}m"
     return f"{days}d {hours % 24}h"
-
-
-def shorten(text: str, limit: int = 60) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
