@@ -347,8 +347,8 @@ def _variables(env: Mapping[str, str]) -> dict[str, Any]:
         if not raw.strip():
             raise ConfigError(
                 f"{setting.variable} is set but empty",
-                hint=f"give it a value, or unset it ('unset {setting.variable}') for the "
-                f"configured {setting.about}",
+                hint=f"give it a value, or unset it ('unset {setting.variable}') to use the "
+                f"configured value ({setting.about})",
             )
         found[setting.key] = _parsed(setting, raw.strip(), str(setting.variable))
     return found

@@ -127,3 +127,59 @@ def test_printable_escapes_controls_and_bidi_and_cuts() -> None:
     assert printable("a\tb\x07c\u202ed") == "a\\tb\\x07c\\u202ed"
     assert printable("ü 日本") == "ü 日本"  # letters of any script stay
     assert printable("x" * 50, 10) == "xxxxxxx..."
+
+
+def test_topology_file_messages_say_what_is_wrong(cli, tmp_path: Path) -> None:
+    """Issue 30, point 8: an empty .json got the 'nvidia-smi topo -m' message; JSON errors had
+    no hint; a 16,000-GPU file printed every index (50 kB) in one line."""
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    result = cli("--topology", str(empty), "topo", "show")
+    assert result.exit_code == ExitCode.TOPOLOGY_INVALID
+    assert result.stderr.startswith(f"error: topology file {empty} is empty\nhint: ")
+    torn = tmp_path / "torn.json"
+    torn.write_text('{"schema_version": 1, "gpus": [')
+    result = cli("--topology", str(torn), "topo", "show")
+    assert "not valid JSON" in result.stderr and "\nhint: " in result.stderr
+    text = tmp_path / "matrix.json"
+    text.write_text("\tGPU0\nGPU0\t X \n")
+    result = cli("--topology", str(text), "topo", "show")
+    assert "is not a JSON object" in result.stderr
+    bundled = json.loads((Path(gpualloc_topologies()) / "dgx1-v100.json").read_text())
+    gpu = bundled["gpus"][0]
+    bundled["gpus"] = [{**gpu, "index": i + 1, "uuid": f"GPU-{i}"} for i in range(16000)]
+    bundled["links"] = []
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(bundled))
+    result = cli("--topology", str(big), "topo", "show")
+    assert result.exit_code == ExitCode.TOPOLOGY_INVALID
+    assert (
+        len(result.stderr) < 400 and "GPU number 1 in the list has index 1, not 0" in result.stderr
+    )
+
+
+def gpualloc_topologies() -> str:
+    import gpualloc.topologies
+
+    return str(Path(gpualloc.topologies.__file__).parent)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "said", "not_said"),
+    [
+        (["run", "--mem", "8G", "--", "true"], {}, "--share --mem SIZE", None),
+        (["run", "--gpus", "3-1", "--", "true"], {}, "runs backwards (write 1-3)", "CPU list"),
+        (["-t", "single-gpu", "run", "--gpus", "3", "--", "true"], {}, "(1 GPU: 0..0)", "1 GPUs"),
+        (["status"], {"GPUALLOC_STATE_DIR": ""}, "to use the configured value (", "configured the"),
+    ],
+)
+def test_wording_of_the_newcomers_trial(
+    cli, monkeypatch: pytest.MonkeyPatch, args, env, said: str, not_said: str | None
+) -> None:
+    """Issue 30, point 10: the messages that misled or read badly."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    topology = [] if args[0] == "-t" else ["--topology", "dgx1-v100"]
+    result = cli(*topology, *args)
+    assert result.exit_code != 0 and said in result.stderr
+    assert not_said is None or not_said not in result.stderr

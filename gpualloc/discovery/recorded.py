@@ -6,7 +6,7 @@ from pathlib import Path
 
 from gpualloc.discovery.numa import parse_numactl_hardware
 from gpualloc.discovery.smi import topology_from_smi_texts
-from gpualloc.errors import FileAccessError, TopologyNotFound
+from gpualloc.errors import FileAccessError, TopologyError, TopologyNotFound
 from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
 from gpualloc.model.topology import Topology
 from gpualloc.user_files import read_user_text
@@ -27,6 +27,17 @@ def looks_like_json(text: str) -> bool:
 def load_topology_file(path: Path, *, table: BandwidthTable | None = None) -> Topology:
     """A gpualloc topology JSON file, or raw ``nvidia-smi topo -m`` text, from ``path``."""
     text = read_text(path, "topology file")
+    if not text.strip():
+        raise TopologyError(
+            f"topology file {path} is empty",
+            hint="record one with 'gpualloc topo record -o FILE' or 'nvidia-smi topo -m > FILE'",
+        )
+    if path.suffix == ".json" and not looks_like_json(text):
+        raise TopologyError(
+            f"topology file {path} is not a JSON object (it does not start with '{{')",
+            hint="a .json topology is what 'gpualloc topo record' writes; name 'nvidia-smi "
+            "topo -m' text anything but .json",
+        )
     if looks_like_json(text):
         topology = Topology.from_json(text, origin=str(path))
         return topology.with_bandwidth_table(table) if table is not None else topology

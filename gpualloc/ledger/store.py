@@ -361,7 +361,7 @@ class LedgerStore:
             f"{owner_name(u)}'s generation {c.generation}" for p, u, c in copies if p != path
         )
         return best, [
-            f"WARNING: {what}; recovered generation {best.generation} from {owner_name(uid)}'s "
+            f"{what}; recovered generation {best.generation} from {owner_name(uid)}'s "
             f"good copy {path.name}, which nothing confirms"
             + (f" (the other copies: {others})" if others else "")
             + ". If no gpualloc was killed while writing, that copy may be forged: check "

@@ -23,7 +23,7 @@ def parse_cpulist(text: str) -> list[int]:
         low, _, high = part.partition("-")
         first, last = int(low), int(high or low)
         if last < first:
-            raise ValueError(f"descending range {part!r} in CPU list {text!r}")
+            raise ValueError(f"the range {part!r} runs backwards (write {last}-{first})")
         cpus.update(range(first, last + 1))
     return sorted(cpus)
 

@@ -28,3 +28,8 @@ def _escaped(char: str) -> str:
     if unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp"):  # controls, bidi overrides, breaks
         return char.encode("unicode_escape").decode("ascii")
     return char
+
+
+def count_of(n: int, noun: str) -> str:
+    """``1 GPU``, ``2 GPUs``: a count with its noun, singular where it is one."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

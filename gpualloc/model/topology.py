@@ -26,6 +26,7 @@ from gpualloc.model.bandwidth import (
 from gpualloc.model.catalog import family_of
 from gpualloc.model.mig import MigInstance, check_mig_layout, mig_label
 from gpualloc.model.paths import PciePath
+from gpualloc.model.printable import count_of
 from gpualloc.model.validation import (
     NonNegativeFloat,
     NonNegativeInt,
@@ -243,7 +244,11 @@ class Topology(_Strict, kw_only=True):
     def __post_init__(self) -> None:
         indices = [g.index for g in self.gpus]
         if indices != list(range(len(indices))):
-            raise ValueError(f"GPU indices must be 0..{len(indices) - 1} in order, got {indices}")
+            position = next(i for i, index in enumerate(indices) if index != i)
+            raise ValueError(
+                f"GPU indices must be 0..{len(indices) - 1} in order; GPU number {position + 1} "
+                f"in the list has index {indices[position]}, not {position}"
+            )
         strays = [p.gpu for p in self.processes if p.gpu >= len(indices)]
         strays += [f.gpu for f in self.faults if f.gpu >= len(indices)]
         strays += [u.gpu for u in self.utilization if u.gpu >= len(indices)]
@@ -287,7 +292,7 @@ class Topology(_Strict, kw_only=True):
             return self.gpus[index]
         except IndexError:
             raise TopologyError(
-                f"GPU {index} does not exist on this host ({self.gpu_count} GPUs)"
+                f"GPU {index} does not exist on this host ({count_of(self.gpu_count, 'GPU')})"
             ) from None
 
     def link(self, a: int, b: int) -> Link:
@@ -297,7 +302,9 @@ class Topology(_Strict, kw_only=True):
         low, high = min(a, b), max(a, b)
         n = self.gpu_count
         if low < 0 or high >= n:
-            raise TopologyError(f"GPU pair ({a}, {b}) does not exist on this host ({n} GPUs)")
+            raise TopologyError(
+                f"GPU pair ({a}, {b}) does not exist on this host ({count_of(n, 'GPU')})"
+            )
         # Links are sorted (a, b) over a < b: row `low` starts after the rows above it.
         position = low * n - low * (low + 1) // 2 + (high - low - 1)
         return self.links[position]
@@ -395,7 +402,9 @@ class Topology(_Strict, kw_only=True):
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise TopologyError(
-                f"{origin}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+                f"{origin}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+                hint="a topology file is what 'gpualloc topo record' or 'topo show --json' "
+                "writes, or 'nvidia-smi topo -m' text",
             ) from exc
         return cls.from_json_dict(data, origin=origin)
 

@@ -16,6 +16,7 @@ from gpualloc.errors import GpusBusy, NoFeasiblePlacement, RequestError
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.mig import MigRequest
+from gpualloc.model.printable import count_of
 from gpualloc.model.request import UNSCORED, HostState, JobRequest, Placement
 from gpualloc.model.share import ShareRequest
 from gpualloc.model.topology import Topology
@@ -164,7 +165,7 @@ def _explicit(topology: Topology, occupancy: Occupancy, want: Want) -> Placement
     outside = [g for g in gpus if not 0 <= g < n]
     if outside:
         raise RequestError(
-            f"GPU {outside[0]} does not exist on this host ({n} GPUs: 0..{n - 1})",
+            f"GPU {outside[0]} does not exist on this host ({count_of(n, 'GPU')}: 0..{n - 1})",
             hint="'gpualloc topo show' lists the GPUs",
         )
     if len(set(gpus)) != len(gpus):

@@ -55,8 +55,9 @@ def choose_mig(
             "this host has no MIG device"
             if not topology.mig_instances
             else "no MIG device of this host is usable here",
-            hint="ask for whole GPUs (-n), or an administrator enables MIG "
-            "(nvidia-smi -mig 1, then nvidia-smi mig -cgi PROFILES -C)",
+            hint="ask for whole GPUs (-n), or for room on a shared GPU (--share --mem SIZE); "
+            "MIG devices exist once an administrator makes them (nvidia-smi -mig 1, then "
+            "nvidia-smi mig -cgi PROFILES -C)",
         )
     fitting = [m for m in devices if request.accepts(m)]
     if not fitting:
