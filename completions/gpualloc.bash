@@ -12,7 +12,7 @@ _gpualloc_commands() {
 
 _gpualloc_options() {
     case $1 in
-        '') echo '--topology -t --bandwidth-table --refresh --debug --version --install-completion --show-completion --help -h' ;;
+        '') echo '--topology -t --bandwidth-table --refresh --debug --version --manual --install-completion --show-completion --help -h' ;;
         'plan') echo '-n --num-gpus --pattern --sensitive --insensitive --busy --free --exclude --require --policy --score --drb-weights --mig --mem --allow-unhealthy --explain --compare --json --help -h' ;;
         'run') echo '-n --num-gpus --pattern --sensitive --insensitive --exclude --require --policy --score --drb-weights --gpus --numa --name --uuid --ignore-foreign --heed-foreign --wait --timeout --priority --max-bypass --min-utility --min-bandwidth --mig --mem --share --shareable --background --sm-share --allow-unhealthy --dry-run --quiet -q --json --help -h' ;;
         'alloc') echo '-n --num-gpus --pattern --sensitive --insensitive --exclude --require --policy --score --drb-weights --gpus --pid --hold --format --name --uuid --ignore-foreign --heed-foreign --wait --timeout --priority --max-bypass --min-utility --min-bandwidth --mig --mem --shareable --allow-unhealthy --help -h' ;;

@@ -20,6 +20,7 @@ complete -c gpualloc -n '__fish_use_subcommand' -l bandwidth-table -r -F -d 'JSO
 complete -c gpualloc -n '__fish_use_subcommand' -l refresh -d 'Probe the host again instead of using the cache.'
 complete -c gpualloc -n '__fish_use_subcommand' -l debug -d 'Show tracebacks on errors.'
 complete -c gpualloc -n '__fish_use_subcommand' -l version -d 'Print the version and exit.'
+complete -c gpualloc -n '__fish_use_subcommand' -l manual -d 'Show the manual page (what \'man gpualloc\' shows after a wheel install).'
 complete -c gpualloc -n '__fish_use_subcommand' -l install-completion -r -F -d 'Install Tab completion for bash, zsh or fish (a static script: no process per Tab).'
 complete -c gpualloc -n '__fish_use_subcommand' -l show-completion -r -F -d 'Print the completion script for bash, zsh or fish.'
 complete -c gpualloc -n '__fish_use_subcommand' -l help -s h -d 'Show the help and exit.'

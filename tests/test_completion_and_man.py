@@ -225,3 +225,21 @@ def test_install_completion_writes_the_shells_file(tmp_path: Path) -> None:
         capture_output=True, text=True, env=env, check=False,
     )  # fmt: skip
     assert refused.returncode == 2 and "choose bash, zsh or fish" in refused.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("man") is None, reason="man is not installed")
+def test_manual_option_shows_the_installed_page(tmp_path: Path) -> None:
+    """Issue 30, point 9: after an editable install 'man gpualloc' finds no page (pip installs
+    no data files there); --manual shows the one a wheel installs."""
+    env = {**os.environ, "MANWIDTH": "100", "MANPAGER": "cat", "PAGER": "cat"}
+    shown = subprocess.run(
+        [sys.executable, "-m", "gpualloc", "--manual"],
+        capture_output=True, text=True, env=env, check=False, timeout=60,
+    )  # fmt: skip
+    committed = subprocess.run(
+        ["man", "-l", str(ROOT / "man" / "gpualloc.1")],
+        capture_output=True, text=True, env=env, check=False, timeout=60,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "EXIT STATUS" in shown.stdout and shown.stdout == committed.stdout

@@ -32,7 +32,7 @@ TYPER_COMMANDS = {
     "alloc": leases.alloc_command,
     "release": leases.release_command,
 }
-LEFT_TO_TYPER = {"--version", "--install-completion", "--show-completion"}
+LEFT_TO_TYPER = {"--version", "--manual", "--install-completion", "--show-completion"}
 """Typer's own global options (--help is not a parameter at all)."""
 
 

@@ -132,6 +132,28 @@ def _install_completion(shell: str | None) -> None:
     raise typer.Exit()
 
 
+def _manual(value: bool) -> None:
+    """Show the manual page, rendered from the commands as the installed one is: an editable
+    install (pip install -e) installs no data files, so 'man gpualloc' finds nothing there."""
+    if not value:
+        return
+    import shutil
+    import subprocess
+
+    from gpualloc.cli.manpage import render
+    from gpualloc.errors import FileAccessError
+
+    page = render(typer.main.get_command(app), ENVIRONMENT_VARIABLES)
+    man = shutil.which("man")
+    if man is None:
+        raise FileAccessError(
+            "man is not installed", hint="install it (apt-get install man-db), or read --help"
+        )
+    raise typer.Exit(
+        subprocess.run([man, "-l", "-"], input=page, text=True, check=False).returncode
+    )
+
+
 def _version(value: bool) -> None:
     if value:
         write_stdout(f"gpualloc {__version__}\n")
@@ -172,6 +194,15 @@ def main(
         bool,
         typer.Option(
             "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+    manual: Annotated[
+        bool,
+        typer.Option(
+            "--manual",
+            callback=_manual,
+            is_eager=True,
+            help="Show the manual page (what 'man gpualloc' shows after a wheel install).",
         ),
     ] = False,
     install_completion: Annotated[
