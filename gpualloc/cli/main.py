@@ -38,7 +38,7 @@ def run(argv: list[str] | None = None) -> NoReturn:
         sys.stdout.write("".join(f"{lease}\t{about}\n" for lease, about in lease_ids("")))
         sys.exit(ExitCode.OK)
     STATE.reset()
-    STATE.debug = os.environ.get("GPUALLOC_DEBUG", "") not in ("", "0")
+    STATE.debug = _debug_variable(os.environ.get("GPUALLOC_DEBUG", ""))
     notices.slow_wait = _notice
     code: int = ExitCode.OK
     try:
@@ -64,6 +64,15 @@ def run(argv: list[str] | None = None) -> NoReturn:
         )
         code = ExitCode.INTERNAL
     sys.exit(int(code))
+
+
+TRUE_WORDS = frozenset({"1", "true", "t", "yes", "y", "on"})
+"""What click reads as true (GPUALLOC_DEBUG is --debug's variable): any other value is not
+debugging, and typer refuses a word it cannot read (exit 2), as for any flag."""
+
+
+def _debug_variable(value: str) -> bool:
+    return value.strip().lower() in TRUE_WORDS
 
 
 def _static_help(args: list[str]) -> bool:
@@ -142,16 +151,23 @@ def _notice(line: str) -> None:
     sys.stderr.write(f"note: {line}\n")
 
 
+MAX_ERROR_CHARS = 500
+"""An error line echoes what the user gave (a 3,000-character --exclude, a file name): each
+line is cut to this many characters and its control characters escaped (issue 30)."""
+
+
 def _report(message: str, hint: str | None, details: tuple[str, ...] = ()) -> None:
+    from gpualloc.model.printable import printable
+
     if STATE.debug:
         import traceback
 
         traceback.print_exc()
-    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.write(f"error: {printable(message, MAX_ERROR_CHARS)}\n")
     for line in details:
-        sys.stderr.write(f"  {line}\n")
+        sys.stderr.write(f"  {printable(line, MAX_ERROR_CHARS)}\n")
     if hint:
-        sys.stderr.write(f"hint: {hint}\n")
+        sys.stderr.write(f"hint: {printable(hint, MAX_ERROR_CHARS)}\n")
 
 
 def _quiet_broken_pipe() -> NoReturn:
