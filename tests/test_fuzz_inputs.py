@@ -242,7 +242,20 @@ COMMANDS = (
     ["run", "--dry-run"],
     ["run", "--dry-run", "--share"],
     ["alloc", "--hold", "--shareable"],
+    ["simulate"],
+    ["status"],
+    ["release", "--evict-shared", "--mine"],
 )
+OWN_OPTIONS = {
+    "simulate": (
+        "--generate", "--policy", "--queue", "--runtime", "--sharing", "--gpu-busy", "--seed",
+    ),
+    "status": ("--idle",),
+    "release": ("--grace",),
+    "run": ("--numa", "--sm-share", "--priority", "--max-bypass", "--timeout"),
+    "alloc": ("--format", "--pid", "--priority", "--max-bypass", "--timeout"),
+}  # fmt: skip
+"""Each command's own options that take a value, besides the job's (VALUE_OPTIONS)."""
 SPECIAL_VALUES = (
     "", " ", "-1", "0", "1", "2", "8", "9", "100", "1e309", "nan", "inf", "0x10", "3-1",
     "0,0", "0-7", "1,,2", "1g.5gb", "3g.20gb", "GPU0/MIG3", "MIG-x", "10G", "-5G", "0.5",
@@ -252,9 +265,18 @@ values = st.one_of(
     st.sampled_from(SPECIAL_VALUES),
     st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), max_size=40),
 )
-option_cases = st.tuples(
-    st.sampled_from(COMMANDS),
-    st.lists(st.tuples(st.sampled_from(VALUE_OPTIONS), values), min_size=1, max_size=4),
+
+
+def _options_of(command: list[str]) -> tuple[str, ...]:
+    own = OWN_OPTIONS.get(command[0], ())
+    return own if command[0] in ("simulate", "status", "release") else (*VALUE_OPTIONS, *own)
+
+
+option_cases = st.sampled_from(COMMANDS).flatmap(
+    lambda command: st.tuples(
+        st.just(command),
+        st.lists(st.tuples(st.sampled_from(_options_of(command)), values), min_size=1, max_size=4),
+    )
 )
 
 
