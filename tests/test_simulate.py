@@ -307,6 +307,7 @@ def test_remembered_placements_change_no_answer(dgx1, monkeypatch: pytest.Monkey
     assert [r.as_dict() for r in remembered.jobs] == [r.as_dict() for r in fresh.jobs]
 
 
+@pytest.mark.slow  # matplotlib's start-up is most of it
 def test_plot_writes_the_three_kinds_of_figure(cli, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     out = tmp_path / "figures"
