@@ -183,3 +183,19 @@ def test_wording_of_the_newcomers_trial(
     result = cli(*topology, *args)
     assert result.exit_code != 0 and said in result.stderr
     assert not_said is None or not_said not in result.stderr
+
+
+def test_a_huge_argv_is_not_echoed_whole_in_the_lease_line(tmp_path: Path) -> None:
+    """Issue 30, point 5: the stderr lease line of 'run' echoed a 100 kB argv whole."""
+    import subprocess
+    import sys
+
+    huge = "a" * 100_000
+    result = subprocess.run(
+        [sys.executable, "-m", "gpualloc", "-t", "dgx1-v100", "run", "--", "true", huge],
+        capture_output=True, text=True, check=False, timeout=60,
+        env={**os.environ, "GPUALLOC_STATE_DIR": str(tmp_path / "state")},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[:500]
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("gpualloc: lease ") and line.endswith("...") and len(line) < 300
