@@ -102,7 +102,9 @@ def _count(value: Any) -> int:
 def _path(value: Any) -> Path:
     if not isinstance(value, (str, Path)) or not str(value).strip():
         raise ValueError("must be a path")
-    return Path(str(value)).expanduser()
+    from gpualloc.user_files import expand_user
+
+    return expand_user(str(value))
 
 
 def _names(value: Any) -> tuple[str, ...]:

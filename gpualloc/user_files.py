@@ -22,6 +22,34 @@ MAX_BYTES = 64 * 2**20
 16,000-GPU topology JSON about 50 MB, the Alibaba 2023 trace (8,152 jobs) 1.2 MB."""
 
 
+def names_a_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file (following links), False for anything that cannot be
+    asked: a name too long (ENAMETOOLONG), a directory we may not search (EACCES). pathlib
+    raises those from ``is_file()``; the fuzzing harness found the first (issue 30)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def names_anything(path: Path) -> bool:
+    """Whether something is at ``path`` (see :func:`names_a_file`)."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
+def expand_user(text: str) -> Path:
+    """``~/x`` and ``~alice/x`` as the shell reads them; ValueError naming a ``~user`` that does
+    not exist (pathlib raises RuntimeError there: found by the fuzzing harness, issue 30)."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        user = text[1:].split("/", 1)[0]
+        raise ValueError(f"there is no user {user!r} for {text.split('/', 1)[0]!r}") from None
+
+
 def read_user_text(
     path: Path | str,
     what: str,

@@ -199,3 +199,61 @@ def test_a_huge_argv_is_not_echoed_whole_in_the_lease_line(tmp_path: Path) -> No
     assert result.returncode == 0, result.stderr[:500]
     (line,) = result.stderr.splitlines()
     assert line.startswith("gpualloc: lease ") and line.endswith("...") and len(line) < 300
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "code"),
+    [
+        (["alloc", "--hold"], {"GPUALLOC_BANDWIDTH_TABLE": "~0"}, ExitCode.CONFIG),
+        (["status"], {"GPUALLOC_STATE_DIR": "~nosuchuser/state"}, ExitCode.CONFIG),
+        (["-t", "~nosuchuser/x.json", "topo", "show"], {}, ExitCode.TOPOLOGY_NOT_FOUND),
+    ],
+)
+def test_a_tilde_of_no_user_is_an_error_not_a_crash(
+    cli, monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict, code: int
+) -> None:
+    """Found by the fuzzing harness in CI: pathlib raises RuntimeError for '~0' (no user '0'),
+    which was 'internal error' (exit 1)."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    topology = [] if args[0] == "-t" else ["--topology", "dgx1-v100"]
+    result = cli(*topology, *args)
+    assert result.exit_code == code
+    assert "there is no user" in result.stderr and "internal error" not in result.stderr
+
+
+LONG_NAME = "a" * 3000
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["-t", "dgx1-v100", "alloc", "--hold", "--pattern", LONG_NAME], ExitCode.USAGE),
+        (["-t", LONG_NAME, "topo", "show"], ExitCode.TOPOLOGY_NOT_FOUND),
+        (["--bandwidth-table", LONG_NAME, "-t", "dgx1-v100", "topo", "show"], ExitCode.IO),
+        (["-t", "dgx1-v100", "run", "--dry-run", "--", LONG_NAME], ExitCode.COMMAND_NOT_FOUND),
+    ],
+)
+def test_a_name_too_long_for_the_file_system_is_not_found(cli, args: list[str], code: int) -> None:
+    """Found by the fuzzing harness: pathlib's is_file() and exists() raise ENAMETOOLONG for a
+    3,000-character name, which was 'internal error' (exit 1)."""
+    result = cli(*args)
+    assert result.exit_code == code, result.stderr
+    assert "internal error" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "id,arrival_s,gpus,duration_s,sensitive\r1,0\r,2,3,true\n",
+        "id,arrival_s,gpus,duration_s,sensitive\n1," + "x" * 140_000 + ",2,3,true\n",
+    ],
+    ids=["carriage returns", "a field over csv's limit"],
+)
+def test_a_trace_that_is_no_csv_is_a_trace_error(cli, tmp_path: Path, text: str) -> None:
+    """Found by the fuzzing harness: csv.Error escaped as 'internal error' (exit 1)."""
+    trace = tmp_path / "trace.txt"
+    trace.write_text(text)
+    result = cli("--topology", "dgx1-v100", "simulate", "--trace", str(trace))
+    assert result.exit_code == ExitCode.TRACE, result.stderr
+    assert result.stderr.startswith(f"error: {trace}")

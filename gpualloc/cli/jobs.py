@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpualloc.cli.open_ledger import allocate, open_host_ledger, say, wait_options, warn
@@ -22,6 +21,7 @@ from gpualloc.cli.state import STATE
 from gpualloc.errors import ExitCode, RequestError
 from gpualloc.model.printable import printable
 from gpualloc.placement.options import JobOptions
+from gpualloc.user_files import expand_user, names_a_file
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -218,8 +218,8 @@ def _process_lister(host: HostLedger) -> Callable[[], list[GpuProcess]] | None:
     spec = STATE.topology or os.environ.get(TOPOLOGY_ENV)
     if not spec or spec in bundled_names():
         return None
-    path = Path(spec).expanduser().resolve()
-    if not path.is_file():
+    path = expand_user(spec).resolve()  # loaded from it already: the user exists
+    if not names_a_file(path):
         return None
     from gpualloc.discovery.recorded import load_topology_file
 

@@ -37,7 +37,9 @@ class GlobalState:
     ) -> None:
         """The options before the command (typer's callback and the fast path both call this;
         the defaults are typer's)."""
-        if bandwidth_table is not None and not bandwidth_table.is_file():
+        from gpualloc.user_files import names_a_file
+
+        if bandwidth_table is not None and not names_a_file(bandwidth_table):
             from gpualloc.errors import FileAccessError
 
             raise FileAccessError(

@@ -58,13 +58,17 @@ def load_named_topology(spec: str, *, table: BandwidthTable | None = None) -> To
     a bare name is a bundled topology first, then a file in the current directory.
     """
     from gpualloc.topologies import bundled_names, load_bundled
+    from gpualloc.user_files import expand_user, names_anything
 
-    path = Path(spec).expanduser()
+    try:
+        path = expand_user(spec)
+    except ValueError as exc:
+        raise TopologyNotFound(f"--topology {spec!r}: {exc}", hint="check the path") from None
     looks_like_path = os.sep in spec or spec.endswith((".json", ".txt"))
     if not looks_like_path and spec in bundled_names():
         topology = load_bundled(spec)
         return topology.with_bandwidth_table(table) if table is not None else topology
-    if path.exists():
+    if names_anything(path):
         from gpualloc.discovery.recorded import load_topology_file
 
         return load_topology_file(path, table=table)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gpualloc.errors import CommandNotExecutable, CommandNotFound
 from gpualloc.launcher.binding import Binding
+from gpualloc.user_files import names_a_file
 
 
 def resolve_program(program: str, environment: Mapping[str, str]) -> str:
@@ -26,7 +27,7 @@ def resolve_program(program: str, environment: Mapping[str, str]) -> str:
     found_unexecutable: Path | None = None
     for directory in search.split(os.pathsep):
         candidate = Path(directory or ".") / program
-        if candidate.is_file():
+        if names_a_file(candidate):  # a PATH directory we may not search is skipped, as sh does
             if os.access(candidate, os.X_OK):
                 return str(candidate)
             found_unexecutable = found_unexecutable or candidate

@@ -30,6 +30,7 @@ from msgspec import Struct
 
 from gpualloc.errors import RequestError
 from gpualloc.model.request import CommunicationPattern
+from gpualloc.user_files import names_a_file
 
 BUILTIN_PATTERNS = ("ring", "all", "tree", "star")
 
@@ -80,7 +81,7 @@ def build_pattern(spec: str, k: int) -> CommunicationPattern:
     if spec in _BUILDERS:
         return _BUILDERS[spec](k)
     path = Path(spec)
-    if not path.is_file():
+    if not names_a_file(path):
         raise PatternError(
             f"unknown pattern {spec!r}: not one of {', '.join(BUILTIN_PATTERNS)} and not a file",
             hint="give ring, all, tree or star, or a JSON edge list such as [[0, 1], [1, 2]]",

@@ -94,19 +94,25 @@ def _json_lines(text: str, source: str) -> list[tuple[int, dict[str, Any]]]:
 
 
 def _csv_rows(text: str, source: str) -> list[tuple[int, dict[str, Any]]]:
-    reader = csv.DictReader(io.StringIO(text))
-    header = [name.strip() for name in reader.fieldnames or []]
-    missing = [name for name in REQUIRED if name not in header]
-    if missing:
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    try:
+        header = [name.strip() for name in reader.fieldnames or []]
+        missing = [name for name in REQUIRED if name not in header]
+        if missing:
+            raise TraceError(
+                f"{source}: the CSV header lacks {', '.join(missing)}",
+                hint=f"the first line names the columns: {','.join(REQUIRED)}[,...]",
+            )
+        reader.fieldnames = header
+        return [
+            (number, {k: v.strip() for k, v in row.items() if k is not None and v is not None})
+            for number, row in enumerate(reader, start=2)
+        ]
+    except csv.Error as exc:  # a stray carriage return, a NUL byte (found by the fuzzing harness)
         raise TraceError(
-            f"{source}: the CSV header lacks {', '.join(missing)}",
-            hint=f"the first line names the columns: {','.join(REQUIRED)}[,...]",
-        )
-    reader.fieldnames = header
-    return [
-        (number, {k: v.strip() for k, v in row.items() if k is not None and v is not None})
-        for number, row in enumerate(reader, start=2)
-    ]
+            f"{source}: not CSV ({exc})",
+            hint="a trace is JSON Lines or CSV with a header line",
+        ) from None
 
 
 def _job(row: dict[str, Any], number: int, source: str, order: int) -> SimJob:

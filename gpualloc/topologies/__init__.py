@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gpualloc.errors import TopologyNotFound
 from gpualloc.model.topology import Topology
+from gpualloc.user_files import names_a_file
 
 BUNDLED_DIRECTORY = Path(__file__).parent
 """Where the files lie: installed as plain files beside this module (setuptools package data).
@@ -26,7 +27,7 @@ def bundled_names() -> list[str]:
 def load_bundled(name: str) -> Topology:
     """The bundled topology ``name``; unknown names raise with the closest matches as a hint."""
     resource = BUNDLED_DIRECTORY / f"{name}.json"
-    if "/" in name or name.startswith(".") or not resource.is_file():
+    if "/" in name or name.startswith(".") or not names_a_file(resource):
         import difflib
 
         close = difflib.get_close_matches(name, bundled_names(), n=3, cutoff=0.5)
