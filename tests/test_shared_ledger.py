@@ -473,3 +473,16 @@ def test_an_idle_hold_is_noticed_and_released_by_another_users_gc(
         ]
     finally:
         _system_config(system_config_dir, "")
+
+
+def test_run_skips_a_path_directory_the_user_cannot_search(
+    users: dict[str, UnixUser], as_user: UserCommandLine, shared: Path
+) -> None:
+    """Issue 31's list: 'run' as a user whose PATH starts with a directory that user cannot
+    read (root's PATH kept by runuser) died with a PermissionError traceback; a shell skips it."""
+    private = shared / "root-only"
+    private.mkdir(mode=0o700)  # root's, in a world-searchable directory
+    run = _gpualloc(as_user, shared)
+    result = run(users["alice"], "run", "--", "true", PATH=f"{private}:/usr/bin:/bin")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
