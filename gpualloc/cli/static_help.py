@@ -36,8 +36,10 @@ def page_for(args: Sequence[str]) -> Page | None:
     """The page for ``gpualloc ARGS``, or None to let typer answer."""
     if args and args[-1] in HELP_FLAGS:
         path, usage_error = " ".join(args[:-1]), False
-    else:
+    elif len(args) <= 1:  # gpualloc's groups are one word deep: 'gpualloc', 'gpualloc topo'
         path, usage_error = " ".join(args), True
+    else:
+        return None  # a command line to run: no page to read
     if any(word.startswith("-") for word in path.split()):
         return None  # an option before --help: typer reads it first (and may refuse it)
     if shutil.get_terminal_size((WIDTH, 24)).columns < WIDTH:
