@@ -93,7 +93,7 @@ def read_user_bytes(
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise error(
-                f"{what} {path} is a {_kind(info.st_mode)}, not a regular file",
+                f"{what} {path} is a {describe_kind(info.st_mode)}, not a regular file",
                 hint=f"give the path of a {what} saved to a file",
             )
         if info.st_size > max_bytes:
@@ -121,14 +121,16 @@ def read_user_bytes(
         os.close(fd)
 
 
-def _kind(mode: int) -> str:
+def describe_kind(mode: int) -> str:
+    """What an ``st_mode`` is, in words: "FIFO", "directory", "regular file", ..."""
     for test, name in (
         (stat.S_ISFIFO, "FIFO"),
         (stat.S_ISDIR, "directory"),
+        (stat.S_ISLNK, "symbolic link"),
         (stat.S_ISSOCK, "socket"),
         (stat.S_ISCHR, "character device"),
         (stat.S_ISBLK, "block device"),
     ):
         if test(mode):
             return name
-    return "special file"
+    return "regular file" if stat.S_ISREG(mode) else "special file"

@@ -23,11 +23,11 @@ def build_all() -> dict[Path, str]:
     """Repository-relative path -> the text it should have."""
     import typer
 
-    from gpualloc.cli.app import ENVIRONMENT_VARIABLES, _completion_script, app
+    from gpualloc.cli.app import ENVIRONMENT_VARIABLES, app, completion_script
     from gpualloc.cli.manpage import render
 
     files = {
-        Path("completions") / name: _completion_script(shell)
+        Path("completions") / name: completion_script(shell)
         for shell, name in COMPLETION_FILES.items()
     }
     files[Path("man") / "gpualloc.1"] = render(typer.main.get_command(app), ENVIRONMENT_VARIABLES)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,23 +53,26 @@ class Result:
     stderr: str
 
 
-@pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
-    """Run ``gpualloc ARGS`` in this process through the real entry point."""
+def run_in_process(args: Iterable[str]) -> Result:
+    """Run ``gpualloc ARGS`` in this process through the real entry point: its exit status and
+    what it wrote (the ``cli`` fixture, and the fuzzing harness under its own alarm)."""
     from gpualloc.cli.main import run
 
-    def invoke(*args: str) -> Result:
-        capsys.readouterr()
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             run(list(args))
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
         else:
             raise AssertionError("run() returned instead of exiting")
-        captured = capsys.readouterr()
-        return Result(code, captured.out, captured.err)
+    return Result(code, out.getvalue(), err.getvalue())
 
-    return invoke
+
+@pytest.fixture
+def cli() -> Callable[..., Result]:
+    """Run ``gpualloc ARGS`` in this process through the real entry point."""
+    return lambda *args: run_in_process(args)
 
 
 @pytest.fixture

@@ -224,44 +224,22 @@ def test_help_imports_nothing_heavy(args: list[str]) -> None:
     assert json.loads(result.stderr) == []
 
 
-def _typer_help(args: list[str]) -> tuple[int, str, str]:
-    """What typer itself prints for ``args``: the static pages must be exactly this."""
-    import contextlib
-    import io
-
-    from gpualloc.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with (
-        pytest.MonkeyPatch.context() as patch,
-        contextlib.redirect_stdout(out),
-        contextlib.redirect_stderr(err),
-    ):
-        patch.setenv("COLUMNS", "80")
-        patch.setattr(main, "_static_help", lambda args: False)
-        with pytest.raises(SystemExit) as exited:
-            main.run(list(args))
-    return int(exited.value.code), out.getvalue(), err.getvalue()
-
-
 @pytest.mark.parametrize(
     "args", [["--help"], ["-h"], [], ["run", "--help"], ["topo"], ["slurm", "prolog", "-h"]]
 )
 def test_help_pages_are_typers_own(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    import contextlib
-    import io
-
+    """The fixed pages answer without typer, and say exactly what typer says."""
     from gpualloc.cli import main
+    from tests.conftest import run_in_process
 
+    typer_path = main._run_typer
     monkeypatch.setenv("COLUMNS", "120")
-    out, err = io.StringIO(), io.StringIO()
-    with (
-        contextlib.redirect_stdout(out),
-        contextlib.redirect_stderr(err),
-        pytest.raises(SystemExit) as exited,
-    ):
-        main.run(list(args))
-    assert (int(exited.value.code), out.getvalue(), err.getvalue()) == _typer_help(args)
+    monkeypatch.setattr(main, "_run_typer", lambda args: pytest.fail("typer was asked"))
+    static = run_in_process(args)
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(main, "_run_typer", typer_path)
+    monkeypatch.setattr(main, "_static_help", lambda args: False)
+    assert static == run_in_process(args)
 
 
 def test_help_is_left_to_typer_where_a_page_would_not_be_exact(

@@ -12,7 +12,6 @@ cases; the slow tests try 2,000 more (``pytest -m slow -k fuzz``).
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import signal
 import tempfile
@@ -26,6 +25,7 @@ from hypothesis import strategies as st
 from gpualloc.config import SETTINGS
 from gpualloc.errors import ExitCode
 from gpualloc.topologies import load_bundled
+from tests.conftest import run_in_process
 
 CASE_TIMEOUT_S = 20
 MAX_LINE = 2000
@@ -129,11 +129,8 @@ def _state(directory: Path) -> dict[str, bytes]:
 
 def _check(args: list[str], workdir: Path, env: dict[str, str] | None = None) -> int:
     """Run ``gpualloc ARGS`` and hold it to the rules of the module docstring."""
-    from gpualloc.cli.main import run
-
     state_dir = workdir / "state"
     before = _state(state_dir)
-    out, err = io.StringIO(), io.StringIO()
     settings_env = {
         "GPUALLOC_STATE_DIR": str(state_dir),
         "GPUALLOC_CACHE_DIR": str(workdir / "cache"),
@@ -141,21 +138,12 @@ def _check(args: list[str], workdir: Path, env: dict[str, str] | None = None) ->
         "GPUALLOC_SYSTEM_CONFIG": str(workdir / "etc" / "config.toml"),
         **(env or {}),
     }
-    with (
-        _environment(settings_env),
-        contextlib.redirect_stdout(out),
-        contextlib.redirect_stderr(err),
-        _alarm(CASE_TIMEOUT_S),
-    ):
-        try:
-            run(list(args))
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        else:
-            raise AssertionError("run() returned")
+    with _environment(settings_env), _alarm(CASE_TIMEOUT_S):
+        result = run_in_process(args)
     from gpualloc.cli.state import STATE
 
-    stderr = err.getvalue()
+    code = result.exit_code
+    stderr = result.stderr
     assert code in DOCUMENTED | {0}, (args, env, code, stderr)
     if STATE.debug:
         return code  # --debug / GPUALLOC_DEBUG=1 asks for the traceback

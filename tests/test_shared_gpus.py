@@ -423,7 +423,7 @@ def test_eviction_marks_the_shared_jobs_beside_a_lease_in_the_ledger() -> None:
     evicter and the grace, and a lease that shares nothing is refused."""
     from gpualloc.launcher.allocate import HostLedger, LeaseTerms
     from gpualloc.launcher.eviction import evict_shared
-    from gpualloc.ledger.lookup import user_name
+    from gpualloc.ledger.shared_files import owner_name
     from gpualloc.model.request import JobRequest
     from gpualloc.placement.patterns import build_pattern
     from gpualloc.placement.want import Want
@@ -443,4 +443,4 @@ def test_eviction_marks_the_shared_jobs_beside_a_lease_in_the_ledger() -> None:
     assert [type(p).__name__ for p in result.problems] == ["RequestError"]
     marked = host.snapshot().ledger.find(shared.id)
     assert marked is not None and marked.share is not None
-    assert (marked.share.evict_by, marked.share.evict_grace_s) == (user_name(os.geteuid()), 5.0)
+    assert (marked.share.evict_by, marked.share.evict_grace_s) == (owner_name(os.geteuid()), 5.0)

@@ -92,7 +92,7 @@ app.add_typer(config_show.app, name="config")
 SHELLS = ("bash", "zsh", "fish")
 
 
-def _completion_script(shell: str) -> str:
+def completion_script(shell: str) -> str:
     from gpualloc.cli import completion_scripts as scripts
 
     if shell not in SHELLS:
@@ -104,7 +104,7 @@ def _completion_script(shell: str) -> str:
 
 def _show_completion(shell: str | None) -> None:
     if shell is not None:
-        write_stdout(_completion_script(shell))
+        write_stdout(completion_script(shell))
         raise typer.Exit()
 
 
@@ -114,7 +114,7 @@ def _install_completion(shell: str | None) -> None:
         return
     from gpualloc.cli.output import say
 
-    script = _completion_script(shell)
+    script = completion_script(shell)
     home = Path.home()
     data = Path(os.environ.get("XDG_DATA_HOME") or home / ".local" / "share")
     config = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config")

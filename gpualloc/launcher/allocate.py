@@ -37,7 +37,7 @@ from gpualloc.errors import (
 )
 from gpualloc.launcher.queue import newcomer_passes
 from gpualloc.ledger.liveness import lock_held, take_lease_lock
-from gpualloc.ledger.lookup import find_leases, user_name
+from gpualloc.ledger.lookup import find_leases
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import (
     Lease,
@@ -48,6 +48,7 @@ from gpualloc.ledger.schema import (
     Waiter,
 )
 from gpualloc.ledger.scope import job_ledger_scope, ledger_scope
+from gpualloc.ledger.shared_files import owner_name
 from gpualloc.ledger.statedir import StateDirectoryMissing, open_state_directory
 from gpualloc.ledger.store import LOCK_TIMEOUT_S, LedgerStore, LedgerTransaction, new_lease_id
 from gpualloc.model.request import Placement
@@ -279,7 +280,7 @@ class HostLedger(Struct):
                 LeasedMig(gpu=m.gpu, device=m.device, uuid=m.uuid, profile=m.profile) for m in mig
             ),
             uid=uid,
-            user=user_name(uid),
+            user=owner_name(uid),
             pid=terms.pid,
             pid_start_time=start_time,
             lock=terms.lock,

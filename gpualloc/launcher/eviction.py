@@ -16,8 +16,9 @@ from msgspec.structs import replace
 
 from gpualloc.errors import NotPermitted, RequestError
 from gpualloc.launcher.allocate import HostLedger, ReleaseResult
-from gpualloc.ledger.lookup import find_leases, user_name
+from gpualloc.ledger.lookup import find_leases
 from gpualloc.ledger.schema import Lease, Ledger
+from gpualloc.ledger.shared_files import owner_name
 
 
 def evict_shared(
@@ -46,7 +47,7 @@ def evict_shared(
                     continue
                 marked = replace(
                     share,
-                    share=replace(share.share, evict_by=user_name(uid), evict_grace_s=grace_s),
+                    share=replace(share.share, evict_by=owner_name(uid), evict_grace_s=grace_s),
                 )
                 txn.replace(marked)
                 result.released.append(marked)

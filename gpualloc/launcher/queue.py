@@ -34,9 +34,9 @@ from gpualloc.config import BY_KEY, Config
 from gpualloc.errors import GpuallocError, GpusBusy, NoFeasiblePlacement
 from gpualloc.launcher.queue_policy import QueuePolicy
 from gpualloc.ledger.liveness import process_start_time
-from gpualloc.ledger.lookup import user_name
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import PRIORITY_RANK, Priority, QueuedRequest, Waiter
+from gpualloc.ledger.shared_files import owner_name
 from gpualloc.ledger.store import LedgerTransaction, new_lease_id
 from gpualloc.model.request import HostState, Placement
 from gpualloc.model.topology import Topology
@@ -251,7 +251,7 @@ def new_waiter(waiter_id: str, want: Want, terms: LeaseTerms, options: WaitOptio
         id=waiter_id,
         seq=0,  # the transaction numbers it
         uid=uid,
-        user=user_name(uid),
+        user=owner_name(uid),
         pid=os.getpid(),
         pid_start_time=process_start_time(os.getpid()),
         priority=options.priority,

@@ -1,9 +1,7 @@
-"""Finding leases in a ledger transaction by what people type: an id or a prefix of one; and
-the name of a lease's user."""
+"""Finding leases in a ledger transaction by what people type: an id or a prefix of one."""
 
 from __future__ import annotations
 
-import pwd
 from collections.abc import Iterable
 
 from gpualloc.errors import NoSuchLease
@@ -47,10 +45,3 @@ def find_lease(txn: LedgerTransaction, selector: str) -> Lease | None:
     raise NoSuchLease(
         f"no lease {selector}", hint="'gpualloc status' lists the leases; it may have ended"
     )
-
-
-def user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)

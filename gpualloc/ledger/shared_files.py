@@ -27,6 +27,7 @@ import stat
 from pathlib import Path
 
 from gpualloc.errors import LedgerError
+from gpualloc.user_files import describe_kind
 
 SAFE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -43,20 +44,6 @@ def owner_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
-
-
-def describe_kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISFIFO, "FIFO"),
-        (stat.S_ISDIR, "directory"),
-        (stat.S_ISLNK, "symbolic link"),
-        (stat.S_ISSOCK, "socket"),
-        (stat.S_ISCHR, "character device"),
-        (stat.S_ISBLK, "block device"),
-    ):
-        if test(mode):
-            return name
-    return "regular file" if stat.S_ISREG(mode) else "special file"
 
 
 def _refusal(path: Path, what: str) -> UnsafeFile:

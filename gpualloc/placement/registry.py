@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from gpualloc.config import DEFAULT_POLICY
+from gpualloc.config import BY_KEY, DEFAULT_POLICY
 from gpualloc.errors import ConfigError, RequestError
 
 if TYPE_CHECKING:
@@ -42,8 +42,6 @@ def configured_policy(config: Config, flag: str | None = None) -> str:
     from (exit 15); a bad ``--policy`` a usage error."""
     resolved = config.resolve("policy", flag)
     if flag is None and resolved.value not in _POLICY_CLASSES:
-        from gpualloc.config import BY_KEY
-
         variable = BY_KEY["policy"].variable
         where = variable if resolved.source == variable else f"{resolved.source}: policy"
         raise ConfigError(

@@ -30,9 +30,9 @@ from gpualloc.boot import boot_id
 from gpualloc.errors import LedgerLocked, RequestError
 from gpualloc.launcher.allocate import HostLedger
 from gpualloc.ledger.journal import JournalEntry, append_entry, record_job_lease, release_job
-from gpualloc.ledger.lookup import user_name
 from gpualloc.ledger.occupancy import held_devices
 from gpualloc.ledger.schema import Lease, LeasedGpu, LeasedMig
+from gpualloc.ledger.shared_files import owner_name
 from gpualloc.ledger.statedir import StateDirectory
 from gpualloc.ledger.store import new_lease_id
 from gpualloc.model.cpuset import format_cpulist
@@ -73,7 +73,7 @@ def prolog(host: HostLedger, env: Mapping[str, str]) -> list[str]:
         uid = int(env.get("SLURM_JOB_UID", ""))
     except ValueError:
         raise RequestError(f"job {job}: SLURM_JOB_UID is not a number") from None
-    user = env.get("SLURM_JOB_USER") or user_name(uid)
+    user = env.get("SLURM_JOB_USER") or owner_name(uid)
     records = slurm_gpu_numbers(host.topology)
     outside = [g for g in gpus if g not in records]
     lines = []
