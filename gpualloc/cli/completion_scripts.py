@@ -148,6 +148,7 @@ def _bash_values(values: tuple[str, ...]) -> str:
 
 
 def _shell_word(text: str) -> str:
+    """``text`` as one POSIX shell word in single quotes (bash and zsh read it alike)."""
     return "'" + text.replace("'", "'\\''") + "'"
 
 
@@ -255,26 +256,22 @@ def zsh_script(specs: list[CommandSpec]) -> str:
         key = f"@{spec.path}"  # zsh refuses an empty key
         if spec.subcommands:
             entries = [f"{n}:{_colon(a)}" for n, a in spec.subcommands]
-            tables["commands"].append(f"    {_zsh_word(key)} {_zsh_lines(entries)}")
+            tables["commands"].append(f"    {_shell_word(key)} {_zsh_lines(entries)}")
         entries = [f"{name}:{_colon(o.about)}" for o in spec.options for name in o.names]
-        tables["options"].append(f"    {_zsh_word(key)} {_zsh_lines(entries)}")
+        tables["options"].append(f"    {_shell_word(key)} {_zsh_lines(entries)}")
         for option in spec.options:
             for name in option.names if option.takes_value else ():
-                pair = _zsh_word(f"{key}|{name}")
+                pair = _shell_word(f"{key}|{name}")
                 tables["takes"].append(f"    {pair} 1")
                 if option.values:
                     tables["values"].append(f"    {pair} {_zsh_lines(list(option.values))}")
         if spec.arguments:
-            arguments.append(f"    {_zsh_word(key)} {_zsh_word(spec.arguments)}")
+            arguments.append(f"    {_shell_word(key)} {_shell_word(spec.arguments)}")
     return _ZSH.format(
         leases=LEASES_VARIABLE,
         arguments="\n".join(arguments),
         **{name: "\n".join(lines) for name, lines in tables.items()},
     )
-
-
-def _zsh_word(text: str) -> str:
-    return "'" + text.replace("'", "'\\''") + "'"
 
 
 def _zsh_lines(items: list[str]) -> str:

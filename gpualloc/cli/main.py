@@ -29,9 +29,8 @@ def run(argv: list[str] | None = None) -> NoReturn:
 
     args = sys.argv[1:] if argv is None else list(argv)
     if fastpath.COMPLETION_VARIABLE in os.environ:
-        sys.exit(
-            ExitCode.OK
-        )  # typer's protocol, from a script installed by an older gpualloc: no answer
+        # typer's completion protocol, from a script an older gpualloc installed: no answer
+        sys.exit(ExitCode.OK)
     if os.environ.get("_GPUALLOC_COMPLETE_LEASES"):  # a completion script asks (no typer)
         from gpualloc.cli.complete import lease_ids
 

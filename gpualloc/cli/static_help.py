@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Sequence
 
 PAGES_FILE = os.path.join(os.path.dirname(__file__), "help_pages.json")  # noqa: PTH118, PTH120
@@ -42,6 +41,8 @@ def page_for(args: Sequence[str]) -> Page | None:
         return None  # a command line to run: no page to read
     if any(word.startswith("-") for word in path.split()):
         return None  # an option before --help: typer reads it first (and may refuse it)
+    import shutil  # here: every command line passes through, run's included
+
     if shutil.get_terminal_size((WIDTH, 24)).columns < WIDTH:
         return None  # click wraps narrower there
     pages = _pages()
