@@ -3,7 +3,7 @@
 
 _gpualloc_commands() {
     case $1 in
-        '') echo plan run alloc release status gc metrics doctor simulate calibrate topo slurm config ;;
+        '') echo plan run alloc release status gc metrics doctor serve simulate calibrate topo slurm config ;;
         'topo') echo show list import record export ;;
         'slurm') echo gres-conf prolog epilog taskprolog ;;
         'config') echo show ;;
@@ -21,6 +21,7 @@ _gpualloc_options() {
         'gc') echo '--json --help -h' ;;
         'metrics') echo '--serve --help -h' ;;
         'doctor') echo '--json --help -h' ;;
+        'serve') echo '--socket --state-dir --foreground --background --ignore-foreign --heed-foreign --help -h' ;;
         'simulate') echo '--trace --generate --policy --queue --runtime --profile --no-postpone --sharing --gpu-busy --seed --save-trace --plot --report --json --help -h' ;;
         'calibrate') echo '--size-mib --repeats --forget --json --help -h' ;;
         'topo') echo '--help -h' ;;
@@ -41,7 +42,7 @@ _gpualloc_options() {
 
 _gpualloc_takes_value() {
     case "$1|$2" in
-        '|--topology'|'|-t'|'|--bandwidth-table'|'|--install-completion'|'|--show-completion'|'plan|-n'|'plan|--num-gpus'|'plan|--pattern'|'plan|--busy'|'plan|--free'|'plan|--exclude'|'plan|--require'|'plan|--policy'|'plan|--score'|'plan|--drb-weights'|'plan|--mig'|'plan|--mem'|'run|-n'|'run|--num-gpus'|'run|--pattern'|'run|--exclude'|'run|--require'|'run|--policy'|'run|--score'|'run|--drb-weights'|'run|--gpus'|'run|--numa'|'run|--name'|'run|--timeout'|'run|--priority'|'run|--max-bypass'|'run|--min-utility'|'run|--min-bandwidth'|'run|--mig'|'run|--mem'|'run|--sm-share'|'alloc|-n'|'alloc|--num-gpus'|'alloc|--pattern'|'alloc|--exclude'|'alloc|--require'|'alloc|--policy'|'alloc|--score'|'alloc|--drb-weights'|'alloc|--gpus'|'alloc|--pid'|'alloc|--format'|'alloc|--name'|'alloc|--timeout'|'alloc|--priority'|'alloc|--max-bypass'|'alloc|--min-utility'|'alloc|--min-bandwidth'|'alloc|--mig'|'alloc|--mem'|'release|--grace'|'status|--interval'|'status|--idle'|'metrics|--serve'|'simulate|--trace'|'simulate|--generate'|'simulate|--policy'|'simulate|--queue'|'simulate|--runtime'|'simulate|--profile'|'simulate|--sharing'|'simulate|--gpu-busy'|'simulate|--seed'|'simulate|--save-trace'|'simulate|--plot'|'simulate|--report'|'calibrate|--size-mib'|'calibrate|--repeats'|'topo import|--nvlink'|'topo import|--numa'|'topo import|--output'|'topo import|-o'|'topo import|--name'|'topo import|--bandwidth-matrix'|'topo import|--mig'|'topo record|--output'|'topo record|-o'|'topo export|--format'|'topo export|--output'|'topo export|-o'|'slurm gres-conf|--node'|'slurm gres-conf|--threads-per-core'|'slurm gres-conf|--device-dir'|'slurm gres-conf|--mig-minors'|'slurm gres-conf|--gpu-type') return 0 ;;
+        '|--topology'|'|-t'|'|--bandwidth-table'|'|--install-completion'|'|--show-completion'|'plan|-n'|'plan|--num-gpus'|'plan|--pattern'|'plan|--busy'|'plan|--free'|'plan|--exclude'|'plan|--require'|'plan|--policy'|'plan|--score'|'plan|--drb-weights'|'plan|--mig'|'plan|--mem'|'run|-n'|'run|--num-gpus'|'run|--pattern'|'run|--exclude'|'run|--require'|'run|--policy'|'run|--score'|'run|--drb-weights'|'run|--gpus'|'run|--numa'|'run|--name'|'run|--timeout'|'run|--priority'|'run|--max-bypass'|'run|--min-utility'|'run|--min-bandwidth'|'run|--mig'|'run|--mem'|'run|--sm-share'|'alloc|-n'|'alloc|--num-gpus'|'alloc|--pattern'|'alloc|--exclude'|'alloc|--require'|'alloc|--policy'|'alloc|--score'|'alloc|--drb-weights'|'alloc|--gpus'|'alloc|--pid'|'alloc|--format'|'alloc|--name'|'alloc|--timeout'|'alloc|--priority'|'alloc|--max-bypass'|'alloc|--min-utility'|'alloc|--min-bandwidth'|'alloc|--mig'|'alloc|--mem'|'release|--grace'|'status|--interval'|'status|--idle'|'metrics|--serve'|'serve|--socket'|'serve|--state-dir'|'simulate|--trace'|'simulate|--generate'|'simulate|--policy'|'simulate|--queue'|'simulate|--runtime'|'simulate|--profile'|'simulate|--sharing'|'simulate|--gpu-busy'|'simulate|--seed'|'simulate|--save-trace'|'simulate|--plot'|'simulate|--report'|'calibrate|--size-mib'|'calibrate|--repeats'|'topo import|--nvlink'|'topo import|--numa'|'topo import|--output'|'topo import|-o'|'topo import|--name'|'topo import|--bandwidth-matrix'|'topo import|--mig'|'topo record|--output'|'topo record|-o'|'topo export|--format'|'topo export|--output'|'topo export|-o'|'slurm gres-conf|--node'|'slurm gres-conf|--threads-per-core'|'slurm gres-conf|--device-dir'|'slurm gres-conf|--mig-minors'|'slurm gres-conf|--gpu-type') return 0 ;;
     esac
     return 1
 }

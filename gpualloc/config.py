@@ -159,6 +159,10 @@ def _name(value: Any) -> str:
     return value.strip()
 
 
+def _path_or_none(value: Any) -> Path | None:
+    return None if value in (None, "") else _path(value)
+
+
 def _path_or_table(value: Any) -> Path | dict[str, Any]:
     return value if isinstance(value, dict) else _path(value)
 
@@ -247,6 +251,29 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "idle.notify", None, None, _command_or_none,
         "shell command run for each idle notice and expiry (the lease in GPUALLOC_*)",
+        system_only=True,
+    ),
+    Setting(
+        "host.broker", "GPUALLOC_BROKER", None, _path_or_none,
+        "the broker's socket (gpualloc serve); unset: /run/gpualloc/gpualloc.sock if it exists",
+    ),
+    Setting(
+        "broker.state_dir", None, Path("/var/lib/gpualloc"), _path,
+        "the broker's own state directory (gpualloc serve --state-dir's default)",
+        system_only=True,
+    ),
+    Setting(
+        "broker.max_connections", None, 64, _count,
+        "connections one user may hold open to the broker at once", system_only=True,
+    ),
+    Setting(
+        "broker.max_requests_per_s", None, 5000, _count,
+        "requests per second one user may make of the broker (bursts of twice that)",
+        system_only=True,
+    ),
+    Setting(
+        "queue.fair_share_half_life", None, 3600.0, _duration,
+        "broker queue: how fast a user's past GPU-seconds stop counting against them",
         system_only=True,
     ),
     Setting(

@@ -54,6 +54,10 @@ class ExitCode(IntEnum):
     CHECK_FAILED = 17
     """``gpualloc doctor`` found a problem (a link down or slow, peer-to-peer off, a job off its
     GPUs, an unhealthy GPU); the output says what."""
+    BROKER = 18
+    """The host's broker (``gpualloc serve``) is configured but does not answer, speaks another
+    protocol version, or refused the request as too large, too fast or too many; nothing was
+    changed."""
     TIMEOUT = 124
     """``--wait --timeout`` ran out before the GPUs came free, as timeout(1) reports it."""
     NOT_EXECUTABLE = 126
@@ -85,6 +89,7 @@ EXIT_CODE_DESCRIPTIONS: dict[ExitCode, str] = {
     ExitCode.CONFIG: "a config.toml file or a GPUALLOC_* setting is not understood",
     ExitCode.LOCKED: "another process held the ledger's lock too long (named in the message)",
     ExitCode.CHECK_FAILED: "gpualloc doctor found a problem (listed in its output)",
+    ExitCode.BROKER: "the host's broker (gpualloc serve) does not answer or refused the call",
     ExitCode.TIMEOUT: "waited for GPUs until --timeout and gave up",
     ExitCode.NOT_EXECUTABLE: "the command could not be executed",
     ExitCode.COMMAND_NOT_FOUND: "the command was not found",
@@ -254,3 +259,9 @@ class ConfigError(GpuallocError):
     the key."""
 
     exit_code = ExitCode.CONFIG
+
+
+class BrokerError(GpuallocError):
+    """The host's broker is configured but cannot serve this call (see ``ExitCode.BROKER``)."""
+
+    exit_code = ExitCode.BROKER

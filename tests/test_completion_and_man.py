@@ -145,7 +145,7 @@ def test_the_static_script_completes_commands_options_and_values(
     assert offered("release", "") == [lease["id"]]
     os.mkfifo(state / "ledger@planted.json")  # another user's FIFO must not hang the shell
     assert offered("release", "") == [lease["id"]]
-    assert offered("s") == ["status", "simulate", "slurm"]
+    assert offered("s") == ["status", "serve", "simulate", "slurm"]
     assert offered("-t", "dgx2", "run", "--numa", "") == ["auto", "bind", "none"]
     assert offered("run", "--mig", "3g") == ["3g.20gb", "3g.40gb", "3g.71gb"]
     assert offered("topo", "s") == ["show"]
@@ -174,7 +174,7 @@ def test_the_fish_script_completes_commands_options_and_values(cli, tmp_path: Pa
         assert result.returncode == 0, result.stderr
         return [entry.split("\t")[0] for entry in result.stdout.splitlines()]
 
-    assert offered("gpualloc s") == ["simulate", "slurm", "status"]
+    assert offered("gpualloc s") == ["serve", "simulate", "slurm", "status"]
     assert offered("gpualloc plan --policy mapa") == ["mapa", "mapa-greedy"]
     assert offered("gpualloc release ") == [lease["id"]]
     assert offered("gpualloc topo s") == ["show"]

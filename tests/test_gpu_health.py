@@ -159,11 +159,11 @@ def test_processes_and_health_are_asked_in_one_nvml_session(sick_host: FakeNvml)
 
 
 def test_a_waiting_job_hears_which_gpus_are_unhealthy_not_that_nobody_holds_them() -> None:
-    from gpualloc.launcher.wait import _holders
+    from gpualloc.launcher.wait import who_holds
     from gpualloc.model.topology import GpuFault, GpuProcess
 
     topology = load_bundled("nvlink-pairs-4gpu")
     fault = GpuFault(gpu=1, kind="ecc", detail="3 uncorrectable ECC errors")
     stranger = GpuProcess(gpu=2, pid=4242, name="python", user="eve")
     occupancy = Occupancy.build(topology, Ledger(host="h"), [stranger], faults=[fault])
-    assert _holders(occupancy) == "held by unhealthy: 1, not gpualloc: 2"
+    assert who_holds(occupancy) == "held by unhealthy: 1, not gpualloc: 2"

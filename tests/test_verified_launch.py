@@ -327,7 +327,7 @@ def test_doctor_finds_nothing_wrong_with_a_healthy_host(cli, fake_host: FakeNvml
     assert "no problems found" in result.stdout
     data = json.loads(cli("doctor", "--json").stdout)
     assert data["ok"] and data["links_source"] == "nvml"
-    assert {f["check"] for f in data["findings"]} == {"nvlink", "pcie", "p2p", "lease"}
+    assert {f["check"] for f in data["findings"]} == {"ledger", "nvlink", "pcie", "p2p", "lease"}
     assert "16 NVLink connection(s) with every link up" in result.stdout
 
 

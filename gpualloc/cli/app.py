@@ -25,6 +25,7 @@ from gpualloc.cli import (
     metrics,
     plan,
     run,
+    serve,
     simulate,
     slurm,
     status,
@@ -39,6 +40,7 @@ ENVIRONMENT_VARIABLES = (
     ("GPUALLOC_BANDWIDTH_TABLE", "as --bandwidth-table"),
     ("GPUALLOC_CACHE_DIR", "where discovered topologies are cached (default ~/.cache/gpualloc)"),
     ("GPUALLOC_STATE_DIR", "the shared ledger's directory (default /var/tmp/gpualloc)"),
+    ("GPUALLOC_BROKER", "the broker's socket (gpualloc serve; /run/gpualloc/gpualloc.sock)"),
     ("GPUALLOC_DEBUG=1", "as --debug"),
     ("GPUALLOC_POLICY", "as --policy (default mapa)"),
     ("GPUALLOC_NUMA", "as run --numa (default auto)"),
@@ -83,6 +85,7 @@ app.command("status")(status.status_command)
 app.command("gc")(leases.gc_command)
 app.command("metrics")(metrics.metrics_command)
 app.command("doctor")(doctor.doctor_command)
+app.command("serve")(serve.serve_command)
 app.command("simulate")(simulate.simulate_command)
 app.command("calibrate")(calibrate.calibrate_command)
 app.add_typer(slurm.app, name="slurm")

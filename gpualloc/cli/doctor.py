@@ -25,6 +25,10 @@ def doctor_command(as_json: JsonOption = False) -> None:
     generation, peer-to-peer off between GPUs no lease holds) do not count. Links and
     peer-to-peer are read from NVML (else nvidia-smi) and so only on the host itself; on a
     recorded topology the leases and the faults and processes its file declares are checked.
+
+    It also says who keeps the ledger: the broker (which must answer; its socket, directory,
+    ledger and lock modes are checked), or a shared file that any user who can write its
+    directory can forge (cooperative mode, a note), or one user's private file.
     """
     from gpualloc.checkup import lease_findings, link_findings
     from gpualloc.cli.open_ledger import open_host_ledger, warn
@@ -55,6 +59,7 @@ def doctor_command(as_json: JsonOption = False) -> None:
             f"topology {host.topology.name or '(unnamed)'} is not this host: NVLink, PCIe and "
             "peer-to-peer can only be checked on the host itself"
         )
+    findings = _ledger_findings(host) + findings
     problems = [f for f in findings if f.severity == "problem"]
     if as_json:
         print_json(_json(findings, notes, source))
@@ -68,6 +73,20 @@ def doctor_command(as_json: JsonOption = False) -> None:
         )
     if problems:
         raise typer.Exit(ExitCode.CHECK_FAILED)
+
+
+def _ledger_findings(host: Any) -> list[Finding]:
+    """Who owns the ledger and whether it can be trusted (:mod:`gpualloc.ledger.trust`)."""
+    from gpualloc.checkup import Finding
+    from gpualloc.ledger.trust import broker_findings, trust_mode
+
+    mode, line = trust_mode(host)
+    if mode == "broker":
+        return [
+            Finding("ledger", where, sev, detail) for where, sev, detail in broker_findings(host)
+        ]
+    severity = "note" if mode == "cooperative" else "ok"
+    return [Finding("ledger", mode, severity, line)]  # type: ignore[arg-type]
 
 
 def _json(findings: list[Finding], notes: list[str], source: str) -> dict[str, Any]:

@@ -91,6 +91,7 @@ def run_job(
         ignore_foreign=STATE.setting("ignore_foreign", ignore_foreign),
         create=not dry_run,
         allow_unhealthy=allow_unhealthy,
+        full=dry_run,
     )
     if dry_run:
         _dry_run(host, want, command, mode, uuid, as_json)
@@ -126,18 +127,9 @@ def _variables(
     uuid: bool,
     share: LeasedShare | None = None,
 ) -> dict[str, str]:
-    """The job's GPU variables: for whole GPUs, for the one MIG device of a MIG lease, and
-    for a shared job also how it shares."""
-    from gpualloc.launcher.environment import gpu_variables, mig_variables
-    from gpualloc.launcher.sharing import share_variables
+    from gpualloc.launcher.environment import job_variables
 
-    if mig:
-        (key,) = mig
-        return mig_variables(host.topology.mig_device(*key), lease_id=lease_id)
-    variables = gpu_variables(
-        [host.topology.gpu(g) for g in gpus], lease_id=lease_id, use_uuid=uuid
-    )
-    return {**variables, **share_variables(share)} if share is not None else variables
+    return job_variables(host.topology, gpus, mig, lease_id=lease_id, uuid=uuid, share=share)
 
 
 def _launch(
@@ -178,8 +170,9 @@ def _launch(
             how = f", shared ({lease.share.mode})" if lease.share is not None else ""
             job = printable(shlex.join(command), 200)
             say(f"lease {lease.id}: {held_devices(lease)}{how} ({where}) for {job}")
-        _start_verifier(host, lease)
-        if lease.share is not None:
+        if host.remote is None:  # the broker watches its leases' processes itself
+            _start_verifier(host, lease)
+        if lease.share is not None and host.remote is None:
             start_eviction_watcher(host.ledger_store().directory.ledger_file, lease.id)
             if lease.share.background:
                 os.nice(BACKGROUND_NICENESS)
@@ -329,6 +322,7 @@ def alloc_gpus(
     host = open_host_ledger(
         ignore_foreign=STATE.setting("ignore_foreign", ignore_foreign),
         allow_unhealthy=allow_unhealthy,
+        full=False,
     )
     terms = LeaseTerms(
         source="alloc",
@@ -397,7 +391,7 @@ def release_gpus(
         raise RequestError("nothing to release", hint="give lease ids, or --mine for all yours")
     if grace is not None and not evict_shared:
         raise RequestError("--grace applies to --evict-shared", hint="add --evict-shared")
-    host = open_host_ledger(ignore_foreign=True)
+    host = open_host_ledger(ignore_foreign=True, full=False)
     if evict_shared:
         _evict_shared(host, leases or [], mine, grace, as_json)
         return

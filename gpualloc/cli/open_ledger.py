@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpualloc.cli.state import STATE
@@ -22,18 +23,29 @@ def open_host_ledger(
     create: bool = True,
     check_health: bool = True,
     allow_unhealthy: bool = False,
+    full: bool = True,
 ) -> HostLedger:
     """The selected topology with its ledger, GPU processes and GPU faults (``check_health``:
     placing or showing needs them; releasing does not); warnings go to stderr.
 
     Inside a Slurm job with GPUs, the job's own ledger, limited to the job's GPUs (see
-    :mod:`gpualloc.slurm.job`).
+    :mod:`gpualloc.slurm.job`). On a host with a broker, the broker's view of the host, whose
+    changes the broker makes (:mod:`gpualloc.broker.remote`; ``full``: with the ledger and the
+    GPUs' processes, which ``run`` and ``alloc`` do not need).
     """
     import os
 
     from gpualloc.launcher.allocate import HostLedger
     from gpualloc.slurm.job import slurm_job
 
+    socket = broker_for_this_command()
+    if socket is not None:
+        from gpualloc.broker.remote import brokered_host
+
+        host = brokered_host(socket, full=full)
+        host.allow_unhealthy = allow_unhealthy
+        warn(host.processes.notes)
+        return host
     topology = STATE.load_topology()
     host = HostLedger.open(
         topology,
@@ -48,6 +60,27 @@ def open_host_ledger(
     host.allow_unhealthy = allow_unhealthy
     warn(host.processes.notes)
     return host
+
+
+def broker_for_this_command() -> Path | None:
+    """The broker's socket when this command's ledger is the broker's: there is one (see
+    :func:`gpualloc.broker.client.broker_socket`), and the command is neither a trial on a
+    topology of another host nor inside a Slurm job (whose GPUs have a ledger of their own)."""
+    import os
+
+    from gpualloc.broker.client import broker_socket
+
+    socket = broker_socket(STATE.setting("host.broker"))
+    if socket is None:
+        return None
+    if os.environ.get("SLURM_JOB_ID") and os.environ.get("GPUALLOC_NO_SLURM", "") in ("", "0"):
+        return None
+    if STATE.topology is not None or os.environ.get("GPUALLOC_TOPOLOGY"):
+        from gpualloc.discovery.this_host import describes_this_host
+
+        if not describes_this_host(STATE.load_topology()):
+            return None
+    return socket
 
 
 def warn(lines: Iterable[str]) -> None:
@@ -72,6 +105,14 @@ def allocate(
 
     line = StatusLine()
     try:
+        if host.remote is not None:
+            return host.remote.allocate(
+                want,
+                terms,
+                waiting=waiting,
+                report=line.show,
+                allow_unhealthy=host.allow_unhealthy,
+            )
         return wait_and_allocate(host, want, terms, waiting, report=line.show)
     finally:
         line.close()

@@ -162,6 +162,10 @@ def _node_hook(
 
     env = dict(os.environ)
     host = None
+    through = _through_broker(kind, env)
+    if through is not None:
+        _log(None, kind, through)
+        raise typer.Exit(0)
     try:
         host = HostLedger.open(
             STATE.load_topology(),
@@ -175,6 +179,46 @@ def _node_hook(
         lines = [f"job {env.get('SLURM_JOB_ID', '?')}: {kind} failed: {exc}"]
     _log(host, kind, lines)
     raise typer.Exit(0)
+
+
+def _through_broker(kind: str, env: dict[str, str]) -> list[str] | None:
+    """The hook's log lines when the host's broker made the change; None when there is no
+    broker. A broker that is configured but does not answer: root's hook takes the broker's
+    ledger itself (the broker's lock is free when no broker runs), and says so."""
+    from gpualloc.broker.client import BrokerClient, broker_socket
+    from gpualloc.broker.slurm_requests import SLURM_VARIABLES
+
+    socket = broker_socket(STATE.setting("host.broker"))
+    if socket is None:
+        return None
+    sent = {name: env[name] for name in SLURM_VARIABLES if name in env}
+    try:
+        with BrokerClient(socket, reconnect_s=3.0) as client:
+            return list(client.call("slurm", {"hook": kind, "env": sent})["lines"])
+    except GpuallocError as problem:
+        lines = [
+            f"job {env.get('SLURM_JOB_ID', '?')}: {problem.message}; writing the ledger directly"
+        ]
+    try:
+        host = _broker_ledger()
+        from gpualloc.slurm.hooks import epilog, prolog
+
+        return lines + (prolog if kind == "prolog" else epilog)(host, env)
+    except Exception as exc:  # never drain the node
+        return [*lines, f"job {env.get('SLURM_JOB_ID', '?')}: {kind} failed: {exc}"]
+
+
+def _broker_ledger() -> HostLedger:
+    """The broker's ledger, opened by root itself (no broker answers)."""
+    from gpualloc.launcher.allocate import HostLedger
+
+    return HostLedger.open(
+        STATE.load_topology(),
+        ignore_foreign=True,
+        state_dir=STATE.config().system_value("broker.state_dir"),
+        lock_timeout_s=STATE.setting("lock_timeout"),
+        owner=True,
+    )
 
 
 def _log(host: HostLedger | None, kind: str, lines: list[str]) -> None:

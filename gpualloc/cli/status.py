@@ -131,11 +131,16 @@ def _show(host: HostLedger, as_json: bool, idle_at_least: timedelta | None = Non
         print_json(status_json(host, txn, occupancy, attribution, uses, shown))
         return
     free = sorted(occupancy.free)
-    ledger = host.store.directory.ledger_file if host.store else "none yet"
+    ledger = ledger_place(host)
     footer = [
         f"{len(free)} of {host.topology.gpu_count} GPUs free; {len(txn.ledger.leases)} "
         f"lease(s), {len(txn.ledger.queue)} waiting, in {ledger}",
     ]
+    from gpualloc.ledger.trust import several_users, trust_mode
+
+    mode, line = trust_mode(host)
+    if mode == "cooperative" and several_users(host):
+        footer.append(f"  warning: {line}")
     if host.slurm_job is not None:
         footer.append(
             f"  inside {host.slurm_job.describe()}: the job's own ledger; the host's GPUs that "
@@ -426,6 +431,8 @@ def status_json(
         "topology": host.topology.name,
         "this_host": host.this_host,
         "ledger": str(host.store.directory.ledger_file) if host.store else None,
+        "broker": str(host.remote.path) if host.remote else None,
+        "trust": _trust_json(host),
         "slurm_job": (
             {"id": host.slurm_job.job_id, "gpus": sorted(host.slurm_job.gpus)}
             if host.slurm_job
@@ -469,3 +476,19 @@ def status_json(
 def _name(name: str | None) -> str | None:
     """A lease's name as other users' terminals may show it (issue 30, point 5)."""
     return printable(name, 40) if name else name
+
+
+def ledger_place(host: HostLedger) -> str:
+    """Where the ledger is, for the footer: the broker that keeps it, or its file."""
+    if host.remote is not None:
+        return f"the broker's ledger ({host.remote.path})"
+    if host.store is None:
+        return "none yet"
+    return str(host.store.directory.ledger_file)
+
+
+def _trust_json(host: HostLedger) -> dict[str, str]:
+    from gpualloc.ledger.trust import trust_mode
+
+    mode, line = trust_mode(host)
+    return {"mode": mode, "detail": line}

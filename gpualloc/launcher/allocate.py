@@ -49,7 +49,11 @@ from gpualloc.ledger.schema import (
 )
 from gpualloc.ledger.scope import job_ledger_scope, ledger_scope
 from gpualloc.ledger.shared_files import owner_name
-from gpualloc.ledger.statedir import StateDirectoryMissing, open_state_directory
+from gpualloc.ledger.statedir import (
+    StateDirectoryMissing,
+    open_broker_directory,
+    open_state_directory,
+)
 from gpualloc.ledger.store import LOCK_TIMEOUT_S, LedgerStore, LedgerTransaction, new_lease_id
 from gpualloc.model.request import Placement
 from gpualloc.model.share import LeasedShare, ShareMode, ShareRequest
@@ -58,6 +62,7 @@ from gpualloc.placement.choose import choose
 from gpualloc.placement.want import Want
 
 if TYPE_CHECKING:
+    from gpualloc.broker.remote import RemoteLedger
     from gpualloc.ledger.idle import Expiry, IdlePolicy
     from gpualloc.slurm.job import SlurmJob
 
@@ -88,6 +93,15 @@ class LeaseTerms(Struct, frozen=True):
     """GPU memory the job declares it uses (``--shareable --mem``)."""
     share_mode: ShareMode = "time-sliced"
     """How a shared job shares its GPU (CUDA MPS when its daemon runs)."""
+    uid: int | None = None
+    """Whose lease it is: the broker names its peer; None: this process's user."""
+    pid_start_time: float | None = None
+    """``pid``'s start time when the caller read it already (the broker, checking the pid)."""
+    creator: tuple[int, float | None] | None = None
+    """The process announcing the lease (pid, start time); None: this process."""
+    lease_id: str | None = None
+    """The id the new lease gets; None: a new random one (the broker's clients choose theirs,
+    so that a request sent again after a lost connection finds the lease it made)."""
 
     def __post_init__(self) -> None:
         if self.name is not None and len(self.name) > MAX_NAME_CHARS:
@@ -124,6 +138,10 @@ class HostLedger(Struct):
     """What could not be checked of the GPUs' health (``status`` says it)."""
     allow_unhealthy: bool = False
     """Place on unhealthy GPUs too (``--allow-unhealthy``)."""
+    remote: RemoteLedger | None = None
+    """Broker mode: the broker makes every change (:mod:`gpualloc.broker.remote`)."""
+    served: LedgerTransaction | None = None
+    """Broker mode: the ledger as the broker's snapshot showed it."""
     _pending_lock: tuple[int, str] | None = None
     """The lease lock taken by :meth:`record` in the current transaction, until it commits."""
 
@@ -138,12 +156,14 @@ class HostLedger(Struct):
         state_dir: Path | None = None,
         lock_timeout_s: float | None = None,
         check_health: bool = True,
+        owner: bool = False,
     ) -> HostLedger:
         """The ledger of ``topology`` (the host's, or a recorded topology's own); with
         ``slurm_job``, the job's own ledger, limited to its GPUs. ``state_dir`` is the
         configured state directory (None: read the configuration for it), ``lock_timeout_s``
         how long to wait for the ledger's lock (None: 30 s). ``check_health``: ask NVML and
-        the kernel log which GPUs are unhealthy (a recorded topology declares them)."""
+        the kernel log which GPUs are unhealthy (a recorded topology declares them).
+        ``owner``: the broker's store of its own directory (:mod:`gpualloc.ledger.store`)."""
         this_host = describes_this_host(topology)
         scope = ledger_scope(topology)
         if slurm_job is not None:
@@ -154,11 +174,16 @@ class HostLedger(Struct):
             now = GpusNow(declared_processes(topology), list(topology.faults))
         processes = now.processes
         try:
-            directory = open_state_directory(state_dir, create=create).scoped(scope)
+            if owner:
+                assert state_dir is not None
+                directory = open_broker_directory(state_dir).scoped(scope)
+            else:
+                directory = open_state_directory(state_dir, create=create).scoped(scope)
             store: LedgerStore | None = LedgerStore(
                 directory,
                 gpu_processes=_processes_for_reaping(topology, processes, this_host),
                 lock_timeout_s=lock_timeout_s or LOCK_TIMEOUT_S,
+                owner=owner,
             )
         except StateDirectoryMissing:
             store = None
@@ -200,12 +225,22 @@ class HostLedger(Struct):
 
     def snapshot(self) -> LedgerTransaction:
         """The ledger now, dead leases left out, without writing anything."""
+        if self.served is not None:
+            return self.served
+        if self.remote is not None:
+            return self.remote.snapshot()
         if self.store is None:
             return LedgerTransaction(Ledger(host=boot.hostname()))
         return self.store.snapshot()
 
     def ledger_store(self) -> LedgerStore:
         """The store, which exists unless the ledger was opened without creating it."""
+        if self.remote is not None:
+            raise LedgerError(
+                f"this host's ledger is kept by its broker ({self.remote.path}), and this "
+                "command does not go through the broker yet",
+                hint="ask root to run it, or see 'gpualloc doctor'",
+            )
         if self.store is None:  # only when opened with create=False
             raise LedgerError("the state directory does not exist")
         return self.store
@@ -216,6 +251,8 @@ class HostLedger(Struct):
         """Choose GPUs and record the lease, in one transaction. Raises GpusBusy when the job
         would fit an idle host but not the GPUs free now (or only below its thresholds),
         NoFeasiblePlacement when it never fits."""
+        if self.remote is not None:
+            return self.remote.allocate(want, terms, allow_unhealthy=self.allow_unhealthy)
         with self.transaction() as txn:
             occupancy = self.occupancy(txn.ledger)
             started = time.perf_counter()
@@ -252,7 +289,7 @@ class HostLedger(Struct):
         """Add the lease for ``placement`` to ``txn`` (taking its lease lock if asked), and
         count it in the ledger's statistics (how long deciding took, how long it waited)."""
         store = self.ledger_store()
-        lease_id = new_lease_id()
+        lease_id = terms.lease_id or new_lease_id()
         lock_fd = take_lease_lock(store.directory.lease_lock(lease_id)) if terms.lock else None
         if lock_fd is not None:
             self._pending_lock = (lock_fd, lease_id)
@@ -264,14 +301,17 @@ class HostLedger(Struct):
     def _lease(self, lease_id: str, placement: Placement, want: Want, terms: LeaseTerms) -> Lease:
         from gpualloc.ledger.liveness import process_start_time
 
-        start_time = None
-        if terms.pid is not None:
+        start_time = terms.pid_start_time
+        if terms.pid is not None and start_time is None:
             start_time = process_start_time(terms.pid)
             if start_time is None:
                 raise RequestError(
                     f"no process with pid {terms.pid}", hint="give the pid of a running process"
                 )
-        uid = os.geteuid()
+        uid = os.geteuid() if terms.uid is None else terms.uid
+        creator_pid, creator_start = terms.creator or (os.getpid(), None)
+        if terms.announce and creator_start is None:
+            creator_start = process_start_time(creator_pid)
         mig = [self.topology.mig_device(*key) for key in placement.mig_devices]
         return Lease(
             id=lease_id,
@@ -295,8 +335,8 @@ class HostLedger(Struct):
             boot_id=boot_id(),
             process_group=terms.process_group,
             announced=not terms.announce,
-            creator_pid=os.getpid() if terms.announce else None,
-            creator_start_time=process_start_time(os.getpid()) if terms.announce else None,
+            creator_pid=creator_pid if terms.announce else None,
+            creator_start_time=creator_start if terms.announce else None,
             shareable=terms.shareable,
             memory_bytes=want.share.memory_bytes if want.share else terms.memory_bytes,
             share=(
@@ -312,6 +352,9 @@ class HostLedger(Struct):
 
     def confirm(self, lease_id: str) -> None:
         """Mark the lease announced: its id has reached its user (issue 18, point 6)."""
+        if self.remote is not None:
+            self.remote.confirm(lease_id)
+            return
         with self.ledger_store().transaction() as txn:
             lease = txn.ledger.find(lease_id)
             if lease is not None and not lease.announced:
@@ -321,6 +364,9 @@ class HostLedger(Struct):
 
     def release(self, lease_id: str) -> None:
         """Drop one lease of the caller's, quietly (an exec that failed, a lost race)."""
+        if self.remote is not None:
+            self.remote.release(lease_id)
+            return
         store = self.ledger_store()
         with store.transaction() as txn:
             txn.remove(lease_id)
@@ -328,11 +374,16 @@ class HostLedger(Struct):
 
     # ---- release and gc --------------------------------------------------------------------
 
-    def release_leases(self, selectors: Iterable[str], *, mine: bool = False) -> ReleaseResult:
+    def release_leases(
+        self, selectors: Iterable[str], *, mine: bool = False, uid: int | None = None
+    ) -> ReleaseResult:
         """Release the leases ``selectors`` name (ids or unique id prefixes), or all of the
-        caller's with ``mine``. Only the owner or root may release a lease."""
+        caller's with ``mine``. Only the owner or root may release a lease; ``uid`` is the
+        caller (None: this process's user; the broker names its peer)."""
+        if self.remote is not None:
+            return self.remote.release_leases(selectors, mine=mine)
         store = self.ledger_store()
-        uid = os.geteuid()
+        uid = os.geteuid() if uid is None else uid
         result = ReleaseResult()
         with store.transaction() as txn:
             targets = find_leases(txn, selectors, result.problems)
@@ -356,7 +407,10 @@ class HostLedger(Struct):
     def collect_garbage(self, idle: IdlePolicy | None = None) -> GarbageReport:
         """Reap dead leases now, and remove lease lock files that no lease names; with
         ``idle``, record how long each lease's GPUs have been idle, give idle ``--hold`` leases
-        notice and release those whose notice ran out (see :mod:`gpualloc.ledger.idle`)."""
+        notice and release those whose notice ran out (see :mod:`gpualloc.ledger.idle`).
+        Through a broker, the broker's own idle policy applies."""
+        if self.remote is not None:
+            return self.remote.collect_garbage()
         store = self.ledger_store()
         expiries: list[Expiry] = []
         with store.transaction() as txn:

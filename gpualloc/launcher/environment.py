@@ -19,10 +19,15 @@ Every other variable passes through unchanged.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from gpualloc.errors import RequestError
 from gpualloc.model.mig import MigInstance
 from gpualloc.model.topology import Gpu
+
+if TYPE_CHECKING:
+    from gpualloc.model.share import LeasedShare
+    from gpualloc.model.topology import Topology
 
 LEASE_ID_VARIABLE = "GPUALLOC_LEASE_ID"
 GPUS_VARIABLE = "GPUALLOC_GPUS"
@@ -75,3 +80,25 @@ def shell_exports(variables: Mapping[str, str]) -> str:
     import shlex
 
     return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in variables.items())
+
+
+def job_variables(
+    topology: Topology,
+    gpus: Sequence[int],
+    mig: Sequence[tuple[int, int]],
+    *,
+    lease_id: str | None,
+    uuid: bool,
+    share: LeasedShare | None = None,
+) -> dict[str, str]:
+    """The job's GPU variables: for whole GPUs, for the one MIG device of a MIG lease, and
+    for a shared job also how it shares."""
+    if mig:
+        (key,) = mig
+        return mig_variables(topology.mig_device(*key), lease_id=lease_id)
+    variables = gpu_variables([topology.gpu(g) for g in gpus], lease_id=lease_id, use_uuid=uuid)
+    if share is None:
+        return variables
+    from gpualloc.launcher.sharing import share_variables
+
+    return {**variables, **share_variables(share)}

@@ -88,10 +88,12 @@ def take_turn(
     attempt: Callable[[Waiter], Attempt],
     *,
     now: datetime | None = None,
+    order_of: Callable[[Sequence[Waiter]], list[Waiter]] = turn_order,
 ) -> Turn:
-    """May ``waiter_id`` start now? ``attempt`` places a waiter on the GPUs free now."""
+    """May ``waiter_id`` start now? ``attempt`` places a waiter on the GPUs free now;
+    ``order_of`` puts the queue in turn order (the broker's adds fair share between users)."""
     now = now or datetime.now(timezone.utc)
-    order = turn_order(queue)
+    order = order_of(queue)
     ids = [w.id for w in order]
     if waiter_id not in ids:
         raise KeyError(f"waiter {waiter_id} is not in the queue")
@@ -135,7 +137,12 @@ def _who(waiter: Waiter) -> str:
     return f"{label} ({waiter.name})" if waiter.name else label
 
 
-def next_start(queue: Sequence[Waiter], attempt: Callable[[Waiter], Attempt]) -> Turn | None:
+def next_start(
+    queue: Sequence[Waiter],
+    attempt: Callable[[Waiter], Attempt],
+    *,
+    order_of: Callable[[Sequence[Waiter]], list[Waiter]] = turn_order,
+) -> Turn | None:
     """The one waiter :func:`take_turn` lets start now, found in a single pass (the simulator
     asks this after every change; a live gpualloc asks :func:`take_turn` about itself).
 
@@ -144,7 +151,7 @@ def next_start(queue: Sequence[Waiter], attempt: Callable[[Waiter], Attempt]) ->
     when nobody may start. The returned turn's ``waiter`` names it.
     """
     passed: list[str] = []
-    for position, waiter in enumerate(turn_order(queue), start=1):
+    for position, waiter in enumerate(order_of(queue), start=1):
         placed = attempt(waiter)
         if placed.placement is not None:
             return Turn(placed.placement, passed=tuple(passed), position=position, waiter=waiter)
@@ -244,16 +251,24 @@ def newcomer_passes(
     return turn.passed
 
 
-def new_waiter(waiter_id: str, want: Want, terms: LeaseTerms, options: WaitOptions) -> Waiter:
-    """The queue entry of this process for ``want`` (the transaction numbers it)."""
-    uid = os.geteuid()
+def new_waiter(
+    waiter_id: str,
+    want: Want,
+    terms: LeaseTerms,
+    options: WaitOptions,
+    *,
+    waiting: tuple[int, int, float | None] | None = None,
+) -> Waiter:
+    """The queue entry for ``want`` (the transaction numbers it): of this process, or with
+    ``waiting`` (uid, pid, start time) of the broker's peer."""
+    uid, pid, started = waiting or (os.geteuid(), os.getpid(), None)
     return Waiter(
         id=waiter_id,
         seq=0,  # the transaction numbers it
         uid=uid,
         user=owner_name(uid),
-        pid=os.getpid(),
-        pid_start_time=process_start_time(os.getpid()),
+        pid=pid,
+        pid_start_time=started if started is not None else process_start_time(pid),
         priority=options.priority,
         max_bypass=options.max_bypass,
         backfill_window_s=options.policy.backfill_window_s,

@@ -138,7 +138,7 @@ def _look(
         position=turn.position,
         queue_length=len(txn.ledger.queue),
         reason=turn.reason,
-        holders=_holders(occupancy),
+        holders=who_holds(occupancy),
         waited_s=time.monotonic() - started,
     )
     if not turn.go:
@@ -161,7 +161,7 @@ def _start(
     return host.record(txn, turn.placement, want, terms, waited_s=waited)
 
 
-def _holders(occupancy: Occupancy) -> str:
+def who_holds(occupancy: Occupancy) -> str:
     """``held by alice: 0-3, bob: 5`` (who to ask)."""
     from gpualloc.model.cpuset import format_cpulist
     from gpualloc.model.mig import mig_label

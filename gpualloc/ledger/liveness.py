@@ -50,7 +50,8 @@ def stat_fields(pid: int) -> list[str]:
     return text[text.rindex(")") + 2 :].split()  # the name may hold spaces and parentheses
 
 
-def _started(fields: list[str]) -> float:
+def started_at(fields: list[str]) -> float:
+    """The start time (epoch seconds) in the fields :func:`stat_fields` read."""
     return _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
 
 
@@ -58,7 +59,7 @@ def process_start_time(pid: int) -> float | None:
     """The start time of ``pid`` (seconds since the epoch, as psutil's ``create_time``), or
     None if it cannot be read."""
     try:
-        return _started(stat_fields(pid))
+        return started_at(stat_fields(pid))
     except (OSError, ValueError, IndexError):
         return None
 
@@ -76,7 +77,7 @@ def process_alive(pid: int, start_time: float | None) -> bool:
         return True
     if fields[0] in ("Z", "X"):
         return False
-    return start_time is None or abs(_started(fields) - start_time) <= _START_TIME_TOLERANCE_S
+    return start_time is None or abs(started_at(fields) - start_time) <= _START_TIME_TOLERANCE_S
 
 
 def lock_held(path: Path) -> bool:
@@ -157,7 +158,7 @@ def started_by(pid: int, uid: int, *, since: float) -> bool:
     except OSError:
         return False
     real = next((line.split()[1] for line in status.splitlines() if line.startswith("Uid:")), "")
-    return fields[0] not in ("Z", "X") and real == str(uid) and _started(fields) >= since - 1.0
+    return fields[0] not in ("Z", "X") and real == str(uid) and started_at(fields) >= since - 1.0
 
 
 def command_line(pid: int) -> tuple[str, ...]:

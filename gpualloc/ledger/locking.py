@@ -152,8 +152,12 @@ def _lock_within(descriptor: int, seconds: float) -> bool:
 class SharedLock:
     """An exclusive ``flock`` on ``path``; a context manager."""
 
-    def __init__(self, path: Path, *, timeout_s: float, what: str = "the ledger") -> None:
+    def __init__(
+        self, path: Path, *, timeout_s: float, what: str = "the ledger", mode: int = SHARED_MODE
+    ) -> None:
         self.path = path
+        self.mode = mode
+        """The lock file's mode: 0666 in a shared directory, 0600 in a broker's."""
         self.timeout_s = timeout_s
         self.what = what
         self._descriptor: int | None = None
@@ -235,7 +239,7 @@ class SharedLock:
         try:
             try:
                 descriptor, info = open_shared(
-                    self.path, os.O_RDWR, create_mode=SHARED_MODE, replace_as_root=True
+                    self.path, os.O_RDWR, create_mode=self.mode, replace_as_root=True
                 )
             except PermissionError:
                 # Another user's file they made read-only: flock needs only a read descriptor.
@@ -247,7 +251,7 @@ class SharedLock:
                 f"'chmod 0666 {self.path}'",
             ) from exc
         with contextlib.suppress(OSError):  # a file system that refuses chown: still a lock
-            adopt(descriptor, info, SHARED_MODE)
+            adopt(descriptor, info, self.mode)
         return descriptor
 
     @staticmethod

@@ -158,3 +158,49 @@ def check_state_directory(path: Path, info: os.stat_result, *, uid: int) -> None
             "directory owned by root",
             hint=f"as root: chown root:root {path} && chmod 1777 {path}",
         )
+
+
+BROKER_DIR_MODE = 0o755
+
+
+def open_broker_directory(path: Path) -> StateDirectory:
+    """The broker's own state directory (``gpualloc serve``, :mod:`gpualloc.broker`): created
+    with mode 0755 when missing; otherwise it must be a real directory of the broker's user
+    that nobody else may write, or the broker refuses to start (a directory a user made first,
+    or could write, would let that user plant or replace what root's broker trusts)."""
+    path = path.absolute()
+    uid = os.geteuid()
+    try:
+        path.mkdir(parents=True, mode=BROKER_DIR_MODE)
+        path.chmod(BROKER_DIR_MODE)  # the umask may have narrowed it
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise FileAccessError(
+            f"cannot create the broker's state directory {path}: {exc.strerror}",
+            hint="run gpualloc serve as root, or give --state-dir a directory it may create",
+        ) from exc
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise LedgerError(
+            f"the broker's state directory {path} is not a directory (a symbolic link is not "
+            "followed)",
+            hint="remove it, or give --state-dir another path",
+        )
+    mode = stat.S_IMODE(info.st_mode)
+    if info.st_uid != uid or mode & 0o022:
+        owner = _owner(info.st_uid)
+        raise LedgerError(
+            f"the broker's state directory {path} belongs to {owner} with mode {mode:04o}; the "
+            f"broker keeps its ledger only in a directory of its own user that no one else "
+            "may write",
+            hint=f"chown {_owner(uid)} {path} && chmod 0755 {path} (after checking what is in "
+            "it), or give --state-dir a new path",
+        )
+    return StateDirectory(path)
+
+
+def _owner(uid: int) -> str:
+    from gpualloc.ledger.shared_files import owner_name
+
+    return owner_name(uid)

@@ -25,6 +25,13 @@ writing over the old text could leave its tail behind a new prefix and form a va
 ledger), and the next transaction recovers the newest valid good copy, which holds everything
 the interrupted write had. A file from a newer schema is refused; a torn file with no good copy
 left is reported with what to do, never silently emptied.
+
+On a host with a broker (``gpualloc serve``, :mod:`gpualloc.broker`) the broker *owns* the state
+directory (``owner=True``): the directory is its own and no other user may create files in it,
+so none of the above is needed. It holds ``ledger.lock`` (mode 0600: no user can even open it)
+for as long as it runs, writes ``ledger.json`` (0644: everyone reads ``status`` from it) by
+temp file, fsync and rename, keeps no good copies, and reads the ledger back from the text it
+last wrote instead of from the disk.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from gpualloc.atomic import write_text_atomic
 from gpualloc.boot import boot_id
 from gpualloc.errors import FileAccessError, GpuallocError, LedgerError
 from gpualloc.ledger.liveness import group_alive, lock_held, process_alive, started_by
+from gpualloc.ledger.locking import SHARED_MODE as SHARED_LOCK_MODE
 from gpualloc.ledger.locking import SharedLock
 from gpualloc.ledger.schema import SCHEMA_VERSION, Lease, Ledger, Waiter
 from gpualloc.ledger.shared_files import UnsafeFile, adopt, open_shared, owner_name, read_shared
@@ -63,6 +71,10 @@ from gpualloc.model.validation import (
 LOCK_TIMEOUT_S = 30.0
 """How long a transaction waits for another one; a transaction takes milliseconds."""
 SHARED_LEDGER_MODE = 0o666
+PRIVATE_LEDGER_MODE = 0o644
+"""The broker's ledger: everyone reads it, only the broker writes it."""
+PRIVATE_LOCK_MODE = 0o600
+"""The broker's lock: nobody else can open it, so nobody else can hold it."""
 _HEADER = re.compile(r'^\{\s*"writer_uid":\s*(\d+),\s*"generation":\s*(\d+)')
 
 
@@ -172,6 +184,7 @@ class LedgerStore:
         alive: Callable[[Lease, StateDirectory], bool] = lease_alive,
         lock_timeout_s: float = LOCK_TIMEOUT_S,
         gpu_processes: Callable[[], Iterable[GpuProcess]] = tuple,
+        owner: bool = False,
     ) -> None:
         self.directory = directory
         self.host = host or boot.hostname()
@@ -179,9 +192,30 @@ class LedgerStore:
         self.lock_timeout_s = lock_timeout_s
         self.gpu_processes = gpu_processes
         """What runs on the GPUs now (NVML's process lists, or a recorded topology's)."""
+        self.owner = owner
+        """The broker's store (module docstring): :meth:`hold_lock` before the first use."""
+        self._held: SharedLock | None = None
+        self._written: str | None = None
 
-    def _lock(self, timeout_s: float | None = None) -> SharedLock:
-        return SharedLock(self.directory.lock_file, timeout_s=timeout_s or self.lock_timeout_s)
+    def _lock(self, timeout_s: float | None = None) -> SharedLock | contextlib.nullcontext:
+        if self._held is not None:
+            return contextlib.nullcontext()
+        mode = PRIVATE_LOCK_MODE if self.owner else SHARED_LOCK_MODE
+        return SharedLock(
+            self.directory.lock_file, timeout_s=timeout_s or self.lock_timeout_s, mode=mode
+        )
+
+    def hold_lock(self) -> bool:
+        """The broker: take ``ledger.lock`` for good (False: another process holds it)."""
+        lock = SharedLock(self.directory.lock_file, timeout_s=0.0, mode=PRIVATE_LOCK_MODE)
+        if not lock.try_acquire():
+            return False
+        self._held = lock
+        return True
+
+    def lock_holders(self) -> str:
+        """Who holds ``ledger.lock`` now."""
+        return SharedLock(self.directory.lock_file, timeout_s=0.0, mode=PRIVATE_LOCK_MODE).holders()
 
     @contextmanager
     def transaction(self, *, lock_timeout_s: float | None = None) -> Iterator[LedgerTransaction]:
@@ -223,11 +257,15 @@ class LedgerStore:
         last completed write left it (a write in progress is recovered from its writer's good
         copy) and a note names the holder, so that ``status`` still shows who holds what."""
         lock = self._lock()
-        if lock.try_acquire():
+        if isinstance(lock, contextlib.nullcontext):
+            ledger, notes = self._load()
+        elif self._lock_readable() and lock.try_acquire():
             try:
                 ledger, notes = self._load()
             finally:
                 lock.release()
+        elif not self._lock_readable():  # a broker's lock (0600): it writes by rename
+            ledger, notes = self._load(unlocked=True)
         else:
             ledger, notes = self._load(unlocked=True)
             notes.append(f"the ledger's lock is held by {lock.holders()}; shown as last written")
@@ -236,6 +274,14 @@ class LedgerStore:
         self._reap(txn)
         txn.changed = False
         return txn
+
+    def _lock_readable(self) -> bool:
+        """False for a broker's lock file, which only its owner may open."""
+        try:
+            info = os.lstat(self.directory.lock_file)
+        except OSError:
+            return True
+        return info.st_uid == os.geteuid() or bool(info.st_mode & 0o044)
 
     def _apply_journal(self, txn: LedgerTransaction) -> None:
         if not os.path.lexists(self.directory.journal_file):
@@ -278,7 +324,8 @@ class LedgerStore:
         before being recovered from, and quietly."""
         path = self.directory.ledger_file
         notes: list[str] = []
-        text = self._read_ledger_text()
+        text = self._written if self._held is not None else None
+        text = text or self._read_ledger_text()
         for _ in range(3 if unlocked else 0):
             if text is None or _parses(text):
                 break
@@ -343,7 +390,11 @@ class LedgerStore:
         return found
 
     def _recover(self, damaged: str | None, what: str) -> tuple[Ledger | None, list[str]]:
-        """The good copy to recover from, and what to tell the user (module docstring)."""
+        """The good copy to recover from, and what to tell the user (module docstring). Never
+        for the broker: its ledger is written by rename, and a file in its directory that it
+        did not write is nothing to trust."""
+        if self.owner:
+            return None, []
         copies = self._good_copies()
         if not copies:
             return None, []
@@ -378,6 +429,13 @@ class LedgerStore:
         head = {"writer_uid": data.pop("writer_uid"), "generation": data.pop("generation")}
         # Compact: json's C encoder, which indentation turns off (a third of a write's time).
         text = json.dumps({**head, **dict(sorted(data.items()))}, separators=(",", ":")) + "\n"
+        if self.owner:
+            try:
+                write_text_atomic(self.directory.ledger_file, text, mode=PRIVATE_LEDGER_MODE)
+            except OSError as exc:
+                raise _access_error(self.directory.ledger_file, exc, "write") from exc
+            self._written = text
+            return
         own = self.directory.good_copy(uid)
         _check_own_copy(own, uid)
         try:

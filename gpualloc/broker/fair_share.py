@@ -1,0 +1,66 @@
+"""Fair share between users for the broker's queue (issue 31, point 4).
+
+Turn order is: priority class, then the user who has had the fewest GPU-seconds lately, then
+arrival. "Lately" is an exponentially decaying sum, Slurm's fair-share factor in its simplest
+form (``PriorityDecayHalfLife``): every GPU-second a user's leases hold counts, and halves in
+weight every ``queue.fair_share_half_life`` (1 hour by default), running leases included, as
+they run. Between users whose usage is equal to a tenth of a GPU-second (two users with no
+past, one of whose jobs has just started), the one holding fewer GPUs now goes first. So user
+A's 32 queued one-GPU jobs do not keep user B's one job behind all 32: once A's first job
+runs, B's is next.
+
+The usage is the broker's memory, not the ledger's: a broker restart forgets the past (the
+leases held then count again at once). ``max_bypass`` and the backfill window keep their
+meaning: :func:`gpualloc.launcher.queue.next_start` applies them to whatever order it is given.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Sequence
+
+from gpualloc.ledger.schema import PRIORITY_RANK, Lease, Waiter
+
+
+class FairShare:
+    """Decayed GPU-seconds per uid."""
+
+    def __init__(self, half_life_s: float, *, clock: object = time.monotonic) -> None:
+        self.half_life_s = half_life_s
+        self.clock = clock
+        self.usage: dict[int, float] = {}
+        self.held: dict[int, int] = {}
+        """GPUs each uid holds now (whole GPUs; a shared or MIG place counts as one)."""
+        self._last = clock()  # type: ignore[operator]
+
+    def account(self, leases: Iterable[Lease]) -> None:
+        """Add what ``leases`` held since the last call, decaying what came before."""
+        now = self.clock()  # type: ignore[operator]
+        elapsed = max(0.0, now - self._last)
+        self._last = now
+        decay = math.pow(0.5, elapsed / self.half_life_s) if self.half_life_s > 0 else 0.0
+        self.usage = {uid: used * decay for uid, used in self.usage.items() if used * decay > 1e-3}
+        held: dict[int, int] = {}
+        for lease in leases:
+            held[lease.uid] = held.get(lease.uid, 0) + max(1, len(lease.gpus))
+        for uid, gpus in held.items():
+            self.usage[uid] = self.usage.get(uid, 0.0) + gpus * elapsed
+        self.held = held
+
+    def order(self, queue: Sequence[Waiter]) -> list[Waiter]:
+        """``queue`` in turn order (module docstring)."""
+        return sorted(
+            queue,
+            key=lambda w: (
+                PRIORITY_RANK[w.priority],
+                round(self.usage.get(w.uid, 0.0), 1),
+                self.held.get(w.uid, 0),
+                w.seq,
+            ),
+        )
+
+    def standing(self) -> dict[int, tuple[int, float]]:
+        """uid -> (GPUs held now, decayed GPU-seconds), for ``status``."""
+        uids = set(self.usage) | set(self.held)
+        return {uid: (self.held.get(uid, 0), self.usage.get(uid, 0.0)) for uid in uids}

@@ -1,0 +1,67 @@
+"""Who is asking, as the kernel says it, and whether a pid is theirs.
+
+``SO_PEERCRED`` gives the uid, gid and pid of the process that connected to a Unix socket; the
+kernel fills it in at ``connect``, so no client can claim another user's identity. A lease may
+be bound only to a process of the asking user (its *real* uid, as ``/proc/PID/status`` says:
+a setuid program the user started is still theirs); root may name any process.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from pathlib import Path
+
+from msgspec import Struct
+
+from gpualloc.errors import NotPermitted, RequestError
+from gpualloc.ledger.liveness import process_start_time
+
+_UCRED = struct.Struct("3i")
+
+
+class Peer(Struct, frozen=True):
+    """The process at the other end of a connection."""
+
+    pid: int
+    uid: int
+    gid: int
+
+    @property
+    def root(self) -> bool:
+        return self.uid == 0
+
+
+def peer_of(connection: socket.socket) -> Peer:
+    raw = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    pid, uid, gid = _UCRED.unpack(raw)
+    return Peer(pid=pid, uid=uid, gid=gid)
+
+
+def real_uid(pid: int) -> int | None:
+    """The real uid of ``pid`` (None when there is no such process)."""
+    try:
+        with Path(f"/proc/{pid}/status").open("rb") as status:
+            for line in status:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_owned(peer: Peer, pid: int) -> float:
+    """The start time of ``pid`` if ``peer`` may bind a lease to it; raises otherwise."""
+    owner = real_uid(pid)
+    started = process_start_time(pid)
+    if owner is None or started is None:
+        raise RequestError(f"no process with pid {pid}", hint="give the pid of a running process")
+    if owner != peer.uid and not peer.root:
+        from gpualloc.ledger.shared_files import owner_name
+
+        raise NotPermitted(
+            f"process {pid} belongs to {owner_name(owner)}, not to you: a lease lives with a "
+            "process of its owner",
+            hint="give --pid of one of your own processes (or --hold)",
+        )
+    return started

@@ -1,0 +1,112 @@
+"""The broker's wire format: one JSON object per line over a Unix stream socket.
+
+A request is ``{"v": 1, "op": NAME, "args": {...}}``; the broker answers each with
+``{"v": 1, "ok": true, "result": {...}}`` or ``{"v": 1, "ok": false, "error": {"code": EXIT,
+"message": ..., "hint": ...}}``, in order, on the same connection (a client may send many). A
+waiting ``alloc`` gets ``{"v": 1, "event": "waiting", "status": {...}}`` lines before its answer.
+
+Who asks is never part of a request: the broker reads the peer's uid, gid and pid from the
+kernel (``SO_PEERCRED``). A request of another version is answered with an error naming both
+versions and the connection is closed; so is one over :data:`MAX_REQUEST_BYTES`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+from gpualloc.errors import BrokerError, ExitCode, GpuallocError
+
+VERSION = 1
+MAX_REQUEST_BYTES = 64 * 1024
+"""A request is a few hundred bytes; anything over this is refused and the connection closed."""
+REQUEST_DEADLINE_S = 5.0
+"""A request begun must be complete within this, or the connection is closed (a slow client
+never holds anything of the broker's: it only loses its connection)."""
+DEFAULT_SOCKET = "/run/gpualloc/gpualloc.sock"
+
+OPERATIONS = ("hello", "alloc", "confirm", "release", "snapshot", "gc", "slurm")
+
+
+def request_line(op: str, args: dict[str, Any]) -> bytes:
+    return (
+        json.dumps({"v": VERSION, "op": op, "args": args}, separators=(",", ":")).encode() + b"\n"
+    )
+
+
+def result_line(result: Any) -> bytes:
+    return _line({"v": VERSION, "ok": True, "result": result})
+
+
+def event_line(event: str, body: Any) -> bytes:
+    return _line({"v": VERSION, "event": event, "status": body})
+
+
+def error_line(error: GpuallocError) -> bytes:
+    return _line(
+        {
+            "v": VERSION,
+            "ok": False,
+            "error": {
+                "code": int(error.exit_code),
+                "message": error.message,
+                "hint": error.hint,
+            },
+        }
+    )
+
+
+def _line(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":"), default=str).encode() + b"\n"
+
+
+def error_from(body: dict[str, Any]) -> GpuallocError:
+    """The error an answer carries, as the exception the embedded ledger would have raised
+    (the same exit code, message and hint)."""
+    from gpualloc import errors
+
+    error = body.get("error") or {}
+    code = error.get("code", ExitCode.INTERNAL)
+    message = str(error.get("message", "the broker gave no reason"))
+    hint = error.get("hint")
+    for kind in vars(errors).values():
+        if (
+            isinstance(kind, type)
+            and issubclass(kind, GpuallocError)
+            and kind.__dict__.get("exit_code") == code
+        ):
+            return kind(message, hint=hint)
+    found = GpuallocError(message, hint=hint)
+    with contextlib.suppress(ValueError):
+        found.exit_code = ExitCode(code)
+    return found
+
+
+def parse_request(line: bytes) -> tuple[str, dict[str, Any]]:
+    """``(op, args)`` of one request line; :class:`BrokerError` for anything else."""
+    try:
+        body = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        raise BrokerError(
+            "the request is not JSON", hint="speak the broker's protocol (gpualloc.broker)"
+        ) from None
+    if not isinstance(body, dict):
+        raise BrokerError("the request is not a JSON object", hint="see gpualloc.broker.protocol")
+    version = body.get("v")
+    if version != VERSION:
+        raise VersionMismatch(
+            f"this broker speaks protocol {VERSION}, the client {version!r}",
+            hint="run the same gpualloc version as the host's broker (pip show gpualloc; "
+            "'gpualloc doctor' names the broker's)",
+        )
+    op, args = body.get("op"), body.get("args", {})
+    if op not in OPERATIONS or not isinstance(args, dict):
+        raise BrokerError(
+            f"unknown request {op!r}", hint=f"the broker answers {', '.join(OPERATIONS)}"
+        )
+    return op, args
+
+
+class VersionMismatch(BrokerError):
+    """Client and broker speak different protocol versions: the connection is closed."""

@@ -1,0 +1,476 @@
+"""``gpualloc serve``'s event loop: one thread, non-blocking sockets, the ledger in between.
+
+One thread owns the ledger, so requests are serialised without any lock a client could hold:
+the loop never waits on a client (every socket is non-blocking, answers are buffered), and a
+request is handled only once its whole line has arrived. What a hostile or broken client can
+do is bounded (issue 31, point 6):
+
+- a request over 64 KiB, or one not complete within :data:`~.protocol.REQUEST_DEADLINE_S`, gets
+  an error (if it can be sent) and its connection is closed;
+- one user holds at most ``broker.max_connections`` connections and makes at most
+  ``broker.max_requests_per_s`` requests a second (a token bucket with twice that as burst);
+  over either, an error with exit 18;
+- an answer the client does not read piles up to :data:`MAX_UNREAD_BYTES`, then the connection
+  is closed;
+- a request that fails inside gpualloc (a bug) is logged with its traceback and answered with
+  an internal error; the loop goes on.
+
+Besides requests the loop wakes when a lease's process ends (its pidfd, :mod:`.watch`) and every
+:data:`~.watch.LOOK_S`: it reads the process tree, asks NVML again (every
+:data:`PROCESS_REFRESH_S`), reaps dead leases, times out waiters, starts every waiter whose turn
+it is (:meth:`.service.LedgerService.turns`) and tells waiting clients where they stand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from gpualloc.broker import protocol
+from gpualloc.broker.peers import Peer, peer_of
+from gpualloc.broker.service import LedgerService, Started
+from gpualloc.broker.watch import LOOK_S
+from gpualloc.errors import BrokerError, GpuallocError, NotPermitted, WaitTimedOut
+from gpualloc.model.validation import to_builtins
+
+MAX_UNREAD_BYTES = 4 * 1024 * 1024
+PROCESS_REFRESH_S = 2.0
+LISTEN_FDS_START = 3
+"""systemd's first passed socket (``sd_listen_fds``)."""
+
+
+class Limits:
+    """Per-uid bounds on connections and request rate."""
+
+    def __init__(self, max_connections: int, max_requests_per_s: int) -> None:
+        self.max_connections = max_connections
+        self.rate = float(max_requests_per_s)
+        self.buckets: dict[int, tuple[float, float]] = {}
+        self.connections: dict[int, int] = {}
+
+    def take(self, uid: int) -> bool:
+        """One request of ``uid``, if its bucket has a token (root is never limited)."""
+        if uid == 0 or self.rate <= 0:
+            return True
+        now = time.monotonic()
+        tokens, then = self.buckets.get(uid, (2 * self.rate, now))
+        tokens = min(2 * self.rate, tokens + (now - then) * self.rate)
+        if tokens < 1:
+            self.buckets[uid] = (tokens, now)
+            return False
+        self.buckets[uid] = (tokens - 1, now)
+        return True
+
+
+class Connection:
+    def __init__(self, sock: socket.socket, peer: Peer) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.inbox = bytearray()
+        self.outbox = bytearray()
+        self.begun: float | None = None
+        """When the request now arriving began (None: no partial request)."""
+        self.waiters: set[str] = set()
+        self.said: dict[str, tuple[Any, ...]] = {}
+        self.open = True
+
+
+class Broker:
+    """The loop. ``log`` takes one line (``gpualloc serve`` writes it to stderr)."""
+
+    def __init__(
+        self,
+        service: LedgerService,
+        listener: socket.socket,
+        limits: Limits,
+        *,
+        idle_policy: Any = None,
+        log: Callable[[str], None] = lambda line: None,
+    ) -> None:
+        self.service = service
+        self.listener = listener
+        self.limits = limits
+        self.idle_policy = idle_policy
+        self.log = log
+        self.selector = selectors.DefaultSelector()
+        self.waiting: dict[str, Connection] = {}
+        self.stopping = False
+        self.next_look = 0.0
+        self.next_refresh = time.monotonic() + PROCESS_REFRESH_S
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        self.listener.setblocking(False)
+        self.selector.register(self.listener, selectors.EVENT_READ, None)
+        for lease_id in self.service.adopt():
+            self.log(f"lease {lease_id} released: its job ended while no broker ran")
+        self._register_pidfds()
+        for name in ("SIGTERM", "SIGINT"):
+            signal.signal(getattr(signal, name), self._stop)
+        while not self.stopping:
+            timeout = max(0.0, self.next_look - time.monotonic())
+            for key, mask in self.selector.select(timeout):
+                self._event(key, mask)
+            if time.monotonic() >= self.next_look:
+                self._look()
+                self.next_look = time.monotonic() + LOOK_S
+        self.selector.close()
+
+    def _stop(self, signum: int, frame: object) -> None:
+        self.stopping = True
+
+    def _event(self, key: selectors.SelectorKey, mask: int) -> None:
+        if key.data is None:
+            self._accept()
+        elif isinstance(key.data, Connection):
+            if mask & selectors.EVENT_READ:
+                self._read(key.data)
+            if mask & selectors.EVENT_WRITE and key.data.open:
+                self._flush(key.data)
+        else:  # a pidfd: the lease's process ended
+            self.selector.unregister(key.fd)
+            os.close(key.fd)
+            self.service.watch.ended(key.fd)
+            self._guarded(self._reap_and_start)
+
+    def _look(self) -> None:
+        self._guarded(self.service.watch.look)
+        if time.monotonic() >= self.next_refresh:
+            self._guarded(self.service.host.refresh_processes)
+            self.next_refresh = time.monotonic() + PROCESS_REFRESH_S
+        for waiter_id in self.service.expired():
+            connection = self.waiting.pop(waiter_id, None)
+            self._guarded(lambda w=waiter_id: self.service.leave(w))
+            if connection is not None:
+                connection.waiters.discard(waiter_id)
+                self._send(
+                    connection,
+                    protocol.error_line(
+                        WaitTimedOut(
+                            "no GPUs for this job within its --timeout",
+                            hint="raise --timeout, or see 'gpualloc status'",
+                        )
+                    ),
+                )
+        self._guarded(self._reap_and_start)
+        self._tell_waiters()
+        now = time.monotonic()
+        for key in list(self.selector.get_map().values()):
+            connection = key.data
+            if (
+                isinstance(connection, Connection)
+                and connection.begun is not None
+                and now - connection.begun > protocol.REQUEST_DEADLINE_S
+            ):
+                self._refuse(connection, "the request did not arrive in time")
+
+    def _guarded(self, work: Callable[[], Any]) -> Any:
+        """Run ``work``; a failure is logged, never the end of the broker."""
+        try:
+            return work()
+        except GpuallocError as problem:
+            self.log(f"error: {problem.message}")
+        except Exception:  # a bug: keep serving everyone else
+            self.log("internal error:\n" + traceback.format_exc().rstrip())
+        return None
+
+    def _reap_and_start(self) -> None:
+        for lease_id in self.service.reap():
+            self.log(f"lease {lease_id} released: its job ended")
+        self._started(self.service.turns())
+
+    def _started(self, started: list[Started]) -> None:
+        for start in started:
+            connection = self.waiting.pop(start.waiter_id, None)
+            lease = start.allocation.lease
+            if connection is None or not connection.open:
+                self.service.host.release(lease.id)  # its client went away meanwhile
+                continue
+            connection.waiters.discard(start.waiter_id)
+            self.log(f"{lease.user}: lease {lease.id} from the queue: {_gpus(lease)}")
+            self._send(connection, protocol.result_line(_allocation(start.allocation)))
+        self._register_pidfds()
+
+    def _tell_waiters(self) -> None:
+        if not self.waiting:
+            return
+        positions = self._guarded(self.service.positions) or {}
+        for waiter_id, status in positions.items():
+            connection = self.waiting.get(waiter_id)
+            if connection is None:
+                continue
+            said = (status["position"], status["reason"], status["holders"])
+            if connection.said.get(waiter_id) != said:
+                connection.said[waiter_id] = said
+                self._send(connection, protocol.event_line("waiting", status))
+
+    def _register_pidfds(self) -> None:
+        for fd in self.service.old_fds:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(fd)
+            os.close(fd)
+        self.service.old_fds.clear()
+        for fd, _lease_id in self.service.new_fds:
+            self.selector.register(fd, selectors.EVENT_READ, "pidfd")
+        self.service.new_fds.clear()
+
+    # ---- connections ---------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE: out of descriptors; the next turn tries again
+                self.log(f"accept failed: {exc.strerror}")
+                return
+            sock.setblocking(False)
+            peer = peer_of(sock)
+            count = self.limits.connections.get(peer.uid, 0)
+            if count >= self.limits.max_connections and peer.uid != 0:
+                _send_and_close(
+                    sock,
+                    protocol.error_line(
+                        BrokerError(
+                            f"you have {count} connections to the broker open, this host's "
+                            "limit (broker.max_connections)",
+                            hint="close some (end idle gpualloc processes) and try again",
+                        )
+                    ),
+                )
+                continue
+            self.limits.connections[peer.uid] = count + 1
+            connection = Connection(sock, peer)
+            self.selector.register(sock, selectors.EVENT_READ, connection)
+
+    def _read(self, connection: Connection) -> None:
+        try:
+            data = connection.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(connection)
+            return
+        connection.inbox += data
+        while connection.open:
+            end = connection.inbox.find(b"\n")
+            if end < 0:
+                break
+            if end > protocol.MAX_REQUEST_BYTES:
+                break
+            line = bytes(connection.inbox[:end])
+            del connection.inbox[: end + 1]
+            self._request(connection, line)
+        if not connection.open:
+            return
+        if len(connection.inbox) > protocol.MAX_REQUEST_BYTES:
+            self._refuse(connection, f"a request is at most {protocol.MAX_REQUEST_BYTES} bytes")
+            return
+        connection.begun = (connection.begun or time.monotonic()) if connection.inbox else None
+
+    def _request(self, connection: Connection, line: bytes) -> None:
+        peer = connection.peer
+        if not self.limits.take(peer.uid):
+            self._send(
+                connection,
+                protocol.error_line(
+                    BrokerError(
+                        "too many requests to the broker (broker.max_requests_per_s)",
+                        hint="slow down and try again",
+                    )
+                ),
+            )
+            return
+        try:
+            op, args = protocol.parse_request(line)
+            answer = self._handle(connection, op, args)
+        except protocol.VersionMismatch as mismatch:
+            self._send(connection, protocol.error_line(mismatch))
+            self._close(connection, flush=True)
+            return
+        except GpuallocError as problem:
+            answer = protocol.error_line(problem)
+        except Exception:
+            self.log(f"internal error in a request of uid {peer.uid}:\n{traceback.format_exc()}")
+            answer = protocol.error_line(
+                GpuallocError("the broker failed on this request (its log has the traceback)")
+            )
+        self._register_pidfds()
+        if answer is not None:
+            self._send(connection, answer)
+
+    def _handle(self, connection: Connection, op: str, args: dict[str, Any]) -> bytes | None:
+        peer, service = connection.peer, self.service
+        if op == "hello":
+            return protocol.result_line(self._hello(peer))
+        if op == "alloc":
+            made = service.alloc(peer, args)
+            if isinstance(made, str):  # queued: the answer comes when it starts
+                self.waiting[made] = connection
+                connection.waiters.add(made)
+                self._started(service.turns())
+                if made in self.waiting:
+                    self._tell_waiters()
+                return None
+            self.log(f"{made.lease.user}: lease {made.lease.id}: {_gpus(made.lease)}")
+            return protocol.result_line(_allocation(made))
+        if op == "confirm":
+            service.confirm(peer, args)
+            return protocol.result_line({})
+        if op == "release":
+            result = service.release(peer, args)
+            for lease in result["released"]:
+                self.log(f"{lease['user']}: lease {lease['id']} released by uid {peer.uid}")
+            self._started(service.turns())
+            return protocol.result_line(result)
+        if op == "snapshot":
+            return protocol.result_line(service.snapshot(args))
+        if op == "gc":
+            result = service.gc(self.idle_policy)
+            self._started(service.turns())
+            return protocol.result_line(result)
+        if op == "slurm":
+            if not peer.root:
+                raise NotPermitted("only root's Slurm hooks may record Slurm jobs")
+            from gpualloc.broker.slurm_requests import slurm_request
+
+            result = slurm_request(service.host, args)
+            self._started(service.turns())
+            return protocol.result_line(result)
+        raise BrokerError(f"unknown request {op!r}")
+
+    def _hello(self, peer: Peer) -> dict[str, Any]:
+        from gpualloc import __version__
+
+        store = self.service.host.ledger_store()
+        return {
+            "protocol": protocol.VERSION,
+            "gpualloc": __version__,
+            "broker_pid": os.getpid(),
+            "broker_uid": os.geteuid(),
+            "you": {"uid": peer.uid, "gid": peer.gid, "pid": peer.pid},
+            "state_dir": str(store.directory.path),
+            "ledger": str(store.directory.ledger_file),
+            "topology": self.service.host.topology.name,
+            "gpus": self.service.host.topology.gpu_count,
+            "waiting": len(self.waiting),
+        }
+
+    def _send(self, connection: Connection, data: bytes) -> None:
+        if not connection.open:
+            return
+        connection.outbox += data
+        if len(connection.outbox) > MAX_UNREAD_BYTES:
+            self._close(connection)
+            return
+        self._flush(connection)
+
+    def _flush(self, connection: Connection) -> None:
+        try:
+            while connection.outbox:
+                sent = connection.sock.send(connection.outbox)
+                del connection.outbox[:sent]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self._close(connection)
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if connection.outbox else 0)
+        self.selector.modify(connection.sock, events, connection)
+
+    def _refuse(self, connection: Connection, why: str) -> None:
+        self._send(connection, protocol.error_line(BrokerError(why, hint="see gpualloc.broker")))
+        self._close(connection, flush=True)
+
+    def _close(self, connection: Connection, *, flush: bool = False) -> None:
+        if not connection.open:
+            return
+        if flush and connection.outbox:
+            try:
+                connection.sock.setblocking(True)
+                connection.sock.settimeout(0.1)
+                connection.sock.sendall(connection.outbox)
+            except OSError:
+                pass
+        connection.open = False
+        self.selector.unregister(connection.sock)
+        connection.sock.close()
+        uid = connection.peer.uid
+        self.limits.connections[uid] = max(0, self.limits.connections.get(uid, 1) - 1)
+        for waiter_id in connection.waiters:  # a waiter whose client went away
+            self.waiting.pop(waiter_id, None)
+            self._guarded(lambda w=waiter_id: self.service.leave(w))
+        connection.waiters.clear()
+
+
+def _allocation(allocation: Any) -> dict[str, Any]:
+    return {
+        "lease": to_builtins(allocation.lease),
+        "placement": to_builtins(allocation.placement),
+        "notes": list(allocation.notes),
+    }
+
+
+def _gpus(lease: Any) -> str:
+    from gpualloc.ledger.occupancy import held_devices
+
+    return held_devices(lease)
+
+
+def _send_and_close(sock: socket.socket, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        sock.send(data)
+    sock.close()
+
+
+# ---- the listening socket ------------------------------------------------------------------
+
+
+def listening_socket(path: Path) -> socket.socket:
+    """The socket to serve: systemd's (socket activation) when it passed one, else ``path``
+    made now (mode 0666: every user may connect; the kernel names them). A stale socket file
+    is replaced; one a live broker answers on is an error."""
+    if os.environ.get("LISTEN_PID") == str(os.getpid()) and os.environ.get("LISTEN_FDS") == "1":
+        return socket.socket(fileno=LISTEN_FDS_START)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    if os.path.lexists(path):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError as exc:
+            if exc.errno not in (errno.ECONNREFUSED, errno.ENOTSOCK, errno.ENOENT):
+                raise
+            path.unlink(missing_ok=True)
+        else:
+            raise BrokerError(
+                f"another broker already serves {path}",
+                hint="stop it first ('systemctl stop gpualloc.service'), or give --socket",
+            )
+        finally:
+            probe.close()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    listener.bind(str(path))
+    path.chmod(0o666)
+    listener.listen(256)
+    return listener
+
+
+def log_line(line: str) -> None:
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    sys.stderr.write(f"{stamp} gpualloc serve: {line}\n")
+    sys.stderr.flush()

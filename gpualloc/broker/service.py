@@ -1,0 +1,432 @@
+"""What each broker request does to the ledger, for the user the kernel named.
+
+The broker keeps the host's :class:`~gpualloc.launcher.allocate.HostLedger` open, with a store
+it owns (:mod:`gpualloc.ledger.store`, ``owner=True``), so every request runs the same
+transactions as the embedded ledger, placement inside the lock included. What differs is who
+the lease belongs to and what it lives with: the peer's uid, and a pid the kernel says is
+theirs (:mod:`.peers`), watched by the broker (:mod:`.watch`).
+
+Every argument from a client is checked as if hostile: the request is decoded into the
+ledger's own validated :class:`~gpualloc.ledger.schema.QueuedRequest`, strings are bounded,
+and a client may only name its own processes and release its own leases (root any).
+
+``alloc`` is idempotent on its lease id: a client whose connection broke (a broker restart)
+sends the request again and gets the lease the first one made, never a second lease.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from msgspec import Struct
+
+from gpualloc.broker.fair_share import FairShare
+from gpualloc.broker.peers import Peer, check_owned
+from gpualloc.broker.watch import ProcessWatch
+from gpualloc.errors import NoSuchLease, NotPermitted, RequestError
+from gpualloc.launcher.allocate import Allocation, HostLedger, LeaseTerms
+from gpualloc.launcher.queue import (
+    WaitOptions,
+    attempts,
+    new_waiter,
+    next_start,
+    take_turn,
+)
+from gpualloc.launcher.queue_policy import QueuePolicy
+from gpualloc.ledger.schema import Lease, QueuedRequest
+from gpualloc.ledger.statedir import StateDirectory
+from gpualloc.ledger.store import LedgerTransaction, lease_alive
+from gpualloc.model.request import Placement, Scores
+from gpualloc.model.validation import ValidationError, from_builtins, to_builtins
+from gpualloc.placement.want import Want
+
+MAX_COMMAND_WORDS = 256
+MAX_WORD_CHARS = 4096
+RECONNECT_GRACE_S = 15.0
+"""How long the queue entries of waiting clients outlive a broker restart, for the clients to
+come back to (they keep their place); then they are dropped."""
+_ID = re.compile(r"^[0-9a-f]{12}$")
+
+
+class Pending(Struct):
+    """A waiting client's request, while its waiter is in the ledger's queue."""
+
+    want: Want
+    terms: LeaseTerms
+    deadline: float | None
+    started: float
+
+
+class Started(Struct):
+    waiter_id: str
+    allocation: Allocation
+
+
+class LedgerService:
+    """The broker's ledger: one host, its watch and its users' fair share."""
+
+    def __init__(self, host: HostLedger, policy: QueuePolicy, fair: FairShare) -> None:
+        self.host = host
+        self.policy = policy
+        self.fair = fair
+        self.watch = ProcessWatch()
+        self.pending: dict[str, Pending] = {}
+        self.new_fds: list[tuple[int, str]] = []
+        """pidfds of leases made since the loop last looked, for it to register."""
+        self.old_fds: list[int] = []
+        """pidfds of leases gone, for the loop to unregister and close."""
+        self.orphans_until = time.monotonic() + RECONNECT_GRACE_S
+        self._topology_builtins: Any = None
+        store = host.ledger_store()
+        store.alive = self._alive
+        store.gpu_processes = lambda: self.host.processes.processes
+
+    def _follow(self, allocation: Allocation) -> Allocation:
+        """Watch the new lease's process (its pidfd goes to :attr:`new_fds`)."""
+        lease = allocation.lease
+        if lease.pid is not None:
+            fd = self.watch.watch(lease.id, lease.pid, lease.pid_start_time)
+            if fd is not None:
+                self.new_fds.append((fd, lease.id))
+        return allocation
+
+    def _alive(self, lease: Any, directory: StateDirectory) -> bool:
+        return lease_alive(lease, directory) or self.watch.alive(lease.id)
+
+    # ---- start-up ------------------------------------------------------------------------
+
+    def adopt(self) -> list[str]:
+        """After a (re)start: follow every live lease's process again, as the ledger records
+        it; dead ones are released by this first transaction (their ids are returned)."""
+        with self.host.transaction() as txn:
+            for lease in txn.ledger.leases:
+                self._follow(Allocation(lease, _placement_of(lease)))
+            self.fair.account(txn.ledger.leases)
+        return [lease.id for lease in txn.reaped]
+
+    # ---- requests ------------------------------------------------------------------------
+
+    def alloc(self, peer: Peer, args: dict[str, Any]) -> Allocation | str:
+        """Allocate now, or queue (``args["wait"]``): the allocation, or the waiter's id."""
+        lease_id = _lease_id(args.get("lease_id"))
+        want = _want(args.get("request"))
+        terms = self._terms(peer, args.get("terms"), lease_id)
+        wait = args.get("wait")
+        if args.get("retry"):
+            with self.host.transaction() as txn:
+                found = self._repeat(peer, txn, lease_id)
+            if isinstance(found, Allocation):
+                return found
+            if found is not None and wait is not None:
+                self.pending[found] = self._pending(want, terms, wait)
+                return found
+        self.host.allow_unhealthy = bool(args.get("allow_unhealthy"))
+        try:
+            if wait is None:
+                return self._follow(self.host.allocate(want, terms))
+            return self._enqueue(peer, want, terms, wait)
+        finally:
+            self.host.allow_unhealthy = False
+
+    def _repeat(self, peer: Peer, txn: LedgerTransaction, lease_id: str) -> Allocation | str | None:
+        """What a request with this id made before (a client sending it again)."""
+        lease = txn.ledger.find(lease_id)
+        if lease is not None:
+            if lease.uid != peer.uid:
+                raise NotPermitted(
+                    f"lease id {lease_id} is another user's", hint="let gpualloc choose ids"
+                )
+            return Allocation(lease, _placement_of(lease))
+        waiter = txn.ledger.waiter(lease_id)
+        if waiter is not None:
+            if waiter.uid != peer.uid:
+                raise NotPermitted(f"waiter id {lease_id} is another user's")
+            return waiter.id
+        return None
+
+    def _enqueue(self, peer: Peer, want: Want, terms: LeaseTerms, wait: Any) -> Allocation | str:
+        from gpualloc.launcher.wait import never_fits
+
+        options = _wait_options(wait, self.policy)
+        never_fits(self.host, want)
+        assert terms.lease_id is not None
+        with self.host.transaction() as txn:
+            self.policy.admit(
+                uid=peer.uid,
+                priority=options.priority,
+                max_bypass=options.max_bypass,
+                queue=txn.ledger.queue,
+            )
+            started = check_owned(peer, peer.pid)
+            waiter = new_waiter(
+                terms.lease_id, want, terms, options, waiting=(peer.uid, peer.pid, started)
+            )
+            txn.enqueue(waiter)
+        self.pending[waiter.id] = self._pending(want, terms, wait)
+        return waiter.id
+
+    def _pending(self, want: Want, terms: LeaseTerms, wait: Any) -> Pending:
+        timeout = wait.get("timeout_s") if isinstance(wait, dict) else None
+        now = time.monotonic()
+        deadline = now + float(timeout) if isinstance(timeout, (int, float)) else None
+        return Pending(want, terms, deadline, now)
+
+    def _terms(self, peer: Peer, raw: Any, lease_id: str) -> LeaseTerms:
+        if not isinstance(raw, dict):
+            raise RequestError("the request has no lease terms", hint="see gpualloc.broker")
+        source = raw.get("source", "alloc")
+        if source not in ("run", "alloc") and not (source == "slurm" and peer.root):
+            raise NotPermitted(f"a lease of source {source!r} is root's to make")
+        pid, hold = raw.get("pid"), bool(raw.get("hold"))
+        started = None
+        if pid is not None:
+            if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+                raise RequestError(f"pid {pid!r} is not a process id", hint="give a positive pid")
+            started = check_owned(peer, pid)
+        elif not hold:
+            raise RequestError("a lease needs a pid or hold", hint="give --pid or --hold")
+        group = raw.get("process_group")
+        if group is not None and (group != pid or _group_of(pid) != pid):
+            group = None  # only a process that leads its own group lends the lease its group
+        try:
+            return LeaseTerms(
+                source=source,
+                pid=pid,
+                pid_start_time=started,
+                hold=hold,
+                command=_words(raw.get("command", ())),
+                name=_text(raw.get("name"), "name"),
+                process_group=group,
+                announce=bool(raw.get("announce")),
+                shareable=bool(raw.get("shareable")),
+                memory_bytes=_positive(raw.get("memory_bytes")),
+                share_mode="mps" if raw.get("share_mode") == "mps" else "time-sliced",
+                uid=peer.uid,
+                creator=(peer.pid, check_owned(peer, peer.pid)),
+                lease_id=lease_id,
+            )
+        except (TypeError, ValueError) as bad:
+            raise RequestError(f"bad lease terms: {bad}", hint="see gpualloc.broker") from None
+
+    def confirm(self, peer: Peer, args: dict[str, Any]) -> None:
+        lease_id = _lease_id(args.get("lease"))
+        with self.host.transaction() as txn:
+            lease = txn.ledger.find(lease_id)
+            if lease is None:
+                raise NoSuchLease(f"no lease {lease_id}", hint="'gpualloc status' lists them")
+            if lease.uid != peer.uid and not peer.root:
+                raise NotPermitted(f"lease {lease_id} belongs to {lease.user}")
+        self.host.confirm(lease_id)
+
+    def release(self, peer: Peer, args: dict[str, Any]) -> dict[str, Any]:
+        selectors = args.get("leases") or []
+        if not isinstance(selectors, list) or len(selectors) > 1024:
+            raise RequestError("leases must be a list of ids", hint="see gpualloc.broker")
+        result = self.host.release_leases(
+            [_text(s, "lease") or "" for s in selectors], mine=bool(args.get("mine")), uid=peer.uid
+        )
+        problems = result.problems
+        if args.get("retry"):  # a repeat of a release that went through already
+            problems = [p for p in problems if not isinstance(p, NoSuchLease)]
+        for lease in result.released:
+            self.forget(lease.id)
+        return {
+            "released": [to_builtins(lease) for lease in result.released],
+            "problems": [
+                {"code": int(p.exit_code), "message": p.message, "hint": p.hint} for p in problems
+            ],
+        }
+
+    def snapshot(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The host as the broker sees it; without ``full``, its topology alone."""
+        host = self.host
+        if not args.get("full", True):
+            return {"topology": self._topology(), "this_host": host.this_host}
+        txn = host.snapshot()
+        return {
+            "topology": self._topology(),
+            "ledger": to_builtins(txn.ledger),
+            "notes": txn.notes,
+            "processes": to_builtins(host.processes),
+            "faults": to_builtins(host.faults),
+            "health_notes": host.health_notes,
+            "this_host": host.this_host,
+            "state_dir": str(host.ledger_store().directory.path),
+            "fair_share": {str(uid): list(v) for uid, v in self.fair.standing().items()},
+        }
+
+    def _topology(self) -> Any:
+        if self._topology_builtins is None:
+            self._topology_builtins = to_builtins(self.host.topology)
+        return self._topology_builtins
+
+    def gc(self, idle: Any) -> dict[str, Any]:
+        report = self.host.collect_garbage(idle)
+        for lease in report.reaped:
+            self.forget(lease.id)
+        return to_builtins(report)
+
+    # ---- what the loop does --------------------------------------------------------------
+
+    def forget(self, lease_id: str) -> None:
+        self.old_fds += self.watch.forget(lease_id)
+
+    def reap(self) -> list[str]:
+        """One transaction: dead leases released, dead waiters dropped (their ids)."""
+        with self.host.transaction() as txn:
+            self.fair.account(txn.ledger.leases)
+            orphans = [
+                w.id
+                for w in txn.ledger.queue
+                if w.id not in self.pending and time.monotonic() > self.orphans_until
+            ]
+            for waiter_id in orphans:
+                txn.dequeue(waiter_id)
+        gone = [lease.id for lease in txn.reaped]
+        for lease_id in gone:
+            self.forget(lease_id)
+        return gone
+
+    def leave(self, waiter_id: str) -> None:
+        """A waiting client went away, or its time ran out: out of the queue."""
+        self.pending.pop(waiter_id, None)
+        with self.host.transaction() as txn:
+            txn.dequeue(waiter_id)
+
+    def turns(self) -> list[Started]:
+        """Start every waiter whose turn it is, in one transaction (fair-share order)."""
+        if not self.pending:
+            return []
+        started: list[Started] = []
+        with self.host.transaction() as txn:
+            self.fair.account(txn.ledger.leases)
+            while True:
+                queue = [w for w in txn.ledger.queue if w.id in self.pending]
+                occupancy = self.host.occupancy(txn.ledger)
+                turn = next_start(
+                    queue, attempts(self.host.topology, occupancy), order_of=self.fair.order
+                )
+                if turn is None or turn.waiter is None or turn.placement is None:
+                    break
+                waiter = txn.dequeue(turn.waiter.id)
+                txn.count_passed_over(turn.passed)
+                pending = self.pending[turn.waiter.id]
+                waited = (
+                    (datetime.now(timezone.utc) - waiter.created).total_seconds() if waiter else 0
+                )
+                allocation = self.host.record(
+                    txn, turn.placement, pending.want, pending.terms, waited_s=waited
+                )
+                started.append(Started(turn.waiter.id, allocation))
+                self.fair.account(txn.ledger.leases)  # who holds what now
+        for start in started:
+            self.pending.pop(start.waiter_id, None)
+            self._follow(start.allocation)
+        return started
+
+    def positions(self) -> dict[str, dict[str, Any]]:
+        """Where each waiting client stands, for its status line."""
+        from gpualloc.launcher.wait import who_holds
+
+        txn = self.host.snapshot()
+        queue = [w for w in txn.ledger.queue if w.id in self.pending]
+        occupancy = self.host.occupancy(txn.ledger)
+        attempt = attempts(self.host.topology, occupancy)
+        holders = who_holds(occupancy)
+        found = {}
+        for waiter in queue:
+            turn = take_turn(queue, waiter.id, attempt, order_of=self.fair.order)
+            found[waiter.id] = {
+                "position": turn.position,
+                "queue_length": len(queue),
+                "reason": turn.reason or "starting",
+                "holders": holders,
+                "waited_s": time.monotonic() - self.pending[waiter.id].started,
+            }
+        return found
+
+    def expired(self) -> list[str]:
+        now = time.monotonic()
+        return [i for i, p in self.pending.items() if p.deadline is not None and now >= p.deadline]
+
+
+def _placement_of(lease: Lease) -> Placement:
+    """The placement a lease records (for a request sent again: its first answer is gone)."""
+    scores = lease.scores
+    return Placement(
+        policy=lease.policy or "",
+        gpus=() if lease.mig else lease.indices,
+        scores=Scores(
+            aggregated_gbps=scores.get("aggregated_gbps"),
+            effective_gbps=scores.get("effective_gbps"),
+            preserved_gbps=scores.get("preserved_gbps") or 0.0,
+            bottleneck_gbps=scores.get("bottleneck_gbps"),
+            utility=scores.get("utility") or 0.0,
+        ),
+        objective="the lease this request made before",
+        mig_devices=lease.mig_keys,
+        shared=lease.share is not None,
+    )
+
+
+def _want(raw: Any) -> Want:
+    try:
+        request = from_builtins(raw, QueuedRequest)
+    except ValidationError as bad:
+        raise RequestError(f"bad request: {bad}", hint="see gpualloc.broker") from None
+    return Want.from_queued(request)
+
+
+def _wait_options(raw: Any, policy: QueuePolicy) -> WaitOptions:
+    if not isinstance(raw, dict):
+        raise RequestError("wait must be an object", hint="see gpualloc.broker")
+    priority = raw.get("priority", "normal")
+    if priority not in ("high", "normal", "low"):
+        raise RequestError(f"unknown priority {priority!r}", hint="high, normal or low")
+    bypass = raw.get("max_bypass", policy.min_bypass)
+    if not isinstance(bypass, int) or isinstance(bypass, bool) or bypass < 0:
+        raise RequestError(f"max_bypass {bypass!r} is not a count", hint="0 or more")
+    return WaitOptions(priority=priority, max_bypass=bypass, policy=policy)
+
+
+def _lease_id(raw: Any) -> str:
+    if not isinstance(raw, str) or not _ID.match(raw):
+        raise RequestError("a lease id is 12 hex digits", hint="let gpualloc choose it")
+    return raw
+
+
+def _words(raw: Any) -> tuple[str, ...]:
+    if not isinstance(raw, (list, tuple)) or len(raw) > MAX_COMMAND_WORDS:
+        raise RequestError("command must be a list of words", hint="see gpualloc.broker")
+    return tuple(str(word)[:MAX_WORD_CHARS] for word in raw)
+
+
+def _text(raw: Any, what: str) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or len(raw) > MAX_WORD_CHARS:
+        raise RequestError(f"{what} must be a short text", hint="see gpualloc.broker")
+    return raw
+
+
+def _positive(raw: Any) -> int | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, int) or isinstance(raw, bool) or raw <= 0:
+        raise RequestError(f"{raw!r} is not a positive number", hint="see gpualloc.broker")
+    return raw
+
+
+def _group_of(pid: int | None) -> int | None:
+    try:
+        return os.getpgid(pid) if pid is not None else None
+    except OSError:
+        return None
+
+
+Handler = Callable[[Peer, dict[str, Any]], Any]

@@ -1,0 +1,106 @@
+"""Starting the broker: its directory, its lock, its socket, then the loop.
+
+Who runs it: root, as slurmd does (the systemd unit of ``examples/systemd``). A dedicated
+system user works as well where ``/proc`` is not mounted with ``hidepid`` (the broker reads
+other users' ``/proc/PID/stat`` and ``status`` to check and follow their processes, and opens
+pidfds for them, which needs no privilege) and NVML lists every user's GPU processes to it;
+the state directory must then be that user's. Root's Slurm hooks talk to whichever runs.
+
+Order matters for a clean failure: the state directory is checked and ``ledger.lock`` taken
+(a second broker, or a root tool writing the ledger, makes this one refuse to start) before
+the socket is made, and the socket is ready before the process reports itself ready
+(``sd_notify``'s ``READY=1`` under systemd, or the parent's exit with ``--background``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+from gpualloc.broker.fair_share import FairShare
+from gpualloc.broker.server import Broker, Limits, listening_socket, log_line
+from gpualloc.broker.service import LedgerService
+from gpualloc.config import Config
+from gpualloc.errors import BrokerError
+from gpualloc.launcher.allocate import HostLedger
+from gpualloc.launcher.queue_policy import QueuePolicy
+from gpualloc.ledger.idle import IdlePolicy
+from gpualloc.model.topology import Topology
+
+
+def serve(
+    topology: Topology,
+    *,
+    socket_path: Path,
+    state_dir: Path,
+    config: Config,
+    background: bool = False,
+    ignore_foreign: bool = False,
+) -> None:
+    """Run the broker until SIGTERM or SIGINT (module docstring)."""
+    host = HostLedger.open(topology, state_dir=state_dir, owner=True, ignore_foreign=ignore_foreign)
+    host.max_shared_jobs = config.system_value("share.max_jobs")
+    store = host.ledger_store()
+    if not store.hold_lock():
+        raise BrokerError(
+            f"the ledger in {store.directory.path} is in use by {store.lock_holders()}",
+            hint="another broker runs (systemctl status gpualloc), or a root gpualloc is "
+            "writing it now; stop it first",
+        )
+    listener = listening_socket(socket_path)
+    activated = listener.fileno() != -1 and os.environ.get("LISTEN_FDS") == "1"
+    service = LedgerService(
+        host,
+        QueuePolicy.from_config(config),
+        FairShare(config.system_value("queue.fair_share_half_life")),
+    )
+    limits = Limits(
+        config.system_value("broker.max_connections"),
+        config.system_value("broker.max_requests_per_s"),
+    )
+    broker = Broker(
+        service, listener, limits, idle_policy=IdlePolicy.from_config(config), log=log_line
+    )
+    log_line(
+        f"serving {topology.gpu_count} GPUs of {topology.name or 'this host'} on "
+        f"{socket_path}, ledger {store.directory.ledger_file} (pid {os.getpid()})"
+    )
+    if background:
+        _detach()
+    _notify_ready()
+    try:
+        broker.serve()
+    finally:
+        if not activated:
+            socket_path.unlink(missing_ok=True)
+        log_line("stopped")
+
+
+def _detach() -> None:
+    """Fork into the background; the parent exits 0 once the child is ready (it is: the
+    socket listens and the lock is held, and the child inherits both)."""
+    if os.fork() > 0:
+        os._exit(0)
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    sys.stdout = Path(os.devnull).open("w")  # noqa: SIM115 - the process's stdout from now on
+
+
+def _notify_ready() -> None:
+    """Tell systemd (``Type=notify``) that the broker serves."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        try:
+            notify.connect(address)
+            notify.sendall(b"READY=1")
+        except OSError:
+            pass

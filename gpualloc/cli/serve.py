@@ -1,0 +1,64 @@
+"""``gpualloc serve``: the broker that owns a multi-user host's ledger (:mod:`gpualloc.broker`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gpualloc.cli.request_options import IgnoreForeignOption
+from gpualloc.cli.state import STATE
+
+
+def serve_command(
+    socket: Annotated[
+        Optional[Path],  # noqa: UP045 - typer needs Optional on Python 3.10
+        typer.Option(
+            metavar="PATH",
+            help="The Unix socket to listen on (default: host.broker of the configuration, "
+            "else /run/gpualloc/gpualloc.sock). Ignored under systemd socket activation.",
+            show_default=False,
+        ),
+    ] = None,
+    state_dir: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            metavar="DIR",
+            help="The broker's own state directory (default: broker.state_dir of the system "
+            "configuration, else /var/lib/gpualloc): created 0755 when missing; refused when "
+            "another user owns it or others may write it.",
+            show_default=False,
+        ),
+    ] = None,
+    foreground: Annotated[
+        bool,
+        typer.Option(
+            "--foreground/--background",
+            help="Stay attached and log to stderr (systemd, tests), or detach once ready.",
+        ),
+    ] = True,
+    ignore_foreign: IgnoreForeignOption = None,
+) -> None:
+    """Own this host's ledger and serve every user's run, alloc, release, status and queue
+    through a Unix socket, naming each caller by the kernel's SO_PEERCRED.
+
+    Run it as root (examples/systemd has the units: 'systemctl enable --now gpualloc.socket').
+    Clients use it whenever its socket exists or host.broker names it; a named broker that
+    does not answer is exit 18, never a fall-back to the shared file. Leases live with a
+    process of their owner, which the broker watches (pidfd, /proc); a restart, kill -9
+    included, loses no lease. Stops on SIGTERM or SIGINT; leases stay in the ledger.
+    """
+    from gpualloc.broker.client import broker_socket
+    from gpualloc.broker.protocol import DEFAULT_SOCKET
+    from gpualloc.broker.startup import serve
+
+    path = socket or broker_socket(STATE.setting("host.broker")) or Path(DEFAULT_SOCKET)
+    serve(
+        STATE.load_topology(),
+        socket_path=path,
+        state_dir=state_dir or STATE.config().system_value("broker.state_dir"),
+        config=STATE.config(),
+        background=not foreground,
+        ignore_foreign=bool(STATE.setting("ignore_foreign", ignore_foreign)),
+    )
