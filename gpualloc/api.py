@@ -28,10 +28,14 @@ from typing import TYPE_CHECKING
 from msgspec import Struct, field
 
 if TYPE_CHECKING:
+    from gpualloc.broker.remote import RemoteLedger
     from gpualloc.config import Config
+    from gpualloc.launcher.allocate import LeaseTerms
+    from gpualloc.launcher.queue import WaitOptions
     from gpualloc.ledger.schema import Lease
     from gpualloc.model.request import Placement
     from gpualloc.model.topology import Topology
+    from gpualloc.placement.want import Want
 
 
 def load_topology(name_or_path: str | None = None) -> Topology:
@@ -117,12 +121,19 @@ def hold(
     from gpualloc.slurm.job import slurm_job
 
     config = Config.load()  # read once: the topology, the policy, the state directory, the queue
-    topology = topology or _load_topology(None, config)
     options = JobOptions(
         count=gpus, pattern=pattern, sensitive=sensitive, policy=policy,
         exclude=tuple(exclude), require=tuple(require),
     )  # fmt: skip
     want = options.want(config)  # as plan, run and alloc turn their options into a request
+    terms = LeaseTerms(source="alloc", pid=os.getpid(), name=name)
+    waiting = WaitOptions.from_config(config, timeout_s=timeout_s) if wait else None
+    remote = _broker(config, topology)
+    if remote is not None:
+        with _held_through_broker(remote, want, terms, waiting) as held:
+            yield held
+        return
+    topology = topology or _load_topology(None, config)
     host = HostLedger.open(
         topology,
         slurm_job=slurm_job(topology, os.environ),
@@ -130,10 +141,8 @@ def hold(
         lock_timeout_s=config.value("lock_timeout"),
     )
     host.max_shared_jobs = config.system_value("share.max_jobs")  # as open_host_ledger does
-    terms = LeaseTerms(source="alloc", pid=os.getpid(), name=name)
-    if wait:
-        options = WaitOptions.from_config(config, timeout_s=timeout_s)
-        allocation = wait_and_allocate(host, want, terms, options)
+    if waiting is not None:
+        allocation = wait_and_allocate(host, want, terms, waiting)
     else:
         allocation = host.allocate(want, terms)
     chosen = [topology.gpu(g) for g in allocation.placement.gpus]
@@ -146,3 +155,62 @@ def hold(
         yield held
     finally:
         host.release(allocation.lease.id)
+
+
+# ---- through the host's broker -----------------------------------------------------------------
+
+_BROKERS: dict[tuple[int, str], tuple[RemoteLedger, Topology]] = {}
+"""One connection to the broker per process (keyed by pid: a forked child makes its own, so
+the kernel names the right process), with the broker's topology."""
+
+
+def _broker(config: Config, topology: Topology | None) -> tuple[RemoteLedger, Topology] | None:
+    """The broker's connection and topology when this host has a broker and ``hold`` is not
+    for another host's topology or inside a Slurm job (as on the command line)."""
+    from gpualloc.broker.client import broker_socket
+
+    socket = broker_socket(config.value("host.broker"))
+    if socket is None:
+        return None
+    if os.environ.get("SLURM_JOB_ID") and os.environ.get("GPUALLOC_NO_SLURM", "") in ("", "0"):
+        return None
+    if topology is not None:
+        from gpualloc.discovery.this_host import describes_this_host
+
+        if not describes_this_host(topology):
+            return None
+    key = (os.getpid(), str(socket))
+    if key not in _BROKERS:
+        from gpualloc.broker.remote import RemoteLedger
+        from gpualloc.model.topology import Topology
+        from gpualloc.model.validation import from_builtins
+
+        remote = RemoteLedger(socket)
+        _BROKERS[key] = (remote, from_builtins(remote.view(full=False)["topology"], Topology))
+    return _BROKERS[key]
+
+
+@contextmanager
+def _held_through_broker(
+    broker: tuple[RemoteLedger, Topology],
+    want: Want,
+    terms: LeaseTerms,
+    waiting: WaitOptions | None,
+) -> Iterator[HeldGpus]:
+    from gpualloc.launcher.environment import job_variables
+
+    remote, topology = broker
+    allocation = remote.allocate(want, terms, waiting=waiting)
+    placement = allocation.placement
+    held = HeldGpus(
+        allocation.lease,
+        placement,
+        job_variables(
+            topology, placement.gpus, placement.mig_devices, lease_id=allocation.lease.id,
+            uuid=False,
+        ),
+    )  # fmt: skip
+    try:
+        yield held
+    finally:
+        remote.release(allocation.lease.id)

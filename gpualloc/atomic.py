@@ -6,9 +6,11 @@ import os
 from pathlib import Path
 
 
-def write_text_atomic(path: Path, text: str, *, mode: int | None = None) -> None:
+def write_text_atomic(path: Path, text: str, *, mode: int | None = None, sync: bool = True) -> None:
     """Write ``text`` to ``path`` via a temporary file in the same directory, fsync, rename.
-    ``mode`` sets the new file's permissions (default: the temporary file's 0600).
+    ``mode`` sets the new file's permissions (default: the temporary file's 0600). Without
+    ``sync`` there is no fsync: the rename still makes the change atomic for every process
+    (a killed writer included), only a crash of the machine may lose it.
 
     Raises ``OSError`` (the temporary file is removed) when the directory is not writable.
     """
@@ -24,7 +26,8 @@ def write_text_atomic(path: Path, text: str, *, mode: int | None = None) -> None
                 os.fchmod(handle.fileno(), mode)
             handle.write(text)
             handle.flush()
-            os.fsync(handle.fileno())
+            if sync:
+                os.fsync(handle.fileno())
         temporary.replace(path)
     except BaseException:
         temporary.unlink(missing_ok=True)

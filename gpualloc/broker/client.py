@@ -30,7 +30,11 @@ from gpualloc.broker.protocol import DEFAULT_SOCKET, error_from, request_line
 from gpualloc.errors import BrokerError
 
 RECONNECT_S = 10.0
-"""How long a client keeps trying to reach a broker that is restarting."""
+"""How long a client keeps trying to reach a broker that is restarting (its socket is there,
+nobody accepts: a ``kill -9`` and a restart by systemd)."""
+MISSING_S = 1.0
+"""How long a client waits for a socket that is not there at all (a broker stopping and
+starting again removes and makes it): a broker that is simply not running is said quickly."""
 _GONE = (errno.ECONNREFUSED, errno.ENOENT, errno.ECONNRESET, errno.EPIPE, errno.EAGAIN)
 
 
@@ -102,13 +106,15 @@ class BrokerClient:
     def _connect(self, deadline: float) -> None:
         if self._socket is not None:
             return
+        missing_until = time.monotonic() + MISSING_S
         while True:
             connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
             try:
                 connection.connect(str(self.path))
             except OSError as exc:
                 connection.close()
-                if exc.errno not in _GONE or time.monotonic() >= deadline:
+                gone = exc.errno == errno.ENOENT and time.monotonic() >= missing_until
+                if exc.errno not in _GONE or gone or time.monotonic() >= deadline:
                     raise self._unreachable(exc) from None
                 time.sleep(0.05)
                 continue

@@ -45,6 +45,10 @@ from gpualloc.errors import BrokerError, GpuallocError, NotPermitted, WaitTimedO
 from gpualloc.model.validation import to_builtins
 
 MAX_UNREAD_BYTES = 4 * 1024 * 1024
+WAKE = "wake"
+"""The selector's mark of the pipe a signal writes to (``signal.set_wakeup_fd``)."""
+CLOSE = b""
+"""In the answers held back for a batch: close the connection here (after what it was sent)."""
 PROCESS_REFRESH_S = 2.0
 LISTEN_FDS_START = 3
 """systemd's first passed socket (``sd_listen_fds``)."""
@@ -108,12 +112,20 @@ class Broker:
         self.stopping = False
         self.next_look = 0.0
         self.next_refresh = time.monotonic() + PROCESS_REFRESH_S
+        self.requests: list[tuple[Connection, bytes]] = []
+        """Complete request lines read in this turn of the loop, answered in one batch."""
+        self.held_back: list[tuple[Connection, bytes]] | None = None
+        """Answers of the batch being handled, sent once it is written (None: no batch)."""
+        self.reap_due = False
 
     # ---- the loop ------------------------------------------------------------------------
 
     def serve(self) -> None:
         self.listener.setblocking(False)
         self.selector.register(self.listener, selectors.EVENT_READ, None)
+        wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_write)  # a signal wakes the loop at once
+        self.selector.register(wake_read, selectors.EVENT_READ, WAKE)
         for lease_id in self.service.adopt():
             self.log(f"lease {lease_id} released: its job ended while no broker ran")
         self._register_pidfds()
@@ -123,10 +135,41 @@ class Broker:
             timeout = max(0.0, self.next_look - time.monotonic())
             for key, mask in self.selector.select(timeout):
                 self._event(key, mask)
-            if time.monotonic() >= self.next_look:
-                self._look()
+            look = time.monotonic() >= self.next_look
+            if self.requests or self.reap_due or look:
+                self._in_batch(look)
+            if look:
                 self.next_look = time.monotonic() + LOOK_S
         self.selector.close()
+
+    def _in_batch(self, look: bool) -> None:
+        """Everything that arrived in this turn of the loop, in one group commit: the answers
+        go out only once the ledger is written. A failed write sends none of them: their
+        connections are closed, and their clients send the requests again."""
+        self.held_back = []
+        try:
+            with self.service.store.batch():
+                if self.reap_due or look:
+                    self.reap_due = False
+                    self._guarded(self._reap_and_start)
+                if look:
+                    self._look()
+                requests, self.requests = self.requests, []
+                for connection, line in requests:
+                    if connection.open:
+                        self._request(connection, line)
+        except Exception:
+            self.log("error: the ledger could not be written:\n" + traceback.format_exc())
+            held_back, self.held_back = self.held_back, None
+            for connection, _ in held_back:
+                self._close(connection)
+            return
+        held_back, self.held_back = self.held_back, None
+        for connection, data in held_back:
+            if data is CLOSE:
+                self._close(connection, flush=True)
+            else:
+                self._send(connection, data)
 
     def _stop(self, signum: int, frame: object) -> None:
         self.stopping = True
@@ -134,16 +177,19 @@ class Broker:
     def _event(self, key: selectors.SelectorKey, mask: int) -> None:
         if key.data is None:
             self._accept()
+        elif key.data is WAKE:
+            with contextlib.suppress(OSError):
+                os.read(key.fd, 512)
         elif isinstance(key.data, Connection):
             if mask & selectors.EVENT_READ:
                 self._read(key.data)
             if mask & selectors.EVENT_WRITE and key.data.open:
                 self._flush(key.data)
-        else:  # a pidfd: the lease's process ended
+        else:  # "pidfd": the lease's process ended
             self.selector.unregister(key.fd)
             os.close(key.fd)
             self.service.watch.ended(key.fd)
-            self._guarded(self._reap_and_start)
+            self.reap_due = True
 
     def _look(self) -> None:
         self._guarded(self.service.watch.look)
@@ -164,7 +210,6 @@ class Broker:
                         )
                     ),
                 )
-        self._guarded(self._reap_and_start)
         self._tell_waiters()
         now = time.monotonic()
         for key in list(self.selector.get_map().values()):
@@ -273,9 +318,8 @@ class Broker:
                 break
             if end > protocol.MAX_REQUEST_BYTES:
                 break
-            line = bytes(connection.inbox[:end])
+            self.requests.append((connection, bytes(connection.inbox[:end])))
             del connection.inbox[: end + 1]
-            self._request(connection, line)
         if not connection.open:
             return
         if len(connection.inbox) > protocol.MAX_REQUEST_BYTES:
@@ -374,6 +418,9 @@ class Broker:
     def _send(self, connection: Connection, data: bytes) -> None:
         if not connection.open:
             return
+        if self.held_back is not None:  # inside a batch: after its commit
+            self.held_back.append((connection, data))
+            return
         connection.outbox += data
         if len(connection.outbox) > MAX_UNREAD_BYTES:
             self._close(connection)
@@ -399,6 +446,9 @@ class Broker:
 
     def _close(self, connection: Connection, *, flush: bool = False) -> None:
         if not connection.open:
+            return
+        if flush and self.held_back is not None:  # after the batch's answers
+            self.held_back.append((connection, CLOSE))
             return
         if flush and connection.outbox:
             try:

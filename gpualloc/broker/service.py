@@ -38,6 +38,7 @@ from gpualloc.launcher.queue import (
     take_turn,
 )
 from gpualloc.launcher.queue_policy import QueuePolicy
+from gpualloc.ledger.owned_store import OwnedLedgerStore
 from gpualloc.ledger.schema import Lease, QueuedRequest
 from gpualloc.ledger.statedir import StateDirectory
 from gpualloc.ledger.store import LedgerTransaction, lease_alive
@@ -83,6 +84,8 @@ class LedgerService:
         self.orphans_until = time.monotonic() + RECONNECT_GRACE_S
         self._topology_builtins: Any = None
         store = host.ledger_store()
+        assert isinstance(store, OwnedLedgerStore), "the broker's ledger is its own"
+        self.store = store
         store.alive = self._alive
         store.gpu_processes = lambda: self.host.processes.processes
 
@@ -103,7 +106,7 @@ class LedgerService:
     def adopt(self) -> list[str]:
         """After a (re)start: follow every live lease's process again, as the ledger records
         it; dead ones are released by this first transaction (their ids are returned)."""
-        with self.host.transaction() as txn:
+        with self.store.transaction(reap=True) as txn:
             for lease in txn.ledger.leases:
                 self._follow(Allocation(lease, _placement_of(lease)))
             self.fair.account(txn.ledger.leases)
@@ -207,7 +210,7 @@ class LedgerService:
                 memory_bytes=_positive(raw.get("memory_bytes")),
                 share_mode="mps" if raw.get("share_mode") == "mps" else "time-sliced",
                 uid=peer.uid,
-                creator=(peer.pid, check_owned(peer, peer.pid)),
+                creator=(peer.pid, started if pid == peer.pid else check_owned(peer, peer.pid)),
                 lease_id=lease_id,
             )
         except (TypeError, ValueError) as bad:
@@ -218,7 +221,7 @@ class LedgerService:
         with self.host.transaction() as txn:
             lease = txn.ledger.find(lease_id)
             if lease is None:
-                raise NoSuchLease(f"no lease {lease_id}", hint="'gpualloc status' lists them")
+                return  # released already (as the embedded ledger's confirm, quietly)
             if lease.uid != peer.uid and not peer.root:
                 raise NotPermitted(f"lease {lease_id} belongs to {lease.user}")
         self.host.confirm(lease_id)
@@ -278,7 +281,7 @@ class LedgerService:
 
     def reap(self) -> list[str]:
         """One transaction: dead leases released, dead waiters dropped (their ids)."""
-        with self.host.transaction() as txn:
+        with self.store.transaction(reap=True) as txn:
             self.fair.account(txn.ledger.leases)
             orphans = [
                 w.id

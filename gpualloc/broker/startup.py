@@ -42,20 +42,25 @@ def serve(
     """Run the broker until SIGTERM or SIGINT (module docstring)."""
     host = HostLedger.open(topology, state_dir=state_dir, owner=True, ignore_foreign=ignore_foreign)
     host.max_shared_jobs = config.system_value("share.max_jobs")
-    store = host.ledger_store()
+    service = LedgerService(
+        host,
+        QueuePolicy.from_config(config),
+        FairShare(config.system_value("queue.fair_share_half_life")),
+    )
+    store = service.store
     if not store.hold_lock():
         raise BrokerError(
             f"the ledger in {store.directory.path} is in use by {store.lock_holders()}",
             hint="another broker runs (systemctl status gpualloc), or a root gpualloc is "
             "writing it now; stop it first",
         )
+    for litter in store.directory.path.glob(".ledger*.tmp"):  # a write a kill -9 cut short
+        litter.unlink(missing_ok=True)
+    damaged = store.set_aside_damaged()
+    if damaged is not None:
+        log_line(f"warning: {damaged}")
     listener = listening_socket(socket_path)
     activated = listener.fileno() != -1 and os.environ.get("LISTEN_FDS") == "1"
-    service = LedgerService(
-        host,
-        QueuePolicy.from_config(config),
-        FairShare(config.system_value("queue.fair_share_half_life")),
-    )
     limits = Limits(
         config.system_value("broker.max_connections"),
         config.system_value("broker.max_requests_per_s"),

@@ -179,11 +179,13 @@ class HostLedger(Struct):
                 directory = open_broker_directory(state_dir).scoped(scope)
             else:
                 directory = open_state_directory(state_dir, create=create).scoped(scope)
-            store: LedgerStore | None = LedgerStore(
+            kind = LedgerStore
+            if owner:
+                from gpualloc.ledger.owned_store import OwnedLedgerStore as kind
+            store: LedgerStore | None = kind(
                 directory,
                 gpu_processes=_processes_for_reaping(topology, processes, this_host),
                 lock_timeout_s=lock_timeout_s or LOCK_TIMEOUT_S,
-                owner=owner,
             )
         except StateDirectoryMissing:
             store = None

@@ -26,12 +26,8 @@ ledger), and the next transaction recovers the newest valid good copy, which hol
 the interrupted write had. A file from a newer schema is refused; a torn file with no good copy
 left is reported with what to do, never silently emptied.
 
-On a host with a broker (``gpualloc serve``, :mod:`gpualloc.broker`) the broker *owns* the state
-directory (``owner=True``): the directory is its own and no other user may create files in it,
-so none of the above is needed. It holds ``ledger.lock`` (mode 0600: no user can even open it)
-for as long as it runs, writes ``ledger.json`` (0644: everyone reads ``status`` from it) by
-temp file, fsync and rename, keeps no good copies, and reads the ledger back from the text it
-last wrote instead of from the disk.
+On a host with a broker (``gpualloc serve``) the broker owns its state directory and its
+ledger; :mod:`.owned_store` is that store.
 """
 
 from __future__ import annotations
@@ -53,7 +49,6 @@ from gpualloc.atomic import write_text_atomic
 from gpualloc.boot import boot_id
 from gpualloc.errors import FileAccessError, GpuallocError, LedgerError
 from gpualloc.ledger.liveness import group_alive, lock_held, process_alive, started_by
-from gpualloc.ledger.locking import SHARED_MODE as SHARED_LOCK_MODE
 from gpualloc.ledger.locking import SharedLock
 from gpualloc.ledger.schema import SCHEMA_VERSION, Lease, Ledger, Waiter
 from gpualloc.ledger.shared_files import UnsafeFile, adopt, open_shared, owner_name, read_shared
@@ -71,10 +66,6 @@ from gpualloc.model.validation import (
 LOCK_TIMEOUT_S = 30.0
 """How long a transaction waits for another one; a transaction takes milliseconds."""
 SHARED_LEDGER_MODE = 0o666
-PRIVATE_LEDGER_MODE = 0o644
-"""The broker's ledger: everyone reads it, only the broker writes it."""
-PRIVATE_LOCK_MODE = 0o600
-"""The broker's lock: nobody else can open it, so nobody else can hold it."""
 _HEADER = re.compile(r'^\{\s*"writer_uid":\s*(\d+),\s*"generation":\s*(\d+)')
 
 
@@ -184,7 +175,6 @@ class LedgerStore:
         alive: Callable[[Lease, StateDirectory], bool] = lease_alive,
         lock_timeout_s: float = LOCK_TIMEOUT_S,
         gpu_processes: Callable[[], Iterable[GpuProcess]] = tuple,
-        owner: bool = False,
     ) -> None:
         self.directory = directory
         self.host = host or boot.hostname()
@@ -192,40 +182,27 @@ class LedgerStore:
         self.lock_timeout_s = lock_timeout_s
         self.gpu_processes = gpu_processes
         """What runs on the GPUs now (NVML's process lists, or a recorded topology's)."""
-        self.owner = owner
-        """The broker's store (module docstring): :meth:`hold_lock` before the first use."""
-        self._held: SharedLock | None = None
-        self._written: str | None = None
+        self.reap_in_transactions = True
+        """Reap dead leases in every transaction (the broker's store reaps when asked)."""
 
     def _lock(self, timeout_s: float | None = None) -> SharedLock | contextlib.nullcontext:
-        if self._held is not None:
-            return contextlib.nullcontext()
-        mode = PRIVATE_LOCK_MODE if self.owner else SHARED_LOCK_MODE
-        return SharedLock(
-            self.directory.lock_file, timeout_s=timeout_s or self.lock_timeout_s, mode=mode
-        )
-
-    def hold_lock(self) -> bool:
-        """The broker: take ``ledger.lock`` for good (False: another process holds it)."""
-        lock = SharedLock(self.directory.lock_file, timeout_s=0.0, mode=PRIVATE_LOCK_MODE)
-        if not lock.try_acquire():
-            return False
-        self._held = lock
-        return True
-
-    def lock_holders(self) -> str:
-        """Who holds ``ledger.lock`` now."""
-        return SharedLock(self.directory.lock_file, timeout_s=0.0, mode=PRIVATE_LOCK_MODE).holders()
+        return SharedLock(self.directory.lock_file, timeout_s=timeout_s or self.lock_timeout_s)
 
     @contextmanager
-    def transaction(self, *, lock_timeout_s: float | None = None) -> Iterator[LedgerTransaction]:
+    def transaction(
+        self, *, lock_timeout_s: float | None = None, reap: bool | None = None
+    ) -> Iterator[LedgerTransaction]:
         """Lock (waiting ``lock_timeout_s``, else the store's timeout), load, apply root's
-        journal, reap dead leases, hand the ledger over; write it back if it changed."""
+        journal, reap dead leases, hand the ledger over; write it back if it changed.
+
+        ``reap``: None reaps as the store does (:attr:`reap_in_transactions`)."""
+        reap = self.reap_in_transactions if reap is None else reap
         with self._lock(lock_timeout_s):
             ledger, notes = self._load()
             txn = LedgerTransaction(ledger, notes=notes, changed=bool(notes))
             self._apply_journal(txn)
-            self._reap(txn)
+            if reap:
+                self._reap(txn)
             yield txn
             if txn.changed:
                 self._write(txn.ledger)
@@ -324,8 +301,7 @@ class LedgerStore:
         before being recovered from, and quietly."""
         path = self.directory.ledger_file
         notes: list[str] = []
-        text = self._written if self._held is not None else None
-        text = text or self._read_ledger_text()
+        text = self._ledger_text()
         for _ in range(3 if unlocked else 0):
             if text is None or _parses(text):
                 break
@@ -361,6 +337,10 @@ class LedgerStore:
             )
         return ledger, notes
 
+    def _ledger_text(self) -> str | None:
+        """The text to load the ledger from (the broker's store keeps its own)."""
+        return self._read_ledger_text()
+
     def _read_ledger_text(self) -> str | None:
         """The ledger's text; None when it is missing, or was planted and root removed it
         (the good copies remain to recover from)."""
@@ -370,7 +350,7 @@ class LedgerStore:
         except FileNotFoundError:
             return None
         except OSError as exc:  # EACCES: a mode that shuts others out
-            raise _access_error(path, exc, "read") from exc
+            raise access_error(path, exc, "read") from exc
 
     def _good_copies(self) -> list[tuple[Path, int, Ledger]]:
         """(path, owner uid, ledger) of every good copy that can be trusted to be its owner's."""
@@ -390,11 +370,7 @@ class LedgerStore:
         return found
 
     def _recover(self, damaged: str | None, what: str) -> tuple[Ledger | None, list[str]]:
-        """The good copy to recover from, and what to tell the user (module docstring). Never
-        for the broker: its ledger is written by rename, and a file in its directory that it
-        did not write is nothing to trust."""
-        if self.owner:
-            return None, []
+        """The good copy to recover from, and what to tell the user (module docstring)."""
         copies = self._good_copies()
         if not copies:
             return None, []
@@ -423,30 +399,28 @@ class LedgerStore:
 
     def _write(self, ledger: Ledger) -> None:
         uid = os.geteuid()
-        ledger.generation += 1
-        ledger.writer_uid = uid
-        data = to_builtins(ledger)
-        head = {"writer_uid": data.pop("writer_uid"), "generation": data.pop("generation")}
-        # Compact: json's C encoder, which indentation turns off (a third of a write's time).
-        text = json.dumps({**head, **dict(sorted(data.items()))}, separators=(",", ":")) + "\n"
-        if self.owner:
-            try:
-                write_text_atomic(self.directory.ledger_file, text, mode=PRIVATE_LEDGER_MODE)
-            except OSError as exc:
-                raise _access_error(self.directory.ledger_file, exc, "write") from exc
-            self._written = text
-            return
+        text = ledger_text(ledger, uid)
         own = self.directory.good_copy(uid)
         _check_own_copy(own, uid)
         try:
             write_text_atomic(own, text, mode=0o644)  # others recover from it
         except OSError as exc:
-            raise _access_error(own, exc, "write", changed=False) from exc
+            raise access_error(own, exc, "write", changed=False) from exc
         path = self.directory.ledger_file
         try:
             _overwrite_in_place(path, text.encode())
         except OSError as exc:
-            raise _access_error(path, exc, "write", changed=True) from exc
+            raise access_error(path, exc, "write", changed=True) from exc
+
+
+def ledger_text(ledger: Ledger, writer_uid: int) -> str:
+    """The next generation of ``ledger``, as written (its header first: :data:`_HEADER`)."""
+    ledger.generation += 1
+    ledger.writer_uid = writer_uid
+    data = to_builtins(ledger)
+    head = {"writer_uid": data.pop("writer_uid"), "generation": data.pop("generation")}
+    # Compact: json's C encoder, which indentation turns off (a third of a write's time).
+    return json.dumps({**head, **dict(sorted(data.items()))}, separators=(",", ":")) + "\n"
 
 
 def parse_ledger(text: str, source: str) -> Ledger:
@@ -505,7 +479,7 @@ def _check_own_copy(path: Path, uid: int) -> None:
         )
 
 
-def _access_error(path: Path, exc: OSError, doing: str, *, changed: bool = False) -> GpuallocError:
+def access_error(path: Path, exc: OSError, doing: str, *, changed: bool = False) -> GpuallocError:
     """Why ``path`` could not be read or written, with the remedy that fits the cause."""
     import errno
 

@@ -18,6 +18,11 @@ DOUBLE_NVLINK, SINGLE_NVLINK, PCIE = 0, 1, 2
 _SWITCH_PATHS = frozenset({PciePath.BOARD, PciePath.PIX, PciePath.PXB})
 
 
+_BUILT: dict[int, tuple[Topology, HostGraph]] = {}
+"""id(topology) -> (the topology, its graph): the topology is kept, so the id is never reused
+while the entry stands."""
+
+
 class HostGraph(Struct, frozen=True):
     """Pairwise facts about the GPUs of one host, indexed by GPU index.
 
@@ -47,6 +52,19 @@ class HostGraph(Struct, frozen=True):
 
     @classmethod
     def from_topology(cls, topology: Topology) -> HostGraph:
+        """The graph of ``topology``; built once per topology object (a long-running process,
+        the broker, places on the same topology thousands of times)."""
+        built = _BUILT.get(id(topology))
+        if built is not None and built[0] is topology:
+            return built[1]
+        graph = cls._build(topology)
+        if len(_BUILT) >= 8:
+            _BUILT.clear()
+        _BUILT[id(topology)] = (topology, graph)
+        return graph
+
+    @classmethod
+    def _build(cls, topology: Topology) -> HostGraph:
         n = topology.gpu_count
         bandwidth = [[0.0] * n for _ in range(n)]
         nvlink_bw = [[0.0] * n for _ in range(n)]

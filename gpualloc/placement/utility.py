@@ -108,6 +108,7 @@ class UtilityParts(Struct, frozen=True):
     """w of Eq. 5: the average share of each socket left free."""
 
 
+@functools.lru_cache(maxsize=8)
 def physical_distances(host: HostGraph) -> tuple[tuple[float, ...], ...]:
     """Shortest-path distances between GPUs in DRB's physical graph (section 4.1.2)."""
     n = host.gpu_count

@@ -1,0 +1,178 @@
+"""The broker's ledger store: one owner, one lock held for good, one write per batch.
+
+On a host with a broker (``gpualloc serve``, :mod:`gpualloc.broker`) the broker *owns* the state
+directory: the directory is its own and no other user may create files in it, so the shared
+store's defences (:mod:`.store`: good copies per user, in-place rewrites in a sticky directory,
+recovery from what others wrote) have nothing to defend against. Instead:
+
+- it holds ``ledger.lock`` (mode 0600: no user can even open it) for as long as it runs; a
+  second broker, or a root tool writing the ledger, finds it held (:meth:`hold_lock`);
+- it writes ``ledger.json`` (0644: everyone may read it) by temp file and rename, and reads the
+  ledger back from the text it last wrote instead of from the disk;
+- it does not fsync: the page cache outlives a killed broker, so a ``kill -9`` loses nothing,
+  and what a crash of the machine could lose is dead anyway (every lease dies with its boot).
+  A ledger a crash left damaged is set aside when the broker starts (:meth:`set_aside_damaged`);
+- it keeps no good copies and never recovers from a file it did not write;
+- the transactions of a batch (:meth:`batch`: what one turn of the broker's loop received)
+  share one load and one write, group commit as databases do it; a transaction that fails in
+  a batch leaves the batch's ledger as it found it;
+- it reaps dead leases only when asked (``transaction(reap=True)``): the broker learns of ended
+  processes from their pidfds and looks every second, and reading ``/proc`` for every lease in
+  every transaction would cost more than the rest of a request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import msgspec
+
+from gpualloc.atomic import write_text_atomic
+from gpualloc.errors import LedgerError
+from gpualloc.ledger.locking import SharedLock
+from gpualloc.ledger.schema import Ledger
+from gpualloc.ledger.store import (
+    LedgerFromNewerVersion,
+    LedgerStore,
+    LedgerTransaction,
+    access_error,
+    ledger_text,
+    parse_ledger,
+)
+
+LEDGER_MODE = 0o644
+"""The broker's ledger: everyone reads it, only the broker writes it."""
+LOCK_MODE = 0o600
+"""The broker's lock: nobody else can open it, so nobody else can hold it."""
+
+
+class OwnedLedgerStore(LedgerStore):
+    """The ledger of a directory its owner alone writes (module docstring)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.reap_in_transactions = False
+        self._held: SharedLock | None = None
+        self._written: str | None = None
+        self._batch: _Batch | None = None
+
+    def _lock(self, timeout_s: float | None = None) -> SharedLock | contextlib.nullcontext:
+        if self._held is not None:
+            return contextlib.nullcontext()
+        return SharedLock(
+            self.directory.lock_file, timeout_s=timeout_s or self.lock_timeout_s, mode=LOCK_MODE
+        )
+
+    def hold_lock(self) -> bool:
+        """Take ``ledger.lock`` for good (False: another process holds it)."""
+        lock = SharedLock(self.directory.lock_file, timeout_s=0.0, mode=LOCK_MODE)
+        if not lock.try_acquire():
+            return False
+        self._held = lock
+        return True
+
+    def lock_holders(self) -> str:
+        """Who holds ``ledger.lock`` now."""
+        return SharedLock(self.directory.lock_file, timeout_s=0.0, mode=LOCK_MODE).holders()
+
+    def set_aside_damaged(self) -> str | None:
+        """At start: a ledger that does not parse (only a crash of the machine can leave one,
+        and every lease died with it) is renamed ``.damaged-<time>`` so that the broker starts
+        with an empty ledger instead of refusing to start. Returns what it did."""
+        path = self.directory.ledger_file
+        text = self._read_ledger_text()
+        if text is None:
+            return None
+        try:
+            parse_ledger(text, str(path))
+        except LedgerFromNewerVersion:
+            raise
+        except LedgerError as problem:
+            aside = path.with_name(f"{path.name}.damaged-{int(time.time())}")
+            path.rename(aside)
+            return f"{problem.message}; moved to {aside.name}, starting with an empty ledger"
+        return None
+
+    # ---- group commit ------------------------------------------------------------------------
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """The transactions inside share one load and one write, made when the batch ends
+        (the broker answers its clients only after that); a batch that fails writes nothing."""
+        if self._batch is not None:
+            yield
+            return
+        self._batch = _Batch()
+        try:
+            yield
+            if self._batch.txn is not None and self._batch.changed:
+                self._write(self._batch.txn.ledger)
+        finally:
+            self._batch = None
+
+    @contextmanager
+    def transaction(
+        self, *, lock_timeout_s: float | None = None, reap: bool | None = None
+    ) -> Iterator[LedgerTransaction]:
+        if self._batch is None:
+            with super().transaction(lock_timeout_s=lock_timeout_s, reap=reap) as txn:
+                yield txn
+            return
+        with self._in_batch(bool(reap)) as txn:
+            yield txn
+
+    @contextmanager
+    def _in_batch(self, reap: bool) -> Iterator[LedgerTransaction]:
+        batch = self._batch
+        assert batch is not None
+        if batch.txn is None:
+            ledger, notes = self._load()
+            batch.txn = LedgerTransaction(ledger, notes=notes)
+            batch.changed = bool(notes)
+            self._apply_journal(batch.txn)
+        shared = batch.txn.ledger
+        saved = msgspec.json.encode(shared)
+        txn = LedgerTransaction(shared, changed=False)
+        if batch.txn.changed:
+            txn.notes, batch.txn.changed = list(batch.txn.notes), False
+            batch.changed = True
+        try:
+            if reap:
+                self._reap(txn)
+            yield txn
+        except BaseException:
+            batch.txn.ledger = msgspec.json.decode(saved, type=Ledger)
+            raise
+        batch.txn.ledger = txn.ledger
+        batch.changed = batch.changed or txn.changed
+
+    # ---- reading and writing -----------------------------------------------------------------
+
+    def _ledger_text(self) -> str | None:
+        if self._held is not None and self._written is not None:
+            return self._written
+        return self._read_ledger_text()
+
+    def _recover(self, damaged: str | None, what: str) -> tuple[Ledger | None, list[str]]:
+        return None, []  # a file in this directory that the broker did not write: no trust
+
+    def _write(self, ledger: Ledger) -> None:
+        text = ledger_text(ledger, os.geteuid())
+        path = self.directory.ledger_file
+        try:
+            write_text_atomic(path, text, mode=LEDGER_MODE, sync=False)
+        except OSError as exc:
+            raise access_error(path, exc, "write") from exc
+        self._written = text
+
+
+class _Batch:
+    """The ledger a batch of transactions shares."""
+
+    def __init__(self) -> None:
+        self.txn: LedgerTransaction | None = None
+        self.changed = False

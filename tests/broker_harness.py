@@ -1,0 +1,95 @@
+"""A real ``gpualloc serve`` for tests: started, killed and restarted as a test needs.
+
+The broker runs as the test's user (root in CI) on a bundled topology, with its socket in a
+directory every user can reach (``/tmp``, mode 0755) and its state directory beside it. No
+systemd: the test is the supervisor (a restart is a new process on the same socket and state).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class RunningBroker:
+    def __init__(self, topology: str, *, system_config: Path | None = None) -> None:
+        self.directory = Path(tempfile.mkdtemp(prefix="gpualloc-broker-", dir="/tmp"))
+        self.directory.chmod(0o755)
+        self.socket = self.directory / "gpualloc.sock"
+        self.state = self.directory / "state"
+        self.log = self.directory / "broker.log"
+        self.topology = topology
+        self.system_config = system_config
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def argv(self) -> list[str]:
+        return [
+            sys.executable, "-m", "gpualloc", "--topology", self.topology, "serve",
+            "--socket", str(self.socket), "--state-dir", str(self.state),
+        ]  # fmt: skip
+
+    def start(self, *, timeout_s: float = 30) -> RunningBroker:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUALLOC_")}
+        env["PYTHONPATH"] = str(ROOT)
+        if self.system_config is not None:
+            env["GPUALLOC_SYSTEM_CONFIG"] = str(self.system_config)
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(self.argv(), env=env, stderr=log, cwd="/")
+        self.starts += 1
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.process.poll() is not None:
+                raise AssertionError(f"the broker exited: {self.log.read_text()[-2000:]}")
+            try:
+                self.hello()
+                return self
+            except OSError:
+                assert time.monotonic() < deadline, "the broker did not start"
+                time.sleep(0.02)
+
+    def hello(self) -> dict:
+        return self.call("hello")
+
+    def call(self, op: str, args: dict | None = None) -> dict:
+        """One raw request; the answer's body."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.settimeout(10)
+            connection.connect(str(self.socket))
+            connection.sendall(json.dumps({"v": 1, "op": op, "args": args or {}}).encode() + b"\n")
+            reader = connection.makefile("rb")
+            body = json.loads(reader.readline())
+        if not body.get("ok"):
+            raise OSError(str(body))
+        return body["result"]
+
+    def kill9(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def ledger(self) -> dict:
+        """The ledger file as the broker last wrote it."""
+        (path,) = self.state.glob("ledger*.json")
+        return json.loads(path.read_text())
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")

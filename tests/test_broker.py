@@ -1,0 +1,415 @@
+"""The broker as a service: its protocol's limits, fairness between users, and restarts.
+
+- Malformed, oversized, slow and wrong-version requests get an error or a closed connection,
+  and the broker keeps serving everyone else.
+- One user's connections and request rate are capped (real users: root is never limited).
+- A waiter whose client disconnects leaves the queue; the queue is fair between users.
+- A restart, ``kill -9`` included, loses no lease of a live process and releases the dead.
+
+The broker runs as root (tests/broker_harness.py); users are real (tests/unix_users.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.broker_harness import ROOT, RunningBroker
+from tests.unix_users import UnixUser, UserCommandLine, ensure_user, shared_directory
+
+TOPOLOGY = "nvlink-pairs-4gpu"
+
+
+@pytest.fixture
+def broker() -> Iterator[RunningBroker]:
+    if os.geteuid() != 0:
+        pytest.skip("the broker's tests run it as root (CI runs as root)")
+    running = RunningBroker(TOPOLOGY).start()
+    yield running
+    running.stop()
+    shutil.rmtree(running.directory, ignore_errors=True)
+
+
+def _connect(broker: RunningBroker) -> socket.socket:
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.settimeout(10)
+    connection.connect(str(broker.socket))
+    return connection
+
+
+def _answer(connection: socket.socket) -> dict:
+    return json.loads(connection.makefile("rb").readline() or b"{}")
+
+
+def _until(condition: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+# ---- the protocol's limits (as root) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [b"not json\n", b"[1, 2]\n", b'{"v": 1, "op": "format-disk"}\n', b'{"v": 1, "op": "alloc"}\n'],
+    ids=["not-json", "not-an-object", "unknown-op", "no-arguments"],
+)
+def test_a_malformed_request_gets_an_error_and_the_broker_keeps_serving(
+    broker: RunningBroker, sent: bytes
+) -> None:
+    with _connect(broker) as connection:
+        connection.sendall(sent)
+        answer = _answer(connection)
+    assert answer["ok"] is False and answer["error"]["message"]
+    assert answer["error"]["code"] in (2, 18)
+    assert broker.hello()["protocol"] == 1
+
+
+def test_an_oversized_request_is_refused_and_its_connection_closed(broker: RunningBroker) -> None:
+    with _connect(broker) as connection:
+        with contextlib.suppress(BrokenPipeError):  # it may close before reading it all
+            connection.sendall(b"x" * (70 * 1024))
+        answer = _answer(connection)
+        assert "at most 65536 bytes" in answer["error"]["message"]
+        assert connection.recv(1) == b""  # closed
+    assert broker.hello()["protocol"] == 1
+
+
+@pytest.mark.slow
+def test_a_slow_request_loses_its_connection_and_holds_nobody_up(broker: RunningBroker) -> None:
+    with _connect(broker) as slow:
+        slow.sendall(b'{"v": 1, "op": ')  # and never the rest
+        started = time.monotonic()
+        assert broker.call("alloc", _hold_request("0123456789ab"))["lease"]["id"]
+        assert time.monotonic() - started < 2, "the broker waited for the slow client"
+        slow.settimeout(15)
+        answer = _answer(slow)
+        assert "did not arrive in time" in answer["error"]["message"]
+
+
+def test_another_protocol_version_is_told_both_versions(broker: RunningBroker) -> None:
+    with _connect(broker) as connection:
+        connection.sendall(b'{"v": 99, "op": "hello", "args": {}}\n')
+        answer = _answer(connection)
+    assert answer["error"]["code"] == 18
+    assert "protocol 1" in answer["error"]["message"] and "99" in answer["error"]["message"]
+
+
+def test_a_configured_broker_that_does_not_answer_is_exit_18_never_the_shared_file(
+    tmp_path: Path,
+) -> None:
+    env = {**_clean_env(), "GPUALLOC_BROKER": str(tmp_path / "nobody.sock")}
+    env["GPUALLOC_STATE_DIR"] = str(tmp_path / "state")
+    result = subprocess.run(
+        [sys.executable, "-m", "gpualloc", "alloc", "--hold"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 18, result.stderr
+    assert "does not answer" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "state").exists()
+
+
+def _hold_request(lease_id: str, gpus: int = 1) -> dict:
+    return {
+        "lease_id": lease_id,
+        "request": {"gpus": gpus, "sensitive": False},
+        "terms": {"source": "alloc", "hold": True},
+    }
+
+
+def test_alloc_sent_again_returns_the_lease_it_made(broker: RunningBroker) -> None:
+    first = broker.call("alloc", _hold_request("aaaaaaaaaaaa"))
+    again = broker.call("alloc", {**_hold_request("aaaaaaaaaaaa"), "retry": True})
+    assert again["lease"]["id"] == first["lease"]["id"] == "aaaaaaaaaaaa"
+    assert again["lease"]["gpus"] == first["lease"]["gpus"]
+    assert len(broker.call("snapshot")["ledger"]["leases"]) == 1
+
+
+# ---- a run's lease lives with its process ------------------------------------------------------
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("GPUALLOC_")}
+
+
+def _cli(broker: RunningBroker, *args: str) -> subprocess.Popen[str]:
+    env = {**_clean_env(), "GPUALLOC_BROKER": str(broker.socket)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpualloc", *args], env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def _leases(broker: RunningBroker) -> list[dict]:
+    return broker.call("snapshot")["ledger"]["leases"]
+
+
+@pytest.mark.slow
+def test_a_runs_gpus_are_free_the_moment_its_job_ends_and_its_group_keeps_them(
+    broker: RunningBroker,
+) -> None:
+    job = _cli(broker, "run", "-n", "2", "--", "sleep", "0.5")
+    _until(lambda: len(_leases(broker)) == 1, "the job's lease")
+    job.communicate(timeout=30)
+    _until(lambda: not _leases(broker), "the lease to go", timeout_s=2)
+
+    leader = subprocess.Popen(
+        [sys.executable, "-m", "gpualloc", "run", "-n", "1", "--", "sh", "-c", "sleep 3 & exit"],
+        env={**_clean_env(), "GPUALLOC_BROKER": str(broker.socket)}, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    leader.wait(timeout=30)  # the job's leader is gone; its background child is not
+    time.sleep(1.5)
+    assert len(_leases(broker)) == 1, "the lease ended while a process of its job ran"
+    _until(lambda: not _leases(broker), "the lease to go with the last process", timeout_s=10)
+
+
+@pytest.mark.slow
+def test_a_waiter_whose_client_goes_away_leaves_the_queue(broker: RunningBroker) -> None:
+    broker.call("alloc", _hold_request("bbbbbbbbbbbb", gpus=4))
+    waiter = _cli(broker, "alloc", "--wait", "--hold", "-n", "2")
+    _until(lambda: len(broker.call("snapshot")["ledger"]["queue"]) == 1, "the waiter")
+    waiter.kill()
+    waiter.communicate()
+    _until(lambda: not broker.call("snapshot")["ledger"]["queue"], "the queue to empty", 5)
+
+
+def test_a_restart_keeps_the_leases_of_live_processes_and_releases_the_dead(
+    broker: RunningBroker,
+) -> None:
+    alive = subprocess.Popen(["sleep", "60"])
+    dead = subprocess.Popen(["sleep", "60"])
+    try:
+        for lease_id, pid in (("cccccccccccc", alive.pid), ("dddddddddddd", dead.pid)):
+            request = _hold_request(lease_id)
+            request["terms"] = {"source": "alloc", "pid": pid}
+            broker.call("alloc", request)
+        broker.kill9()
+        dead.kill()
+        dead.wait()
+        broker.start()
+        assert [x["id"] for x in _leases(broker)] == ["cccccccccccc"]
+        assert "released: its job ended while no broker ran" in broker.log_text()
+        alive.kill()
+        alive.wait()
+        _until(lambda: not _leases(broker), "the live one to go when its process does", 5)
+    finally:
+        for process in (alive, dead):
+            process.kill()
+            process.wait()
+
+
+# ---- between real users ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def users() -> dict[str, UnixUser]:
+    return {name: ensure_user(f"gpualloc-t-{name}") for name in ("alice", "bob", "carol")}
+
+
+@pytest.fixture(scope="module")
+def as_user(users: dict[str, UnixUser]) -> UserCommandLine:
+    return UserCommandLine(users["alice"])
+
+
+LIMITS = """
+import json, socket, sys
+path, opened = sys.argv[1], []
+answers = []
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(path)
+    opened.append(s)
+for s in opened:
+    s.sendall(b'{"v": 1, "op": "hello", "args": {}}\\n' * int(sys.argv[3]))
+for s in opened:
+    reader = s.makefile("rb")
+    for _ in range(int(sys.argv[3])):
+        line = reader.readline()
+        if not line:
+            answers.append("closed")
+            break
+        body = json.loads(line)
+        answers.append("ok" if body.get("ok") else body["error"]["message"])
+print(json.dumps(answers))
+"""
+
+
+@pytest.mark.slow
+def test_one_users_connections_and_request_rate_are_capped(
+    users: dict[str, UnixUser], as_user: UserCommandLine
+) -> None:
+    config = shared_directory("gpualloc-etc-")
+    config.chmod(0o755)
+    (config / "config.toml").write_text("[broker]\nmax_connections = 3\nmax_requests_per_s = 5\n")
+    broker = RunningBroker(TOPOLOGY, system_config=config / "config.toml").start()
+    try:
+        run = as_user._run
+        argv = [as_user.python, "-c", LIMITS, str(broker.socket)]
+        many = json.loads(run(users["alice"], [*argv, "5", "1"], {}).stdout)
+        assert many.count("ok") == 3, many  # two connections over the cap
+        assert sum("max_connections" in a for a in many) == 2
+        fast = json.loads(run(users["bob"], [*argv, "1", "30"], {}).stdout)
+        assert "ok" in fast and any("too many requests" in a for a in fast), fast
+        assert broker.hello()["protocol"] == 1  # root is not limited
+    finally:
+        broker.stop()
+        shutil.rmtree(broker.directory, ignore_errors=True)
+        shutil.rmtree(config, ignore_errors=True)
+
+
+WAITERS = """
+import json, socket, sys
+path, count = sys.argv[1], int(sys.argv[2])
+opened = []
+for n in range(count):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    request = {"lease_id": "%012x" % (0xA0000000 + n), "request": {"gpus": 1, "sensitive": False},
+               "terms": {"source": "alloc", "hold": True}, "wait": {}}
+    s.sendall(json.dumps({"v": 1, "op": "alloc", "args": request}).encode() + b"\\n")
+    opened.append(s)
+print("queued", flush=True)
+sys.stdin.read()  # hold the connections until told
+"""
+
+
+@pytest.mark.slow
+def test_a_users_one_job_starts_before_the_second_of_another_users_32(
+    users: dict[str, UnixUser], as_user: UserCommandLine
+) -> None:
+    broker = RunningBroker(TOPOLOGY).start()
+    alice, bob, carol = users["alice"], users["bob"], users["carol"]
+    env = {"GPUALLOC_BROKER": str(broker.socket)}
+    try:
+        held = []
+        for _ in range(4):
+            out = as_user(carol, "alloc", "--hold", "--format", "json", env=env)
+            held.append(json.loads(out.stdout)["lease"]["id"])
+        many = subprocess.Popen(
+            [as_user.python, "-c", WAITERS, str(broker.socket), "32"],
+            user=alice.uid, group=alice.gid, extra_groups=[], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert many.stdout and many.stdout.readline().strip() == "queued"
+        queue = lambda: broker.call("snapshot")["ledger"]["queue"]  # noqa: E731
+        _until(lambda: len(queue()) == 32, "alice's 32 waiters")
+        one = as_user.popen(bob, "alloc", "--wait", "--hold", "--format", "json", env=env)
+        _until(lambda: len(queue()) == 33, "bob's waiter")
+
+        def holders() -> list[str]:
+            return sorted(x["user"] for x in _leases(broker) if x["user"] != carol.name)
+
+        assert as_user(carol, "release", held[0], env=env).returncode == 0
+        _until(lambda: holders() == [alice.name], "alice's first job")
+        assert as_user(carol, "release", held[1], env=env).returncode == 0
+        _until(lambda: len(holders()) == 2, "the next job")
+        assert holders() == [alice.name, bob.name], "alice's second job started before bob's"
+        out, err = one.communicate(timeout=30)
+        assert one.returncode == 0, err
+        assert as_user(carol, "release", held[2], env=env).returncode == 0
+        _until(lambda: holders() == [alice.name, alice.name, bob.name], "alice's second job")
+        many.communicate(input="", timeout=30)
+        _until(lambda: not queue(), "alice's waiters to leave with their connections")
+    finally:
+        broker.stop()
+        shutil.rmtree(broker.directory, ignore_errors=True)
+
+
+STREAM = """
+import os, random, sys, time
+import gpualloc.api as api
+from gpualloc.broker.remote import RemoteLedger
+from pathlib import Path
+
+stop = Path(sys.argv[1])
+lost = held = 0
+remote = RemoteLedger(Path(os.environ["GPUALLOC_BROKER"]))
+while not stop.exists():
+    try:
+        with api.hold(1, wait=True, timeout_s=30) as lease:
+            held += 1
+            time.sleep(random.uniform(0.0, 0.05))
+            ids = [x["id"] for x in remote.view()["ledger"]["leases"]]
+            if lease.lease.id not in ids:
+                lost += 1
+                print("lost", lease.lease.id, flush=True)
+    except Exception as problem:
+        print("error", type(problem).__name__, problem, flush=True)
+print("held", held, "lost", lost, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_broker_50_times_loses_no_lease_and_books_no_gpu_twice(
+    users: dict[str, UnixUser], as_user: UserCommandLine
+) -> None:
+    broker = RunningBroker(TOPOLOGY).start()
+    env = as_user._environment
+    streams = [
+        subprocess.Popen(
+            [as_user.python, "-c", STREAM, str(broker.directory / "stop")],
+            env={**env(user, {}), "GPUALLOC_BROKER": str(broker.socket)},
+            user=user.uid,
+            group=user.gid,
+            extra_groups=[],
+            cwd="/",
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for user in (users["alice"], users["bob"])
+    ]
+    try:
+        for _ in range(50):
+            time.sleep(0.15)
+            broker.kill9()
+            ledger = broker.ledger()
+            gpus = [g["index"] for lease in ledger["leases"] for g in lease["gpus"]]
+            assert len(gpus) == len(set(gpus)), f"a GPU booked twice: {ledger['leases']}"
+            broker.start()
+        assert broker.starts == 51
+    finally:
+        (broker.directory / "stop").touch()
+        outputs = [stream.communicate(timeout=120)[0] for stream in streams]
+        broker.stop()
+    for output in outputs:
+        assert "lost" in output and " lost 0" in output, output[-2000:]
+        assert "error" not in output, output[-2000:]
+        held = int(output.rsplit("held ", 1)[1].split()[0])
+        print(f"held {held}")
+        assert held >= 50, "too few allocations to have been cut by the kills"
+    assert "forged" not in broker.log_text()
+    shutil.rmtree(broker.directory, ignore_errors=True)
+
+
+def test_the_library_holds_through_the_broker(broker: RunningBroker) -> None:
+    code = textwrap.dedent(
+        """
+        import gpualloc.api as api
+        with api.hold(2) as held:
+            print(held.gpus, held.environment["CUDA_VISIBLE_DEVICES"])
+        """
+    )
+    env = {**_clean_env(), "GPUALLOC_BROKER": str(broker.socket), "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    gpus, visible = result.stdout.split(") ")
+    assert visible.strip() == ",".join(gpus.strip("(").replace(" ", "").split(","))
+    assert not _leases(broker)

@@ -1,0 +1,302 @@
+"""Every attack of issue 31 by real Unix users, against a broker-mode host and against the
+cooperative shared-file mode.
+
+Each attack test runs twice: ``broker`` (``gpualloc serve`` owns the ledger; users reach it only
+through its socket), where the attack must fail, and ``shared`` (the README's 1777 directory),
+where it still works: that run is a strict xfail, so this file also proves that the test can
+fail, and that the cooperative mode is as forgeable as ``status`` and ``doctor`` say.
+
+Users are made with useradd and removed after (tests/unix_users.py); the broker runs as root.
+Skipped, with the reason, where the tests do not run as root.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.broker_harness import RunningBroker
+from tests.unix_users import UnixUser, UserCommandLine, ensure_user, shared_directory
+
+TOPOLOGY = "nvlink-pairs-4gpu"
+STEM = "ledger@nvlink-pairs-4gpu-1b11075b"
+NAMES = ("alice", "bob", "carol")
+QUICK_S = 5.0
+
+pytestmark = pytest.mark.slow
+MODES = [
+    "broker",
+    pytest.param("shared", marks=pytest.mark.xfail(strict=True, reason="cooperative: forgeable")),
+]
+
+
+@pytest.fixture(scope="module")
+def users() -> dict[str, UnixUser]:
+    return {name: ensure_user(f"gpualloc-t-{name}") for name in NAMES}
+
+
+@pytest.fixture(scope="module")
+def as_user(users: dict[str, UnixUser]) -> UserCommandLine:
+    return UserCommandLine(users["alice"])
+
+
+class Host:
+    """One host in one mode: how users run gpualloc there, and where its files are."""
+
+    def __init__(self, mode: str, as_user: UserCommandLine, directory: Path) -> None:
+        self.mode = mode
+        self.as_user = as_user
+        self.broker: RunningBroker | None = None
+        if mode == "broker":
+            self.broker = RunningBroker(TOPOLOGY).start()
+            self.state = self.broker.state
+            self.env = {"GPUALLOC_BROKER": str(self.broker.socket)}
+            self.args: tuple[str, ...] = ()
+        else:
+            self.state = directory
+            self.env = {"GPUALLOC_STATE_DIR": str(directory), "GPUALLOC_LOCK_TIMEOUT": "3"}
+            self.args = ("-t", TOPOLOGY)
+
+    def __call__(self, user: UnixUser, *args: str, **env: str) -> subprocess.CompletedProcess:
+        return self.as_user(user, *self.args, *args, env={**self.env, **env})
+
+    def popen(self, user: UnixUser, *args: str) -> subprocess.Popen[str]:
+        return self.as_user.popen(user, *self.args, *args, env=self.env)
+
+    def root(self, *args: str, **env: str) -> subprocess.CompletedProcess:
+        extra = {} if self.broker else {"GPUALLOC_TOPOLOGY": TOPOLOGY}
+        return self.as_user(UnixUser("root", 0, 0), *args, env={**self.env, **extra, **env})
+
+    def python(self, user: UnixUser, code: str, *args: str) -> subprocess.CompletedProcess:
+        """Python ``code`` run as ``user`` (the hostile part of an attack)."""
+        return self.as_user._run(user, [self.as_user.python, "-c", code, *args], {})
+
+    @property
+    def ledger(self) -> Path:
+        return self.state / f"{STEM}.json"
+
+    def names(self, users: dict[str, UnixUser]) -> list[Path]:
+        """Every name gpualloc keeps in the state directory, and users' predictable ones."""
+        found = [
+            self.ledger,
+            self.state / f"{STEM}.lock",
+            self.state / f"{STEM}.0.good.json",
+            self.state / f"{STEM}.root-journal.json",
+            self.state / f"{STEM}.root-journal.lock",
+            self.state / "slurm-hooks.log",
+        ]
+        found += [self.state / f"{STEM}.{user.uid}.good.json" for user in users.values()]
+        return found
+
+    def status(self, user: UnixUser) -> dict:
+        result = self(user, "status", "--json")
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    def close(self) -> None:
+        if self.broker is not None:
+            self.broker.stop()
+            shutil.rmtree(self.broker.directory, ignore_errors=True)
+
+
+@pytest.fixture(params=MODES)
+def host(request: pytest.FixtureRequest, as_user: UserCommandLine) -> Iterator[Host]:
+    directory = shared_directory("gpualloc-shared-")
+    made = Host(request.param, as_user, directory)
+    if made.mode == "shared":  # the first command creates the files, as on a fresh host
+        assert made(ensure_user("gpualloc-t-carol"), "status").returncode == 0
+    yield made
+    made.close()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _until(condition: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _holders(status: dict) -> dict[str, list[int]]:
+    held: dict[str, list[int]] = {}
+    for lease in status["leases"]:
+        held.setdefault(lease["user"], []).extend(g["index"] for g in lease["gpus"])
+    return {user: sorted(gpus) for user, gpus in held.items()}
+
+
+def _lease_of(status: dict, user: UnixUser) -> dict:
+    (lease,) = [x for x in status["leases"] if x["user"] == user.name]
+    return lease
+
+
+def _running(host: Host, user: UnixUser, gpus: int = 2) -> subprocess.Popen[str]:
+    job = host.popen(user, "run", "-n", str(gpus), "--", "sleep", "120")
+    _until(lambda: user.name in _holders(host.status(user)), f"{user.name}'s job to start")
+    return job
+
+
+REWRITE = """
+import json, sys
+path, victim, to_uid = sys.argv[1], sys.argv[2], sys.argv[3]
+try:
+    data = json.load(open(path))
+    if to_uid == "-":
+        data["leases"] = [x for x in data["leases"] if x["user"] != victim]
+    else:
+        for lease in data["leases"]:
+            if lease["user"] == victim:
+                lease["uid"], lease["user"] = int(to_uid), sys.argv[4]
+    open(path, "w").write(json.dumps(data))
+    print("written")
+except OSError as exc:
+    print("refused", exc.errno)
+"""
+
+
+def test_deleting_another_users_live_lease_from_the_ledger_takes_no_gpus(
+    host: Host, users: dict[str, UnixUser]
+) -> None:
+    alice, bob = users["alice"], users["bob"]
+    job = _running(host, alice)
+    try:
+        attack = host.python(bob, REWRITE, str(host.ledger), alice.name, "-")
+        assert attack.returncode == 0, attack.stderr
+        taken = host(bob, "alloc", "-n", "4", "--hold")
+        assert taken.returncode == 10, "bob took the GPUs of alice's running job"
+        assert _holders(host.status(bob)).get(alice.name), "alice's lease is gone"
+        assert "refused" in attack.stdout
+    finally:
+        job.kill()
+        job.communicate()
+
+
+def test_rewriting_a_lease_to_ones_own_uid_does_not_let_one_release_it(
+    host: Host, users: dict[str, UnixUser]
+) -> None:
+    alice, bob = users["alice"], users["bob"]
+    job = _running(host, alice)
+    try:
+        lease = _lease_of(host.status(alice), alice)["id"]
+        host.python(bob, REWRITE, str(host.ledger), alice.name, str(bob.uid), bob.name)
+        released = host(bob, "release", lease)
+        assert released.returncode == 12, released.stderr
+        assert _lease_of(host.status(alice), alice)["id"] == lease
+    finally:
+        job.kill()
+        job.communicate()
+
+
+PLANT = """
+import os, sys
+made = []
+for name in sys.argv[1:]:
+    try:
+        os.mkdir(name)
+        made.append(name)
+    except OSError:
+        pass
+print(len(made))
+"""
+
+
+def test_directories_planted_at_state_names_neither_skip_a_slurm_job_nor_lock_a_user_out(
+    host: Host, users: dict[str, UnixUser]
+) -> None:
+    alice, bob, carol = users["alice"], users["bob"], users["carol"]
+    for path in host.names(users):  # whatever the first command made: bob strikes before it
+        if path.is_file() and host.mode == "shared" and path.name != f"{STEM}.json":
+            path.unlink()
+    planted = host.python(bob, PLANT, *map(str, host.names(users)))
+    assert planted.returncode == 0, planted.stderr
+    job = {"SLURM_JOB_ID": "71", "SLURM_JOB_GPUS": "0,1", "SLURM_JOB_UID": str(carol.uid)}
+    prolog = host.root("slurm", "prolog", **job)
+    assert prolog.returncode == 0  # a Prolog never fails the node, whatever happens
+    assert _holders(host.status(alice)).get(carol.name) == [0, 1], prolog.stderr
+    mine = host(alice, "alloc", "-n", "1", "--hold")
+    assert mine.returncode == 0, f"alice is locked out: {mine.stderr}"
+    assert planted.stdout.strip() == "0", "bob could create files in the state directory"
+
+
+FLOCK = """
+import fcntl, os, sys, time
+try:
+    fd = os.open(sys.argv[1], os.O_RDONLY | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    print("held", flush=True)
+except OSError as exc:
+    print("refused", exc.errno, flush=True)
+    sys.exit(0)
+time.sleep(60)
+"""
+
+
+def test_holding_the_ledger_lock_stalls_nobody(host: Host, users: dict[str, UnixUser]) -> None:
+    alice, bob = users["alice"], users["bob"]
+    holder = subprocess.Popen(
+        [host.as_user.python, "-c", FLOCK, str(host.state / f"{STEM}.lock")],
+        user=bob.uid, group=bob.gid, extra_groups=[], stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        said = holder.stdout.readline() if holder.stdout else ""
+        started = time.monotonic()
+        allocated = host(alice, "alloc", "-n", "1", "--hold")
+        released = host(alice, "release", "--mine")
+        assert allocated.returncode == 0 and released.returncode == 0, allocated.stderr
+        assert time.monotonic() - started < 2 * QUICK_S, "alice was stalled"
+        assert said.startswith("refused"), f"bob holds the lock: {said}"
+    finally:
+        holder.kill()
+        holder.communicate()
+
+
+def test_a_lease_cannot_be_bound_to_another_users_process(
+    host: Host, users: dict[str, UnixUser]
+) -> None:
+    alice, bob = users["alice"], users["bob"]
+    sleeper = subprocess.Popen(["sleep", "120"], user=alice.uid, group=alice.gid, extra_groups=[])
+    try:
+        bound = host(bob, "alloc", "-n", "1", "--pid", str(sleeper.pid))
+        assert bound.returncode == 12, "bob bound a lease to alice's process"
+        assert "belongs to" in bound.stderr and "Traceback" not in bound.stderr
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_status_and_doctor_say_who_keeps_the_ledger(host: Host, users: dict[str, UnixUser]) -> None:
+    alice, bob = users["alice"], users["bob"]
+    for user in (alice, bob):
+        assert host(user, "alloc", "-n", "1", "--hold").returncode == 0
+    status = host(alice, "status")
+    doctor = host(alice, "doctor", "--json")
+    trust = host.status(alice)["trust"]["mode"]
+    findings = {
+        f["where"]: f for f in json.loads(doctor.stdout)["findings"] if f["check"] == "ledger"
+    }
+    assert trust == "broker", status.stdout
+    assert "can forge" not in status.stdout
+    assert findings["broker"]["severity"] == "ok"
+    assert all(f["severity"] == "ok" for f in findings.values()), findings
+
+
+def test_the_cooperative_mode_says_its_leases_can_be_forged(
+    users: dict[str, UnixUser], as_user: UserCommandLine
+) -> None:
+    directory = shared_directory("gpualloc-shared-")
+    try:
+        host = Host("shared", as_user, directory)
+        for user in (users["alice"], users["bob"]):
+            assert host(user, "alloc", "-n", "1", "--hold").returncode == 0
+        status = host(users["alice"], "status")
+        assert "can forge" in status.stdout and "Multi-user host" in status.stdout
+        doctor = json.loads(host(users["alice"], "doctor", "--json").stdout)
+        (ledger,) = [f for f in doctor["findings"] if f["check"] == "ledger"]
+        assert ledger["where"] == "cooperative" and "forge" in ledger["detail"]
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
