@@ -413,3 +413,23 @@ def test_the_library_holds_through_the_broker(broker: RunningBroker) -> None:
     gpus, visible = result.stdout.split(") ")
     assert visible.strip() == ",".join(gpus.strip("(").replace(" ", "").split(","))
     assert not _leases(broker)
+
+
+def test_every_ledger_command_answers_through_the_broker(broker: RunningBroker) -> None:
+    def run(*args: str) -> str:
+        job = _cli(broker, *args)
+        out, err = job.communicate(timeout=60)
+        assert job.returncode == 0, err
+        return out
+
+    lease = json.loads(run("alloc", "-n", "2", "--hold", "--format", "json"))["lease"]["id"]
+    status = json.loads(run("status", "--json"))
+    assert status["broker"] == str(broker.socket) and status["trust"]["mode"] == "broker"
+    assert [x["id"] for x in status["leases"]] == [lease]
+    assert json.loads(run("plan", "-n", "2", "--json"))["gpus"]
+    assert 'gpualloc_gpus{state="held"} 2' in run("metrics")
+    assert json.loads(run("gc", "--json"))["reaped"] == []
+    doctor = json.loads(run("doctor", "--json"))
+    assert {f["where"] for f in doctor["findings"] if f["check"] == "ledger"} >= {"broker"}
+    assert json.loads(run("release", lease, "--json"))["released"][0]["id"] == lease
+    assert not _leases(broker)

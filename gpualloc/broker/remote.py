@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -113,8 +114,24 @@ class RemoteLedger:
 
     def collect_garbage(self) -> GarbageReport:
         from gpualloc.launcher.allocate import GarbageReport
+        from gpualloc.ledger.idle import Expiry
+        from gpualloc.ledger.schema import Lease, Waiter
 
-        return from_builtins(self.client.call("gc", {}), GarbageReport)
+        report = self.client.call("gc", {})
+        return GarbageReport(
+            reaped=from_builtins(report["reaped"], list[Lease]),
+            dropped_waiters=from_builtins(report["dropped_waiters"], list[Waiter]),
+            removed_lock_files=list(report["removed_lock_files"]),
+            notes=list(report["notes"]),
+            expiries=[
+                Expiry(
+                    from_builtins(e["lease"], Lease),
+                    e["event"],
+                    timedelta(seconds=float(e["idle_s"])),
+                )
+                for e in report["expiries"]
+            ],
+        )
 
 
 def brokered_host(socket: Path, *, full: bool = True) -> HostLedger:

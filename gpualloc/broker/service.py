@@ -272,7 +272,20 @@ class LedgerService:
         report = self.host.collect_garbage(idle)
         for lease in report.reaped:
             self.forget(lease.id)
-        return to_builtins(report)
+        return {
+            "reaped": to_builtins(report.reaped),
+            "dropped_waiters": to_builtins(report.dropped_waiters),
+            "removed_lock_files": report.removed_lock_files,
+            "notes": report.notes,
+            "expiries": [
+                {
+                    "lease": to_builtins(e.lease),
+                    "event": e.event,
+                    "idle_s": e.idle.total_seconds(),
+                }
+                for e in report.expiries
+            ],
+        }
 
     # ---- what the loop does --------------------------------------------------------------
 

@@ -88,7 +88,7 @@ def plan_command(
     if count is None and mig is None and mem is None:
         raise RequestError("how many GPUs?", hint="give -n K (or --mig / --mem for a MIG device)")
     want = options.want(STATE.config())
-    topology = STATE.load_topology()
+    topology = _topology()
     if want.mig is not None:
         if free is not None:
             raise RequestError("--free names whole GPUs", hint="with --mig, use --busy GPU0/MIG1")
@@ -206,6 +206,18 @@ def _show_mig_plan(
             for m in choice.runners_up[:5]
         ] or ["  none: it is the only free MIG device that fits"]
     write_stdout("\n".join(lines) + "\n")
+
+
+def _topology() -> Topology:
+    """The host's topology: the broker's, on a host with a broker (what it places on)."""
+    from gpualloc.cli.open_ledger import broker_for_this_command
+
+    socket = broker_for_this_command()
+    if socket is None:
+        return STATE.load_topology()
+    from gpualloc.broker.remote import brokered_host
+
+    return brokered_host(socket, full=False).topology
 
 
 def _numa_text(node: int | None) -> str:
