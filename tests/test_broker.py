@@ -433,3 +433,50 @@ def test_every_ledger_command_answers_through_the_broker(broker: RunningBroker) 
     assert {f["where"] for f in doctor["findings"] if f["check"] == "ledger"} >= {"broker"}
     assert json.loads(run("release", lease, "--json"))["released"][0]["id"] == lease
     assert not _leases(broker)
+
+
+def test_the_fast_clients_options_are_the_jobs_options_but_sharing() -> None:
+    from gpualloc.broker.service import WireOptions
+    from gpualloc.cli.brokered import JOB_OPTIONS, SHARING
+    from gpualloc.placement.options import JobOptions
+
+    assert set(JOB_OPTIONS) | set(SHARING) == set(JobOptions.__struct_fields__)
+    assert set(WireOptions.__struct_fields__) == set(JOB_OPTIONS)
+
+
+IMPORTS = """
+import os, sys
+import gpualloc.launcher.exec as launch
+def exec_job(argv, environment, binding):  # stands in for the exec, which would end the process
+    raise SystemExit(0)
+launch.exec_job = exec_job
+sys.argv = ["gpualloc", *sys.argv[1:]]
+try:
+    from gpualloc.cli.main import run
+    run()
+except SystemExit:
+    pass
+finally:
+    heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("msgspec", "typer", "rich"))
+    models = ("gpualloc.placement", "gpualloc.model.topology")
+    heavy += sorted(m for m in sys.modules if m.startswith(models))
+    os.write(2, ("IMPORTED " + " ".join(heavy) + "\\n").encode())
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["alloc", "--hold", "-n", "2"], ["release", "--mine"], ["run", "-n", "1", "--", "true"]],
+    ids=["alloc", "release", "run"],
+)
+def test_run_alloc_and_release_through_the_broker_load_no_models(
+    broker: RunningBroker, args: list[str]
+) -> None:
+    env = {**_clean_env(), "GPUALLOC_BROKER": str(broker.socket)}
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORTS, *args], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert "IMPORTED" in result.stderr, result.stderr
+    imported = result.stderr.rsplit("IMPORTED", 1)[1].split()
+    assert imported == [], imported
+    assert result.returncode == 0, result.stderr

@@ -42,7 +42,6 @@ from gpualloc.broker.peers import Peer, peer_of
 from gpualloc.broker.service import LedgerService, Started
 from gpualloc.broker.watch import LOOK_S
 from gpualloc.errors import BrokerError, GpuallocError, NotPermitted, WaitTimedOut
-from gpualloc.model.validation import to_builtins
 
 MAX_UNREAD_BYTES = 4 * 1024 * 1024
 WAKE = "wake"
@@ -245,7 +244,7 @@ class Broker:
                 continue
             connection.waiters.discard(start.waiter_id)
             self.log(f"{lease.user}: lease {lease.id} from the queue: {_gpus(lease)}")
-            self._send(connection, protocol.result_line(_allocation(start.allocation)))
+            self._send(connection, protocol.result_line(start.answer))
         self._register_pidfds()
 
     def _tell_waiters(self) -> None:
@@ -371,8 +370,10 @@ class Broker:
                 if made in self.waiting:
                     self._tell_waiters()
                 return None
-            self.log(f"{made.lease.user}: lease {made.lease.id}: {_gpus(made.lease)}")
-            return protocol.result_line(_allocation(made))
+            allocation, answer = made
+            lease = allocation.lease
+            self.log(f"{lease.user}: lease {lease.id}: {_gpus(lease)}")
+            return protocol.result_line(answer)
         if op == "confirm":
             service.confirm(peer, args)
             return protocol.result_line({})
@@ -466,14 +467,6 @@ class Broker:
             self.waiting.pop(waiter_id, None)
             self._guarded(lambda w=waiter_id: self.service.leave(w))
         connection.waiters.clear()
-
-
-def _allocation(allocation: Any) -> dict[str, Any]:
-    return {
-        "lease": to_builtins(allocation.lease),
-        "placement": to_builtins(allocation.placement),
-        "notes": list(allocation.notes),
-    }
 
 
 def _gpus(lease: Any) -> str:

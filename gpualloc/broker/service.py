@@ -23,11 +23,14 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+import msgspec
+import msgspec.structs
 from msgspec import Struct
 
 from gpualloc.broker.fair_share import FairShare
 from gpualloc.broker.peers import Peer, check_owned
 from gpualloc.broker.watch import ProcessWatch
+from gpualloc.config import Config
 from gpualloc.errors import NoSuchLease, NotPermitted, RequestError
 from gpualloc.launcher.allocate import Allocation, HostLedger, LeaseTerms
 from gpualloc.launcher.queue import (
@@ -54,6 +57,26 @@ come back to (they keep their place); then they are dropped."""
 _ID = re.compile(r"^[0-9a-f]{12}$")
 
 
+class WireOptions(Struct, forbid_unknown_fields=True):
+    """A fast client's job options, as the command line types them (the fields of
+    :class:`~gpualloc.placement.options.JobOptions` but sharing's, which such a client sends
+    as a request; a test checks the two agree)."""
+
+    policy: str
+    count: int | None = None
+    pattern: str = "ring"
+    sensitive: bool | None = None
+    exclude: str | None = None
+    require: str | None = None
+    score: str = "auto"
+    drb_weights: str | None = None
+    gpus: str | None = None
+    min_utility: float | None = None
+    min_bandwidth: float | None = None
+    mig: str | None = None
+    mem: str | None = None
+
+
 class Pending(Struct):
     """A waiting client's request, while its waiter is in the ledger's queue."""
 
@@ -61,18 +84,25 @@ class Pending(Struct):
     terms: LeaseTerms
     deadline: float | None
     started: float
+    views: dict[str, Any] | None = None
 
 
 class Started(Struct):
     waiter_id: str
     allocation: Allocation
+    answer: dict[str, Any]
 
 
 class LedgerService:
     """The broker's ledger: one host, its watch and its users' fair share."""
 
-    def __init__(self, host: HostLedger, policy: QueuePolicy, fair: FairShare) -> None:
+    def __init__(
+        self, host: HostLedger, policy: QueuePolicy, fair: FairShare, config: Config
+    ) -> None:
         self.host = host
+        self.config = config
+        """The broker's configuration (the system file): fast clients' options are read
+        with it, their own settings already applied."""
         self.policy = policy
         self.fair = fair
         self.watch = ProcessWatch()
@@ -114,27 +144,71 @@ class LedgerService:
 
     # ---- requests ------------------------------------------------------------------------
 
-    def alloc(self, peer: Peer, args: dict[str, Any]) -> Allocation | str:
-        """Allocate now, or queue (``args["wait"]``): the allocation, or the waiter's id."""
+    def alloc(self, peer: Peer, args: dict[str, Any]) -> tuple[Allocation, dict[str, Any]] | str:
+        """Allocate now, or queue (``args["wait"]``): the allocation and its answer, or the
+        waiter's id. The job is ``args["request"]`` (a queued request, as the ledger keeps
+        them) or ``args["options"]`` (the command line's options, the fast clients'); with
+        ``args["views"]`` the answer carries what such a client prints and execs with."""
         lease_id = _lease_id(args.get("lease_id"))
-        want = _want(args.get("request"))
+        want = _want(args["request"]) if "request" in args else self._want(args.get("options"))
         terms = self._terms(peer, args.get("terms"), lease_id)
-        wait = args.get("wait")
+        wait, views = args.get("wait"), _views_asked(args.get("views"))
         if args.get("retry"):
             with self.host.transaction() as txn:
                 found = self._repeat(peer, txn, lease_id)
             if isinstance(found, Allocation):
-                return found
+                return found, self.answer(found, want, views)
             if found is not None and wait is not None:
-                self.pending[found] = self._pending(want, terms, wait)
+                self.pending[found] = self._pending(want, terms, wait, views)
                 return found
         self.host.allow_unhealthy = bool(args.get("allow_unhealthy"))
         try:
             if wait is None:
-                return self._follow(self.host.allocate(want, terms))
-            return self._enqueue(peer, want, terms, wait)
+                made = self._follow(self.host.allocate(want, terms))
+                return made, self.answer(made, want, views)
+            return self._enqueue(peer, want, terms, wait, views)
         finally:
             self.host.allow_unhealthy = False
+
+    def _want(self, raw: Any) -> Want:
+        """The Want of a fast client's options (its configured policy already filled in)."""
+        from gpualloc.placement.options import JobOptions
+
+        try:
+            options = msgspec.convert(raw, WireOptions)
+        except msgspec.ValidationError as bad:
+            raise RequestError(f"bad options: {bad}", hint="see gpualloc.broker") from None
+        return JobOptions(**msgspec.structs.asdict(options)).want(self.config)
+
+    def answer(
+        self, allocation: Allocation, want: Want, views: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """What the client gets for an allocation (with ``views``: what it prints and execs
+        with, computed here so that the client needs neither the topology nor the models)."""
+        from gpualloc.launcher.environment import job_variables
+        from gpualloc.ledger.occupancy import held_devices
+
+        lease, placement = allocation.lease, allocation.placement
+        found: dict[str, Any] = {
+            "lease": to_builtins(lease),
+            "placement": to_builtins(placement),
+            "notes": list(allocation.notes),
+        }
+        if views is None:
+            return found
+        from gpualloc.json_views import lease_json, placement_json
+
+        topology = self.host.topology
+        found["environment"] = job_variables(
+            topology, lease.indices, lease.mig_keys, lease_id=lease.id,
+            uuid=bool(views.get("uuid")), share=lease.share,
+        )  # fmt: skip
+        found["numa_nodes"] = [topology.gpu(g).numa_node for g in placement.parent_gpus]
+        found["this_host"] = self.host.this_host
+        found["held"] = held_devices(lease)
+        found["lease_json"] = lease_json(lease)
+        found["placement_json"] = placement_json(topology, want.request, placement)
+        return found
 
     def _repeat(self, peer: Peer, txn: LedgerTransaction, lease_id: str) -> Allocation | str | None:
         """What a request with this id made before (a client sending it again)."""
@@ -152,7 +226,9 @@ class LedgerService:
             return waiter.id
         return None
 
-    def _enqueue(self, peer: Peer, want: Want, terms: LeaseTerms, wait: Any) -> Allocation | str:
+    def _enqueue(
+        self, peer: Peer, want: Want, terms: LeaseTerms, wait: Any, views: dict[str, Any] | None
+    ) -> str:
         from gpualloc.launcher.wait import never_fits
 
         options = _wait_options(wait, self.policy)
@@ -170,14 +246,16 @@ class LedgerService:
                 terms.lease_id, want, terms, options, waiting=(peer.uid, peer.pid, started)
             )
             txn.enqueue(waiter)
-        self.pending[waiter.id] = self._pending(want, terms, wait)
+        self.pending[waiter.id] = self._pending(want, terms, wait, views)
         return waiter.id
 
-    def _pending(self, want: Want, terms: LeaseTerms, wait: Any) -> Pending:
+    def _pending(
+        self, want: Want, terms: LeaseTerms, wait: Any, views: dict[str, Any] | None
+    ) -> Pending:
         timeout = wait.get("timeout_s") if isinstance(wait, dict) else None
         now = time.monotonic()
         deadline = now + float(timeout) if isinstance(timeout, (int, float)) else None
-        return Pending(want, terms, deadline, now)
+        return Pending(want, terms, deadline, now, views)
 
     def _terms(self, peer: Peer, raw: Any, lease_id: str) -> LeaseTerms:
         if not isinstance(raw, dict):
@@ -238,8 +316,13 @@ class LedgerService:
             problems = [p for p in problems if not isinstance(p, NoSuchLease)]
         for lease in result.released:
             self.forget(lease.id)
+        from gpualloc.json_views import lease_json
+        from gpualloc.ledger.occupancy import describe_lease
+
         return {
             "released": [to_builtins(lease) for lease in result.released],
+            "described": [describe_lease(lease) for lease in result.released],
+            "released_json": [lease_json(lease) for lease in result.released],
             "problems": [
                 {"code": int(p.exit_code), "message": p.message, "hint": p.hint} for p in problems
             ],
@@ -338,7 +421,8 @@ class LedgerService:
                 allocation = self.host.record(
                     txn, turn.placement, pending.want, pending.terms, waited_s=waited
                 )
-                started.append(Started(turn.waiter.id, allocation))
+                answer = self.answer(allocation, pending.want, pending.views)
+                started.append(Started(turn.waiter.id, allocation, answer))
                 self.fair.account(txn.ledger.leases)  # who holds what now
         for start in started:
             self.pending.pop(start.waiter_id, None)
@@ -347,7 +431,7 @@ class LedgerService:
 
     def positions(self) -> dict[str, dict[str, Any]]:
         """Where each waiting client stands, for its status line."""
-        from gpualloc.launcher.wait import who_holds
+        from gpualloc.launcher.wait import WaitStatus, who_holds
 
         txn = self.host.snapshot()
         queue = [w for w in txn.ledger.queue if w.id in self.pending]
@@ -357,13 +441,14 @@ class LedgerService:
         found = {}
         for waiter in queue:
             turn = take_turn(queue, waiter.id, attempt, order_of=self.fair.order)
-            found[waiter.id] = {
-                "position": turn.position,
-                "queue_length": len(queue),
-                "reason": turn.reason or "starting",
-                "holders": holders,
-                "waited_s": time.monotonic() - self.pending[waiter.id].started,
-            }
+            status = WaitStatus(
+                position=turn.position,
+                queue_length=len(queue),
+                reason=turn.reason or "starting",
+                holders=holders,
+                waited_s=time.monotonic() - self.pending[waiter.id].started,
+            )
+            found[waiter.id] = {**to_builtins(status), "line": status.line()}
         return found
 
     def expired(self) -> list[str]:
@@ -408,6 +493,14 @@ def _wait_options(raw: Any, policy: QueuePolicy) -> WaitOptions:
     if not isinstance(bypass, int) or isinstance(bypass, bool) or bypass < 0:
         raise RequestError(f"max_bypass {bypass!r} is not a count", hint="0 or more")
     return WaitOptions(priority=priority, max_bypass=bypass, policy=policy)
+
+
+def _views_asked(raw: Any) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise RequestError("views must be an object", hint="see gpualloc.broker")
+    return raw
 
 
 def _lease_id(raw: Any) -> str:

@@ -46,6 +46,7 @@ def serve(
         host,
         QueuePolicy.from_config(config),
         FairShare(config.system_value("queue.fair_share_half_life")),
+        config,
     )
     store = service.store
     if not store.hold_lock():

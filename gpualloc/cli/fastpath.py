@@ -150,11 +150,16 @@ class FastCommand:
 
     def invoke(self) -> None:
         """Apply the global options as typer's callback does, then do the command's work."""
-        from gpualloc.cli import jobs
+        from gpualloc.cli import brokered
         from gpualloc.cli.state import STATE
 
         STATE.apply_global_options(**self.global_values)
-        jobs.call(COMMANDS[self.name].function, self.values)
+        work = COMMANDS[self.name].function
+        if brokered.call(work, self.values):
+            return
+        from gpualloc.cli import jobs
+
+        jobs.call(work, self.values)
 
 
 class _NotForUs(Exception):

@@ -44,7 +44,11 @@ WORK = ("run_job", "alloc_gpus", "release_gpus")
 def call(work: str, values: Mapping[str, Any]) -> None:
     """Run the function named ``work`` with a command's option values (typer's or the fast
     path's, those not given left out): the job's options bundled into one JobOptions."""
+    from gpualloc.cli import brokered
+
     function = globals()[work]  # looked up now: tests stand in for the functions
+    if brokered.call(work, values):
+        return
     if work == "release_gpus":
         function(**values)
         return
@@ -227,8 +231,8 @@ def _dry_run(
     uuid: bool,
     as_json: bool,
 ) -> None:
-    from gpualloc.cli.json_views import placement_json
     from gpualloc.cli.output import print_json, write_stdout
+    from gpualloc.json_views import placement_json
     from gpualloc.launcher.command import job_argv
     from gpualloc.launcher.environment import LEASE_ID_VARIABLE
     from gpualloc.launcher.sharing import share_mode
@@ -350,8 +354,8 @@ def _command_of(pid: int | None) -> tuple[str, ...]:
 def _print_allocation(
     host: HostLedger, want: Want, allocation: Allocation, output_format: str, uuid: bool
 ) -> None:
-    from gpualloc.cli.json_views import lease_json, placement_json
     from gpualloc.cli.output import print_json, write_stdout
+    from gpualloc.json_views import lease_json, placement_json
     from gpualloc.launcher.environment import shell_exports
 
     lease = allocation.lease
@@ -383,8 +387,8 @@ def release_gpus(
 ) -> None:
     """``gpualloc release``: give the leases named, or all of yours, back (see its ``--help``);
     with ``--evict-shared``, end the shared jobs beside them instead."""
-    from gpualloc.cli.json_views import lease_json
     from gpualloc.cli.output import print_json, write_stdout
+    from gpualloc.json_views import lease_json
     from gpualloc.ledger.occupancy import describe_lease
 
     if not leases and not mine:
@@ -427,8 +431,8 @@ def _evict_shared(
     SIGKILL, a margin) until their leases are gone."""
     import time
 
-    from gpualloc.cli.json_views import lease_json
     from gpualloc.cli.output import print_json, write_stdout
+    from gpualloc.json_views import lease_json
     from gpualloc.launcher.eviction import evict_shared
     from gpualloc.launcher.sharing import EVICTION_GRACE_S
     from gpualloc.ledger.occupancy import describe_lease

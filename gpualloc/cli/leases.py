@@ -154,8 +154,8 @@ def gc_command(as_json: JsonOption = False) -> None:
     or an epilog), removes lease lock files left behind by other users' jobs, and is what
     tracks idle leases: run it every few minutes.
     """
-    from gpualloc.cli.json_views import lease_json
     from gpualloc.cli.output import print_json, write_stdout
+    from gpualloc.json_views import lease_json
     from gpualloc.ledger.idle import IdlePolicy
     from gpualloc.ledger.occupancy import describe_lease
     from gpualloc.model.validation import to_builtins

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from gpualloc.cli.json_views import placement_json
 from gpualloc.cli.request_options import (
     AllowUnhealthyOption,
     CountOption,
@@ -23,6 +22,7 @@ from gpualloc.cli.request_options import (
 )
 from gpualloc.cli.state import STATE
 from gpualloc.errors import NoFeasiblePlacement, RequestError
+from gpualloc.json_views import placement_json
 from gpualloc.model.option_values import gpu_list
 from gpualloc.placement.options import JobOptions
 

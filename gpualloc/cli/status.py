@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from gpualloc import boot
-from gpualloc.cli.json_views import lease_json
 from gpualloc.cli.leases import JsonOption
 from gpualloc.cli.open_ledger import open_host_ledger
+from gpualloc.json_views import lease_json
 from gpualloc.model.printable import printable
 
 if TYPE_CHECKING:

@@ -24,8 +24,7 @@ import shutil
 from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
-
-from msgspec import Struct
+from typing import NamedTuple
 
 from gpualloc.errors import RequestError
 from gpualloc.model.cpuset import format_cpulist, parse_cpulist
@@ -42,7 +41,7 @@ class NumaMode(str, Enum):
     """Never bind."""
 
 
-class HostNuma(Struct, frozen=True):
+class HostNuma(NamedTuple):
     """This machine's NUMA nodes and what this process may use, as the kernel reports them."""
 
     node_cpus: dict[int, frozenset[int]]
@@ -84,7 +83,7 @@ def _allowed_mems() -> frozenset[int]:
         return frozenset()
 
 
-class Binding(Struct, frozen=True):
+class Binding(NamedTuple):
     """How the job will be bound. ``method`` ``none`` keeps ``nodes`` when they are known, so
     that ``--dry-run`` can say what would have been bound."""
 

@@ -22,12 +22,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gpualloc.errors import RequestError
-from gpualloc.model.mig import MigInstance
-from gpualloc.model.topology import Gpu
 
 if TYPE_CHECKING:
+    from gpualloc.model.mig import MigInstance
     from gpualloc.model.share import LeasedShare
-    from gpualloc.model.topology import Topology
+    from gpualloc.model.topology import Gpu, Topology
 
 LEASE_ID_VARIABLE = "GPUALLOC_LEASE_ID"
 GPUS_VARIABLE = "GPUALLOC_GPUS"

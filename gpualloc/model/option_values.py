@@ -4,9 +4,12 @@ devices. Pure; each error names the option it came from and shows an example."""
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from gpualloc.errors import RequestError
-from gpualloc.model.mig import MigRequest
+
+if TYPE_CHECKING:
+    from gpualloc.model.mig import MigRequest
 
 
 def parse_duration(text: str, option: str = "--timeout") -> float:
@@ -61,7 +64,7 @@ def parse_size(text: str, option: str) -> int:
 
 def mig_request(mig: str | None, memory_bytes: int | None) -> MigRequest:
     """``--mig PROFILE|GPU0/MIG3|MIG-uuid`` and ``--mem``'s bytes -> the MIG request."""
-    from gpualloc.model.mig import parse_mig_label, parse_mig_profile
+    from gpualloc.model.mig import MigRequest, parse_mig_label, parse_mig_profile
 
     if mig is None:
         return MigRequest(memory_bytes=memory_bytes)

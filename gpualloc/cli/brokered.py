@@ -1,0 +1,273 @@
+"""``run``, ``alloc`` and ``release`` through the host's broker, with the least start-up.
+
+On a host with a broker (:mod:`gpualloc.broker`) these commands need neither the topology nor
+the placement engine nor the ledger's models: the broker places, records, and answers with what
+the command prints and execs with (the job's variables, its GPUs' NUMA nodes, the lease's
+``--json``). So this path imports the socket client and the launcher's exec helpers and
+nothing that loads msgspec (issue 31, point 8: ``run`` through the broker at most 40 ms over
+``python -c pass``; a test checks what it imports).
+
+It takes the command lines it can serve exactly as :mod:`.jobs` would, with the same outputs,
+errors and exit codes, and leaves the rest to :mod:`.jobs` (which goes through the broker too,
+through the ledger's models): ``--dry-run``, shared jobs (``--share``, ``--shareable``) and
+``release --evict-shared``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gpualloc.cli.state import STATE
+from gpualloc.errors import RequestError
+
+JOB_OPTIONS = (
+    "count", "pattern", "sensitive", "exclude", "require", "policy", "score", "drb_weights",
+    "gpus", "min_utility", "min_bandwidth", "mig", "mem",
+)  # fmt: skip
+"""The job's options the broker reads (:class:`gpualloc.placement.options.JobOptions`'s
+fields, the sharing ones left out; a test checks them against the struct)."""
+SHARING = ("share", "shareable", "background", "sm_share")
+
+
+def call(work: str, values: Mapping[str, Any]) -> bool:
+    """Do ``work`` (a :data:`gpualloc.cli.jobs.WORK` name) through the broker; False when this
+    command line is not one for this path (no broker, or an option it leaves to :mod:`.jobs`)."""
+    if not _for_us(work, values):
+        return False
+    from gpualloc.cli.open_ledger import broker_for_this_command
+
+    socket = broker_for_this_command()
+    if socket is None:
+        return False
+    if work == "run_job":
+        _run(socket, values)
+    elif work == "alloc_gpus":
+        _alloc(socket, values)
+    else:
+        _release(socket, values)
+    return True
+
+
+def _for_us(work: str, values: Mapping[str, Any]) -> bool:
+    if any(values.get(name) for name in SHARING):
+        return False
+    if work == "run_job":
+        return not values.get("dry_run") and not values.get("as_json")
+    if work == "release_gpus":
+        return not values.get("evict_shared") and values.get("grace") is None
+    return work == "alloc_gpus"
+
+
+def _job_options(values: Mapping[str, Any]) -> dict[str, Any]:
+    options = {name: values[name] for name in JOB_OPTIONS if values.get(name) is not None}
+    options["policy"] = STATE.setting("policy", values.get("policy"))
+    return options
+
+
+def _wait(values: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The queue options, or None without --wait (the usage errors of :mod:`.open_ledger`)."""
+    wait, timeout = values.get("wait", False), values.get("timeout")
+    priority, max_bypass = values.get("priority"), values.get("max_bypass")
+    if priority is not None and priority not in ("high", "normal", "low"):
+        raise RequestError(f"unknown --priority {priority!r}", hint="choose high, normal or low")
+    if not wait:
+        if timeout is not None or priority is not None or max_bypass is not None:
+            raise RequestError(
+                "--timeout, --priority and --max-bypass apply to --wait", hint="add --wait"
+            )
+        return None
+    from gpualloc.model.option_values import parse_duration
+
+    return {
+        "timeout_s": parse_duration(timeout) if timeout is not None else None,
+        "priority": STATE.setting("queue.priority", priority),
+        "max_bypass": STATE.setting("queue.max_bypass", max_bypass),
+    }
+
+
+def _allocate(socket: Path, values: Mapping[str, Any], terms: dict[str, Any]) -> dict[str, Any]:
+    """One ``alloc`` request, with the waiting line on stderr while it queues."""
+    from gpualloc.broker.client import BrokerClient
+
+    wait = _wait(values)
+    args = {
+        "lease_id": os.urandom(6).hex(),
+        "options": _job_options(values),
+        "terms": terms,
+        "wait": wait,
+        "allow_unhealthy": bool(values.get("allow_unhealthy")),
+        "views": {"uuid": bool(values.get("uuid"))},
+    }
+    client = BrokerClient(socket)
+    line = _WaitingLine() if wait is not None else None
+    try:
+        answer = client.call("alloc", args, on_event=line.show if line else None)
+    finally:
+        if line is not None:
+            line.close()
+    answer["client"] = client
+    return answer
+
+
+# ---- run -------------------------------------------------------------------------------------
+
+
+def _run(socket: Path, values: Mapping[str, Any]) -> None:
+    from gpualloc.cli.open_ledger import say, warn
+    from gpualloc.launcher.binding import HostNuma, NumaMode, plan_binding
+    from gpualloc.launcher.command import job_argv, resolve_program
+    from gpualloc.launcher.environment import job_environment
+    from gpualloc.launcher.exec import exec_job
+    from gpualloc.model.printable import printable
+
+    numa = values.get("numa")
+    try:
+        mode = NumaMode(STATE.setting("numa", numa))
+    except ValueError:
+        raise RequestError(f"unknown --numa {numa!r}", hint="choose auto, bind or none") from None
+    command = list(values["command"])
+    resolve_program(command[0], os.environ)  # 127/126 before any GPU is taken
+    pid = os.getpid()
+    terms = {
+        "source": "run",
+        "pid": pid,
+        "command": command,
+        "name": values.get("name"),
+        "process_group": pid if os.getpgrp() == pid else None,
+    }
+    answer = _allocate(socket, values, terms)
+    lease = answer["lease"]
+    try:
+        warn(answer["notes"])
+        this_host = bool(answer["this_host"])
+        numa_view = HostNuma.read() if this_host and mode is not NumaMode.NONE else None
+        binding = plan_binding(answer["numa_nodes"], mode, this_host=this_host, host=numa_view)
+        if binding.method == "affinity":
+            warn([binding.reason])
+        if not values.get("quiet"):
+            where = binding.describe() if binding.method == "numactl" else "not NUMA-bound"
+            job = printable(shlex.join(command), 200)
+            say(f"lease {lease['id']}: {answer['held']} ({where}) for {job}")
+        environment = job_environment(os.environ, answer["environment"])
+        answer["client"].close()  # the broker watches this process, not the connection
+        exec_job(job_argv(command, binding), environment, binding)
+    except BaseException:
+        answer["client"].call("release", {"leases": [lease["id"]]})
+        raise
+
+
+# ---- alloc -----------------------------------------------------------------------------------
+
+
+def _alloc(socket: Path, values: Mapping[str, Any]) -> None:
+    from gpualloc.cli.output import print_json, write_stdout
+    from gpualloc.launcher.environment import shell_exports
+    from gpualloc.ledger.liveness import command_line
+
+    output_format = values.get("output_format", "ids")
+    if output_format not in ("ids", "env", "json"):
+        raise RequestError(f"unknown --format {output_format!r}", hint="choose ids, env or json")
+    pid, hold = values.get("pid"), bool(values.get("hold"))
+    if pid is not None and hold:
+        raise RequestError("--pid and --hold both say how long the lease lives", hint="give one")
+    owner = None if hold else (pid or os.getppid())
+    if owner == 1:
+        raise RequestError(
+            "gpualloc's parent is init, so the lease would end at once",
+            hint="give --pid of the process that uses the GPUs, or --hold",
+        )
+    terms = {
+        "source": "alloc",
+        "pid": owner,
+        "hold": hold,
+        "command": list(command_line(owner)) if owner is not None else [],
+        "name": values.get("name"),
+        "announce": True,
+    }
+    answer = _allocate(socket, values, terms)
+    from gpualloc.cli.open_ledger import warn
+
+    warn(answer["notes"])
+    variables = answer["environment"]
+    if output_format == "ids":
+        write_stdout(variables["CUDA_VISIBLE_DEVICES"] + "\n")
+    elif output_format == "env":
+        write_stdout(shell_exports(variables))
+    else:
+        print_json(
+            {
+                "lease": answer["lease_json"],
+                "placement": answer["placement_json"],
+                "environment": variables,
+            }
+        )
+    sys.stdout.flush()  # the id has reached the reader: only now is the lease confirmed
+    answer["client"].call("confirm", {"lease": answer["lease"]["id"]})
+
+
+# ---- release ---------------------------------------------------------------------------------
+
+
+def _release(socket: Path, values: Mapping[str, Any]) -> None:
+    from gpualloc.broker.client import BrokerClient
+    from gpualloc.cli.output import print_json, write_stdout
+    from gpualloc.errors import ExitCode
+
+    leases, mine = values.get("leases") or [], bool(values.get("mine"))
+    if not leases and not mine:
+        raise RequestError("nothing to release", hint="give lease ids, or --mine for all yours")
+    with BrokerClient(socket) as client:
+        result = client.call("release", {"leases": list(leases), "mine": mine})
+    problems = result["problems"]
+    if values.get("as_json"):
+        print_json(
+            {
+                "released": result["released_json"],
+                "errors": [problem["message"] for problem in problems],
+            }
+        )
+    else:
+        lines = [f"released {text}" for text in result["described"]]
+        if mine and not lines and not problems:
+            lines.append("you hold no lease")
+        write_stdout("".join(line + "\n" for line in lines))
+    for problem in problems:
+        sys.stderr.write(f"error: {problem['message']}\n")
+        if problem.get("hint"):
+            sys.stderr.write(f"hint: {problem['hint']}\n")
+    if problems:
+        sys.exit(int(problems[0].get("code", ExitCode.INTERNAL)))
+
+
+class _WaitingLine:
+    """The waiting job's status line (the broker renders the text: see ``line``)."""
+
+    def __init__(self) -> None:
+        from gpualloc.cli.open_ledger import StatusLine
+
+        self.line = StatusLine()
+
+    def show(self, status: dict[str, Any]) -> None:
+        self.line.show(_Status(status))
+
+    def close(self) -> None:
+        self.line.close()
+
+
+class _Status:
+    """A waiting status from the broker, as :class:`gpualloc.cli.open_ledger.StatusLine`
+    reads it (the fields of :class:`gpualloc.launcher.wait.WaitStatus`)."""
+
+    def __init__(self, status: dict[str, Any]) -> None:
+        self.position = status.get("position", 0)
+        self.reason = status.get("reason", "")
+        self.holders = status.get("holders", "")
+        self.text = status.get("line", "")
+
+    def line(self) -> str:
+        return self.text
