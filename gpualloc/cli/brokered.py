@@ -71,15 +71,13 @@ def _job_options(values: Mapping[str, Any]) -> dict[str, Any]:
 
 def _wait(values: Mapping[str, Any]) -> dict[str, Any] | None:
     """The queue options, or None without --wait (the usage errors of :mod:`.open_ledger`)."""
-    wait, timeout = values.get("wait", False), values.get("timeout")
-    priority, max_bypass = values.get("priority"), values.get("max_bypass")
-    if priority is not None and priority not in ("high", "normal", "low"):
-        raise RequestError(f"unknown --priority {priority!r}", hint="choose high, normal or low")
-    if not wait:
-        if timeout is not None or priority is not None or max_bypass is not None:
-            raise RequestError(
-                "--timeout, --priority and --max-bypass apply to --wait", hint="add --wait"
-            )
+    from gpualloc.cli.open_ledger import check_wait_flags
+
+    timeout, priority = values.get("timeout"), values.get("priority")
+    max_bypass = values.get("max_bypass")
+    if not check_wait_flags(
+        wait=values.get("wait", False), timeout=timeout, priority=priority, max_bypass=max_bypass
+    ):
         return None
     from gpualloc.model.option_values import parse_duration
 
@@ -165,22 +163,14 @@ def _run(socket: Path, values: Mapping[str, Any]) -> None:
 
 
 def _alloc(socket: Path, values: Mapping[str, Any]) -> None:
+    from gpualloc.cli.open_ledger import alloc_owner
     from gpualloc.cli.output import print_json, write_stdout
     from gpualloc.launcher.environment import shell_exports
     from gpualloc.ledger.liveness import command_line
 
     output_format = values.get("output_format", "ids")
-    if output_format not in ("ids", "env", "json"):
-        raise RequestError(f"unknown --format {output_format!r}", hint="choose ids, env or json")
-    pid, hold = values.get("pid"), bool(values.get("hold"))
-    if pid is not None and hold:
-        raise RequestError("--pid and --hold both say how long the lease lives", hint="give one")
-    owner = None if hold else (pid or os.getppid())
-    if owner == 1:
-        raise RequestError(
-            "gpualloc's parent is init, so the lease would end at once",
-            hint="give --pid of the process that uses the GPUs, or --hold",
-        )
+    hold = bool(values.get("hold"))
+    owner = alloc_owner(output_format, values.get("pid"), hold)
     terms = {
         "source": "alloc",
         "pid": owner,

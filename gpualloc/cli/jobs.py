@@ -16,7 +16,14 @@ import shlex
 import sys
 from typing import TYPE_CHECKING
 
-from gpualloc.cli.open_ledger import allocate, open_host_ledger, say, wait_options, warn
+from gpualloc.cli.open_ledger import (
+    alloc_owner,
+    allocate,
+    open_host_ledger,
+    say,
+    wait_options,
+    warn,
+)
 from gpualloc.cli.state import STATE
 from gpualloc.errors import ExitCode, RequestError
 from gpualloc.model.printable import printable
@@ -36,7 +43,6 @@ if TYPE_CHECKING:
     from gpualloc.model.topology import GpuProcess
     from gpualloc.placement.want import Want
 
-ALLOC_FORMATS = ("ids", "env", "json")
 WORK = ("run_job", "alloc_gpus", "release_gpus")
 """The functions :func:`call` runs; the first two take a :class:`JobOptions`."""
 
@@ -311,16 +317,7 @@ def alloc_gpus(
     """``gpualloc alloc``: allocate GPUs without running anything (see its ``--help``)."""
     from gpualloc.launcher.allocate import LeaseTerms
 
-    if output_format not in ALLOC_FORMATS:
-        raise RequestError(f"unknown --format {output_format!r}", hint="choose ids, env or json")
-    if pid is not None and hold:
-        raise RequestError("--pid and --hold both say how long the lease lives", hint="give one")
-    owner = None if hold else (pid or os.getppid())
-    if owner == 1:
-        raise RequestError(
-            "gpualloc's parent is init, so the lease would end at once",
-            hint="give --pid of the process that uses the GPUs, or --hold",
-        )
+    owner = alloc_owner(output_format, pid, hold)
     want = job.want(STATE.config())
     waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
     host = open_host_ledger(

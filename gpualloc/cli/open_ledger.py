@@ -152,17 +152,10 @@ def wait_options(
     *, wait: bool, timeout: str | None, priority: str | None, max_bypass: int | None
 ) -> WaitOptions | None:
     """The queue options, or None without --wait (usage errors for options that need it)."""
-    from gpualloc.errors import RequestError
     from gpualloc.launcher.queue import WaitOptions
     from gpualloc.model.option_values import parse_duration
 
-    if priority is not None and priority not in ("high", "normal", "low"):
-        raise RequestError(f"unknown --priority {priority!r}", hint="choose high, normal or low")
-    if not wait:
-        if timeout is not None or priority is not None or max_bypass is not None:
-            raise RequestError(
-                "--timeout, --priority and --max-bypass apply to --wait", hint="add --wait"
-            )
+    if not check_wait_flags(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass):
         return None
     return WaitOptions.from_config(
         STATE.config(),
@@ -170,3 +163,37 @@ def wait_options(
         priority=priority,  # type: ignore[arg-type]
         max_bypass=max_bypass,
     )
+
+
+def check_wait_flags(
+    *, wait: bool, timeout: str | None, priority: str | None, max_bypass: int | None
+) -> bool:
+    """Whether the job waits; usage errors for queue options without ``--wait``."""
+    from gpualloc.errors import RequestError
+
+    if priority is not None and priority not in ("high", "normal", "low"):
+        raise RequestError(f"unknown --priority {priority!r}", hint="choose high, normal or low")
+    if not wait and (timeout is not None or priority is not None or max_bypass is not None):
+        raise RequestError(
+            "--timeout, --priority and --max-bypass apply to --wait", hint="add --wait"
+        )
+    return wait
+
+
+def alloc_owner(output_format: str, pid: int | None, hold: bool) -> int | None:
+    """The pid an ``alloc`` lease lives with (None: ``--hold``); usage errors first."""
+    import os
+
+    from gpualloc.errors import RequestError
+
+    if output_format not in ("ids", "env", "json"):
+        raise RequestError(f"unknown --format {output_format!r}", hint="choose ids, env or json")
+    if pid is not None and hold:
+        raise RequestError("--pid and --hold both say how long the lease lives", hint="give one")
+    owner = None if hold else (pid or os.getppid())
+    if owner == 1:
+        raise RequestError(
+            "gpualloc's parent is init, so the lease would end at once",
+            hint="give --pid of the process that uses the GPUs, or --hold",
+        )
+    return owner
