@@ -480,3 +480,39 @@ def test_run_alloc_and_release_through_the_broker_load_no_models(
     imported = result.stderr.rsplit("IMPORTED", 1)[1].split()
     assert imported == [], imported
     assert result.returncode == 0, result.stderr
+
+
+def test_slurm_hooks_go_through_the_broker_or_write_its_ledger_when_none_answers(
+    tmp_path: Path,
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the Slurm hooks run as root")
+    broker = RunningBroker(TOPOLOGY)
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[host]\nbroker = "{broker.socket}"\n\n[broker]\nstate_dir = "{broker.state}"\n'
+    )
+    broker.system_config = config
+    env = {**_clean_env(), "GPUALLOC_SYSTEM_CONFIG": str(config), "GPUALLOC_TOPOLOGY": TOPOLOGY}
+    job = {"SLURM_JOB_ID": "88", "SLURM_JOB_GPUS": "2,3", "SLURM_JOB_UID": "0"}
+
+    def hook(kind: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "gpualloc", "slurm", kind],
+            env={**env, **job}, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 0
+        return result.stderr
+
+    try:
+        said = hook("prolog")  # no broker yet: root writes the broker's ledger itself
+        assert "does not answer" in said and "recorded GPU 2-3" in said, said
+        broker.start()
+        (lease,) = _leases(broker)
+        assert lease["slurm_job"] == "88" and [g["index"] for g in lease["gpus"]] == [2, 3]
+        said = hook("epilog")
+        assert "released GPU 2-3" in said and "does not answer" not in said, said
+        assert not _leases(broker)
+    finally:
+        broker.stop()
+        shutil.rmtree(broker.directory, ignore_errors=True)
