@@ -87,9 +87,9 @@ class RunningBroker:
                 self.process.wait()
 
     def ledger(self) -> dict:
-        """The ledger file as the broker last wrote it."""
-        (path,) = self.state.glob("ledger*.json")
-        return json.loads(path.read_text())
+        """The ledger file as the broker last wrote it (empty before its first write)."""
+        found = list(self.state.glob("ledger*.json"))
+        return json.loads(found[0].read_text()) if found else {"leases": [], "generation": 0}
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")

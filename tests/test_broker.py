@@ -375,6 +375,7 @@ def test_kill_9_of_the_broker_50_times_loses_no_lease_and_books_no_gpu_twice(
         for user in (users["alice"], users["bob"])
     ]
     try:
+        _until(lambda: broker.ledger()["generation"] > 10, "both users' allocations to flow")
         for _ in range(50):
             time.sleep(0.15)
             broker.kill9()

@@ -54,6 +54,8 @@ def check_owned(peer: Peer, pid: int) -> float:
     """The start time of ``pid`` if ``peer`` may bind a lease to it; raises otherwise."""
     owner = real_uid(pid)
     started = process_start_time(pid)
+    if real_uid(pid) != owner:  # the pid ended and was handed out again between the reads
+        owner = None
     if owner is None or started is None:
         raise RequestError(f"no process with pid {pid}", hint="give the pid of a running process")
     if owner != peer.uid and not peer.root:

@@ -506,10 +506,15 @@ def listening_socket(path: Path) -> socket.socket:
             )
         finally:
             probe.close()
+    # Made under another name and renamed into place: a client never finds the socket before
+    # its mode lets everyone connect (bind makes it with the umask's mode).
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    staging.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    listener.bind(str(path))
-    path.chmod(0o666)
+    listener.bind(str(staging))
+    staging.chmod(0o666)
     listener.listen(256)
+    staging.rename(path)
     return listener
 
 
