@@ -226,7 +226,7 @@ def as_user(users: dict[str, UnixUser]) -> UserCommandLine:
 
 
 LIMITS = """
-import json, socket, sys
+import json, socket, sys, time
 path, opened = sys.argv[1], []
 answers = []
 for _ in range(int(sys.argv[2])):
@@ -234,12 +234,19 @@ for _ in range(int(sys.argv[2])):
     s.settimeout(10)
     s.connect(path)
     opened.append(s)
+time.sleep(0.3)  # the broker has refused the connections over the cap by now
 for s in opened:
-    s.sendall(b'{"v": 1, "op": "hello", "args": {}}\\n' * int(sys.argv[3]))
+    try:
+        s.sendall(b'{"v": 1, "op": "hello", "args": {}}\\n' * int(sys.argv[3]))
+    except OSError:  # a connection over the cap: the broker said why and closed it
+        pass
 for s in opened:
     reader = s.makefile("rb")
     for _ in range(int(sys.argv[3])):
-        line = reader.readline()
+        try:
+            line = reader.readline()
+        except OSError:
+            line = b""
         if not line:
             answers.append("closed")
             break
@@ -260,10 +267,14 @@ def test_one_users_connections_and_request_rate_are_capped(
     try:
         run = as_user._run
         argv = [as_user.python, "-c", LIMITS, str(broker.socket)]
-        many = json.loads(run(users["alice"], [*argv, "5", "1"], {}).stdout)
+        said = run(users["alice"], [*argv, "5", "1"], {})
+        assert said.returncode == 0, said.stderr
+        many = json.loads(said.stdout)
         assert many.count("ok") == 3, many  # two connections over the cap
         assert sum("max_connections" in a for a in many) == 2
-        fast = json.loads(run(users["bob"], [*argv, "1", "30"], {}).stdout)
+        said = run(users["bob"], [*argv, "1", "30"], {})
+        assert said.returncode == 0, said.stderr
+        fast = json.loads(said.stdout)
         assert "ok" in fast and any("too many requests" in a for a in fast), fast
         assert broker.hello()["protocol"] == 1  # root is not limited
     finally:
@@ -515,5 +526,85 @@ def test_slurm_hooks_go_through_the_broker_or_write_its_ledger_when_none_answers
         assert "released GPU 2-3" in said and "does not answer" not in said, said
         assert not _leases(broker)
     finally:
+        broker.stop()
+        shutil.rmtree(broker.directory, ignore_errors=True)
+
+
+def _read_until(process: subprocess.Popen[str], text: str, timeout_s: float = 30) -> str:
+    """The process's standard error up to ``text``, read from the descriptor itself."""
+    import select
+
+    seen, fd = "", process.stderr.fileno()  # type: ignore[union-attr]
+    deadline = time.monotonic() + timeout_s
+    while text not in seen:
+        ready, _, _ = select.select([fd], [], [], max(0, deadline - time.monotonic()))
+        assert ready, f"no {text!r} within {timeout_s}s: {seen!r}"
+        chunk = os.read(fd, 65536).decode()
+        assert chunk, f"stderr closed before {text!r}: {seen!r}"
+        seen += chunk
+    return seen
+
+
+DECLARE = """\
+import json, os, sys
+path = sys.argv[1]
+data = json.load(open(path))
+data["processes"] = [{"gpu": int(g), "pid": os.getpid(), "name": "job"} for g in sys.argv[2:]]
+json.dump(data, open(path + ".new", "w"))
+os.replace(path + ".new", path)
+print(os.getpid(), flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-client", "models"])
+def test_a_brokered_job_that_leaves_its_gpus_is_ended_by_its_verifier(fast: bool) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the broker's tests run it as root (CI runs as root)")
+    from gpualloc.topologies import load_bundled
+
+    broker = RunningBroker(TOPOLOGY)
+    host_file = broker.directory / "host.json"
+    host_file.write_text(load_bundled(TOPOLOGY).to_json())
+    broker.topology = str(host_file)
+    broker.start()
+    script = broker.directory / "declare.py"
+    script.write_text(DECLARE)
+    env = {
+        **_clean_env(), "GPUALLOC_BROKER": str(broker.socket),
+        "GPUALLOC_VERIFY_GRACE": "60", "GPUALLOC_VERIFY_ACTION": "kill",
+    }  # fmt: skip
+    run = ["run", "--gpus", "0,1", "--"]
+    argv = [
+        sys.executable,
+        "-m",
+        "gpualloc",
+        *run,
+        sys.executable,
+        str(script),
+        str(host_file),
+        "3",
+    ]
+    if not fast:  # the path through the models (cli/jobs.py), which shared jobs take
+        argv = [sys.executable, "-c", "import sys; from gpualloc.cli import jobs, brokered;"
+                " brokered.call = lambda work, values: False; from gpualloc.cli.main import run;"
+                " sys.argv = ['gpualloc', *sys.argv[1:]]; run()", *argv[3:]]  # fmt: skip
+    job = subprocess.Popen(
+        argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert job.stdout is not None and job.stdout.readline().strip()  # it declared itself
+        err = _read_until(job, "verify.action")
+        assert "runs on GPU 3, which the lease does not hold (it holds GPU 0-1)" in err, err
+        assert "ending it (verify.action = kill)" in err
+        job.wait(timeout=30)
+        assert job.returncode == -15
+        _until(lambda: not _leases(broker), "the ended job's lease to go", 5)
+    finally:
+        if job.returncode is None:
+            job.kill()
+        job.communicate(timeout=30)  # closes the pipes
         broker.stop()
         shutil.rmtree(broker.directory, ignore_errors=True)

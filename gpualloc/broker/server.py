@@ -193,7 +193,7 @@ class Broker:
     def _look(self) -> None:
         self._guarded(self.service.watch.look)
         if time.monotonic() >= self.next_refresh:
-            self._guarded(self.service.host.refresh_processes)
+            self._guarded(self.service.refresh_processes)
             self.next_refresh = time.monotonic() + PROCESS_REFRESH_S
         for waiter_id in self.service.expired():
             connection = self.waiting.pop(waiter_id, None)

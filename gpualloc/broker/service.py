@@ -21,6 +21,7 @@ import re
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -111,6 +112,8 @@ class LedgerService:
         """pidfds of leases made since the loop last looked, for it to register."""
         self.old_fds: list[int] = []
         """pidfds of leases gone, for the loop to unregister and close."""
+        self.topology_file: Path | None = None
+        """The recorded topology file the broker serves, when it is one (not this host)."""
         self.orphans_until = time.monotonic() + RECONNECT_GRACE_S
         self._topology_builtins: Any = None
         store = host.ledger_store()
@@ -371,6 +374,17 @@ class LedgerService:
         }
 
     # ---- what the loop does --------------------------------------------------------------
+
+    def refresh_processes(self) -> None:
+        """Where processes run now: NVML on this host; on a recorded topology file, what the
+        file declares now (so a recorded host can be watched as a real one is)."""
+        if self.topology_file is None:
+            self.host.refresh_processes()
+            return
+        from gpualloc.discovery.processes import declared_processes
+        from gpualloc.discovery.recorded import load_topology_file
+
+        self.host.processes = declared_processes(load_topology_file(self.topology_file))
 
     def forget(self, lease_id: str) -> None:
         self.old_fds += self.watch.forget(lease_id)

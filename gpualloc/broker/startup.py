@@ -38,8 +38,10 @@ def serve(
     config: Config,
     background: bool = False,
     ignore_foreign: bool = False,
+    topology_file: Path | None = None,
 ) -> None:
-    """Run the broker until SIGTERM or SIGINT (module docstring)."""
+    """Run the broker until SIGTERM or SIGINT (module docstring). ``topology_file``: the
+    recorded topology it serves, whose declared processes it reads again as NVML's."""
     host = HostLedger.open(topology, state_dir=state_dir, owner=True, ignore_foreign=ignore_foreign)
     host.max_shared_jobs = config.system_value("share.max_jobs")
     service = LedgerService(
@@ -49,6 +51,8 @@ def serve(
         config,
     )
     store = service.store
+    if topology_file is not None and not host.this_host:
+        service.topology_file = topology_file
     if not store.hold_lock():
         raise BrokerError(
             f"the ledger in {store.directory.path} is in use by {store.lock_holders()}",

@@ -153,10 +153,20 @@ def _run(socket: Path, values: Mapping[str, Any]) -> None:
             say(f"lease {lease['id']}: {answer['held']} ({where}) for {job}")
         environment = job_environment(os.environ, answer["environment"])
         answer["client"].close()  # the broker watches this process, not the connection
+        start_job_verifier(socket, lease)
         exec_job(job_argv(command, binding), environment, binding)
     except BaseException:
         answer["client"].call("release", {"leases": [lease["id"]]})
         raise
+
+
+def start_job_verifier(socket: Path, lease: dict[str, Any]) -> None:
+    """Start the job's verifier (``verify.grace``; see :mod:`gpualloc.broker.verify_job`)."""
+    grace = STATE.setting("verify.grace")
+    if grace > 0:
+        from gpualloc.broker.verify_job import start_verifier
+
+        start_verifier(socket, lease, grace, STATE.setting("verify.action"))
 
 
 # ---- alloc -----------------------------------------------------------------------------------

@@ -180,8 +180,13 @@ def _launch(
             how = f", shared ({lease.share.mode})" if lease.share is not None else ""
             job = printable(shlex.join(command), 200)
             say(f"lease {lease.id}: {held_devices(lease)}{how} ({where}) for {job}")
-        if host.remote is None:  # the broker watches its leases' processes itself
+        if host.remote is None:
             _start_verifier(host, lease)
+        else:
+            from gpualloc.cli.brokered import start_job_verifier
+            from gpualloc.model.validation import to_builtins
+
+            start_job_verifier(host.remote.path, to_builtins(lease))
         if lease.share is not None and host.remote is None:
             start_eviction_watcher(host.ledger_store().directory.ledger_file, lease.id)
             if lease.share.background:

@@ -61,4 +61,19 @@ def serve_command(
         config=STATE.config(),
         background=not foreground,
         ignore_foreign=bool(STATE.setting("ignore_foreign", ignore_foreign)),
+        topology_file=_topology_file(),
     )
+
+
+def _topology_file() -> Path | None:
+    """The topology file --topology / GPUALLOC_TOPOLOGY names, when it names a file."""
+    import os
+
+    from gpualloc.topologies import bundled_names
+    from gpualloc.user_files import expand_user, names_a_file
+
+    spec = STATE.topology or os.environ.get("GPUALLOC_TOPOLOGY")
+    if not spec or spec in bundled_names():
+        return None
+    path = expand_user(spec).resolve()
+    return path if names_a_file(path) else None

@@ -17,7 +17,6 @@ from a file, from the processes the file declares, read again at every look, so 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -50,19 +49,11 @@ def start_verifier(
     The verifier opens the job's standard error only to write a warning, so that a caller
     reading the job's output to its end never waits for the verifier; where that cannot be done
     (a pipe root made, a socket) it keeps a copy of the descriptor for the grace period."""
-    from gpualloc.launcher.watcher import fork_detached, stderr_reopenable, tell_job
+    from gpualloc.launcher.watcher import fork_detached, job_speaker
 
     job = os.getpid()
     leads_group = os.getpgrp() == job
-    kept = None if stderr_reopenable() else os.dup(2)
-
-    def say(text: str) -> None:
-        line = f"gpualloc: warning: {text}\n"
-        if kept is None:
-            tell_job(job, line)
-            return
-        with contextlib.suppress(OSError):
-            os.write(kept, line.encode("utf-8", "replace"))
+    say, kept = job_speaker()
 
     def leases() -> list[Lease]:
         return _leases_in(ledger_file, lease)

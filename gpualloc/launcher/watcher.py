@@ -100,3 +100,24 @@ def tell_job(job: int, text: str) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def job_speaker() -> tuple[Callable[[str], None], int | None]:
+    """How a helper forked by this process (about to become the job) warns on the job's
+    standard error, and the descriptor it must keep for that (None: it opens the job's stderr
+    through ``/proc`` only to write, so a caller reading the job's output to its end never
+    waits for the helper; a pipe root made, or a socket, cannot be opened so)."""
+    import contextlib
+
+    job = os.getpid()
+    kept = None if stderr_reopenable() else os.dup(2)
+
+    def say(text: str) -> None:
+        line = f"gpualloc: warning: {text}\n"
+        if kept is None:
+            tell_job(job, line)
+            return
+        with contextlib.suppress(OSError):
+            os.write(kept, line.encode("utf-8", "replace"))
+
+    return say, kept
