@@ -300,3 +300,39 @@ def test_the_cooperative_mode_says_its_leases_can_be_forged(
         assert ledger["where"] == "cooperative" and "forge" in ledger["detail"]
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_the_owner_of_a_shareable_lease_evicts_another_users_shared_job_through_the_broker(
+    users: dict[str, UnixUser], as_user: UserCommandLine
+) -> None:
+    """As in the shared-file mode (test_shared_ledger.py): alice shares her GPU, bob's shared
+    job runs beside it, carol may not evict it, alice may, and bob's own watcher (reading the
+    broker's ledger, which every user may read) ends his job."""
+    host = Host("broker", as_user, Path("/nonexistent"))
+    alice, bob, carol = (users[name] for name in NAMES)
+    try:
+        mine = json.loads(
+            host(alice, "alloc", "--hold", "--shareable", "--mem", "8G", "--format", "json").stdout
+        )["lease"]["id"]
+        job = host.popen(
+            bob, "run", "--share", "--mem", "4G", "--", "sh", "-c",
+            "trap 'echo evicted; exit 7' TERM; echo started; while :; do sleep 0.05; done",
+        )  # fmt: skip
+        try:
+            assert job.stdout is not None and job.stdout.readline().strip() == "started"
+            (share,) = [x for x in host.status(carol)["leases"] if x["share"]]
+            assert share["user"] == bob.name
+            refused = host(carol, "release", "--evict-shared", share["id"])
+            assert refused.returncode == 12, refused.stderr
+            evicted = host(alice, "release", "--evict-shared", mine, "--grace", "5s")
+            assert evicted.returncode == 0, evicted.stderr
+            assert f"shared by {bob.name}" in evicted.stdout
+            out, _ = job.communicate(timeout=60)
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.communicate()
+        assert job.returncode == 7 and out.strip() == "evicted"
+        assert [x["id"] for x in host.status(bob)["leases"]] == [mine]
+    finally:
+        host.close()

@@ -26,7 +26,7 @@ REQUEST_DEADLINE_S = 5.0
 never holds anything of the broker's: it only loses its connection)."""
 DEFAULT_SOCKET = "/run/gpualloc/gpualloc.sock"
 
-OPERATIONS = ("hello", "alloc", "confirm", "release", "snapshot", "gc", "slurm")
+OPERATIONS = ("hello", "alloc", "confirm", "release", "evict", "snapshot", "gc", "slurm")
 
 
 def request_line(op: str, args: dict[str, Any]) -> bytes:

@@ -39,6 +39,7 @@ class RemoteLedger:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.client = BrokerClient(path)
+        self._ledger_file: Path | None = None
 
     def view(self, *, full: bool = True) -> dict[str, Any]:
         """The broker's snapshot: topology, and with ``full`` the ledger, processes, faults."""
@@ -46,6 +47,14 @@ class RemoteLedger:
 
     def snapshot(self) -> LedgerTransaction:
         return served_snapshot(self.view())
+
+    @property
+    def ledger_file(self) -> Path:
+        """The broker's ledger file, which every user may read (the shared jobs' watchers
+        do)."""
+        if self._ledger_file is None:
+            self._ledger_file = Path(self.client.call("hello")["ledger"])
+        return self._ledger_file
 
     def allocate(
         self,
@@ -102,15 +111,26 @@ class RemoteLedger:
         self.release_leases([lease_id])
 
     def release_leases(self, selectors: Iterable[str], *, mine: bool = False) -> ReleaseResult:
+        result = self.client.call("release", {"leases": list(selectors), "mine": mine})
+        return self._release_result(result)
+
+    @staticmethod
+    def _release_result(result: dict[str, Any]) -> ReleaseResult:
         from gpualloc.broker.protocol import error_from
         from gpualloc.launcher.allocate import ReleaseResult
         from gpualloc.ledger.schema import Lease
 
-        result = self.client.call("release", {"leases": list(selectors), "mine": mine})
         return ReleaseResult(
             released=[from_builtins(lease, Lease) for lease in result["released"]],
             problems=[error_from({"error": problem}) for problem in result["problems"]],  # type: ignore[misc]
         )
+
+    def evict(
+        self, selectors: Iterable[str], *, mine: bool = False, grace_s: float | None = None
+    ) -> ReleaseResult:
+        """``release --evict-shared``: the shared jobs marked (their watchers end them)."""
+        args = {"leases": list(selectors), "mine": mine, "grace_s": grace_s}
+        return self._release_result(self.client.call("evict", args))
 
     def collect_garbage(self) -> GarbageReport:
         from gpualloc.launcher.allocate import GarbageReport

@@ -383,6 +383,8 @@ class Broker:
                 self.log(f"{lease['user']}: lease {lease['id']} released by uid {peer.uid}")
             self._started(service.turns())
             return protocol.result_line(result)
+        if op == "evict":
+            return protocol.result_line(service.evict(peer, args))
         if op == "snapshot":
             return protocol.result_line(service.snapshot(args))
         if op == "gc":

@@ -319,17 +319,26 @@ class LedgerService:
             problems = [p for p in problems if not isinstance(p, NoSuchLease)]
         for lease in result.released:
             self.forget(lease.id)
-        from gpualloc.json_views import lease_json
-        from gpualloc.ledger.occupancy import describe_lease
+        return _release_answer(result, problems)
 
-        return {
-            "released": [to_builtins(lease) for lease in result.released],
-            "described": [describe_lease(lease) for lease in result.released],
-            "released_json": [lease_json(lease) for lease in result.released],
-            "problems": [
-                {"code": int(p.exit_code), "message": p.message, "hint": p.hint} for p in problems
-            ],
-        }
+    def evict(self, peer: Peer, args: dict[str, Any]) -> dict[str, Any]:
+        """``release --evict-shared``: mark the shared jobs for their watchers."""
+        from gpualloc.launcher.eviction import evict_shared
+
+        selectors = args.get("leases") or []
+        if not isinstance(selectors, list) or len(selectors) > 1024:
+            raise RequestError("leases must be a list of ids", hint="see gpualloc.broker")
+        grace = args.get("grace_s")
+        if grace is not None and (not isinstance(grace, (int, float)) or grace < 0):
+            raise RequestError(f"grace {grace!r} is not a duration", hint="seconds, 0 or more")
+        result = evict_shared(
+            self.host,
+            [_text(s, "lease") or "" for s in selectors],
+            mine=bool(args.get("mine")),
+            grace_s=grace,
+            uid=peer.uid,
+        )
+        return _release_answer(result, None)
 
     def snapshot(self, args: dict[str, Any]) -> dict[str, Any]:
         """The host as the broker sees it; without ``full``, its topology alone."""
@@ -507,6 +516,22 @@ def _wait_options(raw: Any, policy: QueuePolicy) -> WaitOptions:
     if not isinstance(bypass, int) or isinstance(bypass, bool) or bypass < 0:
         raise RequestError(f"max_bypass {bypass!r} is not a count", hint="0 or more")
     return WaitOptions(priority=priority, max_bypass=bypass, policy=policy)
+
+
+def _release_answer(result: Any, problems: list[Any] | None) -> dict[str, Any]:
+    """A release's (or an eviction's) answer: the leases, as the client prints them."""
+    from gpualloc.json_views import lease_json
+    from gpualloc.ledger.occupancy import describe_lease
+
+    return {
+        "released": [to_builtins(lease) for lease in result.released],
+        "described": [describe_lease(lease) for lease in result.released],
+        "released_json": [lease_json(lease) for lease in result.released],
+        "problems": [
+            {"code": int(p.exit_code), "message": p.message, "hint": p.hint}
+            for p in (result.problems if problems is None else problems)
+        ],
+    }
 
 
 def _views_asked(raw: Any) -> dict[str, Any] | None:

@@ -187,8 +187,13 @@ def _launch(
             from gpualloc.model.validation import to_builtins
 
             start_job_verifier(host.remote.path, to_builtins(lease))
-        if lease.share is not None and host.remote is None:
-            start_eviction_watcher(host.ledger_store().directory.ledger_file, lease.id)
+        if lease.share is not None:
+            ledger_file = (
+                host.remote.ledger_file
+                if host.remote is not None
+                else host.ledger_store().directory.ledger_file
+            )
+            start_eviction_watcher(ledger_file, lease.id)
             if lease.share.background:
                 os.nice(BACKGROUND_NICENESS)
         exec_job(job_argv(command, binding), job_environment(os.environ, variables), binding)

@@ -22,15 +22,23 @@ from gpualloc.ledger.shared_files import owner_name
 
 
 def evict_shared(
-    host: HostLedger, selectors: Iterable[str], *, mine: bool = False, grace_s: float | None = None
+    host: HostLedger,
+    selectors: Iterable[str],
+    *,
+    mine: bool = False,
+    grace_s: float | None = None,
+    uid: int | None = None,
 ) -> ReleaseResult:
     """Ask the shared jobs on the GPUs of the leases ``selectors`` name (or of all the
     caller's with ``mine``) to leave; a selector may also name one shared job. Only the
     owner of the lease they share, the shared job's owner, or root may. The jobs' watchers
     end them (:mod:`gpualloc.launcher.sharing`); their leases go when they have ended.
-    ``released`` lists the shared jobs marked."""
+    ``released`` lists the shared jobs marked. ``uid`` is the caller (None: this process's
+    user; the broker names its peer)."""
+    if host.remote is not None:
+        return host.remote.evict(selectors, mine=mine, grace_s=grace_s)
     store = host.ledger_store()
-    uid = os.geteuid()
+    uid = os.geteuid() if uid is None else uid
     result = ReleaseResult()
     with store.transaction() as txn:
         named = find_leases(txn, selectors, result.problems)
