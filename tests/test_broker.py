@@ -448,7 +448,7 @@ def test_every_ledger_command_answers_through_the_broker(broker: RunningBroker) 
 
 
 def test_the_fast_clients_options_are_the_jobs_options_but_sharing() -> None:
-    from gpualloc.broker.service import WireOptions
+    from gpualloc.broker.requests import WireOptions
     from gpualloc.cli.brokered import JOB_OPTIONS, SHARING
     from gpualloc.placement.options import JobOptions
 

@@ -12,7 +12,10 @@ no request names its own user.
 - :mod:`.peers`: who a peer is, and whether a pid is theirs.
 - :mod:`.watch`: the processes each lease lives with (pidfd, ``/proc``), watched by the broker.
 - :mod:`.fair_share`: how much each user has had lately (decaying GPU-seconds).
+- :mod:`.requests`: what a client may send, checked as if hostile.
 - :mod:`.service`: what each request does to the ledger.
+- :mod:`.remote`: the models' client side (``HostLedger.remote``); :mod:`.verify_job`: ``run``'s
+  verifier through the broker; :mod:`.slurm_requests`: root's Prolog and Epilog.
 - :mod:`.server`: the socket loop, its limits, and the queue's turns.
 
 The embedded file ledger stays the default for one user (and for tests, CI and ``--topology``

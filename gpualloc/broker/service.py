@@ -16,10 +16,7 @@ sends the request again and gets the lease the first one made, never a second le
 
 from __future__ import annotations
 
-import os
-import re
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -28,6 +25,7 @@ import msgspec
 import msgspec.structs
 from msgspec import Struct
 
+from gpualloc.broker import requests as wire
 from gpualloc.broker.fair_share import FairShare
 from gpualloc.broker.peers import Peer, check_owned
 from gpualloc.broker.watch import ProcessWatch
@@ -35,7 +33,6 @@ from gpualloc.config import Config
 from gpualloc.errors import NoSuchLease, NotPermitted, RequestError
 from gpualloc.launcher.allocate import Allocation, HostLedger, LeaseTerms
 from gpualloc.launcher.queue import (
-    WaitOptions,
     attempts,
     new_waiter,
     next_start,
@@ -43,39 +40,16 @@ from gpualloc.launcher.queue import (
 )
 from gpualloc.launcher.queue_policy import QueuePolicy
 from gpualloc.ledger.owned_store import OwnedLedgerStore
-from gpualloc.ledger.schema import Lease, QueuedRequest
+from gpualloc.ledger.schema import Lease
 from gpualloc.ledger.statedir import StateDirectory
 from gpualloc.ledger.store import LedgerTransaction, lease_alive
 from gpualloc.model.request import Placement, Scores
-from gpualloc.model.validation import ValidationError, from_builtins, to_builtins
+from gpualloc.model.validation import to_builtins
 from gpualloc.placement.want import Want
 
-MAX_COMMAND_WORDS = 256
-MAX_WORD_CHARS = 4096
 RECONNECT_GRACE_S = 15.0
 """How long the queue entries of waiting clients outlive a broker restart, for the clients to
 come back to (they keep their place); then they are dropped."""
-_ID = re.compile(r"^[0-9a-f]{12}$")
-
-
-class WireOptions(Struct, forbid_unknown_fields=True):
-    """A fast client's job options, as the command line types them (the fields of
-    :class:`~gpualloc.placement.options.JobOptions` but sharing's, which such a client sends
-    as a request; a test checks the two agree)."""
-
-    policy: str
-    count: int | None = None
-    pattern: str = "ring"
-    sensitive: bool | None = None
-    exclude: str | None = None
-    require: str | None = None
-    score: str = "auto"
-    drb_weights: str | None = None
-    gpus: str | None = None
-    min_utility: float | None = None
-    min_bandwidth: float | None = None
-    mig: str | None = None
-    mem: str | None = None
 
 
 class Pending(Struct):
@@ -152,10 +126,13 @@ class LedgerService:
         waiter's id. The job is ``args["request"]`` (a queued request, as the ledger keeps
         them) or ``args["options"]`` (the command line's options, the fast clients'); with
         ``args["views"]`` the answer carries what such a client prints and execs with."""
-        lease_id = _lease_id(args.get("lease_id"))
-        want = _want(args["request"]) if "request" in args else self._want(args.get("options"))
+        lease_id = wire.lease_id(args.get("lease_id"))
+        if "request" in args:
+            want = wire.queued_want(args["request"])
+        else:
+            want = self._options_want(args.get("options"))
         terms = self._terms(peer, args.get("terms"), lease_id)
-        wait, views = args.get("wait"), _views_asked(args.get("views"))
+        wait, views = args.get("wait"), wire.views_asked(args.get("views"))
         if args.get("retry"):
             with self.host.transaction() as txn:
                 found = self._repeat(peer, txn, lease_id)
@@ -173,12 +150,12 @@ class LedgerService:
         finally:
             self.host.allow_unhealthy = False
 
-    def _want(self, raw: Any) -> Want:
+    def _options_want(self, raw: Any) -> Want:
         """The Want of a fast client's options (its configured policy already filled in)."""
         from gpualloc.placement.options import JobOptions
 
         try:
-            options = msgspec.convert(raw, WireOptions)
+            options = msgspec.convert(raw, wire.WireOptions)
         except msgspec.ValidationError as bad:
             raise RequestError(f"bad options: {bad}", hint="see gpualloc.broker") from None
         return JobOptions(**msgspec.structs.asdict(options)).want(self.config)
@@ -234,7 +211,7 @@ class LedgerService:
     ) -> str:
         from gpualloc.launcher.wait import never_fits
 
-        options = _wait_options(wait, self.policy)
+        options = wire.wait_options(wait, self.policy)
         never_fits(self.host, want)
         assert terms.lease_id is not None
         with self.host.transaction() as txn:
@@ -275,7 +252,7 @@ class LedgerService:
         elif not hold:
             raise RequestError("a lease needs a pid or hold", hint="give --pid or --hold")
         group = raw.get("process_group")
-        if group is not None and (group != pid or _group_of(pid) != pid):
+        if group is not None and (group != pid or wire.group_of(pid) != pid):
             group = None  # only a process that leads its own group lends the lease its group
         try:
             return LeaseTerms(
@@ -283,12 +260,12 @@ class LedgerService:
                 pid=pid,
                 pid_start_time=started,
                 hold=hold,
-                command=_words(raw.get("command", ())),
-                name=_text(raw.get("name"), "name"),
+                command=wire.words(raw.get("command", ())),
+                name=wire.text(raw.get("name"), "name"),
                 process_group=group,
                 announce=bool(raw.get("announce")),
                 shareable=bool(raw.get("shareable")),
-                memory_bytes=_positive(raw.get("memory_bytes")),
+                memory_bytes=wire.positive(raw.get("memory_bytes")),
                 share_mode="mps" if raw.get("share_mode") == "mps" else "time-sliced",
                 uid=peer.uid,
                 creator=(peer.pid, started if pid == peer.pid else check_owned(peer, peer.pid)),
@@ -298,7 +275,7 @@ class LedgerService:
             raise RequestError(f"bad lease terms: {bad}", hint="see gpualloc.broker") from None
 
     def confirm(self, peer: Peer, args: dict[str, Any]) -> None:
-        lease_id = _lease_id(args.get("lease"))
+        lease_id = wire.lease_id(args.get("lease"))
         with self.host.transaction() as txn:
             lease = txn.ledger.find(lease_id)
             if lease is None:
@@ -312,7 +289,9 @@ class LedgerService:
         if not isinstance(selectors, list) or len(selectors) > 1024:
             raise RequestError("leases must be a list of ids", hint="see gpualloc.broker")
         result = self.host.release_leases(
-            [_text(s, "lease") or "" for s in selectors], mine=bool(args.get("mine")), uid=peer.uid
+            [wire.text(s, "lease") or "" for s in selectors],
+            mine=bool(args.get("mine")),
+            uid=peer.uid,
         )
         problems = result.problems
         if args.get("retry"):  # a repeat of a release that went through already
@@ -333,7 +312,7 @@ class LedgerService:
             raise RequestError(f"grace {grace!r} is not a duration", hint="seconds, 0 or more")
         result = evict_shared(
             self.host,
-            [_text(s, "lease") or "" for s in selectors],
+            [wire.text(s, "lease") or "" for s in selectors],
             mine=bool(args.get("mine")),
             grace_s=grace,
             uid=peer.uid,
@@ -498,26 +477,6 @@ def _placement_of(lease: Lease) -> Placement:
     )
 
 
-def _want(raw: Any) -> Want:
-    try:
-        request = from_builtins(raw, QueuedRequest)
-    except ValidationError as bad:
-        raise RequestError(f"bad request: {bad}", hint="see gpualloc.broker") from None
-    return Want.from_queued(request)
-
-
-def _wait_options(raw: Any, policy: QueuePolicy) -> WaitOptions:
-    if not isinstance(raw, dict):
-        raise RequestError("wait must be an object", hint="see gpualloc.broker")
-    priority = raw.get("priority", "normal")
-    if priority not in ("high", "normal", "low"):
-        raise RequestError(f"unknown priority {priority!r}", hint="high, normal or low")
-    bypass = raw.get("max_bypass", policy.min_bypass)
-    if not isinstance(bypass, int) or isinstance(bypass, bool) or bypass < 0:
-        raise RequestError(f"max_bypass {bypass!r} is not a count", hint="0 or more")
-    return WaitOptions(priority=priority, max_bypass=bypass, policy=policy)
-
-
 def _release_answer(result: Any, problems: list[Any] | None) -> dict[str, Any]:
     """A release's (or an eviction's) answer: the leases, as the client prints them."""
     from gpualloc.json_views import lease_json
@@ -532,49 +491,3 @@ def _release_answer(result: Any, problems: list[Any] | None) -> dict[str, Any]:
             for p in (result.problems if problems is None else problems)
         ],
     }
-
-
-def _views_asked(raw: Any) -> dict[str, Any] | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        raise RequestError("views must be an object", hint="see gpualloc.broker")
-    return raw
-
-
-def _lease_id(raw: Any) -> str:
-    if not isinstance(raw, str) or not _ID.match(raw):
-        raise RequestError("a lease id is 12 hex digits", hint="let gpualloc choose it")
-    return raw
-
-
-def _words(raw: Any) -> tuple[str, ...]:
-    if not isinstance(raw, (list, tuple)) or len(raw) > MAX_COMMAND_WORDS:
-        raise RequestError("command must be a list of words", hint="see gpualloc.broker")
-    return tuple(str(word)[:MAX_WORD_CHARS] for word in raw)
-
-
-def _text(raw: Any, what: str) -> str | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, str) or len(raw) > MAX_WORD_CHARS:
-        raise RequestError(f"{what} must be a short text", hint="see gpualloc.broker")
-    return raw
-
-
-def _positive(raw: Any) -> int | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, int) or isinstance(raw, bool) or raw <= 0:
-        raise RequestError(f"{raw!r} is not a positive number", hint="see gpualloc.broker")
-    return raw
-
-
-def _group_of(pid: int | None) -> int | None:
-    try:
-        return os.getpgid(pid) if pid is not None else None
-    except OSError:
-        return None
-
-
-Handler = Callable[[Peer, dict[str, Any]], Any]

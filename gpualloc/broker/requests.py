@@ -1,0 +1,111 @@
+"""What a broker client may send, checked as if hostile (:mod:`.service` acts on it).
+
+Every value from a client is decoded into the ledger's own validated structs or bounded here:
+the job as a :class:`~gpualloc.ledger.schema.QueuedRequest` (or the command line's options,
+:class:`WireOptions`), lease ids as 12 hex digits, commands and names by length, counts as
+positive integers. A client can name only what it could have typed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from msgspec import Struct
+
+from gpualloc.errors import RequestError
+from gpualloc.launcher.queue import WaitOptions
+from gpualloc.launcher.queue_policy import QueuePolicy
+from gpualloc.ledger.schema import QueuedRequest
+from gpualloc.model.validation import ValidationError, from_builtins
+from gpualloc.placement.want import Want
+
+MAX_COMMAND_WORDS = 256
+MAX_WORD_CHARS = 4096
+_ID = re.compile(r"^[0-9a-f]{12}$")
+
+
+class WireOptions(Struct, forbid_unknown_fields=True):
+    """A fast client's job options, as the command line types them (the fields of
+    :class:`~gpualloc.placement.options.JobOptions` but sharing's, which such a client sends
+    as a request; a test checks the two agree)."""
+
+    policy: str
+    count: int | None = None
+    pattern: str = "ring"
+    sensitive: bool | None = None
+    exclude: str | None = None
+    require: str | None = None
+    score: str = "auto"
+    drb_weights: str | None = None
+    gpus: str | None = None
+    min_utility: float | None = None
+    min_bandwidth: float | None = None
+    mig: str | None = None
+    mem: str | None = None
+
+
+def queued_want(raw: Any) -> Want:
+    """The job of a request in the queue's own form (the library's and the models' path)."""
+    try:
+        request = from_builtins(raw, QueuedRequest)
+    except ValidationError as bad:
+        raise RequestError(f"bad request: {bad}", hint="see gpualloc.broker") from None
+    return Want.from_queued(request)
+
+
+def wait_options(raw: Any, policy: QueuePolicy) -> WaitOptions:
+    """A waiting request's options, under the host's queue policy."""
+    if not isinstance(raw, dict):
+        raise RequestError("wait must be an object", hint="see gpualloc.broker")
+    priority = raw.get("priority", "normal")
+    if priority not in ("high", "normal", "low"):
+        raise RequestError(f"unknown priority {priority!r}", hint="high, normal or low")
+    bypass = raw.get("max_bypass", policy.min_bypass)
+    if not isinstance(bypass, int) or isinstance(bypass, bool) or bypass < 0:
+        raise RequestError(f"max_bypass {bypass!r} is not a count", hint="0 or more")
+    return WaitOptions(priority=priority, max_bypass=bypass, policy=policy)
+
+
+def views_asked(raw: Any) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise RequestError("views must be an object", hint="see gpualloc.broker")
+    return raw
+
+
+def lease_id(raw: Any) -> str:
+    if not isinstance(raw, str) or not _ID.match(raw):
+        raise RequestError("a lease id is 12 hex digits", hint="let gpualloc choose it")
+    return raw
+
+
+def words(raw: Any) -> tuple[str, ...]:
+    if not isinstance(raw, (list, tuple)) or len(raw) > MAX_COMMAND_WORDS:
+        raise RequestError("command must be a list of words", hint="see gpualloc.broker")
+    return tuple(str(word)[:MAX_WORD_CHARS] for word in raw)
+
+
+def text(raw: Any, what: str) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or len(raw) > MAX_WORD_CHARS:
+        raise RequestError(f"{what} must be a short text", hint="see gpualloc.broker")
+    return raw
+
+
+def positive(raw: Any) -> int | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, int) or isinstance(raw, bool) or raw <= 0:
+        raise RequestError(f"{raw!r} is not a positive number", hint="see gpualloc.broker")
+    return raw
+
+
+def group_of(pid: int | None) -> int | None:
+    try:
+        return os.getpgid(pid) if pid is not None else None
+    except OSError:
+        return None
