@@ -608,3 +608,39 @@ def test_a_brokered_job_that_leaves_its_gpus_is_ended_by_its_verifier(fast: bool
         job.communicate(timeout=30)  # closes the pipes
         broker.stop()
         shutil.rmtree(broker.directory, ignore_errors=True)
+
+
+def test_fair_share_outlives_a_broker_restart(tmp_path: Path) -> None:
+    """What a user had is saved beside the ledger and read back, decayed by the time away."""
+    from gpualloc.broker.fair_share import FairShare
+
+    path = tmp_path / "fair-share.json"
+    before = FairShare(3600.0)
+    before.usage = {1001: 7200.0, 1002: 10.0}
+    before.save(path)
+    after = FairShare(3600.0)
+    after.load(path)
+    assert after.usage[1001] == pytest.approx(7200.0, rel=1e-3)
+    saved = json.loads(path.read_text())
+    saved["saved"] -= 3600.0  # as if the broker had been down an hour: one half-life
+    path.write_text(json.dumps(saved))
+    later = FairShare(3600.0)
+    later.load(path)
+    assert later.usage[1001] == pytest.approx(3600.0, rel=1e-3)
+    path.write_text("{not json")
+    damaged = FairShare(3600.0)
+    damaged.load(path)  # a damaged file forgives; it never stops the broker
+    assert damaged.usage == {}
+
+
+def test_the_broker_saves_fair_share_beside_its_ledger(broker: RunningBroker) -> None:
+    broker.call("alloc", _hold_request("eeeeeeeeeeee", gpus=2))
+    _until(lambda: (broker.state / "fair-share.json").exists(), "the fair-share file", 5)
+    saved = json.loads((broker.state / "fair-share.json").read_text())
+    _until(
+        lambda: json.loads((broker.state / "fair-share.json").read_text())["usage"].get("0", 0) > 0,
+        "root's GPU-seconds to count",
+        5,
+    )
+    assert (broker.state / "fair-share.json").stat().st_mode & 0o777 == 0o644
+    assert saved["saved"] > 0

@@ -9,16 +9,20 @@ past, one of whose jobs has just started), the one holding fewer GPUs now goes f
 A's 32 queued one-GPU jobs do not keep user B's one job behind all 32: once A's first job
 runs, B's is next.
 
-The usage is the broker's memory, not the ledger's: a broker restart forgets the past (the
-leases held then count again at once). ``max_bypass`` and the backfill window keep their
-meaning: :func:`gpualloc.launcher.queue.next_start` applies them to whatever order it is given.
+The usage is kept beside the ledger (``fair-share.json``, written once a second when it
+changed, :meth:`FairShare.save`), so a broker restart does not forgive anyone's past: what was
+saved is decayed by the time the broker was down, and the leases held then count at once.
+``max_bypass`` and the backfill window keep their meaning:
+:func:`gpualloc.launcher.queue.next_start` applies them to whatever order it is given.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from gpualloc.ledger.schema import PRIORITY_RANK, Lease, Waiter
 
@@ -33,6 +37,7 @@ class FairShare:
         self.held: dict[int, int] = {}
         """GPUs each uid holds now (whole GPUs; a shared or MIG place counts as one)."""
         self._last = clock()  # type: ignore[operator]
+        self._saved = ""
 
     def account(self, leases: Iterable[Lease]) -> None:
         """Add what ``leases`` held since the last call, decaying what came before."""
@@ -59,6 +64,31 @@ class FairShare:
                 w.seq,
             ),
         )
+
+    def save(self, path: Path) -> None:
+        """Write the usage (decayed to now) for the next broker (module docstring)."""
+        from gpualloc.atomic import write_text_atomic
+
+        text = json.dumps(
+            {"saved": time.time(), "usage": {str(u): round(v, 3) for u, v in self.usage.items()}},
+            sort_keys=True,
+        )
+        if text != self._saved:
+            write_text_atomic(path, text + "\n", mode=0o644, sync=False)
+            self._saved = text
+
+    def load(self, path: Path) -> None:
+        """The usage a previous broker saved, decayed by the time since (nothing when there is
+        no file, or one that does not read as saved usage)."""
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            saved = float(data["saved"])
+            usage = {int(uid): float(used) for uid, used in data["usage"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return
+        away = max(0.0, time.time() - saved)
+        decay = math.pow(0.5, away / self.half_life_s) if self.half_life_s > 0 else 0.0
+        self.usage = {uid: used * decay for uid, used in usage.items() if used >= 0}
 
     def standing(self) -> dict[int, tuple[int, float]]:
         """uid -> (GPUs held now, decayed GPU-seconds), for ``status``."""

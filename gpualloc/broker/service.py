@@ -47,6 +47,7 @@ from gpualloc.model.request import Placement, Scores
 from gpualloc.model.validation import to_builtins
 from gpualloc.placement.want import Want
 
+FAIR_SHARE_FILE = "fair-share.json"
 RECONNECT_GRACE_S = 15.0
 """How long the queue entries of waiting clients outlive a broker restart, for the clients to
 come back to (they keep their place); then they are dropped."""
@@ -112,7 +113,9 @@ class LedgerService:
 
     def adopt(self) -> list[str]:
         """After a (re)start: follow every live lease's process again, as the ledger records
-        it; dead ones are released by this first transaction (their ids are returned)."""
+        it; dead ones are released by this first transaction (their ids are returned). The
+        users' fair share is read back (:meth:`.fair_share.FairShare.load`)."""
+        self.fair.load(self.fair_share_file)
         with self.store.transaction(reap=True) as txn:
             for lease in txn.ledger.leases:
                 self._follow(Allocation(lease, _placement_of(lease)))
@@ -391,7 +394,12 @@ class LedgerService:
         gone = [lease.id for lease in txn.reaped]
         for lease_id in gone:
             self.forget(lease_id)
+        self.fair.save(self.fair_share_file)
         return gone
+
+    @property
+    def fair_share_file(self) -> Path:
+        return self.store.directory.path / FAIR_SHARE_FILE
 
     def leave(self, waiter_id: str) -> None:
         """A waiting client went away, or its time ran out: out of the queue."""
