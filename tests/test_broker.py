@@ -644,3 +644,14 @@ def test_the_broker_saves_fair_share_beside_its_ledger(broker: RunningBroker) ->
     )
     assert (broker.state / "fair-share.json").stat().st_mode & 0o777 == 0o644
     assert saved["saved"] > 0
+
+
+def test_a_waiters_timeout_is_kept_to_and_says_why(broker: RunningBroker) -> None:
+    broker.call("alloc", _hold_request("ffffffffffff", gpus=4))
+    started = time.monotonic()
+    waiter = _cli(broker, "alloc", "--wait", "--timeout", "1.5", "--hold")
+    _, err = waiter.communicate(timeout=30)
+    assert waiter.returncode == 124, err
+    assert time.monotonic() - started < 5
+    assert "no GPUs for this job within 1.5 s (the job needs 1 GPU(s)" in err
+    assert not broker.call("snapshot")["ledger"]["queue"]

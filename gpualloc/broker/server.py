@@ -131,10 +131,11 @@ class Broker:
         for name in ("SIGTERM", "SIGINT"):
             signal.signal(getattr(signal, name), self._stop)
         while not self.stopping:
-            timeout = max(0.0, self.next_look - time.monotonic())
-            for key, mask in self.selector.select(timeout):
+            deadline = self.service.next_deadline()
+            wake = self.next_look if deadline is None else min(self.next_look, deadline)
+            for key, mask in self.selector.select(max(0.0, wake - time.monotonic())):
                 self._event(key, mask)
-            look = time.monotonic() >= self.next_look
+            look = time.monotonic() >= wake
             if self.requests or self.reap_due or look:
                 self._in_batch(look)
             if look:
@@ -195,8 +196,9 @@ class Broker:
         if time.monotonic() >= self.next_refresh:
             self._guarded(self.service.refresh_processes)
             self.next_refresh = time.monotonic() + PROCESS_REFRESH_S
-        for waiter_id in self.service.expired():
+        for waiter_id, timeout_s in self.service.expired():
             connection = self.waiting.pop(waiter_id, None)
+            reason = connection.said.get(waiter_id, (0, ""))[1] if connection else ""
             self._guarded(lambda w=waiter_id: self.service.leave(w))
             if connection is not None:
                 connection.waiters.discard(waiter_id)
@@ -204,7 +206,8 @@ class Broker:
                     connection,
                     protocol.error_line(
                         WaitTimedOut(
-                            "no GPUs for this job within its --timeout",
+                            f"no GPUs for this job within {timeout_s:g} s"
+                            + (f" ({reason})" if reason else ""),
                             hint="raise --timeout, or see 'gpualloc status'",
                         )
                     ),

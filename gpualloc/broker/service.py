@@ -461,9 +461,18 @@ class LedgerService:
             found[waiter.id] = {**to_builtins(status), "line": status.line()}
         return found
 
-    def expired(self) -> list[str]:
+    def expired(self) -> list[tuple[str, float]]:
+        """The waiters whose ``--timeout`` ran out, each with its timeout."""
         now = time.monotonic()
-        return [i for i, p in self.pending.items() if p.deadline is not None and now >= p.deadline]
+        return [
+            (i, p.deadline - p.started)
+            for i, p in self.pending.items()
+            if p.deadline is not None and now >= p.deadline
+        ]
+
+    def next_deadline(self) -> float | None:
+        """When the first waiter's ``--timeout`` runs out (the loop wakes for it)."""
+        return min((p.deadline for p in self.pending.values() if p.deadline), default=None)
 
 
 def _placement_of(lease: Lease) -> Placement:
