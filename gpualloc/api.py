@@ -167,7 +167,7 @@ the kernel names the right process), with the broker's topology."""
 def _broker(config: Config, topology: Topology | None) -> tuple[RemoteLedger, Topology] | None:
     """The broker's connection and topology when this host has a broker and ``hold`` is not
     for another host's topology or inside a Slurm job (as on the command line)."""
-    from gpualloc.broker.client import broker_socket
+    from gpualloc.broker.address import broker_socket
 
     socket = broker_socket(config.value("host.broker"))
     if socket is None:

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.broker_harness import ROOT, RunningBroker
+from tests.test_verified_launch import DECLARE, _stderr_until
 from tests.unix_users import UnixUser, UserCommandLine, ensure_user, shared_directory
 
 TOPOLOGY = "nvlink-pairs-4gpu"
@@ -414,7 +415,7 @@ def test_the_library_holds_through_the_broker(broker: RunningBroker) -> None:
         """
         import gpualloc.api as api
         with api.hold(2) as held:
-            print(held.gpus, held.environment["CUDA_VISIBLE_DEVICES"])
+            print(held.lease.id, held.gpus, held.environment["CUDA_VISIBLE_DEVICES"])
         """
     )
     env = {**_clean_env(), "GPUALLOC_BROKER": str(broker.socket), "PYTHONPATH": str(ROOT)}
@@ -422,8 +423,10 @@ def test_the_library_holds_through_the_broker(broker: RunningBroker) -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    gpus, visible = result.stdout.split(") ")
+    lease, rest = result.stdout.split(" ", 1)
+    gpus, visible = rest.split(") ")
     assert visible.strip() == ",".join(gpus.strip("(").replace(" ", "").split(","))
+    assert f"lease {lease}" in broker.log_text()  # the broker made it, and then released it
     assert not _leases(broker)
 
 
@@ -530,33 +533,6 @@ def test_slurm_hooks_go_through_the_broker_or_write_its_ledger_when_none_answers
         shutil.rmtree(broker.directory, ignore_errors=True)
 
 
-def _read_until(process: subprocess.Popen[str], text: str, timeout_s: float = 30) -> str:
-    """The process's standard error up to ``text``, read from the descriptor itself."""
-    import select
-
-    seen, fd = "", process.stderr.fileno()  # type: ignore[union-attr]
-    deadline = time.monotonic() + timeout_s
-    while text not in seen:
-        ready, _, _ = select.select([fd], [], [], max(0, deadline - time.monotonic()))
-        assert ready, f"no {text!r} within {timeout_s}s: {seen!r}"
-        chunk = os.read(fd, 65536).decode()
-        assert chunk, f"stderr closed before {text!r}: {seen!r}"
-        seen += chunk
-    return seen
-
-
-DECLARE = """\
-import json, os, sys
-path = sys.argv[1]
-data = json.load(open(path))
-data["processes"] = [{"gpu": int(g), "pid": os.getpid(), "name": "job"} for g in sys.argv[2:]]
-json.dump(data, open(path + ".new", "w"))
-os.replace(path + ".new", path)
-print(os.getpid(), flush=True)
-sys.stdin.read()
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("fast", [True, False], ids=["fast-client", "models"])
 def test_a_brokered_job_that_leaves_its_gpus_is_ended_by_its_verifier(fast: bool) -> None:
@@ -596,7 +572,7 @@ def test_a_brokered_job_that_leaves_its_gpus_is_ended_by_its_verifier(fast: bool
     )  # fmt: skip
     try:
         assert job.stdout is not None and job.stdout.readline().strip()  # it declared itself
-        err = _read_until(job, "verify.action")
+        err = _stderr_until(job, "verify.action")
         assert "runs on GPU 3, which the lease does not hold (it holds GPU 0-1)" in err, err
         assert "ending it (verify.action = kill)" in err
         job.wait(timeout=30)

@@ -302,13 +302,15 @@ def test_the_cooperative_mode_says_its_leases_can_be_forged(
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def test_the_owner_of_a_shareable_lease_evicts_another_users_shared_job_through_the_broker(
-    users: dict[str, UnixUser], as_user: UserCommandLine
+@pytest.mark.parametrize("mode", ["broker", "shared"])
+def test_the_owner_of_a_shareable_lease_evicts_another_users_shared_job(
+    mode: str, users: dict[str, UnixUser], as_user: UserCommandLine
 ) -> None:
-    """As in the shared-file mode (test_shared_ledger.py): alice shares her GPU, bob's shared
-    job runs beside it, carol may not evict it, alice may, and bob's own watcher (reading the
-    broker's ledger, which every user may read) ends his job."""
-    host = Host("broker", as_user, Path("/nonexistent"))
+    """In both modes: alice shares her GPU, bob's shared job runs beside it, carol may not
+    evict it, alice may, and bob's own watcher (alice cannot signal bob's processes; it reads
+    the ledger, which every user may read) ends his job, and then itself."""
+    directory = shared_directory("gpualloc-shared-")
+    host = Host(mode, as_user, directory)
     alice, bob, carol = (users[name] for name in NAMES)
     try:
         mine = json.loads(
@@ -324,6 +326,7 @@ def test_the_owner_of_a_shareable_lease_evicts_another_users_shared_job_through_
             assert share["user"] == bob.name
             refused = host(carol, "release", "--evict-shared", share["id"])
             assert refused.returncode == 12, refused.stderr
+            assert f"belongs to {bob.name} and runs beside {alice.name}'s lease" in refused.stderr
             evicted = host(alice, "release", "--evict-shared", mine, "--grace", "5s")
             assert evicted.returncode == 0, evicted.stderr
             assert f"shared by {bob.name}" in evicted.stdout
@@ -334,5 +337,13 @@ def test_the_owner_of_a_shareable_lease_evicts_another_users_shared_job_through_
                 job.communicate()
         assert job.returncode == 7 and out.strip() == "evicted"
         assert [x["id"] for x in host.status(bob)["leases"]] == [mine]
+        _until(lambda: not _processes_of(bob), "bob's watcher to exit after his job", 10)
     finally:
         host.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _processes_of(user: UnixUser) -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"].real == user.uid]

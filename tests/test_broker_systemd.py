@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpualloc.broker.protocol import DEFAULT_SOCKET
+from gpualloc.broker.address import DEFAULT_SOCKET
 from gpualloc.config import BY_KEY
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -314,15 +314,19 @@ def test_a_missing_bandwidth_table_is_the_same_error_on_both_paths(
 
 
 @pytest.mark.slow
-def test_the_fast_path_imports_neither_typer_nor_pydantic(tmp_path: Path) -> None:
+def test_the_fast_path_imports_neither_typer_nor_pydantic_nor_the_brokers_client(
+    tmp_path: Path,
+) -> None:
     probe = (
         "import sys, json\n"
         "from gpualloc.cli.main import run\n"
         "try:\n    run(['-t', 'dgx1-v100', 'alloc', '--hold'])\nexcept SystemExit:\n    pass\n"
-        "heavy = ['typer', 'click', 'pydantic', 'rich', 'networkx', 'psutil', 'pynvml']\n"
+        "heavy = ['typer', 'click', 'pydantic', 'rich', 'networkx', 'psutil', 'pynvml',\n"
+        "         'socket', 'gpualloc.broker.client']  # no broker here: not its client either\n"
         "sys.stderr.write(json.dumps([m for m in heavy if m in sys.modules]))\n"
     )
     env = {**os.environ, "GPUALLOC_STATE_DIR": str(tmp_path)}
+    env.pop("GPUALLOC_BROKER", None)
     result = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=False
     )

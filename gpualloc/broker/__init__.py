@@ -8,7 +8,8 @@ nvidia-persistenced do it. The kernel says who is asking (``SO_PEERCRED`` on a U
 no request names its own user.
 
 - :mod:`.protocol`: the wire format (one JSON object per line, versioned) and its limits.
-- :mod:`.client`: finding the broker and calling it (no more imports than the fast path).
+- :mod:`.address`: where the broker listens (one stat; every command asks).
+- :mod:`.client`: calling the broker (no more imports than the fast path).
 - :mod:`.peers`: who a peer is, and whether a pid is theirs.
 - :mod:`.watch`: the processes each lease lives with (pidfd, ``/proc``), watched by the broker.
 - :mod:`.fair_share`: how much each user has had lately (decaying GPU-seconds).

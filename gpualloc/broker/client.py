@@ -1,12 +1,7 @@
 """Finding the host's broker and calling it.
 
-Which ledger a command uses:
-
-- ``host.broker`` set (``GPUALLOC_BROKER``, or ``[host] broker = PATH`` in a config file): that
-  socket, and nothing else. A configured broker that does not answer is an error (exit 18),
-  never a silent fall-back to a file every user can write.
-- unset: :data:`~.protocol.DEFAULT_SOCKET` when it exists (the systemd socket unit makes it);
-- otherwise the embedded file ledger (one user, tests, ``--topology`` trials).
+Which socket a command uses is :mod:`.address`'s to say; a configured broker that does not
+answer is an error (exit 18), never a silent fall-back to a file every user can write.
 
 A call that loses its connection (the broker restarted, ``kill -9`` included) connects again
 and sends the request once more: ``alloc`` names the lease id it wants, so a repeated request
@@ -26,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpualloc.broker.protocol import DEFAULT_SOCKET, error_from, request_line
+from gpualloc.broker.protocol import error_from, request_line
 from gpualloc.errors import BrokerError
 
 RECONNECT_S = 10.0
@@ -36,24 +31,6 @@ MISSING_S = 1.0
 """How long a client waits for a socket that is not there at all (a broker stopping and
 starting again removes and makes it): a broker that is simply not running is said quickly."""
 _GONE = (errno.ECONNREFUSED, errno.ENOENT, errno.ECONNRESET, errno.EPIPE, errno.EAGAIN)
-
-
-def broker_socket(configured: Path | None) -> Path | None:
-    """The broker's socket for this command, or None for the embedded ledger (module
-    docstring). ``configured`` is the ``host.broker`` setting."""
-    if configured is not None:
-        return configured
-    default = Path(DEFAULT_SOCKET)
-    return default if _is_socket(default) else None
-
-
-def _is_socket(path: Path) -> bool:
-    import stat
-
-    try:
-        return stat.S_ISSOCK(path.stat().st_mode)
-    except OSError:
-        return False
 
 
 class BrokerClient:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from gpualloc.ledger.schema import PRIORITY_RANK, Lease, Waiter
@@ -30,18 +30,18 @@ from gpualloc.ledger.schema import PRIORITY_RANK, Lease, Waiter
 class FairShare:
     """Decayed GPU-seconds per uid."""
 
-    def __init__(self, half_life_s: float, *, clock: object = time.monotonic) -> None:
+    def __init__(self, half_life_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.half_life_s = half_life_s
         self.clock = clock
         self.usage: dict[int, float] = {}
         self.held: dict[int, int] = {}
         """GPUs each uid holds now (whole GPUs; a shared or MIG place counts as one)."""
-        self._last = clock()  # type: ignore[operator]
+        self._last = clock()
         self._saved = ""
 
     def account(self, leases: Iterable[Lease]) -> None:
         """Add what ``leases`` held since the last call, decaying what came before."""
-        now = self.clock()  # type: ignore[operator]
+        now = self.clock()
         elapsed = max(0.0, now - self._last)
         self._last = now
         decay = math.pow(0.5, elapsed / self.half_life_s) if self.half_life_s > 0 else 0.0

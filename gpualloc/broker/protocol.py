@@ -24,7 +24,6 @@ MAX_REQUEST_BYTES = 64 * 1024
 REQUEST_DEADLINE_S = 5.0
 """A request begun must be complete within this, or the connection is closed (a slow client
 never holds anything of the broker's: it only loses its connection)."""
-DEFAULT_SOCKET = "/run/gpualloc/gpualloc.sock"
 
 OPERATIONS = ("hello", "alloc", "confirm", "release", "evict", "snapshot", "gc", "slurm")
 

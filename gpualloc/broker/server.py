@@ -489,11 +489,16 @@ def _send_and_close(sock: socket.socket, data: bytes) -> None:
 # ---- the listening socket ------------------------------------------------------------------
 
 
+def activated() -> bool:
+    """Whether systemd passed this process its socket (``sd_listen_fds``)."""
+    return os.environ.get("LISTEN_PID") == str(os.getpid()) and os.environ.get("LISTEN_FDS") == "1"
+
+
 def listening_socket(path: Path) -> socket.socket:
     """The socket to serve: systemd's (socket activation) when it passed one, else ``path``
     made now (mode 0666: every user may connect; the kernel names them). A stale socket file
     is replaced; one a live broker answers on is an error."""
-    if os.environ.get("LISTEN_PID") == str(os.getpid()) and os.environ.get("LISTEN_FDS") == "1":
+    if activated():
         return socket.socket(fileno=LISTEN_FDS_START)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
     if os.path.lexists(path):

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from gpualloc.broker.fair_share import FairShare
-from gpualloc.broker.server import Broker, Limits, listening_socket, log_line
+from gpualloc.broker.server import Broker, Limits, activated, listening_socket, log_line
 from gpualloc.broker.service import LedgerService
 from gpualloc.config import Config
 from gpualloc.errors import BrokerError
@@ -65,7 +65,7 @@ def serve(
     if damaged is not None:
         log_line(f"warning: {damaged}")
     listener = listening_socket(socket_path)
-    activated = listener.fileno() != -1 and os.environ.get("LISTEN_FDS") == "1"
+    made_here = not activated()  # systemd's socket file is systemd's to remove
     limits = Limits(
         config.system_value("broker.max_connections"),
         config.system_value("broker.max_requests_per_s"),
@@ -83,7 +83,7 @@ def serve(
     try:
         broker.serve()
     finally:
-        if not activated:
+        if made_here:
             socket_path.unlink(missing_ok=True)
         log_line("stopped")
 

@@ -173,9 +173,7 @@ def start_job_verifier(socket: Path, lease: dict[str, Any]) -> None:
 
 
 def _alloc(socket: Path, values: Mapping[str, Any]) -> None:
-    from gpualloc.cli.open_ledger import alloc_owner
-    from gpualloc.cli.output import print_json, write_stdout
-    from gpualloc.launcher.environment import shell_exports
+    from gpualloc.cli.open_ledger import alloc_owner, print_allocation, warn
     from gpualloc.ledger.liveness import command_line
 
     output_format = values.get("output_format", "ids")
@@ -190,22 +188,12 @@ def _alloc(socket: Path, values: Mapping[str, Any]) -> None:
         "announce": True,
     }
     answer = _allocate(socket, values, terms)
-    from gpualloc.cli.open_ledger import warn
-
     warn(answer["notes"])
-    variables = answer["environment"]
-    if output_format == "ids":
-        write_stdout(variables["CUDA_VISIBLE_DEVICES"] + "\n")
-    elif output_format == "env":
-        write_stdout(shell_exports(variables))
-    else:
-        print_json(
-            {
-                "lease": answer["lease_json"],
-                "placement": answer["placement_json"],
-                "environment": variables,
-            }
-        )
+    print_allocation(
+        output_format,
+        answer["environment"],
+        lambda: (answer["lease_json"], answer["placement_json"]),
+    )
     sys.stdout.flush()  # the id has reached the reader: only now is the lease confirmed
     answer["client"].call("confirm", {"lease": answer["lease"]["id"]})
 

@@ -159,7 +159,7 @@ class FastCommand:
             return
         from gpualloc.cli import jobs
 
-        jobs.call(work, self.values)
+        jobs.call(work, self.values, broker_tried=True)
 
 
 class _NotForUs(Exception):

@@ -20,6 +20,7 @@ from gpualloc.cli.open_ledger import (
     alloc_owner,
     allocate,
     open_host_ledger,
+    print_allocation,
     say,
     wait_options,
     warn,
@@ -28,7 +29,6 @@ from gpualloc.cli.state import STATE
 from gpualloc.errors import ExitCode, RequestError
 from gpualloc.model.printable import printable
 from gpualloc.placement.options import JobOptions
-from gpualloc.user_files import expand_user, names_a_file
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -47,13 +47,14 @@ WORK = ("run_job", "alloc_gpus", "release_gpus")
 """The functions :func:`call` runs; the first two take a :class:`JobOptions`."""
 
 
-def call(work: str, values: Mapping[str, Any]) -> None:
+def call(work: str, values: Mapping[str, Any], *, broker_tried: bool = False) -> None:
     """Run the function named ``work`` with a command's option values (typer's or the fast
-    path's, those not given left out): the job's options bundled into one JobOptions."""
+    path's, those not given left out): the job's options bundled into one JobOptions. Through
+    the broker's fast client first (:mod:`.brokered`), unless the caller tried it already."""
     from gpualloc.cli import brokered
 
     function = globals()[work]  # looked up now: tests stand in for the functions
-    if brokered.call(work, values):
+    if not broker_tried and brokered.call(work, values):
         return
     if work == "release_gpus":
         function(**values)
@@ -219,20 +220,13 @@ def _start_verifier(host: HostLedger, lease: Lease) -> None:
 def _process_lister(host: HostLedger) -> Callable[[], list[GpuProcess]] | None:
     """Where the verifier looks for the job's processes: NVML on this host, the topology file
     read again on a recorded one; None for a bundled topology (its processes never change)."""
-    from gpualloc.discovery.resolve import TOPOLOGY_ENV
-
     if host.this_host:
         from gpualloc.discovery.live import live_processes
 
         topology = host.topology
         return lambda: live_processes(topology).processes
-    from gpualloc.topologies import bundled_names
-
-    spec = STATE.topology or os.environ.get(TOPOLOGY_ENV)
-    if not spec or spec in bundled_names():
-        return None
-    path = expand_user(spec).resolve()  # loaded from it already: the user exists
-    if not names_a_file(path):
+    path = STATE.topology_file()
+    if path is None:
         return None
     from gpualloc.discovery.recorded import load_topology_file
 
@@ -361,24 +355,18 @@ def _command_of(pid: int | None) -> tuple[str, ...]:
 def _print_allocation(
     host: HostLedger, want: Want, allocation: Allocation, output_format: str, uuid: bool
 ) -> None:
-    from gpualloc.cli.output import print_json, write_stdout
     from gpualloc.json_views import lease_json, placement_json
-    from gpualloc.launcher.environment import shell_exports
 
     lease = allocation.lease
     variables = _variables(host, lease.indices, lease.mig_keys, lease_id=lease.id, uuid=uuid)
-    if output_format == "ids":
-        write_stdout(variables["CUDA_VISIBLE_DEVICES"] + "\n")
-    elif output_format == "env":
-        write_stdout(shell_exports(variables))
-    else:
-        print_json(
-            {
-                "lease": lease_json(lease),
-                "placement": placement_json(host.topology, want.request, allocation.placement),
-                "environment": variables,
-            }
-        )
+    print_allocation(
+        output_format,
+        variables,
+        lambda: (
+            lease_json(lease),
+            placement_json(host.topology, want.request, allocation.placement),
+        ),
+    )
 
 
 # ---- release ---------------------------------------------------------------------------------

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpualloc.cli.state import STATE
 
@@ -64,11 +64,11 @@ def open_host_ledger(
 
 def broker_for_this_command() -> Path | None:
     """The broker's socket when this command's ledger is the broker's: there is one (see
-    :func:`gpualloc.broker.client.broker_socket`), and the command is neither a trial on a
+    :func:`gpualloc.broker.address.broker_socket`), and the command is neither a trial on a
     topology of another host nor inside a Slurm job (whose GPUs have a ledger of their own)."""
     import os
 
-    from gpualloc.broker.client import broker_socket
+    from gpualloc.broker.address import broker_socket
 
     socket = broker_socket(STATE.setting("host.broker"))
     if socket is None:
@@ -197,3 +197,23 @@ def alloc_owner(output_format: str, pid: int | None, hold: bool) -> int | None:
             hint="give --pid of the process that uses the GPUs, or --hold",
         )
     return owner
+
+
+def print_allocation(
+    output_format: str,
+    variables: dict[str, str],
+    views: Callable[[], tuple[dict[str, Any], dict[str, Any]]],
+) -> None:
+    """What ``alloc`` prints for ``--format``: the ids, shell exports, or JSON of the lease and
+    its placement (``views``, asked only for JSON), with the job's variables."""
+    from gpualloc.cli.output import print_json, write_stdout
+
+    if output_format == "ids":
+        write_stdout(variables["CUDA_VISIBLE_DEVICES"] + "\n")
+    elif output_format == "env":
+        from gpualloc.launcher.environment import shell_exports
+
+        write_stdout(shell_exports(variables))
+    else:
+        lease, placement = views()
+        print_json({"lease": lease, "placement": placement, "environment": variables})

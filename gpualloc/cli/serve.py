@@ -49,8 +49,7 @@ def serve_command(
     process of their owner, which the broker watches (pidfd, /proc); a restart, kill -9
     included, loses no lease. Stops on SIGTERM or SIGINT; leases stay in the ledger.
     """
-    from gpualloc.broker.client import broker_socket
-    from gpualloc.broker.protocol import DEFAULT_SOCKET
+    from gpualloc.broker.address import DEFAULT_SOCKET, broker_socket
     from gpualloc.broker.startup import serve
 
     path = socket or broker_socket(STATE.setting("host.broker")) or Path(DEFAULT_SOCKET)
@@ -61,19 +60,5 @@ def serve_command(
         config=STATE.config(),
         background=not foreground,
         ignore_foreign=bool(STATE.setting("ignore_foreign", ignore_foreign)),
-        topology_file=_topology_file(),
+        topology_file=STATE.topology_file(),
     )
-
-
-def _topology_file() -> Path | None:
-    """The topology file --topology / GPUALLOC_TOPOLOGY names, when it names a file."""
-    import os
-
-    from gpualloc.topologies import bundled_names
-    from gpualloc.user_files import expand_user, names_a_file
-
-    spec = STATE.topology or os.environ.get("GPUALLOC_TOPOLOGY")
-    if not spec or spec in bundled_names():
-        return None
-    path = expand_user(spec).resolve()
-    return path if names_a_file(path) else None

@@ -185,7 +185,8 @@ def _through_broker(kind: str, env: dict[str, str]) -> list[str] | None:
     """The hook's log lines when the host's broker made the change; None when there is no
     broker. A broker that is configured but does not answer: root's hook takes the broker's
     ledger itself (the broker's lock is free when no broker runs), and says so."""
-    from gpualloc.broker.client import BrokerClient, broker_socket
+    from gpualloc.broker.address import broker_socket
+    from gpualloc.broker.client import BrokerClient
     from gpualloc.broker.slurm_requests import SLURM_VARIABLES
 
     socket = broker_socket(STATE.setting("host.broker"))

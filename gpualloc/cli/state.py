@@ -71,6 +71,21 @@ class GlobalState:
 
         return configured_bandwidth_table(self.config(), self.bandwidth_table)
 
+    def topology_file(self) -> Path | None:
+        """The topology file --topology / $GPUALLOC_TOPOLOGY names, when it names one (not a
+        bundled topology, not this host): what a watcher reads again for its processes."""
+        import os
+
+        from gpualloc.discovery.resolve import TOPOLOGY_ENV
+        from gpualloc.topologies import bundled_names
+        from gpualloc.user_files import expand_user, names_a_file
+
+        spec = self.topology or os.environ.get(TOPOLOGY_ENV)
+        if not spec or spec in bundled_names():
+            return None
+        path = expand_user(spec).resolve()  # loaded from it already: the user exists
+        return path if names_a_file(path) else None
+
     def load_topology(self) -> Topology:
         """The topology named by --topology / $GPUALLOC_TOPOLOGY, else this host's."""
         from gpualloc.discovery.resolve import resolve_topology

@@ -60,12 +60,17 @@ class OwnedLedgerStore(LedgerStore):
         self._written: str | None = None
         self._batch: _Batch | None = None
 
-    def _lock(self, timeout_s: float | None = None) -> SharedLock | contextlib.nullcontext:
+    def _lock(self, timeout_s: float | None = None) -> SharedLock:
         if self._held is not None:
-            return contextlib.nullcontext()
+            return contextlib.nullcontext()  # type: ignore[return-value]  # held for good
         return SharedLock(
             self.directory.lock_file, timeout_s=timeout_s or self.lock_timeout_s, mode=LOCK_MODE
         )
+
+    def _load_for_snapshot(self) -> tuple[Ledger, list[str]]:
+        if self._held is not None:
+            return self._load()  # the broker's own reading: nobody else writes
+        return super()._load_for_snapshot()
 
     def hold_lock(self) -> bool:
         """Take ``ledger.lock`` for good (False: another process holds it)."""

@@ -185,7 +185,7 @@ class LedgerStore:
         self.reap_in_transactions = True
         """Reap dead leases in every transaction (the broker's store reaps when asked)."""
 
-    def _lock(self, timeout_s: float | None = None) -> SharedLock | contextlib.nullcontext:
+    def _lock(self, timeout_s: float | None = None) -> SharedLock:
         return SharedLock(self.directory.lock_file, timeout_s=timeout_s or self.lock_timeout_s)
 
     @contextmanager
@@ -233,24 +233,26 @@ class LedgerStore:
         It never waits for the lock: when another process holds it, the ledger is read as the
         last completed write left it (a write in progress is recovered from its writer's good
         copy) and a note names the holder, so that ``status`` still shows who holds what."""
-        lock = self._lock()
-        if isinstance(lock, contextlib.nullcontext):
-            ledger, notes = self._load()
-        elif self._lock_readable() and lock.try_acquire():
-            try:
-                ledger, notes = self._load()
-            finally:
-                lock.release()
-        elif not self._lock_readable():  # a broker's lock (0600): it writes by rename
-            ledger, notes = self._load(unlocked=True)
-        else:
-            ledger, notes = self._load(unlocked=True)
-            notes.append(f"the ledger's lock is held by {lock.holders()}; shown as last written")
+        ledger, notes = self._load_for_snapshot()
         txn = LedgerTransaction(ledger, notes=notes)
         self._apply_journal(txn)
         self._reap(txn)
         txn.changed = False
         return txn
+
+    def _load_for_snapshot(self) -> tuple[Ledger, list[str]]:
+        """The ledger without waiting for the lock (see :meth:`snapshot`)."""
+        if not self._lock_readable():  # a broker's ledger, read by a user: written by rename
+            return self._load(unlocked=True)
+        lock = self._lock()
+        if lock.try_acquire():
+            try:
+                return self._load()
+            finally:
+                lock.release()
+        ledger, notes = self._load(unlocked=True)
+        notes.append(f"the ledger's lock is held by {lock.holders()}; shown as last written")
+        return ledger, notes
 
     def _lock_readable(self) -> bool:
         """False for a broker's lock file, which only its owner may open."""
