@@ -162,7 +162,7 @@ complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subco
 complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from import' -l numa -r -F -d 'Output of \'numactl --hardware\'.'
 complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from import' -l output -s o -r -F -d 'Write the topology JSON to OUT.'
 complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from import' -l name -r -F -d 'Name stored in the topology (default: the file\'s stem).'
-complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from import' -l bandwidth-matrix -r -F -d 'Measured GB/s matrix (p2pBandwidthLatencyTest output, a \'gpu_0 gpu_1 ...\' table, or JSON rows): its '
+complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from import' -l bandwidth-matrix -r -F -d 'Measured bandwidth: nvbandwidth output (text or -j JSON), p2pBandwidthLatencyTest output, a \'gpu_0 g'
 complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from import' -l mig -r -F -d 'MIG layout: output of \'nvidia-smi -L\', \'nvidia-smi mig -lgi\' or plain \'nvidia-smi\' (its MIG devices '
 complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from import' -l json -d 'Print the topology as JSON (the documented model) instead.'
 complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from import' -l help -s h -d 'Show the help and exit.'

@@ -99,9 +99,10 @@ def import_text(
         typer.Option(
             "--bandwidth-matrix",
             metavar="FILE",
-            help="Measured GB/s matrix (p2pBandwidthLatencyTest output, a 'gpu_0 gpu_1 ...' "
-            "table, or JSON rows): its numbers replace the estimated link bandwidths. Alone, "
-            "it makes a topology of its own.",
+            help="Measured bandwidth: nvbandwidth output (text or -j JSON), "
+            "p2pBandwidthLatencyTest output, a 'gpu_0 gpu_1 ...' table or JSON rows, "
+            "recognised by content. Its GB/s replace the estimated link bandwidths (the matrix "
+            "used is named on stderr). Alone, it makes a topology of its own.",
         ),
     ] = None,
     mig: Annotated[
@@ -138,9 +139,13 @@ def import_text(
     table = STATE.bandwidth_override()
     matrix = None
     if bandwidth_matrix is not None:
-        matrix = bm.parse_bandwidth_matrix(
+        from gpualloc.cli.output import say
+
+        imported = bm.read_bandwidth_matrix(
             read_text(bandwidth_matrix), source=str(bandwidth_matrix)
         )
+        matrix = imported.matrix
+        say(f"bandwidth from {bandwidth_matrix}: {imported.used}")
     if topo_file is None and matrix is None:
         assert mig is not None and mig_texts is not None
         topology = topology_from_gpu_list(mig_texts, origin=str(mig[0]), name=name or mig[0].stem)

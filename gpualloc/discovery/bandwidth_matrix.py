@@ -1,11 +1,13 @@
 """Measured GPU-to-GPU bandwidth matrices, so that users can plan on measured numbers.
 
-Three formats are read (all in GB/s, one row per source GPU):
+The outputs of the benchmarks users run are recognised by content (:mod:`gpualloc.measurements`):
+``nvbandwidth`` text and ``-j`` JSON, CUDA samples' ``p2pBandwidthLatencyTest`` (its connectivity
+matrix is never read as bandwidth; the matrix used is named), and ``nccl-tests`` (refused here:
+it measures collectives, not pairs). Two plain formats are read too (GB/s, a row per source GPU):
 
 - the Kubernetes GPU-topology proposal's table (seed 001): a ``gpu_0 gpu_1 ...`` header, then
-  rows ``gpu_i v0 v1 ...``, optionally under a ``Bandwidth Matrix:`` title;
-- CUDA samples' ``p2pBandwidthLatencyTest``: ``D\\D 0 1 ...`` header, then rows ``i v0 v1 ...``
-  (the first matrix in the file is used; pass the one you want, e.g. unidirectional P2P enabled);
+  rows ``gpu_i v0 v1 ...``, optionally under a ``Bandwidth Matrix:`` title, or a bare
+  ``D\\D 0 1 ...`` table;
 - JSON: a list of rows ``[[750.48, 48.39, ...], ...]`` (the proposal's CR example).
 
 The diagonal (a GPU's own memory bandwidth) is ignored. Measured matrices are not symmetric (the
@@ -21,13 +23,26 @@ import re
 from msgspec.structs import replace
 
 from gpualloc.errors import TopologyError, TopologyParseError
+from gpualloc.measurements.recognise import PairwiseCopy, pairwise_copy, read_recording
 from gpualloc.model.topology import Gpu, Link, Provenance, Topology
 
 _ROW_LABEL = re.compile(r"^(?:gpu_?)?(\d+)$", re.IGNORECASE)
 
 
+def read_bandwidth_matrix(text: str, *, source: str = "<matrix>") -> PairwiseCopy:
+    """The one-way GB/s of every GPU pair in ``text``, and which matrix of it was used."""
+    recording = read_recording(text, source=source)
+    if recording is not None:
+        return pairwise_copy(recording)
+    return PairwiseCopy(_plain_matrix(text, source), "the file's matrix")
+
+
 def parse_bandwidth_matrix(text: str, *, source: str = "<matrix>") -> list[list[float]]:
     """The square matrix in ``text``; errors name the line and the token."""
+    return read_bandwidth_matrix(text, source=source).matrix
+
+
+def _plain_matrix(text: str, source: str) -> list[list[float]]:
     stripped = text.strip()
     if stripped.startswith("["):
         return _from_json(stripped, source)
