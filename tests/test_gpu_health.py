@@ -1,7 +1,7 @@
 """Unhealthy GPUs are never handed out (issue 21, point 2): faults injected into the fake NVML
 and the kernel log, and declared in a recorded topology, each flagged and skipped.
 
-No recorded kernel log with Xid lines exists in ../shared; the lines below follow the driver's
+The lines below follow the driver's
 ``NVRM: Xid (PCI:<domain>:<bus>:<device>): <code>, pid=..., ...`` format.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpualloc.discovery import health
+from gpualloc.discovery import health, xid
 from gpualloc.discovery import nvml as nvml_source
 from gpualloc.errors import ExitCode
 from gpualloc.ledger.occupancy import Occupancy
@@ -42,12 +42,12 @@ def with_bus_ids(topology):
 
 def test_critical_xids_are_faults_application_ones_are_not() -> None:
     topology = with_bus_ids(load_bundled("dgx1-v100"))
-    assert health.parse_xid_errors(KERNEL_LOG) == [
+    assert xid.parse_xid_errors(KERNEL_LOG) == [
         ("0000:10:00", 13),
         ("0000:15:00", 48),
         ("0000:15:00", 64),
     ]
-    (fault,) = health.xid_faults(topology, KERNEL_LOG)  # Xid 13 is the program's fault
+    (fault,) = xid.xid_faults(topology, KERNEL_LOG)  # Xid 13 is the program's fault
     assert (fault.gpu, fault.kind) == (5, "xid")
     assert fault.detail == (
         "Xid 64: ECC page retirement or row remapping failed (2 critical Xid errors since boot)"

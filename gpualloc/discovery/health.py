@@ -10,7 +10,7 @@ the topology does not), from two sources:
   (``nvmlDeviceGetRemappedRows``, A100 and later). A check the GPU does not support is skipped.
 - The kernel log (``/dev/kmsg``, readable by root, or by everyone where ``dmesg_restrict`` is
   0): ``NVRM: Xid (PCI:0000:3b:00): 79, ...`` lines since boot with one of the Xid codes that
-  NVIDIA's Xid catalogue says need a GPU reset or mean a hardware fault (:data:`CRITICAL_XIDS`).
+  NVIDIA's Xid catalogue says need a GPU reset or mean a hardware fault (:mod:`.xid`).
   NVML has no query for past Xids (only an event stream while one waits), so the log is the one
   place they persist; DCGM, which watches the stream, is not assumed.
 
@@ -21,60 +21,16 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from gpualloc.discovery.xid import xid_faults
 from gpualloc.model.topology import GpuFault, Topology
 
 if TYPE_CHECKING:
     from gpualloc.discovery.nvml import NvmlSession
 
 KMSG = "/dev/kmsg"
-CRITICAL_XIDS: dict[int, str] = {
-    48: "double-bit ECC error",
-    62: "internal micro-controller halt",
-    64: "ECC page retirement or row remapping failed",
-    74: "NVLink error",
-    79: "fell off the bus",
-    92: "high single-bit ECC error rate",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-}
-"""Xid codes that leave the GPU in need of a reset or point at the hardware (NVIDIA, "Xid
-Errors", docs.nvidia.com/deploy/xid-errors); application faults (13, 31, 43, 94, ...) are not
-the GPU's fault and are ignored."""
-
-_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+)[^)]*\): (\d+),")
-
-
-def parse_xid_errors(text: str) -> list[tuple[str, int]]:
-    """Kernel log text -> (PCI ``domain:bus:device``, Xid) of every ``NVRM: Xid`` line."""
-    return [(match[1].upper(), int(match[2])) for match in _XID.finditer(text)]
-
-
-def xid_faults(topology: Topology, log: str) -> list[GpuFault]:
-    """One fault per GPU with a critical Xid in ``log`` (the latest code, and how many)."""
-    by_device = {_device_of(gpu.pci_bus_id): gpu.index for gpu in topology.gpus if gpu.pci_bus_id}
-    seen: dict[int, list[int]] = {}
-    for device, xid in parse_xid_errors(log):
-        gpu = by_device.get(_device_of(device))
-        if gpu is not None and xid in CRITICAL_XIDS:
-            seen.setdefault(gpu, []).append(xid)
-    faults = []
-    for gpu, codes in sorted(seen.items()):
-        last = codes[-1]
-        count = f" ({len(codes)} critical Xid errors since boot)" if len(codes) > 1 else ""
-        detail = f"Xid {last}: {CRITICAL_XIDS[last]}{count}"
-        faults.append(GpuFault(gpu=gpu, kind="xid", detail=detail))
-    return faults
-
-
-def _device_of(bus_id: str) -> tuple[int, int, int]:
-    """``00000000:3B:00.0`` or ``0000:3b:00`` -> (domain, bus, device) as numbers."""
-    domain, bus, device = bus_id.split(".")[0].split(":")[-3:]
-    return int(domain, 16), int(bus, 16), int(device, 16)
 
 
 def read_kernel_log(path: str = KMSG) -> str:
