@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate docs/evaluation.md and its figures: every policy, the papers' workloads and a
 mixed one, several hosts, and what sharing GPUs does, through ``gpualloc.simulate`` (issues
-6, 19 and 20).
+6, 19 and 20); and predicted bandwidth against real measurements (issue 32, ``measured.py``).
 
 Usage: python benchmarks/evaluate.py [--out DIR] [--jobs N] [--seed 0]
 
@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import job_time
+from measured import measured_section
 from sharing import sharing_section
 
 from gpualloc.simulate import drb_prototype
@@ -76,6 +77,7 @@ def main() -> int:
     for title, hosts in sections:
         lines += _bandwidth_section(title, hosts, jobs, figures, plots)
     lines += ["", *sharing_section(options.jobs)]
+    lines += ["", *measured_section()]
     if plots is None:
         lines += ["", "_Figures were not regenerated: matplotlib is not installed._"]
     options.out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,79 @@
+"""Predictions set against real measurements (issue 32, point 2): the comparison itself, and
+the figures docs/evaluation.md section 5 reports (``benchmarks/measured.py``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpualloc.measurements.compare import compare_recording, median_abs_error
+from gpualloc.measurements.recognise import read_recording
+from gpualloc.topologies import load_bundled
+
+ROOT = Path(__file__).resolve().parent.parent
+MEASURED = ROOT / "tests" / "fixtures" / "measured"
+
+
+def recording(relative: str):
+    found = read_recording((MEASURED / relative).read_text(), source=relative)
+    assert found is not None
+    return found
+
+
+def test_a_collective_is_set_against_the_best_ring_of_its_gpus() -> None:
+    (found,) = compare_recording(
+        recording("nccl_tests/a100x8_sxm4_40gb_superbench.txt"), load_bundled("dgx-a100")
+    )
+    assert found.gpus == tuple(range(8)) and found.path == "NV12"
+    assert (found.predicted_gbps, found.measured_gbps) == (300.0, 235.26)
+    assert found.error == pytest.approx(300 / 235.26 - 1)
+
+
+def test_runs_that_do_not_measure_the_host_are_not_counted() -> None:
+    plain, staged = compare_recording(
+        recording("nccl_tests/dgx_a100_640gb_4gpu.txt"),
+        load_bundled("dgx-a100"),
+        gpu_map=(4, 5, 6, 7),
+    )
+    assert plain.gpus == (4, 5, 6, 7) and plain.counted
+    assert not staged.counted and staged.why_not_counted == "NCCL_P2P_DISABLE=1"
+    assert median_abs_error([plain, staged]) == pytest.approx(abs(plain.error))
+    across = recording("nccl_tests/h100x16_2node_gcp_a3mega.txt")
+    assert compare_recording(across, load_bundled("hgx-h100")) == []  # the network's figure
+
+
+def test_pairs_take_the_slower_measured_direction() -> None:
+    found = compare_recording(
+        recording("nvbandwidth/azure_2gpu_v0.10_testdata.txt"), load_bundled("hgx-h100")
+    )
+    assert [(c.gpus, c.measured_gbps) for c in found] == [((0, 1), 276.07)]
+
+
+@pytest.fixture
+def measured_benchmark():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import measured
+
+        yield measured
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_the_evaluations_figures(measured_benchmark) -> None:
+    """Every modelled host reads and compares; the errors docs/evaluation.md states hold."""
+    found = {host.recording: comparisons for host, comparisons in measured_benchmark.comparisons()}
+    assert len(found) == 6
+    station = found["p2p_bandwidth_latency/dgx_station_v100x4_ugache.txt"]
+    assert len(station) == 6 and all(abs(c.error) < 0.05 for c in station)
+    (no_p2p,) = found["p2p_bandwidth_latency/rtx2080ti_x2_pcie_no_p2p_autodl.txt"]
+    assert no_p2p.path == "PIX" and no_p2p.error == pytest.approx(15.75 / 5.72 - 1, abs=0.01)
+    a6000 = found["nvbandwidth/a6000x6_issue50.txt"]
+    assert {c.path for c in a6000} == {"NODE", "SYS"} and len(a6000) == 15
+    everything = [c for comparisons in found.values() for c in comparisons]
+    assert sum(c.counted for c in everything) == 25
+    assert median_abs_error(everything) == pytest.approx(0.18, abs=0.01)
+    section = "\n".join(measured_benchmark.measured_section())
+    assert "**18 %**" in section and "left out: across two hosts" in section
