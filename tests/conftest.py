@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from collections.abc import Callable, Iterable
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,6 +69,19 @@ def run_in_process(args: Iterable[str]) -> Result:
         else:
             raise AssertionError("run() returned instead of exiting")
     return Result(code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def measured_benchmark() -> Iterator[Any]:
+    """``benchmarks/measured.py``: the recordings' hosts as docs/evaluation.md models them."""
+    benchmarks = str(Path(__file__).resolve().parent.parent / "benchmarks")
+    sys.path.insert(0, benchmarks)
+    try:
+        import measured
+
+        yield measured
+    finally:
+        sys.path.remove(benchmarks)
 
 
 @pytest.fixture

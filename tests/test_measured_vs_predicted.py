@@ -3,7 +3,6 @@ the figures docs/evaluation.md section 5 reports (``benchmarks/measured.py``).""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -49,17 +48,6 @@ def test_pairs_take_the_slower_measured_direction() -> None:
         recording("nvbandwidth/azure_2gpu_v0.10_testdata.txt"), load_bundled("hgx-h100")
     )
     assert [(c.gpus, c.measured_gbps) for c in found] == [((0, 1), 276.07)]
-
-
-@pytest.fixture
-def measured_benchmark():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import measured
-
-        yield measured
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
 
 
 def test_the_evaluations_figures(measured_benchmark) -> None:
