@@ -4,21 +4,10 @@ recordings are not."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from gpualloc.measurements.degraded import below_link_class, p2p_slower_than_staged
-from gpualloc.measurements.recognise import read_recording
-
-ROOT = Path(__file__).resolve().parent.parent
-MEASURED = ROOT / "tests" / "fixtures" / "measured"
-
-
-def recording(relative: str):
-    found = read_recording((MEASURED / relative).read_text(), source=relative)
-    assert found is not None
-    return found
+from tests.measured_fixtures import recording
 
 
 def test_p2p_slower_than_staged_copies_is_flagged_on_every_pair() -> None:

@@ -3,22 +3,11 @@ the figures docs/evaluation.md section 5 reports (``benchmarks/measured.py``).""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from gpualloc.measurements.compare import compare_recording, median_abs_error
-from gpualloc.measurements.recognise import read_recording
 from gpualloc.topologies import load_bundled
-
-ROOT = Path(__file__).resolve().parent.parent
-MEASURED = ROOT / "tests" / "fixtures" / "measured"
-
-
-def recording(relative: str):
-    found = read_recording((MEASURED / relative).read_text(), source=relative)
-    assert found is not None
-    return found
+from tests.measured_fixtures import recording
 
 
 def test_a_collective_is_set_against_the_best_ring_of_its_gpus() -> None:

@@ -15,17 +15,10 @@ import pytest
 from gpualloc.discovery.bandwidth_matrix import read_bandwidth_matrix
 from gpualloc.errors import ExitCode, TopologyParseError
 from gpualloc.measurements.recognise import pairwise_copy, read_recording
-from gpualloc.measurements.records import Recording
+from tests.measured_fixtures import MEASURED
+from tests.measured_fixtures import recording as read
 
-MEASURED = Path(__file__).parent / "fixtures" / "measured"
 BENCHMARK_KINDS = ("nvbandwidth", "nccl_tests", "p2p_bandwidth_latency")
-
-
-def read(relative: str) -> Recording:
-    path = MEASURED / relative
-    recording = read_recording(path.read_text(), source=str(path))
-    assert recording is not None, relative
-    return recording
 
 
 def test_every_benchmark_recording_is_a_fixture_that_reads() -> None:

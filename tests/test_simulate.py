@@ -364,6 +364,7 @@ def test_the_evaluation_script_regenerates_its_document(tmp_path: Path) -> None:
         "## 2. The DRB paper's prototype scenario (Table 1, IBM Minsky)",
         "## 3. Predicted bandwidth: which policy gives jobs the better GPUs",
         "## 4. Sharing GPUs: what `run --share` does to waiting and job time",
+        "## 5. Predicted against measured bandwidth",
     ]
     first_table = next(line for line in text.splitlines() if line.startswith("| "))
     assert first_table.startswith("| scheduler | makespan s | mean JCT s | p95 JCT s | worst JCT")
@@ -373,6 +374,7 @@ def test_the_evaluation_script_regenerates_its_document(tmp_path: Path) -> None:
     sharing = text.split("\n## 4. ")[1]
     assert "| whole GPUs |" in sharing and "U = 0.5: mean JCT" in sharing
     assert "no job shared a GPU, so nothing changed" in sharing  # the MAPA control
+    assert "Median |error| over the 25 counted GPU sets" in text.split("\n## 5. ")[1]
 
 
 def test_report_and_timeline(cli, tmp_path: Path) -> None:

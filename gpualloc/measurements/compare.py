@@ -6,7 +6,7 @@ Two kinds of figure are compared, each with the prediction placement actually us
   bandwidth (estimated from link classes, :mod:`gpualloc.model.bandwidth`) against the slower of
   the two measured directions (one-way GB/s, as :func:`.recognise.pairwise_copy` reads them);
 - a collective's bus bandwidth (nccl-tests, the largest message): the best ring through the
-  GPU set (:func:`gpualloc.simulate.runtime.best_ring_gbps`, what the runtime model charges an
+  GPU set (:func:`gpualloc.model.rings.best_ring_gbps`, what the runtime model charges an
   all-reduce) against ``busbw``, which nccl-tests scales so that it compares with link rates.
 
 The error of a comparison is ``predicted / measured - 1``; a model that is right within 25 %
@@ -24,6 +24,7 @@ from msgspec import Struct
 
 from gpualloc.measurements.recognise import pairwise_copy
 from gpualloc.measurements.records import Recording
+from gpualloc.model.rings import best_ring_gbps
 from gpualloc.model.topology import Topology
 
 
@@ -83,8 +84,6 @@ def compare_recording(
 def _collective(
     topology: Topology, gpus: tuple[int, ...], busbw: float, p2p_disabled: bool
 ) -> Comparison:
-    from gpualloc.simulate.runtime import best_ring_gbps
-
     def bandwidth(a: int, b: int) -> float:
         return topology.link(a, b).bandwidth_gbps
 

@@ -24,9 +24,9 @@ ends, and a running job's remaining work goes at the new pace.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from gpualloc.model.rings import best_ring_gbps
 from gpualloc.model.topology import Topology
 from gpualloc.simulate.networks import intensity_gb
 from gpualloc.simulate.profile import DrbProfile
@@ -111,45 +111,6 @@ class BandwidthRuntime(RuntimeModel):
 
     def _bandwidth(self, a: int, b: int) -> float:
         return self.topology.link(a, b).bandwidth_gbps
-
-
-def best_ring_gbps(gpus: Sequence[int], bandwidth: Callable[[int, int], float]) -> float:
-    """The highest slowest-link bandwidth of a ring through all of ``gpus`` (the bottleneck
-    Hamiltonian cycle): the fastest threshold whose links still close a ring, found by a
-    bitmask walk over the set (O(2^k k) per threshold)."""
-    k = len(gpus)
-    if k == 2:
-        return bandwidth(gpus[0], gpus[1])
-    pairs = {(i, j): bandwidth(gpus[i], gpus[j]) for i, j in itertools.combinations(range(k), 2)}
-    for threshold in sorted(set(pairs.values()), reverse=True):
-        near = [0] * k
-        for (i, j), gbps in pairs.items():
-            if gbps >= threshold:
-                near[i] |= 1 << j
-                near[j] |= 1 << i
-        if _closes_a_ring(near):
-            return threshold
-    return min(pairs.values())
-
-
-def _closes_a_ring(near: list[int]) -> bool:
-    """Whether the graph (adjacency bitmasks) has a cycle through every vertex: paths from
-    vertex 0, by the set they cover and the vertex they end at."""
-    k = len(near)
-    full = (1 << k) - 1
-    ends = {1: 1}  # covered set -> bitmask of the vertices a path from 0 over it can end at
-    for _ in range(k - 1):
-        grown: dict[int, int] = {}
-        for covered, at in ends.items():
-            for v in range(k):
-                if at >> v & 1:
-                    step = near[v] & ~covered
-                    while step:
-                        u = step & -step
-                        step ^= u
-                        grown[covered | u] = grown.get(covered | u, 0) | u
-        ends = grown
-    return any(at & near[0] for covered, at in ends.items() if covered == full)
 
 
 class ProfileRuntime(RuntimeModel):
