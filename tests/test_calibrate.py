@@ -76,7 +76,7 @@ def test_one_gpu_has_no_pair_to_measure(cli, monkeypatch: pytest.MonkeyPatch, re
     _fake_host(monkeypatch, "single-gpu")
     result = cli("calibrate")
     assert result.exit_code == 0
-    assert "pairwise bandwidth needs two GPUs" in result.stdout + result.stderr
+    assert "pairwise and collective figures need two" in result.stdout + result.stderr
     assert json.loads(cli("calibrate", "--json").stdout)["measured"] is False
     assert recorded.asked == [] and not calibration.calibration_path().exists()
 

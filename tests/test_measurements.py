@@ -7,8 +7,10 @@ Figures asserted here are the ones printed in the files; a parser that read the 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -185,11 +187,22 @@ def test_nccl_tests_cut_before_its_average_is_refused() -> None:
 # --- the command line ---------------------------------------------------------------------------
 
 
-def test_topo_import_names_the_matrix_it_used(cli: Callable[..., object], tmp_path: Path) -> None:
+def test_topo_import_names_the_matrix_it_used_and_plan_says_so(
+    cli: Callable[..., Any], tmp_path: Path
+) -> None:
     source = MEASURED / "p2p_bandwidth_latency" / "dgx_station_v100x4_ugache.txt"
-    result = cli("topo", "import", "--bandwidth-matrix", str(source), "--json")
-    assert result.exit_code == 0, result.output  # type: ignore[attr-defined]
-    assert "bidirectional_p2p_enabled" in result.stderr  # type: ignore[attr-defined]
+    topology = tmp_path / "station.json"
+    result = cli("topo", "import", "--bandwidth-matrix", str(source), "-o", str(topology))
+    assert result.exit_code == 0, result.stderr
+    assert "bidirectional_p2p_enabled" in result.stderr
+    plan = cli("--topology", str(topology), "plan", "-n", "2", "--explain", "--json")
+    used = json.loads(plan.stdout)["explain"]["bandwidth"]
+    assert (
+        used.startswith("link bandwidths measured: bidirectional_p2p_enabled")
+        and str(source) in used
+    )
+    estimated = cli("--topology", "dgx1-v100", "plan", "-n", "2", "--explain")
+    assert "link bandwidths: estimated from link classes" in estimated.stdout
 
 
 @pytest.mark.parametrize(

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import contextlib
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from gpualloc.cli.state import STATE
 from gpualloc.errors import NoGpuFound, RequestError
+
+if TYPE_CHECKING:
+    from gpualloc.discovery.cache import CacheKey
+    from gpualloc.discovery.calibration import Calibration
+    from gpualloc.model.topology import Topology
 
 NOT_HERE_HINT = (
     "calibrate measures the GPUs of the host it runs on; for another host, import its "
@@ -24,18 +33,41 @@ def calibrate_command(
         int, typer.Option("--size-mib", min=1, metavar="MIB", help="MiB copied per transfer.")
     ] = 256,
     repeats: Annotated[int, typer.Option(min=1, metavar="N", help="Timed transfers per pair.")] = 5,
+    from_files: Annotated[
+        Optional[list[Path]],  # noqa: UP045 - typer needs Optional on Python 3.10
+        typer.Option(
+            "--from",
+            metavar="FILE",
+            help="Store these outputs of nvbandwidth, p2pBandwidthLatencyTest or nccl-tests, "
+            "made on this host, instead of measuring (repeat for several).",
+        ),
+    ] = None,
+    collectives: Annotated[
+        Optional[bool],  # noqa: UP045
+        typer.Option(
+            "--collectives/--no-collectives",
+            help="Also measure all-reduce bus bandwidth with all_reduce_perf (default: when "
+            "it is on PATH).",
+        ),
+    ] = None,
     forget: Annotated[
         bool,
         typer.Option("--forget", help="Remove the saved calibration: estimates are used again."),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Measure the copy bandwidth between every pair of this host's GPUs (with torch), save it,
-    and let placement and 'simulate' use it from now on instead of estimates.
+    """Measure the bandwidth between this host's GPUs, save it, and let placement and
+    'simulate' use it from now on instead of estimates.
+
+    Pairs: every GPU copies to every other with torch (else nvbandwidth, when on PATH). Sets:
+    all_reduce_perf (nccl-tests) measures the all-reduce bus bandwidth of every pair, each NUMA
+    node's GPUs and all of them, when it is on PATH. --from FILE stores outputs of those tools
+    made earlier on this host instead. Pairs that measure far below their link class, or whose
+    P2P is slower than staged copies, are kept and reported by 'gpualloc doctor'.
 
     The figures are kept beside the topology cache for these GPUs and this driver (a new GPU
     or driver needs a new calibration). Each link gets the slower of its two directions. With
-    one GPU there is no pair to measure; without a GPU there is nothing to measure.
+    one GPU there is no pair or set to measure; without a GPU there is nothing to measure.
     """
     from gpualloc.cli.output import print_json, say
     from gpualloc.discovery import calibration
@@ -60,41 +92,129 @@ def calibrate_command(
     count = len(key.gpu_uuids)
     if count == 0:
         raise NoGpuFound(NO_GPU)
-    if count == 1:
-        message = "1 GPU on this host: pairwise bandwidth needs two GPUs; nothing measured"
+    if from_files:
+        result = _imported(from_files, key)
+    elif count == 1:
+        message = "1 GPU on this host: pairwise and collective figures need two; nothing measured"
         if as_json:
             print_json({"gpus": count, "measured": False, "reason": message})
         else:
             say(message)
         return
-    backend = calibration.TorchCopy()
-    if not as_json:
-        say(f"measuring {count * (count - 1)} GPU pairs ({size_mib} MiB x {repeats} each) ...")
-    result = calibration.measure(backend, key, size_bytes=size_mib * 2**20, repeats=repeats)
+    else:
+        result = _measured(key, size_mib * 2**20, repeats, collectives, quiet=as_json)
     path = calibration.save_calibration(result)
     if as_json:
+        from gpualloc.model.validation import to_builtins
+
         print_json({"gpus": count, "measured": True, "method": result.method,
-                    "matrix_gbps": result.matrix, "saved": str(path)})  # fmt: skip
+                    "matrix_gbps": result.matrix,
+                    "collectives": [to_builtins(c) for c in result.collectives],
+                    "findings": [to_builtins(f) for f in result.findings],
+                    "sources": result.sources, "saved": str(path)})  # fmt: skip
         return
-    _show(result.matrix, str(path))
+    _show(result, str(path))
 
 
-def _show(matrix: list[list[float]], path: str) -> None:
+def _estimated_host() -> Topology:
+    """This host's topology with estimated bandwidths (what a measurement is checked against)."""
+    from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE
+
+    table = STATE.bandwidth_override() or DEFAULT_BANDWIDTH_TABLE
+    return STATE.load_topology().estimated(table)
+
+
+def _imported(files: list[Path], key: CacheKey) -> Calibration:
+    from gpualloc.discovery.measure_tools import from_recordings
+    from gpualloc.discovery.recorded import read_text
+
+    texts = [(str(path), read_text(path, "measurement file")) for path in files]
+    return from_recordings(texts, key, _estimated_host())
+
+
+def _measured(
+    key: CacheKey, size_bytes: int, repeats: int, collectives: bool | None, *, quiet: bool
+) -> Calibration:
+    from msgspec.structs import replace
+
+    from gpualloc.cli.output import say
+    from gpualloc.discovery import calibration, measure_tools
+
+    count = len(key.gpu_uuids)
+    try:
+        backend = calibration.TorchCopy()
+    except calibration.CalibrationUnavailable as no_torch:
+        if shutil.which("nvbandwidth") is None:
+            raise no_torch from None
+        if not quiet:
+            say(f"{no_torch}; measuring with nvbandwidth instead")
+        result = measure_tools.measure_with_nvbandwidth(key)
+    else:
+        with _progress(count * (count - 1), "copies", quiet) as step:
+            result = calibration.measure(
+                backend, key, size_bytes=size_bytes, repeats=repeats, progress=step
+            )
+    tool = measure_tools.all_reduce_perf()
+    if collectives and tool is None:
+        raise calibration.CalibrationUnavailable(
+            "cannot measure collectives: all_reduce_perf is not on PATH",
+            hint="build NVIDIA's nccl-tests and put its build directory on PATH, or leave out "
+            "--collectives",
+        )
+    if tool is not None and collectives is not False:
+        sets = measure_tools.collective_sets(_estimated_host())
+        with _progress(len(sets), "all-reduces", quiet) as step:
+            found = measure_tools.measure_collectives(tool, sets, progress=step)
+        result = replace(result, collectives=found, sources=[*result.sources, "all_reduce_perf"])
+    return result
+
+
+@contextlib.contextmanager
+def _progress(total: int, what: str, quiet: bool) -> Iterator[Callable[..., None]]:
+    """A rich progress bar on stderr (nothing under --json or without a terminal)."""
+    import sys
+
+    if quiet or not sys.stderr.isatty():
+        yield lambda *_: None
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(f"measuring {total} {what}", total=total)
+        yield lambda *_: bar.advance(task)
+
+
+def _show(result: Calibration, path: str) -> None:
     from gpualloc.cli.output import Table, print_tables
 
+    tables = []
+    matrix = result.matrix
     count = len(matrix)
-    rows = [
-        [f"GPU{a}", *("-" if a == b else f"{matrix[a][b]:.1f}" for b in range(count))]
-        for a in range(count)
-    ]
-    print_tables(
-        [
+    if matrix:
+        rows = [
+            [f"GPU{a}", *("-" if a == b else f"{matrix[a][b]:.1f}" for b in range(count))]
+            for a in range(count)
+        ]
+        tables.append(
             Table(
                 "Measured copy bandwidth, GB/s one way (row: from, column: to)",
                 ["", *(f"GPU{b}" for b in range(count))],
                 rows,
                 right_align_from=1,
             )
-        ],
-        footer=[f"saved to {path}; plan, run and simulate use it from now on"],
-    )
+        )
+    if result.collectives:
+        rows = [
+            [",".join(map(str, c.gpus)), c.operation, f"{c.busbw_gbps:.1f}",
+             "disabled" if c.p2p_disabled else "", c.source]
+            for c in result.collectives
+        ]  # fmt: skip
+        tables.append(
+            Table("Measured collectives", ["GPUs", "Operation", "Bus GB/s", "P2P", "From"], rows)
+        )
+    if result.findings:
+        rows = [[f"{f.gpus[0]}-{f.gpus[1]}", f.kind, f.detail] for f in result.findings]
+        columns = ["GPUs", "Finding", "Detail"]
+        tables.append(Table("Measured wrong (see gpualloc doctor)", columns, rows))
+    print_tables(tables, footer=[f"saved to {path}; plan, run and simulate use it from now on"])

@@ -3,7 +3,8 @@ point 1; the checks are :mod:`gpualloc.checkup`'s)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -16,7 +17,19 @@ if TYPE_CHECKING:
 SEVERITY_STYLE = {"ok": "green", "note": "yellow", "problem": "red"}
 
 
-def doctor_command(as_json: JsonOption = False) -> None:
+def doctor_command(
+    measured: Annotated[
+        Optional[list[Path]],  # noqa: UP045 - typer needs Optional on Python 3.10
+        typer.Option(
+            "--measured",
+            metavar="FILE",
+            help="Also check these outputs of nvbandwidth or p2pBandwidthLatencyTest (made "
+            "on this host, or on the --topology host) for pairs far below their link class "
+            "and P2P slower than staged copies; repeat for several.",
+        ),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
     """Check the host: every NVLink up at its topology's count and generation, every GPU's
     PCIe link at full width, peer-to-peer access working between the GPUs of every lease,
     every job's processes on its own GPUs only and nobody else's on them, no unhealthy GPU.
@@ -25,6 +38,9 @@ def doctor_command(as_json: JsonOption = False) -> None:
     generation, peer-to-peer off between GPUs no lease holds) do not count. Links and
     peer-to-peer are read from NVML (else nvidia-smi) and so only on the host itself; on a
     recorded topology the leases and the faults and processes its file declares are checked.
+
+    Bandwidth: pairs that 'gpualloc calibrate' (or the --measured files) found far below
+    their link class, or whose P2P is slower than staged copies, are problems.
 
     It also says who keeps the ledger: the broker (which must answer; its socket, directory,
     ledger and lock modes are checked), or a shared file that any user who can write its
@@ -59,7 +75,7 @@ def doctor_command(as_json: JsonOption = False) -> None:
             f"topology {host.topology.name or '(unnamed)'} is not this host: NVLink, PCIe and "
             "peer-to-peer can only be checked on the host itself"
         )
-    findings = _ledger_findings(host) + findings
+    findings = _ledger_findings(host) + findings + _bandwidth_findings(host, measured or [])
     problems = [f for f in findings if f.severity == "problem"]
     if as_json:
         print_json(_json(findings, notes, source))
@@ -87,6 +103,60 @@ def _ledger_findings(host: Any) -> list[Finding]:
         ]
     severity = "note" if mode == "cooperative" else "ok"
     return [Finding("ledger", mode, severity, line)]  # type: ignore[arg-type]
+
+
+def _bandwidth_findings(host: Any, files: list[Path]) -> list[Finding]:
+    """Degraded pairs in this host's calibration and in the ``--measured`` recordings
+    (:mod:`gpualloc.measurements.degraded`)."""
+    from gpualloc.checkup import Finding
+    from gpualloc.cli.state import STATE
+    from gpualloc.discovery.recorded import read_text
+    from gpualloc.errors import TopologyParseError
+    from gpualloc.measurements import degraded
+    from gpualloc.measurements.recognise import read_recording
+    from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE
+
+    found: list[tuple[str, list[degraded.Finding]]] = []
+    saved = _saved_calibration(host)
+    if saved is not None:
+        found.append(("calibration", saved.findings))
+    estimated = host.topology.estimated(STATE.bandwidth_override() or DEFAULT_BANDWIDTH_TABLE)
+    for path in files:
+        recording = read_recording(read_text(path, "measurement file"), source=str(path))
+        if recording is None or recording.tool == "nccl-tests":
+            raise TopologyParseError(
+                "not an output of nvbandwidth or p2pBandwidthLatencyTest", source=str(path)
+            )
+        findings = degraded.p2p_slower_than_staged(recording)
+        if recording.matrices and recording.matrices[0].gpu_count == host.topology.gpu_count:
+            findings += degraded.below_link_class(recording, estimated)
+        found.append((path.name, findings))
+    results = []
+    for origin, findings in found:
+        if not findings:
+            detail = "no pair far below its link class, no P2P slower than staged copies"
+            results.append(Finding("bandwidth", origin, "ok", detail))
+        for finding in findings:
+            where = f"GPU {finding.gpus[0]}-{finding.gpus[1]}"
+            results.append(Finding("bandwidth", where, "problem", f"{finding.detail} ({origin})"))
+    return results
+
+
+def _saved_calibration(host: Any) -> Any:
+    """This host's calibration, when there is one for these GPUs and this driver."""
+    if not host.this_host:
+        return None
+    from gpualloc.discovery.calibration import calibration_path, load_calibration
+    from gpualloc.discovery.resolve import host_key
+    from gpualloc.errors import GpuallocError
+
+    if not calibration_path().exists():
+        return None
+    saved = load_calibration()
+    try:
+        return saved if saved is not None and saved.matches(host_key()) else None
+    except GpuallocError:
+        return None
 
 
 def _json(findings: list[Finding], notes: list[str], source: str) -> dict[str, Any]:

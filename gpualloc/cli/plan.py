@@ -258,6 +258,7 @@ def _show_plan(ctx: DecisionContext, policy: str, explain: bool, as_json: bool) 
         if explanation:
             data["explain"] = {
                 "reason": explanation.reason,
+                "bandwidth": bandwidth_source(ctx.topology),
                 "alternatives": [
                     {"gpus": list(alt.gpus), "scores": alt.scores.as_dict(), "key": list(alt.key)}
                     for alt in explanation.alternatives
@@ -303,7 +304,20 @@ def _show_plan(ctx: DecisionContext, policy: str, explain: bool, as_json: bool) 
             )
         )
         footer.append(f"why: {explanation.reason}")
+        footer.append(bandwidth_source(ctx.topology))
     print_tables(tables, footer=footer)
+
+
+def bandwidth_source(topology: Topology) -> str:
+    """Which link figures the plan used: measured (and by what), or estimated."""
+    provenance = topology.provenance
+    if provenance.bandwidth == "measured":
+        how = [note for note in provenance.notes if "measured" in note]
+        return how[-1] if how else "link bandwidths: measured"
+    return (
+        "link bandwidths: estimated from link classes (measure them: gpualloc calibrate, or "
+        "topo import --bandwidth-matrix)"
+    )
 
 
 def _show_compare(ctx: DecisionContext, as_json: bool) -> None:

@@ -137,7 +137,7 @@ def import_text(
         read_mig_texts([(str(path), read_text(path, "MIG file")) for path in mig]) if mig else None
     )
     table = STATE.bandwidth_override()
-    matrix = None
+    matrix = imported = None
     if bandwidth_matrix is not None:
         from gpualloc.cli.output import say
 
@@ -163,6 +163,10 @@ def import_text(
         )
     if matrix is not None and topo_file is not None:
         topology = bm.apply_measured_bandwidth(topology, matrix)
+    if matrix is not None:
+        topology.provenance.notes.append(
+            f"link bandwidths measured: {imported.used} in {bandwidth_matrix}"
+        )
     if mig_texts is not None:
         topology = with_mig_layout(topology, mig_texts)
     if output is not None:

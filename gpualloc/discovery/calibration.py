@@ -1,10 +1,15 @@
-"""Measured GPU-to-GPU bandwidth on this host (``gpualloc calibrate``, issue 19, point 3).
+"""Measured GPU-to-GPU bandwidth on this host (``gpualloc calibrate``, issues 19 and 32).
 
 What placement and the simulator's runtime model need is the bandwidth of each pair; the
 estimate from link classes (:mod:`gpualloc.model.bandwidth`) can be off several-fold on PCIe
 hosts, where peer traffic may be staged through host memory. ``calibrate`` copies a buffer from
 every GPU to every other with torch (``tensor.copy_`` across devices: cudaMemcpyPeer, with peer
-access where the driver grants it) and times it, giving a one-way matrix in GB/s (10^9 B/s).
+access where the driver grants it) and times it, giving a one-way matrix in GB/s (10^9 B/s);
+without torch, NVIDIA's ``nvbandwidth`` does it when it is on PATH (:class:`Nvbandwidth`). With
+``all_reduce_perf`` (nccl-tests) on PATH it also measures the all-reduce bus bandwidth of the
+GPU sets placement weighs (:func:`measure_collectives`). ``calibrate --from FILE...`` stores
+outputs of those tools made earlier on this host instead (:func:`from_recordings`), and what
+they show wrong (:mod:`gpualloc.measurements.degraded`) is kept for ``doctor``.
 
 The result is saved beside the topology cache, keyed by the GPUs' UUIDs and the driver
 version, and applied to this host's topology whenever it is discovered: every link's bandwidth
@@ -19,13 +24,15 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from msgspec import Struct
+from msgspec import Struct, field
 
 from gpualloc.discovery.cache import CALIBRATION_FILE, CacheKey, cache_dir
 from gpualloc.errors import DiscoveryError
+from gpualloc.measurements.degraded import Finding
 
 DEFAULT_SIZE_MIB = 256
 DEFAULT_REPEATS = 5
@@ -35,8 +42,20 @@ class CalibrationUnavailable(DiscoveryError):
     """Nothing on this host can measure (no torch with CUDA)."""
 
 
+class MeasuredCollective(Struct, frozen=True, kw_only=True):
+    """An all-reduce's bus bandwidth over a set of this host's GPUs (nccl-tests)."""
+
+    gpus: tuple[int, ...]
+    busbw_gbps: float
+    """At the largest message measured."""
+    operation: str = "all_reduce"
+    p2p_disabled: bool = False
+    source: str = ""
+
+
 class Calibration(Struct, frozen=True, kw_only=True):
-    """A measured one-way copy-bandwidth matrix of this host's GPUs."""
+    """A measured one-way copy-bandwidth matrix of this host's GPUs, the collectives measured
+    on them, and what the measurements show wrong."""
 
     gpu_uuids: tuple[str | None, ...]
     driver_version: str | None
@@ -45,7 +64,13 @@ class Calibration(Struct, frozen=True, kw_only=True):
     repeats: int
     measured_at: str
     matrix: list[list[float]]
-    """``matrix[a][b]``: GB/s copying from GPU a to GPU b; the diagonal is 0 (not measured)."""
+    """``matrix[a][b]``: GB/s copying from GPU a to GPU b; the diagonal is 0 (not measured).
+    Empty when only collectives were measured."""
+    collectives: list[MeasuredCollective] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    """Pairs that measured wrong (P2P slower than staged copies, far below the link class)."""
+    sources: list[str] = field(default_factory=list)
+    """The files (``--from``) or tools the figures came from."""
 
     def matches(self, key: CacheKey) -> bool:
         return self.gpu_uuids == key.gpu_uuids and self.driver_version == key.driver_version
@@ -94,8 +119,9 @@ class TorchCopy:
             import torch
         except ImportError:
             raise CalibrationUnavailable(
-                "cannot measure: torch is not installed",
-                hint="pip install torch (a CUDA build), then run gpualloc calibrate again",
+                "cannot measure: torch is not installed (nor nvbandwidth on PATH)",
+                hint="pip install torch (a CUDA build), or put NVIDIA's nvbandwidth on PATH; "
+                "then run gpualloc calibrate again",
             ) from None
         if not torch.cuda.is_available():
             raise CalibrationUnavailable(
@@ -136,6 +162,7 @@ def measure(
     *,
     size_bytes: int = DEFAULT_SIZE_MIB * 2**20,
     repeats: int = DEFAULT_REPEATS,
+    progress: Callable[[], None] = lambda: None,
 ) -> Calibration:
     """Every ordered pair of the host's GPUs, copied ``repeats`` times ``size_bytes``.
 
@@ -161,6 +188,7 @@ def measure(
             if source != target:
                 gbps = backend.copy_gbps(source, target, size_bytes, repeats)
                 matrix[source][target] = round(gbps, 3)
+                progress()
     return Calibration(
         gpu_uuids=key.gpu_uuids,
         driver_version=key.driver_version,
@@ -169,4 +197,5 @@ def measure(
         repeats=repeats,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         matrix=matrix,
+        sources=[backend.name],
     )

@@ -201,7 +201,7 @@ def with_calibration(topology: Topology, key: CacheKey) -> Topology:
     from gpualloc.errors import TopologyError
 
     calibration = load_calibration()
-    if calibration is None or not calibration.matches(key):
+    if calibration is None or not calibration.matches(key) or not calibration.matrix:
         return topology
     try:
         measured = apply_measured_bandwidth(topology, calibration.matrix)

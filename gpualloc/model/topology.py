@@ -338,6 +338,12 @@ class Topology(_Strict, kw_only=True):
         ]
         return replace(self, links=links)
 
+    def estimated(self, table: BandwidthTable) -> Topology:
+        """A copy whose link bandwidths are all estimated with ``table``, measured or not: what a
+        measurement is checked against."""
+        provenance = replace(self.provenance, bandwidth="estimated")
+        return replace(self, provenance=provenance).with_bandwidth_table(table)
+
     def to_networkx(self) -> networkx.Graph:
         """An undirected graph: GPU nodes (with their attributes), one edge per pair.
 
