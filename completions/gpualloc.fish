@@ -164,6 +164,7 @@ complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subco
 complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from list' -l help -s h -d 'Show the help and exit.'
 complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from import' -l nvlink -r -F -d 'Output of \'nvidia-smi nvlink -s\'.'
 complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from import' -l numa -r -F -d 'Output of \'numactl --hardware\'.'
+complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from import' -l p2p -r -F -d 'Output of \'nvidia-smi topo -p2p r\': which pairs have peer access (a pair without it copies through h'
 complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from import' -l output -s o -r -F -d 'Write the topology JSON to OUT.'
 complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from import' -l name -r -F -d 'Name stored in the topology (default: the file\'s stem).'
 complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from import' -l bandwidth-matrix -r -F -d 'Measured bandwidth: nvbandwidth output (text or -j JSON), p2pBandwidthLatencyTest output, a \'gpu_0 g'

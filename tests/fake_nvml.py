@@ -167,7 +167,11 @@ class FakeNvml(SimpleNamespace):
         ancestors = {
             (link.a, link.b): LEVEL_OF[link.pcie or PciePath.PHB] for link in topology.links
         }
-        return cls(gpus, ancestors)
+        fake = cls(gpus, ancestors)
+        for link in topology.links:
+            if link.peer_access is False:  # as a GeForce board answers: GPU not supported
+                fake.p2p[(link.a, link.b, 0)] = 2
+        return fake
 
     # ---- helpers --------------------------------------------------------------------------
 

@@ -5,8 +5,10 @@ recordings are not."""
 from __future__ import annotations
 
 import pytest
+from msgspec.structs import replace
 
 from gpualloc.measurements.degraded import below_link_class, p2p_slower_than_staged
+from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE
 from tests.measured_fixtures import recording
 
 
@@ -32,7 +34,11 @@ def test_healthy_p2p_is_not_flagged(relative: str) -> None:
 def test_pairs_far_below_their_link_class(measured_benchmark) -> None:
     hosts = {host.recording: host for host in measured_benchmark.HOSTS}
     no_p2p = "p2p_bandwidth_latency/rtx2080ti_x2_pcie_no_p2p_autodl.txt"
-    (finding,) = below_link_class(recording(no_p2p), hosts[no_p2p].topology())
+    known = hosts[no_p2p].topology()  # its topo -p2p says NS: priced as a staged copy
+    assert known.link(0, 1).peer_access is False
+    assert below_link_class(recording(no_p2p), known) == []
+    unknown = replace(known, links=[replace(known.link(0, 1), peer_access=None)])
+    (finding,) = below_link_class(recording(no_p2p), unknown.estimated(DEFAULT_BANDWIDTH_TABLE))
     assert finding.gpus == (0, 1) and "5.7 GB/s over PIX" in finding.detail
     for healthy in (
         "p2p_bandwidth_latency/dgx_station_v100x4_ugache.txt",

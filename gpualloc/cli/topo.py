@@ -84,6 +84,15 @@ def import_text(
         Optional[Path],  # noqa: UP045
         typer.Option("--numa", metavar="FILE", help="Output of 'numactl --hardware'."),
     ] = None,
+    p2p: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--p2p",
+            metavar="FILE",
+            help="Output of 'nvidia-smi topo -p2p r': which pairs have peer access (a pair "
+            "without it copies through host memory). Also read when pasted below topo -m.",
+        ),
+    ] = None,
     output: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option("--output", "-o", metavar="OUT", help="Write the topology JSON to OUT."),
@@ -159,7 +168,7 @@ def import_text(
         topology = import_smi_texts(sys.stdin.read(), origin="<stdin>", name=name, table=table)
     else:
         topology = import_smi_files(
-            topo_file, nvlink_path=nvlink, numa_path=numa, name=name, table=table
+            topo_file, nvlink_path=nvlink, numa_path=numa, p2p_path=p2p, name=name, table=table
         )
     if matrix is not None and topo_file is not None:
         topology = bm.apply_measured_bandwidth(topology, matrix)

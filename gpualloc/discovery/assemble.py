@@ -31,6 +31,8 @@ class PairFacts(Struct):
     nvlink_generation: int | None = None
     nvswitch: bool | None = None
     """None: the source cannot tell (``topo -m``); inferred from link counts."""
+    peer_access: bool | None = None
+    """None: not read (``topo -m`` alone)."""
 
 
 def assemble_topology(
@@ -64,6 +66,7 @@ def assemble_topology(
                 nvlinks=facts.nvlinks,
                 nvlink_generation=generation if facts.nvlinks else None,
                 nvswitch=nvswitch,
+                peer_access=facts.peer_access,
                 bandwidth_gbps=0.0,
             )
             link.bandwidth_gbps = pair_bandwidth_gbps(gpus, link, table)

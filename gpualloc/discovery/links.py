@@ -15,35 +15,23 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
-import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from msgspec import Struct, field
 
+from gpualloc.discovery.p2p_codes import (  # noqa: F401 - parse_p2p_matrix is used from here
+    NVML_P2P_CODE,
+    P2P_MEANING,
+    P2P_NVLINK,
+    P2P_READ,
+    parse_p2p_matrix,
+)
 from gpualloc.errors import DiscoveryError
 
 if TYPE_CHECKING:
     from gpualloc.discovery.nvml import NvmlSession
     from gpualloc.model.topology import Topology
-
-P2P_MEANING = {
-    "OK": "enabled",
-    "CNS": "chipset not supported",
-    "GNS": "GPU not supported (GeForce boards have it off in the driver)",
-    "TNS": "topology not supported",
-    "NS": "not supported",
-    "DR": "disabled by registry key",
-    "U": "unknown",
-}
-"""``nvidia-smi topo -p2p`` codes, and what they mean (its own legend)."""
-NVML_P2P_CODE = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
-"""``nvmlGpuP2PStatus_t`` -> the nvidia-smi code."""
-P2P_READ = 0
-"""``NVML_P2P_CAPS_INDEX_READ`` (nvidia-ml-py defines it as the tuple ``(0,)``, by a stray
-comma)."""
-P2P_NVLINK = 2
-"""``NVML_P2P_CAPS_INDEX_NVLINK``."""
 
 
 class Port(Struct, frozen=True):
@@ -224,23 +212,4 @@ def parse_pcie_query(text: str) -> list[GpuLinks]:
         index, generation, generation_max, width, width_max = (number(c) for c in row[:5])
         assert index is not None
         found.append(GpuLinks(index, None, generation, generation_max, width, width_max))
-    return found
-
-
-_MATRIX_ROW = re.compile(r"^\s*GPU(\d+)\s+(.*)$")
-
-
-def parse_p2p_matrix(text: str) -> dict[tuple[int, int], str]:
-    """``nvidia-smi topo -p2p r`` (or ``w``, ``n``, ...): (GPU a, GPU b), a < b -> its code
-    (``OK``, ``CNS``, ``GNS``, ``TNS``, ``NS``, ``DR``, ``U``). Rows start with a space and end
-    with a tab; the legend below the matrix is skipped."""
-    found: dict[tuple[int, int], str] = {}
-    for line in text.splitlines():
-        row = _MATRIX_ROW.match(line)
-        if row is None:
-            continue
-        a = int(row.group(1))
-        for b, code in enumerate(row.group(2).split()):
-            if b != a and code in P2P_MEANING:
-                found.setdefault((min(a, b), max(a, b)), code)
     return found

@@ -29,6 +29,7 @@ from msgspec.structs import replace
 
 from gpualloc import boot
 from gpualloc.discovery.assemble import PairFacts, assemble_topology
+from gpualloc.discovery.p2p_codes import NVML_P2P_CODE, P2P_READ, peer_access_of
 from gpualloc.discovery.processes import RunningProcess
 from gpualloc.discovery.text import text_of
 from gpualloc.errors import DiscoveryError, DiscoveryUnavailable, NoGpuFound
@@ -467,6 +468,15 @@ class NvmlSession:
                         g for g in (first.gpu.nvlink_generation, second.gpu.nvlink_generation) if g
                     ]
                     facts.nvlink_generation = min(known) if known and facts.nvlinks else None
+                    status = self._query(
+                        notes,
+                        f"GPU{a}-GPU{b} peer access",
+                        lambda f=first, s=second: nvml.nvmlDeviceGetP2PStatus(
+                            f.handle, s.handle, P2P_READ
+                        ),
+                    )
+                    if status is not None:
+                        facts.peer_access = peer_access_of(NVML_P2P_CODE.get(int(status), "U"))
                 pairs[(a, b)] = facts
         return pairs
 

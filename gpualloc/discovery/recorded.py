@@ -51,6 +51,7 @@ def import_smi_files(
     *,
     nvlink_path: Path | None = None,
     numa_path: Path | None = None,
+    p2p_path: Path | None = None,
     table: BandwidthTable | None = None,
     name: str | None = None,
 ) -> Topology:
@@ -58,6 +59,7 @@ def import_smi_files(
     return import_smi_texts(
         read_text(topo_path, "topo -m file"),
         nvlink_text=read_text(nvlink_path, "nvlink file") if nvlink_path else None,
+        p2p_text=read_text(p2p_path, "topo -p2p file") if p2p_path else None,
         numa_text=read_text(numa_path, "numactl file") if numa_path else None,
         origin=str(topo_path),
         numa_origin=str(numa_path) if numa_path else None,
@@ -75,12 +77,14 @@ def import_smi_texts(
     numa_origin: str | None = None,
     table: BandwidthTable | None = None,
     name: str | None = None,
+    p2p_text: str | None = None,
 ) -> Topology:
     """Recorded texts to a topology (the file-less core of :func:`import_smi_files`)."""
     numa_nodes = parse_numactl_hardware(numa_text, source=numa_origin) if numa_text else None
     return topology_from_smi_texts(
         topo_text,
         nvlink_text=nvlink_text,
+        p2p_text=p2p_text,
         numa_nodes=numa_nodes,
         origin=origin,
         table=table or DEFAULT_BANDWIDTH_TABLE,

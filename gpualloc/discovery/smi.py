@@ -20,6 +20,7 @@ from msgspec.structs import replace
 from gpualloc import boot
 from gpualloc.discovery.assemble import PairFacts, assemble_topology
 from gpualloc.discovery.nvlink_status import NvlinkGpuStatus, parse_nvlink_status
+from gpualloc.discovery.p2p_codes import parse_p2p_matrix, peer_access_of
 from gpualloc.discovery.topo_matrix import TopoMatrix, parse_topo_matrix
 from gpualloc.errors import DiscoveryError, DiscoveryUnavailable, TopologyParseError
 from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
@@ -67,8 +68,12 @@ def topology_from_smi_texts(
     name: str | None = None,
     hostname: str | None = None,
     driver_version: str | None = None,
+    p2p_text: str | None = None,
 ) -> Topology:
-    """Build a topology from ``nvidia-smi topo -m`` text and, optionally, its companions."""
+    """Build a topology from ``nvidia-smi topo -m`` text and, optionally, its companions.
+
+    Peer access comes from ``nvidia-smi topo -p2p r`` (``p2p_text``, or such a matrix pasted
+    below the ``topo -m`` one in ``topo_text``)."""
     matrix = parse_topo_matrix(topo_text, source=origin)
     notes = list(matrix.notes)
     statuses = parse_nvlink_status(nvlink_text, source="nvlink -s") if nvlink_text else []
@@ -88,9 +93,13 @@ def topology_from_smi_texts(
         driver_version=driver_version,
         notes=notes,
     )
+    pairs = _pairs_from_matrix(matrix)
+    for pair, code in parse_p2p_matrix(p2p_text or topo_text).items():
+        if pair in pairs:
+            pairs[pair].peer_access = peer_access_of(code)
     return assemble_topology(
         gpus=gpus,
-        pairs=_pairs_from_matrix(matrix),
+        pairs=pairs,
         numa_nodes=numa_nodes or [],
         provenance=provenance,
         table=table,
@@ -263,9 +272,15 @@ def discover_with_nvidia_smi(
     except DiscoveryError as exc:
         nvlink_text = None
         notes.append(f"nvidia-smi nvlink -s failed: {exc}")
+    try:
+        p2p_text: str | None = run_nvidia_smi("topo", "-p2p", "r") or None
+    except DiscoveryError as exc:
+        p2p_text = None
+        notes.append(f"nvidia-smi topo -p2p r failed: {exc}")
     topology = topology_from_smi_texts(
         topo_text,
         nvlink_text=nvlink_text,
+        p2p_text=p2p_text,
         numa_nodes=numa_nodes,
         queried=queried,
         source="nvidia-smi",

@@ -6,8 +6,9 @@ Two kinds of figure are compared, each with the prediction placement actually us
   bandwidth (estimated from link classes, :mod:`gpualloc.model.bandwidth`) against the slower of
   the two measured directions (one-way GB/s, as :func:`.recognise.pairwise_copy` reads them);
 - a collective's bus bandwidth (nccl-tests, the largest message): the best ring through the
-  GPU set (:func:`gpualloc.model.rings.best_ring_gbps`, what the runtime model charges an
-  all-reduce) against ``busbw``, which nccl-tests scales so that it compares with link rates.
+  GPU set, scaled by NCCL's efficiency over NVLink (:func:`gpualloc.model.rings.
+  allreduce_busbw_gbps`), against ``busbw``, which nccl-tests scales so that it compares with
+  link rates.
 
 The error of a comparison is ``predicted / measured - 1``; a model that is right within 25 %
 has ``|error| <= 0.25``. Runs with ``NCCL_P2P_DISABLE=1`` measure a transport the user chose
@@ -24,7 +25,8 @@ from msgspec import Struct
 
 from gpualloc.measurements.recognise import pairwise_copy
 from gpualloc.measurements.records import Recording
-from gpualloc.model.rings import best_ring_gbps
+from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
+from gpualloc.model.rings import allreduce_busbw_gbps
 from gpualloc.model.topology import Topology
 
 
@@ -49,7 +51,11 @@ class Comparison(Struct, frozen=True, kw_only=True):
 
 
 def compare_recording(
-    recording: Recording, topology: Topology, *, gpu_map: Sequence[int] | None = None
+    recording: Recording,
+    topology: Topology,
+    *,
+    gpu_map: Sequence[int] | None = None,
+    table: BandwidthTable = DEFAULT_BANDWIDTH_TABLE,
 ) -> list[Comparison]:
     """Every GPU set of ``recording`` against ``topology``'s prediction.
 
@@ -77,17 +83,18 @@ def compare_recording(
         if not run.single_host:
             continue  # across hosts: the network's figure, nothing of this host's model
         gpus = tuple(mapped[g] for g in seen)
-        comparisons.append(_collective(topology, gpus, run.largest.busbw, run.p2p_disabled))
+        comparisons.append(_collective(topology, gpus, run.largest.busbw, run.p2p_disabled, table))
     return comparisons
 
 
 def _collective(
-    topology: Topology, gpus: tuple[int, ...], busbw: float, p2p_disabled: bool
+    topology: Topology,
+    gpus: tuple[int, ...],
+    busbw: float,
+    p2p_disabled: bool,
+    table: BandwidthTable,
 ) -> Comparison:
-    def bandwidth(a: int, b: int) -> float:
-        return topology.link(a, b).bandwidth_gbps
-
-    predicted = best_ring_gbps(gpus, bandwidth)
+    predicted = allreduce_busbw_gbps(topology, gpus, table)
     slowest = min(
         (topology.link(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1 :]),
         key=lambda link: link.bandwidth_gbps,

@@ -87,8 +87,31 @@ class BandwidthTable(Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     Programming Guide, 'Peer-to-Peer Memory Access'). PIX, PXB, PHB and NODE are gpualloc's
     prior, ordered as NVML's topology levels, pending measurements of such hosts
     (``topo import --bandwidth-matrix``)."""
+    pcie_path_factor_by_generation: dict[int, dict[PciePath, float]] = field(
+        default_factory=lambda: {4: {PciePath.SYS: 0.7}}
+    )
+    """Path factors for pairs whose PCIe generation (the lower of the two GPUs') is the key's
+    or newer, the newest key that applies winning; paths it does not name keep
+    :attr:`pcie_path_factor`. SYS from PCIe 4.0 on is measured: six RTX A6000 (PCIe 4.0 x16,
+    31.5 GB/s) copy 21.8 to 22.6 GB/s between GPUs of different groups (nvbandwidth,
+    NVIDIA/nvbandwidth#50; docs/evaluation.md section 5), 0.70 of the link where the DGX-1's
+    PCIe 3.0 path through the CPUs gave 0.5. One host: the factor is that host's until more
+    recordings say otherwise."""
     unknown_path_factor: float = 0.5
     """Factor for a pair whose PCIe path is unknown: assume the worst (SYS)."""
+    nccl_nvlink_efficiency: float = 0.8
+    """Share of a ring's slowest NVLink rate that NCCL's all-reduce bus bandwidth reaches, large
+    messages. Measured (nccl-tests, docs/evaluation.md section 5): 0.78 on A100 through NVSwitch
+    (235 of 300 GB/s, twice), 0.84 on A40 over an NV4 bridge (47.5 of 56.25). Only collectives
+    are scaled (:func:`gpualloc.model.rings.allreduce_busbw_gbps`), not copies, which reach
+    0.97 of the link (DGX Station, p2pBandwidthLatencyTest)."""
+    staged_copy_factor: float = 0.5
+    """Fraction of the PCIe link rate a copy between two GPUs without peer access achieves
+    (staged through host memory: the CUDA C Programming Guide, 'Peer-to-Peer Memory Access').
+    Measured (tests/fixtures/measured, docs/evaluation.md section 5): 0.36 between two RTX
+    2080 Ti without P2P (5.7 of 15.75 GB/s, PCIe 3.0), 0.50 with P2P disabled on a DGX Station
+    (7.9 of 15.75 each way), 0.70 on the 6-GPU PCIe 4.0 host of NVIDIA/nccl#814 (22 of 31.5);
+    the middle one is taken."""
 
     def nvlink_rate(self, generation: int | None) -> float:
         """Per-link rate for an NVLink generation (None: the default generation)."""
@@ -105,10 +128,15 @@ class BandwidthTable(Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tr
         gen = generation if generation in self.pcie_lane_gbps else self.default_pcie_generation
         return self.pcie_lane_gbps[gen] * (width or self.default_pcie_width)
 
-    def path_factor(self, path: PciePath | None) -> float:
-        """The path penalty; unknown paths get :attr:`unknown_path_factor`."""
+    def path_factor(self, path: PciePath | None, generation: int | None = None) -> float:
+        """The path penalty for a pair of this PCIe generation (None: the default one); unknown
+        paths get :attr:`unknown_path_factor`."""
         if path is None:
             return self.unknown_path_factor
+        generation = generation or self.default_pcie_generation
+        newer = [g for g in self.pcie_path_factor_by_generation if g <= generation]
+        if newer and path in (factors := self.pcie_path_factor_by_generation[max(newer)]):
+            return factors[path]
         return self.pcie_path_factor.get(path, self.unknown_path_factor)
 
 
@@ -173,15 +201,20 @@ def estimate_link_bandwidth_gbps(
     pcie: PciePath | None,
     pcie_generation: int | None,
     pcie_width: int | None,
+    peer_access: bool | None = None,
     table: BandwidthTable = DEFAULT_BANDWIDTH_TABLE,
 ) -> float:
     """Estimated one-direction bandwidth between two GPUs, in GB/s (see the module docstring).
 
     ``nvlink_link_gbps`` is a per-link rate known for these GPUs (driver report or GPU family);
     ``pcie_generation`` and ``pcie_width`` are the lower of the two GPUs' values, or None.
+    ``peer_access`` False (the driver refuses P2P): a copy staged through host memory.
     """
+    if peer_access is False:
+        rate = table.pcie_rate(pcie_generation, pcie_width)
+        return round(rate * table.staged_copy_factor, 3)
     if nvlinks > 0:
         per_link = nvlink_link_gbps or table.nvlink_rate(nvlink_generation)
         return round(nvlinks * per_link, 3)
     rate = table.pcie_rate(pcie_generation, pcie_width)
-    return round(rate * table.path_factor(pcie), 3)
+    return round(rate * table.path_factor(pcie, pcie_generation), 3)

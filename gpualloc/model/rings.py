@@ -10,6 +10,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
+
+if TYPE_CHECKING:
+    from gpualloc.model.topology import Topology
 
 
 def best_ring_gbps(gpus: Sequence[int], bandwidth: Callable[[int, int], float]) -> float:
@@ -49,3 +55,23 @@ def _closes_a_ring(near: list[int]) -> bool:
                         grown[covered | u] = grown.get(covered | u, 0) | u
         ends = grown
     return any(at & near[0] for covered, at in ends.items() if covered == full)
+
+
+def allreduce_busbw_gbps(
+    topology: Topology, gpus: Sequence[int], table: BandwidthTable = DEFAULT_BANDWIDTH_TABLE
+) -> float:
+    """The bus bandwidth NCCL's all-reduce reaches over ``gpus`` (nccl-tests' ``busbw``): the
+    best ring's slowest link, scaled by :attr:`BandwidthTable.nccl_nvlink_efficiency` when that
+    link is NVLink (no recording measures NCCL over PCIe peer links yet: those are unscaled)."""
+
+    def bandwidth(a: int, b: int) -> float:
+        return topology.link(a, b).bandwidth_gbps
+
+    ring = best_ring_gbps(gpus, bandwidth)
+    over_nvlink = all(
+        topology.link(a, b).nvlinks
+        for i, a in enumerate(gpus)
+        for b in gpus[i + 1 :]
+        if bandwidth(a, b) >= ring
+    )
+    return ring * table.nccl_nvlink_efficiency if over_nvlink else ring

@@ -42,7 +42,7 @@ from gpualloc.model.validation import (
 if TYPE_CHECKING:
     import networkx
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version of the topology file format. Bump it, and add a migration, on any breaking change.
 2 added ``mig_instances``; a version 1 file reads as a host without MIG instances."""
 
@@ -108,6 +108,9 @@ class Link(_Strict, kw_only=True):
     nvlink_generation: PositiveInt | None = None
     nvswitch: bool = False
     """The NVLinks run through an NVSwitch fabric."""
+    peer_access: bool | None = None
+    """Whether the driver grants peer-to-peer access between the pair (NVML's P2P read status,
+    ``nvidia-smi topo -p2p r``); None when not read. Without it copies go through host memory."""
     bandwidth_gbps: NonNegativeFloat
     """Estimated (or measured) one-direction bandwidth, GB/s."""
 
@@ -444,5 +447,6 @@ def pair_bandwidth_gbps(
         pcie=link.pcie,
         pcie_generation=min(generations) if generations else None,
         pcie_width=min(widths) if widths else None,
+        peer_access=link.peer_access,
         table=table,
     )
