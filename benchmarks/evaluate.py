@@ -139,6 +139,18 @@ WORKLOADS = (
         "(the paper's generator); run times from the bandwidth model.",
     ),
 )
+RECORDED_HOST = job_time.Workload(
+    "1.8 A recorded host: 8 x A40 in NVLink-bridged pairs",
+    "a40-nv4-pairs-8gpu",
+    MIXED,
+    "backfill",
+    "auto",
+    5,
+    "The mixed jobs of 1.1 on a real server's topology (`a40-nv4-pairs-8gpu`, from the owner's "
+    "`topo -m` beside the nccl-tests runs of section 5): an NV4 bridge (estimated 56 GB/s, 45 "
+    "GB/s all-reduce; 47.5 measured) against PCIe 4.0 within a socket (22 GB/s) and across "
+    "(22 GB/s, 0.7 of the link as measured on PCIe 4.0 hosts).",
+)
 DRB_WORKLOAD = job_time.Workload(
     "1.6 The DRB paper's workload on its Minsky",
     "minsky-p100",
@@ -204,6 +216,10 @@ def _job_time_section(jobs: int | None) -> list[str]:
         *job_time.load_sweep("dgx1-v100", (0.5, 0.7, 0.9), seeds=3, jobs=jobs),
         "",
     ]
+    recorded = job_time.run(RECORDED_HOST, jobs=jobs)
+    summary.append(job_time.headline(RECORDED_HOST.title.split(" ", 1)[1], recorded, against=TODAY))
+    details += [f"### {RECORDED_HOST.title}", "", RECORDED_HOST.note, ""]
+    details += [*job_time.table(recorded), "", *job_time.verdicts(recorded), ""]
     short = "In short (each line is a section below; a negative change is sooner):"
     return [*intro, short, "", *summary, "", *details]
 

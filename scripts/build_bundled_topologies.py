@@ -429,6 +429,31 @@ def pcie_8gpu_2socket() -> Topology:
     )
 
 
+def a40_nv4_pairs_8gpu() -> Topology:
+    return build(
+        "a40-nv4-pairs-8gpu",
+        description=(
+            "A recorded host: 8 NVIDIA A40 in NVLink-bridged pairs (NV4 on 0-1, 2-3, 4-5, 6-7), "
+            "NODE within a socket (GPUs 0-3, 4-7), SYS across, as printed by its owner with "
+            "nccl-tests runs on it (tests/fixtures/measured/nccl_tests/a40x8_nv4pairs_p2p_node_"
+            "sys.txt, eugenesiow/LLM-Insights). A40: 4 bridge links at 14.06 GB/s, PCIe 4.0 x16 "
+            "(its datasheet); all_reduce_perf on the NV4 pair measured 47.5 GB/s bus bandwidth "
+            "(estimate: 56.25 x NCCL's 0.8). CPU counts and memory are not in the source: "
+            "2 x 32 cores with HT and 256 GiB per socket assumed."
+        ),
+        gpu_name="NVIDIA A40",
+        memory_gib=48,
+        gpu_numa=[0] * 4 + [1] * 4,
+        numa_nodes=x86_sockets(2, 32, 256),
+        nvlinks=pairs_of((0, 1), (2, 3), (4, 5), (6, 7), links=4),
+        pcie=lambda a, b: (
+            None if a // 2 == b // 2 else PciePath.NODE if a // 4 == b // 4 else PciePath.SYS
+        ),
+        nvlink_generation=3,
+        pcie_generation=4,
+    )
+
+
 def nvlink_pairs_4gpu() -> Topology:
     nodes = [
         NumaNode(
@@ -627,6 +652,7 @@ BUILDERS: tuple[Callable[[], Topology], ...] = (
     summit_node,
     pcie_8gpu_2socket,
     nvlink_pairs_4gpu,
+    a40_nv4_pairs_8gpu,
     torus_2d_16,
     cube_mesh_16,
     minsky_p100,

@@ -371,6 +371,7 @@ def test_the_evaluation_script_regenerates_its_document(tmp_path: Path) -> None:
     for needle in ("In short", "the paper | 1.006", "speed-up over FCFS", "`mapa` vs `besteffort`"):
         assert needle in text
     assert "### 1.2 The same jobs on a PCIe-only server" in text and "load 0.9" in text
+    assert "### 1.8 A recorded host: 8 x A40" in text
     sharing = text.split("\n## 4. ")[1]
     assert "| whole GPUs |" in sharing and "U = 0.5: mean JCT" in sharing
     assert "no job shared a GPU, so nothing changed" in sharing  # the MAPA control
