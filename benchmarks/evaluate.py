@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import job_time
+from mapa_original import comparison_section
 from measured import measured_section
 from sharing import sharing_section
 
@@ -76,6 +77,7 @@ def main() -> int:
     ]
     for title, hosts in sections:
         lines += _bandwidth_section(title, hosts, jobs, figures, plots)
+    lines += ["", *comparison_section(range(1, 11))]
     lines += ["", *sharing_section(options.jobs)]
     lines += ["", *measured_section()]
     if plots is None:

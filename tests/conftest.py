@@ -71,17 +71,22 @@ def run_in_process(args: Iterable[str]) -> Result:
     return Result(code, out.getvalue(), err.getvalue())
 
 
-@pytest.fixture
-def measured_benchmark() -> Iterator[Any]:
-    """``benchmarks/measured.py``: the recordings' hosts as docs/evaluation.md models them."""
+def benchmark_module(name: str) -> Iterator[Any]:
+    """A module of ``benchmarks/`` (which is not a package), imported for the test's time."""
+    import importlib
+
     benchmarks = str(Path(__file__).resolve().parent.parent / "benchmarks")
     sys.path.insert(0, benchmarks)
     try:
-        import measured
-
-        yield measured
+        yield importlib.import_module(name)
     finally:
         sys.path.remove(benchmarks)
+
+
+@pytest.fixture
+def measured_benchmark() -> Iterator[Any]:
+    """``benchmarks/measured.py``: the recordings' hosts as docs/evaluation.md models them."""
+    yield from benchmark_module("measured")
 
 
 @pytest.fixture

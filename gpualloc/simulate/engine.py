@@ -261,6 +261,7 @@ class _Simulation:
             sensitive=job.sensitive,
             policy=self.options.policy,
             min_utility=job.min_utility if self.options.postpone else None,
+            min_bandwidth_gbps=job.min_bandwidth if self.options.postpone else None,
             share=ShareRequest() if self.options.sharing and job.gpus == 1 else None,
         )
         self.queue.append(

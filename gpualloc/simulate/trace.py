@@ -4,8 +4,9 @@ Columns: ``id``, ``arrival_s``, ``gpus``, ``duration_s`` (the job's time alone o
 of its size), ``sensitive`` (required), and optionally ``pattern`` (ring, all, tree, star;
 default ring), ``workload`` (a network name: the runtime models look up its measured
 sensitivity and, with ``batch``, its DRB profile), ``batch``, ``min_utility`` (postponement,
-DRB section 4.4) and ``priority`` (high, normal, low). Jobs are simulated in arrival order;
-equal arrival times keep the file's order.
+DRB section 4.4), ``min_bandwidth`` (GB/s: the job waits for a placement predicted at least
+this fast, ``--min-bandwidth``) and ``priority`` (high, normal, low). Jobs are simulated in
+arrival order; equal arrival times keep the file's order.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from gpualloc.errors import TraceError
 
 REQUIRED = ("id", "arrival_s", "gpus", "duration_s", "sensitive")
-OPTIONAL = ("pattern", "workload", "batch", "min_utility", "priority")
+OPTIONAL = ("pattern", "workload", "batch", "min_utility", "min_bandwidth", "priority")
 PATTERNS = ("ring", "all", "tree", "star")
 PRIORITIES = ("high", "normal", "low")
 _TRUE = {"true", "1", "yes", "y", "t"}
@@ -40,6 +41,7 @@ class SimJob:
     workload: str | None = None
     batch: int | None = None
     min_utility: float | None = None
+    min_bandwidth: float | None = None
     priority: str = "normal"
     order: int = field(default=0, compare=False)
     """Position in the trace (ties in arrival time go in this order)."""
@@ -142,6 +144,11 @@ def _job(row: dict[str, Any], number: int, source: str, order: int) -> SimJob:
         min_utility=(
             _number(row["min_utility"], "min_utility", where, minimum=0.0, maximum=1.0)
             if row.get("min_utility") not in (None, "")
+            else None
+        ),
+        min_bandwidth=(
+            _number(row["min_bandwidth"], "min_bandwidth", where, minimum=0.0)
+            if row.get("min_bandwidth") not in (None, "")
             else None
         ),
         priority=str(row.get("priority") or "normal"),
