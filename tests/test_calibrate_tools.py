@@ -148,3 +148,75 @@ def test_doctor_checks_recordings_it_is_given(cli, tmp_path) -> None:
     ok = cli("--topology", "dgx1-v100", "doctor", "--measured", str(healthy), "--json")
     found = [f for f in json.loads(ok.stdout)["findings"] if f["check"] == "bandwidth"]
     assert [f["severity"] for f in found] == ["ok"]
+
+
+def test_bus_bandwidth_is_nccl_tests_formula() -> None:
+    from gpualloc.discovery.torch_collectives import bus_bandwidth
+
+    # all_reduce_perf on 8 A100s (fixtures/measured): 8 GiB in 63896 us, busbw 235.26 GB/s.
+    assert bus_bandwidth(8589934592, 63896e-6, 8) == pytest.approx(235.26, abs=0.02)
+
+
+def test_torch_ranks_get_one_gpu_each_and_rank_0_reports(tmp_path) -> None:
+    from gpualloc.discovery.torch_collectives import measure_sets
+
+    log = tmp_path / "ranks.log"
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        "import json, os\n"
+        f"open({str(log)!r}, 'a').write(' '.join(os.environ[k] for k in ("
+        "'RANK', 'WORLD_SIZE', 'CUDA_VISIBLE_DEVICES', 'MASTER_ADDR')) + '\\n')\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    print(json.dumps({'busbw_gbps': 12.5}))\n"
+    )
+    (found,) = measure_sets([(2, 5)], 1024, worker=[sys.executable, str(worker)])
+    assert (found.gpus, found.busbw_gbps, found.source) == ((2, 5), 12.5, "torch.distributed")
+    assert sorted(log.read_text().splitlines()) == ["0 2 2 127.0.0.1", "1 2 5 127.0.0.1"]
+
+
+def test_a_failing_rank_is_one_line(tmp_path) -> None:
+    from gpualloc.discovery.calibration import CalibrationUnavailable
+    from gpualloc.discovery.torch_collectives import measure_sets
+
+    worker = tmp_path / "worker.py"
+    worker.write_text("import sys\nsys.exit('NCCL error: unhandled system error')\n")
+    with pytest.raises(CalibrationUnavailable, match="failed: NCCL error"):
+        measure_sets([(0, 1)], 1024, worker=[sys.executable, str(worker)])
+
+
+def test_with_torch_and_no_nccl_tests_torch_measures_the_sets(cli, monkeypatch, tmp_path) -> None:
+    from gpualloc.discovery import torch_collectives
+    from gpualloc.discovery.bandwidth_matrix import parse_bandwidth_matrix
+    from gpualloc.discovery.calibration import MeasuredCollective
+
+    _host(monkeypatch, _rtx2080ti())
+
+    class Copies:
+        name = "recorded"
+
+        def device_count(self) -> int:
+            return 2
+
+        def device_uuid(self, index: int) -> None:
+            return None
+
+        def copy_gbps(self, source: int, target: int, size: int, repeats: int) -> float:
+            return parse_bandwidth_matrix(NO_P2P.read_text())[source][target]
+
+    monkeypatch.setattr(calibration, "TorchCopy", Copies)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")  # no all_reduce_perf
+    asked = []
+    monkeypatch.setattr(
+        torch_collectives,
+        "measure_sets",
+        lambda sets, size: (
+            asked.append((sets, size))
+            or [
+                MeasuredCollective(gpus=s, busbw_gbps=5.0, source="torch.distributed") for s in sets
+            ]
+        ),
+    )
+    data = json.loads(cli("calibrate", "--json").stdout)
+    assert asked == [([(0, 1)], 256 * 2**20)]
+    assert data["collectives"][0]["source"] == "torch.distributed"
+    assert data["sources"] == ["recorded", "torch.distributed"]

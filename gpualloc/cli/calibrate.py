@@ -46,8 +46,8 @@ def calibrate_command(
         Optional[bool],  # noqa: UP045
         typer.Option(
             "--collectives/--no-collectives",
-            help="Also measure all-reduce bus bandwidth with all_reduce_perf (default: when "
-            "it is on PATH).",
+            help="Also measure all-reduce bus bandwidth with all_reduce_perf, else "
+            "torch.distributed (default: when either is there).",
         ),
     ] = None,
     forget: Annotated[
@@ -60,10 +60,11 @@ def calibrate_command(
     'simulate' use it from now on instead of estimates.
 
     Pairs: every GPU copies to every other with torch (else nvbandwidth, when on PATH). Sets:
-    all_reduce_perf (nccl-tests) measures the all-reduce bus bandwidth of every pair, each NUMA
-    node's GPUs and all of them, when it is on PATH. --from FILE stores outputs of those tools
-    made earlier on this host instead. Pairs that measure far below their link class, or whose
-    P2P is slower than staged copies, are kept and reported by 'gpualloc doctor'.
+    all_reduce_perf (nccl-tests, when on PATH; else torch.distributed) measures the all-reduce
+    bus bandwidth of every pair, each NUMA node's GPUs and all of them. --from FILE stores
+    outputs of those tools made earlier on this host instead. Pairs that measure far below
+    their link class, or whose P2P is slower than staged copies, are kept and reported by
+    'gpualloc doctor'.
 
     The figures are kept beside the topology cache for these GPUs and this driver (a new GPU
     or driver needs a new calibration). Each link gets the slower of its two directions. With
@@ -141,8 +142,10 @@ def _measured(
     from gpualloc.discovery import calibration, measure_tools
 
     count = len(key.gpu_uuids)
+    have_torch = False
     try:
         backend = calibration.TorchCopy()
+        have_torch = True
     except calibration.CalibrationUnavailable as no_torch:
         if shutil.which("nvbandwidth") is None:
             raise no_torch from None
@@ -155,18 +158,30 @@ def _measured(
                 backend, key, size_bytes=size_bytes, repeats=repeats, progress=step
             )
     tool = measure_tools.all_reduce_perf()
-    if collectives and tool is None:
-        raise calibration.CalibrationUnavailable(
-            "cannot measure collectives: all_reduce_perf is not on PATH",
-            hint="build NVIDIA's nccl-tests and put its build directory on PATH, or leave out "
-            "--collectives",
-        )
-    if tool is not None and collectives is not False:
-        sets = measure_tools.collective_sets(_estimated_host())
+    if collectives is False:
+        return result
+    if tool is None and not have_torch:
+        if collectives:
+            raise calibration.CalibrationUnavailable(
+                "cannot measure collectives: all_reduce_perf is not on PATH and torch is not "
+                "installed",
+                hint="build NVIDIA's nccl-tests and put its build directory on PATH, or install "
+                "torch; or leave out --collectives",
+            )
+        return result
+    sets = measure_tools.collective_sets(_estimated_host())
+    if tool is not None:
         with _progress(len(sets), "all-reduces", quiet) as step:
             found = measure_tools.measure_collectives(tool, sets, progress=step)
-        result = replace(result, collectives=found, sources=[*result.sources, "all_reduce_perf"])
-    return result
+        source = "all_reduce_perf"
+    else:
+        from gpualloc.discovery.torch_collectives import measure_sets
+
+        if not quiet:
+            say(f"measuring {len(sets)} all-reduces with torch.distributed (NCCL) ...")
+        found = measure_sets(sets, measure_tools.ALL_REDUCE_BYTES)
+        source = "torch.distributed"
+    return replace(result, collectives=found, sources=[*result.sources, source])
 
 
 @contextlib.contextmanager
