@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -193,6 +194,9 @@ def test_with_torch_and_no_nccl_tests_torch_measures_the_sets(cli, monkeypatch, 
 
     class Copies:
         name = "recorded"
+        torch = SimpleNamespace(
+            distributed=SimpleNamespace(is_available=lambda: True, is_nccl_available=lambda: True)
+        )
 
         def device_count(self) -> int:
             return 2
@@ -220,3 +224,14 @@ def test_with_torch_and_no_nccl_tests_torch_measures_the_sets(cli, monkeypatch, 
     assert asked == [([(0, 1)], 256 * 2**20)]
     assert data["collectives"][0]["source"] == "torch.distributed"
     assert data["sources"] == ["recorded", "torch.distributed"]
+    # A failure there keeps the pairs unless collectives were asked for.
+    from gpualloc.discovery.calibration import CalibrationUnavailable
+
+    def fails(sets, size):
+        raise CalibrationUnavailable("torch all-reduce on GPUs (0, 1) failed: NCCL error")
+
+    monkeypatch.setattr(torch_collectives, "measure_sets", fails)
+    kept = cli("calibrate", "--json")
+    assert kept.exit_code == 0 and "warning: collectives not measured" in kept.stderr
+    assert json.loads(kept.stdout)["collectives"] == []
+    assert cli("calibrate", "--collectives").exit_code == ExitCode.DISCOVERY

@@ -140,12 +140,13 @@ def _measured(
 
     from gpualloc.cli.output import say
     from gpualloc.discovery import calibration, measure_tools
+    from gpualloc.discovery.torch_collectives import nccl_available
 
     count = len(key.gpu_uuids)
     have_torch = False
     try:
         backend = calibration.TorchCopy()
-        have_torch = True
+        have_torch = nccl_available(getattr(backend, "torch", None))
     except calibration.CalibrationUnavailable as no_torch:
         if shutil.which("nvbandwidth") is None:
             raise no_torch from None
@@ -179,7 +180,13 @@ def _measured(
 
         if not quiet:
             say(f"measuring {len(sets)} all-reduces with torch.distributed (NCCL) ...")
-        found = measure_sets(sets, measure_tools.ALL_REDUCE_BYTES)
+        try:
+            found = measure_sets(sets, measure_tools.ALL_REDUCE_BYTES)
+        except calibration.CalibrationUnavailable as failed:
+            if collectives:
+                raise
+            say(f"warning: collectives not measured ({failed}); the pairs are saved")
+            return result
         source = "torch.distributed"
     return replace(result, collectives=found, sources=[*result.sources, source])
 

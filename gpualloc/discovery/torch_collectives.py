@@ -19,12 +19,21 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from gpualloc.discovery.calibration import CalibrationUnavailable, MeasuredCollective
 
 WARMUP = 5
 ITERATIONS = 20
 TIMEOUT_S = 300
+
+
+def nccl_available(torch: Any) -> bool:
+    """Whether ``torch`` (the imported module, or None) can run NCCL collectives."""
+    try:
+        return bool(torch.distributed.is_available() and torch.distributed.is_nccl_available())
+    except AttributeError:
+        return False
 
 
 def bus_bandwidth(size_bytes: int, seconds: float, ranks: int) -> float:
