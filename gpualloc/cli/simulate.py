@@ -17,7 +17,9 @@ def simulate_command(
         typer.Option(
             metavar="FILE",
             help="Jobs, JSON Lines or CSV with a header: id, arrival_s, gpus, duration_s, "
-            "sensitive[, pattern, workload, batch, min_utility, priority].",
+            "sensitive[, pattern, workload, batch, min_utility, min_bandwidth, priority, "
+            "gpu_fraction]; or the Alibaba GPU trace's pod list (openb_pod_list_*.csv), "
+            "recognised by its header.",
         ),
     ] = None,
     generate: Annotated[
@@ -86,6 +88,23 @@ def simulate_command(
             "that sum. 1: compute-bound jobs, where sharing gains no capacity.",
         ),
     ] = 1.0,
+    start: Annotated[
+        int,
+        typer.Option(min=0, metavar="N", help="Skip the first N jobs (arrival order)."),
+    ] = 0,
+    limit: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(min=1, metavar="N", help="Simulate N jobs from --start on."),
+    ] = None,
+    load: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            metavar="RHO",
+            help="Rescale arrival times so that the jobs offer this host RHO of its GPU time "
+            "(GPUs x run time, a shared job its fraction, over host GPUs x the arrival span); "
+            "run times are kept. For cluster traces, e.g. --load 0.9.",
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(metavar="N", help="Seed of --generate.")] = 0,
     save_trace: Annotated[
         Optional[Path],  # noqa: UP045
@@ -125,7 +144,9 @@ def simulate_command(
     from gpualloc.simulate.generate import generate as generate_jobs
     from gpualloc.simulate.profile import DrbProfile
     from gpualloc.simulate.summary import summarise
-    from gpualloc.simulate.trace import load_trace, write_trace
+    from gpualloc.simulate.trace import write_trace
+    from gpualloc.simulate.trace_files import read_trace_file
+    from gpualloc.simulate.window import scale_to_load, window
 
     if (trace is None) == (generate is None):
         raise RequestError("give --trace FILE or --generate SPEC", hint="one of them")
@@ -134,12 +155,20 @@ def simulate_command(
         raise RequestError("--policy names no policy", hint="e.g. --policy baseline,mapa")
     for name in policies:
         get_policy(name)
-    jobs = load_trace(trace) if trace is not None else generate_jobs(generate or "", seed)
+    topology = STATE.load_topology()
+    trace_notes: list[str] = []
+    if trace is not None:
+        jobs, trace_notes = read_trace_file(trace, host_model=topology.gpus[0].name)
+    else:
+        jobs = generate_jobs(generate or "", seed)
+    if start or limit is not None:
+        jobs = window(jobs, start=start, limit=limit)
+    if load is not None:
+        jobs = scale_to_load(jobs, topology.gpu_count, load)
     if save_trace is not None:
         from gpualloc.atomic import write_text_atomic
 
         write_text_atomic(save_trace, write_trace(jobs))
-    topology = STATE.load_topology()
     loaded_profile = DrbProfile.load(profile) if profile is not None else None
     if loaded_profile is not None and runtime not in ("profile", "auto"):
         raise TraceError(
@@ -191,6 +220,7 @@ def simulate_command(
         print_json(
             {
                 "topology": topology.name,
+                "trace_notes": trace_notes,
                 "queue": queue,
                 "runtime": runtime,
                 "postpone": not no_postpone,
@@ -210,6 +240,11 @@ def simulate_command(
             }
         )
         return
+    if trace_notes:
+        from gpualloc.cli.output import say
+
+        for note in trace_notes:
+            say(f"{trace}: {note}")
     _show(topology.name or "topology", len(jobs), f"{queue} queue{shared}", runtime, summaries)
 
 

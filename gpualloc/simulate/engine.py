@@ -119,6 +119,7 @@ class JobResult:
             "alone_s": round(self.alone_s, 6),
             "stretch": _round(self.stretch),
             "gpus": list(self.gpus),
+            "gpu_fraction": self.job.gpu_fraction,
             "sensitive": self.job.sensitive,
             "aggregated_gbps": self.aggregated_gbps,
             "effective_gbps": self.effective_gbps,

@@ -21,7 +21,9 @@ from typing import Any
 from gpualloc.errors import TraceError
 
 REQUIRED = ("id", "arrival_s", "gpus", "duration_s", "sensitive")
-OPTIONAL = ("pattern", "workload", "batch", "min_utility", "min_bandwidth", "priority")
+OPTIONAL = (
+    "pattern", "workload", "batch", "min_utility", "min_bandwidth", "priority", "gpu_fraction",
+)  # fmt: skip
 PATTERNS = ("ring", "all", "tree", "star")
 PRIORITIES = ("high", "normal", "low")
 _TRUE = {"true", "1", "yes", "y", "t"}
@@ -43,6 +45,9 @@ class SimJob:
     min_utility: float | None = None
     min_bandwidth: float | None = None
     priority: str = "normal"
+    gpu_fraction: float | None = None
+    """A 1-GPU job asking part of a GPU (0 < f < 1; the Alibaba trace's ``gpu_milli``): with
+    ``--sharing`` it is a shared job; without, it holds a whole GPU."""
     order: int = field(default=0, compare=False)
     """Position in the trace (ties in arrival time go in this order)."""
 
@@ -152,10 +157,17 @@ def _job(row: dict[str, Any], number: int, source: str, order: int) -> SimJob:
             else None
         ),
         priority=str(row.get("priority") or "normal"),
+        gpu_fraction=(
+            _number(row["gpu_fraction"], "gpu_fraction", where, minimum=0.001, maximum=1.0)
+            if row.get("gpu_fraction") not in (None, "")
+            else None
+        ),
         order=order,
     )
     if job.pattern not in PATTERNS:
         raise TraceError(f"{where}: unknown pattern {job.pattern!r}", hint=", ".join(PATTERNS))
+    if job.gpu_fraction is not None and job.gpus != 1:
+        raise TraceError(f"{where}: gpu_fraction is for a 1-GPU job", hint="set gpus to 1")
     if job.priority not in PRIORITIES:
         raise TraceError(f"{where}: unknown priority {job.priority!r}", hint=", ".join(PRIORITIES))
     return job

@@ -1,0 +1,120 @@
+"""The Alibaba GPU cluster trace of 2023 ("openb") as jobs for ``gpualloc simulate`` (issue 33).
+
+The pod list behind the FGD paper (Weng et al., "Beware of Fragmentation: Scheduling
+GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX ATC'23; alibaba/clusterdata,
+``cluster-trace-gpu-v2023``) is recognised by its header (``name,cpu_milli,memory_mib,num_gpu,
+gpu_milli,...``) and read as it is:
+
+- ``num_gpu`` -> GPUs; a task with none is skipped (counted: ``no GPU``);
+- ``gpu_milli`` below 1000 on a 1-GPU task -> the share of one GPU it asks
+  (:attr:`SimJob.gpu_fraction`);
+- arrival = ``creation_time``; run time = ``deletion_time`` - ``scheduled_time``, the time the
+  cluster ran it (a pod never scheduled is skipped: ``never scheduled``);
+- ``qos`` -> priority class: ``LS`` (latency-sensitive, the cluster's own first class) and
+  Kubernetes' ``Guaranteed`` -> high, ``Burstable`` -> normal, ``BE`` (best effort) -> low; any
+  other class -> normal (counted);
+- ``gpu_spec`` (allowed GPU models, ``|``-separated; empty = any) is honoured when it names the
+  host's model (the task may run here); a spec that names only other models is ignored, so that
+  the task still runs here, and counted;
+- bandwidth sensitivity is not in the trace: a task of 2+ GPUs is sensitive, as ``run``'s
+  default has it.
+
+Lines starting with ``#`` before the header (a fixture's provenance) are skipped.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import Counter
+from dataclasses import dataclass, field
+
+from gpualloc.errors import TraceError
+from gpualloc.simulate.trace import SimJob
+
+COLUMNS = (
+    "name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec", "qos", "pod_phase",
+    "creation_time", "deletion_time", "scheduled_time",
+)  # fmt: skip
+QOS_PRIORITY = {"LS": "high", "Guaranteed": "high", "Burstable": "normal", "BE": "low"}
+
+
+@dataclass
+class OpenbTrace:
+    jobs: list[SimJob]
+    skipped: Counter[str] = field(default_factory=Counter)
+    """Why tasks were left out, and how many."""
+    counted: Counter[str] = field(default_factory=Counter)
+    """What was read with a default (unknown QoS, a gpu_spec of other models), and how many."""
+
+    def notes(self) -> list[str]:
+        lines = [f"{count} task(s) skipped: {why}" for why, count in sorted(self.skipped.items())]
+        lines += [f"{count} task(s): {what}" for what, count in sorted(self.counted.items())]
+        return lines
+
+
+def _body(text: str) -> str:
+    lines = text.splitlines(keepends=True)
+    while lines and lines[0].startswith("#"):
+        lines.pop(0)
+    return "".join(lines)
+
+
+def looks_like_openb(text: str) -> bool:
+    header = _body(text).split("\n", 1)[0].strip().split(",")
+    return tuple(column.strip() for column in header[: len(COLUMNS)]) == COLUMNS
+
+
+def read_openb(text: str, *, source: str, host_model: str | None = None) -> OpenbTrace:
+    """The trace's tasks that run on GPUs, as jobs (see the module docstring)."""
+    trace = OpenbTrace(jobs=[])
+    reader = csv.DictReader(io.StringIO(_body(text), newline=""))
+    for number, row in enumerate(reader, start=2):
+        where = f"{source}:{number}"
+        gpus = _integer(row, "num_gpu", where)
+        if gpus == 0:
+            trace.skipped["no GPU"] += 1
+            continue
+        if not (row.get("scheduled_time") or "").strip():
+            trace.skipped["never scheduled"] += 1
+            continue
+        created = _integer(row, "creation_time", where)
+        scheduled = _integer(row, "scheduled_time", where)
+        deleted = _integer(row, "deletion_time", where)
+        if deleted < scheduled or scheduled < created:
+            raise TraceError(f"{where}: times out of order (created, scheduled, deleted)")
+        milli = _integer(row, "gpu_milli", where)
+        fraction = milli / 1000 if gpus == 1 and 0 < milli < 1000 else None
+        qos = (row.get("qos") or "").strip()
+        if qos not in QOS_PRIORITY:
+            trace.counted[f"QoS {qos or '(none)'} read as normal priority"] += 1
+        spec = [m.strip() for m in (row.get("gpu_spec") or "").split("|") if m.strip()]
+        if spec and host_model and not any(m.lower() in host_model.lower() for m in spec):
+            trace.counted["gpu_spec names other GPU models (ignored)"] += 1
+        trace.jobs.append(
+            SimJob(
+                id=str(row["name"]),
+                arrival_s=float(created),
+                gpus=gpus,
+                duration_s=float(deleted - scheduled),
+                sensitive=gpus > 1,
+                priority=QOS_PRIORITY.get(qos, "normal"),
+                gpu_fraction=fraction,
+                order=len(trace.jobs),
+            )
+        )
+    if not trace.jobs:
+        raise TraceError(f"{source}: no task asks for a GPU", hint="is this the openb pod list?")
+    trace.jobs.sort(key=lambda job: (job.arrival_s, job.order))
+    return trace
+
+
+def _integer(row: dict[str, str], name: str, where: str) -> int:
+    value = (row.get(name) or "").strip()
+    try:
+        number = int(value)
+    except ValueError:
+        raise TraceError(f"{where}: {name} {value!r} is not a whole number") from None
+    if number < 0:
+        raise TraceError(f"{where}: {name} {value!r} is negative")
+    return number
