@@ -18,7 +18,7 @@ constraint that decides whether two jobs can be co-located at all.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from msgspec import Struct
 
@@ -174,18 +174,46 @@ def _busy(
     max_jobs: int,
 ) -> GpusBusy:
     listed = list(candidates)
-    where = [request.gpu] if request.gpu is not None else _usable(topology, occupancy)
-    closed = [g for g in where if g not in {c.gpu for c in listed}]
-    parts = []
-    if listed:
-        parts.append("too little memory on " + "; ".join(c.describe() for c in listed))
-    if closed:
-        parts.append(
-            f"GPU {format_cpulist(closed)} held by leases that do not share, or running "
-            f"{max_jobs} shared job(s) already"
-        )
-    return GpusBusy(
-        f"no GPU can take {request.describe()} now: " + "; ".join(parts),
-        details=tuple(occupancy.describe(where)),
-        hint="wait (--wait), ask for less --mem, or ask the holders for --shareable leases",
+
+    def write() -> tuple[str, tuple[str, ...]]:
+        where = [request.gpu] if request.gpu is not None else _usable(topology, occupancy)
+        closed = [g for g in where if g not in {c.gpu for c in listed}]
+        parts = []
+        if listed:
+            parts.append("too little memory on " + "; ".join(c.describe() for c in listed))
+        if closed:
+            parts.append(
+                f"GPU {format_cpulist(closed)} held by leases that do not share, or running "
+                f"{max_jobs} shared job(s) already"
+            )
+        message = f"no GPU can take {request.describe()} now: " + "; ".join(parts)
+        return message, tuple(occupancy.describe(where))
+
+    return ShareBusy(
+        write, hint="wait (--wait), ask for less --mem, or ask the holders for --shareable leases"
     )
+
+
+class ShareBusy(GpusBusy):
+    """No GPU can take a shared job now; the message, which describes every holder, is
+    written when read: the queue and the simulator try many shares that do not fit, and
+    describing the holders each time was most of a trace replay's time."""
+
+    def __init__(self, write: Callable[[], tuple[str, tuple[str, ...]]], *, hint: str) -> None:
+        Exception.__init__(self)
+        self._write = write
+        self._written: tuple[str, tuple[str, ...]] | None = None
+        self.hint = hint
+
+    def _text(self) -> tuple[str, tuple[str, ...]]:
+        if self._written is None:
+            self._written = self._write()
+        return self._written
+
+    @property  # type: ignore[override]
+    def message(self) -> str:
+        return self._text()[0]
+
+    @property  # type: ignore[override]
+    def details(self) -> tuple[str, ...]:
+        return self._text()[1]

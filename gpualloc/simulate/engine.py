@@ -294,8 +294,11 @@ class _Simulation:
         for neighbour in jobs:
             for gpu in neighbour.gpus:
                 demand[gpu] = demand.get(gpu, 0.0) + self.options.gpu_busy
+        dynamic = self.runtime.dynamic  # only a dynamic model looks at the neighbours
         for running, (job, gpus) in zip(self.running, jobs, strict=True):
-            beside = [x for x in jobs if x.job is not job and not _same_gpus(x, gpus)]
+            beside = (
+                [x for x in jobs if x.job is not job and not _same_gpus(x, gpus)] if dynamic else []
+            )
             slices = max(1.0, *(demand[gpu] for gpu in gpus))
             running.set_slowdown(self.runtime.slowdown(job, gpus, beside) * slices)
 
