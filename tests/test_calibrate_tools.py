@@ -164,7 +164,8 @@ def test_torch_ranks_get_one_gpu_each_and_rank_0_reports(tmp_path) -> None:
     log = tmp_path / "ranks.log"
     worker = tmp_path / "worker.py"
     worker.write_text(
-        "import json, os\n"
+        "import json, os, sys\n"
+        "assert sys.argv[1] == '1024'\n"
         f"open({str(log)!r}, 'a').write(' '.join(os.environ[k] for k in ("
         "'RANK', 'WORLD_SIZE', 'CUDA_VISIBLE_DEVICES', 'MASTER_ADDR')) + '\\n')\n"
         "if os.environ['RANK'] == '0':\n"

@@ -2,7 +2,7 @@
 (``gpualloc calibrate``, issue 32 point 3).
 
 One process per GPU of the set (this module run as ``python -m gpualloc.discovery.
-torch_collectives``, ranks told by the usual ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` /
+torch_collectives BYTES``, ranks told by the usual ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` /
 ``MASTER_PORT`` variables, each seeing only its own GPU through ``CUDA_VISIBLE_DEVICES``), each
 all-reducing one float32 buffer: warm-up, then timed iterations between two barriers. Rank 0
 prints one JSON line. The figures are nccl-tests' (its PERFORMANCE.md): algorithm bandwidth =
@@ -63,11 +63,14 @@ def _one_set(gpus: tuple[int, ...], size_bytes: int, worker: Sequence[str]) -> M
             WORLD_SIZE=str(len(gpus)),
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
-            GPUALLOC_ALLREDUCE_BYTES=str(size_bytes),
         )
         ranks.append(
             subprocess.Popen(
-                list(worker), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                [*worker, str(size_bytes)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
             )
         )
     outputs = []
@@ -108,7 +111,7 @@ def _worker() -> None:  # pragma: no cover - runs on a GPU host, one process per
     import torch
     import torch.distributed as dist
 
-    size_bytes = int(os.environ["GPUALLOC_ALLREDUCE_BYTES"])
+    size_bytes = int(sys.argv[1])
     ranks = int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(0)  # the one GPU CUDA_VISIBLE_DEVICES shows this rank
     dist.init_process_group("nccl")
