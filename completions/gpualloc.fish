@@ -69,7 +69,7 @@ complete -c gpualloc -n '__fish_seen_subcommand_from run' -l mem -r -F -d 'Take 
 complete -c gpualloc -n '__fish_seen_subcommand_from run' -l share -d 'Run on a GPU together with other jobs: one a --shareable lease holds, one only shared jobs use, else'
 complete -c gpualloc -n '__fish_seen_subcommand_from run' -l shareable -d 'Let shared jobs (run --share) run on these GPUs beside this job, as long as their memory fits; you m'
 complete -c gpualloc -n '__fish_seen_subcommand_from run' -l background -d 'With --share: a low-priority job (DeepPool\'s background job): its CPU priority is lowered (nice 10) '
-complete -c gpualloc -n '__fish_seen_subcommand_from run' -l sm-share -r -F -d 'With --share under CUDA MPS: the share of the GPU\'s multiprocessors the job may use (CUDA_MPS_ACTIVE'
+complete -c gpualloc -n '__fish_seen_subcommand_from run' -l sm-share -r -F -d 'With --share: the part of one GPU the job asks for; a GPU takes shared jobs while these parts sum to'
 complete -c gpualloc -n '__fish_seen_subcommand_from run' -l allow-unhealthy -d 'Place on GPUs gpualloc found unhealthy too (uncorrectable ECC errors, pages or rows waiting for a re'
 complete -c gpualloc -n '__fish_seen_subcommand_from run' -l dry-run -d 'Show the GPUs, environment, binding and argv; allocate nothing.'
 complete -c gpualloc -n '__fish_seen_subcommand_from run' -l quiet -s q -d 'Do not print the lease line on stderr.'

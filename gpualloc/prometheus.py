@@ -49,6 +49,11 @@ METRICS: dict[str, tuple[str, str]] = {
         "(kind intruder).",
     ),
     "gpualloc_shared_jobs": ("gauge", "Shared jobs (run --share) running, by GPU."),
+    "gpualloc_shared_fraction": (
+        "gauge",
+        "The part of each GPU its shared jobs hold (their --sm-share, else their memory or "
+        "1/share.max_jobs), 0..1.",
+    ),
     "gpualloc_mig_devices": ("gauge", "MIG devices by state (free, held, foreign)."),
     "gpualloc_queue_length": ("gauge", "Jobs waiting (run/alloc --wait) by priority."),
     "gpualloc_queue_oldest_wait_seconds": (
@@ -125,6 +130,13 @@ def render(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy, idle:
     family(
         "gpualloc_shared_jobs",
         (({"gpu": str(g)}, len(found)) for g, found in sorted(occupancy.shares.items())),
+    )
+    family(
+        "gpualloc_shared_fraction",
+        (
+            ({"gpu": str(g)}, round(sum(s.share.fraction for s in found if s.share), 6))
+            for g, found in sorted(occupancy.shares.items())
+        ),
     )
     foreign = {} if occupancy.ignore_foreign else occupancy.mig_foreign
     mig = Counter(

@@ -219,7 +219,8 @@ def test_under_mps_the_job_gets_its_sm_share(tmp_path: Path) -> None:
         env = json.loads(alone.stdout.readline())
     finally:
         _, err = alone.communicate("", timeout=TIMEOUT_S)
-    assert env["GPUALLOC_SHARE"] == "time-sliced" and "--sm-share has no effect" in err
+    assert env["GPUALLOC_SHARE"] == "time-sliced"
+    assert "does not cap this one at its --sm-share" in err
 
 
 EVICTABLE = "trap 'echo evicted; exit 7' TERM; echo started; while :; do sleep 0.05; done"
@@ -444,3 +445,37 @@ def test_eviction_marks_the_shared_jobs_beside_a_lease_in_the_ledger() -> None:
     marked = host.snapshot().ledger.find(shared.id)
     assert marked is not None and marked.share is not None
     assert (marked.share.evict_by, marked.share.evict_grace_s) == (owner_name(os.geteuid()), 5.0)
+
+
+# ---- fractions of a GPU (issue 33, point 2) -----------------------------------------------------
+
+
+def test_a_gpu_takes_shared_jobs_while_their_parts_sum_to_at_most_one() -> None:
+    topology = load_bundled("dgx1-v100")
+    ledger = Ledger(host="h")
+    ledger.leases += [lease_on(3, "a", share=LeasedShare(fraction=0.6, sm_percent=60))]
+    occupancy = Occupancy.build(topology, ledger, max_shared_jobs=8)
+    fits = choose_share(topology, occupancy, ShareRequest(sm_percent=40), 8)
+    assert fits.candidate.gpu == 3 and fits.candidate.used_fraction == 0.6
+    # 60 % more does not fit beside 60 %: it goes to another GPU, and GPU 3 named is busy.
+    assert choose_share(topology, occupancy, ShareRequest(sm_percent=60), 8).candidate.gpu != 3
+    with pytest.raises(GpusBusy) as busy:
+        choose_share(topology, occupancy, ShareRequest(sm_percent=60, gpu=3), 8)
+    assert "too little memory or GPU share on GPU 3" in busy.value.message
+    assert "60% of it shared" in busy.value.message
+
+
+def test_simulated_fractions_pack_without_slowing_each_other() -> None:
+    from gpualloc.simulate.trace import SimJob
+
+    jobs = [
+        SimJob("a", 0.0, 1, 60.0, False, gpu_fraction=0.5),
+        SimJob("b", 0.0, 1, 60.0, False, gpu_fraction=0.5),
+        SimJob("c", 0.0, 1, 60.0, False, gpu_fraction=0.3),
+    ]
+    # Half and half share the one GPU at full pace; 0.3 more waits for room.
+    assert _simulated("single-gpu", jobs, sharing=8) == {
+        "a": (0, 60, True),
+        "b": (0, 60, True),
+        "c": (60, 120, True),
+    }

@@ -70,8 +70,9 @@ SmShareOption = Annotated[
         min=1,
         max=100,
         metavar="PERCENT",
-        help="With --share under CUDA MPS: the share of the GPU's multiprocessors the job may "
-        "use (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); no effect when time-sliced.",
+        help="With --share: the part of one GPU the job asks for; a GPU takes shared jobs "
+        "while these parts sum to at most 100. Under CUDA MPS it also caps the job's "
+        "multiprocessors (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE).",
         show_default=False,
     ),
 ]

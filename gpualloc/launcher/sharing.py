@@ -5,9 +5,10 @@
   clients and run side by side with the others; ``--sm-share P`` exports
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=P``, which caps the job's streaming multiprocessors (NVIDIA
   MPS documentation, section 2.3.5.2). Without the daemon the driver time-slices the GPU between
-  the jobs' contexts and ``--sm-share`` has no effect (said as a warning). gpualloc never starts
-  the daemon: that is the host's administrator's decision (it needs the GPU in exclusive-process
-  mode to be safe, which needs root).
+  the jobs' contexts and does not hold a job to its ``--sm-share`` (said as a warning); the
+  share still counts against the GPU's capacity when gpualloc places shared jobs. gpualloc never
+  starts the daemon: that is the host's administrator's decision (it needs the GPU in
+  exclusive-process mode to be safe, which needs root).
 - **Eviction across users.** The owner of a ``--shareable`` lease may ask for the shared jobs on
   its GPUs to leave (``release --evict-shared``), but may not signal another user's processes.
   So every shared job gets a *watcher*: a small process of the job's own user, started before
@@ -64,8 +65,9 @@ def share_notes(share: LeasedShare, env: Mapping[str, str]) -> list[str]:
     if share.sm_percent is not None and share.mode != "mps":
         directory = env.get(MPS_PIPE_VARIABLE) or DEFAULT_MPS_PIPE_DIRECTORY
         return [
-            f"no CUDA MPS daemon runs (no control pipe in {directory}): --sm-share has no "
-            "effect, the GPU is time-sliced between its jobs"
+            f"no CUDA MPS daemon runs (no control pipe in {directory}): the GPU is "
+            "time-sliced between its jobs and the driver does not cap this one at its "
+            "--sm-share (placement still counted it)"
         ]
     return []
 

@@ -34,6 +34,12 @@ class ShareRequest(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     gpu: NonNegativeInt | None = None
     """Exactly this GPU (``--gpus N``); None: the best fit."""
 
+    @property
+    def fraction(self) -> float | None:
+        """The part of a GPU the job asks for (``--sm-share`` / 100), or None when it names
+        none; a GPU takes shared jobs while the parts they hold sum to at most 1."""
+        return None if self.sm_percent is None else self.sm_percent / 100
+
     def leased(self, gpu_memory_bytes: int | None, max_jobs: int, mode: ShareMode) -> LeasedShare:
         """How the job holds its GPU once placed: its fraction of it is ``--sm-share`` when
         given, else its declared memory over the GPU's, else one over ``max_jobs``."""

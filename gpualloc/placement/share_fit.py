@@ -40,10 +40,13 @@ class ShareCandidate(Struct, frozen=True):
     """Shared jobs already on it."""
     free_bytes: int | None
     """Memory left for the job (None: the GPU's size is unknown)."""
+    used_fraction: float = 0.0
+    """The parts of the GPU its shared jobs hold (:attr:`LeasedShare.fraction`), summed."""
 
     def describe(self) -> str:
         memory = f", {format_size(self.free_bytes)} free" if self.free_bytes is not None else ""
-        return f"GPU {self.gpu} ({self.state}, {self.jobs} shared job(s){memory})"
+        used = f", {self.used_fraction:.0%} of it shared" if self.used_fraction else ""
+        return f"GPU {self.gpu} ({self.state}, {self.jobs} shared job(s){used}{memory})"
 
 
 class ShareChoice(Struct, frozen=True):
@@ -75,10 +78,12 @@ def share_candidates(
             continue
         if state not in ("held", "shared", "free"):
             continue
-        jobs = len(occupancy.shares.get(gpu, ()))
-        if jobs >= max_jobs:
+        shares = occupancy.shares.get(gpu, ())
+        if len(shares) >= max_jobs:
             continue
-        found.append(ShareCandidate(gpu, state, jobs, free_memory(topology, occupancy, gpu)))
+        used = sum(lease.share.fraction for lease in shares if lease.share is not None)
+        memory = free_memory(topology, occupancy, gpu)
+        found.append(ShareCandidate(gpu, state, len(shares), memory, round(used, 6)))
     return found
 
 
@@ -113,6 +118,10 @@ def choose_share(
 
 
 def _fits(candidate: ShareCandidate, request: ShareRequest) -> bool:
+    """Its memory fits, and the part of the GPU it asks for (``--sm-share``) is still free."""
+    asked = request.fraction
+    if asked is not None and candidate.used_fraction + asked > 1 + 1e-9:
+        return False
     if request.memory_bytes is None:
         return True
     return candidate.free_bytes is not None and candidate.free_bytes >= request.memory_bytes
@@ -180,7 +189,8 @@ def _busy(
         closed = [g for g in where if g not in {c.gpu for c in listed}]
         parts = []
         if listed:
-            parts.append("too little memory on " + "; ".join(c.describe() for c in listed))
+            short = "memory" if request.fraction is None else "memory or GPU share"
+            parts.append(f"too little {short} on " + "; ".join(c.describe() for c in listed))
         if closed:
             parts.append(
                 f"GPU {format_cpulist(closed)} held by leases that do not share, or running "

@@ -28,6 +28,11 @@ sharing: strong-scaled foreground jobs leave their GPUs underused (its Fig. 4), 
 background jobs nearly double the cluster's throughput while the foreground loses less than
 18%, with multiplexing mechanisms of its own (stream priorities, launch pacing) that
 time slices do not have.
+
+A job that asks for part of a GPU (``gpu_fraction``, the Alibaba trace's ``gpu_milli``) asks
+as ``run --share --sm-share`` does: a GPU takes such jobs while the parts they hold sum to at
+most 1 (and at most N of them), and its demand is its part, not U, so jobs that fit never slow
+each other.
 """
 
 from __future__ import annotations
@@ -263,7 +268,7 @@ class _Simulation:
             policy=self.options.policy,
             min_utility=job.min_utility if self.options.postpone else None,
             min_bandwidth_gbps=job.min_bandwidth if self.options.postpone else None,
-            share=ShareRequest() if self.options.sharing and job.gpus == 1 else None,
+            share=_share_request(job) if self.options.sharing and job.gpus == 1 else None,
         )
         self.queue.append(
             Waiter(
@@ -292,8 +297,9 @@ class _Simulation:
         jobs = [Neighbour(r.result.job, r.result.gpus) for r in self.running]
         demand: dict[int, float] = {}
         for neighbour in jobs:
+            busy = neighbour.job.gpu_fraction or self.options.gpu_busy
             for gpu in neighbour.gpus:
-                demand[gpu] = demand.get(gpu, 0.0) + self.options.gpu_busy
+                demand[gpu] = demand.get(gpu, 0.0) + busy
         dynamic = self.runtime.dynamic  # only a dynamic model looks at the neighbours
         for running, (job, gpus) in zip(self.running, jobs, strict=True):
             beside = (
@@ -363,7 +369,7 @@ class _Simulation:
             source="run",
             shareable=bool(self.options.sharing) and not placement.shared,
             share=(
-                ShareRequest().leased(None, self.options.sharing, "time-sliced")
+                _share_request(job).leased(None, self.options.sharing, "time-sliced")
                 if placement.shared
                 else None
             ),
@@ -391,6 +397,14 @@ class _Simulation:
             1 for u, v in pattern.edges if not self.topology.link(order[u], order[v]).nvlinks
         )
         return pcie / len(pattern.edges)
+
+
+def _share_request(job: SimJob) -> ShareRequest:
+    """A 1-GPU job's shared ask: the part of a GPU it names (the trace's ``gpu_fraction``, as
+    ``--sm-share`` in percent), else none (time slices among at most ``--sharing`` jobs)."""
+    if job.gpu_fraction is None:
+        return ShareRequest()
+    return ShareRequest(sm_percent=max(1, min(100, round(job.gpu_fraction * 100))))
 
 
 def _same_gpus(neighbour: Neighbour, gpus: tuple[int, ...]) -> bool:
