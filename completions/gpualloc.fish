@@ -137,6 +137,7 @@ complete -c gpualloc -n '__fish_seen_subcommand_from simulate' -l runtime -r -F 
 complete -c gpualloc -n '__fish_seen_subcommand_from simulate' -l profile -r -F -d 'Job profile for --runtime profile or auto (default: DRB\'s).'
 complete -c gpualloc -n '__fish_seen_subcommand_from simulate' -l no-postpone -d 'Ignore the jobs\' min_utility (DRB\'s TOPO-AWARE, not -P).'
 complete -c gpualloc -n '__fish_seen_subcommand_from simulate' -l sharing -r -F -d 'Let 1-GPU jobs share GPUs as \'run --share\' does, at most N per GPU, beside --shareable multi-GPU job'
+complete -c gpualloc -n '__fish_seen_subcommand_from simulate' -l share-placement -r -F -d 'With --sharing: how a shared job\'s GPU is chosen: fgd (where the workload\'s expected fragmentation g'
 complete -c gpualloc -n '__fish_seen_subcommand_from simulate' -l gpu-busy -r -F -d 'With --sharing: the share of time a job alone keeps its GPU busy (0 < U <= 1).'
 complete -c gpualloc -n '__fish_seen_subcommand_from simulate' -l start -r -F -d 'Skip the first N jobs (arrival order).'
 complete -c gpualloc -n '__fish_seen_subcommand_from simulate' -l limit -r -F -d 'Simulate N jobs from --start on.'

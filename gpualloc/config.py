@@ -280,6 +280,11 @@ SETTINGS: tuple[Setting, ...] = (
         "share.max_jobs", None, DEFAULT_MAX_SHARED_JOBS, _count,
         "shared jobs (run --share) one GPU may run at once (0: no sharing)", system_only=True,
     ),
+    Setting(
+        "share.placement", None, "fgd", _choice("fgd", "best-fit", "first-fit", "spread"),
+        "how a shared job's GPU is chosen: fgd (least growth of expected fragmentation), "
+        "best-fit, first-fit or spread", system_only=True,
+    ),
 )  # fmt: skip
 BY_KEY = {setting.key: setting for setting in SETTINGS}
 TABLES = frozenset(setting.key.split(".")[0] for setting in SETTINGS if "." in setting.key)

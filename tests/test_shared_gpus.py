@@ -479,3 +479,45 @@ def test_simulated_fractions_pack_without_slowing_each_other() -> None:
         "b": (0, 60, True),
         "c": (60, 120, True),
     }
+
+
+def test_fgd_keeps_room_for_the_workloads_common_asks_where_best_fit_does_not() -> None:
+    """Half the GPU is the common ask: a 30 % job should not leave a half-free GPU with 20 %."""
+    topology = load_bundled("dgx1-v100")
+    ledger = Ledger(host="h")
+    ledger.leases += [
+        lease_on(0, "a", share=LeasedShare(fraction=0.5, sm_percent=50)),  # 50 % free
+        lease_on(1, "b", share=LeasedShare(fraction=0.65, sm_percent=65)),  # 35 % free
+    ]
+    ledger.leases += [lease_on(g, "c") for g in range(2, 8)]  # the rest held whole
+    occupancy = Occupancy.build(topology, ledger, max_shared_jobs=8)
+    mix = {(1, 0.5): 0.8, (1, 0.3): 0.2}
+    request = ShareRequest(sm_percent=30)
+    fgd = choose_share(topology, occupancy, request, 8, strategy="fgd", mix=mix)
+    assert fgd.candidate.gpu == 1  # 35 % was too little for a half anyway: fill it
+    assert "expected fragmentation grows least" in fgd.reason
+    best = choose_share(topology, occupancy, request, 8, strategy="best-fit", mix=mix)
+    assert best.candidate.gpu == 0  # memory-blind best fit: the first GPU in use
+    first = choose_share(topology, occupancy, request, 8, strategy="first-fit")
+    assert first.candidate.gpu == 0
+
+
+def test_expected_fragmentation_as_the_fgd_paper_defines_it() -> None:
+    from gpualloc.placement.fragmentation import expected_fragmentation, fragmentation, growth
+
+    free = [1.0, 0.5, 0.2, 0.0]
+    assert fragmentation(free, (1, 0.5)) == pytest.approx(0.2)  # 0.2 < 0.5: unusable
+    assert fragmentation(free, (1, 1.0)) == pytest.approx(0.7)  # partial GPUs, for a whole one
+    assert fragmentation(free, (2, 1.0)) == pytest.approx(1.7)  # fits nowhere: all of it
+    mix = {(1, 0.5): 0.5, (1, 1.0): 0.5}
+    assert expected_fragmentation(free, mix) == pytest.approx(0.45)
+    # Taking 0.3 of the half-free GPU leaves 0.2 there: fragment for halves.
+    assert growth(free, 1, 0.3, mix) > growth(free, 0, 0.3, mix) - 1  # defined, finite
+    assert growth(free, 2, 0.2, mix) < 0  # filling a fragment shrinks fragmentation
+
+
+def test_simulate_takes_a_share_placement(cli) -> None:
+    args = ("--topology", "dgx1-v100", "simulate", "--generate", "mixed:jobs=30", "--json")
+    assert cli(*args, "--sharing", "2", "--share-placement", "first-fit").exit_code == 0
+    bad = cli(*args, "--sharing", "2", "--share-placement", "random")
+    assert bad.exit_code == ExitCode.USAGE and "fgd or best-fit" in bad.stderr

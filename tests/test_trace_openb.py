@@ -97,3 +97,13 @@ def test_the_whole_trace_reads_with_the_readme_counts() -> None:
     assert trace.skipped["no GPU"] == 1088
     assert len(trace.jobs) + trace.skipped["never scheduled"] == 8152 - 1088
     assert Counter(j.gpus for j in trace.jobs)[1] <= 6989
+
+
+@pytest.mark.skipif(not FULL.exists(), reason="the whole trace lives in ../shared")
+def test_the_default_fgd_mix_is_the_traces() -> None:
+    from gpualloc.placement.fragmentation import DEFAULT_MIX
+    from gpualloc.simulate.openb import coarse_mix
+
+    mix = coarse_mix(read_openb(FULL.read_text(), source=FULL.name).jobs)
+    assert mix.keys() == DEFAULT_MIX.keys()
+    assert all(mix[kind] == pytest.approx(DEFAULT_MIX[kind], abs=0.0005) for kind in mix)

@@ -44,6 +44,7 @@ def serve(
     recorded topology it serves, whose declared processes it reads again as NVML's."""
     host = HostLedger.open(topology, state_dir=state_dir, owner=True, ignore_foreign=ignore_foreign)
     host.max_shared_jobs = config.system_value("share.max_jobs")
+    host.share_placement = config.system_value("share.placement")
     service = LedgerService(
         host,
         QueuePolicy.from_config(config),

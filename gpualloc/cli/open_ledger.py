@@ -57,6 +57,7 @@ def open_host_ledger(
         check_health=check_health,
     )
     host.max_shared_jobs = STATE.config().system_value("share.max_jobs")
+    host.share_placement = STATE.config().system_value("share.placement")
     host.allow_unhealthy = allow_unhealthy
     warn(host.processes.notes)
     return host

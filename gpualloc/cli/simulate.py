@@ -79,6 +79,16 @@ def simulate_command(
             "slices). 0: no sharing.",
         ),
     ] = 0,
+    share_placement: Annotated[
+        str,
+        typer.Option(
+            "--share-placement",
+            metavar="RULE",
+            help="With --sharing: how a shared job's GPU is chosen: fgd (where the workload's "
+            "expected fragmentation grows least, its mix taken from the jobs), best-fit, "
+            "first-fit or spread.",
+        ),
+    ] = "fgd",
     gpu_busy: Annotated[
         float,
         typer.Option(
@@ -140,6 +150,7 @@ def simulate_command(
     Example: `gpualloc -t dgx1-v100 simulate --generate mapa --policy baseline,besteffort,mapa`
     """
     from gpualloc.placement.registry import get_policy
+    from gpualloc.placement.share_fit import SHARE_PLACEMENTS
     from gpualloc.simulate.engine import SimOptions, simulate
     from gpualloc.simulate.generate import generate as generate_jobs
     from gpualloc.simulate.profile import DrbProfile
@@ -148,6 +159,10 @@ def simulate_command(
     from gpualloc.simulate.trace_files import read_trace_file
     from gpualloc.simulate.window import scale_to_load, window
 
+    if share_placement not in SHARE_PLACEMENTS:
+        raise RequestError(
+            f"unknown --share-placement {share_placement!r}", hint=" or ".join(SHARE_PLACEMENTS)
+        )
     if (trace is None) == (generate is None):
         raise RequestError("give --trace FILE or --generate SPEC", hint="one of them")
     policies = [name.strip() for name in policy.split(",") if name.strip()]
@@ -186,6 +201,7 @@ def simulate_command(
                 profile=loaded_profile,
                 sharing=sharing,
                 gpu_busy=gpu_busy,
+                share_placement=share_placement,
             ),
         )
         for name in policies

@@ -132,6 +132,8 @@ class HostLedger(Struct):
     """Inside a Slurm job: only the job's GPUs, in a ledger of the job's own."""
     max_shared_jobs: int = DEFAULT_MAX_SHARED_JOBS
     """Shared jobs a GPU may run at once (the system config's ``share.max_jobs``)."""
+    share_placement: str = "fgd"
+    """How a shared job's GPU is chosen (the system config's ``share.placement``)."""
     faults: list[GpuFault] = field(default_factory=list)
     """What is wrong with the GPUs now (see :mod:`gpualloc.discovery.health`)."""
     health_notes: list[str] = field(default_factory=list)
@@ -223,6 +225,7 @@ class HostLedger(Struct):
             memory_used=self.processes.memory_used,
             max_shared_jobs=self.max_shared_jobs,
             faults=() if self.allow_unhealthy else self.faults,
+            share_placement=self.share_placement,
         )
 
     def snapshot(self) -> LedgerTransaction:

@@ -50,6 +50,10 @@ class Occupancy(Struct, frozen=True):
     processes' memory; absent when nothing says."""
     max_shared_jobs: int = DEFAULT_MAX_SHARED_JOBS
     """Shared jobs a GPU may run at once (the system config's ``share.max_jobs``)."""
+    share_placement: str = "fgd"
+    """How a shared job's GPU is chosen (the system config's ``share.placement``)."""
+    share_mix: dict[tuple[int, float], float] | None = None
+    """The workload's task types and their shares, for ``fgd`` (None: the default mix)."""
     unhealthy: dict[int, str] = field(default_factory=dict)
     """GPU index -> why it is not handed out (its faults); such GPUs are also ``unusable``."""
     mig_foreign: dict[tuple[int, int], tuple[GpuProcess, ...]] = field(default_factory=dict)
@@ -68,6 +72,8 @@ class Occupancy(Struct, frozen=True):
         memory_used: Mapping[int, int] | None = None,
         max_shared_jobs: int = DEFAULT_MAX_SHARED_JOBS,
         faults: Iterable[GpuFault] = (),
+        share_placement: str = "fgd",
+        share_mix: dict[tuple[int, float], float] | None = None,
     ) -> Occupancy:
         by_gpu: dict[int, list[GpuProcess]] = {}
         for process in processes:
@@ -103,6 +109,8 @@ class Occupancy(Struct, frozen=True):
             },
             memory_used=used,
             max_shared_jobs=max_shared_jobs,
+            share_placement=share_placement,
+            share_mix=share_mix,
             mig_foreign=_mig_foreign(topology, ledger, by_gpu),
         )
 

@@ -110,7 +110,14 @@ def _share_placement(topology: Topology, occupancy: Occupancy, request: ShareReq
     """The GPU for a shared job (see :mod:`gpualloc.placement.share_fit`) as a placement."""
     from gpualloc.placement.share_fit import choose_share
 
-    choice = choose_share(topology, occupancy, request, occupancy.max_shared_jobs)
+    choice = choose_share(
+        topology,
+        occupancy,
+        request,
+        occupancy.max_shared_jobs,
+        strategy=occupancy.share_placement,
+        mix=occupancy.share_mix,
+    )
     return Placement(
         policy=SHARE_POLICY,
         gpus=(choice.candidate.gpu,),

@@ -87,11 +87,25 @@ def share_candidates(
     return found
 
 
+SHARE_PLACEMENTS = ("fgd", "best-fit", "first-fit", "spread")
+"""How a shared job's GPU is chosen among those that fit: ``fgd`` (the default) where the
+workload's expected fragmentation grows least (:mod:`gpualloc.placement.fragmentation`);
+``best-fit`` a GPU in use first, then the least memory left (gpualloc's rule before FGD);
+``first-fit`` the lowest index; ``spread`` the most free capacity."""
+
+
 def choose_share(
-    topology: Topology, occupancy: Occupancy, request: ShareRequest, max_jobs: int
+    topology: Topology,
+    occupancy: Occupancy,
+    request: ShareRequest,
+    max_jobs: int,
+    *,
+    strategy: str = "fgd",
+    mix: dict[tuple[int, float], float] | None = None,
 ) -> ShareChoice:
-    """The GPU for ``request``. Raises :class:`NoFeasiblePlacement` when no GPU of the host
-    could ever take it, :class:`GpusBusy` when none can now."""
+    """The GPU for ``request`` by ``strategy`` (:data:`SHARE_PLACEMENTS`). Raises
+    :class:`NoFeasiblePlacement` when no GPU of the host could ever take it, :class:`GpusBusy`
+    when none can now."""
     _check_feasible(topology, occupancy, request, max_jobs)
     candidates = share_candidates(topology, occupancy, max_jobs)
     if request.gpu is not None:
@@ -100,21 +114,59 @@ def choose_share(
     if not fitting:
         raise _busy(topology, occupancy, request, candidates, max_jobs)
     need = request.memory_bytes or 0
-    ranked = sorted(
-        fitting,
-        key=lambda c: (
-            c.state == "free",
-            (c.free_bytes - need) if c.free_bytes is not None else float("inf"),
-            c.jobs,
-            c.gpu,
-        ),
-    )
-    best = ranked[0]
-    if best.state == "free":
-        why = "no GPU in use has room, so a free one"
+    part = request.fraction or 1 / max(1, max_jobs)
+    free = _free_capacity(topology, occupancy)
+
+    def best_fit(c: ShareCandidate) -> tuple:
+        left = (c.free_bytes - need) if c.free_bytes is not None else float("inf")
+        return (c.state == "free", left, c.jobs, c.gpu)
+
+    if strategy == "fgd":
+        from gpualloc.placement.fragmentation import DEFAULT_MIX, growth
+
+        weights = mix or DEFAULT_MIX
+        grown = {c.gpu: round(growth(free, c.gpu, part, weights), 9) for c in fitting}
+        ranked = sorted(fitting, key=lambda c: (grown[c.gpu], free[c.gpu] - part, *best_fit(c)))
+        best = ranked[0]
+        why = (
+            f"the workload's expected fragmentation grows least there (+{grown[best.gpu]:.3f} "
+            "GPU; FGD, Weng et al. ATC'23)"
+        )
+        if sum(grown[c.gpu] == grown[best.gpu] for c in fitting) > 1:
+            why += "; among the GPUs that tie, the best fit"
+    elif strategy == "first-fit":
+        ranked = sorted(fitting, key=lambda c: c.gpu)
+        best, why = ranked[0], "the lowest-numbered GPU that fits (first fit)"
+    elif strategy == "spread":
+        ranked = sorted(fitting, key=lambda c: (-free[c.gpu], c.jobs, c.gpu))
+        best, why = ranked[0], "the GPU with the most free capacity (spread)"
     else:
-        why = "the GPU in use with the least memory left after it (best fit)"
+        ranked = sorted(fitting, key=best_fit)
+        best = ranked[0]
+        if best.state == "free":
+            why = "no GPU in use has room, so a free one"
+        else:
+            why = "the GPU in use with the least memory left after it (best fit)"
     return ShareChoice(best, f"{best.describe()}: {why}", tuple(ranked[1:]))
+
+
+def _free_capacity(topology: Topology, occupancy: Occupancy) -> list[float]:
+    """Each GPU's free capacity for FGD: 1 when free, one minus its shared jobs' parts when
+    only shared jobs use it, 0 when a lease holds it (shared jobs there ride on its idle time)
+    or it cannot be used."""
+    usable = set(_usable(topology, occupancy))
+    free = []
+    for gpu in range(topology.gpu_count):
+        state = occupancy.state(gpu) if gpu in usable else "unusable"
+        if state == "free":
+            free.append(1.0)
+        elif state == "shared":
+            shares = occupancy.shares.get(gpu, ())
+            used = sum(lease.share.fraction for lease in shares if lease.share is not None)
+            free.append(max(0.0, 1.0 - used))
+        else:
+            free.append(0.0)
+    return free
 
 
 def _fits(candidate: ShareCandidate, request: ShareRequest) -> bool:

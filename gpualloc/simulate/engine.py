@@ -71,6 +71,8 @@ class SimOptions:
     """Shared jobs per GPU (``--sharing``); 0: none, every job holds its GPUs whole."""
     gpu_busy: float = 1.0
     """The share of time a job alone keeps its GPU busy (``--gpu-busy``, with sharing)."""
+    share_placement: str = "fgd"
+    """How a shared job's GPU is chosen (``--share-placement``; live: ``share.placement``)."""
 
 
 @dataclass
@@ -218,6 +220,10 @@ class _Simulation:
         self.by_waiter: dict[str, SimJob] = {}
         self.results: list[JobResult] = []
         self.ideal: dict[tuple[int, str], float | None] = {}
+        self.fractional = False
+        """The jobs name parts of GPUs (a trace's ``gpu_fraction``)."""
+        self.mix: dict[tuple[int, float], float] | None = None
+        """The jobs' task types and their shares: what FGD weighs fragmentation by."""
         self.placements: dict[tuple[QueuedRequest, HostState], Attempt] = {}
         """Placements by request and host state: a state recurs often, the answer never
         changes (see :func:`gpualloc.launcher.wait.attempts`)."""
@@ -227,6 +233,15 @@ class _Simulation:
 
     def run(self, jobs: list[SimJob]) -> SimResult:
         pending = [replace(job, order=index) for index, job in enumerate(jobs)]
+        self.fractional = any(job.gpu_fraction is not None for job in jobs)
+        if self.options.sharing:
+            from gpualloc.placement.fragmentation import task_mix
+
+            part = 1 / self.options.sharing
+            self.mix = task_mix(
+                (j.gpus, j.gpu_fraction or (part if j.gpus == 1 and not self.fractional else 1.0))
+                for j in jobs
+            )
         index = 0
         while index < len(pending) or self.running or self.queue:
             next_arrival = pending[index].arrival_s if index < len(pending) else None
@@ -268,7 +283,7 @@ class _Simulation:
             policy=self.options.policy,
             min_utility=job.min_utility if self.options.postpone else None,
             min_bandwidth_gbps=job.min_bandwidth if self.options.postpone else None,
-            share=_share_request(job) if self.options.sharing and job.gpus == 1 else None,
+            share=_share_request(job) if self._shares(job) else None,
         )
         self.queue.append(
             Waiter(
@@ -328,10 +343,23 @@ class _Simulation:
             started += 1
         return started
 
+    def _shares(self, job: SimJob) -> bool:
+        """Whether the job asks for a shared place: every 1-GPU job with ``--sharing``, but in a
+        trace that names parts of GPUs only those that do (the others asked for whole GPUs)."""
+        if not self.options.sharing or job.gpus != 1:
+            return False
+        return job.gpu_fraction is not None or not self.fractional
+
     def _occupancy(self) -> Occupancy:
         if self.options.sharing:
             ledger = Ledger(host="sim", leases=list(self.leases.values()))
-            return Occupancy.build(self.topology, ledger, max_shared_jobs=self.options.sharing)
+            return Occupancy.build(
+                self.topology,
+                ledger,
+                max_shared_jobs=self.options.sharing,
+                share_placement=self.options.share_placement,
+                share_mix=self.mix,
+            )
         leases = {g.index: lease for lease in self.leases.values() for g in lease.gpus}
         return Occupancy(gpu_count=self.topology.gpu_count, leases=leases)
 
@@ -367,7 +395,8 @@ class _Simulation:
             name=job.id,
             created=_EPOCH,
             source="run",
-            shareable=bool(self.options.sharing) and not placement.shared,
+            # A trace that names parts of GPUs names whole ones too: those are not shared.
+            shareable=bool(self.options.sharing) and not placement.shared and not self.fractional,
             share=(
                 _share_request(job).leased(None, self.options.sharing, "time-sliced")
                 if placement.shared
