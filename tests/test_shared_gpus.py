@@ -497,9 +497,13 @@ def test_fgd_keeps_room_for_the_workloads_common_asks_where_best_fit_does_not() 
     assert fgd.candidate.gpu == 1  # 35 % was too little for a half anyway: fill it
     assert "expected fragmentation grows least" in fgd.reason
     best = choose_share(topology, occupancy, request, 8, strategy="best-fit", mix=mix)
-    assert best.candidate.gpu == 0  # memory-blind best fit: the first GPU in use
+    assert best.candidate.gpu == 1 and "least of it left" in best.reason  # 5 % left there
     first = choose_share(topology, occupancy, request, 8, strategy="first-fit")
     assert first.candidate.gpu == 0
+    # A 20 % job: best fit fills the 35 % GPU's gap to 15 %; FGD too (neither 35 nor 15 %
+    # holds a half), but a 50 % job may only go to GPU 0, where both agree.
+    half = ShareRequest(sm_percent=50)
+    assert choose_share(topology, occupancy, half, 8, strategy="fgd", mix=mix).candidate.gpu == 0
 
 
 def test_expected_fragmentation_as_the_fgd_paper_defines_it() -> None:

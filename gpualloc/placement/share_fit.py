@@ -90,7 +90,8 @@ def share_candidates(
 SHARE_PLACEMENTS = ("fgd", "best-fit", "first-fit", "spread")
 """How a shared job's GPU is chosen among those that fit: ``fgd`` (the default) where the
 workload's expected fragmentation grows least (:mod:`gpualloc.placement.fragmentation`);
-``best-fit`` a GPU in use first, then the least memory left (gpualloc's rule before FGD);
+``best-fit`` a GPU in use first, then the least of the GPU left (for a job that names its part
+with ``--sm-share``), then the least memory left (gpualloc's rule before FGD);
 ``first-fit`` the lowest index; ``spread`` the most free capacity."""
 
 
@@ -119,7 +120,8 @@ def choose_share(
 
     def best_fit(c: ShareCandidate) -> tuple:
         left = (c.free_bytes - need) if c.free_bytes is not None else float("inf")
-        return (c.state == "free", left, c.jobs, c.gpu)
+        room = 1 - c.used_fraction - part if request.fraction is not None else 0.0
+        return (c.state == "free", room, left, c.jobs, c.gpu)
 
     if strategy == "fgd":
         from gpualloc.placement.fragmentation import DEFAULT_MIX, growth
@@ -146,7 +148,8 @@ def choose_share(
         if best.state == "free":
             why = "no GPU in use has room, so a free one"
         else:
-            why = "the GPU in use with the least memory left after it (best fit)"
+            left = "of it" if request.fraction is not None else "memory"
+            why = f"the GPU in use with the least {left} left after it (best fit)"
     return ShareChoice(best, f"{best.describe()}: {why}", tuple(ranked[1:]))
 
 
