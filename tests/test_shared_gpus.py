@@ -193,9 +193,10 @@ def test_a_shared_job_runs_is_listed_and_its_share_ends_with_it(tmp_path: Path) 
         gpu1 = host["gpus"][1]
         assert gpu1["state"] == "held" and gpu1["shareable"]
         assert gpu1["shared_jobs"] == [share["id"]] and gpu1["memory_free_bytes"] == 8 * GIB
+        assert gpu1["shared_fraction"] == 0.25
         table = gpualloc("status").stdout
         assert "Shared jobs" in table and "25%, 8 GiB, time-sliced, background" in table
-        assert "[shareable: 1 shared job(s)]" in table
+        assert "[shareable: 1 shared job(s), 25% of it]" in table
     finally:
         job.communicate("", timeout=TIMEOUT_S)
     assert job.returncode == 0
