@@ -133,10 +133,7 @@ def render(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy, idle:
     )
     family(
         "gpualloc_shared_fraction",
-        (
-            ({"gpu": str(g)}, round(sum(s.share.fraction for s in found if s.share), 6))
-            for g, found in sorted(occupancy.shares.items())
-        ),
+        (({"gpu": str(g)}, occupancy.shared_fraction(g)) for g in sorted(occupancy.shares)),
     )
     foreign = {} if occupancy.ignore_foreign else occupancy.mig_foreign
     mig = Counter(

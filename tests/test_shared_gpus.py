@@ -516,9 +516,12 @@ def test_expected_fragmentation_as_the_fgd_paper_defines_it() -> None:
     assert fragmentation(free, (2, 1.0)) == pytest.approx(1.7)  # fits nowhere: all of it
     mix = {(1, 0.5): 0.5, (1, 1.0): 0.5}
     assert expected_fragmentation(free, mix) == pytest.approx(0.45)
-    # Taking 0.3 of the half-free GPU leaves 0.2 there: fragment for halves.
-    assert growth(free, 1, 0.3, mix) > growth(free, 0, 0.3, mix) - 1  # defined, finite
-    assert growth(free, 2, 0.2, mix) < 0  # filling a fragment shrinks fragmentation
+    # 0.3 of the half-free GPU leaves 0.2, a fragment for halves (0.4 in all) but less of it for
+    # a whole GPU (0.4): 0.40 in expectation, down 0.05. 0.3 of the free GPU leaves no whole
+    # GPU, so all 1.4 free is fragment for one: 0.80, up 0.35.
+    assert growth(free, 1, 0.3, mix) == pytest.approx(-0.05)
+    assert growth(free, 0, 0.3, mix) == pytest.approx(0.35)
+    assert growth(free, 2, 0.2, mix) == pytest.approx(-0.2)  # filling a fragment removes it
 
 
 def test_simulate_takes_a_share_placement(cli) -> None:

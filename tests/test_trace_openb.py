@@ -94,9 +94,12 @@ def test_a_window_past_the_end_is_a_usage_error(cli) -> None:
 def test_the_whole_trace_reads_with_the_readme_counts() -> None:
     trace = read_openb(FULL.read_text(), source=FULL.name)
     # The trace's README: num_gpu 0: 1088 tasks, 1: 6989 (3078 of them part of a GPU).
-    assert trace.skipped["no GPU"] == 1088
-    assert len(trace.jobs) + trace.skipped["never scheduled"] == 8152 - 1088
-    assert Counter(j.gpus for j in trace.jobs)[1] <= 6989
+    assert trace.skipped == Counter({"no GPU": 1088, "never scheduled": 861})
+    assert len(trace.jobs) + 861 == 8152 - 1088
+    # 2-, 4- and 8-GPU tasks as the README counts them (16, 15, 44), less one never scheduled.
+    assert Counter(j.gpus for j in trace.jobs) == Counter({1: 6129, 8: 44, 2: 15, 4: 15})
+    assert sum(j.gpu_fraction is not None for j in trace.jobs) == 2573  # of 3078 asked
+    assert Counter(j.priority for j in trace.jobs) == Counter(high=3596, low=2510, normal=97)
 
 
 @pytest.mark.skipif(not FULL.exists(), reason="the whole trace lives in ../shared")

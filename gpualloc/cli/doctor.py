@@ -146,15 +146,14 @@ def _saved_calibration(host: Any) -> Any:
     """This host's calibration, when there is one for these GPUs and this driver."""
     if not host.this_host:
         return None
-    from gpualloc.discovery.calibration import calibration_path, load_calibration
+    from gpualloc.discovery.calibration import calibration_path, saved_for
     from gpualloc.discovery.resolve import host_key
     from gpualloc.errors import GpuallocError
 
     if not calibration_path().exists():
-        return None
-    saved = load_calibration()
+        return None  # the usual case: no NVML probe for a key
     try:
-        return saved if saved is not None and saved.matches(host_key()) else None
+        return saved_for(host_key())
     except GpuallocError:
         return None
 

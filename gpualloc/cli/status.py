@@ -16,8 +16,6 @@ from gpualloc.json_views import lease_json
 from gpualloc.model.printable import printable
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
-
     from gpualloc.cli.output import Table
     from gpualloc.launcher.allocate import HostLedger
     from gpualloc.ledger.attribution import Attribution
@@ -235,11 +233,11 @@ def _gpu_table(
         if lease is not None:
             row = [str(gpu.index), state, *_lease_cells(lease, now)]
             if lease.shareable:
-                note = f"[shareable: {_shared_cell(shares)}]"
+                note = f"[shareable: {_shared_cell(occupancy, gpu.index)}]"
                 row[-1] = note if row[-1] == "-" else f"{row[-1]} {note}"
         elif shares:
             users = ",".join(sorted({x.user for x in shares}))
-            row = [str(gpu.index), state, users, "-", "-", "-", _shared_cell(shares)]
+            row = [str(gpu.index), state, users, "-", "-", "-", _shared_cell(occupancy, gpu.index)]
         else:
             foreign = occupancy.foreign(gpu.index)
             users = sorted({p.user for p in foreign if p.user})
@@ -374,15 +372,11 @@ def _mig_table(host: HostLedger, occupancy: Occupancy) -> Table:
     )
 
 
-def shared_fraction(shares: Iterable[Lease]) -> float:
-    """The part of a GPU its shared jobs hold, summed (0..1)."""
-    return round(sum(lease.share.fraction for lease in shares if lease.share is not None), 6)
-
-
-def _shared_cell(shares: Sequence[Lease]) -> str:
+def _shared_cell(occupancy: Occupancy, gpu: int) -> str:
     """``2 shared job(s), 75% of it``: how many, and how much of the GPU they hold."""
-    text = f"{len(shares)} shared job(s)"
-    return f"{text}, {shared_fraction(shares):.0%} of it" if shares else text
+    count = len(occupancy.shares.get(gpu, ()))
+    text = f"{count} shared job(s)"
+    return f"{text}, {occupancy.shared_fraction(gpu):.0%} of it" if count else text
 
 
 def _share_table(host: HostLedger, occupancy: Occupancy) -> Table:
@@ -431,7 +425,7 @@ def status_json(
                 "lease": lease.id if lease else None,
                 "shareable": bool(lease and lease.shareable),
                 "shared_jobs": [x.id for x in occupancy.shares.get(gpu.index, ())],
-                "shared_fraction": shared_fraction(occupancy.shares.get(gpu.index, ())),
+                "shared_fraction": occupancy.shared_fraction(gpu.index),
                 "memory_free_bytes": free_memory(host.topology, occupancy, gpu.index),
                 "faults": [to_builtins(f) for f in host.faults if f.gpu == gpu.index],
                 "processes": [to_builtins(p) for p in occupancy.processes.get(gpu.index, ())],

@@ -23,6 +23,7 @@ import re
 from msgspec.structs import replace
 
 from gpualloc.errors import TopologyError, TopologyParseError
+from gpualloc.measurements.provenance import figure
 from gpualloc.measurements.recognise import PairwiseCopy, pairwise_copy, read_recording
 from gpualloc.model.topology import Gpu, Link, Provenance, Topology
 
@@ -103,15 +104,7 @@ def _plain_matrix(text: str, source: str) -> list[list[float]]:
 
 
 def _number(token: str, line: int, source: str) -> float:
-    try:
-        value = float(token)
-    except ValueError:
-        raise TopologyParseError(
-            "not a bandwidth in GB/s", line_number=line, token=token, source=source
-        ) from None
-    if value < 0:
-        raise TopologyParseError("negative bandwidth", line_number=line, token=token, source=source)
-    return value
+    return figure(token, line_number=line, source=source, what="a bandwidth in GB/s")
 
 
 def _from_json(text: str, source: str) -> list[list[float]]:

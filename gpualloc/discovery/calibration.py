@@ -32,7 +32,7 @@ from msgspec import Struct, field
 
 from gpualloc.discovery.cache import CALIBRATION_FILE, CacheKey, cache_dir
 from gpualloc.errors import DiscoveryError
-from gpualloc.measurements.degraded import Finding
+from gpualloc.measurements.records import Finding
 
 DEFAULT_SIZE_MIB = 256
 DEFAULT_REPEATS = 5
@@ -88,6 +88,14 @@ def load_calibration() -> Calibration | None:
         return decode_json(calibration_path().read_bytes(), Calibration)
     except (OSError, ValueError):
         return None
+
+
+def saved_for(key: CacheKey) -> Calibration | None:
+    """The saved calibration when it was made on these GPUs with this driver, else None."""
+    if not calibration_path().exists():
+        return None
+    calibration = load_calibration()
+    return calibration if calibration is not None and calibration.matches(key) else None
 
 
 def save_calibration(calibration: Calibration) -> Path:

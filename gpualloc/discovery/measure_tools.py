@@ -24,9 +24,9 @@ from datetime import datetime, timezone
 from gpualloc.discovery.cache import CacheKey
 from gpualloc.discovery.calibration import Calibration, CalibrationUnavailable, MeasuredCollective
 from gpualloc.errors import TopologyError, TopologyParseError
-from gpualloc.measurements.degraded import Finding, below_link_class, p2p_slower_than_staged
+from gpualloc.measurements.degraded import below_link_class, p2p_slower_than_staged
 from gpualloc.measurements.recognise import pairwise_copy, read_recording
-from gpualloc.measurements.records import Recording
+from gpualloc.measurements.records import Finding, Recording
 from gpualloc.model.topology import Topology
 
 NVBANDWIDTH_TESTCASE = "device_to_device_memcpy_write_ce"
@@ -59,8 +59,6 @@ def _run_tool(argv: list[str], gpus: Sequence[int] | None = None) -> str:
 
 class Nvbandwidth:
     """The copy matrix from ``nvbandwidth`` on PATH."""
-
-    name = "nvbandwidth"
 
     def __init__(self) -> None:
         path = shutil.which("nvbandwidth")

@@ -197,11 +197,11 @@ def with_calibration(topology: Topology, key: CacheKey) -> Topology:
     if not (cache_dir() / CALIBRATION_FILE).exists():
         return topology  # the usual case: no module more to import
     from gpualloc.discovery.bandwidth_matrix import apply_measured_bandwidth
-    from gpualloc.discovery.calibration import load_calibration
+    from gpualloc.discovery.calibration import saved_for
     from gpualloc.errors import TopologyError
 
-    calibration = load_calibration()
-    if calibration is None or not calibration.matches(key) or not calibration.matrix:
+    calibration = saved_for(key)
+    if calibration is None or not calibration.matrix:
         return topology
     try:
         measured = apply_measured_bandwidth(topology, calibration.matrix)

@@ -182,6 +182,11 @@ class Occupancy(Struct, frozen=True):
 
     # ---- words -----------------------------------------------------------------------------
 
+    def shared_fraction(self, gpu: int) -> float:
+        """The part of ``gpu`` its shared jobs hold (their leased fractions, summed; 0..)."""
+        shares = self.shares.get(gpu, ())
+        return round(sum(lease.share.fraction for lease in shares if lease.share is not None), 6)
+
     def describe(self, gpus: Iterable[int], *, now: datetime | None = None) -> list[str]:
         """One line per holder of any of ``gpus``: who, which GPUs, since when, doing what."""
         now = now or datetime.now(timezone.utc)

@@ -14,10 +14,8 @@ Two findings, each from a recording of the host:
 
 from __future__ import annotations
 
-from msgspec import Struct
-
 from gpualloc.measurements.recognise import pairwise_copy
-from gpualloc.measurements.records import Recording
+from gpualloc.measurements.records import Finding, Recording
 from gpualloc.model.topology import Topology
 
 P2P_SLOWER_MARGIN = 0.9
@@ -31,15 +29,6 @@ SLOW_PAIR_FRACTION = 0.5
 docs/evaluation.md section 5 measure 0.97 of the estimate on NVLink copies (DGX Station),
 1.19 to 1.43 on PCIe copies (6x RTX A6000) and 0.78 to 0.84 in NCCL's all-reduce; one half
 leaves a margin under the lowest of them. The 2080 Ti pair without peer access measures 0.36."""
-
-
-class Finding(Struct, frozen=True):
-    """One pair that measured wrong, and the figures that show it."""
-
-    kind: str
-    """``p2p-slower-than-staged`` or ``below-link-class``."""
-    gpus: tuple[int, int]
-    detail: str
 
 
 def p2p_slower_than_staged(recording: Recording) -> list[Finding]:

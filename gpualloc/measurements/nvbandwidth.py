@@ -18,7 +18,7 @@ import json
 import re
 
 from gpualloc.errors import TopologyParseError
-from gpualloc.measurements.provenance import split_provenance, unquoted
+from gpualloc.measurements.provenance import figure, split_provenance, unquoted
 from gpualloc.measurements.records import (
     CutTable,
     Endpoints,
@@ -168,15 +168,7 @@ def _matrix(
 def _cell(token: str, source: str, line_number: int) -> float | None:
     if token.upper() == "N/A":
         return None
-    try:
-        value = float(token)
-    except ValueError:
-        raise TopologyParseError(
-            "not a number", line_number=line_number, token=token, source=source
-        ) from None
-    if value < 0:
-        raise TopologyParseError("negative figure", token=token, source=source)
-    return value
+    return figure(token, line_number=line_number, source=source)
 
 
 def _read_json(body: str, *, source: str, provenance: dict[str, str]) -> Recording:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from gpualloc.errors import TopologyParseError
+
 _HEADER = re.compile(r"^# (source|machine|captured-by|note):\s?(.*)$")
 _QUOTE = re.compile(r"^>\s?")
 
@@ -31,3 +33,18 @@ def split_provenance(text: str) -> tuple[dict[str, str], list[str]]:
 
 def unquoted(line: str) -> str:
     return _QUOTE.sub("", line)
+
+
+def figure(token: str, *, line_number: int | None, source: str, what: str = "a number") -> float:
+    """A non-negative number from a table cell; one error naming the line and the token."""
+    try:
+        value = float(token)
+    except ValueError:
+        raise TopologyParseError(
+            f"not {what}", line_number=line_number, token=token, source=source
+        ) from None
+    if value < 0:
+        raise TopologyParseError(
+            "negative figure", line_number=line_number, token=token, source=source
+        )
+    return value

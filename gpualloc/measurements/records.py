@@ -108,6 +108,15 @@ class Recording(Struct, frozen=True, kw_only=True):
         return next((m for m in self.matrices if m.testcase == testcase), None)
 
 
+class Finding(Struct, frozen=True):
+    """One pair that measured wrong, and the figures that show it."""
+
+    kind: str
+    """``p2p-slower-than-staged`` or ``below-link-class``."""
+    gpus: tuple[int, int]
+    detail: str
+
+
 class CutTable(ValueError):
     """A table that is not whole: skipped with a note, the rest of the output still read."""
 

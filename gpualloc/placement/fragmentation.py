@@ -64,8 +64,17 @@ def expected_fragmentation(free: Sequence[float], mix: Mapping[TaskType, float])
     return sum(weight * fragmentation(free, kind) for kind, weight in mix.items())
 
 
-def growth(free: Sequence[float], gpu: int, part: float, mix: Mapping[TaskType, float]) -> float:
-    """How much the expected fragmentation grows if a task takes ``part`` of ``gpu``."""
+def growth(
+    free: Sequence[float],
+    gpu: int,
+    part: float,
+    mix: Mapping[TaskType, float],
+    before: float | None = None,
+) -> float:
+    """How much the expected fragmentation grows if a task takes ``part`` of ``gpu``
+    (``before``: the expectation now, when the caller weighs several GPUs)."""
     after = list(free)
     after[gpu] = max(0.0, after[gpu] - part)
-    return expected_fragmentation(after, mix) - expected_fragmentation(free, mix)
+    if before is None:
+        before = expected_fragmentation(free, mix)
+    return expected_fragmentation(after, mix) - before

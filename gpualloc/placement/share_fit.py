@@ -81,9 +81,9 @@ def share_candidates(
         shares = occupancy.shares.get(gpu, ())
         if len(shares) >= max_jobs:
             continue
-        used = sum(lease.share.fraction for lease in shares if lease.share is not None)
         memory = free_memory(topology, occupancy, gpu)
-        found.append(ShareCandidate(gpu, state, len(shares), memory, round(used, 6)))
+        used = occupancy.shared_fraction(gpu)
+        found.append(ShareCandidate(gpu, state, len(shares), memory, used))
     return found
 
 
@@ -124,10 +124,11 @@ def choose_share(
         return (c.state == "free", room, left, c.jobs, c.gpu)
 
     if strategy == "fgd":
-        from gpualloc.placement.fragmentation import DEFAULT_MIX, growth
+        from gpualloc.placement.fragmentation import DEFAULT_MIX, expected_fragmentation, growth
 
         weights = mix or DEFAULT_MIX
-        grown = {c.gpu: round(growth(free, c.gpu, part, weights), 9) for c in fitting}
+        now = expected_fragmentation(free, weights)
+        grown = {c.gpu: round(growth(free, c.gpu, part, weights, now), 9) for c in fitting}
         ranked = sorted(fitting, key=lambda c: (grown[c.gpu], free[c.gpu] - part, *best_fit(c)))
         best = ranked[0]
         why = (
@@ -164,9 +165,7 @@ def _free_capacity(topology: Topology, occupancy: Occupancy) -> list[float]:
         if state == "free":
             free.append(1.0)
         elif state == "shared":
-            shares = occupancy.shares.get(gpu, ())
-            used = sum(lease.share.fraction for lease in shares if lease.share is not None)
-            free.append(max(0.0, 1.0 - used))
+            free.append(max(0.0, 1.0 - occupancy.shared_fraction(gpu)))
         else:
             free.append(0.0)
     return free
