@@ -529,3 +529,96 @@ def test_simulate_takes_a_share_placement(cli) -> None:
     assert cli(*args, "--sharing", "2", "--share-placement", "first-fit").exit_code == 0
     bad = cli(*args, "--sharing", "2", "--share-placement", "random")
     assert bad.exit_code == ExitCode.USAGE and "fgd or best-fit" in bad.stderr
+
+
+# ---- the live request mix (issue 33, point 3) ---------------------------------------------------
+
+
+def test_the_request_mix_forgets_old_requests_and_needs_enough_of_them() -> None:
+    from gpualloc.ledger.stats import MIX_MEMORY, MIX_MIN_REQUESTS, LedgerStats
+
+    stats = LedgerStats()
+    for _ in range(MIX_MIN_REQUESTS):
+        stats.observe_request(1, 0.5)
+    assert stats.recent_mix()[0] is None  # too few to trust: 20, decayed, weigh under 20
+    stats.observe_request(2, 1.0)
+    stats.observe_request(2, 1.0)
+    mix, weight = stats.recent_mix()
+    assert MIX_MIN_REQUESTS < weight < MIX_MIN_REQUESTS + 2
+    assert mix is not None and set(mix) == {(1, 0.5), (2, 1.0)}
+    assert sum(mix.values()) == pytest.approx(1.0)
+    assert mix[(2, 1.0)] > 1 / MIX_MIN_REQUESTS  # the newest weighs most
+    for _ in range(7 * MIX_MEMORY):
+        stats.observe_request(1, 0.25)
+    mix, _ = stats.recent_mix()
+    assert mix is not None and mix[(1, 0.25)] > 0.95  # the old asks have faded
+    assert (2, 1.0) not in mix  # ... and one that decays below the floor is dropped
+    assert stats.recent_mix()[1] == pytest.approx(MIX_MEMORY, rel=0.06)
+
+
+def test_a_ledger_with_a_malformed_request_mix_is_refused() -> None:
+    from gpualloc.errors import LedgerError
+    from gpualloc.ledger.store import parse_ledger
+
+    good = '{"schema_version": 6, "host": "h", "stats": {"request_mix": {"1:0.46": 3.5}}}'
+    assert parse_ledger(good, "ledger.json").stats.request_mix == {"1:0.46": 3.5}
+    bad = good.replace("1:0.46", "one half")
+    with pytest.raises(LedgerError, match="request_mix"):
+        parse_ledger(bad, "ledger.json")
+
+
+def test_each_lease_adds_its_task_type_to_the_ledgers_mix() -> None:
+    from gpualloc.launcher.allocate import HostLedger, LeaseTerms
+    from gpualloc.model.request import JobRequest
+    from gpualloc.placement.patterns import build_pattern
+    from gpualloc.placement.want import Want
+
+    host = HostLedger.open(load_bundled("dgx1-v100"))
+    pid = os.getpid()
+    two = JobRequest(2, build_pattern("ring", 2), sensitive=False)
+    one = JobRequest(1, build_pattern("ring", 1), sensitive=False)
+    host.allocate(Want(two), LeaseTerms(source="alloc", pid=pid))
+    shared = host.allocate(
+        Want(one, share=ShareRequest(sm_percent=30)), LeaseTerms(source="run", pid=pid)
+    )
+    assert shared.lease.share is not None
+    mix = host.snapshot().ledger.stats.request_mix
+    assert mix == {"1:0.3": 1.0, "2:1": pytest.approx(1 - 1 / 200)}
+
+
+def test_fgd_weighs_the_hosts_recent_requests_once_there_are_enough() -> None:
+    topology = load_bundled("dgx1-v100")
+    ledger = Ledger(host="h")
+    ledger.leases += [
+        lease_on(0, "a", share=LeasedShare(fraction=0.4, sm_percent=40)),  # 60 % free
+        lease_on(1, "b", share=LeasedShare(fraction=0.3, sm_percent=30)),  # 70 % free
+    ]
+    ledger.leases += [lease_on(g, "c") for g in range(2, 8)]
+    request = ShareRequest(sm_percent=20)
+    fresh = Occupancy.build(topology, ledger, max_shared_jobs=8)
+    assert fresh.share_mix is None and "Alibaba trace's mix" in fresh.share_mix_source
+    # This host's shared jobs ask half a GPU: a 20 % job belongs where it leaves 50 % (GPU 1),
+    # not 40 % (GPU 0), where no such job fits; whole-GPU asks see both as fragments already.
+    for _ in range(30):
+        ledger.stats.observe_request(1, 0.5)
+        ledger.stats.observe_request(2, 1.0)
+    known = Occupancy.build(topology, ledger, max_shared_jobs=8)
+    assert known.share_mix is not None and set(known.share_mix) == {(1, 0.5), (2, 1.0)}
+    choice = choose_share(
+        topology, known, request, 8, mix=known.share_mix, mix_source=known.share_mix_source
+    )
+    assert choice.candidate.gpu == 1
+    assert "grows least there (-0.100 GPU, weighed by this host's recent requests (52 by" in (
+        choice.reason
+    )
+    best = choose_share(topology, known, request, 8, strategy="best-fit")
+    assert best.candidate.gpu == 0  # best fit takes the fuller GPU and strands 40 %
+
+
+def test_dry_run_says_which_mix_fgd_weighed(cli) -> None:
+    shown = cli(*V100, "run", "--share", "--sm-share", "30", "--dry-run", "--", "true")
+    assert shown.exit_code == 0, shown.stderr
+    assert (
+        "weighed by the Alibaba trace's mix (this host has recorded 0 of the 20 requests its own "
+        "mix needs)" in shown.stdout
+    )

@@ -300,7 +300,9 @@ class HostLedger(Struct):
             self._pending_lock = (lock_fd, lease_id)
         lease = self._lease(lease_id, placement, want, terms)
         txn.add(lease)
-        txn.ledger.stats.record(placement.policy, decision_s=decision_s, waited_s=waited_s)
+        txn.ledger.stats.record(
+            placement.policy, decision_s=decision_s, waited_s=waited_s, task=_task_type(lease)
+        )
         return Allocation(lease, placement, lock_fd, txn.notes)
 
     def _lease(self, lease_id: str, placement: Placement, want: Want, terms: LeaseTerms) -> Lease:
@@ -494,3 +496,13 @@ def _drop_lock(fd: int | None, store: LedgerStore, lease_id: str) -> None:
     if fd is not None:
         os.close(fd)
         _remove_file(store.directory.lease_lock(lease_id))
+
+
+def _task_type(lease: Lease) -> tuple[int, float] | None:
+    """What the request mix counts a lease as (GPUs, part of one GPU); None for a MIG device,
+    which takes no part of a GPU that shared or whole-GPU jobs could use."""
+    if lease.mig:
+        return None
+    if lease.share is not None:
+        return (1, lease.share.fraction)
+    return (len(lease.gpus), 1.0)

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from msgspec import Struct, field
 
 from gpualloc.config import DEFAULT_MAX_SHARED_JOBS
 from gpualloc.ledger.schema import Lease, Ledger
+from gpualloc.ledger.stats import MIX_MEMORY, MIX_MIN_REQUESTS
 from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.mig import mig_label
 from gpualloc.model.printable import printable
@@ -54,6 +56,8 @@ class Occupancy(Struct, frozen=True):
     """How a shared job's GPU is chosen (the system config's ``share.placement``)."""
     share_mix: dict[tuple[int, float], float] | None = None
     """The workload's task types and their shares, for ``fgd`` (None: the default mix)."""
+    share_mix_source: str = "the default mix"
+    """Where :attr:`share_mix` comes from, in words (``run --share --dry-run`` says it)."""
     unhealthy: dict[int, str] = field(default_factory=dict)
     """GPU index -> why it is not handed out (its faults); such GPUs are also ``unusable``."""
     mig_foreign: dict[tuple[int, int], tuple[GpuProcess, ...]] = field(default_factory=dict)
@@ -110,7 +114,7 @@ class Occupancy(Struct, frozen=True):
             memory_used=used,
             max_shared_jobs=max_shared_jobs,
             share_placement=share_placement,
-            share_mix=share_mix,
+            **_mix(ledger, share_mix),
             mig_foreign=_mig_foreign(topology, ledger, by_gpu),
         )
 
@@ -298,3 +302,22 @@ def format_age(delta: timedelta) -> str:
     if days == 0:
         return f"{hours}h {minutes % 60}m"
     return f"{days}d {hours % 24}h"
+
+
+def _mix(ledger: Ledger, given: dict[tuple[int, float], float] | None) -> dict[str, Any]:
+    """The mix FGD weighs: the one given (a simulation's jobs), else the host's recent requests
+    (``Ledger.stats.request_mix``), else, with too few of those, the default mix."""
+    if given is not None:
+        return {"share_mix": given, "share_mix_source": "the workload's own mix"}
+    recent, weight = ledger.stats.recent_mix()
+    if recent is not None:
+        return {
+            "share_mix": recent,
+            "share_mix_source": f"this host's recent requests ({weight:.0f} by weight; older "
+            f"ones fade over about {MIX_MEMORY})",
+        }
+    return {
+        "share_mix": None,
+        "share_mix_source": f"the Alibaba trace's mix (this host has recorded {weight:.0f} "
+        f"of the {MIX_MIN_REQUESTS} requests its own mix needs)",
+    }

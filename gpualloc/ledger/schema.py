@@ -17,13 +17,14 @@ from gpualloc.model.mig import MigRequest, mig_label
 from gpualloc.model.share import LeasedShare, ShareRequest
 from gpualloc.model.validation import NonNegativeInt, PositiveInt
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """2 added the waiting queue (``queue``, ``next_seq``) and ``Lease.sensitive``; 3 added
 ``writer_uid``, ``root_journal_seq``, ``Lease.process_group`` and the confirmation of a new
 lease (``announced``, ``creator_pid``); 4 added ``Lease.mig`` (MIG devices held; such a lease
 may hold no whole GPU); 5 added shared GPUs (``Lease.shareable``, ``Lease.memory_bytes``,
-``Lease.share``, ``QueuedRequest.share``), ``stats`` and ``Lease.activity``. Older files read
-as version 5: every added field has a default that means what the older file meant."""
+``Lease.share``, ``QueuedRequest.share``), ``stats`` and ``Lease.activity``; 6 added
+``stats.request_mix`` (what fragmentation-aware placement weighs). Older files read as version
+6: every added field has a default that means what the older file meant."""
 
 LeaseSource = Literal["run", "alloc", "slurm"]
 Priority = Literal["high", "normal", "low"]

@@ -1,5 +1,6 @@
 """Counters the ledger keeps for ``gpualloc metrics`` (issue 21, point 4): placements made, how
-long deciding took, how long jobs waited.
+long deciding took, how long jobs waited; and the mix of recent requests that fragmentation-aware
+placement weighs (issue 33, point 3).
 
 They live in the ledger itself (``Ledger.stats``) and change in the transaction that records a
 lease, so every gpualloc process on the host adds to the same figures, none is lost to a race,
@@ -10,13 +11,23 @@ Histograms have fixed buckets, as Prometheus's cumulative ``le`` buckets need.
 
 from __future__ import annotations
 
-from msgspec import Struct, field
+from typing import Annotated
+
+from msgspec import Meta, Struct, field
 
 DECISION_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 """Placement decisions take milliseconds (``benchmarks/bench_placement.py``); a second is
 pathological."""
 WAIT_BUCKETS_S = (1.0, 10.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 4 * 3600.0, 12 * 3600.0, 86400.0)
 """From an immediate start to a day in the queue."""
+MIX_MEMORY = 200
+"""The request mix forgets as it goes: each new request scales the older ones by
+``1 - 1/MIX_MEMORY``, so the last ~200 requests weigh most (a request 200 back weighs 0.37)."""
+MIX_MIN_REQUESTS = 20
+"""Below this many (weighted) requests the host's own mix is too thin to trust, and FGD weighs
+the default mix (:data:`gpualloc.placement.fragmentation.DEFAULT_MIX`)."""
+_MIX_FLOOR = 0.005
+"""A task type whose weight decays below this is dropped, which keeps the record small."""
 
 
 class Histogram(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -61,8 +72,45 @@ class LedgerStats(Struct, kw_only=True, forbid_unknown_fields=True):
     wait_seconds: Histogram = field(default_factory=lambda: Histogram(bounds=WAIT_BUCKETS_S))
     """How long each job waited in the queue before it started (0 for one that did not)."""
 
-    def record(self, policy: str, *, decision_s: float | None, waited_s: float) -> None:
+    request_mix: dict[
+        Annotated[str, Meta(pattern=r"^[1-9][0-9]*:(1|0\.[0-9]+)$")], Annotated[float, Meta(ge=0)]
+    ] = field(default_factory=dict)
+    """Recent requests by task type (``"GPUS:PART"``: ``"1:0.46"`` is a shared job asking 46 %
+    of a GPU, ``"2:1"`` two whole GPUs), as decayed counts (:data:`MIX_MEMORY`)."""
+
+    def record(
+        self,
+        policy: str,
+        *,
+        decision_s: float | None,
+        waited_s: float,
+        task: tuple[int, float] | None = None,
+    ) -> None:
+        """Count a placement; ``task`` (GPUs, part of one GPU) adds it to the request mix."""
         self.placements[policy] = self.placements.get(policy, 0) + 1
         if decision_s is not None:
             self.decision_seconds.observe(decision_s)
         self.wait_seconds.observe(max(0.0, waited_s))
+        if task is not None:
+            self.observe_request(*task)
+
+    def observe_request(self, gpus: int, part: float) -> None:
+        keep = 1 - 1 / MIX_MEMORY
+        mix = {kind: weight * keep for kind, weight in self.request_mix.items()}
+        key = f"{gpus}:{round(part, 2):g}"
+        mix[key] = mix.get(key, 0.0) + 1.0
+        self.request_mix = {
+            kind: round(weight, 6) for kind, weight in sorted(mix.items()) if weight >= _MIX_FLOOR
+        }
+
+    def recent_mix(self) -> tuple[dict[tuple[int, float], float] | None, float]:
+        """(each recent task type's share, the weighted number of requests behind them); the
+        shares are None below :data:`MIX_MIN_REQUESTS`."""
+        total = sum(self.request_mix.values())
+        if total < MIX_MIN_REQUESTS:
+            return None, total
+        mix: dict[tuple[int, float], float] = {}
+        for key, weight in self.request_mix.items():
+            gpus, _, part = key.partition(":")
+            mix[(int(gpus), float(part))] = weight / total
+        return mix, total

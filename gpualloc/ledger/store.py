@@ -432,7 +432,7 @@ def parse_ledger(text: str, source: str) -> Ledger:
     except DecodeError:
         ledger = None
     if ledger is not None and ledger.schema_version <= SCHEMA_VERSION:
-        ledger.schema_version = SCHEMA_VERSION  # 2, 3 and 4 only added defaults
+        ledger.schema_version = SCHEMA_VERSION  # every version since 1 only added defaults
         return ledger
     # Say why: not JSON, not a ledger, a newer gpualloc's, or the field that is wrong.
     try:

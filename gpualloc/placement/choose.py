@@ -117,6 +117,7 @@ def _share_placement(topology: Topology, occupancy: Occupancy, request: ShareReq
         occupancy.max_shared_jobs,
         strategy=occupancy.share_placement,
         mix=occupancy.share_mix,
+        mix_source=occupancy.share_mix_source,
     )
     return Placement(
         policy=SHARE_POLICY,

@@ -16,8 +16,9 @@ of one GPU) the *fragmentation* ``F(m)`` is the free capacity that ``m`` cannot 
 The *expected* fragmentation weighs each task type by its share of the workload
 (``F = sum p_m F(m)``, section 4.2). FGD places a task where that expectation grows least
 (section 4.3: the "gradient"); among equals, the best fit (least free capacity left), then the
-lowest index. The workload's mix is the trace's in simulation; on a live host, until a history
-exists, :data:`DEFAULT_MIX`, the Alibaba trace's own.
+lowest index. The workload's mix is the trace's in simulation; on a live host, the mix of its
+recent requests, which the ledger keeps (:meth:`gpualloc.ledger.stats.LedgerStats.recent_mix`),
+and until there are enough of those, :data:`DEFAULT_MIX`, the Alibaba trace's own.
 """
 
 from __future__ import annotations

@@ -103,6 +103,7 @@ def choose_share(
     *,
     strategy: str = "fgd",
     mix: dict[tuple[int, float], float] | None = None,
+    mix_source: str = "the default mix",
 ) -> ShareChoice:
     """The GPU for ``request`` by ``strategy`` (:data:`SHARE_PLACEMENTS`). Raises
     :class:`NoFeasiblePlacement` when no GPU of the host could ever take it, :class:`GpusBusy`
@@ -132,8 +133,8 @@ def choose_share(
         ranked = sorted(fitting, key=lambda c: (grown[c.gpu], free[c.gpu] - part, *best_fit(c)))
         best = ranked[0]
         why = (
-            f"the workload's expected fragmentation grows least there (+{grown[best.gpu]:.3f} "
-            "GPU; FGD, Weng et al. ATC'23)"
+            f"the workload's expected fragmentation grows least there ({grown[best.gpu]:+.3f} "
+            f"GPU, weighed by {mix_source}; FGD, Weng et al. ATC'23)"
         )
         if sum(grown[c.gpu] == grown[best.gpu] for c in fitting) > 1:
             why += "; among the GPUs that tie, the best fit"
