@@ -346,11 +346,13 @@ def hgx_h100_mig() -> Topology:
     base = hgx_h100()
     mib = H100_80GB_MIG_MIB
     slots = {"1g.10gb": 1, "2g.20gb": 2, "3g.40gb": 4, "7g.80gb": 8}
+    # The layout of the real 'mig -lgi' of reference/measured/mig (an A100 80GB's 1g + 1g + 2g
+    # + 3g): NVIDIA's placement rules leave no other for these four (a 1g may not start at 7).
     mixed = [
-        ("3g.40gb", 2, 0, mib["3g.40gb"]),
-        ("2g.20gb", 3, 4, mib["2g.20gb"]),
-        ("1g.10gb", 9, 6, mib["1g.10gb"]),
-        ("1g.10gb", 10, 7, mib["1g.10gb"]),
+        ("3g.40gb", 2, 4, mib["3g.40gb"]),
+        ("2g.20gb", 3, 0, mib["2g.20gb"]),
+        ("1g.10gb", 9, 2, mib["1g.10gb"]),
+        ("1g.10gb", 10, 3, mib["1g.10gb"]),
     ]
     seven = [("1g.10gb", 7 + k, k, mib["1g.10gb"]) for k in range(7)]
     topology = replace_identity(

@@ -42,6 +42,9 @@ def topology_tables(topology: Topology) -> list[Table]:
     tables = [gpu_table(topology)]
     if topology.mig_instances:
         tables.append(mig_table(topology))
+        room = mig_room_table(topology)
+        if room is not None:
+            tables.append(room)
     if topology.gpu_count > 1:
         tables.append(link_matrix(topology))
         if any(link.nvlinks and link.pcie for link in topology.links):
@@ -99,6 +102,30 @@ def mig_table(topology: Topology) -> Table:
             if any(m.memory_total_bytes is None for m in topology.mig_instances)
             else None
         ),
+    )
+
+
+def mig_room_table(topology: Topology) -> Table | None:
+    """Per GPU in MIG mode: its free memory slices, and what NVIDIA's placement rules still let
+    an administrator create there (None when no layout's placements are known)."""
+    from gpualloc.placement.mig_slots import free_slices
+
+    rows = []
+    for gpu in topology.gpus:
+        found = free_slices(topology, gpu.index) if gpu.mig_enabled else None
+        if found is None:
+            continue
+        free, room = found
+        fits = ", ".join(f"{count} x {profile}" for profile, count in room.items())
+        rows.append([f"GPU{gpu.index}", format_cpulist(free) or "none", fits or "nothing"])
+    if not rows:
+        return None
+    return Table(
+        "Free MIG slices",
+        ["GPU", "Free memory slices", "Room for (each profile alone)"],
+        rows,
+        caption="NVIDIA's placement rules ('nvidia-smi mig -lgipp'): a profile starts only at "
+        "fixed slices, so free slices are not all usable",
     )
 
 

@@ -498,11 +498,11 @@ def _drop_lock(fd: int | None, store: LedgerStore, lease_id: str) -> None:
         _remove_file(store.directory.lease_lock(lease_id))
 
 
-def _task_type(lease: Lease) -> tuple[int, float] | None:
-    """What the request mix counts a lease as (GPUs, part of one GPU); None for a MIG device,
-    which takes no part of a GPU that shared or whole-GPU jobs could use."""
+def _task_type(lease: Lease) -> tuple[int, float] | str | None:
+    """What the request mix counts a lease as: (GPUs, part of one GPU), or a MIG device's
+    profile."""
     if lease.mig:
-        return None
+        return lease.mig[0].profile  # None when the layout did not name it
     if lease.share is not None:
         return (1, lease.share.fraction)
     return (len(lease.gpus), 1.0)

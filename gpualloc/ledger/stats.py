@@ -73,10 +73,12 @@ class LedgerStats(Struct, kw_only=True, forbid_unknown_fields=True):
     """How long each job waited in the queue before it started (0 for one that did not)."""
 
     request_mix: dict[
-        Annotated[str, Meta(pattern=r"^[1-9][0-9]*:(1|0\.[0-9]+)$")], Annotated[float, Meta(ge=0)]
+        Annotated[str, Meta(pattern=r"^([1-9][0-9]*:(1|0\.[0-9]+)|mig:[0-9a-z.+-]+)$")],
+        Annotated[float, Meta(ge=0)],
     ] = field(default_factory=dict)
     """Recent requests by task type (``"GPUS:PART"``: ``"1:0.46"`` is a shared job asking 46 %
-    of a GPU, ``"2:1"`` two whole GPUs), as decayed counts (:data:`MIX_MEMORY`)."""
+    of a GPU, ``"2:1"`` two whole GPUs; ``"mig:3g.20gb"`` a MIG device of that profile), as
+    decayed counts (:data:`MIX_MEMORY`)."""
 
     def record(
         self,
@@ -84,20 +86,28 @@ class LedgerStats(Struct, kw_only=True, forbid_unknown_fields=True):
         *,
         decision_s: float | None,
         waited_s: float,
-        task: tuple[int, float] | None = None,
+        task: tuple[int, float] | str | None = None,
     ) -> None:
-        """Count a placement; ``task`` (GPUs, part of one GPU) adds it to the request mix."""
+        """Count a placement; ``task`` (GPUs, part of one GPU; or a MIG profile) adds it to the
+        request mix."""
         self.placements[policy] = self.placements.get(policy, 0) + 1
         if decision_s is not None:
             self.decision_seconds.observe(decision_s)
         self.wait_seconds.observe(max(0.0, waited_s))
-        if task is not None:
+        if isinstance(task, str):
+            self.observe_mig(task)
+        elif task is not None:
             self.observe_request(*task)
 
     def observe_request(self, gpus: int, part: float) -> None:
+        self._observe(f"{gpus}:{round(part, 2):g}")
+
+    def observe_mig(self, profile: str) -> None:
+        self._observe(f"mig:{profile}")
+
+    def _observe(self, key: str) -> None:
         keep = 1 - 1 / MIX_MEMORY
         mix = {kind: weight * keep for kind, weight in self.request_mix.items()}
-        key = f"{gpus}:{round(part, 2):g}"
         mix[key] = mix.get(key, 0.0) + 1.0
         self.request_mix = {
             kind: round(weight, 6) for kind, weight in sorted(mix.items()) if weight >= _MIX_FLOOR
@@ -106,11 +116,21 @@ class LedgerStats(Struct, kw_only=True, forbid_unknown_fields=True):
     def recent_mix(self) -> tuple[dict[tuple[int, float], float] | None, float]:
         """(each recent task type's share, the weighted number of requests behind them); the
         shares are None below :data:`MIX_MIN_REQUESTS`."""
-        total = sum(self.request_mix.values())
+        counted = {k: w for k, w in self.request_mix.items() if not k.startswith("mig:")}
+        total = sum(counted.values())
         if total < MIX_MIN_REQUESTS:
             return None, total
         mix: dict[tuple[int, float], float] = {}
-        for key, weight in self.request_mix.items():
+        for key, weight in counted.items():
             gpus, _, part = key.partition(":")
             mix[(int(gpus), float(part))] = weight / total
         return mix, total
+
+    def recent_mig_mix(self) -> tuple[dict[str, float] | None, float]:
+        """(each recent MIG profile's share, the weighted number of MIG requests); the shares
+        are None below :data:`MIX_MIN_REQUESTS`."""
+        counted = {k[4:]: w for k, w in self.request_mix.items() if k.startswith("mig:")}
+        total = sum(counted.values())
+        if total < MIX_MIN_REQUESTS:
+            return None, total
+        return {profile: weight / total for profile, weight in counted.items()}, total

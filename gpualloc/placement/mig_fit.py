@@ -42,12 +42,16 @@ def choose_mig(
     held: Mapping[tuple[int, int], object],
     *,
     unusable: frozenset[int] = frozenset(),
+    mix: Mapping[str, float] | None = None,
 ) -> MigChoice:
     """The MIG device for ``request`` among those not in ``held`` (whose parents are not in
     ``unusable``: lost, or not this Slurm job's).
 
     Raises :class:`NoFeasiblePlacement` when no device of the host could ever satisfy the
-    request, :class:`MigDevicesBusy` when every one that could is held now.
+    request, :class:`MigDevicesBusy` when every one that could is held now. For a named
+    profile, their hint says where an administrator could create one: the free slices where it
+    fragments the rest least (:mod:`gpualloc.placement.mig_slots`, weighed by ``mix``, the
+    host's recent MIG requests by profile).
     """
     devices = [m for m in topology.mig_instances if m.gpu not in unusable]
     if not devices:
@@ -55,7 +59,8 @@ def choose_mig(
             "this host has no MIG device"
             if not topology.mig_instances
             else "no MIG device of this host is usable here",
-            hint="ask for whole GPUs (-n), or for room on a shared GPU (--share --mem SIZE); "
+            hint=creation_hint(topology, request, mix, unusable)
+            or "ask for whole GPUs (-n), or for room on a shared GPU (--share --mem SIZE); "
             "MIG devices exist once an administrator makes them (nvidia-smi -mig 1, then "
             "nvidia-smi mig -cgi PROFILES -C)",
         )
@@ -63,7 +68,8 @@ def choose_mig(
     if not fitting:
         raise NoFeasiblePlacement(
             f"no MIG device here is {request.describe()} (this host has {inventory(devices)})",
-            hint="choose one of those (gpualloc topo show lists them), or ask for a whole GPU",
+            hint=creation_hint(topology, request, mix, unusable)
+            or "choose one of those (gpualloc topo show lists them), or ask for a whole GPU",
         )
     nameless = [m for m in fitting if m.uuid is None]
     fitting = [m for m in fitting if m.uuid is not None]
@@ -75,10 +81,12 @@ def choose_mig(
         )
     free = [m for m in fitting if (m.gpu, m.device) not in held]
     if not free:
+        more = creation_hint(topology, request, mix, unusable)
         raise MigDevicesBusy(
             f"every MIG device that is {request.describe()} is held now "
             f"({', '.join(m.label for m in fitting)})",
-            hint="wait for one (--wait; 'gpualloc status' shows who holds them)",
+            hint="wait for one (--wait; 'gpualloc status' shows who holds them)"
+            + (f"; {more}" if more else ""),
             held=tuple((m.gpu, m.device) for m in fitting),
         )
     in_use = {gpu: sum(1 for key in held if key[0] == gpu) for gpu in {m.gpu for m in devices}}
@@ -99,6 +107,30 @@ def _reason(best: MigInstance, request: MigRequest, in_use: dict[int, int], coun
     if used:
         text += f"; packed onto GPU{best.gpu}, {used} of whose {count} MIG devices are in use"
     return text
+
+
+def creation_hint(
+    topology: Topology,
+    request: MigRequest,
+    mix: Mapping[str, float] | None,
+    unusable: frozenset[int] = frozenset(),
+) -> str:
+    """Where a GPU instance of the requested profile could be created now, in words ("" when
+    the request names no profile or no GPU has room for one)."""
+    from gpualloc.placement.mig_slots import creation_slots
+
+    if request.profile is None or request.device is not None or request.uuid is not None:
+        return ""
+    slots = [s for s in creation_slots(topology, request.profile, mix) if s.gpu not in unusable]
+    if not slots:
+        return ""
+    best = slots[0]
+    return (
+        f"an administrator can create a {request.profile} in GPU {best.gpu}'s free memory "
+        f"slices {best.slices}, where it fragments the rest least (nvidia-smi mig -i "
+        f"{best.gpu} -cgi {request.profile} -C; the driver picks the start, NVML's "
+        f"nvmlDeviceCreateGpuInstanceWithPlacement takes {best.start})"
+    )
 
 
 def inventory(devices: list[MigInstance]) -> str:
