@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Regenerate docs/evaluation.md and its figures: every policy, the papers' workloads and a
 mixed one, several hosts, and what sharing GPUs does, through ``gpualloc.simulate`` (issues
-6, 19 and 20); and predicted bandwidth against real measurements (issue 32, ``measured.py``).
+6, 19 and 20); predicted bandwidth against real measurements (issue 32, ``measured.py``); and
+the Alibaba GPU trace with each placement of shared jobs (issue 33, ``trace_replay.py``).
 
 Usage: python benchmarks/evaluate.py [--out DIR] [--jobs N] [--seed 0]
 
@@ -23,6 +24,7 @@ import job_time
 from mapa_original import comparison_section
 from measured import measured_section
 from sharing import sharing_section
+from trace_replay import trace_section
 
 from gpualloc.simulate import drb_prototype
 from gpualloc.simulate.engine import SimOptions, SimResult, simulate
@@ -80,6 +82,7 @@ def main() -> int:
     lines += ["", *comparison_section(range(1, 11))]
     lines += ["", *sharing_section(options.jobs)]
     lines += ["", *measured_section()]
+    lines += ["", *trace_section(figures, plots, quick=options.jobs is not None)]
     if plots is None:
         lines += ["", "_Figures were not regenerated: matplotlib is not installed._"]
     options.out.mkdir(parents=True, exist_ok=True)

@@ -365,6 +365,7 @@ def test_the_evaluation_script_regenerates_its_document(tmp_path: Path) -> None:
         "## 3. Predicted bandwidth: which policy gives jobs the better GPUs",
         "## 4. Sharing GPUs: what `run --share` does to waiting and job time",
         "## 5. Predicted against measured bandwidth",
+        "## 6. A real production trace: shared GPUs and fragmentation (Alibaba 2023)",
     ]
     first_table = next(line for line in text.splitlines() if line.startswith("| "))
     assert first_table.startswith("| scheduler | makespan s | mean JCT s | p95 JCT s | worst JCT")
@@ -376,6 +377,10 @@ def test_the_evaluation_script_regenerates_its_document(tmp_path: Path) -> None:
     assert "| whole GPUs |" in sharing and "U = 0.5: mean JCT" in sharing
     assert "no job shared a GPU, so nothing changed" in sharing  # the MAPA control
     assert "Median |error| over the 25 counted GPU sets" in text.split("\n## 5. ")[1]
+    trace = text.split("\n## 6. ")[1]
+    assert "_Not regenerated: the trace is not at" in trace or (
+        "2 windows of 500 tasks" in trace and "| `spread` |" in trace.split("### 6.2")[1]
+    )
 
 
 def test_report_and_timeline(cli, tmp_path: Path) -> None:

@@ -86,7 +86,8 @@ def simulate_command(
             metavar="RULE",
             help="With --sharing: how a shared job's GPU is chosen: fgd (where the workload's "
             "expected fragmentation grows least, its mix taken from the jobs), best-fit, "
-            "first-fit or spread.",
+            "first-fit or spread; several, comma-separated, compare them (runs named "
+            "POLICY/RULE).",
         ),
     ] = "fgd",
     gpu_busy: Annotated[
@@ -159,9 +160,16 @@ def simulate_command(
     from gpualloc.simulate.trace_files import read_trace_file
     from gpualloc.simulate.window import scale_to_load, window
 
-    if share_placement not in SHARE_PLACEMENTS:
+    placements = [name.strip() for name in share_placement.split(",") if name.strip()]
+    for name in placements or [share_placement]:
+        if name not in SHARE_PLACEMENTS:
+            raise RequestError(
+                f"unknown --share-placement {name!r}", hint=" or ".join(SHARE_PLACEMENTS)
+            )
+    if len(placements) > 1 and not sharing:
         raise RequestError(
-            f"unknown --share-placement {share_placement!r}", hint=" or ".join(SHARE_PLACEMENTS)
+            "several --share-placement rules compare nothing without --sharing",
+            hint="add --sharing N (e.g. --sharing 32 for a trace that names parts of GPUs)",
         )
     if (trace is None) == (generate is None):
         raise RequestError("give --trace FILE or --generate SPEC", hint="one of them")
@@ -190,7 +198,7 @@ def simulate_command(
             "--profile applies to --runtime profile or auto", hint="add --runtime profile"
         )
     results = {
-        name: simulate(
+        name if len(placements) == 1 else f"{name}/{rule}": simulate(
             topology,
             jobs,
             SimOptions(
@@ -201,10 +209,11 @@ def simulate_command(
                 profile=loaded_profile,
                 sharing=sharing,
                 gpu_busy=gpu_busy,
-                share_placement=share_placement,
+                share_placement=rule,
             ),
         )
         for name in policies
+        for rule in placements
     }
     summaries = {name: summarise(result) for name, result in results.items()}
     shared = f", sharing {sharing} per GPU at U={gpu_busy:g}" if sharing else ""
@@ -251,7 +260,7 @@ def simulate_command(
                             for t, free, waiting in results[name].timeline
                         ],
                     }
-                    for name in policies
+                    for name in results
                 },
             }
         )
@@ -262,6 +271,8 @@ def simulate_command(
         for note in trace_notes:
             say(f"{trace}: {note}")
     _show(topology.name or "topology", len(jobs), f"{queue} queue{shared}", runtime, summaries)
+    if sharing:
+        _show_capacity(summaries)
 
 
 def _show(name: str, count: int, queue: str, runtime: str, summaries: dict[str, Any]) -> None:
@@ -318,5 +329,56 @@ def _show(name: str, count: int, queue: str, runtime: str, summaries: dict[str, 
             "Stretch: a job's run time over its trace duration (its time alone on the best "
             "GPUs). Sens/Insens: effective bandwidth of bandwidth-sensitive / insensitive jobs "
             "of 2+ GPUs; PCIe share: of the pattern's links that carry no NVLink."
+        ],
+    )
+
+
+def _show_capacity(summaries: dict[str, Any]) -> None:
+    """What sharing trades: allocated capacity, the arrivals that waited with room, and the
+    waits of whole-GPU jobs beside those asking for part of a GPU."""
+    from gpualloc.cli.output import Table, print_tables
+
+    def fmt(value: float | None, digits: int = 1, scale: float = 1.0) -> str:
+        return "-" if value is None else f"{value * scale:.{digits}f}"
+
+    rows = [
+        [
+            run,
+            fmt(s["allocated_capacity"], 1, 100),
+            fmt(s["waited"], 1, 100),
+            fmt(s["waited_with_room"], 1, 100),
+            fmt(s["waited_no_placement"], 1, 100),
+            fmt(s["whole_gpu_jobs"]["mean_wait_s"]),
+            fmt(s["whole_gpu_jobs"]["p95_wait_s"]),
+            fmt(s["gpu_part_jobs"]["mean_wait_s"]),
+            fmt(s["gpu_part_jobs"]["p95_wait_s"]),
+        ]
+        for run, s in summaries.items()
+    ]
+    print_tables(
+        [
+            Table(
+                "GPU capacity and waiting (shares in %, times in s)",
+                [
+                    "Run",
+                    "Allocated",
+                    "Waited",
+                    "With room",
+                    "No placement",
+                    "Whole: mean wait",
+                    "Whole: p95 wait",
+                    "Part: mean wait",
+                    "Part: p95 wait",
+                ],
+                rows,
+                right_align_from=1,
+            )
+        ],
+        footer=[
+            "Allocated: time-mean share of the GPUs' capacity held, first to last arrival. "
+            "Waited with room: arrivals left waiting though the free capacity summed over GPUs "
+            "would hold them; No placement: of those, the ones no GPU could take "
+            "(fragmentation), the rest were held by the queue's order. Whole: jobs holding "
+            "whole GPUs; Part: jobs asking part of one GPU."
         ],
     )

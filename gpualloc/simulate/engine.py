@@ -143,6 +143,8 @@ class JobResult:
 class SimResult:
     policy: str
     jobs: list[JobResult]
+    gpu_count: int
+    """The host's GPUs."""
     timeline: list[tuple[float, int, int]] = field(default_factory=list)
     """(time, free GPUs, waiting jobs) after each event time."""
     decision_ms: list[float] = field(default_factory=list)
@@ -227,7 +229,7 @@ class _Simulation:
         self.placements: dict[tuple[QueuedRequest, HostState], Attempt] = {}
         """Placements by request and host state: a state recurs often, the answer never
         changes (see :func:`gpualloc.launcher.wait.attempts`)."""
-        self.result = SimResult(options.policy, self.results)
+        self.result = SimResult(options.policy, self.results, topology.gpu_count)
 
     # ---- the event loop ----------------------------------------------------------------------
 

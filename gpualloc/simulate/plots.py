@@ -3,7 +3,9 @@
 - ``effective-bandwidth.png``: the effective bandwidth each policy gave bandwidth-sensitive and
   insensitive jobs, as box plots (the comparison of the MAPA paper's Fig. 13);
 - ``occupancy-<policy>.png``: which job held which GPU when (the DRB paper's Fig. 8);
-- ``completion-cdf.png``: the distribution of job completion times, one curve per policy.
+- ``completion-cdf.png``: the distribution of job completion times, one curve per policy;
+- ``allocated-capacity.png`` (with shared jobs): the share of the GPUs' capacity held over
+  time, one curve per run (FGD's headline measure, Weng et al. ATC'23, Fig. 7).
 
 matplotlib is imported only here, with the non-interactive Agg backend, so that the simulator
 works without it and nothing tries to open a window on a server.
@@ -33,6 +35,10 @@ def write_figures(results: dict[str, SimResult], directory: Path, title: str) ->
         _bandwidth_boxes(plt, results, directory / "effective-bandwidth.png", title),
         _completion_cdf(plt, results, directory / "completion-cdf.png", title),
     ]
+    if any(job.shared for result in results.values() for job in result.jobs):
+        written.append(
+            allocated_capacity_figure(results, directory / "allocated-capacity.png", title)
+        )
     for policy, result in results.items():
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", policy)
         written.append(
@@ -97,13 +103,44 @@ def _completion_cdf(plt: ModuleType, results: dict[str, SimResult], path: Path, 
         times = sorted(job.jct_s for job in result.jobs)
         shares = [(i + 1) / len(times) for i in range(len(times))]
         ax.step(times, shares, where="post", label=policy)
-    ax.set_xlabel("job completion time (s, arrival to end)")
-    ax.set_ylabel("share of jobs")
-    ax.set_ylim(0, 1.02)
+    _label(ax, "job completion time (s, arrival to end)", "share of jobs", 1.02, title)
+    return _save(plt, figure, path)
+
+
+def allocated_capacity_figure(results: dict[str, SimResult], path: Path, title: str) -> Path:
+    """The share of the GPUs' capacity held over time, one curve per run; runs whose curves
+    coincide stay visible (each is drawn thinner and dashed differently)."""
+    from gpualloc.simulate.capacity import capacity_steps
+
+    plt = _pyplot()
+    figure, ax = plt.subplots(figsize=(9, 4.5))
+    styles = ("-", "--", "-.", ":")
+    for number, (run, result) in enumerate(results.items()):
+        steps = capacity_steps(result.jobs, result.gpu_count)
+        if steps:
+            times, shares = zip(*steps, strict=True)
+            ax.step(
+                times,
+                [100 * share for share in shares],
+                where="post",
+                label=run,
+                linestyle=styles[number % len(styles)],
+                linewidth=max(0.8, 2.6 - 0.6 * number),
+            )
+    last = max(job.job.arrival_s for result in results.values() for job in result.jobs)
+    ax.axvline(last, color="grey", linestyle=":", linewidth=1, label="last arrival")
+    _label(ax, "time (s)", "GPU capacity allocated (%)", 102, title)
+    return _save(plt, figure, path)
+
+
+def _label(ax: Any, x: str, y: str, top: float, title: str) -> None:
+    """Axis labels, a y range from 0 to ``top``, a light grid, the legend and the title."""
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    ax.set_ylim(0, top)
     ax.grid(alpha=0.3)
     ax.legend()
     ax.set_title(title)
-    return _save(plt, figure, path)
 
 
 def _occupancy(plt: ModuleType, result: SimResult, path: Path, title: str) -> Path:

@@ -4,6 +4,9 @@ Percentiles are nearest-rank on the sorted values (no interpolation), so each re
 the bandwidth some job actually got. Effective-bandwidth statistics cover jobs of two or more
 GPUs (a 1-GPU job has no link to score), split by sensitivity. A job's run-time stretch is its
 run time (start to end) over the trace's duration: what its GPUs and its neighbours cost it.
+Allocated capacity is the time-mean over the arrival span (first to last arrival) of the share
+of the GPUs' capacity that jobs hold; ``waited_*`` are shares of all arrivals
+(:mod:`gpualloc.simulate.capacity`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from gpualloc.simulate.capacity import allocated_share, blocking, capacity_steps
 from gpualloc.simulate.engine import JobResult, SimResult
 
 
@@ -69,6 +73,9 @@ def summarise(result: SimResult) -> dict[str, Any]:
         "shared_jobs": sum(1 for job in jobs if job.shared),
         "one_gpu_jobs": _group([job for job in jobs if job.job.gpus == 1]),
         "multi_gpu_jobs": _group([job for job in jobs if job.job.gpus > 1]),
+        "whole_gpu_jobs": _group([job for job in jobs if job.job.gpu_fraction is None]),
+        "gpu_part_jobs": _group([job for job in jobs if job.job.gpu_fraction is not None]),
+        **_capacity(result),
         "decision_ms": {
             "mean": _mean(result.decision_ms),
             "max": round(max(result.decision_ms), 6) if result.decision_ms else None,
@@ -79,12 +86,39 @@ def summarise(result: SimResult) -> dict[str, Any]:
 def _group(jobs: Sequence[JobResult]) -> dict[str, Any]:
     """Waiting, completion and stretch of one kind of job (what sharing trades)."""
     stretch = [job.stretch for job in jobs if job.stretch is not None]
+    waits = sorted(job.wait_s for job in jobs)
+    jcts = sorted(job.jct_s for job in jobs)
     return {
         "jobs": len(jobs),
-        "mean_wait_s": _mean([job.wait_s for job in jobs]),
-        "mean_jct_s": _mean([job.jct_s for job in jobs]),
+        "mean_wait_s": _mean(waits),
+        "p95_wait_s": round(percentile(waits, 0.95), 6) if waits else None,
+        "mean_jct_s": _mean(jcts),
+        "p95_jct_s": round(percentile(jcts, 0.95), 6) if jcts else None,
         "mean_stretch": _mean(stretch),
     }
+
+
+def _capacity(result: SimResult) -> dict[str, Any]:
+    """Allocated capacity over the arrival span, and the arrivals that waited with room
+    (:mod:`gpualloc.simulate.capacity`)."""
+    jobs = result.jobs
+    first = min(job.job.arrival_s for job in jobs)
+    last = max(job.job.arrival_s for job in jobs)
+    steps = capacity_steps(jobs, result.gpu_count)
+    blocked = blocking(jobs, result.gpu_count)
+    return {
+        "allocated_capacity": (
+            round(allocated_share(steps, first, last), 6) if last > first else None
+        ),
+        "waited": _share(blocked.share(blocked.waited)),
+        "waited_with_room": _share(blocked.share(blocked.waited_with_room)),
+        "waited_no_placement": _share(blocked.share(blocked.no_placement)),
+        "waited_held_by_queue": _share(blocked.share(blocked.held_by_queue)),
+    }
+
+
+def _share(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
 
 
 def _mean(values: Sequence[float]) -> float | None:
