@@ -21,19 +21,22 @@ Needs the trace in ``../shared/reference/traces/alibaba-gpu-2023`` beside the re
 
 from __future__ import annotations
 
-import random
 import statistics
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gpualloc.errors import GpusBusy, NoFeasiblePlacement
-from gpualloc.ledger.occupancy import Occupancy
-from gpualloc.ledger.schema import Lease, LeasedGpu, Ledger
-from gpualloc.model.share import ShareRequest
-from gpualloc.placement.fragmentation import task_mix
-from gpualloc.placement.share_fit import SHARE_PLACEMENTS, choose_share
+from fill_method import (
+    FILL_DEMAND,
+    FILL_SAMPLES,
+    HOST,
+    MIG_GPU,
+    SHARING,
+    fill_table,
+    mig_fill_table,
+)
+
+from gpualloc.placement.share_fit import SHARE_PLACEMENTS
 from gpualloc.simulate.engine import SimOptions, SimResult, simulate
 from gpualloc.simulate.summary import summarise
 from gpualloc.simulate.trace import SimJob
@@ -45,20 +48,13 @@ TRACE = (
     Path(__file__).resolve().parents[2]
     / "shared/reference/traces/alibaba-gpu-2023/openb_pod_list_default.csv"
 )
-HOST = "pcie-8gpu-2socket"
-"""An 8-GPU host; with the trace's own run times (``--runtime fixed``) its links do not matter."""
 LOADS = (0.7, 0.9, 1.1)
 WINDOW = 500
 STARTS = tuple(range(0, 6000, 500))
 """Twelve windows of 500 tasks: the trace's first 6,000 GPU tasks (of 6,203)."""
-SHARING = 32
-"""Shared jobs per GPU: high enough that the parts (at least 5 % each), not the count, bind."""
 QUEUE = "backfill"
 PLOTTED = (0, 0.9)
 """The window (start) and load of the figure."""
-FILL_SAMPLES = 400
-FILL_DEMAND = (0.8, 0.9, 1.0, 1.1, 1.2)
-_NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 def load_trace(path: Path = TRACE) -> list[SimJob]:
@@ -88,62 +84,6 @@ def replay_table(
     }
 
 
-def fill(tasks: Sequence[tuple[int, float]], placement: str, mix: dict) -> list[float]:
-    """The allocated share of the host when the arrived demand first reaches each of
-    :data:`FILL_DEMAND` (FGD's method; see the module)."""
-    topology = load_bundled(HOST)
-    ledger = Ledger(host="fill")
-    arrived = allocated = 0.0
-    readings: list[float] = []
-    for number, (gpus, part) in enumerate(tasks):
-        arrived += gpus * part
-        occupancy = Occupancy.build(
-            topology, ledger, max_shared_jobs=SHARING, share_placement=placement, share_mix=mix
-        )
-        lease = _place(topology, occupancy, number, gpus, part, placement, mix)
-        if lease is not None:
-            ledger.leases.append(lease)
-            allocated += gpus * part
-        while len(readings) < len(FILL_DEMAND) and arrived >= FILL_DEMAND[len(readings)] * 8:
-            readings.append(allocated / 8)
-    return readings
-
-
-def _place(topology, occupancy, number, gpus, part, placement, mix) -> Lease | None:
-    common = {
-        "id": f"{number:012x}", "uid": 0, "user": "fill", "hold": True, "created": _NOW,
-        "source": "run",
-    }  # fmt: skip
-    if part < 1:
-        request = ShareRequest(sm_percent=max(1, round(part * 100)))
-        try:
-            choice = choose_share(
-                topology, occupancy, request, SHARING, strategy=placement, mix=mix
-            )
-        except (GpusBusy, NoFeasiblePlacement):
-            return None
-        share = request.leased(None, SHARING, "time-sliced")
-        return Lease(gpus=(LeasedGpu(index=choice.candidate.gpu),), share=share, **common)
-    free = sorted(occupancy.free)
-    if len(free) < gpus:
-        return None
-    return Lease(gpus=tuple(LeasedGpu(index=g) for g in free[:gpus]), **common)
-
-
-def fill_table(jobs: list[SimJob], count: int = FILL_SAMPLES) -> dict[str, list[list[float]]]:
-    """placement -> one reading list per sample of tasks drawn from the whole trace."""
-    types = [(job.gpus, job.gpu_fraction or 1.0) for job in jobs]
-    mix = task_mix(types)
-    samples = []
-    for seed in range(count):
-        rng = random.Random(seed)
-        drawn: list[tuple[int, float]] = []
-        while sum(g * p for g, p in drawn) < FILL_DEMAND[-1] * 8:
-            drawn.append(rng.choice(types))
-        samples.append(drawn)
-    return {p: [fill(tasks, p, mix) for tasks in samples] for p in SHARE_PLACEMENTS}
-
-
 def trace_section(figures: Path, plots, *, quick: bool = False) -> list[str]:
     """The section's lines; ``quick``: two windows and 20 fill samples (a check that it
     runs, not the figures)."""
@@ -167,6 +107,7 @@ def trace_section(figures: Path, plots, *, quick: bool = False) -> list[str]:
         "",
         *_replay_lines(replay_table(jobs, starts), jobs),
         *_fill_lines(fill_table(jobs, samples)),
+        *_mig_lines(mig_fill_table(jobs, samples)),
     ]
     if plots is not None:
         lines += _figure(jobs, figures)
@@ -287,16 +228,11 @@ def _fill_lines(table: dict[str, list[list[float]]]) -> list[str]:
         "first reaches each share of that capacity (read after the task that crosses it, so "
         "it can exceed the share), mean over the samples:",
         "",
-        "| placement | " + " | ".join(f"demand {d:.0%}" for d in FILL_DEMAND) + " |",
-        "|---|" + "---:|" * len(FILL_DEMAND),
+        *_demand_table("placement", table),
     ]
-    for placement, readings in table.items():
-        means = [statistics.mean(r[i] for r in readings) for i in range(len(FILL_DEMAND))]
-        lines.append(f"| `{placement}` | " + " | ".join(f"{m:.1%}" for m in means) + " |")
-    fgd, best = table["fgd"], table["best-fit"]
+    fgd = table["fgd"]
     last = len(FILL_DEMAND) - 1
-    ahead = sum(1 for a, b in zip(fgd, best, strict=True) if a[last] > b[last] + 1e-9)
-    behind = sum(1 for a, b in zip(fgd, best, strict=True) if a[last] < b[last] - 1e-9)
+    ahead, behind = _ahead_behind(table, "best-fit")
     lines += [
         "",
         f"At demand {FILL_DEMAND[last]:.0%}, `fgd` allocates more than `best-fit` in {ahead} "
@@ -311,6 +247,62 @@ def _fill_lines(table: dict[str, list[list[float]]]) -> list[str]:
             "the states that arise, so `fgd` ties `best-fit`: never worse, not better."
         )
     lines.append("")
+    return lines
+
+
+def _demand_table(first: str, table: dict[str, list[list[float]]]) -> list[str]:
+    """Mean allocated share per row of ``table`` at each of :data:`FILL_DEMAND`."""
+    lines = [
+        f"| {first} | " + " | ".join(f"demand {d:.0%}" for d in FILL_DEMAND) + " |",
+        "|---|" + "---:|" * len(FILL_DEMAND),
+    ]
+    for name, readings in table.items():
+        means = [statistics.mean(r[i] for r in readings) for i in range(len(FILL_DEMAND))]
+        lines.append(f"| `{name}` | " + " | ".join(f"{m:.1%}" for m in means) + " |")
+    return lines
+
+
+def _ahead_behind(table: dict[str, list[list[float]]], other: str) -> tuple[int, int]:
+    """Samples where fgd allocates more / less than ``other`` at the last demand."""
+    pairs = list(zip(table["fgd"], table[other], strict=True))
+    ahead = sum(1 for a, b in pairs if a[-1] > b[-1] + 1e-9)
+    behind = sum(1 for a, b in pairs if a[-1] < b[-1] - 1e-9)
+    return ahead, behind
+
+
+def _mig_lines(table: dict[str, list[list[float]]]) -> list[str]:
+    samples = len(table["fgd"])
+    lines = [
+        "### 6.3 MIG: the same asks as GPU instances, placed by NVIDIA's slice rules",
+        "",
+        f"The method of 6.2 (the same {samples} samples' seeds) on 8 x {MIG_GPU[0]} in MIG "
+        "mode with no instance yet: each task becomes a GPU instance of the smallest profile "
+        "that gives it its part of the GPU (of 7 compute slices: 1g.10gb, 2g.20gb, 3g.40gb, "
+        "4g.40gb, 7g.80gb; a task of k GPUs k 7g.80gb), created where each rule of "
+        "`gpualloc/placement/mig_slots.py` puts it: `fgd` where the free slices' expected "
+        "fragmentation grows least (weighed by the profiles the trace's tasks become), "
+        "`best-fit` on the fullest GPU at the lowest start, `first-fit` on the lowest GPU at "
+        "the lowest start. Share of the host's compute slices allocated, mean over the "
+        "samples:",
+        "",
+        *_demand_table("rule", table),
+        "",
+    ]
+    last = len(FILL_DEMAND) - 1
+    for other in ("best-fit", "first-fit"):
+        ahead, behind = _ahead_behind(table, other)
+        lines.append(
+            f"- At demand {FILL_DEMAND[last]:.0%}, `fgd` allocates more than `{other}` in "
+            f"{ahead} samples and less in {behind} of {samples}."
+        )
+    lines += [
+        "",
+        "Here the slices are not interchangeable: a 4g starts only at slice 0 and a 3g at 0 "
+        "or 4, so a 3g created at 0 (the lowest start) leaves no room for a 4g, while FGD "
+        "puts it at 4. `gpualloc` does not create MIG instances itself; this is the choice "
+        "its hint offers an administrator when no free instance of a profile exists.",
+        "",
+    ]
     return lines
 
 

@@ -187,3 +187,34 @@ def test_the_documented_window_of_the_whole_trace(load: float, fgd: float, sprea
     assert allocated["fgd"] == pytest.approx(fgd, abs=5e-4)
     assert allocated["best-fit"] == pytest.approx(allocated["fgd"], abs=1e-9)
     assert allocated["spread"] == pytest.approx(spread, abs=5e-4)
+
+
+# ---- FGD's own method (docs/evaluation.md 6.2 and 6.3) ------------------------------------------
+
+
+@pytest.fixture
+def fill_method():
+    from tests.conftest import benchmark_module
+
+    yield from benchmark_module("fill_method")
+
+
+def test_the_fill_method_orders_share_placements_on_the_excerpt(fill_method) -> None:
+    jobs = read_openb(EXCERPT.read_text(), source=EXCERPT.name).jobs
+    table = fill_method.fill_table(jobs, count=30)
+    means = {
+        p: [sum(r[i] for r in rows) / len(rows) for i in range(5)] for p, rows in table.items()
+    }
+    assert all(f >= b - 1e-9 for f, b in zip(means["fgd"], means["best-fit"], strict=True))
+    assert means["fgd"][-1] > means["spread"][-1]
+
+
+def test_on_mig_slices_fgd_allocates_more_than_the_lowest_start(fill_method) -> None:
+    """6.3: where NVIDIA's placement rules make free slices unlike, FGD gains on one host."""
+    jobs = read_openb(EXCERPT.read_text(), source=EXCERPT.name).jobs
+    table = fill_method.mig_fill_table(jobs, count=30)
+    last = {rule: [r[-1] for r in rows] for rule, rows in table.items()}
+    for other in ("best-fit", "first-fit"):
+        assert all(f >= o - 1e-9 for f, o in zip(last["fgd"], last[other], strict=True))
+        assert sum(last["fgd"]) > sum(last[other])
+    assert fill_method.mig_slices_for(0.47) == 4 and fill_method.mig_slices_for(0.05) == 1

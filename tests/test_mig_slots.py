@@ -187,3 +187,20 @@ def test_a_mig_lease_adds_its_profile_to_the_ledgers_mix() -> None:
     host = HostLedger.open(load_bundled("dgx-a100-mig"))
     host.allocate(_mig_want(mig="3g.20gb"), LeaseTerms(source="alloc", pid=os.getpid()))
     assert host.snapshot().ledger.stats.request_mix == {"mig:3g.20gb": 1.0}
+
+
+def test_a_profile_no_key_can_hold_is_not_counted() -> None:
+    stats = LedgerStats()
+    stats.observe_mig("MIG 3g.20gb")  # a layout's odd name: left out rather than a bad ledger
+    stats.observe_mig("3G.20GB")
+    assert stats.request_mix == {"mig:3g.20gb": 1.0}
+
+
+def test_fgd_puts_a_3g_where_a_4g_still_fits_and_first_fit_does_not() -> None:
+    """The example docs/evaluation.md 6.3 gives: on an empty H100, a 3g at slice 0 (the lowest
+    start) leaves no room for a 4g (which starts only at 0); at 4 it does."""
+    from gpualloc.placement.mig_slots import MigGpu, rank_slots
+
+    empty = [MigGpu(0, H100[0], H100[1], frozenset())]
+    assert rank_slots(empty, "3g.40gb", None, "first-fit")[0].start == 0
+    assert rank_slots(empty, "3g.40gb", None, "fgd")[0].start == 4

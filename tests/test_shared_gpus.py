@@ -556,6 +556,16 @@ def test_the_request_mix_forgets_old_requests_and_needs_enough_of_them() -> None
     assert stats.recent_mix()[1] == pytest.approx(MIX_MEMORY, rel=0.06)
 
 
+def test_a_sliver_of_a_gpu_counts_as_a_hundredth_and_the_ledger_stays_readable() -> None:
+    from gpualloc.ledger.store import ledger_text, parse_ledger
+
+    ledger = Ledger(host="h")
+    ledger.stats.observe_request(1, 100 * 1024**2 / (80 * GIB))  # --mem 100M on 80 GB: 0.1 %
+    ledger.stats.observe_request(1, 1.0)
+    assert ledger.stats.request_mix == {"1:0.01": pytest.approx(0.995), "1:1": 1.0}
+    assert parse_ledger(ledger_text(ledger, 0), "ledger.json").stats == ledger.stats
+
+
 def test_a_ledger_with_a_malformed_request_mix_is_refused() -> None:
     from gpualloc.errors import LedgerError
     from gpualloc.ledger.store import parse_ledger

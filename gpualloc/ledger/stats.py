@@ -11,6 +11,7 @@ Histograms have fixed buckets, as Prometheus's cumulative ``le`` buckets need.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from msgspec import Meta, Struct, field
@@ -26,6 +27,8 @@ MIX_MEMORY = 200
 MIX_MIN_REQUESTS = 20
 """Below this many (weighted) requests the host's own mix is too thin to trust, and FGD weighs
 the default mix (:data:`gpualloc.placement.fragmentation.DEFAULT_MIX`)."""
+MIX_KEY = r"^([1-9][0-9]*:(1|0\.[0-9]+)|mig:[0-9a-z.+-]+)$"
+"""A request mix key: ``GPUS:PART`` or ``mig:PROFILE``."""
 _MIX_FLOOR = 0.005
 """A task type whose weight decays below this is dropped, which keeps the record small."""
 
@@ -73,7 +76,7 @@ class LedgerStats(Struct, kw_only=True, forbid_unknown_fields=True):
     """How long each job waited in the queue before it started (0 for one that did not)."""
 
     request_mix: dict[
-        Annotated[str, Meta(pattern=r"^([1-9][0-9]*:(1|0\.[0-9]+)|mig:[0-9a-z.+-]+)$")],
+        Annotated[str, Meta(pattern=MIX_KEY)],
         Annotated[float, Meta(ge=0)],
     ] = field(default_factory=dict)
     """Recent requests by task type (``"GPUS:PART"``: ``"1:0.46"`` is a shared job asking 46 %
@@ -100,10 +103,15 @@ class LedgerStats(Struct, kw_only=True, forbid_unknown_fields=True):
             self.observe_request(*task)
 
     def observe_request(self, gpus: int, part: float) -> None:
-        self._observe(f"{gpus}:{round(part, 2):g}")
+        """Count a request for ``gpus`` GPUs, or for ``part`` of one (to the hundredth, and at
+        least that: a job declaring a sliver of a GPU's memory counts as 1 %)."""
+        self._observe(f"{gpus}:{min(1.0, max(0.01, round(part, 2))):g}")
 
     def observe_mig(self, profile: str) -> None:
-        self._observe(f"mig:{profile}")
+        """Count a MIG request by its profile (one no key can hold is not counted)."""
+        key = f"mig:{profile.strip().lower()}"
+        if re.match(MIX_KEY, key):
+            self._observe(key)
 
     def _observe(self, key: str) -> None:
         keep = 1 - 1 / MIX_MEMORY

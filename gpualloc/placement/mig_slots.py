@@ -80,27 +80,62 @@ def weighed_shapes(
     return {shape: weight / total for shape, weight in weights.items()}
 
 
+class MigGpu(Struct, frozen=True):
+    """A GPU in MIG mode as placement sees it: its model, memory and occupied slices."""
+
+    index: int
+    name: str
+    memory_bytes: int | None
+    occupied: frozenset[int]
+
+
+CREATION_RULES = ("fgd", "best-fit", "first-fit")
+"""How a new GPU instance's place is chosen: ``fgd`` where expected fragmentation grows least
+(the module); ``best-fit`` the GPU with the most slices taken, then the lowest start;
+``first-fit`` the lowest GPU, then the lowest start (what creating without a placement gets)."""
+
+
+def mig_gpus(topology: Topology) -> list[MigGpu]:
+    """The topology's GPUs in MIG mode whose layout (placements) is known."""
+    found = []
+    for gpu in topology.gpus:
+        occupied = occupied_slices(topology.mig_on(gpu.index)) if gpu.mig_enabled else None
+        if occupied is not None:
+            found.append(MigGpu(gpu.index, gpu.name or "", gpu.memory_total_bytes, occupied))
+    return found
+
+
 def creation_slots(
     topology: Topology, profile: str, mix: Mapping[str, float] | None = None
 ) -> list[Slot]:
     """Every place on a MIG-mode GPU of known layout where a GPU instance of ``profile`` could
     be created now, best first (see the module)."""
+    return rank_slots(mig_gpus(topology), profile, mix)
+
+
+def rank_slots(
+    gpus: list[MigGpu], profile: str, mix: Mapping[str, float] | None, rule: str = "fgd"
+) -> list[Slot]:
+    """Every free place for ``profile`` on ``gpus``, best first by ``rule``
+    (:data:`CREATION_RULES`)."""
     slots = []
-    for gpu in topology.gpus:
-        if not gpu.mig_enabled:
+    for gpu in gpus:
+        shape = shape_of(profile, gpu.name, gpu.memory_bytes)
+        if shape is None:
             continue
-        name = gpu.name or ""
-        shape = shape_of(profile, name, gpu.memory_total_bytes)
-        occupied = occupied_slices(topology.mig_on(gpu.index))
-        if shape is None or occupied is None:
-            continue
-        total = max(w.stop for w in shape_by_size(name, *max(gpu_shapes(name))).windows())
-        weights = weighed_shapes(name, gpu.memory_total_bytes, mix)
-        before = expected_fragment(occupied, weights, total)
-        for start in free_starts(shape, occupied):
-            after = occupied | frozenset(range(start, start + shape.memory))
+        total = max(w.stop for w in shape_by_size(gpu.name, *max(gpu_shapes(gpu.name))).windows())
+        weights = weighed_shapes(gpu.name, gpu.memory_bytes, mix) if rule == "fgd" else {}
+        before = expected_fragment(gpu.occupied, weights, total)
+        for start in free_starts(shape, gpu.occupied):
+            after = gpu.occupied | frozenset(range(start, start + shape.memory))
             grown = round(expected_fragment(after, weights, total) - before, 9)
-            slots.append(Slot(gpu.index, shape.profile, start, shape.memory, grown, len(occupied)))
+            slots.append(
+                Slot(gpu.index, shape.profile, start, shape.memory, grown, len(gpu.occupied))
+            )
+    if rule == "first-fit":
+        return sorted(slots, key=lambda s: (s.gpu, s.start))
+    if rule == "best-fit":
+        return sorted(slots, key=lambda s: (-s.taken_before, s.start, s.gpu))
     return sorted(slots, key=lambda s: (s.growth, -s.taken_before, s.start, s.gpu))
 
 
