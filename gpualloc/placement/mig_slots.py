@@ -24,6 +24,7 @@ from gpualloc.model.mig_slices import (
     Shape,
     free_starts,
     gpu_shapes,
+    memory_slice_count,
     occupied_slices,
     shape_by_size,
     shape_of,
@@ -123,7 +124,7 @@ def rank_slots(
         shape = shape_of(profile, gpu.name, gpu.memory_bytes)
         if shape is None:
             continue
-        total = max(w.stop for w in shape_by_size(gpu.name, *max(gpu_shapes(gpu.name))).windows())
+        total = memory_slice_count(gpu.name)
         weights = weighed_shapes(gpu.name, gpu.memory_bytes, mix) if rule == "fgd" else {}
         before = expected_fragment(gpu.occupied, weights, total)
         for start in free_starts(shape, gpu.occupied):
@@ -148,6 +149,6 @@ def free_slices(topology: Topology, gpu: int) -> tuple[list[int], dict[str, int]
         return None
     name = card.name or ""
     shapes = [shape_by_size(name, c, m, card.memory_total_bytes) for c, m in gpu_shapes(name)]
-    total = max(w.stop for s in shapes for w in s.windows())
+    total = memory_slice_count(name)
     counts = still_fit(shapes, occupied)
     return [s for s in range(total) if s not in occupied], counts
