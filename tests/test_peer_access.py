@@ -72,3 +72,20 @@ def test_nccl_efficiency_scales_nvlink_rings_only() -> None:
     assert ring == pcie.link(0, 1).bandwidth_gbps  # PCIe: no NCCL recording, not scaled
     full = replace(DEFAULT_BANDWIDTH_TABLE, nccl_nvlink_efficiency=1.0)
     assert allreduce_busbw_gbps(a100, (0, 1), full) == pytest.approx(300.0)
+
+
+def test_a_faster_pcie_pair_beside_an_nvlink_ring_keeps_the_nvlink_scaling() -> None:
+    """An NVLink ring 0-1-2-3 at 20 GB/s with PCIe diagonals at 25: NCCL's ring is the NVLink
+    one (the diagonals close no ring), so its rate is scaled as NVLink."""
+    base = load_bundled("nvlink-pairs-4gpu")
+    ring = {(0, 1), (1, 2), (2, 3), (0, 3)}
+    links = [
+        replace(link, nvlinks=1, bandwidth_gbps=20.0)
+        if (link.a, link.b) in ring
+        else replace(link, nvlinks=0, nvlink_generation=None, bandwidth_gbps=25.0)
+        for link in base.links
+    ]
+    topology = replace(base, links=links).validated()
+    efficiency = DEFAULT_BANDWIDTH_TABLE.nccl_nvlink_efficiency
+    assert allreduce_busbw_gbps(topology, (0, 1, 2, 3)) == pytest.approx(20.0 * efficiency)
+    assert allreduce_busbw_gbps(topology, (0, 2)) == 25.0  # the PCIe pair alone: unscaled

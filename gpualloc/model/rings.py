@@ -61,17 +61,33 @@ def allreduce_busbw_gbps(
     topology: Topology, gpus: Sequence[int], table: BandwidthTable = DEFAULT_BANDWIDTH_TABLE
 ) -> float:
     """The bus bandwidth NCCL's all-reduce reaches over ``gpus`` (nccl-tests' ``busbw``): the
-    best ring's slowest link, scaled by :attr:`BandwidthTable.nccl_nvlink_efficiency` when that
-    link is NVLink (no recording measures NCCL over PCIe peer links yet: those are unscaled)."""
+    best ring's slowest link, scaled by :attr:`BandwidthTable.nccl_nvlink_efficiency` when a
+    ring that fast runs over NVLink alone (no recording measures NCCL over PCIe peer links yet:
+    those are unscaled). A faster PCIe pair beside the ring changes nothing."""
 
     def bandwidth(a: int, b: int) -> float:
         return topology.link(a, b).bandwidth_gbps
 
     ring = best_ring_gbps(gpus, bandwidth)
-    over_nvlink = all(
-        topology.link(a, b).nvlinks
-        for i, a in enumerate(gpus)
-        for b in gpus[i + 1 :]
-        if bandwidth(a, b) >= ring
-    )
+    over_nvlink = _ring_over_nvlink(topology, gpus, ring)
     return ring * table.nccl_nvlink_efficiency if over_nvlink else ring
+
+
+def _ring_over_nvlink(topology: Topology, gpus: Sequence[int], ring: float) -> bool:
+    """Whether NVLinks of at least ``ring`` GB/s alone close a ring through ``gpus``."""
+    k = len(gpus)
+    if k < 2:
+        return False
+
+    def nvlink_at_least(i: int, j: int) -> bool:
+        link = topology.link(gpus[i], gpus[j])
+        return bool(link.nvlinks) and link.bandwidth_gbps >= ring
+
+    if k == 2:
+        return nvlink_at_least(0, 1)
+    near = [0] * k
+    for i, j in itertools.combinations(range(k), 2):
+        if nvlink_at_least(i, j):
+            near[i] |= 1 << j
+            near[j] |= 1 << i
+    return _closes_a_ring(near)
