@@ -43,8 +43,7 @@ def serve(
     """Run the broker until SIGTERM or SIGINT (module docstring). ``topology_file``: the
     recorded topology it serves, whose declared processes it reads again as NVML's."""
     host = HostLedger.open(topology, state_dir=state_dir, owner=True, ignore_foreign=ignore_foreign)
-    host.max_shared_jobs = config.system_value("share.max_jobs")
-    host.share_placement = config.system_value("share.placement")
+    host.take_share_settings(config)
     service = LedgerService(
         host,
         QueuePolicy.from_config(config),

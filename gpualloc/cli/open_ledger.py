@@ -56,8 +56,7 @@ def open_host_ledger(
         lock_timeout_s=STATE.setting("lock_timeout"),
         check_health=check_health,
     )
-    host.max_shared_jobs = STATE.config().system_value("share.max_jobs")
-    host.share_placement = STATE.config().system_value("share.placement")
+    host.take_share_settings(STATE.config())
     host.allow_unhealthy = allow_unhealthy
     warn(host.processes.notes)
     return host

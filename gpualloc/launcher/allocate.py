@@ -63,6 +63,7 @@ from gpualloc.placement.want import Want
 
 if TYPE_CHECKING:
     from gpualloc.broker.remote import RemoteLedger
+    from gpualloc.config import Config
     from gpualloc.ledger.idle import Expiry, IdlePolicy
     from gpualloc.slurm.job import SlurmJob
 
@@ -214,6 +215,12 @@ class HostLedger(Struct):
             self.processes = now.processes
         if not self.allow_unhealthy:
             self.faults, self.health_notes = now.faults, now.health_notes
+
+    def take_share_settings(self, config: Config) -> None:
+        """Shared GPUs as the system config says (``share.max_jobs``, ``share.placement``);
+        the embedded ledger and the broker both open their host this way."""
+        self.max_shared_jobs = config.system_value("share.max_jobs")
+        self.share_placement = config.system_value("share.placement")
 
     def occupancy(self, ledger: Ledger) -> Occupancy:
         return Occupancy.build(
