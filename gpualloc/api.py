@@ -140,7 +140,7 @@ def hold(
         state_dir=config.value("state_dir"),
         lock_timeout_s=config.value("lock_timeout"),
     )
-    host.max_shared_jobs = config.system_value("share.max_jobs")  # as open_host_ledger does
+    host.take_share_settings(config)  # as open_host_ledger does
     if waiting is not None:
         allocation = wait_and_allocate(host, want, terms, waiting)
     else:
