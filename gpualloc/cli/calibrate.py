@@ -15,7 +15,7 @@ from gpualloc.errors import NoGpuFound, RequestError
 
 if TYPE_CHECKING:
     from gpualloc.discovery.cache import CacheKey
-    from gpualloc.discovery.calibration import Calibration
+    from gpualloc.discovery.calibration import Calibration, MeasuredCollective
     from gpualloc.model.topology import Topology
 
 NOT_HERE_HINT = (
@@ -136,59 +136,79 @@ def _imported(files: list[Path], key: CacheKey) -> Calibration:
 def _measured(
     key: CacheKey, size_bytes: int, repeats: int, collectives: bool | None, *, quiet: bool
 ) -> Calibration:
+    """Every pair's copy bandwidth, then (unless ``collectives`` is False) the all-reduces of
+    the sets :func:`~gpualloc.discovery.measure_tools.collective_sets` names; with
+    ``collectives`` None a collective that cannot be measured is a warning, not an error."""
     from msgspec.structs import replace
 
+    result, have_torch = _measure_pairs(key, size_bytes, repeats, quiet=quiet)
+    if collectives is False:
+        return result
+    measured = _measure_collectives(have_torch, required=bool(collectives), quiet=quiet)
+    if measured is None:
+        return result
+    found, source = measured
+    return replace(result, collectives=found, sources=[*result.sources, source])
+
+
+def _measure_pairs(
+    key: CacheKey, size_bytes: int, repeats: int, *, quiet: bool
+) -> tuple[Calibration, bool]:
+    """The pairs, with torch, else nvbandwidth; and whether torch can run NCCL here."""
     from gpualloc.cli.output import say
     from gpualloc.discovery import calibration, measure_tools
     from gpualloc.discovery.torch_collectives import nccl_available
 
     count = len(key.gpu_uuids)
-    have_torch = False
     try:
         backend = calibration.TorchCopy()
-        have_torch = nccl_available(getattr(backend, "torch", None))
     except calibration.CalibrationUnavailable as no_torch:
         if shutil.which("nvbandwidth") is None:
             raise no_torch from None
         if not quiet:
             say(f"{no_torch}; measuring with nvbandwidth instead")
-        result = measure_tools.measure_with_nvbandwidth(key)
-    else:
-        with _progress(count * (count - 1), "copies", quiet) as step:
-            result = calibration.measure(
-                backend, key, size_bytes=size_bytes, repeats=repeats, progress=step
-            )
+        return measure_tools.measure_with_nvbandwidth(key), False
+    have_torch = nccl_available(getattr(backend, "torch", None))
+    with _progress(count * (count - 1), "copies", quiet) as step:
+        result = calibration.measure(
+            backend, key, size_bytes=size_bytes, repeats=repeats, progress=step
+        )
+    return result, have_torch
+
+
+def _measure_collectives(
+    have_torch: bool, *, required: bool, quiet: bool
+) -> tuple[list[MeasuredCollective], str] | None:
+    """(the all-reduces measured, the tool's name) with all_reduce_perf, else torch.distributed
+    over NCCL; None when neither can run and they are not ``required``."""
+    from gpualloc.cli.output import say
+    from gpualloc.discovery import calibration, measure_tools
+
     tool = measure_tools.all_reduce_perf()
-    if collectives is False:
-        return result
     if tool is None and not have_torch:
-        if collectives:
+        if required:
             raise calibration.CalibrationUnavailable(
                 "cannot measure collectives: all_reduce_perf is not on PATH and torch is not "
                 "installed",
                 hint="build NVIDIA's nccl-tests and put its build directory on PATH, or install "
                 "torch; or leave out --collectives",
             )
-        return result
+        return None
     sets = measure_tools.collective_sets(_estimated_host())
     if tool is not None:
         with _progress(len(sets), "all-reduces", quiet) as step:
-            found = measure_tools.measure_collectives(tool, sets, progress=step)
-        source = "all_reduce_perf"
-    else:
-        from gpualloc.discovery.torch_collectives import measure_sets
+            return measure_tools.measure_collectives(tool, sets, progress=step), "all_reduce_perf"
+    from gpualloc.discovery.torch_collectives import measure_sets
 
-        if not quiet:
-            say(f"measuring {len(sets)} all-reduces with torch.distributed (NCCL) ...")
-        try:
-            found = measure_sets(sets, measure_tools.ALL_REDUCE_BYTES)
-        except calibration.CalibrationUnavailable as failed:
-            if collectives:
-                raise
-            say(f"warning: collectives not measured ({failed}); the pairs are saved")
-            return result
-        source = "torch.distributed"
-    return replace(result, collectives=found, sources=[*result.sources, source])
+    if not quiet:
+        say(f"measuring {len(sets)} all-reduces with torch.distributed (NCCL) ...")
+    try:
+        return measure_sets(sets, measure_tools.ALL_REDUCE_BYTES), "torch.distributed"
+    except calibration.CalibrationUnavailable as failed:
+        if required:
+            raise
+        say(f"warning: collectives not measured ({failed}); the pairs are saved")
+        return None
 
 
 @contextlib.contextmanager
