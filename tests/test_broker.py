@@ -631,3 +631,37 @@ def test_a_waiters_timeout_is_kept_to_and_says_why(broker: RunningBroker) -> Non
     assert time.monotonic() - started < 5
     assert "no GPUs for this job within 1.5 s (the job needs 1 GPU(s)" in err
     assert not broker.call("snapshot")["ledger"]["queue"]
+
+
+def test_a_waiter_that_allows_unhealthy_gpus_is_placed_on_one_when_its_turn_comes(
+    tmp_path: Path,
+) -> None:
+    """The broker places queued turns itself: a client's --allow-unhealthy must reach them, not
+    only its first try (GPU 1 is unhealthy; the healthy three are held)."""
+    if os.geteuid() != 0:
+        pytest.skip("the broker's tests run it as root (CI runs as root)")
+    from gpualloc.topologies import load_bundled
+
+    data = json.loads(load_bundled(TOPOLOGY).to_json())
+    data["faults"] = [{"gpu": 1, "kind": "ecc", "detail": "3 uncorrectable ECC errors"}]
+    sick = tmp_path / "sick.json"
+    sick.write_text(json.dumps(data))
+    sick.chmod(0o644)
+    running = RunningBroker(str(sick)).start()
+    try:
+        running.call("alloc", _hold_request("ffffffffffff", gpus=3))
+        held = {g["index"] for g in _leases(running)[0]["gpus"]}
+        assert held == {0, 2, 3}
+        strict = _cli(running, "alloc", "--wait", "--timeout", "1", "--hold")
+        strict.communicate(timeout=30)
+        assert strict.returncode == 124  # healthy GPUs only: none comes free
+        lenient = _cli(
+            running, "alloc", "--wait", "--timeout", "20", "--hold", "--allow-unhealthy",
+            "--format", "json",
+        )  # fmt: skip
+        out, err = lenient.communicate(timeout=30)
+        assert lenient.returncode == 0, err
+        assert json.loads(out)["placement"]["gpus"] == [1]
+    finally:
+        running.stop()
+        shutil.rmtree(running.directory, ignore_errors=True)

@@ -17,6 +17,7 @@ sends the request again and gets the lease the first one made, never a second le
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from gpualloc.config import Config
 from gpualloc.errors import NoSuchLease, NotPermitted, RequestError
 from gpualloc.launcher.allocate import Allocation, HostLedger, LeaseTerms
 from gpualloc.launcher.queue import (
+    Attempt,
     attempts,
     new_waiter,
     next_start,
@@ -40,7 +42,7 @@ from gpualloc.launcher.queue import (
 )
 from gpualloc.launcher.queue_policy import QueuePolicy
 from gpualloc.ledger.owned_store import OwnedLedgerStore
-from gpualloc.ledger.schema import Lease
+from gpualloc.ledger.schema import Lease, Waiter
 from gpualloc.ledger.statedir import StateDirectory
 from gpualloc.ledger.store import LedgerTransaction, lease_alive
 from gpualloc.model.request import Placement, Scores
@@ -61,6 +63,8 @@ class Pending(Struct):
     deadline: float | None
     started: float
     views: dict[str, Any] | None = None
+    allow_unhealthy: bool = False
+    """The client asked for unhealthy GPUs too (``--allow-unhealthy``): its turn is placed so."""
 
 
 class Started(Struct):
@@ -142,14 +146,14 @@ class LedgerService:
             if isinstance(found, Allocation):
                 return found, self.answer(found, want, views)
             if found is not None and wait is not None:
-                self.pending[found] = self._pending(want, terms, wait, views)
+                self.pending[found] = self._pending(want, terms, wait, views, args)
                 return found
         self.host.allow_unhealthy = bool(args.get("allow_unhealthy"))
         try:
             if wait is None:
                 made = self._follow(self.host.allocate(want, terms))
                 return made, self.answer(made, want, views)
-            return self._enqueue(peer, want, terms, wait, views)
+            return self._enqueue(peer, want, terms, wait, views, args)
         finally:
             self.host.allow_unhealthy = False
 
@@ -210,7 +214,13 @@ class LedgerService:
         return None
 
     def _enqueue(
-        self, peer: Peer, want: Want, terms: LeaseTerms, wait: Any, views: dict[str, Any] | None
+        self,
+        peer: Peer,
+        want: Want,
+        terms: LeaseTerms,
+        wait: Any,
+        views: dict[str, Any] | None,
+        args: dict[str, Any],
     ) -> str:
         from gpualloc.launcher.wait import never_fits
 
@@ -229,16 +239,23 @@ class LedgerService:
                 terms.lease_id, want, terms, options, waiting=(peer.uid, peer.pid, started)
             )
             txn.enqueue(waiter)
-        self.pending[waiter.id] = self._pending(want, terms, wait, views)
+        self.pending[waiter.id] = self._pending(want, terms, wait, views, args)
         return waiter.id
 
     def _pending(
-        self, want: Want, terms: LeaseTerms, wait: Any, views: dict[str, Any] | None
+        self,
+        want: Want,
+        terms: LeaseTerms,
+        wait: Any,
+        views: dict[str, Any] | None,
+        args: dict[str, Any],
     ) -> Pending:
         timeout = wait.get("timeout_s") if isinstance(wait, dict) else None
         now = time.monotonic()
         deadline = now + float(timeout) if isinstance(timeout, (int, float)) else None
-        return Pending(want, terms, deadline, now, views)
+        return Pending(
+            want, terms, deadline, now, views, allow_unhealthy=bool(args.get("allow_unhealthy"))
+        )
 
     def _terms(self, peer: Peer, raw: Any, lease_id: str) -> LeaseTerms:
         if not isinstance(raw, dict):
@@ -407,6 +424,22 @@ class LedgerService:
         with self.host.transaction() as txn:
             txn.dequeue(waiter_id)
 
+    def _attempts(self, txn: LedgerTransaction) -> Callable[[Waiter], Attempt]:
+        """Where each waiter would start now: on healthy GPUs, or on any for a client that
+        asked for unhealthy ones too."""
+        topology = self.host.topology
+        healthy = attempts(topology, self.host.occupancy(txn.ledger))
+        if not any(pending.allow_unhealthy for pending in self.pending.values()):
+            return healthy
+        any_health = attempts(topology, self.host.occupancy(txn.ledger, allow_unhealthy=True))
+
+        def attempt(waiter: Waiter) -> Attempt:
+            pending = self.pending.get(waiter.id)
+            lenient = pending is not None and pending.allow_unhealthy
+            return (any_health if lenient else healthy)(waiter)
+
+        return attempt
+
     def turns(self) -> list[Started]:
         """Start every waiter whose turn it is, in one transaction (fair-share order)."""
         if not self.pending:
@@ -416,10 +449,7 @@ class LedgerService:
             self.fair.account(txn.ledger.leases)
             while True:
                 queue = [w for w in txn.ledger.queue if w.id in self.pending]
-                occupancy = self.host.occupancy(txn.ledger)
-                turn = next_start(
-                    queue, attempts(self.host.topology, occupancy), order_of=self.fair.order
-                )
+                turn = next_start(queue, self._attempts(txn), order_of=self.fair.order)
                 if turn is None or turn.waiter is None or turn.placement is None:
                     break
                 waiter = txn.dequeue(turn.waiter.id)

@@ -222,7 +222,11 @@ class HostLedger(Struct):
         self.max_shared_jobs = config.system_value("share.max_jobs")
         self.share_placement = config.system_value("share.placement")
 
-    def occupancy(self, ledger: Ledger) -> Occupancy:
+    def occupancy(self, ledger: Ledger, *, allow_unhealthy: bool | None = None) -> Occupancy:
+        """Who holds what in ``ledger`` on this host; unhealthy GPUs are left out unless
+        ``allow_unhealthy`` (default: this host's setting)."""
+        if allow_unhealthy is None:
+            allow_unhealthy = self.allow_unhealthy
         return Occupancy.build(
             self.topology,
             ledger,
@@ -231,7 +235,7 @@ class HostLedger(Struct):
             outside=self.outside,
             memory_used=self.processes.memory_used,
             max_shared_jobs=self.max_shared_jobs,
-            faults=() if self.allow_unhealthy else self.faults,
+            faults=() if allow_unhealthy else self.faults,
             share_placement=self.share_placement,
         )
 
