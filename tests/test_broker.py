@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from gpualloc.errors import ExitCode
 from tests.broker_harness import ROOT, RunningBroker
 from tests.test_verified_launch import DECLARE, _stderr_until
 from tests.unix_users import UnixUser, UserCommandLine, ensure_user, shared_directory
@@ -636,8 +637,8 @@ def test_a_waiters_timeout_is_kept_to_and_says_why(broker: RunningBroker) -> Non
 def test_a_waiter_that_allows_unhealthy_gpus_is_placed_on_one_when_its_turn_comes(
     tmp_path: Path,
 ) -> None:
-    """The broker places queued turns itself: a client's --allow-unhealthy must reach them, not
-    only its first try (GPU 1 is unhealthy; the healthy three are held)."""
+    """--allow-unhealthy through the broker, at once and for a queued turn, which the broker
+    places itself (GPU 1 is unhealthy; then the healthy three are held)."""
     if os.geteuid() != 0:
         pytest.skip("the broker's tests run it as root (CI runs as root)")
     from gpualloc.topologies import load_bundled
@@ -649,6 +650,17 @@ def test_a_waiter_that_allows_unhealthy_gpus_is_placed_on_one_when_its_turn_come
     sick.chmod(0o644)
     running = RunningBroker(str(sick)).start()
     try:
+        named = _cli(running, "alloc", "--gpus", "1", "--hold")
+        named.communicate(timeout=30)
+        assert named.returncode == ExitCode.NO_PLACEMENT
+        forced = _cli(
+            running, "alloc", "--gpus", "1", "--hold", "--allow-unhealthy", "--format", "json"
+        )
+        out, err = forced.communicate(timeout=30)
+        assert forced.returncode == 0, err
+        released = _cli(running, "release", json.loads(out)["lease"]["id"])
+        released.communicate(timeout=30)
+        assert released.returncode == 0 and not _leases(running)
         running.call("alloc", _hold_request("ffffffffffff", gpus=3))
         held = {g["index"] for g in _leases(running)[0]["gpus"]}
         assert held == {0, 2, 3}

@@ -148,14 +148,11 @@ class LedgerService:
             if found is not None and wait is not None:
                 self.pending[found] = self._pending(want, terms, wait, views, args)
                 return found
-        self.host.allow_unhealthy = bool(args.get("allow_unhealthy"))
-        try:
-            if wait is None:
-                made = self._follow(self.host.allocate(want, terms))
-                return made, self.answer(made, want, views)
-            return self._enqueue(peer, want, terms, wait, views, args)
-        finally:
-            self.host.allow_unhealthy = False
+        if wait is None:
+            lenient = bool(args.get("allow_unhealthy"))
+            made = self._follow(self.host.allocate(want, terms, allow_unhealthy=lenient))
+            return made, self.answer(made, want, views)
+        return self._enqueue(peer, want, terms, wait, views, args)
 
     def _options_want(self, raw: Any) -> Want:
         """The Want of a fast client's options (its configured policy already filled in)."""

@@ -263,14 +263,19 @@ class HostLedger(Struct):
 
     # ---- allocation ------------------------------------------------------------------------
 
-    def allocate(self, want: Want, terms: LeaseTerms) -> Allocation:
+    def allocate(
+        self, want: Want, terms: LeaseTerms, *, allow_unhealthy: bool | None = None
+    ) -> Allocation:
         """Choose GPUs and record the lease, in one transaction. Raises GpusBusy when the job
         would fit an idle host but not the GPUs free now (or only below its thresholds),
-        NoFeasiblePlacement when it never fits."""
+        NoFeasiblePlacement when it never fits. ``allow_unhealthy``: whether unhealthy GPUs may
+        be chosen (default: this host's setting)."""
+        if allow_unhealthy is None:
+            allow_unhealthy = self.allow_unhealthy
         if self.remote is not None:
-            return self.remote.allocate(want, terms, allow_unhealthy=self.allow_unhealthy)
+            return self.remote.allocate(want, terms, allow_unhealthy=allow_unhealthy)
         with self.transaction() as txn:
-            occupancy = self.occupancy(txn.ledger)
+            occupancy = self.occupancy(txn.ledger, allow_unhealthy=allow_unhealthy)
             started = time.perf_counter()
             placement = choose(self.topology, occupancy, want)
             decided = time.perf_counter() - started
