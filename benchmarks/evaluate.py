@@ -62,7 +62,9 @@ def main() -> int:
         "",
         "The tables above are time; these are the placements behind them. Bandwidths are "
         "predicted effective bandwidths in GB/s (MAPA's Table 2 model on DGX-1-class hosts, the "
-        "slowest pattern link elsewhere), so they compare placements, not measured speed.",
+        "slowest pattern link elsewhere), so they compare placements, not measured speed. How "
+        "long a decision takes depends on the machine, so it is not here: "
+        "`python benchmarks/bench_placement.py` times it.",
         "",
         f"Workload: the MAPA paper's generator (seed {options.seed}, {spec}: "
         f"{len(jobs)} ring jobs of 2 to 5 GPUs, all queued at time 0, FIFO, fixed service "
@@ -258,16 +260,15 @@ def _bandwidth_section(title, hosts, jobs, figures, plots) -> list[str]:
         lines += [
             f"#### {host}",
             "",
-            "| policy | sensitive min | p25 | p50 | mean | insensitive p25 | p50 | PCIe share "
-            "| decision ms |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| policy | sensitive min | p25 | p50 | mean | insensitive p25 | p50 | PCIe share |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for policy, s in summaries.items():
             sens, ins = s["sensitive_effective_gbps"], s["insensitive_effective_gbps"]
             lines.append(
                 f"| `{policy}` | {_f(sens['min'])} | {_f(sens['p25'])} | {_f(sens['p50'])} | "
                 f"{_f(sens['mean'])} | {_f(ins['p25'])} | {_f(ins['p50'])} | "
-                f"{_f(s['mean_pcie_share'], 2)} | {_f(s['decision_ms']['mean'], 2)} |"
+                f"{_f(s['mean_pcie_share'], 2)} |"
             )
         lines += ["", *_verdict(summaries), ""]
         if plots is not None:
