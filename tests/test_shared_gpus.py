@@ -482,15 +482,22 @@ def test_simulated_fractions_pack_without_slowing_each_other() -> None:
     }
 
 
+def _two_shared_gpus(first: int, second: int) -> Ledger:
+    """GPU 0 and GPU 1 shared, ``first`` and ``second`` per cent of them held; the rest held
+    whole."""
+    ledger = Ledger(host="h")
+    ledger.leases += [
+        lease_on(0, "a", share=LeasedShare(fraction=first / 100, sm_percent=first)),
+        lease_on(1, "b", share=LeasedShare(fraction=second / 100, sm_percent=second)),
+    ]
+    ledger.leases += [lease_on(g, "c") for g in range(2, 8)]
+    return ledger
+
+
 def test_fgd_keeps_room_for_the_workloads_common_asks_where_best_fit_does_not() -> None:
     """Half the GPU is the common ask: a 30 % job should not leave a half-free GPU with 20 %."""
     topology = load_bundled("dgx1-v100")
-    ledger = Ledger(host="h")
-    ledger.leases += [
-        lease_on(0, "a", share=LeasedShare(fraction=0.5, sm_percent=50)),  # 50 % free
-        lease_on(1, "b", share=LeasedShare(fraction=0.65, sm_percent=65)),  # 35 % free
-    ]
-    ledger.leases += [lease_on(g, "c") for g in range(2, 8)]  # the rest held whole
+    ledger = _two_shared_gpus(50, 65)  # 50 % and 35 % free
     occupancy = Occupancy.build(topology, ledger, max_shared_jobs=8)
     mix = {(1, 0.5): 0.8, (1, 0.3): 0.2}
     request = ShareRequest(sm_percent=30)
@@ -598,12 +605,7 @@ def test_each_lease_adds_its_task_type_to_the_ledgers_mix() -> None:
 
 def test_fgd_weighs_the_hosts_recent_requests_once_there_are_enough() -> None:
     topology = load_bundled("dgx1-v100")
-    ledger = Ledger(host="h")
-    ledger.leases += [
-        lease_on(0, "a", share=LeasedShare(fraction=0.4, sm_percent=40)),  # 60 % free
-        lease_on(1, "b", share=LeasedShare(fraction=0.3, sm_percent=30)),  # 70 % free
-    ]
-    ledger.leases += [lease_on(g, "c") for g in range(2, 8)]
+    ledger = _two_shared_gpus(40, 30)  # 60 % and 70 % free
     request = ShareRequest(sm_percent=20)
     fresh = Occupancy.build(topology, ledger, max_shared_jobs=8)
     assert fresh.share_mix is None and "Alibaba trace's mix" in fresh.share_mix_source

@@ -56,7 +56,7 @@ class Occupancy(Struct, frozen=True):
     """How a shared job's GPU is chosen (the system config's ``share.placement``)."""
     share_mix: dict[tuple[int, float], float] | None = None
     """The workload's task types and their shares, for ``fgd`` (None: the default mix)."""
-    ledger_mig_mix: dict[str, float] | None = None
+    mig_mix: dict[str, float] | None = None
     """The host's recent MIG requests by profile (None: too few counted)."""
     share_mix_source: str = "the default mix"
     """Where :attr:`share_mix` comes from, in words (``run --share --dry-run`` says it)."""
@@ -117,7 +117,7 @@ class Occupancy(Struct, frozen=True):
             max_shared_jobs=max_shared_jobs,
             share_placement=share_placement,
             **_mix(ledger, share_mix),
-            ledger_mig_mix=ledger.stats.recent_mig_mix()[0],
+            mig_mix=ledger.stats.recent_mig_mix()[0],
             mig_foreign=_mig_foreign(topology, ledger, by_gpu),
         )
 

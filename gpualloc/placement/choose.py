@@ -88,9 +88,7 @@ def _mig_placement(topology: Topology, occupancy: Occupancy, request: MigRequest
     taken = occupancy.mig_taken()
     try:
         unusable = occupancy.unusable | occupancy.outside
-        choice = choose_mig(
-            topology, request, taken, unusable=unusable, mix=occupancy.ledger_mig_mix
-        )
+        choice = choose_mig(topology, request, taken, unusable=unusable, mix=occupancy.mig_mix)
     except MigDevicesBusy as busy:
         busy.details = tuple(dict.fromkeys(taken[key] for key in busy.held))
         raise
