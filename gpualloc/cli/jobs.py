@@ -241,7 +241,7 @@ def _dry_run(
     uuid: bool,
     as_json: bool,
 ) -> None:
-    from gpualloc.cli.output import print_json, write_stdout
+    from gpualloc.cli.output import figure, print_json, write_stdout
     from gpualloc.json_views import placement_json
     from gpualloc.launcher.command import job_argv
     from gpualloc.launcher.environment import LEASE_ID_VARIABLE
@@ -287,7 +287,8 @@ def _dry_run(
         lines = [
             f"would run on GPU {','.join(map(str, placement.gpus))} "
             f"(policy {placement.policy}: {placement.objective})",
-            f"  scores: effective {s.effective_gbps} GB/s, aggregated {s.aggregated_gbps} GB/s, "
+            f"  scores: effective {figure(s.effective_gbps)}, "
+            f"aggregated {figure(s.aggregated_gbps)}, "
             f"utility {s.utility:.3f}",
         ]
     lines.append(f"  NUMA: {binding.describe()}")

@@ -78,6 +78,11 @@ def print_tables(
         _print_plain(tables, heading, footer or [])
 
 
+def figure(value: float | None, unit: str = " GB/s") -> str:
+    """A score for people: ``n/a`` where there is none (one GPU has no link to score)."""
+    return "n/a" if value is None else f"{value:g}{unit}"
+
+
 def say(message: str) -> None:
     """A line for people, on stderr."""
     sys.stderr.write(message + "\n")

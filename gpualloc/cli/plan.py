@@ -229,25 +229,23 @@ def _link_label(ctx: DecisionContext, a: int, b: int) -> str:
     return f"{link.kind} {link.bandwidth_gbps:g} GB/s"
 
 
-def _fmt(value: float | None, unit: str = " GB/s") -> str:
-    return "n/a" if value is None else f"{value:g}{unit}"
-
-
 def _placement_lines(ctx: DecisionContext, placement: Placement) -> list[str]:
+    from gpualloc.cli.output import figure
+
     s = placement.scores
-    effective = _fmt(s.effective_gbps)
+    effective = figure(s.effective_gbps)
     if s.effective_model:
         effective += f" ({'MAPA Table 2' if s.effective_model == 'mapa' else 'slowest link'})"
     return [
         f"policy {placement.policy}: {placement.objective}",
-        f"aggregated {_fmt(s.aggregated_gbps)}, effective {effective}, "
-        f"preserved {_fmt(s.preserved_gbps)}, bottleneck {_fmt(s.bottleneck_gbps)}, "
+        f"aggregated {figure(s.aggregated_gbps)}, effective {effective}, "
+        f"preserved {figure(s.preserved_gbps)}, bottleneck {figure(s.bottleneck_gbps)}, "
         f"utility {s.utility:.3f}",
     ]
 
 
 def _show_plan(ctx: DecisionContext, policy: str, explain: bool, as_json: bool) -> None:
-    from gpualloc.cli.output import Table, print_json, print_tables
+    from gpualloc.cli.output import Table, figure, print_json, print_tables
     from gpualloc.placement.decide import explain as explain_choice
     from gpualloc.placement.registry import get_policy
 
@@ -288,9 +286,9 @@ def _show_plan(ctx: DecisionContext, policy: str, explain: bool, as_json: bool) 
         alt_rows = [
             [
                 ",".join(str(g) for g in alt.gpus),
-                _fmt(alt.scores.effective_gbps, ""),
-                _fmt(alt.scores.aggregated_gbps, ""),
-                _fmt(alt.scores.preserved_gbps, ""),
+                figure(alt.scores.effective_gbps, ""),
+                figure(alt.scores.aggregated_gbps, ""),
+                figure(alt.scores.preserved_gbps, ""),
                 f"{alt.scores.utility:.3f}",
             ]
             for alt in explanation.alternatives
@@ -321,7 +319,7 @@ def bandwidth_source(topology: Topology) -> str:
 
 
 def _show_compare(ctx: DecisionContext, as_json: bool) -> None:
-    from gpualloc.cli.output import Table, print_json, print_tables
+    from gpualloc.cli.output import Table, figure, print_json, print_tables
     from gpualloc.placement.decide import compare as compare_all
 
     placements = compare_all(ctx)
@@ -332,10 +330,10 @@ def _show_compare(ctx: DecisionContext, as_json: bool) -> None:
         [
             p.policy,
             ",".join(str(g) for g in p.gpus),
-            _fmt(p.scores.effective_gbps, ""),
-            _fmt(p.scores.aggregated_gbps, ""),
-            _fmt(p.scores.preserved_gbps, ""),
-            _fmt(p.scores.bottleneck_gbps, ""),
+            figure(p.scores.effective_gbps, ""),
+            figure(p.scores.aggregated_gbps, ""),
+            figure(p.scores.preserved_gbps, ""),
+            figure(p.scores.bottleneck_gbps, ""),
             f"{p.scores.utility:.3f}",
         ]
         for p in placements

@@ -231,11 +231,23 @@ class MigTexts(Struct):
         )
 
 
+NO_MIG_GPU = "No MIG-enabled devices found"
+"""What ``nvidia-smi mig -lgi`` prints on a host none of whose GPUs is in MIG mode."""
+SMI_BANNER = re.compile(r"NVIDIA-SMI \S+\s+Driver Version:")
+"""The banner of plain ``nvidia-smi``, whose MIG devices table is absent without MIG."""
+
+
 def read_mig_texts(texts: list[tuple[str, str]]) -> MigTexts:
-    """(origin, text) pairs -> :class:`MigTexts`; which output each is, is read from it."""
+    """(origin, text) pairs -> :class:`MigTexts`; which output each is, is read from it. A host
+    without MIG says so in both forms (``mig -lgi``'s one line, plain ``nvidia-smi`` without a
+    MIG devices table): read as no MIG device (a real H200's, in tests/fixtures/device)."""
     found = MigTexts()
     for origin, text in texts:
-        if "GPU instances:" in text:
+        if NO_MIG_GPU in text:
+            found.gpu_instances = []
+        elif SMI_BANNER.search(text) and "MIG devices:" not in text:
+            found.devices = []
+        elif "GPU instances:" in text:
             found.gpu_instances = parse_gpu_instances(text, source=origin)
         elif "MIG devices:" in text:
             found.devices = parse_mig_device_table(text, source=origin)

@@ -291,6 +291,7 @@ class NvmlSession:
             source="nvml",
             origin="NVML",
             hostname=boot.hostname(),
+            machine_id=boot.machine_id(),
             captured_at=datetime.now(timezone.utc),
             driver_version=self.driver_version(),
             cuda_version=self._cuda_version(),

@@ -89,6 +89,7 @@ def topology_from_smi_texts(
         source=source,
         origin=origin,
         hostname=hostname,
+        machine_id=boot.machine_id() if source == "nvidia-smi" else None,
         captured_at=datetime.now(timezone.utc) if source == "nvidia-smi" else None,
         driver_version=driver_version,
         notes=notes,

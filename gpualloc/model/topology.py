@@ -209,6 +209,9 @@ class Provenance(_Strict, kw_only=True):
     origin: str | None = None
     """File path, bundled name, or command."""
     hostname: str | None = None
+    machine_id: str | None = None
+    """The recording host's ``/etc/machine-id``: with it, a recording describes this host only
+    where the ids match (host names repeat across machines)."""
     captured_at: datetime | None = None
     driver_version: str | None = None
     cuda_version: str | None = None
