@@ -27,8 +27,10 @@ from gpualloc.ledger.schema import Lease, LeasedGpu, Ledger
 from gpualloc.model.mig import GIB
 from gpualloc.model.share import ShareRequest
 from gpualloc.placement.fragmentation import task_mix
-from gpualloc.placement.mig_slots import CREATION_RULES, MigGpu, rank_slots
-from gpualloc.placement.share_fit import SHARE_PLACEMENTS, choose_share
+from gpualloc.placement.mig_rules import mig_rule_names
+from gpualloc.placement.mig_slots import MigGpu, rank_slots
+from gpualloc.placement.share_fit import choose_share
+from gpualloc.placement.share_rules import share_policy_names
 from gpualloc.simulate.trace import SimJob
 from gpualloc.topologies import load_bundled
 
@@ -116,7 +118,7 @@ def fill_table(jobs: list[SimJob], count: int = FILL_SAMPLES) -> dict[str, list[
     types = [(job.gpus, job.gpu_fraction or 1.0) for job in jobs]
     mix = task_mix(types)
     drawn = samples(types, count, GPUS, lambda task: task[0] * task[1])
-    return {p: [fill(tasks, p, mix) for tasks in drawn] for p in SHARE_PLACEMENTS}
+    return {p: [fill(tasks, p, mix) for tasks in drawn] for p in share_policy_names()}
 
 
 # ---- MIG --------------------------------------------------------------------------------------
@@ -129,7 +131,7 @@ def mig_slices_for(part: float) -> int:
 
 def mig_fill(tasks: Sequence[Task], rule: str, mix: dict[str, float]) -> list[float]:
     """Allocated shares of the host's compute slices at :data:`FILL_DEMAND`, instances created
-    where ``rule`` puts them (:data:`gpualloc.placement.mig_slots.CREATION_RULES`)."""
+    where ``rule`` puts them (a MIG creation rule of :mod:`gpualloc.placement.mig_rules`)."""
     name, memory = MIG_GPU
     occupied = {gpu: frozenset[int]() for gpu in range(GPUS)}
     arrived = allocated = 0.0
@@ -154,4 +156,4 @@ def mig_fill_table(jobs: list[SimJob], count: int = FILL_SAMPLES) -> dict[str, l
     profiles = Counter(MIG_PROFILES[mig_slices_for(p)] for g, p in types for _ in range(g))
     mix = {profile: n / sum(profiles.values()) for profile, n in profiles.items()}
     drawn = samples(types, count, 7 * GPUS, lambda task: task[0] * mig_slices_for(task[1]))
-    return {rule: [mig_fill(tasks, rule, mix) for tasks in drawn] for rule in CREATION_RULES}
+    return {rule: [mig_fill(tasks, rule, mix) for tasks in drawn] for rule in mig_rule_names()}

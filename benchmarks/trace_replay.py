@@ -37,7 +37,7 @@ from fill_method import (
     mig_fill_table,
 )
 
-from gpualloc.placement.share_fit import SHARE_PLACEMENTS
+from gpualloc.placement.share_rules import share_policy_names
 from gpualloc.simulate.engine import SimOptions, SimResult, simulate
 from gpualloc.simulate.summary import summarise
 from gpualloc.simulate.trace import SimJob
@@ -56,6 +56,9 @@ STARTS = tuple(range(0, 6000, 500))
 QUEUE = "backfill"
 PLOTTED = (0, 0.9)
 """The window (start) and load of the figure."""
+SHARE_PLACEMENTS = tuple(share_policy_names())
+"""The share placement rules compared, in their registry's order
+(:mod:`gpualloc.placement.share_rules`)."""
 
 
 def load_trace(path: Path = TRACE) -> list[SimJob]:

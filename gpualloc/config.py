@@ -57,6 +57,10 @@ DEFAULT_POLICY = "mapa"
 DEFAULT_STATE_DIR = Path("/var/tmp/gpualloc")
 DEFAULT_MAX_SHARED_JOBS = 4
 """Shared jobs (``run --share``) one GPU runs at once, unless ``share.max_jobs`` says."""
+SHARE_PLACEMENT_NAMES = ("fgd", "best-fit", "first-fit", "spread")
+"""The share placement rules ``share.placement`` may name, the default first. The rules are
+:mod:`gpualloc.placement.share_rules`, which this leaf cannot import; a test holds the names
+equal (tests/test_placement_rules.py)."""
 DEFAULT_BUSY_PERCENT = 5
 """Utilisation (%) from which a GPU counts as used: CUDA contexts alone show 0-1 %."""
 DEFAULT_MAX_GAP_S = 15 * 60.0
@@ -281,7 +285,7 @@ SETTINGS: tuple[Setting, ...] = (
         "shared jobs (run --share) one GPU may run at once (0: no sharing)", system_only=True,
     ),
     Setting(
-        "share.placement", None, "fgd", _choice("fgd", "best-fit", "first-fit", "spread"),
+        "share.placement", None, SHARE_PLACEMENT_NAMES[0], _choice(*SHARE_PLACEMENT_NAMES),
         "how a shared job's GPU is chosen: fgd (least growth of expected fragmentation), "
         "best-fit, first-fit or spread", system_only=True,
     ),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpualloc.placement.share_fit import SHARE_PLACEMENTS
+from gpualloc.placement.share_rules import share_policy_names
 from gpualloc.simulate.capacity import allocated_share, blocking, capacity_steps
 from gpualloc.simulate.engine import JobResult, SimOptions, simulate
 from gpualloc.simulate.openb import read_openb
@@ -164,7 +164,7 @@ def _allocated(jobs: list[SimJob], load: float) -> dict[str, float]:
                 ),
             )
         )["allocated_capacity"]
-        for placement in SHARE_PLACEMENTS
+        for placement in share_policy_names()
     }
 
 

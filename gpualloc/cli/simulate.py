@@ -151,7 +151,7 @@ def simulate_command(
     Example: `gpualloc -t dgx1-v100 simulate --generate mapa --policy baseline,besteffort,mapa`
     """
     from gpualloc.placement.registry import get_policy
-    from gpualloc.placement.share_fit import SHARE_PLACEMENTS
+    from gpualloc.placement.share_rules import get_share_policy
     from gpualloc.simulate.engine import SimOptions, simulate
     from gpualloc.simulate.generate import generate as generate_jobs
     from gpualloc.simulate.profile import DrbProfile
@@ -162,10 +162,7 @@ def simulate_command(
 
     placements = [name.strip() for name in share_placement.split(",") if name.strip()]
     for name in placements or [share_placement]:
-        if name not in SHARE_PLACEMENTS:
-            raise RequestError(
-                f"unknown --share-placement {name!r}", hint=" or ".join(SHARE_PLACEMENTS)
-            )
+        get_share_policy(name, what="--share-placement")
     if len(placements) > 1 and not sharing:
         raise RequestError(
             "several --share-placement rules compare nothing without --sharing",

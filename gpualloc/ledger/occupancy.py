@@ -5,8 +5,10 @@ live lease holds it, when it was lost (fell off the bus), or when compute proces
 while no lease holds it ("foreign" use; ``--ignore-foreign`` disregards it). Processes on a GPU
 that a lease holds belong to that lease's job.
 
-The result feeds the placement engine (:meth:`Occupancy.host_state`, with every lease as a
-running job for DRB's interference term) and the messages that say who holds what.
+The result feeds the placement engine, which reads it as a
+:class:`~gpualloc.model.occupancy_view.OccupancyView` (:meth:`Occupancy.host_state`, with every
+lease as a running job for DRB's interference term; the shared jobs on each GPU, by count, part
+and memory), and the messages that say who holds what.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from gpualloc.model.topology import GpuFault, GpuProcess, Health, Topology, faul
 
 
 class Occupancy(Struct, frozen=True):
-    """The occupation of every GPU of one topology at one moment."""
+    """The occupation of every GPU of one topology at one moment; placement's
+    :class:`~gpualloc.model.occupancy_view.OccupancyView` of it (a test holds it to that)."""
 
     gpu_count: int
     leases: dict[int, Lease] = field(default_factory=dict)
@@ -187,12 +190,28 @@ class Occupancy(Struct, frozen=True):
             running.append(RunningJob(gpus=frozenset({gpu})))
         return HostState(free=self.free, running=tuple(running))
 
-    # ---- words -----------------------------------------------------------------------------
+    # ---- shared jobs -------------------------------------------------------------------------
+
+    def shared_jobs(self, gpu: int) -> int:
+        """Shared jobs on ``gpu`` now."""
+        return len(self.shares.get(gpu, ()))
+
+    def shareable(self, gpu: int) -> bool:
+        """Whether a lease holds ``gpu`` and lets shared jobs run beside it (``--shareable``)."""
+        holder = self.leases.get(gpu)
+        return holder is not None and holder.shareable
 
     def shared_fraction(self, gpu: int) -> float:
         """The part of ``gpu`` its shared jobs hold (their leased fractions, summed; 0..)."""
         shares = self.shares.get(gpu, ())
         return round(sum(lease.share.fraction for lease in shares if lease.share is not None), 6)
+
+    def declared_memory(self, gpu: int) -> int:
+        """The memory the lease and the shared jobs on ``gpu`` declared (``--mem``), summed."""
+        holders = (self.leases.get(gpu), *self.shares.get(gpu, ()))
+        return sum(lease.memory_bytes or 0 for lease in holders if lease is not None)
+
+    # ---- words -----------------------------------------------------------------------------
 
     def describe(self, gpus: Iterable[int], *, now: datetime | None = None) -> list[str]:
         """One line per holder of any of ``gpus``: who, which GPUs, since when, doing what."""

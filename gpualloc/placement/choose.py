@@ -5,17 +5,18 @@ One function, :func:`choose`, for every caller (``run``, ``alloc``, ``plan``, th
 Slurm prolog, the simulator): a MIG device (:mod:`.mig`), a shared place on one GPU
 (:mod:`.share`), exactly the GPUs given (``--gpus``), or the policy's choice among the free GPUs
 (:mod:`.registry`), each held to the job's thresholds (``--min-utility``, ``--min-bandwidth``:
-postponement, DRB paper section 4.4). It reads the ledger's view of the GPUs
-(:class:`~gpualloc.ledger.occupancy.Occupancy`) and writes nothing: recording the lease is the
-ledger session's job (:mod:`gpualloc.launcher.allocate`).
+postponement, DRB paper section 4.4). It reads a view of the GPUs
+(:class:`~gpualloc.model.occupancy_view.OccupancyView`, which the ledger's
+:class:`~gpualloc.ledger.occupancy.Occupancy` provides) and writes nothing: recording the lease
+is the ledger session's job (:mod:`gpualloc.host.local`).
 """
 
 from __future__ import annotations
 
 from gpualloc.errors import GpusBusy, NoFeasiblePlacement, RequestError
-from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.mig import MigRequest
+from gpualloc.model.occupancy_view import OccupancyView
 from gpualloc.model.printable import count_of
 from gpualloc.model.request import UNSCORED, HostState, JobRequest, Placement
 from gpualloc.model.share import ShareRequest
@@ -36,7 +37,7 @@ __all__ = [
 EXPLICIT_POLICY = "explicit"
 
 
-def choose(topology: Topology, occupancy: Occupancy, want: Want) -> Placement:
+def choose(topology: Topology, occupancy: OccupancyView, want: Want) -> Placement:
     """The placement for ``want`` on the GPUs free in ``occupancy``.
 
     Raises :class:`GpusBusy` (naming who holds what) when the request would fit the host with
@@ -81,7 +82,7 @@ def choose(topology: Topology, occupancy: Occupancy, want: Want) -> Placement:
 MIG_POLICY = "mig-best-fit"
 
 
-def _mig_placement(topology: Topology, occupancy: Occupancy, request: MigRequest) -> Placement:
+def _mig_placement(topology: Topology, occupancy: OccupancyView, request: MigRequest) -> Placement:
     """The MIG device for ``request`` (see :mod:`gpualloc.placement.mig_fit`) as a placement."""
     from gpualloc.placement.mig_fit import MigDevicesBusy, choose_mig
 
@@ -106,7 +107,9 @@ def _mig_placement(topology: Topology, occupancy: Occupancy, request: MigRequest
 SHARE_POLICY = "share-best-fit"
 
 
-def _share_placement(topology: Topology, occupancy: Occupancy, request: ShareRequest) -> Placement:
+def _share_placement(
+    topology: Topology, occupancy: OccupancyView, request: ShareRequest
+) -> Placement:
     """The GPU for a shared job (see :mod:`gpualloc.placement.share_fit`) as a placement."""
     from gpualloc.placement.share_fit import choose_share
 
@@ -157,7 +160,7 @@ def _good_enough(placement: Placement, want: Want) -> Placement:
     return placement
 
 
-def _context_now(topology: Topology, occupancy: Occupancy, want: Want) -> DecisionContext:
+def _context_now(topology: Topology, occupancy: OccupancyView, want: Want) -> DecisionContext:
     return decision_context(
         topology,
         want.request,
@@ -167,7 +170,7 @@ def _context_now(topology: Topology, occupancy: Occupancy, want: Want) -> Decisi
     )
 
 
-def _explicit(topology: Topology, occupancy: Occupancy, want: Want) -> Placement:
+def _explicit(topology: Topology, occupancy: OccupancyView, want: Want) -> Placement:
     gpus = want.explicit or ()
     n = topology.gpu_count
     outside = [g for g in gpus if not 0 <= g < n]
@@ -209,7 +212,7 @@ def _explicit(topology: Topology, occupancy: Occupancy, want: Want) -> Placement
     return ctx.placement(EXPLICIT_POLICY, gpus, "the GPUs given with --gpus, in that order")
 
 
-def _busy(occupancy: Occupancy, request: JobRequest, why: NoFeasiblePlacement) -> GpusBusy:
+def _busy(occupancy: OccupancyView, request: JobRequest, why: NoFeasiblePlacement) -> GpusBusy:
     required_busy = sorted(request.required & occupancy.busy)
     free = sorted(occupancy.free - request.excluded)
     if required_busy:

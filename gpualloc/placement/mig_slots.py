@@ -8,7 +8,8 @@ instance shape ``m``, a GPU's *fragment* is its free memory slices that no free 
 a 2-slice instance, which starts at 0, 2 or 4 only). The expected fragmentation weighs each
 shape by its share of the requests; a new instance goes where that expectation grows least,
 then onto the GPU with the most slices taken (so that whole GPUs stay free to split otherwise),
-then the lowest start and GPU.
+then the lowest start and GPU. That order is the ``fgd`` MIG creation rule; ``best-fit`` and
+``first-fit`` (:mod:`gpualloc.placement.mig_rules`) order the same places otherwise.
 
 No trace records MIG requests, so until the ledger has counted enough of this host's
 (:meth:`gpualloc.ledger.stats.LedgerStats.recent_mig_mix`) every shape weighs the same.
@@ -31,23 +32,19 @@ from gpualloc.model.mig_slices import (
     still_fit,
 )
 from gpualloc.model.topology import Topology
+from gpualloc.placement.mig_rules import Slot, get_mig_rule
 
-
-class Slot(Struct, frozen=True):
-    """A place a GPU instance of ``profile`` could be created now."""
-
-    gpu: int
-    profile: str
-    start: int
-    size: int
-    growth: float
-    """How much the GPU's expected fragmentation grows (in slices)."""
-    taken_before: int
-    """Slices of the GPU already occupied."""
-
-    @property
-    def slices(self) -> str:
-        return f"{self.start}" if self.size == 1 else f"{self.start}-{self.start + self.size - 1}"
+__all__ = [
+    "MigGpu",
+    "Slot",
+    "creation_slots",
+    "expected_fragment",
+    "fragment",
+    "free_slices",
+    "mig_gpus",
+    "rank_slots",
+    "weighed_shapes",
+]
 
 
 def fragment(occupied: frozenset[int], shape: Shape, total: int) -> int:
@@ -90,12 +87,6 @@ class MigGpu(Struct, frozen=True):
     occupied: frozenset[int]
 
 
-CREATION_RULES = ("fgd", "best-fit", "first-fit")
-"""How a new GPU instance's place is chosen: ``fgd`` where expected fragmentation grows least
-(the module); ``best-fit`` the GPU with the most slices taken, then the lowest start;
-``first-fit`` the lowest GPU, then the lowest start (what creating without a placement gets)."""
-
-
 def mig_gpus(topology: Topology) -> list[MigGpu]:
     """The topology's GPUs in MIG mode whose layout (placements) is known."""
     found = []
@@ -117,15 +108,17 @@ def creation_slots(
 def rank_slots(
     gpus: list[MigGpu], profile: str, mix: Mapping[str, float] | None, rule: str = "fgd"
 ) -> list[Slot]:
-    """Every free place for ``profile`` on ``gpus``, best first by ``rule``
-    (:data:`CREATION_RULES`)."""
+    """Every free place for ``profile`` on ``gpus``, best first by the MIG creation rule named
+    ``rule`` (:mod:`gpualloc.placement.mig_rules`; an unknown name is a
+    :class:`~gpualloc.errors.RequestError`)."""
+    ranking = get_mig_rule(rule)
     slots = []
     for gpu in gpus:
         shape = shape_of(profile, gpu.name, gpu.memory_bytes)
         if shape is None:
             continue
         total = memory_slice_count(gpu.name)
-        weights = weighed_shapes(gpu.name, gpu.memory_bytes, mix) if rule == "fgd" else {}
+        weights = weighed_shapes(gpu.name, gpu.memory_bytes, mix) if ranking.weighs else {}
         before = expected_fragment(gpu.occupied, weights, total)
         for start in free_starts(shape, gpu.occupied):
             after = gpu.occupied | frozenset(range(start, start + shape.memory))
@@ -133,11 +126,7 @@ def rank_slots(
             slots.append(
                 Slot(gpu.index, shape.profile, start, shape.memory, grown, len(gpu.occupied))
             )
-    if rule == "first-fit":
-        return sorted(slots, key=lambda s: (s.gpu, s.start))
-    if rule == "best-fit":
-        return sorted(slots, key=lambda s: (-s.taken_before, s.start, s.gpu))
-    return sorted(slots, key=lambda s: (s.growth, -s.taken_before, s.start, s.gpu))
+    return ranking.rank(slots)
 
 
 def free_slices(topology: Topology, gpu: int) -> tuple[list[int], dict[str, int]] | None:

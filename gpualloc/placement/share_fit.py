@@ -1,4 +1,5 @@
-"""Where a shared job goes (issue 20, point 3): best fit among the GPUs it may share.
+"""Where a shared job goes (issue 20, point 3): the GPU the host's share placement rule picks
+among those it may share.
 
 A shared job (``run --share``) may run on a GPU that
 
@@ -7,107 +8,61 @@ A shared job (``run --share``) may run on a GPU that
 - has the memory the job declares (``--mem``) free: the GPU's memory less the larger of what
   the driver reports in use (NVML, else its processes' memory) and what the leases on it
   declared. A job that declares no memory asks for none, and a GPU whose size is unknown fits
-  only such a job.
+  only such a job;
+- has the part of it the job names (``--sm-share``) not held by other shared jobs.
 
-Among those, GPUs someone already uses come first, so that sharing fills used GPUs before it
-takes a free one (the free ones stay whole for whole-GPU jobs); then best fit: the least memory
-left after the job, then the fewest shared jobs, then the index. This is DeepPool's placement
-of background jobs onto the GPUs of foreground jobs (seed 004, section 3), with memory as the
-constraint that decides whether two jobs can be co-located at all.
+Those GPUs (:mod:`gpualloc.placement.share_candidates`) go to the rule the system config's
+``share.placement`` names (:mod:`gpualloc.placement.share_rules`: ``fgd`` by default, or
+DeepPool's best fit, seed 004, section 3, with memory as the constraint that decides whether
+two jobs can be co-located at all). This module checks that the job could ever fit the host,
+and says who holds what when it cannot fit now. It reads the host through
+:class:`~gpualloc.model.occupancy_view.OccupancyView` alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-
-from msgspec import Struct
+from collections.abc import Callable, Iterable, Mapping
 
 from gpualloc.errors import GpusBusy, NoFeasiblePlacement
-from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.mig import format_size
+from gpualloc.model.occupancy_view import OccupancyView
 from gpualloc.model.share import ShareRequest
 from gpualloc.model.topology import Topology
+from gpualloc.placement.share_candidates import (
+    ShareCandidate,
+    free_capacity,
+    free_memory,
+    share_candidates,
+    usable_gpus,
+)
+from gpualloc.placement.share_rules import ShareChoice, ShareContext, get_share_policy
 
-
-class ShareCandidate(Struct, frozen=True):
-    """One GPU a shared job could go to."""
-
-    gpu: int
-    state: str
-    """``held`` (by a shareable lease), ``shared`` or ``free``."""
-    jobs: int
-    """Shared jobs already on it."""
-    free_bytes: int | None
-    """Memory left for the job (None: the GPU's size is unknown)."""
-    used_fraction: float = 0.0
-    """The parts of the GPU its shared jobs hold (:attr:`LeasedShare.fraction`), summed."""
-
-    def describe(self) -> str:
-        memory = f", {format_size(self.free_bytes)} free" if self.free_bytes is not None else ""
-        used = f", {self.used_fraction:.0%} of it shared" if self.used_fraction else ""
-        return f"GPU {self.gpu} ({self.state}, {self.jobs} shared job(s){used}{memory})"
-
-
-class ShareChoice(Struct, frozen=True):
-    candidate: ShareCandidate
-    reason: str
-    runners_up: tuple[ShareCandidate, ...]
-
-
-def free_memory(topology: Topology, occupancy: Occupancy, gpu: int) -> int | None:
-    """Memory a new shared job may still take on ``gpu`` (None: the GPU's size is unknown)."""
-    total = topology.gpu(gpu).memory_total_bytes
-    if total is None:
-        return None
-    holders = [occupancy.leases.get(gpu), *occupancy.shares.get(gpu, ())]
-    declared = sum(lease.memory_bytes or 0 for lease in holders if lease is not None)
-    used = max(declared, occupancy.memory_used.get(gpu, 0))
-    return max(0, total - used)
-
-
-def share_candidates(
-    topology: Topology, occupancy: Occupancy, max_jobs: int
-) -> list[ShareCandidate]:
-    """Every GPU a shared job may use now, whatever its memory."""
-    found = []
-    for gpu in _usable(topology, occupancy):
-        state = occupancy.state(gpu)
-        holder = occupancy.leases.get(gpu)
-        if state == "held" and not (holder is not None and holder.shareable):
-            continue
-        if state not in ("held", "shared", "free"):
-            continue
-        shares = occupancy.shares.get(gpu, ())
-        if len(shares) >= max_jobs:
-            continue
-        memory = free_memory(topology, occupancy, gpu)
-        used = occupancy.shared_fraction(gpu)
-        found.append(ShareCandidate(gpu, state, len(shares), memory, used))
-    return found
-
-
-SHARE_PLACEMENTS = ("fgd", "best-fit", "first-fit", "spread")
-"""How a shared job's GPU is chosen among those that fit: ``fgd`` (the default) where the
-workload's expected fragmentation grows least (:mod:`gpualloc.placement.fragmentation`);
-``best-fit`` a GPU in use first, then the least of the GPU left (for a job that names its part
-with ``--sm-share``), then the least memory left (gpualloc's rule before FGD);
-``first-fit`` the lowest index; ``spread`` the most free capacity."""
+__all__ = [
+    "ShareBusy",
+    "ShareCandidate",
+    "ShareChoice",
+    "choose_share",
+    "free_memory",
+    "share_candidates",
+]
 
 
 def choose_share(
     topology: Topology,
-    occupancy: Occupancy,
+    occupancy: OccupancyView,
     request: ShareRequest,
     max_jobs: int,
     *,
     strategy: str = "fgd",
-    mix: dict[tuple[int, float], float] | None = None,
+    mix: Mapping[tuple[int, float], float] | None = None,
     mix_source: str = "the default mix",
 ) -> ShareChoice:
-    """The GPU for ``request`` by ``strategy`` (:data:`SHARE_PLACEMENTS`). Raises
-    :class:`NoFeasiblePlacement` when no GPU of the host could ever take it, :class:`GpusBusy`
-    when none can now."""
+    """The GPU for ``request`` by the share placement rule named ``strategy``
+    (:mod:`gpualloc.placement.share_rules`). Raises :class:`NoFeasiblePlacement` when no GPU of
+    the host could ever take it, :class:`GpusBusy` when none can now, :class:`RequestError` for
+    a rule that does not exist."""
+    policy = get_share_policy(strategy)
     _check_feasible(topology, occupancy, request, max_jobs)
     candidates = share_candidates(topology, occupancy, max_jobs)
     if request.gpu is not None:
@@ -115,61 +70,15 @@ def choose_share(
     fitting = [c for c in candidates if _fits(c, request)]
     if not fitting:
         raise _busy(topology, occupancy, request, candidates, max_jobs)
-    need = request.memory_bytes or 0
-    part = request.fraction or 1 / max(1, max_jobs)
-    free = _free_capacity(topology, occupancy)
-
-    def best_fit(c: ShareCandidate) -> tuple:
-        left = (c.free_bytes - need) if c.free_bytes is not None else float("inf")
-        room = 1 - c.used_fraction - part if request.fraction is not None else 0.0
-        return (c.state == "free", room, left, c.jobs, c.gpu)
-
-    if strategy == "fgd":
-        from gpualloc.placement.fragmentation import DEFAULT_MIX, expected_fragmentation, growth
-
-        weights = mix or DEFAULT_MIX
-        now = expected_fragmentation(free, weights)
-        grown = {c.gpu: round(growth(free, c.gpu, part, weights, now), 9) for c in fitting}
-        ranked = sorted(fitting, key=lambda c: (grown[c.gpu], free[c.gpu] - part, *best_fit(c)))
-        best = ranked[0]
-        why = (
-            f"the workload's expected fragmentation grows least there ({grown[best.gpu]:+.3f} "
-            f"GPU, weighed by {mix_source}; FGD, Weng et al. ATC'23)"
-        )
-        if sum(grown[c.gpu] == grown[best.gpu] for c in fitting) > 1:
-            why += "; among the GPUs that tie, the best fit"
-    elif strategy == "first-fit":
-        ranked = sorted(fitting, key=lambda c: c.gpu)
-        best, why = ranked[0], "the lowest-numbered GPU that fits (first fit)"
-    elif strategy == "spread":
-        ranked = sorted(fitting, key=lambda c: (-free[c.gpu], c.jobs, c.gpu))
-        best, why = ranked[0], "the GPU with the most free capacity (spread)"
-    else:
-        ranked = sorted(fitting, key=best_fit)
-        best = ranked[0]
-        if best.state == "free":
-            why = "no GPU in use has room, so a free one"
-        else:
-            left = "of it" if request.fraction is not None else "memory"
-            why = f"the GPU in use with the least {left} left after it (best fit)"
-    return ShareChoice(best, f"{best.describe()}: {why}", tuple(ranked[1:]))
-
-
-def _free_capacity(topology: Topology, occupancy: Occupancy) -> list[float]:
-    """Each GPU's free capacity for FGD: 1 when free, one minus its shared jobs' parts when
-    only shared jobs use it, 0 when a lease holds it (shared jobs there ride on its idle time)
-    or it cannot be used."""
-    usable = set(_usable(topology, occupancy))
-    free = []
-    for gpu in range(topology.gpu_count):
-        state = occupancy.state(gpu) if gpu in usable else "unusable"
-        if state == "free":
-            free.append(1.0)
-        elif state == "shared":
-            free.append(max(0.0, 1.0 - occupancy.shared_fraction(gpu)))
-        else:
-            free.append(0.0)
-    return free
+    ctx = ShareContext(
+        request=request,
+        fitting=fitting,
+        part=request.fraction or 1 / max(1, max_jobs),
+        free=free_capacity(topology, occupancy),
+        mix=mix,
+        mix_source=mix_source,
+    )
+    return policy.choose(ctx)
 
 
 def _fits(candidate: ShareCandidate, request: ShareRequest) -> bool:
@@ -182,18 +91,10 @@ def _fits(candidate: ShareCandidate, request: ShareRequest) -> bool:
     return candidate.free_bytes is not None and candidate.free_bytes >= request.memory_bytes
 
 
-def _usable(topology: Topology, occupancy: Occupancy) -> list[int]:
-    return [
-        g
-        for g in range(topology.gpu_count)
-        if g not in occupancy.unusable | occupancy.outside | occupancy.mig
-    ]
-
-
 def _check_feasible(
-    topology: Topology, occupancy: Occupancy, request: ShareRequest, max_jobs: int
+    topology: Topology, occupancy: OccupancyView, request: ShareRequest, max_jobs: int
 ) -> None:
-    usable = _usable(topology, occupancy)
+    usable = usable_gpus(topology, occupancy)
     if max_jobs < 1:
         raise NoFeasiblePlacement(
             "this host allows no shared jobs (share.max_jobs = 0 in the system config)",
@@ -232,7 +133,7 @@ def _check_feasible(
 
 def _busy(
     topology: Topology,
-    occupancy: Occupancy,
+    occupancy: OccupancyView,
     request: ShareRequest,
     candidates: Iterable[ShareCandidate],
     max_jobs: int,
@@ -240,7 +141,7 @@ def _busy(
     listed = list(candidates)
 
     def write() -> tuple[str, tuple[str, ...]]:
-        where = [request.gpu] if request.gpu is not None else _usable(topology, occupancy)
+        where = [request.gpu] if request.gpu is not None else usable_gpus(topology, occupancy)
         closed = [g for g in where if g not in {c.gpu for c in listed}]
         parts = []
         if listed:
