@@ -30,7 +30,7 @@ from msgspec.structs import replace
 from gpualloc import boot
 from gpualloc.discovery.assemble import PairFacts, assemble_topology
 from gpualloc.discovery.p2p_codes import NVML_P2P_CODE, P2P_READ, peer_access_of
-from gpualloc.discovery.processes import RunningProcess
+from gpualloc.discovery.running_process import RunningProcess
 from gpualloc.discovery.text import text_of
 from gpualloc.errors import DiscoveryError, DiscoveryUnavailable, NoGpuFound
 from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable

@@ -19,24 +19,13 @@ from typing import TYPE_CHECKING
 
 from msgspec import Struct, field
 
+from gpualloc.discovery.running_process import RunningProcess
 from gpualloc.model.topology import GpuProcess, Topology
 
 if TYPE_CHECKING:
     from gpualloc.discovery.nvml import NvmlSession
 
 MIB = 1024 * 1024
-
-
-class RunningProcess(Struct, frozen=True):
-    """One entry of a GPU's running-process list, before it is matched to the topology."""
-
-    nvml_index: int
-    """NVML's index of the GPU; -1 when the source gives only the UUID (nvidia-smi)."""
-    uuid: str | None
-    pid: int
-    used_memory_bytes: int | None
-    gpu_instance: int | None = None
-    compute_instance: int | None = None
 
 
 class ProcessReport(Struct):

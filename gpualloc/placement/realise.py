@@ -9,6 +9,10 @@ may take (``window``: unused, and in a candidate set), prune what cannot take it
 (``lowest_reachable_set``), and apply the tie-break to a whole placement (``complete``). Dead
 ends are remembered (Held and Karp's dynamic program over subsets, on a ring).
 :func:`realise_star` solves the star directly.
+
+Both take the search as a :class:`~gpualloc.placement.search_bounds.VectorBounds`, the half of
+:class:`~gpualloc.placement.search.PlacementSearch` that declares all they read: :mod:`.search`
+imports this module, so this one does not import it back.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from gpualloc.placement.objectives import WEIGHT_SLACK
 from gpualloc.placement.pattern_graphs import or_masks
 
 if TYPE_CHECKING:
-    from gpualloc.placement.search import PlacementSearch
+    from gpualloc.placement.search_bounds import VectorBounds
 
 
 class Escalate(Exception):
@@ -31,7 +35,7 @@ Ranked = tuple[tuple[int, ...], tuple[int, ...]]
 
 
 def realise(
-    search: PlacementSearch, vector: tuple[int, ...], incumbent: Ranked | None
+    search: VectorBounds, vector: tuple[int, ...], incumbent: Ranked | None
 ) -> Ranked | None:
     """The lowest (sorted set, order) realising ``vector`` that beats ``incumbent``, or None."""
     return Realisation(search, vector, incumbent).run()
@@ -57,7 +61,7 @@ class Realisation:
     """
 
     def __init__(
-        self, search: PlacementSearch, vector: tuple[int, ...], incumbent: Ranked | None
+        self, search: VectorBounds, vector: tuple[int, ...], incumbent: Ranked | None
     ) -> None:
         self.search = search
         self.k = search.k
@@ -294,7 +298,7 @@ class Realisation:
 
 
 def realise_star(
-    search: PlacementSearch,
+    search: VectorBounds,
     vector: tuple[int, ...],
     incumbent: tuple[tuple[int, ...], tuple[int, ...]] | None,
 ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:

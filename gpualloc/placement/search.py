@@ -41,9 +41,10 @@ billion evaluations for 8 of 16 GPUs). This module finds the structure instead:
 
 Keys are rounded to 1e-6 so that the same links summed in another order tie exactly.
 
-The module is the search itself; its objectives are :mod:`.objectives`, its bounds
-:mod:`.search_bounds`, its depth-first realisation :mod:`.realise`, the pattern and link-graph
-facts they use :mod:`.pattern_graphs`, and what other modules call :mod:`.exact`.
+The module is the search itself; its link classes are :mod:`.link_classes`, its objectives
+:mod:`.objectives`, its bounds :mod:`.search_bounds`, its depth-first realisation
+:mod:`.realise`, the pattern and link-graph facts they use :mod:`.pattern_graphs`, and what
+other modules call :mod:`.exact`.
 
 Complexity: the problems are NP-hard (a ring is a travelling-salesman tour), so the worst case is
 exponential; on hosts with few link classes the work is a few thousand search nodes per decision.
@@ -61,42 +62,11 @@ from msgspec import Struct
 from gpualloc.model.request import CommunicationPattern
 from gpualloc.placement.candidates import candidate_sets
 from gpualloc.placement.host_graph import HostGraph
+from gpualloc.placement.link_classes import link_classes
 from gpualloc.placement.objectives import EdgeObjective, Key, evaluate_order, rounded
 from gpualloc.placement.patterns import search_shape
 from gpualloc.placement.realise import Escalate, realise, realise_star
 from gpualloc.placement.search_bounds import VectorBounds
-
-
-class LinkClasses(Struct, frozen=True):
-    """The distinct (MAPA class, bandwidth) combinations among the pool's pairs."""
-
-    of_pair: tuple[tuple[int, ...], ...]  # class id per GPU pair (-1 on the diagonal)
-    mapa: tuple[int, ...]  # MAPA class per class id
-    weight: tuple[float, ...]  # bandwidth per class id
-    adjacency: tuple[tuple[int, ...], ...]  # per class: bitmask of pool neighbours per GPU
-
-
-def link_classes(host: HostGraph, pool: Sequence[int]) -> LinkClasses:
-    n = host.gpu_count
-    ids: dict[tuple[int, float], int] = {}
-    of_pair = [[-1] * n for _ in range(n)]
-    for i, a in enumerate(pool):
-        for b in pool[i + 1 :]:
-            label = (host.mapa_class[a][b], rounded(host.bandwidth[a][b]))
-            c = ids.setdefault(label, len(ids))
-            of_pair[a][b] = of_pair[b][a] = c
-    labels = sorted(ids, key=ids.__getitem__)
-    adjacency = [[0] * n for _ in labels]
-    for a in pool:
-        for b in pool:
-            if a != b:
-                adjacency[of_pair[a][b]][a] |= 1 << b
-    return LinkClasses(
-        of_pair=tuple(tuple(row) for row in of_pair),
-        mapa=tuple(label[0] for label in labels),
-        weight=tuple(label[1] for label in labels),
-        adjacency=tuple(tuple(row) for row in adjacency),
-    )
 
 
 def _vectors(classes: int, total: int) -> list[tuple[int, ...]]:

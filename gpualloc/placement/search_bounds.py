@@ -6,7 +6,9 @@ capacities from components, degrees, parity and paths) and the lookahead tables 
 
 :class:`VectorBounds` is a part of :class:`~gpualloc.placement.search.PlacementSearch`, kept in
 its own module because it is the half of the search that proves, not the half that finds; it
-reads the search's pool, pattern, link classes and visiting order.
+reads the search's pool, pattern, link classes and visiting order. It declares (or sets) every
+attribute of the search that :mod:`.realise` reads, so that :mod:`.realise` names the search by
+this class and need not import :mod:`.search`, which imports it.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ from gpualloc.placement.treebound import TreeWeightBound, greedy_weight, lagrang
 if TYPE_CHECKING:
     from gpualloc.model.request import CommunicationPattern
     from gpualloc.placement.host_graph import HostGraph
+    from gpualloc.placement.link_classes import LinkClasses
     from gpualloc.placement.objectives import EdgeObjective
-    from gpualloc.placement.search import LinkClasses
 
 ESCALATE_AFTER_NODES = 1500
 """A tree search that has visited this many nodes with the cheap bounds tightens its subtree
@@ -50,6 +52,7 @@ class VectorBounds:
     objective: EdgeObjective
     pool: tuple[int, ...]
     required: frozenset[int]
+    required_mask: int
     k: int
     visit: tuple[int, ...]
     back: list[tuple[int, ...]]
@@ -60,6 +63,7 @@ class VectorBounds:
     capacity: tuple[int, ...]
     allowed: tuple[int, ...] | None
     escalate_at: float
+    nodes: int
 
     def _prepare_budget_search(self) -> None:
         """What the count-vector search needs beyond the other paths: the positions each step
