@@ -70,13 +70,14 @@ def _library_client(args: tuple[str, str, int]) -> list[float]:
     """``cycles`` alloc+release cycles through the library; the latency of each alloc (ms)."""
     topology_name, state, cycles = args
     os.environ["GPUALLOC_STATE_DIR"] = state
-    from gpualloc.launcher.allocate import HostLedger, LeaseTerms
+    from gpualloc.host.local import LocalHost
+    from gpualloc.host.terms import LeaseTerms
     from gpualloc.model.request import JobRequest
     from gpualloc.placement.patterns import build_pattern
     from gpualloc.placement.want import Want
     from gpualloc.topologies import load_bundled
 
-    host = HostLedger.open(load_bundled(topology_name))
+    host = LocalHost.open(load_bundled(topology_name))
     want = Want(JobRequest(gpus=1, pattern=build_pattern("ring", 1), sensitive=False))
     latencies = []
     for _ in range(cycles):

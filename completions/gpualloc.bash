@@ -13,9 +13,9 @@ _gpualloc_commands() {
 _gpualloc_options() {
     case $1 in
         '') echo '--topology -t --bandwidth-table --refresh --debug --version --manual --install-completion --show-completion --help -h' ;;
-        'plan') echo '-n --num-gpus --pattern --sensitive --insensitive --busy --free --exclude --require --policy --score --drb-weights --mig --mem --allow-unhealthy --explain --compare --json --help -h' ;;
-        'run') echo '-n --num-gpus --pattern --sensitive --insensitive --exclude --require --policy --score --drb-weights --gpus --numa --name --uuid --ignore-foreign --heed-foreign --wait --timeout --priority --max-bypass --min-utility --min-bandwidth --mig --mem --share --shareable --background --sm-share --allow-unhealthy --dry-run --quiet -q --json --help -h' ;;
-        'alloc') echo '-n --num-gpus --pattern --sensitive --insensitive --exclude --require --policy --score --drb-weights --gpus --pid --hold --format --name --uuid --ignore-foreign --heed-foreign --wait --timeout --priority --max-bypass --min-utility --min-bandwidth --mig --mem --shareable --allow-unhealthy --help -h' ;;
+        'plan') echo '-n --num-gpus --pattern --sensitive --insensitive --exclude --require --policy --score --drb-weights --mig --mem --allow-unhealthy --busy --free --explain --compare --json --help -h' ;;
+        'run') echo '-n --num-gpus --pattern --sensitive --insensitive --exclude --require --policy --score --drb-weights --gpus --min-utility --min-bandwidth --mig --mem --share --shareable --background --sm-share --name --uuid --ignore-foreign --heed-foreign --allow-unhealthy --wait --timeout --priority --max-bypass --numa --dry-run --quiet -q --json --help -h' ;;
+        'alloc') echo '-n --num-gpus --pattern --sensitive --insensitive --exclude --require --policy --score --drb-weights --gpus --min-utility --min-bandwidth --mig --mem --shareable --name --uuid --ignore-foreign --heed-foreign --allow-unhealthy --wait --timeout --priority --max-bypass --pid --hold --format --help -h' ;;
         'release') echo '--mine --evict-shared --grace --json --help -h' ;;
         'status') echo '--json --watch -w --interval --idle --help -h' ;;
         'gc') echo '--json --help -h' ;;
@@ -42,7 +42,7 @@ _gpualloc_options() {
 
 _gpualloc_takes_value() {
     case "$1|$2" in
-        '|--topology'|'|-t'|'|--bandwidth-table'|'|--install-completion'|'|--show-completion'|'plan|-n'|'plan|--num-gpus'|'plan|--pattern'|'plan|--busy'|'plan|--free'|'plan|--exclude'|'plan|--require'|'plan|--policy'|'plan|--score'|'plan|--drb-weights'|'plan|--mig'|'plan|--mem'|'run|-n'|'run|--num-gpus'|'run|--pattern'|'run|--exclude'|'run|--require'|'run|--policy'|'run|--score'|'run|--drb-weights'|'run|--gpus'|'run|--numa'|'run|--name'|'run|--timeout'|'run|--priority'|'run|--max-bypass'|'run|--min-utility'|'run|--min-bandwidth'|'run|--mig'|'run|--mem'|'run|--sm-share'|'alloc|-n'|'alloc|--num-gpus'|'alloc|--pattern'|'alloc|--exclude'|'alloc|--require'|'alloc|--policy'|'alloc|--score'|'alloc|--drb-weights'|'alloc|--gpus'|'alloc|--pid'|'alloc|--format'|'alloc|--name'|'alloc|--timeout'|'alloc|--priority'|'alloc|--max-bypass'|'alloc|--min-utility'|'alloc|--min-bandwidth'|'alloc|--mig'|'alloc|--mem'|'release|--grace'|'status|--interval'|'status|--idle'|'metrics|--serve'|'doctor|--measured'|'serve|--socket'|'serve|--state-dir'|'simulate|--trace'|'simulate|--generate'|'simulate|--policy'|'simulate|--queue'|'simulate|--runtime'|'simulate|--profile'|'simulate|--sharing'|'simulate|--share-placement'|'simulate|--gpu-busy'|'simulate|--start'|'simulate|--limit'|'simulate|--load'|'simulate|--seed'|'simulate|--save-trace'|'simulate|--plot'|'simulate|--report'|'calibrate|--size-mib'|'calibrate|--repeats'|'calibrate|--from'|'topo import|--nvlink'|'topo import|--numa'|'topo import|--p2p'|'topo import|--output'|'topo import|-o'|'topo import|--name'|'topo import|--bandwidth-matrix'|'topo import|--mig'|'topo record|--output'|'topo record|-o'|'topo export|--format'|'topo export|--output'|'topo export|-o'|'slurm gres-conf|--node'|'slurm gres-conf|--threads-per-core'|'slurm gres-conf|--device-dir'|'slurm gres-conf|--mig-minors'|'slurm gres-conf|--gpu-type') return 0 ;;
+        '|--topology'|'|-t'|'|--bandwidth-table'|'|--install-completion'|'|--show-completion'|'plan|-n'|'plan|--num-gpus'|'plan|--pattern'|'plan|--exclude'|'plan|--require'|'plan|--policy'|'plan|--score'|'plan|--drb-weights'|'plan|--mig'|'plan|--mem'|'plan|--busy'|'plan|--free'|'run|-n'|'run|--num-gpus'|'run|--pattern'|'run|--exclude'|'run|--require'|'run|--policy'|'run|--score'|'run|--drb-weights'|'run|--gpus'|'run|--min-utility'|'run|--min-bandwidth'|'run|--mig'|'run|--mem'|'run|--sm-share'|'run|--name'|'run|--timeout'|'run|--priority'|'run|--max-bypass'|'run|--numa'|'alloc|-n'|'alloc|--num-gpus'|'alloc|--pattern'|'alloc|--exclude'|'alloc|--require'|'alloc|--policy'|'alloc|--score'|'alloc|--drb-weights'|'alloc|--gpus'|'alloc|--min-utility'|'alloc|--min-bandwidth'|'alloc|--mig'|'alloc|--mem'|'alloc|--name'|'alloc|--timeout'|'alloc|--priority'|'alloc|--max-bypass'|'alloc|--pid'|'alloc|--format'|'release|--grace'|'status|--interval'|'status|--idle'|'metrics|--serve'|'doctor|--measured'|'serve|--socket'|'serve|--state-dir'|'simulate|--trace'|'simulate|--generate'|'simulate|--policy'|'simulate|--queue'|'simulate|--runtime'|'simulate|--profile'|'simulate|--sharing'|'simulate|--share-placement'|'simulate|--gpu-busy'|'simulate|--start'|'simulate|--limit'|'simulate|--load'|'simulate|--seed'|'simulate|--save-trace'|'simulate|--plot'|'simulate|--report'|'calibrate|--size-mib'|'calibrate|--repeats'|'calibrate|--from'|'topo import|--nvlink'|'topo import|--numa'|'topo import|--p2p'|'topo import|--output'|'topo import|-o'|'topo import|--name'|'topo import|--bandwidth-matrix'|'topo import|--mig'|'topo record|--output'|'topo record|-o'|'topo export|--format'|'topo export|--output'|'topo export|-o'|'slurm gres-conf|--node'|'slurm gres-conf|--threads-per-core'|'slurm gres-conf|--device-dir'|'slurm gres-conf|--mig-minors'|'slurm gres-conf|--gpu-type') return 0 ;;
     esac
     return 1
 }
@@ -70,14 +70,14 @@ _gpualloc_values() {
         'run|--pattern') _gpualloc_offer 'ring' 'all' 'tree' 'star' ;;
         'run|--policy') _gpualloc_offer 'mapa' 'mapa-greedy' 'drb' 'pack' 'spread' 'besteffort' 'slurm' 'baseline' ;;
         'run|--score') _gpualloc_offer 'auto' 'mapa' 'bottleneck' ;;
-        'run|--numa') _gpualloc_offer 'auto' 'bind' 'none' ;;
-        'run|--priority') _gpualloc_offer 'high' 'normal' 'low' ;;
         'run|--mig') _gpualloc_offer '1g.5gb' '1g.10gb' '2g.10gb' '3g.20gb' '4g.20gb' '7g.40gb' '1g.20gb' '2g.20gb' '3g.40gb' '4g.40gb' '7g.80gb' '1g.6gb' '2g.12gb' '4g.24gb' '1g.18gb' '1g.35gb' '2g.35gb' '3g.71gb' '4g.71gb' '7g.141gb' ;;
+        'run|--priority') _gpualloc_offer 'high' 'normal' 'low' ;;
+        'run|--numa') _gpualloc_offer 'auto' 'bind' 'none' ;;
         'alloc|--pattern') _gpualloc_offer 'ring' 'all' 'tree' 'star' ;;
         'alloc|--policy') _gpualloc_offer 'mapa' 'mapa-greedy' 'drb' 'pack' 'spread' 'besteffort' 'slurm' 'baseline' ;;
         'alloc|--score') _gpualloc_offer 'auto' 'mapa' 'bottleneck' ;;
-        'alloc|--priority') _gpualloc_offer 'high' 'normal' 'low' ;;
         'alloc|--mig') _gpualloc_offer '1g.5gb' '1g.10gb' '2g.10gb' '3g.20gb' '4g.20gb' '7g.40gb' '1g.20gb' '2g.20gb' '3g.40gb' '4g.40gb' '7g.80gb' '1g.6gb' '2g.12gb' '4g.24gb' '1g.18gb' '1g.35gb' '2g.35gb' '3g.71gb' '4g.71gb' '7g.141gb' ;;
+        'alloc|--priority') _gpualloc_offer 'high' 'normal' 'low' ;;
         'topo export|--format') _gpualloc_offer 'graphml' 'gexf' 'json' ;;
     esac
 }

@@ -12,6 +12,10 @@ worker) and want what ``gpualloc plan`` and ``gpualloc run`` give the shell::
     with gpualloc.hold(2, topology=topology, wait=True) as lease:   # in the ledger, for us
         subprocess.run(["python", "train.py"], env={**os.environ, **lease.environment})
 
+The job's options are the command line's, by the same names (the table of
+:mod:`gpualloc.job_options`): ``hold(2, policy="drb", min_bandwidth=100)``, a MIG device with
+``hold(1, mig="1g.10gb")``, a shared place on a GPU with ``hold(1, share=True, mem=8 * 2**30)``.
+
 A held lease belongs to this process (its pid): it is released when the ``with`` block ends,
 and reaped by the next gpualloc that looks if the process dies first. Defaults (policy, state
 directory, queue bounds) come from the configuration files, as on the command line. Errors are
@@ -23,19 +27,18 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from msgspec import Struct, field
 
+__all__ = ["HeldGpus", "hold", "load_topology", "plan"]
+
 if TYPE_CHECKING:
-    from gpualloc.broker.remote import RemoteLedger
     from gpualloc.config import Config
-    from gpualloc.launcher.allocate import LeaseTerms
-    from gpualloc.launcher.queue import WaitOptions
+    from gpualloc.host.protocol import Host
     from gpualloc.ledger.schema import Lease
     from gpualloc.model.request import Placement
     from gpualloc.model.topology import Topology
-    from gpualloc.placement.want import Want
 
 
 def load_topology(name_or_path: str | None = None) -> Topology:
@@ -57,26 +60,19 @@ def plan(
     gpus: int,
     *,
     busy: Iterable[int] = (),
-    pattern: str = "ring",
-    sensitive: bool | None = None,
-    policy: str | None = None,
-    exclude: Iterable[int] = (),
-    require: Iterable[int] = (),
+    **job: Any,
 ) -> Placement:
-    """The placement ``policy`` chooses for a job of ``gpus`` GPUs with ``busy`` taken (the
-    ledger is not consulted; see :func:`hold`). ``pattern`` is ring, all, tree, star or a JSON
-    edge-list file. Raises NoFeasiblePlacement when no set fits."""
+    """The placement the policy chooses for a job of ``gpus`` GPUs with ``busy`` taken (the
+    ledger is not consulted; see :func:`hold`). ``job`` takes the command line's job options
+    by name, as :func:`hold` does (``pattern``: ring, all, tree, star or a JSON edge-list
+    file; ``policy``, ``sensitive``, ``exclude``, ``require``, ...). Raises
+    NoFeasiblePlacement when no set fits."""
     from gpualloc.config import Config
     from gpualloc.model.request import HostState
     from gpualloc.placement.decide import decision_context
-    from gpualloc.placement.options import JobOptions
     from gpualloc.placement.registry import get_policy
 
-    options = JobOptions(
-        count=gpus, pattern=pattern, sensitive=sensitive, policy=policy,
-        exclude=tuple(exclude), require=tuple(require),
-    )  # fmt: skip
-    want = options.want(Config.load())
+    want = _job_options(gpus, job).want(Config.load())
     state = HostState.with_busy(topology.gpu_count, frozenset(busy))
     return get_policy(want.policy).place(decision_context(topology, want.request, state))
 
@@ -96,121 +92,103 @@ class HeldGpus(Struct):
 
 @contextmanager
 def hold(
-    gpus: int,
+    gpus: int = 1,
     *,
     topology: Topology | None = None,
-    pattern: str = "ring",
-    sensitive: bool | None = None,
-    policy: str | None = None,
-    exclude: Iterable[int] = (),
-    require: Iterable[int] = (),
     name: str | None = None,
     wait: bool = False,
     timeout_s: float | None = None,
+    **job: Any,
 ) -> Iterator[HeldGpus]:
     """Hold the best free GPUs for the ``with`` block, through the ledger every user of the
-    host shares (inside a Slurm job: the job's GPUs and its own ledger). Without ``wait``,
-    raises GpusBusy when they are taken now; with it, queues like ``run --wait`` (WaitTimedOut
-    after ``timeout_s``)."""
+    host shares (its broker's, where it has one; inside a Slurm job: the job's GPUs and its
+    own ledger). ``job`` takes the command line's job options by name (``pattern``,
+    ``sensitive``, ``policy``, ``exclude``, ``require``, ``score``, ``drb_weights``,
+    ``min_utility``, ``min_bandwidth``, ``mig``, ``mem``, ``share``, ``shareable``,
+    ``background``, ``sm_share``; ``explicit`` for ``--gpus``). Without ``wait``, raises
+    GpusBusy when they are taken now; with it, queues like ``run --wait`` (WaitTimedOut after
+    ``timeout_s``)."""
     from gpualloc.config import Config
-    from gpualloc.launcher.allocate import HostLedger, LeaseTerms
-    from gpualloc.launcher.environment import gpu_variables
-    from gpualloc.launcher.queue import WaitOptions
-    from gpualloc.launcher.wait import wait_and_allocate
-    from gpualloc.placement.options import JobOptions
-    from gpualloc.slurm.job import slurm_job
+    from gpualloc.host.queue import WaitOptions
+    from gpualloc.host.terms import LeaseTerms
+    from gpualloc.launcher.environment import job_variables
+    from gpualloc.launcher.sharing import share_mode
 
     config = Config.load()  # read once: the topology, the policy, the state directory, the queue
-    options = JobOptions(
-        count=gpus, pattern=pattern, sensitive=sensitive, policy=policy,
-        exclude=tuple(exclude), require=tuple(require),
-    )  # fmt: skip
+    options = _job_options(gpus, job)
     want = options.want(config)  # as plan, run and alloc turn their options into a request
-    terms = LeaseTerms(source="alloc", pid=os.getpid(), name=name)
+    terms = LeaseTerms(
+        source="alloc",
+        pid=os.getpid(),
+        name=name,
+        shareable=options.shareable,
+        memory_bytes=options.declared_memory_bytes(),
+        share_mode=share_mode(os.environ) if options.share else "time-sliced",
+    )
     waiting = WaitOptions.from_config(config, timeout_s=timeout_s) if wait else None
-    remote = _broker(config, topology)
-    if remote is not None:
-        with _held_through_broker(remote, want, terms, waiting) as held:
-            yield held
-        return
-    topology = topology or _load_topology(None, config)
-    host = HostLedger.open(
-        topology,
-        slurm_job=slurm_job(topology, os.environ),
-        state_dir=config.value("state_dir"),
-        lock_timeout_s=config.value("lock_timeout"),
-    )
-    host.take_share_settings(config)  # as open_host_ledger does
-    if waiting is not None:
-        allocation = wait_and_allocate(host, want, terms, waiting)
-    else:
-        allocation = host.allocate(want, terms)
-    chosen = [topology.gpu(g) for g in allocation.placement.gpus]
+    host = _host(config, topology)
+    allocation = host.allocate(want, terms, wait=waiting)
+    placement, lease = allocation.placement, allocation.lease
     held = HeldGpus(
-        allocation.lease,
-        allocation.placement,
-        gpu_variables(chosen, lease_id=allocation.lease.id),
-    )
-    try:
-        yield held
-    finally:
-        host.release(allocation.lease.id)
-
-
-# ---- through the host's broker -----------------------------------------------------------------
-
-_BROKERS: dict[tuple[int, str], tuple[RemoteLedger, Topology]] = {}
-"""One connection to the broker per process (keyed by pid: a forked child makes its own, so
-the kernel names the right process), with the broker's topology."""
-
-
-def _broker(config: Config, topology: Topology | None) -> tuple[RemoteLedger, Topology] | None:
-    """The broker's connection and topology when this host has a broker and ``hold`` is not
-    for another host's topology or inside a Slurm job (as on the command line)."""
-    from gpualloc.broker.address import broker_socket
-
-    socket = broker_socket(config.value("host.broker"))
-    if socket is None:
-        return None
-    if os.environ.get("SLURM_JOB_ID") and os.environ.get("GPUALLOC_NO_SLURM", "") in ("", "0"):
-        return None
-    if topology is not None:
-        from gpualloc.discovery.this_host import describes_this_host
-
-        if not describes_this_host(topology):
-            return None
-    key = (os.getpid(), str(socket))
-    if key not in _BROKERS:
-        from gpualloc.broker.remote import RemoteLedger
-        from gpualloc.model.topology import Topology
-        from gpualloc.model.validation import from_builtins
-
-        remote = RemoteLedger(socket)
-        _BROKERS[key] = (remote, from_builtins(remote.view(full=False)["topology"], Topology))
-    return _BROKERS[key]
-
-
-@contextmanager
-def _held_through_broker(
-    broker: tuple[RemoteLedger, Topology],
-    want: Want,
-    terms: LeaseTerms,
-    waiting: WaitOptions | None,
-) -> Iterator[HeldGpus]:
-    from gpualloc.launcher.environment import job_variables
-
-    remote, topology = broker
-    allocation = remote.allocate(want, terms, waiting=waiting)
-    placement = allocation.placement
-    held = HeldGpus(
-        allocation.lease,
+        lease,
         placement,
         job_variables(
-            topology, placement.gpus, placement.mig_devices, lease_id=allocation.lease.id,
-            uuid=False,
+            host.topology, lease.indices, lease.mig_keys, lease_id=lease.id, uuid=False,
+            share=lease.share,
         ),
     )  # fmt: skip
     try:
         yield held
     finally:
-        remote.release(allocation.lease.id)
+        host.release(lease.id)
+
+
+def _job_options(count: int, given: dict[str, Any]) -> Any:
+    """The JobOptions of ``hold`` and ``plan``: ``count`` GPUs (one where a MIG device or a
+    shared place is asked for), and the command line's job options by name."""
+    from gpualloc.errors import RequestError
+    from gpualloc.placement.options import JobOptions
+
+    names = set(JobOptions.__struct_fields__) - {"count", "gpus"}
+    unknown = sorted(set(given) - names - {"explicit"})
+    if unknown:
+        raise RequestError(
+            f"unknown job option {unknown[0]!r}", hint="one of: " + ", ".join(sorted(names))
+        )
+    values = {key: value for key, value in given.items() if key != "explicit"}
+    if given.get("explicit") is not None:
+        values["gpus"] = tuple(given["explicit"])
+    for key in ("exclude", "require"):
+        if values.get(key) is not None and not isinstance(values[key], str):
+            values[key] = tuple(values[key])
+    single = (
+        given.get("mig") is not None
+        or given.get("share")
+        or (given.get("mem") is not None and not given.get("shareable"))
+    )
+    return JobOptions(count=None if single and count == 1 else count, **values)
+
+
+_BROKERED: dict[tuple[int, str], Host] = {}
+"""One connection to the broker per process (keyed by pid: a forked child makes its own, so
+the kernel names the right process), with the broker's topology."""
+
+
+def _host(config: Config, topology: Topology | None) -> Host:
+    """The host ``hold`` is on: :func:`gpualloc.host.open.open_host` decides, as on the command
+    line; a brokered host is opened once per process and kept."""
+    from gpualloc.host.open import broker_for, open_host
+
+    named = topology is not None or bool(os.environ.get("GPUALLOC_TOPOLOGY"))
+
+    def load() -> Topology:
+        return topology or _load_topology(None, config)
+
+    socket = broker_for(config.value("host.broker"), os.environ, load if named else None)
+    key = (os.getpid(), str(socket))
+    if socket is not None and key in _BROKERED:
+        return _BROKERED[key]
+    host = open_host(load, config, named=named, full=False)
+    if socket is not None:
+        _BROKERED[key] = host
+    return host

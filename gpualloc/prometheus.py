@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpualloc.launcher.allocate import HostLedger
+    from gpualloc.host.protocol import Host
     from gpualloc.ledger.idle import IdlePolicy
     from gpualloc.ledger.occupancy import Occupancy
     from gpualloc.ledger.stats import Histogram
@@ -72,7 +72,7 @@ METRICS: dict[str, tuple[str, str]] = {
 }
 
 
-def render(host: HostLedger, txn: LedgerTransaction, occupancy: Occupancy, idle: IdlePolicy) -> str:
+def render(host: Host, txn: LedgerTransaction, occupancy: Occupancy, idle: IdlePolicy) -> str:
     """The metrics text for one scrape (``idle``: the system's idle policy)."""
     from gpualloc.ledger.attribution import attribute
     from gpualloc.ledger.idle import lease_uses
@@ -162,7 +162,7 @@ def _seconds(idle: timedelta | None) -> float:
     return idle.total_seconds() if idle is not None else 0.0
 
 
-def _gpu_labels(host: HostLedger, occupancy: Occupancy, gpu: int) -> dict[str, str]:
+def _gpu_labels(host: Host, occupancy: Occupancy, gpu: int) -> dict[str, str]:
     lease = occupancy.leases.get(gpu)
     return {
         "gpu": str(gpu),

@@ -11,6 +11,7 @@
 #
 #   nvidia-smi-q.txt, topo-m.txt, nvlink-s.txt, numactl-H.txt   what the machine says
 #   gpualloc-*.txt / *.json                                       what gpualloc makes of it
+#   gpualloc-broker-*.txt / .json, broker-log.txt                 the same through a broker
 #   pytest-gpu.txt                                                the `pytest -m gpu` tier
 #   summary.txt                            one line per step with its exit status, and the verdict
 #
@@ -92,6 +93,30 @@ record gpualloc-run-binding.txt 1 gpualloc run -n 1 -- sh -c \
 if nvidia-smi topo -m >"$out/topo-m.raw" 2>/dev/null; then
     record gpualloc-topo-import.txt 0 gpualloc topo import "$out/topo-m.raw" --json
 fi
+record gpualloc-api-hold.txt 1 python3 -c 'import gpualloc.api as api
+with api.hold(1) as held:
+    print(held.gpus, held.environment)'
+
+# Through a broker of this run's own, on this machine's real NVML: the same CUDA job, placed and
+# recorded by the broker, and the ledger empty again after it.
+broker_dir=$(mktemp -d /tmp/gpualloc-broker.XXXXXX)
+{
+    echo "# captured-by: gpualloc serve --socket SOCKET --state-dir DIR (its log, stderr)"
+    echo "# captured-at: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), by scripts/device_check.sh"
+    echo
+} >"$out/broker-log.txt"
+python3 -m gpualloc serve --socket "$broker_dir/sock" --state-dir "$broker_dir/state" \
+    >>"$out/broker-log.txt" 2>&1 &
+broker_pid=$!
+for _ in $(seq 150); do [ -S "$broker_dir/sock" ] && break; sleep 0.1; done
+export GPUALLOC_BROKER="$broker_dir/sock"
+record gpualloc-broker-run-cuda.txt "$cuda_required" gpualloc run -n 1 -- python3 tests/cuda_context.py
+record gpualloc-broker-status.json 1 gpualloc status --json
+record gpualloc-broker-doctor.txt 0 gpualloc doctor
+unset GPUALLOC_BROKER
+kill "$broker_pid" 2>/dev/null
+wait "$broker_pid" 2>/dev/null
+
 if [ -f "$wheelhouse/probe_nvml.py" ]; then  # NVIDIA's mock's probe: every NVML call gpualloc makes
     record nvml-probe.txt 0 python3 "$wheelhouse/probe_nvml.py"
 fi

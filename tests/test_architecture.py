@@ -3,8 +3,9 @@ imports included, and no module too big to read.
 
 The graph is built with :mod:`ast` from every ``import`` in gpualloc, wherever it stands (a
 function-level import runs as surely as one at the top, only later). Imports under ``if
-TYPE_CHECKING:`` are left out: they never run, and they are how a module names a type of a
-module above it without depending on it.
+TYPE_CHECKING:`` never run, so the run-time graph leaves them out; a second check counts them
+too (issue 39), since a type named from a module that imports you back is a loop for the reader
+and the type checker all the same: the shared type belongs in a module below both.
 """
 
 from __future__ import annotations
@@ -41,11 +42,14 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return skipped
 
 
-def _imported_names(module: str, text: str, *, package: bool = False) -> Iterator[str]:
+def _imported_names(
+    module: str, text: str, *, package: bool = False, type_checking: bool = False
+) -> Iterator[str]:
     """Every name ``text`` (the source of ``module``; ``package``: an ``__init__``) imports at
-    run time, absolute, wherever the import stands."""
+    run time, absolute, wherever the import stands; ``type_checking``: those under ``if
+    TYPE_CHECKING:`` too."""
     tree = ast.parse(text)
-    skipped = _type_checking_nodes(tree)
+    skipped = set() if type_checking else _type_checking_nodes(tree)
     for node in ast.walk(tree):
         if id(node) in skipped:
             continue
@@ -71,12 +75,15 @@ def _owner(name: str) -> str | None:
     return name if name and name != "gpualloc" else None
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the gpualloc modules it imports at run time."""
+def import_graph(*, type_checking: bool = False) -> dict[str, set[str]]:
+    """Module -> the gpualloc modules it imports at run time (``type_checking``: or under ``if
+    TYPE_CHECKING:``)."""
     graph: dict[str, set[str]] = {}
     for module, path in MODULES.items():
         text = path.read_text(encoding="utf-8")
-        names = _imported_names(module, text, package=path.name == "__init__.py")
+        names = _imported_names(
+            module, text, package=path.name == "__init__.py", type_checking=type_checking
+        )
         targets = {_owner(name) for name in names}
         graph[module] = {t for t in targets if t is not None and t != module}
     return graph
@@ -140,6 +147,16 @@ def test_no_import_loop_between_modules() -> None:
     )
 
 
+def test_no_import_loop_between_modules_counting_type_checking_imports() -> None:
+    """Issue 39: a module may name a type of a module above it, but not of one that imports it
+    back; move the shared type below both instead."""
+    graph = import_graph(type_checking=True)
+    loops = cycles(graph)
+    assert not loops, "\n".join(
+        f"loop: {' / '.join(loop)} via {_witnesses(graph, loop, lambda m: m)}" for loop in loops
+    )
+
+
 def test_no_import_loop_between_packages() -> None:
     graph = import_graph()
     packages: dict[str, set[str]] = {}
@@ -161,13 +178,15 @@ def test_the_configuration_is_a_leaf() -> None:
 
 
 def test_the_checker_finds_a_loop() -> None:
-    """The detector itself: a loop is found, and a function-level import counts."""
+    """The detector itself: a loop is found, a function-level import counts, and a
+    TYPE_CHECKING import counts only when asked."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     source = "def f():\n    from gpualloc.ledger import store\n    from . import errors\n"
     names = set(_imported_names("gpualloc.config", source))
     assert {"gpualloc.ledger", "gpualloc.ledger.store", "gpualloc.errors"} <= names
     typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import gpualloc.api\n"
     assert "gpualloc.api" not in set(_imported_names("gpualloc.config", typed))
+    assert "gpualloc.api" in set(_imported_names("gpualloc.config", typed, type_checking=True))
 
 
 def test_no_module_is_too_long_to_read() -> None:

@@ -346,18 +346,18 @@ def test_a_users_one_job_starts_before_the_second_of_another_users_32(
 STREAM = """
 import os, random, sys, time
 import gpualloc.api as api
-from gpualloc.broker.remote import RemoteLedger
+from gpualloc.wire.client import BrokerClient
 from pathlib import Path
 
 stop = Path(sys.argv[1])
 lost = held = 0
-remote = RemoteLedger(Path(os.environ["GPUALLOC_BROKER"]))
+broker = BrokerClient(Path(os.environ["GPUALLOC_BROKER"]))
 while not stop.exists():
     try:
         with api.hold(1, wait=True, timeout_s=30) as lease:
             held += 1
             time.sleep(random.uniform(0.0, 0.05))
-            ids = [x["id"] for x in remote.view()["ledger"]["leases"]]
+            ids = [x["id"] for x in broker.call("snapshot", {"full": True})["ledger"]["leases"]]
             if lease.lease.id not in ids:
                 lost += 1
                 print("lost", lease.lease.id, flush=True)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gpualloc.broker.address import DEFAULT_SOCKET
 from gpualloc.config import BY_KEY
+from gpualloc.wire.address import DEFAULT_SOCKET
 
 ROOT = Path(__file__).resolve().parent.parent
 UNITS = ROOT / "examples" / "systemd"

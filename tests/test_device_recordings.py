@@ -20,12 +20,14 @@ from gpualloc.discovery.this_host import describes_this_host
 from gpualloc.model.topology import Topology
 from tests.conftest import Result
 
-H200 = Path(__file__).parent / "fixtures" / "device" / "h200-vm-2026-11-26"
+DEVICE = Path(__file__).parent / "fixtures" / "device"
+H200 = DEVICE / "h200-vm-2026-11-26"
+THROUGH_BROKER = DEVICE / "h200-vm-2026-11-26-broker"
 
 
-def output_of(name: str) -> str:
+def output_of(name: str, folder: Path = H200) -> str:
     """A recording's output, without its header (everything up to the first blank line)."""
-    return (H200 / name).read_text(encoding="utf-8").split("\n\n", 1)[1]
+    return (folder / name).read_text(encoding="utf-8").split("\n\n", 1)[1]
 
 
 def output_file(tmp_path: Path, name: str) -> Path:
@@ -127,8 +129,31 @@ def test_a_recording_names_its_host_by_machine_id_not_by_name(
     assert describes_this_host(theirs)  # no id here to compare: the name decides
 
 
-def test_the_device_check_passed_every_step() -> None:
-    summary = (H200 / "summary.txt").read_text()
+@pytest.mark.parametrize("folder", [H200, THROUGH_BROKER], ids=lambda f: f.name)
+def test_the_device_check_passed_every_step(folder: Path) -> None:
+    summary = (folder / "summary.txt").read_text()
     assert summary.rstrip().endswith("device check: passed")
-    tier = output_of("pytest-gpu.txt")
+    tier = output_of("pytest-gpu.txt", folder)
     assert "4 passed" in tier and "skipped" not in tier
+    for name in folder.iterdir():
+        if name.name not in ("summary.txt", "recorded-topology.json"):
+            assert name.read_text().startswith("# captured-by: "), name.name
+
+
+def test_the_broker_gave_a_real_cuda_job_the_gpu_it_leased_and_freed_it() -> None:
+    """On a real H200, through a real ``gpualloc serve``: the job CUDA ran saw exactly the GPU
+    of its lease (by bus id), and the broker released the lease when the job ended."""
+    topology = Topology.from_json_dict(
+        json.loads((THROUGH_BROKER / "recorded-topology.json").read_bytes())
+    )
+    job = json.loads(output_of("gpualloc-broker-run-cuda.txt", THROUGH_BROKER).splitlines()[-1])
+    (device,) = job["devices"]
+    leased = topology.gpu(int(job["leased"]))
+    assert leased.pci_bus_id is not None
+    assert normalise_bus_id(device["bus_id"]) == normalise_bus_id(leased.pci_bus_id)
+    status = json.loads(output_of("gpualloc-broker-status.json", THROUGH_BROKER))
+    assert status["broker"] and status["leases"] == [] and status["free"] == [0]
+    log = output_of("broker-log.txt", THROUGH_BROKER)
+    assert "released: its job ended" in log
+    doctor = output_of("gpualloc-broker-doctor.txt", THROUGH_BROKER)
+    assert "no problems found" in doctor

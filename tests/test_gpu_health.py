@@ -159,7 +159,7 @@ def test_processes_and_health_are_asked_in_one_nvml_session(sick_host: FakeNvml)
 
 
 def test_a_waiting_job_hears_which_gpus_are_unhealthy_not_that_nobody_holds_them() -> None:
-    from gpualloc.launcher.wait import who_holds
+    from gpualloc.host.wait import who_holds
     from gpualloc.model.topology import GpuFault, GpuProcess
 
     topology = load_bundled("nvlink-pairs-4gpu")

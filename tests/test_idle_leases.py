@@ -12,7 +12,7 @@ import pytest
 from msgspec.structs import replace
 
 from gpualloc.discovery.recorded import load_topology_file
-from gpualloc.launcher.allocate import HostLedger
+from gpualloc.host.local import LocalHost
 from gpualloc.ledger.idle import IdlePolicy, idle_for, judge, lease_busy, observe
 from gpualloc.ledger.schema import Lease, LeaseActivity, LeasedGpu
 from gpualloc.topologies import load_bundled
@@ -98,7 +98,7 @@ def host_file(tmp_path: Path) -> Path:
 
 def backdate(host_file: Path, lease_id: str, **activity: datetime | None) -> None:
     """Set the lease's recorded activity, as looks by 'gc' over the past hours would have."""
-    host = HostLedger.open(load_topology_file(host_file))
+    host = LocalHost.open(load_topology_file(host_file))
     with host.transaction() as txn:
         lease = txn.ledger.find(lease_id)
         txn.replace(replace(lease, activity=LeaseActivity(**activity)))

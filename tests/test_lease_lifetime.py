@@ -143,7 +143,7 @@ def test_whoever_reaps_sees_the_gpus_processes_even_when_ignoring_foreign_ones(
     is asked then too, once, and only when a lease looks dead."""
     from datetime import datetime, timezone
 
-    import gpualloc.launcher.allocate as allocate
+    import gpualloc.host.local as allocate
     from gpualloc.discovery.processes import ProcessReport
     from gpualloc.ledger.schema import Lease, LeasedGpu
     from gpualloc.model.topology import GpuProcess
@@ -163,7 +163,7 @@ def test_whoever_reaps_sees_the_gpus_processes_even_when_ignoring_foreign_ones(
     monkeypatch.setattr(allocate, "describes_this_host", lambda _topology: True)
     monkeypatch.setattr(allocate, "live_processes", nvml)
     try:
-        host = allocate.HostLedger.open(topology, ignore_foreign=True)
+        host = allocate.LocalHost.open(topology, ignore_foreign=True)
         assert host.processes.source == "none" and asked == []  # not asked up front
         with host.transaction() as txn:
             txn.add(lease)
@@ -173,5 +173,5 @@ def test_whoever_reaps_sees_the_gpus_processes_even_when_ignoring_foreign_ones(
     finally:
         daemon.kill()
         daemon.wait()
-    fresh = allocate.HostLedger.open(topology, ignore_foreign=True)
+    fresh = allocate.LocalHost.open(topology, ignore_foreign=True)
     assert fresh.snapshot().ledger.leases == []  # its process is gone: reaped

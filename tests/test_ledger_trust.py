@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpualloc.errors import ConfigError, FileAccessError, LedgerLocked
-from gpualloc.launcher.queue import Attempt, take_turn
+from gpualloc.host.queue import Attempt, take_turn
 from gpualloc.ledger import journal
 from gpualloc.ledger.locking import SharedLock
 from gpualloc.ledger.schema import Lease, LeasedGpu, Ledger, QueuedRequest, Waiter

@@ -181,10 +181,11 @@ def test_the_ledger_counts_mig_requests_by_profile() -> None:
 def test_a_mig_lease_adds_its_profile_to_the_ledgers_mix() -> None:
     import os
 
-    from gpualloc.launcher.allocate import HostLedger, LeaseTerms
+    from gpualloc.host.local import LocalHost
+    from gpualloc.host.terms import LeaseTerms
     from tests.test_mig_leases import _mig_want
 
-    host = HostLedger.open(load_bundled("dgx-a100-mig"))
+    host = LocalHost.open(load_bundled("dgx-a100-mig"))
     host.allocate(_mig_want(mig="3g.20gb"), LeaseTerms(source="alloc", pid=os.getpid()))
     assert host.snapshot().ledger.stats.request_mix == {"mig:3g.20gb": 1.0}
 

@@ -1,4 +1,4 @@
-"""The host queue's rule (gpualloc.launcher.queue), and the queue in the ledger."""
+"""The host queue's rule (gpualloc.host.queue), and the queue in the ledger."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 import pytest
 from msgspec.structs import replace
 
-from gpualloc.launcher.queue import Attempt, take_turn, turn_order
+from gpualloc.host.queue import Attempt, take_turn, turn_order
 from gpualloc.ledger.schema import SCHEMA_VERSION, Ledger, QueuedRequest, Waiter
 from gpualloc.ledger.store import LedgerTransaction, parse_ledger
 from gpualloc.model.request import Placement, Scores

@@ -423,14 +423,14 @@ def test_eviction_marks_the_shared_jobs_beside_a_lease_in_the_ledger() -> None:
     """What ``release --evict-shared`` writes, in-process (the tests above run the watchers that
     act on it): the shared job beside the owner's ``--shareable`` lease is marked with the
     evicter and the grace, and a lease that shares nothing is refused."""
-    from gpualloc.launcher.allocate import HostLedger, LeaseTerms
-    from gpualloc.launcher.eviction import evict_shared
+    from gpualloc.host.local import LocalHost
+    from gpualloc.host.terms import LeaseTerms
     from gpualloc.ledger.shared_files import owner_name
     from gpualloc.model.request import JobRequest
     from gpualloc.placement.patterns import build_pattern
     from gpualloc.placement.want import Want
 
-    host = HostLedger.open(load_bundled("dgx1-v100"))
+    host = LocalHost.open(load_bundled("dgx1-v100"))
     pid = os.getpid()
     one_gpu = JobRequest(1, build_pattern("ring", 1), sensitive=False)
     owner = host.allocate(
@@ -440,7 +440,7 @@ def test_eviction_marks_the_shared_jobs_beside_a_lease_in_the_ledger() -> None:
     shared = host.allocate(
         Want(one_gpu, share=ShareRequest(gpu=2)), LeaseTerms(source="run", pid=pid)
     ).lease
-    result = evict_shared(host, [owner.id, plain.lease.id], grace_s=5.0)
+    result = host.evict([owner.id, plain.lease.id], grace_s=5.0)
     assert [x.id for x in result.released] == [shared.id]
     assert [type(p).__name__ for p in result.problems] == ["RequestError"]
     marked = host.snapshot().ledger.find(shared.id)
@@ -585,12 +585,13 @@ def test_a_ledger_with_a_malformed_request_mix_is_refused() -> None:
 
 
 def test_each_lease_adds_its_task_type_to_the_ledgers_mix() -> None:
-    from gpualloc.launcher.allocate import HostLedger, LeaseTerms
+    from gpualloc.host.local import LocalHost
+    from gpualloc.host.terms import LeaseTerms
     from gpualloc.model.request import JobRequest
     from gpualloc.placement.patterns import build_pattern
     from gpualloc.placement.want import Want
 
-    host = HostLedger.open(load_bundled("dgx1-v100"))
+    host = LocalHost.open(load_bundled("dgx1-v100"))
     pid = os.getpid()
     two = JobRequest(2, build_pattern("ring", 2), sensitive=False)
     one = JobRequest(1, build_pattern("ring", 1), sensitive=False)

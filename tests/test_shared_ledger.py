@@ -392,7 +392,7 @@ def test_an_idle_hold_is_noticed_and_released_by_another_users_gc(
     from msgspec.structs import replace
 
     from gpualloc.discovery.recorded import load_topology_file
-    from gpualloc.launcher.allocate import HostLedger
+    from gpualloc.host.local import LocalHost
     from gpualloc.ledger.schema import LeaseActivity
 
     alice, bob = users["alice"], users["bob"]
@@ -407,7 +407,7 @@ def test_an_idle_hold_is_noticed_and_released_by_another_users_gc(
 
     def backdate(**activity: datetime) -> None:
         """As looks by gc over the past hours would have recorded (root writes the ledger)."""
-        ledger = HostLedger.open(load_topology_file(host), state_dir=shared)
+        ledger = LocalHost.open(load_topology_file(host), state_dir=shared)
         with ledger.transaction() as txn:
             (lease,) = txn.ledger.leases
             txn.replace(replace(lease, activity=LeaseActivity(**activity)))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpualloc.errors import TraceError
-from gpualloc.launcher.queue import Attempt, next_start, take_turn
+from gpualloc.host.queue import Attempt, next_start, take_turn
 from gpualloc.ledger.schema import QueuedRequest, Waiter
 from gpualloc.model.request import Placement, Scores
 from gpualloc.simulate import drb_prototype

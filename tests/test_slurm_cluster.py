@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from gpualloc.host.slurm_hooks import best_ring
 from gpualloc.model.topology import Topology
-from gpualloc.slurm.hooks import best_ring
 from gpualloc.topologies import load_bundled
 from tests.slurm_cluster import SlurmCluster, unavailable
 

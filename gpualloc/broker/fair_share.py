@@ -13,7 +13,7 @@ The usage is kept beside the ledger (``fair-share.json``, written once a second 
 changed, :meth:`FairShare.save`), so a broker restart does not forgive anyone's past: what was
 saved is decayed by the time the broker was down, and the leases held then count at once.
 ``max_bypass`` and the backfill window keep their meaning:
-:func:`gpualloc.launcher.queue.next_start` applies them to whatever order it is given.
+:func:`gpualloc.host.queue.next_start` applies them to whatever order it is given.
 """
 
 from __future__ import annotations

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import Annotated, Any
 
-from msgspec import Struct
+from msgspec import Meta, Struct, defstruct
 
 from gpualloc.errors import RequestError
-from gpualloc.launcher.queue import WaitOptions
-from gpualloc.launcher.queue_policy import QueuePolicy
+from gpualloc.host.queue import WaitOptions
+from gpualloc.host.queue_policy import QueuePolicy
+from gpualloc.job_options import Table, wire_fields
 from gpualloc.ledger.schema import QueuedRequest
 from gpualloc.model.validation import ValidationError, from_builtins
 from gpualloc.placement.want import Want
@@ -26,24 +27,28 @@ MAX_WORD_CHARS = 4096
 _ID = re.compile(r"^[0-9a-f]{12}$")
 
 
-class WireOptions(Struct, forbid_unknown_fields=True):
-    """A fast client's job options, as the command line types them (the fields of
-    :class:`~gpualloc.placement.options.JobOptions` but sharing's, which such a client sends
-    as a request; a test checks the two agree)."""
+def wire_options(table: Table | None = None) -> type[Struct]:
+    """The schema of a fast client's job options, as the command line types them: the ``wire``
+    rows of ``table`` (:mod:`gpualloc.job_options`), each with its type and bounds, and the
+    policy the client resolved (required). Unknown fields are refused."""
+    fields: list[tuple[str, Any, Any]] = [("policy", str)]  # type: ignore[list-item]
+    for row in wire_fields(table):
+        if row.dest == "policy":
+            continue
+        kind: Any = WIRE_TYPES[row.kind]
+        if row.minimum is not None or row.maximum is not None:
+            kind = Annotated[kind, Meta(ge=row.minimum, le=row.maximum)]
+        fields.append((row.dest, kind if row.default is not None else kind | None, row.default))
+    return defstruct(
+        "WireOptions",
+        fields,
+        module=__name__,
+        forbid_unknown_fields=True,  # type: ignore[arg-type]
+    )
 
-    policy: str
-    count: int | None = None
-    pattern: str = "ring"
-    sensitive: bool | None = None
-    exclude: str | None = None
-    require: str | None = None
-    score: str = "auto"
-    drb_weights: str | None = None
-    gpus: str | None = None
-    min_utility: float | None = None
-    min_bandwidth: float | None = None
-    mig: str | None = None
-    mem: str | None = None
+
+WIRE_TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "flag": bool}
+WireOptions = wire_options()
 
 
 def queued_want(raw: Any) -> Want:

@@ -37,11 +37,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gpualloc.broker import protocol
 from gpualloc.broker.peers import Peer, peer_of
 from gpualloc.broker.service import LedgerService, Started
 from gpualloc.broker.watch import LOOK_S
 from gpualloc.errors import BrokerError, GpuallocError, NotPermitted, WaitTimedOut
+from gpualloc.wire import protocol
 
 MAX_UNREAD_BYTES = 4 * 1024 * 1024
 WAKE = "wake"

@@ -1,6 +1,6 @@
 """What each broker request does to the ledger, for the user the kernel named.
 
-The broker keeps the host's :class:`~gpualloc.launcher.allocate.HostLedger` open, with a store
+The broker keeps the host's :class:`~gpualloc.host.local.LocalHost` open, with a store
 it owns (:mod:`gpualloc.ledger.store`, ``owner=True``), so every request runs the same
 transactions as the embedded ledger, placement inside the lock included. What differs is who
 the lease belongs to and what it lives with: the peer's uid, and a pid the kernel says is
@@ -32,15 +32,16 @@ from gpualloc.broker.peers import Peer, check_owned
 from gpualloc.broker.watch import ProcessWatch
 from gpualloc.config import Config
 from gpualloc.errors import NoSuchLease, NotPermitted, RequestError
-from gpualloc.launcher.allocate import Allocation, HostLedger, LeaseTerms
-from gpualloc.launcher.queue import (
+from gpualloc.host.local import LocalHost
+from gpualloc.host.queue import (
     Attempt,
     attempts,
     new_waiter,
     next_start,
     take_turn,
 )
-from gpualloc.launcher.queue_policy import QueuePolicy
+from gpualloc.host.queue_policy import QueuePolicy
+from gpualloc.host.terms import Allocation, LeaseTerms
 from gpualloc.ledger.owned_store import OwnedLedgerStore
 from gpualloc.ledger.schema import Lease, Waiter
 from gpualloc.ledger.statedir import StateDirectory
@@ -77,7 +78,7 @@ class LedgerService:
     """The broker's ledger: one host, its watch and its users' fair share."""
 
     def __init__(
-        self, host: HostLedger, policy: QueuePolicy, fair: FairShare, config: Config
+        self, host: LocalHost, policy: QueuePolicy, fair: FairShare, config: Config
     ) -> None:
         self.host = host
         self.config = config
@@ -219,7 +220,7 @@ class LedgerService:
         views: dict[str, Any] | None,
         args: dict[str, Any],
     ) -> str:
-        from gpualloc.launcher.wait import never_fits
+        from gpualloc.host.wait import never_fits
 
         options = wire.wait_options(wait, self.policy)
         never_fits(self.host, want)
@@ -319,16 +320,13 @@ class LedgerService:
 
     def evict(self, peer: Peer, args: dict[str, Any]) -> dict[str, Any]:
         """``release --evict-shared``: mark the shared jobs for their watchers."""
-        from gpualloc.launcher.eviction import evict_shared
-
         selectors = args.get("leases") or []
         if not isinstance(selectors, list) or len(selectors) > 1024:
             raise RequestError("leases must be a list of ids", hint="see gpualloc.broker")
         grace = args.get("grace_s")
         if grace is not None and (not isinstance(grace, (int, float)) or grace < 0):
             raise RequestError(f"grace {grace!r} is not a duration", hint="seconds, 0 or more")
-        result = evict_shared(
-            self.host,
+        result = self.host.evict(
             [wire.text(s, "lease") or "" for s in selectors],
             mine=bool(args.get("mine")),
             grace_s=grace,
@@ -468,7 +466,8 @@ class LedgerService:
 
     def positions(self) -> dict[str, dict[str, Any]]:
         """Where each waiting client stands, for its status line."""
-        from gpualloc.launcher.wait import WaitStatus, who_holds
+        from gpualloc.host.terms import WaitStatus
+        from gpualloc.host.wait import who_holds
 
         txn = self.host.snapshot()
         queue = [w for w in txn.ledger.queue if w.id in self.pending]

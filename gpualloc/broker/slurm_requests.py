@@ -1,7 +1,7 @@
 """Root's Slurm Prolog and Epilog through the broker (issue 31, point 5).
 
 The hooks send the job's Slurm variables; the broker records or releases the job's lease in
-its own transaction (:mod:`gpualloc.slurm.hooks`), so nothing a user does to a state directory
+its own transaction (:mod:`gpualloc.host.slurm_hooks`), so nothing a user does to a state directory
 can make a Prolog skip a job: the broker's directory is its own, and its lock no user can open.
 Only root may send these (the server checks the peer).
 """
@@ -11,15 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 from gpualloc.errors import RequestError
-from gpualloc.launcher.allocate import HostLedger
+from gpualloc.host.local import LocalHost
 
 SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOB_GPUS", "SLURM_JOB_UID", "SLURM_JOB_USER")
 MAX_VALUE_CHARS = 4096
 
 
-def slurm_request(host: HostLedger, args: dict[str, Any]) -> dict[str, Any]:
+def slurm_request(host: LocalHost, args: dict[str, Any]) -> dict[str, Any]:
     """``{"hook": "prolog"|"epilog", "env": {SLURM_*: text}}`` -> the hook's log lines."""
-    from gpualloc.slurm.hooks import epilog, prolog
+    from gpualloc.host.slurm_hooks import epilog, prolog
 
     hook, env = args.get("hook"), args.get("env")
     if hook not in ("prolog", "epilog") or not isinstance(env, dict):

@@ -24,8 +24,8 @@ from gpualloc.broker.server import Broker, Limits, activated, listening_socket, 
 from gpualloc.broker.service import LedgerService
 from gpualloc.config import Config
 from gpualloc.errors import BrokerError
-from gpualloc.launcher.allocate import HostLedger
-from gpualloc.launcher.queue_policy import QueuePolicy
+from gpualloc.host.local import LocalHost
+from gpualloc.host.queue_policy import QueuePolicy
 from gpualloc.ledger.idle import IdlePolicy
 from gpualloc.model.topology import Topology
 
@@ -42,7 +42,7 @@ def serve(
 ) -> None:
     """Run the broker until SIGTERM or SIGINT (module docstring). ``topology_file``: the
     recorded topology it serves, whose declared processes it reads again as NVML's."""
-    host = HostLedger.open(topology, state_dir=state_dir, owner=True, ignore_foreign=ignore_foreign)
+    host = LocalHost.open(topology, state_dir=state_dir, owner=True, ignore_foreign=ignore_foreign)
     host.take_share_settings(config)
     service = LedgerService(
         host,

@@ -16,22 +16,19 @@ through the ledger's models): ``--dry-run``, shared jobs (``--share``, ``--share
 from __future__ import annotations
 
 import os
-import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from gpualloc.cli.state import STATE
 from gpualloc.errors import RequestError
+from gpualloc.job_options import job_fields, wire_fields
 
-JOB_OPTIONS = (
-    "count", "pattern", "sensitive", "exclude", "require", "policy", "score", "drb_weights",
-    "gpus", "min_utility", "min_bandwidth", "mig", "mem",
-)  # fmt: skip
-"""The job's options the broker reads (:class:`gpualloc.placement.options.JobOptions`'s
-fields, the sharing ones left out; a test checks them against the struct)."""
-SHARING = ("share", "shareable", "background", "sm_share")
+JOB_OPTIONS = tuple(row.dest for row in wire_fields())
+"""The job's options the broker reads (the ``wire`` rows of :mod:`gpualloc.job_options`:
+:class:`gpualloc.placement.options.JobOptions`'s fields, the sharing ones left out)."""
+SHARING = tuple(row.dest for row in job_fields() if not row.wire)
 
 
 def call(work: str, values: Mapping[str, Any]) -> bool:
@@ -90,7 +87,7 @@ def _wait(values: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def _allocate(socket: Path, values: Mapping[str, Any], terms: dict[str, Any]) -> dict[str, Any]:
     """One ``alloc`` request, with the waiting line on stderr while it queues."""
-    from gpualloc.broker.client import BrokerClient
+    from gpualloc.wire.client import BrokerClient
 
     wait = _wait(values)
     args = {
@@ -117,11 +114,9 @@ def _allocate(socket: Path, values: Mapping[str, Any], terms: dict[str, Any]) ->
 
 def _run(socket: Path, values: Mapping[str, Any]) -> None:
     from gpualloc.cli.open_ledger import say, warn
-    from gpualloc.launcher.binding import HostNuma, NumaMode, plan_binding
-    from gpualloc.launcher.command import job_argv, resolve_program
-    from gpualloc.launcher.environment import job_environment
-    from gpualloc.launcher.exec import exec_job
-    from gpualloc.model.printable import printable
+    from gpualloc.launcher.binding import NumaMode
+    from gpualloc.launcher.command import resolve_program
+    from gpualloc.launcher.launch import JobLaunch, launch
 
     numa = values.get("numa")
     try:
@@ -139,34 +134,38 @@ def _run(socket: Path, values: Mapping[str, Any]) -> None:
         "process_group": pid if os.getpgrp() == pid else None,
     }
     answer = _allocate(socket, values, terms)
-    lease = answer["lease"]
+    lease, client = answer["lease"], answer["client"]
     try:
         warn(answer["notes"])
-        this_host = bool(answer["this_host"])
-        numa_view = HostNuma.read() if this_host and mode is not NumaMode.NONE else None
-        binding = plan_binding(answer["numa_nodes"], mode, this_host=this_host, host=numa_view)
-        if binding.method == "affinity":
-            warn([binding.reason])
-        if not values.get("quiet"):
-            where = binding.describe() if binding.method == "numactl" else "not NUMA-bound"
-            job = printable(shlex.join(command), 200)
-            say(f"lease {lease['id']}: {answer['held']} ({where}) for {job}")
-        environment = job_environment(os.environ, answer["environment"])
-        answer["client"].close()  # the broker watches this process, not the connection
-        start_job_verifier(socket, lease)
-        exec_job(job_argv(command, binding), environment, binding)
+        job = JobLaunch(
+            command=command,
+            lease_id=lease["id"],
+            held=answer["held"],
+            numa_nodes=answer["numa_nodes"],
+            this_host=bool(answer["this_host"]),
+            variables=answer["environment"],
+        )
+        client.close()  # the broker watches this process, not the connection
+        launch(
+            job, mode, quiet=bool(values.get("quiet")), start_verifier=_verifier(socket, lease),
+            say=say, warn=warn,
+        )  # fmt: skip
     except BaseException:
-        answer["client"].call("release", {"leases": [lease["id"]]})
+        client.call("release", {"leases": [lease["id"]]})
         raise
 
 
-def start_job_verifier(socket: Path, lease: dict[str, Any]) -> None:
-    """Start the job's verifier (``verify.grace``; see :mod:`gpualloc.broker.verify_job`)."""
-    grace = STATE.setting("verify.grace")
-    if grace > 0:
-        from gpualloc.broker.verify_job import start_verifier
+def _verifier(socket: Path, lease: dict[str, Any]) -> Callable[[], None] | None:
+    """What starts the job's verifier (``verify.grace``; see
+    :mod:`gpualloc.launcher.verify_brokered`), or None when ``verify.grace`` is 0."""
+    import functools
 
-        start_verifier(socket, lease, grace, STATE.setting("verify.action"))
+    grace = STATE.setting("verify.grace")
+    if grace <= 0:
+        return None
+    from gpualloc.launcher.verify_brokered import start_verifier
+
+    return functools.partial(start_verifier, socket, lease, grace, STATE.setting("verify.action"))
 
 
 # ---- alloc -----------------------------------------------------------------------------------
@@ -202,9 +201,9 @@ def _alloc(socket: Path, values: Mapping[str, Any]) -> None:
 
 
 def _release(socket: Path, values: Mapping[str, Any]) -> None:
-    from gpualloc.broker.client import BrokerClient
     from gpualloc.cli.output import print_json, write_stdout
     from gpualloc.errors import ExitCode
+    from gpualloc.wire.client import BrokerClient
 
     leases, mine = values.get("leases") or [], bool(values.get("mine"))
     if not leases and not mine:
@@ -249,7 +248,7 @@ class _WaitingLine:
 
 class _Status:
     """A waiting status from the broker, as :class:`gpualloc.cli.open_ledger.StatusLine`
-    reads it (the fields of :class:`gpualloc.launcher.wait.WaitStatus`)."""
+    reads it (the fields of :class:`gpualloc.host.wait.WaitStatus`)."""
 
     def __init__(self, status: dict[str, Any]) -> None:
         self.position = status.get("position", 0)

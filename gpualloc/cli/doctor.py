@@ -94,15 +94,12 @@ def doctor_command(
 def _ledger_findings(host: Any) -> list[Finding]:
     """Who owns the ledger and whether it can be trusted (:mod:`gpualloc.ledger.trust`)."""
     from gpualloc.checkup import Finding
-    from gpualloc.ledger.trust import broker_findings, trust_mode
 
-    mode, line = trust_mode(host)
-    if mode == "broker":
-        return [
-            Finding("ledger", where, sev, detail) for where, sev, detail in broker_findings(host)
-        ]
-    severity = "note" if mode == "cooperative" else "ok"
-    return [Finding("ledger", mode, severity, line)]  # type: ignore[arg-type]
+    trust = host.trust(detailed=True)
+    if trust.findings:
+        return [Finding("ledger", where, sev, detail) for where, sev, detail in trust.findings]
+    severity = "note" if trust.mode == "cooperative" else "ok"
+    return [Finding("ledger", trust.mode, severity, trust.detail)]  # type: ignore[arg-type]
 
 
 def _bandwidth_findings(host: Any, files: list[Path]) -> list[Finding]:

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
+from gpualloc.job_options import Table, options_of
+
 Kind = Literal["flag", "int", "float", "str", "path"]
 
 COMPLETION_VARIABLE = "_GPUALLOC_COMPLETE"
@@ -70,44 +72,32 @@ GLOBAL_OPTIONS = (
     _flag("--refresh", dest="refresh"),
     Option(("--debug",), "debug", "flag", envvar="GPUALLOC_DEBUG"),
 )
-JOB_OPTIONS = (
-    Option(("-n", "--num-gpus"), "count", "int", minimum=1),
-    Option(("--pattern",), "pattern"),
-    _flag("--sensitive", dest="sensitive"),
-    _flag("--insensitive", dest="sensitive", value=False),
-    Option(("--exclude",), "exclude"),
-    Option(("--require",), "require"),
-    Option(("--policy",), "policy"),
-    Option(("--score",), "score"),
-    Option(("--drb-weights",), "drb_weights"),
-    Option(("--gpus",), "gpus"),
-    Option(("--name",), "name"),
-    _flag("--uuid", dest="uuid"),
-    _flag("--ignore-foreign", dest="ignore_foreign"),
-    _flag("--heed-foreign", dest="ignore_foreign", value=False),
-    _flag("--wait", dest="wait"),
-    Option(("--timeout",), "timeout"),
-    Option(("--priority",), "priority"),
-    Option(("--max-bypass",), "max_bypass", "int", minimum=0),
-    Option(("--min-utility",), "min_utility", "float", minimum=0.0, maximum=1.0),
-    Option(("--min-bandwidth",), "min_bandwidth", "float", minimum=0.0),
-    Option(("--mig",), "mig"),
-    Option(("--mem",), "mem"),
-    _flag("--shareable", dest="shareable"),
-    _flag("--allow-unhealthy", dest="allow_unhealthy"),
-)
+
+
+def fast_options(command: str, table: Table | None = None) -> tuple[Option, ...]:
+    """The fast path's options for ``command`` from the table of job options
+    (:mod:`gpualloc.job_options`): each row's spellings, and a flag's negative ones."""
+    options: list[Option] = []
+    for row in options_of(command, table):
+        if row.kind == "flag":
+            options.append(_flag(*row.spellings, dest=row.dest))
+            if row.negative:
+                options.append(_flag(*row.negative, dest=row.dest, value=False))
+        else:
+            bounds = (row.minimum, row.maximum)
+            options.append(Option(row.spellings, row.dest, row.kind, True, *bounds))
+    return tuple(options)
+
+
 RUN_OPTIONS = (
-    *JOB_OPTIONS,
-    _flag("--share", dest="share"),
-    _flag("--background", dest="background"),
-    Option(("--sm-share",), "sm_share", "int", minimum=1, maximum=100),
+    *fast_options("run"),
     Option(("--numa",), "numa"),
     _flag("--dry-run", dest="dry_run"),
     _flag("--quiet", "-q", dest="quiet"),
     _flag("--json", dest="as_json"),
 )
 ALLOC_OPTIONS = (
-    *JOB_OPTIONS,
+    *fast_options("alloc"),
     Option(("--pid",), "pid", "int", minimum=1),
     _flag("--hold", dest="hold"),
     Option(("--format",), "output_format"),

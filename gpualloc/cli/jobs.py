@@ -27,16 +27,16 @@ from gpualloc.cli.open_ledger import (
 )
 from gpualloc.cli.state import STATE
 from gpualloc.errors import ExitCode, RequestError
-from gpualloc.model.printable import printable
 from gpualloc.placement.options import JobOptions
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any
 
-    from gpualloc.launcher.allocate import Allocation, HostLedger, LeaseTerms
+    from gpualloc.host.protocol import Host
+    from gpualloc.host.queue import WaitOptions
+    from gpualloc.host.terms import Allocation, LeaseTerms
     from gpualloc.launcher.binding import Binding, NumaMode
-    from gpualloc.launcher.queue import WaitOptions
     from gpualloc.ledger.schema import Lease
     from gpualloc.model.request import Placement
     from gpualloc.model.share import LeasedShare
@@ -84,7 +84,7 @@ def run_job(
     as_json: bool = False,
 ) -> None:
     """``gpualloc run``: place ``job``, record its lease, exec it (see its ``--help``)."""
-    from gpualloc.launcher.allocate import LeaseTerms
+    from gpualloc.host.terms import LeaseTerms
     from gpualloc.launcher.binding import NumaMode
     from gpualloc.launcher.command import resolve_program
     from gpualloc.launcher.sharing import share_mode
@@ -121,7 +121,7 @@ def run_job(
     _launch(host, want, terms, command, mode, uuid=uuid, quiet=quiet, waiting=waiting)
 
 
-def _binding(host: HostLedger, placement: Placement, mode: NumaMode) -> Binding:
+def _binding(host: Host, placement: Placement, mode: NumaMode) -> Binding:
     from gpualloc.launcher.binding import HostNuma, NumaMode, plan_binding
 
     nodes = [host.topology.gpu(g).numa_node for g in placement.parent_gpus]
@@ -130,7 +130,7 @@ def _binding(host: HostLedger, placement: Placement, mode: NumaMode) -> Binding:
 
 
 def _variables(
-    host: HostLedger,
+    host: Host,
     gpus: tuple[int, ...],
     mig: tuple[tuple[int, int], ...],
     *,
@@ -144,7 +144,7 @@ def _variables(
 
 
 def _launch(
-    host: HostLedger,
+    host: Host,
     want: Want,
     terms: LeaseTerms,
     command: list[str],
@@ -154,50 +154,32 @@ def _launch(
     quiet: bool,
     waiting: WaitOptions | None,
 ) -> None:
-    from gpualloc.launcher.command import job_argv
-    from gpualloc.launcher.environment import job_environment
-    from gpualloc.launcher.exec import exec_job
-    from gpualloc.launcher.sharing import (
-        BACKGROUND_NICENESS,
-        share_notes,
-        start_eviction_watcher,
-    )
+    from gpualloc.launcher.launch import JobLaunch, SharedJob, launch
+    from gpualloc.launcher.sharing import share_notes
     from gpualloc.ledger.occupancy import held_devices
 
     allocation = allocate(host, want, terms, waiting)
     warn(allocation.notes)
     lease = allocation.lease
     try:
-        binding = _binding(host, allocation.placement, mode)
-        variables = _variables(
-            host, lease.indices, lease.mig_keys, lease_id=lease.id, uuid=uuid, share=lease.share
+        shared = None
+        if lease.share is not None:
+            ledger_file = host.ledger_file()
+            assert ledger_file is not None  # the lease was just written there
+            notes = tuple(share_notes(lease.share, os.environ))
+            shared = SharedJob(lease.share.mode, lease.share.background, ledger_file, notes)
+        job = JobLaunch(
+            command=command,
+            lease_id=lease.id,
+            held=held_devices(lease),
+            numa_nodes=[host.topology.gpu(g).numa_node for g in allocation.placement.parent_gpus],
+            this_host=host.this_host,
+            variables=_variables(
+                host, lease.indices, lease.mig_keys, lease_id=lease.id, uuid=uuid, share=lease.share
+            ),
+            shared=shared,
         )
-        if binding.method == "affinity":
-            warn([binding.reason])
-        if lease.share is not None:
-            warn(share_notes(lease.share, os.environ))
-        if not quiet:
-            where = binding.describe() if binding.method == "numactl" else "not NUMA-bound"
-            how = f", shared ({lease.share.mode})" if lease.share is not None else ""
-            job = printable(shlex.join(command), 200)
-            say(f"lease {lease.id}: {held_devices(lease)}{how} ({where}) for {job}")
-        if host.remote is None:
-            _start_verifier(host, lease)
-        else:
-            from gpualloc.cli.brokered import start_job_verifier
-            from gpualloc.model.validation import to_builtins
-
-            start_job_verifier(host.remote.path, to_builtins(lease))
-        if lease.share is not None:
-            ledger_file = (
-                host.remote.ledger_file
-                if host.remote is not None
-                else host.ledger_store().directory.ledger_file
-            )
-            start_eviction_watcher(ledger_file, lease.id)
-            if lease.share.background:
-                os.nice(BACKGROUND_NICENESS)
-        exec_job(job_argv(command, binding), job_environment(os.environ, variables), binding)
+        launch(job, mode, quiet=quiet, start_verifier=_verifier(host, lease), say=say, warn=warn)
     except BaseException:
         if allocation.lock_fd is not None:
             os.close(allocation.lock_fd)
@@ -205,19 +187,21 @@ def _launch(
         raise
 
 
-def _start_verifier(host: HostLedger, lease: Lease) -> None:
-    """Check for ``verify.grace`` that the job runs on its lease's GPUs (issue 21, point 1)."""
-    from gpualloc.launcher.verify import VerifyTerms, start_verifier
+def _verifier(host: Host, lease: Lease) -> Callable[[], None] | None:
+    """What checks for ``verify.grace`` that the job runs on its lease's GPUs (issue 21,
+    point 1), or None when ``verify.grace`` is 0."""
+    import functools
+
+    from gpualloc.launcher.verify import VerifyTerms
 
     grace = STATE.setting("verify.grace")
-    look = _process_lister(host)
-    if grace <= 0 or look is None:
-        return
+    if grace <= 0:
+        return None
     terms = VerifyTerms(grace_s=grace, action=STATE.setting("verify.action"))
-    start_verifier(lease, host.ledger_store().directory.ledger_file, look, terms)
+    return functools.partial(host.start_verifier, lease, terms, _process_lister(host))
 
 
-def _process_lister(host: HostLedger) -> Callable[[], list[GpuProcess]] | None:
+def _process_lister(host: Host) -> Callable[[], list[GpuProcess]] | None:
     """Where the verifier looks for the job's processes: NVML on this host, the topology file
     read again on a recorded one; None for a bundled topology (its processes never change)."""
     if host.this_host:
@@ -234,7 +218,7 @@ def _process_lister(host: HostLedger) -> Callable[[], list[GpuProcess]] | None:
 
 
 def _dry_run(
-    host: HostLedger,
+    host: Host,
     want: Want,
     command: list[str],
     mode: NumaMode,
@@ -320,7 +304,7 @@ def alloc_gpus(
     allow_unhealthy: bool = False,
 ) -> None:
     """``gpualloc alloc``: allocate GPUs without running anything (see its ``--help``)."""
-    from gpualloc.launcher.allocate import LeaseTerms
+    from gpualloc.host.terms import LeaseTerms
 
     owner = alloc_owner(output_format, pid, hold)
     want = job.want(STATE.config())
@@ -354,7 +338,7 @@ def _command_of(pid: int | None) -> tuple[str, ...]:
 
 
 def _print_allocation(
-    host: HostLedger, want: Want, allocation: Allocation, output_format: str, uuid: bool
+    host: Host, want: Want, allocation: Allocation, output_format: str, uuid: bool
 ) -> None:
     from gpualloc.json_views import lease_json, placement_json
 
@@ -421,7 +405,7 @@ def _report_problems(problems: list) -> None:
 
 
 def _evict_shared(
-    host: HostLedger, leases: list[str], mine: bool, grace: str | None, as_json: bool
+    host: Host, leases: list[str], mine: bool, grace: str | None, as_json: bool
 ) -> None:
     """Mark the shared jobs for eviction, then wait (their watchers' SIGTERM, the grace, their
     SIGKILL, a margin) until their leases are gone."""
@@ -429,13 +413,12 @@ def _evict_shared(
 
     from gpualloc.cli.output import print_json, write_stdout
     from gpualloc.json_views import lease_json
-    from gpualloc.launcher.eviction import evict_shared
     from gpualloc.launcher.sharing import EVICTION_GRACE_S
     from gpualloc.ledger.occupancy import describe_lease
     from gpualloc.model.option_values import parse_duration
 
     grace_s = parse_duration(grace, "--grace") if grace is not None else EVICTION_GRACE_S
-    result = evict_shared(host, leases, mine=mine, grace_s=grace_s)
+    result = host.evict(leases, mine=mine, grace_s=grace_s)
     marked = {lease.id: lease for lease in result.released}
     deadline = time.monotonic() + grace_s + 5.0
     remaining = set(marked)

@@ -2,35 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from gpualloc.cli import complete, jobs
 from gpualloc.cli.open_ledger import open_host_ledger, warn
-from gpualloc.cli.request_options import (
-    AllowUnhealthyOption,
-    DrbWeightsOption,
-    ExcludeOption,
-    ExplicitGpusOption,
-    IgnoreForeignOption,
-    MaxBypassOption,
-    MemOption,
-    MigOption,
-    MinBandwidthOption,
-    MinUtilityOption,
-    NameOption,
-    PatternOption,
-    PolicyOption,
-    PriorityOption,
-    RequireOption,
-    ScoreOption,
-    SensitiveOption,
-    ShareableOption,
-    TimeoutOption,
-    UuidOption,
-    WaitOption,
-)
+from gpualloc.cli.request_options import given, with_job_options
 from gpualloc.cli.state import STATE
 
 if TYPE_CHECKING:
@@ -39,19 +17,8 @@ if TYPE_CHECKING:
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead.")]
 
 
+@with_job_options("alloc")
 def alloc_command(
-    count: Annotated[
-        Optional[int],  # noqa: UP045 - typer needs Optional on Python 3.10
-        typer.Option("-n", "--num-gpus", min=1, metavar="N", help="Number of GPUs (default 1)."),
-    ] = None,
-    pattern: PatternOption = "ring",
-    sensitive: SensitiveOption = None,
-    exclude: ExcludeOption = None,
-    require: RequireOption = None,
-    policy: PolicyOption = None,
-    score: ScoreOption = "auto",
-    drb_weights: DrbWeightsOption = None,
-    gpus: ExplicitGpusOption = None,
     pid: Annotated[
         Optional[int],  # noqa: UP045
         typer.Option(
@@ -73,19 +40,7 @@ def alloc_command(
             help="ids: '0,1'; env: export lines for eval; json: the lease and placement.",
         ),
     ] = "ids",
-    name: NameOption = None,
-    uuid: UuidOption = False,
-    ignore_foreign: IgnoreForeignOption = None,
-    wait: WaitOption = False,
-    timeout: TimeoutOption = None,
-    priority: PriorityOption = None,
-    max_bypass: MaxBypassOption = None,
-    min_utility: MinUtilityOption = None,
-    min_bandwidth: MinBandwidthOption = None,
-    mig: MigOption = None,
-    mem: MemOption = None,
-    shareable: ShareableOption = False,
-    allow_unhealthy: AllowUnhealthyOption = False,
+    **job: Any,
 ) -> None:
     """Allocate GPUs without running anything: for scripts, notebooks and prologs.
 
@@ -98,7 +53,7 @@ def alloc_command(
 
     Inside a pipeline or a subshell the parent is not your shell: pass --pid $$ there.
     """
-    jobs.call("alloc_gpus", locals())  # a test checks the parameters against the work's
+    jobs.call("alloc_gpus", given(locals()))  # a test checks the parameters against the work's
 
 
 def release_command(

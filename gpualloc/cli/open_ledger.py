@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 from gpualloc.cli.state import STATE
 
 if TYPE_CHECKING:
-    from gpualloc.launcher.allocate import Allocation, HostLedger, LeaseTerms
-    from gpualloc.launcher.queue import WaitOptions
-    from gpualloc.launcher.wait import WaitStatus
+    from gpualloc.host.protocol import Host
+    from gpualloc.host.queue import WaitOptions
+    from gpualloc.host.terms import Allocation, LeaseTerms, WaitStatus
     from gpualloc.placement.want import Want
 
 
@@ -24,63 +24,46 @@ def open_host_ledger(
     check_health: bool = True,
     allow_unhealthy: bool = False,
     full: bool = True,
-) -> HostLedger:
-    """The selected topology with its ledger, GPU processes and GPU faults (``check_health``:
-    placing or showing needs them; releasing does not); warnings go to stderr.
-
-    Inside a Slurm job with GPUs, the job's own ledger, limited to the job's GPUs (see
-    :mod:`gpualloc.slurm.job`). On a host with a broker, the broker's view of the host, whose
-    changes the broker makes (:mod:`gpualloc.broker.remote`; ``full``: with the ledger and the
-    GPUs' processes, which ``run`` and ``alloc`` do not need).
-    """
+) -> Host:
+    """The host this command is on (:func:`gpualloc.host.open.open_host` decides: the broker,
+    a Slurm job's ledger, this host's or a named topology's), with its ledger, GPU processes
+    and faults; warnings go to stderr. ``check_health``: placing or showing needs it;
+    releasing does not. ``full``: through the broker, with its ledger and the GPUs'
+    processes, which ``run`` and ``alloc`` do not need."""
     import os
 
-    from gpualloc.launcher.allocate import HostLedger
-    from gpualloc.slurm.job import slurm_job
+    from gpualloc.host.open import open_host
 
-    socket = broker_for_this_command()
-    if socket is not None:
-        from gpualloc.broker.remote import brokered_host
-
-        host = brokered_host(socket, full=full)
-        host.allow_unhealthy = allow_unhealthy
-        warn(host.processes.notes)
-        return host
-    topology = STATE.load_topology()
-    host = HostLedger.open(
-        topology,
+    host = open_host(
+        STATE.load_topology,
+        STATE.config(),
+        named=_topology_named(),
         ignore_foreign=ignore_foreign,
         create=create,
-        slurm_job=slurm_job(topology, os.environ),
-        state_dir=STATE.setting("state_dir"),
-        lock_timeout_s=STATE.setting("lock_timeout"),
         check_health=check_health,
+        allow_unhealthy=allow_unhealthy,
+        full=full,
+        env=os.environ,
     )
-    host.take_share_settings(STATE.config())
-    host.allow_unhealthy = allow_unhealthy
     warn(host.processes.notes)
     return host
 
 
 def broker_for_this_command() -> Path | None:
-    """The broker's socket when this command's ledger is the broker's: there is one (see
-    :func:`gpualloc.broker.address.broker_socket`), and the command is neither a trial on a
-    topology of another host nor inside a Slurm job (whose GPUs have a ledger of their own)."""
+    """The broker's socket when this command's ledger is the broker's (see
+    :func:`gpualloc.host.open.broker_for`), for the broker's fast client."""
     import os
 
-    from gpualloc.broker.address import broker_socket
+    from gpualloc.host.open import broker_for
 
-    socket = broker_socket(STATE.setting("host.broker"))
-    if socket is None:
-        return None
-    if os.environ.get("SLURM_JOB_ID") and os.environ.get("GPUALLOC_NO_SLURM", "") in ("", "0"):
-        return None
-    if STATE.topology is not None or os.environ.get("GPUALLOC_TOPOLOGY"):
-        from gpualloc.discovery.this_host import describes_this_host
+    named = STATE.load_topology if _topology_named() else None
+    return broker_for(STATE.setting("host.broker"), os.environ, named)
 
-        if not describes_this_host(STATE.load_topology()):
-            return None
-    return socket
+
+def _topology_named() -> bool:
+    import os
+
+    return STATE.topology is not None or bool(os.environ.get("GPUALLOC_TOPOLOGY"))
 
 
 def warn(lines: Iterable[str]) -> None:
@@ -95,25 +78,13 @@ def say(line: str) -> None:
     to_stderr(f"gpualloc: {line}")
 
 
-def allocate(
-    host: HostLedger, want: Want, terms: LeaseTerms, waiting: WaitOptions | None
-) -> Allocation:
+def allocate(host: Host, want: Want, terms: LeaseTerms, waiting: WaitOptions | None) -> Allocation:
     """Allocate now, or with --wait queue until it is this job's turn (with a status line)."""
     if waiting is None:
         return host.allocate(want, terms)
-    from gpualloc.launcher.wait import wait_and_allocate
-
     line = StatusLine()
     try:
-        if host.remote is not None:
-            return host.remote.allocate(
-                want,
-                terms,
-                waiting=waiting,
-                report=line.show,
-                allow_unhealthy=host.allow_unhealthy,
-            )
-        return wait_and_allocate(host, want, terms, waiting, report=line.show)
+        return host.allocate(want, terms, wait=waiting, report=line.show)
     finally:
         line.close()
 
@@ -152,7 +123,7 @@ def wait_options(
     *, wait: bool, timeout: str | None, priority: str | None, max_bypass: int | None
 ) -> WaitOptions | None:
     """The queue options, or None without --wait (usage errors for options that need it)."""
-    from gpualloc.launcher.queue import WaitOptions
+    from gpualloc.host.queue import WaitOptions
     from gpualloc.model.option_values import parse_duration
 
     if not check_wait_flags(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass):

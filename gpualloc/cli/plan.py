@@ -3,23 +3,11 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from gpualloc.cli.request_options import (
-    AllowUnhealthyOption,
-    CountOption,
-    DrbWeightsOption,
-    ExcludeOption,
-    MemOption,
-    MigOption,
-    PatternOption,
-    PolicyOption,
-    RequireOption,
-    ScoreOption,
-    SensitiveOption,
-)
+from gpualloc.cli.request_options import given, with_job_options
 from gpualloc.cli.state import STATE
 from gpualloc.errors import NoFeasiblePlacement, RequestError
 from gpualloc.json_views import placement_json
@@ -33,10 +21,8 @@ if TYPE_CHECKING:
     from gpualloc.placement.context import DecisionContext
 
 
+@with_job_options("plan")
 def plan_command(
-    count: CountOption = None,
-    pattern: PatternOption = "ring",
-    sensitive: SensitiveOption = None,
     busy: Annotated[
         Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
         typer.Option(
@@ -51,14 +37,6 @@ def plan_command(
             metavar="LIST", help="GPUs to treat as the only free ones (the opposite of --busy)."
         ),
     ] = None,
-    exclude: ExcludeOption = None,
-    require: RequireOption = None,
-    policy: PolicyOption = None,
-    score: ScoreOption = "auto",
-    drb_weights: DrbWeightsOption = None,
-    mig: MigOption = None,
-    mem: MemOption = None,
-    allow_unhealthy: AllowUnhealthyOption = False,
     explain: Annotated[
         bool, typer.Option("--explain", help="Show the best alternatives and why this one won.")
     ] = False,
@@ -66,6 +44,7 @@ def plan_command(
         bool, typer.Option("--compare", help="Show what every policy would choose, side by side.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead.")] = False,
+    **job: Any,
 ) -> None:
     """Choose GPUs for a job without running it: the GPUs in rank order, their NUMA nodes, the
     links between consecutive ranks, and the scores.
@@ -82,7 +61,9 @@ def plan_command(
     from gpualloc.placement.decide import decision_context
     from gpualloc.slurm.job import slurm_job
 
-    options, _ = JobOptions.pick(locals())
+    options, own = JobOptions.pick(given(locals()))
+    count, mig, mem = options.count, options.mig, options.mem
+    allow_unhealthy = own.get("allow_unhealthy", False)
     if busy is not None and free is not None:
         raise RequestError("--busy and --free both say which GPUs are free", hint="give one")
     if count is None and mig is None and mem is None:
@@ -215,9 +196,9 @@ def _topology() -> Topology:
     socket = broker_for_this_command()
     if socket is None:
         return STATE.load_topology()
-    from gpualloc.broker.remote import brokered_host
+    from gpualloc.host.brokered import BrokeredHost
 
-    return brokered_host(socket, full=False).topology
+    return BrokeredHost.open(socket, full=False).topology
 
 
 def _numa_text(node: int | None) -> str:

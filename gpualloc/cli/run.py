@@ -2,34 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 from gpualloc.cli import complete, jobs
-from gpualloc.cli.request_options import (
-    AllowUnhealthyOption,
-    DrbWeightsOption,
-    ExcludeOption,
-    ExplicitGpusOption,
-    IgnoreForeignOption,
-    MaxBypassOption,
-    MemOption,
-    MigOption,
-    MinBandwidthOption,
-    MinUtilityOption,
-    NameOption,
-    PatternOption,
-    PolicyOption,
-    PriorityOption,
-    RequireOption,
-    ScoreOption,
-    SensitiveOption,
-    ShareableOption,
-    TimeoutOption,
-    UuidOption,
-    WaitOption,
-)
+from gpualloc.cli.request_options import given, with_job_options
 
 NumaOption = Annotated[
     Optional[str],  # noqa: UP045
@@ -45,75 +23,13 @@ NumaOption = Annotated[
 ]
 
 
-ShareOption = Annotated[
-    bool,
-    typer.Option(
-        "--share",
-        help="Run on a GPU together with other jobs: one a --shareable lease holds, one only "
-        "shared jobs use, else a free one; the memory asked for with --mem must be free there "
-        "and the GPU must run fewer shared jobs than the host allows (share.max_jobs, "
-        "default 4). Under CUDA MPS when its daemon runs, else time-sliced.",
-    ),
-]
-BackgroundOption = Annotated[
-    bool,
-    typer.Option(
-        "--background",
-        help="With --share: a low-priority job (DeepPool's background job): its CPU priority "
-        "is lowered (nice 10) and status marks it so.",
-    ),
-]
-SmShareOption = Annotated[
-    Optional[int],  # noqa: UP045
-    typer.Option(
-        "--sm-share",
-        min=1,
-        max=100,
-        metavar="PERCENT",
-        help="With --share: the part of one GPU the job asks for; a GPU takes shared jobs "
-        "while these parts sum to at most 100. Under CUDA MPS it also caps the job's "
-        "multiprocessors (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE).",
-        show_default=False,
-    ),
-]
-
-
+@with_job_options("run")
 def run_command(
     command: Annotated[
         list[str],
         typer.Argument(metavar="-- COMMAND [ARGS]...", hidden=True),  # docstring: no '<list[str]>'
     ],
-    count: Annotated[
-        Optional[int],  # noqa: UP045 - typer needs Optional on Python 3.10
-        typer.Option(
-            "-n", "--num-gpus", min=1, metavar="N", help="Number of GPUs the job needs (default 1)."
-        ),
-    ] = None,
-    pattern: PatternOption = "ring",
-    sensitive: SensitiveOption = None,
-    exclude: ExcludeOption = None,
-    require: RequireOption = None,
-    policy: PolicyOption = None,
-    score: ScoreOption = "auto",
-    drb_weights: DrbWeightsOption = None,
-    gpus: ExplicitGpusOption = None,
     numa: NumaOption = None,
-    name: NameOption = None,
-    uuid: UuidOption = False,
-    ignore_foreign: IgnoreForeignOption = None,
-    wait: WaitOption = False,
-    timeout: TimeoutOption = None,
-    priority: PriorityOption = None,
-    max_bypass: MaxBypassOption = None,
-    min_utility: MinUtilityOption = None,
-    min_bandwidth: MinBandwidthOption = None,
-    mig: MigOption = None,
-    mem: MemOption = None,
-    share: ShareOption = False,
-    shareable: ShareableOption = False,
-    background: BackgroundOption = False,
-    sm_share: SmShareOption = None,
-    allow_unhealthy: AllowUnhealthyOption = False,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -124,6 +40,7 @@ def run_command(
         bool, typer.Option("--quiet", "-q", help="Do not print the lease line on stderr.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: print JSON.")] = False,
+    **job: Any,
 ) -> None:
     """Run a job on the best free GPUs: place it, record the lease, exec it.
 
@@ -153,4 +70,4 @@ def run_command(
 
     Example: `gpualloc run -n 2 --sensitive -- python train.py`
     """
-    jobs.call("run_job", locals())  # a test checks the parameters against the work's
+    jobs.call("run_job", given(locals()))  # a test checks the parameters against the work's

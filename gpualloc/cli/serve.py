@@ -49,8 +49,8 @@ def serve_command(
     process of their owner, which the broker watches (pidfd, /proc); a restart, kill -9
     included, loses no lease. Stops on SIGTERM or SIGINT; leases stay in the ledger.
     """
-    from gpualloc.broker.address import DEFAULT_SOCKET, broker_socket
     from gpualloc.broker.startup import serve
+    from gpualloc.wire.address import DEFAULT_SOCKET, broker_socket
 
     path = socket or broker_socket(STATE.setting("host.broker")) or Path(DEFAULT_SOCKET)
     serve(

@@ -15,7 +15,7 @@ from gpualloc.cli.state import STATE
 from gpualloc.errors import GpuallocError
 
 if TYPE_CHECKING:
-    from gpualloc.launcher.allocate import HostLedger
+    from gpualloc.host.local import LocalHost
 
 HOOK_LOG = "slurm-hooks.log"
 
@@ -123,7 +123,7 @@ def prolog_command() -> None:
     Always exits 0, since a failing Prolog drains the node and holds the job; problems go to
     stderr and to slurm-hooks.log in the state directory.
     """
-    from gpualloc.slurm.hooks import prolog
+    from gpualloc.host.slurm_hooks import prolog
 
     _node_hook("prolog", prolog, create=True)
 
@@ -132,7 +132,7 @@ def prolog_command() -> None:
 def epilog_command() -> None:
     """For Epilog= (runs as root after each job, also when the Prolog never ran): release the
     job's leases. Idempotent; always exits 0 (a failing Epilog drains the node)."""
-    from gpualloc.slurm.hooks import epilog
+    from gpualloc.host.slurm_hooks import epilog
 
     _node_hook("epilog", epilog, create=False)
 
@@ -144,7 +144,7 @@ def taskprolog_command() -> None:
     of the best ring through the step's GPUs. Never fails the task: on a problem it prints
     only the first line and says why on stderr."""
     from gpualloc.cli.output import write_stdout
-    from gpualloc.slurm.hooks import task_prolog
+    from gpualloc.host.slurm_hooks import task_prolog
 
     env = dict(os.environ)
     try:
@@ -156,9 +156,9 @@ def taskprolog_command() -> None:
 
 
 def _node_hook(
-    kind: str, hook: Callable[[HostLedger, dict[str, str]], list[str]], *, create: bool
+    kind: str, hook: Callable[[LocalHost, dict[str, str]], list[str]], *, create: bool
 ) -> None:
-    from gpualloc.launcher.allocate import HostLedger
+    from gpualloc.host.local import LocalHost
 
     env = dict(os.environ)
     host = None
@@ -167,7 +167,7 @@ def _node_hook(
         _log(None, kind, through)
         raise typer.Exit(0)
     try:
-        host = HostLedger.open(
+        host = LocalHost.open(
             STATE.load_topology(),
             ignore_foreign=True,
             create=create,
@@ -185,11 +185,11 @@ def _through_broker(kind: str, env: dict[str, str]) -> list[str] | None:
     """The hook's log lines when the host's broker made the change; None when there is no
     broker. A broker that is configured but does not answer: root's hook takes the broker's
     ledger itself (the broker's lock is free when no broker runs), and says so."""
-    from gpualloc.broker.address import broker_socket
-    from gpualloc.broker.client import BrokerClient
     from gpualloc.broker.slurm_requests import SLURM_VARIABLES
+    from gpualloc.host.open import broker_for
+    from gpualloc.wire.client import BrokerClient
 
-    socket = broker_socket(STATE.setting("host.broker"))
+    socket = broker_for(STATE.setting("host.broker"), env, node_hook=True)
     if socket is None:
         return None
     sent = {name: env[name] for name in SLURM_VARIABLES if name in env}
@@ -202,18 +202,18 @@ def _through_broker(kind: str, env: dict[str, str]) -> list[str] | None:
         ]
     try:
         host = _broker_ledger()
-        from gpualloc.slurm.hooks import epilog, prolog
+        from gpualloc.host.slurm_hooks import epilog, prolog
 
         return lines + (prolog if kind == "prolog" else epilog)(host, env)
     except Exception as exc:  # never drain the node
         return [*lines, f"job {env.get('SLURM_JOB_ID', '?')}: {kind} failed: {exc}"]
 
 
-def _broker_ledger() -> HostLedger:
+def _broker_ledger() -> LocalHost:
     """The broker's ledger, opened by root itself (no broker answers)."""
-    from gpualloc.launcher.allocate import HostLedger
+    from gpualloc.host.local import LocalHost
 
-    return HostLedger.open(
+    return LocalHost.open(
         STATE.load_topology(),
         ignore_foreign=True,
         state_dir=STATE.config().system_value("broker.state_dir"),
@@ -222,7 +222,7 @@ def _broker_ledger() -> HostLedger:
     )
 
 
-def _log(host: HostLedger | None, kind: str, lines: list[str]) -> None:
+def _log(host: LocalHost | None, kind: str, lines: list[str]) -> None:
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     text = "".join(f"{stamp} {kind}: {line}\n" for line in lines)
     sys.stderr.write(text)

@@ -17,7 +17,7 @@ from gpualloc.model.printable import printable
 
 if TYPE_CHECKING:
     from gpualloc.cli.output import Table
-    from gpualloc.launcher.allocate import HostLedger
+    from gpualloc.host.protocol import Host
     from gpualloc.ledger.attribution import Attribution
     from gpualloc.ledger.idle import LeaseUse
     from gpualloc.ledger.occupancy import Occupancy
@@ -100,7 +100,7 @@ def _idle_threshold(text: str | None) -> timedelta | None:
         ) from None
 
 
-def lease_uses(host: HostLedger, leases: list[Lease]) -> dict[str, LeaseUse]:
+def lease_uses(host: Host, leases: list[Lease]) -> dict[str, LeaseUse]:
     """Lease id -> its use now (see :func:`gpualloc.ledger.idle.lease_uses`)."""
     from gpualloc.cli.state import STATE
     from gpualloc.ledger.idle import IdlePolicy
@@ -110,7 +110,7 @@ def lease_uses(host: HostLedger, leases: list[Lease]) -> dict[str, LeaseUse]:
     return uses_of(leases, host.processes.utilization, policy, datetime.now(timezone.utc))
 
 
-def _show(host: HostLedger, as_json: bool, idle_at_least: timedelta | None = None) -> None:
+def _show(host: Host, as_json: bool, idle_at_least: timedelta | None = None) -> None:
     from gpualloc.cli.open_ledger import warn
     from gpualloc.cli.output import print_json, print_tables
     from gpualloc.ledger.attribution import attribute
@@ -136,11 +136,9 @@ def _show(host: HostLedger, as_json: bool, idle_at_least: timedelta | None = Non
         f"{len(free)} of {host.topology.gpu_count} GPUs free; {len(txn.ledger.leases)} "
         f"lease(s), {len(txn.ledger.queue)} waiting, in {ledger}",
     ]
-    from gpualloc.ledger.trust import several_users, trust_mode
-
-    mode, line = trust_mode(host)
-    if mode == "cooperative" and several_users(host):
-        footer.append(f"  warning: {line}")
+    trust = host.trust()
+    if trust.mode == "cooperative" and trust.several_writers:
+        footer.append(f"  warning: {trust.detail}")
     if host.slurm_job is not None:
         footer.append(
             f"  inside {host.slurm_job.describe()}: the job's own ledger; the host's GPUs that "
@@ -176,7 +174,7 @@ def _show(host: HostLedger, as_json: bool, idle_at_least: timedelta | None = Non
 
 def _queue_table(txn: LedgerTransaction) -> Table:
     from gpualloc.cli.output import Table
-    from gpualloc.launcher.queue import turn_order
+    from gpualloc.host.queue import turn_order
     from gpualloc.ledger.occupancy import format_age
 
     now = datetime.now(timezone.utc)
@@ -212,7 +210,7 @@ def _queue_table(txn: LedgerTransaction) -> Table:
 
 
 def _gpu_table(
-    host: HostLedger,
+    host: Host,
     occupancy: Occupancy,
     attribution: Attribution,
     uses: dict[str, LeaseUse],
@@ -264,7 +262,7 @@ def _gpu_table(
     )
 
 
-def _use_cell(host: HostLedger, occupancy: Occupancy, gpu: int) -> str:
+def _use_cell(host: Host, occupancy: Occupancy, gpu: int) -> str:
     """``87% 31.5 GiB``: utilisation and memory in use, where known."""
     from gpualloc.model.mig import format_size
 
@@ -344,7 +342,7 @@ def _lease_cells(lease: Lease, now: datetime) -> list[str]:
     ]
 
 
-def _mig_table(host: HostLedger, occupancy: Occupancy) -> Table:
+def _mig_table(host: Host, occupancy: Occupancy) -> Table:
     """One row per MIG device: free, or who holds it."""
     from gpualloc.cli.output import Table
     from gpualloc.ledger.occupancy import describe_processes
@@ -379,7 +377,7 @@ def _shared_cell(occupancy: Occupancy, gpu: int) -> str:
     return f"{text}, {occupancy.shared_fraction(gpu):.0%} of it" if count else text
 
 
-def _share_table(host: HostLedger, occupancy: Occupancy) -> Table:
+def _share_table(host: Host, occupancy: Occupancy) -> Table:
     """One row per shared job: where, whose, how big a part, how it shares."""
     from gpualloc.cli.output import Table
     from gpualloc.model.mig import format_size
@@ -403,14 +401,14 @@ def _share_table(host: HostLedger, occupancy: Occupancy) -> Table:
 
 
 def status_json(
-    host: HostLedger,
+    host: Host,
     txn: LedgerTransaction,
     occupancy: Occupancy,
     attribution: Attribution,
     uses: dict[str, LeaseUse],
     shown: set[str] | None = None,
 ) -> dict[str, Any]:
-    from gpualloc.launcher.queue import turn_order
+    from gpualloc.host.queue import turn_order
     from gpualloc.model.validation import to_builtins
     from gpualloc.placement.share_fit import free_memory
 
@@ -438,8 +436,8 @@ def status_json(
         "host": boot.hostname(),
         "topology": host.topology.name,
         "this_host": host.this_host,
-        "ledger": str(host.store.directory.ledger_file) if host.store else None,
-        "broker": str(host.remote.path) if host.remote else None,
+        "ledger": _ledger_file(host),
+        "broker": str(host.broker_socket) if host.broker_socket else None,
         "trust": _trust_json(host),
         "slurm_job": (
             {"id": host.slurm_job.job_id, "gpus": sorted(host.slurm_job.gpus)}
@@ -486,17 +484,17 @@ def _name(name: str | None) -> str | None:
     return printable(name, 40) if name else name
 
 
-def ledger_place(host: HostLedger) -> str:
+def ledger_place(host: Host) -> str:
     """Where the ledger is, for the footer: the broker that keeps it, or its file."""
-    if host.remote is not None:
-        return f"the broker's ledger ({host.remote.path})"
-    if host.store is None:
-        return "none yet"
-    return str(host.store.directory.ledger_file)
+    return host.ledger_place()
 
 
-def _trust_json(host: HostLedger) -> dict[str, str]:
-    from gpualloc.ledger.trust import trust_mode
+def _trust_json(host: Host) -> dict[str, str]:
+    trust = host.trust()
+    return {"mode": trust.mode, "detail": trust.detail}
 
-    mode, line = trust_mode(host)
-    return {"mode": mode, "detail": line}
+
+def _ledger_file(host: Host) -> str | None:
+    """The ledger's file for ``--json`` (None before there is one)."""
+    path = host.ledger_file()
+    return None if path is None else str(path)

@@ -17,10 +17,10 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from gpualloc.launcher.allocate import HostLedger
+    from gpualloc.ledger.statedir import StateDirectory
 
 COOPERATIVE_WARNING = (
     "cooperative mode: every user who can write {path} can forge, delete or release "
@@ -29,34 +29,43 @@ COOPERATIVE_WARNING = (
 )
 
 
-def trust_mode(host: HostLedger) -> tuple[str, str]:
-    """(mode, one line): ``broker``, ``cooperative``, ``private`` or ``none`` (no ledger yet)."""
-    if host.remote is not None:
-        return "broker", f"kept by the broker at {host.remote.path}"
-    if host.store is None:
-        return "none", "no ledger on this host yet"
-    path = host.store.directory.path
+class Trust(NamedTuple):
+    """How far a host's ledger can be trusted (module docstring)."""
+
+    mode: str
+    """``broker``, ``cooperative``, ``private`` or ``none`` (no ledger yet)."""
+    detail: str
+    several_writers: bool = False
+    """Cooperative: more than one user has written the ledger (``status`` then warns)."""
+    findings: tuple[tuple[str, str, str], ...] = ()
+    """Broker, when asked for detail: (where, severity, detail) of its set-up (``doctor``)."""
+
+
+NO_LEDGER = Trust("none", "no ledger on this host yet")
+
+
+def directory_trust(directory: StateDirectory) -> Trust:
+    """The trust of the file ledger in ``directory``."""
+    path = directory.path
     try:
         mode = stat.S_IMODE(os.lstat(path).st_mode)
     except OSError:
-        return "none", f"{path} cannot be read"
+        return Trust("none", f"{path} cannot be read")
     if mode & 0o022:
-        return "cooperative", COOPERATIVE_WARNING.format(path=path)
-    return "private", f"{path} (mode {mode:04o}): only its owner writes it"
+        writers = {copy.name.split(".")[-3] for copy in directory.good_copies()}
+        return Trust("cooperative", COOPERATIVE_WARNING.format(path=path), len(writers) > 1)
+    return Trust("private", f"{path} (mode {mode:04o}): only its owner writes it")
 
 
-def several_users(host: HostLedger) -> bool:
-    """Whether more than one user has written the shared-file ledger (good copies of several
-    uids): then ``status`` repeats the cooperative warning."""
-    if host.store is None:
-        return False
-    return len({copy.name.split(".")[-3] for copy in host.store.directory.good_copies()}) > 1
+def broker_trust(socket: Path, hello: dict[str, Any] | None = None) -> Trust:
+    """The trust of a broker's ledger; with its ``hello`` answer, the findings of its set-up
+    as a client can see it."""
+    findings = tuple(broker_findings(socket, hello)) if hello is not None else ()
+    return Trust("broker", f"kept by the broker at {socket}", findings=findings)
 
 
-def broker_findings(host: HostLedger) -> list[tuple[str, str, str]]:
+def broker_findings(socket: Path, hello: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(where, severity, detail) of the broker's set-up as a client can see it."""
-    assert host.remote is not None
-    hello: dict[str, Any] = host.remote.client.call("hello")
     found = [
         (
             "broker",
@@ -66,7 +75,6 @@ def broker_findings(host: HostLedger) -> list[tuple[str, str, str]]:
             f"you are uid {hello['you']['uid']}",
         )
     ]
-    socket = host.remote.path
     found.append(_mode_finding(socket, 0o666, "socket", kind=stat.S_ISSOCK))
     directory = Path(hello["state_dir"])
     found.append(_mode_finding(directory, 0o755, "state directory", kind=stat.S_ISDIR))

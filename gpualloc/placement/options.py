@@ -11,12 +11,15 @@ a job of two or more GPUs is bandwidth-sensitive unless told (MAPA section 2.3).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from msgspec import Struct
 
 from gpualloc.errors import RequestError
+from gpualloc.job_options import JobOption, job_fields
 from gpualloc.model.option_values import gpu_list, gpu_sequence, mig_request, parse_size
 
 if TYPE_CHECKING:
@@ -29,31 +32,12 @@ GpuSelection = str | Iterable[int] | None
 """``"0,2,4-7"`` as typed, or the indices themselves."""
 
 
-class JobOptions(Struct, frozen=True, kw_only=True):
-    """What describes a job (see the module docstring); the names are the command line's."""
+class _JobOptionsMethods(Struct, frozen=True, kw_only=True):
+    """What :class:`JobOptions` does; its fields are the ``job`` rows of
+    :data:`gpualloc.job_options.JOB_OPTIONS` (one row each, with its default)."""
 
-    count: int | None = None
-    """``-n``: how many GPUs (None: one, or the number ``gpus`` names)."""
-    pattern: str = "ring"
-    sensitive: bool | None = None
-    """None: sensitive from two GPUs on."""
-    exclude: GpuSelection = None
-    require: GpuSelection = None
-    policy: str | None = None
-    """None: the configured one (``policy`` of config.toml, ``GPUALLOC_POLICY``)."""
-    score: str = "auto"
-    drb_weights: str | tuple[float, float, float] | None = None
-    gpus: str | tuple[int, ...] | None = None
-    """``--gpus``: exactly these GPUs, in this order."""
-    min_utility: float | None = None
-    min_bandwidth: float | None = None
-    mig: str | None = None
-    mem: str | int | None = None
-    """``--mem``: a MIG device's memory, a shared job's, or what a ``--shareable`` job uses."""
-    share: bool = False
-    shareable: bool = False
-    background: bool = False
-    sm_share: int | None = None
+    def __post_init__(self) -> None:
+        check_bounds(self, _ROWS)
 
     @classmethod
     def pick(cls, values: Mapping[str, Any]) -> tuple[JobOptions, dict[str, Any]]:
@@ -196,6 +180,49 @@ class JobOptions(Struct, frozen=True, kw_only=True):
             policy=configured_policy(config),
             share=request,
         )
+
+
+def job_options_struct(rows: tuple[JobOption, ...]) -> type[_JobOptionsMethods]:
+    """The struct of a job's options: one field per row, with the row's default."""
+    return msgspec.defstruct(
+        "JobOptions",
+        [(row.dest, Any, row.default) for row in rows],
+        bases=(_JobOptionsMethods,),
+        module=__name__,
+        frozen=True,
+        kw_only=True,
+    )
+
+
+_ROWS = job_fields()
+JobOptions = job_options_struct(_ROWS)
+"""What describes a job (see the module docstring): one field per ``job`` row of the table,
+named as on the command line. Bounds (``-n`` at least 1, ``--min-utility`` within 0..1, ...)
+are checked when it is made, whoever makes it: the command line, the Python API or the
+broker."""
+
+
+def check_bounds(values: object, rows: tuple[JobOption, ...]) -> None:
+    """Refuse a number outside its row's bounds, a bool where a number belongs, or a number
+    that is not finite (the API and the wire reach here without typer's checks)."""
+    for row in rows:
+        value = getattr(values, row.dest)
+        if value is None or row.kind not in ("int", "float"):
+            continue
+        option = row.spellings[0]
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or (row.kind == "int" and not isinstance(value, int)):
+            raise RequestError(f"{option} {value!r} is not {_a(row.kind)}", hint=row.help)
+        if not math.isfinite(value):
+            raise RequestError(f"{option} {value!r} is not a finite number", hint=row.help)
+        low, high = row.minimum, row.maximum
+        if (low is not None and value < low) or (high is not None and value > high):
+            span = f"at least {low:g}" if high is None else f"{low:g} to {high:g}"
+            raise RequestError(f"{option} {value!r} is out of range", hint=f"give {span}")
+
+
+def _a(kind: str) -> str:
+    return "a whole number" if kind == "int" else "a number"
 
 
 def _gpu_set(value: GpuSelection, option: str) -> frozenset[int]:

@@ -2,8 +2,8 @@
 the live code.
 
 Placement is :func:`gpualloc.placement.choose.choose` (the policy objects of ``run``, with
-``--min-utility`` postponement); the queue is :mod:`gpualloc.launcher.queue` (the rule
-``run --wait`` applies; :func:`~gpualloc.launcher.queue.next_start` finds the one job that rule
+``--min-utility`` postponement); the queue is :mod:`gpualloc.host.queue` (the rule
+``run --wait`` applies; :func:`~gpualloc.host.queue.next_start` finds the one job that rule
 lets start). ``--queue fifo`` lets no job pass another (``max_bypass`` 0); ``backfill`` lets a
 job pass one that cannot start, each at most ``DEFAULT_MAX_BYPASS`` times, as on a live host.
 
@@ -44,7 +44,7 @@ from datetime import datetime, timezone
 from msgspec import structs
 
 from gpualloc.errors import TraceError
-from gpualloc.launcher.queue import DEFAULT_MAX_BYPASS, Attempt, attempts, next_start
+from gpualloc.host.queue import DEFAULT_MAX_BYPASS, Attempt, attempts, next_start
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Lease, LeasedGpu, Ledger, QueuedRequest, Waiter
 from gpualloc.model.request import HostState, JobRequest, Placement
@@ -228,7 +228,7 @@ class _Simulation:
         """The jobs' task types and their shares: what FGD weighs fragmentation by."""
         self.placements: dict[tuple[QueuedRequest, HostState], Attempt] = {}
         """Placements by request and host state: a state recurs often, the answer never
-        changes (see :func:`gpualloc.launcher.wait.attempts`)."""
+        changes (see :func:`gpualloc.host.wait.attempts`)."""
         self.result = SimResult(options.policy, self.results, topology.gpu_count)
 
     # ---- the event loop ----------------------------------------------------------------------

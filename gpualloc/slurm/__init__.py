@@ -1,1 +1,3 @@
-"""Slurm integration: node hooks and gres.conf, with gpualloc as the per-node placement brain."""
+"""Slurm integration: the job a process runs in (:mod:`.job`) and ``gres.conf`` (:mod:`.gres`),
+with gpualloc as the per-node placement brain. The node hooks that record Slurm's jobs in the
+ledger are an application of the host: :mod:`gpualloc.host.slurm_hooks`."""

@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 
 from gpualloc.boot import boot_id
 from gpualloc.errors import LedgerLocked, RequestError
-from gpualloc.launcher.allocate import HostLedger
+from gpualloc.host.local import LocalHost
 from gpualloc.ledger.journal import JournalEntry, append_entry, record_job_lease, release_job
 from gpualloc.ledger.occupancy import held_devices
 from gpualloc.ledger.schema import Lease, LeasedGpu, LeasedMig
@@ -63,7 +63,7 @@ def _job_id(env: Mapping[str, str]) -> str:
     return check_job_id(job)
 
 
-def prolog(host: HostLedger, env: Mapping[str, str]) -> list[str]:
+def prolog(host: LocalHost, env: Mapping[str, str]) -> list[str]:
     """Record the job's GPUs as a lease of the job's user; returns log lines."""
     job = _job_id(env)
     gpus = gpu_indices(env.get("SLURM_JOB_GPUS"))
@@ -109,7 +109,7 @@ def prolog(host: HostLedger, env: Mapping[str, str]) -> list[str]:
     return lines + _record(host, add)
 
 
-def epilog(host: HostLedger, env: Mapping[str, str]) -> list[str]:
+def epilog(host: LocalHost, env: Mapping[str, str]) -> list[str]:
     """Release the job's leases (none is fine); returns log lines."""
     job = _job_id(env)
     if host.store is None:
@@ -118,7 +118,7 @@ def epilog(host: HostLedger, env: Mapping[str, str]) -> list[str]:
     return lines + forget_job_ledger(host.store.directory, job)
 
 
-def _record(host: HostLedger, entry: JournalEntry) -> list[str]:
+def _record(host: LocalHost, entry: JournalEntry) -> list[str]:
     """Make the Prolog's or Epilog's change in the ledger; when another process holds the
     ledger's lock past :data:`HOOK_LOCK_TIMEOUT_S`, in root's journal, which every later
     gpualloc applies (:mod:`gpualloc.ledger.journal`)."""

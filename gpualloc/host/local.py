@@ -1,13 +1,14 @@
-"""Allocating GPUs through the shared ledger: decide and record in one locked transaction.
+"""The embedded ledger: decide and record in one locked transaction, in this process.
 
 The race that breaks every small GPU picker (read who is free, then use it, while another job
 does the same) is closed here: the placement is computed *inside* the ledger transaction, from
 the ledger as it stands under the lock, and the lease is written before the lock is released.
 Two gpualloc processes can therefore never be given the same GPU.
 
-Used by ``run``, ``alloc`` and, later, the waiting queue and the Slurm prolog. What runs on the
-GPUs outside gpualloc is read before the transaction (asking NVML takes time, and holding the
-ledger lock meanwhile would serialise every user of the host on the driver).
+:class:`LocalHost` is the :class:`~gpualloc.host.protocol.Host` of one user's ledger (the
+default), of a Slurm job's, of a recorded topology's, and of the broker itself (``owner``). What
+runs on the GPUs outside gpualloc is read before the transaction (asking NVML takes time, and
+holding the ledger lock meanwhile would serialise every user of the host on the driver).
 """
 
 from __future__ import annotations
@@ -20,33 +21,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from msgspec import Struct, field
 from msgspec.structs import replace
 
 from gpualloc import boot
 from gpualloc.boot import boot_id
-from gpualloc.config import DEFAULT_MAX_SHARED_JOBS
 from gpualloc.discovery.live import GpusNow, live_processes, observe
 from gpualloc.discovery.processes import ProcessReport, declared_processes
 from gpualloc.discovery.this_host import describes_this_host
-from gpualloc.errors import (
-    LedgerError,
-    NoSuchLease,
-    NotPermitted,
-    RequestError,
-)
-from gpualloc.launcher.queue import newcomer_passes
+from gpualloc.errors import LedgerError, NotPermitted, RequestError
+from gpualloc.host.eviction import mark_shared_jobs
+from gpualloc.host.queue import newcomer_passes
+from gpualloc.host.terms import Allocation, GarbageReport, LeaseTerms, ReleaseResult
+from gpualloc.host.view import HostView
 from gpualloc.ledger.liveness import lock_held, take_lease_lock
 from gpualloc.ledger.lookup import find_leases
-from gpualloc.ledger.occupancy import Occupancy
-from gpualloc.ledger.schema import (
-    Lease,
-    LeasedGpu,
-    LeasedMig,
-    LeaseSource,
-    Ledger,
-    Waiter,
-)
+from gpualloc.ledger.schema import Lease, LeasedGpu, LeasedMig, Ledger
 from gpualloc.ledger.scope import job_ledger_scope, ledger_scope
 from gpualloc.ledger.shared_files import owner_name
 from gpualloc.ledger.statedir import (
@@ -56,95 +45,28 @@ from gpualloc.ledger.statedir import (
 )
 from gpualloc.ledger.store import LOCK_TIMEOUT_S, LedgerStore, LedgerTransaction, new_lease_id
 from gpualloc.model.request import Placement
-from gpualloc.model.share import LeasedShare, ShareMode, ShareRequest
-from gpualloc.model.topology import GpuFault, GpuProcess, Topology
+from gpualloc.model.topology import GpuProcess, Topology
 from gpualloc.placement.choose import choose
 from gpualloc.placement.want import Want
 
 if TYPE_CHECKING:
-    from gpualloc.broker.remote import RemoteLedger
-    from gpualloc.config import Config
+    from gpualloc.host.queue import WaitOptions
+    from gpualloc.host.terms import WaitStatus
+    from gpualloc.launcher.verify import VerifyTerms
     from gpualloc.ledger.idle import Expiry, IdlePolicy
+    from gpualloc.ledger.trust import Trust
     from gpualloc.slurm.job import SlurmJob
 
-MAX_NAME_CHARS = 128
-"""A lease's name is a label in everyone's ``status``, not a document (issue 30, point 5)."""
 ORPHAN_LOCK_AGE_S = 60.0
 """A lease lock file no lease names is removed only when older than this, so that the lock of a
 lease being created right now (file made, ledger not yet written) is never taken for litter."""
 
 
-class LeaseTerms(Struct, frozen=True):
-    """Who a new lease belongs to and how long it lives (see :class:`Lease`)."""
+class LocalHost(HostView, kw_only=True):
+    """A topology together with its ledger, changed in this process under the ledger's lock."""
 
-    source: LeaseSource
-    pid: int | None = None
-    hold: bool = False
-    lock: bool = False
-    """Take the lease lock now and keep its descriptor open for the job to inherit."""
-    command: tuple[str, ...] = ()
-    name: str | None = None
-    process_group: int | None = None
-    """The job's own process group, when it leads one (see ``Lease.process_group``)."""
-    announce: bool = False
-    """The lease is unconfirmed until :meth:`HostLedger.confirm` (after its id was printed)."""
-    shareable: bool = False
-    """Shared jobs may join the lease's GPUs (``--shareable``)."""
-    memory_bytes: int | None = None
-    """GPU memory the job declares it uses (``--shareable --mem``)."""
-    share_mode: ShareMode = "time-sliced"
-    """How a shared job shares its GPU (CUDA MPS when its daemon runs)."""
-    uid: int | None = None
-    """Whose lease it is: the broker names its peer; None: this process's user."""
-    pid_start_time: float | None = None
-    """``pid``'s start time when the caller read it already (the broker, checking the pid)."""
-    creator: tuple[int, float | None] | None = None
-    """The process announcing the lease (pid, start time); None: this process."""
-    lease_id: str | None = None
-    """The id the new lease gets; None: a new random one (the broker's clients choose theirs,
-    so that a request sent again after a lost connection finds the lease it made)."""
-
-    def __post_init__(self) -> None:
-        if self.name is not None and len(self.name) > MAX_NAME_CHARS:
-            raise RequestError(
-                f"--name is {len(self.name)} characters long; a lease name has at most "
-                f"{MAX_NAME_CHARS}",
-                hint="give a shorter name (status shows the command beside it)",
-            )
-
-
-class Allocation(Struct):
-    lease: Lease
-    placement: Placement
-    lock_fd: int | None = None
-    notes: list[str] = field(default_factory=list)
-
-
-class HostLedger(Struct):
-    """A topology together with its ledger and the processes running on its GPUs."""
-
-    topology: Topology
-    store: LedgerStore | None
+    store: LedgerStore | None = None
     """None when the state directory does not exist yet (opened without creating it)."""
-    processes: ProcessReport
-    this_host: bool
-    ignore_foreign: bool = False
-    slurm_job: SlurmJob | None = None
-    """Inside a Slurm job: only the job's GPUs, in a ledger of the job's own."""
-    max_shared_jobs: int = DEFAULT_MAX_SHARED_JOBS
-    """Shared jobs a GPU may run at once (the system config's ``share.max_jobs``)."""
-    share_placement: str = "fgd"
-    """How a shared job's GPU is chosen (the system config's ``share.placement``)."""
-    faults: list[GpuFault] = field(default_factory=list)
-    """What is wrong with the GPUs now (see :mod:`gpualloc.discovery.health`)."""
-    health_notes: list[str] = field(default_factory=list)
-    """What could not be checked of the GPUs' health (``status`` says it)."""
-    allow_unhealthy: bool = False
-    """Place on unhealthy GPUs too (``--allow-unhealthy``)."""
-    remote: RemoteLedger | None = None
-    """Broker mode: the broker makes every change (:mod:`gpualloc.broker.remote`)."""
-    served: LedgerTransaction | None = None
-    """Broker mode: the ledger as the broker's snapshot showed it."""
     _pending_lock: tuple[int, str] | None = None
     """The lease lock taken by :meth:`record` in the current transaction, until it commits."""
 
@@ -160,7 +82,7 @@ class HostLedger(Struct):
         lock_timeout_s: float | None = None,
         check_health: bool = True,
         owner: bool = False,
-    ) -> HostLedger:
+    ) -> LocalHost:
         """The ledger of ``topology`` (the host's, or a recorded topology's own); with
         ``slurm_job``, the job's own ledger, limited to its GPUs. ``state_dir`` is the
         configured state directory (None: read the configuration for it), ``lock_timeout_s``
@@ -192,16 +114,21 @@ class HostLedger(Struct):
             )
         except StateDirectoryMissing:
             store = None
-        host = cls(topology, store, processes, this_host, ignore_foreign, slurm_job)
-        host.faults, host.health_notes = now.faults, now.health_notes
-        return host
+        return cls(
+            topology=topology,
+            store=store,
+            processes=processes,
+            this_host=this_host,
+            ignore_foreign=ignore_foreign,
+            slurm_job=slurm_job,
+            faults=now.faults,
+            health_notes=now.health_notes,
+        )
 
     @property
-    def outside(self) -> frozenset[int]:
-        """The GPUs this ledger may not place on (those not the Slurm job's)."""
-        if self.slurm_job is None:
-            return frozenset()
-        return frozenset(range(self.topology.gpu_count)) - self.slurm_job.gpus
+    def broker_socket(self) -> Path | None:
+        """None: this process changes the ledger itself."""
+        return None
 
     def refresh_processes(self) -> None:
         """Ask NVML again who runs on the GPUs, and how healthy they are (a waiting job does
@@ -216,47 +143,14 @@ class HostLedger(Struct):
         if not self.allow_unhealthy:
             self.faults, self.health_notes = now.faults, now.health_notes
 
-    def take_share_settings(self, config: Config) -> None:
-        """Shared GPUs as the system config says (``share.max_jobs``, ``share.placement``);
-        the embedded ledger and the broker both open their host this way."""
-        self.max_shared_jobs = config.system_value("share.max_jobs")
-        self.share_placement = config.system_value("share.placement")
-
-    def occupancy(self, ledger: Ledger, *, allow_unhealthy: bool | None = None) -> Occupancy:
-        """Who holds what in ``ledger`` on this host; unhealthy GPUs are left out unless
-        ``allow_unhealthy`` (default: this host's setting)."""
-        if allow_unhealthy is None:
-            allow_unhealthy = self.allow_unhealthy
-        return Occupancy.build(
-            self.topology,
-            ledger,
-            self.processes.processes,
-            ignore_foreign=self.ignore_foreign,
-            outside=self.outside,
-            memory_used=self.processes.memory_used,
-            max_shared_jobs=self.max_shared_jobs,
-            faults=() if allow_unhealthy else self.faults,
-            share_placement=self.share_placement,
-        )
-
     def snapshot(self) -> LedgerTransaction:
         """The ledger now, dead leases left out, without writing anything."""
-        if self.served is not None:
-            return self.served
-        if self.remote is not None:
-            return self.remote.snapshot()
         if self.store is None:
             return LedgerTransaction(Ledger(host=boot.hostname()))
         return self.store.snapshot()
 
     def ledger_store(self) -> LedgerStore:
         """The store, which exists unless the ledger was opened without creating it."""
-        if self.remote is not None:
-            raise LedgerError(
-                f"this host's ledger is kept by its broker ({self.remote.path}), and this "
-                "command does not go through the broker yet",
-                hint="ask root to run it, or see 'gpualloc doctor'",
-            )
         if self.store is None:  # only when opened with create=False
             raise LedgerError("the state directory does not exist")
         return self.store
@@ -264,16 +158,27 @@ class HostLedger(Struct):
     # ---- allocation ------------------------------------------------------------------------
 
     def allocate(
-        self, want: Want, terms: LeaseTerms, *, allow_unhealthy: bool | None = None
+        self,
+        want: Want,
+        terms: LeaseTerms,
+        *,
+        wait: WaitOptions | None = None,
+        report: Callable[[WaitStatus], None] | None = None,
+        allow_unhealthy: bool | None = None,
     ) -> Allocation:
         """Choose GPUs and record the lease, in one transaction. Raises GpusBusy when the job
         would fit an idle host but not the GPUs free now (or only below its thresholds),
-        NoFeasiblePlacement when it never fits. ``allow_unhealthy``: whether unhealthy GPUs may
-        be chosen (default: this host's setting)."""
+        NoFeasiblePlacement when it never fits. With ``wait``, queue as
+        :func:`gpualloc.host.wait.wait_and_allocate` does. ``allow_unhealthy``: whether
+        unhealthy GPUs may be chosen (default: this host's setting)."""
+        if wait is not None:
+            from gpualloc.host.wait import wait_and_allocate
+
+            if report is None:
+                return wait_and_allocate(self, want, terms, wait)
+            return wait_and_allocate(self, want, terms, wait, report=report)
         if allow_unhealthy is None:
             allow_unhealthy = self.allow_unhealthy
-        if self.remote is not None:
-            return self.remote.allocate(want, terms, allow_unhealthy=allow_unhealthy)
         with self.transaction() as txn:
             occupancy = self.occupancy(txn.ledger, allow_unhealthy=allow_unhealthy)
             started = time.perf_counter()
@@ -369,15 +274,8 @@ class HostLedger(Struct):
             ),
         )
 
-    def leased_share(self, request: ShareRequest, gpu: int, mode: ShareMode) -> LeasedShare:
-        """How a shared job for ``request`` holds ``gpu``."""
-        return request.leased(self.topology.gpu(gpu).memory_total_bytes, self.max_shared_jobs, mode)
-
     def confirm(self, lease_id: str) -> None:
         """Mark the lease announced: its id has reached its user (issue 18, point 6)."""
-        if self.remote is not None:
-            self.remote.confirm(lease_id)
-            return
         with self.ledger_store().transaction() as txn:
             lease = txn.ledger.find(lease_id)
             if lease is not None and not lease.announced:
@@ -387,9 +285,6 @@ class HostLedger(Struct):
 
     def release(self, lease_id: str) -> None:
         """Drop one lease of the caller's, quietly (an exec that failed, a lost race)."""
-        if self.remote is not None:
-            self.remote.release(lease_id)
-            return
         store = self.ledger_store()
         with store.transaction() as txn:
             txn.remove(lease_id)
@@ -403,8 +298,6 @@ class HostLedger(Struct):
         """Release the leases ``selectors`` name (ids or unique id prefixes), or all of the
         caller's with ``mine``. Only the owner or root may release a lease; ``uid`` is the
         caller (None: this process's user; the broker names its peer)."""
-        if self.remote is not None:
-            return self.remote.release_leases(selectors, mine=mine)
         store = self.ledger_store()
         uid = os.geteuid() if uid is None else uid
         result = ReleaseResult()
@@ -427,13 +320,47 @@ class HostLedger(Struct):
             _remove_file(store.directory.lease_lock(lease.id))
         return result
 
+    def evict(
+        self,
+        selectors: Iterable[str],
+        *,
+        mine: bool = False,
+        grace_s: float | None = None,
+        uid: int | None = None,
+    ) -> ReleaseResult:
+        """Mark the shared jobs beside the leases ``selectors`` name (all the caller's with
+        ``mine``) for eviction: see :func:`gpualloc.host.eviction.mark_shared_jobs`. ``uid`` is
+        the caller (None: this process's user; the broker names its peer)."""
+        uid = os.geteuid() if uid is None else uid
+        with self.ledger_store().transaction() as txn:
+            return mark_shared_jobs(txn, selectors, mine=mine, grace_s=grace_s, uid=uid)
+
+    def start_verifier(
+        self, lease: Lease, terms: VerifyTerms, look: Callable[[], list[GpuProcess]] | None
+    ) -> None:
+        """Fork the verifier of this process, about to exec the job (see
+        :mod:`gpualloc.launcher.verify`); ``look`` lists the GPUs' processes (None: they never
+        change, so there is nothing to verify)."""
+        from gpualloc.launcher.verify import start_verifier
+
+        if look is not None and self.store is not None:
+            start_verifier(lease, self.store.directory.ledger_file, look, terms)
+
+    def ledger_file(self) -> Path | None:
+        return None if self.store is None else self.store.directory.ledger_file
+
+    def ledger_place(self) -> str:
+        return "none yet" if self.store is None else str(self.store.directory.ledger_file)
+
+    def trust(self, *, detailed: bool = False) -> Trust:
+        from gpualloc.ledger.trust import NO_LEDGER, directory_trust
+
+        return NO_LEDGER if self.store is None else directory_trust(self.store.directory)
+
     def collect_garbage(self, idle: IdlePolicy | None = None) -> GarbageReport:
         """Reap dead leases now, and remove lease lock files that no lease names; with
         ``idle``, record how long each lease's GPUs have been idle, give idle ``--hold`` leases
-        notice and release those whose notice ran out (see :mod:`gpualloc.ledger.idle`).
-        Through a broker, the broker's own idle policy applies."""
-        if self.remote is not None:
-            return self.remote.collect_garbage()
+        notice and release those whose notice ran out (see :mod:`gpualloc.ledger.idle`)."""
         store = self.ledger_store()
         expiries: list[Expiry] = []
         with store.transaction() as txn:
@@ -453,21 +380,6 @@ class HostLedger(Struct):
             if _remove_file(path):
                 removed.append(path.name)
         return GarbageReport(reaped, dropped, removed, txn.notes, expiries)
-
-
-class ReleaseResult(Struct):
-    released: list[Lease] = field(default_factory=list)
-    problems: list[RequestError | NoSuchLease | NotPermitted] = field(default_factory=list)
-
-
-class GarbageReport(Struct):
-    reaped: list[Lease]
-    dropped_waiters: list[Waiter]
-    """Queue entries of waiting gpualloc processes that are gone."""
-    removed_lock_files: list[str]
-    notes: list[str]
-    expiries: list[Expiry] = field(default_factory=list)
-    """Idle ``--hold`` leases given notice, or released (``idle.expire_holds``)."""
 
 
 # ---- helpers -----------------------------------------------------------------------------------

@@ -26,20 +26,20 @@ def start_verifier(socket: Path, lease: dict[str, Any], grace_s: float, action: 
     say, kept = job_speaker()
 
     def body() -> None:
-        from gpualloc.broker.remote import RemoteLedger
         from gpualloc.discovery.processes import ProcessReport
         from gpualloc.errors import GpuallocError
         from gpualloc.launcher.verify import VerifyTerms, verify
         from gpualloc.ledger.schema import Lease, Ledger
         from gpualloc.model.validation import from_builtins
+        from gpualloc.wire.client import BrokerClient
 
-        remote = RemoteLedger(socket)
+        client = BrokerClient(socket)
         seen: dict[str, Any] = {"view": None, "at": 0.0}
 
         def view() -> dict[str, Any]:
             """One snapshot per look, shared by its two questions."""
             if seen["view"] is None or time.monotonic() - seen["at"] > 0.5:
-                seen.update(view=remote.view(), at=time.monotonic())
+                seen.update(view=client.call("snapshot", {"full": True}), at=time.monotonic())
             return seen["view"]
 
         def look() -> list[Any]:

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpualloc.broker.protocol import error_from, request_line
 from gpualloc.errors import BrokerError
+from gpualloc.wire.protocol import error_from, request_line
 
 RECONNECT_S = 10.0
 """How long a client keeps trying to reach a broker that is restarting (its socket is there,

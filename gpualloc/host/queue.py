@@ -32,7 +32,7 @@ from msgspec.structs import replace
 
 from gpualloc.config import BY_KEY, Config
 from gpualloc.errors import GpuallocError, GpusBusy, NoFeasiblePlacement
-from gpualloc.launcher.queue_policy import QueuePolicy
+from gpualloc.host.queue_policy import QueuePolicy
 from gpualloc.ledger.liveness import process_start_time
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import PRIORITY_RANK, Priority, QueuedRequest, Waiter
@@ -44,7 +44,7 @@ from gpualloc.placement.choose import choose
 from gpualloc.placement.want import Want
 
 if TYPE_CHECKING:  # type only: the ledger session imports this module
-    from gpualloc.launcher.allocate import LeaseTerms
+    from gpualloc.host.terms import LeaseTerms
 
 POLL_S = 0.25
 """How often a waiting job looks at the ledger (see :mod:`.wait`)."""

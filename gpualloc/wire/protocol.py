@@ -91,7 +91,7 @@ def parse_request(line: bytes) -> tuple[str, dict[str, Any]]:
             "the request is not JSON", hint="speak the broker's protocol (gpualloc.broker)"
         ) from None
     if not isinstance(body, dict):
-        raise BrokerError("the request is not a JSON object", hint="see gpualloc.broker.protocol")
+        raise BrokerError("the request is not a JSON object", hint="see gpualloc.wire.protocol")
     version = body.get("v")
     if version != VERSION:
         raise VersionMismatch(

@@ -22,18 +22,20 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
-
-from msgspec import Struct
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 from gpualloc.errors import GpuallocError, GpusBusy, NoFeasiblePlacement, WaitTimedOut
-from gpualloc.launcher.allocate import Allocation, HostLedger, LeaseTerms
-from gpualloc.launcher.queue import Turn, WaitOptions, attempts, new_waiter, take_turn
-from gpualloc.ledger.occupancy import Occupancy, format_age
+from gpualloc.host.queue import Turn, WaitOptions, attempts, new_waiter, take_turn
+from gpualloc.host.terms import Allocation, LeaseTerms, WaitStatus
+from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Ledger
 from gpualloc.ledger.store import LedgerTransaction, new_lease_id
 from gpualloc.placement.choose import choose
 from gpualloc.placement.want import Want
+
+if TYPE_CHECKING:
+    from gpualloc.host.protocol import LedgerHost
 
 PROCESS_REFRESH_S = 2.0
 WHO_HOLDS = {"foreign": "not gpualloc", "shared": "shared jobs"}
@@ -41,25 +43,8 @@ WHO_HOLDS = {"foreign": "not gpualloc", "shared": "shared jobs"}
 (``lost`` and ``unhealthy`` say themselves)."""
 
 
-class WaitStatus(Struct, frozen=True):
-    """What a waiting job shows its user."""
-
-    position: int
-    queue_length: int
-    reason: str
-    holders: str
-    waited_s: float
-
-    def line(self) -> str:
-        text = (
-            f"waiting {format_age(timedelta(seconds=self.waited_s))}, #{self.position} of "
-            f"{self.queue_length} in the queue: {self.reason}"
-        )
-        return f"{text}; {self.holders}" if self.holders else text
-
-
 def wait_and_allocate(
-    host: HostLedger,
+    host: LedgerHost,
     want: Want,
     terms: LeaseTerms,
     options: WaitOptions,
@@ -111,7 +96,7 @@ def wait_and_allocate(
         raise
 
 
-def never_fits(host: HostLedger, want: Want) -> None:
+def never_fits(host: LedgerHost, want: Want) -> None:
     """Raise NoFeasiblePlacement if ``want`` could not start even on an idle host."""
     idle = Occupancy.build(host.topology, Ledger(host="idle"), (), outside=host.outside)
     try:
@@ -124,7 +109,7 @@ def never_fits(host: HostLedger, want: Want) -> None:
 
 
 def _look(
-    host: HostLedger,
+    host: LedgerHost,
     txn: LedgerTransaction,
     waiter_id: str,
     want: Want,
@@ -147,7 +132,7 @@ def _look(
 
 
 def _start(
-    host: HostLedger,
+    host: LedgerHost,
     txn: LedgerTransaction,
     waiter_id: str,
     turn: Turn,
@@ -181,7 +166,7 @@ def who_holds(occupancy: Occupancy) -> str:
     return "held by " + ", ".join(f"{who}: {','.join(held)}" for who, held in by_user.items())
 
 
-def _leave_queue(host: HostLedger, waiter_id: str) -> None:
+def _leave_queue(host: LedgerHost, waiter_id: str) -> None:
     """Ctrl-C, a timeout or an error: take this job out of the queue (best effort; a dead
     waiter is reaped anyway)."""
     try:

@@ -9,56 +9,51 @@ job's user, sends the signals.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 
 from msgspec.structs import replace
 
 from gpualloc.errors import NotPermitted, RequestError
-from gpualloc.launcher.allocate import HostLedger, ReleaseResult
+from gpualloc.host.terms import ReleaseResult
 from gpualloc.ledger.lookup import find_leases
 from gpualloc.ledger.schema import Lease, Ledger
 from gpualloc.ledger.shared_files import owner_name
+from gpualloc.ledger.store import LedgerTransaction
 
 
-def evict_shared(
-    host: HostLedger,
+def mark_shared_jobs(
+    txn: LedgerTransaction,
     selectors: Iterable[str],
     *,
-    mine: bool = False,
-    grace_s: float | None = None,
-    uid: int | None = None,
+    mine: bool,
+    grace_s: float | None,
+    uid: int,
 ) -> ReleaseResult:
     """Ask the shared jobs on the GPUs of the leases ``selectors`` name (or of all the
     caller's with ``mine``) to leave; a selector may also name one shared job. Only the
     owner of the lease they share, the shared job's owner, or root may. The jobs' watchers
     end them (:mod:`gpualloc.launcher.sharing`); their leases go when they have ended.
-    ``released`` lists the shared jobs marked. ``uid`` is the caller (None: this process's
-    user; the broker names its peer)."""
-    if host.remote is not None:
-        return host.remote.evict(selectors, mine=mine, grace_s=grace_s)
-    store = host.ledger_store()
-    uid = os.geteuid() if uid is None else uid
+    ``released`` lists the shared jobs marked. ``uid`` is the caller; ``txn`` the ledger
+    transaction the marks are made in."""
     result = ReleaseResult()
-    with store.transaction() as txn:
-        named = find_leases(txn, selectors, result.problems)
-        if mine:
-            named += [x for x in txn.ledger.leases if x.uid == uid and x.shareable]
-        for lease in named:
-            try:
-                targets = _shared_jobs_of(txn.ledger, lease, uid)
-            except (RequestError, NotPermitted) as problem:
-                result.problems.append(problem)
+    named = find_leases(txn, selectors, result.problems)
+    if mine:
+        named += [x for x in txn.ledger.leases if x.uid == uid and x.shareable]
+    for lease in named:
+        try:
+            targets = _shared_jobs_of(txn.ledger, lease, uid)
+        except (RequestError, NotPermitted) as problem:
+            result.problems.append(problem)
+            continue
+        for share in targets:
+            if share.share is None or any(x.id == share.id for x in result.released):
                 continue
-            for share in targets:
-                if share.share is None or any(x.id == share.id for x in result.released):
-                    continue
-                marked = replace(
-                    share,
-                    share=replace(share.share, evict_by=owner_name(uid), evict_grace_s=grace_s),
-                )
-                txn.replace(marked)
-                result.released.append(marked)
+            marked = replace(
+                share,
+                share=replace(share.share, evict_by=owner_name(uid), evict_grace_s=grace_s),
+            )
+            txn.replace(marked)
+            result.released.append(marked)
     return result
 
 

@@ -1,0 +1,150 @@
+"""The front door of a host: :class:`Host`, what every command, the Python API and the broker ask.
+
+Two implementations, side by side as the Kubernetes device plugin keeps its NVML and Tegra
+resource managers: :class:`~gpualloc.host.local.LocalHost`, the embedded ledger (a file under
+``flock``, changed in this process), and :class:`~gpualloc.host.brokered.BrokeredHost`, whose
+changes the host's broker (``gpualloc serve``) makes. :func:`gpualloc.host.open.open_host` is the
+one place that decides which a command gets. Callers never ask which they hold: the same
+request gives the same results, errors and exit codes from either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from gpualloc.discovery.processes import ProcessReport
+    from gpualloc.host.queue import WaitOptions
+    from gpualloc.host.terms import Allocation, GarbageReport, LeaseTerms, ReleaseResult, WaitStatus
+    from gpualloc.launcher.verify import VerifyTerms
+    from gpualloc.ledger.idle import IdlePolicy
+    from gpualloc.ledger.occupancy import Occupancy
+    from gpualloc.ledger.schema import Lease, Ledger
+    from gpualloc.ledger.store import LedgerTransaction
+    from gpualloc.ledger.trust import Trust
+    from gpualloc.model.request import Placement
+    from gpualloc.model.share import LeasedShare, ShareMode, ShareRequest
+    from gpualloc.model.topology import GpuFault, GpuProcess, Topology
+    from gpualloc.placement.want import Want
+    from gpualloc.slurm.job import SlurmJob
+
+
+class Host(Protocol):
+    """A host's GPUs, who uses them, and the ledger of who holds them."""
+
+    topology: Topology
+    processes: ProcessReport
+    """What runs on the GPUs (NVML, nvidia-smi, or a recorded topology's list)."""
+    this_host: bool
+    """Whether the topology is the machine this runs on (then jobs are bound and watched)."""
+    faults: list[GpuFault]
+    health_notes: list[str]
+    allow_unhealthy: bool
+    slurm_job: SlurmJob | None
+    broker_socket: Path | None
+    """The broker that keeps the ledger, or None for the embedded ledger."""
+
+    def snapshot(self) -> LedgerTransaction:
+        """The ledger now, dead leases left out, without writing anything."""
+        ...
+
+    def occupancy(self, ledger: Ledger, *, allow_unhealthy: bool | None = None) -> Occupancy:
+        """Who holds what in ``ledger``; unhealthy GPUs are left out unless ``allow_unhealthy``
+        (default: the host's setting)."""
+        ...
+
+    def allocate(
+        self,
+        want: Want,
+        terms: LeaseTerms,
+        *,
+        wait: WaitOptions | None = None,
+        report: Callable[[WaitStatus], None] | None = None,
+        allow_unhealthy: bool | None = None,
+    ) -> Allocation:
+        """Choose GPUs for ``want`` and record the lease, in one transaction; with ``wait``,
+        queue until it is this job's turn (``report`` hears how the wait goes). Raises GpusBusy
+        when the GPUs are taken (without ``wait``), NoFeasiblePlacement when it never fits,
+        WaitTimedOut when the wait runs out."""
+        ...
+
+    def confirm(self, lease_id: str) -> None:
+        """Mark the lease announced: its id has reached its user."""
+        ...
+
+    def release(self, lease_id: str) -> None:
+        """Drop one lease of the caller's, quietly (an exec that failed, a lost race)."""
+        ...
+
+    def release_leases(self, selectors: Iterable[str], *, mine: bool = False) -> ReleaseResult:
+        """Release the leases ``selectors`` name (ids or unique prefixes), or all the caller's
+        with ``mine``; only the owner or root may."""
+        ...
+
+    def evict(
+        self, selectors: Iterable[str], *, mine: bool = False, grace_s: float | None = None
+    ) -> ReleaseResult:
+        """Ask the shared jobs beside the leases named to leave (``release --evict-shared``)."""
+        ...
+
+    def collect_garbage(self, idle: IdlePolicy | None = None) -> GarbageReport:
+        """Reap dead leases and stale lock files now; with ``idle``, apply the idle policy."""
+        ...
+
+    def leased_share(self, request: ShareRequest, gpu: int, mode: ShareMode) -> LeasedShare:
+        """How a shared job for ``request`` would hold ``gpu``."""
+        ...
+
+    def start_verifier(
+        self, lease: Lease, terms: VerifyTerms, look: Callable[[], list[GpuProcess]] | None
+    ) -> None:
+        """Fork the verifier of this process, about to exec the job on ``lease``'s GPUs: it
+        checks for ``terms.grace_s`` that the job keeps to them (:mod:`gpualloc.launcher.verify`);
+        ``look`` lists the GPUs' processes where this process must ask itself."""
+        ...
+
+    def ledger_file(self) -> Path | None:
+        """The ledger file every user may read (the shared jobs' watchers read it); None
+        before there is one."""
+        ...
+
+    def ledger_place(self) -> str:
+        """Where the ledger is, in words: the broker that keeps it, or its file."""
+        ...
+
+    def trust(self, *, detailed: bool = False) -> Trust:
+        """How far the ledger can be trusted (:mod:`gpualloc.ledger.trust`); ``detailed``:
+        with the broker's set-up as a client sees it (``doctor``)."""
+        ...
+
+
+class LedgerHost(Host, Protocol):
+    """A host whose ledger this process changes itself (the embedded ledger, or the broker's
+    own): what the queue's waiting loop (:mod:`gpualloc.host.wait`) and the Slurm hooks need
+    beyond :class:`Host`."""
+
+    def transaction(
+        self, *, lock_timeout_s: float | None = None
+    ) -> AbstractContextManager[LedgerTransaction]:
+        """A ledger transaction under the ledger's lock."""
+        ...
+
+    def record(
+        self,
+        txn: LedgerTransaction,
+        placement: Placement,
+        want: Want,
+        terms: LeaseTerms,
+        *,
+        decision_s: float | None = None,
+        waited_s: float = 0.0,
+    ) -> Allocation:
+        """Add the lease for ``placement`` to ``txn``."""
+        ...
+
+    def refresh_processes(self) -> None:
+        """Ask NVML again who runs on the GPUs and how healthy they are."""
+        ...

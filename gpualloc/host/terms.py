@@ -1,0 +1,102 @@
+"""What a request to a :class:`~gpualloc.host.protocol.Host` carries besides the job, and what it
+gets back: the lease's terms (whose it is, how long it lives), an allocation, a release's and a
+garbage collection's results. The same types whichever host answers, the embedded ledger or the
+broker.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from msgspec import Struct, field
+
+from gpualloc.errors import NoSuchLease, NotPermitted, RequestError
+from gpualloc.ledger.occupancy import format_age
+from gpualloc.ledger.schema import Lease, LeaseSource, Waiter
+from gpualloc.model.request import Placement
+from gpualloc.model.share import ShareMode
+
+if TYPE_CHECKING:
+    from gpualloc.ledger.idle import Expiry
+
+MAX_NAME_CHARS = 128
+"""A lease's name is a label in everyone's ``status``, not a document (issue 30, point 5)."""
+
+
+class LeaseTerms(Struct, frozen=True):
+    """Who a new lease belongs to and how long it lives (see :class:`Lease`)."""
+
+    source: LeaseSource
+    pid: int | None = None
+    hold: bool = False
+    lock: bool = False
+    """Take the lease lock now and keep its descriptor open for the job to inherit."""
+    command: tuple[str, ...] = ()
+    name: str | None = None
+    process_group: int | None = None
+    """The job's own process group, when it leads one (see ``Lease.process_group``)."""
+    announce: bool = False
+    """The lease is unconfirmed until :meth:`Host.confirm` (after its id was printed)."""
+    shareable: bool = False
+    """Shared jobs may join the lease's GPUs (``--shareable``)."""
+    memory_bytes: int | None = None
+    """GPU memory the job declares it uses (``--shareable --mem``)."""
+    share_mode: ShareMode = "time-sliced"
+    """How a shared job shares its GPU (CUDA MPS when its daemon runs)."""
+    uid: int | None = None
+    """Whose lease it is: the broker names its peer; None: this process's user."""
+    pid_start_time: float | None = None
+    """``pid``'s start time when the caller read it already (the broker, checking the pid)."""
+    creator: tuple[int, float | None] | None = None
+    """The process announcing the lease (pid, start time); None: this process."""
+    lease_id: str | None = None
+    """The id the new lease gets; None: a new random one (the broker's clients choose theirs,
+    so that a request sent again after a lost connection finds the lease it made)."""
+
+    def __post_init__(self) -> None:
+        if self.name is not None and len(self.name) > MAX_NAME_CHARS:
+            raise RequestError(
+                f"--name is {len(self.name)} characters long; a lease name has at most "
+                f"{MAX_NAME_CHARS}",
+                hint="give a shorter name (status shows the command beside it)",
+            )
+
+
+class Allocation(Struct):
+    lease: Lease
+    placement: Placement
+    lock_fd: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class ReleaseResult(Struct):
+    released: list[Lease] = field(default_factory=list)
+    problems: list[RequestError | NoSuchLease | NotPermitted] = field(default_factory=list)
+
+
+class GarbageReport(Struct):
+    reaped: list[Lease]
+    dropped_waiters: list[Waiter]
+    """Queue entries of waiting gpualloc processes that are gone."""
+    removed_lock_files: list[str]
+    notes: list[str]
+    expiries: list[Expiry] = field(default_factory=list)
+    """Idle ``--hold`` leases given notice, or released (``idle.expire_holds``)."""
+
+
+class WaitStatus(Struct, frozen=True):
+    """What a waiting job shows its user."""
+
+    position: int
+    queue_length: int
+    reason: str
+    holders: str
+    waited_s: float
+
+    def line(self) -> str:
+        text = (
+            f"waiting {format_age(timedelta(seconds=self.waited_s))}, #{self.position} of "
+            f"{self.queue_length} in the queue: {self.reason}"
+        )
+        return f"{text}; {self.holders}" if self.holders else text

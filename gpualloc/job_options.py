@@ -1,0 +1,237 @@
+"""Every option of a job request, declared once (issue 39, point 2).
+
+One row per option: its parameter name, spellings, kind and bounds, help, default, the
+environment variable and configuration key that default it, its completion, the commands that
+take it, and whether the broker's fast client sends it. Everything else is made from this
+table, never written again by hand:
+
+- the typer parameters of ``run``, ``alloc`` and ``plan`` (:func:`gpualloc.cli.request_options.
+  with_job_options`), and so their ``--help``, the static help pages and completion scripts;
+- the command-line fast path's options (:func:`gpualloc.cli.fastpath.fast_options`);
+- :class:`gpualloc.placement.options.JobOptions`, the one struct the command line, the Python API
+  and the broker build a job from (its fields are the ``job`` rows);
+- the wire schema of the broker's fast client (:func:`gpualloc.broker.requests.wire_options`,
+  the ``wire`` rows) and the options it sends (:data:`gpualloc.cli.brokered.JOB_OPTIONS`).
+
+A new option is one row here plus its use (``tests/test_job_options.py`` adds one and finds it
+in all of them). A leaf module: the fast path imports it, so it imports nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+Kind = Literal["flag", "int", "float", "str"]
+Group = Literal["job", "lease", "wait"]
+"""``job``: what describes the job (:class:`~gpualloc.placement.options.JobOptions`);
+``lease``: how its lease is held; ``wait``: how it queues (``--wait`` and its options)."""
+
+COMMANDS = ("run", "alloc", "plan")
+
+
+class JobOption(NamedTuple):
+    """One option of a job request (module docstring)."""
+
+    dest: str
+    """The parameter, struct field and wire key."""
+    kind: Kind
+    help: str
+    flags: tuple[str, ...] = ()
+    """Spellings (default: ``--dest`` with ``-`` for ``_``)."""
+    negative: tuple[str, ...] = ()
+    """A flag's spellings that set it to False (``--insensitive``)."""
+    default: object = None
+    metavar: str | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    completion: str | None = None
+    """The function of :mod:`gpualloc.cli.complete` that completes its value."""
+    commands: tuple[str, ...] = COMMANDS
+    group: Group = "job"
+    wire: bool = True
+    """Sent by the broker's fast client in its ``options`` (sharing is sent as a request)."""
+    plan_help: str | None = None
+    """``plan``'s help where it differs (plan runs nothing, so some defaults differ)."""
+
+    @property
+    def spellings(self) -> tuple[str, ...]:
+        return self.flags or (f"--{self.dest.replace('_', '-')}",)
+
+    def help_for(self, command: str) -> str:
+        return self.plan_help if command == "plan" and self.plan_help else self.help
+
+
+POLICY_HELP = (
+    "Placement policy: mapa (default; MAPA Preserve), mapa-greedy, drb, pack, spread, "
+    "besteffort (NVIDIA go-gpuallocator), slurm (Slurm 22.05), baseline (lowest indices). "
+    "Else GPUALLOC_POLICY, else policy in config.toml."
+)
+RUN_ALLOC = ("run", "alloc")
+
+JOB_OPTIONS: tuple[JobOption, ...] = (
+    JobOption(
+        "count", "int", "Number of GPUs the job needs (default 1).",
+        flags=("-n", "--num-gpus"), metavar="N", minimum=1,
+        plan_help="Number of GPUs the job needs (required, unless --mig or --mem asks for a "
+        "MIG device).",
+    ),
+    JobOption(
+        "pattern", "str",
+        "How the job's ranks talk: ring (NCCL's collectives), all, tree, star, or a JSON edge "
+        "list file over ranks 0..n-1.",
+        default="ring", metavar="PATTERN", completion="patterns",
+    ),
+    JobOption(
+        "sensitive", "flag", "Bandwidth-sensitive job (MAPA 2.3). Default: sensitive for 2+ GPUs.",
+        flags=("--sensitive",), negative=("--insensitive",),
+    ),
+    JobOption(
+        "exclude", "str", "GPUs the job must not get, e.g. a GPU you know is flaky.",
+        metavar="LIST",
+    ),
+    JobOption("require", "str", "GPUs that must be part of the answer.", metavar="LIST"),
+    JobOption("policy", "str", POLICY_HELP, metavar="POLICY", completion="policies"),
+    JobOption(
+        "score", "str",
+        "Effective-bandwidth model for sensitive jobs: auto (MAPA Table 2 on hosts with the "
+        "DGX-1's NV1/NV2/PCIe links and patterns of up to 8 edges, else the slowest pattern "
+        "link), mapa, bottleneck.",
+        default="auto", metavar="MODEL", completion="scores",
+    ),
+    JobOption(
+        "drb_weights", "str",
+        "DRB utility weights communication,interference,fragmentation (default 1,1,1: a third "
+        "each).",
+        metavar="C,I,F",
+    ),
+    JobOption(
+        "gpus", "str",
+        "Take exactly these GPUs, in this order (e.g. 3,1); -n is then their number.",
+        metavar="LIST", commands=RUN_ALLOC,
+    ),
+    JobOption(
+        "min_utility", "float",
+        "Only start on a placement whose DRB utility (Eq. 2, 0..1; the DRB paper uses 0.3 for "
+        "1-GPU and 0.5 for 2-GPU jobs) is at least this; with --wait, keep waiting for a "
+        "better one even when enough GPUs are free (DRB's postponement).",
+        metavar="U", minimum=0.0, maximum=1.0, commands=RUN_ALLOC,
+    ),
+    JobOption(
+        "min_bandwidth", "float",
+        "Only start on a placement whose predicted effective bandwidth is at least this many "
+        "GB/s (e.g. wait for an NVLinked pair); with --wait, keep waiting.",
+        metavar="GBPS", minimum=0.0, commands=RUN_ALLOC,
+    ),
+    JobOption(
+        "mig", "str",
+        "Take one MIG device instead of whole GPUs: the smallest free one of this profile "
+        "(e.g. 1g.5gb, 3g.20gb), or exactly this one (GPU0/MIG3, or its MIG- UUID). 'gpualloc "
+        "topo show' lists them.",
+        metavar="PROFILE|DEVICE", completion="mig_profiles",
+    ),
+    JobOption(
+        "mem", "str",
+        "Take the smallest free MIG device with at least this much memory (e.g. 10G, 4.5G, "
+        "512M; G = GiB); with --mig, a device of that profile with that much. With --share: "
+        "the GPU memory the shared job needs; with --shareable: what this job uses, so that "
+        "shared jobs leave it room.",
+        metavar="SIZE",
+    ),
+    JobOption(
+        "share", "flag",
+        "Run on a GPU together with other jobs: one a --shareable lease holds, one only shared "
+        "jobs use, else a free one; the memory asked for with --mem must be free there and the "
+        "GPU must run fewer shared jobs than the host allows (share.max_jobs, default 4). Under "
+        "CUDA MPS when its daemon runs, else time-sliced.",
+        default=False, commands=("run",), wire=False,
+    ),
+    JobOption(
+        "shareable", "flag",
+        "Let shared jobs (run --share) run on these GPUs beside this job, as long as their "
+        "memory fits; you may evict them (release --evict-shared).",
+        default=False, commands=RUN_ALLOC, wire=False,
+    ),
+    JobOption(
+        "background", "flag",
+        "With --share: a low-priority job (DeepPool's background job): its CPU priority is "
+        "lowered (nice 10) and status marks it so.",
+        default=False, commands=("run",), wire=False,
+    ),
+    JobOption(
+        "sm_share", "int",
+        "With --share: the part of one GPU the job asks for; a GPU takes shared jobs while "
+        "these parts sum to at most 100. Under CUDA MPS it also caps the job's multiprocessors "
+        "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE).",
+        metavar="PERCENT", minimum=1, maximum=100, commands=("run",), wire=False,
+    ),
+    JobOption(
+        "name", "str", "A name for the lease, shown by 'gpualloc status'.",
+        metavar="NAME", commands=RUN_ALLOC, group="lease", wire=False,
+    ),
+    JobOption(
+        "uuid", "flag", "Export CUDA_VISIBLE_DEVICES as GPU UUIDs instead of indices.",
+        default=False, commands=RUN_ALLOC, group="lease", wire=False,
+    ),
+    JobOption(
+        "ignore_foreign", "flag",
+        "Treat GPUs as free even when processes that did not come through gpualloc run on them "
+        "(NVML's process list). Default: heed them (GPUALLOC_IGNORE_FOREIGN, ignore_foreign in "
+        "config.toml).",
+        flags=("--ignore-foreign",), negative=("--heed-foreign",), commands=RUN_ALLOC,
+        group="lease", wire=False,
+    ),
+    JobOption(
+        "allow_unhealthy", "flag",
+        "Place on GPUs gpualloc found unhealthy too (uncorrectable ECC errors, pages or rows "
+        "waiting for a reset, a critical Xid error; 'gpualloc status' says which).",
+        default=False, group="lease", wire=False,
+    ),
+    JobOption(
+        "wait", "flag",
+        "When the GPUs are taken, join the host's queue and start as soon as it is this job's "
+        "turn (first come, first served; backfill; priorities).",
+        default=False, commands=RUN_ALLOC, group="wait", wire=False,
+    ),
+    JobOption(
+        "timeout", "str",
+        "With --wait: give up after this long (90, 30s, 5m, 2h, 1h30m) with exit 124.",
+        metavar="DURATION", commands=RUN_ALLOC, group="wait", wire=False,
+    ),
+    JobOption(
+        "priority", "str",
+        "With --wait: queue class high, normal or low; arrival order within. Default: normal "
+        "(GPUALLOC_PRIORITY, queue.priority in config.toml).",
+        metavar="CLASS", completion="priorities", commands=RUN_ALLOC, group="wait", wire=False,
+    ),
+    JobOption(
+        "max_bypass", "int",
+        "With --wait: how many later jobs may start before this one (backfill) before backfill "
+        "past it stops until it starts. Default: 8 (GPUALLOC_MAX_BYPASS, queue.max_bypass in "
+        "config.toml).",
+        metavar="N", minimum=0, commands=RUN_ALLOC, group="wait", wire=False,
+    ),
+)  # fmt: skip
+
+
+Table = tuple[JobOption, ...]
+
+
+def table_or_default(table: Table | None) -> Table:
+    """``table``, or :data:`JOB_OPTIONS` as it is when asked (not when a caller was defined:
+    a test may add a row before anything reads it)."""
+    return JOB_OPTIONS if table is None else table
+
+
+def options_of(command: str, table: Table | None = None) -> Table:
+    """The rows ``command`` (``run``, ``alloc`` or ``plan``) takes, in table order."""
+    return tuple(row for row in table_or_default(table) if command in row.commands)
+
+
+def job_fields(table: Table | None = None) -> Table:
+    """The rows that describe the job (the fields of ``JobOptions``)."""
+    return tuple(row for row in table_or_default(table) if row.group == "job")
+
+
+def wire_fields(table: Table | None = None) -> Table:
+    """The rows the broker's fast client sends in its ``options``."""
+    return tuple(row for row in table_or_default(table) if row.group == "job" and row.wire)

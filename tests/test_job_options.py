@@ -1,0 +1,148 @@
+"""One job request, declared once (issue 39, point 2): the table of :mod:`gpualloc.job_options`
+makes the typer parameters, the fast path's options, ``JobOptions``, the wire schema and the
+Python API's keywords. A new option is one row; these tests add one and find it everywhere."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import msgspec
+import pytest
+
+from gpualloc.errors import RequestError
+from gpualloc.job_options import JOB_OPTIONS, job_fields, options_of, wire_fields
+
+DUMMY_ROW = """
+import gpualloc.job_options as table
+
+table.JOB_OPTIONS = (
+    *table.JOB_OPTIONS,
+    table.JobOption(
+        "max_temperature", "int", "Only GPUs cooler than this many degrees C (a test's row).",
+        metavar="C", minimum=30, maximum=110, commands=("run", "alloc"),
+    ),
+)
+"""
+
+PROBE = """
+import json, os
+import msgspec
+
+from gpualloc.api import _job_options
+from gpualloc.broker.requests import WireOptions
+from gpualloc.cli import brokered
+from gpualloc.cli.fastpath import parse
+from gpualloc.cli.static_help import render_pages
+from gpualloc.errors import RequestError
+from gpualloc.placement.options import JobOptions
+
+found = {}
+pages = render_pages()
+found["run_help"] = "--max-temperature C" in pages["run"]["text"]
+found["alloc_help"] = "--max-temperature C" in pages["alloc"]["text"]
+found["plan_help"] = "--max-temperature" in pages["plan"]["text"]
+line = parse(["run", "--max-temperature", "80", "--", "true"], os.environ)
+found["fast_path"] = line is not None and line.values.get("max_temperature") == 80
+found["fast_path_bounds"] = parse(["run", "--max-temperature", "5", "--", "true"], os.environ)
+found["fast_path_bounds"] = found["fast_path_bounds"] is None  # left to typer, which refuses
+found["wire"] = "max_temperature" in WireOptions.__struct_fields__
+found["fast_client_sends"] = "max_temperature" in brokered.JOB_OPTIONS
+try:
+    msgspec.convert({"policy": "mapa", "max_temperature": 5}, WireOptions)
+    found["wire_bounds"] = False
+except msgspec.ValidationError:
+    found["wire_bounds"] = True
+found["struct"] = JobOptions(max_temperature=80).max_temperature == 80
+found["api"] = _job_options(2, {"max_temperature": 70}).max_temperature == 70
+try:
+    JobOptions(max_temperature=500)
+    found["struct_bounds"] = False
+except RequestError:
+    found["struct_bounds"] = True
+print(json.dumps(found))
+"""
+
+
+def test_a_row_added_to_the_table_reaches_every_shape_of_the_request() -> None:
+    """The row alone, no other edit: typer's help of run and alloc (not plan, which the row
+    does not name), the fast path with its bounds, the broker's wire schema and what its fast
+    client sends, JobOptions with its bounds, and the Python API. What a real option needs
+    besides is its use: what it changes in ``JobOptions.want`` (or in the lease's terms)."""
+    script = textwrap.dedent(DUMMY_ROW) + textwrap.dedent(PROBE)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found.pop("plan_help") is False
+    assert all(found.values()), found
+
+
+def test_every_typer_job_parameter_is_a_row() -> None:
+    """The commands' job parameters are exactly their rows, in table order."""
+    import inspect
+
+    from gpualloc.cli.leases import alloc_command
+    from gpualloc.cli.plan import plan_command
+    from gpualloc.cli.run import run_command
+
+    for command, function in (("run", run_command), ("alloc", alloc_command),
+                              ("plan", plan_command)):  # fmt: skip
+        parameters = list(inspect.signature(function).parameters)
+        rows = [row.dest for row in options_of(command)]
+        assert [p for p in parameters if p in rows] == rows, command
+
+
+def test_each_row_is_declared_once_with_its_help() -> None:
+    names = [row.dest for row in JOB_OPTIONS]
+    assert len(names) == len(set(names))
+    spellings = [s for row in JOB_OPTIONS for s in (*row.spellings, *row.negative)]
+    assert len(spellings) == len(set(spellings))
+    assert all(row.help.endswith(".") or row.help.endswith(")") for row in JOB_OPTIONS)
+    assert {row.dest for row in wire_fields()} <= {row.dest for row in job_fields()}
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"count": 0}, "-n 0 is out of range"),
+        ({"count": True}, "is not a whole number"),
+        ({"count": 2.5}, "is not a whole number"),
+        ({"min_utility": float("nan")}, "is not a finite number"),
+        ({"min_utility": 1.5}, "is out of range"),
+        ({"min_bandwidth": float("inf")}, "is not a finite number"),
+        ({"sm_share": 101}, "--sm-share 101 is out of range"),
+    ],
+)
+def test_the_struct_checks_its_bounds_whoever_builds_it(values: dict, message: str) -> None:
+    """The Python API and the broker reach JobOptions without typer's checks: the struct
+    refuses what typer would, when it is made."""
+    from gpualloc.placement.options import JobOptions
+
+    with pytest.raises(RequestError, match=message):
+        JobOptions(**values)
+
+
+def test_the_api_takes_the_command_lines_job_options_and_refuses_others() -> None:
+    import gpualloc.api as api
+
+    options = api._job_options(1, {"mig": "1g.5gb"})
+    assert options.count is None and options.mig == "1g.5gb"
+    options = api._job_options(2, {"exclude": {0, 3}, "explicit": None, "policy": "drb"})
+    assert options.exclude == (0, 3) and options.policy == "drb"
+    with pytest.raises(RequestError, match="unknown job option 'colour'"):
+        api._job_options(1, {"colour": "red"})
+    assert set(api.__all__) == {"HeldGpus", "hold", "load_topology", "plan"}
+
+
+def test_the_wire_schema_refuses_what_the_command_line_would() -> None:
+    from gpualloc.broker.requests import WireOptions
+
+    assert set(WireOptions.__struct_fields__) == {"policy", *(r.dest for r in wire_fields())}
+    with pytest.raises(msgspec.ValidationError, match="count"):
+        msgspec.convert({"policy": "mapa", "count": 0}, WireOptions)
+    with pytest.raises(msgspec.ValidationError, match="unknown field"):
+        msgspec.convert({"policy": "mapa", "share": True}, WireOptions)
