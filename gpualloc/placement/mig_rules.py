@@ -23,7 +23,7 @@ from typing import ClassVar
 
 from msgspec import Struct
 
-from gpualloc.errors import RequestError
+from gpualloc.placement.rule_lookup import lookup
 
 __all__ = ["MigRule", "Slot", "get_mig_rule", "mig_rule_names", "mig_rules"]
 
@@ -105,11 +105,4 @@ def mig_rules() -> list[MigRule]:
 def get_mig_rule(name: str, *, what: str = "MIG creation rule") -> MigRule:
     """The rule called ``name``; a :class:`RequestError` naming every rule when there is
     none."""
-    rule = _MIG_RULES.get(name)
-    if rule is None:
-        raise RequestError(
-            f"unknown {what} {name!r}",
-            hint=" or ".join(_MIG_RULES),
-            details=tuple(f"{r.name}: {r.description}" for r in _MIG_RULES.values()),
-        )
-    return rule
+    return lookup(_MIG_RULES, name, what)

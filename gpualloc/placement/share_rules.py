@@ -24,8 +24,8 @@ from typing import ClassVar
 
 from msgspec import Struct
 
-from gpualloc.errors import RequestError
 from gpualloc.model.share import ShareRequest
+from gpualloc.placement.rule_lookup import lookup
 from gpualloc.placement.share_candidates import ShareCandidate
 
 __all__ = [
@@ -154,11 +154,4 @@ def share_policies() -> list[SharePolicy]:
 def get_share_policy(name: str, *, what: str = "share placement") -> SharePolicy:
     """The rule called ``name``; a :class:`RequestError` naming every rule when there is none
     (``what`` names where the name came from: ``--share-placement``)."""
-    policy = _SHARE_POLICIES.get(name)
-    if policy is None:
-        raise RequestError(
-            f"unknown {what} {name!r}",
-            hint=" or ".join(_SHARE_POLICIES),
-            details=tuple(f"{p.name}: {p.description}" for p in _SHARE_POLICIES.values()),
-        )
-    return policy
+    return lookup(_SHARE_POLICIES, name, what)
