@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
@@ -55,11 +54,12 @@ def plan_command(
 
     Example: `gpualloc --topology dgx1-v100 plan -n 3 --busy 0 --explain`
     """
-    from gpualloc.cli.open_ledger import say
+    from gpualloc import boot
+    from gpualloc.cli.open_ledger import open_host_ledger, say
+    from gpualloc.ledger.schema import Ledger
     from gpualloc.model.cpuset import format_cpulist
     from gpualloc.model.request import HostState
     from gpualloc.placement.decide import decision_context
-    from gpualloc.slurm.job import slurm_job
 
     options, own = JobOptions.pick(given(locals()))
     count, mig, mem = options.count, options.mig, options.mem
@@ -69,7 +69,13 @@ def plan_command(
     if count is None and mig is None and mem is None:
         raise RequestError("how many GPUs?", hint="give -n K (or --mig / --mem for a MIG device)")
     want = options.want(STATE.config())
-    topology = _topology()
+    host = open_host_ledger(
+        ignore_foreign=True,  # plan asks "what if": only --busy and --free say what is taken
+        create=False,
+        check_health=not allow_unhealthy,
+        allow_unhealthy=allow_unhealthy,
+    )
+    topology = host.topology
     if want.mig is not None:
         if free is not None:
             raise RequestError("--free names whole GPUs", hint="with --mig, use --busy GPU0/MIG1")
@@ -88,19 +94,17 @@ def plan_command(
             f"GPU {min(outside)} does not exist on this host ({n} GPUs: 0..{n - 1})",
             hint="'gpualloc topo show' lists the GPUs",
         )
-    state = HostState.with_busy(n, busy_set & everything)
-    if not allow_unhealthy:
-        sick = _faults(topology)
-        for gpu, reason in sorted(sick.items()):
-            say(f"skipping unhealthy GPU {gpu}: {reason} (--allow-unhealthy includes it)")
-        state = HostState(free=state.free - frozenset(sick), running=state.running)
-    split = frozenset(g.index for g in topology.gpus if g.mig_enabled)
-    if split:  # as 'run' would place: a GPU in MIG mode is leased by MIG device only
-        state = HostState(free=state.free - split, running=state.running)
-    job = slurm_job(topology, os.environ)
-    if job is not None:  # plan as 'run' would place: on the job's GPUs only
+    # What if nothing were held: the host's own exclusions (unhealthy, lost, in MIG mode,
+    # not the Slurm job's) from its occupancy of an empty ledger, with --busy laid over it.
+    idle = host.occupancy(Ledger(host=boot.hostname()), allow_unhealthy=allow_unhealthy)
+    for gpu, reason in sorted(idle.unhealthy.items()):
+        say(f"skipping unhealthy GPU {gpu}: {reason} (--allow-unhealthy includes it)")
+    if host.slurm_job is not None:  # plan as 'run' would place: on the job's GPUs only
+        job = host.slurm_job
         say(f"inside {job.describe()}: planning on its GPUs (GPUALLOC_NO_SLURM=1: the host's)")
-        state = HostState(free=state.free & job.gpus, running=state.running)
+    wanted = HostState.with_busy(n, busy_set & everything)
+    state = HostState(free=wanted.free & idle.free, running=wanted.running)
+    split = idle.mig
     try:
         ctx = decision_context(
             topology,
@@ -120,18 +124,6 @@ def plan_command(
         _show_compare(ctx, as_json)
     else:
         _show_plan(ctx, want.policy, explain, as_json)
-
-
-def _faults(topology: Topology) -> dict[int, str]:
-    """GPU index -> what is wrong with it: this host's now, or what a recorded file declares."""
-    from gpualloc.discovery.this_host import describes_this_host
-    from gpualloc.model.topology import faults_by_gpu
-
-    if describes_this_host(topology):
-        from gpualloc.discovery.live import observe
-
-        return faults_by_gpu(observe(topology, processes=False).faults)
-    return faults_by_gpu(topology.faults)
 
 
 def _show_mig_plan(
@@ -187,18 +179,6 @@ def _show_mig_plan(
             for m in choice.runners_up[:5]
         ] or ["  none: it is the only free MIG device that fits"]
     write_stdout("\n".join(lines) + "\n")
-
-
-def _topology() -> Topology:
-    """The host's topology: the broker's, on a host with a broker (what it places on)."""
-    from gpualloc.cli.open_ledger import broker_for_this_command
-
-    socket = broker_for_this_command()
-    if socket is None:
-        return STATE.load_topology()
-    from gpualloc.host.brokered import BrokeredHost
-
-    return BrokeredHost.open(socket, full=False).topology
 
 
 def _numa_text(node: int | None) -> str:
