@@ -241,6 +241,13 @@ class Broker:
     def _started(self, started: list[Started]) -> None:
         for start in started:
             connection = self.waiting.pop(start.waiter_id, None)
+            if start.allocation is None:  # its turn failed: it alone hears why
+                assert start.error is not None
+                self.log(f"waiter {start.waiter_id} dropped: {start.error.message}")
+                if connection is not None and connection.open:
+                    connection.waiters.discard(start.waiter_id)
+                    self._send(connection, protocol.error_line(start.error))
+                continue
             lease = start.allocation.lease
             if connection is None or not connection.open:
                 self.service.host.release(lease.id)  # its client went away meanwhile

@@ -31,8 +31,8 @@ from gpualloc.broker.fair_share import FairShare
 from gpualloc.broker.peers import Peer, check_owned
 from gpualloc.broker.watch import ProcessWatch
 from gpualloc.config import Config
-from gpualloc.errors import NoSuchLease, NotPermitted, RequestError
-from gpualloc.host.local import LocalHost
+from gpualloc.errors import GpuallocError, NoSuchLease, NotPermitted, RequestError
+from gpualloc.host.local import LocalHost, taken_id
 from gpualloc.host.queue import (
     Attempt,
     attempts,
@@ -69,9 +69,13 @@ class Pending(Struct):
 
 
 class Started(Struct):
+    """A waiter's turn: its allocation and answer, or the error that ended its wait (a failed
+    turn drops and tells only its own waiter, never the queue behind it)."""
+
     waiter_id: str
-    allocation: Allocation
+    allocation: Allocation | None
     answer: dict[str, Any]
+    error: GpuallocError | None = None
 
 
 class LedgerService:
@@ -232,6 +236,7 @@ class LedgerService:
                 max_bypass=options.max_bypass,
                 queue=txn.ledger.queue,
             )
+            taken_id(txn, terms.lease_id)
             started = check_owned(peer, peer.pid)
             waiter = new_waiter(
                 terms.lease_id, want, terms, options, waiting=(peer.uid, peer.pid, started)
@@ -453,15 +458,20 @@ class LedgerService:
                 waited = (
                     (datetime.now(timezone.utc) - waiter.created).total_seconds() if waiter else 0
                 )
-                allocation = self.host.record(
-                    txn, turn.placement, pending.want, pending.terms, waited_s=waited
-                )
+                try:
+                    allocation = self.host.record(
+                        txn, turn.placement, pending.want, pending.terms, waited_s=waited
+                    )
+                except GpuallocError as problem:  # out of the queue, and only it is told
+                    started.append(Started(turn.waiter.id, None, {}, error=problem))
+                    continue
                 answer = self.answer(allocation, pending.want, pending.views)
                 started.append(Started(turn.waiter.id, allocation, answer))
                 self.fair.account(txn.ledger.leases)  # who holds what now
         for start in started:
             self.pending.pop(start.waiter_id, None)
-            self._follow(start.allocation)
+            if start.allocation is not None:
+                self._follow(start.allocation)
         return started
 
     def positions(self) -> dict[str, dict[str, Any]]:

@@ -216,6 +216,7 @@ class LocalHost(HostView, kw_only=True):
         count it in the ledger's statistics (how long deciding took, how long it waited)."""
         store = self.ledger_store()
         lease_id = terms.lease_id or new_lease_id()
+        taken_id(txn, lease_id)
         lock_fd = take_lease_lock(store.directory.lease_lock(lease_id)) if terms.lock else None
         if lock_fd is not None:
             self._pending_lock = (lock_fd, lease_id)
@@ -383,6 +384,14 @@ class LocalHost(HostView, kw_only=True):
 
 
 # ---- helpers -----------------------------------------------------------------------------------
+
+
+def taken_id(txn: LedgerTransaction, lease_id: str) -> None:
+    """Refuse a new lease or waiter id that names one already in the ledger: the broker's
+    clients choose their ids (to find a request again after a lost connection), so one naming
+    another's waiter would take its place in the queue (issue 40, hole 5)."""
+    if txn.ledger.find(lease_id) is not None or txn.ledger.waiter(lease_id) is not None:
+        raise RequestError(f"id {lease_id} is in use", hint="let gpualloc choose ids")
 
 
 def _processes_for_reaping(
