@@ -153,3 +153,29 @@ def test_a_turn_that_fails_drops_and_tells_only_its_own_waiter(
     ]
     assert started[0].error is not None and "cannot be recorded" in started[0].error.message
     assert not host.snapshot().ledger.queue, "the failed waiter stayed in the queue"
+
+
+def test_a_job_its_owner_blocks_does_not_freeze_other_users(
+    users: dict[str, UnixUser], broker: RunningBroker
+) -> None:
+    """Issue 40, hole 6, through a real broker: alice holds GPU 0 and waits for all eight
+    GPUs; bob's allocations keep starting on the seven free ones, past any ``max_bypass``."""
+    alice, bob = users["alice"], users["bob"]
+    as_user = UserCommandLine(alice)
+    env = {"GPUALLOC_BROKER": str(broker.socket)}
+    held = as_user(alice, "alloc", "--hold", "--gpus", "0", "--format", "json", env=env)
+    assert held.returncode == 0, held.stderr
+    waiting = as_user.popen(
+        alice, "run", "--wait", "-n", "8", "--", "true", env=env
+    )  # the broker's max_bypass: 8
+    try:
+        _until(lambda: _ledger(broker)["queue"], "alice's waiter")
+        for _ in range(10):  # past the host's max_bypass of 8
+            taken = as_user(bob, "alloc", "--hold", "-n", "1", "--format", "json", env=env)
+            assert taken.returncode == 0, taken.stderr
+            lease = json.loads(taken.stdout)["lease"]["id"]
+            assert as_user(bob, "release", lease, env=env).returncode == 0
+        assert _ledger(broker)["queue"][0]["passed_over"] == 0
+    finally:
+        waiting.kill()
+        waiting.communicate(timeout=30)

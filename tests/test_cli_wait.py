@@ -120,8 +120,29 @@ def test_min_utility_postpones_by_drb_utility() -> None:
     assert out.strip() == ",".join(map(str, idle["gpus"]))
 
 
+def _hold_for_another_user(gpus: str) -> Callable[[], None]:
+    """GPUs held by a lease of another uid (what makes a waiting job blocked by others, to
+    which ``--max-bypass`` applies), written as the broker writes its peers' leases; returns
+    its release."""
+    from gpualloc.host.local import LocalHost
+    from gpualloc.host.terms import LeaseTerms
+    from gpualloc.model.request import JobRequest
+    from gpualloc.placement.patterns import build_pattern
+    from gpualloc.placement.want import Want
+    from gpualloc.topologies import load_bundled
+
+    chosen = tuple(range(int(gpus.split("-")[0]), int(gpus.split("-")[1]) + 1))
+    host = LocalHost.open(load_bundled("dgx1-v100"), ignore_foreign=True)
+    request = JobRequest(len(chosen), build_pattern("ring", len(chosen)), sensitive=False)
+    other = 54321
+    lease = host.allocate(
+        Want(request, explicit=chosen), LeaseTerms(source="alloc", hold=True, uid=other)
+    ).lease
+    return lambda: host.release_leases([lease.id], uid=other) and None
+
+
 def test_backfill_lets_small_jobs_pass_a_blocked_big_one_but_not_forever() -> None:
-    held = _hold("0-5")  # GPUs 6 and 7 free
+    release = _hold_for_another_user("0-5")  # GPUs 6 and 7 free
     big = _waiter("-n", "4", "--max-bypass", "1", "--", "true")
     _until(_queued(1), "the 4-GPU job to queue")
     small = gpualloc("run", "-n", "1", "--wait", "--timeout", "60", "--", "true")
@@ -132,6 +153,21 @@ def test_backfill_lets_small_jobs_pass_a_blocked_big_one_but_not_forever() -> No
     assert "passed over 1 times: no more backfill" in refused.stderr
     jumper = gpualloc("run", "-n", "1", "--", "true")  # not waiting does not mean not queueing
     assert jumper.returncode == 10 and "may not pass them" in jumper.stderr
+    release()
+    assert _finish(big)[0] == 0
+
+
+def test_a_job_its_own_owners_lease_blocks_freezes_nobody() -> None:
+    """Issue 40, hole 6: a user holds GPU 0 and waits for all 8; that job can never start
+    while its own lease stands, so it neither stops backfill nor counts as passed over: other
+    jobs start on the 7 free GPUs as often as they like."""
+    held = _hold("0")
+    big = _waiter("-n", "8", "--max-bypass", "1", "--", "true")
+    _until(_queued(1), "the 8-GPU job to queue")
+    for _ in range(3):  # more than --max-bypass
+        assert gpualloc("run", "-n", "1", "--", "true").returncode == 0
+        assert gpualloc("run", "-n", "1", "--wait", "--timeout", "30", "--", "true").returncode == 0
+    assert status()["queue"][0]["passed_over"] == 0
     assert gpualloc("release", held).returncode == 0
     assert _finish(big)[0] == 0
 

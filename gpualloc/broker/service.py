@@ -36,6 +36,7 @@ from gpualloc.host.local import LocalHost, taken_id
 from gpualloc.host.queue import (
     Attempt,
     attempts,
+    blocked_by_own,
     new_waiter,
     next_start,
     take_turn,
@@ -449,7 +450,12 @@ class LedgerService:
             self.fair.account(txn.ledger.leases)
             while True:
                 queue = [w for w in txn.ledger.queue if w.id in self.pending]
-                turn = next_start(queue, self._attempts(txn), order_of=self.fair.order)
+                turn = next_start(
+                    queue,
+                    self._attempts(txn),
+                    order_of=self.fair.order,
+                    self_blocked=blocked_by_own(self.host.occupancy(txn.ledger)),
+                )
                 if turn is None or turn.waiter is None or turn.placement is None:
                     break
                 waiter = txn.dequeue(turn.waiter.id)
@@ -484,9 +490,12 @@ class LedgerService:
         occupancy = self.host.occupancy(txn.ledger)
         attempt = attempts(self.host.topology, occupancy)
         holders = who_holds(occupancy)
+        blocked = blocked_by_own(occupancy)
         found = {}
         for waiter in queue:
-            turn = take_turn(queue, waiter.id, attempt, order_of=self.fair.order)
+            turn = take_turn(
+                queue, waiter.id, attempt, order_of=self.fair.order, self_blocked=blocked
+            )
             status = WaitStatus(
                 position=turn.position,
                 queue_length=len(queue),

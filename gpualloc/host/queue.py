@@ -89,9 +89,12 @@ def take_turn(
     *,
     now: datetime | None = None,
     order_of: Callable[[Sequence[Waiter]], list[Waiter]] = turn_order,
+    self_blocked: Callable[[Waiter], bool] = lambda waiter: False,
 ) -> Turn:
     """May ``waiter_id`` start now? ``attempt`` places a waiter on the GPUs free now;
-    ``order_of`` puts the queue in turn order (the broker's adds fair share between users)."""
+    ``order_of`` puts the queue in turn order (the broker's adds fair share between users).
+    A waiter its own owner's leases keep from starting (``self_blocked``, see
+    :func:`blocked_by_own`) neither holds back nor counts as passed over."""
     now = now or datetime.now(timezone.utc)
     order = order_of(queue)
     ids = [w.id for w in order]
@@ -100,6 +103,8 @@ def take_turn(
     position = ids.index(waiter_id) + 1
     passed: list[str] = []
     for earlier in order[: position - 1]:
+        if self_blocked(earlier):
+            continue
         if attempt(earlier).placement is not None:
             return Turn(
                 None,
@@ -142,6 +147,7 @@ def next_start(
     attempt: Callable[[Waiter], Attempt],
     *,
     order_of: Callable[[Sequence[Waiter]], list[Waiter]] = turn_order,
+    self_blocked: Callable[[Waiter], bool] = lambda waiter: False,
 ) -> Turn | None:
     """The one waiter :func:`take_turn` lets start now, found in a single pass (the simulator
     asks this after every change; a live gpualloc asks :func:`take_turn` about itself).
@@ -152,6 +158,8 @@ def next_start(
     """
     passed: list[str] = []
     for position, waiter in enumerate(order_of(queue), start=1):
+        if self_blocked(waiter):
+            continue
         placed = attempt(waiter)
         if placed.placement is not None:
             return Turn(placed.placement, passed=tuple(passed), position=position, waiter=waiter)
@@ -225,6 +233,28 @@ def attempts(
     return attempt
 
 
+def blocked_by_own(occupancy: Occupancy) -> Callable[[Waiter], bool]:
+    """Whether a waiter cannot start while its own owner's leases stand, whatever anyone else
+    releases: it names a GPU its owner holds (``--gpus``, ``--require``), or asks for more GPUs
+    than the host has without them. Such a waiter is its owner's own business: it neither
+    stops backfill nor counts as passed over (issue 40, hole 6: one user's ``alloc --hold
+    --gpus 0`` then ``alloc --wait -n 8`` froze every other user's allocations once
+    ``max_bypass`` was reached). Shared and MIG requests never count as blocked so."""
+    usable = occupancy.gpu_count - len(occupancy.unusable | occupancy.outside | occupancy.mig)
+
+    def blocked(waiter: Waiter) -> bool:
+        request = waiter.request
+        if request.share is not None or request.mig is not None:
+            return False
+        own = {gpu for gpu, lease in occupancy.leases.items() if lease.uid == waiter.uid}
+        if not own:
+            return False
+        named = {*(request.explicit or ()), *request.required}
+        return bool(named & own) or request.gpus > usable - len(own)
+
+    return blocked
+
+
 def newcomer_passes(
     topology: Topology,
     txn: LedgerTransaction,
@@ -241,7 +271,12 @@ def newcomer_passes(
     newcomer = replace(
         new_waiter(new_lease_id(), want, terms, WaitOptions()), seq=txn.ledger.next_seq
     )
-    turn = take_turn([*txn.ledger.queue, newcomer], newcomer.id, attempts(topology, occupancy))
+    turn = take_turn(
+        [*txn.ledger.queue, newcomer],
+        newcomer.id,
+        attempts(topology, occupancy),
+        self_blocked=blocked_by_own(occupancy),
+    )
     if not turn.go:
         raise GpusBusy(
             f"{len(txn.ledger.queue)} job(s) wait in the host queue and this one may not pass "

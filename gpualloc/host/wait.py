@@ -26,7 +26,14 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from gpualloc.errors import GpuallocError, GpusBusy, NoFeasiblePlacement, WaitTimedOut
-from gpualloc.host.queue import Turn, WaitOptions, attempts, new_waiter, take_turn
+from gpualloc.host.queue import (
+    Turn,
+    WaitOptions,
+    attempts,
+    blocked_by_own,
+    new_waiter,
+    take_turn,
+)
 from gpualloc.host.terms import Allocation, LeaseTerms, WaitStatus
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Ledger
@@ -118,7 +125,12 @@ def _look(
 ) -> tuple[Allocation | None, WaitStatus]:
     """Apply the queue rule for ``waiter_id`` in ``txn``; start it if it may."""
     occupancy = host.occupancy(txn.ledger)
-    turn = take_turn(txn.ledger.queue, waiter_id, attempts(host.topology, occupancy))
+    turn = take_turn(
+        txn.ledger.queue,
+        waiter_id,
+        attempts(host.topology, occupancy),
+        self_blocked=blocked_by_own(occupancy),
+    )
     status = WaitStatus(
         position=turn.position,
         queue_length=len(txn.ledger.queue),
