@@ -27,6 +27,18 @@ Group = Literal["job", "lease", "wait"]
 ``lease``: how its lease is held; ``wait``: how it queues (``--wait`` and its options)."""
 
 COMMANDS = ("run", "alloc", "plan")
+PATTERN_NAMES = ("ring", "all", "tree", "star")
+"""The built-in patterns (``placement.patterns.BUILTIN_PATTERNS``; a test holds them equal):
+any other ``--pattern`` names a file, which the client reads with its user's rights and sends
+as edges; the broker opens no file a user names (issue 40, hole 4)."""
+
+MAX_GPUS = 256
+"""The most GPUs a job may ask for (``-n``), and the bound of a GPU index typed in a list
+(``--gpus``, ``--exclude``, ...: indices below it), checked before any pattern is built or list
+expanded (issue 40, point 1). NVIDIA's driver supports at most 32 GPUs in one system
+(``NV_MAX_DEVICES`` in open-gpu-kernel-modules' ``nvlimits.h``); 256 leaves 8x room for recorded
+and synthetic topologies while the largest built-in pattern (``all``) stays at 32,640 edges. The
+host's own GPU count is the real bound, checked (exit 9) where the topology is known."""
 
 
 class JobOption(NamedTuple):
@@ -71,7 +83,7 @@ RUN_ALLOC = ("run", "alloc")
 JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption(
         "count", "int", "Number of GPUs the job needs (default 1).",
-        flags=("-n", "--num-gpus"), metavar="N", minimum=1,
+        flags=("-n", "--num-gpus"), metavar="N", minimum=1, maximum=MAX_GPUS,
         plan_help="Number of GPUs the job needs (required, unless --mig or --mem asks for a "
         "MIG device).",
     ),

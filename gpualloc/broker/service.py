@@ -43,10 +43,12 @@ from gpualloc.host.queue import (
 )
 from gpualloc.host.queue_policy import QueuePolicy
 from gpualloc.host.terms import Allocation, LeaseTerms
+from gpualloc.job_options import PATTERN_NAMES
 from gpualloc.ledger.owned_store import OwnedLedgerStore
 from gpualloc.ledger.schema import Lease, Waiter
 from gpualloc.ledger.statedir import StateDirectory
 from gpualloc.ledger.store import LedgerTransaction, lease_alive
+from gpualloc.model.printable import printable
 from gpualloc.model.request import Placement, Scores
 from gpualloc.model.validation import to_builtins
 from gpualloc.placement.want import Want
@@ -168,6 +170,12 @@ class LedgerService:
             options = msgspec.convert(raw, wire.WireOptions)
         except msgspec.ValidationError as bad:
             raise RequestError(f"bad options: {bad}", hint="see gpualloc.broker") from None
+        if options.pattern not in PATTERN_NAMES:  # never a path: root would read it for them
+            raise RequestError(
+                f"pattern {printable(options.pattern, 60)!r} is not one of "
+                f"{', '.join(PATTERN_NAMES)}: the broker opens no file a client names",
+                hint="gpualloc reads a pattern file itself and sends its edges",
+            )
         return JobOptions(**msgspec.structs.asdict(options)).want(self.config)
 
     def answer(

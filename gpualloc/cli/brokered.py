@@ -9,8 +9,9 @@ nothing that loads msgspec (issue 31, point 8: ``run`` through the broker at mos
 
 It takes the command lines it can serve exactly as :mod:`.jobs` would, with the same outputs,
 errors and exit codes, and leaves the rest to :mod:`.jobs` (which goes through the broker too,
-through the ledger's models): ``--dry-run``, shared jobs (``--share``, ``--shareable``) and
-``release --evict-shared``.
+through the ledger's models): ``--dry-run``, shared jobs (``--share``, ``--shareable``),
+``release --evict-shared``, and a ``--pattern`` file (read with the user's own rights and sent
+as edges: the broker opens no file a user names).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from gpualloc.cli.state import STATE
 from gpualloc.errors import RequestError
-from gpualloc.job_options import job_fields, wire_fields
+from gpualloc.job_options import PATTERN_NAMES, job_fields, wire_fields
 
 JOB_OPTIONS = tuple(row.dest for row in wire_fields())
 """The job's options the broker reads (the ``wire`` rows of :mod:`gpualloc.job_options`:
@@ -53,6 +54,8 @@ def call(work: str, values: Mapping[str, Any]) -> bool:
 def _for_us(work: str, values: Mapping[str, Any]) -> bool:
     if any(values.get(name) for name in SHARING):
         return False
+    if values.get("pattern") not in (None, *PATTERN_NAMES):
+        return False  # a pattern file: read here, as this user, and sent as edges (.jobs)
     if work == "run_job":
         return not values.get("dry_run") and not values.get("as_json")
     if work == "release_gpus":
