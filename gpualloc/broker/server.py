@@ -29,6 +29,7 @@ import os
 import selectors
 import signal
 import socket
+import stat
 import sys
 import time
 import traceback
@@ -508,6 +509,11 @@ def listening_socket(path: Path) -> socket.socket:
     if activated():
         return socket.socket(fileno=LISTEN_FDS_START)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    check_socket_directory(path.parent)
+    if os.path.lexists(path) and not stat.S_ISSOCK(os.lstat(path).st_mode):
+        raise BrokerError(
+            f"{path} exists and is not a socket", hint="give --socket a path of its own"
+        )
     if os.path.lexists(path):
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -533,6 +539,23 @@ def listening_socket(path: Path) -> socket.socket:
     listener.listen(256)
     staging.rename(path)
     return listener
+
+
+def check_socket_directory(directory: Path) -> None:
+    """Refuse to listen in a directory that another user owns or may write: they could swap
+    the socket for theirs, and read every request (issue 40, hole 9)."""
+    info = directory.stat()
+    if info.st_uid not in (0, os.geteuid()):
+        raise BrokerError(
+            f"{directory} belongs to uid {info.st_uid}: its owner could replace the socket",
+            hint="give --socket a path in a directory of root's (e.g. /run/gpualloc)",
+        )
+    if info.st_mode & 0o022:
+        raise BrokerError(
+            f"{directory} may be written by others (mode {stat.S_IMODE(info.st_mode):04o}): "
+            "they could replace the socket",
+            hint="give --socket a path in a directory only root may write (e.g. /run/gpualloc)",
+        )
 
 
 def log_line(line: str) -> None:

@@ -44,8 +44,8 @@ def serve_command(
     through a Unix socket, naming each caller by the kernel's SO_PEERCRED.
 
     Run it as root (examples/systemd has the units: 'systemctl enable --now gpualloc.socket').
-    Clients use it whenever its socket exists or host.broker names it; a named broker that
-    does not answer is exit 18, never a fall-back to the shared file. Leases live with a
+    Clients use it whenever /run/gpualloc is root's directory (broker mode) or host.broker
+    names it; a broker that does not answer is exit 18, never a fall-back to the shared file. Leases live with a
     process of their owner, which the broker watches (pidfd, /proc); a restart, kill -9
     included, loses no lease. Stops on SIGTERM or SIGINT; leases stay in the ledger.
     """

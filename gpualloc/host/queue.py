@@ -93,8 +93,9 @@ def take_turn(
 ) -> Turn:
     """May ``waiter_id`` start now? ``attempt`` places a waiter on the GPUs free now;
     ``order_of`` puts the queue in turn order (the broker's adds fair share between users).
-    A waiter its own owner's leases keep from starting (``self_blocked``, see
-    :func:`blocked_by_own`) neither holds back nor counts as passed over."""
+    A waiter that cannot start now and that its own owner's leases keep from starting
+    (``self_blocked``, see :func:`blocked_by_own`) neither holds back nor counts as passed
+    over."""
     now = now or datetime.now(timezone.utc)
     order = order_of(queue)
     ids = [w.id for w in order]
@@ -103,14 +104,14 @@ def take_turn(
     position = ids.index(waiter_id) + 1
     passed: list[str] = []
     for earlier in order[: position - 1]:
-        if self_blocked(earlier):
-            continue
         if attempt(earlier).placement is not None:
             return Turn(
                 None,
                 reason=f"{_who(earlier)} is ahead and can start now",
                 position=position,
             )
+        if self_blocked(earlier):
+            continue
         if earlier.passed_over >= earlier.max_bypass:
             return Turn(
                 None,
@@ -158,11 +159,11 @@ def next_start(
     """
     passed: list[str] = []
     for position, waiter in enumerate(order_of(queue), start=1):
-        if self_blocked(waiter):
-            continue
         placed = attempt(waiter)
         if placed.placement is not None:
             return Turn(placed.placement, passed=tuple(passed), position=position, waiter=waiter)
+        if self_blocked(waiter):
+            continue
         if waiter.passed_over >= waiter.max_bypass:
             return None
         passed.append(waiter.id)

@@ -1,18 +1,26 @@
 """Where the host's broker listens, found without importing the socket client.
 
-Every ``run``, ``alloc`` and ``release`` asks this, broker or not, so it costs one ``stat``:
+Every ``run``, ``alloc`` and ``release`` asks this, broker or not, so it costs one ``lstat``:
 ``host.broker`` (``GPUALLOC_BROKER``, ``[host] broker``) when set, that socket and nothing else
 (one that does not answer is an error, never a fall-back to the file ledger); else
-:data:`DEFAULT_SOCKET` when it exists (the systemd socket unit makes it); else None, the
-embedded file ledger.
+:data:`DEFAULT_SOCKET` when the host is in broker mode; else None, the embedded file ledger.
+
+Broker mode is a property of the host, not the momentary presence of a socket (issue 40,
+hole 9: a broker that stopped cleanly removed its socket, and clients silently fell back to the
+file ledger beside the broker's leases). The mark is :data:`BROKER_DIRECTORY`, a directory root
+owns (``gpualloc serve`` and the systemd units make it; a reboot or ``rmdir`` clears it): while
+it stands, a missing socket is exit 18, "the broker does not answer". A directory another user
+made there is no mark.
 """
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
-DEFAULT_SOCKET = "/run/gpualloc/gpualloc.sock"
+BROKER_DIRECTORY = "/run/gpualloc"
+DEFAULT_SOCKET = f"{BROKER_DIRECTORY}/gpualloc.sock"
 
 
 def broker_socket(configured: Path | None) -> Path | None:
@@ -21,7 +29,9 @@ def broker_socket(configured: Path | None) -> Path | None:
     if configured is not None:
         return configured
     try:
-        is_socket = stat.S_ISSOCK(Path(DEFAULT_SOCKET).stat().st_mode)
+        mark = os.lstat(BROKER_DIRECTORY)
     except OSError:
         return None
-    return Path(DEFAULT_SOCKET) if is_socket else None
+    if not stat.S_ISDIR(mark.st_mode) or mark.st_uid != 0:
+        return None
+    return Path(DEFAULT_SOCKET)

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gpualloc.errors import BrokerError
+from gpualloc.wire.address import BROKER_DIRECTORY, DEFAULT_SOCKET
 from gpualloc.wire.protocol import error_from, request_line
 
 RECONNECT_S = 10.0
@@ -95,6 +98,11 @@ class BrokerClient:
                     raise self._unreachable(exc) from None
                 time.sleep(0.05)
                 continue
+            try:
+                check_server(connection, self.path)
+            except BrokerError:
+                connection.close()
+                raise
             self._socket = connection
             self._reader = connection.makefile("rb")
             return
@@ -121,8 +129,27 @@ class BrokerClient:
 
     def _unreachable(self, exc: OSError) -> BrokerError:
         reason = exc.strerror or str(exc)
+        leave = (
+            f"or remove {BROKER_DIRECTORY} to leave broker mode"
+            if str(self.path) == DEFAULT_SOCKET
+            else "or unset GPUALLOC_BROKER / host.broker"
+        )
         return BrokerError(
-            f"the host's broker at {self.path} does not answer ({reason})",
-            hint="start it ('systemctl enable --now gpualloc.socket', or 'gpualloc serve'), or "
-            "unset GPUALLOC_BROKER / host.broker; 'gpualloc doctor' checks it",
+            f"the host's broker at {self.path} does not answer ({reason}): it is busy or stopped",
+            hint="start it ('systemctl enable --now gpualloc.socket', or 'gpualloc serve'), "
+            f"{leave}; 'gpualloc doctor' checks it",
+        )
+
+
+def check_server(connection: socket.socket, path: Path) -> None:
+    """Refuse a server that is neither root nor this user (``SO_PEERCRED``): anyone who could
+    put a socket where the broker's should be would read every request (issue 40, hole 9)."""
+    raw = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    uid = int.from_bytes(raw[4:8], sys.byteorder)  # struct ucred: pid, uid, gid
+    if uid not in (0, os.geteuid()):
+        raise BrokerError(
+            f"the socket {path} is served by uid {uid}, not by root: gpualloc will not send it "
+            "a request",
+            hint="someone put a socket where the host's broker listens; tell the administrator "
+            "('gpualloc doctor' shows who owns the broker's files)",
         )
