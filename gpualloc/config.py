@@ -262,6 +262,11 @@ SETTINGS: tuple[Setting, ...] = (
         "the broker's socket (gpualloc serve); unset: /run/gpualloc/gpualloc.sock if it exists",
     ),
     Setting(
+        "host.broker_timeout", "GPUALLOC_BROKER_TIMEOUT", 30.0, _duration,
+        "how long a client waits for the broker to say anything before exit 18 (busy or "
+        "stopped)",
+    ),
+    Setting(
         "broker.state_dir", None, Path("/var/lib/gpualloc"), _path,
         "the broker's own state directory (gpualloc serve --state-dir's default)",
         system_only=True,

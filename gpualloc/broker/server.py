@@ -87,7 +87,18 @@ class Connection:
         """When the request now arriving began (None: no partial request)."""
         self.waiters: set[str] = set()
         self.said: dict[str, tuple[Any, ...]] = {}
+        self.said_at: dict[str, float] = {}
         self.open = True
+
+    def gone(self) -> bool:
+        """Whether the client closed its end (a request it sent before leaving is not applied:
+        it timed out waiting, or was killed, and will not hear the answer)."""
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
 
 
 class Broker:
@@ -267,8 +278,11 @@ class Broker:
             if connection is None:
                 continue
             said = (status["position"], status["reason"], status["holders"])
-            if connection.said.get(waiter_id) != said:
+            now = time.monotonic()
+            quiet = now - connection.said_at.get(waiter_id, 0.0) >= protocol.KEEPALIVE_S
+            if connection.said.get(waiter_id) != said or quiet:
                 connection.said[waiter_id] = said
+                connection.said_at[waiter_id] = now
                 self._send(connection, protocol.event_line("waiting", status))
 
     def _register_pidfds(self) -> None:
@@ -370,6 +384,9 @@ class Broker:
 
     def _handle(self, connection: Connection, op: str, args: dict[str, Any]) -> bytes | None:
         peer, service = connection.peer, self.service
+        if op in protocol.CHANGES and connection.gone():
+            self.log(f"a {op} of uid {peer.uid} whose client has gone: not applied")
+            return None
         if op == "hello":
             return protocol.result_line(self._hello(peer))
         if op == "alloc":

@@ -101,7 +101,7 @@ def _allocate(socket: Path, values: Mapping[str, Any], terms: dict[str, Any]) ->
         "allow_unhealthy": bool(values.get("allow_unhealthy")),
         "views": {"uuid": bool(values.get("uuid"))},
     }
-    client = BrokerClient(socket)
+    client = BrokerClient(socket, answer_s=STATE.setting("host.broker_timeout"))
     line = _WaitingLine() if wait is not None else None
     try:
         answer = client.call("alloc", args, on_event=line.show if line else None)
@@ -211,7 +211,7 @@ def _release(socket: Path, values: Mapping[str, Any]) -> None:
     leases, mine = values.get("leases") or [], bool(values.get("mine"))
     if not leases and not mine:
         raise RequestError("nothing to release", hint="give lease ids, or --mine for all yours")
-    with BrokerClient(socket) as client:
+    with BrokerClient(socket, answer_s=STATE.setting("host.broker_timeout")) as client:
         result = client.call("release", {"leases": list(leases), "mine": mine})
     problems = result["problems"]
     if values.get("as_json"):

@@ -45,9 +45,10 @@ def serve_command(
 
     Run it as root (examples/systemd has the units: 'systemctl enable --now gpualloc.socket').
     Clients use it whenever /run/gpualloc is root's directory (broker mode) or host.broker
-    names it; a broker that does not answer is exit 18, never a fall-back to the shared file. Leases live with a
-    process of their owner, which the broker watches (pidfd, /proc); a restart, kill -9
-    included, loses no lease. Stops on SIGTERM or SIGINT; leases stay in the ledger.
+    names it; a broker that does not answer is exit 18, never a fall-back to the shared file.
+    Leases live with a process of their owner, which the broker watches (pidfd, /proc); a
+    restart, kill -9 included, loses no lease. Stops on SIGTERM or SIGINT; leases stay in the
+    ledger.
     """
     from gpualloc.broker.startup import serve
     from gpualloc.wire.address import DEFAULT_SOCKET, broker_socket

@@ -194,7 +194,8 @@ def _through_broker(kind: str, env: dict[str, str]) -> list[str] | None:
         return None
     sent = {name: env[name] for name in SLURM_VARIABLES if name in env}
     try:
-        with BrokerClient(socket, reconnect_s=3.0) as client:
+        answer_s = STATE.setting("host.broker_timeout")
+        with BrokerClient(socket, reconnect_s=3.0, answer_s=answer_s) as client:
             return list(client.call("slurm", {"hook": kind, "env": sent})["lines"])
     except GpuallocError as problem:
         lines = [

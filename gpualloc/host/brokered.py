@@ -42,10 +42,13 @@ class BrokeredHost(HostView, kw_only=True):
     _ledger_file: Path | None = None
 
     @classmethod
-    def open(cls, socket: Path, *, full: bool = True) -> BrokeredHost:
+    def open(
+        cls, socket: Path, *, full: bool = True, answer_s: float | None = None
+    ) -> BrokeredHost:
         """The host as the broker at ``socket`` sees it (``full``: with its ledger, processes
-        and faults; else the topology alone, for ``run`` and ``alloc``)."""
-        client = BrokerClient(socket)
+        and faults; else the topology alone, for ``run`` and ``alloc``); ``answer_s``: how long
+        to wait for the broker to say anything (``host.broker_timeout``)."""
+        client = BrokerClient(socket, answer_s=answer_s)
         view = _view(client, full=full)
         host = cls(
             topology=from_builtins(view["topology"], Topology),

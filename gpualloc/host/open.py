@@ -80,7 +80,7 @@ def open_host(
     if socket is not None:
         from gpualloc.host.brokered import BrokeredHost
 
-        host = BrokeredHost.open(socket, full=full)
+        host = BrokeredHost.open(socket, full=full, answer_s=config.value("host.broker_timeout"))
     else:
         from gpualloc.host.local import LocalHost
         from gpualloc.slurm.job import slurm_job

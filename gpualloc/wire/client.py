@@ -25,7 +25,7 @@ from typing import Any
 
 from gpualloc.errors import BrokerError
 from gpualloc.wire.address import BROKER_DIRECTORY, DEFAULT_SOCKET
-from gpualloc.wire.protocol import error_from, request_line
+from gpualloc.wire.protocol import KEEPALIVE_S, error_from, request_line
 
 RECONNECT_S = 10.0
 """How long a client keeps trying to reach a broker that is restarting (its socket is there,
@@ -33,15 +33,23 @@ nobody accepts: a ``kill -9`` and a restart by systemd)."""
 MISSING_S = 1.0
 """How long a client waits for a socket that is not there at all (a broker stopping and
 starting again removes and makes it): a broker that is simply not running is said quickly."""
+ANSWER_S = 30.0
+"""How long a client waits in silence for the broker's answer (``host.broker_timeout``,
+``GPUALLOC_BROKER_TIMEOUT``); a waiting job hears from the broker every
+:data:`gpualloc.wire.protocol.KEEPALIVE_S` seconds, so only a stopped or stalled broker runs it
+out (issue 40, hole 8: clients waited forever on a SIGSTOPped broker)."""
 _GONE = (errno.ECONNREFUSED, errno.ENOENT, errno.ECONNRESET, errno.EPIPE, errno.EAGAIN)
 
 
 class BrokerClient:
     """A connection to the broker; :meth:`call` sends one request and returns its result."""
 
-    def __init__(self, path: Path, *, reconnect_s: float = RECONNECT_S) -> None:
+    def __init__(
+        self, path: Path, *, reconnect_s: float = RECONNECT_S, answer_s: float | None = None
+    ) -> None:
         self.path = path
         self.reconnect_s = reconnect_s
+        self.answer_s = ANSWER_S if answer_s is None else answer_s
         self._socket: socket.socket | None = None
         self._reader: Any = None
 
@@ -74,8 +82,11 @@ class BrokerClient:
             try:
                 self._connect(deadline)
                 assert self._socket is not None
+                waiting = bool((args or {}).get("wait"))  # events every KEEPALIVE_S meanwhile
+                silence = max(self.answer_s, 2 * KEEPALIVE_S) if waiting else self.answer_s
+                self._socket.settimeout(silence)
                 self._socket.sendall(line)
-                return self._answer(on_event)
+                return self._answer(on_event, silence)
             except (ConnectionError, BrokenPipeError) as lost:
                 self.close()
                 if not retry or time.monotonic() >= deadline:
@@ -107,9 +118,18 @@ class BrokerClient:
             self._reader = connection.makefile("rb")
             return
 
-    def _answer(self, on_event: Callable[[dict[str, Any]], None] | None) -> Any:
+    def _answer(self, on_event: Callable[[dict[str, Any]], None] | None, silence: float) -> Any:
         while True:
-            raw = self._reader.readline()
+            try:
+                raw = self._reader.readline()
+            except TimeoutError:
+                self.close()  # the broker will not apply a request whose client has gone
+                raise BrokerError(
+                    f"the broker at {self.path} said nothing for {silence:g} s: it is busy or "
+                    "stopped",
+                    hint="try again; 'gpualloc doctor' checks the broker (GPUALLOC_BROKER_TIMEOUT "
+                    "sets how long to wait)",
+                ) from None
             if not raw:
                 raise ConnectionResetError(errno.ECONNRESET, "the broker closed the connection")
             try:

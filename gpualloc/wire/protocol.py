@@ -25,6 +25,12 @@ REQUEST_DEADLINE_S = 5.0
 """A request begun must be complete within this, or the connection is closed (a slow client
 never holds anything of the broker's: it only loses its connection)."""
 
+KEEPALIVE_S = 5.0
+"""How often the broker tells a waiting client that it is still waiting, whether or not its
+place changed: the client's silence deadline (``host.broker_timeout``) then only runs out on a
+broker that is stopped or stalled."""
+CHANGES = ("alloc", "confirm", "release", "evict", "gc", "slurm")
+"""The operations that change the ledger: not applied once their client has gone."""
 OPERATIONS = ("hello", "alloc", "confirm", "release", "evict", "snapshot", "gc", "slurm")
 
 

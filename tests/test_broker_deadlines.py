@@ -1,0 +1,76 @@
+"""Issue 40, hole 8: every client call has a deadline, and a request whose client has gone is not
+applied.
+
+On b2653dd, with the broker stopped (SIGSTOP), ``alloc`` and root's ``slurm prolog`` hung
+silently until killed, and the broker applied their requests after it resumed: an orphan hold
+nobody would release. Now a client waits ``host.broker_timeout`` of silence at most (a waiting
+job hears from the broker every few seconds, so only a stopped or stalled broker runs it out),
+and the broker drops a change whose client closed its connection.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.broker_harness import RunningBroker
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def broker() -> Iterator[RunningBroker]:
+    running = RunningBroker("dgx1-v100").start()
+    yield running
+    if running.process is not None and running.process.poll() is None:
+        os.kill(running.process.pid, signal.SIGCONT)
+    running.stop()
+    shutil.rmtree(running.directory, ignore_errors=True)
+
+
+def _gpualloc(broker: RunningBroker, *args: str, timeout: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUALLOC_")}
+    env.update(GPUALLOC_BROKER=str(broker.socket), GPUALLOC_BROKER_TIMEOUT=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gpualloc", *args],
+        capture_output=True, text=True, timeout=120, env=env, check=False,
+    )  # fmt: skip
+
+
+def test_a_stopped_broker_is_said_at_the_deadline_and_the_request_is_not_applied(
+    broker: RunningBroker,
+) -> None:
+    assert broker.process is not None
+    os.kill(broker.process.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        asked = _gpualloc(broker, "alloc", "--hold", "-n", "1", timeout="2s")
+        took = time.monotonic() - started
+    finally:
+        os.kill(broker.process.pid, signal.SIGCONT)
+    assert asked.returncode == 18, asked.stderr
+    assert "busy or stopped" in asked.stderr and took < 30
+    time.sleep(1.0)  # the broker, running again, reads the request and its client's hang-up
+    assert broker.call("snapshot", {"full": True})["ledger"]["leases"] == []
+    assert "whose client has gone: not applied" in broker.log_text()
+
+
+def test_a_waiting_client_outlives_its_silence_deadline(broker: RunningBroker) -> None:
+    """The broker says something to a waiting client every few seconds: a wait longer than
+    the deadline ends by the queue's own --timeout (exit 124), not by the deadline."""
+    held = _gpualloc(broker, "alloc", "--hold", "-n", "8", "--format", "json", timeout="2s")
+    assert held.returncode == 0, held.stderr
+    waited = _gpualloc(
+        broker, "alloc", "--hold", "--wait", "--timeout", "12", "-n", "1", timeout="2s"
+    )
+    assert waited.returncode == 124, waited.stderr
+    lease = json.loads(held.stdout)["lease"]["id"]
+    assert _gpualloc(broker, "release", lease, timeout="2s").returncode == 0
