@@ -277,7 +277,18 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "broker.max_requests_per_s", None, 5000, _count,
-        "requests per second one user may make of the broker (bursts of twice that)",
+        "request cost per second one user may spend at the broker (bursts of twice that; a "
+        "hello costs 1, a full snapshot 10)",
+        system_only=True,
+    ),
+    Setting(
+        "broker.max_connects_per_s", None, 200, _count,
+        "connections per second one user may open to the broker (bursts of twice that)",
+        system_only=True,
+    ),
+    Setting(
+        "broker.idle_timeout", None, 60.0, _duration,
+        "how long a connection may stay open with nothing asked and nothing waiting",
         system_only=True,
     ),
     Setting(

@@ -38,6 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from gpualloc.broker.limits import Limits, request_cost
 from gpualloc.broker.peers import Peer, peer_of
 from gpualloc.broker.service import LedgerService, Started
 from gpualloc.broker.watch import LOOK_S
@@ -54,29 +55,6 @@ LISTEN_FDS_START = 3
 """systemd's first passed socket (``sd_listen_fds``)."""
 
 
-class Limits:
-    """Per-uid bounds on connections and request rate."""
-
-    def __init__(self, max_connections: int, max_requests_per_s: int) -> None:
-        self.max_connections = max_connections
-        self.rate = float(max_requests_per_s)
-        self.buckets: dict[int, tuple[float, float]] = {}
-        self.connections: dict[int, int] = {}
-
-    def take(self, uid: int) -> bool:
-        """One request of ``uid``, if its bucket has a token (root is never limited)."""
-        if uid == 0 or self.rate <= 0:
-            return True
-        now = time.monotonic()
-        tokens, then = self.buckets.get(uid, (2 * self.rate, now))
-        tokens = min(2 * self.rate, tokens + (now - then) * self.rate)
-        if tokens < 1:
-            self.buckets[uid] = (tokens, now)
-            return False
-        self.buckets[uid] = (tokens - 1, now)
-        return True
-
-
 class Connection:
     def __init__(self, sock: socket.socket, peer: Peer) -> None:
         self.sock = sock
@@ -89,6 +67,8 @@ class Connection:
         self.said: dict[str, tuple[Any, ...]] = {}
         self.said_at: dict[str, float] = {}
         self.open = True
+        self.active = time.monotonic()
+        """When it last sent anything (idle connections are closed: ``broker.idle_timeout``)."""
 
     def gone(self) -> bool:
         """Whether the client closed its end (a request it sent before leaving is not applied:
@@ -234,6 +214,14 @@ class Broker:
                 and now - connection.begun > protocol.REQUEST_DEADLINE_S
             ):
                 self._refuse(connection, "the request did not arrive in time")
+            elif (
+                isinstance(connection, Connection)
+                and connection.open
+                and not connection.waiters
+                and not connection.outbox
+                and now - connection.active > self.limits.idle_timeout_s
+            ):
+                self._close(connection)  # idle: asks nothing, waits for nothing
 
     def _guarded(self, work: Callable[[], Any]) -> Any:
         """Run ``work``; a failure is logged, never the end of the broker."""
@@ -308,6 +296,17 @@ class Broker:
                 return
             sock.setblocking(False)
             peer = peer_of(sock)
+            if not self.limits.connects.take(peer.uid):
+                _send_and_close(
+                    sock,
+                    protocol.error_line(
+                        BrokerError(
+                            "too many connections opened to the broker (broker.max_connects_per_s)",
+                            hint="slow down and try again",
+                        )
+                    ),
+                )
+                continue
             count = self.limits.connections.get(peer.uid, 0)
             if count >= self.limits.max_connections and peer.uid != 0:
                 _send_and_close(
@@ -336,6 +335,7 @@ class Broker:
             self._close(connection)
             return
         connection.inbox += data
+        connection.active = time.monotonic()
         while connection.open:
             end = connection.inbox.find(b"\n")
             if end < 0:
@@ -353,19 +353,13 @@ class Broker:
 
     def _request(self, connection: Connection, line: bytes) -> None:
         peer = connection.peer
-        if not self.limits.take(peer.uid):
-            self._send(
-                connection,
-                protocol.error_line(
-                    BrokerError(
-                        "too many requests to the broker (broker.max_requests_per_s)",
-                        hint="slow down and try again",
-                    )
-                ),
-            )
-            return
         try:
             op, args = protocol.parse_request(line)
+            if not self.limits.take(peer.uid, request_cost(op, args)):
+                raise BrokerError(
+                    "too many requests to the broker (broker.max_requests_per_s)",
+                    hint="slow down and try again",
+                )
             answer = self._handle(connection, op, args)
         except protocol.VersionMismatch as mismatch:
             self._send(connection, protocol.error_line(mismatch))

@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 
 from gpualloc.broker.fair_share import FairShare
-from gpualloc.broker.server import Broker, Limits, activated, listening_socket, log_line
+from gpualloc.broker.limits import Limits
+from gpualloc.broker.server import Broker, activated, listening_socket, log_line
 from gpualloc.broker.service import LedgerService
 from gpualloc.config import Config
 from gpualloc.errors import BrokerError
@@ -69,6 +70,8 @@ def serve(
     limits = Limits(
         config.system_value("broker.max_connections"),
         config.system_value("broker.max_requests_per_s"),
+        config.system_value("broker.max_connects_per_s"),
+        config.system_value("broker.idle_timeout"),
     )
     broker = Broker(
         service, listener, limits, idle_policy=IdlePolicy.from_config(config), log=log_line

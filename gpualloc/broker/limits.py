@@ -1,0 +1,64 @@
+"""What one user may take of the broker (issue 40, hole 10): connections open at once,
+connections opened a second, requests a second weighted by what each costs the broker, and how
+long an idle connection stays open. Root is never limited. The numbers are the system
+configuration's ``broker.*`` settings (:mod:`gpualloc.config`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+COSTS = {"hello": 1.0, "confirm": 1.0, "release": 2.0, "evict": 2.0, "alloc": 4.0, "gc": 10.0}
+"""What a request costs of its user's budget (``broker.max_requests_per_s``): about what it
+costs the broker, so that a flood of the dearest requests stalls nobody else (issue 40, hole
+10). A full ``snapshot`` (the ledger, the processes, the faults) costs :data:`SNAPSHOT_COST`."""
+SNAPSHOT_COST = 10.0
+
+
+def request_cost(op: str, args: dict[str, Any]) -> float:
+    if op == "snapshot":
+        return SNAPSHOT_COST if args.get("full", True) else 2.0
+    return COSTS.get(op, 1.0)
+
+
+class TokenBucket:
+    """Per-uid budgets of ``rate`` a second, bursts of twice that (root is never limited)."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = float(rate)
+        self.buckets: dict[int, tuple[float, float]] = {}
+
+    def take(self, uid: int, cost: float = 1.0) -> bool:
+        if uid == 0 or self.rate <= 0:
+            return True
+        now = time.monotonic()
+        tokens, then = self.buckets.get(uid, (2 * self.rate, now))
+        tokens = min(2 * self.rate, tokens + (now - then) * self.rate)
+        if tokens < cost:
+            self.buckets[uid] = (tokens, now)
+            return False
+        self.buckets[uid] = (tokens - cost, now)
+        return True
+
+
+class Limits:
+    """Per-uid bounds on connections, connection attempts and request cost, and how long an
+    idle connection stays open."""
+
+    def __init__(
+        self,
+        max_connections: int,
+        max_requests_per_s: int,
+        max_connects_per_s: int = 200,
+        idle_timeout_s: float = 60.0,
+    ) -> None:
+        self.max_connections = max_connections
+        self.requests = TokenBucket(max_requests_per_s)
+        self.connects = TokenBucket(max_connects_per_s)
+        self.idle_timeout_s = idle_timeout_s
+        self.connections: dict[int, int] = {}
+
+    def take(self, uid: int, cost: float = 1.0) -> bool:
+        """A request of ``uid`` costing ``cost``, if its budget allows."""
+        return self.requests.take(uid, cost)

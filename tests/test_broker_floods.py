@@ -1,0 +1,87 @@
+"""Issue 40, hole 10: floods cost the flooder.
+
+On b2653dd a user's 3,200 ``snapshot`` calls a second (under the 5,000-a-second limit, every
+request alike) put another user's calls at p99 434 ms, and connection attempts were not limited
+at all. Now a request costs its user's budget about what it costs the broker (a full snapshot
+ten hellos), connections opened a second are limited per user, and an idle connection is
+closed. ``benchmarks/bench_broker.py`` measures another user's latency under a flood.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from gpualloc.broker.limits import SNAPSHOT_COST, Limits, request_cost
+from tests.broker_harness import RunningBroker
+
+
+def test_a_full_snapshot_costs_ten_hellos_of_the_budget() -> None:
+    limits = Limits(max_connections=64, max_requests_per_s=100)  # bursts of 200
+    snapshots = 0
+    while limits.take(1000, request_cost("snapshot", {"full": True})):
+        snapshots += 1
+    assert snapshots == int(200 // SNAPSHOT_COST)
+    hellos = 0
+    other = Limits(max_connections=64, max_requests_per_s=100)
+    while other.take(1000, request_cost("hello", {})):
+        hellos += 1
+    assert hellos == 200
+    assert limits.take(0, 1e9), "root is never limited"
+
+
+def test_connection_attempts_are_limited_per_user() -> None:
+    limits = Limits(max_connections=64, max_requests_per_s=100, max_connects_per_s=5)
+    opened = sum(limits.connects.take(1000) for _ in range(50))
+    assert opened == 10  # a burst of twice the rate
+    assert limits.connects.take(1001), "another user's budget is their own"
+
+
+@pytest.mark.slow
+def test_the_broker_closes_idle_connections_and_refuses_a_connection_storm(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "system.toml"
+    config.write_text('[broker]\nidle_timeout = "1s"\nmax_connects_per_s = 5\n')
+    config.chmod(0o644)
+    broker = RunningBroker("dgx1-v100", system_config=config).start()
+    try:
+        # root is never limited: the storm and the idle test run as a user
+        import os
+
+        from tests.unix_users import ensure_user
+
+        user = ensure_user("gpualloc-t-alice")
+        pid = os.fork()
+        if pid == 0:  # the user's side, in a child that drops to the user
+            code = 1
+            try:
+                os.setgid(user.gid)
+                os.setuid(user.uid)
+                idle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                idle.connect(str(broker.socket))
+                idle.settimeout(10)
+                closed = idle.recv(1) == b""  # the broker closes it after about a second
+                refused = 0
+                for _ in range(40):
+                    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    s.connect(str(broker.socket))
+                    s.settimeout(5)
+                    s.sendall(b'{"v": 1, "op": "hello", "args": {}}\n')
+                    answer = s.makefile("rb").readline()
+                    refused += b"max_connects_per_s" in answer
+                    s.close()
+                code = 0 if closed and refused >= 20 else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, broker.log_text()[-2000:]
+        started = time.monotonic()
+        assert broker.hello()["protocol"] == 1 and time.monotonic() - started < 1
+    finally:
+        broker.stop()
+        shutil.rmtree(broker.directory, ignore_errors=True)
