@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpualloc.discovery.text import is_comment_or_prompt
 from gpualloc.errors import TopologyParseError
-from gpualloc.model.cpuset import parse_cpulist
+from gpualloc.model.cpuset import bounded_id, parse_cpulist
 from gpualloc.model.topology import NumaNode
 
 _AVAILABLE = re.compile(r"^available: (\d+) nodes? \(([0-9,\-]*)\)\s*$")
@@ -41,7 +41,7 @@ def parse_numactl_hardware(text: str, *, source: str | None = None) -> list[Numa
         if is_comment_or_prompt(line):
             continue
         if match := _AVAILABLE.match(line):
-            declared = parse_cpulist(match.group(2)) if match.group(2) else []
+            declared = _node_list(match.group(2), number, source) if match.group(2) else []
         elif match := _CPUS.match(line):
             ids = match.group(2).split()
             if not all(i.isdigit() for i in ids):
@@ -49,7 +49,7 @@ def parse_numactl_hardware(text: str, *, source: str | None = None) -> list[Numa
                 raise TopologyParseError(
                     "CPU id is not a number", line_number=number, token=bad, source=source
                 )
-            cpus[int(match.group(1))] = [int(i) for i in ids]
+            cpus[int(match.group(1))] = [_cpu_id(i, number, source) for i in ids]
         elif match := _SIZE.match(line):
             sizes[int(match.group(1))] = int(match.group(2)) * _UNIT_BYTES[match.group(3)]
         elif _DIST_HEADER.match(line):
@@ -91,6 +91,29 @@ def parse_numactl_hardware(text: str, *, source: str | None = None) -> list[Numa
         )
         for node in sorted(cpus)
     ]
+
+
+def _node_list(text: str, number: int, source: str | None) -> list[int]:
+    """The ``available:`` line's node list, bounded before it is expanded (issue 40)."""
+    try:
+        return parse_cpulist(text, what="NUMA node id")
+    except ValueError as exc:
+        raise TopologyParseError(
+            f"'available:' {exc}", line_number=number, token=_short(text), source=source
+        ) from None
+
+
+def _cpu_id(digits: str, number: int, source: str | None) -> int:
+    try:
+        return bounded_id(digits)
+    except ValueError as exc:
+        raise TopologyParseError(
+            str(exc), line_number=number, token=_short(digits), source=source
+        ) from None
+
+
+def _short(token: str) -> str:
+    return token if len(token) <= 40 else f"{token[:40]}... ({len(token)} characters)"
 
 
 def read_sysfs_numa(root: Path = SYSFS_NODE_ROOT) -> list[NumaNode]:

@@ -21,7 +21,7 @@ import re
 from msgspec import Struct, field
 
 from gpualloc.errors import TopologyParseError
-from gpualloc.model.cpuset import is_cpulist
+from gpualloc.model.cpuset import cpulist_ranges, is_cpulist
 
 ANSI_ESCAPE = re.compile(r"(\x1b|\^\[)\[[0-9;]*m")
 """SGR codes, raw (ESC [ 4 m) or as pasted text (``^[[4m``)."""
@@ -301,7 +301,20 @@ def _assign_affinity(
                 token=value,
                 source=source,
             )
+        try:  # bounded from the numbers alone, before anything expands the list (issue 40)
+            cpulist_ranges(value, what="CPU id" if column == "CPU Affinity" else "NUMA node id")
+        except ValueError as exc:
+            raise TopologyParseError(
+                f"row {label}: {column}: {exc}",
+                line_number=line_number,
+                token=_short(value),
+                source=source,
+            ) from None
     return assigned
+
+
+def _short(token: str) -> str:
+    return token if len(token) <= 40 else f"{token[:40]}... ({len(token)} characters)"
 
 
 def _parse_legends(matrix: TopoMatrix, lines: list[str]) -> None:

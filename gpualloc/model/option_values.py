@@ -30,21 +30,42 @@ def gpu_list(text: str | None, option: str) -> frozenset[int]:
 
 
 def gpu_sequence(text: str | None, option: str) -> tuple[int, ...]:
-    """Like :func:`gpu_list`, keeping the order given (``3,1`` is not ``1,3``)."""
-    from gpualloc.model.cpuset import is_cpulist, parse_cpulist
+    """Like :func:`gpu_list`, keeping the order given (``3,1`` is not ``1,3``).
+
+    Bounded before it is expanded (issue 40, point 1): an index at or above
+    :data:`~gpualloc.job_options.MAX_GPUS`, or a list naming more than that many GPUs, is a
+    usage error computed from the ranges' ends; the host's own count is checked where the
+    topology is known."""
+    from gpualloc.job_options import MAX_GPUS
+    from gpualloc.model.cpuset import cpulist_ranges, is_cpulist
 
     if text is None or text.strip() == "":
         return ()
     parts = [part.strip() for part in text.split(",")]
     if not all(is_cpulist(part) for part in parts):
         raise RequestError(
-            f"{option} {text!r} is not a GPU list",
+            f"{option} {_short(text)} is not a GPU list",
             hint=f"write indices and ranges, e.g. {option} 0,2,4-7",
         )
     try:
-        return tuple(g for part in parts for g in parse_cpulist(part))
+        ranges = [cpulist_ranges(part, bound=MAX_GPUS, what="GPU index")[0] for part in parts]
     except ValueError as exc:
-        raise RequestError(f"{option} {text!r}: {exc}", hint=f"e.g. {option} 0,2,4-7") from None
+        raise RequestError(
+            f"{option} {_short(text)}: {exc}", hint=f"e.g. {option} 0,2,4-7"
+        ) from None
+    named = sum(last - first + 1 for first, last in ranges)
+    if named > MAX_GPUS:
+        raise RequestError(
+            f"{option} {_short(text)} names {named} GPUs, more than a host has "
+            f"(at most {MAX_GPUS})",
+            hint=f"e.g. {option} 0,2,4-7",
+        )
+    return tuple(g for first, last in ranges for g in range(first, last + 1))
+
+
+def _short(text: str) -> str:
+    """``text`` quoted, cut to a length an error line can show."""
+    return repr(text) if len(text) <= 60 else repr(text[:60]) + f"... ({len(text)} characters)"
 
 
 _SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}

@@ -11,6 +11,7 @@ a job of two or more GPUs is bandwidth-sensitive unless told (MAPA section 2.3).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ import msgspec
 from msgspec import Struct
 
 from gpualloc.errors import RequestError
-from gpualloc.job_options import JobOption, job_fields
+from gpualloc.job_options import MAX_GPUS, JobOption, job_fields
 from gpualloc.model.option_values import gpu_list, gpu_sequence, mig_request, parse_size
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ class _JobOptionsMethods(Struct, frozen=True, kw_only=True):
             return None
         if isinstance(self.gpus, str):
             return gpu_sequence(self.gpus, "--gpus")
-        return tuple(int(g) for g in self.gpus)
+        return _indices(self.gpus, "--gpus")
 
     def _whole_gpu_options(self, gpus: bool) -> list[str]:
         """The options given that only a request of whole GPUs can use (a MIG device or a
@@ -213,12 +214,22 @@ def check_bounds(values: object, rows: tuple[JobOption, ...]) -> None:
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not number or (row.kind == "int" and not isinstance(value, int)):
             raise RequestError(f"{option} {value!r} is not {_a(row.kind)}", hint=row.help)
-        if not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):
             raise RequestError(f"{option} {value!r} is not a finite number", hint=row.help)
         low, high = row.minimum, row.maximum
         if (low is not None and value < low) or (high is not None and value > high):
             span = f"at least {low:g}" if high is None else f"{low:g} to {high:g}"
-            raise RequestError(f"{option} {value!r} is out of range", hint=f"give {span}")
+            raise RequestError(
+                f"{option} {_shown(value)} is out of range ({span})", hint=f"give {span}"
+            )
+
+
+def _shown(value: float) -> str:
+    """``value`` for an error line: a 5,000-digit int is neither printable (CPython refuses
+    ``str`` past 4,300 digits) nor worth printing."""
+    if isinstance(value, int) and abs(value) >= 10**40:
+        return f"({'-' if value < 0 else ''}a {value.bit_length()}-bit number)"
+    return repr(value)
 
 
 def _a(kind: str) -> str:
@@ -230,7 +241,19 @@ def _gpu_set(value: GpuSelection, option: str) -> frozenset[int]:
         return frozenset()
     if isinstance(value, str):
         return gpu_list(value, option)
-    return frozenset(int(g) for g in value)
+    return frozenset(_indices(value, option))
+
+
+def _indices(values: Iterable[int], option: str) -> tuple[int, ...]:
+    """The API's indices (any iterable, even ``range(10**17)``), read no further than
+    :data:`~gpualloc.job_options.MAX_GPUS` of them, as a typed list is bounded."""
+    taken = tuple(int(g) for g in itertools.islice(values, MAX_GPUS + 1))
+    if len(taken) > MAX_GPUS:
+        raise RequestError(
+            f"{option} names more GPUs than a host has (at most {MAX_GPUS})",
+            hint="name each GPU once, e.g. gpus=[0, 1]",
+        )
+    return taken
 
 
 def effective_model(score: str) -> EffectiveModel:

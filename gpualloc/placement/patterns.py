@@ -29,6 +29,7 @@ from pathlib import Path
 from msgspec import Struct
 
 from gpualloc.errors import RequestError
+from gpualloc.job_options import MAX_GPUS
 from gpualloc.model.request import CommunicationPattern
 from gpualloc.user_files import names_a_file
 
@@ -77,7 +78,17 @@ _BUILDERS = {"ring": ring, "all": all_to_all, "tree": tree, "star": star}
 
 
 def build_pattern(spec: str, k: int) -> CommunicationPattern:
-    """A built-in pattern by name, or a custom one from a JSON file path."""
+    """A built-in pattern by name, or a custom one from a JSON file path.
+
+    ``k`` is checked first: a pattern's size grows with it (``all`` quadratically), so a count
+    above :data:`~gpualloc.job_options.MAX_GPUS` is refused before anything is built, whoever
+    passed it (issue 40, point 1)."""
+    if not 1 <= k <= MAX_GPUS:
+        asks = f"more than {MAX_GPUS}" if k > MAX_GPUS else str(k)
+        raise PatternError(
+            f"the job asks for {asks} GPUs; a pattern has 1 to {MAX_GPUS} ranks",
+            hint=f"ask for 1 to {MAX_GPUS} GPUs (-n), and no more than the host has",
+        )
     if spec in _BUILDERS:
         return _BUILDERS[spec](k)
     path = Path(spec)

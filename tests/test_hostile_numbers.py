@@ -1,0 +1,289 @@
+"""One number cannot make gpualloc work without bound (issue 40, hole 1).
+
+On main before the fix, each of these hung or grew until the kernel killed the process: a job
+count turned into a pattern of that many edges (``-n 10**17``: a 24 GB broker), GPU lists
+(``--gpus 0-99999999999``) and CPU or NUMA ranges in recorded text expanded before they were
+bounded. Now a count above :data:`~gpualloc.job_options.MAX_GPUS` is a usage error, a count the
+host cannot hold is exit 9 as before (before any search), and every list is checked from its
+numbers alone; each refusal is one ``error:`` line naming the bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpualloc.errors import ExitCode, RequestError
+from gpualloc.job_options import MAX_GPUS
+from gpualloc.model.cpuset import CPU_ID_BOUND, parse_cpulist
+from tests.broker_harness import ROOT, RunningBroker
+
+TOPOLOGY = ("--topology", "dgx1-v100")  # 8 GPUs
+HUGE = "100000000000000000"
+MEMORY_LIMIT_BYTES = 2 * 2**30
+"""Address space of every gpualloc these tests start: a regression fails the test with a
+MemoryError instead of taking the machine's memory (the 24 GB of the issue)."""
+
+
+def _one_error(stderr: str) -> str:
+    """The ``error:`` line of a refusal, checking there is exactly one and no traceback."""
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr
+    return errors[0]
+
+
+# ---- counts -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("plan", "-n", "100000000"),
+        ("plan", "-n", "20000", "--pattern", "all"),
+        ("run", "-n", HUGE, "--", "true"),
+        ("alloc", "--hold", "-n", HUGE),
+    ],
+    ids=["plan", "plan-all", "run", "alloc"],
+)
+def test_a_count_no_host_has_is_refused_before_any_pattern(cli, monkeypatch, args) -> None:
+    from gpualloc.placement import patterns
+
+    def built(*_: object) -> None:
+        raise AssertionError("a pattern was built")
+
+    monkeypatch.setattr(patterns, "_BUILDERS", dict.fromkeys(patterns._BUILDERS, built))
+    result = cli(*TOPOLOGY, *args)
+    assert result.exit_code == ExitCode.USAGE, result.stderr
+    assert f"at most {MAX_GPUS}" in _one_error(result.stderr)
+
+
+def test_a_count_above_the_host_is_exit_9_and_above_the_cap_a_usage_error(cli) -> None:
+    """Up to the cap, today's answer (exit 9, the host's numbers, no search); past it, exit 2."""
+    cases = [
+        ("9", ExitCode.NO_PLACEMENT, "the job asks for 9 GPUs but 8 of 8 GPUs are usable"),
+        (str(MAX_GPUS), ExitCode.NO_PLACEMENT, f"the job asks for {MAX_GPUS} GPUs but 8 of 8"),
+        (str(MAX_GPUS + 1), ExitCode.USAGE, f"at most {MAX_GPUS}"),
+    ]
+    for count, code, says in cases:
+        result = cli(*TOPOLOGY, "plan", "-n", count, "--pattern", "all")
+        assert result.exit_code == code, result.stderr
+        assert says in _one_error(result.stderr)
+
+
+def test_the_library_refuses_a_count_before_building_a_pattern() -> None:
+    from gpualloc.config import Config
+    from gpualloc.placement.options import JobOptions
+    from gpualloc.placement.patterns import PatternError, build_pattern
+
+    with pytest.raises(RequestError, match=f"out of range .1 to {MAX_GPUS}."):
+        JobOptions(count=10**17)
+    with pytest.raises(RequestError, match="out of range"):
+        JobOptions(count=10**5000)  # not even printable: CPython refuses str() past 4300 digits
+    for pattern in ("ring", "all"):
+        with pytest.raises(PatternError, match=f"more than {MAX_GPUS}"):
+            build_pattern(pattern, 10**17)
+    for iterable in ("gpus", "exclude", "require"):
+        with pytest.raises(RequestError, match=f"at most {MAX_GPUS}"):
+            JobOptions(**{iterable: range(10**17)}).want(Config.load())
+
+
+# ---- GPU lists ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("run", "--gpus", "0-99999999999", "--", "true"),
+        ("run", "--exclude", "0-99999999999", "--", "true"),
+        ("alloc", "--hold", "--require", "0-99999999999"),
+        ("plan", "-n", "1", "--busy", "0-99999999999"),
+        ("plan", "-n", "1", "--free", "1,0-99999999999"),
+    ],
+    ids=["gpus", "exclude", "require", "busy", "free"],
+)
+def test_a_gpu_range_is_bounded_before_it_is_expanded(cli, args) -> None:
+    result = cli(*TOPOLOGY, *args)
+    assert result.exit_code == ExitCode.USAGE, result.stderr
+    assert f"GPU index 99999999999 is too large (at most {MAX_GPUS - 1})" in _one_error(
+        result.stderr
+    )
+
+
+def test_a_gpu_list_naming_more_gpus_than_a_host_has_is_refused(cli) -> None:
+    many = ",".join(["0-200"] * 1000)  # every index small, 201,000 GPUs named
+    result = cli(*TOPOLOGY, "run", "--gpus", many, "--", "true")
+    assert result.exit_code == ExitCode.USAGE, result.stderr
+    assert f"names 201000 GPUs, more than a host has (at most {MAX_GPUS})" in _one_error(
+        result.stderr
+    )
+
+
+# ---- CPU and NUMA ranges in recorded text -------------------------------------------------
+
+TOPO_M = """\
+        GPU0    GPU1    CPU Affinity    NUMA Affinity
+GPU0     X      PHB     {cpus}          {numa}
+GPU1    PHB      X      0-11            0
+"""
+
+
+@pytest.mark.parametrize(
+    ("cpus", "numa", "says"),
+    [
+        ("0-99999999999", "0", f"CPU id 99999999999 is too large (at most {CPU_ID_BOUND - 1})"),
+        ("0-11", "0-99999999999", "NUMA node id 99999999999 is too large"),
+    ],
+    ids=["cpu-affinity", "numa-affinity"],
+)
+def test_a_topo_m_affinity_range_is_bounded_before_it_is_expanded(
+    cli, tmp_path: Path, cpus: str, numa: str, says: str
+) -> None:
+    text = tmp_path / "topo.txt"
+    text.write_text(TOPO_M.format(cpus=cpus, numa=numa))
+    result = cli("topo", "import", str(text))
+    assert result.exit_code == ExitCode.TOPOLOGY_PARSE, result.stderr
+    error = _one_error(result.stderr)
+    assert "line 2" in error and says in error
+
+
+@pytest.mark.parametrize(
+    ("numactl", "says"),
+    [
+        ("available: 1 nodes (0-99999999999)\nnode 0 cpus: 0 1\n", "NUMA node id 99999999999"),
+        ("available: 1 nodes (0)\nnode 0 cpus: 0 99999999999\n", "CPU id 99999999999"),
+    ],
+    ids=["node-range", "cpu-id"],
+)
+def test_a_numactl_range_is_bounded_before_it_is_expanded(
+    cli, tmp_path: Path, numactl: str, says: str
+) -> None:
+    topo, numa = tmp_path / "topo.txt", tmp_path / "numa.txt"
+    topo.write_text(TOPO_M.format(cpus="0-11", numa="0"))
+    numa.write_text(numactl + "node 0 size: 100 MB\n")
+    result = cli("topo", "import", str(topo), "--numa", str(numa))
+    assert result.exit_code == ExitCode.TOPOLOGY_PARSE, result.stderr
+    error = _one_error(result.stderr)
+    assert "line 1" in error or "line 2" in error
+    assert f"{says} is too large (at most {CPU_ID_BOUND - 1})" in error
+
+
+def test_a_cpulist_names_its_bound_and_merges_before_expanding() -> None:
+    with pytest.raises(
+        ValueError, match=f"CPU id 99999999999 is too large .at most {CPU_ID_BOUND - 1}"
+    ):
+        parse_cpulist("0-99999999999")
+    with pytest.raises(ValueError, match=re.escape("12345678901234567890... (5000 digits)")):
+        parse_cpulist("1234567890" * 500)  # refused by its length, never given to int()
+    assert parse_cpulist("2-3,0-1," * 20_000 + "5") == [0, 1, 2, 3, 5]
+
+
+# ---- the real entry point and the broker --------------------------------------------------
+
+
+def _limited() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (("plan", "-n", "100000000"), ExitCode.USAGE),
+        (("plan", "-n", "20000", "--pattern", "all"), ExitCode.USAGE),
+        (("run", "--gpus", "0-99999999999", "--", "true"), ExitCode.USAGE),
+        (("alloc", "--hold", "-n", HUGE), ExitCode.USAGE),
+    ],
+    ids=["plan", "plan-all", "run-gpus", "alloc"],
+)
+def test_the_issues_commands_answer_at_once(args: tuple[str, ...], code: ExitCode) -> None:
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "gpualloc", *TOPOLOGY, *args],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=20,
+        preexec_fn=_limited,
+    )
+    assert result.returncode == code, result.stderr
+    _one_error(result.stderr)
+    assert time.monotonic() - started < 10
+
+
+class _LimitedBroker(RunningBroker):
+    """The harness's broker in a bounded address space (see MEMORY_LIMIT_BYTES)."""
+
+    def argv(self) -> list[str]:
+        limit = (
+            "import os, resource, sys; "
+            f"cap = {MEMORY_LIMIT_BYTES}; resource.setrlimit(resource.RLIMIT_AS, (cap, cap)); "
+            "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+        )
+        return [sys.executable, "-c", limit, *super().argv()[1:]]
+
+    def peak_rss_bytes(self) -> int:
+        assert self.process is not None
+        status = Path(f"/proc/{self.process.pid}/status").read_text()
+        line = next(line for line in status.splitlines() if line.startswith("VmHWM:"))
+        return int(line.split()[1]) * 1024
+
+
+@pytest.fixture
+def broker() -> Iterator[_LimitedBroker]:
+    if os.geteuid() != 0:
+        pytest.skip("the broker's tests run it as root (CI runs as root)")
+    running = _LimitedBroker("dgx1-v100").start()
+    yield running
+    running.stop()
+    shutil.rmtree(running.directory, ignore_errors=True)
+
+
+def _alloc(lease_id: str, **options: object) -> dict:
+    """An ``alloc`` as the fast client sends it (gpualloc/cli/brokered.py ``_allocate``)."""
+    return {
+        "lease_id": lease_id,
+        "options": {"policy": "mapa", **options},
+        "terms": {"source": "alloc", "hold": True},
+        "wait": None,
+        "allow_unhealthy": False,
+        "views": {"uuid": False},
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "options",
+    [{"count": 10**17}, {"count": 10**17, "pattern": "all"}, {"gpus": "0-99999999999"}],
+    ids=["count", "count-all", "gpus"],
+)
+def test_the_broker_refuses_a_hostile_number_at_once_and_keeps_serving(
+    broker: _LimitedBroker, options: dict
+) -> None:
+    before = broker.peak_rss_bytes()
+    started = time.monotonic()
+    answer = _raw_call(broker, "alloc", _alloc("aaaaaaaaaaaa", **options))
+    assert time.monotonic() - started < 2
+    assert answer["ok"] is False and answer["error"]["code"] == ExitCode.USAGE, answer
+    assert broker.call("alloc", _alloc("bbbbbbbbbbbb", count=2))["lease"]["id"] == "bbbbbbbbbbbb"
+    assert broker.peak_rss_bytes() < before + 64 * 2**20, "the refusal cost memory"
+
+
+def _raw_call(broker: RunningBroker, op: str, args: dict) -> dict:
+    """The whole answer, error or not (the harness's ``call`` raises on an error)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.settimeout(10)
+        connection.connect(str(broker.socket))
+        connection.sendall(json.dumps({"v": 1, "op": op, "args": args}).encode() + b"\n")
+        with connection.makefile("rb") as reader:
+            return json.loads(reader.readline())
