@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +28,7 @@ from gpualloc.errors import ExitCode, RequestError
 from gpualloc.job_options import MAX_GPUS
 from gpualloc.model.cpuset import CPU_ID_BOUND, parse_cpulist
 from tests.broker_harness import ROOT, RunningBroker
+from tests.conftest import Result
 
 TOPOLOGY = ("--topology", "dgx1-v100")  # 8 GPUs
 HUGE = "100000000000000000"
@@ -287,3 +288,34 @@ def _raw_call(broker: RunningBroker, op: str, args: dict) -> dict:
         connection.sendall(json.dumps({"v": 1, "op": op, "args": args}).encode() + b"\n")
         with connection.makefile("rb") as reader:
             return json.loads(reader.readline())
+
+
+# ---- issue 40, hole 2: the work of one request is bounded by its ranks -------------------------
+
+
+def test_a_pattern_file_of_many_repeated_edges_is_refused_at_once(
+    cli: Callable[..., Result], tmp_path: Path
+) -> None:
+    """A 44 KB pattern of 8 ranks stalled the broker for half a minute: a pattern has at most
+    n(n-1) edges (each pair both ways), checked while the file is read."""
+    pattern = tmp_path / "long.json"
+    pattern.write_text(json.dumps([[0, 1]] * 5000))
+    started = time.monotonic()
+    result = cli("--topology", "dgx1-v100", "plan", "-n", "8", "--pattern", str(pattern))
+    assert result.exit_code != 0 and time.monotonic() - started < 5
+    assert "more than 56 edges for 8 ranks" in result.stderr, result.stderr
+
+
+def test_a_queued_request_of_many_edges_is_refused_before_any_placement() -> None:
+    """What a broker client sends as a queued request: refused as a bad request (exit 2), not
+    placed, whatever its edge list's length."""
+    from gpualloc.broker.requests import queued_want
+
+    raw = {
+        "gpus": 8, "pattern": "file:x", "edges": [[0, 1]] * 5000, "sensitive": True,
+        "required": [], "excluded": [], "policy": "mapa", "score": "auto",
+    }  # fmt: skip
+    started = time.monotonic()
+    with pytest.raises(RequestError, match="at most 56 edges"):
+        queued_want(raw)
+    assert time.monotonic() - started < 1

@@ -4,6 +4,10 @@ Every value from a client is decoded into the ledger's own validated structs or 
 the job as a :class:`~gpualloc.ledger.schema.QueuedRequest` (or the command line's options,
 :class:`WireOptions`), lease ids as 12 hex digits, commands and names by length, counts as
 positive integers. A client can name only what it could have typed.
+
+Text follows the command line's rule (:mod:`gpualloc.host.terms`): JSON may carry a lone
+surrogate (``"\\udcff"``), which the ledger could never read back (issue 40, hole 3); a name
+or a lease id holding one is refused, a command's words are kept with it escaped.
 """
 
 from __future__ import annotations
@@ -17,13 +21,13 @@ from msgspec import Meta, Struct, defstruct
 from gpualloc.errors import RequestError
 from gpualloc.host.queue import WaitOptions
 from gpualloc.host.queue_policy import QueuePolicy
+from gpualloc.host.terms import MAX_WORD_CHARS, lease_command
 from gpualloc.job_options import Table, wire_fields
 from gpualloc.ledger.schema import QueuedRequest
+from gpualloc.model.printable import has_surrogates, printable
 from gpualloc.model.validation import ValidationError, from_builtins
 from gpualloc.placement.want import Want
 
-MAX_COMMAND_WORDS = 256
-MAX_WORD_CHARS = 4096
 _ID = re.compile(r"^[0-9a-f]{12}$")
 
 
@@ -57,7 +61,14 @@ def queued_want(raw: Any) -> Want:
         request = from_builtins(raw, QueuedRequest)
     except ValidationError as bad:
         raise RequestError(f"bad request: {bad}", hint="see gpualloc.broker") from None
-    return Want.from_queued(request)
+    except UnicodeEncodeError:  # a lone surrogate ("\\udcff") anywhere in the request
+        raise RequestError(
+            "bad request: it holds text that is not UTF-8", hint="see gpualloc.broker"
+        ) from None
+    try:
+        return Want.from_queued(request)
+    except ValueError as bad:  # the pattern's own bounds (model.request.CommunicationPattern)
+        raise RequestError(f"bad request: {bad}", hint="see gpualloc.broker") from None
 
 
 def wait_options(raw: Any, policy: QueuePolicy) -> WaitOptions:
@@ -88,16 +99,26 @@ def lease_id(raw: Any) -> str:
 
 
 def words(raw: Any) -> tuple[str, ...]:
-    if not isinstance(raw, (list, tuple)) or len(raw) > MAX_COMMAND_WORDS:
+    """A command as its lease keeps it (:func:`~gpualloc.host.terms.lease_command`: the first
+    words, cut, with bytes that are not UTF-8 escaped), as ``run`` without a broker keeps it:
+    a longer command is cut, not refused (the request's size bounds the list)."""
+    if not isinstance(raw, (list, tuple)):
         raise RequestError("command must be a list of words", hint="see gpualloc.broker")
-    return tuple(str(word)[:MAX_WORD_CHARS] for word in raw)
+    return lease_command(str(word) for word in raw)
 
 
 def text(raw: Any, what: str) -> str | None:
+    """A name or a lease selector: short UTF-8 text (a lone surrogate is refused, as
+    :func:`~gpualloc.host.terms.lease_name` refuses it)."""
     if raw is None:
         return None
     if not isinstance(raw, str) or len(raw) > MAX_WORD_CHARS:
         raise RequestError(f"{what} must be a short text", hint="see gpualloc.broker")
+    if has_surrogates(raw):
+        raise RequestError(
+            f"{what} '{printable(raw, 60)}' holds bytes that are not UTF-8 text",
+            hint=f"give the {what} in UTF-8 text",
+        )
     return raw
 
 

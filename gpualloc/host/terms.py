@@ -6,14 +6,17 @@ broker.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from msgspec import Struct, field
+from msgspec.structs import force_setattr
 
 from gpualloc.errors import NoSuchLease, NotPermitted, RequestError
 from gpualloc.ledger.occupancy import format_age
 from gpualloc.ledger.schema import Lease, LeaseSource, Waiter
+from gpualloc.model.printable import escape_surrogates, has_surrogates, printable
 from gpualloc.model.request import Placement
 from gpualloc.model.share import ShareMode
 
@@ -22,6 +25,46 @@ if TYPE_CHECKING:
 
 MAX_NAME_CHARS = 128
 """A lease's name is a label in everyone's ``status``, not a document (issue 30, point 5)."""
+MAX_COMMAND_WORDS = 256
+MAX_WORD_CHARS = 4096
+"""A lease keeps its job's command for ``status`` (the job runs with all of it): the first
+:data:`MAX_COMMAND_WORDS` words, each cut to :data:`MAX_WORD_CHARS` characters."""
+
+
+def lease_name(name: str | None) -> str | None:
+    """``name`` if it may name a lease: at most :data:`MAX_NAME_CHARS` characters of text.
+
+    A name with bytes that are not UTF-8 (``--name $'\\xff'``, lone surrogates in Python) is
+    refused, not escaped: it is a label its owner chose for everyone to read, and storing
+    something other than what was typed would show a name its owner never gave; a UTF-8 name
+    always does (issue 40, hole 3)."""
+    if name is None:
+        return None
+    if len(name) > MAX_NAME_CHARS:
+        raise RequestError(
+            f"--name is {len(name)} characters long; a lease name has at most {MAX_NAME_CHARS}",
+            hint="give a shorter name (status shows the command beside it)",
+        )
+    if has_surrogates(name):
+        raise RequestError(
+            f"--name '{printable(name, 60)}' holds bytes that are not UTF-8 text",
+            hint="give a name in UTF-8 text (every user's status shows it)",
+        )
+    return name
+
+
+def lease_command(words: Iterable[str]) -> tuple[str, ...]:
+    """The job's command as its lease keeps it: cut to the caps above, and each byte that is
+    not UTF-8 escaped (``\\xff``, :func:`~gpualloc.model.printable.escape_surrogates`).
+
+    Escaped, not refused, unlike a name: a user may rightly run a program or name a file whose
+    name is not UTF-8, and the record is only shown, never run (issue 40, hole 3)."""
+    kept = []
+    for word in words:
+        if len(kept) == MAX_COMMAND_WORDS:
+            break
+        kept.append(escape_surrogates(word[:MAX_WORD_CHARS]))
+    return tuple(kept)
 
 
 class LeaseTerms(Struct, frozen=True):
@@ -55,12 +98,10 @@ class LeaseTerms(Struct, frozen=True):
     so that a request sent again after a lost connection finds the lease it made)."""
 
     def __post_init__(self) -> None:
-        if self.name is not None and len(self.name) > MAX_NAME_CHARS:
-            raise RequestError(
-                f"--name is {len(self.name)} characters long; a lease name has at most "
-                f"{MAX_NAME_CHARS}",
-                hint="give a shorter name (status shows the command beside it)",
-            )
+        lease_name(self.name)
+        command = lease_command(self.command)
+        if command != self.command:
+            force_setattr(self, "command", command)
 
 
 class Allocation(Struct):

@@ -8,14 +8,16 @@ recovery from what others wrote) have nothing to defend against. Instead:
 - it holds ``ledger.lock`` (mode 0600: no user can even open it) for as long as it runs; a
   second broker, or a root tool writing the ledger, finds it held (:meth:`hold_lock`);
 - it writes ``ledger.json`` (0644: everyone may read it) by temp file and rename, and reads the
-  ledger back from the text it last wrote instead of from the disk;
+  ledger back from what it last wrote instead of from the disk (the check that a write reads
+  back, :func:`.document.written_ledger`, is that reading);
 - it does not fsync: the page cache outlives a killed broker, so a ``kill -9`` loses nothing,
   and what a crash of the machine could lose is dead anyway (every lease dies with its boot).
   A ledger a crash left damaged is set aside when the broker starts (:meth:`set_aside_damaged`);
 - it keeps no good copies and never recovers from a file it did not write;
 - the transactions of a batch (:meth:`batch`: what one turn of the broker's loop received)
   share one load and one write, group commit as databases do it; a transaction that fails in
-  a batch leaves the batch's ledger as it found it;
+  a batch leaves the batch's ledger as it found it, and so does one whose change could not be
+  written (text that is not UTF-8), so that it fails alone, not its batch;
 - it reaps dead leases only when asked (``transaction(reap=True)``): the broker learns of ended
   processes from their pidfds and looks every second, and reading ``/proc`` for every lease in
   every transaction would cost more than the rest of a request.
@@ -33,16 +35,11 @@ import msgspec
 
 from gpualloc.atomic import write_text_atomic
 from gpualloc.errors import LedgerError
+from gpualloc.ledger.document import LedgerFromNewerVersion, parse_ledger, written_ledger
 from gpualloc.ledger.locking import SharedLock
+from gpualloc.ledger.quarantine import SetAside
 from gpualloc.ledger.schema import Ledger
-from gpualloc.ledger.store import (
-    LedgerFromNewerVersion,
-    LedgerStore,
-    LedgerTransaction,
-    access_error,
-    ledger_text,
-    parse_ledger,
-)
+from gpualloc.ledger.store import LedgerStore, LedgerTransaction, access_error
 
 LEDGER_MODE = 0o644
 """The broker's ledger: everyone reads it, only the broker writes it."""
@@ -58,6 +55,8 @@ class OwnedLedgerStore(LedgerStore):
         self.reap_in_transactions = False
         self._held: SharedLock | None = None
         self._written: str | None = None
+        self._read_back: Ledger | None = None
+        """The ledger as read back from :attr:`_written`, for the next load alone."""
         self._batch: _Batch | None = None
 
     def _lock(self, timeout_s: float | None = None) -> SharedLock:
@@ -69,8 +68,14 @@ class OwnedLedgerStore(LedgerStore):
 
     def _load_for_snapshot(self) -> tuple[Ledger, list[str]]:
         if self._held is not None:
-            return self._load()  # the broker's own reading: nobody else writes
+            return self._load()[:2]  # the broker's own reading: nobody else writes
         return super()._load_for_snapshot()
+
+    def _load(self, *, unlocked: bool = False) -> tuple[Ledger, list[str], list[SetAside]]:
+        if self._held is not None and self._read_back is not None:
+            ledger, self._read_back = self._read_back, None  # its reader changes it in place
+            return ledger, [], []
+        return super()._load(unlocked=unlocked)
 
     def hold_lock(self) -> bool:
         """Take ``ledger.lock`` for good (False: another process holds it)."""
@@ -87,7 +92,9 @@ class OwnedLedgerStore(LedgerStore):
     def set_aside_damaged(self) -> str | None:
         """At start: a ledger that does not parse (only a crash of the machine can leave one,
         and every lease died with it) is renamed ``.damaged-<time>`` so that the broker starts
-        with an empty ledger instead of refusing to start. Returns what it did."""
+        with an empty ledger instead of refusing to start. Returns what it did. A ledger with
+        a record that cannot be read parses (:func:`.document.parse_ledger` leaves it out): the
+        first transaction keeps it aside and says so."""
         path = self.directory.ledger_file
         text = self._read_ledger_text()
         if text is None:
@@ -115,6 +122,7 @@ class OwnedLedgerStore(LedgerStore):
         try:
             yield
             if self._batch.txn is not None and self._batch.changed:
+                self._keep_aside(self._batch.aside, self._batch.txn.notes)
                 self._write(self._batch.txn.ledger)
         finally:
             self._batch = None
@@ -135,12 +143,12 @@ class OwnedLedgerStore(LedgerStore):
         batch = self._batch
         assert batch is not None
         if batch.txn is None:
-            ledger, notes = self._load()
+            ledger, notes, batch.aside = self._load()
             batch.txn = LedgerTransaction(ledger, notes=notes)
             batch.changed = bool(notes)
             self._apply_journal(batch.txn)
         shared = batch.txn.ledger
-        saved = msgspec.json.encode(shared)
+        saved = batch.saved if batch.saved is not None else msgspec.json.encode(shared)
         txn = LedgerTransaction(shared, changed=False)
         if batch.txn.changed:
             txn.notes, batch.txn.changed = list(batch.txn.notes), False
@@ -149,8 +157,10 @@ class OwnedLedgerStore(LedgerStore):
             if reap:
                 self._reap(txn)
             yield txn
+            batch.saved = _encoded(txn.ledger)  # the next one's saved copy; the check, free
         except BaseException:
             batch.txn.ledger = msgspec.json.decode(saved, type=Ledger)
+            batch.saved = saved
             raise
         batch.txn.ledger = txn.ledger
         batch.changed = batch.changed or txn.changed
@@ -166,13 +176,27 @@ class OwnedLedgerStore(LedgerStore):
         return None, []  # a file in this directory that the broker did not write: no trust
 
     def _write(self, ledger: Ledger) -> None:
-        text = ledger_text(ledger, os.geteuid())
+        text, read_back = written_ledger(ledger, os.geteuid())
         path = self.directory.ledger_file
         try:
             write_text_atomic(path, text, mode=LEDGER_MODE, sync=False)
         except OSError as exc:
             raise access_error(path, exc, "write") from exc
-        self._written = text
+        self._written, self._read_back = text, read_back
+
+
+def _encoded(ledger: Ledger) -> bytes:
+    """``ledger`` as JSON; :class:`LedgerError` when a transaction put in text that is not
+    UTF-8 (which :func:`.document.written_ledger` would refuse at the end of the batch, failing
+    every transaction of the batch instead of the one that did it)."""
+    try:
+        return msgspec.json.encode(ledger)
+    except UnicodeEncodeError:
+        raise LedgerError(
+            "this change was not made: it holds text that is not UTF-8, which the ledger cannot "
+            "keep",
+            hint="this is a bug in gpualloc: report it with the command that made the change",
+        ) from None
 
 
 class _Batch:
@@ -181,3 +205,7 @@ class _Batch:
     def __init__(self) -> None:
         self.txn: LedgerTransaction | None = None
         self.changed = False
+        self.aside: list[SetAside] = []
+        """Records the batch's load left out: kept aside before its write."""
+        self.saved: bytes | None = None
+        """The ledger as the last transaction of the batch left it, encoded."""

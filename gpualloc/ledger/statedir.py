@@ -78,6 +78,11 @@ class StateDirectory(Struct, frozen=True):
             if copy.name[len(self._stem) + 1 : -len(".good.json")].isdigit()
         )
 
+    def quarantine_file(self, uid: int) -> Path:
+        """Where this user keeps the ledger's records that could not be read
+        (:mod:`.quarantine`)."""
+        return self.path / f"{self._stem}.{uid}.quarantine.jsonl"
+
     def lease_lock(self, lease_id: str) -> Path:
         return self.path / f"lease-{lease_id}.lock"
 

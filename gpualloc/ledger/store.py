@@ -26,6 +26,10 @@ ledger), and the next transaction recovers the newest valid good copy, which hol
 the interrupted write had. A file from a newer schema is refused; a torn file with no good copy
 left is reported with what to do, never silently emptied.
 
+The ledger writes only what it reads back (:mod:`.document`: a change that would not is
+refused, nothing written), and one record it cannot read is left out and kept aside, with a
+note, instead of failing every command of every user (:mod:`.quarantine`; issue 40, hole 3).
+
 On a host with a broker (``gpualloc serve``) the broker owns its state directory and its
 ledger; :mod:`.owned_store` is that store.
 """
@@ -33,9 +37,7 @@ ledger; :mod:`.owned_store` is that store.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -48,29 +50,25 @@ from gpualloc import boot
 from gpualloc.atomic import write_text_atomic
 from gpualloc.boot import boot_id
 from gpualloc.errors import FileAccessError, GpuallocError, LedgerError
+from gpualloc.ledger.document import (
+    HEADER,
+    LedgerFromNewerVersion,
+    ledger_text,
+    parses,
+    read_ledger,
+)
+from gpualloc.ledger.document import parse_ledger as parse_ledger  # where callers import it
 from gpualloc.ledger.liveness import group_alive, lock_held, process_alive, started_by
 from gpualloc.ledger.locking import SharedLock
-from gpualloc.ledger.schema import SCHEMA_VERSION, Lease, Ledger, Waiter
+from gpualloc.ledger.quarantine import SetAside, keep
+from gpualloc.ledger.schema import Lease, Ledger, Waiter
 from gpualloc.ledger.shared_files import UnsafeFile, adopt, open_shared, owner_name, read_shared
 from gpualloc.ledger.statedir import StateDirectory
 from gpualloc.model.topology import GpuProcess
-from gpualloc.model.validation import (
-    DecodeError,
-    ValidationError,
-    decode_json,
-    describe_validation_error,
-    from_builtins,
-    to_builtins,
-)
 
 LOCK_TIMEOUT_S = 30.0
 """How long a transaction waits for another one; a transaction takes milliseconds."""
 SHARED_LEDGER_MODE = 0o666
-_HEADER = re.compile(r'^\{\s*"writer_uid":\s*(\d+),\s*"generation":\s*(\d+)')
-
-
-class LedgerFromNewerVersion(LedgerError):
-    """The ledger was written by a newer gpualloc: refused, never recovered over."""
 
 
 def lease_alive(lease: Lease, directory: StateDirectory) -> bool:
@@ -198,13 +196,14 @@ class LedgerStore:
         ``reap``: None reaps as the store does (:attr:`reap_in_transactions`)."""
         reap = self.reap_in_transactions if reap is None else reap
         with self._lock(lock_timeout_s):
-            ledger, notes = self._load()
+            ledger, notes, aside = self._load()
             txn = LedgerTransaction(ledger, notes=notes, changed=bool(notes))
             self._apply_journal(txn)
             if reap:
                 self._reap(txn)
             yield txn
             if txn.changed:
+                self._keep_aside(aside, txn.notes)  # before the ledger without them replaces it
                 self._write(txn.ledger)
                 for lease in txn.reaped:
                     _unlink_quietly(self.directory.lease_lock(lease.id))
@@ -243,14 +242,14 @@ class LedgerStore:
     def _load_for_snapshot(self) -> tuple[Ledger, list[str]]:
         """The ledger without waiting for the lock (see :meth:`snapshot`)."""
         if not self._lock_readable():  # a broker's ledger, read by a user: written by rename
-            return self._load(unlocked=True)
+            return self._load(unlocked=True)[:2]
         lock = self._lock()
         if lock.try_acquire():
             try:
-                return self._load()
+                return self._load()[:2]
             finally:
                 lock.release()
-        ledger, notes = self._load(unlocked=True)
+        ledger, notes, _ = self._load(unlocked=True)
         notes.append(f"the ledger's lock is held by {lock.holders()}; shown as last written")
         return ledger, notes
 
@@ -297,15 +296,18 @@ class LedgerStore:
 
     # ---- reading -----------------------------------------------------------------------------
 
-    def _load(self, *, unlocked: bool = False) -> tuple[Ledger, list[str]]:
-        """The ledger, recovered from the good copies when it is missing or damaged. Without
-        the lock (``unlocked``) a damaged file may be a write in progress: it is read again
-        before being recovered from, and quietly."""
+    def _load(self, *, unlocked: bool = False) -> tuple[Ledger, list[str], list[SetAside]]:
+        """The ledger, recovered from the good copies when it is missing or damaged, with the
+        notes for the user and the records left out because they cannot be read (kept aside
+        by the transaction that writes: :meth:`_keep_aside`). Without the lock (``unlocked``)
+        a damaged file may be a write in progress: it is read again before being recovered
+        from, and quietly."""
         path = self.directory.ledger_file
         notes: list[str] = []
+        aside: list[SetAside] = []
         text = self._ledger_text()
         for _ in range(3 if unlocked else 0):
-            if text is None or _parses(text):
+            if text is None or parses(text):
                 break
             time.sleep(0.005)
             text = self._read_ledger_text()
@@ -316,7 +318,7 @@ class LedgerStore:
                 notes = []
         else:
             try:
-                ledger = parse_ledger(text, str(path))
+                ledger, aside = read_ledger(text, str(path))
             except LedgerFromNewerVersion:
                 raise
             except LedgerError as problem:
@@ -328,8 +330,14 @@ class LedgerStore:
                         "ledger, and the GPUs of running jobs look free until they are seen",
                     ) from None
                 ledger = recovered
+            whole = self._recover_whole(text, aside) if aside else None
+            if whole is not None:
+                (ledger, notes), aside = whole, []
         if unlocked:
             notes = []
+        if aside:
+            kept_in = self.directory.quarantine_file(os.geteuid()).name
+            notes += [record.note(path.name, kept_in) for record in aside]
         if ledger.host != self.host:
             raise LedgerError(
                 f"the ledger in {self.directory.path} belongs to host {ledger.host!r}, not "
@@ -337,7 +345,7 @@ class LedgerStore:
                 hint="each host needs its own state directory on local disk, never a shared "
                 "(NFS) one; set GPUALLOC_STATE_DIR",
             )
-        return ledger, notes
+        return ledger, notes, aside
 
     def _ledger_text(self) -> str | None:
         """The text to load the ledger from (the broker's store keeps its own)."""
@@ -361,9 +369,11 @@ class LedgerStore:
             uid = int(copy.name[len(self.directory.ledger_file.stem) + 1 : -len(".good.json")])
             try:
                 text, info = read_shared(copy)
-                candidate = parse_ledger(text, str(copy))
+                candidate, aside = read_ledger(text, str(copy))
             except (LedgerError, OSError):
                 continue
+            if aside:
+                continue  # a copy to recover from is whole: left-out records are set aside
             if info.st_uid != uid or candidate.host != self.host:
                 continue  # planted under another user's name, or another host's
             if candidate.writer_uid not in (None, uid):
@@ -371,20 +381,34 @@ class LedgerStore:
             found.append((copy, uid, candidate))
         return found
 
+    def _recover_whole(
+        self, damaged: str, aside: list[SetAside]
+    ) -> tuple[Ledger, list[str]] | None:
+        """A ledger with records that cannot be read, recovered whole from the good copy its
+        last write names, when that copy holds them readable (a hand edit of ``ledger.json``
+        alone); None otherwise (they are set aside: :mod:`.quarantine`)."""
+        named = _named_copy(damaged, self._good_copies())
+        if named is None:
+            return None
+        (uid, ledger), first = named, aside[0]
+        return ledger, [
+            f"{self.directory.ledger_file} was damaged ({first.kind} {first.label}: "
+            f"{first.reason}); recovered generation {ledger.generation} from "
+            f"{owner_name(uid)}'s good copy, which its last write names"
+        ]
+
     def _recover(self, damaged: str | None, what: str) -> tuple[Ledger | None, list[str]]:
         """The good copy to recover from, and what to tell the user (module docstring)."""
         copies = self._good_copies()
         if not copies:
             return None, []
-        header = _HEADER.match(damaged or "")
-        if header is not None:
-            writer, generation = int(header.group(1)), int(header.group(2))
-            for _, uid, ledger in copies:
-                if uid == writer and ledger.generation == generation:
-                    return ledger, [
-                        f"{what}; recovered generation {generation} from "
-                        f"{owner_name(uid)}'s good copy, which its last write names"
-                    ]
+        named = _named_copy(damaged, copies)
+        if named is not None:
+            uid, ledger = named
+            return ledger, [
+                f"{what}; recovered generation {ledger.generation} from "
+                f"{owner_name(uid)}'s good copy, which its last write names"
+            ]
         path, uid, best = max(copies, key=lambda found: found[2].generation)
         others = ", ".join(
             f"{owner_name(u)}'s generation {c.generation}" for p, u, c in copies if p != path
@@ -398,6 +422,17 @@ class LedgerStore:
         ]
 
     # ---- writing -----------------------------------------------------------------------------
+
+    def _keep_aside(self, aside: list[SetAside], notes: list[str]) -> None:
+        """Keep the records the ledger left out in this user's quarantine file (a failure is
+        told, and does not stop the write: the records are lost then, not every command)."""
+        if not aside:
+            return
+        path = self.directory.quarantine_file(os.geteuid())
+        try:
+            keep(path, aside, self.directory.ledger_file.name)
+        except OSError as exc:
+            notes.append(f"could not keep the records left out in {path}: {exc.strerror}")
 
     def _write(self, ledger: Ledger) -> None:
         uid = os.geteuid()
@@ -415,55 +450,19 @@ class LedgerStore:
             raise access_error(path, exc, "write", changed=True) from exc
 
 
-def ledger_text(ledger: Ledger, writer_uid: int) -> str:
-    """The next generation of ``ledger``, as written (its header first: :data:`_HEADER`)."""
-    ledger.generation += 1
-    ledger.writer_uid = writer_uid
-    data = to_builtins(ledger)
-    head = {"writer_uid": data.pop("writer_uid"), "generation": data.pop("generation")}
-    # Compact: json's C encoder, which indentation turns off (a third of a write's time).
-    return json.dumps({**head, **dict(sorted(data.items()))}, separators=(",", ":")) + "\n"
-
-
-def parse_ledger(text: str, source: str) -> Ledger:
-    """A ledger from its JSON text; :class:`LedgerError` if damaged or from a newer gpualloc."""
-    try:
-        ledger = decode_json(text, Ledger)  # one pass of C for the common case
-    except DecodeError:
-        ledger = None
-    if ledger is not None and ledger.schema_version <= SCHEMA_VERSION:
-        ledger.schema_version = SCHEMA_VERSION  # every version since 1 only added defaults
-        return ledger
-    # Say why: not JSON, not a ledger, a newer gpualloc's, or the field that is wrong.
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise LedgerError(f"{source} is not valid JSON (line {exc.lineno})") from None
-    if not isinstance(data, dict):
-        raise LedgerError(f"{source} is not a ledger (a JSON object)")
-    version = data.get("schema_version")
-    if isinstance(version, int) and version > SCHEMA_VERSION:
-        raise LedgerFromNewerVersion(
-            f"{source} was written by a newer gpualloc (schema {version}; this one reads "
-            f"{SCHEMA_VERSION})",
-            hint="upgrade gpualloc on this host; every user must run the same version",
-        )
-    try:
-        ledger = from_builtins(data, Ledger)
-    except ValidationError as exc:
-        raise LedgerError(
-            f"{source} is not a valid ledger ({describe_validation_error(exc)})"
-        ) from None
-    ledger.schema_version = SCHEMA_VERSION
-    return ledger
-
-
-def _parses(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
+def _named_copy(
+    damaged: str | None, copies: list[tuple[Path, int, Ledger]]
+) -> tuple[int, Ledger] | None:
+    """(owner uid, ledger) of the good copy that the first bytes of a damaged ledger name
+    (:data:`HEADER`): its writer's, of the same generation."""
+    header = HEADER.match(damaged or "")
+    if header is None:
+        return None
+    writer, generation = int(header.group(1)), int(header.group(2))
+    for _, uid, ledger in copies:
+        if uid == writer and ledger.generation == generation:
+            return uid, ledger
+    return None
 
 
 def _check_own_copy(path: Path, uid: int) -> None:

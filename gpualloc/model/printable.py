@@ -5,6 +5,12 @@ user of the host: an escape sequence in a name could recolour or rewrite someone
 terminal, a newline fake a row, a 100 kB argv bury the table. Human output therefore shows them
 with every control character escaped (``\\x1b``, ``\\n``) and cut to a length; ``--json`` keeps
 them exact, for programs.
+
+Exact, but always text: bytes of an argument that are not UTF-8 reach Python as lone surrogates
+(U+DC80..U+DCFF, PEP 383's ``surrogateescape``), which no UTF-8 file or JSON reader accepts
+back. One such byte kept in the ledger made every later command of every user fail (issue 40,
+hole 3), so what gpualloc keeps is first put through :func:`escape_surrogates`, or refused where
+:func:`has_surrogates` (the rule is :mod:`gpualloc.host.terms`'s).
 """
 
 from __future__ import annotations
@@ -22,11 +28,42 @@ def printable(text: str, limit: int | None = None) -> str:
     return shown
 
 
+def has_surrogates(text: str) -> bool:
+    """Whether ``text`` holds a lone surrogate: a byte that was not UTF-8, or a JSON ``\\udXXX``
+    escape that pairs with nothing. Such text cannot be written as UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def escape_surrogates(text: str) -> str:
+    """``text`` with each lone surrogate written out: ``\\xff`` for the byte 0xff of an argument
+    that was not UTF-8 (what ``os.fsencode`` would give back), ``\\udXXX`` for any other.
+    Text that is UTF-8 already comes back unchanged (the same object)."""
+    if not has_surrogates(text):
+        return text
+    return "".join(_surrogate_escaped(char) for char in text)
+
+
+def _surrogate_escaped(char: str) -> str:
+    code = ord(char)
+    if 0xDC80 <= code <= 0xDCFF:  # surrogateescape's stand-in for the byte code - 0xDC00
+        return f"\\x{code - 0xDC00:02x}"
+    if 0xD800 <= code <= 0xDFFF:
+        return f"\\u{code:04x}"
+    return char
+
+
 def _escaped(char: str) -> str:
     if char == "\\":
         return char
-    if unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp"):  # controls, bidi overrides, breaks
+    category = unicodedata.category(char)
+    if category in ("Cc", "Cf", "Zl", "Zp"):  # controls, bidi overrides, breaks
         return char.encode("unicode_escape").decode("ascii")
+    if category == "Cs":  # a byte that was not UTF-8: a terminal cannot even be sent it
+        return _surrogate_escaped(char)
     return char
 
 

@@ -15,7 +15,10 @@ class CommunicationPattern(Struct, frozen=True):
     """A job's communication graph over vertices ``0..size-1`` (MAPA paper section 3.1).
 
     ``edges`` may list a pair twice: that pair then counts twice in every edge score, which is how
-    MAPA scores a 2-GPU ring (its one link carries both directions of the ring).
+    MAPA scores a 2-GPU ring (its one link carries both directions of the ring). No pair more
+    often: a pattern has at most :func:`max_edges` edges, so that the work of placing it is
+    bounded by its ranks, not by what a user typed (issue 40, hole 2: a 44 KB pattern of 8
+    ranks stalled the broker for half a minute).
     """
 
     name: str
@@ -25,9 +28,25 @@ class CommunicationPattern(Struct, frozen=True):
     def __post_init__(self) -> None:
         if self.size < 1:
             raise ValueError("a pattern has at least one vertex")
+        if len(self.edges) > max_edges(self.size):
+            raise ValueError(
+                f"a pattern of {self.size} ranks has at most {max_edges(self.size)} edges (each "
+                f"pair at most twice), not {len(self.edges)}"
+            )
         for u, v in self.edges:
             if u == v or not (0 <= u < self.size and 0 <= v < self.size):
                 raise ValueError(f"bad pattern edge ({u}, {v}) for {self.size} vertices")
+        pairs: dict[tuple[int, int], int] = {}
+        for u, v in self.edges:
+            pair = (min(u, v), max(u, v))
+            pairs[pair] = pairs.get(pair, 0) + 1
+            if pairs[pair] > 2:
+                raise ValueError(f"the pattern lists the pair ({u}, {v}) more than twice")
+
+
+def max_edges(ranks: int) -> int:
+    """The most edges a pattern of ``ranks`` may have: every pair, both ways."""
+    return ranks * (ranks - 1)
 
 
 class JobRequest(Struct, frozen=True):

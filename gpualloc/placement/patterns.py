@@ -30,7 +30,7 @@ from msgspec import Struct
 
 from gpualloc.errors import RequestError
 from gpualloc.job_options import MAX_GPUS
-from gpualloc.model.request import CommunicationPattern
+from gpualloc.model.request import CommunicationPattern, max_edges
 from gpualloc.user_files import names_a_file
 
 BUILTIN_PATTERNS = ("ring", "all", "tree", "star")
@@ -133,7 +133,17 @@ def pattern_from_edges(data: object, k: int, *, name: str, origin: str) -> Commu
                 hint=f"the job asks for {k} GPUs (-n); a pattern's vertices are 0..{k - 1}",
             )
         edges.append((min(u, v), max(u, v)))
-    return CommunicationPattern(name, k, tuple(edges))
+        if len(edges) > max_edges(k):
+            raise PatternError(
+                f"{origin}: more than {max_edges(k)} edges for {k} ranks",
+                hint="list each pair of ranks that talk once (twice at most: both ways)",
+            )
+    try:
+        return CommunicationPattern(name, k, tuple(edges))
+    except ValueError as bad:
+        raise PatternError(
+            f"{origin}: {bad}", hint="list each pair of ranks that talk once"
+        ) from None
 
 
 def search_shape(pattern: CommunicationPattern) -> SearchShape:

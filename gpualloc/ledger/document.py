@@ -1,0 +1,125 @@
+"""The ledger as JSON text: written only when it reads back, read with the records that cannot
+be read left out (issue 40, hole 3).
+
+:mod:`.store` writes and reads through these functions (so does :mod:`.owned_store`). A write
+(:func:`written_ledger`) is the text every later reader will load: a ledger whose text would
+not read back (a lone surrogate, which JSON writes as ``"\\udcff"`` and no strict reader
+accepts; a value its schema refuses) is refused before any file is touched, so that no single
+request can make the file unreadable. A read (:func:`read_ledger`) takes the fast path of one
+strict decode; only a document that fails it is looked at closer: not JSON, a newer gpualloc's
+(refused, never half-understood), or one with leases or waiters that cannot be read on their
+own, which are left out and returned to be set aside (:mod:`.quarantine`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from gpualloc.errors import LedgerError
+from gpualloc.ledger.quarantine import SetAside, Unreadable, convert, salvage, surrogate_at
+from gpualloc.ledger.schema import SCHEMA_VERSION, Ledger
+from gpualloc.model.validation import (
+    DecodeError,
+    ValidationError,
+    decode_json,
+    describe_validation_error,
+    to_builtins,
+)
+
+HEADER = re.compile(r'^\{\s*"writer_uid":\s*(\d+),\s*"generation":\s*(\d+)')
+"""The first bytes of every ledger written: who wrote it, which generation (see :mod:`.store`)."""
+
+
+class LedgerFromNewerVersion(LedgerError):
+    """The ledger was written by a newer gpualloc: refused, never recovered over."""
+
+
+def ledger_text(ledger: Ledger, writer_uid: int) -> str:
+    """The next generation of ``ledger``, as written (see :func:`written_ledger`)."""
+    return written_ledger(ledger, writer_uid)[0]
+
+
+def written_ledger(ledger: Ledger, writer_uid: int) -> tuple[str, Ledger]:
+    """The next generation of ``ledger`` as written (its header first: :data:`HEADER`), and as
+    the next reader reads it back. A ledger that would not read back (text that is not UTF-8,
+    a value its schema refuses) is refused before any file is touched: :class:`LedgerError`,
+    and ``ledger`` is left as it was. Without this check one such value, written once, made
+    every later command of every user fail (issue 40, hole 3)."""
+    before = (ledger.generation, ledger.writer_uid)
+    ledger.generation += 1
+    ledger.writer_uid = writer_uid
+    data = to_builtins(ledger)
+    head = {"writer_uid": data.pop("writer_uid"), "generation": data.pop("generation")}
+    # Compact: json's C encoder, which indentation turns off (a third of a write's time).
+    text = json.dumps({**head, **dict(sorted(data.items()))}, separators=(",", ":")) + "\n"
+    try:
+        # The read every later transaction makes (one pass of C), so that none of them fails.
+        return text, decode_json(text, Ledger)
+    except DecodeError as exc:
+        ledger.generation, ledger.writer_uid = before
+        where = surrogate_at(data)
+        if where is not None:
+            reason = f"{where}: text that is not UTF-8"
+        elif isinstance(exc, ValidationError):
+            reason = describe_validation_error(exc)
+        else:
+            reason = str(exc)
+        raise LedgerError(
+            f"this change was not written: the ledger would not read back ({reason}); the "
+            "ledger is as it was",
+            hint="this is a bug in gpualloc: report it with the command that made the change",
+        ) from None
+
+
+def parse_ledger(text: str, source: str) -> Ledger:
+    """A ledger from its JSON text, any lease or waiter that cannot be read left out (see
+    :func:`read_ledger`); :class:`LedgerError` if damaged or from a newer gpualloc."""
+    return read_ledger(text, source)[0]
+
+
+def read_ledger(text: str, source: str) -> tuple[Ledger, list[SetAside]]:
+    """A ledger from its JSON text, and the leases and waiters left out of it because they
+    cannot be read on their own (:mod:`.quarantine`); :class:`LedgerError` if damaged anywhere
+    else, or from a newer gpualloc."""
+    try:
+        ledger = decode_json(text, Ledger)  # one pass of C for the common case
+    except DecodeError:
+        ledger = None
+    if ledger is not None and ledger.schema_version <= SCHEMA_VERSION:
+        ledger.schema_version = SCHEMA_VERSION  # every version since 1 only added defaults
+        return ledger, []
+    # Say why: not JSON, not a ledger, a newer gpualloc's, or the field that is wrong.
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise LedgerError(f"{source} is not valid JSON (line {exc.lineno})") from None
+    except RecursionError:  # nested deeper than any ledger is
+        raise LedgerError(f"{source} is not a ledger (nested too deep)") from None
+    if not isinstance(data, dict):
+        raise LedgerError(f"{source} is not a ledger (a JSON object)")
+    version = data.get("schema_version")
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        raise LedgerFromNewerVersion(
+            f"{source} was written by a newer gpualloc (schema {version}; this one reads "
+            f"{SCHEMA_VERSION})",
+            hint="upgrade gpualloc on this host; every user must run the same version",
+        )
+    aside: list[SetAside] = []
+    try:
+        ledger = convert(data, Ledger)
+    except Unreadable as problem:
+        salvaged = salvage(data)
+        if salvaged is None:
+            raise LedgerError(f"{source} is not a valid ledger ({problem})") from None
+        ledger, aside = salvaged
+    ledger.schema_version = SCHEMA_VERSION
+    return ledger, aside
+
+
+def parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True

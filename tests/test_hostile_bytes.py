@@ -1,0 +1,301 @@
+"""One byte cannot brick the ledger (issue 40, hole 3).
+
+Python hands argv bytes that are not UTF-8 over as lone surrogates (``$'\\xff\\xfe'`` becomes
+``"\\udcff\\udcfe"``), and JSON can carry them as ``"\\udcff"``. One stored in a lease made every
+later command of every user fail, and a restarted broker exit at once. Now:
+
+- a lease name holding one is refused at the door (command line, library, wire), and a command's
+  words are kept with it escaped (``\\xff``): the rule is :mod:`gpualloc.host.terms`'s;
+- the ledger writes only what it reads back (a change that would not is refused, nothing
+  written);
+- a record on disk that cannot be read is left out and kept aside with a note that ``status``
+  shows, and every other lease stays.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from gpualloc.errors import ExitCode, LedgerError, RequestError
+from gpualloc.ledger.schema import Lease, LeasedGpu
+from gpualloc.ledger.statedir import open_broker_directory, open_state_directory
+from gpualloc.ledger.store import LedgerStore, new_lease_id
+from tests.broker_harness import ROOT, RunningBroker
+from tests.conftest import Result
+
+TOPOLOGY = "dgx1-v100"
+NOT_UTF8 = "\udcff\udcfe"
+"""What Python makes of the argv bytes ff fe (surrogateescape)."""
+
+
+def _status(cli: Callable[..., Result]) -> dict:
+    result = cli("--topology", TOPOLOGY, "status", "--json")
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _everything_still_works(cli: Callable[..., Result]) -> None:
+    """status, a new allocation and ``release --mine`` all answer, for anyone."""
+    _status(cli)
+    made = cli("--topology", TOPOLOGY, "alloc", "--hold", "-n", "1")
+    assert made.exit_code == 0, made.stderr
+    released = cli("--topology", TOPOLOGY, "release", "--mine")
+    assert released.exit_code == 0, released.stderr
+    assert _status(cli)["leases"] == []
+
+
+# ---- the door: names refused, command words escaped -----------------------------------------
+
+
+def test_a_name_that_is_not_utf8_is_refused_and_every_command_still_works(cli) -> None:
+    refused = cli("--topology", TOPOLOGY, "alloc", "--hold", "--name", NOT_UTF8)
+    assert refused.exit_code == ExitCode.USAGE, refused.stderr
+    assert "not UTF-8" in refused.stderr and "internal error" not in refused.stderr
+    assert "--name '\\xff\\xfe'" in refused.stderr  # shown as the bytes typed, one line
+    _everything_still_works(cli)
+
+
+def test_the_wire_refuses_such_a_name_and_escapes_command_words() -> None:
+    from gpualloc.broker import requests as wire
+
+    assert wire.words(["sh", "\udcff", "caf\udcc3", "\ud800"]) == (
+        "sh",
+        "\\xff",
+        "caf\\xc3",
+        "\\ud800",
+    )
+    assert wire.words(["ü 日本"]) == ("ü 日本",)  # UTF-8 text is kept as it is
+    with pytest.raises(RequestError, match="not UTF-8"):
+        wire.text(NOT_UTF8, "name")
+    with pytest.raises(RequestError, match="not UTF-8"):
+        wire.queued_want({"gpus": 1, "sensitive": False, "pattern": "ring\udcff"})
+
+
+def test_lease_terms_keep_the_command_escaped_and_refuse_the_name() -> None:
+    from gpualloc.host.terms import LeaseTerms
+
+    terms = LeaseTerms(source="run", pid=os.getpid(), command=("./tr\udce4in", "--x"))
+    assert terms.command == ("./tr\\xe4in", "--x")
+    with pytest.raises(RequestError, match="not UTF-8"):
+        LeaseTerms(source="alloc", hold=True, name=NOT_UTF8)
+
+
+@pytest.mark.slow
+def test_raw_argv_bytes_as_a_name_brick_nothing(tmp_path: Path) -> None:
+    """The real entry point, with the bytes themselves in argv."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def gpualloc(*args: str | bytes) -> subprocess.CompletedProcess[bytes]:
+        argv = [sys.executable, "-m", "gpualloc", "--topology", TOPOLOGY, *args]
+        return subprocess.run(argv, env=env, capture_output=True, timeout=60)
+
+    refused = gpualloc("alloc", "--hold", "--name", b"\xff\xfe")
+    assert refused.returncode == ExitCode.USAGE, refused.stderr
+    assert b"not UTF-8" in refused.stderr
+    for args in (("status",), ("alloc", "--hold", "-n", "2"), ("release", "--mine"), ("status",)):
+        done = gpualloc(*args)
+        assert done.returncode == 0, (args, done.stderr)
+
+
+@pytest.mark.slow
+def test_a_run_whose_command_is_not_utf8_records_it_escaped_and_bricks_nothing(
+    tmp_path: Path, cli
+) -> None:
+    """``run -- sh -c '...' $'\\xff'``: the job runs with its own bytes; its lease keeps them
+    escaped, and ``status`` inside and after the job answers."""
+    seen = tmp_path / "status.json"
+    script = f'exec "$0" -m gpualloc --topology {TOPOLOGY} status --json > "$1"'
+    argv = [
+        sys.executable, "-m", "gpualloc", "--topology", TOPOLOGY, "run", "--",
+        "sh", "-c", script, sys.executable, str(seen), b"\xff",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(argv, env=env, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    (lease,) = json.loads(seen.read_text())["leases"]
+    assert lease["command"] == ["sh", "-c", script, sys.executable, str(seen), "\\xff"]
+    _everything_still_works(cli)
+
+
+# ---- the broker --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def broker() -> Iterator[RunningBroker]:
+    if os.geteuid() != 0:
+        pytest.skip("the broker's tests run it as root (CI runs as root)")
+    running = RunningBroker(TOPOLOGY).start()
+    yield running
+    running.stop()
+    shutil.rmtree(running.directory, ignore_errors=True)
+
+
+def _hold(lease_id: str, **terms: object) -> dict:
+    return {
+        "lease_id": lease_id,
+        "request": {"gpus": 1, "sensitive": False},
+        "terms": {"source": "alloc", "hold": True, **terms},
+    }
+
+
+@pytest.mark.slow
+def test_lone_surrogates_over_the_wire_brick_neither_the_broker_nor_its_restart(
+    broker: RunningBroker,
+) -> None:
+    with pytest.raises(OSError, match="not UTF-8"):
+        broker.call("alloc", _hold("aaaaaaaaaaaa", name=NOT_UTF8))
+    bad_request = {**_hold("bbbbbbbbbbbb"), "request": {"gpus": 1, "sensitive": False}}
+    bad_request["request"]["pattern"] = "ring\udcff"
+    with pytest.raises(OSError, match="not UTF-8"):
+        broker.call("alloc", bad_request)
+    made = broker.call("alloc", _hold("cccccccccccc", command=["sh", "\udcff", "\ud800"]))
+    assert made["lease"]["command"] == ["sh", "\\xff", "\\ud800"]
+    (lease,) = broker.call("snapshot")["ledger"]["leases"]
+    assert lease["id"] == "cccccccccccc"
+    broker.stop()
+    broker.start()  # a broker that restarts reads what it wrote
+    (lease,) = broker.call("snapshot")["ledger"]["leases"]
+    assert lease["command"] == ["sh", "\\xff", "\\ud800"]
+    assert broker.call("release", {"leases": ["cccccccccccc"]})["released"]
+
+
+# ---- the ledger writes only what it reads back ---------------------------------------------------
+
+
+def _lease(gpu: int, **fields: object) -> Lease:
+    values: dict = {
+        "id": new_lease_id(),
+        "gpus": (LeasedGpu(index=gpu),),
+        "uid": os.geteuid(),
+        "user": "tester",
+        "hold": True,
+        "created": datetime.now(timezone.utc),
+        "source": "alloc",
+        **fields,
+    }
+    return Lease(**values)
+
+
+def test_a_change_the_ledger_could_not_read_back_is_refused_and_nothing_is_written(
+    tmp_path: Path,
+) -> None:
+    store = LedgerStore(open_state_directory(tmp_path / "state"), host="h")
+    kept = _lease(0, name="train")
+    with store.transaction() as txn:
+        txn.add(kept)
+    before = store.directory.ledger_file.read_bytes()
+    good_copy = store.directory.good_copy(os.geteuid()).read_bytes()
+    for bad in (_lease(1, name=NOT_UTF8), _lease(2, command=("sh", "\udcff")), _lease(3, pid=0)):
+        with pytest.raises(LedgerError, match="would not read back"), store.transaction() as txn:
+            txn.add(bad)
+    assert store.directory.ledger_file.read_bytes() == before
+    assert store.directory.good_copy(os.geteuid()).read_bytes() == good_copy
+    assert store.read().ledger.leases == [kept]
+
+
+def test_in_a_broker_batch_such_a_change_fails_alone(tmp_path: Path) -> None:
+    from gpualloc.ledger.owned_store import OwnedLedgerStore
+
+    store = OwnedLedgerStore(open_broker_directory(tmp_path / "broker"), host="h")
+    assert store.hold_lock()
+    good = _lease(1)
+    with store.batch():
+        with pytest.raises(LedgerError, match="not UTF-8"), store.transaction() as txn:
+            txn.add(_lease(0, name=NOT_UTF8))
+        with store.transaction() as txn:
+            txn.add(good)
+    assert store.read().ledger.leases == [good]
+
+
+# ---- a record that cannot be read is set aside ---------------------------------------------------
+
+
+def _damage(state: Path, how: str, *, good_copy: bool = True) -> tuple[str, str]:
+    """Damage the first lease of the ledger and of its writer's good copy (what a writer that
+    stored it would have left): the damaged lease's id and the other's."""
+    ids = []
+    for path in sorted(state.glob("ledger@*.json")):  # the ledger and the good copy
+        if path.name.endswith(".good.json") and not good_copy:
+            continue
+        data = json.loads(path.read_text())
+        damaged = data["leases"][0]
+        if how == "not-utf8":
+            damaged["name"] = NOT_UTF8
+        else:
+            damaged["gpus"] = "zero"
+        path.write_text(json.dumps(data, separators=(",", ":")) + "\n")
+        ids = [lease["id"] for lease in data["leases"]]
+    return ids[0], ids[1]
+
+
+@pytest.mark.parametrize("how", ["not-utf8", "wrong-type"])
+def test_a_damaged_lease_record_is_set_aside_and_the_others_stay(
+    cli, tmp_path: Path, how: str
+) -> None:
+    for _ in range(2):
+        made = cli("--topology", TOPOLOGY, "alloc", "--hold", "-n", "1")
+        assert made.exit_code == 0, made.stderr
+    state = tmp_path / "state"
+    bad, kept = _damage(state, how)
+
+    status = _status(cli)
+    assert [lease["id"] for lease in status["leases"]] == [kept]
+    (note,) = [note for note in status["notes"] if bad in note]
+    assert "cannot be read" in note and "left out" in note
+    assert ("name: text that is not UTF-8" if how == "not-utf8" else "gpus: expected") in note
+
+    made = cli("--topology", TOPOLOGY, "alloc", "--hold", "-n", "1")  # a write sets it aside
+    assert made.exit_code == 0, made.stderr
+    (quarantine,) = state.glob("ledger@*.quarantine.jsonl")
+    (entry,) = [json.loads(line) for line in quarantine.read_text().splitlines()]
+    assert entry["label"] == bad and entry["record"]["id"] == bad
+    status = _status(cli)
+    assert kept in [lease["id"] for lease in status["leases"]]
+    assert not [note for note in status["notes"] if bad in note]
+    _everything_still_works(cli)
+
+
+def test_a_record_damaged_in_the_ledger_alone_is_recovered_whole_from_the_named_good_copy(
+    cli, tmp_path: Path
+) -> None:
+    """A hand edit of ``ledger.json`` alone: the good copy its header names still holds the
+    lease readable, so nothing is set aside (the recovery :mod:`gpualloc.ledger.store` made
+    before)."""
+    for _ in range(2):
+        assert cli("--topology", TOPOLOGY, "alloc", "--hold", "-n", "1").exit_code == 0
+    bad, kept = _damage(tmp_path / "state", "not-utf8", good_copy=False)
+    status = _status(cli)
+    assert sorted(lease["id"] for lease in status["leases"]) == sorted([bad, kept])
+    assert any("recovered generation" in note for note in status["notes"])
+    assert not list((tmp_path / "state").glob("*.quarantine.jsonl"))
+
+
+@pytest.mark.slow
+def test_a_broker_restarted_on_a_ledger_with_a_damaged_record_starts_and_sets_it_aside(
+    broker: RunningBroker,
+) -> None:
+    for lease_id in ("dddddddddddd", "eeeeeeeeeeee"):
+        broker.call("alloc", _hold(lease_id))
+    broker.stop()
+    (path,) = broker.state.glob("ledger*.json")
+    data = json.loads(path.read_text())
+    data["leases"][0]["name"] = NOT_UTF8  # as the broker once wrote it, or a hand edit
+    bad = data["leases"][0]["id"]
+    path.write_text(json.dumps(data, separators=(",", ":")) + "\n")
+    broker.start()
+    leases = broker.call("snapshot")["ledger"]["leases"]
+    assert [lease["id"] for lease in leases] == [
+        i for i in ("dddddddddddd", "eeeeeeeeeeee") if i != bad
+    ]
+    broker.call("alloc", _hold("ffffffffffff"))  # a write sets it aside
+    (quarantine,) = broker.state.glob("ledger*.quarantine.jsonl")
+    assert bad in quarantine.read_text()
