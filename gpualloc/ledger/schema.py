@@ -13,8 +13,9 @@ from typing import Annotated, Literal
 from msgspec import Meta, Struct, field
 
 from gpualloc.ledger.stats import LedgerStats
-from gpualloc.model.mig import MigRequest, mig_label
-from gpualloc.model.share import LeasedShare, ShareRequest
+from gpualloc.model.mig import mig_label
+from gpualloc.model.queued import QueuedRequest
+from gpualloc.model.share import LeasedShare
 from gpualloc.model.validation import NonNegativeInt, PositiveInt
 
 SCHEMA_VERSION = 6
@@ -150,28 +151,6 @@ class Lease(_Entry, kw_only=True, frozen=True):
     def mig_keys(self) -> tuple[tuple[int, int], ...]:
         """(parent GPU, MIG device index) of every MIG device held."""
         return tuple(m.key for m in self.mig)
-
-
-class QueuedRequest(_Entry, kw_only=True, frozen=True):
-    """A waiting job's request, complete enough for any gpualloc process to place it (a later
-    job decides whether it may pass this one by asking whether this one could start now)."""
-
-    gpus: PositiveInt
-    pattern: str = "ring"
-    edges: tuple[tuple[int, int], ...] = ()
-    sensitive: bool
-    required: tuple[int, ...] = ()
-    excluded: tuple[int, ...] = ()
-    explicit: tuple[int, ...] | None = None
-    policy: str = "mapa"
-    score: str = "auto"
-    drb_weights: tuple[float, float, float] | None = None
-    min_utility: Annotated[float, Meta(ge=0, le=1)] | None = None
-    min_bandwidth_gbps: Annotated[float, Meta(ge=0)] | None = None
-    mig: MigRequest | None = None
-    """A MIG device instead of whole GPUs."""
-    share: ShareRequest | None = None
-    """A shared place on one GPU instead of whole GPUs."""
 
 
 class Waiter(_Entry, kw_only=True, frozen=True):

@@ -21,7 +21,7 @@ from gpualloc.placement.scores import EffectiveModel
 from gpualloc.placement.utility import UtilityWeights
 
 if TYPE_CHECKING:
-    from gpualloc.ledger.schema import QueuedRequest
+    from gpualloc.model.queued import QueuedRequest
 
 
 class Want(Struct, frozen=True):
@@ -43,7 +43,7 @@ class Want(Struct, frozen=True):
 
     def queued(self) -> QueuedRequest:
         """This request as the queue stores it."""
-        from gpualloc.ledger.schema import QueuedRequest
+        from gpualloc.model.queued import QueuedRequest
 
         weights = self.weights
         return QueuedRequest(
