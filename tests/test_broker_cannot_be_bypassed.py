@@ -136,3 +136,26 @@ def test_a_directory_another_user_made_there_is_no_mark(users: dict[str, UnixUse
         assert broker_socket(None) is None
     finally:
         shutil.rmtree(BROKER_DIRECTORY, ignore_errors=True)
+
+
+def test_doctor_checks_who_owns_the_brokers_files(users: dict[str, UnixUser]) -> None:
+    """Modes alone do not say who may change a file: a ledger another user owns is a problem
+    even at 0644 (issue 40, point 7)."""
+    from tests.broker_harness import RunningBroker
+
+    broker = RunningBroker("dgx1-v100").start()
+    try:
+        broker.call("hello")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUALLOC_")}
+        env["GPUALLOC_BROKER"] = str(broker.socket)
+        argv = [sys.executable, "-m", "gpualloc", "doctor"]
+        fine = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+        assert "socket directory" in fine.stdout and "belongs to uid" not in fine.stdout
+        os.chown(broker.state, users["alice"].uid, users["alice"].gid)
+        planted = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+        assert planted.returncode != 0
+        assert f"belongs to uid {users['alice'].uid}, not the broker's 0" in planted.stdout
+    finally:
+        os.chown(broker.state, 0, 0)
+        broker.stop()
+        shutil.rmtree(broker.directory, ignore_errors=True)

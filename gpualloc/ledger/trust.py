@@ -75,19 +75,25 @@ def broker_findings(socket: Path, hello: dict[str, Any]) -> list[tuple[str, str,
             f"you are uid {hello['you']['uid']}",
         )
     ]
-    found.append(_mode_finding(socket, 0o666, "socket", kind=stat.S_ISSOCK))
+    owner = int(hello["broker_uid"])
+    found.append(_mode_finding(socket.parent, 0o755, "socket directory", stat.S_ISDIR, owner))
+    found.append(_mode_finding(socket, 0o666, "socket", stat.S_ISSOCK, owner))
     directory = Path(hello["state_dir"])
-    found.append(_mode_finding(directory, 0o755, "state directory", kind=stat.S_ISDIR))
+    found.append(_mode_finding(directory, 0o755, "state directory", stat.S_ISDIR, owner))
     ledger = Path(hello["ledger"])
     if os.path.lexists(ledger):
-        found.append(_mode_finding(ledger, 0o644, "ledger", kind=stat.S_ISREG))
+        found.append(_mode_finding(ledger, 0o644, "ledger", stat.S_ISREG, owner))
     lock = ledger.with_suffix(".lock")
     if os.path.lexists(lock):
-        found.append(_mode_finding(lock, 0o600, "lock", kind=stat.S_ISREG))
+        found.append(_mode_finding(lock, 0o600, "lock", stat.S_ISREG, owner))
     return found
 
 
-def _mode_finding(path: Path, wanted: int, what: str, *, kind: Any) -> tuple[str, str, str]:
+def _mode_finding(
+    path: Path, wanted: int, what: str, kind: Any, owner: int
+) -> tuple[str, str, str]:
+    """A problem when ``path`` is not a ``what``, is not ``owner``'s (the broker's: anyone
+    else could change it under the broker, issue 40, hole 9), or others may write it."""
     try:
         info = os.lstat(path)
     except OSError as exc:
@@ -95,6 +101,8 @@ def _mode_finding(path: Path, wanted: int, what: str, *, kind: Any) -> tuple[str
     mode = stat.S_IMODE(info.st_mode)
     if not kind(info.st_mode):
         return (what, "problem", f"{path} is not a {what}")
+    if info.st_uid != owner:
+        return (what, "problem", f"{path} belongs to uid {info.st_uid}, not the broker's {owner}")
     if what != "socket" and mode & 0o022:
         return (what, "problem", f"{path} is mode {mode:04o}: others may write it")
     severity = "ok" if mode == wanted else "note"
