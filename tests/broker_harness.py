@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,3 +94,22 @@ class RunningBroker:
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
+
+
+def running_broker(topology: str) -> Iterator[RunningBroker]:
+    """A broker of ``topology`` for one test, removed after it (the body of the test files'
+    ``broker`` fixtures). Skips where it cannot run as root, as CI runs it."""
+    import shutil
+
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("the broker's tests run it as root (CI runs as root)")
+    running = RunningBroker(topology).start()
+    try:
+        yield running
+    finally:
+        if running.process is not None and running.process.poll() is None:
+            os.kill(running.process.pid, signal.SIGCONT)  # a test may have stopped it
+        running.stop()
+        shutil.rmtree(running.directory, ignore_errors=True)

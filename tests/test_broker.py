@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from gpualloc.errors import ExitCode
-from tests.broker_harness import ROOT, RunningBroker
+from tests.broker_harness import ROOT, RunningBroker, running_broker
 from tests.test_verified_launch import DECLARE, _stderr_until
 from tests.unix_users import UnixUser, UserCommandLine, ensure_user, shared_directory
 
@@ -35,12 +35,7 @@ TOPOLOGY = "nvlink-pairs-4gpu"
 
 @pytest.fixture
 def broker() -> Iterator[RunningBroker]:
-    if os.geteuid() != 0:
-        pytest.skip("the broker's tests run it as root (CI runs as root)")
-    running = RunningBroker(TOPOLOGY).start()
-    yield running
-    running.stop()
-    shutil.rmtree(running.directory, ignore_errors=True)
+    yield from running_broker(TOPOLOGY)
 
 
 def _connect(broker: RunningBroker) -> socket.socket:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,19 +20,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.broker_harness import RunningBroker
+from tests.broker_harness import RunningBroker, running_broker
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def broker() -> Iterator[RunningBroker]:
-    running = RunningBroker("dgx1-v100").start()
-    yield running
-    if running.process is not None and running.process.poll() is None:
-        os.kill(running.process.pid, signal.SIGCONT)
-    running.stop()
-    shutil.rmtree(running.directory, ignore_errors=True)
+    yield from running_broker("dgx1-v100")
 
 
 def _gpualloc(broker: RunningBroker, *args: str, timeout: str) -> subprocess.CompletedProcess:

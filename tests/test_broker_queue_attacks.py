@@ -10,7 +10,6 @@ work, and a turn that fails anyway drops and tells only its own waiter.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.broker_harness import RunningBroker
+from tests.broker_harness import RunningBroker, running_broker
 from tests.unix_users import UnixUser, UserCommandLine, ensure_user
 
 pytestmark = pytest.mark.slow
@@ -51,10 +50,7 @@ def users() -> dict[str, UnixUser]:
 
 @pytest.fixture
 def broker() -> Iterator[RunningBroker]:
-    running = RunningBroker(TOPOLOGY).start()
-    yield running
-    running.stop()
-    shutil.rmtree(running.directory, ignore_errors=True)
+    yield from running_broker(TOPOLOGY)
 
 
 def _until(condition: Callable[[], bool], what: str, timeout_s: float = 30) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.broker_harness import RunningBroker
+from tests.broker_harness import RunningBroker, running_broker
 from tests.unix_users import UnixUser, UserCommandLine, ensure_user
 
 pytestmark = pytest.mark.slow
@@ -49,10 +49,7 @@ def alice() -> UnixUser:
 
 @pytest.fixture
 def broker() -> Iterator[RunningBroker]:
-    running = RunningBroker("dgx1-v100").start()
-    yield running
-    running.stop()
-    shutil.rmtree(running.directory, ignore_errors=True)
+    yield from running_broker("dgx1-v100")
 
 
 @pytest.fixture

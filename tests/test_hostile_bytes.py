@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -29,7 +28,7 @@ from gpualloc.errors import ExitCode, LedgerError, RequestError
 from gpualloc.ledger.schema import Lease, LeasedGpu
 from gpualloc.ledger.statedir import open_broker_directory, open_state_directory
 from gpualloc.ledger.store import LedgerStore, new_lease_id
-from tests.broker_harness import ROOT, RunningBroker
+from tests.broker_harness import ROOT, RunningBroker, running_broker
 from tests.conftest import Result
 
 TOPOLOGY = "dgx1-v100"
@@ -131,12 +130,7 @@ def test_a_run_whose_command_is_not_utf8_records_it_escaped_and_bricks_nothing(
 
 @pytest.fixture
 def broker() -> Iterator[RunningBroker]:
-    if os.geteuid() != 0:
-        pytest.skip("the broker's tests run it as root (CI runs as root)")
-    running = RunningBroker(TOPOLOGY).start()
-    yield running
-    running.stop()
-    shutil.rmtree(running.directory, ignore_errors=True)
+    yield from running_broker(TOPOLOGY)
 
 
 def _hold(lease_id: str, **terms: object) -> dict:

@@ -44,6 +44,7 @@ from gpualloc.host.queue import (
 from gpualloc.host.queue_policy import QueuePolicy
 from gpualloc.host.terms import Allocation, LeaseTerms
 from gpualloc.job_options import PATTERN_NAMES
+from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.owned_store import OwnedLedgerStore
 from gpualloc.ledger.schema import Lease, Waiter
 from gpualloc.ledger.statedir import StateDirectory
@@ -433,11 +434,13 @@ class LedgerService:
         with self.host.transaction() as txn:
             txn.dequeue(waiter_id)
 
-    def _attempts(self, txn: LedgerTransaction) -> Callable[[Waiter], Attempt]:
-        """Where each waiter would start now: on healthy GPUs, or on any for a client that
-        asked for unhealthy ones too."""
+    def _attempts(
+        self, txn: LedgerTransaction, occupancy: Occupancy
+    ) -> Callable[[Waiter], Attempt]:
+        """Where each waiter would start now: on healthy GPUs (``occupancy``), or on any for a
+        client that asked for unhealthy ones too."""
         topology = self.host.topology
-        healthy = attempts(topology, self.host.occupancy(txn.ledger))
+        healthy = attempts(topology, occupancy)
         if not any(pending.allow_unhealthy for pending in self.pending.values()):
             return healthy
         any_health = attempts(topology, self.host.occupancy(txn.ledger, allow_unhealthy=True))
@@ -458,11 +461,12 @@ class LedgerService:
             self.fair.account(txn.ledger.leases)
             while True:
                 queue = [w for w in txn.ledger.queue if w.id in self.pending]
+                occupancy = self.host.occupancy(txn.ledger)  # once a turn, for both questions
                 turn = next_start(
                     queue,
-                    self._attempts(txn),
+                    self._attempts(txn, occupancy),
                     order_of=self.fair.order,
-                    self_blocked=blocked_by_own(self.host.occupancy(txn.ledger)),
+                    self_blocked=blocked_by_own(occupancy),
                 )
                 if turn is None or turn.waiter is None or turn.placement is None:
                     break
