@@ -94,9 +94,6 @@ class BrokeredHost(HostView, kw_only=True):
 
         return broker_trust(self.socket, self.client.call("hello") if detailed else None)
 
-    def refresh_processes(self) -> None:
-        """The broker watches the GPUs itself."""
-
     def allocate(
         self,
         want: Want,
