@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from gpualloc.broker.limits import SNAPSHOT_COST, Limits, request_cost
+from gpualloc.errors import BrokerError
+from gpualloc.wire.client import BrokerClient
 from tests.broker_harness import RunningBroker
 
 
@@ -67,14 +69,12 @@ def test_the_broker_closes_idle_connections_and_refuses_a_connection_storm(
                 idle.settimeout(10)
                 closed = idle.recv(1) == b""  # the broker closes it after about a second
                 refused = 0
-                for _ in range(40):
-                    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                    s.connect(str(broker.socket))
-                    s.settimeout(5)
-                    s.sendall(b'{"v": 1, "op": "hello", "args": {}}\n')
-                    answer = s.makefile("rb").readline()
-                    refused += b"max_connects_per_s" in answer
-                    s.close()
+                for _ in range(40):  # the real client: it reads the refusal even when the
+                    # broker closed the socket before the request was written (EPIPE)
+                    try:
+                        BrokerClient(broker.socket, answer_s=5).call("hello", retry=False)
+                    except BrokerError as error:
+                        refused += "max_connects_per_s" in str(error)
                 code = 0 if closed and refused >= 20 else 2
             finally:
                 os._exit(code)
@@ -85,3 +85,38 @@ def test_the_broker_closes_idle_connections_and_refuses_a_connection_storm(
     finally:
         broker.stop()
         shutil.rmtree(broker.directory, ignore_errors=True)
+
+
+def test_a_refused_connection_is_told_why_even_when_its_request_meets_a_closed_socket(
+    tmp_path: Path,
+) -> None:
+    """The broker refuses a connection by writing its reason and closing at once; a client
+    whose request is written after the close gets EPIPE, and must still say the reason
+    (the CI run of 78620bc saw a client that said only 'Broken pipe')."""
+    import threading
+
+    from gpualloc.wire import protocol
+
+    path = tmp_path / "broker.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+    refused = threading.Event()
+
+    def refuse() -> None:
+        connection, _ = listener.accept()
+        connection.sendall(
+            protocol.error_line(BrokerError("too many connections (broker.max_connects_per_s)"))
+        )
+        connection.close()
+        refused.set()
+
+    server = threading.Thread(target=refuse)
+    server.start()
+    client = BrokerClient(path, answer_s=5)
+    client._connect(time.monotonic() + 5)  # connected, nothing written yet
+    assert refused.wait(5)
+    server.join()
+    with pytest.raises(BrokerError, match="max_connects_per_s"):
+        client.call("hello", retry=False)
+    listener.close()

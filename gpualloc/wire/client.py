@@ -88,7 +88,10 @@ class BrokerClient:
                 self._socket.sendall(line)
                 return self._answer(on_event, silence)
             except (ConnectionError, BrokenPipeError) as lost:
+                refusal = self._refusal()
                 self.close()
+                if refusal is not None:
+                    raise refusal from None
                 if not retry or time.monotonic() >= deadline:
                     raise self._unreachable(lost) from None
                 line = request_line(op, {**(args or {}), "retry": True})
@@ -146,6 +149,23 @@ class BrokerClient:
             if body.get("ok"):
                 return body.get("result")
             raise error_from(body)
+
+    def _refusal(self) -> Exception | None:
+        """The error the broker sent as it closed the connection, if it sent one: a broker
+        that refuses a connection (too many open, too many opened a second) says why and
+        closes it at once, often before the request is written, so the write fails with
+        ``EPIPE`` while the reason waits unread."""
+        if self._reader is None or self._socket is None:
+            return None
+        try:
+            self._socket.settimeout(0.5)
+            raw = self._reader.readline()
+            body = json.loads(raw) if raw else None
+        except (OSError, ValueError):
+            return None
+        if isinstance(body, dict) and body.get("ok") is False:
+            return error_from(body)
+        return None
 
     def _unreachable(self, exc: OSError) -> BrokerError:
         reason = exc.strerror or str(exc)
