@@ -208,6 +208,10 @@ SETTINGS: tuple[Setting, ...] = (
         "link bandwidth overrides (a JSON file, or an inline table)", "--bandwidth-table",
     ),
     Setting(
+        "placement.time_budget", "GPUALLOC_PLACEMENT_BUDGET", 1.0, _duration,
+        "how long one placement may search before a greedy answer is used (and said)",
+    ),
+    Setting(
         "queue.priority", "GPUALLOC_PRIORITY", "normal", _choice("high", "normal", "low"),
         "queue class of --wait", "--priority",
     ),
@@ -284,6 +288,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "broker.max_connects_per_s", None, 200, _count,
         "connections per second one user may open to the broker (bursts of twice that)",
+        system_only=True,
+    ),
+    Setting(
+        "broker.placement_budget", None, 0.05, _duration,
+        "how long the broker lets one placement search (seconds) before a greedy answer",
         system_only=True,
     ),
     Setting(

@@ -25,6 +25,7 @@ def placement_json(topology: Topology, request: JobRequest, placement: Placement
         "objective": placement.objective,
         "pattern": request.pattern.name,
         "sensitive": request.sensitive,
+        "notes": list(placement.notes),
     }
 
 

@@ -14,6 +14,12 @@ COSTS = {"hello": 1.0, "confirm": 1.0, "release": 2.0, "evict": 2.0, "alloc": 4.
 costs the broker, so that a flood of the dearest requests stalls nobody else (issue 40, hole
 10). A full ``snapshot`` (the ledger, the processes, the faults) costs :data:`SNAPSHOT_COST`."""
 SNAPSHOT_COST = 10.0
+FREE_BUSY_S = 0.005
+"""Broker time a request may take for its fixed cost; beyond it, the time is charged too."""
+BUSY_TOKEN_S = 20e-6
+"""Broker time one token of the budget buys beyond :data:`FREE_BUSY_S`: with the default
+5,000 tokens a second, a user who makes only slow requests (a placement that runs to its
+``broker.placement_budget``) holds the broker at most a tenth of the time after a burst."""
 
 
 def request_cost(op: str, args: dict[str, Any]) -> float:
@@ -41,6 +47,15 @@ class TokenBucket:
         self.buckets[uid] = (tokens - cost, now)
         return True
 
+    def charge(self, uid: int, cost: float) -> None:
+        """Take ``cost`` whatever is left: the budget may go below zero, and refills first."""
+        if uid == 0 or self.rate <= 0 or cost <= 0:
+            return
+        now = time.monotonic()
+        tokens, then = self.buckets.get(uid, (2 * self.rate, now))
+        tokens = min(2 * self.rate, tokens + (now - then) * self.rate)
+        self.buckets[uid] = (tokens - cost, now)
+
 
 class Limits:
     """Per-uid bounds on connections, connection attempts and request cost, and how long an
@@ -62,3 +77,9 @@ class Limits:
     def take(self, uid: int, cost: float = 1.0) -> bool:
         """A request of ``uid`` costing ``cost``, if its budget allows."""
         return self.requests.take(uid, cost)
+
+    def charge_time(self, uid: int, busy_s: float) -> None:
+        """A request of ``uid`` kept the broker busy ``busy_s``: what passed
+        :data:`FREE_BUSY_S` costs its budget one token per :data:`BUSY_TOKEN_S` (issue 40,
+        hole 2: slow requests cost the user who makes them, not the others)."""
+        self.requests.charge(uid, (busy_s - FREE_BUSY_S) / BUSY_TOKEN_S)

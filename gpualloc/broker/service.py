@@ -59,6 +59,10 @@ RECONNECT_GRACE_S = 15.0
 """How long the queue entries of waiting clients outlive a broker restart, for the clients to
 come back to (they keep their place); then they are dropped."""
 
+MAX_REMEMBERED_PLACEMENTS = 4096
+"""Remembered waiter placements (:attr:`LedgerService.placements`) before they are forgotten
+all at once: each is a request and a host state, a few KB."""
+
 
 class Pending(Struct):
     """A waiting client's request, while its waiter is in the ledger's queue."""
@@ -96,6 +100,9 @@ class LedgerService:
         self.fair = fair
         self.watch = ProcessWatch()
         self.pending: dict[str, Pending] = {}
+        self.placements: dict[Any, Attempt] = {}
+        """Where each waiting request would start, by request and host state: a turn places
+        a waiter again only when the host has changed (issue 40, hole 2)."""
         self.new_fds: list[tuple[int, str]] = []
         """pidfds of leases made since the loop last looked, for it to register."""
         self.old_fds: list[int] = []
@@ -439,11 +446,18 @@ class LedgerService:
     ) -> Callable[[Waiter], Attempt]:
         """Where each waiter would start now: on healthy GPUs (``occupancy``), or on any for a
         client that asked for unhealthy ones too."""
-        topology = self.host.topology
-        healthy = attempts(topology, occupancy)
+        topology, budget = self.host.topology, self.host.placement_budget_s
+        if len(self.placements) > MAX_REMEMBERED_PLACEMENTS:
+            self.placements.clear()
+        healthy = attempts(topology, occupancy, self.placements, budget_s=budget)
         if not any(pending.allow_unhealthy for pending in self.pending.values()):
             return healthy
-        any_health = attempts(topology, self.host.occupancy(txn.ledger, allow_unhealthy=True))
+        any_health = attempts(
+            topology,
+            self.host.occupancy(txn.ledger, allow_unhealthy=True),
+            self.placements,
+            budget_s=budget,
+        )
 
         def attempt(waiter: Waiter) -> Attempt:
             pending = self.pending.get(waiter.id)
@@ -500,7 +514,9 @@ class LedgerService:
         txn = self.host.snapshot()
         queue = [w for w in txn.ledger.queue if w.id in self.pending]
         occupancy = self.host.occupancy(txn.ledger)
-        attempt = attempts(self.host.topology, occupancy)
+        attempt = attempts(
+            self.host.topology, occupancy, self.placements, budget_s=self.host.placement_budget_s
+        )
         holders = who_holds(occupancy)
         blocked = blocked_by_own(occupancy)
         found = {}

@@ -45,6 +45,7 @@ def serve(
     recorded topology it serves, whose declared processes it reads again as NVML's."""
     host = LocalHost.open(topology, state_dir=state_dir, owner=True, ignore_foreign=ignore_foreign)
     host.take_share_settings(config)
+    host.placement_budget_s = config.system_value("broker.placement_budget")
     service = LedgerService(
         host,
         QueuePolicy.from_config(config),

@@ -234,7 +234,9 @@ def _dry_run(
 
     txn = host.snapshot()
     warn(txn.notes)
-    placement = choose(host.topology, host.occupancy(txn.ledger), want)
+    placement = choose(
+        host.topology, host.occupancy(txn.ledger), want, budget_s=host.placement_budget_s
+    )
     binding = _binding(host, placement, mode)
     share = (
         host.leased_share(want.share, placement.gpus[0], share_mode(os.environ))

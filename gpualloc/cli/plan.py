@@ -120,10 +120,11 @@ def plan_command(
             f"{never.message} (GPU {format_cpulist(split)} in MIG mode cannot be leased whole)",
             hint="plan a MIG device with --mig PROFILE or --mem SIZE, or fewer GPUs",
         ) from None
+    budget = host.placement_budget_s
     if compare:
-        _show_compare(ctx, as_json)
+        _show_compare(ctx, as_json, budget)
     else:
-        _show_plan(ctx, want.policy, explain, as_json)
+        _show_plan(ctx, want.policy, explain, as_json, budget)
 
 
 def _show_mig_plan(
@@ -205,13 +206,18 @@ def _placement_lines(ctx: DecisionContext, placement: Placement) -> list[str]:
     ]
 
 
-def _show_plan(ctx: DecisionContext, policy: str, explain: bool, as_json: bool) -> None:
+def _show_plan(
+    ctx: DecisionContext, policy: str, explain: bool, as_json: bool, budget_s: float | None
+) -> None:
+    from gpualloc.cli.open_ledger import warn
     from gpualloc.cli.output import Table, figure, print_json, print_tables
     from gpualloc.placement.decide import explain as explain_choice
+    from gpualloc.placement.decide import place
     from gpualloc.placement.registry import get_policy
 
-    explanation = explain_choice(ctx, policy) if explain else None
-    placement = explanation.placement if explanation else get_policy(policy).place(ctx)
+    explanation = explain_choice(ctx, policy, budget_s=budget_s) if explain else None
+    placement = explanation.placement if explanation else place(get_policy(policy), ctx, budget_s)
+    warn(placement.notes)
     if as_json:
         data = placement_json(ctx.topology, ctx.request, placement)
         if explanation:
@@ -279,11 +285,11 @@ def bandwidth_source(topology: Topology) -> str:
     )
 
 
-def _show_compare(ctx: DecisionContext, as_json: bool) -> None:
+def _show_compare(ctx: DecisionContext, as_json: bool, budget_s: float | None) -> None:
     from gpualloc.cli.output import Table, figure, print_json, print_tables
     from gpualloc.placement.decide import compare as compare_all
 
-    placements = compare_all(ctx)
+    placements = compare_all(ctx, budget_s=budget_s)
     if as_json:
         print_json({"compare": [placement_json(ctx.topology, ctx.request, p) for p in placements]})
         return

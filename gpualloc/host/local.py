@@ -182,9 +182,12 @@ class LocalHost(HostView, kw_only=True):
         with self.transaction() as txn:
             occupancy = self.occupancy(txn.ledger, allow_unhealthy=allow_unhealthy)
             started = time.perf_counter()
-            placement = choose(self.topology, occupancy, want)
+            placement = choose(self.topology, occupancy, want, budget_s=self.placement_budget_s)
             decided = time.perf_counter() - started
-            txn.count_passed_over(newcomer_passes(self.topology, txn, occupancy, want, terms))
+            passed = newcomer_passes(
+                self.topology, txn, occupancy, want, terms, budget_s=self.placement_budget_s
+            )
+            txn.count_passed_over(passed)
             return self.record(txn, placement, want, terms, decision_s=decided)
 
     @contextmanager
@@ -225,7 +228,7 @@ class LocalHost(HostView, kw_only=True):
         txn.ledger.stats.record(
             placement.policy, decision_s=decision_s, waited_s=waited_s, task=_task_type(lease)
         )
-        return Allocation(lease, placement, lock_fd, txn.notes)
+        return Allocation(lease, placement, lock_fd, [*txn.notes, *placement.notes])
 
     def _lease(self, lease_id: str, placement: Placement, want: Want, terms: LeaseTerms) -> Lease:
         from gpualloc.ledger.liveness import process_start_time

@@ -96,6 +96,7 @@ def open_host(
             check_health=check_health,
         )
         local.take_share_settings(config)
+        local.placement_budget_s = config.value("placement.time_budget")
         host = local
     host.allow_unhealthy = allow_unhealthy
     return host

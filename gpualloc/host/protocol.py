@@ -43,6 +43,7 @@ class Host(Protocol):
     faults: list[GpuFault]
     health_notes: list[str]
     allow_unhealthy: bool
+    placement_budget_s: float | None
     slurm_job: SlurmJob | None
     broker_socket: Path | None
     """The broker that keeps the ledger, or None for the embedded ledger."""

@@ -201,6 +201,8 @@ def attempts(
     topology: Topology,
     occupancy: Occupancy,
     memo: dict[tuple[QueuedRequest, HostState], Attempt] | None = None,
+    *,
+    budget_s: float | None = None,
 ) -> Callable[[Waiter], Attempt]:
     """Where a waiter would start on the GPUs free now, or why it cannot; waiters asking for
     the same thing get one answer per look (32 one-GPU waiters cost one placement).
@@ -221,7 +223,9 @@ def attempts(
             answers[request] = memo[(request, state)]  # type: ignore[index]
             return answers[request]
         try:
-            answer = Attempt(choose(topology, occupancy, Want.from_queued(request)))
+            answer = Attempt(
+                choose(topology, occupancy, Want.from_queued(request), budget_s=budget_s)
+            )
         except (GpusBusy, NoFeasiblePlacement) as why:
             answer = Attempt(None, why.message)
         except GpuallocError as why:  # e.g. a policy this gpualloc does not know
@@ -262,6 +266,8 @@ def newcomer_passes(
     occupancy: Occupancy,
     want: Want,
     terms: LeaseTerms,
+    *,
+    budget_s: float | None = None,
 ) -> tuple[str, ...]:
     """A job that does not wait still takes its turn: it may start only where it could if it
     joined the back of the queue now (so it never takes GPUs a waiting job can use, and passes
@@ -275,7 +281,7 @@ def newcomer_passes(
     turn = take_turn(
         [*txn.ledger.queue, newcomer],
         newcomer.id,
-        attempts(topology, occupancy),
+        attempts(topology, occupancy, budget_s=budget_s),
         self_blocked=blocked_by_own(occupancy),
     )
     if not turn.go:

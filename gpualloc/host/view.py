@@ -42,6 +42,9 @@ class HostView(Struct, kw_only=True):
     """What could not be checked of the GPUs' health (``status`` says it)."""
     allow_unhealthy: bool = False
     """Place on unhealthy GPUs too (``--allow-unhealthy``)."""
+    placement_budget_s: float | None = 1.0
+    """How long one placement may search before a greedy answer is used
+    (``placement.time_budget``; the broker's ``broker.placement_budget``)."""
 
     @property
     def outside(self) -> frozenset[int]:

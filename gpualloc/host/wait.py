@@ -107,7 +107,7 @@ def never_fits(host: LedgerHost, want: Want) -> None:
     """Raise NoFeasiblePlacement if ``want`` could not start even on an idle host."""
     idle = Occupancy.build(host.topology, Ledger(host="idle"), (), outside=host.outside)
     try:
-        choose(host.topology, idle, want)
+        choose(host.topology, idle, want, budget_s=host.placement_budget_s)
     except GpusBusy as too_poor:  # a threshold that no placement on this host meets
         raise NoFeasiblePlacement(
             f"even with every GPU free, {too_poor.message}",
@@ -128,7 +128,7 @@ def _look(
     turn = take_turn(
         txn.ledger.queue,
         waiter_id,
-        attempts(host.topology, occupancy),
+        attempts(host.topology, occupancy, budget_s=host.placement_budget_s),
         self_blocked=blocked_by_own(occupancy),
     )
     status = WaitStatus(

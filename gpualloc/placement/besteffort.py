@@ -54,6 +54,7 @@ class BestEffortPolicy(Policy):
     name = "besteffort"
     summary = "NVIDIA go-gpuallocator best-effort (Kubernetes device plugin)"
     reference = "NVIDIA/go-gpuallocator besteffort_policy.go"
+    scores_partial_sets = True
 
     def place(self, ctx: DecisionContext) -> Placement:
         return ctx.placement(self.name, self.choose(ctx), self.summary)

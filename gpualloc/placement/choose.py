@@ -22,7 +22,7 @@ from gpualloc.model.request import UNSCORED, HostState, JobRequest, Placement
 from gpualloc.model.share import ShareRequest
 from gpualloc.model.topology import Topology
 from gpualloc.placement.context import DecisionContext
-from gpualloc.placement.decide import decision_context
+from gpualloc.placement.decide import decision_context, place
 from gpualloc.placement.registry import get_policy
 from gpualloc.placement.want import Want
 
@@ -37,11 +37,17 @@ __all__ = [
 EXPLICIT_POLICY = "explicit"
 
 
-def choose(topology: Topology, occupancy: OccupancyView, want: Want) -> Placement:
+def choose(
+    topology: Topology, occupancy: OccupancyView, want: Want, *, budget_s: float | None = None
+) -> Placement:
     """The placement for ``want`` on the GPUs free in ``occupancy``.
 
     Raises :class:`GpusBusy` (naming who holds what) when the request would fit the host with
     every usable GPU free, and :class:`NoFeasiblePlacement` when it would not fit even then.
+    With ``budget_s``, the policy's search stops after that many seconds and a greedy placement
+    is returned instead, saying so in its notes (:mod:`.greedy`; the host's
+    ``placement.time_budget``); ``None`` (the simulator, the benchmarks): the exact answer,
+    however long it takes.
     """
     if want.mig is not None:
         return _mig_placement(topology, occupancy, want.mig)
@@ -76,7 +82,7 @@ def choose(topology: Topology, occupancy: OccupancyView, want: Want) -> Placemen
                 ) from None
             raise
         raise _busy(occupancy, want.request, now) from None
-    return _good_enough(policy.place(ctx), want)
+    return _good_enough(place(policy, ctx, budget_s), want)
 
 
 MIG_POLICY = "mig-best-fit"

@@ -10,9 +10,10 @@ from msgspec import Struct
 
 from gpualloc.model.request import HostState, JobRequest, Placement
 from gpualloc.model.topology import Topology
+from gpualloc.placement import deadline
 from gpualloc.placement.context import DecisionContext
 from gpualloc.placement.explain import alternatives, reason
-from gpualloc.placement.policy import Alternative
+from gpualloc.placement.policy import Alternative, Policy
 from gpualloc.placement.registry import DEFAULT_POLICY, all_policies, get_policy
 from gpualloc.placement.scores import EffectiveModel
 from gpualloc.placement.utility import UtilityWeights
@@ -53,9 +54,25 @@ def plan(
     return chosen.place(ctx)
 
 
-def compare(ctx: DecisionContext) -> list[Placement]:
+def compare(ctx: DecisionContext, *, budget_s: float | None = None) -> list[Placement]:
     """What every registered policy chooses for the same request."""
-    return [policy.place(ctx) for policy in all_policies()]
+    return [place(policy, ctx, budget_s) for policy in all_policies()]
+
+
+def place(policy: Policy, ctx: DecisionContext, budget_s: float | None = None) -> Placement:
+    """``policy``'s placement; with ``budget_s``, its search stops after that many seconds and
+    a greedy placement is returned instead, saying so in its notes (:mod:`.greedy`: issue 40,
+    hole 2). ``None`` (the simulator, the benchmarks, the optimality tests): the exact answer,
+    however long it takes."""
+    if budget_s is None:
+        return policy.place(ctx)
+    try:
+        with deadline.within(budget_s):
+            return policy.place(ctx)
+    except deadline.OverBudget:
+        from gpualloc.placement.greedy import greedy_placement
+
+        return greedy_placement(ctx, policy, budget_s)
 
 
 class Explanation(Struct, frozen=True):
@@ -64,9 +81,20 @@ class Explanation(Struct, frozen=True):
     alternatives: list[Alternative]
 
 
-def explain(ctx: DecisionContext, policy: str = DEFAULT_POLICY, top: int = 5) -> Explanation:
-    """The policy's choice, its best alternatives under its own objective, and why."""
+def explain(
+    ctx: DecisionContext,
+    policy: str = DEFAULT_POLICY,
+    top: int = 5,
+    *,
+    budget_s: float | None = None,
+) -> Explanation:
+    """The policy's choice, its best alternatives under its own objective, and why; with
+    ``budget_s``, each of the two searches stops after that long (see :func:`place`)."""
     chosen_policy = get_policy(policy)
-    placement = chosen_policy.place(ctx)
-    others = alternatives(ctx, chosen_policy, placement, top)
+    placement = place(chosen_policy, ctx, budget_s)
+    try:
+        with deadline.within(budget_s):
+            others = alternatives(ctx, chosen_policy, placement, top)
+    except deadline.OverBudget:
+        others = []
     return Explanation(placement, reason(ctx, chosen_policy, placement, others), others)

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpualloc.model.request import Placement
+from gpualloc.placement import deadline
 from gpualloc.placement.candidates import candidate_sets
 from gpualloc.placement.context import DecisionContext
 from gpualloc.placement.policy import Alternative, Policy, SetKey, gpu_list
@@ -34,9 +35,11 @@ class DrbPolicy(Policy):
     name = "drb"
     summary = "highest DRB utility: communication cost, interference, fragmentation"
     reference = "DRB (SC'17) section 4, Algorithms 2-3, Eq. 2-5"
+    scores_partial_sets = True
 
     def place(self, ctx: DecisionContext) -> Placement:
-        chosen = ctx.utility_model.best_set(candidate_sets(ctx.pool, ctx.request.required, ctx.k))
+        sets = candidate_sets(ctx.pool, ctx.request.required, ctx.k)
+        chosen = ctx.utility_model.best_set(deadline.current().watch(sets))
         return ctx.placement(self.name, self.order_of(ctx, chosen), self.objective(ctx))
 
     def objective(self, ctx: DecisionContext) -> str:

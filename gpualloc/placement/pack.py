@@ -20,6 +20,7 @@ class PackPolicy(Policy):
     name = "pack"
     summary = "closest GPUs, best fit into already-used sockets (DRB paper's BF)"
     reference = "DRB (SC'17) sections 3 and 5.2, pack / best fit"
+    scores_partial_sets = True
 
     def place(self, ctx: DecisionContext) -> Placement:
         chosen = best_set(ctx, lambda gpus: self.set_key(ctx, gpus))

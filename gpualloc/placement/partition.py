@@ -33,6 +33,8 @@ from collections.abc import Iterator, Sequence
 from itertools import combinations
 from math import comb
 
+from gpualloc.placement import deadline
+
 # Tabulating every group of the host costs C(n, k); beyond this, the pair bound is used.
 _MAX_TABULATED_GROUPS = 20_000
 
@@ -47,6 +49,7 @@ class PartitionSearch:
 
     def __init__(self, weights: Sequence[Sequence[int]], k: int, required: frozenset[int]):
         self.n = n = len(weights)
+        self.deadline = deadline.current()
         self.k = k
         self.padding = (-n) % k
         self.padded_size = k - self.padding  # GPUs in the padded group, when there is padding
@@ -178,8 +181,9 @@ class PartitionSearch:
                 if remaining >> i & 1
             )
             correction = sum(drops[: self.padded_size])
-        required = self.required
+        required, tick = self.required, self.deadline.tick
         for mask, padded in self.groups_with_lowest(remaining, padding_left):
+            tick()
             if mask & required and (padded or mask & required != required):
                 continue
             rest = share_sum - self._mask_sum(self._share_tables, mask)
@@ -223,6 +227,7 @@ class PartitionSearch:
         total: int,
         partition: list[tuple[int, bool]],
     ) -> None:
+        self.deadline.tick()
         if not remaining:
             if satisfied and total > self._best:
                 self._best, self._best_partition = total, list(partition)

@@ -16,6 +16,7 @@ from typing import ClassVar
 from msgspec import Struct
 
 from gpualloc.model.request import Placement, Scores
+from gpualloc.placement import deadline
 from gpualloc.placement.candidates import candidate_sets
 from gpualloc.placement.context import DecisionContext
 
@@ -41,6 +42,10 @@ class Policy(ABC):
     summary: ClassVar[str]
     reference: ClassVar[str]
     """Where the policy comes from (paper section or tool)."""
+    scores_partial_sets: ClassVar[bool] = False
+    """Whether :meth:`set_key` scores a set of any size, so that a search cut short by its time
+    budget can grow a set greedily by it (:mod:`gpualloc.placement.greedy`); otherwise the
+    fallback places the pattern rank by rank."""
 
     @abstractmethod
     def place(self, ctx: DecisionContext) -> Placement:
@@ -72,7 +77,7 @@ def best_set(ctx: DecisionContext, key: Callable[[tuple[int, ...]], SetKey]) -> 
     """The lexicographically first candidate set of maximal ``key``."""
     best_key: SetKey | None = None
     best: tuple[int, ...] | None = None
-    for gpus in candidate_sets(ctx.pool, ctx.request.required, ctx.k):
+    for gpus in deadline.current().watch(candidate_sets(ctx.pool, ctx.request.required, ctx.k)):
         value = key(gpus)
         if best_key is None or value > best_key:
             best_key, best = value, gpus

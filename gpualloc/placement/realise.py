@@ -98,6 +98,7 @@ class Realisation:
         below."""
         search = self.search
         search.nodes += 1
+        search.deadline.tick()
         if search.nodes > self.escalate_at:
             raise Escalate
         free = self.window(used)
@@ -307,6 +308,7 @@ def realise_star(
     of_pair = search.classes.of_pair
     best = incumbent
     search.nodes += 1
+    search.deadline.tick()
     for center in search.pool:
         need = list(vector)
         leaves: list[int] = []

@@ -60,6 +60,7 @@ from math import comb
 from msgspec import Struct
 
 from gpualloc.model.request import CommunicationPattern
+from gpualloc.placement import deadline
 from gpualloc.placement.candidates import candidate_sets
 from gpualloc.placement.host_graph import HostGraph
 from gpualloc.placement.link_classes import link_classes
@@ -104,6 +105,7 @@ class PlacementSearch(VectorBounds):
         required: Sequence[int] = (),
     ) -> None:
         self.host = host
+        self.deadline = deadline.current()
         self.pattern = pattern
         self.objective = objective
         self.pool = tuple(sorted(set(pool)))
@@ -192,7 +194,7 @@ class PlacementSearch(VectorBounds):
         best_key: Key | None = None
         best_set: tuple[int, ...] | None = None
         count = 0
-        for gpus in candidate_sets(self.pool, self.required, self.k):
+        for gpus in self.deadline.watch(candidate_sets(self.pool, self.required, self.k)):
             count += 1
             key = evaluate_order(self.host, self.pattern, self.objective, gpus)
             if best_key is None or key > best_key:
@@ -213,8 +215,11 @@ class PlacementSearch(VectorBounds):
         best: list = [None, None]
         chosen: list[int] = []
 
+        tick = self.deadline.tick
+
         def walk(start: int, mask: int, counts: tuple[int, ...]) -> None:
             self.nodes += 1
+            tick()
             if len(chosen) == k:
                 if required_mask & ~mask:
                     return
@@ -258,9 +263,11 @@ class PlacementSearch(VectorBounds):
         used: set[int] = set()
         host, objective, visit = self.host, self.objective, self.visit
         cls = host.mapa_class
+        tick = self.deadline.tick
 
         def step(s: int, agg: float, counts: tuple[int, int, int], low: float) -> None:
             self.nodes += 1
+            tick()
             if s == k:
                 order = [0] * k
                 for position, vertex in enumerate(visit):

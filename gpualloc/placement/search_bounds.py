@@ -32,6 +32,7 @@ from gpualloc.placement.treebound import TreeWeightBound, greedy_weight, lagrang
 
 if TYPE_CHECKING:
     from gpualloc.model.request import CommunicationPattern
+    from gpualloc.placement.deadline import Deadline
     from gpualloc.placement.host_graph import HostGraph
     from gpualloc.placement.link_classes import LinkClasses
     from gpualloc.placement.objectives import EdgeObjective
@@ -64,6 +65,7 @@ class VectorBounds:
     allowed: tuple[int, ...] | None
     escalate_at: float
     nodes: int
+    deadline: Deadline
 
     def _prepare_budget_search(self) -> None:
         """What the count-vector search needs beyond the other paths: the positions each step

@@ -20,6 +20,7 @@ class SpreadPolicy(Policy):
     name = "spread"
     summary = "GPUs spread over as many sockets as possible (DRB paper's spread)"
     reference = "DRB (SC'17) section 3, spread"
+    scores_partial_sets = True
 
     def place(self, ctx: DecisionContext) -> Placement:
         chosen = best_set(ctx, lambda gpus: self.set_key(ctx, gpus))
