@@ -5,11 +5,13 @@ On b2653dd, with the broker stopped (SIGSTOP), ``alloc`` and root's ``slurm prol
 silently until killed, and the broker applied their requests after it resumed: an orphan hold
 nobody would release. Now a client waits ``host.broker_timeout`` of silence at most (a waiting
 job hears from the broker every few seconds, so only a stopped or stalled broker runs it out),
-and the broker drops a change whose client closed its connection.
+and the broker drops a change whose client closed its connection. A full state disk is said as a
+full disk.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +71,49 @@ def test_a_waiting_client_outlives_its_silence_deadline(broker: RunningBroker) -
     assert waited.returncode == 124, waited.stderr
     lease = json.loads(held.stdout)["lease"]["id"]
     assert _gpualloc(broker, "release", lease, timeout="2s").returncode == 0
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 256 KiB tmpfs (root, and a kernel that lets the test mount; skips otherwise)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_state_disk_is_said_as_a_full_disk(tiny_disk: Path) -> None:
+    """On b2653dd a full state disk was reported as "the broker does not answer ... start it",
+    after 10 s of retries; now every client of the failed write is told the disk is full."""
+    from gpualloc.errors import ExitCode
+
+    broker = RunningBroker("dgx1-v100")
+    broker.state = tiny_disk / "state"
+    broker.start()
+    try:
+        assert _gpualloc(broker, "alloc", "--hold", "-n", "1", timeout="30s").returncode == 0
+        filler = tiny_disk / "filler"
+        with contextlib.suppress(OSError), filler.open("wb") as handle:
+            while True:
+                handle.write(b"x" * 4096)
+                handle.flush()
+        started = time.monotonic()
+        full = _gpualloc(broker, "alloc", "--hold", "-n", "1", timeout="30s")
+        assert full.returncode == ExitCode.IO, full.stderr
+        assert "the file system is full" in full.stderr and "the ledger is unchanged" in full.stderr
+        assert "free space on the file system" in full.stderr
+        assert time.monotonic() - started < 8, "the client retried as if the broker had died"
+        filler.unlink()
+        again = _gpualloc(broker, "alloc", "--hold", "-n", "1", timeout="30s")
+        assert again.returncode == 0, again.stderr
+        assert len(broker.call("snapshot", {"full": True})["ledger"]["leases"]) == 2
+    finally:
+        broker.stop()

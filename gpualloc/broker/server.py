@@ -136,8 +136,10 @@ class Broker:
 
     def _in_batch(self, look: bool) -> None:
         """Everything that arrived in this turn of the loop, in one group commit: the answers
-        go out only once the ledger is written. A failed write sends none of them: their
-        connections are closed, and their clients send the requests again."""
+        go out only once the ledger is written. A failed write sends none of them: a write
+        that fails as gpualloc knows (a full disk: issue 40, hole 8) is said to each of their
+        clients instead, and any other failure closes their connections, so that the clients
+        send the requests again."""
         self.held_back = []
         try:
             with self.service.store.batch():
@@ -150,6 +152,14 @@ class Broker:
                 for connection, line in requests:
                     if connection.open:
                         self._request(connection, line)
+        except GpuallocError as failed:  # a full disk, say: said to every client of the batch
+            self.log(f"error: the ledger could not be written: {failed.message}")
+            held_back, self.held_back = self.held_back, None
+            told = protocol.error_line(failed)
+            for connection in dict.fromkeys(connection for connection, _ in held_back):
+                self._send(connection, told)
+                self._close(connection, flush=True)
+            return
         except Exception:
             self.log("error: the ledger could not be written:\n" + traceback.format_exc())
             held_back, self.held_back = self.held_back, None
@@ -360,7 +370,11 @@ class Broker:
                     "too many requests to the broker (broker.max_requests_per_s)",
                     hint="slow down and try again",
                 )
-            answer = self._handle(connection, op, args)
+            started = time.perf_counter()
+            try:
+                answer = self._handle(connection, op, args)
+            finally:
+                self.limits.charge_time(peer.uid, time.perf_counter() - started)
         except protocol.VersionMismatch as mismatch:
             self._send(connection, protocol.error_line(mismatch))
             self._close(connection, flush=True)
