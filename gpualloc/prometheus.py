@@ -48,6 +48,10 @@ METRICS: dict[str, tuple[str, str]] = {
         "Processes off their lease's GPUs (kind misplaced) and others' processes on leased GPUs "
         "(kind intruder).",
     ),
+    "gpualloc_lease_slurm_conflicts": (
+        "gauge",
+        "1 per lease holding GPUs that Slurm gave a job (labels lease, user, slurm_job).",
+    ),
     "gpualloc_shared_jobs": ("gauge", "Shared jobs (run --share) running, by GPU."),
     "gpualloc_shared_fraction": (
         "gauge",
@@ -126,6 +130,14 @@ def render(host: Host, txn: LedgerTransaction, occupancy: Occupancy, idle: IdleP
             ({"kind": "misplaced"}, len(found.misplaced)),
             ({"kind": "intruder"}, len(found.intruders)),
         ],
+    )
+    family(
+        "gpualloc_lease_slurm_conflicts",
+        (
+            ({"lease": x.id, "user": x.user, "slurm_job": str(x.slurm_conflict)}, 1)
+            for x in ledger.leases
+            if x.slurm_conflict is not None
+        ),
     )
     family(
         "gpualloc_shared_jobs",

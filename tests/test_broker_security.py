@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -105,15 +106,30 @@ class Host:
             shutil.rmtree(self.broker.directory, ignore_errors=True)
 
 
-@pytest.fixture(params=MODES)
-def host(request: pytest.FixtureRequest, as_user: UserCommandLine) -> Iterator[Host]:
+@contextmanager
+def _host(mode: str, as_user: UserCommandLine) -> Iterator[Host]:
     directory = shared_directory("gpualloc-shared-")
-    made = Host(request.param, as_user, directory)
+    made = Host(mode, as_user, directory)
     if made.mode == "shared":  # the first command creates the files, as on a fresh host
         assert made(ensure_user("gpualloc-t-carol"), "status").returncode == 0
-    yield made
-    made.close()
-    shutil.rmtree(directory, ignore_errors=True)
+    try:
+        yield made
+    finally:
+        made.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(params=MODES)
+def host(request: pytest.FixtureRequest, as_user: UserCommandLine) -> Iterator[Host]:
+    with _host(request.param, as_user) as made:
+        yield made
+
+
+@pytest.fixture(params=["broker", "shared"])
+def either_host(request: pytest.FixtureRequest, as_user: UserCommandLine) -> Iterator[Host]:
+    """Both ledgers, for what holds in the cooperative one too (no file is forged)."""
+    with _host(request.param, as_user) as made:
+        yield made
 
 
 def _until(condition: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
@@ -221,6 +237,32 @@ def test_directories_planted_at_state_names_neither_skip_a_slurm_job_nor_lock_a_
     mine = host(alice, "alloc", "-n", "1", "--hold")
     assert mine.returncode == 0, f"alice is locked out: {mine.stderr}"
     assert planted.stdout.strip() == "0", "bob could create files in the state directory"
+
+
+def test_a_squatter_cannot_take_a_slurm_jobs_gpus(
+    either_host: Host, users: dict[str, UnixUser]
+) -> None:
+    """Issue 40, hole 7: bob held GPUs 2,3 before Slurm gave them to carol's job. On b2653dd
+    the Prolog recorded nothing, and once bob released them alice was given them while the job
+    ran. Slurm is authoritative now: the job's lease records 2,3, bob's lease is marked and he
+    is told, and 2,3 stay the job's."""
+    host = either_host
+    alice, bob, carol = users["alice"], users["bob"], users["carol"]
+    held = host(bob, "alloc", "--hold", "--gpus", "2,3", "--format", "json")
+    assert held.returncode == 0, held.stderr
+    squatter = json.loads(held.stdout)["lease"]["id"]
+    job = {"SLURM_JOB_ID": "72", "SLURM_JOB_GPUS": "2,3", "SLURM_JOB_UID": str(carol.uid)}
+    prolog = host.root("slurm", "prolog", **job)
+    assert prolog.returncode == 0 and "marked conflicting" in prolog.stderr, prolog.stderr
+    told = host(bob, "status")
+    assert f"CONFLICT: lease {squatter} of {bob.name}" in told.stdout + told.stderr
+    assert host(bob, "release", squatter).returncode == 0
+    taken = host(alice, "alloc", "--hold", "--gpus", "2,3")
+    assert taken.returncode == 10, taken.stderr
+    rest = host(alice, "alloc", "--hold", "-n", "2", "--format", "json")
+    assert rest.returncode == 0, rest.stderr
+    assert not {2, 3} & {g["index"] for g in json.loads(rest.stdout)["lease"]["gpus"]}
+    assert _holders(host.status(alice)).get(carol.name) == [2, 3]
 
 
 FLOCK = """

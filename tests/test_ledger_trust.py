@@ -94,14 +94,16 @@ def test_roots_journal_applies_once_in_order_and_a_future_mark_is_ignored() -> N
     add = journal.JournalEntry(seq=10, op="add", slurm_job="7", lease=_lease(0, 1, job="7"))
     release = journal.JournalEntry(seq=20, op="release", slurm_job="7")
     notes = journal.apply_journal(ledger, journal.Journal(host=HOST, entries=[add]))
-    assert [lease.indices for lease in ledger.leases] == [(1,), (0,)]  # GPU 1 stays held
+    # Slurm is authoritative: the job's lease has GPU 1 too, and the other lease is marked
+    assert [lease.indices for lease in ledger.leases] == [(1,), (0, 1)]
+    assert ledger.leases[0].slurm_conflict == "7"
     assert ledger.root_journal_seq == 10 and "also held outside Slurm" in notes[0]
     assert journal.apply_journal(ledger, journal.Journal(host=HOST, entries=[add])) == []
     journal.apply_journal(ledger, journal.Journal(host=HOST, entries=[release, add]))
     assert [lease.indices for lease in ledger.leases] == [(1,)]  # seq order, not file order
     ledger.root_journal_seq = time.time_ns() * 2  # forged: would hide root's entries forever
     notes = journal.apply_journal(ledger, journal.Journal(host=HOST, entries=[add]))
-    assert "future" in notes[0] and [lease.indices for lease in ledger.leases] == [(1,), (0,)]
+    assert "future" in notes[0] and [lease.indices for lease in ledger.leases] == [(1,), (0, 1)]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="root's journal is root's: the hooks run as root")

@@ -80,14 +80,48 @@ def test_epilog_without_a_prolog_or_a_ledger_is_fine(cli, slurmd_env) -> None:
     assert result.exit_code == 0 and "nothing to release" in result.stderr
 
 
-def test_a_gpu_held_outside_slurm_is_reported_not_taken(cli, slurmd_env) -> None:
+def test_slurm_is_authoritative_over_a_gpu_held_outside_it(cli, slurmd_env) -> None:
+    """Issue 40, hole 7: a user held GPU 1 before Slurm gave it to job 42. On b2653dd the Prolog
+    recorded only GPU 0, and once the user released GPU 1 it went to the next comer while the
+    job ran on it. Now the job's lease records both, the user's lease is marked conflicting and
+    its owner told, and GPU 1 stays the job's until the Epilog."""
     with outside_slurm():
-        assert cli(*TOPOLOGY, "alloc", "--hold", "--gpus", "1").exit_code == 0
+        held = cli(*TOPOLOGY, "alloc", "--hold", "--gpus", "1", "--format", "json")
+        assert held.exit_code == 0, held.stderr
+        squatter = json.loads(held.stdout)["lease"]["id"]
     result = cli(*TOPOLOGY, "slurm", "prolog")
     assert result.exit_code == 0
     assert "Slurm gave it GPU 1, which is also held outside Slurm" in result.stderr
-    slurm = [x for x in _leases(cli) if x["source"] == "slurm"]
-    assert [g["index"] for g in slurm[0]["gpus"]] == [0]
+    assert "marked conflicting" in result.stderr
+    leases = {x["id"]: x for x in _leases(cli)}
+    (slurm,) = [x for x in leases.values() if x["source"] == "slurm"]
+    assert [g["index"] for g in slurm["gpus"]] == [0, 1]
+    assert leases[squatter]["slurm_conflict"] == "42"
+    with outside_slurm():
+        status = cli(*TOPOLOGY, "status")
+        assert f"CONFLICT: lease {squatter}" in status.stderr + status.stdout
+        assert "which Slurm gave to job 42" in status.stderr + status.stdout
+        metrics = cli(*TOPOLOGY, "metrics")
+        assert f'gpualloc_lease_slurm_conflicts{{lease="{squatter}"' in metrics.stdout
+        assert cli(*TOPOLOGY, "release", squatter).exit_code == 0
+        dry = cli(*TOPOLOGY, "run", "-n", "6", "--dry-run", "--json", "--", "true")
+        assert dry.exit_code == 0, dry.stderr
+        assert not {0, 1} & set(json.loads(dry.stdout)["placement"]["gpus"])
+        again = cli(*TOPOLOGY, "alloc", "--hold", "--gpus", "1")
+        assert again.exit_code == 10, "GPU 1 is the job's while it runs"
+    assert cli(*TOPOLOGY, "slurm", "epilog").exit_code == 0
+    with outside_slurm():
+        assert cli(*TOPOLOGY, "alloc", "--hold", "--gpus", "1").exit_code == 0
+
+
+def test_the_epilog_clears_the_conflict_mark(cli, slurmd_env) -> None:
+    with outside_slurm():
+        held = cli(*TOPOLOGY, "alloc", "--hold", "--gpus", "1", "--format", "json")
+        squatter = json.loads(held.stdout)["lease"]["id"]
+    assert cli(*TOPOLOGY, "slurm", "prolog").exit_code == 0
+    assert cli(*TOPOLOGY, "slurm", "epilog").exit_code == 0
+    (lease,) = _leases(cli)
+    assert lease["id"] == squatter and lease["slurm_conflict"] is None
 
 
 @pytest.mark.parametrize(

@@ -100,6 +100,19 @@ def _idle_threshold(text: str | None) -> timedelta | None:
         ) from None
 
 
+def slurm_conflicts(leases: list[Lease]) -> list[str]:
+    """One line per lease that holds GPUs Slurm gave a job (issue 40, hole 7)."""
+    from gpualloc.ledger.occupancy import held_devices
+
+    return [
+        f"lease {x.id} of {x.user} holds {held_devices(x)}, which Slurm gave to job "
+        f"{x.slurm_conflict}: they stay the job's until it ends (release it: gpualloc release "
+        f"{x.id})"
+        for x in leases
+        if x.slurm_conflict is not None
+    ]
+
+
 def lease_uses(host: Host, leases: list[Lease]) -> dict[str, LeaseUse]:
     """Lease id -> its use now (see :func:`gpualloc.ledger.idle.lease_uses`)."""
     from gpualloc.cli.state import STATE
@@ -151,6 +164,7 @@ def _show(host: Host, as_json: bool, idle_at_least: timedelta | None = None) -> 
         )
     footer += [f"  {note}" for note in host.health_notes]
     footer += [f"  MISMATCH: {line}" for line in attribution.lines()]
+    footer += [f"  CONFLICT: {line}" for line in slurm_conflicts(txn.ledger.leases)]
     footer += _notice_lines(txn.ledger.leases, uses)
     if shown is not None and idle_at_least is not None:
         from gpualloc.ledger.occupancy import format_age

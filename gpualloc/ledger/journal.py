@@ -63,8 +63,10 @@ class Journal(Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 def record_job_lease(ledger: Ledger, lease: Lease) -> list[str]:
-    """Put the Slurm job's ``lease`` in ``ledger``, replacing its earlier one; a GPU another
-    lease holds is left to it and reported. Returns log lines."""
+    """Put the Slurm job's ``lease`` in ``ledger``, replacing its earlier one. Slurm is
+    authoritative (issue 40, hole 7): the lease records every GPU Slurm gave the job, also one
+    another lease holds; that lease is marked conflicting (:attr:`Lease.slurm_conflict`) and
+    its GPUs stay the job's when it is released. Returns log lines."""
     from gpualloc.ledger.occupancy import describe_lease, held_devices
 
     job = lease.slurm_job
@@ -73,28 +75,41 @@ def record_job_lease(ledger: Ledger, lease: Lease) -> list[str]:
     release_job(ledger, job)
     held = ledger.held_gpus()
     held_mig = ledger.held_mig()
-    lines = [
-        f"job {job}: Slurm gave it {what}, which is also held outside Slurm: "
-        f"{describe_lease(holder)}"
-        for what, holder in [
-            *((f"GPU {g.index}", held.get(g.index)) for g in lease.gpus),
-            *((f"MIG device {m.label}", held_mig.get(m.key)) for m in lease.mig),
+    shares = ledger.shares()
+    holders = [
+        (what, holder)
+        for what, found in [
+            *(
+                (f"GPU {g.index}", [held.get(g.index), *shares.get(g.index, [])])
+                for g in lease.gpus
+            ),
+            *((f"MIG device {m.label}", [held_mig.get(m.key)]) for m in lease.mig),
         ]
+        for holder in found
         if holder is not None
     ]
-    mine = tuple(g for g in lease.gpus if g.index not in held)
-    mine_mig = tuple(m for m in lease.mig if m.key not in held_mig)
-    if mine or mine_mig:
-        recorded = replace(lease, gpus=mine, mig=mine_mig)
-        ledger.leases.append(recorded)
-        lines.append(f"job {job}: recorded {held_devices(recorded)} for {lease.user} ({lease.id})")
+    lines = [
+        f"job {job}: Slurm gave it {what}, which is also held outside Slurm: "
+        f"{describe_lease(holder)}; marked conflicting, the GPU stays the job's"
+        for what, holder in holders
+    ]
+    conflicting = {holder.id for _, holder in holders}
+    ledger.leases = [
+        replace(x, slurm_conflict=job) if x.id in conflicting else x for x in ledger.leases
+    ]
+    ledger.leases.append(lease)
+    lines.append(f"job {job}: recorded {held_devices(lease)} for {lease.user} ({lease.id})")
     return lines
 
 
 def release_job(ledger: Ledger, job: str) -> list[Lease]:
     """Remove the Slurm job's leases from ``ledger``; returns them."""
     gone = [x for x in ledger.leases if x.slurm_job == job]
-    ledger.leases = [x for x in ledger.leases if x.slurm_job != job]
+    ledger.leases = [
+        replace(x, slurm_conflict=None) if x.slurm_conflict == job else x
+        for x in ledger.leases
+        if x.slurm_job != job
+    ]
     return gone
 
 

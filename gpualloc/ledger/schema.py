@@ -18,14 +18,15 @@ from gpualloc.model.queued import QueuedRequest
 from gpualloc.model.share import LeasedShare
 from gpualloc.model.validation import NonNegativeInt, PositiveInt
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """2 added the waiting queue (``queue``, ``next_seq``) and ``Lease.sensitive``; 3 added
 ``writer_uid``, ``root_journal_seq``, ``Lease.process_group`` and the confirmation of a new
 lease (``announced``, ``creator_pid``); 4 added ``Lease.mig`` (MIG devices held; such a lease
 may hold no whole GPU); 5 added shared GPUs (``Lease.shareable``, ``Lease.memory_bytes``,
 ``Lease.share``, ``QueuedRequest.share``), ``stats`` and ``Lease.activity``; 6 added
-``stats.request_mix`` (what fragmentation-aware placement weighs). Older files read as version
-6: every added field has a default that means what the older file meant."""
+``stats.request_mix`` (what fragmentation-aware placement weighs); 7 added
+``Lease.slurm_conflict``. Older files read as version 7: every added field has a default that
+means what the older file meant."""
 
 LeaseSource = Literal["run", "alloc", "slurm"]
 Priority = Literal["high", "normal", "low"]
@@ -133,6 +134,11 @@ class Lease(_Entry, kw_only=True, frozen=True):
     GPU is not its alone. Every other lease holds its GPUs whole."""
     activity: LeaseActivity | None = None
     """How long the lease's GPUs have been idle, when ``gc`` has looked (None: never)."""
+    slurm_conflict: str | None = None
+    """The Slurm job that was given some of this lease's GPUs while it held them. Slurm is
+    authoritative on a Slurm node (issue 40, hole 7): the job's lease records them too, so they
+    are not handed out again until the job ends, whatever this lease does; ``status`` and the
+    metrics tell the lease's owner. Cleared when the job's Epilog runs."""
 
     def __post_init__(self) -> None:
         if not self.gpus and not self.mig:
@@ -201,21 +207,20 @@ class Ledger(Struct, kw_only=True, forbid_unknown_fields=True):
     """Placements, decision times and waits so far, for ``gpualloc metrics``."""
 
     def __post_init__(self) -> None:
-        held: dict[int, str] = {}
+        held: dict[int, list[Lease]] = {}
         for lease in self.whole_leases():
             for index in lease.indices:
-                if index in held:
-                    raise ValueError(f"GPU {index} is held by leases {held[index]} and {lease.id}")
-                held[index] = lease.id
-        held_mig: dict[tuple[int, int], str] = {}
+                held.setdefault(index, []).append(lease)
+        held_mig: dict[tuple[int, int], list[Lease]] = {}
         for lease in self.leases:
             for device in lease.mig:
-                if device.key in held_mig:
-                    raise ValueError(
-                        f"MIG device {device.label} is held by leases {held_mig[device.key]} "
-                        f"and {lease.id}"
-                    )
-                held_mig[device.key] = lease.id
+                held_mig.setdefault(device.key, []).append(lease)
+        for what, holders in [
+            *((f"GPU {index}", found) for index, found in held.items()),
+            *((f"MIG device {mig_label(*key)}", found) for key, found in held_mig.items()),
+        ]:
+            if len(holders) > 1 and not _slurm_over_conflict(holders):
+                raise ValueError(f"{what} is held by leases {holders[0].id} and {holders[1].id}")
         ids = [lease.id for lease in self.leases]
         if len(set(ids)) != len(ids):
             raise ValueError("two leases share an id")
@@ -225,8 +230,10 @@ class Ledger(Struct, kw_only=True, forbid_unknown_fields=True):
         return [lease for lease in self.leases if lease.share is None]
 
     def held_gpus(self) -> dict[int, Lease]:
-        """GPU index -> the lease holding it (shared jobs aside: see :meth:`shares`)."""
-        return {index: lease for lease in self.whole_leases() for index in lease.indices}
+        """GPU index -> the lease holding it (shared jobs aside: see :meth:`shares`); a Slurm
+        job's lease, which may list a GPU a conflicting lease holds too, wins."""
+        slurm_last = sorted(self.whole_leases(), key=lambda lease: lease.source == "slurm")
+        return {index: lease for lease in slurm_last for index in lease.indices}
 
     def shares(self) -> dict[int, list[Lease]]:
         """GPU index -> the shared jobs on it, oldest first."""
@@ -245,3 +252,15 @@ class Ledger(Struct, kw_only=True, forbid_unknown_fields=True):
 
     def waiter(self, waiter_id: str) -> Waiter | None:
         return next((w for w in self.queue if w.id == waiter_id), None)
+
+
+def _slurm_over_conflict(holders: list[Lease]) -> bool:
+    """Whether two leases of one GPU are a Slurm job's and one it was given over (marked
+    :attr:`Lease.slurm_conflict`): the one way a ledger lists a GPU twice (issue 40, hole 7)."""
+    if len(holders) != 2:
+        return False
+    first, second = holders
+    return any(
+        a.slurm_job is not None and b.slurm_conflict == a.slurm_job
+        for a, b in ((first, second), (second, first))
+    )
