@@ -106,9 +106,14 @@ def parse_request(line: bytes) -> tuple[str, dict[str, Any]]:
             "'gpualloc doctor' names the broker's)",
         )
     op, args = body.get("op"), body.get("args", {})
-    if op not in OPERATIONS or not isinstance(args, dict):
+    if op not in OPERATIONS:
         raise BrokerError(
             f"unknown request {op!r}", hint=f"the broker answers {', '.join(OPERATIONS)}"
+        )
+    if not isinstance(args, dict):
+        raise BrokerError(
+            f"the {op} request's arguments are not a JSON object",
+            hint="see gpualloc.wire.protocol",
         )
     return op, args
 

@@ -1,0 +1,267 @@
+"""Issue 40, point 9: the broker's protocol, fuzzed by two hostile users while a third works.
+
+Hypothesis generates requests: well-formed ones of every operation with fields replaced by
+random JSON (huge and negative numbers, NaN, lone surrogates, deep nesting, wrong types), and
+raw garbage lines. Two real Unix users send them to a real broker as fast as it answers while a
+third user's ``alloc`` and ``release`` must each be answered within 1 s; afterwards the broker
+still answers, its ledger reads back, and its log holds no internal error (a request that
+raised anything but a gpualloc error). ``GPUALLOC_FUZZ_REQUESTS`` sets how many requests (CI:
+the default, 20,000; ``benchmarks/fuzz_broker.py`` runs this longer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from gpualloc.errors import GpuallocError
+from gpualloc.ledger.store import new_lease_id
+from gpualloc.wire.client import BrokerClient
+from tests.broker_harness import RunningBroker
+from tests.unix_users import UnixUser, ensure_user
+
+pytestmark = pytest.mark.slow
+if os.geteuid() != 0:
+    pytest.skip(
+        "the fuzz test runs its users as real Unix users (root only)", allow_module_level=True
+    )
+
+REQUESTS = int(os.environ.get("GPUALLOC_FUZZ_REQUESTS", "20000"))
+BATCH = 100
+ANSWER_S = 1.0
+"""How long the honest user's alloc or release may take, at most, under the fuzzing."""
+
+# ---- what the fuzzers send ---------------------------------------------------------------------
+
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=40),
+    st.sampled_from(["", "0", "-1", "all", "mapa", "ring", "0-99999999999", "\udcff", "\x1b[2J"]),
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5)
+    ),
+    max_leaves=12,
+)
+LEASE_ID = st.sampled_from(["0123456789ab", "aaaaaaaaaaaa", "", "../../etc/passwd", "x" * 300])
+TEMPLATES: list[tuple[str, dict[str, Any]]] = [
+    ("hello", {}),
+    ("alloc", {"lease_id": "0123456789ab", "request": {"gpus": 1, "sensitive": False},
+               "terms": {"source": "alloc", "hold": True}}),
+    ("alloc", {"lease_id": "aaaaaaaaaaaa",
+               "request": {"gpus": 2, "sensitive": True, "pattern": "ring", "policy": "drb",
+                           "edges": [[0, 1]], "required": [0], "excluded": [3]},
+               "terms": {"source": "alloc", "hold": True, "name": "fuzz"}}),
+    ("alloc", {"lease_id": "bbbbbbbbbbbb", "options": {"policy": "mapa", "count": 2,
+                                                        "pattern": "all"},
+               "terms": {"source": "alloc", "hold": True}, "views": True}),
+    ("alloc", {"lease_id": "cccccccccccc",
+               "request": {"gpus": 1, "sensitive": False, "share": {"memory_bytes": 1}},
+               "terms": {"source": "run", "pid": 1}}),
+    ("release", {"leases": ["0123456789ab"]}),
+    ("release", {"mine": True}),
+    ("confirm", {"lease": "0123456789ab"}),
+    ("evict", {"lease": "0123456789ab", "grace_s": 1}),
+    ("snapshot", {"full": True}),
+    ("snapshot", {"full": False}),
+    ("gc", {}),
+    ("slurm", {"hook": "prolog", "env": {"SLURM_JOB_ID": "1", "SLURM_JOB_GPUS": "0"}}),
+]  # fmt: skip
+
+
+def _paths(value: Any, path: tuple = ()) -> list[tuple]:
+    found = [path]
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            found += _paths(inner, (*path, key))
+    return found
+
+
+def _replaced(value: Any, path: tuple, new: Any) -> Any:
+    if not path:
+        return new
+    copy = dict(value)
+    copy[path[0]] = _replaced(value[path[0]], path[1:], new)
+    return copy
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> bytes:
+    """A template with one to three of its fields (or the whole of its arguments) replaced."""
+    op, args = draw(st.sampled_from(TEMPLATES))
+    if "lease_id" in args:  # a fresh id mostly, so that the request gets past it
+        args = {**args, "lease_id": draw(st.text("0123456789abcdef", min_size=12, max_size=12))}
+    for _ in range(draw(st.integers(0, 3))):
+        path = draw(st.sampled_from(_paths(args)))
+        args = _replaced(args, path, draw(VALUES | LEASE_ID))
+    body: dict[str, Any] = {"v": 1, "op": op, "args": args}
+    if draw(st.integers(0, 19)) == 0:
+        body = _replaced(body, (draw(st.sampled_from(["v", "op", "args"])),), draw(VALUES))
+    return json.dumps(body).encode() + b"\n"
+
+
+REQUEST_LINES = st.one_of(
+    mutated(),
+    mutated(),
+    mutated(),
+    st.binary(max_size=200).map(lambda raw: raw.replace(b"\n", b" ") + b"\n"),
+    st.builds(lambda op: json.dumps({"v": 1, "op": op}).encode() + b"\n", st.text(max_size=8)),
+)
+
+
+def generated(count: int) -> list[bytes]:
+    """``count`` request lines, drawn by Hypothesis in batches (generation only: nothing to
+    shrink, and no example database)."""
+    found: list[bytes] = []
+
+    @settings(
+        max_examples=max(1, count // BATCH),
+        phases=[Phase.generate],
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(st.lists(REQUEST_LINES, min_size=BATCH, max_size=BATCH))
+    def collect(batch: list[bytes]) -> None:
+        found.extend(batch)
+
+    collect()
+    return found[:count]
+
+
+# ---- the users ---------------------------------------------------------------------------------
+
+
+def _as(user: UnixUser, work: Any) -> int:
+    """Fork a child that becomes ``user`` and runs ``work()``; its pid."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgid(user.gid)
+            os.setuid(user.uid)
+            code = work()
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    return pid
+
+
+def _fuzz(path: Path, lines: list[bytes]) -> int:
+    """Send every line, each on a connection kept while the broker keeps it; returns 0."""
+    connection: socket.socket | None = None
+    reader: Any = None
+    for count, line in enumerate(lines):
+        if count % 200 == 0:  # give back what the fuzzing got, so the honest user finds GPUs
+            line = b'{"v":1,"op":"release","args":{"mine":true}}\n' + line
+        try:
+            if connection is None:
+                connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                connection.settimeout(2)
+                connection.connect(str(path))
+                reader = connection.makefile("rb")
+            connection.sendall(line)
+            for _ in range(line.count(b"\n")):
+                if not reader.readline():
+                    raise ConnectionResetError
+        except OSError:  # closed by the broker (a bad version), or a queued alloc: start again
+            if connection is not None:
+                connection.close()
+            connection = None
+    return 0
+
+
+def _honest(path: Path, seconds: float, report: int) -> int:
+    """Alloc and release one GPU again and again for ``seconds``; writes the slowest answer."""
+    client = BrokerClient(path, answer_s=10)
+    slowest, cycles, started = 0.0, 0, time.monotonic()
+    while time.monotonic() - started < seconds:
+        began = time.monotonic()
+        try:
+            made = client.call(
+                "alloc",
+                {"lease_id": new_lease_id(), "request": {"gpus": 1, "sensitive": False},
+                 "terms": {"source": "alloc", "hold": True, "name": "honest"}},
+            )  # fmt: skip
+        except GpuallocError:  # all GPUs held by the fuzzers for now: an answer all the same
+            made = None
+        slowest = max(slowest, time.monotonic() - began)
+        if made is not None:
+            began = time.monotonic()
+            client.call("release", {"leases": [made["lease"]["id"]]})
+            slowest = max(slowest, time.monotonic() - began)
+            cycles += 1
+        time.sleep(0.01)
+    os.write(report, json.dumps({"slowest_s": slowest, "cycles": cycles}).encode())
+    return 0
+
+
+def test_two_users_fuzzing_the_broker_neither_stall_nor_break_it(tmp_path: Path) -> None:
+    lines = generated(REQUESTS)
+    assert len(lines) == REQUESTS
+    config = tmp_path / "system.toml"  # limits high enough that the fuzz reaches the handlers
+    config.write_text(
+        "[broker]\nmax_requests_per_s = 1000000\nmax_connects_per_s = 100000\n"
+        "placement_budget = 0.05\n"
+    )
+    config.chmod(0o644)
+    broker = RunningBroker("dgx1-v100", system_config=config).start()
+    report, reported = os.pipe()
+    try:
+        mallory, trudy = ensure_user("gpualloc-t-alice"), ensure_user("gpualloc-t-bob")
+        carol = ensure_user("gpualloc-t-carol")
+        half = len(lines) // 2
+        started = time.monotonic()
+        fuzzers = [
+            _as(mallory, lambda: _fuzz(broker.socket, lines[:half])),
+            _as(trudy, lambda: _fuzz(broker.socket, lines[half:])),
+        ]
+        honest = _as(carol, lambda: _honest(broker.socket, 8.0, reported))
+        os.close(reported)
+        for pid in fuzzers:
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+        took = time.monotonic() - started
+        _, status = os.waitpid(honest, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, broker.log_text()[-2000:]
+        seen = json.loads(os.read(report, 4096))
+        assert seen["slowest_s"] <= ANSWER_S, seen
+        assert seen["cycles"] > 0, "the honest user never got a GPU"
+        assert broker.hello()["protocol"] == 1
+        log = broker.log_text()
+        assert "internal error" not in log, log[log.find("internal error") :][:3000]
+        status_run = subprocess.run(
+            [sys.executable, "-m", "gpualloc", "status", "--json"],
+            env={**os.environ, "GPUALLOC_BROKER": str(broker.socket)},
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert status_run.returncode == 0, status_run.stderr
+        assert "leases" in broker.ledger()  # the ledger reads back
+        print(
+            f"{REQUESTS} fuzzed requests ({len(set(lines))} distinct) in {took:.1f} s; "
+            f"the honest user's slowest answer {seen['slowest_s'] * 1000:.0f} ms, "
+            f"{seen['cycles']} alloc+release cycles"
+        )
+    finally:
+        broker.stop()
+        shutil.rmtree(broker.directory, ignore_errors=True)
