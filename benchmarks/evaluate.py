@@ -8,7 +8,8 @@ Usage: python benchmarks/evaluate.py [--out DIR] [--jobs N] [--seed 0]
 
 ``--out`` defaults to the repository's ``docs`` directory, wherever it is run from.
 
-``--jobs`` shrinks every workload to N jobs (a quick check); by default each has its own count.
+``--jobs`` shrinks every workload to N jobs, and the MAPA comparison and the trace replay to a
+few seeds and a window (a quick check); by default each has its own count.
 
 Deterministic for a given seed. Needs the ``plot`` extra for the figures (without it the text
 and tables are still written, and it says so).
@@ -81,10 +82,11 @@ def main() -> int:
     ]
     for title, hosts in sections:
         lines += _bandwidth_section(title, hosts, jobs, figures, plots)
-    lines += ["", *comparison_section(range(1, 11))]
+    quick = options.jobs is not None  # a small run (tests): fewer seeds of the fixed parts
+    lines += ["", *comparison_section(range(1, 3) if quick else range(1, 11))]
     lines += ["", *sharing_section(options.jobs)]
     lines += ["", *measured_section()]
-    lines += ["", *trace_section(figures, plots, quick=options.jobs is not None)]
+    lines += ["", *trace_section(figures, plots, quick=quick)]
     if plots is None:
         lines += ["", "_Figures were not regenerated: matplotlib is not installed._"]
     options.out.mkdir(parents=True, exist_ok=True)
