@@ -214,7 +214,7 @@ def test_with_torch_and_no_nccl_tests_torch_measures_the_sets(cli, monkeypatch, 
     monkeypatch.setattr(
         torch_collectives,
         "measure_sets",
-        lambda sets, size: (
+        lambda sets, size, **_: (
             asked.append((sets, size))
             or [
                 MeasuredCollective(gpus=s, busbw_gbps=5.0, source="torch.distributed") for s in sets
@@ -228,7 +228,7 @@ def test_with_torch_and_no_nccl_tests_torch_measures_the_sets(cli, monkeypatch, 
     # A failure there keeps the pairs unless collectives were asked for.
     from gpualloc.discovery.calibration import CalibrationUnavailable
 
-    def fails(sets, size):
+    def fails(sets, size, **_):
         raise CalibrationUnavailable("torch all-reduce on GPUs (0, 1) failed: NCCL error")
 
     monkeypatch.setattr(torch_collectives, "measure_sets", fails)

@@ -301,3 +301,28 @@ def test_only_this_hosts_topology_uses_the_host_ledger(dgx1) -> None:
     assert ledger_scope(here) is None
     elsewhere = replace(here, provenance=replace(here.provenance, hostname="other-host"))
     assert ledger_scope(elsewhere) is not None
+
+
+def test_cuda_visible_devices_holds_cuda_numbers_in_bus_order() -> None:
+    """NVML's enumeration is not bus order on every host (NVIDIA's mock L40S profile:
+    17:00, 31:00, B1:00, CA:00, 18:00, ...); CUDA_DEVICE_ORDER=PCI_BUS_ID numbers by bus id,
+    so the leased GPUs are exported as their places in bus order (issue 41, item 2)."""
+    from gpualloc.launcher.environment import job_variables
+    from gpualloc.topologies import load_bundled
+
+    bundled = load_bundled("pcie-8gpu-2socket")
+    buses = ["17", "31", "B1", "CA", "18", "32", "B2", "CB"]
+    topology = replace(
+        bundled,
+        gpus=[
+            replace(g, pci_bus_id=f"00000000:{b}:00.0")
+            for g, b in zip(bundled.gpus, buses, strict=True)
+        ],
+    )
+    assert topology.cuda_ordinals() == {0: 0, 4: 1, 1: 2, 5: 3, 2: 4, 6: 5, 3: 6, 7: 7}
+    variables = job_variables(topology, [0, 1], [], lease_id=None, uuid=False)
+    assert variables["CUDA_VISIBLE_DEVICES"] == "0,2" and variables["GPUALLOC_GPUS"] == "0,1"
+    unknown = replace(
+        topology, gpus=[replace(topology.gpus[0], pci_bus_id=None), *topology.gpus[1:]]
+    )
+    assert unknown.cuda_ordinals() == {g: g for g in range(8)}, "no bus ids: NVML's indices"

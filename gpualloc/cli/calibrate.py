@@ -194,7 +194,8 @@ def _measure_collectives(
                 "torch; or leave out --collectives",
             )
         return None
-    sets = measure_tools.collective_sets(_estimated_host())
+    host = _estimated_host()
+    sets = measure_tools.collective_sets(host)
     if tool is not None:
         with _progress(len(sets), "all-reduces", quiet) as step:
             return measure_tools.measure_collectives(tool, sets, progress=step), "all_reduce_perf"
@@ -203,7 +204,8 @@ def _measure_collectives(
     if not quiet:
         say(f"measuring {len(sets)} all-reduces with torch.distributed (NCCL) ...")
     try:
-        return measure_sets(sets, measure_tools.ALL_REDUCE_BYTES), "torch.distributed"
+        measured = measure_sets(sets, measure_tools.ALL_REDUCE_BYTES, ordinals=host.cuda_ordinals())
+        return measured, "torch.distributed"
     except calibration.CalibrationUnavailable as failed:
         if required:
             raise

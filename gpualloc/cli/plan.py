@@ -248,7 +248,8 @@ def _show_plan(
         )
     ]
     footer = _placement_lines(ctx, placement)
-    footer.append(f"CUDA_VISIBLE_DEVICES={','.join(str(g) for g in order)}")
+    ordinal = ctx.topology.cuda_ordinals()
+    footer.append(f"CUDA_VISIBLE_DEVICES={','.join(str(ordinal[g]) for g in order)}")
     if explanation:
         alt_rows = [
             [

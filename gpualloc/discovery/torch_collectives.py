@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpualloc.discovery.calibration import CalibrationUnavailable, MeasuredCollective
@@ -46,19 +46,23 @@ def measure_sets(
     size_bytes: int,
     *,
     worker: Sequence[str] = (sys.executable, "-m", "gpualloc.discovery.torch_collectives"),
+    ordinals: Mapping[int, int] | None = None,
 ) -> list[MeasuredCollective]:
-    """Every set's all-reduce, one set at a time (``worker`` is the rank's command line)."""
-    return [_one_set(gpus, size_bytes, worker) for gpus in sets]
+    """Every set's all-reduce, one set at a time (``worker`` is the rank's command line;
+    ``ordinals``, each GPU's CUDA number in bus order, default its index)."""
+    return [_one_set(gpus, size_bytes, worker, ordinals or {}) for gpus in sets]
 
 
-def _one_set(gpus: tuple[int, ...], size_bytes: int, worker: Sequence[str]) -> MeasuredCollective:
+def _one_set(
+    gpus: tuple[int, ...], size_bytes: int, worker: Sequence[str], ordinals: Mapping[int, int]
+) -> MeasuredCollective:
     port = _free_port()
     ranks = []
     for rank, gpu in enumerate(gpus):
         env = dict(
             os.environ,
             CUDA_DEVICE_ORDER="PCI_BUS_ID",
-            CUDA_VISIBLE_DEVICES=str(gpu),
+            CUDA_VISIBLE_DEVICES=str(ordinals.get(gpu, gpu)),
             RANK=str(rank),
             WORLD_SIZE=str(len(gpus)),
             MASTER_ADDR="127.0.0.1",

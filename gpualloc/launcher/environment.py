@@ -1,8 +1,10 @@
 """The environment a job runs with: what gpualloc adds, and nothing else changed.
 
-- ``CUDA_VISIBLE_DEVICES``: the GPUs in the placement's rank order, as indices (or UUIDs with
-  ``--uuid``, which stay right even if indices move after a GPU fails). Rank ``i`` of the job
-  sees its GPU as CUDA device ``i``.
+- ``CUDA_VISIBLE_DEVICES``: the GPUs in the placement's rank order, as CUDA's numbers in PCI
+  bus order (NVML's index where NVML enumerates in bus order, as it mostly does; see
+  :meth:`~gpualloc.model.topology.Topology.cuda_ordinals`), or UUIDs with ``--uuid``, which
+  stay right even if indices move after a GPU fails. Rank ``i`` of the job sees its GPU as
+  CUDA device ``i``.
 - ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: CUDA numbers GPUs fastest-first by default, NVML and
   nvidia-smi by PCI bus id; without this the indices above would name other GPUs on hosts with
   mixed GPU models. Slurm never sets it, task-spooler misspells it, GPUtil, gpustat and nvitop
@@ -34,9 +36,15 @@ MIG_VARIABLE = "GPUALLOC_MIG"
 
 
 def gpu_variables(
-    gpus: Sequence[Gpu], *, lease_id: str | None = None, use_uuid: bool = False
+    gpus: Sequence[Gpu],
+    *,
+    lease_id: str | None = None,
+    use_uuid: bool = False,
+    ordinals: Mapping[int, int] | None = None,
 ) -> dict[str, str]:
-    """The variables gpualloc sets for a job on ``gpus`` (rank order), in a stable order."""
+    """The variables gpualloc sets for a job on ``gpus`` (rank order), in a stable order.
+    ``ordinals``: each GPU's CUDA number in bus order (:meth:`Topology.cuda_ordinals`),
+    which ``CUDA_VISIBLE_DEVICES`` holds; default, the GPU's index."""
     if use_uuid:
         missing = [gpu.index for gpu in gpus if not gpu.uuid]
         if missing:
@@ -46,7 +54,8 @@ def gpu_variables(
             )
         visible = ",".join(str(gpu.uuid) for gpu in gpus)
     else:
-        visible = ",".join(str(gpu.index) for gpu in gpus)
+        number = ordinals or {}
+        visible = ",".join(str(number.get(gpu.index, gpu.index)) for gpu in gpus)
     variables = {"CUDA_VISIBLE_DEVICES": visible, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     if lease_id is not None:
         variables[LEASE_ID_VARIABLE] = lease_id
@@ -95,7 +104,12 @@ def job_variables(
     if mig:
         (key,) = mig
         return mig_variables(topology.mig_device(*key), lease_id=lease_id)
-    variables = gpu_variables([topology.gpu(g) for g in gpus], lease_id=lease_id, use_uuid=uuid)
+    variables = gpu_variables(
+        [topology.gpu(g) for g in gpus],
+        lease_id=lease_id,
+        use_uuid=uuid,
+        ordinals=topology.cuda_ordinals(),
+    )
     if share is None:
         return variables
     from gpualloc.launcher.sharing import share_variables

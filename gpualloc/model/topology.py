@@ -301,6 +301,19 @@ class Topology(_Strict, kw_only=True):
                 f"GPU {index} does not exist on this host ({count_of(self.gpu_count, 'GPU')})"
             ) from None
 
+    def cuda_ordinals(self) -> dict[int, int]:
+        """GPU index -> the number CUDA gives that GPU under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``:
+        its place in PCI bus-id order. NVML numbers GPUs in its own enumeration order, which is
+        not bus order on every host (the L40S profile of NVIDIA's mock NVML enumerates 17:00,
+        31:00, B1:00, CA:00, 18:00, ...; issue 41, item 2): exporting NVML indices there ran
+        jobs on GPUs they did not hold. The identity where a bus id is unknown (bundled and
+        recorded topologies without them)."""
+        keys = [_bus_order_key(gpu.pci_bus_id) for gpu in self.gpus]
+        if any(key is None for key in keys):
+            return {gpu.index: gpu.index for gpu in self.gpus}
+        ranked = sorted(range(len(keys)), key=lambda i: keys[i])  # type: ignore[arg-type,return-value]
+        return {self.gpus[i].index: ordinal for ordinal, i in enumerate(ranked)}
+
     def link(self, a: int, b: int) -> Link:
         """The link between two distinct GPUs, in either order."""
         if a == b:
@@ -453,3 +466,16 @@ def pair_bandwidth_gbps(
         peer_access=link.peer_access,
         table=table,
     )
+
+
+def _bus_order_key(bus_id: str | None) -> tuple[int, ...] | None:
+    """``0000:17:00.0`` (any domain width) as numbers to sort by; None if it is not one."""
+    if not bus_id:
+        return None
+    parts = bus_id.strip().replace(".", ":").split(":")
+    if len(parts) == 3:
+        parts.insert(0, "0")
+    try:
+        return tuple(int(part, 16) for part in parts) if len(parts) == 4 else None
+    except ValueError:
+        return None
