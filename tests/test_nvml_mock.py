@@ -1,0 +1,158 @@
+"""The real NVML path against NVIDIA's own mock NVML (issue 41, point 1): ``nvml_mock`` tier.
+
+``../shared/nvml-mock/libnvidia-ml.so.1`` is k8s-test-infra's ``mocknvml``, the library
+NVIDIA's device plugin tests against; the real ``nvidia-ml-py`` loads it through
+``LD_LIBRARY_PATH``, and ``MOCK_NVML_CONFIG`` names the GPUs it reports (six upstream profiles
+and ten fault variants, 16 in all). Each test runs gpualloc as a user would, with no
+``--topology``: discovery goes through NVML. Where the mock differs from real NVML (its README
+lists how) the test follows real NVML and says so. Skipped where ``../shared`` is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MOCK = ROOT.parent / "shared" / "nvml-mock"
+PROFILES = sorted([*MOCK.glob("*.yaml"), *MOCK.glob("variants/*.yaml")]) if MOCK.is_dir() else []
+
+pytestmark = [
+    pytest.mark.nvml_mock,
+    pytest.mark.slow,
+    pytest.mark.skipif(not (MOCK / "libnvidia-ml.so.1").exists(), reason=f"no mock NVML in {MOCK}"),
+]
+yaml = pytest.importorskip("yaml", reason="PyYAML reads the mock's profiles (the test extra)")
+
+
+def _ids(path: Path) -> str:
+    return path.stem
+
+
+def _spec(profile: Path) -> dict[str, Any]:
+    return yaml.safe_load(profile.read_text())
+
+
+def _device(spec: dict[str, Any], index: int) -> dict[str, Any]:
+    """A device of the profile: its own fields over ``device_defaults`` (as the mock merges)."""
+    merged = dict(spec.get("device_defaults") or {})
+    merged.update(spec["devices"][index])
+    return merged
+
+
+def _bus_key(bus_id: str) -> tuple[int, ...]:
+    parts = bus_id.replace(".", ":").split(":")
+    return tuple(int(p, 16) for p in parts)
+
+
+def _gpualloc(
+    profile: Path, home: Path, *args: str, shim: bool = True
+) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUALLOC_", "MOCK_NVML"))}
+    env |= {
+        "LD_LIBRARY_PATH": str(MOCK),
+        "MOCK_NVML_CONFIG": str(profile),
+        "GPUALLOC_CACHE_DIR": str(home / "cache"),
+        "GPUALLOC_STATE_DIR": str(home / "state"),
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT), *([str(MOCK / "tools" / "pyshim")] if shim else [])]
+        ),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "gpualloc", *args],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=_ids)
+def test_discovery_through_nvml_matches_the_profile(profile: Path, tmp_path: Path) -> None:
+    spec = _spec(profile)
+    shown = _gpualloc(profile, tmp_path, "topo", "show", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert "Traceback" not in shown.stderr
+    topology = json.loads(shown.stdout)
+    gpus = topology["gpus"]
+    assert len(gpus) == len(spec["devices"])
+    complexes = {
+        device.upper(): complex_["numa_node"]
+        for complex_ in (spec.get("pcie_topology") or {}).get("root_complexes", [])
+        for device in complex_.get("devices", [])
+    }
+    lost = {"a100-lost": {3}, "a100-fob-mid": {5}}.get(profile.stem, set())
+    for gpu in gpus:
+        device = _device(spec, gpu["index"])
+        if gpu["health"] == "lost":  # NVML answers a lost GPU's UUID, name, memory no more
+            assert gpu["index"] in lost, gpu
+            continue
+        assert gpu["health"] == "ok", gpu
+        assert gpu["uuid"] == device["uuid"]
+        assert _bus_key(gpu["pci_bus_id"]) == _bus_key(device["pci"]["bus_id"])
+        assert gpu["name"] == device["name"]
+        assert gpu["memory_total_bytes"] == device["memory"]["total_bytes"]
+        pcie = device.get("pcie") or {}
+        if "max_link_gen" in pcie:
+            assert gpu["pcie_generation"] == pcie["max_link_gen"]
+        numa = complexes.get(device["pci"]["bus_id"].upper())
+        if numa is not None and profile.stem != "gh200-like":  # Grace: see the next test
+            assert gpu["numa_node"] == numa, gpu
+    nvlink = spec.get("nvlink") or {}
+    gone = {g["index"] for g in gpus if g["health"] == "lost"}
+    links = [link for link in topology["links"] if not {link["a"], link["b"]} & gone]
+    if not nvlink.get("links_per_gpu") and not any("nvlinks" in d for d in spec["devices"]):
+        assert not any(link["nvlinks"] for link in links), "a profile without NVLink"
+    if nvlink.get("switches") and nvlink.get("links_per_gpu") and "down" not in profile.stem:
+        assert all(link["nvswitch"] for link in links)
+        assert all(link["nvlinks"] == nvlink["links_per_gpu"] for link in links)
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=_ids)
+def test_run_exports_the_gpus_it_leased_by_bus_order(profile: Path, tmp_path: Path) -> None:
+    """``CUDA_DEVICE_ORDER=PCI_BUS_ID`` numbers GPUs by bus id; NVML by its own enumeration.
+    On the L40S profile those differ, and b2653dd exported NVML's indices: the job ran on GPUs
+    it did not hold (issue 41, item 2)."""
+    spec = _spec(profile)
+    count = min(2, len(spec["devices"]))
+    ran = _gpualloc(
+        profile, tmp_path, "run", "-n", str(count), "--",
+        "sh", "-c", 'echo "$CUDA_VISIBLE_DEVICES $GPUALLOC_GPUS $CUDA_DEVICE_ORDER"',
+    )  # fmt: skip
+    if profile.stem in ("a100-mig",):  # every GPU in MIG mode: none can be leased whole
+        assert ran.returncode == 9 and "MIG mode" in ran.stderr, ran.stderr
+        return
+    assert ran.returncode == 0, ran.stderr
+    visible, leased, order = ran.stdout.split()
+    assert order == "PCI_BUS_ID"
+    by_bus = sorted(
+        range(len(spec["devices"])), key=lambda i: _bus_key(_device(spec, i)["pci"]["bus_id"])
+    )
+    cuda_sees = [by_bus[int(ordinal)] for ordinal in visible.split(",")]
+    assert cuda_sees == [int(g) for g in leased.split(",")], (visible, leased)
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=_ids)
+def test_every_command_answers_on_every_profile(profile: Path, tmp_path: Path) -> None:
+    """doctor, status, plan and metrics answer, with the outcome each fault documents."""
+    faulty = {"a100-ecc": "GPU 2", "a100-fob-mid": "GPU 5", "a100-lost": "GPU 3"}
+    for args in (["status", "--json"], ["metrics"], ["doctor"], ["plan", "-n", "1"]):
+        done = _gpualloc(profile, tmp_path, *args)
+        assert "Traceback" not in done.stderr, done.stderr
+        if args[0] == "doctor" and profile.stem in faulty:
+            assert done.returncode == 17, done.stderr  # a GPU is unhealthy
+            assert faulty[profile.stem] in done.stdout + done.stderr
+        elif args[0] == "plan" and profile.stem == "a100-mig":
+            assert done.returncode == 9 and "MIG mode" in done.stderr
+        else:
+            assert done.returncode == 0, (args, done.stderr)
+    if profile.stem == "a100-procs":  # GPU 1 runs two processes gpualloc did not start
+        status = json.loads(_gpualloc(profile, tmp_path, "status", "--json").stdout)
+        foreign = {g["index"] for g in status["gpus"] if g["state"] == "foreign"}
+        assert foreign == {1}, status["gpus"]
+        assert {p["pid"] for p in status["gpus"][1]["processes"]} == {1, 999999}
+        dry = _gpualloc(profile, tmp_path, "run", "-n", "8", "--dry-run", "--", "true")
+        assert dry.returncode == 10, "a GPU with a foreign process is not free"
