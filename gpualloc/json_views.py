@@ -25,7 +25,7 @@ def placement_json(topology: Topology, request: JobRequest, placement: Placement
         "objective": placement.objective,
         "pattern": request.pattern.name,
         "sensitive": request.sensitive,
-        "notes": list(placement.notes),
+        "cut_short": placement.cut_short,
     }
 
 

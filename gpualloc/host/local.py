@@ -228,7 +228,8 @@ class LocalHost(HostView, kw_only=True):
         txn.ledger.stats.record(
             placement.policy, decision_s=decision_s, waited_s=waited_s, task=_task_type(lease)
         )
-        return Allocation(lease, placement, lock_fd, [*txn.notes, *placement.notes])
+        cut_short = [placement.cut_short] if placement.cut_short else []
+        return Allocation(lease, placement, lock_fd, [*txn.notes, *cut_short])
 
     def _lease(self, lease_id: str, placement: Placement, want: Want, terms: LeaseTerms) -> Lease:
         from gpualloc.ledger.liveness import process_start_time

@@ -143,6 +143,9 @@ class Placement(Struct, frozen=True):
     objective: str
     """One line naming the policy's objective, e.g. "max predicted effective bandwidth"."""
     notes: tuple[str, ...] = field(default=())
+    cut_short: str | None = None
+    """Why this is not the policy's exact answer: its search ran past the time budget and a
+    greedy placement was taken (issue 40, hole 2); said to the user wherever it is used."""
     mig_devices: tuple[tuple[int, int], ...] = ()
     """(parent GPU, MIG device index) of the MIG device chosen for a MIG request (``gpus`` is
     then empty)."""

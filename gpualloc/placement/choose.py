@@ -45,7 +45,7 @@ def choose(
     Raises :class:`GpusBusy` (naming who holds what) when the request would fit the host with
     every usable GPU free, and :class:`NoFeasiblePlacement` when it would not fit even then.
     With ``budget_s``, the policy's search stops after that many seconds and a greedy placement
-    is returned instead, saying so in its notes (:mod:`.greedy`; the host's
+    is returned instead, saying so in ``Placement.cut_short`` (:mod:`.greedy`; the host's
     ``placement.time_budget``); ``None`` (the simulator, the benchmarks): the exact answer,
     however long it takes.
     """

@@ -14,12 +14,14 @@ decision then falls back on one of two greedy constructions, in O(k n) evaluatio
 
 The fallback has half the budget again (a decision takes at most 1.5 times
 ``placement.time_budget``, and its scoring); if it runs out too, the GPUs it has are ordered rank
-by rank. The placement says it in its notes.
+by rank. The placement says it (``Placement.cut_short``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from msgspec.structs import replace
 
 from gpualloc.model.request import Placement
 from gpualloc.placement import deadline
@@ -46,9 +48,8 @@ def greedy_placement(ctx: DecisionContext, policy: Policy, budget_s: float) -> P
             order = policy.order_of(ctx, gpus)
     except deadline.OverBudget:
         order = _greedy_order(ctx, gpus)
-    return ctx.placement(
-        policy.name, order, policy.objective(ctx), notes=(budget_note(policy, budget_s),)
-    )
+    placement = ctx.placement(policy.name, order, policy.objective(ctx))
+    return replace(placement, cut_short=budget_note(policy, budget_s))
 
 
 def _greedy_set(ctx: DecisionContext, policy: Policy) -> tuple[int, ...]:
