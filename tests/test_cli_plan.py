@@ -178,3 +178,13 @@ def test_auto_uses_table_2_only_within_its_domain(cli, args: tuple[str, ...], mo
     assert data["effective_model"] == model and data["scores"]["effective_gbps"] > 0
     forced = cli("--topology", "dgx1-v100", "plan", *args, "--score", "mapa", "--json")
     assert json.loads(forced.stdout)["effective_model"] == "mapa"  # asked for: given
+
+
+def test_explain_says_why_there_is_no_runner_up(cli) -> None:
+    """On a real one-GPU H200, plan -n 1 --explain printed an empty Runners-up table."""
+    only = cli("--topology", "single-gpu", "plan", "-n", "1", "--explain")
+    assert only.exit_code == 0, only.stderr
+    assert "Runners-up" not in only.stdout
+    assert "runners-up: none; these are the only usable GPUs" in only.stdout
+    procedure = cli("--topology", "dgx1-v100", "plan", "-n", "2", "--explain", "--policy", "slurm")
+    assert "runners-up: none; this policy follows a procedure" in procedure.stdout

@@ -217,7 +217,7 @@ def _show_plan(
 
     explanation = explain_choice(ctx, policy, budget_s=budget_s) if explain else None
     placement = explanation.placement if explanation else place(get_policy(policy), ctx, budget_s)
-    warn(placement.notes)
+    warn([placement.cut_short] if placement.cut_short else [])
     if as_json:
         data = placement_json(ctx.topology, ctx.request, placement)
         if explanation:
@@ -261,17 +261,29 @@ def _show_plan(
             ]
             for alt in explanation.alternatives
         ]
-        tables.append(
-            Table(
-                "Runners-up under the same objective",
-                ["GPUs", "Effective", "Aggregated", "Preserved", "Utility"],
-                alt_rows,
-                right_align_from=1,
+        if alt_rows:
+            tables.append(
+                Table(
+                    "Runners-up under the same objective",
+                    ["GPUs", "Effective", "Aggregated", "Preserved", "Utility"],
+                    alt_rows,
+                    right_align_from=1,
+                )
             )
-        )
+        else:
+            footer.append(_no_runner_up(ctx, placement))
         footer.append(f"why: {explanation.reason}")
         footer.append(bandwidth_source(ctx.topology))
     print_tables(tables, footer=footer)
+
+
+def _no_runner_up(ctx: DecisionContext, placement: Placement) -> str:
+    """Why ``--explain`` lists no runner-up (it printed an empty table on a real H200)."""
+    if len(ctx.pool) == len(placement.gpus):
+        return "runners-up: none; these are the only usable GPUs"
+    if placement.cut_short:
+        return "runners-up: none; the search ran out of its time budget"
+    return "runners-up: none; this policy follows a procedure, not a score to rank others by"
 
 
 def bandwidth_source(topology: Topology) -> str:
