@@ -101,6 +101,9 @@ def test_discovery_through_nvml_matches_the_profile(profile: Path, tmp_path: Pat
         numa = complexes.get(device["pci"]["bus_id"].upper())
         if numa is not None and profile.stem != "gh200-like":  # Grace: see the next test
             assert gpu["numa_node"] == numa, gpu
+    if profile.stem == "gh200-like":  # NVML's NUMA id is the GPU's own memory node (Grace)
+        (gpu,) = gpus
+        assert (gpu["numa_node"], gpu["gpu_numa_node"]) == (0, 1), "CPU side from affinity"
     nvlink = spec.get("nvlink") or {}
     gone = {g["index"] for g in gpus if g["health"] == "lost"}
     links = [link for link in topology["links"] if not {link["a"], link["b"]} & gone]

@@ -343,13 +343,17 @@ class NvmlSession:
         bus_id = normalise_bus_id(pci.busId) if pci is not None else None
         memory = q(notes, f"{label} memory", lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
         mig = q(notes, f"{label} MIG mode", lambda: nvml.nvmlDeviceGetMigMode(handle))
-        numa = q(notes, f"{label} NUMA node", lambda: nvml.nvmlDeviceGetNumaNodeId(handle))
-        if numa is None or numa < 0:
-            numa = _sysfs_numa_node(bus_id)
+        numa_notes: list[str] = []
+        reported = q(numa_notes, f"{label} NUMA node", lambda: nvml.nvmlDeviceGetNumaNodeId(handle))
         words = (cpu_count + 63) // 64
         mask = q(
             notes, f"{label} CPU affinity", lambda: nvml.nvmlDeviceGetCpuAffinity(handle, words)
         )
+        cpus = _cpus_from_mask(mask) if mask is not None else []
+        known = reported if reported is not None and reported >= 0 else None
+        numa, gpu_numa = _numa_nodes(bus_id, cpus, known)
+        if numa is None:  # said only when nothing else told it (it read 'not supported' after
+            notes += numa_notes  # sysfs had answered, on a real H200)
         return Gpu(
             index=index,
             uuid=text_of(q(notes, f"{label} UUID", lambda: nvml.nvmlDeviceGetUUID(handle))),
@@ -358,7 +362,8 @@ class NvmlSession:
             memory_total_bytes=int(memory.total) if memory is not None else None,
             numa_node=numa,
             numa_affinity=[numa] if numa is not None else [],
-            cpu_affinity=_cpus_from_mask(mask) if mask is not None else [],
+            gpu_numa_node=gpu_numa,
+            cpu_affinity=cpus,
             mig_enabled=bool(mig[0]) if mig is not None else None,
             health=Health.OK,
             pcie_generation=q(
@@ -501,6 +506,35 @@ def _cpus_from_mask(words: Any) -> list[int]:
             value >>= 1
             bit += 1
     return cpus
+
+
+def _numa_nodes(
+    bus_id: str | None, cpus: list[int], reported: int | None
+) -> tuple[int | None, int | None]:
+    """(the GPU's nearest CPU node, the node of its own memory) from what each source means
+    (issue 41, item 3). ``nvmlDeviceGetNumaNodeId`` (``reported``) is the node of the GPU's
+    own memory on coherent hosts (Grace: a node without CPUs) and NOT_SUPPORTED on x86; the CPU
+    side is the kernel's (sysfs) or the node of the GPU's CPU affinity, NVML's answer only
+    when neither tells. The GPU's own node is kept where it differs from the CPU side."""
+    numa = _sysfs_numa_node(bus_id)
+    if numa is None and cpus:
+        numa = _node_of_cpus(cpus)
+    if numa is None:
+        numa = reported
+    return numa, reported if reported is not None and reported != numa else None
+
+
+def _node_of_cpus(cpus: list[int]) -> int | None:
+    """The NUMA node holding most of ``cpus`` on this machine (None: no node holds any)."""
+    from gpualloc.discovery.numa import read_sysfs_numa
+
+    wanted = set(cpus)
+    best, most = None, 0
+    for node in read_sysfs_numa():
+        held = len(wanted.intersection(node.cpus))
+        if held > most:
+            best, most = node.id, held
+    return best
 
 
 def _sysfs_numa_node(bus_id: str | None) -> int | None:
