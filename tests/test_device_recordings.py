@@ -23,6 +23,7 @@ from tests.conftest import Result
 DEVICE = Path(__file__).parent / "fixtures" / "device"
 H200 = DEVICE / "h200-vm-2026-11-26"
 THROUGH_BROKER = DEVICE / "h200-vm-2026-11-26-broker"
+AFTER_BUDGETS = DEVICE / "h200-vm-2026-11-26-budget"
 
 
 def output_of(name: str, folder: Path = H200) -> str:
@@ -129,7 +130,7 @@ def test_a_recording_names_its_host_by_machine_id_not_by_name(
     assert describes_this_host(theirs)  # no id here to compare: the name decides
 
 
-@pytest.mark.parametrize("folder", [H200, THROUGH_BROKER], ids=lambda f: f.name)
+@pytest.mark.parametrize("folder", [H200, THROUGH_BROKER, AFTER_BUDGETS], ids=lambda f: f.name)
 def test_the_device_check_passed_every_step(folder: Path) -> None:
     summary = (folder / "summary.txt").read_text()
     assert summary.rstrip().endswith("device check: passed")
@@ -157,3 +158,14 @@ def test_the_broker_gave_a_real_cuda_job_the_gpu_it_leased_and_freed_it() -> Non
     assert "released: its job ended" in log
     doctor = output_of("gpualloc-broker-doctor.txt", THROUGH_BROKER)
     assert "no problems found" in doctor
+
+
+def test_sysfs_told_the_numa_node_so_no_not_supported_note_is_kept() -> None:
+    """Issue 41, item 5, on the real H200: NVML said NOT_SUPPORTED for the NUMA node, sysfs said
+    0, and the first two recordings still carried the 'not supported' note."""
+    topology = json.loads(output_of("gpualloc-topo-show.json", AFTER_BUDGETS))
+    (gpu,) = topology["gpus"]
+    assert gpu["numa_node"] == 0 and gpu["gpu_numa_node"] is None
+    assert not [n for n in topology["provenance"]["notes"] if "NUMA node" in n]
+    plan = output_of("gpualloc-plan.txt", AFTER_BUDGETS)
+    assert "Runners-up" not in plan and "runners-up: none; these are the only usable GPUs" in plan
