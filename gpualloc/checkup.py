@@ -38,8 +38,17 @@ class Finding(Struct, frozen=True):
 
 def link_findings(topology: Topology, links: LinksNow, leases: Iterable[Lease]) -> list[Finding]:
     """NVLink, PCIe and peer-to-peer findings for ``links`` (read from the host now)."""
+    nvlink = _nvlink_findings(topology, links)
+    flagged = {
+        int(gpu)
+        for f in nvlink
+        if f.severity == "problem"
+        for gpu in f.where.removeprefix("GPU ").split(",")
+        if gpu.strip().isdigit()
+    }
     return [
-        *_nvlink_findings(topology, links),
+        *nvlink,
+        *(f for f in _port_findings(topology, links) if int(f.where[4:]) not in flagged),
         *_pcie_findings(links),
         *_p2p_findings(links, leases),
     ]
@@ -117,6 +126,54 @@ def _nvlink_findings(topology: Topology, links: LinksNow) -> list[Finding]:
                 f"{healthy} NVLink connection(s) with every link up at its generation",
             )
         )
+    return found
+
+
+def _port_findings(topology: Topology, links: LinksNow) -> list[Finding]:
+    """What is wrong with the ports whatever the topology says (issue 41, item 4): a topology
+    discovered with a link already down records the fault as the truth, so two checks need no
+    earlier picture. A port down below the GPU's highest port up (ports are used from 0: a
+    dead link or a loose bridge); and a GPU with fewer NVSwitch links up than its peers on the
+    same switches (every GPU of an NVSwitch board has the same count)."""
+    from gpualloc.discovery.nvml import normalise_bus_id
+
+    gpu_buses = {normalise_bus_id(g.pci_bus_id) for g in topology.gpus if g.pci_bus_id}
+    switched = {g for link in topology.links if link.nvswitch for g in (link.a, link.b)}
+    found: list[Finding] = []
+    into_switch: dict[int, int] = {}
+    for gpu, state in sorted(links.gpus.items()):
+        if not state.ports:
+            continue
+        up = [p.link for p in state.ports if p.active]
+        gaps = [p.link for p in state.ports if not p.active and up and p.link < max(up)]
+        if gaps:
+            ports = ", ".join(map(str, gaps))
+            found.append(
+                Finding(
+                    "nvlink",
+                    f"GPU {gpu}",
+                    "problem",
+                    f"NVLink port {ports} down while port {max(up)} is up: a dead link or a "
+                    "loose bridge (reseat it, or ask the vendor; 'nvidia-smi nvlink -s')",
+                )
+            )
+        if gpu in switched and links.source != "nvidia-smi":
+            into_switch[gpu] = sum(
+                1 for p in state.ports if p.active and p.remote_bus_id not in gpu_buses
+            )
+    if into_switch:
+        most = max(into_switch.values())
+        for gpu, count in sorted(into_switch.items()):
+            if count < most:
+                found.append(
+                    Finding(
+                        "nvlink",
+                        f"GPU {gpu}",
+                        "problem",
+                        f"{count} NVSwitch links up where its peers have {most}: its all-to-all "
+                        "traffic runs slower (check the board and the fabric manager)",
+                    )
+                )
     return found
 
 

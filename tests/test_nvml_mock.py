@@ -141,12 +141,19 @@ def test_run_exports_the_gpus_it_leased_by_bus_order(profile: Path, tmp_path: Pa
 @pytest.mark.parametrize("profile", PROFILES, ids=_ids)
 def test_every_command_answers_on_every_profile(profile: Path, tmp_path: Path) -> None:
     """doctor, status, plan and metrics answer, with the outcome each fault documents."""
-    faulty = {"a100-ecc": "GPU 2", "a100-fob-mid": "GPU 5", "a100-lost": "GPU 3"}
+    faulty = {
+        "a100-ecc": "GPU 2",
+        "a100-fob-mid": "GPU 5",
+        "a100-lost": "GPU 3",
+        # links already down at discovery (issue 41, item 4): b2653dd said "every link up"
+        "dgx1v-linkdown": "NVLink port 2 down while port 5 is up",
+        "h100-switchdown": "16 NVSwitch links up where its peers have 18",
+    }
     for args in (["status", "--json"], ["metrics"], ["doctor"], ["plan", "-n", "1"]):
         done = _gpualloc(profile, tmp_path, *args)
         assert "Traceback" not in done.stderr, done.stderr
         if args[0] == "doctor" and profile.stem in faulty:
-            assert done.returncode == 17, done.stderr  # a GPU is unhealthy
+            assert done.returncode == 17, done.stderr  # a GPU or a link is unhealthy
             assert faulty[profile.stem] in done.stdout + done.stderr
         elif args[0] == "plan" and profile.stem == "a100-mig":
             assert done.returncode == 9 and "MIG mode" in done.stderr

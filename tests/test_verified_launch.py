@@ -429,3 +429,39 @@ def test_doctor_vouches_for_no_job_where_it_cannot_see_the_processes() -> None:
     (blind,) = lease_findings(Attribution(), [], processes_seen=False)
     assert (blind.severity, blind.detail) == ("note", "the GPUs' process lists cannot be read here")
     assert lease_findings(Attribution(), [])[0].severity == "ok"
+
+
+def test_links_already_down_at_discovery_are_found_without_an_earlier_picture() -> None:
+    """Issue 41, item 4: a topology discovered with a link down records it as the truth, so
+    doctor said "every link up". A port down below a port up, and a GPU with fewer NVSwitch
+    links than its peers, are problems whatever the topology says."""
+    from msgspec.structs import replace as replaced
+
+    from gpualloc.checkup import link_findings
+    from gpualloc.discovery.links import GpuLinks, LinksNow, Port
+    from gpualloc.topologies import load_bundled
+
+    bundled = load_bundled("hgx-h100")  # as discovered with 2 of GPU 2's links already down
+    topology = replaced(
+        bundled,
+        links=[
+            replaced(link, nvlinks=16) if 2 in (link.a, link.b) else link for link in bundled.links
+        ],
+    )
+    switch = "00000000:05:00.0"
+
+    def ports(down: set[int]) -> list[Port]:
+        return [Port(link=i, active=i not in down, remote_bus_id=switch) for i in range(18)]
+
+    now = LinksNow(
+        gpus={g: GpuLinks(gpu=g, ports=ports({4, 5} if g == 2 else set())) for g in range(8)},
+        source="nvml",
+    )
+    problems = {
+        (f.where, f.detail[:40])
+        for f in link_findings(topology, now, [])
+        if f.severity == "problem"
+    }
+    assert ("GPU 2", "NVLink port 4, 5 down while port 17 is u") in problems
+    assert ("GPU 2", "16 NVSwitch links up where its peers hav") in problems
+    assert {where for where, _ in problems} == {"GPU 2"}
