@@ -109,6 +109,10 @@ def test_discovery_through_nvml_matches_the_profile(profile: Path, tmp_path: Pat
     links = [link for link in topology["links"] if not {link["a"], link["b"]} & gone]
     if not nvlink.get("links_per_gpu") and not any("nvlinks" in d for d in spec["devices"]):
         assert not any(link["nvlinks"] for link in links), "a profile without NVLink"
+    rate = nvlink.get("bandwidth_per_link_mbps")
+    for gpu in gpus:  # the driver's per-link rate (field values), not the version's (item 6)
+        if gpu["health"] == "ok" and any(link["nvlinks"] for link in links):
+            assert gpu["nvlink_link_gbps"] == pytest.approx(rate / 1000), gpu
     if nvlink.get("switches") and nvlink.get("links_per_gpu") and "down" not in profile.stem:
         assert all(link["nvswitch"] for link in links)
         assert all(link["nvlinks"] == nvlink["links_per_gpu"] for link in links)

@@ -415,6 +415,26 @@ class NvmlSession:
             )
         return links
 
+    def _nvlink_rate(self, handle: Any) -> float | None:
+        """The per-link NVLink rate the driver reports (``NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON``,
+        MB/s, one direction, as ``nvidia-smi nvlink -s`` prints it: 26.562 GB/s on H100 where
+        the whitepaper's 25 GB/s is the table's); None where NVML has no such field or reads 0
+        (issue 41, item 6: the NVML path inferred the rate from the NVLink version alone)."""
+        nvml = self.nvml
+        field_id = getattr(nvml, "NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON", None)
+        if handle is None or field_id is None or not hasattr(nvml, "nvmlDeviceGetFieldValues"):
+            return None
+        try:
+            (found,) = nvml.nvmlDeviceGetFieldValues(handle, [field_id])
+        except (nvml.NVMLError, ValueError, TypeError):
+            return None
+        if found.nvmlReturn != 0:
+            return None
+        union = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal")
+        kind = union[found.valueType] if 0 <= found.valueType < len(union) else "uiVal"
+        mbps = float(getattr(found.value, kind))
+        return round(mbps / 1000, 3) if mbps > 0 else None
+
     def _remote_type(self, handle: Any, link: int) -> int:
         nvml = self.nvml
         try:
@@ -446,6 +466,7 @@ class NvmlSession:
                     probe.gpu,
                     nvlink_generation=min(generations),
                     nvlinks_active=len(probe.nvlinks),
+                    nvlink_link_gbps=self._nvlink_rate(probe.handle),
                 )
         pairs: dict[tuple[int, int], PairFacts] = {}
         for first in probes:
