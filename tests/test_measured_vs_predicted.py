@@ -63,3 +63,20 @@ def test_the_evaluations_figures(measured_benchmark) -> None:
     section = "\n".join(measured_benchmark.measured_section())
     assert "before **18 %**, after **3 %**" in section
     assert "left out: across two hosts" in section
+
+
+def test_a_staged_copy_is_a_little_slower_the_farther_apart_the_gpus() -> None:
+    """Issue 41, item 1: without peer access every pair was priced alike (half the link),
+    so placement could not tell GPUs of one root complex from GPUs of two sockets."""
+    from gpualloc.model.bandwidth import estimate_link_bandwidth_gbps
+    from gpualloc.model.paths import PciePath
+
+    def staged(path: PciePath | None) -> float:
+        return estimate_link_bandwidth_gbps(
+            nvlinks=0, nvlink_generation=None, nvlink_link_gbps=None, pcie=path,
+            pcie_generation=3, pcie_width=16, peer_access=False,
+        )  # fmt: skip
+
+    near, node, far = staged(PciePath.PIX), staged(PciePath.NODE), staged(PciePath.SYS)
+    assert near == staged(PciePath.PHB) == pytest.approx(15.76 * 0.5, rel=1e-3)
+    assert near > node > far == staged(None)

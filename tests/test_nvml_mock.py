@@ -170,3 +170,23 @@ def test_every_command_answers_on_every_profile(profile: Path, tmp_path: Path) -
         assert {p["pid"] for p in status["gpus"][1]["processes"]} == {1, 999999}
         dry = _gpualloc(profile, tmp_path, "run", "-n", "8", "--dry-run", "--", "true")
         assert dry.returncode == 10, "a GPU with a foreign process is not free"
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "nearer"),
+    [
+        ("b200", ["-n", "2", "--busy", "0,1,2"], {4, 5}),  # b2653dd: 3,4 across the sockets
+        ("l40s", ["-n", "4"], {0, 1, 4, 5}),  # b2653dd: 0,1,2,3, two sockets
+    ],
+)
+def test_without_peer_to_peer_the_nearer_gpus_win(
+    name: str, args: list[str], nearer: set[int], tmp_path: Path
+) -> None:
+    """Issue 41, item 1: on hosts whose GPUs copy through host memory (the mock's B200 and
+    L40S report no P2P, as GeForce boards and many VMs do) every pair was priced alike, and
+    the lowest indices won across sockets while GPUs of one root complex were free."""
+    planned = _gpualloc(MOCK / f"{name}.yaml", tmp_path, "plan", *args, "--json")
+    assert planned.returncode == 0, planned.stderr
+    data = json.loads(planned.stdout)
+    assert set(data["gpus"]) == nearer
+    assert len(set(data["numa_nodes"])) == 1

@@ -112,6 +112,24 @@ class BandwidthTable(Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     2080 Ti without P2P (5.7 of 15.75 GB/s, PCIe 3.0), 0.50 with P2P disabled on a DGX Station
     (7.9 of 15.75 each way), 0.70 on the 6-GPU PCIe 4.0 host of NVIDIA/nccl#814 (22 of 31.5);
     the middle one is taken."""
+    staged_path_factor: dict[PciePath, float] = field(
+        default_factory=lambda: {
+            PciePath.BOARD: 1.0,
+            PciePath.PIX: 1.0,
+            PciePath.PXB: 1.0,
+            PciePath.PHB: 1.0,
+            PciePath.NODE: 0.95,
+            PciePath.SYS: 0.9,
+        }
+    )
+    """The path's share of :attr:`staged_copy_factor`, a prior that orders, pending
+    measurements (issue 41, item 1). A staged copy climbs to the root complex whatever the path,
+    so PIX to PHB are alike; across root complexes of one socket (NODE) the host buffer is
+    remote to one GPU's root port, and across sockets (SYS) one leg also crosses the CPU
+    interconnect. Without it every pair of a host without peer-to-peer (GeForce boards, many
+    VMs) tied, and the lowest indices won across sockets while GPUs of one root complex were
+    free. The steps are small so that measured factors, when they come, replace an order rather
+    than a claim; an unknown path is priced as SYS."""
 
     def nvlink_rate(self, generation: int | None) -> float:
         """Per-link rate for an NVLink generation (None: the default generation)."""
@@ -208,11 +226,13 @@ def estimate_link_bandwidth_gbps(
 
     ``nvlink_link_gbps`` is a per-link rate known for these GPUs (driver report or GPU family);
     ``pcie_generation`` and ``pcie_width`` are the lower of the two GPUs' values, or None.
-    ``peer_access`` False (the driver refuses P2P): a copy staged through host memory.
+    ``peer_access`` False (the driver refuses P2P): a copy staged through host memory, a little
+    slower the farther apart the GPUs are (:attr:`BandwidthTable.staged_path_factor`).
     """
     if peer_access is False:
         rate = table.pcie_rate(pcie_generation, pcie_width)
-        return round(rate * table.staged_copy_factor, 3)
+        path = table.staged_path_factor.get(pcie, table.staged_path_factor[PciePath.SYS])
+        return round(rate * table.staged_copy_factor * path, 3)
     if nvlinks > 0:
         per_link = nvlink_link_gbps or table.nvlink_rate(nvlink_generation)
         return round(nvlinks * per_link, 3)
