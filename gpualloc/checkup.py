@@ -148,13 +148,18 @@ def _port_findings(topology: Topology, links: LinksNow) -> list[Finding]:
         gaps = [p.link for p in state.ports if not p.active and up and p.link < max(up)]
         if gaps:
             ports = ", ".join(map(str, gaps))
+            remedy = (
+                "a dead link (check the board and the fabric manager; 'nvidia-smi nvlink -s')"
+                if gpu in switched
+                else "a dead link or a loose bridge (reseat it, or ask the vendor; "
+                "'nvidia-smi nvlink -s')"
+            )
             found.append(
                 Finding(
                     "nvlink",
                     f"GPU {gpu}",
                     "problem",
-                    f"NVLink port {ports} down while port {max(up)} is up: a dead link or a "
-                    "loose bridge (reseat it, or ask the vendor; 'nvidia-smi nvlink -s')",
+                    f"NVLink port {ports} down while port {max(up)} is up: {remedy}",
                 )
             )
         if gpu in switched and links.source != "nvidia-smi":
@@ -213,8 +218,12 @@ def _short(
             where,
             "problem",
             f"{len(up)} of {expected} NVLinks to {towards} are up (the topology has {expected})"
-            ": a link is down; 'nvidia-smi nvlink -s' shows which, a GPU reset or a reseat of "
-            "the bridge may bring it back",
+            ": a link is down; 'nvidia-smi nvlink -s' shows which, "
+            + (
+                "a GPU reset may bring it back (else check the board and the fabric manager)"
+                if towards == "NVSwitch"
+                else "a GPU reset or a reseat of the bridge may bring it back"
+            ),
         )
     slow = sorted({p.generation for p in up if p.generation is not None})
     if generation is not None and slow and slow[0] < generation:

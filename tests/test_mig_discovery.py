@@ -330,4 +330,4 @@ def test_topo_import_errors_are_one_line_with_a_hint(cli, tmp_path: Path) -> Non
     two.write_text(recorded("2gpu_pcie_phb_hf-docs_topo.txt"))
     result = cli("topo", "import", str(two), "--mig", str(_saved(tmp_path, SEVEN)))
     assert result.exit_code == ExitCode.TOPOLOGY_PARSE
-    assert "'nvidia-smi -L' lists 1 GPUs but the topology has 2" in result.stderr
+    assert "'nvidia-smi -L' lists 1 GPU but the topology has 2" in result.stderr

@@ -161,13 +161,21 @@ def test_every_command_answers_on_every_profile(profile: Path, tmp_path: Path) -
             assert faulty[profile.stem] in done.stdout + done.stderr
         elif args[0] == "plan" and profile.stem == "a100-mig":
             assert done.returncode == 9 and "MIG mode" in done.stderr
+            assert "asks for 1 GPU but" in done.stderr, "not '1 GPUs'"
+            assert "no MIG device exists yet" in done.stderr, "not 'plan a MIG device'"
         else:
             assert done.returncode == 0, (args, done.stderr)
+    if profile.stem == "a100-lost":  # lost, not merely unhealthy (issue 41, item 5)
+        metrics = _gpualloc(profile, tmp_path, "metrics").stdout
+        assert 'gpualloc_gpus{state="lost"} 1' in metrics
+        assert 'gpualloc_gpus{state="unhealthy"} 0' in metrics
     if profile.stem == "a100-procs":  # GPU 1 runs two processes gpualloc did not start
         status = json.loads(_gpualloc(profile, tmp_path, "status", "--json").stdout)
         foreign = {g["index"] for g in status["gpus"] if g["state"] == "foreign"}
         assert foreign == {1}, status["gpus"]
         assert {p["pid"] for p in status["gpus"][1]["processes"]} == {1, 999999}
+        planned = _gpualloc(profile, tmp_path, "plan", "-n", "8")
+        assert "note: GPU 1 runs processes now; plan counts every GPU free" in planned.stderr
         dry = _gpualloc(profile, tmp_path, "run", "-n", "8", "--dry-run", "--", "true")
         assert dry.returncode == 10, "a GPU with a foreign process is not free"
 

@@ -70,11 +70,11 @@ def plan_command(
         raise RequestError("how many GPUs?", hint="give -n K (or --mig / --mem for a MIG device)")
     want = options.want(STATE.config())
     host = open_host_ledger(
-        ignore_foreign=True,  # plan asks "what if": only --busy and --free say what is taken
         create=False,
         check_health=not allow_unhealthy,
         allow_unhealthy=allow_unhealthy,
     )
+    host.ignore_foreign = True  # plan asks "what if": only --busy and --free say what is taken
     topology = host.topology
     if want.mig is not None:
         if free is not None:
@@ -116,10 +116,23 @@ def plan_command(
     except NoFeasiblePlacement as never:
         if not split:
             raise
+        hint = (
+            "plan a MIG device with --mig PROFILE or --mem SIZE, or fewer GPUs"
+            if topology.mig_instances
+            else "no MIG device exists yet: an administrator creates some (nvidia-smi mig -cgi "
+            "PROFILE -C) or turns MIG mode off (nvidia-smi -i N -mig 0)"
+        )
         raise NoFeasiblePlacement(
             f"{never.message} (GPU {format_cpulist(split)} in MIG mode cannot be leased whole)",
-            hint="plan a MIG device with --mig PROFILE or --mem SIZE, or fewer GPUs",
+            hint=hint,
         ) from None
+    running = sorted({p.gpu for p in host.processes.processes if p.gpu in state.free})
+    if running and busy is None and free is None:  # plan asks "what if": say what it ignores
+        say(
+            f"note: GPU {format_cpulist(running)} {'runs' if len(running) == 1 else 'run'} "
+            "processes now; plan counts every GPU free "
+            "but --busy ones ('gpualloc status' shows them; run and alloc avoid them)"
+        )
     budget = host.placement_budget_s
     if compare:
         _show_compare(ctx, as_json, budget)

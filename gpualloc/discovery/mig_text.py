@@ -20,6 +20,7 @@ from msgspec.structs import replace
 
 from gpualloc.errors import TopologyParseError
 from gpualloc.model.mig import MigInstance, parse_mig_profile
+from gpualloc.model.printable import count_of
 from gpualloc.model.topology import Gpu, Health, Provenance, Topology
 
 _MIB = 1024 * 1024
@@ -275,8 +276,8 @@ def with_mig_layout(topology: Topology, texts: MigTexts) -> Topology:
     if texts.listed is not None:
         if len(texts.listed.gpus) != len(gpus):
             raise TopologyParseError(
-                f"'nvidia-smi -L' lists {len(texts.listed.gpus)} GPUs but the topology has "
-                f"{len(gpus)}; are they from the same host?"
+                f"'nvidia-smi -L' lists {count_of(len(texts.listed.gpus), 'GPU')} but the "
+                f"topology has {len(gpus)}; are they from the same host?"
             )
         for row in texts.listed.gpus:
             gpu = gpus[row.index]

@@ -35,6 +35,7 @@ from gpualloc.discovery.text import text_of
 from gpualloc.errors import DiscoveryError, DiscoveryUnavailable, NoGpuFound
 from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
 from gpualloc.model.paths import NVML_TOPOLOGY_LEVELS
+from gpualloc.model.printable import count_of
 from gpualloc.model.topology import Gpu, Health, NumaNode, Provenance, Topology
 
 T = TypeVar("T")
@@ -248,7 +249,8 @@ class NvmlSession:
         except nvml.NVMLError_GpuIsLost:
             return [("lost", "fell off the bus (NVML: GPU is lost)")]
         if ecc:
-            faults.append(("ecc", f"{ecc} uncorrectable ECC errors since the driver loaded"))
+            errors = count_of(ecc, "uncorrectable ECC error")
+            faults.append(("ecc", f"{errors} since the driver loaded"))
         if pending == nvml.NVML_FEATURE_ENABLED:
             faults.append(("retired-pages", "retired memory pages wait for a GPU reset"))
         if rows is not None and len(rows) >= 4:

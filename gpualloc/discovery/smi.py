@@ -26,6 +26,7 @@ from gpualloc.errors import DiscoveryError, DiscoveryUnavailable, TopologyParseE
 from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
 from gpualloc.model.cpuset import parse_cpulist
 from gpualloc.model.paths import PciePath
+from gpualloc.model.printable import count_of
 from gpualloc.model.topology import Gpu, Health, NumaNode, Provenance, Source, Topology
 
 QUERY_FIELDS = (
@@ -119,7 +120,8 @@ def _check_counts(
             )
     if queried is not None and len(queried) != matrix.gpu_count:
         raise DiscoveryError(
-            f"nvidia-smi --query-gpu lists {len(queried)} GPUs but topo -m shows {matrix.gpu_count}"
+            f"nvidia-smi --query-gpu lists {count_of(len(queried), 'GPU')} but topo -m shows "
+            f"{matrix.gpu_count}"
         )
 
 

@@ -65,6 +65,10 @@ class Occupancy(Struct, frozen=True):
     """Where :attr:`share_mix` comes from, in words (``run --share --dry-run`` says it)."""
     unhealthy: dict[int, str] = field(default_factory=dict)
     """GPU index -> why it is not handed out (its faults); such GPUs are also ``unusable``."""
+    lost: frozenset[int] = frozenset()
+    """GPUs that fell off the bus (discovery marked them, or NVML says so now): their state is
+    ``lost``, not ``unhealthy`` (issue 41, item 5: ``gpualloc_gpus{state="lost"}`` never
+    fired)."""
     mig_foreign: dict[tuple[int, int], tuple[GpuProcess, ...]] = field(default_factory=dict)
     """(parent GPU, MIG device index) -> processes on that MIG device that no lease accounts
     for (NVML names their GPU and compute instance)."""
@@ -93,9 +97,13 @@ class Occupancy(Struct, frozen=True):
             if any(p.used_memory_bytes is not None for p in found)
         }
         used.update(memory_used or {})
+        faults = tuple(faults)
         unhealthy = {
             gpu: text for gpu, text in faults_by_gpu(faults).items() if gpu < topology.gpu_count
         }
+        lost = frozenset(g.index for g in topology.gpus if g.health == Health.LOST) | frozenset(
+            f.gpu for f in faults if f.kind == "lost" and f.gpu < topology.gpu_count
+        )
         return cls(
             gpu_count=topology.gpu_count,
             leases={i: lease for i, lease in ledger.held_gpus().items() if i < topology.gpu_count},
@@ -103,6 +111,7 @@ class Occupancy(Struct, frozen=True):
             unusable=frozenset(g.index for g in topology.gpus if g.health == Health.LOST)
             | frozenset(unhealthy),
             unhealthy=unhealthy,
+            lost=lost,
             ignore_foreign=ignore_foreign,
             outside=outside,
             mig=frozenset(g.index for g in topology.gpus if g.mig_enabled),
@@ -154,10 +163,10 @@ class Occupancy(Struct, frozen=True):
             return "shared"
         if gpu in self.outside:
             return "outside"
-        if gpu in self.unhealthy:
-            return "unhealthy"
-        if gpu in self.unusable:
+        if gpu in self.lost:
             return "lost"
+        if gpu in self.unhealthy or gpu in self.unusable:
+            return "unhealthy"
         if gpu in self.mig:
             return "mig"
         if self.foreign(gpu):

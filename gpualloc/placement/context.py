@@ -14,6 +14,7 @@ from msgspec import Struct, field
 
 from gpualloc.errors import NoFeasiblePlacement, RequestError
 from gpualloc.model.cpuset import format_cpulist
+from gpualloc.model.printable import count_of
 from gpualloc.model.request import HostState, JobRequest, Placement, Scores
 from gpualloc.model.topology import Topology
 from gpualloc.placement import scores
@@ -76,7 +77,7 @@ class DecisionContext(Struct, dict=True):
             why = f"{len(self.pool)} of {n} GPUs are usable ({len(self.state.free)} free"
             why += f", {excluded} of them excluded)" if excluded else ")"
             raise NoFeasiblePlacement(
-                f"the job asks for {k} GPUs but {why}",
+                f"the job asks for {count_of(k, 'GPU')} but {why}",
                 hint="ask for fewer GPUs (-n), or wait until more are free",
             )
 
