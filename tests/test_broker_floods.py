@@ -4,7 +4,8 @@ On b2653dd a user's 3,200 ``snapshot`` calls a second (under the 5,000-a-second 
 request alike) put another user's calls at p99 434 ms, and connection attempts were not limited
 at all. Now a request costs its user's budget about what it costs the broker (a full snapshot
 ten hellos), connections opened a second are limited per user, and an idle connection is
-closed. ``benchmarks/bench_broker.py`` measures another user's latency under a flood.
+closed, and a flood past the budget is hung up on. ``benchmarks/bench_broker_flood.py``
+measures another user's latency under a flood.
 """
 
 from __future__ import annotations
@@ -120,3 +121,43 @@ def test_a_refused_connection_is_told_why_even_when_its_request_meets_a_closed_s
     with pytest.raises(BrokerError, match="max_connects_per_s"):
         client.call("hello", retry=False)
     listener.close()
+
+
+@pytest.mark.slow
+def test_a_flood_past_the_budget_is_refused_once_and_hung_up_on(tmp_path: Path) -> None:
+    """A refused request used to cost the broker a parse and an answer each, however many a
+    flooder pipelined; now the first one past the budget is answered and the connection
+    closed (``benchmarks/bench_broker_flood.py`` measures another user's latency meanwhile)."""
+    import os
+
+    from tests.unix_users import ensure_user
+
+    config = tmp_path / "system.toml"
+    config.write_text("[broker]\nmax_requests_per_s = 5\n")
+    config.chmod(0o644)
+    broker = RunningBroker("dgx1-v100", system_config=config).start()
+    try:
+        user = ensure_user("gpualloc-t-alice")
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.setgid(user.gid)
+                os.setuid(user.uid)
+                flood = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                flood.connect(str(broker.socket))
+                flood.settimeout(10)
+                flood.sendall(b'{"v": 1, "op": "hello", "args": {}}\n' * 200)
+                lines = flood.makefile("rb").readlines()  # until the broker hangs up
+                answered = sum(b'"ok":true' in line for line in lines)
+                refusals = [line for line in lines if b"max_requests_per_s" in line]
+                time.sleep(1.0)  # the budget refills
+                again = BrokerClient(broker.socket, answer_s=5).call("hello", retry=False)
+                code = 0 if answered == 10 and len(refusals) == 1 and again else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, broker.log_text()[-2000:]
+    finally:
+        broker.stop()
+        shutil.rmtree(broker.directory, ignore_errors=True)

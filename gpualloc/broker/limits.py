@@ -47,6 +47,14 @@ class TokenBucket:
         self.buckets[uid] = (tokens - cost, now)
         return True
 
+    def exhausted(self, uid: int) -> bool:
+        """Whether ``uid`` has less than one token left now (root never has)."""
+        if uid == 0 or self.rate <= 0:
+            return False
+        now = time.monotonic()
+        tokens, then = self.buckets.get(uid, (2 * self.rate, now))
+        return min(2 * self.rate, tokens + (now - then) * self.rate) < 1
+
     def charge(self, uid: int, cost: float) -> None:
         """Take ``cost`` whatever is left: the budget may go below zero, and refills first."""
         if uid == 0 or self.rate <= 0 or cost <= 0:
@@ -77,6 +85,10 @@ class Limits:
     def take(self, uid: int, cost: float = 1.0) -> bool:
         """A request of ``uid`` costing ``cost``, if its budget allows."""
         return self.requests.take(uid, cost)
+
+    def exhausted(self, uid: int) -> bool:
+        """Whether ``uid``'s request budget is spent (then its requests are not even read)."""
+        return self.requests.exhausted(uid)
 
     def charge_time(self, uid: int, busy_s: float) -> None:
         """A request of ``uid`` kept the broker busy ``busy_s``: what passed

@@ -67,6 +67,8 @@ class Connection:
         self.said: dict[str, tuple[Any, ...]] = {}
         self.said_at: dict[str, float] = {}
         self.open = True
+        self.closing = False
+        """Closed once the batch's answers are out: its further requests are not read."""
         self.active = time.monotonic()
         """When it last sent anything (idle connections are closed: ``broker.idle_timeout``)."""
 
@@ -150,7 +152,7 @@ class Broker:
                     self._look()
                 requests, self.requests = self.requests, []
                 for connection, line in requests:
-                    if connection.open:
+                    if connection.open and not connection.closing:
                         self._request(connection, line)
         except GpuallocError as failed:  # a full disk, say: said to every client of the batch
             self.log(f"error: the ledger could not be written: {failed.message}")
@@ -364,12 +366,13 @@ class Broker:
     def _request(self, connection: Connection, line: bytes) -> None:
         peer = connection.peer
         try:
+            if self.limits.exhausted(peer.uid):  # a flood: said once, then hung up on
+                self._refuse_flood(connection)
+                return
             op, args = protocol.parse_request(line)
             if not self.limits.take(peer.uid, request_cost(op, args)):
-                raise BrokerError(
-                    "too many requests to the broker (broker.max_requests_per_s)",
-                    hint="slow down and try again",
-                )
+                self._refuse_flood(connection)
+                return
             started = time.perf_counter()
             try:
                 answer = self._handle(connection, op, args)
@@ -479,6 +482,21 @@ class Broker:
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if connection.outbox else 0)
         self.selector.modify(connection.sock, events, connection)
 
+    def _refuse_flood(self, connection: Connection) -> None:
+        """Past its user's request budget: one refusal and the connection closed, so that a
+        flood costs the broker one answer, not one per request (issue 40, hole 10)."""
+        self._send(
+            connection,
+            protocol.error_line(
+                BrokerError(
+                    "too many requests to the broker (broker.max_requests_per_s); this "
+                    "connection is closed",
+                    hint="slow down and try again",
+                )
+            ),
+        )
+        self._close(connection, flush=True)
+
     def _refuse(self, connection: Connection, why: str) -> None:
         self._send(connection, protocol.error_line(BrokerError(why, hint="see gpualloc.broker")))
         self._close(connection, flush=True)
@@ -487,6 +505,7 @@ class Broker:
         if not connection.open:
             return
         if flush and self.held_back is not None:  # after the batch's answers
+            connection.closing = True
             self.held_back.append((connection, CLOSE))
             return
         if flush and connection.outbox:
