@@ -21,7 +21,8 @@ from pathlib import Path
 
 from gpualloc.broker.fair_share import FairShare
 from gpualloc.broker.limits import Limits
-from gpualloc.broker.server import Broker, activated, listening_socket, log_line
+from gpualloc.broker.listener import activated, listening_socket
+from gpualloc.broker.server import Broker, log_line
 from gpualloc.broker.service import LedgerService
 from gpualloc.config import Config
 from gpualloc.errors import BrokerError

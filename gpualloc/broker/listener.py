@@ -1,0 +1,76 @@
+"""The broker's listening socket: systemd's (socket activation) or one made in a directory no
+other user may write (issue 40, hole 9)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import stat
+from pathlib import Path
+
+from gpualloc.errors import BrokerError
+
+LISTEN_FDS_START = 3
+"""The first descriptor systemd passes (``sd_listen_fds``)."""
+
+
+def activated() -> bool:
+    """Whether systemd passed this process its socket (``sd_listen_fds``)."""
+    return os.environ.get("LISTEN_PID") == str(os.getpid()) and os.environ.get("LISTEN_FDS") == "1"
+
+
+def listening_socket(path: Path) -> socket.socket:
+    """The socket to serve: systemd's (socket activation) when it passed one, else ``path``
+    made now (mode 0666: every user may connect; the kernel names them). A stale socket file
+    is replaced; one a live broker answers on is an error."""
+    if activated():
+        return socket.socket(fileno=LISTEN_FDS_START)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    check_socket_directory(path.parent)
+    if os.path.lexists(path) and not stat.S_ISSOCK(os.lstat(path).st_mode):
+        raise BrokerError(
+            f"{path} exists and is not a socket", hint="give --socket a path of its own"
+        )
+    if os.path.lexists(path):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError as exc:
+            if exc.errno not in (errno.ECONNREFUSED, errno.ENOTSOCK, errno.ENOENT):
+                raise
+            path.unlink(missing_ok=True)
+        else:
+            raise BrokerError(
+                f"another broker already serves {path}",
+                hint="stop it first ('systemctl stop gpualloc.service'), or give --socket",
+            )
+        finally:
+            probe.close()
+    # Made under another name and renamed into place: a client never finds the socket before
+    # its mode lets everyone connect (bind makes it with the umask's mode).
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    staging.unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    listener.bind(str(staging))
+    staging.chmod(0o666)
+    listener.listen(256)
+    staging.rename(path)
+    return listener
+
+
+def check_socket_directory(directory: Path) -> None:
+    """Refuse to listen in a directory that another user owns or may write: they could swap
+    the socket for theirs, and read every request (issue 40, hole 9)."""
+    info = directory.stat()
+    if info.st_uid not in (0, os.geteuid()):
+        raise BrokerError(
+            f"{directory} belongs to uid {info.st_uid}: its owner could replace the socket",
+            hint="give --socket a path in a directory of root's (e.g. /run/gpualloc)",
+        )
+    if info.st_mode & 0o022:
+        raise BrokerError(
+            f"{directory} may be written by others (mode {stat.S_IMODE(info.st_mode):04o}): "
+            "they could replace the socket",
+            hint="give --socket a path in a directory only root may write (e.g. /run/gpualloc)",
+        )
