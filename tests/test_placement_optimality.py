@@ -33,7 +33,27 @@ def _sets(ctx):
             yield gpus
 
 
+_BRUTE: dict = {}
+"""Brute-force answers by what they depend on: the same host, pool, pattern and objective
+recur across sensitivities and policies (an empty host's contexts are alike), and each costs
+k! orders per set."""
+
+
+def _memo(key, compute):
+    if key not in _BRUTE:
+        _BRUTE[key] = compute()
+    return _BRUTE[key]
+
+
 def _brute_ordered(ctx, objective):
+    key = (
+        "ordered", ctx.topology.name, ctx.pool, tuple(sorted(ctx.request.required)),
+        ctx.request.pattern.edges, ctx.k, objective.describe(),
+    )  # fmt: skip
+    return _memo(key, lambda: _brute_ordered_now(ctx, objective))
+
+
+def _brute_ordered_now(ctx, objective):
     best = None
     for gpus in _sets(ctx):
         for order in permutations(gpus):
@@ -55,6 +75,11 @@ def _brute_set(ctx, key_of):
 
 
 def _best_aggregated_order(ctx, gpus):
+    key = ("order", ctx.topology.name, tuple(gpus), ctx.request.pattern.edges)
+    return _memo(key, lambda: _best_aggregated_order_now(ctx, gpus))
+
+
+def _best_aggregated_order_now(ctx, gpus):
     objective = AggregatedObjective()
     return min(
         permutations(gpus),
