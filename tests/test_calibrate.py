@@ -142,15 +142,22 @@ def test_a_damaged_calibration_is_ignored(
     assert topology.link(1, 4).bandwidth_gbps == 7.88
 
 
-def test_devices_numbered_otherwise_than_nvml_are_refused(
+def test_devices_numbered_otherwise_than_nvml_are_matched_by_uuid(
     cli, monkeypatch: pytest.MonkeyPatch, recorded: RecordedCopies
 ) -> None:
-    """torch must see NVML's GPU i as device i, or the matrix would land on the wrong pairs."""
+    """torch numbers GPUs in bus order, NVML in its own (not bus order on every host: issue
+    41, item 2); each NVML GPU is copied to and from its own torch device, found by UUID.
+    A torch that sees other GPUs than NVML is refused."""
     fake = _fake_host(monkeypatch, "dgx1-v100")
     uuids = [gpu.uuid for gpu in fake.gpus]
-    recorded.uuids = [uuids[1], uuids[0], *uuids[2:]]
+    recorded.uuids = [uuids[1], uuids[0], *uuids[2:]]  # torch's device 0 is NVML's GPU 1
+    assert cli("calibrate").exit_code == 0
+    matrix = calibration.load_calibration().matrix
+    assert matrix[0][3] == recorded.matrix[1][3] / 2  # GPU 0 is torch's device 1
+    assert matrix[1][3] == recorded.matrix[0][3] / 2
+    assert matrix[2][3] == recorded.matrix[2][3] / 2
+    calibration.calibration_path().unlink()
+    recorded.uuids = ["GPU-elsewhere", *uuids[1:]]
     result = cli("calibrate")
     assert result.exit_code == ExitCode.DISCOVERY and "CUDA_VISIBLE_DEVICES" in result.stderr
     assert not calibration.calibration_path().exists()
-    recorded.uuids = uuids
-    assert cli("calibrate").exit_code == 0

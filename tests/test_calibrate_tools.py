@@ -236,3 +236,28 @@ def test_with_torch_and_no_nccl_tests_torch_measures_the_sets(cli, monkeypatch, 
     assert kept.exit_code == 0 and "warning: collectives not measured" in kept.stderr
     assert json.loads(kept.stdout)["collectives"] == []
     assert cli("calibrate", "--collectives").exit_code == ExitCode.DISCOVERY
+
+
+def test_nvbandwidth_and_all_reduce_perf_name_gpus_by_cuda_number(monkeypatch) -> None:
+    """Both tools number GPUs as CUDA does (bus order); where NVML enumerates otherwise, the
+    matrix is put back in NVML's order and the sets are named by CUDA number (issue 41)."""
+    from gpualloc.discovery import measure_tools
+    from gpualloc.discovery.cache import CacheKey
+
+    cuda_matrix = [[0.0, 1.0, 2.0], [10.0, 0.0, 12.0], [20.0, 21.0, 0.0]]  # by CUDA device
+    monkeypatch.setattr(measure_tools.Nvbandwidth, "__init__", lambda self: None)
+    monkeypatch.setattr(measure_tools.Nvbandwidth, "matrix", lambda self, count: cuda_matrix)
+    key = CacheKey(source="nvml", boot_id=None, driver_version=None, gpu_uuids=("a", "b", "c"))
+    ordinals = {0: 0, 1: 2, 2: 1}  # NVML's GPU 1 is CUDA's device 2
+    found = measure_tools.measure_with_nvbandwidth(key, ordinals).matrix
+    assert found[0][1] == cuda_matrix[0][2] and found[1][2] == cuda_matrix[2][1]
+    asked: list = []
+
+    def run(argv, gpus=None):
+        asked.append(gpus)
+        return "#  out-of-place\\n"
+
+    monkeypatch.setattr(measure_tools, "_run_tool", run)
+    with pytest.raises(measure_tools.CalibrationUnavailable):
+        measure_tools.measure_collectives("all_reduce_perf", [(1, 2)], ordinals=ordinals)
+    assert asked == [[2, 1]]

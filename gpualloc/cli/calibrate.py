@@ -167,7 +167,8 @@ def _measure_pairs(
             raise no_torch from None
         if not quiet:
             say(f"{no_torch}; measuring with nvbandwidth instead")
-        return measure_tools.measure_with_nvbandwidth(key), False
+        ordinals = _estimated_host().cuda_ordinals()
+        return measure_tools.measure_with_nvbandwidth(key, ordinals), False
     have_torch = nccl_available(getattr(backend, "torch", None))
     with _progress(count * (count - 1), "copies", quiet) as step:
         result = calibration.measure(
@@ -198,7 +199,10 @@ def _measure_collectives(
     sets = measure_tools.collective_sets(host)
     if tool is not None:
         with _progress(len(sets), "all-reduces", quiet) as step:
-            return measure_tools.measure_collectives(tool, sets, progress=step), "all_reduce_perf"
+            found = measure_tools.measure_collectives(
+                tool, sets, progress=step, ordinals=host.cuda_ordinals()
+            )
+            return found, "all_reduce_perf"
     from gpualloc.discovery.torch_collectives import measure_sets
 
     if not quiet:

@@ -174,8 +174,10 @@ def measure(
 ) -> Calibration:
     """Every ordered pair of the host's GPUs, copied ``repeats`` times ``size_bytes``.
 
-    torch numbers devices as CUDA does; gpualloc sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` before
-    torch starts, so device ``i`` is NVML's GPU ``i``.
+    torch numbers devices as CUDA does, in PCI bus order (gpualloc sets
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` before torch starts), which is not NVML's order on every
+    host: each NVML GPU is matched to its torch device by UUID where torch tells them (issue
+    41, item 2), else device ``i`` is taken for GPU ``i``.
     """
     count = len(key.gpu_uuids)
     if backend.device_count() != count:
@@ -183,18 +185,23 @@ def measure(
             f"torch sees {backend.device_count()} GPU(s), NVML {count}",
             hint="unset CUDA_VISIBLE_DEVICES so that every GPU can be measured",
         )
-    for index, expected in enumerate(key.gpu_uuids):
-        seen = backend.device_uuid(index)
-        if seen is not None and expected is not None and seen != expected:
-            raise CalibrationUnavailable(
-                f"torch's device {index} is {seen}, NVML's GPU {index} is {expected}",
-                hint="unset CUDA_VISIBLE_DEVICES so that torch numbers GPUs as NVML does",
-            )
+    seen = [backend.device_uuid(index) for index in range(count)]
+    device = list(range(count))
+    if all(seen) and all(key.gpu_uuids) and set(seen) == set(key.gpu_uuids):
+        where = {uuid: index for index, uuid in enumerate(seen)}
+        device = [where[uuid] for uuid in key.gpu_uuids]
+    else:
+        for index, expected in enumerate(key.gpu_uuids):
+            if seen[index] is not None and expected is not None and seen[index] != expected:
+                raise CalibrationUnavailable(
+                    f"torch's device {index} is {seen[index]}, NVML's GPU {index} is {expected}",
+                    hint="unset CUDA_VISIBLE_DEVICES so that torch sees the GPUs NVML sees",
+                )
     matrix = [[0.0] * count for _ in range(count)]
     for source in range(count):
         for target in range(count):
             if source != target:
-                gbps = backend.copy_gbps(source, target, size_bytes, repeats)
+                gbps = backend.copy_gbps(device[source], device[target], size_bytes, repeats)
                 matrix[source][target] = round(gbps, 3)
                 progress()
     return Calibration(

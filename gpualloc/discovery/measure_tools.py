@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 
 from gpualloc.discovery.cache import CacheKey
@@ -84,8 +84,16 @@ class Nvbandwidth:
         return matrix
 
 
-def measure_with_nvbandwidth(key: CacheKey) -> Calibration:
-    matrix = Nvbandwidth().matrix(len(key.gpu_uuids))
+def measure_with_nvbandwidth(
+    key: CacheKey, ordinals: Mapping[int, int] | None = None
+) -> Calibration:
+    """nvbandwidth's copy matrix, its CUDA devices (bus order) put back in NVML's order by
+    ``ordinals`` (:meth:`~gpualloc.model.topology.Topology.cuda_ordinals`)."""
+    measured = Nvbandwidth().matrix(len(key.gpu_uuids))
+    ordinal = ordinals or {}
+    count = len(measured)
+    cuda = [ordinal.get(gpu, gpu) for gpu in range(count)]
+    matrix = [[measured[cuda[a]][cuda[b]] for b in range(count)] for a in range(count)]
     return Calibration(
         gpu_uuids=key.gpu_uuids,
         driver_version=key.driver_version,
@@ -122,13 +130,17 @@ def measure_collectives(
     sets: Sequence[tuple[int, ...]],
     *,
     progress: Callable[[tuple[int, ...]], None] = lambda gpus: None,
+    ordinals: Mapping[int, int] | None = None,
 ) -> list[MeasuredCollective]:
-    """``all_reduce_perf`` over each set of GPUs (one process driving them, ``-g K``)."""
+    """``all_reduce_perf`` over each set of GPUs (one process driving them, ``-g K``), each
+    named to CUDA by its number in bus order (``ordinals``; default its index)."""
     found = []
+    number = ordinals or {}
     for gpus in sets:
         progress(gpus)
         size = str(ALL_REDUCE_BYTES)
-        output = _run_tool([tool, "-b", size, "-e", size, "-g", str(len(gpus))], gpus)
+        visible = [number.get(g, g) for g in gpus]
+        output = _run_tool([tool, "-b", size, "-e", size, "-g", str(len(gpus))], visible)
         recording = read_recording(output, source="all_reduce_perf")
         if recording is None or not recording.collectives:
             raise CalibrationUnavailable("all_reduce_perf printed no result gpualloc can read")
