@@ -46,9 +46,12 @@ def link_findings(topology: Topology, links: LinksNow, leases: Iterable[Lease]) 
         for gpu in f.where.removeprefix("GPU ").split(",")
         if gpu.strip().isdigit()
     }
+    ports = [f for f in _port_findings(topology, links) if int(f.where[4:]) not in flagged]
+    if ports:  # "every link up" would contradict them
+        nvlink = [f for f in nvlink if f.severity != "ok"]
     return [
         *nvlink,
-        *(f for f in _port_findings(topology, links) if int(f.where[4:]) not in flagged),
+        *ports,
         *_pcie_findings(links),
         *_p2p_findings(links, leases),
     ]

@@ -465,3 +465,5 @@ def test_links_already_down_at_discovery_are_found_without_an_earlier_picture() 
     assert ("GPU 2", "NVLink port 4, 5 down while port 17 is u") in problems
     assert ("GPU 2", "16 NVSwitch links up where its peers hav") in problems
     assert {where for where, _ in problems} == {"GPU 2"}
+    said = [f.detail for f in link_findings(topology, now, []) if f.check == "nvlink"]
+    assert not [line for line in said if "every link up" in line], "no contradiction"
