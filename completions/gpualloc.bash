@@ -84,7 +84,7 @@ _gpualloc_values() {
 
 _gpualloc_arguments() {
     case $1 in
-        'run') _gpualloc_offer 'command' ;;
+        'run') COMPREPLY+=($(compgen -c -- "$cur")) ;;
         'release') _gpualloc_offer '@leases' ;;
     esac
 }

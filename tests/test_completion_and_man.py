@@ -153,6 +153,10 @@ def test_the_static_script_completes_commands_options_and_values(
     assert offered("plan", "--pattern=t") == ["tree"]
     job = offered("run", "-n", "2", "--", "pyth")
     assert job == ["<job:pyth>"] if shell == "zsh" else "python3" in job
+    # issue 43, point 5: 'gpualloc run <TAB>' offered the literal word 'command'
+    first = offered("run", "-n", "2", "pyth")
+    assert "command" not in first
+    assert first == ["<commands>"] if shell == "zsh" else "python3" in first
 
 
 @pytest.mark.slow

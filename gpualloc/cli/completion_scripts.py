@@ -131,7 +131,9 @@ def bash_script(specs: list[CommandSpec]) -> str:
             takes.append(keys)
             if option.values:
                 values.append(f"        {keys}) _gpualloc_offer {_bash_values(option.values)} ;;")
-        if spec.arguments:
+        if spec.arguments == "command":  # the job of 'run': command names, not the word
+            arguments.append(f"        {key}) COMPREPLY+=($(compgen -c -- \"$cur\")) ;;")
+        elif spec.arguments:
             arguments.append(f"        {key}) _gpualloc_offer {_bash_values((spec.arguments,))} ;;")
     return _BASH.format(
         leases=LEASES_VARIABLE,
