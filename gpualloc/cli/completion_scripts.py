@@ -132,7 +132,7 @@ def bash_script(specs: list[CommandSpec]) -> str:
             if option.values:
                 values.append(f"        {keys}) _gpualloc_offer {_bash_values(option.values)} ;;")
         if spec.arguments == "command":  # the job of 'run': command names, not the word
-            arguments.append(f"        {key}) COMPREPLY+=($(compgen -c -- \"$cur\")) ;;")
+            arguments.append(f'        {key}) COMPREPLY+=($(compgen -c -- "$cur")) ;;')
         elif spec.arguments:
             arguments.append(f"        {key}) _gpualloc_offer {_bash_values((spec.arguments,))} ;;")
     return _BASH.format(
