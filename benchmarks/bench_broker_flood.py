@@ -20,7 +20,6 @@ import shutil
 import socket
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,26 +30,13 @@ from gpualloc.errors import GpuallocError  # noqa: E402
 from gpualloc.ledger.store import new_lease_id  # noqa: E402
 from gpualloc.wire.client import BrokerClient  # noqa: E402
 from tests.broker_harness import RunningBroker  # noqa: E402
-from tests.unix_users import UnixUser, ensure_user  # noqa: E402
+from tests.unix_users import UnixUser, ensure_user, start_as_user, wait_for_user  # noqa: E402
 
 P99_TARGET_MS = 20.0
 SNAPSHOT = b'{"v":1,"op":"snapshot","args":{"full":true}}\n'
 
 
-def _as(user: UnixUser, work) -> int:
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.setgid(user.gid)
-            os.setuid(user.uid)
-            code = work()
-        finally:
-            os._exit(code)
-    return pid
-
-
-def _flood(path: Path, seconds: float, report: int) -> int:
+def _flood(path: Path, seconds: float, report: int) -> None:
     """Full snapshots over 4 connections, 16 in flight on each, for ``seconds``; a connection
     the broker closes is opened again at once (as a flooder would)."""
     answered = refused = reconnects = 0
@@ -83,10 +69,9 @@ def _flood(path: Path, seconds: float, report: int) -> int:
                 connections[i] = None
     summary = {"answered": answered, "refused": refused, "connections": reconnects}
     os.write(report, json.dumps(summary).encode())
-    return 0
 
 
-def _work(path: Path, seconds: float, report: int) -> int:
+def _work(path: Path, seconds: float, report: int) -> None:
     """Alloc and release one GPU again and again; every call's latency in ms."""
     client = BrokerClient(path, answer_s=30)
     times: list[float] = []
@@ -108,7 +93,6 @@ def _work(path: Path, seconds: float, report: int) -> int:
             times.append((time.perf_counter() - began) * 1000)
         time.sleep(0.005)
     os.write(report, json.dumps(times).encode())
-    return 0
 
 
 def _read(fd: int) -> object:
@@ -122,15 +106,23 @@ def _read(fd: int) -> object:
 def _round(broker: RunningBroker, worker: UnixUser, flooder: UnixUser | None, seconds: float):
     work_r, work_w = os.pipe()
     flood_r, flood_w = os.pipe()
-    pids = [_as(worker, lambda: _work(broker.socket, seconds, work_w))]
+    pids = [
+        (
+            start_as_user(worker.uid, worker.gid, lambda: _work(broker.socket, seconds, work_w)),
+            worker.uid,
+        )
+    ]
     if flooder is not None:
-        pids.append(_as(flooder, lambda: _flood(broker.socket, seconds, flood_w)))
+        flood = start_as_user(
+            flooder.uid, flooder.gid, lambda: _flood(broker.socket, seconds, flood_w)
+        )
+        pids.append((flood, flooder.uid))
     os.close(work_w)
     os.close(flood_w)
     times = _read(work_r)
     flood = _read(flood_r) if flooder is not None else None
-    for pid in pids:
-        os.waitpid(pid, 0)
+    for pid, uid in pids:
+        wait_for_user(pid, uid)
     return times, flood
 
 
@@ -152,7 +144,6 @@ def main() -> int:
         print("run as root: the flooder and the worker are real Unix users", file=sys.stderr)
         return 2
     flooder, worker = ensure_user("gpualloc-t-alice"), ensure_user("gpualloc-t-bob")
-    directory = Path(tempfile.mkdtemp(prefix="gpualloc-flood-"))
     broker = RunningBroker(options.topology).start()
     try:
         quiet, _ = _round(broker, worker, None, options.seconds)
@@ -160,7 +151,6 @@ def main() -> int:
     finally:
         broker.stop()
         shutil.rmtree(broker.directory, ignore_errors=True)
-        shutil.rmtree(directory, ignore_errors=True)
     print(f"broker on {options.topology}, default limits, {options.seconds:g} s each")
     print(_line("another user's alloc/release, nobody flooding", quiet))
     assert isinstance(flood, dict)

@@ -54,33 +54,23 @@ def test_the_broker_closes_idle_connections_and_refuses_a_connection_storm(
     broker = RunningBroker("dgx1-v100", system_config=config).start()
     try:
         # root is never limited: the storm and the idle test run as a user
-        import os
+        from tests.unix_users import as_user, ensure_user
 
-        from tests.unix_users import ensure_user
+        def storm() -> None:
+            idle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            idle.connect(str(broker.socket))
+            idle.settimeout(10)
+            assert idle.recv(1) == b"", "the broker closes an idle connection after a second"
+            refused = 0
+            for _ in range(40):  # the real client: it reads the refusal even when the broker
+                try:  # closed the socket before the request was written (EPIPE)
+                    BrokerClient(broker.socket, answer_s=5).call("hello", retry=False)
+                except BrokerError as error:
+                    refused += "max_connects_per_s" in str(error)
+            assert refused >= 20, refused
 
         user = ensure_user("gpualloc-t-alice")
-        pid = os.fork()
-        if pid == 0:  # the user's side, in a child that drops to the user
-            code = 1
-            try:
-                os.setgid(user.gid)
-                os.setuid(user.uid)
-                idle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                idle.connect(str(broker.socket))
-                idle.settimeout(10)
-                closed = idle.recv(1) == b""  # the broker closes it after about a second
-                refused = 0
-                for _ in range(40):  # the real client: it reads the refusal even when the
-                    # broker closed the socket before the request was written (EPIPE)
-                    try:
-                        BrokerClient(broker.socket, answer_s=5).call("hello", retry=False)
-                    except BrokerError as error:
-                        refused += "max_connects_per_s" in str(error)
-                code = 0 if closed and refused >= 20 else 2
-            finally:
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0, broker.log_text()[-2000:]
+        as_user(user.uid, user.gid, storm)
         started = time.monotonic()
         assert broker.hello()["protocol"] == 1 and time.monotonic() - started < 1
     finally:
@@ -128,36 +118,27 @@ def test_a_flood_past_the_budget_is_refused_once_and_hung_up_on(tmp_path: Path) 
     """A refused request used to cost the broker a parse and an answer each, however many a
     flooder pipelined; now the first one past the budget is answered and the connection
     closed (``benchmarks/bench_broker_flood.py`` measures another user's latency meanwhile)."""
-    import os
-
-    from tests.unix_users import ensure_user
+    from tests.unix_users import as_user, ensure_user
 
     config = tmp_path / "system.toml"
     config.write_text("[broker]\nmax_requests_per_s = 5\n")
     config.chmod(0o644)
     broker = RunningBroker("dgx1-v100", system_config=config).start()
+
+    def flood() -> None:
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection.connect(str(broker.socket))
+        connection.settimeout(10)
+        connection.sendall(b'{"v": 1, "op": "hello", "args": {}}\n' * 200)
+        lines = connection.makefile("rb").readlines()  # until the broker hangs up
+        assert sum(b'"ok":true' in line for line in lines) == 10  # a burst: twice the rate
+        assert [b"max_requests_per_s" in line for line in lines[10:]] == [True], lines[10:]
+        time.sleep(1.0)  # the budget refills
+        assert BrokerClient(broker.socket, answer_s=5).call("hello", retry=False)
+
     try:
         user = ensure_user("gpualloc-t-alice")
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                os.setgid(user.gid)
-                os.setuid(user.uid)
-                flood = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                flood.connect(str(broker.socket))
-                flood.settimeout(10)
-                flood.sendall(b'{"v": 1, "op": "hello", "args": {}}\n' * 200)
-                lines = flood.makefile("rb").readlines()  # until the broker hangs up
-                answered = sum(b'"ok":true' in line for line in lines)
-                refusals = [line for line in lines if b"max_requests_per_s" in line]
-                time.sleep(1.0)  # the budget refills
-                again = BrokerClient(broker.socket, answer_s=5).call("hello", retry=False)
-                code = 0 if answered == 10 and len(refusals) == 1 and again else 2
-            finally:
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0, broker.log_text()[-2000:]
+        as_user(user.uid, user.gid, flood)
     finally:
         broker.stop()
         shutil.rmtree(broker.directory, ignore_errors=True)

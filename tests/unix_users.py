@@ -74,6 +74,13 @@ def two_test_users() -> list[tuple[int, int]]:
 
 def as_user(uid: int, gid: int, action: Callable[[], object]) -> None:
     """Run ``action`` in a forked child that has become the Unix user ``uid``."""
+    wait_for_user(start_as_user(uid, gid, action), uid)
+
+
+def start_as_user(uid: int, gid: int, action: Callable[[], object]) -> int:
+    """Start ``action`` in a forked child that becomes the Unix user ``uid``; its pid (several
+    users at once: :func:`wait_for_user` each). The child exits 0 when ``action`` returns, 1
+    with the traceback on stderr when it raises."""
     pid = os.fork()
     if pid == 0:
         code = 1
@@ -97,6 +104,11 @@ def as_user(uid: int, gid: int, action: Callable[[], object]) -> None:
             os.write(2, traceback.format_exc().encode())
         finally:
             os._exit(code)
+    return pid
+
+
+def wait_for_user(pid: int, uid: int) -> None:
+    """Wait for a child :func:`start_as_user` started; fail if its action failed."""
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, f"the action failed as uid {uid}"
 
