@@ -46,7 +46,7 @@ def link_findings(topology: Topology, links: LinksNow, leases: Iterable[Lease]) 
         for gpu in f.where.removeprefix("GPU ").split(",")
         if gpu.strip().isdigit()
     }
-    ports = [f for f in _port_findings(topology, links) if int(f.where[4:]) not in flagged]
+    ports = [f for gpu, f in _port_findings(topology, links) if gpu not in flagged]
     if ports:  # "every link up" would contradict them
         nvlink = [f for f in nvlink if f.severity != "ok"]
     return [
@@ -132,17 +132,17 @@ def _nvlink_findings(topology: Topology, links: LinksNow) -> list[Finding]:
     return found
 
 
-def _port_findings(topology: Topology, links: LinksNow) -> list[Finding]:
+def _port_findings(topology: Topology, links: LinksNow) -> list[tuple[int, Finding]]:
     """What is wrong with the ports whatever the topology says (issue 41, item 4): a topology
     discovered with a link already down records the fault as the truth, so two checks need no
     earlier picture. A port down below the GPU's highest port up (ports are used from 0: a
     dead link or a loose bridge); and a GPU with fewer NVSwitch links up than its peers on the
-    same switches (every GPU of an NVSwitch board has the same count)."""
+    same switches (every GPU of an NVSwitch board has the same count). Each with its GPU."""
     from gpualloc.discovery.nvml import normalise_bus_id
 
     gpu_buses = {normalise_bus_id(g.pci_bus_id) for g in topology.gpus if g.pci_bus_id}
     switched = {g for link in topology.links if link.nvswitch for g in (link.a, link.b)}
-    found: list[Finding] = []
+    found: list[tuple[int, Finding]] = []
     into_switch: dict[int, int] = {}
     for gpu, state in sorted(links.gpus.items()):
         if not state.ports:
@@ -157,14 +157,8 @@ def _port_findings(topology: Topology, links: LinksNow) -> list[Finding]:
                 else "a dead link or a loose bridge (reseat it, or ask the vendor; "
                 "'nvidia-smi nvlink -s')"
             )
-            found.append(
-                Finding(
-                    "nvlink",
-                    f"GPU {gpu}",
-                    "problem",
-                    f"NVLink port {ports} down while port {max(up)} is up: {remedy}",
-                )
-            )
+            detail = f"NVLink port {ports} down while port {max(up)} is up: {remedy}"
+            found.append((gpu, Finding("nvlink", f"GPU {gpu}", "problem", detail)))
         if gpu in switched and links.source != "nvidia-smi":
             into_switch[gpu] = sum(
                 1 for p in state.ports if p.active and p.remote_bus_id not in gpu_buses
@@ -173,15 +167,11 @@ def _port_findings(topology: Topology, links: LinksNow) -> list[Finding]:
         most = max(into_switch.values())
         for gpu, count in sorted(into_switch.items()):
             if count < most:
-                found.append(
-                    Finding(
-                        "nvlink",
-                        f"GPU {gpu}",
-                        "problem",
-                        f"{count} NVSwitch links up where its peers have {most}: its all-to-all "
-                        "traffic runs slower (check the board and the fabric manager)",
-                    )
+                detail = (
+                    f"{count} NVSwitch links up where its peers have {most}: its all-to-all "
+                    "traffic runs slower (check the board and the fabric manager)"
                 )
+                found.append((gpu, Finding("nvlink", f"GPU {gpu}", "problem", detail)))
     return found
 
 

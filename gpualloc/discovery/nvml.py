@@ -93,6 +93,7 @@ class NvmlSession:
 
     def __init__(self, nvml: ModuleType | None = None) -> None:
         self.nvml = nvml or load_pynvml()
+        self._numa: list[NumaNode] | None = None
 
     def __enter__(self) -> NvmlSession:
         nvml = self.nvml
@@ -337,6 +338,14 @@ class NvmlSession:
             probe.handle = None
         return probe
 
+    def _host_numa(self) -> list[NumaNode]:
+        """This machine's NUMA nodes (sysfs), read once a session."""
+        if self._numa is None:
+            from gpualloc.discovery.numa import read_sysfs_numa
+
+            self._numa = read_sysfs_numa()
+        return self._numa
+
     def _identity(self, index: int, handle: Any, notes: list[str], cpu_count: int) -> Gpu:
         nvml = self.nvml
         q = self._query
@@ -353,7 +362,7 @@ class NvmlSession:
         )
         cpus = _cpus_from_mask(mask) if mask is not None else []
         known = reported if reported is not None and reported >= 0 else None
-        numa, gpu_numa = _numa_nodes(bus_id, cpus, known)
+        numa, gpu_numa = _numa_nodes(bus_id, cpus, known, self._host_numa)
         if numa is None:  # said only when nothing else told it (it read 'not supported' after
             notes += numa_notes  # sysfs had answered, on a real H200)
         return Gpu(
@@ -532,7 +541,10 @@ def _cpus_from_mask(words: Any) -> list[int]:
 
 
 def _numa_nodes(
-    bus_id: str | None, cpus: list[int], reported: int | None
+    bus_id: str | None,
+    cpus: list[int],
+    reported: int | None,
+    nodes: Callable[[], list[NumaNode]],
 ) -> tuple[int | None, int | None]:
     """(the GPU's nearest CPU node, the node of its own memory) from what each source means
     (issue 41, item 3). ``nvmlDeviceGetNumaNodeId`` (``reported``) is the node of the GPU's
@@ -541,19 +553,18 @@ def _numa_nodes(
     when neither tells. The GPU's own node is kept where it differs from the CPU side."""
     numa = _sysfs_numa_node(bus_id)
     if numa is None and cpus:
-        numa = _node_of_cpus(cpus)
+        numa = _node_of_cpus(cpus, nodes)
     if numa is None:
         numa = reported
     return numa, reported if reported is not None and reported != numa else None
 
 
-def _node_of_cpus(cpus: list[int]) -> int | None:
-    """The NUMA node holding most of ``cpus`` on this machine (None: no node holds any)."""
-    from gpualloc.discovery.numa import read_sysfs_numa
-
+def _node_of_cpus(cpus: list[int], nodes: Callable[[], list[NumaNode]]) -> int | None:
+    """The NUMA node of ``nodes()`` (this machine's) holding most of ``cpus`` (None: no node
+    holds any)."""
     wanted = set(cpus)
     best, most = None, 0
-    for node in read_sysfs_numa():
+    for node in nodes():
         held = len(wanted.intersection(node.cpus))
         if held > most:
             best, most = node.id, held

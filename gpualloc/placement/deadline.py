@@ -5,7 +5,7 @@ The exact searches are exponential in the worst case: on a 32-GPU PCIe host ``pl
 :class:`Deadline` that does not grow with the request: the searches call :meth:`Deadline.tick`
 in their inner loops (a counter; the clock is read every :data:`CHECK_EVERY` ticks) and it raises
 :class:`OverBudget` once the budget is spent. :func:`gpualloc.placement.choose.choose` then
-answers with a greedy placement (:mod:`.greedy`) and says so in the placement's notes.
+answers with a greedy placement (:mod:`.greedy`) and says so (``Placement.cut_short``).
 
 The deadline in force is a context variable (:func:`within`, :func:`current`), so the searches
 deep in the engine need no extra parameter and each thread has its own. Outside :func:`within`
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TypeVar
@@ -36,19 +36,22 @@ class OverBudget(Exception):
 class Deadline:
     """When the decision in progress must stop: ``budget_s`` from now, or never (``None``)."""
 
-    __slots__ = ("_at", "_count", "budget_s")
+    __slots__ = ("_at", "_count", "budget_s", "tick")
 
     def __init__(self, budget_s: float | None = None) -> None:
         self.budget_s = budget_s
         self._at = math.inf if budget_s is None else time.monotonic() + budget_s
         self._count = 0
+        self.tick: Callable[[], None] = self._counted if budget_s is not None else _untimed
+        """One unit of search work; raises :class:`OverBudget` once the budget is spent. A
+        call that does nothing when there is no budget: the exact searches of the simulator
+        and the benchmarks pay no count."""
 
     @property
     def limited(self) -> bool:
         return self.budget_s is not None
 
-    def tick(self) -> None:
-        """One unit of search work; raises :class:`OverBudget` once the budget is spent."""
+    def _counted(self) -> None:
         self._count += 1
         if not self._count % CHECK_EVERY and time.monotonic() > self._at:
             raise OverBudget
@@ -68,6 +71,10 @@ class Deadline:
         for item in items:
             self.tick()
             yield item
+
+
+def _untimed() -> None:
+    """:attr:`Deadline.tick` where there is no budget."""
 
 
 UNLIMITED = Deadline()

@@ -74,6 +74,7 @@ class Realisation:
         self.required_mask = search.required_mask
         self.allowed = search.allowed
         self.escalate_at = search.escalate_at
+        self.tick = search.deadline.tick
         self.group_masks, self.pending = search.group_masks, search.pending
         self.unanchored, self.tight_groups = search.unanchored, search.tight_groups
         self.remaining_edges, self.open_degrees = search.remaining_edges, search.open_degrees
@@ -98,7 +99,7 @@ class Realisation:
         below."""
         search = self.search
         search.nodes += 1
-        search.deadline.tick()
+        self.tick()
         if search.nodes > self.escalate_at:
             raise Escalate
         free = self.window(used)
