@@ -178,6 +178,10 @@ class LedgerService:
             options = msgspec.convert(raw, wire.WireOptions)
         except msgspec.ValidationError as bad:
             raise RequestError(f"bad options: {bad}", hint="see gpualloc.broker") from None
+        except UnicodeEncodeError:  # a lone surrogate in a text (the fuzzer found it)
+            raise RequestError(
+                "bad options: a text is not valid UTF-8", hint="see gpualloc.broker"
+            ) from None
         if options.pattern not in PATTERN_NAMES:  # never a path: root would read it for them
             raise RequestError(
                 f"pattern {printable(options.pattern, 60)!r} is not one of "
