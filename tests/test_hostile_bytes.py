@@ -151,6 +151,10 @@ def test_lone_surrogates_over_the_wire_brick_neither_the_broker_nor_its_restart(
     bad_request["request"]["pattern"] = "ring\udcff"
     with pytest.raises(OSError, match="not UTF-8"):
         broker.call("alloc", bad_request)
+    for options in ({"\udcff": 1}, {"policy": "mapa", "count": "\udcff"}):  # the fuzzer's
+        fast = {"lease_id": "dddddddddddd", "options": options, "terms": _hold("d")["terms"]}
+        with pytest.raises(OSError, match=r"not (valid )?UTF-8"):
+            broker.call("alloc", fast)
     made = broker.call("alloc", _hold("cccccccccccc", command=["sh", "\udcff", "\ud800"]))
     assert made["lease"]["command"] == ["sh", "\\xff", "\\ud800"]
     (lease,) = broker.call("snapshot")["ledger"]["leases"]

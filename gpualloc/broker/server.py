@@ -39,7 +39,13 @@ from gpualloc.broker.limits import Limits, request_cost
 from gpualloc.broker.peers import Peer, peer_of
 from gpualloc.broker.service import LedgerService, Started
 from gpualloc.broker.watch import LOOK_S
-from gpualloc.errors import BrokerError, GpuallocError, NotPermitted, WaitTimedOut
+from gpualloc.errors import (
+    BrokerError,
+    GpuallocError,
+    NotPermitted,
+    RequestError,
+    WaitTimedOut,
+)
 from gpualloc.wire import protocol
 
 MAX_UNREAD_BYTES = 4 * 1024 * 1024
@@ -379,6 +385,13 @@ class Broker:
             return
         except GpuallocError as problem:
             answer = protocol.error_line(problem)
+        except UnicodeEncodeError:  # a lone surrogate where no check expected text
+            answer = protocol.error_line(
+                RequestError(
+                    "the request holds text that is not UTF-8 (a lone surrogate)",
+                    hint="send UTF-8 text (a command's words may be any bytes)",
+                )
+            )
         except Exception:
             self.log(f"internal error in a request of uid {peer.uid}:\n{traceback.format_exc()}")
             answer = protocol.error_line(
