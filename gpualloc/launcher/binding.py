@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
@@ -67,8 +66,18 @@ class HostNuma(NamedTuple):
             node_cpus=node_cpus,
             allowed_cpus=allowed_cpus,
             allowed_mems=_allowed_mems() or frozenset(node_cpus),
-            numactl=shutil.which("numactl"),
+            numactl=_which("numactl"),
         )
+
+
+def _which(program: str) -> str | None:
+    """``shutil.which`` for one program name: :mod:`shutil` imports ``bz2`` and ``lzma``,
+    several milliseconds of every ``run`` (issue 43, point 3)."""
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory or ".", program)  # noqa: PTH118  (no pathlib here)
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):  # noqa: PTH112
+            return candidate
+    return None
 
 
 def _allowed_mems() -> frozenset[int]:

@@ -7,7 +7,6 @@ leases, and the same file used by two users (or by a Slurm prolog and a user) do
 
 from __future__ import annotations
 
-import hashlib
 import re
 
 from gpualloc.discovery.this_host import describes_this_host
@@ -23,9 +22,23 @@ def ledger_scope(topology: Topology) -> str | None:
     identity = "\n".join(
         gpu.uuid or gpu.pci_bus_id or f"index {gpu.index}" for gpu in topology.gpus
     )
-    digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
+    digest = _sha256_hex(identity.encode())[:8]
     name = _UNSAFE.sub("_", topology.name or "topology").strip("._")[:40] or "topology"
     return f"{name}-{digest}"
+
+
+def _sha256_hex(data: bytes) -> str:
+    """SHA-256 of ``data`` in hex, from the interpreter's built-in module where it has one:
+    :mod:`hashlib` loads OpenSSL, a few milliseconds of every ``run`` on a recorded topology
+    (issue 43, point 3). The digest is the same (it names existing ledger files)."""
+    try:
+        from _sha2 import sha256  # type: ignore[import-not-found]  # Python >= 3.12
+    except ImportError:
+        try:
+            from _sha256 import sha256  # type: ignore[import-not-found,no-redef]  # <= 3.11
+        except ImportError:
+            from hashlib import sha256  # type: ignore[assignment]
+    return sha256(data).hexdigest()
 
 
 def job_ledger_scope(host_scope: str | None, job_id: str) -> str:
