@@ -13,6 +13,31 @@ from gpualloc.errors import BrokerError
 
 LISTEN_FDS_START = 3
 """The first descriptor systemd passes (``sd_listen_fds``)."""
+MAX_SOCKET_PATH_BYTES = 107
+"""The longest path a Unix socket's address holds (``sun_path`` is 108 bytes with its NUL)."""
+
+
+def _staging(path: Path) -> Path:
+    """The name the socket is bound under before it is renamed to ``path``."""
+    return path.with_name(f".{path.name}.{os.getpid()}")
+
+
+def socket_path_too_long(path: Path) -> str | None:
+    """Why ``path`` is too long for a Unix socket's address (the name it is bound under first
+    is a few bytes longer), or None."""
+    size = len(os.fsencode(str(path)))
+    longest = MAX_SOCKET_PATH_BYTES - (len(os.fsencode(str(_staging(path)))) - size)
+    if size > longest:
+        return f"{path} is {size} bytes long; a Unix socket's path may have at most {longest} here"
+    return None
+
+
+def check_not_a_file(path: Path) -> None:
+    """Refuse a path where something other than a socket is: it is never removed (issue 42)."""
+    if os.path.lexists(path) and not stat.S_ISSOCK(os.lstat(path).st_mode):
+        raise BrokerError(
+            f"{path} exists and is not a socket", hint="give --socket a path of its own"
+        )
 
 
 def activated() -> bool:
@@ -26,12 +51,12 @@ def listening_socket(path: Path) -> socket.socket:
     is replaced; one a live broker answers on is an error."""
     if activated():
         return socket.socket(fileno=LISTEN_FDS_START)
+    too_long = socket_path_too_long(path)
+    if too_long is not None:
+        raise BrokerError(too_long, hint="configure a shorter host.broker path")
+    check_not_a_file(path)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
     check_socket_directory(path.parent)
-    if os.path.lexists(path) and not stat.S_ISSOCK(os.lstat(path).st_mode):
-        raise BrokerError(
-            f"{path} exists and is not a socket", hint="give --socket a path of its own"
-        )
     if os.path.lexists(path):
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -49,7 +74,7 @@ def listening_socket(path: Path) -> socket.socket:
             probe.close()
     # Made under another name and renamed into place: a client never finds the socket before
     # its mode lets everyone connect (bind makes it with the umask's mode).
-    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    staging = _staging(path)
     staging.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     listener.bind(str(staging))

@@ -13,7 +13,7 @@ from gpualloc.cli.state import STATE
 
 def serve_command(
     socket: Annotated[
-        Optional[Path],  # noqa: UP045 - typer needs Optional on Python 3.10
+        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10; str: '' is not "."
         typer.Option(
             metavar="PATH",
             help="The Unix socket to listen on (default: host.broker of the configuration, "
@@ -53,7 +53,10 @@ def serve_command(
     from gpualloc.broker.startup import serve
     from gpualloc.wire.address import DEFAULT_SOCKET, broker_socket
 
-    path = socket or broker_socket(STATE.setting("host.broker")) or Path(DEFAULT_SOCKET)
+    if socket is not None:
+        path = _socket_option(socket)
+    else:
+        path = broker_socket(STATE.setting("host.broker")) or Path(DEFAULT_SOCKET)
     serve(
         STATE.load_topology(),
         socket_path=path,
@@ -63,3 +66,26 @@ def serve_command(
         ignore_foreign=bool(STATE.setting("ignore_foreign", ignore_foreign)),
         topology_file=STATE.topology_file(),
     )
+
+
+def _socket_option(text: str) -> Path:
+    """``--socket``'s path, refused before the broker writes anything (issue 42, point 1): an
+    empty one or one too long for a Unix socket (exit 2), one where a file that is not a
+    socket is (exit 18; the file is kept)."""
+    from gpualloc.broker.listener import activated, check_not_a_file, socket_path_too_long
+    from gpualloc.errors import RequestError
+
+    if not text.strip():
+        raise RequestError(
+            "--socket is empty", hint="give it a path, e.g. --socket /run/gpualloc/gpualloc.sock"
+        )
+    path = Path(text).absolute()
+    if activated():
+        return path  # systemd's socket is used, --socket is not
+    too_long = socket_path_too_long(path)
+    if too_long is not None:
+        raise RequestError(
+            f"--socket {too_long}", hint="give a shorter path, e.g. /run/gpualloc/gpualloc.sock"
+        )
+    check_not_a_file(path)
+    return path
