@@ -103,12 +103,38 @@ def _count(value: Any) -> int:
     return number
 
 
+class _Refused(ValueError):
+    """A bad value, with the hint that says what to give instead."""
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
 def _path(value: Any) -> Path:
     if not isinstance(value, (str, Path)) or not str(value).strip():
         raise ValueError("must be a path")
     from gpualloc.user_files import expand_user
 
     return expand_user(str(value))
+
+
+def _absolute_path(value: Any) -> Path:
+    """A path every process reads alike: a relative one would be taken from each process's
+    working directory, so two shells would keep two ledgers and hand out one GPU twice
+    (issue 42, point 2)."""
+    path = _path(value)
+    if not path.is_absolute():
+        raise _Refused(
+            "must be an absolute path (a relative one names another directory in each working "
+            "directory)",
+            hint="give an absolute path (one that starts with /)",
+        )
+    return path
+
+
+def _absolute_path_or_none(value: Any) -> Path | None:
+    return None if value in (None, "") else _absolute_path(value)
 
 
 def _names(value: Any) -> tuple[str, ...]:
@@ -163,10 +189,6 @@ def _name(value: Any) -> str:
     return value.strip()
 
 
-def _path_or_none(value: Any) -> Path | None:
-    return None if value in (None, "") else _path(value)
-
-
 def _path_or_table(value: Any) -> Path | dict[str, Any]:
     return value if isinstance(value, dict) else _path(value)
 
@@ -196,7 +218,7 @@ SETTINGS: tuple[Setting, ...] = (
         "treat GPUs running processes gpualloc did not start as free", "--ignore-foreign",
     ),
     Setting(
-        "state_dir", "GPUALLOC_STATE_DIR", DEFAULT_STATE_DIR, _path,
+        "state_dir", "GPUALLOC_STATE_DIR", DEFAULT_STATE_DIR, _absolute_path,
         "the shared ledger's directory",
     ),
     Setting(
@@ -262,7 +284,7 @@ SETTINGS: tuple[Setting, ...] = (
         system_only=True,
     ),
     Setting(
-        "host.broker", "GPUALLOC_BROKER", None, _path_or_none,
+        "host.broker", "GPUALLOC_BROKER", None, _absolute_path_or_none,
         "the broker's socket (gpualloc serve); unset: /run/gpualloc/gpualloc.sock if it exists",
     ),
     Setting(
@@ -271,7 +293,7 @@ SETTINGS: tuple[Setting, ...] = (
         "stopped)",
     ),
     Setting(
-        "broker.state_dir", None, Path("/var/lib/gpualloc"), _path,
+        "broker.state_dir", None, Path("/var/lib/gpualloc"), _absolute_path,
         "the broker's own state directory (gpualloc serve --state-dir's default)",
         system_only=True,
     ),
@@ -423,7 +445,8 @@ def _parsed(setting: Setting, raw: Any, where: str) -> Any:
     except ValueError as exc:
         raise ConfigError(
             f"{where} = {raw!r}: {exc}",
-            hint=f"fix it, or see 'gpualloc config show' ({setting.key}: {setting.about})",
+            hint=getattr(exc, "hint", None)
+            or f"fix it, or see 'gpualloc config show' ({setting.key}: {setting.about})",
         ) from None
 
 

@@ -43,3 +43,32 @@ def test_serve_refuses_a_socket_path_too_long_for_a_unix_socket(cli: Cli, tmp_pa
     _refused(result, 2)
     assert "a Unix socket's path may have at most" in result.stderr
     assert not state.exists() and not socket.exists()
+
+
+# ---- point 2: a relative state directory ---------------------------------------------------
+
+
+def test_a_relative_state_dir_variable_is_refused(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GPUALLOC_STATE_DIR", "rel")
+    result = cli("--topology", "dgx1-v100", "alloc", "-n", "1")
+    _refused(result, 15)
+    assert "GPUALLOC_STATE_DIR = 'rel': must be an absolute path" in result.stderr
+    assert "hint: give an absolute path" in result.stderr
+    assert not (tmp_path / "rel").exists()
+
+
+def test_a_relative_state_dir_in_a_config_file_is_refused(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GPUALLOC_STATE_DIR")
+    user_file = tmp_path / "config" / "gpualloc" / "config.toml"
+    user_file.parent.mkdir(parents=True)
+    user_file.write_text('state_dir = "rel"\n')
+    result = cli("--topology", "dgx1-v100", "status")
+    _refused(result, 15)
+    assert "state_dir = 'rel': must be an absolute path" in result.stderr
+    assert not (tmp_path / "rel").exists()
