@@ -68,6 +68,8 @@ DEFAULT_NOTICE_S = 30 * 60.0
 
 SYSTEM_FILE = Path("/etc/gpualloc/config.toml")
 SYSTEM_FILE_VARIABLE = "GPUALLOC_SYSTEM_CONFIG"
+TOPOLOGY_VARIABLE = "GPUALLOC_TOPOLOGY"
+NO_SLURM_VARIABLE = "GPUALLOC_NO_SLURM"
 DEFAULT_SOURCE = "default"
 
 
@@ -357,8 +359,52 @@ def user_file(env: Mapping[str, str]) -> Path:
 
 
 def system_file(env: Mapping[str, str]) -> Path:
-    named = env.get(SYSTEM_FILE_VARIABLE, "").strip()
-    return Path(named) if named else SYSTEM_FILE
+    named = env.get(SYSTEM_FILE_VARIABLE)
+    if named is None:
+        return SYSTEM_FILE
+    if not named.strip():
+        raise _empty(SYSTEM_FILE_VARIABLE, f"the system configuration file, {SYSTEM_FILE}")
+    return Path(named.strip())
+
+
+def no_slurm(env: Mapping[str, str]) -> bool:
+    """Whether ``GPUALLOC_NO_SLURM`` tells gpualloc to ignore the Slurm job it runs in. Read
+    with the boolean spellings of every setting (``1``, ``true``, ``yes``, ``on`` and their
+    opposites); another word is an error, not a guess (issue 42, point 3)."""
+    raw = env.get(NO_SLURM_VARIABLE)
+    if raw is None:
+        return False
+    if not raw.strip():
+        raise _empty(NO_SLURM_VARIABLE, "inside a Slurm job, the job's GPUs")
+    try:
+        return _boolean(raw)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{NO_SLURM_VARIABLE} = {raw!r}: {exc}",
+            hint=f"set {NO_SLURM_VARIABLE}=1 to use the host's ledger inside a Slurm job, or unset "
+            "it",
+        ) from None
+
+
+def _empty(variable: str, otherwise: str) -> ConfigError:
+    return ConfigError(
+        f"{variable} is set but empty",
+        hint=f"give it a value, or unset it ('unset {variable}') to use {otherwise}",
+    )
+
+
+def _check_system_file(env: Mapping[str, str], path: Path, exists: bool) -> None:
+    """A system file ``GPUALLOC_SYSTEM_CONFIG`` names is missing from a directory that exists:
+    a typo, which would silently drop the host's limits (issue 42, point 3). One whose
+    directory does not exist either names no file on purpose (a test's or a chroot's bare
+    host)."""
+    if exists or env.get(SYSTEM_FILE_VARIABLE) is None or not path.parent.is_dir():
+        return
+    raise ConfigError(
+        f"{SYSTEM_FILE_VARIABLE} names {path}, which does not exist",
+        hint=f"give the path of the system's config.toml, or unset {SYSTEM_FILE_VARIABLE} "
+        f"to read {SYSTEM_FILE}",
+    )
 
 
 class Config(NamedTuple):
@@ -381,6 +427,8 @@ class Config(NamedTuple):
             table = _read(path)
             if table is not None:
                 files.append((path, table))
+        system = system_file(env)
+        _check_system_file(env, system, any(path == system for path, _ in files))
         if files and files[0][0] == user_file(env):
             lifted = sorted(key for key in files[0][1] if BY_KEY[key].system_only)
             if lifted:
@@ -425,16 +473,16 @@ class Config(NamedTuple):
 def _variables(env: Mapping[str, str]) -> dict[str, Any]:
     """The settings the environment sets, each checked (see :attr:`Config.variables`)."""
     found: dict[str, Any] = {}
+    if not env.get(TOPOLOGY_VARIABLE, "x").strip():
+        raise _empty(TOPOLOGY_VARIABLE, "this host's GPUs")
+    system_file(env)  # GPUALLOC_SYSTEM_CONFIG, read by load
+    no_slurm(env)
     for setting in SETTINGS:
         raw = env.get(setting.variable) if setting.variable else None
         if raw is None:
             continue
         if not raw.strip():
-            raise ConfigError(
-                f"{setting.variable} is set but empty",
-                hint=f"give it a value, or unset it ('unset {setting.variable}') to use the "
-                f"configured value ({setting.about})",
-            )
+            raise _empty(str(setting.variable), f"the configured value ({setting.about})")
         found[setting.key] = _parsed(setting, raw.strip(), str(setting.variable))
     return found
 

@@ -72,3 +72,50 @@ def test_a_relative_state_dir_in_a_config_file_is_refused(
     _refused(result, 15)
     assert "state_dir = 'rel': must be an absolute path" in result.stderr
     assert not (tmp_path / "rel").exists()
+
+
+# ---- point 3: variables set but empty, or not understood ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("GPUALLOC_TOPOLOGY", "", "GPUALLOC_TOPOLOGY is set but empty"),
+        ("GPUALLOC_SYSTEM_CONFIG", "", "GPUALLOC_SYSTEM_CONFIG is set but empty"),
+        ("GPUALLOC_SYSTEM_CONFIG", " ", "GPUALLOC_SYSTEM_CONFIG is set but empty"),
+        ("GPUALLOC_NO_SLURM", "", "GPUALLOC_NO_SLURM is set but empty"),
+        ("GPUALLOC_NO_SLURM", "bogus", "GPUALLOC_NO_SLURM = 'bogus': must be true or false"),
+    ],
+)
+@pytest.mark.parametrize("command", [["status"], ["run", "-n", "1", "--", "true"]])
+def test_a_variable_set_but_not_understood_is_exit_15(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch, variable: str, value: str, message: str,
+    command: list[str],
+) -> None:  # fmt: skip
+    monkeypatch.setenv(variable, value)
+    topology = [] if variable == "GPUALLOC_TOPOLOGY" else ["--topology", "dgx1-v100"]
+    result = cli(*topology, *command)
+    _refused(result, 15)
+    assert f"error: {message}" in result.stderr
+
+
+def test_a_system_config_that_does_not_exist_is_exit_15(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A typo in GPUALLOC_SYSTEM_CONFIG would silently drop the host's limits."""
+    (tmp_path / "etc").mkdir()
+    monkeypatch.setenv("GPUALLOC_SYSTEM_CONFIG", str(tmp_path / "etc" / "confg.toml"))
+    result = cli("--topology", "dgx1-v100", "status")
+    _refused(result, 15)
+    assert "confg.toml, which does not exist" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "ignored"), [("1", True), ("yes", True), ("0", False), ("false", False)]
+)
+def test_no_slurm_takes_the_boolean_spellings(value: str, ignored: bool) -> None:
+    from gpualloc.slurm.job import slurm_job
+    from gpualloc.topologies import load_bundled
+
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0", "GPUALLOC_NO_SLURM": value}
+    assert (slurm_job(load_bundled("dgx1-v100"), env) is None) is ignored

@@ -39,12 +39,13 @@ def broker_for(
     request names (``--topology``, ``$GPUALLOC_TOPOLOGY``, the API's ``topology=``), None when it
     names none (this host). ``node_hook``: Slurm's Prolog or Epilog, which runs with the job's
     variables but records the job in the host's ledger, not in the job's own."""
+    from gpualloc.config import no_slurm
     from gpualloc.wire.address import broker_socket
 
     socket = broker_socket(configured)
     if socket is None:
         return None
-    in_job = env.get("SLURM_JOB_ID") and env.get("GPUALLOC_NO_SLURM", "") in ("", "0")
+    in_job = env.get("SLURM_JOB_ID") and not no_slurm(env)
     if in_job and not node_hook:
         return None
     if named_topology is not None:

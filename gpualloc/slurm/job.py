@@ -28,11 +28,12 @@ from collections.abc import Mapping
 
 from msgspec import Struct
 
+from gpualloc.config import NO_SLURM_VARIABLE, no_slurm
 from gpualloc.errors import RequestError
 from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.topology import Topology
 
-IGNORE_VARIABLE = "GPUALLOC_NO_SLURM"
+IGNORE_VARIABLE = NO_SLURM_VARIABLE
 _JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
 _HINT = f"check gres.conf File= against 'nvidia-smi -q | grep Minor', or set {IGNORE_VARIABLE}=1"
 
@@ -64,7 +65,7 @@ def slurm_job(topology: Topology, env: Mapping[str, str]) -> SlurmJob | None:
     ``GPUALLOC_NO_SLURM`` is set. Raises RequestError when the job's GPUs cannot be found in
     ``topology``."""
     job_id = env.get("SLURM_JOB_ID", "").strip()
-    if not job_id or env.get(IGNORE_VARIABLE, "").strip() not in ("", "0"):
+    if not job_id or no_slurm(env):
         return None
     check_job_id(job_id)
     for variable in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
