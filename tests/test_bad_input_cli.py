@@ -3,6 +3,12 @@ exit code, no traceback, nothing written."""
 
 from __future__ import annotations
 
+import json
+import os
+import shlex
+import stat
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -119,3 +125,65 @@ def test_no_slurm_takes_the_boolean_spellings(value: str, ignored: bool) -> None
 
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0", "GPUALLOC_NO_SLURM": value}
     assert (slurm_job(load_bundled("dgx1-v100"), env) is None) is ignored
+
+
+# ---- point 4: output that could not be written ---------------------------------------------
+
+
+def _gpualloc_sh(redirect: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``gpualloc ARGS`` with stdout as the shell's ``redirect`` makes it (``> /dev/full``)."""
+    command = " ".join([shlex.quote(sys.executable), "-m", "gpualloc", *map(shlex.quote, args)])
+    return subprocess.run(
+        ["sh", "-c", f"exec {command} {redirect}"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+
+
+def _refused_process(done: subprocess.CompletedProcess[str], code: int) -> None:
+    _refused(Result(done.returncode, "", done.stderr), code)
+
+
+@pytest.mark.skipif(not Path("/dev/full").is_char_device(), reason="no /dev/full")
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["topo", "show", "--json"],
+        ["topo", "show"],
+        ["plan", "-n", "2"],
+        ["topo", "--help"],
+        ["--help"],
+    ],
+)
+def test_output_to_a_full_device_is_exit_8(args: list[str]) -> None:
+    done = _gpualloc_sh("> /dev/full", "--topology", "dgx1-v100", *args)
+    _refused_process(done, 8)
+    assert "error: cannot write the output to stdout: No space left on device" in done.stderr
+
+
+@pytest.mark.parametrize("args", [["topo", "show", "--json"], ["plan", "-n", "2"]])
+def test_output_to_a_closed_stdout_is_exit_8(args: list[str]) -> None:
+    done = _gpualloc_sh(">&-", "--topology", "dgx1-v100", *args)
+    _refused_process(done, 8)
+    assert "error: stdout is closed" in done.stderr
+
+
+def test_alloc_that_cannot_print_its_lease_holds_nothing(cli: Cli) -> None:
+    done = _gpualloc_sh(">&-", "--topology", "dgx1-v100", "alloc", "-n", "2")
+    _refused_process(done, 8)
+    status = cli("--topology", "dgx1-v100", "status", "--json")
+    assert json.loads(status.stdout)["free"] == list(range(8))
+
+
+def test_topo_export_to_a_device_writes_in_place_and_fails_when_it_is_full(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """``-o /dev/full`` said "wrote /dev/full" (as root it replaced the device by a file)."""
+    device = tmp_path / "full"
+    try:
+        os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+    except OSError:
+        pytest.skip("cannot make a device node here")
+    result = cli("--topology", "dgx1-v100", "topo", "export", "-o", str(device))
+    _refused(result, 8)
+    assert "No space left on device" in result.stderr and "wrote" not in result.stderr
+    assert device.is_char_device()

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpualloc.cli.state import STATE
-from gpualloc.errors import RequestError
+from gpualloc.errors import FileAccessError, RequestError
 from gpualloc.job_options import PATTERN_NAMES, job_fields, wire_fields
 
 JOB_OPTIONS = tuple(row.dest for row in wire_fields())
@@ -191,12 +191,16 @@ def _alloc(socket: Path, values: Mapping[str, Any]) -> None:
     }
     answer = _allocate(socket, values, terms)
     warn(answer["notes"])
-    print_allocation(
-        output_format,
-        answer["environment"],
-        lambda: (answer["lease_json"], answer["placement_json"]),
-    )
-    sys.stdout.flush()  # the id has reached the reader: only now is the lease confirmed
+    try:
+        print_allocation(
+            output_format,
+            answer["environment"],
+            lambda: (answer["lease_json"], answer["placement_json"]),
+        )
+        sys.stdout.flush()  # the id has reached the reader: only now is the lease confirmed
+    except FileAccessError:  # stdout closed or full: nobody has the id, so nobody holds it
+        answer["client"].call("release", {"leases": [answer["lease"]["id"]]})
+        raise
     answer["client"].call("confirm", {"lease": answer["lease"]["id"]})
 
 

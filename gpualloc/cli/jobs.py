@@ -26,7 +26,7 @@ from gpualloc.cli.open_ledger import (
     warn,
 )
 from gpualloc.cli.state import STATE
-from gpualloc.errors import ExitCode, RequestError
+from gpualloc.errors import ExitCode, FileAccessError, RequestError
 from gpualloc.placement.options import JobOptions
 
 if TYPE_CHECKING:
@@ -328,8 +328,12 @@ def alloc_gpus(
     )
     allocation = allocate(host, want, terms, waiting)
     warn(allocation.notes)
-    _print_allocation(host, want, allocation, output_format, uuid)
-    sys.stdout.flush()  # the id has reached the reader: only now is the lease confirmed
+    try:
+        _print_allocation(host, want, allocation, output_format, uuid)
+        sys.stdout.flush()  # the id has reached the reader: only now is the lease confirmed
+    except FileAccessError:  # stdout closed or full: nobody has the id, so nobody holds it
+        host.release(allocation.lease.id)
+        raise
     host.confirm(allocation.lease.id)
 
 

@@ -17,7 +17,7 @@ import re
 import sys
 from typing import Any, NoReturn
 
-from gpualloc.cli.output import StdoutClosed
+from gpualloc.cli.output import CheckedStdout, StdoutClosed, flush_stdout
 from gpualloc.cli.state import STATE
 from gpualloc.errors import ExitCode, GpuallocError
 
@@ -40,6 +40,7 @@ def run(argv: list[str] | None = None) -> NoReturn:
     STATE.debug = _debug_variable(os.environ.get("GPUALLOC_DEBUG", ""))
     notices.slow_wait = _notice
     code: int = ExitCode.OK
+    stdout, sys.stdout = sys.stdout, CheckedStdout(sys.stdout)
     try:
         if _static_help(args):
             sys.exit(ExitCode.OK)
@@ -48,6 +49,7 @@ def run(argv: list[str] | None = None) -> NoReturn:
             code = _run_typer(args)
         else:
             command.invoke()
+        flush_stdout()  # output that could not be written is exit 8, never a success
     except GpuallocError as exc:
         _report(exc.message, exc.hint, exc.details)
         code = exc.exit_code
@@ -62,6 +64,8 @@ def run(argv: list[str] | None = None) -> NoReturn:
             "rerun with --debug and report the traceback",
         )
         code = ExitCode.INTERNAL
+    finally:
+        sys.stdout = stdout
     sys.exit(int(code))
 
 

@@ -7,8 +7,10 @@ sorted and indented. rich is imported only when a terminal will show it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 STYLE_BY_CLASS = {
@@ -47,15 +49,77 @@ class StdoutClosed(Exception):
 
 def write_stdout(text: str) -> None:
     """Every write to stdout goes through here (or through :func:`_print_rich`)."""
-    try:
+    with stdout_errors():
         sys.stdout.write(text)
         sys.stdout.flush()
+
+
+def flush_stdout() -> None:
+    """Whatever is still buffered for stdout, written now: a command's output that cannot be
+    written is an error (exit 8), not a silent success (issue 42, point 4)."""
+    if sys.stdout is not None:
+        with stdout_errors():
+            sys.stdout.flush()
+
+
+@contextlib.contextmanager
+def stdout_errors() -> Iterator[None]:
+    """Writes to stdout inside: a reader that went away is :class:`StdoutClosed` (exit 141,
+    quietly); stdout closed (``>&-``) or failing (a full disk, ``> /dev/full``) is a
+    :class:`~gpualloc.errors.FileAccessError` (exit 8): output that was lost is never a
+    success."""
+    from gpualloc.errors import FileAccessError
+
+    if sys.stdout is None:  # Python's stdout when descriptor 1 was closed at start
+        raise _closed()
+    try:
+        yield
     except BrokenPipeError as exc:
         raise StdoutClosed from exc
+    except (OSError, ValueError) as exc:  # ValueError: "I/O operation on closed file"
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise FileAccessError(f"cannot write the output to stdout: {reason}") from exc
+
+
+def _closed() -> Exception:
+    from gpualloc.errors import FileAccessError
+
+    return FileAccessError(
+        "stdout is closed: the output has nowhere to go",
+        hint="run it with stdout open ('> /dev/null' discards the output)",
+    )
+
+
+class CheckedStdout:
+    """``sys.stdout`` while a command runs (:func:`gpualloc.cli.main.run` installs it): every
+    write, whoever makes it (click's help, rich, a command's own), fails as
+    :func:`stdout_errors` says, so that no command can lose its output and exit 0."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        if self._stream is None:
+            raise _closed()
+        with stdout_errors():
+            return self._stream.write(text)
+
+    def flush(self) -> None:
+        if self._stream is not None:
+            with stdout_errors():
+                self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream is not None and self._stream.isatty()
+
+    def __getattr__(self, name: str) -> Any:
+        if self._stream is None:
+            raise _closed()
+        return getattr(self._stream, name)
 
 
 def stdout_is_terminal() -> bool:
-    return sys.stdout.isatty()
+    return sys.stdout is not None and sys.stdout.isatty()
 
 
 def print_json(data: Any) -> None:
@@ -70,10 +134,8 @@ def print_tables(
     tables: list[Table], *, heading: str | None = None, footer: list[str] | None = None
 ) -> None:
     if stdout_is_terminal():
-        try:
+        with stdout_errors():
             _print_rich(tables, heading, footer or [])
-        except BrokenPipeError as exc:
-            raise StdoutClosed from exc
     else:
         _print_plain(tables, heading, footer or [])
 
