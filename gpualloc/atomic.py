@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -12,6 +13,13 @@ def write_text_atomic(path: Path, text: str, *, mode: int | None = None, sync: b
     ``sync`` there is no fsync: the rename still makes the change atomic for every process
     (a killed writer included), only a crash of the machine may lose it.
 
+    Without ``sync`` the temporary file's blocks are allocated before it is written: ext4
+    (``auto_da_alloc``, its default) writes out a renamed file's not-yet-allocated data before
+    the rename returns, about 1.5 ms a write, most of a broker's group commit (issue 43, point
+    4). Allocated first, the data stays in the page cache like any write; a crash of the machine
+    may then leave the file's blocks unwritten, which read as zeros, a file that does not parse
+    (the broker sets such a ledger aside at start: its leases died with the boot).
+
     Raises ``OSError`` (the temporary file is removed) when the directory is not writable.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -19,12 +27,16 @@ def write_text_atomic(path: Path, text: str, *, mode: int | None = None, sync: b
     # command's path: a new name nobody else can have opened, created 0600.
     temporary = path.with_name(f".{path.name}.{os.urandom(6).hex()}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    data = text.encode()
     descriptor = os.open(temporary, flags, 0o600)
     try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            if mode is not None:
-                os.fchmod(handle.fileno(), mode)
-            handle.write(text)
+        if mode is not None:
+            os.fchmod(descriptor, mode)
+        if not sync and data:
+            with contextlib.suppress(OSError):  # a file system without it writes as before
+                os.posix_fallocate(descriptor, 0, len(data))
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
             handle.flush()
             if sync:
                 os.fsync(handle.fileno())

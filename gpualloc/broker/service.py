@@ -93,6 +93,7 @@ class LedgerService:
         self, host: LocalHost, policy: QueuePolicy, fair: FairShare, config: Config
     ) -> None:
         self.host = host
+        host.placement_memo = {}  # one search per request and host state, for every user
         self.config = config
         """The broker's configuration (the system file): fast clients' options are read
         with it, their own settings already applied."""

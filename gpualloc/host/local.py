@@ -44,7 +44,7 @@ from gpualloc.ledger.statedir import (
     open_state_directory,
 )
 from gpualloc.ledger.store import LOCK_TIMEOUT_S, LedgerStore, LedgerTransaction, new_lease_id
-from gpualloc.model.request import Placement
+from gpualloc.model.request import HostState, Placement
 from gpualloc.model.topology import GpuProcess, Topology
 from gpualloc.placement.choose import choose
 from gpualloc.placement.want import Want
@@ -54,12 +54,17 @@ if TYPE_CHECKING:
     from gpualloc.host.terms import WaitStatus
     from gpualloc.launcher.verify import VerifyTerms
     from gpualloc.ledger.idle import Expiry, IdlePolicy
+    from gpualloc.ledger.occupancy import Occupancy
     from gpualloc.ledger.trust import Trust
     from gpualloc.slurm.job import SlurmJob
 
 ORPHAN_LOCK_AGE_S = 60.0
 """A lease lock file no lease names is removed only when older than this, so that the lock of a
 lease being created right now (file made, ledger not yet written) is never taken for litter."""
+
+
+MAX_REMEMBERED_PLACEMENTS = 4096
+"""Placements :attr:`LocalHost.placement_memo` keeps before it forgets them all at once."""
 
 
 class LocalHost(HostView, kw_only=True):
@@ -69,6 +74,10 @@ class LocalHost(HostView, kw_only=True):
     """None when the state directory does not exist yet (opened without creating it)."""
     _pending_lock: tuple[int, str] | None = None
     """The lease lock taken by :meth:`record` in the current transaction, until it commits."""
+    placement_memo: dict[tuple[Want, HostState], Placement] | None = None
+    """Placements remembered by request and host state (:meth:`placement`): the broker sets
+    one, and answers the same request on the same free GPUs without a search (issue 43,
+    point 4). None: every placement is searched (one request a process)."""
 
     @classmethod
     def open(
@@ -182,13 +191,31 @@ class LocalHost(HostView, kw_only=True):
         with self.transaction() as txn:
             occupancy = self.occupancy(txn.ledger, allow_unhealthy=allow_unhealthy)
             started = time.perf_counter()
-            placement = choose(self.topology, occupancy, want, budget_s=self.placement_budget_s)
+            placement = self.placement(occupancy, want)
             decided = time.perf_counter() - started
             passed = newcomer_passes(
                 self.topology, txn, occupancy, want, terms, budget_s=self.placement_budget_s
             )
             txn.count_passed_over(passed)
             return self.record(txn, placement, want, terms, decision_s=decided)
+
+    def placement(self, occupancy: Occupancy, want: Want) -> Placement:
+        """Where ``want`` goes on the GPUs free in ``occupancy`` (:func:`choose`), from
+        :attr:`placement_memo` when it holds the answer. Only the engine's own choices are
+        remembered: they depend on the request and the host state alone (free GPUs, running
+        jobs), where an explicit list, a MIG device or a shared place depend on more, and a
+        refusal names who holds what."""
+        memo = self.placement_memo
+        if memo is None or want.explicit is not None or want.mig or want.share:
+            return choose(self.topology, occupancy, want, budget_s=self.placement_budget_s)
+        key = (want, occupancy.host_state())
+        found = memo.get(key)
+        if found is None:
+            found = choose(self.topology, occupancy, want, budget_s=self.placement_budget_s)
+            if len(memo) >= MAX_REMEMBERED_PLACEMENTS:
+                memo.clear()
+            memo[key] = found
+        return found
 
     @contextmanager
     def transaction(self, *, lock_timeout_s: float | None = None) -> Iterator[LedgerTransaction]:
