@@ -187,3 +187,31 @@ def test_topo_export_to_a_device_writes_in_place_and_fails_when_it_is_full(
     _refused(result, 8)
     assert "No space left on device" in result.stderr and "wrote" not in result.stderr
     assert device.is_char_device()
+
+
+# ---- point 5: gres.conf fields -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--node", "n1\nNodeName=evil Name=gpu File=/dev/sda"),
+        ("--node", "n1 File=/dev/sda"),
+        ("--node", "n1\r"),
+        ("--node", ""),
+        ("--gpu-type", "a100\nNodeName=evil"),
+        ("--device-dir", "/dev\nNodeName=evil"),
+    ],
+)
+def test_gres_conf_refuses_a_field_that_would_write_another_line(
+    cli: Cli, option: str, value: str
+) -> None:
+    result = cli("--topology", "dgx1-v100", "slurm", "gres-conf", option, value)
+    _refused(result, 2)
+    assert result.stdout == "" and "evil" not in result.stdout
+
+
+def test_gres_conf_keeps_a_hostlist_node_name(cli: Cli) -> None:
+    result = cli("--topology", "dgx1-v100", "slurm", "gres-conf", "--node", "gpu[01-04]")
+    assert result.exit_code == 0
+    assert "NodeName=gpu[01-04] Name=gpu File=/dev/nvidia0 " in result.stdout

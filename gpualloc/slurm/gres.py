@@ -42,9 +42,10 @@ from pathlib import Path
 
 from msgspec import Struct
 
-from gpualloc.errors import TopologyError
+from gpualloc.errors import RequestError, TopologyError
 from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.mig import MigInstance
+from gpualloc.model.printable import printable
 from gpualloc.model.topology import Gpu, Topology
 
 SYSFS_CPUS = Path("/sys/devices/system/cpu")
@@ -88,7 +89,37 @@ def cap_minor(key: CapKey) -> int:
 def slurm_gpu_type(gpu: Gpu) -> str:
     """The type name Slurm's NVML plugin derives from the GPU's name: lower case, spaces as
     underscores (``NVIDIA A100-SXM4-40GB`` -> ``nvidia_a100-sxm4-40gb``)."""
-    return (gpu.name or "gpu").strip().lower().replace(" ", "_")
+    kind = (gpu.name or "gpu").strip().lower().replace(" ", "_")
+    if _unsafe(kind):
+        raise TopologyError(
+            f"GPU {gpu.index}'s name {kind!r} holds a character gres.conf cannot carry",
+            hint="give the type with --gpu-type, or fix the name in the topology file",
+        )
+    return kind
+
+
+def _unsafe(value: str) -> bool:
+    """Whether ``value`` could end its gres.conf line or start another key: a control
+    character (a newline makes a live line of its own), a space, ``=`` or ``#``."""
+    return any(not c.isprintable() or c.isspace() or c in "=#" for c in value)
+
+
+def check_gres_value(value: str | None, option: str) -> None:
+    """Refuse a value given on the command line for a gres.conf field that would write more
+    than that field (``--node $'n1\\nNodeName=evil ...'``: issue 42, point 5)."""
+    if value is None:
+        return
+    example = f"e.g. {option} n1" if option == "--node" else "one word"
+    if not value:
+        raise RequestError(
+            f"{option} is empty", hint=f"give it a value ({example}), or leave it out"
+        )
+    bad = next((c for c in value if _unsafe(c)), None)
+    if bad is not None:
+        raise RequestError(
+            f"{option} {value!r} holds {bad!r}, which would end or split its gres.conf line",
+            hint=f"give {option} a single word as slurm.conf spells it ({example})",
+        )
 
 
 def sysfs_core_numbers(root: Path = SYSFS_CPUS) -> dict[int, int]:
@@ -130,11 +161,15 @@ def gres_conf(
     """The gres.conf text; ``core_numbers`` maps CPU ids to Slurm core numbers (None: no
     ``Cores=``); ``mig_minors`` is the driver's capability table (None: computed);
     ``gpu_type`` replaces the type Slurm would derive from the GPU's name."""
+    check_gres_value(node, "--node")
+    check_gres_value(device_dir, "--device-dir")
+    check_gres_value(gpu_type, "--gpu-type")
     n = topology.gpu_count
     device_dir = device_dir.rstrip("/")
     has_mig = any(gpu.mig_enabled for gpu in topology.gpus)
     lines = [
-        f"# gres.conf for {node or topology.name or 'this host'}, written by gpualloc slurm "
+        f"# gres.conf for {printable(node or topology.name or 'this host', 80)}, written by "
+        "gpualloc slurm "
         "gres-conf",
         "# Links=: NVLinks to each GPU in PCI order (-1: itself). Cores=: the GPU's local "
         "cores (Slurm numbering).",
