@@ -83,7 +83,7 @@ def main() -> int:
     for title, hosts in sections:
         lines += _bandwidth_section(title, hosts, jobs, figures, plots)
     quick = options.jobs is not None  # a small run (tests): fewer seeds of the fixed parts
-    lines += ["", *comparison_section(range(1, 3) if quick else range(1, 11))]
+    lines += ["", *comparison_section(range(1, 2) if quick else range(1, 11))]
     lines += ["", *sharing_section(options.jobs)]
     lines += ["", *measured_section()]
     lines += ["", *trace_section(figures, plots, quick=quick)]

@@ -89,9 +89,9 @@ def replay_table(
 
 
 def trace_section(figures: Path, plots, *, quick: bool = False) -> list[str]:
-    """The section's lines; ``quick``: two windows and 20 fill samples (a check that it
+    """The section's lines; ``quick``: one window and 20 fill samples (a check that it
     runs, not the figures)."""
-    starts, samples = (STARTS[:2], 20) if quick else (STARTS, FILL_SAMPLES)
+    starts, samples = (STARTS[:1], 20) if quick else (STARTS, FILL_SAMPLES)
     title = "## 6. A real production trace: shared GPUs and fragmentation (Alibaba 2023)"
     if not TRACE.exists():
         return [title, "", f"_Not regenerated: the trace is not at {TRACE}._"]
@@ -125,7 +125,8 @@ def _replay_lines(table, jobs: list[SimJob]) -> list[str]:
     lines = [
         "### 6.1 Replay: the trace's arrivals and run times through the live queue",
         "",
-        f"{windows} windows of {WINDOW} tasks (the trace's first {windows * WINDOW} GPU "
+        f"{windows} window{'s' if windows != 1 else ''} of {WINDOW} tasks (the trace's first "
+        f"{windows * WINDOW} GPU "
         f"tasks, in order), each at offered loads {', '.join(map(str, LOADS))} (`--load`), "
         f"{QUEUE} queue. Per load, the mean over the windows. The reproducing command for one "
         f"window: `gpualloc -t {HOST} simulate --trace openb_pod_list_default.csv --start "

@@ -379,7 +379,7 @@ def test_the_evaluation_script_regenerates_its_document(tmp_path: Path) -> None:
     assert "Median |error| over the 25 counted GPU sets" in text.split("\n## 5. ")[1]
     trace = text.split("\n## 6. ")[1]
     assert "_Not regenerated: the trace is not at" in trace or (
-        "2 windows of 500 tasks" in trace and "| `spread` |" in trace.split("### 6.2")[1]
+        "1 window of 500 tasks" in trace and "| `spread` |" in trace.split("### 6.2")[1]
     )
 
 
