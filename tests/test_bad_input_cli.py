@@ -215,3 +215,50 @@ def test_gres_conf_keeps_a_hostlist_node_name(cli: Cli) -> None:
     result = cli("--topology", "dgx1-v100", "slurm", "gres-conf", "--node", "gpu[01-04]")
     assert result.exit_code == 0
     assert "NodeName=gpu[01-04] Name=gpu File=/dev/nvidia0 " in result.stdout
+
+
+# ---- point 6: topology files ---------------------------------------------------------------
+
+
+def _topology_file(tmp_path: Path, cli: Cli, change: Callable[[dict], None]) -> Path:
+    document = json.loads(cli("--topology", "dgx1-v100", "topo", "show", "--json").stdout)
+    change(document)
+    path = tmp_path / "topology.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def _no_gpus(document: dict) -> None:
+    document.update(gpus=[], links=[], mig_instances=[], processes=[], faults=[], utilization=[])
+
+
+def _gpu_on_numa_node_7(document: dict) -> None:
+    document["gpus"][0]["numa_node"] = 7
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (_no_gpus, "a topology has at least one GPU"),
+        (_gpu_on_numa_node_7, "GPU 0 is on NUMA node 7, which numa_nodes does not declare"),
+    ],
+)
+def test_an_inconsistent_topology_file_is_exit_5(
+    cli: Cli, tmp_path: Path, change: Callable[[dict], None], message: str
+) -> None:
+    path = _topology_file(tmp_path, cli, change)
+    for args in (["topo", "show"], ["plan", "-n", "1"]):
+        result = cli("--topology", str(path), *args)
+        _refused(result, 5)
+        assert message in result.stderr
+
+
+def test_topo_import_refuses_a_p2p_file_without_a_matrix(cli: Cli, tmp_path: Path) -> None:
+    from tests.conftest import RECORDED
+
+    p2p = tmp_path / "p2p.bin"
+    p2p.write_bytes(bytes(range(256)) * 4)
+    topo = RECORDED / "dgx1-v100_vast_topo.txt"
+    result = cli("topo", "import", str(topo), "--p2p", str(p2p), "--json")
+    _refused(result, 4)
+    assert "no 'nvidia-smi topo -p2p r' matrix" in result.stderr and result.stdout == ""

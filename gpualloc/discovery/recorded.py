@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpualloc.discovery.numa import parse_numactl_hardware
+from gpualloc.discovery.p2p_codes import parse_p2p_matrix
 from gpualloc.discovery.smi import topology_from_smi_texts
-from gpualloc.errors import FileAccessError, TopologyError, TopologyNotFound
+from gpualloc.errors import FileAccessError, TopologyError, TopologyNotFound, TopologyParseError
 from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
 from gpualloc.model.topology import Topology
 from gpualloc.user_files import read_user_text
@@ -39,7 +40,7 @@ def load_topology_file(path: Path, *, table: BandwidthTable | None = None) -> To
             "topo -m' text anything but .json",
         )
     if looks_like_json(text):
-        topology = Topology.from_json(text, origin=str(path))
+        topology = Topology.from_json(text, origin=str(path), declared_numa=True)
         return topology.with_bandwidth_table(table) if table is not None else topology
     return topology_from_smi_texts(
         text, origin=str(path), table=table or DEFAULT_BANDWIDTH_TABLE, name=path.stem
@@ -56,16 +57,24 @@ def import_smi_files(
     name: str | None = None,
 ) -> Topology:
     """``gpualloc topo import``: recorded ``topo -m`` text plus optional companion files."""
-    return import_smi_texts(
+    p2p_text = read_text(p2p_path, "topo -p2p file") if p2p_path else None
+    topology = import_smi_texts(
         read_text(topo_path, "topo -m file"),
         nvlink_text=read_text(nvlink_path, "nvlink file") if nvlink_path else None,
-        p2p_text=read_text(p2p_path, "topo -p2p file") if p2p_path else None,
+        p2p_text=p2p_text,
         numa_text=read_text(numa_path, "numactl file") if numa_path else None,
         origin=str(topo_path),
         numa_origin=str(numa_path) if numa_path else None,
         table=table,
         name=name or topo_path.stem,
     )
+    if p2p_text is not None and topology.gpu_count > 1 and not parse_p2p_matrix(p2p_text):
+        raise TopologyParseError(  # not silently ignored (issue 42, point 6)
+            "no 'nvidia-smi topo -p2p r' matrix in it (rows such as 'GPU0 X OK')",
+            source=str(p2p_path),
+            hint="give --p2p the output of 'nvidia-smi topo -p2p r' saved to a file",
+        )
+    return topology
 
 
 def import_smi_texts(

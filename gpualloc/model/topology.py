@@ -285,6 +285,8 @@ class Topology(_Strict, kw_only=True):
         node_ids = [n.id for n in self.numa_nodes]
         if len(set(node_ids)) != len(node_ids):
             raise ValueError(f"NUMA node ids repeat: {node_ids}")
+        if not self.gpus:
+            raise ValueError("a topology has at least one GPU; this one lists none")
         self.numa_nodes.sort(key=lambda n: n.id)
 
     # ---- lookups -------------------------------------------------------------------------
@@ -393,8 +395,11 @@ class Topology(_Strict, kw_only=True):
         return json.dumps(self.to_json_dict(), indent=2, sort_keys=True) + "\n"
 
     @classmethod
-    def from_json_dict(cls, data: Any, *, origin: str = "<json>") -> Topology:
-        """Validate a parsed JSON document; errors name the file and the offending field."""
+    def from_json_dict(
+        cls, data: Any, *, origin: str = "<json>", declared_numa: bool = False
+    ) -> Topology:
+        """Validate a parsed JSON document; errors name the file and the offending field.
+        ``declared_numa``: a user's file, whose GPUs must be on NUMA nodes it declares."""
         if not isinstance(data, dict):
             raise TopologyError(f"{origin}: a topology file holds a JSON object")
         version = data.get("schema_version")
@@ -413,16 +418,35 @@ class Topology(_Strict, kw_only=True):
         if isinstance(links, list):  # ``kind`` is derived: to_json() writes it, reading drops it
             data = {**data, "links": [_without_kind(link) for link in links]}
         try:
-            return from_builtins(data, cls)
+            topology = from_builtins(data, cls)
         except ValidationError as exc:
             raise TopologyError(f"{origin}: {describe_validation_error(exc)}") from exc
+        if declared_numa:
+            topology._check_declared_numa(origin)
+        return topology
+
+    def _check_declared_numa(self, origin: str) -> None:
+        """A topology file's GPUs are on NUMA nodes it declares (issue 42, point 6): a GPU on
+        another would be bound to CPUs and memory nobody described. None declared: unknown,
+        not checked. Not asked of a live host, whose sysfs may show a container fewer nodes
+        than its GPUs name."""
+        declared = {node.id for node in self.numa_nodes}
+        stray = [g for g in self.gpus if declared and g.numa_node not in (None, *declared)]
+        if stray:
+            raise TopologyError(
+                f"{origin}: GPU {stray[0].index} is on NUMA node {stray[0].numa_node}, which "
+                f"numa_nodes does not declare (it declares {sorted(declared)})",
+                hint="fix the GPU's numa_node, or add the node to numa_nodes",
+            )
 
     def validated(self) -> Topology:
         """This topology, built in code, checked as if read from its JSON (types, ranges)."""
         return Topology.from_json_dict(self.to_json_dict(), origin="discovered topology")
 
     @classmethod
-    def from_json(cls, text: str, *, origin: str = "<json>") -> Topology:
+    def from_json(
+        cls, text: str, *, origin: str = "<json>", declared_numa: bool = False
+    ) -> Topology:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -431,7 +455,7 @@ class Topology(_Strict, kw_only=True):
                 hint="a topology file is what 'gpualloc topo record' or 'topo show --json' "
                 "writes, or 'nvidia-smi topo -m' text",
             ) from exc
-        return cls.from_json_dict(data, origin=origin)
+        return cls.from_json_dict(data, origin=origin, declared_numa=declared_numa)
 
 
 def _without_kind(link: Any) -> Any:
