@@ -262,3 +262,23 @@ def test_topo_import_refuses_a_p2p_file_without_a_matrix(cli: Cli, tmp_path: Pat
     result = cli("topo", "import", str(topo), "--p2p", str(p2p), "--json")
     _refused(result, 4)
     assert "no 'nvidia-smi topo -p2p r' matrix" in result.stderr and result.stdout == ""
+
+
+# ---- point 7: --mem without a unit ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["plan", "-n", "1", "--mem", "8"], ["alloc", "-n", "1", "--shareable", "--mem", "8"]],
+)
+def test_mem_without_a_unit_is_refused(cli: Cli, command: list[str]) -> None:
+    result = cli("--topology", "dgx1-v100", *command)
+    _refused(result, 2)
+    assert "--mem '8' has no unit" in result.stderr and "8G" in result.stderr
+
+
+def test_mem_in_bytes_says_so() -> None:
+    from gpualloc.model.option_values import parse_size
+
+    assert parse_size("4096B", "--mem") == 4096
+    assert parse_size("8G", "--mem") == 8 * 1024**3

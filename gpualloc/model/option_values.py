@@ -72,8 +72,15 @@ _SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**
 
 
 def parse_size(text: str, option: str) -> int:
-    """``10G``, ``4.5GiB``, ``512M``, ``20GB`` -> bytes (K/M/G/T are binary, as nvidia-smi's
-    MiB; a bare number is bytes)."""
+    """``10G``, ``4.5GiB``, ``512M``, ``20GB``, ``4096B`` -> bytes (K/M/G/T are binary, as
+    nvidia-smi's MiB). A bare number is refused: ``--mem 8`` meant 8 bytes, surely never what
+    was asked (issue 42, point 7)."""
+    if re.fullmatch(r"\s*\d+(?:\.\d+)?\s*", text):
+        raise RequestError(
+            f"{option} {text.strip()!r} has no unit",
+            hint=f"give one: {option} {text.strip()}G (GiB), {text.strip()}M (MiB) or "
+            f"{text.strip()}B (bytes)",
+        )
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
     value = float(match[1]) * _SIZE_UNITS[match[2]] if match else 0.0
     if value < 1:
