@@ -20,6 +20,7 @@ import shutil
 import socket
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,9 +37,26 @@ P99_TARGET_MS = 20.0
 SNAPSHOT = b'{"v":1,"op":"snapshot","args":{"full":true}}\n'
 
 
-def _flood(path: Path, seconds: float, report: int) -> None:
-    """Full snapshots over 4 connections, 16 in flight on each, for ``seconds``; a connection
-    the broker closes is opened again at once (as a flooder would)."""
+def _placements(count: int) -> bytes:
+    """``count`` requests that each make the broker search anew (issue 40, hole 2): a
+    10-GPU DRB job on the 32-GPU host, every one excluding another pair of GPUs, so that no
+    answer the broker remembers fits, each followed by a release of what it got."""
+    lines = []
+    for i in range(count):
+        first, second = i % 32, (i * 7 + 3) % 32
+        request = {"gpus": 10, "sensitive": True, "policy": "drb",
+                   "excluded": sorted({first, second})}  # fmt: skip
+        alloc = {"lease_id": new_lease_id(), "request": request,
+                 "terms": {"source": "alloc", "hold": True}}  # fmt: skip
+        lines.append(json.dumps({"v": 1, "op": "alloc", "args": alloc}).encode() + b"\n")
+        lines.append(b'{"v":1,"op":"release","args":{"mine":true}}\n')
+    return b"".join(lines)
+
+
+def _flood(path: Path, seconds: float, report: int, kind: str = "snapshot") -> None:
+    """Full snapshots (or searching placements, ``kind``) over 4 connections, 16 in flight on
+    each, for ``seconds``; a connection the broker closes is opened again at once (as a
+    flooder would)."""
     answered = refused = reconnects = 0
     connections: list = [None] * 4
     end = time.monotonic() + seconds
@@ -55,7 +73,7 @@ def _flood(path: Path, seconds: float, report: int) -> None:
                     continue
             s, reader = connections[i]
             try:
-                s.sendall(SNAPSHOT * 16)
+                s.sendall(SNAPSHOT * 16 if kind == "snapshot" else _placements(8))
                 for _ in range(16):
                     line = reader.readline()
                     if not line:
@@ -103,7 +121,13 @@ def _read(fd: int) -> object:
     return json.loads(b"".join(chunks))
 
 
-def _round(broker: RunningBroker, worker: UnixUser, flooder: UnixUser | None, seconds: float):
+def _round(
+    broker: RunningBroker,
+    worker: UnixUser,
+    flooder: UnixUser | None,
+    seconds: float,
+    kind: str = "snapshot",
+):
     work_r, work_w = os.pipe()
     flood_r, flood_w = os.pipe()
     pids = [
@@ -114,7 +138,7 @@ def _round(broker: RunningBroker, worker: UnixUser, flooder: UnixUser | None, se
     ]
     if flooder is not None:
         flood = start_as_user(
-            flooder.uid, flooder.gid, lambda: _flood(broker.socket, seconds, flood_w)
+            flooder.uid, flooder.gid, lambda: _flood(broker.socket, seconds, flood_w, kind)
         )
         pids.append((flood, flooder.uid))
     os.close(work_w)
@@ -139,23 +163,41 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--topology", default="dgx1-v100")
+    parser.add_argument(
+        "--flood",
+        choices=("snapshot", "placement"),
+        default="snapshot",
+        help="what the flooder sends: full snapshots, or 10-GPU DRB allocations that each "
+        "search anew on a 32-GPU PCIe host (then --topology is that host)",
+    )
     options = parser.parse_args()
     if os.geteuid() != 0:
         print("run as root: the flooder and the worker are real Unix users", file=sys.stderr)
         return 2
     flooder, worker = ensure_user("gpualloc-t-alice"), ensure_user("gpualloc-t-bob")
-    broker = RunningBroker(options.topology).start()
+    topology = options.topology
+    if options.flood == "placement":
+        import msgspec
+
+        from tests.test_placement_budget import pcie_32
+
+        made = Path(tempfile.mkdtemp(prefix="gpualloc-flood-")) / "pcie-32gpu-2socket.json"
+        made.write_bytes(msgspec.json.encode(pcie_32()))
+        made.parent.chmod(0o755)
+        topology = str(made)
+    broker = RunningBroker(topology).start()
     try:
         quiet, _ = _round(broker, worker, None, options.seconds)
-        flooded, flood = _round(broker, worker, flooder, options.seconds)
+        flooded, flood = _round(broker, worker, flooder, options.seconds, options.flood)
     finally:
         broker.stop()
         shutil.rmtree(broker.directory, ignore_errors=True)
-    print(f"broker on {options.topology}, default limits, {options.seconds:g} s each")
+    print(f"broker on {Path(topology).stem}, default limits, {options.seconds:g} s each")
     print(_line("another user's alloc/release, nobody flooding", quiet))
     assert isinstance(flood, dict)
+    what = "full snapshots" if options.flood == "snapshot" else "searching allocs and releases"
     print(
-        f"flooder: {flood['answered'] / options.seconds:.0f} full snapshots a second answered, "
+        f"flooder: {flood['answered'] / options.seconds:.0f} {what} a second answered, "
         f"{flood['refused'] / options.seconds:.0f} refused (broker.max_requests_per_s), "
         f"{flood['connections'] / options.seconds:.0f} connections made a second (most refused)"
     )

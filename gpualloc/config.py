@@ -315,7 +315,7 @@ SETTINGS: tuple[Setting, ...] = (
         system_only=True,
     ),
     Setting(
-        "broker.placement_budget", None, 0.05, _duration,
+        "broker.placement_budget", None, 0.015, _duration,
         "how long the broker lets one placement search (seconds) before a greedy answer",
         system_only=True,
     ),

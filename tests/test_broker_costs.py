@@ -28,13 +28,16 @@ def _want(gpus: int, **fields: Any) -> Want:
 def searches(monkeypatch: pytest.MonkeyPatch) -> list[Want]:
     """Every search the host runs, by request."""
     made: list[Want] = []
-    choose = local.choose
 
-    def counted(topology: Any, occupancy: Any, want: Want, **kwargs: Any) -> Any:
-        made.append(want)
-        return choose(topology, occupancy, want, **kwargs)
+    def counting(function: Any) -> Any:
+        def counted(topology: Any, occupancy: Any, want: Want, **kwargs: Any) -> Any:
+            made.append(want)
+            return function(topology, occupancy, want, **kwargs)
 
-    monkeypatch.setattr(local, "choose", counted)
+        return counted
+
+    monkeypatch.setattr(local, "choose", counting(local.choose))
+    monkeypatch.setattr(local, "searched", counting(local.searched))
     return made
 
 

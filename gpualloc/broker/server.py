@@ -35,8 +35,10 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from gpualloc.broker.connection import Connection
 from gpualloc.broker.limits import Limits, request_cost
 from gpualloc.broker.peers import Peer, peer_of
+from gpualloc.broker.placer import MAX_ASKS, Parking, Placer
 from gpualloc.broker.service import LedgerService, Started
 from gpualloc.broker.watch import LOOK_S
 from gpualloc.errors import (
@@ -46,42 +48,20 @@ from gpualloc.errors import (
     RequestError,
     WaitTimedOut,
 )
+from gpualloc.host.local import PlacementPending
 from gpualloc.wire import protocol
 
 MAX_UNREAD_BYTES = 4 * 1024 * 1024
 WAKE = "wake"
+PLACER = "placer"
 """The selector's mark of the pipe a signal writes to (``signal.set_wakeup_fd``)."""
 CLOSE = b""
 """In the answers held back for a batch: close the connection here (after what it was sent)."""
 PROCESS_REFRESH_S = 2.0
-
-
-class Connection:
-    def __init__(self, sock: socket.socket, peer: Peer) -> None:
-        self.sock = sock
-        self.peer = peer
-        self.inbox = bytearray()
-        self.outbox = bytearray()
-        self.begun: float | None = None
-        """When the request now arriving began (None: no partial request)."""
-        self.waiters: set[str] = set()
-        self.said: dict[str, tuple[Any, ...]] = {}
-        self.said_at: dict[str, float] = {}
-        self.open = True
-        self.closing = False
-        """Closed once the batch's answers are out: its further requests are not read."""
-        self.active = time.monotonic()
-        """When it last sent anything (idle connections are closed: ``broker.idle_timeout``)."""
-
-    def gone(self) -> bool:
-        """Whether the client closed its end (a request it sent before leaving is not applied:
-        it timed out waiting, or was killed, and will not hear the answer)."""
-        try:
-            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-        except (BlockingIOError, InterruptedError):
-            return False
-        except OSError:
-            return True
+USER_SLICE_S = 0.005
+"""Broker time one user's requests may take in one turn of the loop; the rest of them wait for
+the next turn, after the others' (a user who pipelines slow requests delays others by about
+one request, not by all of them: issue 40, hole 2). Root is never put off."""
 
 
 class Broker:
@@ -95,8 +75,13 @@ class Broker:
         *,
         idle_policy: Any = None,
         log: Callable[[str], None] = lambda line: None,
+        search_budget_s: float | None = None,
     ) -> None:
         self.service = service
+        self.search_budget_s = search_budget_s
+        """The placement worker's budget (``placement.time_budget``); the loop's own searches
+        have ``broker.placement_budget``."""
+        self.parking = Parking()
         self.listener = listener
         self.limits = limits
         self.idle_policy = idle_policy
@@ -125,17 +110,35 @@ class Broker:
         self._register_pidfds()
         for name in ("SIGTERM", "SIGINT"):
             signal.signal(getattr(signal, name), self._stop)
+        self._start_placer()
+        try:
+            self._loop()
+        finally:
+            if self.service.host.placer is not None:
+                self.service.host.placer.stop()
+        self.selector.close()
+
+    def _start_placer(self) -> None:
+        try:
+            placer = Placer.start(self.service.host.topology, self.search_budget_s)
+        except OSError as exc:
+            self.log(f"warning: no placement worker ({exc.strerror}): searches run in the loop")
+            return
+        self.service.host.placer = placer
+        self.selector.register(placer.fileno(), selectors.EVENT_READ, PLACER)
+
+    def _loop(self) -> None:
         while not self.stopping:
             deadline = self.service.next_deadline()
             wake = self.next_look if deadline is None else min(self.next_look, deadline)
-            for key, mask in self.selector.select(max(0.0, wake - time.monotonic())):
+            timeout = 0.0 if self.requests else max(0.0, wake - time.monotonic())
+            for key, mask in self.selector.select(timeout):
                 self._event(key, mask)
             look = time.monotonic() >= wake
             if self.requests or self.reap_due or look:
                 self._in_batch(look)
             if look:
                 self.next_look = time.monotonic() + LOOK_S
-        self.selector.close()
 
     def _in_batch(self, look: bool) -> None:
         """Everything that arrived in this turn of the loop, in one group commit: the answers
@@ -152,9 +155,19 @@ class Broker:
                 if look:
                     self._look()
                 requests, self.requests = self.requests, []
+                spent: dict[int, float] = {}
                 for connection, line in requests:
+                    uid = connection.peer.uid
+                    if connection.parked is not None:  # behind its request that waits
+                        connection.parked.append(line)
+                        continue
+                    if uid and spent.get(uid, 0.0) >= USER_SLICE_S:
+                        self.requests.append((connection, line))  # the next turn, in order
+                        continue
                     if connection.open and not connection.closing:
+                        began = time.perf_counter()
                         self._request(connection, line)
+                        spent[uid] = spent.get(uid, 0.0) + time.perf_counter() - began
         except GpuallocError as failed:  # a full disk, say: said to every client of the batch
             self.log(f"error: the ledger could not be written: {failed.message}")
             held_back, self.held_back = self.held_back, None
@@ -185,6 +198,8 @@ class Broker:
         elif key.data is WAKE:
             with contextlib.suppress(OSError):
                 os.read(key.fd, 512)
+        elif key.data is PLACER:
+            self._placed()
         elif isinstance(key.data, Connection):
             if mask & selectors.EVENT_READ:
                 self._read(key.data)
@@ -375,13 +390,20 @@ class Broker:
                 self._refuse_flood(connection)
                 return
             started = time.perf_counter()
+            placer = self.service.host.placer
+            if placer is not None:
+                placer.deferring = connection.asks < MAX_ASKS
             try:
                 answer = self._handle(connection, op, args)
             finally:
                 self.limits.charge_time(peer.uid, time.perf_counter() - started)
+            connection.asks = 0
         except protocol.VersionMismatch as mismatch:
             self._send(connection, protocol.error_line(mismatch))
             self._close(connection, flush=True)
+            return
+        except PlacementPending as pending:  # the worker searches; the request waits for it
+            self.parking.park(self.service.host.placer, connection, line, pending)
             return
         except GpuallocError as problem:
             answer = protocol.error_line(problem)
@@ -400,6 +422,17 @@ class Broker:
         self._register_pidfds()
         if answer is not None:
             self._send(connection, answer)
+
+    def _placed(self) -> None:
+        """The worker's answers: remembered, and the requests that waited for them run again
+        (in the next batch, before anything their connections sent later)."""
+        placer = self.service.host.placer
+        assert placer is not None
+        self.requests += self.parking.answered(placer, self.service.host)
+        if not placer.alive:
+            self.selector.unregister(placer.fileno())
+            self.service.host.placer = None
+            self.log("warning: the placement worker ended: searches run in the loop")
 
     def _handle(self, connection: Connection, op: str, args: dict[str, Any]) -> bytes | None:
         peer, service = connection.peer, self.service

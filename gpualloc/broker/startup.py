@@ -76,7 +76,12 @@ def serve(
         config.system_value("broker.idle_timeout"),
     )
     broker = Broker(
-        service, listener, limits, idle_policy=IdlePolicy.from_config(config), log=log_line
+        service,
+        listener,
+        limits,
+        idle_policy=IdlePolicy.from_config(config),
+        log=log_line,
+        search_budget_s=config.value("placement.time_budget"),
     )
     log_line(
         f"serving {topology.gpu_count} GPUs of {topology.name or 'this host'} on "

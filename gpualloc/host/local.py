@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from msgspec.structs import replace
 
@@ -46,7 +46,7 @@ from gpualloc.ledger.statedir import (
 from gpualloc.ledger.store import LOCK_TIMEOUT_S, LedgerStore, LedgerTransaction, new_lease_id
 from gpualloc.model.request import HostState, Placement
 from gpualloc.model.topology import GpuProcess, Topology
-from gpualloc.placement.choose import choose
+from gpualloc.placement.choose import choose, good_enough, searched
 from gpualloc.placement.want import Want
 
 if TYPE_CHECKING:
@@ -61,6 +61,15 @@ if TYPE_CHECKING:
 ORPHAN_LOCK_AGE_S = 60.0
 """A lease lock file no lease names is removed only when older than this, so that the lock of a
 lease being created right now (file made, ledger not yet written) is never taken for litter."""
+
+
+class PlacementPending(Exception):  # a signal to the broker, not an error
+    """No answer is remembered for this request on this host state: it waits for the broker's
+    placement worker (:mod:`gpualloc.broker.placer`)."""
+
+    def __init__(self, key: tuple[Want, HostState], occupancy: Occupancy, want: Want) -> None:
+        super().__init__("placement pending")
+        self.key, self.occupancy, self.want = key, occupancy, want
 
 
 MAX_REMEMBERED_PLACEMENTS = 4096
@@ -78,6 +87,9 @@ class LocalHost(HostView, kw_only=True):
     """Placements remembered by request and host state (:meth:`placement`): the broker sets
     one, and answers the same request on the same free GPUs without a search (issue 43,
     point 4). None: every placement is searched (one request a process)."""
+    placer: Any = None
+    """The broker's placement worker (:class:`gpualloc.broker.placer.Placer`), which searches
+    what the memo does not hold while the broker serves others; None: searched here."""
 
     @classmethod
     def open(
@@ -201,21 +213,32 @@ class LocalHost(HostView, kw_only=True):
 
     def placement(self, occupancy: Occupancy, want: Want) -> Placement:
         """Where ``want`` goes on the GPUs free in ``occupancy`` (:func:`choose`), from
-        :attr:`placement_memo` when it holds the answer. Only the engine's own choices are
-        remembered: they depend on the request and the host state alone (free GPUs, running
-        jobs), where an explicit list, a MIG device or a shared place depend on more, and a
-        refusal names who holds what."""
+        :attr:`placement_memo` when it holds the answer. Only the policy's own choices are
+        remembered (:func:`searched`): they depend on the request and the host state alone
+        (free GPUs, running jobs), where an explicit list, a MIG device or a shared place
+        depend on more. With a :attr:`placer`, a search not remembered is left to the
+        broker's worker: :class:`PlacementPending`."""
         memo = self.placement_memo
         if memo is None or want.explicit is not None or want.mig or want.share:
             return choose(self.topology, occupancy, want, budget_s=self.placement_budget_s)
         key = (want, occupancy.host_state())
         found = memo.get(key)
         if found is None:
-            found = choose(self.topology, occupancy, want, budget_s=self.placement_budget_s)
-            if len(memo) >= MAX_REMEMBERED_PLACEMENTS:
-                memo.clear()
-            memo[key] = found
-        return found
+            placer = self.placer
+            if placer is not None and placer.defers(key):
+                raise PlacementPending(key, occupancy, want)
+            found = searched(self.topology, occupancy, want, budget_s=self.placement_budget_s)
+            self.remember(key, found)
+        return good_enough(found, want)
+
+    def remember(self, key: tuple[Want, HostState], placement: Placement) -> None:
+        """Keep ``placement`` in :attr:`placement_memo` (forgotten all at once at its bound)."""
+        memo = self.placement_memo
+        if memo is None:
+            return
+        if len(memo) >= MAX_REMEMBERED_PLACEMENTS:
+            memo.clear()
+        memo[key] = placement
 
     @contextmanager
     def transaction(self, *, lock_timeout_s: float | None = None) -> Iterator[LedgerTransaction]:

@@ -54,7 +54,17 @@ def choose(
     if want.share is not None:
         return _share_placement(topology, occupancy, want.share)
     if want.explicit is not None:
-        return _good_enough(_explicit(topology, occupancy, want), want)
+        return good_enough(_explicit(topology, occupancy, want), want)
+    return good_enough(searched(topology, occupancy, want, budget_s=budget_s), want)
+
+
+def searched(
+    topology: Topology, occupancy: OccupancyView, want: Want, *, budget_s: float | None = None
+) -> Placement:
+    """The policy's own choice for ``want`` (no MIG device, shared place or explicit list),
+    before its thresholds (:func:`good_enough`): it depends on the request and
+    ``occupancy.host_state()`` alone, so it may be remembered by them, and searched in
+    another process (:mod:`gpualloc.broker.placer`). Raises as :func:`choose` does."""
     policy = get_policy(want.policy)
     try:
         ctx = _context_now(topology, occupancy, want)
@@ -82,7 +92,7 @@ def choose(
                 ) from None
             raise
         raise _busy(occupancy, want.request, now) from None
-    return _good_enough(place(policy, ctx, budget_s), want)
+    return place(policy, ctx, budget_s)
 
 
 MIG_POLICY = "mig-best-fit"
@@ -142,7 +152,7 @@ class PlacementTooPoor(GpusBusy):
     """Enough GPUs are free, but the placement they allow is below the job's threshold."""
 
 
-def _good_enough(placement: Placement, want: Want) -> Placement:
+def good_enough(placement: Placement, want: Want) -> Placement:
     """``placement``, unless it misses ``--min-utility`` or ``--min-bandwidth``."""
     s = placement.scores
     gpus = ",".join(map(str, placement.gpus))

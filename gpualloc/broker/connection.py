@@ -1,0 +1,41 @@
+"""One client connection of the broker: its peer, what it sent and what it is sent."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+from gpualloc.broker.peers import Peer
+
+
+class Connection:
+    def __init__(self, sock: socket.socket, peer: Peer) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.inbox = bytearray()
+        self.outbox = bytearray()
+        self.begun: float | None = None
+        """When the request now arriving began (None: no partial request)."""
+        self.waiters: set[str] = set()
+        self.said: dict[str, tuple[Any, ...]] = {}
+        self.said_at: dict[str, float] = {}
+        self.open = True
+        self.closing = False
+        """Closed once the batch's answers are out: its further requests are not read."""
+        self.active = time.monotonic()
+        """When it last sent anything (idle connections are closed: ``broker.idle_timeout``)."""
+        self.parked: list[bytes] | None = None
+        """Its requests waiting for the placement worker, in order (:mod:`.placer`)."""
+        self.asks = 0
+        """Times its first parked request has asked the worker."""
+
+    def gone(self) -> bool:
+        """Whether the client closed its end (a request it sent before leaving is not applied:
+        it timed out waiting, or was killed, and will not hear the answer)."""
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
