@@ -43,6 +43,9 @@ def users() -> dict[str, UnixUser]:
 def system_config_dir() -> Iterator[Path]:
     path = shared_directory("gpualloc-etc-")
     path.chmod(0o755)
+    config = path / "config.toml"
+    config.write_text("# the test host's system configuration: none of its own\n")
+    config.chmod(0o644)  # a named file that does not exist is an error (exit 15)
     yield path
     shutil.rmtree(path)
 
