@@ -274,7 +274,7 @@ def utility_weights(value: str | tuple[float, float, float] | None) -> UtilityWe
         return UtilityWeights()
     try:
         values = [float(part) for part in value.split(",")] if isinstance(value, str) else value
-        if len(values) != 3:
+        if len(values) != 3 or not all(math.isfinite(v) for v in values):
             raise ValueError
         return UtilityWeights(*values).normalised()
     except (ValueError, TypeError):
