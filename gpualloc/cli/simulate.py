@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 
 from gpualloc.cli.state import STATE
 from gpualloc.errors import FileAccessError, RequestError, TraceError
 
+T = TypeVar("T")
+
 
 def simulate_command(
+    ctx: typer.Context,
     trace: Annotated[
         Optional[Path],  # noqa: UP045 - typer needs Optional on Python 3.10
         typer.Option(
@@ -113,7 +118,7 @@ def simulate_command(
             metavar="RHO",
             help="Rescale arrival times so that the jobs offer this host RHO of its GPU time "
             "(GPUs x run time, a shared job its fraction, over host GPUs x the arrival span); "
-            "run times are kept. For cluster traces, e.g. --load 0.9.",
+            "run times are kept. For cluster traces, e.g. --load 0.9; 0.001 <= RHO <= 1000.",
         ),
     ] = None,
     seed: Annotated[int, typer.Option(metavar="N", help="Seed of --generate.")] = 0,
@@ -154,27 +159,41 @@ def simulate_command(
     from gpualloc.placement.share_rules import get_share_policy
     from gpualloc.simulate.engine import SimOptions, simulate
     from gpualloc.simulate.generate import generate as generate_jobs
+    from gpualloc.simulate.networks import check_workloads
     from gpualloc.simulate.profile import DrbProfile
     from gpualloc.simulate.summary import summarise
     from gpualloc.simulate.trace import write_trace
     from gpualloc.simulate.trace_files import read_trace_file
-    from gpualloc.simulate.window import scale_to_load, window
+    from gpualloc.simulate.window import check_load, scale_to_load, window
 
+    # Every check of the command line before any file is read, and all before any is written.
+    if trace is not None and generate is not None:
+        raise RequestError(
+            "--trace and --generate exclude each other", hint="give one of them, not both"
+        )
+    if trace is None and generate is None:
+        raise RequestError(
+            "give --trace FILE or --generate SPEC", hint="e.g. --generate mapa:jobs=300"
+        )
+    if load is not None:
+        check_load(load)
     placements = [name.strip() for name in share_placement.split(",") if name.strip()]
     for name in placements or [share_placement]:
-        get_share_policy(name, what="--share-placement")
-    if len(placements) > 1 and not sharing:
+        _named(lambda n: get_share_policy(n, what="--share-placement"), name)
+    if not sharing and _given(ctx, "share_placement"):
         raise RequestError(
-            "several --share-placement rules compare nothing without --sharing",
+            "--share-placement applies to --sharing (1-GPU jobs sharing GPUs)",
             hint="add --sharing N (e.g. --sharing 32 for a trace that names parts of GPUs)",
         )
-    if (trace is None) == (generate is None):
-        raise RequestError("give --trace FILE or --generate SPEC", hint="one of them")
     policies = [name.strip() for name in policy.split(",") if name.strip()]
     if not policies:
         raise RequestError("--policy names no policy", hint="e.g. --policy baseline,mapa")
     for name in policies:
-        get_policy(name)
+        _named(get_policy, name)
+    if profile is not None and runtime not in ("profile", "auto"):
+        raise TraceError(
+            "--profile applies to --runtime profile or auto", hint="add --runtime profile"
+        )
     topology = STATE.load_topology()
     trace_notes: list[str] = []
     if trace is not None:
@@ -185,15 +204,8 @@ def simulate_command(
         jobs = window(jobs, start=start, limit=limit)
     if load is not None:
         jobs = scale_to_load(jobs, topology.gpu_count, load)
-    if save_trace is not None:
-        from gpualloc.atomic import write_text_atomic
-
-        write_text_atomic(save_trace, write_trace(jobs))
     loaded_profile = DrbProfile.load(profile) if profile is not None else None
-    if loaded_profile is not None and runtime not in ("profile", "auto"):
-        raise TraceError(
-            "--profile applies to --runtime profile or auto", hint="add --runtime profile"
-        )
+    check_workloads(jobs, loaded_profile or DrbProfile.bundled(), str(trace or "--generate"))
     results = {
         name if len(placements) == 1 else f"{name}/{rule}": simulate(
             topology,
@@ -213,6 +225,8 @@ def simulate_command(
         for rule in placements
     }
     summaries = {name: summarise(result) for name, result in results.items()}
+    if save_trace is not None:  # only now: a refusal above leaves no file behind
+        _write(save_trace, write_trace(jobs), "--save-trace")
     shared = f", sharing {sharing} per GPU at U={gpu_busy:g}" if sharing else ""
     title = (
         f"{len(jobs)} jobs on {topology.name or 'topology'} ({queue} queue, {runtime} runtimes"
@@ -227,39 +241,37 @@ def simulate_command(
         for path in figures:
             say(f"wrote {path}")
     if report is not None:
-        from gpualloc.atomic import write_text_atomic
         from gpualloc.simulate.report import markdown_report
 
         source = str(trace) if trace is not None else f"--generate {generate} --seed {seed}"
         text = markdown_report(title, source, summaries, figures, report.parent)
-        try:
-            write_text_atomic(report, text)
-        except OSError as exc:
-            raise FileAccessError(f"cannot write {report}: {exc.strerror}") from None
+        _write(report, text, "--report")
     if as_json:
         from gpualloc.cli.output import print_json
 
         print_json(
-            {
-                "topology": topology.name,
-                "trace_notes": trace_notes,
-                "queue": queue,
-                "runtime": runtime,
-                "postpone": not no_postpone,
-                "sharing": sharing,
-                "gpu_busy": gpu_busy,
-                "policies": {
-                    name: {
-                        "summary": summaries[name],
-                        "jobs": [job.as_dict() for job in results[name].jobs],
-                        "timeline": [
-                            {"time_s": t, "free_gpus": free, "waiting_jobs": waiting}
-                            for t, free, waiting in results[name].timeline
-                        ],
-                    }
-                    for name in results
-                },
-            }
+            _finite(
+                {
+                    "topology": topology.name,
+                    "trace_notes": trace_notes,
+                    "queue": queue,
+                    "runtime": runtime,
+                    "postpone": not no_postpone,
+                    "sharing": sharing,
+                    "gpu_busy": gpu_busy,
+                    "policies": {
+                        name: {
+                            "summary": summaries[name],
+                            "jobs": [job.as_dict() for job in results[name].jobs],
+                            "timeline": [
+                                {"time_s": t, "free_gpus": free, "waiting_jobs": waiting}
+                                for t, free, waiting in results[name].timeline
+                            ],
+                        }
+                        for name in results
+                    },
+                }
+            )
         )
         return
     if trace_notes:
@@ -270,6 +282,67 @@ def simulate_command(
     _show(topology.name or "topology", len(jobs), f"{queue} queue{shared}", runtime, summaries)
     if sharing:
         _show_capacity(summaries)
+
+
+def _named(find: Callable[[str], T], name: str) -> T:
+    """``find(name)``, its refusal of an unknown name echoing at most a few dozen characters of
+    it (an argument of 5,000 would otherwise fill the terminal)."""
+    from gpualloc.simulate.trace import shown
+
+    try:
+        return find(name)
+    except RequestError as exc:
+        what = exc.message.removesuffix(repr(name)).strip()
+        raise RequestError(f"{what} {shown(name)}", hint=exc.hint, details=exc.details) from None
+
+
+def _given(ctx: typer.Context, parameter: str) -> bool:
+    """Whether the command line gave ``parameter`` (not its default; click's ParameterSource,
+    by name: typer carries its own click)."""
+    source = ctx.get_parameter_source(parameter)
+    return source is not None and source.name == "COMMANDLINE"
+
+
+def _write(path: Path, text: str, option: str) -> None:
+    """Write ``text`` to ``path``: a new or regular file atomically (a temporary file renamed);
+    a device or a pipe (``/dev/stdout``, a FIFO) in place, as a shell's ``>`` does, since a
+    rename would replace the device itself. A file that cannot be written, or a full disk,
+    is a :class:`FileAccessError` (exit 8)."""
+    import errno
+    import fcntl
+    import os
+
+    from gpualloc.atomic import write_text_atomic
+    from gpualloc.simulate.trace import shown
+
+    try:
+        if path.exists() and not path.is_file():
+            # Without O_NONBLOCK a FIFO nobody reads would hold the command forever.
+            flags = os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC
+            descriptor = os.open(path, flags)
+            fcntl.fcntl(descriptor, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                handle.write(text)
+        else:
+            write_text_atomic(path, text)
+    except OSError as exc:
+        reason = "no process reads that pipe" if exc.errno == errno.ENXIO else exc.strerror
+        raise FileAccessError(
+            f"cannot write {option} {shown(path)}: {reason or exc}",
+            hint=f"give {option} a file you may write, on a disk with room",
+        ) from None
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with each float that is not a finite number as None: JSON has no NaN or
+    Infinity (Python would write them, and most readers refuse the file)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _show(name: str, count: int, queue: str, runtime: str, summaries: dict[str, Any]) -> None:

@@ -37,6 +37,7 @@ each other.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -53,7 +54,7 @@ from gpualloc.model.topology import Topology
 from gpualloc.placement.patterns import build_pattern
 from gpualloc.simulate.profile import DrbProfile
 from gpualloc.simulate.runtime import RUNTIMES, Neighbour, runtime_model
-from gpualloc.simulate.trace import SimJob
+from gpualloc.simulate.trace import SimJob, shown
 
 QUEUES = ("fifo", "backfill")
 _EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -185,19 +186,25 @@ def simulate(topology: Topology, jobs: list[SimJob], options: SimOptions) -> Sim
 
 def _check(topology: Topology, jobs: list[SimJob], options: SimOptions) -> None:
     if options.queue not in QUEUES:
-        raise TraceError(f"unknown --queue {options.queue!r}", hint=" or ".join(QUEUES))
+        raise TraceError(f"unknown --queue {shown(options.queue)}", hint=" or ".join(QUEUES))
     if options.runtime not in RUNTIMES:
-        raise TraceError(f"unknown --runtime {options.runtime!r}", hint=", ".join(RUNTIMES))
+        raise TraceError(f"unknown --runtime {shown(options.runtime)}", hint=", ".join(RUNTIMES))
     if not 0 < options.gpu_busy <= 1:
         raise TraceError(
             f"--gpu-busy {options.gpu_busy:g} is not a share of time", hint="give 0 < U <= 1"
         )
     if options.gpu_busy != 1 and not options.sharing:
         raise TraceError("--gpu-busy applies to --sharing", hint="add --sharing N")
+    endless = [j for j in jobs if not math.isfinite(j.arrival_s) or not math.isfinite(j.duration_s)]
+    if endless:  # a NaN arrival never comes: the event loop would wait for it forever
+        raise TraceError(
+            f"job {shown(endless[0].id)} arrives or runs at a time that is not a finite number",
+            hint="give arrival_s and duration_s in seconds",
+        )
     too_big = [job for job in jobs if job.gpus > topology.gpu_count]
     if too_big:
         raise TraceError(
-            f"job {too_big[0].id} asks for {too_big[0].gpus} GPUs; "
+            f"job {shown(too_big[0].id)} asks for {too_big[0].gpus} GPUs; "
             f"{topology.name or 'the topology'} has {topology.gpu_count}",
             hint="drop it from the trace or simulate a bigger host",
         )
@@ -205,7 +212,8 @@ def _check(topology: Topology, jobs: list[SimJob], options: SimOptions) -> None:
         missing = [job for job in jobs if job.workload is None or job.batch is None]
         if missing:
             raise TraceError(
-                f"--runtime profile needs workload and batch; job {missing[0].id} lacks them",
+                f"--runtime profile needs workload and batch; job {shown(missing[0].id)} "
+                "lacks them",
                 hint="use --generate drb, or --runtime fixed",
             )
 

@@ -30,6 +30,9 @@ whole-host ones; an assumption, not a measured distribution); a share ``insensit
 0.3) of bandwidth-insensitive jobs (GoogLeNet, CaffeNet), the rest MAPA's four sensitive
 networks; durations log-uniform over ``min_service``..``max_service`` (default 300..3600 s), the
 time each job takes on the best GPUs of its size.
+
+Every setting is a finite number within :data:`BOUNDS` (``jobs`` at least 1, ``host_gpus`` and
+GPU counts at least 1, ``load`` within 0.001..1000, as ``--load``).
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from typing import Any
 
 from gpualloc.errors import TraceError
 from gpualloc.simulate.profile import DrbProfile
-from gpualloc.simulate.trace import SimJob
+from gpualloc.simulate.trace import SimJob, shown
+from gpualloc.simulate.window import MAX_LOAD, MIN_LOAD
 
 MAPA_NETWORKS: dict[str, bool] = {
     "alexnet": True,
@@ -84,14 +88,30 @@ the queue) until better GPUs are free (shared/reference/mapa_effbw_model.json, _
 FRACTIONS = {"rate_per_min", "load", "insensitive"}
 """Settings that need not be whole numbers."""
 CHOICES: dict[str, dict[str, tuple[str, ...]]] = {"mapa": {"arrival": ("zero", "spread")}}
+MAX_JOBS = 1_000_000
+MAX_GPUS = 1024
+BOUNDS: dict[str, tuple[float, float]] = {
+    "jobs": (1, MAX_JOBS),
+    "min_gpus": (1, MAX_GPUS),
+    "max_gpus": (1, MAX_GPUS),
+    "host_gpus": (1, MAX_GPUS),
+    "load": (MIN_LOAD, MAX_LOAD),
+    "rate_per_min": (0.001, 1e6),
+    "hold": (0, 1),
+    **{f"w{size}": (0, 1e6) for size in range(1, 9)},
+}
+"""Each setting's least and greatest value; the others (times in seconds) need only be finite
+and not negative. A generator spec is typed by people: a thousand GPUs or a million jobs is a
+slip, and the simulation would not end in a working day."""
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     """``name[:key=value,...]`` -> the generator name and its settings (defaults filled in)."""
     name, _, rest = spec.strip().partition(":")
+    quoted = shown(spec)
     if name not in DEFAULTS:
         raise TraceError(
-            f"unknown generator {name!r}",
+            f"unknown generator {shown(name)}",
             hint=f"choose {' or '.join(DEFAULTS)}, e.g. mapa:jobs=300",
         )
     settings: dict[str, Any] = dict(DEFAULTS[name])
@@ -101,21 +121,28 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
         if not equals or key not in settings:
             known = ", ".join([*DEFAULTS[name], *CHOICES.get(name, {})])
             raise TraceError(
-                f"--generate {spec!r}: unknown setting {item!r}", hint=f"known: {known}"
+                f"--generate {quoted}: unknown setting {shown(item)}", hint=f"known: {known}"
             )
         if key in CHOICES.get(name, {}):
             if value not in CHOICES[name][key]:
                 raise TraceError(
-                    f"--generate {spec!r}: {key} is one of {', '.join(CHOICES[name][key])}"
+                    f"--generate {quoted}: {key} is one of {', '.join(CHOICES[name][key])}"
                 )
             settings[key] = value
             continue
         try:
             number = float(value)
         except ValueError:
-            raise TraceError(f"--generate {spec!r}: {key}={value!r} is not a number") from None
+            raise TraceError(f"--generate {quoted}: {key}={shown(value)} is not a number") from None
+        if not math.isfinite(number):
+            raise TraceError(f"--generate {quoted}: {key}={shown(value)} is not a finite number")
         if number < 0 or (key not in FRACTIONS and not number.is_integer()):
-            raise TraceError(f"--generate {spec!r}: {key}={value!r} is not a count")
+            raise TraceError(f"--generate {quoted}: {key}={shown(value)} is not a count")
+        low, high = BOUNDS.get(key, (0, math.inf))
+        if not low <= number <= high:
+            raise TraceError(
+                f"--generate {quoted}: {key}={shown(value)} is not within {low:g}..{high:g}"
+            )
         settings[key] = number
     return name, settings
 

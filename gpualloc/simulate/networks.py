@@ -16,7 +16,16 @@ bandwidths and where the figure comes from.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 from msgspec import Struct
+
+from gpualloc.errors import TraceError
+
+if TYPE_CHECKING:
+    from gpualloc.simulate.profile import DrbProfile
+    from gpualloc.simulate.trace import SimJob
 
 DGX1_V100_NV2_GBPS = 50.0
 """GPUs 1 and 5 of the MAPA paper's DGX-1 V100 (two NVLink 2 links; ``dgx1-v100``)."""
@@ -109,3 +118,25 @@ def intensity_gb(network: str | None, sensitive: bool, gpus: int) -> float:
     if gpus < 2:
         return 0.0
     return sensitivity(network, sensitive).intensity_gb * 2 * (gpus - 1) / gpus
+
+
+def known_workload(name: str, profile: DrbProfile) -> bool:
+    """Whether a trace's ``workload`` names something a runtime model looks up: one of the
+    networks above (any spelling of :data:`ALIASES`, any case), or a network of ``profile``."""
+    lowered = name.lower()
+    return lowered in BY_NETWORK or lowered in ALIASES or profile.knows(name)
+
+
+def check_workloads(jobs: Iterable[SimJob], profile: DrbProfile, source: str) -> None:
+    """Refuse the first job whose ``workload`` no model knows (it would be read, silently, as an
+    unknown network of its class)."""
+    from gpualloc.model.printable import printable
+    from gpualloc.simulate.trace import shown
+
+    for job in jobs:
+        if job.workload is not None and not known_workload(job.workload, profile):
+            names = dict.fromkeys([*BY_NETWORK, *sorted(profile.networks())])
+            raise TraceError(
+                f"{source}: job {shown(job.id)} names an unknown workload {shown(job.workload)}",
+                hint=f"known: {printable(', '.join(names), 160)}; or leave workload empty",
+            )

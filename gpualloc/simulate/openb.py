@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from gpualloc.errors import TraceError
-from gpualloc.simulate.trace import SimJob
+from gpualloc.simulate.trace import MAX_SECONDS, SimJob, shown
 
 COLUMNS = (
     "name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec", "qos", "pod_phase",
@@ -113,10 +113,12 @@ def _integer(row: dict[str, str], name: str, where: str) -> int:
     value = (row.get(name) or "").strip()
     try:
         number = int(value)
-    except ValueError:
-        raise TraceError(f"{where}: {name} {value!r} is not a whole number") from None
+    except ValueError:  # a word, or more digits than Python converts
+        raise TraceError(f"{where}: {name} {shown(value)} is not a whole number") from None
     if number < 0:
-        raise TraceError(f"{where}: {name} {value!r} is negative")
+        raise TraceError(f"{where}: {name} {shown(value)} is negative")
+    if number > MAX_SECONDS:
+        raise TraceError(f"{where}: {name} {shown(value)} is above {MAX_SECONDS:g}")
     return number
 
 

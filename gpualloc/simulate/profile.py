@@ -60,6 +60,14 @@ class DrbProfile:
             ) from None
         return cls(solo, collocation, source)
 
+    def networks(self) -> set[str]:
+        """The networks measured, and the other names read as one of them."""
+        return {network for network, _, _ in self.solo} | set(ALIASES)
+
+    def knows(self, network: str) -> bool:
+        """Whether ``network`` is one the profile measured, or reads as one."""
+        return ALIASES.get(network, network) in {name for name, _, _ in self.solo}
+
     def has(self, network: str, batch: int, gpus: int) -> bool:
         """Whether a solo time was measured for this job."""
         return (ALIASES.get(network, network), batch, gpus) in self.solo

@@ -7,6 +7,9 @@ sensitivity and, with ``batch``, its DRB profile), ``batch``, ``min_utility`` (p
 DRB section 4.4), ``min_bandwidth`` (GB/s: the job waits for a placement predicted at least
 this fast, ``--min-bandwidth``) and ``priority`` (high, normal, low). Jobs are simulated in
 arrival order; equal arrival times keep the file's order.
+
+Numbers are finite (a JSON ``NaN`` or ``Infinity``, a CSV ``inf``, is refused), times at most
+:data:`MAX_SECONDS`; a UTF-8 byte order mark before the first line is skipped.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpualloc.errors import TraceError
+from gpualloc.model.printable import printable
 
 REQUIRED = ("id", "arrival_s", "gpus", "duration_s", "sensitive")
 OPTIONAL = (
@@ -28,6 +33,19 @@ PATTERNS = ("ring", "all", "tree", "star")
 PRIORITIES = ("high", "normal", "low")
 _TRUE = {"true", "1", "yes", "y", "t"}
 _FALSE = {"false", "0", "no", "n", "f", ""}
+MAX_SECONDS = 1e12
+"""The largest arrival time or duration a trace may give (some 30,000 years): sums of them stay
+finite."""
+SHOWN = 60
+"""At most this many characters of a value a user gave are echoed in an error."""
+MAX_GPUS = 1_000_000
+"""The most GPUs a job of a trace may ask (the host simulated refuses more than it has)."""
+BOM = "\ufeff"
+
+
+def shown(value: object) -> str:
+    """``value`` quoted for an error line: control characters escaped, cut to :data:`SHOWN`."""
+    return f"'{printable(str(value), SHOWN)}'"
 
 
 @dataclass(frozen=True)
@@ -65,17 +83,18 @@ def load_trace(path: Path) -> list[SimJob]:
 
 
 def parse_trace(text: str, *, source: str = "<trace>") -> list[SimJob]:
+    text = text.removeprefix(BOM)
     stripped = text.lstrip()
     if not stripped:
         raise TraceError(f"{source} holds no job", hint="one job per line; see examples/")
-    rows = _json_lines(text, source) if stripped.startswith("{") else _csv_rows(text, source)
+    rows = _json_lines(text, source) if _is_json(stripped) else _csv_rows(text, source)
     jobs = [_job(row, number, source, order) for order, (number, row) in enumerate(rows)]
     if not jobs:
         raise TraceError(f"{source} holds no job", hint="one job per line; see examples/")
     seen: set[str] = set()
     for job in jobs:
         if job.id in seen:
-            raise TraceError(f"{source}: job id {job.id!r} appears twice")
+            raise TraceError(f"{source}: job id {shown(job.id)} appears twice")
         seen.add(job.id)
     return sorted(jobs, key=lambda job: (job.arrival_s, job.order))
 
@@ -85,19 +104,60 @@ def write_trace(jobs: list[SimJob]) -> str:
     return "".join(json.dumps(job.as_dict(), sort_keys=True) + "\n" for job in jobs)
 
 
+def _is_json(stripped: str) -> bool:
+    """Whether a trace is JSON Lines: its first line is an object, or any JSON value (``null``,
+    a list: a line no CSV header can be, said wrong as JSON rather than as a CSV header)."""
+    if stripped.startswith(("{", "[")):
+        return True
+    try:
+        json.loads(stripped.split("\n", 1)[0], parse_constant=float)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
 def _json_lines(text: str, source: str) -> list[tuple[int, dict[str, Any]]]:
     rows = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
+        where = f"{source}:{number}"
         try:
-            row = json.loads(line)
+            row = json.loads(line, parse_constant=_not_finite)
+        except _NotFinite as exc:
+            raise TraceError(
+                f"{where}: {exc} is not a finite number", hint="a trace's numbers are finite"
+            ) from None
         except json.JSONDecodeError as exc:
-            raise TraceError(f"{source}:{number}: not valid JSON ({exc.msg})") from None
+            raise TraceError(f"{where}: not valid JSON ({exc.msg})") from None
+        except ValueError:  # an integer of more digits than Python converts
+            raise TraceError(f"{where}: not valid JSON (a number too long)") from None
+        except RecursionError:  # a line of 100,000 brackets
+            raise TraceError(f"{where}: not valid JSON (nested too deep)") from None
         if not isinstance(row, dict):
-            raise TraceError(f"{source}:{number}: a job is a JSON object")
+            raise TraceError(
+                f"{where}: a job is a JSON object, not {_json_kind(row)}",
+                hint=f"one object a line, with {', '.join(REQUIRED)}",
+            )
         rows.append((number, row))
     return rows
+
+
+class _NotFinite(Exception):
+    """A JSON ``NaN``, ``Infinity`` or ``-Infinity``, which Python's reader would take."""
+
+
+def _not_finite(name: str) -> float:
+    raise _NotFinite(name)
+
+
+def _json_kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    kinds = {list: "a list", str: "a string"}
+    return kinds.get(type(value), "a number")
 
 
 def _csv_rows(text: str, source: str) -> list[tuple[int, dict[str, Any]]]:
@@ -127,7 +187,7 @@ def _job(row: dict[str, Any], number: int, source: str, order: int) -> SimJob:
     unknown = sorted(set(row) - set(REQUIRED) - set(OPTIONAL))
     if unknown:
         raise TraceError(
-            f"{where}: unknown column {unknown[0]!r}",
+            f"{where}: unknown column {shown(unknown[0])}",
             hint=f"columns: {', '.join(REQUIRED + OPTIONAL)}",
         )
     for name in REQUIRED:
@@ -135,9 +195,11 @@ def _job(row: dict[str, Any], number: int, source: str, order: int) -> SimJob:
             raise TraceError(f"{where}: {name} is missing")
     job = SimJob(
         id=str(row["id"]),
-        arrival_s=_number(row["arrival_s"], "arrival_s", where, minimum=0.0),
-        gpus=int(_number(row["gpus"], "gpus", where, minimum=1, integer=True)),
-        duration_s=_number(row["duration_s"], "duration_s", where, minimum=0.0),
+        arrival_s=_number(row["arrival_s"], "arrival_s", where, minimum=0.0, maximum=MAX_SECONDS),
+        gpus=int(_number(row["gpus"], "gpus", where, minimum=1, maximum=MAX_GPUS, integer=True)),
+        duration_s=_number(
+            row["duration_s"], "duration_s", where, minimum=0.0, maximum=MAX_SECONDS
+        ),
         sensitive=_bool(row["sensitive"], where),
         pattern=str(row.get("pattern") or "ring"),
         workload=str(row["workload"]) if row.get("workload") not in (None, "") else None,
@@ -165,11 +227,13 @@ def _job(row: dict[str, Any], number: int, source: str, order: int) -> SimJob:
         order=order,
     )
     if job.pattern not in PATTERNS:
-        raise TraceError(f"{where}: unknown pattern {job.pattern!r}", hint=", ".join(PATTERNS))
+        raise TraceError(f"{where}: unknown pattern {shown(job.pattern)}", hint=", ".join(PATTERNS))
     if job.gpu_fraction is not None and job.gpus != 1:
         raise TraceError(f"{where}: gpu_fraction is for a 1-GPU job", hint="set gpus to 1")
     if job.priority not in PRIORITIES:
-        raise TraceError(f"{where}: unknown priority {job.priority!r}", hint=", ".join(PRIORITIES))
+        raise TraceError(
+            f"{where}: unknown priority {shown(job.priority)}", hint=", ".join(PRIORITIES)
+        )
     return job
 
 
@@ -185,15 +249,22 @@ def _number(
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise TraceError(f"{where}: {name} {value!r} is not a number") from None
-    if isinstance(value, bool) or number != number or (integer and not number.is_integer()):
+        raise TraceError(f"{where}: {name} {shown(value)} is not a number") from None
+    except OverflowError:  # a JSON integer of 400 digits
+        number = math.inf
+    if not math.isfinite(number):
         raise TraceError(
-            f"{where}: {name} {value!r} is not {'an integer' if integer else 'a number'}"
+            f"{where}: {name} {shown(value)} is not a finite number",
+            hint="give a number of seconds" if name.endswith("_s") else None,
+        )
+    if isinstance(value, bool) or (integer and not number.is_integer()):
+        raise TraceError(
+            f"{where}: {name} {shown(value)} is not {'an integer' if integer else 'a number'}"
         )
     if minimum is not None and number < minimum:
-        raise TraceError(f"{where}: {name} {value!r} is below {minimum:g}")
+        raise TraceError(f"{where}: {name} {shown(value)} is below {minimum:g}")
     if maximum is not None and number > maximum:
-        raise TraceError(f"{where}: {name} {value!r} is above {maximum:g}")
+        raise TraceError(f"{where}: {name} {shown(value)} is above {maximum:g}")
     return number
 
 
@@ -205,4 +276,4 @@ def _bool(value: Any, where: str) -> bool:
         return True
     if text in _FALSE:
         return False
-    raise TraceError(f"{where}: sensitive {value!r} is not true or false")
+    raise TraceError(f"{where}: sensitive {shown(value)} is not true or false")

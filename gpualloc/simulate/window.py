@@ -9,15 +9,33 @@ host sees a slice of it, at the pace its owner chooses:
 - :func:`scale_to_load`: arrival times multiplied by one factor so that the jobs offer the host
   ``load`` of its GPU time: offered load = the jobs' GPU-seconds (GPUs x run time; a shared job
   its fraction of one GPU) over (host GPUs x the span from first to last arrival). Run times and
-  the order of arrivals are kept; only the gaps between arrivals stretch or shrink.
+  the order of arrivals are kept; only the gaps between arrivals stretch or shrink. ``load`` is
+  within :data:`MIN_LOAD` .. :data:`MAX_LOAD`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from gpualloc.errors import RequestError
 from gpualloc.simulate.trace import SimJob
+
+MIN_LOAD = 0.001
+"""The least offered load ``--load`` takes: arrivals a thousand times further apart than the
+host could serve."""
+MAX_LOAD = 1000.0
+"""The most: a thousand times more work than the host could do over the arrivals' span."""
+
+
+def check_load(load: float) -> None:
+    """Refuse a ``--load`` that is not a finite number within MIN_LOAD..MAX_LOAD (``nan``
+    would make every arrival time NaN, a time the simulation never reaches)."""
+    if not (math.isfinite(load) and MIN_LOAD <= load <= MAX_LOAD):
+        raise RequestError(
+            f"--load {load:g} is not within {MIN_LOAD:g}..{MAX_LOAD:g}",
+            hint="the share of the host's GPU time the jobs offer, e.g. --load 0.9",
+        )
 
 
 def window(jobs: list[SimJob], *, start: int = 0, limit: int | None = None) -> list[SimJob]:
@@ -46,8 +64,7 @@ def offered_load(jobs: list[SimJob], host_gpus: int) -> float | None:
 
 def scale_to_load(jobs: list[SimJob], host_gpus: int, load: float) -> list[SimJob]:
     """``jobs`` with arrivals stretched (or squeezed) to offer ``load`` (see the module)."""
-    if load <= 0:
-        raise RequestError(f"--load {load:g} is not positive", hint="e.g. --load 0.9")
+    check_load(load)
     now = offered_load(jobs, host_gpus)
     if now is None:
         raise RequestError(
