@@ -6,12 +6,20 @@ generator's shape with arrivals spread over time (so the queue is neither always
 always full) and job sizes of 2 to 8 GPUs. Prints the wall time per queue discipline, the jobs
 simulated per second, and the mean placement-decision time; exit status 1 on a miss.
 
+With ``--growth`` it prints instead how the cost grows with the jobs (issue 43, point 1): the
+MAPA paper's workload (``--generate mapa:jobs=N``: every job queued at time 0, FIFO) on a
+DGX-1 V100 at 1,000 and 10,000 jobs (and 100,000 with ``--large``), in jobs per second, and
+the growth exponent between sizes (1: linear; 2: quadratic, which it was: 0.23 s for 10 jobs,
+20 s for 10,000 on b2653dd).
+
 Usage: python benchmarks/bench_simulate.py [--jobs N] [--topology NAME] [--policy P]
+       python benchmarks/bench_simulate.py --growth [--large]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
@@ -27,7 +35,11 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--topology", default="torus-2d-16")
     parser.add_argument("--policy", default="mapa")
+    parser.add_argument("--growth", action="store_true", help="jobs/s at 1k and 10k jobs")
+    parser.add_argument("--large", action="store_true", help="with --growth: 100k jobs too")
     options = parser.parse_args()
+    if options.growth:
+        return growth((1_000, 10_000, 100_000) if options.large else (1_000, 10_000))
     topology = load_bundled(options.topology)
     spec = f"mapa:jobs={options.jobs},min_gpus=2,max_gpus=8,arrival=spread"
     jobs = generate(spec, seed=0)
@@ -47,6 +59,24 @@ def main() -> int:
     verdict = "ok" if worst <= BUDGET_S else "OVER BUDGET"
     print(f"slowest {worst:.1f} s (budget {BUDGET_S:.0f} s: {verdict})")
     return 0 if worst <= BUDGET_S else 1
+
+
+def growth(sizes: tuple[int, ...]) -> int:
+    topology = load_bundled("dgx1-v100")
+    print("mapa:jobs=N on dgx1-v100, policy mapa, fifo (all queued at time 0):")
+    previous: tuple[int, float] | None = None
+    for size in sizes:
+        jobs = generate(f"mapa:jobs={size}", seed=0)
+        start = time.perf_counter()
+        simulate(topology, jobs, SimOptions(policy="mapa", queue="fifo"))
+        elapsed = time.perf_counter() - start
+        line = f"  {size:>7} jobs  {elapsed:7.2f} s  {size / elapsed:8.0f} jobs/s"
+        if previous is not None:
+            exponent = math.log(elapsed / previous[1]) / math.log(size / previous[0])
+            line += f"  growth exponent from {previous[0]}: {exponent:.2f}"
+        print(line)
+        previous = (size, elapsed)
+    return 0
 
 
 if __name__ == "__main__":

@@ -9,6 +9,10 @@ style habit 1, after sqlite-utils and pipx). Every exit code gpualloc can return
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 class ExitCode(IntEnum):
@@ -107,13 +111,29 @@ class GpuallocError(Exception):
     exit_code: ExitCode = ExitCode.INTERNAL
 
     def __init__(
-        self, message: str, *, hint: str | None = None, details: tuple[str, ...] = ()
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        details: tuple[str, ...] | Callable[[], tuple[str, ...]] = (),
     ) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
-        self.details = details
-        """Supporting lines shown between the error and the hint (who holds the GPUs)."""
+        self._details = details
+
+    @property
+    def details(self) -> tuple[str, ...]:
+        """Supporting lines shown between the error and the hint (who holds the GPUs). Given
+        as a function, they are written when first read: a simulation or a queue that only
+        asks whether a job fits never pays for describing every holder."""
+        if callable(self._details):
+            self._details = tuple(self._details())
+        return self._details
+
+    @details.setter
+    def details(self, value: tuple[str, ...]) -> None:
+        self._details = value
 
     def __str__(self) -> str:
         return self.message

@@ -85,8 +85,14 @@ class Turn(Struct, frozen=True):
         return self.placement is not None
 
 
+def turn_key(waiter: Waiter) -> tuple[int, int]:
+    """Where a waiter stands in turn order: its priority class, then its arrival."""
+    return PRIORITY_RANK[waiter.priority], waiter.seq
+
+
 def turn_order(queue: Sequence[Waiter]) -> list[Waiter]:
-    return sorted(queue, key=lambda w: (PRIORITY_RANK[w.priority], w.seq))
+    """The queue in turn order (the simulator keeps its queue so, by :func:`turn_key`)."""
+    return sorted(queue, key=turn_key)
 
 
 def take_turn(

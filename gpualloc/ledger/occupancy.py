@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta, timezone
+from functools import cached_property
 from typing import Any
 
 from msgspec import Struct, field
@@ -29,7 +30,7 @@ from gpualloc.model.request import HostState, RunningJob
 from gpualloc.model.topology import GpuFault, GpuProcess, Health, Topology, faults_by_gpu
 
 
-class Occupancy(Struct, frozen=True):
+class Occupancy(Struct, frozen=True, dict=True):
     """The occupation of every GPU of one topology at one moment; placement's
     :class:`~gpualloc.model.occupancy_view.OccupancyView` of it (a test holds it to that)."""
 
@@ -173,17 +174,23 @@ class Occupancy(Struct, frozen=True):
             return "free" if self.ignore_foreign else "foreign"
         return "free"
 
-    @property
+    @cached_property
     def busy(self) -> frozenset[int]:
+        """GPUs not free (cached: an occupancy is frozen, and a queue asks it per waiter)."""
         return frozenset(g for g in range(self.gpu_count) if self.state(g) != "free")
 
-    @property
+    @cached_property
     def free(self) -> frozenset[int]:
         return frozenset(range(self.gpu_count)) - self.busy
 
     def host_state(self) -> HostState:
         """Free GPUs and running jobs, as the placement engine takes them: one job per lease
-        (with its sensitivity when recorded) and one of unknown sensitivity per foreign GPU."""
+        (with its sensitivity when recorded) and one of unknown sensitivity per foreign GPU.
+        Made once per occupancy (a queue's look asks it for every waiter)."""
+        return self._host_state
+
+    @cached_property
+    def _host_state(self) -> HostState:
         running: list[RunningJob] = []
         seen: set[str] = set()
         for lease in self.leases.values():

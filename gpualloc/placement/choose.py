@@ -238,7 +238,7 @@ def _busy(occupancy: OccupancyView, request: JobRequest, why: NoFeasiblePlacemen
         message += f" now ({format_cpulist(free)})" if free else " now"
     return GpusBusy(
         message,
-        details=tuple(
+        details=lambda: tuple(
             occupancy.describe(required_busy or sorted(occupancy.busy - occupancy.outside))
         ),
         hint="wait for them ('gpualloc status' shows the host), or ask for fewer GPUs",
