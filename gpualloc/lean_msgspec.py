@@ -1,0 +1,28 @@
+"""msgspec, imported without ``typing_extensions`` (issue 43, point 3).
+
+Importing this module imports msgspec so; the embedded ledger's command path
+(:mod:`gpualloc.cli.jobs`) imports it before anything that imports msgspec. A client of the
+broker imports no msgspec at all.
+"""
+
+import sys
+
+
+def import_msgspec_lean() -> None:
+    """Import msgspec without ``typing_extensions`` (issue 43, point 3).
+
+    msgspec 0.22 prefers ``typing_extensions.get_type_hints`` when the package is installed
+    (typer installs it, through pydantic), and ``typing_extensions`` imports :mod:`inspect`:
+    about 8 ms of every command, for hints that :mod:`typing` resolves alike from Python 3.11
+    on (gpualloc's records use no ``TypedDict``). The module stays importable by anyone after.
+    """
+    if sys.version_info < (3, 11) or "msgspec" in sys.modules or "typing_extensions" in sys.modules:
+        return
+    sys.modules["typing_extensions"] = None  # type: ignore[assignment]  # ImportError inside
+    try:
+        import msgspec  # noqa: F401
+    finally:
+        del sys.modules["typing_extensions"]
+
+
+import_msgspec_lean()
