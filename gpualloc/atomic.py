@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 from pathlib import Path
 
 
@@ -20,8 +22,13 @@ def write_text_atomic(path: Path, text: str, *, mode: int | None = None, sync: b
     may then leave the file's blocks unwritten, which read as zeros, a file that does not parse
     (the broker sets such a ledger aside at start: its leases died with the boot).
 
+    A symbolic link is followed: the file it names is replaced, not the link. A path that is
+    neither a regular file nor missing (a device such as ``/dev/full``, a FIFO, a socket) is
+    never renamed over: ``OSError`` (run as root, a rename would replace a device node).
+
     Raises ``OSError`` (the temporary file is removed) when the directory is not writable.
     """
+    path = _target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # What tempfile.mkstemp does, without importing tempfile (and shutil, random) on every
     # command's path: a new name nobody else can have opened, created 0600.
@@ -44,3 +51,18 @@ def write_text_atomic(path: Path, text: str, *, mode: int | None = None, sync: b
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+def _target(path: Path) -> Path:
+    """The file a write to ``path`` replaces: a symbolic link's target; refused when it is
+    not a regular file."""
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return path
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+        raise OSError(errno.EINVAL, f"{path} is {kind}: it is not replaced", str(path))
+    return path

@@ -119,3 +119,22 @@ def test_a_synced_write_is_not_preallocated(
     monkeypatch.setattr(os, "posix_fallocate", lambda *args: pytest.fail("preallocated"))
     write_text_atomic(tmp_path / "x", "text", sync=True)
     assert (tmp_path / "x").read_text() == "text"
+
+
+def test_an_atomic_write_never_renames_over_a_device_or_a_fifo(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for target in (Path("/dev/full"), Path("/dev/null"), fifo, tmp_path):
+        with pytest.raises(OSError, match="it is not replaced"):
+            write_text_atomic(target, "text\n")
+    assert Path("/dev/full").is_char_device() and fifo.is_fifo()
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe"]  # no temporary left either
+
+
+def test_an_atomic_write_through_a_link_replaces_the_file_it_names(tmp_path: Path) -> None:
+    real = tmp_path / "real.json"
+    real.write_text("old\n")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    write_text_atomic(link, "new\n", sync=False)
+    assert link.is_symlink() and real.read_text() == "new\n"
