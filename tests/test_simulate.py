@@ -376,7 +376,7 @@ def test_the_evaluation_script_regenerates_its_document(tmp_path: Path) -> None:
     sharing = text.split("\n## 4. ")[1]
     assert "| whole GPUs |" in sharing and "U = 0.5: mean JCT" in sharing
     assert "no job shared a GPU, so nothing changed" in sharing  # the MAPA control
-    assert "Median |error| over the 25 counted GPU sets" in text.split("\n## 5. ")[1]
+    assert "Median |error| over the 28 counted GPU sets" in text.split("\n## 5. ")[1]
     trace = text.split("\n## 6. ")[1]
     assert "_Not regenerated: the trace is not at" in trace or (
         "1 window of 500 tasks" in trace and "| `spread` |" in trace.split("### 6.2")[1]

@@ -11,9 +11,9 @@ Two kinds of figure are compared, each with the prediction placement actually us
   link rates.
 
 The error of a comparison is ``predicted / measured - 1``; a model that is right within 25 %
-has ``|error| <= 0.25``. Runs with ``NCCL_P2P_DISABLE=1`` measure a transport the user chose
-to slow down, not the host, and runs across hosts measure the network; both are reported apart
-by :func:`compare_recording` and left out of the error.
+has ``|error| <= 0.25``. Runs with ``NCCL_P2P_DISABLE=1`` are predicted as the transport NCCL
+uses where peers have no access to each other (host memory: :attr:`BandwidthTable.
+nccl_staged_efficiency`); runs across hosts measure the network, and are left out.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from msgspec import Struct
 from gpualloc.measurements.recognise import pairwise_copy
 from gpualloc.measurements.records import Recording
 from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
+from gpualloc.model.paths import PciePath
 from gpualloc.model.rings import allreduce_busbw_gbps
-from gpualloc.model.topology import Topology
+from gpualloc.model.topology import Link, Topology
 
 
 class Comparison(Struct, frozen=True, kw_only=True):
@@ -56,11 +57,14 @@ def compare_recording(
     *,
     gpu_map: Sequence[int] | None = None,
     table: BandwidthTable = DEFAULT_BANDWIDTH_TABLE,
+    model_p2p_off: bool = True,
 ) -> list[Comparison]:
     """Every GPU set of ``recording`` against ``topology``'s prediction.
 
     ``gpu_map[i]`` is the topology's GPU for the recording's GPU ``i`` (default: the same index),
     for a recording made on part of a host or on a host modelled by a bigger bundled one.
+    ``model_p2p_off`` False: a run with ``NCCL_P2P_DISABLE=1`` is predicted as if peers had
+    access (what gpualloc did before it modelled the transport; docs/evaluation.md's *before*).
     """
     mapped = list(gpu_map) if gpu_map is not None else list(range(topology.gpu_count))
     comparisons: list[Comparison] = []
@@ -74,7 +78,7 @@ def compare_recording(
                         what="copy",
                         gpus=gpus,
                         path=topology.link(*gpus).kind,
-                        predicted_gbps=topology.link(*gpus).bandwidth_gbps,
+                        predicted_gbps=copy_gbps(topology.link(*gpus), table),
                         measured_gbps=min(matrix[a][b], matrix[b][a]),
                     )
                 )
@@ -83,7 +87,9 @@ def compare_recording(
         if not run.single_host:
             continue  # across hosts: the network's figure, nothing of this host's model
         gpus = tuple(mapped[g] for g in seen)
-        comparisons.append(_collective(topology, gpus, run.largest.busbw, run.p2p_disabled, table))
+        comparisons.append(
+            _collective(topology, gpus, run.largest.busbw, run.p2p_disabled, table, model_p2p_off)
+        )
     return comparisons
 
 
@@ -93,21 +99,43 @@ def _collective(
     busbw: float,
     p2p_disabled: bool,
     table: BandwidthTable,
+    model_p2p_off: bool = True,
 ) -> Comparison:
-    predicted = allreduce_busbw_gbps(topology, gpus, table)
-    slowest = min(
-        (topology.link(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1 :]),
-        key=lambda link: link.bandwidth_gbps,
-    )
+    staged = p2p_disabled and model_p2p_off
+    predicted = allreduce_busbw_gbps(topology, gpus, table, peer_to_peer=not staged)
+    pairs = [topology.link(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1 :]]
+    if p2p_disabled:  # through host memory: the PCIe path is the link that matters
+        slowest = min(pairs, key=lambda link: (link.pcie is None, _PATH_ORDER.index(link.pcie)))
+        path = slowest.pcie.value if slowest.pcie is not None else "PCIe"
+    else:
+        path = min(pairs, key=lambda link: link.bandwidth_gbps).kind
     return Comparison(
-        what="all-reduce busbw",
+        what="all-reduce busbw, P2P off" if p2p_disabled else "all-reduce busbw",
         gpus=gpus,
-        path=slowest.kind,
+        path=path,
         predicted_gbps=predicted,
         measured_gbps=busbw,
-        counted=not p2p_disabled,
-        why_not_counted="NCCL_P2P_DISABLE=1" if p2p_disabled else "",
     )
+
+
+_PATH_ORDER = [
+    PciePath.SYS,
+    PciePath.NODE,
+    PciePath.PHB,
+    PciePath.PXB,
+    PciePath.PIX,
+    PciePath.BOARD,
+    None,
+]
+"""PCIe paths, farthest first."""
+
+
+def copy_gbps(link: Link, table: BandwidthTable = DEFAULT_BANDWIDTH_TABLE) -> float:
+    """What a copy between the link's GPUs reaches: its bandwidth, scaled by
+    :attr:`BandwidthTable.nvswitch_copy_efficiency` through an NVSwitch."""
+    if link.nvlinks and link.nvswitch:
+        return link.bandwidth_gbps * table.nvswitch_copy_efficiency
+    return link.bandwidth_gbps
 
 
 def median_abs_error(comparisons: Sequence[Comparison]) -> float | None:

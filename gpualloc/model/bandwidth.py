@@ -35,6 +35,9 @@ from gpualloc.model.validation import (
     to_builtins,
 )
 
+MAX_RATE_GBPS = 100_000.0
+"""The highest per-link or per-lane rate a table may state (no link comes near it)."""
+
 
 class BandwidthTable(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Per-link and per-lane data rates and PCIe path penalties. Units: GB/s, one direction."""
@@ -105,6 +108,23 @@ class BandwidthTable(Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     (235 of 300 GB/s, twice), 0.84 on A40 over an NV4 bridge (47.5 of 56.25). Only collectives
     are scaled (:func:`gpualloc.model.rings.allreduce_busbw_gbps`), not copies, which reach
     0.97 of the link (DGX Station, p2pBandwidthLatencyTest)."""
+    nvswitch_copy_efficiency: float = 0.84
+    """Share of a pair's NVLink rate that a copy between two GPUs reaches through an NVSwitch
+    (p2pBandwidthLatencyTest, nvbandwidth; not collectives, which have their own factor).
+    Published: 8x H100 SXM (NVLink 4, 18 links, 450 GB/s each way) copy 371 to 377 GB/s one
+    way and 740 to 749 GB/s both ways, 0.82 to 0.84 (NVIDIA/nccl#1264, where a second owner's
+    376 GB/s is quoted too). No recording here has a copy through an NVSwitch: one host type,
+    outside this project's recordings. Direct NVLinks are not scaled (a DGX Station's NV2 pairs
+    reach 0.97 of the link, tests/fixtures/measured)."""
+    nccl_staged_efficiency: float = 0.24
+    """Share of the staged copy rate (:attr:`staged_copy_factor`) that NCCL's all-reduce bus
+    bandwidth reaches over a ring with a pair that has no peer access: NCCL then moves data
+    through shared host memory (its SHM transport), as it does under ``NCCL_P2P_DISABLE=1``.
+    Measured (nccl-tests, tests/fixtures/measured, docs/evaluation.md section 5) with P2P
+    disabled: 0.24 on an A40 pair across PCIe switches (3.6 of 15.0 GB/s), 0.10 on four A40s
+    across sockets (1.4 of 14.2), 0.37 on four A100s of a DGX A100 (5.2 of 14.2); the median is
+    taken. Three runs on two hosts, and they spread: out of sample (each fitted on the others)
+    the errors are large, and docs/evaluation.md says so."""
     staged_copy_factor: float = 0.5
     """Fraction of the PCIe link rate a copy between two GPUs without peer access achieves
     (staged through host memory: the CUDA C Programming Guide, 'Peer-to-Peer Memory Access').
@@ -130,6 +150,46 @@ class BandwidthTable(Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     VMs) tied, and the lowest indices won across sockets while GPUs of one root complex were
     free. The steps are small so that measured factors, when they come, replace an order rather
     than a claim; an unknown path is priced as SYS."""
+
+    def __post_init__(self) -> None:
+        """Every rate and factor finite and positive, factors at most 1 (a table with a
+        negative factor gave links of -15.8 GB/s that placement used, and one with a rate of
+        1e308 wrote JSON that gpualloc itself refuses: issue 42)."""
+        rates = [
+            ("nvlink_link_gbps", self.nvlink_link_gbps),
+            ("nvlink_link_gbps_by_architecture", self.nvlink_link_gbps_by_architecture),
+            ("pcie_lane_gbps", self.pcie_lane_gbps),
+        ]
+        for name, table in rates:
+            for key, rate in table.items():
+                if not 0 < rate <= MAX_RATE_GBPS:
+                    raise ValueError(f"{name}[{key}] = {rate!r}: a rate is > 0 and <= 100000 GB/s")
+        factors: list[tuple[str, float]] = [
+            (f"pcie_path_factor[{path.value}]", value)
+            for path, value in self.pcie_path_factor.items()
+        ]
+        factors += [
+            (f"pcie_path_factor_by_generation[{gen}][{path.value}]", value)
+            for gen, paths in self.pcie_path_factor_by_generation.items()
+            for path, value in paths.items()
+        ]
+        factors += [
+            (f"staged_path_factor[{path.value}]", value)
+            for path, value in self.staged_path_factor.items()
+        ]
+        factors += [
+            (name, getattr(self, name))
+            for name in (
+                "unknown_path_factor",
+                "nccl_nvlink_efficiency",
+                "nvswitch_copy_efficiency",
+                "nccl_staged_efficiency",
+                "staged_copy_factor",
+            )
+        ]
+        for name, value in factors:
+            if not 0 < value <= 1:
+                raise ValueError(f"{name} = {value!r}: a factor is > 0 and <= 1")
 
     def nvlink_rate(self, generation: int | None) -> float:
         """Per-link rate for an NVLink generation (None: the default generation)."""
@@ -194,7 +254,7 @@ def bandwidth_table_from(data: Any, origin: str) -> BandwidthTable:
     except ValidationError as exc:
         raise TopologyError(
             f"{origin}: {_where(exc, data)}",
-            hint="see 'gpualloc topo show --help' for the table's fields",
+            hint=f"a table's fields: {', '.join(BandwidthTable.__struct_fields__)}",
         ) from exc
 
 

@@ -58,19 +58,49 @@ def _closes_a_ring(near: list[int]) -> bool:
 
 
 def allreduce_busbw_gbps(
-    topology: Topology, gpus: Sequence[int], table: BandwidthTable = DEFAULT_BANDWIDTH_TABLE
+    topology: Topology,
+    gpus: Sequence[int],
+    table: BandwidthTable = DEFAULT_BANDWIDTH_TABLE,
+    *,
+    peer_to_peer: bool = True,
 ) -> float:
     """The bus bandwidth NCCL's all-reduce reaches over ``gpus`` (nccl-tests' ``busbw``): the
     best ring's slowest link, scaled by :attr:`BandwidthTable.nccl_nvlink_efficiency` when a
-    ring that fast runs over NVLink alone (no recording measures NCCL over PCIe peer links yet:
-    those are unscaled). A faster PCIe pair beside the ring changes nothing."""
+    ring that fast runs over NVLink alone, and by :attr:`BandwidthTable.nccl_staged_efficiency`
+    when a pair on it has no peer access (NCCL stages through host memory). No recording
+    measures NCCL over PCIe peer links yet: those are unscaled. A faster PCIe pair beside the
+    ring changes nothing. ``peer_to_peer`` False: as under ``NCCL_P2P_DISABLE=1``, every pair
+    staged."""
+    if not peer_to_peer:
+        ring = best_ring_gbps(gpus, lambda a, b: staged_pair_gbps(topology, a, b, table))
+        return ring * table.nccl_staged_efficiency
 
     def bandwidth(a: int, b: int) -> float:
         return topology.link(a, b).bandwidth_gbps
 
     ring = best_ring_gbps(gpus, bandwidth)
-    over_nvlink = _ring_over_nvlink(topology, gpus, ring)
-    return ring * table.nccl_nvlink_efficiency if over_nvlink else ring
+    if _ring_over_nvlink(topology, gpus, ring):
+        return ring * table.nccl_nvlink_efficiency
+    staged = [
+        (a, b)
+        for i, a in enumerate(gpus)
+        for b in gpus[i + 1 :]
+        if topology.link(a, b).peer_access is False and bandwidth(a, b) <= ring
+    ]
+    return ring * table.nccl_staged_efficiency if staged else ring
+
+
+def staged_pair_gbps(
+    topology: Topology, a: int, b: int, table: BandwidthTable = DEFAULT_BANDWIDTH_TABLE
+) -> float:
+    """What a copy between ``a`` and ``b`` staged through host memory reaches (no peer
+    access, whatever the pair has), by the PCIe path between them."""
+    from msgspec.structs import replace
+
+    from gpualloc.model.topology import pair_bandwidth_gbps
+
+    link = replace(topology.link(a, b), nvlinks=0, peer_access=False)
+    return pair_bandwidth_gbps(list(topology.gpus), link, table)
 
 
 def _ring_over_nvlink(topology: Topology, gpus: Sequence[int], ring: float) -> bool:
