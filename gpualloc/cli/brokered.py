@@ -230,10 +230,10 @@ def _release(socket: Path, values: Mapping[str, Any]) -> None:
         if mine and not lines and not problems:
             lines.append("you hold no lease")
         write_stdout("".join(line + "\n" for line in lines))
+    from gpualloc.cli.output import write_error
+
     for problem in problems:
-        sys.stderr.write(f"error: {problem['message']}\n")
-        if problem.get("hint"):
-            sys.stderr.write(f"hint: {problem['hint']}\n")
+        write_error(str(problem["message"]), problem.get("hint") or None)
     if problems:
         sys.exit(int(problems[0].get("code", ExitCode.INTERNAL)))
 

@@ -403,10 +403,10 @@ def release_gpus(
 
 
 def _report_problems(problems: list) -> None:
+    from gpualloc.cli.output import write_error
+
     for problem in problems:
-        sys.stderr.write(f"error: {problem.message}\n")
-        if problem.hint:
-            sys.stderr.write(f"hint: {problem.hint}\n")
+        write_error(problem.message, problem.hint)
     if problems:
         sys.exit(int(problems[0].exit_code))
 

@@ -17,7 +17,7 @@ import re
 import sys
 from typing import Any, NoReturn
 
-from gpualloc.cli.output import CheckedStdout, StdoutClosed, flush_stdout
+from gpualloc.cli.output import CheckedStdout, StdoutClosed, flush_stdout, write_error
 from gpualloc.cli.state import STATE
 from gpualloc.errors import ExitCode, GpuallocError
 
@@ -154,23 +154,12 @@ def _notice(line: str) -> None:
     sys.stderr.write(f"note: {line}\n")
 
 
-MAX_ERROR_CHARS = 500
-"""An error line echoes what the user gave (a 3,000-character --exclude, a file name): each
-line is cut to this many characters and its control characters escaped (issue 30)."""
-
-
 def _report(message: str, hint: str | None, details: tuple[str, ...] = ()) -> None:
-    from gpualloc.model.printable import printable
-
     if STATE.debug:
         import traceback
 
         traceback.print_exc()
-    sys.stderr.write(f"error: {printable(message, MAX_ERROR_CHARS)}\n")
-    for line in details:
-        sys.stderr.write(f"  {printable(line, MAX_ERROR_CHARS)}\n")
-    if hint:
-        sys.stderr.write(f"hint: {printable(hint, MAX_ERROR_CHARS)}\n")
+    write_error(message, hint, details)
 
 
 def _quiet_broken_pipe() -> NoReturn:

@@ -133,6 +133,14 @@ def print_lines(lines: list[str]) -> None:
 def print_tables(
     tables: list[Table], *, heading: str | None = None, footer: list[str] | None = None
 ) -> None:
+    """``tables`` for people. Every text in them is shown with its control characters escaped:
+    a topology file's GPU names, a process's name, a fault's detail or a lease's name may hold
+    an escape sequence that would recolour or rewrite the reader's terminal (issue 42)."""
+    from gpualloc.model.printable import printable
+
+    tables = [_shown(table) for table in tables]
+    heading = printable(heading) if heading else heading
+    footer = [printable(line) for line in footer or []]
     if stdout_is_terminal():
         with stdout_errors():
             _print_rich(tables, heading, footer or [])
@@ -146,8 +154,39 @@ def figure(value: float | None, unit: str = " GB/s") -> str:
 
 
 def say(message: str) -> None:
-    """A line for people, on stderr."""
-    sys.stderr.write(message + "\n")
+    """A line for people, on stderr, its control characters escaped (it may name a file, a
+    GPU or a fault as a topology file words it)."""
+    from gpualloc.model.printable import printable
+
+    sys.stderr.write(printable(message) + "\n")
+
+
+MAX_ERROR_CHARS = 500
+"""An error line echoes what the user gave (a 3,000-character --exclude, a file name): each
+line is cut to this many characters and its control characters escaped (issue 30)."""
+
+
+def write_error(message: str, hint: str | None, details: tuple[str, ...] = ()) -> None:
+    """``error: MESSAGE``, the details, ``hint: HINT`` on stderr, each line cut and its control
+    characters escaped: also for the problems a command reports before it exits (release)."""
+    from gpualloc.model.printable import printable
+
+    sys.stderr.write(f"error: {printable(message, MAX_ERROR_CHARS)}\n")
+    for line in details:
+        sys.stderr.write(f"  {printable(line, MAX_ERROR_CHARS)}\n")
+    if hint:
+        sys.stderr.write(f"hint: {printable(hint, MAX_ERROR_CHARS)}\n")
+
+
+def _shown(table: Table) -> Table:
+    from gpualloc.model.printable import printable
+
+    return table._replace(
+        title=printable(table.title),
+        columns=[printable(column) for column in table.columns],
+        rows=[[printable(cell) for cell in row] for row in table.rows],
+        caption=printable(table.caption) if table.caption else table.caption,
+    )
 
 
 def _print_plain(tables: list[Table], heading: str | None, footer: list[str]) -> None:

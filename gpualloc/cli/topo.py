@@ -142,6 +142,8 @@ def import_text(
             "nothing to import",
             hint="give a 'nvidia-smi topo -m' file, --bandwidth-matrix, --mig, or some of them",
         )
+    if name is not None:
+        _check_topology_name(name)
     mig_texts = (
         read_mig_texts([(str(path), read_text(path, "MIG file")) for path in mig]) if mig else None
     )
@@ -186,6 +188,22 @@ def import_text(
         if not as_json:
             return
     _render(topology, as_json)
+
+
+def _check_topology_name(name: str) -> None:
+    """Refuse a ``--name`` that every later ``topo show``, ``status`` and error would print:
+    control characters (an escape sequence rewrites the reader's terminal) or bytes that are
+    not UTF-8 (no topology file can hold them) (issue 42)."""
+    from gpualloc.model.printable import has_surrogates, printable
+
+    if not name.strip():
+        raise RequestError("--name is empty", hint="give the topology a name, or leave --name out")
+    if has_surrogates(name) or printable(name) != name:
+        raise RequestError(
+            f"--name '{printable(name, 60)}' holds control characters or bytes that are not "
+            "UTF-8 text",
+            hint="give a name of printable UTF-8 text",
+        )
 
 
 @app.command("record")

@@ -1,0 +1,80 @@
+"""Bad input answered well, the rest of issue 42: one ``error:`` line, at most one ``hint:``, a
+documented exit code, no traceback, nothing written, no raw control character on the terminal."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Result
+
+Cli = Callable[..., Result]
+
+ESC = "\x1b[31m"
+TOPOLOGIES = Path(__file__).resolve().parent.parent / "gpualloc" / "topologies"
+
+
+def _refused(result: Result, code: int) -> None:
+    """The answer to bad input: ``code``, one error line, at most one hint, no traceback."""
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len([line for line in lines if line.startswith("error: ")]) == 1, lines
+    assert len([line for line in lines if line.startswith("hint: ")]) <= 1, lines
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+
+
+def _no_control_characters(result: Result) -> None:
+    for text in (result.stdout, result.stderr):
+        assert "\x1b" not in text and "\x07" not in text, text
+
+
+# ---- item 1: control characters from users and files ---------------------------------------
+
+
+def test_release_does_not_echo_an_escape_sequence(cli: Cli) -> None:
+    result = cli("--topology", "dgx1-v100", "release", ESC + "ab")
+    _refused(result, 13)
+    _no_control_characters(result)
+    assert "no lease \\x1b[31mab" in result.stderr
+
+
+def test_topo_import_refuses_a_name_with_control_characters(cli: Cli, tmp_path: Path) -> None:
+    from tests.conftest import recorded
+
+    source = tmp_path / "topo.txt"
+    source.write_text(recorded("2gpu_pcie_phb_hf-docs_topo.txt"))
+    made = tmp_path / "made.json"
+    result = cli("topo", "import", str(source), "--name", "x\x1b[2J", "-o", str(made))
+    _refused(result, 2)
+    _no_control_characters(result)
+    assert "--name 'x\\x1b[2J' holds control characters" in result.stderr
+    assert not made.exists()
+
+
+@pytest.fixture
+def hostile_topology(tmp_path: Path) -> Path:
+    """dgx1-v100 with escape sequences in every text a file may give."""
+    data = json.loads((TOPOLOGIES / "dgx1-v100.json").read_text())
+    data["name"] = "evil" + ESC
+    data["gpus"][0]["name"] = "V100" + ESC + "\x07"
+    data["provenance"].update(
+        hostname="h" + ESC, description="d" + ESC, notes=["n" + ESC], origin="o" + ESC
+    )
+    data["processes"] = [{"gpu": 1, "pid": 4242, "name": "proc" + ESC, "user": "u" + ESC}]
+    data["faults"] = [{"gpu": 2, "kind": "xid", "detail": "xid 79" + ESC}]
+    path = tmp_path / "evil.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("command", [["topo", "show"], ["status"], ["doctor"], ["plan", "-n", "2"]])
+def test_a_topology_files_texts_reach_no_terminal_raw(
+    cli: Cli, hostile_topology: Path, command: list[str]
+) -> None:
+    result = cli("--topology", str(hostile_topology), *command)
+    assert "Traceback" not in result.stderr
+    _no_control_characters(result)
+    assert "\\x1b[31m" in result.stdout + result.stderr
