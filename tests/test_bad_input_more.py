@@ -4,6 +4,8 @@ documented exit code, no traceback, nothing written, no raw control character on
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +26,16 @@ def _refused(result: Result, code: int) -> None:
     assert len([line for line in lines if line.startswith("error: ")]) == 1, lines
     assert len([line for line in lines if line.startswith("hint: ")]) <= 1, lines
     assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+
+
+def _process(*args: str, timeout: float = 60) -> Result:
+    """``gpualloc ARGS`` in a process of its own: for a command that may exec a job (in this
+    process it would replace pytest) or must be timed."""
+    done = subprocess.run(
+        [sys.executable, "-m", "gpualloc", *args],
+        capture_output=True, text=True, check=False, timeout=timeout, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    return Result(done.returncode, done.stdout, done.stderr)
 
 
 def _no_control_characters(result: Result) -> None:
@@ -78,3 +90,41 @@ def test_a_topology_files_texts_reach_no_terminal_raw(
     assert "Traceback" not in result.stderr
     _no_control_characters(result)
     assert "\\x1b[31m" in result.stdout + result.stderr
+
+
+# ---- item 2: a refused --uuid changes nothing ----------------------------------------------
+
+
+def _topology_with_uuids(tmp_path: Path, uuid: str | None) -> Path:
+    data = json.loads((TOPOLOGIES / "dgx1-v100.json").read_text())
+    for gpu in data["gpus"]:
+        gpu["uuid"] = uuid
+    path = tmp_path / "uuids.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _state_files(tmp_path: Path) -> dict[str, bytes]:
+    state = tmp_path / "state"
+    return {p.name: p.read_bytes() for p in state.iterdir()} if state.exists() else {}
+
+
+@pytest.mark.parametrize(
+    ("uuid", "message"),
+    [(None, "GPU 0 has no UUID"), ("GPU-a,0", "GPU 0's UUID 'GPU-a,0' is not one")],
+)
+@pytest.mark.parametrize(
+    "command", [["run", "--uuid", "-n", "1", "--", "true"], ["alloc", "--uuid", "-n", "1"]]
+)
+def test_a_refused_uuid_writes_nothing(
+    cli: Cli, tmp_path: Path, uuid: str | None, message: str, command: list[str]
+) -> None:
+    topology = str(_topology_with_uuids(tmp_path, uuid))
+    assert cli("--topology", topology, "alloc", "-n", "1").exit_code == 0  # a ledger to keep
+    before = _state_files(tmp_path)
+    result = _process("--topology", topology, *command)
+    _refused(result, 2)
+    assert f"--uuid: {message}" in result.stderr
+    assert _state_files(tmp_path) == before
+    metrics = cli("--topology", topology, "metrics").stdout
+    assert 'gpualloc_placements_total{policy="mapa"} 1\n' in metrics

@@ -108,6 +108,7 @@ def run_job(
     if dry_run:
         _dry_run(host, want, command, mode, uuid, as_json)
         return
+    _check_uuids(host, want, uuid)
     terms = LeaseTerms(
         source="run",
         pid=os.getpid(),
@@ -142,6 +143,21 @@ def _variables(
     from gpualloc.launcher.environment import job_variables
 
     return job_variables(host.topology, gpus, mig, lease_id=lease_id, uuid=uuid, share=share)
+
+
+def _check_uuids(host: Host, want: Want, uuid: bool) -> None:
+    """With ``--uuid``, refuse before any GPU is taken when a GPU the job could be placed on
+    has no usable UUID: after the lease is written, a refusal changes the ledger."""
+    if not uuid or want.mig is not None:
+        return
+    from gpualloc.launcher.environment import check_uuids
+
+    if want.explicit is not None:
+        candidates = [host.topology.gpu(g) for g in want.explicit]
+    else:
+        excluded = want.request.excluded
+        candidates = [g for g in host.topology.gpus if g.index not in excluded]
+    check_uuids(candidates)
 
 
 def _launch(
@@ -317,6 +333,7 @@ def alloc_gpus(
         allow_unhealthy=allow_unhealthy,
         full=False,
     )
+    _check_uuids(host, want, uuid)
     terms = LeaseTerms(
         source="alloc",
         pid=owner,

@@ -20,7 +20,8 @@ Every other variable passes through unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gpualloc.errors import RequestError
@@ -46,12 +47,7 @@ def gpu_variables(
     ``ordinals``: each GPU's CUDA number in bus order (:meth:`Topology.cuda_ordinals`),
     which ``CUDA_VISIBLE_DEVICES`` holds; default, the GPU's index."""
     if use_uuid:
-        missing = [gpu.index for gpu in gpus if not gpu.uuid]
-        if missing:
-            raise RequestError(
-                f"--uuid: GPU {missing[0]} has no UUID in this topology",
-                hint="leave out --uuid to export indices",
-            )
+        check_uuids(gpus)
         visible = ",".join(str(gpu.uuid) for gpu in gpus)
     else:
         number = ordinals or {}
@@ -61,6 +57,31 @@ def gpu_variables(
         variables[LEASE_ID_VARIABLE] = lease_id
     variables[GPUS_VARIABLE] = ",".join(str(gpu.index) for gpu in gpus)
     return variables
+
+
+UUID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
+"""A UUID ``CUDA_VISIBLE_DEVICES`` can hold as one item (NVML's ``GPU-<hex>``): no comma to
+split it into two devices, no space or control character."""
+
+
+def check_uuids(gpus: Iterable[Gpu]) -> None:
+    """Refuse ``--uuid`` unless each of ``gpus`` has a UUID fit for ``CUDA_VISIBLE_DEVICES``.
+    Run and alloc ask this of every GPU they could place the job on before they take any: a
+    refusal after the lease was written changed the ledger and the placement counts (issue 42)."""
+    for gpu in gpus:
+        if not gpu.uuid:
+            raise RequestError(
+                f"--uuid: GPU {gpu.index} has no UUID in this topology",
+                hint="leave out --uuid to export indices",
+            )
+        if not UUID_PATTERN.fullmatch(gpu.uuid):
+            from gpualloc.model.printable import printable
+
+            raise RequestError(
+                f"--uuid: GPU {gpu.index}'s UUID '{printable(gpu.uuid, 60)}' is not one that "
+                "CUDA_VISIBLE_DEVICES can hold",
+                hint="correct the topology file's uuid, or leave out --uuid to export indices",
+            )
 
 
 def mig_variables(instance: MigInstance, *, lease_id: str | None = None) -> dict[str, str]:
