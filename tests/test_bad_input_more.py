@@ -128,3 +128,31 @@ def test_a_refused_uuid_writes_nothing(
     assert _state_files(tmp_path) == before
     metrics = cli("--topology", topology, "metrics").stdout
     assert 'gpualloc_placements_total{policy="mapa"} 1\n' in metrics
+
+
+# ---- item 3: --shareable --mem ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run", "--shareable", "--mem", "40G", "-n", "1", "--", "true"],
+        ["run", "--dry-run", "--shareable", "--mem", "40G", "--", "true"],
+        ["alloc", "--shareable", "--mem", "40G", "-n", "1"],
+    ],
+)
+def test_shareable_memory_beyond_the_gpus_is_refused(
+    cli: Cli, tmp_path: Path, command: list[str]
+) -> None:
+    """dgx1-v100's V100s have 32 GiB each."""
+    result = _process("--topology", "dgx1-v100", *command)
+    _refused(result, 9)
+    assert "--mem 40 GiB is more than any GPU here has (32 GiB)" in result.stderr
+    assert _state_files(tmp_path) == {}
+
+
+def test_dry_run_reads_shareable_memory(cli: Cli) -> None:
+    dry_run = ["run", "--dry-run", "--shareable", "--mem", "8", "--", "true"]
+    result = cli("--topology", "dgx1-v100", *dry_run)
+    _refused(result, 2)
+    assert "--mem '8' has no unit" in result.stderr

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from gpualloc.ledger.schema import Lease
     from gpualloc.model.request import Placement
     from gpualloc.model.share import LeasedShare
-    from gpualloc.model.topology import GpuProcess
+    from gpualloc.model.topology import Gpu, GpuProcess
     from gpualloc.placement.want import Want
 
 WORK = ("run_job", "alloc_gpus", "release_gpus")
@@ -105,6 +105,7 @@ def run_job(
         allow_unhealthy=allow_unhealthy,
         full=dry_run,
     )
+    declared = _declared_memory(host, want, job)  # --dry-run too: a bad --mem is refused there
     if dry_run:
         _dry_run(host, want, command, mode, uuid, as_json)
         return
@@ -117,7 +118,7 @@ def run_job(
         name=name,
         process_group=os.getpid() if os.getpgrp() == os.getpid() else None,
         shareable=job.shareable,
-        memory_bytes=job.declared_memory_bytes(),
+        memory_bytes=declared,
         share_mode=share_mode(os.environ) if job.share else "time-sliced",
     )
     _launch(host, want, terms, command, mode, uuid=uuid, quiet=quiet, waiting=waiting)
@@ -145,6 +146,35 @@ def _variables(
     return job_variables(host.topology, gpus, mig, lease_id=lease_id, uuid=uuid, share=share)
 
 
+def _declared_memory(host: Host, want: Want, job: JobOptions) -> int | None:
+    """The memory a ``--shareable`` job declares (``--mem``), refused (exit 9, as ``--share
+    --mem`` is) when it is more than any GPU the job could be placed on has: a job that says
+    it uses 40 GiB of a 32 GiB GPU leaves nothing true to share beside it."""
+    declared = job.declared_memory_bytes()
+    if declared is None:
+        return None
+    from gpualloc.errors import NoFeasiblePlacement
+    from gpualloc.model.mig import format_size
+
+    sizes = [g.memory_total_bytes for g in _candidates(host, want)]
+    known = [size for size in sizes if size is not None]
+    if known and declared > max(known):
+        raise NoFeasiblePlacement(
+            f"--mem {format_size(declared)} is more than any GPU here has "
+            f"({format_size(max(known))})",
+            hint="declare the memory the job uses on each of its GPUs, at most the GPU's",
+        )
+    return declared
+
+
+def _candidates(host: Host, want: Want) -> list[Gpu]:
+    """The GPUs a job could be placed on: those ``--gpus`` names, else all but ``--exclude``."""
+    if want.explicit is not None:
+        return [host.topology.gpu(g) for g in want.explicit]
+    excluded = want.request.excluded
+    return [g for g in host.topology.gpus if g.index not in excluded]
+
+
 def _check_uuids(host: Host, want: Want, uuid: bool) -> None:
     """With ``--uuid``, refuse before any GPU is taken when a GPU the job could be placed on
     has no usable UUID: after the lease is written, a refusal changes the ledger."""
@@ -152,12 +182,7 @@ def _check_uuids(host: Host, want: Want, uuid: bool) -> None:
         return
     from gpualloc.launcher.environment import check_uuids
 
-    if want.explicit is not None:
-        candidates = [host.topology.gpu(g) for g in want.explicit]
-    else:
-        excluded = want.request.excluded
-        candidates = [g for g in host.topology.gpus if g.index not in excluded]
-    check_uuids(candidates)
+    check_uuids(_candidates(host, want))
 
 
 def _launch(
@@ -334,6 +359,7 @@ def alloc_gpus(
         full=False,
     )
     _check_uuids(host, want, uuid)
+    declared = _declared_memory(host, want, job)
     terms = LeaseTerms(
         source="alloc",
         pid=owner,
@@ -342,7 +368,7 @@ def alloc_gpus(
         name=name,
         announce=True,
         shareable=job.shareable,
-        memory_bytes=job.declared_memory_bytes(),
+        memory_bytes=declared,
     )
     allocation = allocate(host, want, terms, waiting)
     warn(allocation.notes)
