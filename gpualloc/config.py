@@ -282,7 +282,8 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "idle.notify", None, None, _command_or_none,
-        "shell command run for each idle notice and expiry (the lease in GPUALLOC_*)",
+        "shell command run for each idle notice and expiry (the lease in GPUALLOC_*; killed "
+        "after 5 s)",
         system_only=True,
     ),
     Setting(

@@ -156,3 +156,31 @@ def test_dry_run_reads_shareable_memory(cli: Cli) -> None:
     result = cli("--topology", "dgx1-v100", *dry_run)
     _refused(result, 2)
     assert "--mem '8' has no unit" in result.stderr
+
+
+# ---- item 4: a hung idle.notify --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("notify", ["sleep 60", "sleep 60 & exit 0"])
+def test_gc_kills_an_idle_notify_that_hangs(tmp_path: Path, notify: str) -> None:
+    import time
+
+    from gpualloc.topologies import load_bundled
+    from tests.conftest import run_in_process
+    from tests.test_idle_leases import hold, notice_ran_out, system_config
+
+    data = json.loads(load_bundled("nvlink-pairs-4gpu").to_json())
+    data["utilization"] = [{"gpu": g, "percent": 0} for g in range(4)]
+    host_file = tmp_path / "host.json"
+    host_file.write_text(json.dumps(data))
+    system_config(tmp_path, f'[idle]\nexpire_holds = "4h"\nnotify = "{notify}"\n')
+    lease_id = hold(lambda *args: run_in_process(args), host_file, "0,1")
+    notice_ran_out(host_file, lease_id)
+    started = time.monotonic()
+    result = _process("--topology", str(host_file), "gc", timeout=25)
+    assert time.monotonic() - started < 15
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == (
+        f"gpualloc: warning: idle.notify for lease {lease_id} ran longer than 5s: killed it\n"
+    )
+    assert f"lease {lease_id}" in result.stdout and "its notice ran out" in result.stdout

@@ -163,10 +163,15 @@ def _expiry_line(expiry: Expiry) -> str:
     )
 
 
+NOTIFY_TIMEOUT_S = 5.0
+"""How long ``gc`` lets one ``idle.notify`` command run before it kills it (and everything it
+started): gc runs from cron or a timer and must not hang on a mailer that never returns."""
+
+
 def _notify(command: str | None, expiries: list[Expiry]) -> list[str]:
-    """Run the system configuration's idle.notify for every notice and expiry; what failed."""
+    """Run the system configuration's idle.notify for every notice and expiry, each for at most
+    :data:`NOTIFY_TIMEOUT_S` seconds; what failed, a line each."""
     import os
-    import subprocess
 
     from gpualloc.ledger.idle import notify_environment
 
@@ -174,16 +179,41 @@ def _notify(command: str | None, expiries: list[Expiry]) -> list[str]:
     for expiry in expiries if command else []:
         assert command is not None
         env = {**os.environ, **notify_environment(expiry)}
-        try:
-            done = subprocess.run(
-                ["/bin/sh", "-c", command], env=env, timeout=30, capture_output=True, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            problems.append(f"idle.notify for lease {expiry.lease.id} failed: {exc}")
-            continue
-        if done.returncode != 0:
-            problems.append(
-                f"idle.notify for lease {expiry.lease.id} exited {done.returncode}: "
-                + done.stderr.decode(errors="replace").strip()[:200]
-            )
+        problem = _run_notify(command, env)
+        if problem:
+            problems.append(f"idle.notify for lease {expiry.lease.id} {problem}")
     return problems
+
+
+def _run_notify(command: str, env: dict[str, str]) -> str | None:
+    """Run ``command`` in a session of its own, no stdin, for at most NOTIFY_TIMEOUT_S; on
+    timeout kill its whole process group. What went wrong, or None."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+
+    try:
+        process = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        return f"could not start: {exc.strerror or exc}"
+    try:
+        _, err = process.communicate(timeout=NOTIFY_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):  # gone between the timeout and the kill
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        if process.stderr is not None:
+            process.stderr.close()  # a child that left the group may hold it open: no read
+        return f"ran longer than {NOTIFY_TIMEOUT_S:g}s: killed it"
+    if process.returncode != 0:
+        said = err.decode(errors="replace").strip()[:200]
+        return f"exited {process.returncode}" + (f": {said}" if said else "")
+    return None
