@@ -6,7 +6,7 @@ no change to the ledger when refused, and no hang.
 Each case runs gpualloc in this process through the real entry point (``run`` only with
 ``--dry-run``: it execs otherwise), in a state directory and configuration of its own, under an
 alarm that fails the case after :data:`CASE_TIMEOUT_S`. The fast loop tries a few hundred
-cases; the slow tests try 900 more (``pytest -m slow -k fuzz``; ``GPUALLOC_FUZZ_EXAMPLES``
+cases; the slow tests try 600 more (``pytest -m slow -k fuzz``; ``GPUALLOC_FUZZ_EXAMPLES``
 sets how many each).
 """
 
@@ -40,8 +40,8 @@ FAST = settings(
     derandomize=IN_CI,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-LONG_EXAMPLES = int(os.environ.get("GPUALLOC_FUZZ_EXAMPLES", "300"))
-"""Cases of each slow test (CI: 300; ``GPUALLOC_FUZZ_EXAMPLES`` for a longer hunt)."""
+LONG_EXAMPLES = int(os.environ.get("GPUALLOC_FUZZ_EXAMPLES", "200"))
+"""Cases of each slow test (CI: 200; ``GPUALLOC_FUZZ_EXAMPLES`` for a longer hunt)."""
 LONG = settings(
     max_examples=LONG_EXAMPLES,
     deadline=None,
