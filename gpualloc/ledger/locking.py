@@ -241,18 +241,47 @@ class SharedLock:
                 descriptor, info = open_shared(
                     self.path, os.O_RDWR, create_mode=self.mode, replace_as_root=True
                 )
-            except PermissionError:
+            except PermissionError as denied:
                 # Another user's file they made read-only: flock needs only a read descriptor.
-                descriptor, info = open_shared(self.path, os.O_RDONLY)
+                try:
+                    descriptor, info = open_shared(self.path, os.O_RDONLY)
+                except FileNotFoundError:
+                    raise denied from None  # no file, and none may be made here
         except OSError as exc:
-            raise FileAccessError(
-                f"cannot open the lock file {self.path}: {exc.strerror}",
-                hint="every user of the host must be able to read it: ask root to "
-                f"'chmod 0666 {self.path}'",
-            ) from exc
+            raise self._open_error(exc) from exc
         with contextlib.suppress(OSError):  # a file system that refuses chown: still a lock
             adopt(descriptor, info, self.mode)
         return descriptor
+
+    def _open_error(self, exc: OSError) -> FileAccessError:
+        """Why the lock file could not be opened: a directory where it cannot be made (read-only
+        for this user, or on a read-only file system) is said as such, not as a missing file
+        with a chmod of the file for a hint (issue 42)."""
+        directory = self.path.parent
+        cannot_make = exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+        if cannot_make and not os.path.lexists(self.path):
+            if exc.errno == errno.EROFS:
+                return FileAccessError(
+                    f"cannot create the lock file {self.path}: the state directory {directory} "
+                    "is on a read-only file system",
+                    hint="point GPUALLOC_STATE_DIR (or state_dir) at a directory on a writable one",
+                )
+            try:
+                info = directory.stat()
+                whose = f"{owner_name(info.st_uid)}'s, mode {info.st_mode & 0o7777:04o}"
+            except OSError:
+                whose = "owner unknown"
+            return FileAccessError(
+                f"cannot create the lock file {self.path}: the state directory {directory} "
+                f"is read-only for you ({whose})",
+                hint=f"ask root to make it writable for every user ('chmod 1777 {directory}'), "
+                "or point GPUALLOC_STATE_DIR at another directory",
+            )
+        return FileAccessError(
+            f"cannot open the lock file {self.path}: {exc.strerror}",
+            hint="every user of the host must be able to read it: ask root to "
+            f"'chmod 0666 {self.path}'",
+        )
 
     @staticmethod
     def _try_lock(descriptor: int) -> bool:

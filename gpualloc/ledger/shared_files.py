@@ -46,6 +46,11 @@ def owner_name(uid: int) -> str:
         return str(uid)
 
 
+def owner_or_root(owner: str) -> str:
+    """Who may remove a file ``owner`` owns: ``alice or root``, but ``root`` once."""
+    return owner if owner == "root" else f"{owner} or root"
+
+
 def _refusal(path: Path, what: str) -> UnsafeFile:
     try:
         info = os.lstat(path)
@@ -55,8 +60,8 @@ def _refusal(path: Path, what: str) -> UnsafeFile:
         owner = "unknown"
     return UnsafeFile(
         f"{path} is a {what} (owned by {owner}), not the regular file gpualloc keeps there",
-        hint=f"it was put there by hand or by a hostile user: {owner} or root must remove it "
-        f"('rm {path}'); a gpualloc run as root replaces it",
+        hint=f"it was put there by hand or by a hostile user: {owner_or_root(owner)} must "
+        f"remove it ('rm {path}'); a gpualloc run as root replaces it",
     )
 
 

@@ -62,7 +62,14 @@ from gpualloc.ledger.liveness import group_alive, lock_held, process_alive, star
 from gpualloc.ledger.locking import SharedLock
 from gpualloc.ledger.quarantine import SetAside, keep
 from gpualloc.ledger.schema import Lease, Ledger, Waiter
-from gpualloc.ledger.shared_files import UnsafeFile, adopt, open_shared, owner_name, read_shared
+from gpualloc.ledger.shared_files import (
+    UnsafeFile,
+    adopt,
+    open_shared,
+    owner_name,
+    owner_or_root,
+    read_shared,
+)
 from gpualloc.ledger.statedir import StateDirectory
 from gpualloc.model.topology import GpuProcess
 
@@ -476,7 +483,7 @@ def _check_own_copy(path: Path, uid: int) -> None:
         raise UnsafeFile(
             f"{path} belongs to {owner_name(info.st_uid)}, not to you: gpualloc keeps your "
             "copy of the ledger there, and cannot replace another user's file",
-            hint=f"{owner_name(info.st_uid)} or root must remove it ('rm {path}')",
+            hint=f"{owner_or_root(owner_name(info.st_uid))} must remove it ('rm {path}')",
         )
 
 
