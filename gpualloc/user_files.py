@@ -22,6 +22,20 @@ MAX_BYTES = 64 * 2**20
 16,000-GPU topology JSON about 50 MB, the Alibaba 2023 trace (8,152 jobs) 1.2 MB."""
 
 
+MAX_PATH_SHOWN = 200
+"""An error names the file as given; a longer name (a 5,000-character argument) is cut in the
+middle, its start and its file name kept (issue 42). Its control characters are escaped where
+every error is written (:func:`gpualloc.cli.output.write_error`)."""
+
+
+def shown_path(path: Path | str) -> str:
+    """``path`` for an error line: see :data:`MAX_PATH_SHOWN`."""
+    text = str(path)
+    if len(text) <= MAX_PATH_SHOWN:
+        return text
+    return f"{text[:60]}...{text[-60:]}"
+
+
 def names_a_file(path: Path) -> bool:
     """Whether ``path`` is a regular file (following links), False for anything that cannot be
     asked: a name too long (ENAMETOOLONG), a directory we may not search (EACCES). pathlib
@@ -65,11 +79,12 @@ def read_user_text(
     regular file, is larger than ``max_bytes``, cannot be read, or is not UTF-8 text (unless
     ``replace_bad_bytes``: recorded command output may carry stray bytes)."""
     data = read_user_bytes(path, what, error=error, missing=missing, max_bytes=max_bytes)
+    shown = shown_path(path)
     try:
         return data.decode("utf-8", errors="replace" if replace_bad_bytes else "strict")
     except UnicodeDecodeError as exc:
         raise error(
-            f"{what} {path} is not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x})",
+            f"{what} {shown} is not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x})",
             hint=f"give a {what} as text; is this the right file?",
         ) from None
 
@@ -83,22 +98,23 @@ def read_user_bytes(
     max_bytes: int = MAX_BYTES,
 ) -> bytes:
     """The bytes of a regular file of at most ``max_bytes`` (see :func:`read_user_text`)."""
+    shown = shown_path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise (missing or error)(f"{what} {path} does not exist", hint="check the path") from None
+        raise (missing or error)(f"{what} {shown} does not exist", hint="check the path") from None
     except OSError as exc:
-        raise error(f"cannot read {what} {path}: {exc.strerror}") from None
+        raise error(f"cannot read {what} {shown}: {exc.strerror}") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise error(
-                f"{what} {path} is a {describe_kind(info.st_mode)}, not a regular file",
+                f"{what} {shown} is a {describe_kind(info.st_mode)}, not a regular file",
                 hint=f"give the path of a {what} saved to a file",
             )
         if info.st_size > max_bytes:
             raise error(
-                f"{what} {path} is {info.st_size / 2**20:.0f} MiB, more than the "
+                f"{what} {shown} is {info.st_size / 2**20:.0f} MiB, more than the "
                 f"{max_bytes / 2**20:.0f} MiB gpualloc reads",
                 hint="is this the right file?",
             )
@@ -111,12 +127,12 @@ def read_user_bytes(
             size += len(chunk)
         if size > max_bytes:
             raise error(
-                f"{what} {path} grew past the {max_bytes / 2**20:.0f} MiB gpualloc reads",
+                f"{what} {shown} grew past the {max_bytes / 2**20:.0f} MiB gpualloc reads",
                 hint="is this the right file?",
             )
         return b"".join(chunks)
     except OSError as exc:
-        raise error(f"cannot read {what} {path}: {exc.strerror}") from None
+        raise error(f"cannot read {what} {shown}: {exc.strerror}") from None
     finally:
         os.close(fd)
 

@@ -287,3 +287,49 @@ def test_a_file_of_roots_is_roots_to_remove_once(
     _refused(result, 11)
     assert "is a FIFO (owned by root)" in result.stderr
     assert "root or root" not in result.stderr and ": root must remove it" in result.stderr
+
+
+def test_a_bandwidth_table_error_names_the_fields(cli: Cli, tmp_path: Path) -> None:
+    for text in ("{bad", "[1]"):
+        table = tmp_path / "table.json"
+        table.write_text(text)
+        result = cli("--bandwidth-table", str(table), "--topology", "dgx1-v100", "topo", "show")
+        _refused(result, 5)
+        hint = next(line for line in result.stderr.splitlines() if line.startswith("hint: "))
+        assert "pcie_path_factor" in hint and "nvlink_link_gbps" in hint
+        assert "BandwidthTable" not in hint
+
+
+def test_metrics_serve_on_a_name_that_does_not_resolve_is_no_port_problem(cli: Cli) -> None:
+    result = cli("--topology", "dgx1-v100", "metrics", "--serve", "bogus-host.invalid:9400")
+    _refused(result, 2)
+    assert "the host name does not resolve" in result.stderr
+    assert "port" not in result.stderr.split("hint: ", 1)[1]
+
+
+def test_calibrate_refuses_forget_with_from(cli: Cli, tmp_path: Path) -> None:
+    measured = tmp_path / "measured.txt"
+    measured.write_text("{}\n")
+    result = cli("calibrate", "--forget", "--from", str(measured))
+    _refused(result, 2)
+    assert "--forget removes the saved calibration; --from is for making one" in result.stderr
+
+
+LONG = "x" * 5000
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--topology", "dgx1-v100", "plan", "-n", "2", "--drb-weights", LONG],
+        ["topo", "import", "/tmp/" + LONG],
+        ["--topology", "dgx1-v100", "simulate", "--trace", "/tmp/" + LONG],
+        ["--bandwidth-table", "/tmp/" + LONG, "topo", "list"],
+    ],
+)
+def test_a_long_argument_is_cut_in_the_error(cli: Cli, args: list[str]) -> None:
+    result = cli(*args)
+    assert result.exit_code in (2, 3, 4, 8, 14), result.stderr
+    _refused(result, result.exit_code)
+    assert max(len(line) for line in result.stderr.splitlines()) < 300, result.stderr
+    assert "..." in result.stderr

@@ -73,6 +73,12 @@ def calibrate_command(
     from gpualloc.cli.output import print_json, say
     from gpualloc.discovery import calibration
 
+    if forget and (from_files or collectives is not None):
+        given = "--from" if from_files else "--collectives/--no-collectives"
+        raise RequestError(
+            f"--forget removes the saved calibration; {given} is for making one",
+            hint="give --forget alone, or leave it out",
+        )
     if forget:
         removed = calibration.forget_calibration()
         if as_json:

@@ -93,9 +93,7 @@ def _serve(host: str, port: int) -> None:
     try:
         server = ThreadingHTTPServer((host, port), Handler)
     except OSError as exc:
-        raise RequestError(
-            f"cannot serve on {host}:{port}: {exc.strerror}", hint="choose another port"
-        ) from None
+        raise _serve_error(host, port, exc) from None
     say(f"serving metrics on http://{host}:{server.server_address[1]}/metrics (Ctrl-C stops)")
     sys.stderr.flush()
     try:
@@ -104,3 +102,29 @@ def _serve(host: str, port: int) -> None:
         pass
     finally:
         server.server_close()
+
+
+def _serve_error(host: str, port: int, exc: OSError) -> RequestError:
+    """Why ``--serve`` could not listen, with the remedy for that cause: a port in use or
+    reserved wants another port, a name that does not resolve or an address this host does not
+    have wants another address (issue 42)."""
+    import errno
+    import socket
+
+    where = f"cannot serve on {host}:{port}"
+    reason = exc.strerror or str(exc)
+    if isinstance(exc, socket.gaierror):
+        return RequestError(
+            f"{where}: the host name does not resolve ({reason})",
+            hint="give an address of this host: --serve :9400 (all) or 127.0.0.1:9400",
+        )
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return RequestError(
+            f"{where}: {reason} (not an address of this host)",
+            hint="give an address of this host: --serve :9400 (all) or 127.0.0.1:9400",
+        )
+    if exc.errno == errno.EADDRINUSE:
+        return RequestError(f"{where}: {reason}", hint="choose another port")
+    if exc.errno == errno.EACCES and port < 1024:
+        return RequestError(f"{where}: {reason}", hint="choose a port above 1023")
+    return RequestError(f"{where}: {reason}")

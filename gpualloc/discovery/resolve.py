@@ -41,14 +41,30 @@ def resolve_topology(
 def configured_bandwidth_table(config: Config, flag: Path | None = None) -> BandwidthTable | None:
     """The link bandwidth overrides in effect (``--bandwidth-table``, else a JSON file or a
     ``[bandwidth_table]`` table of a config file), or None for the built-in table."""
+    from gpualloc.errors import TopologyError
     from gpualloc.model.bandwidth import bandwidth_table_from, load_bandwidth_table
 
     resolved = config.resolve("bandwidth_table", flag)
     if resolved.value is None:
         return None
-    if isinstance(resolved.value, dict):
-        return bandwidth_table_from(resolved.value, f"{resolved.source}: [bandwidth_table]")
-    return load_bandwidth_table(resolved.value)
+    try:
+        if isinstance(resolved.value, dict):
+            return bandwidth_table_from(resolved.value, f"{resolved.source}: [bandwidth_table]")
+        return load_bandwidth_table(resolved.value)
+    except TopologyError as exc:
+        if "fields:" not in (exc.hint or ""):  # no hint, or one naming a Python class
+            exc.hint = bandwidth_table_hint()
+        raise
+
+
+def bandwidth_table_hint() -> str:
+    """What a bandwidth table holds, for an error about one: its fields, by name (issue 42:
+    the hints named a Python class, or nothing)."""
+    fields = ", ".join(BandwidthTable.__struct_fields__)
+    return (
+        "a bandwidth table is a JSON object (in config.toml a [bandwidth_table] table) of "
+        f'some of the fields: {fields}; e.g. {{"pcie_path_factor": {{"SYS": 0.4}}}}'
+    )
 
 
 def load_named_topology(spec: str, *, table: BandwidthTable | None = None) -> Topology:

@@ -268,6 +268,7 @@ def effective_model(score: str) -> EffectiveModel:
 
 
 def utility_weights(value: str | tuple[float, float, float] | None) -> UtilityWeights:
+    from gpualloc.model.printable import printable
     from gpualloc.placement.utility import UtilityWeights
 
     if value is None:
@@ -279,6 +280,6 @@ def utility_weights(value: str | tuple[float, float, float] | None) -> UtilityWe
         return UtilityWeights(*values).normalised()
     except (ValueError, TypeError):
         raise RequestError(
-            f"--drb-weights {value!r} is not three non-negative numbers",
+            f"--drb-weights '{printable(str(value), 60)}' is not three non-negative numbers",
             hint="e.g. --drb-weights 0.5,0.25,0.25 (communication, interference, fragmentation)",
         ) from None
