@@ -64,7 +64,9 @@ def listening_socket(path: Path) -> socket.socket:
         except OSError as exc:
             if exc.errno not in (errno.ECONNREFUSED, errno.ENOTSOCK, errno.ENOENT):
                 raise
-            path.unlink(missing_ok=True)
+            # A stale socket (a broker killed): left in place until the new one is renamed
+            # over it, so that a client never finds no socket at all while this broker starts
+            # (it waits only MISSING_S for a missing one, and a loaded host can take longer).
         else:
             raise BrokerError(
                 f"another broker already serves {path}",
