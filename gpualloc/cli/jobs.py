@@ -147,23 +147,14 @@ def _variables(
 
 
 def _declared_memory(host: Host, want: Want, job: JobOptions) -> int | None:
-    """The memory a ``--shareable`` job declares (``--mem``), refused (exit 9, as ``--share
-    --mem`` is) when it is more than any GPU the job could be placed on has: a job that says
-    it uses 40 GiB of a 32 GiB GPU leaves nothing true to share beside it."""
+    """The memory a ``--shareable`` job declares (``--mem``), refused (exit 9) when it is more
+    than any GPU the job could be placed on has (:func:`~gpualloc.placement.want.
+    check_declared_memory`)."""
     declared = job.declared_memory_bytes()
-    if declared is None:
-        return None
-    from gpualloc.errors import NoFeasiblePlacement
-    from gpualloc.model.mig import format_size
+    if declared is not None:
+        from gpualloc.placement.want import check_declared_memory
 
-    sizes = [g.memory_total_bytes for g in _candidates(host, want)]
-    known = [size for size in sizes if size is not None]
-    if known and declared > max(known):
-        raise NoFeasiblePlacement(
-            f"--mem {format_size(declared)} is more than any GPU here has "
-            f"({format_size(max(known))})",
-            hint="declare the memory the job uses on each of its GPUs, at most the GPU's",
-        )
+        check_declared_memory(_candidates(host, want), declared)
     return declared
 
 

@@ -21,7 +21,10 @@ from gpualloc.placement.scores import EffectiveModel
 from gpualloc.placement.utility import UtilityWeights
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from gpualloc.model.queued import QueuedRequest
+    from gpualloc.model.topology import Gpu
 
 
 class Want(Struct, frozen=True):
@@ -86,4 +89,23 @@ class Want(Struct, frozen=True):
             min_bandwidth_gbps=queued.min_bandwidth_gbps,
             mig=queued.mig,
             share=queued.share,
+        )
+
+
+def check_declared_memory(gpus: Iterable[Gpu], declared: int | None) -> None:
+    """Refuse (exit 9, as ``--share --mem`` is) a ``--shareable`` job's declared memory when
+    it is more than any of ``gpus`` (those it could be placed on) has: a job that says it uses
+    40 GiB of a 32 GiB GPU leaves nothing true to share beside it. The command line and the
+    broker both ask this before any GPU is taken."""
+    if declared is None:
+        return
+    known = [g.memory_total_bytes for g in gpus if g.memory_total_bytes is not None]
+    if known and declared > max(known):
+        from gpualloc.errors import NoFeasiblePlacement
+        from gpualloc.model.mig import format_size
+
+        raise NoFeasiblePlacement(
+            f"--mem {format_size(declared)} is more than any GPU here has "
+            f"({format_size(max(known))})",
+            hint="declare the memory the job uses on each of its GPUs, at most the GPU's",
         )
