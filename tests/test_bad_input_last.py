@@ -9,13 +9,14 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from gpualloc.errors import ExitCode
 from tests.broker_harness import RunningBroker
+from tests.conftest import Result
 
 TOPOLOGIES = Path(__file__).resolve().parent.parent / "gpualloc" / "topologies"
 
@@ -101,3 +102,26 @@ def test_shareable_memory_beyond_the_gpus_is_refused_by_the_broker(
     assert result.returncode == ExitCode.NO_PLACEMENT, result.stderr
     assert result.stderr.startswith("error: --mem 40 GiB is more than any GPU here has (32 GiB)")
     assert uuidless_broker.call("snapshot")["ledger"]["leases"] == []
+
+
+# ---- item 2: a GPU name's control characters in a GraphML or GEXF export ---------------------
+
+
+@pytest.mark.parametrize("fmt", ["graphml", "gexf"])
+def test_an_exported_graph_with_control_characters_in_names_parses(
+    cli: Callable[..., Result], tmp_path: Path, fmt: str
+) -> None:
+    import xml.etree.ElementTree as ElementTree
+
+    data = json.loads((TOPOLOGIES / "dgx1-v100.json").read_text())
+    data["name"] = "host\x01"
+    data["gpus"][0]["name"] = "Tesla\x1b[31mV100\x07"
+    topology = tmp_path / "hostile.json"
+    topology.write_text(json.dumps(data))
+    result = cli("--topology", str(topology), "topo", "export", "--format", fmt)
+    assert result.exit_code == 0, result.stderr
+    root = ElementTree.fromstring(result.stdout)
+    texts = [element.text or "" for element in root.iter()]
+    texts += [value for element in root.iter() for value in element.attrib.values()]
+    assert "Tesla\\x1b[31mV100\\x07" in texts
+    assert not any("\x1b" in text or "\x01" in text for text in texts)

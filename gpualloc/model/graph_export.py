@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,11 @@ def export_graph(topology: Topology, fmt: str) -> str:
         except TypeError:
             data = nx.node_link_data(graph)  # older: "links" is the default
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
+    _xml_safe(graph.graph)
+    for _, attributes in graph.nodes(data=True):
+        _xml_safe(attributes)
+    for _, _, attributes in graph.edges(data=True):
+        _xml_safe(attributes)
     out = io.BytesIO()
     if fmt == "graphml":
         nx.write_graphml(graph, out)
@@ -62,3 +68,21 @@ def _flatten(attributes: dict[str, Any]) -> None:
             attributes[key] = format_cpulist(value) if ints else ",".join(map(str, value))
         elif isinstance(value, dict):
             attributes[key] = json.dumps(value, sort_keys=True)
+
+
+NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+"""A character XML 1.0 cannot hold, even as a character reference (a control character such as
+ESC, a lone surrogate, U+FFFE/U+FFFF): a GPU name with one made the file unreadable (issue 42)."""
+
+
+def _xml_safe(attributes: dict[str, Any]) -> None:
+    """Texts, in place, with each character XML cannot hold written out as ``\\xNN`` (or
+    ``\\uNNNN``), as gpualloc shows such characters elsewhere."""
+    for key, value in list(attributes.items()):
+        if isinstance(value, str) and NOT_XML.search(value):
+            attributes[key] = NOT_XML.sub(_written_out, value)
+
+
+def _written_out(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
