@@ -7,6 +7,7 @@ valid for the boot that made them (no process, lock or Slurm job survives a rebo
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -14,8 +15,10 @@ BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 MACHINE_ID_PATHS = (Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id"))
 
 
+@functools.cache
 def boot_id() -> str | None:
-    """The current boot id, or None where the kernel does not offer one."""
+    """The current boot id, or None where the kernel does not offer one. Read once a process:
+    no process outlives its boot (the broker read it for every lease it made)."""
     try:
         return BOOT_ID_PATH.read_text().strip() or None
     except OSError:
