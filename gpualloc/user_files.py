@@ -64,6 +64,19 @@ def expand_user(text: str) -> Path:
         raise ValueError(f"there is no user {user!r} for {text.split('/', 1)[0]!r}") from None
 
 
+def _closed_directory(path: Path | str) -> Path | None:
+    """The first directory above ``path`` this process may not enter (search), if any: then
+    whether the file exists is unknown, and "Permission denied" would blame the file."""
+    effective = os.access in os.supports_effective_ids
+    for directory in reversed(Path(path).absolute().parents):
+        try:
+            if not os.access(directory, os.X_OK, effective_ids=effective):
+                return directory
+        except (OSError, ValueError):
+            return None
+    return None
+
+
 def read_user_text(
     path: Path | str,
     what: str,
@@ -104,6 +117,13 @@ def read_user_bytes(
     except FileNotFoundError:
         raise (missing or error)(f"{what} {shown} does not exist", hint="check the path") from None
     except OSError as exc:
+        closed = _closed_directory(path) if isinstance(exc, PermissionError) else None
+        if closed is not None:  # the file may not even exist: say what is known (issue 42)
+            raise error(
+                f"cannot read {what} {shown}: the directory {shown_path(closed)} cannot be "
+                "entered (no search permission)",
+                hint="give a path in a directory you may enter, or ask its owner for access",
+            ) from None
         raise error(f"cannot read {what} {shown}: {exc.strerror}") from None
     try:
         info = os.fstat(fd)

@@ -125,3 +125,36 @@ def test_an_exported_graph_with_control_characters_in_names_parses(
     texts += [value for element in root.iter() for value in element.attrib.values()]
     assert "Tesla\\x1b[31mV100\\x07" in texts
     assert not any("\x1b" in text or "\x01" in text for text in texts)
+
+
+# ---- item 3: a configuration file in a directory the user may not enter ----------------------
+
+
+@pytest.fixture
+def closed_directory() -> Iterator[Path]:
+    """A directory only root may enter, in one every user may (pytest's tmp_path is not)."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="gpualloc-closed-", dir="/tmp"))
+    base.chmod(0o755)
+    closed = base / "closed"
+    closed.mkdir(mode=0o700)
+    yield closed
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_config_file_in_a_closed_directory_names_the_directory(closed_directory: Path) -> None:
+    from tests.unix_users import UserCommandLine, ensure_user
+
+    user = ensure_user("gpualloc-test-a")  # skips unless root
+    closed = closed_directory
+    cli = UserCommandLine(user)
+    for args in (["--topology", "dgx1-v100", "status"], ["config", "show"]):
+        result = cli(user, *args, env={"XDG_CONFIG_HOME": str(closed / "config")})
+        assert result.returncode == ExitCode.CONFIG, result.stderr
+        assert result.stderr == (
+            f"error: cannot read configuration file {closed}/config/gpualloc/config.toml: the "
+            f"directory {closed} cannot be entered (no search permission)\n"
+            "hint: give a path in a directory you may enter, or ask its owner for access\n"
+        )
+        assert result.stdout == ""
