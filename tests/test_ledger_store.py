@@ -171,6 +171,36 @@ def test_a_damaged_ledger_without_a_good_copy_is_reported_not_emptied(tmp_path):
     assert store.directory.ledger_file.read_text().startswith('{"schema_version": 1')
 
 
+def test_a_ledger_a_crash_of_the_machine_tore_with_its_good_copies_starts_anew(tmp_path):
+    """Nothing is synced (issue 43, point 4): a machine crash may tear the ledger and leave
+    every good copy zeroed (a preallocated file never written out). Last written before this
+    boot, nothing in it is alive: a new ledger starts, saying so."""
+    from gpualloc.ledger.liveness import _boot_time
+
+    store = _store(tmp_path)
+    with store.transaction() as txn:
+        txn.add(_lease(0))
+    good = store.directory.good_copy(os.geteuid())
+    size = good.stat().st_size
+    good.write_bytes(b"\0" * size)
+    store.directory.ledger_file.write_bytes(b"\0" * 100)
+    before_boot = _boot_time() - 60
+    os.utime(store.directory.ledger_file, (before_boot, before_boot))
+    with store.transaction() as txn:
+        assert txn.ledger.leases == [] and "before this boot" in txn.notes[0]
+        txn.add(_lease(1))
+    assert [lease.indices for lease in store.read().ledger.leases] == [(1,)]
+
+
+def test_an_unsynced_good_copy_is_written_without_fsync(tmp_path, monkeypatch):
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
+    store = _store(tmp_path)
+    with store.transaction() as txn:
+        txn.add(_lease(0))
+    assert synced == []  # a kill loses nothing from the page cache; a crash ends every lease
+
+
 def test_a_ledger_from_a_newer_gpualloc_is_refused(tmp_path):
     store = _store(tmp_path)
     with store.transaction() as txn:

@@ -9,22 +9,24 @@ Writing must be crash-safe *and* work when several Unix users share the director
 temp file + ``rename`` does not: in a sticky directory (mode 1777, like ``/tmp``) nobody may
 rename over another user's file. So a write has two steps:
 
-1. the new ledger goes to the writer's own copy, ``ledger.<uid>.good.json``, by temp file, fsync
-   and rename (a user may always replace their own file);
+1. the new ledger goes to the writer's own copy, ``ledger.<uid>.good.json``, by temp file and
+   rename (a user may always replace their own file);
 2. then ``ledger.json`` (mode 0666, shared) is rewritten in place: truncate to nothing, write.
 
-Only step 1 is synced to disk. A killed gpualloc loses nothing that is not synced (the page
-cache outlives it); only a crash of the machine does, and every lease and waiter dies with the
-machine (boot id, pids), so what a power cut can take from ``ledger.json`` is recovered from the
-synced good copy or reaped anyway. Not syncing ``ledger.json`` halves the time each transaction
-holds the lock (issue 18, point 9).
+Nothing is synced to disk. A killed gpualloc loses nothing (the page cache outlives it); only a
+crash of the machine does, and every lease and waiter dies with the machine (boot id, pids).
+Such a crash may leave ``ledger.json`` torn and every good copy unwritten (a preallocated file
+reads as zeros): a torn ledger last written before this boot is then replaced by a new one,
+saying so, since nothing in it can be alive. Not syncing halves the time each transaction holds
+the lock twice over (issue 18, point 9; issue 43, point 4: the good copy's fsync and ext4's
+flush on rename were 4 of a cycle's 20 ms).
 
 A crash during step 1 leaves ``ledger.json`` untouched. A crash during step 2 leaves it empty or
 holding a strict prefix of a JSON object, which no JSON parser accepts (truncating first matters:
 writing over the old text could leave its tail behind a new prefix and form a valid, wrong
 ledger), and the next transaction recovers the newest valid good copy, which holds everything
 the interrupted write had. A file from a newer schema is refused; a torn file with no good copy
-left is reported with what to do, never silently emptied.
+left is reported with what to do, never silently emptied (but for a crash of the machine: above).
 
 The ledger writes only what it reads back (:mod:`.document`: a change that would not is
 refused, nothing written), and one record it cannot read is left out and kept aside, with a
@@ -58,7 +60,13 @@ from gpualloc.ledger.document import (
     read_ledger,
 )
 from gpualloc.ledger.document import parse_ledger as parse_ledger  # where callers import it
-from gpualloc.ledger.liveness import group_alive, lock_held, process_alive, started_by
+from gpualloc.ledger.liveness import (
+    _boot_time,
+    group_alive,
+    lock_held,
+    process_alive,
+    started_by,
+)
 from gpualloc.ledger.locking import SharedLock
 from gpualloc.ledger.quarantine import SetAside, keep
 from gpualloc.ledger.schema import Lease, Ledger, Waiter
@@ -330,6 +338,12 @@ class LedgerStore:
                 raise
             except LedgerError as problem:
                 recovered, notes = self._recover(text, f"{path} was damaged ({problem.message})")
+                if recovered is None and _written_before_this_boot(path):
+                    recovered = Ledger(host=self.host)
+                    notes = [
+                        f"{path} was damaged ({problem.message}) and last written before this "
+                        "boot, whose end ended every lease in it: a new ledger is started"
+                    ]
                 if recovered is None:
                     raise LedgerError(
                         f"{problem.message}, and no good copy is left to recover from",
@@ -446,8 +460,8 @@ class LedgerStore:
         text = ledger_text(ledger, uid)
         own = self.directory.good_copy(uid)
         _check_own_copy(own, uid)
-        try:
-            write_text_atomic(own, text, mode=0o644)  # others recover from it
+        try:  # not synced: see the module docstring
+            write_text_atomic(own, text, mode=0o644, sync=False)  # others recover from it
         except OSError as exc:
             raise access_error(own, exc, "write", changed=False) from exc
         path = self.directory.ledger_file
@@ -455,6 +469,15 @@ class LedgerStore:
             _overwrite_in_place(path, text.encode())
         except OSError as exc:
             raise access_error(path, exc, "write", changed=True) from exc
+
+
+def _written_before_this_boot(path: Path) -> bool:
+    """Whether ``path`` was last written before this boot: then nothing it holds is alive. A
+    user cannot date another's file back (setting a past time needs its ownership)."""
+    try:
+        return path.stat().st_mtime < _boot_time()
+    except OSError:
+        return False
 
 
 def _named_copy(
