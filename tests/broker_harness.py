@@ -62,16 +62,20 @@ class RunningBroker:
         return self.call("hello")
 
     def call(self, op: str, args: dict | None = None) -> dict:
-        """One raw request; the answer's body."""
+        """One raw request; the answer's result (an error answer raises ``OSError``)."""
+        body = self.raw_call(op, args)
+        if not body.get("ok"):
+            raise OSError(str(body))
+        return body["result"]
+
+    def raw_call(self, op: str, args: dict | None = None) -> dict:
+        """One raw request; the whole answer, error or not."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
             connection.settimeout(10)
             connection.connect(str(self.socket))
             connection.sendall(json.dumps({"v": 1, "op": op, "args": args or {}}).encode() + b"\n")
-            reader = connection.makefile("rb")
-            body = json.loads(reader.readline())
-        if not body.get("ok"):
-            raise OSError(str(body))
-        return body["result"]
+            with connection.makefile("rb") as reader:
+                return json.loads(reader.readline())
 
     def kill9(self) -> None:
         assert self.process is not None

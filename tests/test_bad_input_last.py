@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -49,12 +48,7 @@ def uuidless_broker(tmp_path: Path) -> Iterator[RunningBroker]:
 
 def _raw_error(broker: RunningBroker, op: str, args: dict) -> dict:
     """The error the broker answers one raw request with."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-        connection.settimeout(10)
-        connection.connect(str(broker.socket))
-        connection.sendall(json.dumps({"v": 1, "op": op, "args": args}).encode() + b"\n")
-        with connection.makefile("rb") as reader:
-            body = json.loads(reader.readline())
+    body = broker.raw_call(op, args)
     assert not body.get("ok"), body
     return body["error"]
 

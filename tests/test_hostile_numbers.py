@@ -15,7 +15,6 @@ import os
 import re
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -273,21 +272,11 @@ def test_the_broker_refuses_a_hostile_number_at_once_and_keeps_serving(
 ) -> None:
     before = broker.peak_rss_bytes()
     started = time.monotonic()
-    answer = _raw_call(broker, "alloc", _alloc("aaaaaaaaaaaa", **options))
+    answer = broker.raw_call("alloc", _alloc("aaaaaaaaaaaa", **options))
     assert time.monotonic() - started < 2
     assert answer["ok"] is False and answer["error"]["code"] == ExitCode.USAGE, answer
     assert broker.call("alloc", _alloc("bbbbbbbbbbbb", count=2))["lease"]["id"] == "bbbbbbbbbbbb"
     assert broker.peak_rss_bytes() < before + 64 * 2**20, "the refusal cost memory"
-
-
-def _raw_call(broker: RunningBroker, op: str, args: dict) -> dict:
-    """The whole answer, error or not (the harness's ``call`` raises on an error)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-        connection.settimeout(10)
-        connection.connect(str(broker.socket))
-        connection.sendall(json.dumps({"v": 1, "op": op, "args": args}).encode() + b"\n")
-        with connection.makefile("rb") as reader:
-            return json.loads(reader.readline())
 
 
 # ---- issue 40, hole 2: the work of one request is bounded by its ranks -------------------------
