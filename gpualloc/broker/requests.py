@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from msgspec import Meta, Struct, defstruct
 
@@ -27,6 +27,9 @@ from gpualloc.ledger.schema import QueuedRequest
 from gpualloc.model.printable import has_surrogates, printable
 from gpualloc.model.validation import ValidationError, from_builtins
 from gpualloc.placement.want import Want
+
+if TYPE_CHECKING:
+    from gpualloc.model.topology import Topology
 
 _ID = re.compile(r"^[0-9a-f]{12}$")
 
@@ -135,3 +138,23 @@ def group_of(pid: int | None) -> int | None:
         return os.getpgid(pid) if pid is not None else None
     except OSError:
         return None
+
+
+def check_before_placing(
+    topology: Topology, want: Want, memory_bytes: int | None, views: dict[str, Any] | None
+) -> None:
+    """What the command line refuses before it takes any GPU, refused by the broker too
+    (before a lease is written or a waiter queued): ``--uuid`` where a GPU the job could be
+    placed on has no UUID ``CUDA_VISIBLE_DEVICES`` can hold (exit 2), and a ``--shareable``
+    job's ``--mem`` beyond every such GPU's memory (exit 9)."""
+    from gpualloc.launcher.environment import check_uuids
+    from gpualloc.placement.want import check_declared_memory
+
+    gpus = topology.gpus
+    if want.explicit is not None:
+        candidates = [gpus[g] for g in want.explicit if 0 <= g < len(gpus)]
+    else:
+        candidates = [g for g in gpus if g.index not in want.request.excluded]
+    if views is not None and views.get("uuid") and want.mig is None:
+        check_uuids(candidates)
+    check_declared_memory(candidates, memory_bytes)

@@ -157,7 +157,7 @@ class LedgerService:
             want = self._options_want(args.get("options"))
         terms = self._terms(peer, args.get("terms"), lease_id)
         wait, views = args.get("wait"), wire.views_asked(args.get("views"))
-        self._check(want, terms, views)
+        wire.check_before_placing(self.host.topology, want, terms.memory_bytes, views)
         if args.get("retry"):
             with self.host.transaction() as txn:
                 found = self._repeat(peer, txn, lease_id)
@@ -171,23 +171,6 @@ class LedgerService:
             made = self._follow(self.host.allocate(want, terms, allow_unhealthy=lenient))
             return made, self.answer(made, want, views)
         return self._enqueue(peer, want, terms, wait, views, args)
-
-    def _check(self, want: Want, terms: LeaseTerms, views: dict[str, Any] | None) -> None:
-        """What the command line refuses before it takes any GPU, refused here too (before a
-        lease is written or a waiter queued): ``--uuid`` where a GPU the job could be placed on
-        has no UUID ``CUDA_VISIBLE_DEVICES`` can hold (exit 2), and a ``--shareable`` job's
-        ``--mem`` beyond every such GPU's memory (exit 9)."""
-        from gpualloc.launcher.environment import check_uuids
-        from gpualloc.placement.want import check_declared_memory
-
-        gpus = self.host.topology.gpus
-        if want.explicit is not None:
-            candidates = [gpus[g] for g in want.explicit if 0 <= g < len(gpus)]
-        else:
-            candidates = [g for g in gpus if g.index not in want.request.excluded]
-        if views is not None and views.get("uuid") and want.mig is None:
-            check_uuids(candidates)
-        check_declared_memory(candidates, terms.memory_bytes)
 
     def _options_want(self, raw: Any) -> Want:
         """The Want of a fast client's options (its configured policy already filled in)."""
