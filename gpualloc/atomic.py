@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import stat
 from pathlib import Path
@@ -22,13 +23,12 @@ def write_text_atomic(path: Path, text: str, *, mode: int | None = None, sync: b
     may then leave the file's blocks unwritten, which read as zeros, a file that does not parse
     (the broker sets such a ledger aside at start: its leases died with the boot).
 
-    A symbolic link is followed: the file it names is replaced, not the link. A path that is
-    neither a regular file nor missing (a device such as ``/dev/full``, a FIFO, a socket) is
-    never renamed over: ``OSError`` (run as root, a rename would replace a device node).
+    Whatever is at ``path`` is replaced, a link or a file another user planted included
+    (root's Slurm hooks rely on it in a shared directory); a path a user names for output goes
+    through :func:`write_user_output` instead.
 
     Raises ``OSError`` (the temporary file is removed) when the directory is not writable.
     """
-    path = _target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # What tempfile.mkstemp does, without importing tempfile (and shutil, random) on every
     # command's path: a new name nobody else can have opened, created 0600.
@@ -53,16 +53,24 @@ def write_text_atomic(path: Path, text: str, *, mode: int | None = None, sync: b
         raise
 
 
-def _target(path: Path) -> Path:
-    """The file a write to ``path`` replaces: a symbolic link's target; refused when it is
-    not a regular file."""
+def write_user_output(path: Path, text: str) -> None:
+    """Write ``text`` to a path a user named for output (``-o``, ``--save-trace``): a link is
+    followed (``/dev/stdout``), a device or a FIFO is written in place (never renamed over:
+    run as root, that replaced ``/dev/full`` with a file), a FIFO nobody reads is ``ENXIO`` at
+    once instead of a wait, and a regular file is replaced atomically."""
     if path.is_symlink():
         path = Path(os.path.realpath(path))
     try:
         info = path.stat()
     except FileNotFoundError:
-        return path
-    if not stat.S_ISREG(info.st_mode):
-        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
-        raise OSError(errno.EINVAL, f"{path} is {kind}: it is not replaced", str(path))
-    return path
+        info = None
+    if info is None or stat.S_ISREG(info.st_mode):
+        write_text_atomic(path, text)
+        return
+    if stat.S_ISDIR(info.st_mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    flags = os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC
+    descriptor = os.open(path, flags)
+    fcntl.fcntl(descriptor, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(text)

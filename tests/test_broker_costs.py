@@ -4,13 +4,14 @@ it renames into place."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpualloc.atomic import write_text_atomic
+from gpualloc.atomic import write_text_atomic, write_user_output
 from gpualloc.host import local
 from gpualloc.host.local import LocalHost
 from gpualloc.host.terms import LeaseTerms
@@ -63,7 +64,8 @@ def test_the_same_request_on_the_same_free_gpus_is_searched_once(
     _cycle(host, three)
     assert len(searches) == 2  # another request: searched
     held = host.allocate(_want(1), LeaseTerms(source="alloc", hold=True))
-    assert _cycle(host, two) not in (held.lease.indices,)  # another host state: searched again
+    assert len(searches) == 3
+    _cycle(host, two)  # another host state (one GPU held): searched again
     assert len(searches) == 4
     host.release_leases([held.lease.id])
     assert _cycle(host, two) == first[0] and len(searches) == 4  # the first state again
@@ -121,20 +123,39 @@ def test_a_synced_write_is_not_preallocated(
     assert (tmp_path / "x").read_text() == "text"
 
 
-def test_an_atomic_write_never_renames_over_a_device_or_a_fifo(tmp_path: Path) -> None:
+def test_a_users_output_path_never_replaces_a_device_a_fifo_or_a_directory(
+    tmp_path: Path,
+) -> None:
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    for target in (Path("/dev/full"), Path("/dev/null"), fifo, tmp_path):
-        with pytest.raises(OSError, match="it is not replaced"):
-            write_text_atomic(target, "text\n")
-    assert Path("/dev/full").is_char_device() and fifo.is_fifo()
+    write_user_output(Path("/dev/null"), "text\n")  # a device: written in place
+    with pytest.raises(OSError) as unread:
+        write_user_output(fifo, "text\n")  # nobody reads it: at once, not a wait
+    assert unread.value.errno == errno.ENXIO
+    with pytest.raises(IsADirectoryError):
+        write_user_output(tmp_path, "text\n")
+    assert Path("/dev/null").is_char_device() and fifo.is_fifo()
     assert [p.name for p in tmp_path.iterdir()] == ["pipe"]  # no temporary left either
 
 
-def test_an_atomic_write_through_a_link_replaces_the_file_it_names(tmp_path: Path) -> None:
+def test_a_users_output_path_through_a_link_replaces_the_file_it_names(tmp_path: Path) -> None:
     real = tmp_path / "real.json"
     real.write_text("old\n")
     link = tmp_path / "link.json"
     link.symlink_to(real)
-    write_text_atomic(link, "new\n", sync=False)
+    write_user_output(link, "new\n")
     assert link.is_symlink() and real.read_text() == "new\n"
+
+
+def test_gpuallocs_own_atomic_write_replaces_a_planted_link_and_never_follows_it(
+    tmp_path: Path,
+) -> None:
+    """Root's hooks write the journal over whatever a user planted at its name: a link must
+    be replaced, not followed (following it would write where the planter chose)."""
+    target = tmp_path / "victim"
+    target.write_text("untouched\n")
+    planted = tmp_path / "journal.json"
+    planted.symlink_to(target)
+    write_text_atomic(planted, "journal\n")
+    assert not planted.is_symlink() and planted.read_text() == "journal\n"
+    assert target.read_text() == "untouched\n"

@@ -309,22 +309,12 @@ def _write(path: Path, text: str, option: str) -> None:
     rename would replace the device itself. A file that cannot be written, or a full disk,
     is a :class:`FileAccessError` (exit 8)."""
     import errno
-    import fcntl
-    import os
 
-    from gpualloc.atomic import write_text_atomic
+    from gpualloc.atomic import write_user_output
     from gpualloc.simulate.trace import shown
 
     try:
-        if path.exists() and not path.is_file():
-            # Without O_NONBLOCK a FIFO nobody reads would hold the command forever.
-            flags = os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC
-            descriptor = os.open(path, flags)
-            fcntl.fcntl(descriptor, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
-            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-                handle.write(text)
-        else:
-            write_text_atomic(path, text)
+        write_user_output(path, text)
     except OSError as exc:
         reason = "no process reads that pipe" if exc.errno == errno.ENXIO else exc.strerror
         raise FileAccessError(

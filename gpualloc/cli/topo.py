@@ -277,21 +277,12 @@ def _write(path: Path, text: str) -> None:
     """``text`` into ``path``: a new file replaces the old one atomically; a device or a pipe
     (``-o /dev/full``, a FIFO) is written in place, never replaced by a file (issue 42)."""
     import errno
-    import stat
 
-    from gpualloc.atomic import write_text_atomic
+    from gpualloc.atomic import write_user_output
     from gpualloc.errors import FileAccessError
 
     try:
-        try:
-            special = not stat.S_ISREG(path.stat().st_mode)
-        except FileNotFoundError:
-            special = False
-        if special:
-            with path.open("w", encoding="utf-8") as handle:
-                handle.write(text)
-        else:
-            write_text_atomic(path, text)
+        write_user_output(path, text)
     except OSError as exc:
         where = exc.errno in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR)
         raise FileAccessError(
