@@ -94,9 +94,12 @@ def test_postponement_waits_for_an_nvlinked_pair_even_with_two_gpus_free() -> No
     assert 1 not in chosen or 4 not in chosen
 
 
-def test_a_threshold_no_placement_can_meet_is_refused_at_once() -> None:
-    result = gpualloc("run", "-n", "2", "--wait", "--min-bandwidth", "5000", "--", "true")
+@pytest.mark.parametrize("wait", [["--wait"], []], ids=["wait", "no-wait"])
+def test_a_threshold_no_placement_can_meet_is_refused_at_once(wait: list[str]) -> None:
+    """Exit 9 with or without --wait: telling the user to --wait for it (exit 10) was wrong."""
+    result = gpualloc("run", "-n", "2", *wait, "--min-bandwidth", "5000", "--", "true")
     assert result.returncode == 9 and "wait forever" in result.stderr
+    assert "--wait" not in result.stderr
 
 
 def test_min_utility_postpones_by_drb_utility() -> None:

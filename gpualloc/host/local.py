@@ -46,7 +46,7 @@ from gpualloc.ledger.statedir import (
 from gpualloc.ledger.store import LOCK_TIMEOUT_S, LedgerStore, LedgerTransaction, new_lease_id
 from gpualloc.model.request import HostState, Placement
 from gpualloc.model.topology import GpuProcess, Topology
-from gpualloc.placement.choose import choose, good_enough, searched
+from gpualloc.placement.choose import PlacementTooPoor, choose, good_enough, searched
 from gpualloc.placement.want import Want
 
 if TYPE_CHECKING:
@@ -200,16 +200,22 @@ class LocalHost(HostView, kw_only=True):
             return wait_and_allocate(self, want, terms, wait, report=report)
         if allow_unhealthy is None:
             allow_unhealthy = self.allow_unhealthy
-        with self.transaction() as txn:
-            occupancy = self.occupancy(txn.ledger, allow_unhealthy=allow_unhealthy)
-            started = time.perf_counter()
-            placement = self.placement(occupancy, want)
-            decided = time.perf_counter() - started
-            passed = newcomer_passes(
-                self.topology, txn, occupancy, want, terms, budget_s=self.placement_budget_s
-            )
-            txn.count_passed_over(passed)
-            return self.record(txn, placement, want, terms, decision_s=decided)
+        try:
+            with self.transaction() as txn:
+                occupancy = self.occupancy(txn.ledger, allow_unhealthy=allow_unhealthy)
+                started = time.perf_counter()
+                placement = self.placement(occupancy, want)
+                decided = time.perf_counter() - started
+                passed = newcomer_passes(
+                    self.topology, txn, occupancy, want, terms, budget_s=self.placement_budget_s
+                )
+                txn.count_passed_over(passed)
+                return self.record(txn, placement, want, terms, decision_s=decided)
+        except PlacementTooPoor:
+            from gpualloc.host.wait import never_fits
+
+            never_fits(self, want)  # no placement on this host meets it: exit 9, not "wait"
+            raise
 
     def placement(self, occupancy: Occupancy, want: Want) -> Placement:
         """Where ``want`` goes on the GPUs free in ``occupancy`` (:func:`choose`), from
