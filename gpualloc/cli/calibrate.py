@@ -270,5 +270,5 @@ def _show(result: Calibration, path: str) -> None:
     if result.findings:
         rows = [[f"{f.gpus[0]}-{f.gpus[1]}", f.kind, f.detail] for f in result.findings]
         columns = ["GPUs", "Finding", "Detail"]
-        tables.append(Table("Measured wrong (see gpualloc doctor)", columns, rows))
+        tables.append(Table("Measured wrong (see gpualloc doctor)", columns, rows, wrap=(2,)))
     print_tables(tables, footer=[f"saved to {path}; plan, run and simulate use it from now on"])

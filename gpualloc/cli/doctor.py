@@ -84,7 +84,15 @@ def doctor_command(
         styles = [[None, None, SEVERITY_STYLE[f.severity], None] for f in findings]
         verdict = f"{len(problems)} problem(s) found" if problems else "no problems found"
         print_tables(
-            [Table("gpualloc doctor", ["Check", "Where", "Result", "Detail"], rows, styles)],
+            [
+                Table(
+                    "gpualloc doctor",
+                    ["Check", "Where", "Result", "Detail"],
+                    rows,
+                    styles,
+                    wrap=(1, 3),
+                )
+            ],
             footer=[verdict, *(f"  {note}" for note in notes)],
         )
     if problems:

@@ -11,7 +11,10 @@ import contextlib
 import json
 import sys
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 STYLE_BY_CLASS = {
     "NV": "bold green",
@@ -37,6 +40,11 @@ class Table(NamedTuple):
     caption: str | None = None
     right_align_from: int | None = None
     """Columns from this index on are right-aligned (numbers)."""
+    wrap: tuple[int, ...] = ()
+    """Columns of prose (a name, a detail), which may wrap at their spaces on a narrow
+    terminal; every other cell stays whole (:mod:`gpualloc.cli.table_fit`)."""
+    keys: int = 1
+    """Leading columns that label a row, repeated in each block of a table split to fit."""
 
 
 class StdoutClosed(Exception):
@@ -213,31 +221,58 @@ def _print_plain(tables: list[Table], heading: str | None, footer: list[str]) ->
 
 
 def _print_rich(tables: list[Table], heading: str | None, footer: list[str]) -> None:
-    from rich import box
     from rich.console import Console
+
+    print_rich(Console(highlight=False), tables, heading, footer)
+
+
+def print_rich(
+    console: Console, tables: list[Table], heading: str | None, footer: list[str]
+) -> None:
+    """``tables`` on ``console``, each fitted to its width (:mod:`gpualloc.cli.table_fit`);
+    the titles, captions and footer lines wrap at their spaces."""
+    from rich import box
+    from rich.cells import cell_len
+    from rich.padding import Padding
     from rich.table import Table as RichTable
     from rich.text import Text
 
-    console = Console(highlight=False)
+    from gpualloc.cli.table_fit import layout, wrap_header
+
     if heading:
         console.print(Text(heading, style="bold"))
         console.print()
     for table in tables:
-        rich_table = RichTable(
-            title=table.title,
-            title_justify="left",
-            title_style="bold",
-            caption=table.caption,
-            caption_justify="left",
-            box=box.SIMPLE_HEAD,
-            pad_edge=False,
+        console.print(Text(table.title, style="bold"))
+        blocks = layout(
+            table.columns,
+            table.rows,
+            console.width,
+            wrap=table.wrap,
+            keys=table.keys,
+            measure=cell_len,
         )
-        for i, column in enumerate(table.columns):
-            right = table.right_align_from is not None and i >= table.right_align_from
-            rich_table.add_column(column, justify="right" if right else "left", no_wrap=i == 0)
-        for r, row in enumerate(table.rows):
-            styles = table.styles[r] if table.styles else [None] * len(row)
-            rich_table.add_row(*(Text(c, style=s or "") for c, s in zip(row, styles, strict=True)))
-        console.print(rich_table)
+        for block in blocks:
+            rich_table = RichTable(box=box.SIMPLE_HEAD, pad_edge=False)
+            for i, width in zip(block.columns, block.widths, strict=True):
+                right = table.right_align_from is not None and i >= table.right_align_from
+                rich_table.add_column(
+                    Text(wrap_header(table.columns[i], width)),
+                    justify="right" if right else "left",
+                    width=width,
+                    # Only prose is narrower than its cells; "fold" rather than an ellipsis for
+                    # a word wider than the whole terminal.
+                    overflow="fold",
+                )
+            for r, row in enumerate(table.rows):
+                styles = table.styles[r] if table.styles else [None] * len(row)
+                rich_table.add_row(*(Text(row[i], style=styles[i] or "") for i in block.columns))
+            console.print(rich_table)
+        if table.caption:
+            console.print(Text(table.caption))
     for line in footer:
-        console.print(Text(line, style="dim" if line.startswith("  ") else ""))
+        # An indented line (a note under the line above it) keeps its indent when it wraps.
+        text = line.lstrip(" ")
+        indent = len(line) - len(text)
+        shown = Text(text, style="dim" if indent >= 2 else "")
+        console.print(Padding(shown, (0, 0, 0, indent), expand=False) if indent else shown)

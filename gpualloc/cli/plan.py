@@ -258,6 +258,7 @@ def _show_plan(
             f"{'sensitive' if ctx.request.sensitive else 'insensitive'}",
             ["Rank", "GPU", "NUMA", "Link to next rank"],
             rows,
+            wrap=(3,),
         )
     ]
     footer = _placement_lines(ctx, placement)

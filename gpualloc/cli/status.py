@@ -220,6 +220,7 @@ def _queue_table(txn: LedgerTransaction) -> Table:
         "Queue (turn order)",
         ["#", "User", "Priority", "Wants", "Waiting", "Passed", "Job"],
         rows,
+        wrap=(3, 6),
     )
 
 
@@ -273,6 +274,7 @@ def _gpu_table(
         ["GPU", "State", "User", "Lease", "Since", "Use", "Idle", "PID", "Job"],
         rows,
         styles=styles,
+        wrap=(8,),
     )
 
 
@@ -381,6 +383,7 @@ def _mig_table(host: Host, occupancy: Occupancy) -> Table:
         ["Device", "Profile", "State", "User", "Lease", "Since", "PID", "Job"],
         rows,
         styles=styles,
+        wrap=(7,),
     )
 
 
@@ -411,7 +414,8 @@ def _share_table(host: Host, occupancy: Occupancy) -> Table:
                 how.append(f"evicted by {share.evict_by}")
             user, lease_id, since, pid, job = _lease_cells(lease, now)
             rows.append([str(gpu), user, lease_id, since, pid, ", ".join(how), job])
-    return Table("Shared jobs", ["GPU", "User", "Lease", "Since", "PID", "Share", "Job"], rows)
+    columns = ["GPU", "User", "Lease", "Since", "PID", "Share", "Job"]
+    return Table("Shared jobs", columns, rows, wrap=(5, 6))
 
 
 def status_json(

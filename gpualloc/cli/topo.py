@@ -60,6 +60,7 @@ def list_bundled(as_json: JsonOption = False) -> None:
                 "Bundled topologies",
                 ["Name", "GPUs", "Summary"],
                 rows,
+                wrap=(2,),
                 caption="Use one with: gpualloc --topology NAME topo show",
             )
         ]

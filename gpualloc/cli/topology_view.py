@@ -10,13 +10,16 @@ from gpualloc.model.topology import Link, Topology
 
 Cell = tuple[str, str | None]
 
-LEGEND = [
+LEGEND = [  # one entry a line, as nvidia-smi's: each fits an 80-column terminal (issue 42)
     "Legend:",
     "  NV<n>  n NVLinks between the pair; NV<n>* through an NVSwitch fabric",
-    "  PIX    at most one PCIe bridge        PXB   several PCIe bridges, no host bridge",
-    "  PHB    through a PCIe host bridge     NODE  between host bridges of one NUMA node",
+    "  PIX    at most one PCIe bridge",
+    "  PXB    several PCIe bridges, no host bridge",
+    "  PHB    through a PCIe host bridge",
+    "  NODE   between host bridges of one NUMA node",
     "  SYS    across the CPU interconnect (QPI/UPI/xGMI; older drivers printed SOC)",
-    "  BOARD  both GPUs on one board         ?     unknown",
+    "  BOARD  both GPUs on one board",
+    "  ?      unknown",
     "  Bandwidth: estimated one-direction GB/s from gpualloc's bandwidth table",
 ]
 
@@ -74,6 +77,7 @@ def gpu_table(topology: Topology) -> Table:
         "GPUs",
         ["GPU", "Name", "Bus id", "Memory", "NUMA", "CPU affinity", "MIG", "Health"],
         rows,
+        wrap=(1,),
     )
 
 
@@ -124,6 +128,7 @@ def mig_room_table(topology: Topology) -> Table | None:
         "Free MIG slices",
         ["GPU", "Free memory slices", "Room for (each profile alone)"],
         rows,
+        wrap=(2,),
         caption="NVIDIA's placement rules ('nvidia-smi mig -lgipp'): a profile starts only at "
         "fixed slices, so free slices are not all usable",
     )
@@ -212,6 +217,7 @@ def numa_table(topology: Topology) -> Table:
         "NUMA nodes",
         ["Node", "CPUs", "Memory", "GPUs", f"Distances to {' '.join(map(str, ids))}"],
         rows,
+        wrap=(3,),
     )
 
 

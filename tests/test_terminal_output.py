@@ -1,0 +1,164 @@
+"""Output that fits a terminal (issue 42, point 2): tables fold instead of cutting numbers,
+one number format per column, human units for people and plain ones for ``--json``, GPUs in
+rank order, JSON Lines under ``--watch``, and notes and hints that lead somewhere true."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from gpualloc.cli.output import Table, print_rich
+from gpualloc.cli.table_fit import ColumnSize, fit_widths, layout, table_width
+from gpualloc.cli.topology_view import LEGEND, topology_tables
+from gpualloc.topologies import load_bundled
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SIXTEEN_GPUS = ["torus-2d-16", "cube-mesh-16", "dgx2"]
+
+
+def rendered(tables: list[Table], width: int, footer: list[str] | None = None) -> str:
+    console = Console(width=width, file=io.StringIO(), color_system=None, highlight=False)
+    print_rich(console, tables, None, footer or [])
+    return console.file.getvalue()  # type: ignore[attr-defined]
+
+
+def words(text: str) -> set[str]:
+    return set(text.split())
+
+
+def assert_whole(tables: list[Table], output: str, width: int) -> None:
+    """Every line fits ``width``, nothing is cut with an ellipsis, and every word of every
+    header and cell is on screen whole."""
+    assert "…" not in output
+    assert max(len(line.rstrip()) for line in output.splitlines()) <= width
+    shown = words(output)
+    for table in tables:
+        for text in [*table.columns, *(cell for row in table.rows for cell in row)]:
+            assert words(text) <= shown, f"{text!r} is not shown whole"
+
+
+# ---- tables fold or split, never cut ------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SIXTEEN_GPUS)
+@pytest.mark.parametrize("width", [80, 120])
+def test_topo_show_of_16_gpus_fits_80_and_120_columns_whole(name: str, width: int) -> None:
+    tables = topology_tables(load_bundled(name))
+    assert_whole(tables, rendered(tables, width), width)
+
+
+def test_a_16_gpu_matrix_splits_into_even_column_blocks_at_80_columns() -> None:
+    links = next(t for t in topology_tables(load_bundled("torus-2d-16")) if t.title == "Links")
+    blocks = layout(links.columns, links.rows, 80)
+    assert [len(block.columns) for block in blocks] == [9, 9]  # the row label and 8 GPUs each
+    assert all(block.columns[0] == 0 for block in blocks)
+    assert sorted({i for block in blocks for i in block.columns}) == list(range(17))
+    assert all(table_width(block.widths) <= 80 for block in blocks)
+    assert len(layout(links.columns, links.rows, 200)) == 1  # wide enough: one block
+
+
+def test_simulate_table_fits_80_columns_with_whole_headers(cli, monkeypatch) -> None:
+    """At 80 columns the comparison was ``15…`` cells; at 120 its headers read ``Makes…``."""
+    monkeypatch.setattr("gpualloc.cli.output.stdout_is_terminal", lambda: True)
+    for width in (80, 120):
+        monkeypatch.setenv("COLUMNS", str(width))
+        args = [
+            "-t",
+            "dgx1-v100",
+            "simulate",
+            "--generate",
+            "mapa:jobs=40",
+            "--policy",
+            "mapa,pack",
+        ]
+        result = cli(*args)
+        assert result.exit_code == 0, result.stderr
+        assert "…" not in result.stdout
+        assert max(len(line.rstrip()) for line in result.stdout.splitlines()) <= width
+        for header in ("Policy", "Makespan", "Mean", "JCT", "Stretch", "Decision", "ms"):
+            assert header in words(result.stdout)
+
+
+def test_headers_wrap_at_spaces_before_columns_split() -> None:
+    table = Table("t", ["Policy", "Mean JCT", "Worst JCT"], [["mapa", "1.0", "2.0"]])
+    assert fit_widths([ColumnSize(9, 4, 4)], 10) == [8]
+    assert layout(table.columns, table.rows, 23)[0].widths == [6, 4, 5]
+    assert (
+        len(layout(table.columns, table.rows, 22)) == 2
+    )  # one column narrower: split, the Policy column kept
+    output = rendered([table], 23)
+    assert "Mean" in output and "JCT" in output and "…" not in output
+
+
+def test_prose_wraps_at_spaces_and_identifiers_stay_whole() -> None:
+    uuid = "GPU-15732f08-ad13-52d3-bc4c-3c8f00fbd124"
+    table = Table(
+        "t",
+        ["GPU", "UUID", "Detail"],
+        [["0", uuid, "a long sentence about what went wrong with this GPU today"]],
+        wrap=(2,),
+    )
+    output = rendered([table], 70)
+    assert uuid in output
+    assert (
+        len(layout(table.columns, table.rows, 70, wrap=table.wrap)) == 1
+    )  # the detail wrapped; nothing split or cut
+    assert_whole([table], output, 70)
+
+
+def test_indented_footer_lines_keep_their_indent_when_they_wrap() -> None:
+    output = rendered([], 40, footer=["  " + "word " * 20])
+    assert all(line.startswith("  word") for line in output.splitlines())
+
+
+def test_the_legend_fits_80_columns() -> None:
+    assert max(len(line) for line in LEGEND) <= 80
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pseudo-terminal")
+@pytest.mark.parametrize("name", SIXTEEN_GPUS)
+def test_topo_show_on_an_80_column_terminal(name: str, tmp_path: Path) -> None:
+    """The real entry point on a pseudo-terminal with ``COLUMNS=80``."""
+    output = on_terminal(["-t", name, "topo", "show"], 80)
+    assert "…" not in output
+    assert max(len(line.rstrip()) for line in output.splitlines()) <= 80
+    for gpu in range(16):
+        assert f"GPU{gpu}" in words(output)
+    assert "PHB" in output or "NV6" in output
+
+
+def on_terminal(args: list[str], columns: int) -> str:
+    """What ``gpualloc ARGS`` shows on a terminal of ``columns`` columns (colours off)."""
+    import pty
+
+    main, child = pty.openpty()
+    env = dict(os.environ, COLUMNS=str(columns), TERM="xterm", NO_COLOR="1")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpualloc", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=child,
+        stderr=child,
+        env=env,
+    )
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main)
+    assert process.wait(timeout=60) == 0
+    text = b"".join(chunks).decode().replace("\r\n", "\n")
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
