@@ -18,7 +18,7 @@ def test_plan_human_output_lists_ranks_links_and_scores(cli) -> None:
     assert "Rank  GPU  NUMA  Link to next rank" in result.stdout
     assert "0     0    0     -> 2: NV1 25 GB/s" in result.stdout
     assert "CUDA_VISIBLE_DEVICES=0,2,3" in result.stdout
-    assert "effective 57.8579 GB/s (MAPA Table 2)" in result.stdout
+    assert "effective 57.9 GB/s (MAPA Table 2)" in result.stdout
 
 
 def test_plan_json_contract(cli) -> None:

@@ -162,3 +162,36 @@ def on_terminal(args: list[str], columns: int) -> str:
     assert process.wait(timeout=60) == 0
     text = b"".join(chunks).decode().replace("\r\n", "\n")
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+# ---- one number format per column ---------------------------------------------------------
+
+
+def test_plan_columns_keep_one_format(cli) -> None:
+    """``--compare`` mixed ``57.8579``, ``107.88`` and ``125`` in one column."""
+    result = cli("-t", "dgx1-v100", "plan", "-n", "3", "--compare")
+    assert result.exit_code == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()[2:] if line.strip()]
+    for column in range(2, 6):  # Effective, Aggregated, Preserved, Bottleneck
+        assert {len(row[column].split(".")[1]) for row in rows} == {1}
+    assert "57.9" in result.stdout and "57.8579" not in result.stdout
+
+
+def test_a_bandwidth_matrix_has_one_format() -> None:
+    """``150`` beside ``25.0``: a matrix with links of 100 GB/s and more, and slower ones."""
+    from gpualloc.model.bandwidth import BandwidthTable
+
+    faster = BandwidthTable(nvlink_link_gbps={1: 20.0, 2: 60.0, 3: 25.0, 4: 25.0, 5: 50.0})
+    topology = load_bundled("dgx1-v100").estimated(faster)
+    matrix = next(t for t in topology_tables(topology) if t.title.startswith("Bandwidth"))
+    cells = {cell for row in matrix.rows for cell in row[1:] if cell != "X"}
+    assert {"120.0", "60.0", "7.9"} <= cells
+    assert {len(cell.split(".")[1]) if "." in cell else 0 for cell in cells} == {1}
+
+
+def test_a_measured_matrix_is_not_titled_estimated(cli) -> None:
+    measured = FIXTURES / "measured" / "nvbandwidth" / "azure_2gpu_v0.10_testdata.txt"
+    result = cli("topo", "import", "--bandwidth-matrix", str(measured))
+    assert result.exit_code == 0, result.stderr
+    assert "Bandwidth (GB/s, one direction, measured)" in result.stdout
+    assert "Bandwidth (GB/s, one direction, estimated)" not in result.stdout

@@ -157,8 +157,16 @@ def print_tables(
 
 
 def figure(value: float | None, unit: str = " GB/s") -> str:
-    """A score for people: ``n/a`` where there is none (one GPU has no link to score)."""
-    return "n/a" if value is None else f"{value:g}{unit}"
+    """A score in a sentence: ``57.9 GB/s``, ``125 GB/s`` (one decimal at most: ``57.8579``
+    beside ``107.88`` read as noise, issue 42); ``n/a`` where there is none (one GPU has no
+    link to score). In a table column, :func:`fixed`."""
+    return "n/a" if value is None else f"{value:.1f}".removesuffix(".0") + unit
+
+
+def fixed(value: float | None, digits: int = 1) -> str:
+    """A figure in a table column: the same decimals down the column, so that its points line
+    up (``125.0`` over ``57.9``); ``n/a`` where there is none."""
+    return "n/a" if value is None else f"{value:.{digits}f}"
 
 
 def say(message: str) -> None:

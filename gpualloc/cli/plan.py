@@ -200,8 +200,10 @@ def _numa_text(node: int | None) -> str:
 
 
 def _link_label(ctx: DecisionContext, a: int, b: int) -> str:
+    from gpualloc.cli.output import figure
+
     link = ctx.topology.link(a, b)
-    return f"{link.kind} {link.bandwidth_gbps:g} GB/s"
+    return f"{link.kind} {figure(link.bandwidth_gbps)}"
 
 
 def _placement_lines(ctx: DecisionContext, placement: Placement) -> list[str]:
@@ -223,7 +225,7 @@ def _show_plan(
     ctx: DecisionContext, policy: str, explain: bool, as_json: bool, budget_s: float | None
 ) -> None:
     from gpualloc.cli.open_ledger import warn
-    from gpualloc.cli.output import Table, figure, print_json, print_tables
+    from gpualloc.cli.output import Table, fixed, print_json, print_tables
     from gpualloc.placement.decide import explain as explain_choice
     from gpualloc.placement.decide import place
     from gpualloc.placement.registry import get_policy
@@ -268,9 +270,9 @@ def _show_plan(
         alt_rows = [
             [
                 ",".join(str(g) for g in alt.gpus),
-                figure(alt.scores.effective_gbps, ""),
-                figure(alt.scores.aggregated_gbps, ""),
-                figure(alt.scores.preserved_gbps, ""),
+                fixed(alt.scores.effective_gbps),
+                fixed(alt.scores.aggregated_gbps),
+                fixed(alt.scores.preserved_gbps),
                 f"{alt.scores.utility:.3f}",
             ]
             for alt in explanation.alternatives
@@ -313,7 +315,7 @@ def bandwidth_source(topology: Topology) -> str:
 
 
 def _show_compare(ctx: DecisionContext, as_json: bool, budget_s: float | None) -> None:
-    from gpualloc.cli.output import Table, figure, print_json, print_tables
+    from gpualloc.cli.output import Table, fixed, print_json, print_tables
     from gpualloc.placement.decide import compare as compare_all
 
     placements = compare_all(ctx, budget_s=budget_s)
@@ -324,10 +326,10 @@ def _show_compare(ctx: DecisionContext, as_json: bool, budget_s: float | None) -
         [
             p.policy,
             ",".join(str(g) for g in p.gpus),
-            figure(p.scores.effective_gbps, ""),
-            figure(p.scores.aggregated_gbps, ""),
-            figure(p.scores.preserved_gbps, ""),
-            figure(p.scores.bottleneck_gbps, ""),
+            fixed(p.scores.effective_gbps),
+            fixed(p.scores.aggregated_gbps),
+            fixed(p.scores.preserved_gbps),
+            fixed(p.scores.bottleneck_gbps),
             f"{p.scores.utility:.3f}",
         ]
         for p in placements

@@ -177,18 +177,23 @@ def pcie_matrix(topology: Topology) -> Table:
 
 
 def bandwidth_matrix(topology: Topology) -> Table:
-    best = max((link.bandwidth_gbps for link in topology.links), default=0.0)
+    values = [link.bandwidth_gbps for link in topology.links]
+    best = max(values, default=0.0)
+    # One format for the whole matrix (issue 42): whole numbers as they are, else one decimal
+    # everywhere, so that "150" never stands beside "25.0" or "7.9".
+    digits = 0 if all(round(value, 1) == round(value) for value in values) else 1
 
     def cell(link: Link) -> Cell:
         value = link.bandwidth_gbps
-        text = f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+        text = f"{value:.{digits}f}"
         if link.nvlinks:
             style = "bold green" if value >= 0.5 * best else "green"
         else:
             style = STYLE_BY_CLASS.get(link.pcie.value if link.pcie else "UNKNOWN")
         return text, style
 
-    return _matrix(topology, "Bandwidth (GB/s, one direction, estimated)", cell)
+    how = topology.provenance.bandwidth  # a matrix imported or calibrated is not an estimate
+    return _matrix(topology, f"Bandwidth (GB/s, one direction, {how})", cell)
 
 
 def numa_table(topology: Topology) -> Table:
