@@ -101,7 +101,8 @@ def trace_section(figures: Path, plots, *, quick: bool = False) -> list[str]:
     return [
         title,
         "",
-        "The pod list of Alibaba's GPU cluster (`../shared/reference/traces/alibaba-gpu-2023`, "
+        "The pod list of Alibaba's GPU cluster (`openb_pod_list_default.csv` of "
+        "alibaba/clusterdata's cluster-trace-gpu-v2023, "
         'the trace of Weng et al., "Beware of Fragmentation", USENIX ATC\'23) read by '
         f"`simulate --trace` as it is: {len(jobs):,} tasks that ran on GPUs, {len(parts):,} of "
         f"them asking part of one GPU (`gpu_milli`; the commonest {common}). Shared jobs are "

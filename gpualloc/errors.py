@@ -3,7 +3,7 @@
 The library raises :class:`GpuallocError` subclasses named after domain facts; only the CLI's
 ``main`` turns them into ``error: ...`` / ``hint: ...`` lines on stderr and an exit code (house
 style habit 1, after sqlite-utils and pipx). Every exit code gpualloc can return is listed in
-:class:`ExitCode`; README and the man page are generated from this table.
+:class:`ExitCode`; the man page is generated from this table and the README's is checked against it.
 """
 
 from __future__ import annotations

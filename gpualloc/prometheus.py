@@ -3,7 +3,7 @@
 Rendered in the text exposition format (version 0.0.4) from one read of the ledger, as
 ``status`` reads it: nothing is kept between scrapes but what the ledger keeps
 (:mod:`gpualloc.ledger.stats`). Every metric is listed, with its type and labels, in
-:data:`METRICS`, which the README's metric table is checked against.
+:data:`METRICS`, which docs/metrics.md's table is checked against.
 """
 
 from __future__ import annotations

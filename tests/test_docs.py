@@ -1,4 +1,4 @@
-"""The README and examples stay true to the code."""
+"""The README, the documentation pages and the examples stay true to the code."""
 
 from __future__ import annotations
 
@@ -22,12 +22,14 @@ def test_readme_exit_code_table_matches_errors_py() -> None:
     assert rows == expected
 
 
-def test_readme_names_every_bundled_topology_and_environment_variable() -> None:
+def test_docs_name_every_bundled_topology_and_environment_variable() -> None:
+    topologies = (ROOT / "docs" / "topology.md").read_text()
     for name in bundled_names():
-        assert f"`{name}`" in README, name
+        assert f"`{name}`" in topologies, name
+    environment = (ROOT / "docs" / "configuration.md").read_text()
     source = "\n".join(p.read_text() for p in (ROOT / "gpualloc").rglob("*.py"))
     for variable in sorted(set(re.findall(r"(?<![A-Z_])GPUALLOC_[A-Z_]+", source))):
-        assert f"`{variable}`" in README, variable
+        assert f"`{variable}`" in environment, variable
 
 
 def test_example_bandwidth_table_loads() -> None:

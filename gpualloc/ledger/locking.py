@@ -20,8 +20,8 @@ never leaves the host locked. What this module adds to the bare system call (iss
   command, so that a user who holds it by hand (``flock ledger.lock sleep 1000``) is named, and
   :class:`~gpualloc.errors.LedgerLocked` (exit 16) tells scripts that nothing was changed.
 
-Any user who can open the file can lock it; gpualloc is cooperative (see the README's trust
-model). Root's Slurm hooks therefore never depend on winning it: :mod:`.journal`.
+Any user who can open the file can lock it; gpualloc is cooperative (docs/administration.md,
+"Trust model"). Root's Slurm hooks therefore never depend on winning it: :mod:`.journal`.
 """
 
 from __future__ import annotations

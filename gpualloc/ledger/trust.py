@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 COOPERATIVE_WARNING = (
     "cooperative mode: every user who can write {path} can forge, delete or release "
     "another user's lease in it, or stall everyone by holding its lock; a host shared by "
-    "several users needs the broker (README, 'Multi-user host')"
+    "several users needs the broker (docs/administration.md, 'Multi-user host: the broker')"
 )
 
 

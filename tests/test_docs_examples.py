@@ -1,0 +1,296 @@
+"""Every example in the README and the documentation site runs as written, from a clone.
+
+What counts as an example, and how it runs:
+
+- In a `` ```console `` block, each line starting with ``$ `` is a command (continued on the
+  next lines while a quote is open or it ends in a backslash). Other lines are its output,
+  shown for the reader and not compared; lines starting with ``# `` are root's commands (an
+  administrator's set-up), which are never run.
+- A page's blocks run in order, each as one bash script, in one fresh directory per page that
+  holds links to the checkout's ``examples/`` and ``tests/`` and small stand-ins for the jobs
+  the examples launch (``train.py``, ``eval.py``, ``torchrun``, ``jupyter``: each prints the
+  GPUs it got). State (the ledger, files written) carries from one block to the next, so a
+  ``release`` finds the lease an earlier ``alloc`` made.
+- A command that names no topology runs on ``dgx1-v100`` (``GPUALLOC_TOPOLOGY``), as on a
+  machine without a GPU; the pages say so where it matters.
+- ``pip install``/``pipx install`` are not run: the tests run in the installed package, and
+  ``.ci/run`` runs the README's install on a fresh clone. ``pip install -e . && CMD`` runs CMD.
+- A `` ```toml `` block is written as the system configuration file and must be accepted by
+  ``gpualloc config show`` (and by the block's ``then:`` commands).
+
+An HTML comment just before a block (invisible on GitHub and in the site) changes how it runs::
+
+    <!-- examples: skip: REASON -->                 never run (needs a GPU host, root, Slurm ...)
+    <!-- examples
+    topology: NAME             GPUALLOC_TOPOLOGY for the block
+    exit: N                    every command must exit N (default 0)
+    before: CMD                run first, must exit 0 (e.g. someone holds GPUs)
+    after: CMD                 run last, must exit 0
+    until-interrupted: S       each command gets SIGINT after S seconds; 0 or 130 is success
+    then: CMD                  a toml block: a command run with it as the system file
+    -->
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DEFAULT_TOPOLOGY = "dgx1-v100"
+BLOCK_TIMEOUT_S = 180
+
+_FENCE = re.compile(r"^```(\w*)\s*$")
+_DIRECTIVE = re.compile(r"<!--\s*examples(?::\s*(?P<inline>.*?))?\s*(?P<body>\n.*?)?-->\s*$", re.S)
+_STAND_IN_SCRIPT = (
+    'import os, sys\nprint("stand-in", sys.argv, os.environ.get("CUDA_VISIBLE_DEVICES"))\n'
+)
+_STAND_IN_PROGRAM = '#!/bin/sh\necho "stand-in $0 $* on ${CUDA_VISIBLE_DEVICES:-no GPU}"\n'
+_INSTALL = re.compile(r"^(?:pipx?|python -m pip) install\b[^&;]*(?:&&\s*(?P<rest>.*))?$", re.S)
+
+
+class Block:
+    """One fenced block of a page, with its directives."""
+
+    def __init__(self, page: Path, line: int, language: str, text: str, directive: str) -> None:
+        self.page, self.line, self.language, self.text = page, line, language, text
+        self.skip: str | None = None
+        self.settings: dict[str, list[str]] = {}
+        match = _DIRECTIVE.search(directive) if directive else None
+        if match:
+            inline = (match.group("inline") or "").strip()
+            if inline.startswith("skip"):
+                self.skip = inline.partition(":")[2].strip() or "skipped"
+            for entry in (match.group("body") or "").strip().splitlines():
+                key, _, value = entry.partition(":")
+                self.settings.setdefault(key.strip(), []).append(value.strip())
+
+    def where(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+    def setting(self, key: str, default: str) -> str:
+        return self.settings.get(key, [default])[-1]
+
+    def commands(self) -> list[str]:
+        """The ``$`` commands of a console block, continuation lines joined."""
+        found: list[str] = []
+        pending: str | None = None
+        for line in self.text.splitlines():
+            if pending is not None:
+                pending += "\n" + line
+            elif line.startswith("$ "):
+                pending = line[2:]
+            else:
+                continue
+            if pending.endswith("\\") or not _quotes_closed(pending):
+                continue
+            found.append(pending)
+            pending = None
+        assert pending is None, f"{self.where()}: an unfinished command: {pending!r}"
+        return found
+
+
+def _quotes_closed(command: str) -> bool:
+    try:
+        shlex.split(command, comments=True)
+    except ValueError:
+        return False
+    return True
+
+
+def blocks(page: Path) -> list[Block]:
+    """Every ``console`` and ``toml`` block of ``page``."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    found: list[Block] = []
+    index = 0
+    while index < len(lines):
+        fence = _FENCE.match(lines[index])
+        if not fence or not fence.group(1):
+            index += 1
+            continue
+        start = index
+        end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("```"))
+        directive = _comment_before(lines, start)
+        if fence.group(1) in ("console", "toml"):
+            text = "\n".join(lines[start + 1 : end])
+            found.append(Block(page, start + 1, fence.group(1), text, directive))
+        index = end + 1
+    return found
+
+
+def _comment_before(lines: list[str], fence: int) -> str:
+    """The ``<!-- examples ... -->`` comment that ends on the line before ``fence``, if any."""
+    if fence == 0 or not lines[fence - 1].rstrip().endswith("-->"):
+        return ""
+    start = fence - 1
+    while start >= 0 and "<!--" not in lines[start]:
+        start -= 1
+    return "\n".join(lines[start:fence]) if start >= 0 else ""
+
+
+def _script(block: Block, commands: list[str]) -> str:
+    """A bash script running ``commands`` and saying which ones missed their exit code."""
+    want = int(block.setting("exit", "0"))
+    interrupt = block.settings.get("until-interrupted")
+    lines = ["set -u", "failed=0"]
+
+    def checked(command: str, codes: tuple[int, ...], label: str) -> None:
+        allowed = " ".join(map(str, codes))
+        lines.append(command)
+        lines.append(
+            f'rc=$?; case " {allowed} " in *" $rc "*) ;; *) failed=1; '
+            f'echo "EXAMPLE FAILED (exit $rc, wanted {allowed}): "{shlex.quote(label)} >&2;; esac'
+        )
+
+    for command in block.settings.get("before", []):
+        checked(command, (0,), f"before: {command}")
+    for command in commands:
+        installing = _INSTALL.match(command.strip())
+        if installing:
+            if not installing.group("rest"):
+                continue
+            command = installing.group("rest")
+        if interrupt:
+            seconds = float(interrupt[-1])
+            wrapped = f"timeout --preserve-status -s INT {seconds:g} bash -c {shlex.quote(command)}"
+            checked(wrapped, (0, 130), command)
+        else:
+            checked(command, (want,), command)
+    for command in block.settings.get("after", []):
+        checked(command, (0,), f"after: {command}")
+    lines.append('exit "$failed"')
+    return "\n".join(lines) + "\n"
+
+
+def _workspace(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """The directory a page's examples run in, and their environment."""
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in ("examples", "tests"):
+        (work / name).symlink_to(ROOT / name)
+    for name in ("train.py", "eval.py", "sweep.py"):
+        (work / name).write_text(_STAND_IN_SCRIPT)
+    stand_ins = tmp_path / "bin"
+    stand_ins.mkdir()
+    for name in ("torchrun", "jupyter"):
+        program = stand_ins / name
+        program.write_text(_STAND_IN_PROGRAM)
+        program.chmod(0o755)
+    env = dict(os.environ)
+    env.update(
+        HOME=str(tmp_path / "home"),
+        GPUALLOC_TOPOLOGY=DEFAULT_TOPOLOGY,
+        PATH=os.pathsep.join([str(stand_ins), str(Path(sys.executable).parent), env["PATH"]]),
+        GPUALLOC_VERIFY_GRACE="off",  # no verifier left behind by the examples' runs
+    )
+    env.pop("GPUALLOC_BROKER", None)
+    (tmp_path / "home").mkdir()
+    return work, env
+
+
+def _run_block(block: Block, work: Path, env: dict[str, str], tmp_path: Path) -> str | None:
+    """Run one block; what went wrong, or None."""
+    env = dict(env)
+    env["GPUALLOC_TOPOLOGY"] = block.setting("topology", DEFAULT_TOPOLOGY)
+    if block.language == "toml":
+        config = tmp_path / "system-config.toml"
+        config.write_text(block.text + "\n")
+        env["GPUALLOC_SYSTEM_CONFIG"] = str(config)
+        commands = ["gpualloc config show >/dev/null", *block.settings.get("then", [])]
+        script = _script(Block(block.page, block.line, "console", "", ""), commands)
+    else:
+        script = _script(block, block.commands())
+    try:
+        done = subprocess.run(
+            ["bash", "-c", script],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=BLOCK_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return f"{block.where()}: did not finish within {BLOCK_TIMEOUT_S} s"
+    if done.returncode == 0:
+        return None
+    return f"{block.where()}:\n{done.stderr[-3000:]}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_example_runs_as_written(page: Path, tmp_path: Path) -> None:
+    work, env = _workspace(tmp_path)
+    failures = [
+        failure
+        for block in blocks(page)
+        if block.skip is None and (failure := _run_block(block, work, env, tmp_path))
+    ]
+    assert not failures, "\n\n".join(failures)
+
+
+def test_every_skipped_example_says_why() -> None:
+    for page in PAGES:
+        for block in blocks(page):
+            assert block.skip is None or len(block.skip) > 10, block.where()
+
+
+def test_the_readme_fits_and_answers_the_first_questions_on_its_first_screen() -> None:
+    """Issue 42: at most 300 lines, and how to wait, release and read an exit code within the
+    first screenful (about 40 lines)."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 300
+    first_screen = "\n".join(lines[:40])
+    for needed in ("--wait", "release", "exit codes", "10"):
+        assert needed in first_screen, needed
+
+
+def test_user_facing_pages_point_only_inside_the_checkout() -> None:
+    """No ``../shared`` paths where a user reads (the development page is for this project's
+    developers, whose workspace has it)."""
+    for page in PAGES:
+        if page.name != "development.md":
+            assert "../shared" not in page.read_text(encoding="utf-8"), page.name
+
+
+def test_readme_links_reach_files_and_headings() -> None:
+    """The README is not part of the site, so its links are checked here: a relative link names
+    a file of the checkout, and an anchor a heading of the page it points to."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for target in re.findall(r"\]\(([^)\s]+)\)", readme):
+        if target.startswith(("http://", "https://")):
+            continue
+        path, _, anchor = target.partition("#")
+        page = ROOT / path if path else ROOT / "README.md"
+        assert page.exists(), target
+        if anchor:
+            assert anchor in _anchors(page), target
+
+
+def _anchors(page: Path) -> set[str]:
+    """The ids Python-Markdown's toc (and GitHub) give the headings of ``page``."""
+    found = set()
+    for heading in re.findall(r"^#+ (.+)$", page.read_text(encoding="utf-8"), flags=re.M):
+        text = re.sub(r"[^\w\s-]", "", heading.replace("`", "")).strip().lower()
+        found.add(re.sub(r"[-\s]+", "-", text))
+    return found
+
+
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    """``mkdocs build --strict``: every page in the nav, every link and anchor found."""
+    pytest.importorskip("mkdocs", reason="the docs extra: pip install -e '.[docs]'")
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
