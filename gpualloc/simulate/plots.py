@@ -1,4 +1,4 @@
-"""Figures of a simulation (``simulate --plot DIR``), with matplotlib (``gpualloc[plot]``).
+"""Figures of a simulation (``simulate --plot DIR``), with matplotlib (the ``plot`` extra).
 
 - ``effective-bandwidth.png``: the effective bandwidth each policy gave bandwidth-sensitive and
   insensitive jobs, as box plots (the comparison of the MAPA paper's Fig. 13);
@@ -53,7 +53,7 @@ def _pyplot() -> ModuleType:
     except ImportError:
         raise RequestError(
             "--plot needs matplotlib, which is not installed",
-            hint="pip install 'gpualloc[plot]'",
+            hint="pip install matplotlib (the plot extra: pip install -e '.[plot]' in a checkout)",
         ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
