@@ -78,3 +78,22 @@ def test_the_sweep_runs_its_jobs_side_by_side_on_nvlinked_pairs(tmp_path: Path) 
     assert sorted(g for pair in pairs for g in pair) == list(range(8))  # side by side
     topology = load_bundled("dgx1-v100")
     assert all(topology.link(a, b).nvlinks == 2 for a, b in pairs)  # each on a double NVLink
+
+
+@pytest.mark.slow
+def test_the_sweep_fails_when_one_of_its_jobs_fails(tmp_path: Path) -> None:
+    """It exited 0 with every job failed (a bare ``wait`` returns 0)."""
+    job = tmp_path / "job.sh"
+    job.write_text('#!/bin/sh\ntest "$2" != 1e-4\n')  # called as: job.sh --lr VALUE
+    job.chmod(0o755)
+    env = {
+        **os.environ,
+        "GPUALLOC_TOPOLOGY": "dgx1-v100",
+        "TRAIN": str(job),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    sweep = subprocess.run(
+        [str(EXAMPLES / "sweep.sh")], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert sweep.returncode == 1
+    assert "--lr 1e-4 failed (exit 1)" in sweep.stderr and "1 of 4 jobs failed" in sweep.stderr
