@@ -208,6 +208,11 @@ class Setting(NamedTuple):
     system_only: bool = False
     """Read from the system file alone (a limit users must not lift for themselves)."""
 
+    @property
+    def is_duration(self) -> bool:
+        """Its value is seconds, which people write as a duration (``15m``, ``30s``)."""
+        return self.parse in (_duration, _duration_or_none, _duration_or_off)
+
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("policy", "GPUALLOC_POLICY", DEFAULT_POLICY, _name, "placement policy", "--policy"),

@@ -1,7 +1,9 @@
-"""Durations as people write them: ``90``, ``30s``, ``5m``, ``2h``, ``1h30m``, ``1.5h``."""
+"""Durations as people write them: ``90``, ``30s``, ``5m``, ``2h``, ``1h30m``, ``1.5h``; read
+(:func:`parse_duration_text`) and written (:func:`format_duration`, :func:`human_duration`)."""
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -14,3 +16,37 @@ def parse_duration_text(text: str) -> float:
     if not parts or "".join(n + u for n, u in parts) != cleaned:
         raise ValueError(f"{text!r} is not a duration (e.g. 90, 30s, 5m, 1h30m)")
     return sum(float(number) * _UNITS[unit] for number, unit in parts)
+
+
+def format_duration(seconds: float) -> str:
+    """``seconds`` as a config file or an option would write it: ``15m``, ``1h30m``, ``30s``,
+    ``0.015s`` (:func:`parse_duration_text` reads it back)."""
+    whole = math.floor(seconds)
+    fraction = round(seconds - whole, 6)
+    parts = []
+    rest = whole
+    for unit in ("d", "h", "m"):
+        count, rest = divmod(rest, int(_UNITS[unit]))
+        if count:
+            parts.append(f"{count}{unit}")
+    if rest + fraction or not parts:
+        parts.append(f"{rest + fraction:.6f}".rstrip("0").rstrip(".") + "s")
+    return "".join(parts)
+
+
+def human_duration(seconds: float) -> str:
+    """``seconds`` for people, in its two largest units: ``45.2s``, ``24m 43s``, ``2h 05m``,
+    ``122d 14h`` (issue 42: a trace's times read ``10591816.6``); the smaller unit has two
+    digits, so that a column of them lines up. ``--json`` keeps seconds."""
+    if not math.isfinite(seconds):
+        return "n/a"
+    if round(seconds, 1) < 60:
+        return f"{seconds:.1f}s"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    minutes = round(seconds / 60)
+    if minutes < 24 * 60:
+        return f"{minutes // 60}h {minutes % 60:02d}m"
+    hours = round(seconds / 3600)
+    return f"{hours // 24}d {hours % 24:02d}h"

@@ -5,6 +5,7 @@ rank order, JSON Lines under ``--watch``, and notes and hints that lead somewher
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import subprocess
@@ -195,3 +196,63 @@ def test_a_measured_matrix_is_not_titled_estimated(cli) -> None:
     assert result.exit_code == 0, result.stderr
     assert "Bandwidth (GB/s, one direction, measured)" in result.stdout
     assert "Bandwidth (GB/s, one direction, estimated)" not in result.stdout
+
+
+# ---- human units for people, plain ones for --json ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (0.0, "0.0s"),
+        (45.24, "45.2s"),
+        (59.96, "1m 00s"),
+        (1482.8, "24m 43s"),
+        (7500.0, "2h 05m"),
+        (3599.7, "1h 00m"),
+        (10591816.6, "122d 14h"),
+    ],
+)
+def test_human_durations(seconds: float, shown: str) -> None:
+    from gpualloc.durations import human_duration
+
+    assert human_duration(seconds) == shown
+
+
+@pytest.mark.parametrize(
+    ("seconds", "written"),
+    [(900.0, "15m"), (30.0, "30s"), (5400.0, "1h30m"), (0.015, "0.015s"), (86400.0, "1d")],
+)
+def test_durations_as_a_config_file_writes_them_read_back(seconds: float, written: str) -> None:
+    from gpualloc.durations import format_duration, parse_duration_text
+
+    assert format_duration(seconds) == written
+    assert parse_duration_text(written) == pytest.approx(seconds)
+
+
+def test_simulate_on_a_cluster_trace_shows_days_not_8_digit_seconds(cli) -> None:
+    trace = FIXTURES / "traces" / "openb_pod_list_excerpt.csv"
+    result = cli("-t", "dgx2", "simulate", "--trace", str(trace))
+    assert result.exit_code == 0, result.stderr
+    row = next(line.split() for line in result.stdout.splitlines() if line.startswith("  mapa"))
+    assert row[1:3] == ["172d", "11h"]  # the makespan
+    assert not re.search(r"\d{6,}", result.stdout)
+    data = cli("-t", "dgx2", "simulate", "--trace", str(trace), "--json")
+    assert data.exit_code == 0, data.stderr
+    summary = json.loads(data.stdout)["policies"]["mapa"]["summary"]
+    assert summary["makespan_s"] > 1e7  # --json keeps seconds
+
+
+def test_config_show_writes_durations_as_the_config_file_would(cli, tmp_path: Path) -> None:
+    config = tmp_path / "config" / "gpualloc" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('lock_timeout = "2m"\n[verify]\ngrace = 0\n', encoding="utf-8")
+    result = cli("config", "show")
+    assert result.exit_code == 0, result.stderr
+    values = {line.split()[0]: line.split()[1] for line in result.stdout.splitlines()[2:] if line}
+    assert values["idle.max_gap"] == "15m"
+    assert values["lock_timeout"] == "2m"
+    assert values["verify.grace"] == "off"
+    assert values["broker.placement_budget"] == "0.015s"
+    shown = json.loads(cli("config", "show", "--json").stdout)["settings"]
+    assert next(s for s in shown if s["key"] == "idle.max_gap")["value"] == 900.0

@@ -24,6 +24,14 @@ def _shown(value: Any) -> Any:
     return str(value)
 
 
+def _duration(seconds: float) -> str:
+    """A duration as the config file would write it (issue 42: ``900.0`` read as a count);
+    0 turns the thing it times off."""
+    from gpualloc.durations import format_duration
+
+    return "off" if seconds == 0 else format_duration(seconds)
+
+
 @app.command("show")
 def show_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead.")] = False,
@@ -67,6 +75,8 @@ def show_command(
     rows = []
     for r, s in zip(resolved, SETTINGS, strict=True):
         value = "-" if r.value is None else str(_shown(r.value))
+        if s.is_duration and isinstance(r.value, float):
+            value = _duration(r.value)
         rows.append([r.key, value, r.source, s.variable or "(system file only)", s.flag or "-"])
     footer = [
         f"{'user' if i == 0 else 'system'} file: {path}" + ("" if exists else " (absent)")

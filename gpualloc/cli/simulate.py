@@ -347,11 +347,11 @@ def _show(name: str, count: int, queue: str, runtime: str, summaries: dict[str, 
         rows.append(
             [
                 policy,
-                fmt(s["makespan_s"]),
-                fmt(s["mean_jct_s"]),
-                fmt(s["p95_jct_s"]),
-                fmt(s["max_jct_s"]),
-                fmt(s["mean_wait_s"]),
+                _time(s["makespan_s"]),
+                _time(s["mean_jct_s"]),
+                _time(s["p95_jct_s"]),
+                _time(s["max_jct_s"]),
+                _time(s["mean_wait_s"]),
                 fmt(s["run_time_stretch"]["p95"], 2),
                 fmt(sensitive["min"]),
                 fmt(sensitive["p25"]),
@@ -364,8 +364,7 @@ def _show(name: str, count: int, queue: str, runtime: str, summaries: dict[str, 
     print_tables(
         [
             Table(
-                f"{count} jobs on {name}, {queue}, {runtime} runtimes (times in s, "
-                "bandwidths in GB/s)",
+                f"{count} jobs on {name}, {queue}, {runtime} runtimes (bandwidths in GB/s)",
                 [
                     "Policy",
                     "Makespan",
@@ -408,17 +407,17 @@ def _show_capacity(summaries: dict[str, Any]) -> None:
             fmt(s["waited"], 1, 100),
             fmt(s["waited_with_room"], 1, 100),
             fmt(s["waited_no_placement"], 1, 100),
-            fmt(s["whole_gpu_jobs"]["mean_wait_s"]),
-            fmt(s["whole_gpu_jobs"]["p95_wait_s"]),
-            fmt(s["gpu_part_jobs"]["mean_wait_s"]),
-            fmt(s["gpu_part_jobs"]["p95_wait_s"]),
+            _time(s["whole_gpu_jobs"]["mean_wait_s"]),
+            _time(s["whole_gpu_jobs"]["p95_wait_s"]),
+            _time(s["gpu_part_jobs"]["mean_wait_s"]),
+            _time(s["gpu_part_jobs"]["p95_wait_s"]),
         ]
         for run, s in summaries.items()
     ]
     print_tables(
         [
             Table(
-                "GPU capacity and waiting (shares in %, times in s)",
+                "GPU capacity and waiting (shares in %)",
                 [
                     "Run",
                     "Allocated",
@@ -442,3 +441,11 @@ def _show_capacity(summaries: dict[str, Any]) -> None:
             "whole GPUs; Part: jobs asking part of one GPU."
         ],
     )
+
+
+def _time(seconds: float | None) -> str:
+    """A time in the tables, in human units (a cluster trace's run into months of seconds);
+    ``--json`` keeps seconds."""
+    from gpualloc.durations import human_duration
+
+    return "-" if seconds is None else human_duration(seconds)
