@@ -256,3 +256,29 @@ def test_config_show_writes_durations_as_the_config_file_would(cli, tmp_path: Pa
     assert values["broker.placement_budget"] == "0.015s"
     shown = json.loads(cli("config", "show", "--json").stdout)["settings"]
     assert next(s for s in shown if s["key"] == "idle.max_gap")["value"] == 900.0
+
+
+# ---- --watch with --json: JSON Lines ------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_status_json_watch_writes_one_compact_document_a_line() -> None:
+    """It wrote pretty JSON documents one after another, which no JSON reader takes."""
+    import signal
+
+    watch = ["status", "--json", "--watch", "--interval", "0.2"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpualloc", "-t", "dgx1-v100", *watch],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    with process:
+        documents = []
+        while len(documents) < 2:  # each redraw arrives whole, as it is drawn
+            line = process.stdout.readline()  # type: ignore[union-attr]
+            assert line, process.stderr.read()  # type: ignore[union-attr]
+            documents.append(json.loads(line))
+        process.send_signal(signal.SIGINT)
+        assert process.wait(60) == 0
+    assert all(len(document["gpus"]) == 8 for document in documents)

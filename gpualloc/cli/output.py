@@ -134,6 +134,12 @@ def print_json(data: Any) -> None:
     write_stdout(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def print_json_line(data: Any) -> None:
+    """``data`` as one compact line, flushed: a document of JSON Lines (``status --json
+    --watch``), which ``jq`` and a reader of a pipe take one line at a time."""
+    write_stdout(json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n")
+
+
 def print_lines(lines: list[str]) -> None:
     write_stdout("".join(line + "\n" for line in lines))
 

@@ -75,11 +75,14 @@ def status_command(
         return
     try:
         while True:
-            if sys.stdout.isatty():
-                sys.stdout.write("\x1b[H\x1b[2J")
-            _show(host, as_json, idle_at_least)
-            if not sys.stdout.isatty():
-                sys.stdout.write("\n")
+            if as_json:  # JSON Lines: one document a line, each whole as it comes (issue 42)
+                _show(host, as_json, idle_at_least, json_line=True)
+            else:
+                if sys.stdout.isatty():
+                    sys.stdout.write("\x1b[H\x1b[2J")
+                _show(host, as_json, idle_at_least)
+                if not sys.stdout.isatty():
+                    sys.stdout.write("\n")
             time.sleep(interval)
             host = open_host_ledger(create=False)
     except KeyboardInterrupt:
@@ -123,9 +126,11 @@ def lease_uses(host: Host, leases: list[Lease]) -> dict[str, LeaseUse]:
     return uses_of(leases, host.processes.utilization, policy, datetime.now(timezone.utc))
 
 
-def _show(host: Host, as_json: bool, idle_at_least: timedelta | None = None) -> None:
+def _show(
+    host: Host, as_json: bool, idle_at_least: timedelta | None = None, *, json_line: bool = False
+) -> None:
     from gpualloc.cli.open_ledger import warn
-    from gpualloc.cli.output import print_json, print_tables
+    from gpualloc.cli.output import print_json, print_json_line, print_tables
     from gpualloc.ledger.attribution import attribute
 
     txn = host.snapshot()
@@ -141,7 +146,11 @@ def _show(host: Host, as_json: bool, idle_at_least: timedelta | None = None) -> 
             if use.idle is not None and use.idle >= idle_at_least
         }
     if as_json:
-        print_json(status_json(host, txn, occupancy, attribution, uses, shown))
+        data = status_json(host, txn, occupancy, attribution, uses, shown)
+        if json_line:
+            print_json_line(data)
+        else:
+            print_json(data)
         return
     free = sorted(occupancy.free)
     ledger = ledger_place(host)
