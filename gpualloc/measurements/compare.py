@@ -105,7 +105,7 @@ def _collective(
     predicted = allreduce_busbw_gbps(topology, gpus, table, peer_to_peer=not staged)
     pairs = [topology.link(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1 :]]
     if p2p_disabled:  # through host memory: the PCIe path is the link that matters
-        slowest = min(pairs, key=lambda link: (link.pcie is None, _PATH_ORDER.index(link.pcie)))
+        slowest = min(pairs, key=lambda link: (link.pcie is None, -_NEARNESS.get(link.pcie, 0)))
         path = slowest.pcie.value if slowest.pcie is not None else "PCIe"
     else:
         path = min(pairs, key=lambda link: link.bandwidth_gbps).kind
@@ -118,16 +118,8 @@ def _collective(
     )
 
 
-_PATH_ORDER = [
-    PciePath.SYS,
-    PciePath.NODE,
-    PciePath.PHB,
-    PciePath.PXB,
-    PciePath.PIX,
-    PciePath.BOARD,
-    None,
-]
-"""PCIe paths, farthest first."""
+_NEARNESS = {path: rank for rank, path in enumerate(PciePath)}
+"""PCIe paths by nearness (:class:`PciePath` lists them nearest first); the farthest is slowest."""
 
 
 def copy_gbps(link: Link, table: BandwidthTable = DEFAULT_BANDWIDTH_TABLE) -> float:
