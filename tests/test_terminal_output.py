@@ -282,3 +282,35 @@ def test_status_json_watch_writes_one_compact_document_a_line() -> None:
         process.send_signal(signal.SIGINT)
         assert process.wait(60) == 0
     assert all(len(document["gpus"]) == 8 for document in documents)
+
+
+# ---- a job's GPUs in rank order -----------------------------------------------------------
+
+
+def test_ranks_keep_their_order_and_ranges_only_rise() -> None:
+    from gpualloc.model.cpuset import format_cpulist, format_ranks
+
+    assert format_ranks([3, 1]) == "3,1"
+    assert format_ranks([4, 5, 6, 7, 0, 1, 2, 3]) == "4-7,0-3"
+    assert format_ranks([0, 2, 3]) == "0,2-3"
+    assert format_cpulist([3, 1]) == "1,3"  # a set of CPUs or GPUs stays sorted
+
+
+def test_run_with_gpus_in_an_order_says_them_in_that_order(cli) -> None:
+    """``run --gpus 3,1`` said ``GPU 1,3`` while exporting ``CUDA_VISIBLE_DEVICES=3,1``."""
+    allocated = cli("-t", "dgx1-v100", "alloc", "--gpus", "3,1", "--hold", "--format", "env")
+    assert allocated.exit_code == 0, allocated.stderr
+    assert "CUDA_VISIBLE_DEVICES=3,1" in allocated.stdout
+    released = cli("-t", "dgx1-v100", "release", "--mine")
+    assert released.exit_code == 0, released.stderr
+    assert "released GPU 3,1 held by" in released.stdout
+
+
+@pytest.mark.slow
+def test_run_announces_its_gpus_in_rank_order() -> None:
+    argv = [sys.executable, "-m", "gpualloc", "-t", "dgx1-v100", "run", "--gpus", "3,1"]
+    shell = 'echo "$CUDA_VISIBLE_DEVICES"'
+    done = subprocess.run([*argv, "--", "sh", "-c", shell], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "3,1\n"
+    assert ": GPU 3,1 (" in done.stderr

@@ -23,7 +23,7 @@ from msgspec import Struct, field
 from gpualloc.config import DEFAULT_MAX_SHARED_JOBS
 from gpualloc.ledger.schema import Lease, Ledger
 from gpualloc.ledger.stats import MIX_MEMORY, MIX_MIN_REQUESTS
-from gpualloc.model.cpuset import format_cpulist
+from gpualloc.model.cpuset import format_cpulist, format_ranks
 from gpualloc.model.mig import mig_label
 from gpualloc.model.printable import printable
 from gpualloc.model.request import HostState, RunningJob
@@ -314,8 +314,9 @@ def describe_lease(lease: Lease, *, now: datetime | None = None) -> str:
 
 
 def held_devices(lease: Lease) -> str:
-    """``GPU 0,1``, ``GPU0/MIG3 (1g.5gb)``, or both."""
-    parts = [f"GPU {format_cpulist(lease.indices)}"] if lease.indices else []
+    """``GPU 0,1``, ``GPU 3,1`` (rank order: what CUDA_VISIBLE_DEVICES says), ``GPU0/MIG3
+    (1g.5gb)``, or both."""
+    parts = [f"GPU {format_ranks(lease.indices)}"] if lease.indices else []
     parts += [m.label + (f" ({m.profile})" if m.profile else "") for m in lease.mig]
     return ", ".join(parts)
 

@@ -82,16 +82,22 @@ def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 def format_cpulist(cpus: Iterable[int]) -> str:
     """``[0, 1, 2, 8]`` -> ``"0-2,8"``; the empty set is ``""``."""
-    ordered = sorted(set(cpus))
+    return format_ranks(sorted(set(cpus)))
+
+
+def format_ranks(ids: Iterable[int]) -> str:
+    """A job's GPUs in rank order: ``[3, 1]`` -> ``"3,1"``, ``[4, 5, 6, 7, 0, 1]`` ->
+    ``"4-7,0-1"`` (a range only where the order rises by one). ``run --gpus 3,1`` said
+    ``GPU 1,3`` while rank 0 ran on GPU 3 (issue 42)."""
     runs: list[str] = []
     start = prev = None
-    for cpu in ordered:
-        if prev is not None and cpu == prev + 1:
-            prev = cpu
+    for index in ids:
+        if prev is not None and index == prev + 1:
+            prev = index
             continue
         if start is not None:
             runs.append(_run(start, prev))
-        start = prev = cpu
+        start = prev = index
     if start is not None:
         runs.append(_run(start, prev))
     return ",".join(runs)
