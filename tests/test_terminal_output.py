@@ -314,3 +314,44 @@ def test_run_announces_its_gpus_in_rank_order() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout == "3,1\n"
     assert ": GPU 3,1 (" in done.stderr
+
+
+# ---- run --wait's status line ---------------------------------------------------------------
+
+HOLDERS = "held by alice: 0-3, bob: 4,5, not gpualloc: 6"
+
+
+def waiting(reason: str = "2 GPU(s) needed with at least 50 GB/s between them, 1 free (GPU 7)"):
+    from gpualloc.host.terms import WaitStatus
+
+    return WaitStatus(position=2, queue_length=3, reason=reason, holders=HOLDERS, waited_s=312)
+
+
+def test_the_waiting_line_on_an_80_column_terminal_keeps_who_holds_the_gpus(monkeypatch) -> None:
+    """Cut at the terminal's width, it lost exactly the ``held by ...`` part."""
+    from gpualloc.cli.open_ledger import StatusLine
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setenv("COLUMNS", "80")
+    StatusLine().show(waiting())
+    shown = terminal.getvalue().split("\r\x1b[K")[-1]
+    assert shown.endswith(HOLDERS) and len(shown) < 80
+    assert shown.startswith("gpualloc: waiting 5m, #2 of 3")
+
+
+def test_the_waiting_line_gives_up_the_reason_first_then_words_then_holders() -> None:
+    from gpualloc.cli.open_ledger import wait_line
+
+    full = wait_line(waiting(), 200)
+    assert full == f"gpualloc: waiting 5m, #2 of 3 in the queue: {waiting().reason}; {HOLDERS}"
+    shorter = wait_line(waiting(), 120)
+    assert shorter.endswith(f"with at …; {HOLDERS}") and len(shorter) <= 120
+    assert wait_line(waiting(), 60) == "waiting 5m, #2/3; held by alice: 0-3, bob: 4,5 +1 more"
+    assert wait_line(waiting(), 30) == "waiting 5m, #2/3"
+    for width in range(20, 200):
+        assert len(wait_line(waiting(), width)) <= width

@@ -103,7 +103,7 @@ class StatusLine:
             import shutil
 
             width = shutil.get_terminal_size().columns
-            text = f"gpualloc: {status.line()}"[: max(20, width - 1)]
+            text = wait_line(status, max(20, width - 1))
             sys.stderr.write(f"\r\x1b[K{text}")
             sys.stderr.flush()
             self.drawn = True
@@ -117,6 +117,39 @@ class StatusLine:
         if self.drawn:
             sys.stderr.write("\r\x1b[K")
             sys.stderr.flush()
+
+
+def wait_line(status: WaitStatus, width: int) -> str:
+    """The waiting line in ``width`` characters, shortened by what matters least (issue 42:
+    cutting it at the width cut exactly who holds the GPUs, the part that says whom to ask).
+    In turn: the reason loses words from its end, then goes; the words around the position
+    shrink; the holders after the first that fit give way to a count, then all of them."""
+    from datetime import timedelta
+
+    from gpualloc.ledger.occupancy import format_age
+
+    waited = format_age(timedelta(seconds=status.waited_s))
+    long_head = f"gpualloc: waiting {waited}, #{status.position} of {status.queue_length}"
+    short_head = f"waiting {waited}, #{status.position}/{status.queue_length}"
+    holders = f"; {status.holders}" if status.holders else ""
+    words = status.reason.split()
+    for kept in range(len(words), min(3, len(words)) - 1, -1):  # two words say nothing
+        reason = " ".join(words[:kept]) + ("" if kept == len(words) else " …")
+        text = f"{long_head} in the queue: {reason}{holders}"
+        if len(text) <= width:
+            return text
+    for head in (long_head, short_head):
+        if len(head + holders) <= width:
+            return head + holders
+    entries = status.holders.removeprefix("held by ").split(", ")
+    for kept in range(len(entries) - 1, 0, -1):
+        text = f"{short_head}; held by {', '.join(entries[:kept])} +{len(entries) - kept} more"
+        if len(text) <= width:
+            return text
+    for text in (f"{short_head}; held by {len(entries)}: see gpualloc status", short_head):
+        if len(text) <= width:
+            return text
+    return short_head[:width]
 
 
 def wait_options(
