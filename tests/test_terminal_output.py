@@ -355,3 +355,55 @@ def test_the_waiting_line_gives_up_the_reason_first_then_words_then_holders() ->
     assert wait_line(waiting(), 30) == "waiting 5m, #2/3"
     for width in range(20, 200):
         assert len(wait_line(waiting(), width)) <= width
+
+
+# ---- notes and hints that lead somewhere true ----------------------------------------------
+
+OPENB = FIXTURES / "traces" / "openb_pod_list_excerpt.csv"
+
+
+def test_a_trace_asking_for_parts_of_gpus_says_once_that_they_run_whole(cli) -> None:
+    quiet = cli("-t", "dgx2", "simulate", "--trace", str(OPENB))
+    assert quiet.exit_code == 0, quiet.stderr
+    notes = [line for line in quiet.stderr.splitlines() if "part of a GPU" in line]
+    assert len(notes) == 1 and "each holds a whole GPU" in notes[0] and "--sharing" in notes[0]
+    shared = cli("-t", "dgx2", "simulate", "--trace", str(OPENB), "--sharing", "8")
+    assert shared.exit_code == 0, shared.stderr
+    assert "part of a GPU" not in shared.stderr
+
+
+def test_a_pod_list_without_times_is_told_what_it_lacks(cli, tmp_path: Path) -> None:
+    pods = tmp_path / "openb_pod_list_cut.csv"
+    pods.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\nopenb-pod-0000,12000,16384,1,460,\n",
+        encoding="utf-8",
+    )
+    result = cli("-t", "dgx2", "simulate", "--trace", str(pods))
+    assert result.exit_code == 14, result.stderr
+    assert "lacks creation_time, deletion_time, scheduled_time" in result.stderr
+    assert "arrival_s" not in result.stderr.splitlines()[0]
+    nodes = tmp_path / "openb_node_list_gpu_node.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nopenb-node-0000,64000,262144,2,P100\n")
+    listed = cli("-t", "dgx2", "simulate", "--trace", str(nodes))
+    assert listed.exit_code == 14 and "node list" in listed.stderr
+
+
+def test_the_hints_for_an_nccl_tests_output_are_not_a_circle(cli, monkeypatch) -> None:
+    """topo import sent it to calibrate --from, which without a GPU sent it back."""
+    from gpualloc.discovery import resolve
+    from gpualloc.errors import NoGpuFound
+
+    nccl = FIXTURES / "measured" / "nccl_tests" / "a100x8_sxm4_40gb_superbench.txt"
+    imported = cli("topo", "import", "--bandwidth-matrix", str(nccl))
+    hint = next(line for line in imported.stderr.splitlines() if line.startswith("hint:"))
+    assert "nvbandwidth" in hint and "on the host that measured them" in hint
+
+    def no_gpu() -> None:
+        raise NoGpuFound("no NVIDIA GPU found")
+
+    monkeypatch.setattr(resolve, "host_key", no_gpu)
+    stored = cli("calibrate", "--from", str(nccl))
+    assert stored.exit_code == 6
+    hint = next(line for line in stored.stderr.splitlines() if line.startswith("hint:"))
+    assert "on the host that made the file" in hint
+    assert "not nccl-tests' collectives" in hint  # topo import is no way for this file

@@ -18,13 +18,22 @@ if TYPE_CHECKING:
     from gpualloc.discovery.calibration import Calibration, MeasuredCollective
     from gpualloc.model.topology import Topology
 
+# Each hint leads somewhere true (issue 42): topo import takes pairwise copy figures only, and
+# calibrate --from stores any figures, nccl-tests' collectives too, but only for this host's GPUs.
+IMPORT_ELSEWHERE = (
+    "gpualloc topo import --bandwidth-matrix FILE, FILE from nvbandwidth or "
+    "p2pBandwidthLatencyTest (a topology holds GPU pairs, not nccl-tests' collectives)"
+)
 NOT_HERE_HINT = (
     "calibrate measures the GPUs of the host it runs on; for another host, import its "
-    "measurements: gpualloc topo import --bandwidth-matrix FILE"
+    f"measurements: {IMPORT_ELSEWHERE}"
 )
 NO_GPU = (
-    "no NVIDIA GPU on this host, nothing to calibrate (measurements taken elsewhere: "
-    "gpualloc topo import --bandwidth-matrix FILE)"
+    f"no NVIDIA GPU on this host, nothing to calibrate (measured elsewhere: {IMPORT_ELSEWHERE})"
+)
+NO_GPU_FROM = "no NVIDIA GPU on this host: calibrate --from stores figures for this host's GPUs"
+NO_GPU_FROM_HINT = (
+    f"run it on the host that made the file; for a topology of that host: {IMPORT_ELSEWHERE}"
 )
 
 
@@ -95,10 +104,10 @@ def calibrate_command(
     try:
         key = host_key()
     except NoGpuFound:
-        raise NoGpuFound(NO_GPU) from None  # one line: nothing is wrong, there is just no GPU
+        raise _no_gpu(bool(from_files)) from None
     count = len(key.gpu_uuids)
     if count == 0:
-        raise NoGpuFound(NO_GPU)
+        raise _no_gpu(bool(from_files))
     if from_files:
         result = _imported(from_files, key)
     elif count == 1:
@@ -121,6 +130,14 @@ def calibrate_command(
                     "sources": result.sources, "saved": str(path)})  # fmt: skip
         return
     _show(result, str(path))
+
+
+def _no_gpu(stores: bool) -> NoGpuFound:
+    """No GPU here: one line when nothing is wrong, there is just nothing to measure; a hint
+    when figures to store (``--from``) have no GPUs here to belong to."""
+    if stores:
+        return NoGpuFound(NO_GPU_FROM, hint=NO_GPU_FROM_HINT)
+    return NoGpuFound(NO_GPU)
 
 
 def _estimated_host() -> Topology:

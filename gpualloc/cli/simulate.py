@@ -202,6 +202,12 @@ def simulate_command(
         jobs = generate_jobs(generate or "", seed)
     if start or limit is not None:
         jobs = window(jobs, start=start, limit=limit)
+    parts = sum(job.gpu_fraction is not None for job in jobs)
+    if parts and not sharing:  # issue 42: they ran on whole GPUs, and nothing said so
+        trace_notes.append(
+            f"{parts} job(s) ask for part of a GPU; without --sharing each holds a whole GPU "
+            "(--sharing N lets up to N share one, e.g. --sharing 32)"
+        )
     if load is not None:
         jobs = scale_to_load(jobs, topology.gpu_count, load)
     loaded_profile = DrbProfile.load(profile) if profile is not None else None

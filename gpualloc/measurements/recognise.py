@@ -56,7 +56,11 @@ def pairwise_copy(recording: Recording) -> PairwiseCopy:
             return PairwiseCopy(_one_way(matrix, recording.source), f"{name} ({matrix.title})")
     if recording.tool == "nccl-tests":
         reason = "nccl-tests measures collectives, not GPU pairs"
-        hint = "use it with 'gpualloc calibrate --from'; for pairs run nvbandwidth"
+        hint = (
+            "a topology takes pairwise copies: run nvbandwidth or p2pBandwidthLatencyTest and "
+            "import that; these figures are stored by 'gpualloc calibrate --from FILE' run on "
+            "the host that measured them"
+        )
     else:
         kinds = ", ".join(dict.fromkeys(m.endpoints for m in recording.matrices))
         reason = (

@@ -37,6 +37,12 @@ COLUMNS = (
     "creation_time", "deletion_time", "scheduled_time",
 )  # fmt: skip
 QOS_PRIORITY = {"LS": "high", "Guaranteed": "high", "Burstable": "normal", "BE": "low"}
+RECOGNISED_BY = COLUMNS[:5]
+"""The columns that make a file the pod list, whatever follows them: a pod list without its
+times is then told what it lacks, not asked for gpualloc's own columns (issue 42)."""
+NEEDED = ("name", "num_gpu", "gpu_milli", "creation_time", "deletion_time", "scheduled_time")
+NODE_LIST = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
+"""The header of the trace's other file, ``openb_node_list_gpu_node.csv``: its GPU nodes."""
 
 
 @dataclass
@@ -60,13 +66,36 @@ def _body(text: str) -> str:
     return "".join(lines)
 
 
+def _header(text: str) -> tuple[str, ...]:
+    return tuple(column.strip() for column in _body(text).split("\n", 1)[0].strip().split(","))
+
+
 def looks_like_openb(text: str) -> bool:
-    header = _body(text).split("\n", 1)[0].strip().split(",")
-    return tuple(column.strip() for column in header[: len(COLUMNS)]) == COLUMNS
+    header = _header(text)
+    return header[: len(RECOGNISED_BY)] == RECOGNISED_BY or header == NODE_LIST
+
+
+def _check_header(text: str, source: str) -> None:
+    header = _header(text)
+    if header == NODE_LIST:
+        raise TraceError(
+            f"{source}: this is the Alibaba trace's node list (its GPU nodes), not its pod list",
+            hint="give the pod list, openb_pod_list_default.csv: the tasks to simulate",
+        )
+    missing = [column for column in NEEDED if column not in header]
+    if missing:
+        raise TraceError(
+            f"{source}: this Alibaba pod list lacks {', '.join(missing)}: a simulation needs "
+            "when each task arrives and how long it runs",
+            hint="use a pod list with creation_time, scheduled_time and deletion_time "
+            "(openb_pod_list_default.csv has them), or write gpualloc's own trace: id, "
+            "arrival_s, gpus, duration_s, sensitive",
+        )
 
 
 def read_openb(text: str, *, source: str, host_model: str | None = None) -> OpenbTrace:
     """The trace's tasks that run on GPUs, as jobs (see the module docstring)."""
+    _check_header(text, source)
     trace = OpenbTrace(jobs=[])
     reader = csv.DictReader(io.StringIO(_body(text), newline=""))
     for number, row in enumerate(reader, start=2):
