@@ -2,12 +2,14 @@
 """Generate the shell completion scripts and the manual page from the typer app.
 
 Run from the repository root: ``python scripts/build_docs.py`` writes ``completions/`` (bash,
-zsh, fish), ``man/gpualloc.1`` and the help pages ``gpualloc/cli/help_pages.json``; ``--check``
+zsh, fish), ``man/gpualloc.1``, the help pages ``gpualloc/cli/help_pages.json`` and the fast path's
+table of commands ``gpualloc/cli/fast_commands.json``; ``--check``
 exits 1 if a committed file differs from what this script builds (a test runs the same check).
 The completion scripts are static (:mod:`gpualloc.cli.completion_scripts`: the command tree is in
 them, so a Tab starts no process); the manual is rendered from the command tree by
 :mod:`gpualloc.cli.manpage`; the help pages are typer's own output
-(:mod:`gpualloc.cli.static_help`).
+(:mod:`gpualloc.cli.static_help`); the table is typer's parameters, as the fast path reads them
+(:mod:`gpualloc.cli.fast_table`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def build_all() -> dict[Path, str]:
     import typer
 
     from gpualloc.cli.app import ENVIRONMENT_VARIABLES, app, completion_script
+    from gpualloc.cli.fast_table import table_json
     from gpualloc.cli.manpage import render
 
     files = {
@@ -32,6 +35,7 @@ def build_all() -> dict[Path, str]:
     }
     files[Path("man") / "gpualloc.1"] = render(typer.main.get_command(app), ENVIRONMENT_VARIABLES)
     files[Path("gpualloc") / "cli" / "help_pages.json"] = help_pages_json()
+    files[Path("gpualloc") / "cli" / "fast_commands.json"] = table_json()
     return files
 
 

@@ -233,8 +233,7 @@ LEFT = [
     ["alloc", "extra"],
     ["alloc", "--", "extra"],
     ["alloc", "-n"],
-    ["status"],
-    ["topo", "show"],
+    ["simulate"],
     ["-t"],
     ["--bogus", "run", "--", "x"],
     [],
@@ -343,3 +342,224 @@ def test_the_typer_path_still_does_the_work(cli: Any, monkeypatch: pytest.Monkey
     assert planned.exit_code == 0 and json.loads(planned.stdout)["placement"]["gpus"] == [2]
     released = cli("-t", "dgx2", "release", "--mine")
     assert released.exit_code == 0 and "released GPU 0-1" in released.stdout
+
+
+# ---- every other command: the table made from typer's tree (issue 43, point 3) ----------------
+
+EAGER = {"version", "manual", "install_completion", "show_completion"}
+GLOBAL_DEFAULTS = {"topology": None, "bandwidth_table": None, "refresh": False, "debug": False}
+
+
+def _typer_reads(args: list[str]) -> tuple[str, dict, dict] | None:
+    """What typer makes of ``gpualloc ARGS`` up to the command function: the command's path,
+    the global options and the function's values (as typer's wrapper passes them); None when
+    typer refuses the line or answers it itself."""
+    click = sys.modules[typer.BadParameter.__module__]  # typer's click, vendored or not
+    root = _click_group()
+    try:
+        context = root.make_context("gpualloc", list(args))
+        global_values = {k: v for k, v in context.params.items() if k not in EAGER}
+        command, path = root, []
+        while hasattr(command, "commands"):
+            rest = [*getattr(context, "_protected_args", ()), *context.args]
+            if not rest:
+                return None
+            name, command, rest = command.resolve_command(context, rest)
+            path.append(name)
+            context = command.make_context(name, rest, parent=context)
+    except (click.ClickException, click.Exit, typer.Exit):
+        return None
+    values = {}
+    for param in command.params:
+        value = context.params[param.name]
+        if value is not None and (param.multiple or param.nargs == -1):
+            value = None if param.default is None and not value else list(value)
+        values[param.name] = value
+    return " ".join(path), global_values, values
+
+
+def _fast_reads(args: list[str]) -> tuple[str, dict, dict] | None:
+    command = fastpath.parse(list(args), os.environ)
+    if command is None:
+        return None
+    return command.name, {**GLOBAL_DEFAULTS, **command.global_values}, command.values
+
+
+def _read_alike(args: list[str]) -> bool:
+    """Typer reads every line the fast path takes as it does; True when it took it."""
+    fast = _fast_reads(args)
+    if fast is not None:
+        assert _typer_reads(args) == fast, args
+    return fast is not None
+
+
+TABLE_TAKEN = [
+    ["status"],
+    ["status", "--json", "-w", "--interval", "0.5", "--idle", "2h"],
+    ["status", "--interval=3", "--interval", "0.2"],
+    ["-t", "dgx2", "--refresh", "gc", "--json"],
+    ["topo", "show", "--json"],
+    ["--topology=dgx2", "topo", "list"],
+    ["doctor", "--measured", "a.txt", "--json", "--measured", "b.txt"],
+    ["metrics"],
+    ["metrics", "--serve", "127.0.0.1:9400"],
+    ["plan", "-n", "2", "--busy", "0", "--explain"],
+    ["plan", "-n2", "--insensitive", "--sensitive", "--compare", "--json", "--pattern", "all"],
+    ["slurm", "gres-conf", "--node", "n1", "--threads-per-core", "2", "--device-dir", ""],
+    ["slurm", "prolog"],
+    ["topo", "import", "nvidia-smi.txt", "--name", "x", "--mig", "a", "--mig", "b"],
+    ["topo", "import", "--json", "--", "-odd-name.txt"],
+    ["topo", "export", "--format", "gexf", "-o", "out.gexf"],
+    ["topo", "record", "--output=", "--output", "x.json"],
+    ["serve", "--socket", "/tmp/x", "--background", "--heed-foreign"],
+]
+TABLE_LEFT = [
+    ["status", "--interval", "0.1"],
+    ["status", "--interval", "x"],
+    ["status", "--interval", "nan"],
+    ["status", "extra"],
+    ["status", "-h"],
+    ["status", "--json=1"],
+    ["status", "-wq"],
+    ["topo"],
+    ["topo", "bogus"],
+    ["topo", "--json", "show"],
+    ["topo", "import", "a", "b"],
+    ["slurm", "gres-conf", "--mig-minors", "/nonexistent/mig-minors"],
+    ["slurm", "gres-conf", "--threads-per-core", "0"],
+    ["doctor", "--measured"],
+    ["plan", "-n", "\u0663"],
+    ["simulate", "--generate", "x"],
+    ["--version", "status"],
+    ["--manual"],
+]
+
+
+def test_the_table_takes_the_commands_whose_modules_import_no_typer() -> None:
+    table = fastpath.table_commands()
+    assert {"status", "gc", "plan", "topo show", "topo list", "doctor", "metrics"} <= set(table)
+    assert not set(table) & {"run", "alloc", "release", "simulate"}
+
+
+@pytest.mark.parametrize("args", TABLE_TAKEN, ids=" ".join)
+def test_table_lines_reach_the_command_as_through_typer(args: list[str]) -> None:
+    assert _read_alike(args)
+
+
+@pytest.mark.parametrize("args", TABLE_LEFT, ids=" ".join)
+def test_table_lines_typer_refuses_or_answers_are_left_to_it(args: list[str]) -> None:
+    assert fastpath.parse(list(args), {}) is None
+
+
+def test_a_path_typer_checks_is_checked_alike(tmp_path: Path) -> None:
+    minors = tmp_path / "mig-minors"
+    assert not _read_alike(["slurm", "gres-conf", "--mig-minors", str(minors)])  # missing
+    assert not _read_alike(["slurm", "gres-conf", "--mig-minors", str(tmp_path)])  # a directory
+    minors.write_text("")
+    assert _read_alike(["slurm", "gres-conf", "--mig-minors", str(minors)])
+
+
+TABLE_TOKENS = [
+    *{
+        name
+        for spec in fastpath.table_commands().values()
+        for option in spec.options
+        for name in option.names
+    },
+    "status", "gc", "topo", "show", "list", "import", "plan", "doctor", "slurm", "gres-conf",
+    "--", "-", "-h", "0", "2", "-1", "0.1", "1.5", "x", "", "nan", "2h", "a.txt", "-n2",
+    "--interval=1", "--json=1", "-wq", "-ox",
+]  # fmt: skip
+TABLE_LINES = st.sampled_from(["status", "gc", "topo", "plan", "doctor", "slurm", "-t"]).flatmap(
+    lambda first: st.lists(st.sampled_from(TABLE_TOKENS), max_size=6).map(
+        lambda rest: [first, *rest]
+    )
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(args=TABLE_LINES)
+def test_generated_table_lines_agree_or_go_to_typer(args: list[str]) -> None:
+    _read_alike(args)
+
+
+@pytest.mark.slow
+@settings(max_examples=400, deadline=None)
+@given(args=TABLE_LINES)
+def test_many_generated_table_lines_agree_or_go_to_typer(args: list[str]) -> None:
+    _read_alike(args)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "--json"],
+        ["gc", "--json"],
+        ["topo", "show", "--json"],
+        ["topo", "list", "--json"],
+        ["plan", "-n", "2", "--json"],
+        ["doctor", "--json"],
+        ["metrics"],
+    ],
+    ids=" ".join,
+)
+def test_a_table_command_does_the_same_on_both_paths(
+    args: list[str], cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    line = ["-t", "dgx1-v100", *args]
+    assert fastpath.parse(line, os.environ) is not None
+    fast = cli(*line)
+    monkeypatch.setattr(fastpath, "parse", lambda args, environ: None)
+    slow = cli(*line)
+    assert (fast.exit_code, fast.stdout, fast.stderr) == (slow.exit_code, slow.stdout, slow.stderr)
+
+
+def test_an_exit_status_a_command_returns_is_kept_on_both_paths(
+    cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """doctor returns 17 (a check failed) instead of raising typer.Exit: no typer to import."""
+    line = ["-t", "dgx1-v100", "doctor", "--json"]
+    monkeypatch.setattr("gpualloc.cli.doctor._ledger_findings", lambda host: [_problem()])
+    fast = cli(*line)
+    monkeypatch.setattr(fastpath, "parse", lambda args, environ: None)
+    slow = cli(*line)
+    assert fast.exit_code == slow.exit_code == 17
+    assert fast.stdout == slow.stdout
+
+
+def _problem() -> Any:
+    from gpualloc.checkup import Finding
+
+    return Finding("ledger", "-", "problem", "a planted problem")
+
+
+@pytest.mark.slow
+def test_the_table_commands_import_neither_typer_nor_pydantic(tmp_path: Path) -> None:
+    probe = (
+        "import sys, json, importlib\n"
+        "from gpualloc.cli import fastpath\n"
+        "for spec in fastpath.table_commands().values():\n"
+        "    importlib.import_module(spec.function.partition(':')[0])\n"
+        "from gpualloc.cli.main import run\n"
+        "try:\n    run(['-t', 'dgx1-v100', 'status'])\nexcept SystemExit:\n    pass\n"
+        "heavy = ['typer', 'click', 'pydantic', 'rich']\n"
+        "sys.stderr.write(json.dumps([m for m in heavy if m in sys.modules]))\n"
+    )
+    env = {**os.environ, "GPUALLOC_STATE_DIR": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=False
+    )
+    assert "GPUs of dgx1-v100" in result.stdout
+    assert json.loads(result.stderr.splitlines()[-1]) == []
+
+
+def test_the_table_ships_in_the_wheel() -> None:
+    """Without its table an installed gpualloc would still work, through typer: slowly."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the tomli dependency
+        import tomli as tomllib
+
+    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    shipped = pyproject["tool"]["setuptools"]["package-data"]["gpualloc.cli"]
+    assert Path(fastpath.TABLE_FILE).name in shipped

@@ -2,16 +2,21 @@
 
 Start-up is a feature (house style habit 9): this module imports typer and nothing heavy;
 pydantic (through typer), networkx, pynvml and psutil load inside the commands that need them,
-and a test checks what ``gpualloc --help`` loaded. The frequent command lines do not come here
-at all (:mod:`gpualloc.cli.fastpath`); :func:`gpualloc.cli.main.run` is the entry point and the
-error boundary of both.
+and a test checks what ``gpualloc --help`` loaded. The command modules import no typer at all:
+they write typer's declarations down as :mod:`gpualloc.cli.declare` records, which
+:func:`typer_parameters` and :func:`typer_group` turn into typer's own here, so that the
+command-line fast path (:mod:`gpualloc.cli.fastpath`) can import them and call the commands
+without typer. :func:`gpualloc.cli.main.run` is the entry point and the error boundary of both.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
+import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 
@@ -31,6 +36,7 @@ from gpualloc.cli import (
     status,
     topo,
 )
+from gpualloc.cli.declare import Declared, Group
 from gpualloc.cli.output import write_stdout
 from gpualloc.cli.state import STATE
 from gpualloc.errors import ExitCode
@@ -63,6 +69,50 @@ ENVIRONMENT_HELP = (
     )
 )
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def typer_parameters(function: F) -> F:
+    """``function`` with its parameters as typer reads them: each annotation evaluated (the
+    command modules' annotations are text, PEP 563) and each :mod:`~gpualloc.cli.declare` record
+    in it made ``typer.Option`` or ``typer.Argument``; typer takes ``__signature__`` and
+    ``__annotations__`` (as :func:`~gpualloc.cli.request_options.with_job_options` sets them)."""
+    hints = typing.get_type_hints(function, include_extras=True)
+    signature = inspect.signature(function)
+    parameters = [
+        parameter.replace(annotation=_typer_annotation(hints[parameter.name]))
+        if parameter.name in hints
+        else parameter
+        for parameter in signature.parameters.values()
+    ]
+    function.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    function.__annotations__ = {
+        p.name: p.annotation for p in parameters if p.annotation is not p.empty
+    }
+    return function
+
+
+def _typer_annotation(hint: Any) -> Any:
+    if typing.get_origin(hint) is not Annotated:
+        return hint
+    made = {"option": typer.Option, "argument": typer.Argument}
+    metadata = [
+        made[item.kind](*item.args, **item.settings) if isinstance(item, Declared) else item
+        for item in hint.__metadata__
+    ]
+    return Annotated[(hint.__origin__, *metadata)]
+
+
+def typer_group(group: Group | typer.Typer) -> typer.Typer:
+    """The typer group that ``group`` declares, its commands in the order declared."""
+    if isinstance(group, typer.Typer):
+        return group
+    made = typer.Typer(**group.settings)
+    for name, function, settings in group.commands:
+        made.command(name, **settings)(typer_parameters(function))
+    return made
+
+
 app = typer.Typer(
     name="gpualloc",
     help=(
@@ -77,20 +127,23 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-app.add_typer(topo.app, name="topo")
-app.command("plan")(plan.plan_command)
-app.command("run", context_settings={"allow_interspersed_args": False})(run.run_command)
-app.command("alloc")(leases.alloc_command)
-app.command("release")(leases.release_command)
-app.command("status")(status.status_command)
-app.command("gc")(leases.gc_command)
-app.command("metrics")(metrics.metrics_command)
-app.command("doctor")(doctor.doctor_command)
-app.command("serve")(serve.serve_command)
-app.command("simulate")(simulate.simulate_command)
-app.command("calibrate")(calibrate.calibrate_command)
-app.add_typer(slurm.app, name="slurm")
-app.add_typer(config_show.app, name="config")
+app.add_typer(typer_group(topo.app), name="topo")
+for name, function, settings in (
+    ("plan", plan.plan_command, {}),
+    ("run", run.run_command, {"context_settings": {"allow_interspersed_args": False}}),
+    ("alloc", leases.alloc_command, {}),
+    ("release", leases.release_command, {}),
+    ("status", status.status_command, {}),
+    ("gc", leases.gc_command, {}),
+    ("metrics", metrics.metrics_command, {}),
+    ("doctor", doctor.doctor_command, {}),
+    ("serve", serve.serve_command, {}),
+    ("simulate", simulate.simulate_command, {}),
+    ("calibrate", calibrate.calibrate_command, {}),
+):
+    app.command(name, **settings)(typer_parameters(function))
+app.add_typer(typer_group(slurm.app), name="slurm")
+app.add_typer(typer_group(config_show.app), name="config")
 
 
 SHELLS = ("bash", "zsh", "fish")

@@ -6,9 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
-import typer
-
-from gpualloc.cli.leases import JsonOption
+from gpualloc.cli.declare import JsonOption, Option
 from gpualloc.errors import ExitCode
 
 if TYPE_CHECKING:
@@ -20,7 +18,7 @@ SEVERITY_STYLE = {"ok": "green", "note": "yellow", "problem": "red"}
 def doctor_command(
     measured: Annotated[
         Optional[list[Path]],  # noqa: UP045 - typer needs Optional on Python 3.10
-        typer.Option(
+        Option(
             "--measured",
             metavar="FILE",
             help="Also check these outputs of nvbandwidth or p2pBandwidthLatencyTest (made "
@@ -29,7 +27,7 @@ def doctor_command(
         ),
     ] = None,
     as_json: JsonOption = False,
-) -> None:
+) -> ExitCode | None:
     """Check the host: every NVLink up at its topology's count and generation, every GPU's
     PCIe link at full width, peer-to-peer access working between the GPUs of every lease,
     every job's processes on its own GPUs only and nobody else's on them, no unhealthy GPU.
@@ -96,7 +94,8 @@ def doctor_command(
             footer=[verdict, *(f"  {note}" for note in notes)],
         )
     if problems:
-        raise typer.Exit(ExitCode.CHECK_FAILED)
+        return ExitCode.CHECK_FAILED  # the exit status, on either path (main.run)
+    return None
 
 
 def _ledger_findings(host: Any) -> list[Finding]:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
-import typer
-
 from gpualloc.cli import complete, jobs
+from gpualloc.cli.declare import Argument, JsonOption, Option
 from gpualloc.cli.open_ledger import open_host_ledger, warn
 from gpualloc.cli.request_options import given, with_job_options
 from gpualloc.cli.state import STATE
@@ -14,14 +13,12 @@ from gpualloc.cli.state import STATE
 if TYPE_CHECKING:
     from gpualloc.ledger.idle import Expiry
 
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead.")]
-
 
 @with_job_options("alloc")
 def alloc_command(
     pid: Annotated[
         Optional[int],  # noqa: UP045
-        typer.Option(
+        Option(
             min=1,
             metavar="PID",
             help="The lease lives as long as this process (default: the shell that ran "
@@ -30,11 +27,11 @@ def alloc_command(
     ] = None,
     hold: Annotated[
         bool,
-        typer.Option("--hold", help="Keep the GPUs until 'gpualloc release', whatever exits."),
+        Option("--hold", help="Keep the GPUs until 'gpualloc release', whatever exits."),
     ] = False,
     output_format: Annotated[
         str,
-        typer.Option(
+        Option(
             "--format",
             metavar="FORMAT",
             help="ids: '0,1'; env: export lines for eval; json: the lease and placement.",
@@ -59,16 +56,16 @@ def alloc_command(
 def release_command(
     leases: Annotated[
         Optional[list[str]],  # noqa: UP045
-        typer.Argument(
+        Argument(
             metavar="[LEASE]...",
             hidden=True,  # the docstring says what they are: no '<list[str]>' in the help
             autocompletion=complete.lease_ids,
         ),
     ] = None,
-    mine: Annotated[bool, typer.Option("--mine", help="Release every lease of yours.")] = False,
+    mine: Annotated[bool, Option("--mine", help="Release every lease of yours.")] = False,
     evict_shared: Annotated[
         bool,
-        typer.Option(
+        Option(
             "--evict-shared",
             help="Do not release: end the shared jobs (run --share) on the GPUs of the "
             "--shareable leases named (or of all yours with --mine), or the shared job named. "
@@ -77,7 +74,7 @@ def release_command(
     ] = False,
     grace: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Option(
+        Option(
             "--grace",
             metavar="DURATION",
             help="With --evict-shared: how long a job has between SIGTERM and SIGKILL "

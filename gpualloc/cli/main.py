@@ -1,13 +1,13 @@
 """The ``gpualloc`` executable: the entry point, and the one error boundary.
 
-``run()`` prints help pages itself when they are fixed texts (:mod:`gpualloc.cli.static_help`),
-hands the command lines run most often (``run``, ``alloc`` and ``release`` with their
-options) to :mod:`gpualloc.cli.fastpath`, which calls the commands' work directly; everything
-else, ``--help`` and any line the fast path does not fully understand, goes to the typer
-application (:mod:`gpualloc.cli.app`), which imports typer and through it pydantic: about two
-thirds of a command's start-up (issue 18, point 9). Either way, ``run()`` is the only place where
-a :class:`~gpualloc.errors.GpuallocError` becomes ``error: ...`` / ``hint: ...`` on stderr and an
-exit code; tracebacks are shown only with ``--debug``.
+``run()`` prints help pages and the version itself when they are fixed texts
+(:mod:`gpualloc.cli.static_help`), hands every well-formed command line to
+:mod:`gpualloc.cli.fastpath`, which calls the commands directly; everything else, ``--help``
+after options, usage errors and any line the fast path does not fully understand, goes to the
+typer application (:mod:`gpualloc.cli.app`), which imports typer and through it pydantic: about
+four fifths of a command's start-up (issue 18, point 9; issue 43, point 3). Either way, ``run()``
+is the only place where a :class:`~gpualloc.errors.GpuallocError` becomes ``error: ...`` /
+``hint: ...`` on stderr and an exit code; tracebacks are shown only with ``--debug``.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def run(argv: list[str] | None = None) -> NoReturn:
         if command is None:
             code = _run_typer(args)
         else:
-            command.invoke()
+            returned = command.invoke()
+            code = returned if isinstance(returned, int) else ExitCode.OK  # as _run_typer
         flush_stdout()  # output that could not be written is exit 8, never a success
     except GpuallocError as exc:
         _report(exc.message, exc.hint, exc.details)
@@ -80,8 +81,15 @@ def _debug_variable(value: str) -> bool:
 
 def _static_help(args: list[str]) -> bool:
     """Print the help page of ``args`` without typer when it is a known fixed text (see
-    :mod:`gpualloc.cli.static_help`); a group given nothing exits 2 as click's would."""
+    :mod:`gpualloc.cli.static_help`), and ``--version`` alone; a group given nothing exits 2 as
+    click's would."""
     from gpualloc.cli.output import write_stdout
+
+    if args == ["--version"]:
+        from gpualloc import __version__
+
+        write_stdout(f"gpualloc {__version__}\n")  # as the typer app's --version
+        return True
     from gpualloc.cli.static_help import page_for
 
     page = page_for(args)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Annotated, Optional
 
-import typer
-
+from gpualloc.cli.declare import Option
 from gpualloc.errors import RequestError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -15,7 +14,7 @@ DEFAULT_HOST = "127.0.0.1"
 def metrics_command(
     serve: Annotated[
         Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
-        typer.Option(
+        Option(
             metavar="[HOST]:PORT",
             help="Serve the metrics at http://HOST:PORT/metrics until interrupted, read afresh "
             "for every scrape (HOST defaults to 127.0.0.1: give 0.0.0.0 to let other machines "

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
-import typer
-
+from gpualloc.cli.declare import Option
 from gpualloc.cli.request_options import given, with_job_options
 from gpualloc.cli.state import STATE
 from gpualloc.errors import NoFeasiblePlacement, RequestError
@@ -24,7 +23,7 @@ if TYPE_CHECKING:
 def plan_command(
     busy: Annotated[
         Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
-        typer.Option(
+        Option(
             metavar="LIST",
             help="GPUs to treat as taken, e.g. 0,3-4 (default: none; 'run' and 'alloc' read "
             "the ledger).",
@@ -32,17 +31,17 @@ def plan_command(
     ] = None,
     free: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Option(
+        Option(
             metavar="LIST", help="GPUs to treat as the only free ones (the opposite of --busy)."
         ),
     ] = None,
     explain: Annotated[
-        bool, typer.Option("--explain", help="Show the best alternatives and why this one won.")
+        bool, Option("--explain", help="Show the best alternatives and why this one won.")
     ] = False,
     compare: Annotated[
-        bool, typer.Option("--compare", help="Show what every policy would choose, side by side.")
+        bool, Option("--compare", help="Show what every policy would choose, side by side.")
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead.")] = False,
+    as_json: Annotated[bool, Option("--json", help="Print JSON instead.")] = False,
     **job: Any,
 ) -> None:
     """Choose GPUs for a job without running it: the GPUs in rank order, their NUMA nodes, the

@@ -1,7 +1,8 @@
 """The typer parameters of the job options, made from their one table
 (:mod:`gpualloc.job_options`): ``run``, ``alloc`` and ``plan`` declare only their own options and
 take the job's from :func:`with_job_options`, so the three commands cannot drift apart and a new
-option is one row of the table.
+option is one row of the table. Declared as :mod:`gpualloc.cli.declare` records: typer reads
+them only when :mod:`gpualloc.cli.app` builds the command tree.
 """
 
 from __future__ import annotations
@@ -10,9 +11,8 @@ import inspect
 from collections.abc import Callable
 from typing import Annotated, Any, Optional, TypeVar
 
-import typer
-
 from gpualloc.cli import complete
+from gpualloc.cli.declare import Option
 from gpualloc.job_options import JOB_OPTIONS, JobOption, Table, options_of
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -20,7 +20,7 @@ PYTHON_TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "flag":
 
 
 def typer_annotation(row: JobOption, command: str) -> Any:
-    """``Annotated[type, typer.Option(...)]`` for ``row`` as ``command`` takes it."""
+    """``Annotated[type, Option(...)]`` for ``row`` as ``command`` takes it."""
     kind = PYTHON_TYPES[row.kind]
     python: Any = Optional[kind] if row.default is None else kind  # noqa: UP045 - typer, 3.10
     if row.kind == "flag" and row.negative:
@@ -38,7 +38,7 @@ def typer_annotation(row: JobOption, command: str) -> Any:
         settings["autocompletion"] = getattr(complete, row.completion)
     if row.default is None:
         settings["show_default"] = False
-    return Annotated[python, typer.Option(*names, **settings)]
+    return Annotated[python, Option(*names, **settings)]
 
 
 def with_job_options(command: str, table: Table | None = None) -> Callable[[F], F]:
@@ -47,7 +47,7 @@ def with_job_options(command: str, table: Table | None = None) -> Callable[[F], 
     options; the function takes them as ``**job``."""
 
     def decorate(function: F) -> F:
-        own = inspect.signature(function, eval_str=True).parameters.values()
+        own = inspect.signature(function).parameters.values()  # text: app.py evaluates it
         plain = inspect.Parameter.POSITIONAL_OR_KEYWORD
         leading = [p for p in own if p.default is inspect.Parameter.empty and p.kind == plain]
         trailing = [p for p in own if p not in leading and p.kind is not p.VAR_KEYWORD]

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Optional
 
-import typer
-
 from gpualloc.cli import complete, jobs
+from gpualloc.cli.declare import Argument, Option
 from gpualloc.cli.request_options import given, with_job_options
 
 NumaOption = Annotated[
     Optional[str],  # noqa: UP045
-    typer.Option(
+    Option(
         "--numa",
         metavar="MODE",
         help="auto: bind the job to its GPUs' NUMA nodes with numactl (CPU affinity when "
@@ -27,19 +26,17 @@ NumaOption = Annotated[
 def run_command(
     command: Annotated[
         list[str],
-        typer.Argument(metavar="-- COMMAND [ARGS]...", hidden=True),  # docstring: no '<list[str]>'
+        Argument(metavar="-- COMMAND [ARGS]...", hidden=True),  # docstring: no '<list[str]>'
     ],
     numa: NumaOption = None,
     dry_run: Annotated[
         bool,
-        typer.Option(
-            "--dry-run", help="Show the GPUs, environment, binding and argv; allocate nothing."
-        ),
+        Option("--dry-run", help="Show the GPUs, environment, binding and argv; allocate nothing."),
     ] = False,
     quiet: Annotated[
-        bool, typer.Option("--quiet", "-q", help="Do not print the lease line on stderr.")
+        bool, Option("--quiet", "-q", help="Do not print the lease line on stderr.")
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="With --dry-run: print JSON.")] = False,
+    as_json: Annotated[bool, Option("--json", help="With --dry-run: print JSON.")] = False,
     **job: Any,
 ) -> None:
     """Run a job on the best free GPUs: place it, record the lease, exec it.

@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Optional
 
-import typer
-
+from gpualloc.cli.declare import Option
 from gpualloc.cli.request_options import IgnoreForeignOption
 from gpualloc.cli.state import STATE
 
@@ -14,7 +13,7 @@ from gpualloc.cli.state import STATE
 def serve_command(
     socket: Annotated[
         Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10; str: '' is not "."
-        typer.Option(
+        Option(
             metavar="PATH",
             help="The Unix socket to listen on (default: host.broker of the configuration, "
             "else /run/gpualloc/gpualloc.sock). Ignored under systemd socket activation.",
@@ -23,7 +22,7 @@ def serve_command(
     ] = None,
     state_dir: Annotated[
         Optional[Path],  # noqa: UP045
-        typer.Option(
+        Option(
             metavar="DIR",
             help="The broker's own state directory (default: broker.state_dir of the system "
             "configuration, else /var/lib/gpualloc): created 0755 when missing; refused when "
@@ -33,7 +32,7 @@ def serve_command(
     ] = None,
     foreground: Annotated[
         bool,
-        typer.Option(
+        Option(
             "--foreground/--background",
             help="Stay attached and log to stderr (systemd, tests), or detach once ready.",
         ),

@@ -9,8 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
-import typer
-
+from gpualloc.cli.declare import Group, Option
 from gpualloc.cli.state import STATE
 from gpualloc.errors import GpuallocError
 
@@ -19,7 +18,7 @@ if TYPE_CHECKING:
 
 HOOK_LOG = "slurm-hooks.log"
 
-app = typer.Typer(
+app = Group(
     help="Slurm node hooks: Prolog/Epilog record the job's GPUs in the host ledger, TaskProlog "
     "sets CUDA_DEVICE_ORDER and a ring order. Give the wrappers GPUALLOC_TOPOLOGY and "
     "GPUALLOC_STATE_DIR: slurmd runs them with no PATH and a bare environment.",
@@ -31,14 +30,14 @@ app = typer.Typer(
 def gres_conf_command(
     node: Annotated[
         Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
-        typer.Option(
+        Option(
             metavar="NAME",
             help="NodeName= for each line (for a gres.conf shared by several nodes).",
         ),
     ] = None,
     threads_per_core: Annotated[
         Optional[int],  # noqa: UP045
-        typer.Option(
+        Option(
             min=1,
             metavar="N",
             help="For a recorded topology: hardware threads per core, to derive Cores= "
@@ -46,11 +45,11 @@ def gres_conf_command(
         ),
     ] = None,
     device_dir: Annotated[
-        str, typer.Option(metavar="DIR", help="Where the GPU device files are (File=DIR/nvidiaN).")
+        str, Option(metavar="DIR", help="Where the GPU device files are (File=DIR/nvidiaN).")
     ] = "/dev",
     mig_minors: Annotated[
         Optional[Path],  # noqa: UP045
-        typer.Option(
+        Option(
             metavar="FILE",
             help="The driver's MIG capability table (a copy of "
             "/proc/driver/nvidia-caps/mig-minors), for a recorded topology; this host's is read "
@@ -61,7 +60,7 @@ def gres_conf_command(
     ] = None,
     gpu_type: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Option(
+        Option(
             metavar="TYPE",
             help="GPU type name for Type= on a host with MIG (default: the NVML name in lower "
             "case with underscores, as Slurm's NVML plugin derives it); it must match "
@@ -165,7 +164,7 @@ def _node_hook(
     through = _through_broker(kind, env)
     if through is not None:
         _log(None, kind, through)
-        raise typer.Exit(0)
+        return
     try:
         host = LocalHost.open(
             STATE.load_topology(),
@@ -178,7 +177,6 @@ def _node_hook(
     except Exception as exc:  # never drain the node
         lines = [f"job {env.get('SLURM_JOB_ID', '?')}: {kind} failed: {exc}"]
     _log(host, kind, lines)
-    raise typer.Exit(0)
 
 
 def _through_broker(kind: str, env: dict[str, str]) -> list[str] | None:

@@ -7,10 +7,8 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
-import typer
-
 from gpualloc import boot
-from gpualloc.cli.leases import JsonOption
+from gpualloc.cli.declare import JsonOption, Option
 from gpualloc.cli.open_ledger import open_host_ledger
 from gpualloc.json_views import lease_json
 from gpualloc.model.printable import printable
@@ -40,15 +38,15 @@ STATE_STYLE = {
 def status_command(
     as_json: JsonOption = False,
     watch: Annotated[
-        bool, typer.Option("--watch", "-w", help="Redraw every --interval seconds until Ctrl-C.")
+        bool, Option("--watch", "-w", help="Redraw every --interval seconds until Ctrl-C.")
     ] = False,
     interval: Annotated[
         float,
-        typer.Option(min=0.2, metavar="SECONDS", help="Seconds between redraws with --watch."),
+        Option(min=0.2, metavar="SECONDS", help="Seconds between redraws with --watch."),
     ] = 2.0,
     idle: Annotated[
         Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
-        typer.Option(
+        Option(
             "--idle",
             metavar="DURATION",
             help="Only the leases whose GPUs have been idle at least this long (2h, 90m).",
@@ -86,7 +84,7 @@ def status_command(
             time.sleep(interval)
             host = open_host_ledger(create=False)
     except KeyboardInterrupt:
-        raise typer.Exit(0) from None
+        return
 
 
 def _idle_threshold(text: str | None) -> timedelta | None:

@@ -6,19 +6,18 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
-import typer
-
 from gpualloc.cli import complete
+from gpualloc.cli.declare import Argument, Group, Option
 from gpualloc.cli.state import STATE
 from gpualloc.errors import RequestError
 
-app = typer.Typer(
+app = Group(
     help="What a host looks like: GPUs, NVLink/PCIe links, NUMA nodes.",
     no_args_is_help=True,
 )
 
 JsonOption = Annotated[
-    bool, typer.Option("--json", help="Print the topology as JSON (the documented model) instead.")
+    bool, Option("--json", help="Print the topology as JSON (the documented model) instead.")
 ]
 
 
@@ -71,7 +70,7 @@ def list_bundled(as_json: JsonOption = False) -> None:
 def import_text(
     topo_file: Annotated[
         Optional[Path],  # noqa: UP045
-        typer.Argument(
+        Argument(
             metavar="[FILE]",
             hidden=True,  # the docstring says what it is: no '<path>' in the help
             show_default=False,
@@ -79,15 +78,15 @@ def import_text(
     ] = None,
     nvlink: Annotated[
         Optional[Path],  # noqa: UP045 - typer needs Optional on Python 3.10
-        typer.Option("--nvlink", metavar="FILE", help="Output of 'nvidia-smi nvlink -s'."),
+        Option("--nvlink", metavar="FILE", help="Output of 'nvidia-smi nvlink -s'."),
     ] = None,
     numa: Annotated[
         Optional[Path],  # noqa: UP045
-        typer.Option("--numa", metavar="FILE", help="Output of 'numactl --hardware'."),
+        Option("--numa", metavar="FILE", help="Output of 'numactl --hardware'."),
     ] = None,
     p2p: Annotated[
         Optional[Path],  # noqa: UP045
-        typer.Option(
+        Option(
             "--p2p",
             metavar="FILE",
             help="Output of 'nvidia-smi topo -p2p r': which pairs have peer access (a pair "
@@ -96,17 +95,17 @@ def import_text(
     ] = None,
     output: Annotated[
         Optional[Path],  # noqa: UP045
-        typer.Option("--output", "-o", metavar="OUT", help="Write the topology JSON to OUT."),
+        Option("--output", "-o", metavar="OUT", help="Write the topology JSON to OUT."),
     ] = None,
     name: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Option(
+        Option(
             "--name", metavar="NAME", help="Name stored in the topology (default: the file's stem)."
         ),
     ] = None,
     bandwidth_matrix: Annotated[
         Optional[Path],  # noqa: UP045
-        typer.Option(
+        Option(
             "--bandwidth-matrix",
             metavar="FILE",
             help="Measured bandwidth: nvbandwidth output (text or -j JSON), "
@@ -117,7 +116,7 @@ def import_text(
     ] = None,
     mig: Annotated[
         Optional[list[Path]],  # noqa: UP045
-        typer.Option(
+        Option(
             "--mig",
             metavar="FILE",
             help="MIG layout: output of 'nvidia-smi -L', 'nvidia-smi mig -lgi' or plain "
@@ -211,7 +210,7 @@ def _check_topology_name(name: str) -> None:
 def record(
     output: Annotated[
         Optional[Path],  # noqa: UP045
-        typer.Option("--output", "-o", metavar="FILE", help="Write here instead of stdout."),
+        Option("--output", "-o", metavar="FILE", help="Write here instead of stdout."),
     ] = None,
 ) -> None:
     """Save what this host looks like as a topology file, for bug reports and test fixtures.
@@ -233,7 +232,7 @@ def record(
 def export(
     fmt: Annotated[
         str,
-        typer.Option(
+        Option(
             "--format",
             metavar="FORMAT",
             help="graphml (yEd, Cytoscape, Gephi, igraph), gexf (Gephi) or json (networkx's "
@@ -243,7 +242,7 @@ def export(
     ] = "graphml",
     output: Annotated[
         Optional[Path],  # noqa: UP045
-        typer.Option("--output", "-o", metavar="FILE", help="Write here instead of stdout."),
+        Option("--output", "-o", metavar="FILE", help="Write here instead of stdout."),
     ] = None,
 ) -> None:
     """Write the topology as a graph file: a node per GPU, an edge per GPU pair with its link
