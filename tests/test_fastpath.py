@@ -412,6 +412,8 @@ TABLE_TAKEN = [
     ["topo", "export", "--format", "gexf", "-o", "out.gexf"],
     ["topo", "record", "--output=", "--output", "x.json"],
     ["serve", "--socket", "/tmp/x", "--background", "--heed-foreign"],
+    ["calibrate", "--from", "x", "--no-collectives", "--repeats", "2", "--from", "y"],
+    ["config", "show", "--json"],
 ]
 TABLE_LEFT = [
     ["status", "--interval", "0.1"],
@@ -437,7 +439,16 @@ TABLE_LEFT = [
 
 def test_the_table_takes_the_commands_whose_modules_import_no_typer() -> None:
     table = fastpath.table_commands()
-    assert {"status", "gc", "plan", "topo show", "topo list", "doctor", "metrics"} <= set(table)
+    assert {
+        "status",
+        "gc",
+        "plan",
+        "topo show",
+        "topo list",
+        "doctor",
+        "metrics",
+        "config show",
+    } <= set(table)
     assert not set(table) & {"run", "alloc", "release", "simulate"}
 
 
@@ -500,6 +511,7 @@ def test_many_generated_table_lines_agree_or_go_to_typer(args: list[str]) -> Non
         ["plan", "-n", "2", "--json"],
         ["doctor", "--json"],
         ["metrics"],
+        ["config", "show", "--json"],
     ],
     ids=" ".join,
 )

@@ -8,8 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
-import typer
-
+from gpualloc.cli.declare import Option
 from gpualloc.cli.state import STATE
 from gpualloc.errors import NoGpuFound, RequestError
 
@@ -39,12 +38,12 @@ NO_GPU_FROM_HINT = (
 
 def calibrate_command(
     size_mib: Annotated[
-        int, typer.Option("--size-mib", min=1, metavar="MIB", help="MiB copied per transfer.")
+        int, Option("--size-mib", min=1, metavar="MIB", help="MiB copied per transfer.")
     ] = 256,
-    repeats: Annotated[int, typer.Option(min=1, metavar="N", help="Timed transfers per pair.")] = 5,
+    repeats: Annotated[int, Option(min=1, metavar="N", help="Timed transfers per pair.")] = 5,
     from_files: Annotated[
         Optional[list[Path]],  # noqa: UP045 - typer needs Optional on Python 3.10
-        typer.Option(
+        Option(
             "--from",
             metavar="FILE",
             help="Store these outputs of nvbandwidth, p2pBandwidthLatencyTest or nccl-tests, "
@@ -53,7 +52,7 @@ def calibrate_command(
     ] = None,
     collectives: Annotated[
         Optional[bool],  # noqa: UP045
-        typer.Option(
+        Option(
             "--collectives/--no-collectives",
             help="Also measure all-reduce bus bandwidth with all_reduce_perf, else "
             "torch.distributed (default: when either is there).",
@@ -61,9 +60,9 @@ def calibrate_command(
     ] = None,
     forget: Annotated[
         bool,
-        typer.Option("--forget", help="Remove the saved calibration: estimates are used again."),
+        Option("--forget", help="Remove the saved calibration: estimates are used again."),
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    as_json: Annotated[bool, Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Measure the bandwidth between this host's GPUs, save it, and let placement and
     'simulate' use it from now on instead of estimates.

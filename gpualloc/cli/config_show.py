@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import typer
-
+from gpualloc.cli.declare import Group, Option
 from gpualloc.cli.state import STATE
 
-app = typer.Typer(
+app = Group(
     help="Configuration: defaults from /etc/gpualloc/config.toml and "
     "$XDG_CONFIG_HOME/gpualloc/config.toml, overridden by GPUALLOC_* variables and flags.",
     no_args_is_help=True,
@@ -34,7 +33,7 @@ def _duration(seconds: float) -> str:
 
 @app.command("show")
 def show_command(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead.")] = False,
+    as_json: Annotated[bool, Option("--json", help="Print JSON instead.")] = False,
 ) -> None:
     """Print every setting: its effective value and where it came from (a GPUALLOC_* variable,
     the user's or the system's config.toml, or the default).
