@@ -13,13 +13,15 @@ ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
 
 
-def test_readme_exit_code_table_matches_errors_py() -> None:
-    rows = re.findall(r"^\| (\d+) \| `([a-z-]+)` \| (.+) \|$", README, flags=re.MULTILINE)
+def test_exit_code_tables_match_errors_py() -> None:
+    """The README's table and the site's exit-code page."""
     expected = [
         (str(int(code)), code.name.lower().replace("_", "-"), EXIT_CODE_DESCRIPTIONS[code])
         for code in ExitCode
     ]
-    assert rows == expected
+    for text in (README, (ROOT / "docs" / "exit-codes.md").read_text()):
+        rows = re.findall(r"^\| (\d+) \| `([a-z-]+)` \| (.+) \|$", text, flags=re.MULTILINE)
+        assert rows == expected
 
 
 def test_docs_name_every_bundled_topology_and_environment_variable() -> None:
