@@ -296,14 +296,18 @@ def test_ranks_keep_their_order_and_ranges_only_rise() -> None:
     assert format_cpulist([3, 1]) == "1,3"  # a set of CPUs or GPUs stays sorted
 
 
-def test_run_with_gpus_in_an_order_says_them_in_that_order(cli) -> None:
-    """``run --gpus 3,1`` said ``GPU 1,3`` while exporting ``CUDA_VISIBLE_DEVICES=3,1``."""
-    allocated = cli("-t", "dgx1-v100", "alloc", "--gpus", "3,1", "--hold", "--format", "env")
+def test_who_holds_what_lists_the_gpus_sorted(cli) -> None:
+    """Rank order is for the job's own start line (below); a 7-GPU ring's order squeezed into
+    ranges read ``GPU 0-1,3-5,2,6 held by ...`` in the busy error and ``status``."""
+    allocated = cli("-t", "dgx1-v100", "alloc", "-n", "7", "--hold", "--format", "env")
     assert allocated.exit_code == 0, allocated.stderr
-    assert "CUDA_VISIBLE_DEVICES=3,1" in allocated.stdout
+    ring = allocated.stdout.split("CUDA_VISIBLE_DEVICES=")[1].split()[0].split(",")
+    assert ring != sorted(ring) and sorted(ring) == list("0123456")  # MAPA's ring, for CUDA
+    busy = cli("-t", "dgx1-v100", "run", "-n", "2", "--", "true")
+    assert busy.exit_code == 10 and "GPU 0-6 held by" in busy.stderr, busy.stderr
     released = cli("-t", "dgx1-v100", "release", "--mine")
     assert released.exit_code == 0, released.stderr
-    assert "released GPU 3,1 held by" in released.stdout
+    assert "released GPU 0-6 held by" in released.stdout
 
 
 @pytest.mark.slow

@@ -217,7 +217,7 @@ class LedgerService:
         )  # fmt: skip
         found["numa_nodes"] = [topology.gpu(g).numa_node for g in placement.parent_gpus]
         found["this_host"] = self.host.this_host
-        found["held"] = held_devices(lease)
+        found["held"] = held_devices(lease, ranked=True)
         found["lease_json"] = lease_json(lease)
         found["placement_json"] = placement_json(topology, want.request, placement)
         return found

@@ -204,7 +204,7 @@ def _launch(
         job = JobLaunch(
             command=command,
             lease_id=lease.id,
-            held=held_devices(lease),
+            held=held_devices(lease, ranked=True),
             numa_nodes=[host.topology.gpu(g).numa_node for g in allocation.placement.parent_gpus],
             this_host=host.this_host,
             variables=_variables(

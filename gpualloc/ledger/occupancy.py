@@ -313,10 +313,13 @@ def describe_lease(lease: Lease, *, now: datetime | None = None) -> str:
     return text
 
 
-def held_devices(lease: Lease) -> str:
-    """``GPU 0,1``, ``GPU 3,1`` (rank order: what CUDA_VISIBLE_DEVICES says), ``GPU0/MIG3
-    (1g.5gb)``, or both."""
-    parts = [f"GPU {format_ranks(lease.indices)}"] if lease.indices else []
+def held_devices(lease: Lease, *, ranked: bool = False) -> str:
+    """``GPU 0-3,6``, ``GPU0/MIG3 (1g.5gb)``, or both. ``ranked``: the GPUs in rank order,
+    as the job's CUDA_VISIBLE_DEVICES has them (``GPU 3,1``), for what is said of a job as it
+    starts; elsewhere (who holds what, releases) the set, sorted, reads better: a 7-GPU ring's
+    order squeezed into ranges read ``0-1,3-5,2,6``."""
+    listed = format_ranks(lease.indices) if ranked else format_cpulist(lease.indices)
+    parts = [f"GPU {listed}"] if lease.indices else []
     parts += [m.label + (f" ({m.profile})" if m.profile else "") for m in lease.mig]
     return ", ".join(parts)
 
