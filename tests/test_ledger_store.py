@@ -3,6 +3,7 @@ crashes (real processes, real locks, real kill -9)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import os
@@ -22,7 +23,7 @@ from gpualloc.errors import LedgerError
 from gpualloc.ledger.liveness import lock_held, process_start_time, take_lease_lock
 from gpualloc.ledger.schema import SCHEMA_VERSION, Lease, LeasedGpu, Ledger
 from gpualloc.ledger.statedir import check_state_directory, open_state_directory
-from gpualloc.ledger.store import LedgerStore, lease_alive, new_lease_id
+from gpualloc.ledger.store import LedgerStore, lease_alive, new_lease_id, parse_ledger
 from gpualloc.model.validation import to_builtins
 from tests.unix_users import as_user, two_test_users
 
@@ -350,16 +351,23 @@ import gpualloc.ledger.store as store_module
 from gpualloc.ledger.statedir import open_state_directory
 from tests.test_ledger_store import HOST, _lease
 
-def die_half_way(path, data):
+def die_half_way(path, data, *_):
+    descriptor = os.open(path, os.O_WRONLY)
+    os.pwrite(descriptor, data[: len(data) // 2], 0)
+    os._exit(9)  # the process dies with ledger.json half rewritten, in place
+
+def die_half_way_truncated(path, data, *_):
     descriptor = os.open(path, os.O_WRONLY)
     os.ftruncate(descriptor, 0)
     os.write(descriptor, data[: len(data) // 2])
-    os._exit(9)  # the process dies with ledger.json half rewritten
+    os._exit(9)  # the same over a file it truncated first (one of an older gpualloc)
 
-def die_before_writing(path, data):
+def die_before_writing(path, data, *_):
     os._exit(9)  # the good copy is written, ledger.json not touched yet
 
-store_module._overwrite_in_place = {"half": die_half_way, "before": die_before_writing}[sys.argv[2]]
+store_module.overwrite_in_place = {
+    "half": die_half_way, "truncated": die_half_way_truncated, "before": die_before_writing
+}[sys.argv[2]]
 store = store_module.LedgerStore(open_state_directory(Path(sys.argv[1])), host=HOST)
 with store.transaction() as txn:
     txn.add(_lease(4, name="new"))
@@ -368,13 +376,14 @@ with store.transaction() as txn:
 
 @pytest.mark.parametrize(
     ("point", "expect_new"),
-    [("half", True), ("before", False)],
-    ids=["dies-mid-rewrite", "dies-before-rewrite"],
+    [("half", True), ("truncated", True), ("before", False)],
+    ids=["dies-mid-rewrite", "dies-mid-rewrite-truncated-first", "dies-before-rewrite"],
 )
 def test_a_writer_killed_inside_a_write_leaves_a_loadable_ledger(tmp_path, point, expect_new):
     """Deterministic fault injection at the two steps of a write: dying half way through the
-    in-place rewrite leaves a torn ledger.json, recovered from the writer's good copy (with the
-    new lease); dying before it leaves the old ledger, which loads as it was."""
+    in-place rewrite leaves a torn ledger.json (the start of the new text over the old one, or
+    a strict prefix when truncated first), recovered from the writer's good copy (with the new
+    lease); dying before it leaves the old ledger, which loads as it was."""
     store = _store(tmp_path)
     keep = _lease(0, name="keep", command=("z" * 5000,))
     with store.transaction() as txn:
@@ -393,11 +402,51 @@ def test_a_writer_killed_inside_a_write_leaves_a_loadable_ledger(tmp_path, point
     assert bool(txn.notes) == expect_new
 
 
-def test_every_strict_prefix_of_a_ledger_is_rejected():
-    """Why a torn rewrite is always detected: ledger.json is truncated before it is written, so
-    a crash leaves a strict prefix of the new text, and no such prefix parses."""
-    from gpualloc.ledger.store import parse_ledger
+def test_every_mixture_of_two_generations_is_rejected():
+    """Why a torn rewrite in place is always detected (issue 43, point 4): the start of a new
+    text over the end of the one before, cut anywhere (a writer killed in the middle, or before
+    it cut off the old text's rest), reads as damaged, or as exactly the old ledger where the
+    two texts begin alike; a longer text over a shorter one and a shorter over a longer."""
+    from gpualloc.ledger.document import written_ledger
 
+    texts = [
+        written_ledger(Ledger(host=HOST, generation=8 + i, leases=leases), 0)[0]
+        for i, leases in enumerate(([_lease(0)], [_lease(1, 2, name="x" * 40)], [_lease(6)]))
+    ]
+    assert texts[1].endswith(',"generation_end":10}\n')
+    for before, written in itertools.pairwise(texts):
+        for cut in range(1, len(written) + 1):
+            mixed = written[:cut] + before[cut:]
+            if mixed.rstrip() in (written.rstrip(), before.rstrip()):
+                continue  # all of one of them (its newline cut, or the same start)
+            with pytest.raises(LedgerError):
+                parse_ledger(mixed, "mixed")
+
+
+def test_a_file_is_rewritten_in_place_only_over_an_earlier_generation(tmp_path):
+    """In place over a file that ends with an earlier generation; truncated first (ledger.json)
+    or replaced (the good copy) over one of an older gpualloc or of a later generation (a
+    ledger started anew), where a mixture might not show."""
+    store = _store(tmp_path)
+    for gpu, name in enumerate(("a", "b")):
+        with store.transaction() as txn:
+            txn.add(_lease(gpu, name=name))
+    ledger_file, own = store.directory.ledger_file, store.directory.good_copy(os.geteuid())
+    inodes = (ledger_file.stat().st_ino, own.stat().st_ino)
+    with store.transaction() as txn:
+        txn.add(_lease(3, name="c"))
+    assert (ledger_file.stat().st_ino, own.stat().st_ino) == inodes  # in place, both
+    own.write_text(own.read_text().replace('"generation_end"', '"generation_gone"'))
+    with store.transaction() as txn:
+        txn.add(_lease(4, name="d"))
+    assert own.stat().st_ino != inodes[1]  # replaced: it did not end with a generation
+    assert parse_ledger(own.read_text(), "own").generation == 4
+
+
+def test_every_strict_prefix_of_a_ledger_is_rejected():
+    """Why a torn rewrite over a file of an older gpualloc is always detected: ledger.json is
+    truncated before it is written, so a crash leaves a strict prefix of the new text, and no
+    such prefix parses."""
     ledger = Ledger(host=HOST, generation=3, leases=[_lease(0), _lease(1, 2, name="x")])
     text = json.dumps(to_builtins(ledger), indent=1, sort_keys=True) + "\n"
     assert parse_ledger(text, "full") == ledger

@@ -160,6 +160,7 @@ def test_a_full_disk_says_so_and_that_the_ledger_is_unchanged(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(store_module, "write_text_atomic", full)
+    monkeypatch.setattr(store_module, "rewrite_own_copy", full)  # the good copy, in place
     with (
         pytest.raises(FileAccessError, match="file system is full") as caught,
         store.transaction() as txn,

@@ -307,6 +307,7 @@ def test_a_forged_good_copy_never_wins_silently(
     written = json.loads(ledger.read_text())
     assert list(written)[:2] == ["writer_uid", "generation"]  # survives a torn write
     forged = {**written, "generation": 999, "writer_uid": bob.uid, "leases": []}
+    forged["generation_end"] = 999  # a forger writes a whole ledger (its trailer last)
     copy = shared / f"{STEM}.{bob.uid}.good.json"
     copy.write_text(json.dumps(forged))
     os.chown(copy, bob.uid, bob.gid)
@@ -322,7 +323,9 @@ def test_a_forged_good_copy_never_wins_silently(
     # A copy under alice's name that bob owns is never read.
     impostor = shared / f"{STEM}.{alice.uid}.good.json"
     impostor.unlink()
-    impostor.write_text(json.dumps({**forged, "writer_uid": alice.uid, "generation": 5000}))
+    impostor.write_text(
+        json.dumps({**forged, "writer_uid": alice.uid, "generation": 5000, "generation_end": 5000})
+    )
     os.chown(impostor, bob.uid, bob.gid)
     ledger.write_text("{")  # nothing names a copy now: the newest trusted one, loudly
     status = run(alice, "status", "--json")

@@ -9,6 +9,12 @@ request can make the file unreadable. A read (:func:`read_ledger`) takes the fas
 strict decode; only a document that fails it is looked at closer: not JSON, a newer gpualloc's
 (refused, never half-understood), or one with leases or waiters that cannot be read on their
 own, which are left out and returned to be set aside (:mod:`.quarantine`).
+
+A document ends as it begins, with its generation (:data:`TRAILER`, from schema 8 on): the store
+rewrites its files in place (:mod:`.store`), and a writer stopped in the middle leaves the start
+of its text over the end of the one before, which two different generations give away: such a
+text is damaged, never read as a ledger. A file of an older gpualloc has no trailer; it was
+written by truncating first, so it is whole or unreadable.
 """
 
 from __future__ import annotations
@@ -29,6 +35,10 @@ from gpualloc.model.validation import (
 
 HEADER = re.compile(r'^\{\s*"writer_uid":\s*(\d+),\s*"generation":\s*(\d+)')
 """The first bytes of every ledger written: who wrote it, which generation (see :mod:`.store`)."""
+TRAILER = ',"generation_end":'
+"""The last member of every ledger written (schema 8 on): the generation again. JSON escapes
+every ``"`` inside a string, so these characters occur nowhere else in a document."""
+SPACED_TRAILER = re.compile(r',\s*"generation_end"\s*:\s*(\d+)\s*\}\s*$')
 
 
 class LedgerFromNewerVersion(LedgerError):
@@ -52,10 +62,11 @@ def written_ledger(ledger: Ledger, writer_uid: int) -> tuple[str, Ledger]:
     data = to_builtins(ledger)
     head = {"writer_uid": data.pop("writer_uid"), "generation": data.pop("generation")}
     # Compact: json's C encoder, which indentation turns off (a third of a write's time).
-    text = json.dumps({**head, **dict(sorted(data.items()))}, separators=(",", ":")) + "\n"
+    body = json.dumps({**head, **dict(sorted(data.items()))}, separators=(",", ":"))
+    text = f"{body[:-1]}{TRAILER}{ledger.generation}}}\n"
     try:
         # The read every later transaction makes (one pass of C), so that none of them fails.
-        return text, decode_json(text, Ledger)
+        return text, decode_json(body, Ledger)
     except DecodeError as exc:
         ledger.generation, ledger.writer_uid = before
         where = surrogate_at(data)
@@ -82,6 +93,7 @@ def read_ledger(text: str, source: str) -> tuple[Ledger, list[SetAside]]:
     """A ledger from its JSON text, and the leases and waiters left out of it because they
     cannot be read on their own (:mod:`.quarantine`); :class:`LedgerError` if damaged anywhere
     else, or from a newer gpualloc."""
+    text = document_of(text, source)
     try:
         ledger = decode_json(text, Ledger)  # one pass of C for the common case
     except DecodeError:
@@ -117,9 +129,42 @@ def read_ledger(text: str, source: str) -> tuple[Ledger, list[SetAside]]:
     return ledger, aside
 
 
+def document_of(text: str, source: str) -> str:
+    """The JSON document ``text`` holds, without its trailer (:data:`TRAILER`, checked against
+    the header); :class:`LedgerError` when the two generations differ or the end is not one: the
+    start of one write over the end of another."""
+    cut, end = text.rfind(TRAILER), ""
+    if cut >= 0:
+        end = text[cut + len(TRAILER) :].rstrip()
+    elif '"generation_end"' in text:  # written with spaces (by hand, or a tool's re-indent)
+        spaced = SPACED_TRAILER.search(text)
+        if spaced is not None:
+            cut, end = spaced.start(), f"{spaced.group(1)}}}"
+    if cut < 0:
+        return text  # written before schema 8, by truncating first
+    header = HEADER.match(text)
+    if header is None or end != f"{header.group(2)}}}":
+        raise LedgerError(
+            f"{source} holds the start of one write over the end of another (a writer was "
+            "stopped while it rewrote the file)"
+        )
+    return f"{text[:cut]}}}"
+
+
+def trailer_generation(tail: bytes) -> int | None:
+    """The generation that the last bytes of a ledger file end with (:data:`TRAILER`); None
+    when they end otherwise (a file of before schema 8, or no ledger)."""
+    _, found, end = tail.rpartition(TRAILER.encode())
+    end = end.rstrip()
+    if not found or not end.endswith(b"}") or not end[:-1].isdigit():
+        return None
+    return int(end[:-1])
+
+
 def parses(text: str) -> bool:
+    """Whether ``text`` is one whole write (an unlocked reader may see one in progress)."""
     try:
-        json.loads(text)
-    except (ValueError, RecursionError):
+        json.loads(document_of(text, "the ledger"))
+    except (ValueError, RecursionError, LedgerError):
         return False
     return True

@@ -18,15 +18,16 @@ from gpualloc.model.queued import QueuedRequest
 from gpualloc.model.share import LeasedShare
 from gpualloc.model.validation import NonNegativeInt, PositiveInt
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 """2 added the waiting queue (``queue``, ``next_seq``) and ``Lease.sensitive``; 3 added
 ``writer_uid``, ``root_journal_seq``, ``Lease.process_group`` and the confirmation of a new
 lease (``announced``, ``creator_pid``); 4 added ``Lease.mig`` (MIG devices held; such a lease
 may hold no whole GPU); 5 added shared GPUs (``Lease.shareable``, ``Lease.memory_bytes``,
 ``Lease.share``, ``QueuedRequest.share``), ``stats`` and ``Lease.activity``; 6 added
 ``stats.request_mix`` (what fragmentation-aware placement weighs); 7 added
-``Lease.slurm_conflict``. Older files read as version 7: every added field has a default that
-means what the older file meant."""
+``Lease.slurm_conflict``; 8 ends the file with its generation again (the trailer of
+:mod:`.document`, since the store rewrites its files in place). Older files read as version 8:
+every added field has a default that means what the older file meant."""
 
 LeaseSource = Literal["run", "alloc", "slurm"]
 Priority = Literal["high", "normal", "low"]

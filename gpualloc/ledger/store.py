@@ -9,9 +9,16 @@ Writing must be crash-safe *and* work when several Unix users share the director
 temp file + ``rename`` does not: in a sticky directory (mode 1777, like ``/tmp``) nobody may
 rename over another user's file. So a write has two steps:
 
-1. the new ledger goes to the writer's own copy, ``ledger.<uid>.good.json``, by temp file and
-   rename (a user may always replace their own file);
-2. then ``ledger.json`` (mode 0666, shared) is rewritten in place: truncate to nothing, write.
+1. the new ledger goes to the writer's own copy, ``ledger.<uid>.good.json`` (a user may always
+   replace their own file);
+2. then ``ledger.json`` (mode 0666, shared) is rewritten in place.
+
+Both rewrite the file that is there in place, without truncating it first (:mod:`.in_place`),
+since each text ends with its generation as it begins (:mod:`.document`): a writer killed in the
+middle leaves the start of its text over the end of the one before, whose two generations give
+it away, never a valid, wrong ledger. The first write over a file of an older gpualloc (no
+trailer), or over a later generation (a ledger started anew), replaces it as before: the good
+copy by temporary file and rename, ``ledger.json`` truncated first.
 
 Nothing is synced to disk. A killed gpualloc loses nothing (the page cache outlives it); only a
 crash of the machine does, and every lease and waiter dies with the machine (boot id, pids).
@@ -21,12 +28,12 @@ saying so, since nothing in it can be alive. Not syncing halves the time each tr
 the lock twice over (issue 18, point 9; issue 43, point 4: the good copy's fsync and ext4's
 flush on rename were 4 of a cycle's 20 ms).
 
-A crash during step 1 leaves ``ledger.json`` untouched. A crash during step 2 leaves it empty or
-holding a strict prefix of a JSON object, which no JSON parser accepts (truncating first matters:
-writing over the old text could leave its tail behind a new prefix and form a valid, wrong
-ledger), and the next transaction recovers the newest valid good copy, which holds everything
-the interrupted write had. A file from a newer schema is refused; a torn file with no good copy
-left is reported with what to do, never silently emptied (but for a crash of the machine: above).
+A writer killed during step 1 leaves ``ledger.json`` untouched. One killed during step 2 leaves
+it holding the start of the new text over the old one (or, truncated first, a strict prefix of
+a JSON object), which the next transaction reads as damaged, recovering the good copy its first
+bytes name, which holds everything the interrupted write had. A file from a newer schema is
+refused; a torn file with no good copy left is reported with what to do, never silently emptied
+(but for a crash of the machine: above).
 
 The ledger writes only what it reads back (:mod:`.document`: a change that would not is
 refused, nothing written), and one record it cannot read is left out and kept aside, with a
@@ -60,6 +67,7 @@ from gpualloc.ledger.document import (
     read_ledger,
 )
 from gpualloc.ledger.document import parse_ledger as parse_ledger  # where callers import it
+from gpualloc.ledger.in_place import overwrite_in_place, rewrite_own_copy
 from gpualloc.ledger.liveness import (
     _boot_time,
     group_alive,
@@ -72,8 +80,6 @@ from gpualloc.ledger.quarantine import SetAside, keep
 from gpualloc.ledger.schema import Lease, Ledger, Waiter
 from gpualloc.ledger.shared_files import (
     UnsafeFile,
-    adopt,
-    open_shared,
     owner_name,
     owner_or_root,
     read_shared,
@@ -458,15 +464,17 @@ class LedgerStore:
     def _write(self, ledger: Ledger) -> None:
         uid = os.geteuid()
         text = ledger_text(ledger, uid)
+        data = text.encode()
         own = self.directory.good_copy(uid)
         _check_own_copy(own, uid)
         try:  # not synced: see the module docstring
-            write_text_atomic(own, text, mode=0o644, sync=False)  # others recover from it
+            if not rewrite_own_copy(own, data, ledger.generation):
+                write_text_atomic(own, text, mode=0o644, sync=False)  # others recover from it
         except OSError as exc:
             raise access_error(own, exc, "write", changed=False) from exc
         path = self.directory.ledger_file
         try:
-            _overwrite_in_place(path, text.encode())
+            overwrite_in_place(path, data, ledger.generation, SHARED_LEDGER_MODE)
         except OSError as exc:
             raise access_error(path, exc, "write", changed=True) from exc
 
@@ -539,21 +547,6 @@ def access_error(path: Path, exc: OSError, doing: str, *, changed: bool = False)
         f"cannot {doing} {path}: {exc.strerror}",
         hint=f"check the state directory {path.parent}",
     )
-
-
-def _overwrite_in_place(path: Path, data: bytes) -> None:
-    """Write ``data`` over ``path`` without replacing the inode (see the module docstring)."""
-    descriptor, info = open_shared(
-        path, os.O_WRONLY, create_mode=SHARED_LEDGER_MODE, replace_as_root=True
-    )
-    try:
-        adopt(descriptor, info, SHARED_LEDGER_MODE)
-        os.ftruncate(descriptor, 0)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(descriptor, view) :]
-    finally:
-        os.close(descriptor)
 
 
 def _unlink_quietly(path: Path) -> None:
