@@ -322,7 +322,8 @@ def test_the_fast_path_imports_neither_typer_nor_pydantic_nor_the_brokers_client
         "try:\n    run(['-t', 'dgx1-v100', 'alloc', '--hold'])\nexcept SystemExit:\n    pass\n"
         "heavy = ['typer', 'click', 'pydantic', 'rich', 'networkx', 'psutil', 'pynvml',\n"
         "         'socket', 'gpualloc.wire.client',  # no broker here: not its client either\n"
-        "         'shutil', 'hashlib', 'typing_extensions', 'inspect']  # issue 43, point 3\n"
+        "         'shutil', 'hashlib', 'typing_extensions', 'inspect', 'platform',\n"
+        "         'gpualloc.cli.static_help']  # issue 43, point 3\n"
         "sys.stderr.write(json.dumps([m for m in heavy if m in sys.modules]))\n"
     )
     env = {**os.environ, "GPUALLOC_STATE_DIR": str(tmp_path)}

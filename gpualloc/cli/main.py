@@ -85,6 +85,8 @@ def _static_help(args: list[str]) -> bool:
     click's would."""
     from gpualloc.cli.output import write_stdout
 
+    if len(args) > 1 and args[-1] not in ("--help", "-h"):
+        return False  # a command line to run: no page (page_for would say so, imported)
     if args == ["--version"]:
         from gpualloc import __version__
 
