@@ -11,9 +11,11 @@ caller's own error class, so the exit code stays that of the document's kind.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from gpualloc.errors import FileAccessError, GpuallocError
 
@@ -22,18 +24,39 @@ MAX_BYTES = 64 * 2**20
 16,000-GPU topology JSON about 50 MB, the Alibaba 2023 trace (8,152 jobs) 1.2 MB."""
 
 
-MAX_PATH_SHOWN = 200
-"""An error names the file as given; a longer name (a 5,000-character argument) is cut in the
-middle, its start and its file name kept (issue 42). Its control characters are escaped where
-every error is written (:func:`gpualloc.cli.output.write_error`)."""
+MAX_SHOWN = 120
+"""An error names the file or repeats the value as given; a longer one (a 5,000-character
+argument) is cut in the middle to this many characters, its start and its end (a file's name)
+kept (issue 42). Its control characters are escaped where every error is written
+(:func:`gpualloc.cli.output.write_error`)."""
+
+
+def shown_text(text: str) -> str:
+    """``text`` a user gave, for an error line: see :data:`MAX_SHOWN`."""
+    if len(text) <= MAX_SHOWN:
+        return text
+    return f"{text[:60]}...{text[3 + 60 - MAX_SHOWN :]}"
 
 
 def shown_path(path: Path | str) -> str:
-    """``path`` for an error line: see :data:`MAX_PATH_SHOWN`."""
-    text = str(path)
-    if len(text) <= MAX_PATH_SHOWN:
-        return text
-    return f"{text[:60]}...{text[-60:]}"
+    """``path`` for an error line: see :data:`MAX_SHOWN`."""
+    return shown_text(str(path))
+
+
+def shown_value(value: object) -> str:
+    """``value`` quoted for an error line (as ``repr`` quotes it), cut as :func:`shown_text`
+    cuts it."""
+    return repr(shown_text(str(value)))
+
+
+def json_document(text: str) -> Any:
+    """``json.loads(text)``; a document nested deeper than Python recurses is a
+    ``json.JSONDecodeError`` too, not a RecursionError no reader expected (issue 42, point 3:
+    ``[[[[...`` as a pattern, profile or bandwidth table was an internal error)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deep", text[:100], 0) from None
 
 
 def names_a_file(path: Path) -> bool:
@@ -61,7 +84,8 @@ def expand_user(text: str) -> Path:
         return Path(text).expanduser()
     except RuntimeError:
         user = text[1:].split("/", 1)[0]
-        raise ValueError(f"there is no user {user!r} for {text.split('/', 1)[0]!r}") from None
+        first = text.split("/", 1)[0]
+        raise ValueError(f"there is no user {shown_value(user)} for {shown_value(first)}") from None
 
 
 def _closed_directory(path: Path | str) -> Path | None:

@@ -108,8 +108,10 @@ def _number(token: str, line: int, source: str) -> float:
 
 
 def _from_json(text: str, source: str) -> list[list[float]]:
+    from gpualloc.user_files import json_document
+
     try:
-        data = json.loads(text)
+        data = json_document(text)
     except json.JSONDecodeError as exc:
         raise TopologyParseError(
             f"not valid JSON: {exc.msg}", line_number=exc.lineno, source=source

@@ -14,7 +14,6 @@ A testcase nvbandwidth waived (one GPU, no peer access) prints no matrix; the JS
 
 from __future__ import annotations
 
-import json
 import re
 
 from gpualloc.errors import TopologyParseError
@@ -172,8 +171,10 @@ def _cell(token: str, source: str, line_number: int) -> float | None:
 
 
 def _read_json(body: str, *, source: str, provenance: dict[str, str]) -> Recording:
+    from gpualloc.user_files import json_document
+
     try:
-        document = json.loads(body)
+        document = json_document(body)
         testcases = document["nvbandwidth"]["testcases"]
     except (ValueError, KeyError, TypeError) as exc:
         raise TopologyParseError(

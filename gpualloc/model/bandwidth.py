@@ -223,11 +223,11 @@ DEFAULT_BANDWIDTH_TABLE = BandwidthTable()
 
 def load_bandwidth_table(path: Path) -> BandwidthTable:
     """Read a JSON override; fields it leaves out keep their default values."""
-    from gpualloc.user_files import read_user_text
+    from gpualloc.user_files import json_document, read_user_text
 
     text = read_user_text(path, "bandwidth table", error=FileAccessError)
     try:
-        data: Any = json.loads(text)
+        data: Any = json_document(text)
     except json.JSONDecodeError as exc:
         raise TopologyError(
             f"bandwidth table {path} is not JSON: {exc.msg} at line {exc.lineno}",

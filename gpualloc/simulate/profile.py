@@ -43,19 +43,24 @@ class DrbProfile:
 
     @classmethod
     def parse(cls, text: str, source: str) -> DrbProfile:
+        from gpualloc.user_files import json_document
+
         try:
-            data = json.loads(text)
+            data = json_document(text)
             solo = {
-                (str(t), int(b), int(n)): (float(intra), float(inter))
+                (str(t), _whole(b), _whole(n)): (_seconds(intra), _seconds(inter))
                 for t, b, n, intra, inter in data["solo"]
             }
             collocation = {
-                (str(t1), int(b1), int(n1), str(t2), int(b2), int(n2)): float(seconds)
-                for t1, b1, n1, t2, b2, n2, seconds in data["collocation"]
+                (str(t1), _whole(b1), _whole(n1), str(t2), _whole(b2), _whole(n2)): _seconds(s)
+                for t1, b1, n1, t2, b2, n2, s in data["collocation"]
             }
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            from gpualloc.user_files import shown_path, shown_text
+
             raise TraceError(
-                f"{source} is not a job profile ({type(exc).__name__}: {exc})",
+                f"{shown_path(source)} is not a job profile ({type(exc).__name__}: "
+                f"{shown_text(str(exc))})",
                 hint="a JSON object with 'solo' and 'collocation' tables, as drb_profile.json",
             ) from None
         return cls(solo, collocation, source)
@@ -97,3 +102,31 @@ class DrbProfile:
         if base is None or together <= 0 or base[0] <= 0:
             return 1.0
         return max(1.0, together / base[0])
+
+
+def _whole(value: object) -> int:
+    """A batch size or a GPU count of a profile (a number, or its digits as text)."""
+    try:
+        number = int(value)  # type: ignore[call-overload]
+    except OverflowError:  # infinity
+        number = -1
+    if number < 0 or (isinstance(value, float) and value != number):
+        raise ValueError(f"{_shown(value)} is not a whole number >= 0")
+    return number
+
+
+def _seconds(value: object) -> float:
+    """A time of a profile: finite, not negative (issue 42, point 3: an infinite one was an
+    internal error, a NaN one a simulation of NaN seconds)."""
+    from gpualloc.simulate.trace import MAX_SECONDS
+
+    number = float(value)  # type: ignore[arg-type]
+    if not 0 <= number <= MAX_SECONDS:
+        raise ValueError(f"{_shown(value)} is not a time from 0 to {MAX_SECONDS:g} seconds")
+    return number
+
+
+def _shown(value: object) -> str:
+    from gpualloc.user_files import shown_value
+
+    return shown_value(value)

@@ -1,0 +1,100 @@
+"""What the fuzzing harness of issue 42, point 3 found (and four faults noticed beside it), each
+pinned by its exact input: one ``error:`` line, at most one ``hint:``, a documented exit code,
+nothing written, no internal error, no value echoed at length."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from gpualloc.errors import ExitCode
+from tests.conftest import Result
+
+Cli = Callable[..., Result]
+TOPOLOGIES = Path(__file__).resolve().parent.parent / "gpualloc" / "topologies"
+PROFILE = TOPOLOGIES.parent / "simulate" / "drb_profile.json"
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def _refused(result: Result, code: int, *said: str) -> None:
+    """Exit ``code``, one error line saying each of ``said``, at most one hint, no traceback,
+    and no more than 120 characters of one run of digits, letters or brackets (the long
+    values of these tests) said back."""
+    assert result.exit_code == code, (result.exit_code, result.stderr)
+    lines = result.stderr.splitlines()
+    assert sum(line.startswith("error: ") for line in lines) == 1, lines
+    assert sum(line.startswith("hint: ") for line in lines) <= 1, lines
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+    for run in ("0" * 121, "a" * 121, "[" * 121, "9" * 121):
+        assert run not in result.stderr, result.stderr
+    for words in said:
+        assert words in result.stderr, result.stderr
+
+
+@pytest.fixture
+def system_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "etc" / "config.toml"
+    path.parent.mkdir()
+    monkeypatch.setenv("GPUALLOC_SYSTEM_CONFIG", str(path))
+    return path
+
+
+# ---- JSON nested past Python's recursion -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["--bandwidth-table", "{f}", "--topology", "dgx1-v100", "topo", "show"], 5),
+        (["-t", "dgx1-v100", "simulate", "--generate", "drb:jobs=5", "--profile", "{f}"], 14),
+        (["topo", "import", "--bandwidth-matrix", "{f}"], 4),
+        (["--topology", "dgx1-v100", "doctor", "--measured", "{f}"], 4),
+    ],
+)  # fmt: skip
+def test_json_nested_too_deep_is_said_so(
+    cli: Cli, tmp_path: Path, args: list[str], code: int
+) -> None:
+    """A RecursionError escaped every JSON reader but the topology's and the ledger's."""
+    deep = tmp_path / "deep.json"
+    deep.write_text(DEEP)
+    _refused(cli(*[str(deep) if a == "{f}" else a for a in args]), code)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="placement/patterns.py reads a pattern file with json.loads: it must use "
+    "gpualloc.user_files.json_document (placement/ is another engineer's this session)",
+)
+def test_a_pattern_nested_too_deep_is_said_so(cli: Cli, tmp_path: Path) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text(DEEP)
+    _refused(cli("--topology", "dgx1-v100", "plan", "-n", "2", "--pattern", str(deep)), 2)
+
+
+# ---- job profiles -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "said"),
+    [
+        (2, float("inf"), "'inf' is not a whole number >= 0"),
+        (3, float("nan"), "'nan' is not a time from 0 to 1e+12 seconds"),
+        (3, -5.0, "'-5.0' is not a time"),
+        (1, "x", "invalid literal"),
+    ],
+)
+def test_a_profile_of_numbers_no_job_runs_for_is_refused(
+    cli: Cli, tmp_path: Path, column: int, value: object, said: str
+) -> None:
+    """An infinite GPU count was an internal error; NaN run times simulated for ever."""
+    data = json.loads(PROFILE.read_text())
+    for row in data["solo"]:
+        row[column] = value
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(data))
+    args = ["simulate", "--generate", "drb:jobs=5", "--runtime", "profile", "--profile"]
+    result = cli("--topology", "dgx1-v100", *args, str(profile))
+    _refused(result, ExitCode.TRACE, "is not a job profile", said)
