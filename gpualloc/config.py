@@ -43,6 +43,7 @@ point 3). The defaults live here; what a value means is checked where it is used
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -50,7 +51,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from gpualloc.durations import parse_duration_text
+from gpualloc.durations import checked_duration, parse_duration_text
 from gpualloc.errors import ConfigError
 
 DEFAULT_POLICY = "mapa"
@@ -93,15 +94,22 @@ def _boolean(value: Any) -> bool:
     raise ValueError("must be true or false")
 
 
+MAX_COUNT = 10**9
+"""The largest count a setting takes: more connections, jobs or bypasses than a host ever sees,
+and small enough for every C interface a count reaches."""
+
+
 def _count(value: Any) -> int:
     if isinstance(value, bool):
         raise ValueError("must be a whole number >= 0")
     try:
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: inf in TOML
         raise ValueError("must be a whole number >= 0") from None
     if number < 0 or (isinstance(value, float) and value != number):
         raise ValueError("must be a whole number >= 0")
+    if number > MAX_COUNT:
+        raise ValueError(f"must be at most {MAX_COUNT}")
     return number
 
 
@@ -150,8 +158,13 @@ def _duration_or_none(value: Any) -> float | None:
         return None
     if isinstance(value, bool):
         raise ValueError('must be a duration such as "2h", "90m" or 3600 (seconds), or "none"')
-    number = isinstance(value, (int, float))
-    seconds = float(value) if number else parse_duration_text(str(value))
+    if isinstance(value, (int, float)):
+        try:
+            seconds = checked_duration(float(value), value)  # TOML's nan and inf too
+        except OverflowError:  # an integer past any float
+            seconds = checked_duration(math.inf, value)
+    else:
+        seconds = parse_duration_text(str(value))
     if seconds <= 0:
         raise ValueError('must be a positive duration, or "none"')
     return seconds
@@ -406,8 +419,10 @@ def _check_system_file(env: Mapping[str, str], path: Path, exists: bool) -> None
     host)."""
     if exists or env.get(SYSTEM_FILE_VARIABLE) is None or not path.parent.is_dir():
         return
+    from gpualloc.user_files import shown_path
+
     raise ConfigError(
-        f"{SYSTEM_FILE_VARIABLE} names {path}, which does not exist",
+        f"{SYSTEM_FILE_VARIABLE} names {shown_path(path)}, which does not exist",
         hint=f"give the path of the system's config.toml, or unset {SYSTEM_FILE_VARIABLE} "
         f"to read {SYSTEM_FILE}",
     )
@@ -498,10 +513,17 @@ def _parsed(setting: Setting, raw: Any, where: str) -> Any:
         return setting.parse(raw)
     except ValueError as exc:
         raise ConfigError(
-            f"{where} = {raw!r}: {exc}",
+            f"{where} = {_shown(raw)}: {exc}",
             hint=getattr(exc, "hint", None)
             or f"fix it, or see 'gpualloc config show' ({setting.key}: {setting.about})",
         ) from None
+
+
+def _shown(raw: Any) -> str:
+    """A value a file or variable gave, for an error line, cut to a readable length."""
+    from gpualloc.user_files import shown_text, shown_value
+
+    return shown_value(raw) if isinstance(raw, str) else shown_text(repr(raw))
 
 
 class _NoFile(ConfigError):
@@ -511,8 +533,9 @@ class _NoFile(ConfigError):
 def _read(path: Path) -> dict[str, Any] | None:
     """The file's settings, flattened (``queue.max_bypass``, ``share.max_jobs``); None when it
     does not exist."""
-    from gpualloc.user_files import read_user_text
+    from gpualloc.user_files import read_user_text, shown_path
 
+    shown = shown_path(path)
     try:
         text = read_user_text(path, "configuration file", error=ConfigError, missing=_NoFile)
     except _NoFile:
@@ -524,7 +547,9 @@ def _read(path: Path) -> dict[str, Any] | None:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}", hint="fix the file") from None
+        raise ConfigError(f"{shown} is not valid TOML: {exc}", hint="fix the file") from None
+    except RecursionError:  # arrays or tables nested thousands deep
+        raise ConfigError(f"{shown} is not valid TOML: nested too deep", hint="fix it") from None
     flat: dict[str, Any] = {}
     for key, value in data.items():
         if key in TABLES and isinstance(value, dict):
@@ -534,9 +559,9 @@ def _read(path: Path) -> dict[str, Any] | None:
     unknown = sorted(set(flat) - set(BY_KEY))
     if unknown:
         raise ConfigError(
-            f"{path}: unknown setting {unknown[0]!r}",
+            f"{shown}: unknown setting {_shown(unknown[0])}",
             hint="known settings: " + ", ".join(BY_KEY),
         )
     # Every value is checked now, not when a command first needs it: a bad line in a file is
     # reported by whichever command runs next.
-    return {key: _parsed(BY_KEY[key], value, f"{path}: {key}") for key, value in flat.items()}
+    return {key: _parsed(BY_KEY[key], value, f"{shown}: {key}") for key, value in flat.items()}

@@ -9,13 +9,37 @@ import re
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
+MAX_DURATION_S = 366 * 86400.0
+"""The longest duration gpualloc takes (a year): a timeout, a grace or an idle time beyond it
+is a slip of the keyboard, and past some 290 years every timer of the operating system
+overflows (``GPUALLOC_BROKER_TIMEOUT=3000000h`` was an internal error; issue 42, point 3)."""
+
+
 def parse_duration_text(text: str) -> float:
     """Seconds; ValueError naming the examples when ``text`` is not a duration."""
+    from gpualloc.user_files import shown_value
+
     cleaned = text.strip().lower()
     parts = re.findall(r"(\d+(?:\.\d+)?)([smhd]?)", cleaned)
     if not parts or "".join(n + u for n, u in parts) != cleaned:
-        raise ValueError(f"{text!r} is not a duration (e.g. 90, 30s, 5m, 1h30m)")
-    return sum(float(number) * _UNITS[unit] for number, unit in parts)
+        raise ValueError(f"{shown_value(text)} is not a duration (e.g. 90, 30s, 5m, 1h30m)")
+    return checked_duration(sum(float(number) * _UNITS[unit] for number, unit in parts), text)
+
+
+class DurationTooLong(ValueError):
+    """A duration past :data:`MAX_DURATION_S` (or not a number of seconds at all: NaN)."""
+
+
+def checked_duration(seconds: float, given: object) -> float:
+    """``seconds``, refused (:class:`DurationTooLong`) when it is not finite or longer than
+    :data:`MAX_DURATION_S`; ``given`` is what the user wrote."""
+    if math.isfinite(seconds) and seconds <= MAX_DURATION_S:
+        return seconds
+    from gpualloc.user_files import shown_value
+
+    if isinstance(given, float) and not math.isfinite(given):  # TOML's nan and inf
+        raise DurationTooLong(f"{shown_value(given)} is not a finite duration")
+    raise DurationTooLong(f"{shown_value(given)} is longer than a year (366d), the most it may be")
 
 
 def format_duration(seconds: float) -> str:

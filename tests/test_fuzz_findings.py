@@ -5,6 +5,7 @@ nothing written, no internal error, no value echoed at length."""
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,6 +41,59 @@ def system_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path.parent.mkdir()
     monkeypatch.setenv("GPUALLOC_SYSTEM_CONFIG", str(path))
     return path
+
+
+# ---- durations past any timer -----------------------------------------------------------------
+
+
+def test_a_broker_timeout_past_any_timer_is_a_config_error(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPUALLOC_BROKER_TIMEOUT=3000000h reached socket.settimeout: exit 1, OverflowError."""
+    with socket.socket(socket.AF_UNIX) as silent:  # a broker that never answers
+        silent.bind(str(tmp_path / "b.sock"))
+        silent.listen()
+        monkeypatch.setenv("GPUALLOC_BROKER", str(tmp_path / "b.sock"))
+        monkeypatch.setenv("GPUALLOC_BROKER_TIMEOUT", "3000000h")
+        _refused(cli("status"), ExitCode.CONFIG, "'3000000h' is longer than a year (366d)")
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("lock_timeout = nan", "lock_timeout = nan: 'nan' is not a finite duration"),
+        ("lock_timeout = inf", "'inf' is not a finite duration"),
+        ("lock_timeout = 1e308", "is longer than a year"),
+        ("lock_timeout = 1" + "0" * 400, "is longer than a year"),
+        ("[queue]\nbackfill_window = -inf", "'-inf' is not a finite duration"),
+        ("[queue]\nmax_bypass = inf", "queue.max_bypass = inf: must be a whole number >= 0"),
+        ("[share]\nmax_jobs = 1" + "0" * 30, "must be at most 1000000000"),
+        ("k = " + "[" * 5000 + "]" * 5000, "is not valid TOML: nested too deep"),
+    ],
+)
+def test_config_numbers_no_timer_takes_are_refused(
+    cli: Cli, system_config: Path, line: str, said: str
+) -> None:
+    """``lock_timeout = nan`` printed nan in config show, then was an internal error; ``inf``
+    counts and 5,000 nested arrays were internal errors (exit 1)."""
+    system_config.write_text(line + "\n")
+    for args in (["config", "show"], ["--topology", "dgx1-v100", "status"]):
+        _refused(cli(*args), ExitCode.CONFIG, said)
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["status", "--idle", "9" * 30], "--idle"),
+        (["alloc", "--wait", "--timeout", "99999999h"], "--timeout '99999999h' is longer than"),
+        (["run", "--wait", "--timeout", "9" * 400, "--", "true"], "is longer than a year"),
+    ],
+)
+def test_option_durations_past_a_year_are_usage_errors(
+    cli: Cli, args: list[str], said: str
+) -> None:
+    """``status --idle 999...`` was an internal error (OverflowError in timedelta)."""
+    _refused(cli("--topology", "dgx1-v100", *args), ExitCode.USAGE, said)
 
 
 # ---- JSON nested past Python's recursion -------------------------------------------------------

@@ -14,13 +14,17 @@ if TYPE_CHECKING:
 
 def parse_duration(text: str, option: str = "--timeout") -> float:
     """``90``, ``30s``, ``5m``, ``2h``, ``1h30m``, ``1.5h`` -> seconds."""
-    from gpualloc.durations import parse_duration_text
+    from gpualloc.durations import DurationTooLong, parse_duration_text
+    from gpualloc.user_files import shown_value
 
     try:
         return parse_duration_text(text)
+    except DurationTooLong as exc:
+        raise RequestError(f"{option} {exc}", hint=f"e.g. {option} 90, 30s, 5m, 1h30m") from None
     except ValueError:
         raise RequestError(
-            f"{option} {text!r} is not a duration", hint=f"e.g. {option} 90, 30s, 5m, 1h30m"
+            f"{option} {shown_value(text)} is not a duration",
+            hint=f"e.g. {option} 90, 30s, 5m, 1h30m",
         ) from None
 
 
