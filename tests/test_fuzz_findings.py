@@ -5,8 +5,10 @@ nothing written, no internal error, no value echoed at length."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -152,3 +154,43 @@ def test_a_profile_of_numbers_no_job_runs_for_is_refused(
     args = ["simulate", "--generate", "drb:jobs=5", "--runtime", "profile", "--profile"]
     result = cli("--topology", "dgx1-v100", *args, str(profile))
     _refused(result, ExitCode.TRACE, "is not a job profile", said)
+
+
+# ---- --topology: a long path, a directory that cannot be entered -------------------------------
+
+
+@pytest.mark.parametrize("spec", ["/tmp/" + "a" * 5000, "a" * 5000, "a" * 5000 + ".json"])
+def test_a_long_topology_is_echoed_cut(cli: Cli, spec: str) -> None:
+    """A 5,000-character --topology was echoed to 500 characters."""
+    result = cli("--topology", spec, "topo", "show")
+    assert result.exit_code in (ExitCode.TOPOLOGY_NOT_FOUND, ExitCode.IO), result.stderr
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert "..." in error and error.count("a") <= 120, error
+
+
+@pytest.fixture
+def closed_directory() -> Iterator[Path]:
+    """A directory only root may enter, holding a topology file, in one everyone may."""
+    base = Path(tempfile.mkdtemp(prefix="gpualloc-closed-", dir="/tmp"))
+    base.chmod(0o755)
+    closed = base / "closed"
+    closed.mkdir(mode=0o700)
+    shutil.copy(TOPOLOGIES / "dgx1-v100.json", closed / "t.json")
+    yield closed
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_topology_in_a_directory_that_cannot_be_entered_says_so(closed_directory: Path) -> None:
+    """It said "topology file ... does not exist" (exit 3): the file is there."""
+    from tests.unix_users import UserCommandLine, ensure_user
+
+    user = ensure_user("nobody")  # skips unless root
+    cli = UserCommandLine(user)
+    result = cli(user, "--topology", str(closed_directory / "t.json"), "topo", "show")
+    assert result.returncode == ExitCode.IO, result.stderr
+    assert result.stderr == (
+        f"error: cannot read topology file {closed_directory}/t.json: the directory "
+        f"{closed_directory} cannot be entered (no search permission)\n"
+        "hint: give a path in a directory you may enter, or ask its owner for access\n"
+    )
+    assert result.stdout == ""

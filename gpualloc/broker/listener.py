@@ -10,6 +10,7 @@ import stat
 from pathlib import Path
 
 from gpualloc.errors import BrokerError
+from gpualloc.user_files import shown_path
 
 LISTEN_FDS_START = 3
 """The first descriptor systemd passes (``sd_listen_fds``)."""
@@ -28,7 +29,10 @@ def socket_path_too_long(path: Path) -> str | None:
     size = len(os.fsencode(str(path)))
     longest = MAX_SOCKET_PATH_BYTES - (len(os.fsencode(str(_staging(path)))) - size)
     if size > longest:
-        return f"{path} is {size} bytes long; a Unix socket's path may have at most {longest} here"
+        return (
+            f"{shown_path(path)} is {size} bytes long; a Unix socket's path may have at most "
+            f"{longest} here"
+        )
     return None
 
 
@@ -36,7 +40,7 @@ def check_not_a_file(path: Path) -> None:
     """Refuse a path where something other than a socket is: it is never removed (issue 42)."""
     if os.path.lexists(path) and not stat.S_ISSOCK(os.lstat(path).st_mode):
         raise BrokerError(
-            f"{path} exists and is not a socket", hint="give --socket a path of its own"
+            f"{shown_path(path)} exists and is not a socket", hint="give --socket a path of its own"
         )
 
 

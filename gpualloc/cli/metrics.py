@@ -59,8 +59,11 @@ def _address(text: str) -> tuple[str, int]:
         if not 0 < number < 65536:
             raise ValueError
     except ValueError:
+        from gpualloc.user_files import shown_value
+
         raise RequestError(
-            f"--serve {text!r} is not [HOST]:PORT", hint="e.g. --serve :9400 or 127.0.0.1:9400"
+            f"--serve {shown_value(text)} is not [HOST]:PORT",
+            hint="e.g. --serve :9400 or 127.0.0.1:9400",
         ) from None
     return host.strip("[]") or DEFAULT_HOST, number
 

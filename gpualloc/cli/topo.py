@@ -280,12 +280,13 @@ def _write(path: Path, text: str) -> None:
 
     from gpualloc.atomic import write_user_output
     from gpualloc.errors import FileAccessError
+    from gpualloc.user_files import shown_path
 
     try:
         write_user_output(path, text)
     except OSError as exc:
         where = exc.errno in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR)
         raise FileAccessError(
-            f"cannot write {path}: {exc.strerror}",
+            f"cannot write {shown_path(path)}: {exc.strerror}",
             hint="check the directory exists and is writable" if where else None,
         ) from exc

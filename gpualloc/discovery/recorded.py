@@ -10,7 +10,7 @@ from gpualloc.discovery.smi import topology_from_smi_texts
 from gpualloc.errors import FileAccessError, TopologyError, TopologyNotFound, TopologyParseError
 from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
 from gpualloc.model.topology import Topology
-from gpualloc.user_files import read_user_text
+from gpualloc.user_files import read_user_text, shown_path
 
 
 def read_text(path: Path, what: str = "file") -> str:
@@ -30,12 +30,12 @@ def load_topology_file(path: Path, *, table: BandwidthTable | None = None) -> To
     text = read_text(path, "topology file")
     if not text.strip():
         raise TopologyError(
-            f"topology file {path} is empty",
+            f"topology file {shown_path(path)} is empty",
             hint="record one with 'gpualloc topo record -o FILE' or 'nvidia-smi topo -m > FILE'",
         )
     if path.suffix == ".json" and not looks_like_json(text):
         raise TopologyError(
-            f"topology file {path} is not a JSON object (it does not start with '{{')",
+            f"topology file {shown_path(path)} is not a JSON object (it does not start with '{{')",
             hint="a .json topology is what 'gpualloc topo record' writes; name 'nvidia-smi "
             "topo -m' text anything but .json",
         )

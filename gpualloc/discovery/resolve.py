@@ -79,17 +79,17 @@ def load_named_topology(spec: str, *, table: BandwidthTable | None = None) -> To
     try:
         path = expand_user(spec)
     except ValueError as exc:
-        raise TopologyNotFound(f"--topology {spec!r}: {exc}", hint="check the path") from None
+        raise TopologyNotFound(f"--topology: {exc}", hint="check the path") from None
     looks_like_path = os.sep in spec or spec.endswith((".json", ".txt"))
     if not looks_like_path and spec in bundled_names():
         topology = load_bundled(spec)
         return topology.with_bandwidth_table(table) if table is not None else topology
-    if names_anything(path):
+    if looks_like_path or names_anything(path):
         from gpualloc.discovery.recorded import load_topology_file
 
+        # Read whether or not it seems to exist: the reading says why it cannot be read (a
+        # directory we may not enter is not "does not exist", a name too long is too long).
         return load_topology_file(path, table=table)
-    if looks_like_path:
-        raise TopologyNotFound(f"topology file {spec} does not exist")
     return load_bundled(spec)  # raises TopologyNotFound with the closest names as a hint
 
 

@@ -38,6 +38,7 @@ from msgspec import Struct
 from gpualloc import notices
 from gpualloc.errors import FileAccessError, LedgerLocked
 from gpualloc.ledger.shared_files import adopt, open_shared, owner_name
+from gpualloc.user_files import shown_path
 
 SHARED_MODE = 0o666
 FIRST_DELAY_S = 0.0005
@@ -262,8 +263,8 @@ class SharedLock:
         if cannot_make and not os.path.lexists(self.path):
             if exc.errno == errno.EROFS:
                 return FileAccessError(
-                    f"cannot create the lock file {self.path}: the state directory {directory} "
-                    "is on a read-only file system",
+                    f"cannot create the lock file {shown_path(self.path)}: the state directory "
+                    f"{shown_path(directory)} is on a read-only file system",
                     hint="point GPUALLOC_STATE_DIR (or state_dir) at a directory on a writable one",
                 )
             try:
@@ -272,15 +273,16 @@ class SharedLock:
             except OSError:
                 whose = "owner unknown"
             return FileAccessError(
-                f"cannot create the lock file {self.path}: the state directory {directory} "
-                f"is read-only for you ({whose})",
-                hint=f"ask root to make it writable for every user ('chmod 1777 {directory}'), "
+                f"cannot create the lock file {shown_path(self.path)}: the state directory "
+                f"{shown_path(directory)} is read-only for you ({whose})",
+                hint=f"ask root to make it writable for every user ('chmod 1777 "
+                f"{shown_path(directory)}'), "
                 "or point GPUALLOC_STATE_DIR at another directory",
             )
         return FileAccessError(
-            f"cannot open the lock file {self.path}: {exc.strerror}",
+            f"cannot open the lock file {shown_path(self.path)}: {exc.strerror}",
             hint="every user of the host must be able to read it: ask root to "
-            f"'chmod 0666 {self.path}'",
+            f"'chmod 0666 {shown_path(self.path)}'",
         )
 
     @staticmethod

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from gpualloc.errors import NoSuchLease
 from gpualloc.ledger.schema import Lease
 from gpualloc.ledger.store import LedgerTransaction
+from gpualloc.user_files import shown_text, shown_value
 
 
 def find_leases(txn: LedgerTransaction, selectors: Iterable[str], problems: list) -> list[Lease]:
@@ -30,18 +31,20 @@ def find_lease(txn: LedgerTransaction, selector: str) -> Lease | None:
     selector = selector.strip().lower()
     if len(selector) < 4:
         raise NoSuchLease(
-            f"lease id {selector!r} is too short", hint="give at least 4 characters of the id"
+            f"lease id {shown_value(selector)} is too short",
+            hint="give at least 4 characters of the id",
         )
     matches = [x for x in txn.ledger.leases if x.id.startswith(selector)]
     if len(matches) == 1:
         return matches[0]
     if len(matches) > 1:
         raise NoSuchLease(
-            f"lease id {selector!r} is ambiguous ({', '.join(x.id for x in matches)})",
+            f"lease id {shown_value(selector)} is ambiguous ({', '.join(x.id for x in matches)})",
             hint="give more characters of the id",
         )
     if any(x.id.startswith(selector) for x in txn.reaped):
         return None
     raise NoSuchLease(
-        f"no lease {selector}", hint="'gpualloc status' lists the leases; it may have ended"
+        f"no lease {shown_text(selector)}",
+        hint="'gpualloc status' lists the leases; it may have ended",
     )

@@ -29,6 +29,7 @@ from msgspec import Struct
 
 from gpualloc.config import Config
 from gpualloc.errors import FileAccessError, LedgerError
+from gpualloc.user_files import shown_path
 
 STATE_DIR_VARIABLE = "GPUALLOC_STATE_DIR"
 SHARED_DIR_MODE = 0o1777
@@ -132,8 +133,8 @@ def _create(path: Path) -> None:
             path.chmod(SHARED_DIR_MODE)
     except OSError as exc:
         raise FileAccessError(
-            f"cannot create state directory {path}: {exc.strerror}",
-            hint=f"ask an administrator to run 'install -d -m 1777 {path}', or set "
+            f"cannot create state directory {shown_path(path)}: {exc.strerror}",
+            hint=f"ask an administrator to run 'install -d -m 1777 {shown_path(path)}', or set "
             f"{STATE_DIR_VARIABLE} to a directory all users of this host can write",
         ) from exc
 
@@ -182,7 +183,7 @@ def open_broker_directory(path: Path) -> StateDirectory:
         pass
     except OSError as exc:
         raise FileAccessError(
-            f"cannot create the broker's state directory {path}: {exc.strerror}",
+            f"cannot create the broker's state directory {shown_path(path)}: {exc.strerror}",
             hint="run gpualloc serve as root, or give --state-dir a directory it may create",
         ) from exc
     info = os.lstat(path)

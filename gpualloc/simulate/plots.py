@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from gpualloc.errors import FileAccessError, RequestError
+from gpualloc.user_files import shown_path
 
 if TYPE_CHECKING:
     from gpualloc.simulate.engine import SimResult
@@ -30,7 +31,7 @@ def write_figures(results: dict[str, SimResult], directory: Path, title: str) ->
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise FileAccessError(f"cannot create {directory}: {exc.strerror}") from None
+        raise FileAccessError(f"cannot create {shown_path(directory)}: {exc.strerror}") from None
     written = [
         _bandwidth_boxes(plt, results, directory / "effective-bandwidth.png", title),
         _completion_cdf(plt, results, directory / "completion-cdf.png", title),
@@ -66,7 +67,7 @@ def _save(plt: ModuleType, figure: Any, path: Path) -> Path:
     try:
         figure.savefig(path, dpi=150)
     except OSError as exc:
-        raise FileAccessError(f"cannot write {path}: {exc.strerror}") from None
+        raise FileAccessError(f"cannot write {shown_path(path)}: {exc.strerror}") from None
     finally:
         plt.close(figure)
     return path

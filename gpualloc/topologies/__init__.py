@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpualloc.errors import TopologyNotFound
 from gpualloc.model.topology import Topology
-from gpualloc.user_files import names_a_file
+from gpualloc.user_files import names_a_file, shown_value
 
 BUNDLED_DIRECTORY = Path(__file__).parent
 """Where the files lie: installed as plain files beside this module (setuptools package data).
@@ -32,5 +32,5 @@ def load_bundled(name: str) -> Topology:
 
         close = difflib.get_close_matches(name, bundled_names(), n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}?" if close else "gpualloc topo list shows them"
-        raise TopologyNotFound(f"no bundled topology named {name!r}", hint=hint)
+        raise TopologyNotFound(f"no bundled topology named {shown_value(name)}", hint=hint)
     return Topology.from_json(resource.read_text(encoding="utf-8"), origin=f"bundled:{name}")
