@@ -5,8 +5,11 @@ nothing written, no internal error, no value echoed at length."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -154,6 +157,33 @@ def test_a_profile_of_numbers_no_job_runs_for_is_refused(
     args = ["simulate", "--generate", "drb:jobs=5", "--runtime", "profile", "--profile"]
     result = cli("--topology", "dgx1-v100", *args, str(profile))
     _refused(result, ExitCode.TRACE, "is not a job profile", said)
+
+
+# ---- MIG devices without a usable UUID ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("uuid", ["", "MIG-a,b", "MIG-\x1b[31m", " MIG-x"])
+@pytest.mark.parametrize(
+    "command", [["alloc", "--mig", "1g.5gb"], ["run", "--mig", "1g.5gb", "--", "true"]]
+)
+def test_a_mig_device_cuda_cannot_name_is_refused_before_any_lease(
+    tmp_path: Path, uuid: str, command: list[str]
+) -> None:
+    """An empty UUID was refused only after the lease was written (exit 2, the ledger
+    changed); one with a comma was exported as two devices."""
+    data = json.loads((TOPOLOGIES / "dgx-a100-mig.json").read_text())
+    for instance in data["mig_instances"]:
+        instance["uuid"] = None
+    data["mig_instances"][0]["uuid"] = uuid
+    topology = tmp_path / "mig.json"
+    topology.write_text(json.dumps(data))
+    done = subprocess.run(
+        [sys.executable, "-m", "gpualloc", "--topology", str(topology), *command],
+        capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    result = Result(done.returncode, done.stdout, done.stderr)
+    _refused(result, ExitCode.TOPOLOGY_INVALID, "GPU0/MIG0's UUID", "CUDA_VISIBLE_DEVICES")
+    assert not list(Path(os.environ["GPUALLOC_STATE_DIR"]).glob("ledger*.json"))
 
 
 # ---- --topology: a long path, a directory that cannot be entered -------------------------------

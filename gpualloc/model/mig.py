@@ -125,9 +125,17 @@ def parse_mig_label(text: str) -> tuple[int, int] | None:
     return (int(match[1]), int(match[2])) if match else None
 
 
+MIG_UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*")
+"""A MIG device's UUID as ``CUDA_VISIBLE_DEVICES`` takes it: ``MIG-<uuid>``, or before driver
+R470 ``MIG-GPU-<uuid>/<gi>/<ci>``. An empty one, or one a comma, a space or a control character
+would split or garble, is refused with the topology, before any lease is made of the device: a
+job's variables are only made once its lease is written (issue 42, point 3)."""
+
+
 def check_mig_layout(instances: list[MigInstance], gpu_count: int) -> None:
     """Refuse a layout no GPU can have: a parent that does not exist, a device index or a UUID
-    used twice. Raises ValueError (the topology's validation turns it into a clear error)."""
+    used twice, a UUID no job could be given. Raises ValueError (the topology's validation
+    turns it into a clear error)."""
     seen: set[tuple[int, int]] = set()
     uuids: set[str] = set()
     for instance in instances:
@@ -138,6 +146,13 @@ def check_mig_layout(instances: list[MigInstance], gpu_count: int) -> None:
             raise ValueError(f"MIG device {instance.label} is listed twice")
         seen.add(key)
         if instance.uuid is not None:
+            if not MIG_UUID.fullmatch(instance.uuid):
+                from gpualloc.model.printable import printable
+
+                raise ValueError(
+                    f"MIG device {instance.label}'s UUID '{printable(instance.uuid, 60)}' is not "
+                    "one CUDA_VISIBLE_DEVICES can hold (null where it is not known)"
+                )
             if instance.uuid in uuids:
                 raise ValueError(f"MIG UUID {instance.uuid} is listed twice")
             uuids.add(instance.uuid)
