@@ -576,3 +576,11 @@ def test_the_table_ships_in_the_wheel() -> None:
     pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
     shipped = pyproject["tool"]["setuptools"]["package-data"]["gpualloc.cli"]
     assert Path(fastpath.TABLE_FILE).name in shipped
+
+
+def test_the_groups_that_show_their_help_when_given_nothing_are_the_pages() -> None:
+    """static_help decides a one-word line without reading its pages (issue 43, point 3)."""
+    from gpualloc.cli import static_help
+
+    pages = json.loads(Path(static_help.PAGES_FILE).read_text())
+    assert {path for path, page in pages.items() if page["group"]} == static_help.GROUPS

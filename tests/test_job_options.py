@@ -85,6 +85,7 @@ def test_every_typer_job_parameter_is_a_row() -> None:
     """The commands' job parameters are exactly their rows, in table order."""
     import inspect
 
+    import gpualloc.cli.app  # noqa: F401 - which adds them as it builds the command tree
     from gpualloc.cli.leases import alloc_command
     from gpualloc.cli.plan import plan_command
     from gpualloc.cli.run import run_command

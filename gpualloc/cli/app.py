@@ -38,6 +38,7 @@ from gpualloc.cli import (
 )
 from gpualloc.cli.declare import Declared, Group
 from gpualloc.cli.output import write_stdout
+from gpualloc.cli.request_options import add_job_options
 from gpualloc.cli.state import STATE
 from gpualloc.errors import ExitCode
 
@@ -76,7 +77,9 @@ def typer_parameters(function: F) -> F:
     """``function`` with its parameters as typer reads them: each annotation evaluated (the
     command modules' annotations are text, PEP 563) and each :mod:`~gpualloc.cli.declare` record
     in it made ``typer.Option`` or ``typer.Argument``; typer takes ``__signature__`` and
-    ``__annotations__`` (as :func:`~gpualloc.cli.request_options.with_job_options` sets them)."""
+    ``__annotations__``, with the job options of
+    :func:`~gpualloc.cli.request_options.with_job_options` added first."""
+    add_job_options(function)
     hints = typing.get_type_hints(function, include_extras=True)
     signature = inspect.signature(function)
     parameters = [

@@ -201,6 +201,8 @@ class FastCommand:
         if self.function:
             import importlib
 
+            from gpualloc import lean_msgspec  # noqa: F401 - msgspec first, as jobs.py imports it
+
             module, _, function = self.function.partition(":")
             return getattr(importlib.import_module(module), function)(**self.values)
         from gpualloc.cli import brokered

@@ -7,7 +7,6 @@ them only when :mod:`gpualloc.cli.app` builds the command tree.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Annotated, Any, Optional, TypeVar
 
@@ -42,27 +41,41 @@ def typer_annotation(row: JobOption, command: str) -> Any:
 
 
 def with_job_options(command: str, table: Table | None = None) -> Callable[[F], F]:
-    """Give the typer command function ``command`` (``run``, ``alloc``, ``plan``) the job
-    options of ``table`` as parameters, after its own positional ones and before its own
-    options; the function takes them as ``**job``."""
+    """Mark the typer command function ``command`` (``run``, ``alloc``, ``plan``) to take the
+    job options of ``table`` as parameters (:func:`add_job_options`, when
+    :mod:`gpualloc.cli.app` builds the command tree: :mod:`inspect` is not loaded on the fast
+    path); the function takes them as ``**job``."""
 
     def decorate(function: F) -> F:
-        own = inspect.signature(function).parameters.values()  # text: app.py evaluates it
-        plain = inspect.Parameter.POSITIONAL_OR_KEYWORD
-        leading = [p for p in own if p.default is inspect.Parameter.empty and p.kind == plain]
-        trailing = [p for p in own if p not in leading and p.kind is not p.VAR_KEYWORD]
-        rows = [
-            inspect.Parameter(
-                row.dest, plain, default=row.default, annotation=typer_annotation(row, command)
-            )
-            for row in options_of(command, table)
-        ]
-        parameters = [*leading, *rows, *(p.replace(kind=plain) for p in trailing)]
-        function.__signature__ = inspect.Signature(parameters, return_annotation=None)  # type: ignore[attr-defined]
-        function.__annotations__ = {p.name: p.annotation for p in parameters}
+        function.job_options = (command, table)  # type: ignore[attr-defined]
         return function
 
     return decorate
+
+
+def add_job_options(function: Callable[..., Any]) -> None:
+    """Give a function :func:`with_job_options` marked its job options as parameters, after its
+    own positional ones and before its own options (``__signature__`` and ``__annotations__``,
+    which typer reads); once."""
+    import inspect
+
+    marked = function.__dict__.pop("job_options", None)
+    if marked is None:
+        return
+    command, table = marked
+    own = inspect.signature(function).parameters.values()  # text: app.py evaluates it
+    plain = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    leading = [p for p in own if p.default is inspect.Parameter.empty and p.kind == plain]
+    trailing = [p for p in own if p not in leading and p.kind is not p.VAR_KEYWORD]
+    rows = [
+        inspect.Parameter(
+            row.dest, plain, default=row.default, annotation=typer_annotation(row, command)
+        )
+        for row in options_of(command, table)
+    ]
+    parameters = [*leading, *rows, *(p.replace(kind=plain) for p in trailing)]
+    function.__signature__ = inspect.Signature(parameters, return_annotation=None)  # type: ignore[attr-defined]
+    function.__annotations__ = {p.name: p.annotation for p in parameters}
 
 
 def given(values: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,9 @@ from collections.abc import Sequence
 PAGES_FILE = os.path.join(os.path.dirname(__file__), "help_pages.json")  # noqa: PTH118, PTH120
 """(os.path, not pathlib: pathlib would be most of what ``--help`` imports.)"""
 HELP_FLAGS = ("--help", "-h")
+GROUPS = frozenset({"", "topo", "slurm", "config"})
+"""The groups, which show their help when given nothing (a test holds this to the pages): any
+other one-word line is a command to run, decided here without reading the pages."""
 WIDTH = 80
 """Click wraps help at ``min(columns, 80) - 2``: the same text at any width of 80 or more."""
 
@@ -37,6 +40,8 @@ def page_for(args: Sequence[str]) -> Page | None:
         path, usage_error = " ".join(args[:-1]), False
     elif len(args) <= 1:  # gpualloc's groups are one word deep: 'gpualloc', 'gpualloc topo'
         path, usage_error = " ".join(args), True
+        if path not in GROUPS:
+            return None  # 'gpualloc status': a command to run
     else:
         return None  # a command line to run: no page to read
     if any(word.startswith("-") for word in path.split()):
