@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -224,3 +225,49 @@ def test_a_topology_in_a_directory_that_cannot_be_entered_says_so(closed_directo
         "hint: give a path in a directory you may enter, or ask its owner for access\n"
     )
     assert result.stdout == ""
+
+
+# ---- the lease lock of a finished job ----------------------------------------------------------
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpualloc", "--topology", "dgx1-v100", "run", *args],
+        capture_output=True, text=True, timeout=60, check=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def _lease_locks() -> list[Path]:
+    return sorted(Path(os.environ["GPUALLOC_STATE_DIR"]).glob("lease-*.lock"))
+
+
+def _gone_soon(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_a_finished_job_leaves_no_lease_lock() -> None:
+    """The lock file stayed until a later command reaped the lease (gc)."""
+    _run("-n", "2", "--", "true")
+    assert _gone_soon(lambda: not _lease_locks()), _lease_locks()
+
+
+def test_the_lease_lock_stays_while_a_child_of_the_job_holds_it(tmp_path: Path) -> None:
+    """Removed only once every process holding it is gone: a child the job left behind keeps
+    the lock, the file and so the GPUs."""
+    release = tmp_path / "release"
+    os.mkfifo(release)
+    _run("-n", "1", "--", "sh", "-c", f"cat {release} >/dev/null 2>&1 &")
+    (lock,) = _lease_locks()
+    time.sleep(0.3)  # the remover would have acted by now
+    assert lock.exists()
+    from gpualloc.ledger.liveness import lock_held
+
+    assert lock_held(lock)
+    with release.open("w"):  # the child reads to the end and exits
+        pass
+    assert _gone_soon(lambda: not lock.exists())

@@ -258,6 +258,11 @@ class LocalHost(HostView, kw_only=True):
             if self._pending_lock is not None:
                 _drop_lock(self._pending_lock[0], store, self._pending_lock[1])
             raise
+        else:
+            if self._pending_lock is not None:  # a job's lease lock: gone when the job is
+                from gpualloc.launcher.watcher import remove_lock_when_released
+
+                remove_lock_when_released(store.directory.lease_lock(self._pending_lock[1]))
         finally:
             self._pending_lock = None
 

@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 
 def fork_detached(body: Callable[[], object], *, keep: int | None = None) -> None:
@@ -33,6 +34,49 @@ def fork_detached(body: Callable[[], object], *, keep: int | None = None) -> Non
         body()
     finally:
         os._exit(0)
+
+
+LOCK_REMOVER = """\
+import fcntl, os, sys
+fd, path = int(sys.argv[2]), sys.argv[3]
+fcntl.flock(fd, fcntl.LOCK_EX)
+try:
+    if os.path.samestat(os.fstat(fd), os.lstat(path)):
+        os.unlink(path)
+except OSError:
+    pass
+"""
+"""The remover's program: wait for the lease lock exclusively, then unlink it if the name still
+names it. A fresh interpreter without site packages (a few MB), not a fork of this one."""
+
+
+def remove_lock_when_released(path: Path) -> None:
+    """Remove the lease lock ``path`` once every process holding it is gone: when the job and
+    every child it left behind have ended (issue 42, point 3: a finished job's lock file stayed
+    until a later command reaped its lease).
+
+    A detached helper waits for an exclusive ``flock`` on the file, which it gets only when no
+    shared holder is left, and unlinks the file while it holds it. Liveness cannot be misread:
+    a reader that asks while the helper holds the lock finds it held (the lease lives a moment
+    longer), one that opened the file before the unlink takes the lock only after the helper
+    has gone, and one that opens it after finds no file, which means "not held" as a free file
+    does. Nobody locks the file anew (a lease's lock is made once, with ``O_EXCL``), and the
+    lease itself is left to the reapers: it may live on through its process group."""
+    import sys
+
+    if not sys.executable:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return  # gone already: nothing to remove
+
+    def body() -> None:
+        os.set_inheritable(fd, True)
+        argv = [sys.executable, "-I", "-S", "-c", LOCK_REMOVER, "gpualloc-lease-lock"]
+        os.execv(sys.executable, [*argv, str(fd), str(path)])
+
+    fork_detached(body, keep=fd)
 
 
 def _detach(keep: int | None) -> None:
