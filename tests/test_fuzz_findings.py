@@ -271,3 +271,21 @@ def test_the_lease_lock_stays_while_a_child_of_the_job_holds_it(tmp_path: Path) 
     with release.open("w"):  # the child reads to the end and exits
         pass
     assert _gone_soon(lambda: not lock.exists())
+
+
+# ---- nvidia-smi -L with a GPU twice ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("first", ["0", "1", "99"])
+def test_a_gpu_list_out_of_order_is_a_parse_error(cli: Cli, tmp_path: Path, first: str) -> None:
+    """Two 'GPU 0' lines (or a list starting at 1) were an internal error with --mig alone
+    (exit 1), and with a topo -m file gave every name and UUID to GPU 0."""
+    listed = tmp_path / "L.txt"
+    listed.write_text(
+        f"GPU {first}: NVIDIA A100-SXM4-40GB (UUID: GPU-1)\n"
+        "  MIG 1g.5gb      Device  0: (UUID: MIG-a)\n"
+        "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-2)\n"
+    )
+    line = 1 if first != "0" else 3
+    result = cli("topo", "import", "--mig", str(listed))
+    _refused(result, ExitCode.TOPOLOGY_PARSE, f"L.txt, line {line}: GPU", "comes next")

@@ -85,6 +85,11 @@ def parse_gpu_list(text: str, *, source: str = "nvidia-smi -L") -> GpuList:
         if not line.strip():
             continue
         if match := _GPU_LINE.match(line):
+            if int(match[1]) != len(gpus):  # a GPU twice or out of order: whose MIG is whose?
+                raise TopologyParseError(
+                    f"{source}, line {number}: GPU {match[1]} where GPU {len(gpus)} comes next "
+                    "(nvidia-smi -L lists the GPUs 0, 1, 2, ... in order)"
+                )
             gpus.append(ListedGpu(int(match[1]), match[2], match[3].strip()))
         elif match := _MIG_LINE.match(line):
             if not gpus:
