@@ -17,7 +17,8 @@ means what the paper's Table 1 meant; among sets of equal utility the higher nor
 wins (gpualloc's placement-sensitive reading of fragmentation; see
 :mod:`gpualloc.placement.utility`). The chosen set is ordered for the job's pattern.
 
-Complexity: O(C(n, k) (k^2 + d)) for d hierarchy domains.
+Complexity: O(C(n, k) (k^2 + d)) for d hierarchy domains at worst; the branch and bound of
+:mod:`gpualloc.placement.set_search` scores a few hundred of the sets on the bundled hosts.
 """
 
 from __future__ import annotations
@@ -25,10 +26,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpualloc.model.request import Placement
-from gpualloc.placement import deadline
-from gpualloc.placement.candidates import candidate_sets
 from gpualloc.placement.context import DecisionContext
 from gpualloc.placement.policy import Alternative, Policy, SetKey, gpu_list
+from gpualloc.placement.set_search import SetSearch
 
 
 class DrbPolicy(Policy):
@@ -38,9 +38,19 @@ class DrbPolicy(Policy):
     scores_partial_sets = True
 
     def place(self, ctx: DecisionContext) -> Placement:
-        sets = candidate_sets(ctx.pool, ctx.request.required, ctx.k)
-        chosen = ctx.utility_model.best_set(deadline.current().watch(sets))
+        chosen = self.choose_set(ctx)
         return ctx.placement(self.name, self.order_of(ctx, chosen), self.objective(ctx))
+
+    def choose_set(self, ctx: DecisionContext) -> tuple[int, ...]:
+        """The lowest candidate set of the highest (U, U_n) (:mod:`.set_search`)."""
+        model, k = ctx.utility_model, ctx.k
+        return SetSearch(
+            model, ctx.pool, ctx.request.required, k,
+            exact_key=model.set_key,
+            bound_key=lambda cost, fragmentation, interference, free: model.bound_key(
+                k, cost, fragmentation, interference, free
+            ),
+        ).run()  # fmt: skip
 
     def objective(self, ctx: DecisionContext) -> str:
         w = ctx.utility_model.weights

@@ -4,7 +4,8 @@ and 5.2, "BF"): GPUs as close together as possible.
 Objective, lexicographic: the least communication cost ``t`` (Eq. 3, the sum of shortest-path
 distances in the physical graph of section 4.1.2), then the least fragmentation (Eq. 5: taking
 GPUs from already broken sockets and switches first, which is what makes it *best fit*), then the
-lowest indices. The chosen set is ordered for the job's pattern. Exact; O(C(n, k) k^2).
+lowest indices. The chosen set is ordered for the job's pattern. Exact, by the branch and bound
+of :mod:`gpualloc.placement.set_search` (O(C(n, k) k^2) at worst).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from collections.abc import Sequence
 
 from gpualloc.model.request import Placement
 from gpualloc.placement.context import DecisionContext
-from gpualloc.placement.policy import Alternative, Policy, SetKey, best_set, gpu_list
+from gpualloc.placement.policy import Alternative, Policy, SetKey, gpu_list
+from gpualloc.placement.set_search import SetSearch
 
 
 class PackPolicy(Policy):
@@ -23,8 +25,18 @@ class PackPolicy(Policy):
     scores_partial_sets = True
 
     def place(self, ctx: DecisionContext) -> Placement:
-        chosen = best_set(ctx, lambda gpus: self.set_key(ctx, gpus))
+        chosen = self.choose_set(ctx)
         return ctx.placement(self.name, self.order_of(ctx, chosen), self.summary)
+
+    def choose_set(self, ctx: DecisionContext) -> tuple[int, ...]:
+        """The lowest candidate set of the highest :meth:`set_key` (:mod:`.set_search`)."""
+        return SetSearch(
+            ctx.utility_model, ctx.pool, ctx.request.required, ctx.k,
+            exact_key=lambda gpus: self.set_key(ctx, gpus),
+            bound_key=lambda cost, fragmentation, _i, _f: (
+                -round(cost, 6), -round(fragmentation, 6)
+            ),
+        ).run()  # fmt: skip
 
     def set_key(self, ctx: DecisionContext, order: Sequence[int]) -> SetKey:
         model = ctx.utility_model

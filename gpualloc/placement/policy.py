@@ -2,22 +2,21 @@
 
 A policy turns a :class:`~gpualloc.placement.context.DecisionContext` into a
 :class:`~gpualloc.model.request.Placement`. Policies whose objective depends only on the *set* of
-GPUs (pack, spread, DRB) share :func:`best_set`, an exact search over the candidate sets in
-lexicographic order that keeps the first strict improvement, so ties go to the lowest indices;
-the chosen set is then ordered by :meth:`Policy.order_of`.
+GPUs (pack, spread, DRB) return the lexicographically first set of their best key, as scoring
+every candidate set in order and keeping the first strict improvement would (pack and DRB by
+:mod:`gpualloc.placement.set_search`, spread by socket counts); the chosen set is then ordered by
+:meth:`Policy.order_of`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import ClassVar
 
 from msgspec import Struct
 
 from gpualloc.model.request import Placement, Scores
-from gpualloc.placement import deadline
-from gpualloc.placement.candidates import candidate_sets
 from gpualloc.placement.context import DecisionContext
 
 SetKey = tuple[float, ...]
@@ -71,15 +70,3 @@ class Policy(ABC):
         """One line saying why this placement won."""
         versus = f"; runner-up {gpu_list(runner_up.gpus)}" if runner_up else ""
         return f"{self.summary}{versus}"
-
-
-def best_set(ctx: DecisionContext, key: Callable[[tuple[int, ...]], SetKey]) -> tuple[int, ...]:
-    """The lexicographically first candidate set of maximal ``key``."""
-    best_key: SetKey | None = None
-    best: tuple[int, ...] | None = None
-    for gpus in deadline.current().watch(candidate_sets(ctx.pool, ctx.request.required, ctx.k)):
-        value = key(gpus)
-        if best_key is None or value > best_key:
-            best_key, best = value, gpus
-    assert best is not None  # the context checked feasibility
-    return best

@@ -48,7 +48,6 @@ O(C(n, k) k^2) once per host and job size for ``t_min``; then O(k^2 + n) per set
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Iterable, Sequence
 
@@ -57,6 +56,7 @@ from msgspec import Struct
 from gpualloc.model.paths import PciePath
 from gpualloc.model.request import HostState
 from gpualloc.placement.host_graph import HostGraph
+from gpualloc.placement.set_search import CostOnly, SetSearch
 
 SWITCH_EDGE, SOCKET_EDGE, HOST_EDGE = 1.0, 20.0, 40.0
 """Edge weights of the physical graph per level (Fig. 7: 1 right above the GPUs, 20 above)."""
@@ -164,16 +164,16 @@ class UtilityModel:
         self.d_min = min(off_diagonal, default=0.0)
         self.d_max = max(off_diagonal, default=0.0)
         self.domains = _domains(host)
-        self._socket_bit = [1 << (s + 1) for s in host.socket]  # socket -1 (unknown): bit 0
-        self._switch_bit = [1 << s for s in host.switch_group]
-        self._domains = [
+        self.socket_bits = [1 << (s + 1) for s in host.socket]  # socket -1 (unknown): bit 0
+        self.switch_bits = [1 << s for s in host.switch_group]
+        self.domain_counts = [
             (_or(1 << g for g in members), len(members), sum(1 for g in members if g in state.free))
             for members in self.domains
         ]
-        self._jobs = [
+        self.jobs = [
             (
-                _or(self._switch_bit[g] for g in job.gpus),
-                _or(self._socket_bit[g] for g in job.gpus),
+                _or(self.switch_bits[g] for g in job.gpus),
+                _or(self.socket_bits[g] for g in job.gpus),
                 1.0 if job.sensitive in (True, None) else 0.5,
             )
             for job in state.running
@@ -183,7 +183,7 @@ class UtilityModel:
         sockets: dict[int, list[int]] = {}
         for g in range(host.gpu_count):
             sockets.setdefault(host.socket[g], []).append(g)
-        self._sockets = [
+        self.socket_counts = [
             (_or(1 << g for g in members), len(members), sum(1 for g in members if g in state.free))
             for members in sockets.values()
         ]
@@ -200,7 +200,7 @@ class UtilityModel:
         (a shared PCIe switch tree slows by ``SWITCH_SLOWDOWN``, a shared socket by
         ``SOCKET_SLOWDOWN``; an insensitive job suffers half)."""
         return self._interference(
-            _or(self._socket_bit[g] for g in gpus), _or(self._switch_bit[g] for g in gpus)
+            _or(self.socket_bits[g] for g in gpus), _or(self.switch_bits[g] for g in gpus)
         )
 
     def fragmentation(self, gpus: Sequence[int]) -> float:
@@ -233,7 +233,7 @@ class UtilityModel:
         utility, each rounded to 1e-6: the answer of scoring each with :meth:`parts`, several
         times faster. A set's
         communication cost and masks extend the memoised ones of its prefix by one GPU."""
-        d, socket_bit, switch_bit = self.distance, self._socket_bit, self._switch_bit
+        d, socket_bit, switch_bit = self.distance, self.socket_bits, self.switch_bits
         # prefix -> (communication cost, GPU mask, socket mask, switch mask)
         prefixes: dict[tuple[int, ...], tuple[float, int, int, int]] = {(): (0.0, 0, 0, 0)}
 
@@ -255,22 +255,47 @@ class UtilityModel:
         best: tuple[int, ...] | None = None
         best_key = (-1.0, -1.0)
         for gpus in candidates:
-            cost, mask, sockets, switches = state(gpus)
-            interference = self._interference(sockets, switches)
-            key = (
-                round(self._published(cost, len(gpus), interference, self._system_free(mask)), 6),
-                round(
-                    self._combine(
-                        self._normalised(cost, len(gpus)), interference, self._fragmentation(mask)
-                    ),
-                    6,
-                ),
-            )
+            key = self._key(len(gpus), *state(gpus))
             if key > best_key:
                 best_key, best = key, gpus
         if best is None:
             raise ValueError("no candidate set")
         return best
+
+    def set_key(self, gpus: Sequence[int]) -> tuple[float, float]:
+        """The key :meth:`best_set` ranks the sorted set ``gpus`` by: (U, U_n), rounded."""
+        d = self.distance
+        cost, mask, sockets, switches = 0.0, 0, 0, 0
+        for i, g in enumerate(gpus):
+            row = d[g]
+            cost = cost + sum(row[x] for x in gpus[:i])
+            mask |= 1 << g
+            sockets |= self.socket_bits[g]
+            switches |= self.switch_bits[g]
+        return self._key(len(gpus), cost, mask, sockets, switches)
+
+    def bound_key(self, size: int, cost: float, fragmentation: float, interference: float,
+                  free: float) -> tuple[float, float]:  # fmt: skip
+        """The key of a set of ``size`` GPUs with these costs and share free: monotone in each
+        (the higher ``free`` and the lower the others, the higher), so bounds on them bound it."""
+        return (
+            round(self._published(cost, size, interference, free), 6),
+            round(self._combine(self._normalised(cost, size), interference, fragmentation), 6),
+        )
+
+    def _key(
+        self, size: int, cost: float, mask: int, sockets: int, switches: int
+    ) -> tuple[float, float]:
+        interference = self._interference(sockets, switches)
+        return (
+            round(self._published(cost, size, interference, self._system_free(mask)), 6),
+            round(
+                self._combine(
+                    self._normalised(cost, size), interference, self._fragmentation(mask)
+                ),
+                6,
+            ),
+        )
 
     # ---- shared arithmetic -------------------------------------------------------------------
 
@@ -296,18 +321,24 @@ class UtilityModel:
 
     def _system_free(self, mask: int) -> float:
         """Eq. 5: the average over sockets of the share of their GPUs free after the set."""
-        if not self._sockets:
+        if not self.socket_counts:
             return 0.0
         shares = [
             (free_before - (mask & socket).bit_count()) / size
-            for socket, size, free_before in self._sockets
+            for socket, size, free_before in self.socket_counts
         ]
         return sum(shares) / len(shares)
 
     def _interference(self, sockets: int, switches: int) -> float:
+        total, touched = self.slowdown_sum(sockets, switches)
+        return total / (touched + 1)
+
+    def slowdown_sum(self, sockets: int, switches: int) -> tuple[float, int]:
+        """The slowdowns of Eq. 4 summed (the running jobs touched, then the new job), and how
+        many running jobs a set touching ``sockets`` and ``switches`` touches."""
         slowdowns: list[float] = []
         own = 0.0
-        for job_switches, job_sockets, victim_factor in self._jobs:
+        for job_switches, job_sockets, victim_factor in self.jobs:
             if job_switches & switches:
                 level = SWITCH_SLOWDOWN
             elif job_sockets & sockets:
@@ -317,17 +348,17 @@ class UtilityModel:
             own += level
             slowdowns.append(min(1.0, level * victim_factor))
         slowdowns.append(min(1.0, own * self._own_factor))
-        return sum(slowdowns) / len(slowdowns)
+        return sum(slowdowns), len(slowdowns) - 1
 
     def _fragmentation(self, mask: int) -> float:
-        if not self._domains:
+        if not self.domain_counts:
             return 0.0
         total = 0.0
-        for domain, size, free_before in self._domains:
+        for domain, size, free_before in self.domain_counts:
             free_after = free_before - (mask & domain).bit_count()
             if 0 < free_after < size:
                 total += free_after / size
-        return total / len(self._domains)
+        return total / len(self.domain_counts)
 
     def _combine(self, t: float, interference: float, fragmentation: float) -> float:
         w = self.weights
@@ -343,74 +374,32 @@ class UtilityModel:
 def cheapest_communication(distance: tuple[tuple[float, ...], ...], size: int) -> float:
     """t_min(k): the lowest communication cost (Eq. 3) of any ``size`` GPUs of the host.
 
-    Exact, by depth-first search over sets in index order, keeping for every GPU its summed
-    distance to the GPUs chosen so far. A branch is cut when its cost plus the least the missing
-    GPUs can add (the smallest of those sums among the GPUs still to come, and the host's
-    shortest distance for the pairs among them) cannot beat the best set found (a greedy one to
-    start). Cached per host and size.
+    Exact, by the branch and bound of :mod:`gpualloc.placement.set_search` on the cost alone
+    (twins taken lowest first, bounds from the GPUs to come or from those left out). Cached per
+    host and size.
 
-    The search visits at most :data:`T_MIN_NODES` sets; beyond that it returns the cheapest set
+    The search visits at most :data:`T_MIN_NODES` nodes; beyond that it returns the cheapest set
     found, an upper bound on t_min that is deterministic (a count, not a clock), so a score is
-    the same wherever it is computed. Every bundled host stays exact (torus-2d-16 needs 636
-    nodes, the most); a 32-GPU two-socket PCIe host needed 828,413 nodes (7 s) for 22 GPUs
-    (issue 40, hole 2)."""
+    the same wherever it is computed. Every bundled host stays exact; the search it replaces
+    needed 828,413 nodes (7 s) for 22 of a 32-GPU two-socket PCIe host's GPUs (issue 40,
+    hole 2)."""
     n = len(distance)
     if size < 2 or size > n:
         return 0.0
-    d_min = min(distance[a][b] for a in range(n) for b in range(n) if a != b)
-    best = min(_greedy_cost(distance, seed, size) for seed in range(n))
-    to_chosen = [0.0] * n  # summed distance from each GPU to the chosen ones
-    nodes = 0
 
-    def search(start: int, have: int, cost: float) -> None:
-        nonlocal best, nodes
-        nodes += 1
-        if nodes > T_MIN_NODES:
-            raise _NodesSpent
-        if have == size:
-            best = min(best, cost)
-            return
-        later = size - have - 1  # GPUs still to come after the next one
-        among_later = d_min * later * (later - 1) / 2
-        for g in range(start, n - later):
-            total = cost + to_chosen[g]
-            if later:
-                row = distance[g]
-                adds = sorted(to_chosen[h] + row[h] for h in range(g + 1, n))
-                if total + sum(adds[:later]) + among_later >= best:
-                    continue
-            elif total >= best:
-                continue
-            row = distance[g]
-            for h in range(n):
-                to_chosen[h] += row[h]
-            search(g + 1, have + 1, total)
-            for h in range(n):
-                to_chosen[h] -= row[h]
+    def cost_of(gpus: tuple[int, ...]) -> tuple[float]:
+        return (-sum(distance[a][b] for i, a in enumerate(gpus) for b in gpus[i + 1 :]),)
 
-    with contextlib.suppress(_NodesSpent):
-        search(0, 0, 0.0)
-    return best
+    search = SetSearch(
+        CostOnly(distance), range(n), frozenset(), size, cost_of,
+        lambda cost, _fragmentation, _interference, _free: (-cost,),
+        max_nodes=T_MIN_NODES,
+    )  # fmt: skip
+    return -cost_of(search.run())[0]
 
 
 T_MIN_NODES = 4096
-"""How many sets :func:`cheapest_communication` visits at most (about 35 ms)."""
-
-
-class _NodesSpent(Exception):
-    pass
-
-
-def _greedy_cost(distance: tuple[tuple[float, ...], ...], seed: int, size: int) -> float:
-    """The cost of growing a set from ``seed`` by the GPU nearest to it each time."""
-    chosen, cost = [seed], 0.0
-    rest = set(range(len(distance))) - {seed}
-    while len(chosen) < size:
-        g = min(rest, key=lambda x: (sum(distance[x][c] for c in chosen), x))
-        cost += sum(distance[g][c] for c in chosen)
-        chosen.append(g)
-        rest.discard(g)
-    return cost
+"""How many nodes :func:`cheapest_communication` visits at most."""
 
 
 def _or(bits: Iterable[int]) -> int:
