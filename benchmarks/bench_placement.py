@@ -2,12 +2,14 @@
 """Speed of placement decisions on every bundled host, pattern and job size.
 
 Run on its own: ``python benchmarks/bench_placement.py [--policy P ...] [--host H ...]
-[--pattern X ...] [--sensitivity both|sensitive|insensitive] [--repeats 5] [--samples 200]
-[--cap-s 2] [--over-only]``. For each (policy, host, pattern, sensitivity, k) it times
-``policy.place`` (the decision itself, not process start-up) on the empty host and on random
-busy sets that leave enough GPUs free (a uniform number of busy GPUs, then which ones), and
-prints the p99 and the maximum in milliseconds, with a flag where the issue's budget (10 ms on
-8-GPU hosts, 100 ms on 16-GPU hosts, p99) is missed.
+[--pattern X ...] [--sensitivity both|sensitive|insensitive] [--k N ...] [--repeats 5]
+[--samples 200] [--cap-s 2] [--over-only]``. For each (policy, host, pattern, sensitivity, k) it
+times ``policy.place`` (the decision itself, not process start-up) on the empty host and on
+random busy sets that leave enough GPUs free (a uniform number of busy GPUs, then which ones),
+and prints the p99 and the maximum in milliseconds, with a flag where the budget (issue 43: 10 ms
+p99 up to 16 GPUs, 50 ms on 32-GPU hosts) is missed. It ends with the p50 and p99 of every
+decision timed per host and job size n, and the growth of the p99 at n = 8 from 8- to 16- to
+32-GPU hosts.
 
 A quick screen of ``--repeats`` samples settles most cases; one whose slowest quick sample is
 over budget is measured again on ``--samples`` busy sets, and judged by their p99 (the maximum
@@ -39,7 +41,11 @@ from gpualloc.topologies import bundled_names, load_bundled  # noqa: E402
 
 
 def budget_ms(gpu_count: int) -> float:
-    return 10.0 if gpu_count <= 8 else 100.0
+    return 10.0 if gpu_count <= 16 else 50.0
+
+
+GROWTH_K = 8
+"""The job size whose p99 the growth line follows across host sizes (issue 43's measure)."""
 
 
 class _Timeout(Exception):
@@ -93,6 +99,22 @@ def percentile(timings: list[float], share: float) -> float:
     return timings[min(len(timings) - 1, max(0, math.ceil(share * len(timings)) - 1))]
 
 
+def print_sizes(by_size: dict[tuple[str, int], list[float]]) -> None:
+    """The p50 and p99 of every decision timed, per host and job size; then the growth line."""
+    print(f"\n{'host':<20}{'n':>3}{'p50 ms':>10}{'p99 ms':>10}{'budget':>8}")
+    growth: dict[int, float] = {}
+    for (name, k), timings in sorted(by_size.items()):
+        timings.sort()
+        p99 = percentile(timings, 0.99)
+        gpus = load_bundled(name).gpu_count
+        print(f"{name:<20}{k:>3}{percentile(timings, 0.5):>10.1f}{p99:>10.1f}{budget_ms(gpus):>8g}")
+        if k == GROWTH_K:
+            growth[gpus] = max(growth.get(gpus, 0.0), p99)
+    if growth:
+        steps = " -> ".join(f"{gpus} GPUs {p99:.1f} ms" for gpus, p99 in sorted(growth.items()))
+        print(f"growth of the p99 at n={GROWTH_K} (slowest host of each size): {steps}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", action="append", help="repeatable; default: every policy")
@@ -111,6 +133,9 @@ def main() -> None:
         "case by their p99 (0: judge by the slowest quick sample)",
     )
     parser.add_argument("--over-only", action="store_true", help="print only cases over budget")
+    parser.add_argument(
+        "--k", type=int, action="append", help="repeatable; default: every job size of the host"
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGALRM, _alarm)
     policies = [get_policy(name) for name in (args.policy or policy_names())]
@@ -119,6 +144,7 @@ def main() -> None:
     sensitivities = {"both": (True, False), "sensitive": (True,), "insensitive": (False,)}
     missed = cases = 0
     worst: dict[str, float] = {}
+    by_size: dict[tuple[str, int], list[float]] = {}
     print(f"{'policy':<12}{'host':<20}{'pattern':<8}{'job':<5}{'k':>3}{'p99 ms':>10}{'max ms':>10}")
     for policy in policies:
         for name in hosts:
@@ -128,6 +154,8 @@ def main() -> None:
             for pattern in patterns:
                 for sensitive in sensitivities[args.sensitivity]:
                     for k in range(1, n + 1):
+                        if args.k and k not in args.k:
+                            continue
                         request = JobRequest(k, build_pattern(pattern, k), sensitive)
                         timings = bench_case(
                             policy, topology, request, args.repeats, args.cap_s, rng
@@ -138,6 +166,7 @@ def main() -> None:
                                 policy, topology, request, args.samples, args.cap_s,
                                 random.Random(k), stop_over=False,
                             )  # fmt: skip
+                        by_size.setdefault((name, k), []).extend(timings)
                         p99 = percentile(timings, 0.99)
                         over = p99 > budget_ms(n)
                         cases += 1
@@ -152,6 +181,7 @@ def main() -> None:
                             )
     for name, share in worst.items():
         print(f"{name:<12} slowest case (p99) used {share:.0%} of its budget")
+    print_sizes(by_size)
     print(f"cases over budget: {missed} of {cases}")
     if missed:
         sys.exit(1)
