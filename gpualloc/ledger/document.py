@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
 
 from gpualloc.errors import LedgerError
 from gpualloc.ledger.quarantine import SetAside, Unreadable, convert, salvage, surrogate_at
@@ -38,6 +39,13 @@ HEADER = re.compile(r'^\{\s*"writer_uid":\s*(\d+),\s*"generation":\s*(\d+)')
 TRAILER = ',"generation_end":'
 """The last member of every ledger written (schema 8 on): the generation again. JSON escapes
 every ``"`` inside a string, so these characters occur nowhere else in a document."""
+CHECKSUM = ',"crc32":'
+"""The member before :data:`TRAILER`: the CRC-32 of every byte before it. The two generations
+catch a writer stopped midway (the start of a new text over the end of an old one); the
+checksum also catches the mixtures a reader that takes no lock (``status``) can see while a
+writer is at work, and the page order of a machine crash: an old start and end around a new
+middle, whose generations agree."""
+SPACED_CHECKSUM = re.compile(r',\s*"crc32"\s*:\s*\d+\s*$')
 SPACED_TRAILER = re.compile(r',\s*"generation_end"\s*:\s*(\d+)\s*\}\s*$')
 
 
@@ -63,7 +71,8 @@ def written_ledger(ledger: Ledger, writer_uid: int) -> tuple[str, Ledger]:
     head = {"writer_uid": data.pop("writer_uid"), "generation": data.pop("generation")}
     # Compact: json's C encoder, which indentation turns off (a third of a write's time).
     body = json.dumps({**head, **dict(sorted(data.items()))}, separators=(",", ":"))
-    text = f"{body[:-1]}{TRAILER}{ledger.generation}}}\n"
+    checksum = zlib.crc32(body[:-1].encode())
+    text = f"{body[:-1]}{CHECKSUM}{checksum}{TRAILER}{ledger.generation}}}\n"
     try:
         # The read every later transaction makes (one pass of C), so that none of them fails.
         return text, decode_json(body, Ledger)
@@ -129,10 +138,13 @@ def read_ledger(text: str, source: str) -> tuple[Ledger, list[SetAside]]:
     return ledger, aside
 
 
-def document_of(text: str, source: str) -> str:
-    """The JSON document ``text`` holds, without its trailer (:data:`TRAILER`, checked against
-    the header); :class:`LedgerError` when the two generations differ or the end is not one: the
-    start of one write over the end of another."""
+def document_of(text: str, source: str, *, checksum: bool = False) -> str:
+    """The JSON document ``text`` holds, without its checksum and trailer (:data:`TRAILER`,
+    checked against the header); :class:`LedgerError` when the two generations differ or the end
+    is not one: the start of one write over the end of another. ``checksum``: also when the
+    text is not the one its checksum was made of (:data:`CHECKSUM`), as a reader without the
+    lock must ask (a write may be at work); with the lock, no write is, and a text whose
+    generations agree but whose checksum does not was edited by a (cooperative) user."""
     cut, end = text.rfind(TRAILER), ""
     if cut >= 0:
         end = text[cut + len(TRAILER) :].rstrip()
@@ -143,12 +155,18 @@ def document_of(text: str, source: str) -> str:
     if cut < 0:
         return text  # written before schema 8, by truncating first
     header = HEADER.match(text)
+    torn = LedgerError(
+        f"{source} holds parts of two writes (a writer was stopped while it rewrote the file, "
+        "or is at work now)"
+    )
     if header is None or end != f"{header.group(2)}}}":
-        raise LedgerError(
-            f"{source} holds the start of one write over the end of another (a writer was "
-            "stopped while it rewrote the file)"
-        )
-    return f"{text[:cut]}}}"
+        raise torn
+    body, found, written = text[:cut].rpartition(CHECKSUM)
+    if not found:  # re-indented by a user or a tool, the checksum with it
+        body, written = SPACED_CHECKSUM.sub("", text[:cut]), ""
+    if checksum and (not written.isdigit() or zlib.crc32(body.encode()) != int(written)):
+        raise torn
+    return f"{body}}}"
 
 
 def trailer_generation(tail: bytes) -> int | None:
@@ -164,7 +182,7 @@ def trailer_generation(tail: bytes) -> int | None:
 def parses(text: str) -> bool:
     """Whether ``text`` is one whole write (an unlocked reader may see one in progress)."""
     try:
-        json.loads(document_of(text, "the ledger"))
+        json.loads(document_of(text, "the ledger", checksum=True))
     except (ValueError, RecursionError, LedgerError):
         return False
     return True

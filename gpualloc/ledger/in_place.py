@@ -10,6 +10,13 @@ of the old one, and the two generations differ (the new one is always later: see
 :func:`_rewritable`), so the file reads as damaged and the ledger is recovered from the good copy
 written before it (:mod:`.store`). A file that does not end with an earlier generation (one of
 an older gpualloc, or of a ledger started anew) is truncated first, as before, or replaced.
+
+Two exceptions keep a copy to recover from whatever happens: a transaction that recovered the
+ledger (from this user's good copy, perhaps) replaces the good copy whole, and a good copy other
+users cannot read (not 0644) is replaced. A reader without the lock may see a writer at work:
+an old start and end around a new middle agree on their generation, so every text also carries
+a checksum (:data:`.document.CHECKSUM`) that such a reader checks. A machine crash may leave
+either file in any mixture of pages: a ledger last written before this boot starts anew.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from pathlib import Path
 from gpualloc.ledger.document import trailer_generation
 from gpualloc.ledger.shared_files import adopt, open_shared
 
+GOOD_COPY_MODE = 0o644
+"""A good copy's mode: every user reads it to recover a damaged ledger (:mod:`.store`)."""
 TAIL_BYTES = 64
 """Enough of a file's end for its trailer: ``,"generation_end":`` and 20 digits, and more."""
 
@@ -53,6 +62,8 @@ def rewrite_own_copy(path: Path, data: bytes, generation: int) -> bool:
     try:
         info = os.fstat(descriptor)
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_nlink != 1:
+            return False
+        if stat.S_IMODE(info.st_mode) != GOOD_COPY_MODE:  # others must read it to recover
             return False
         if not _rewritable(descriptor, info, generation):
             return False

@@ -175,7 +175,10 @@ class OwnedLedgerStore(LedgerStore):
     def _recover(self, damaged: str | None, what: str) -> tuple[Ledger | None, list[str]]:
         return None, []  # a file in this directory that the broker did not write: no trust
 
-    def _write(self, ledger: Ledger) -> None:
+    def _write(self, ledger: Ledger, *, in_place: bool = True) -> None:
+        """The broker's one file, replaced by rename whatever ``in_place`` says: nobody else
+        writes its directory, so nothing stops the rename."""
+        del in_place
         text, read_back = written_ledger(ledger, os.geteuid())
         path = self.directory.ledger_file
         try:

@@ -225,7 +225,10 @@ class LedgerStore:
             yield txn
             if txn.changed:
                 self._keep_aside(aside, txn.notes)  # before the ledger without them replaces it
-                self._write(txn.ledger)
+                # A ledger recovered (notes) or read in part (aside) may rest on this user's
+                # good copy alone: that copy is replaced whole then, never rewritten in place,
+                # so that a second writer stopped midway still leaves one copy to recover from.
+                self._write(txn.ledger, in_place=not notes and not aside)
                 for lease in txn.reaped:
                     _unlink_quietly(self.directory.lease_lock(lease.id))
         if os.geteuid() == 0 and os.path.lexists(self.directory.journal_file):
@@ -328,10 +331,13 @@ class LedgerStore:
         aside: list[SetAside] = []
         text = self._ledger_text()
         for _ in range(3 if unlocked else 0):
-            if text is None or parses(text):
+            if text is None or parses(text):  # a whole write, checksum and all
                 break
             time.sleep(0.005)
-            text = self._read_ledger_text()
+            again = self._read_ledger_text()
+            if again == text:  # no write at work: damaged, or edited by hand (read below)
+                break
+            text = again
         if text is None:
             ledger, notes = self._recover(None, f"{path} was missing")
             ledger = ledger or Ledger(host=self.host)
@@ -461,14 +467,16 @@ class LedgerStore:
         except OSError as exc:
             notes.append(f"could not keep the records left out in {path}: {exc.strerror}")
 
-    def _write(self, ledger: Ledger) -> None:
+    def _write(self, ledger: Ledger, *, in_place: bool = True) -> None:
+        """This user's good copy, then the shared ledger. ``in_place``: whether the good copy
+        may be rewritten in place (:mod:`.in_place`), or must be replaced by a new file."""
         uid = os.geteuid()
         text = ledger_text(ledger, uid)
         data = text.encode()
         own = self.directory.good_copy(uid)
         _check_own_copy(own, uid)
         try:  # not synced: see the module docstring
-            if not rewrite_own_copy(own, data, ledger.generation):
+            if not (in_place and rewrite_own_copy(own, data, ledger.generation)):
                 write_text_atomic(own, text, mode=0o644, sync=False)  # others recover from it
         except OSError as exc:
             raise access_error(own, exc, "write", changed=False) from exc
