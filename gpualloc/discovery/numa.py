@@ -7,8 +7,6 @@ tests); ``discover_numa`` runs ``numactl -H`` and falls back to sysfs.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 from gpualloc.discovery.text import is_comment_or_prompt
@@ -151,6 +149,9 @@ def _meminfo_total(text: str) -> int | None:
 
 def discover_numa(notes: list[str]) -> list[NumaNode]:
     """This host's NUMA nodes: ``numactl -H`` if installed, else sysfs; notes say which failed."""
+    import shutil  # here: reading a recorded topology (doctor) runs no process
+    import subprocess
+
     numactl = shutil.which("numactl")
     if numactl:
         try:

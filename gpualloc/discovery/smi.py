@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import csv
 import io
-import shutil
-import subprocess
 from datetime import datetime, timezone
 
 from msgspec import Struct
@@ -197,6 +195,9 @@ def _merge_query(gpu: Gpu, queried: list[QueriedGpu]) -> Gpu:
 
 def run_nvidia_smi(*args: str, timeout_s: float = 60.0) -> str:
     """Run ``nvidia-smi ARGS``; absent binary or driver -> DiscoveryUnavailable."""
+    import shutil  # here: reading a recorded topology (doctor) runs no process
+    import subprocess
+
     binary = shutil.which("nvidia-smi")
     if binary is None:
         raise DiscoveryUnavailable("nvidia-smi is not installed (not on PATH)")
