@@ -113,6 +113,26 @@ def _bandwidth_findings(host: Any, files: list[Path]) -> list[Finding]:
     """Degraded pairs in this host's calibration and in the ``--measured`` recordings
     (:mod:`gpualloc.measurements.degraded`)."""
     from gpualloc.checkup import Finding
+
+    found: list[tuple[str, list[Any]]] = []  # degraded.Finding
+    saved = _saved_calibration(host)
+    if saved is not None:
+        found.append(("calibration", saved.findings))
+    if files:  # the readers of recordings only then (issue 43, point 3: doctor's start-up)
+        found += _recorded_findings(host, files)
+    results = []
+    for origin, findings in found:
+        if not findings:
+            detail = "no pair far below its link class, no P2P slower than staged copies"
+            results.append(Finding("bandwidth", origin, "ok", detail))
+        for finding in findings:
+            where = f"GPU {finding.gpus[0]}-{finding.gpus[1]}"
+            results.append(Finding("bandwidth", where, "problem", f"{finding.detail} ({origin})"))
+    return results
+
+
+def _recorded_findings(host: Any, files: list[Path]) -> list[tuple[str, list[Any]]]:
+    """Degraded pairs in each ``--measured`` recording, by file name."""
     from gpualloc.cli.state import STATE
     from gpualloc.discovery.recorded import read_text
     from gpualloc.errors import TopologyParseError
@@ -120,10 +140,7 @@ def _bandwidth_findings(host: Any, files: list[Path]) -> list[Finding]:
     from gpualloc.measurements.recognise import read_recording
     from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE
 
-    found: list[tuple[str, list[degraded.Finding]]] = []
-    saved = _saved_calibration(host)
-    if saved is not None:
-        found.append(("calibration", saved.findings))
+    found = []
     estimated = host.topology.estimated(STATE.bandwidth_override() or DEFAULT_BANDWIDTH_TABLE)
     for path in files:
         recording = read_recording(read_text(path, "measurement file"), source=str(path))
@@ -135,15 +152,7 @@ def _bandwidth_findings(host: Any, files: list[Path]) -> list[Finding]:
         if recording.matrices and recording.matrices[0].gpu_count == host.topology.gpu_count:
             findings += degraded.below_link_class(recording, estimated)
         found.append((path.name, findings))
-    results = []
-    for origin, findings in found:
-        if not findings:
-            detail = "no pair far below its link class, no P2P slower than staged copies"
-            results.append(Finding("bandwidth", origin, "ok", detail))
-        for finding in findings:
-            where = f"GPU {finding.gpus[0]}-{finding.gpus[1]}"
-            results.append(Finding("bandwidth", where, "problem", f"{finding.detail} ({origin})"))
-    return results
+    return found
 
 
 def _saved_calibration(host: Any) -> Any:
