@@ -96,3 +96,26 @@ def test_a_required_gpu_is_never_split_from_the_others_or_padded() -> None:
     best = PartitionSearch(weights, k, required).best_partition()
     groups = [mask for mask, padded in best if not padded]
     assert any(mask & 0b1000001 == 0b1000001 for mask in groups)
+
+
+def test_twins_under_one_switch_keep_the_enumerations_answer() -> None:
+    """PCIe-like scores (the GPUs under one switch are twins, which a group takes lowest first;
+    issue 43) with now and then an NVLinked pair and required GPUs: the literal answer."""
+    rng = random.Random(43)
+    for _ in range(150):
+        n = rng.randint(4, 10)
+        k = rng.randint(2, min(5, n))
+        block, socket = rng.choice([2, 3, 4]), rng.choice([4, 6, 8])
+        weights = [
+            [0 if a == b else 50 if a // block == b // block else 20 if a // socket == b // socket
+             else 10 for b in range(n)]
+            for a in range(n)
+        ]  # fmt: skip
+        if rng.random() < 0.3:
+            a, b = rng.sample(range(n), 2)
+            weights[a][b] = weights[b][a] = weights[a][b] + 100
+        required = frozenset()
+        if rng.random() < 0.3:
+            required = frozenset(rng.sample(range(n), rng.randint(1, min(2, k))))
+        expected = _literal_best(weights, k, required)
+        assert PartitionSearch(weights, k, required).best_partition() == expected

@@ -8,9 +8,15 @@ keeps the first partition of highest total pair score that has a qualifying grou
 GPUs, no padding). That is 22 million partitions for k = 3 of 16 GPUs.
 
 :class:`PartitionSearch` returns the same partition. It walks the same tree in the same order
-with three additions, none of which changes which partition comes out first:
+with these additions, none of which changes which partition comes out first:
 
 * the padding is one block, so only the groups go-gpuallocator keeps are generated;
+* a node's groups are built member by member (:class:`_GroupWalk`), and a prefix whose every
+  group falls short of the incumbent is cut as a whole (issue 43: the groups of 16 of 32 GPUs
+  holding the first, C(31, 15) = 300 million, were listed one by one and ran out of memory);
+* of twin GPUs (the same pair score to every other GPU: the GPUs under one PCIe switch) a group
+  takes the lower first, since swapping two twins between groups gives a partition of the same
+  total that comes earlier;
 * branch and bound, with the incumbent replaced only on a *strict* improvement, and cuts only
   where nothing strictly better than the incumbent can follow. The bound gives each GPU a share:
   a group's score split evenly over its members is at most the best group score containing
@@ -29,7 +35,8 @@ the one returned.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import math
+from collections.abc import Callable, Iterator, Sequence
 from itertools import combinations
 from math import comb
 
@@ -63,6 +70,34 @@ class PartitionSearch:
         self._memo: dict[tuple[int, bool], int] = {}
         self._best = -1
         self._best_partition: list[tuple[int, bool]] = []
+        self.twin = self._twin_classes(required)
+        # Per GPU, the sums of its j largest pair scores (j = 0..n-1), for the group bound.
+        self.top_sums = []
+        for v in range(n):
+            ranked = sorted((weights[v][u] for u in range(n) if u != v), reverse=True)
+            sums = [0]
+            for value in ranked:
+                sums.append(sums[-1] + value)
+            self.top_sums.append(sums)
+
+    def _twin_classes(self, required: frozenset[int]) -> list[int]:
+        """Per position, the lowest position with the same pair score to every other one
+        (itself if none, and for required GPUs, which cannot trade places)."""
+        n, weights = self.n, self.weights
+        twin = list(range(n))
+        leaders: list[int] = []
+        for v in range(n):
+            if v in required:
+                continue
+            row = weights[v]
+            for h in leaders:
+                other = weights[h]
+                if all(row[x] == other[x] for x in range(n) if x != v and x != h):
+                    twin[v] = h
+                    break
+            else:
+                leaders.append(v)
+        return twin
 
     # ---- scores -----------------------------------------------------------------------------
 
@@ -164,12 +199,21 @@ class PartitionSearch:
     def qualifies(self, mask: int, padded: bool) -> bool:
         return not padded and mask & self.required == self.required
 
-    def _children(self, remaining: int, padding_left: bool) -> Iterator[tuple[int, bool, int, int]]:
-        """(group, padded, scaled group score, bound of the rest) for each allowed group.
+    def _children(
+        self, remaining: int, padding_left: bool, floor: Callable[[], float]
+    ) -> Iterator[tuple[int, bool, int, int]]:
+        """(group, padded, scaled group score, bound of the rest) for each allowed group whose
+        (score + bound of the rest) may exceed ``floor()``, in go-gpuallocator's order.
 
         A group holding some required GPU must hold all of them, without padding. The bound of
         the rest reuses this node's padded-group correction: the k-P smallest drops over a
         subset are no smaller, so the bound stays valid, only slightly looser.
+
+        The groups are built member by member (a depth-first walk over the combinations, in
+        their lexicographic order), and a prefix none of whose groups can pass ``floor`` is cut
+        (:class:`_GroupWalk`); of twin GPUs (the same pair score to every other GPU, neither
+        required) a group takes the lower first: swapping two twins between groups gives a
+        partition of the same total that comes earlier, so the later one is never kept.
         """
         padding_left = padding_left and bool(self.padding)
         share_sum = self._mask_sum(self._share_tables, remaining)
@@ -181,25 +225,23 @@ class PartitionSearch:
                 if remaining >> i & 1
             )
             correction = sum(drops[: self.padded_size])
-        required, tick = self.required, self.deadline.tick
-        for mask, padded in self.groups_with_lowest(remaining, padding_left):
-            tick()
-            if mask & required and (padded or mask & required != required):
-                continue
-            rest = share_sum - self._mask_sum(self._share_tables, mask)
-            if padding_left and not padded:
-                rest -= correction
-            yield mask, padded, self.score(mask) * self.scale, rest
+        walk = _GroupWalk(self, remaining, padding_left, share_sum, correction)
+        yield from walk.groups(floor)
 
     def greedy_total(self) -> int | None:
         """Score of the partition that takes, at each step, the group of highest score plus
         bound of the rest; ``None`` if it ends without a qualifying group."""
         remaining, padding_left, satisfied, total = (1 << self.n) - 1, True, False, 0
         while remaining:
-            best = None
-            for mask, padded, gained, rest in self._children(remaining, padding_left):
-                if best is None or gained + rest > best[0]:
-                    best = (gained + rest, mask, padded)
+            found: list[tuple[int, int, bool]] = []
+
+            def floor() -> float:
+                return found[-1][0] if found else -math.inf  # noqa: B023 (read at once)
+
+            for mask, padded, gained, rest in self._children(remaining, padding_left, floor):
+                if not found or gained + rest > found[-1][0]:
+                    found.append((gained + rest, mask, padded))
+            best = found[-1] if found else None
             if best is None:
                 return None
             _, mask, padded = best
@@ -233,7 +275,8 @@ class PartitionSearch:
                 self._best, self._best_partition = total, list(partition)
             return
         memo, required = self._memo, self.required
-        for mask, padded, gained, rest in self._children(remaining, padding_left):
+        children = self._children(remaining, padding_left, lambda: self._best - total)
+        for mask, padded, gained, rest in children:
             child = remaining ^ mask
             child_satisfied = satisfied or self.qualifies(mask, padded)
             last_padded = padding_left and not padded and bool(self.padding)
@@ -265,3 +308,128 @@ class PartitionSearch:
             partition.pop()
         # Nothing below this node adds more than best - total (exactly that if it improved).
         memo[(remaining, satisfied)] = self._best - total
+
+
+class _GroupWalk:
+    """The groups of one node of :meth:`PartitionSearch._walk` (those holding its lowest
+    remaining GPU), member by member in go-gpuallocator's order, with prefixes cut by a bound.
+
+    A group's value to the walk is its scaled score plus the bound of the rest:
+    ``scale score(G) + base - shares(G)`` (less the padded-group correction for an unpadded group
+    while padding is left), ``base`` the shares of the remaining GPUs. For a prefix ``Q`` and
+    ``t`` members to come, ``score(G) = score(Q) + sum over new v of w(v, Q) + score(new)``, and
+    ``score(new)`` is at most half the sum over the new members of their ``t - 1`` largest pair
+    scores: the value is at most ``scale score(Q) - shares(Q)`` plus the ``t`` largest of
+    ``scale w(v, Q) - share(v) + scale top(v, t - 1) / 2`` over the candidates.
+    """
+
+    def __init__(
+        self,
+        search: PartitionSearch,
+        remaining: int,
+        padding_left: bool,
+        share_sum: int,
+        correction: int,
+    ) -> None:
+        self.search = search
+        first = (remaining & -remaining).bit_length() - 1
+        self.first = first
+        self.others = [i for i in range(first + 1, search.n) if remaining >> i & 1]
+        self.padding_left = padding_left
+        self.base = share_sum
+        self.correction = correction if padding_left else 0
+        self.within = [search.weights[first][v] for v in range(search.n)]
+        """Per GPU, its pair scores summed over the prefix."""
+
+    def groups(self, floor: Callable[[], float]) -> Iterator[tuple[int, bool, int, int]]:
+        """The walk, with an explicit stack (one generator, not one per member)."""
+        search = self.search
+        k, scale, required = search.k, search.scale, search.required
+        padded_size = search.padded_size
+        others, within, twin, weights = self.others, self.within, search.twin, search.weights
+        shares_of, tick, count = search._shares, search.deadline.tick, len(others)
+        padding_left, base, correction = self.padding_left, self.base, self.correction
+        first = self.first
+        # Per level: [mask, size, score, shares, next index, skipped twin classes, GPU added].
+        stack: list[list] = [[1 << first, 1, 0, shares_of[first], 0, set(), -1]]
+        while stack:
+            level = stack[-1]
+            mask, size, score, shares, index, skipped, _ = level
+            if size == k:
+                if not (mask & required and mask & required != required):
+                    yield mask, False, score * scale, base - shares - correction
+                self._pop(stack)
+                continue
+            grown_to = -1
+            while index < count:
+                left = count - index
+                if left < k - size and not (
+                    padding_left and size < padded_size and left >= padded_size - size
+                ):
+                    index = count
+                    break
+                v = others[index]
+                index += 1
+                tick()
+                if twin[v] in skipped:
+                    continue
+                grown = mask | 1 << v
+                if grown & required and required & ((1 << v) - 1) & ~grown:
+                    # It holds a required GPU but has passed another: it cannot hold them all.
+                    skipped.add(twin[v])
+                    continue
+                row = weights[v]
+                for u in others:
+                    within[u] += row[u]
+                new_score, new_shares = score + within[v] - row[v], shares + shares_of[v]
+                if self._bound(new_score, size + 1, new_shares, index) > floor():
+                    grown_to = v
+                    level[4] = index
+                    stack.append([grown, size + 1, new_score, new_shares, index, set(skipped), v])
+                    break
+                for u in others:
+                    within[u] -= row[u]
+                skipped.add(twin[v])
+            if grown_to >= 0:
+                continue
+            if padding_left and size == padded_size and not mask & required:
+                yield mask, True, score * scale, base - shares
+            self._pop(stack)
+
+    def _pop(self, stack: list[list]) -> None:
+        """Leave the deepest level: take its GPU out of the prefix, and mark its class skipped
+        for the level above (a later twin may not join this group)."""
+        added = stack.pop()[6]
+        if added >= 0:
+            row = self.search.weights[added]
+            within = self.within
+            for u in self.others:
+                within[u] -= row[u]
+            stack[-1][5].add(self.search.twin[added])
+
+    def _bound(self, score: int, size: int, shares: int, start: int) -> float:
+        """The most any group can be worth to the walk that extends a prefix of ``size`` GPUs
+        (``score`` and ``shares`` its own) with candidates from ``start`` on."""
+        search = self.search
+        k, scale = search.k, search.scale
+        base = scale * score - shares + self.base
+        best = -math.inf
+        options = [(k - size, self.correction)]
+        if self.padding_left and size <= search.padded_size:
+            options.append((search.padded_size - size, 0))
+        others, within, top = self.others[start:], self.within, search.top_sums
+        for t, correction in options:
+            if t == 0:
+                best = max(best, base - correction)
+                continue
+            if t > len(others):
+                continue
+            gains = sorted(
+                (
+                    scale * within[v] - search._shares[v] + (scale * top[v][t - 1] + 1) // 2
+                    for v in others
+                ),
+                reverse=True,
+            )
+            best = max(best, base - correction + sum(gains[:t]))
+        return best
