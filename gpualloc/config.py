@@ -399,7 +399,7 @@ def no_slurm(env: Mapping[str, str]) -> bool:
         return _boolean(raw)
     except ValueError as exc:
         raise ConfigError(
-            f"{NO_SLURM_VARIABLE} = {raw!r}: {exc}",
+            f"{NO_SLURM_VARIABLE} = {_shown(raw)}: {exc}",
             hint=f"set {NO_SLURM_VARIABLE}=1 to use the host's ledger inside a Slurm job, or unset "
             "it",
         ) from None

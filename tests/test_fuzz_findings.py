@@ -289,3 +289,53 @@ def test_a_gpu_list_out_of_order_is_a_parse_error(cli: Cli, tmp_path: Path, firs
     line = 1 if first != "0" else 3
     result = cli("topo", "import", "--mig", str(listed))
     _refused(result, ExitCode.TOPOLOGY_PARSE, f"L.txt, line {line}: GPU", "comes next")
+
+
+def test_a_mig_device_listed_twice_is_a_parse_error(cli: Cli, tmp_path: Path) -> None:
+    """A MIG line twice was an internal error (ValueError: listed twice)."""
+    line = "  MIG 1g.5gb      Device  0: (UUID: MIG-a)\n"
+    listed = tmp_path / "L.txt"
+    listed.write_text("GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-1)\n" + line + line)
+    result = cli("topo", "import", "--mig", str(listed))
+    _refused(result, ExitCode.TOPOLOGY_PARSE, "GPU0/MIG0 is listed twice")
+
+
+# ---- long and huge option values ---------------------------------------------------------------
+
+
+def test_a_memory_size_of_400_digits_is_refused(cli: Cli) -> None:
+    """``--mem 999...9G`` was infinity, and int() of it an internal error (exit 1)."""
+    result = cli("--topology", "dgx1-v100", "alloc", "--shareable", "--mem", "9" * 400 + "G")
+    _refused(result, ExitCode.USAGE, "is more memory than any GPU has")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["alloc", "--shareable", "--mem", "a" * 3000],
+        ["alloc", "--shareable", "--mem", "9" * 3000],
+        ["plan", "--mig", "a" * 3000],
+    ],
+)
+def test_a_long_option_value_is_echoed_cut(cli: Cli, args: list[str]) -> None:
+    """--mem and --mig said a 3,000-character value back whole (to 500 characters)."""
+    _refused(cli("--topology", "dgx1-v100", *args), ExitCode.USAGE)
+    result = cli("--topology", "dgx-a100-mig", "plan", "--mig", "9" * 3000 + "g.5gb")
+    _refused(result, ExitCode.USAGE, "is neither a MIG profile nor a MIG device")
+    result = cli("--topology", "dgx-a100-mig", "plan", "--mig", "MIG-" + "a" * 3000)
+    _refused(result, ExitCode.NO_PLACEMENT, "no MIG device here is MIG-aaa")
+
+
+def test_a_long_variable_value_is_echoed_cut(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUALLOC_NO_SLURM", "a" * 3000)
+    _refused(cli("--topology", "dgx1-v100", "status"), ExitCode.CONFIG, "GPUALLOC_NO_SLURM = 'a")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="click's usage errors quote a bad value whole: gpualloc/cli/main.py "
+    "usage_error_lines must cut each quoted value with gpualloc.user_files.shown_text "
+    "(cli/main.py is another engineer's this session)",
+)
+def test_a_long_value_click_refuses_is_echoed_cut(cli: Cli) -> None:
+    _refused(cli("--install-completion", "a" * 5000), ExitCode.USAGE)

@@ -289,7 +289,12 @@ def with_mig_layout(topology: Topology, texts: MigTexts) -> Topology:
             gpus[row.index] = replace(gpu, name=gpu.name or row.name, uuid=gpu.uuid or row.uuid)
     for parent in {instance.gpu for instance in instances}:
         gpus[parent] = replace(gpus[parent], mig_enabled=True)
-    return replace(topology, gpus=gpus, mig_instances=instances).validated()
+    try:
+        return replace(topology, gpus=gpus, mig_instances=instances).validated()
+    except ValueError as exc:  # a device or a UUID twice: the texts contradict themselves
+        raise TopologyParseError(
+            f"the MIG texts describe no layout a GPU can have: {exc}"
+        ) from None
 
 
 def topology_from_gpu_list(texts: MigTexts, *, origin: str, name: str | None = None) -> Topology:

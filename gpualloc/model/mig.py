@@ -18,6 +18,7 @@ import re
 from msgspec import Struct
 
 from gpualloc.model.validation import NonNegativeInt, PositiveInt
+from gpualloc.user_files import shown_text, shown_value
 
 GIB = 1024**3
 
@@ -49,12 +50,15 @@ def parse_mig_profile(text: str) -> MigProfile:
     match = _PROFILE.match(name.lower())
     if match is None:
         raise ValueError(
-            f"{text!r} is not a MIG profile; expected a form like 1g.5gb, 3g.20gb or 1c.3g.20gb"
+            f"{shown_value(text)} is not a MIG profile; expected a form like 1g.5gb, 3g.20gb or "
+            "1c.3g.20gb"
         )
+    if max(len(match["slices"]), len(match["compute"] or ""), len(match["memory"])) > 4:
+        raise ValueError(f"{shown_value(text)} is not a MIG profile: no GPU has that many slices")
     slices = int(match["slices"])
     compute = int(match["compute"]) if match["compute"] else slices
     if compute > slices:
-        raise ValueError(f"MIG profile {text!r} has more compute slices than GPU slices")
+        raise ValueError(f"MIG profile {shown_value(text)} has more compute slices than GPU slices")
     return MigProfile(
         name=name.lower(),
         slices=slices,
@@ -176,9 +180,9 @@ class MigRequest(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
         if self.device is not None:
             parts.append(mig_label(*self.device))
         if self.uuid is not None:
-            parts.append(self.uuid)
+            parts.append(shown_text(self.uuid))
         if self.profile:
-            parts.append(self.profile)
+            parts.append(shown_text(self.profile))
         if self.memory_bytes is not None:
             parts.append(f">= {format_size(self.memory_bytes)}")
         return " ".join(parts) or "any MIG device"

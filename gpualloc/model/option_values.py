@@ -7,6 +7,7 @@ import re
 from typing import TYPE_CHECKING
 
 from gpualloc.errors import RequestError
+from gpualloc.user_files import shown_text, shown_value
 
 if TYPE_CHECKING:
     from gpualloc.model.mig import MigRequest
@@ -15,7 +16,6 @@ if TYPE_CHECKING:
 def parse_duration(text: str, option: str = "--timeout") -> float:
     """``90``, ``30s``, ``5m``, ``2h``, ``1h30m``, ``1.5h`` -> seconds."""
     from gpualloc.durations import DurationTooLong, parse_duration_text
-    from gpualloc.user_files import shown_value
 
     try:
         return parse_duration_text(text)
@@ -72,6 +72,8 @@ def _short(text: str) -> str:
     return repr(text) if len(text) <= 60 else repr(text[:60]) + f"... ({len(text)} characters)"
 
 
+MAX_SIZE_BYTES = 2**50
+"""A PiB: more than any GPU's memory for a long while."""
 _SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 
@@ -80,16 +82,22 @@ def parse_size(text: str, option: str) -> int:
     nvidia-smi's MiB). A bare number is refused: ``--mem 8`` meant 8 bytes, surely never what
     was asked (issue 42, point 7)."""
     if re.fullmatch(r"\s*\d+(?:\.\d+)?\s*", text):
+        number = shown_text(text.strip())
         raise RequestError(
-            f"{option} {text.strip()!r} has no unit",
-            hint=f"give one: {option} {text.strip()}G (GiB), {text.strip()}M (MiB) or "
-            f"{text.strip()}B (bytes)",
+            f"{option} {shown_value(text.strip())} has no unit",
+            hint=f"give one: {option} {number}G (GiB), {number}M (MiB) or {number}B (bytes)",
         )
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
     value = float(match[1]) * _SIZE_UNITS[match[2]] if match else 0.0
     if value < 1:
         raise RequestError(
-            f"{option} {text!r} is not a memory size", hint=f"e.g. {option} 10G, 4.5G or 512M"
+            f"{option} {shown_value(text)} is not a memory size",
+            hint=f"e.g. {option} 10G, 4.5G or 512M",
+        )
+    if value > MAX_SIZE_BYTES:  # 400 digits were infinity, and int() of it an internal error
+        raise RequestError(
+            f"{option} {shown_value(text)} is more memory than any GPU has",
+            hint=f"e.g. {option} 10G, 4.5G or 512M",
         )
     return int(value)
 
@@ -109,6 +117,6 @@ def mig_request(mig: str | None, memory_bytes: int | None) -> MigRequest:
         return MigRequest(profile=parse_mig_profile(text).name, memory_bytes=memory_bytes)
     except ValueError:
         raise RequestError(
-            f"--mig {mig!r} is neither a MIG profile nor a MIG device",
+            f"--mig {shown_value(mig)} is neither a MIG profile nor a MIG device",
             hint="e.g. --mig 1g.5gb, --mig GPU0/MIG3 or --mig MIG-<uuid> (gpualloc topo show)",
         ) from None
