@@ -431,6 +431,29 @@ def pcie_8gpu_2socket() -> Topology:
     )
 
 
+def pcie_32gpu_2socket() -> Topology:
+    return build(
+        "pcie-32gpu-2socket",
+        description=(
+            "A dual-socket 32-GPU PCIe host without NVLink, the layout of issue 40's and issue "
+            "43's placement measurements: 32 NVIDIA L40S, eight PCIe Gen4 switches with four "
+            "GPUs each (PIX; a 98-lane switch of the Broadcom PEX88096 class takes four x16 "
+            "GPUs and a x16 uplink), four switches per socket (NODE within a socket, SYS "
+            "across), 2 x 32-core CPUs with HT, 512 GiB per socket. Synthetic: no 32-GPU "
+            "host's 'nvidia-smi topo -m' is in the collection; it scales pcie-8gpu-2socket's "
+            "dual-root layout (two GPUs a switch there) to the GPU count of PCIe expansion "
+            "builds."
+        ),
+        gpu_name="NVIDIA L40S",
+        memory_gib=48,
+        gpu_numa=[0] * 16 + [1] * 16,
+        numa_nodes=x86_sockets(2, 32, 512),
+        nvlinks={},
+        pcie=grouped((4, PciePath.PIX), (16, PciePath.NODE), farthest=PciePath.SYS),
+        pcie_generation=4,
+    )
+
+
 def a40_nv4_pairs_8gpu() -> Topology:
     return build(
         "a40-nv4-pairs-8gpu",
@@ -557,7 +580,29 @@ MAPA_CUBE_MESH_16 = [
 ]
 
 
-def mapa_16(name: str, edges: list[tuple[int, int, str]], what: str) -> Topology:
+def mapa_torus_edges(rows: int, columns: int) -> list[tuple[int, int, str]]:
+    """MAPA's torus-2d construction (Fig. 17a) on ``rows`` x ``columns`` GPUs, 1-based like
+    MAPA_TORUS_2D: each row a path of double links closed by a single one, each column single
+    links, the first and last columns closed by double links. On 4 x 4 it is MAPA_TORUS_2D
+    with the edge 1-5 the reference omits; no GPU has more than six links (a V100's)."""
+    edges = []
+    for r in range(rows):
+        for c in range(columns):
+            g = r * columns + c + 1
+            if c + 1 < columns:
+                edges.append((g, g + 1, "NV2"))
+            if r + 1 < rows:
+                edges.append((g, g + columns, "NV1"))
+        edges.append((r * columns + 1, r * columns + columns, "NV1"))
+    for c in range(columns):
+        wrap = "NV2" if c in (0, columns - 1) else "NV1"
+        edges.append((c + 1, (rows - 1) * columns + c + 1, wrap))
+    return edges
+
+
+def mapa_mesh(
+    name: str, edges: list[tuple[int, int, str]], what: str, gpu_count: int = 16
+) -> Topology:
     node = NumaNode(id=0, cpus=list(range(64)), memory_total_bytes=1024 * GIB, distances={0: 10})
     return build(
         name,
@@ -568,7 +613,7 @@ def mapa_16(name: str, edges: list[tuple[int, int, str]], what: str) -> Topology
         ),
         gpu_name="Tesla V100-SXM2-32GB",
         memory_gib=32,
-        gpu_numa=[0] * 16,
+        gpu_numa=[0] * gpu_count,
         numa_nodes=[node],
         nvlinks=from_mapa(edges),
         pcie=lambda a, b: PciePath.PHB,
@@ -577,7 +622,7 @@ def mapa_16(name: str, edges: list[tuple[int, int, str]], what: str) -> Topology
 
 
 def torus_2d_16() -> Topology:
-    return mapa_16(
+    return mapa_mesh(
         "torus-2d-16",
         MAPA_TORUS_2D,
         "The 16-GPU 2D torus (4 x 4) of the MAPA paper's Fig. 17, from MAPA's reference graph "
@@ -588,12 +633,27 @@ def torus_2d_16() -> Topology:
 
 
 def cube_mesh_16() -> Topology:
-    return mapa_16(
+    return mapa_mesh(
         "cube-mesh-16",
         MAPA_CUBE_MESH_16,
         "The 16-GPU cube-mesh of the MAPA paper's Fig. 17, from MAPA's reference graph "
         "'cubeMesh-16' (shared/reference/mapa_topologies.json), 0-based, with the link types as "
         "declared (the reference's runtime bandwidth map has defects documented there).",
+    )
+
+
+def torus_2d_32() -> Topology:
+    return mapa_mesh(
+        "torus-2d-32",
+        mapa_torus_edges(4, 8),
+        "A 32-GPU 2D torus of 4 rows x 8 columns, built the way MAPA's 16-GPU torus-2d "
+        "(the paper's Fig. 17a, shared/reference/mapa_topologies.json) is: each row a path "
+        "of double NVLinks closed by a single one, single links down the columns, the first "
+        "and last columns closed by double links (mapa_torus_edges; on 4 x 4 it gives "
+        "torus-2d-16). Synthetic: no 32-GPU NVLink mesh exists as a product (NVIDIA's 32-GPU "
+        "NVLink domains are NVSwitch fabrics, uniform like dgx2); this is the MAPA paper's "
+        "'novel topology' at twice the size, for placement at that scale.",
+        gpu_count=32,
     )
 
 
@@ -653,10 +713,12 @@ BUILDERS: tuple[Callable[[], Topology], ...] = (
     hgx_h100_mig,
     summit_node,
     pcie_8gpu_2socket,
+    pcie_32gpu_2socket,
     nvlink_pairs_4gpu,
     a40_nv4_pairs_8gpu,
     torus_2d_16,
     cube_mesh_16,
+    torus_2d_32,
     minsky_p100,
     single_gpu,
 )

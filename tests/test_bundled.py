@@ -16,7 +16,7 @@ from tests.conftest import recorded
 REQUIRED = {
     "dgx1-p100", "dgx1-v100", "dgx2", "dgx-a100", "hgx-h100", "summit-node", "pcie-8gpu-2socket",
     "nvlink-pairs-4gpu", "a40-nv4-pairs-8gpu", "torus-2d-16", "cube-mesh-16", "minsky-p100",
-    "single-gpu",
+    "single-gpu", "pcie-32gpu-2socket", "torus-2d-32",
 }  # fmt: skip
 BUILDER = Path(__file__).parent.parent / "scripts" / "build_bundled_topologies.py"
 

@@ -235,6 +235,8 @@ def test_every_policy_answers_on_every_bundled_host(host_name: str) -> None:
         for name in policy_names():
             if n > 8 and name in ("drb", "pack") and 3 <= k <= n - 3:
                 continue  # covered by the benchmark; slow in pure-Python CI
+            if n > 16 and name == "besteffort" and 3 <= k <= n - 3:
+                continue  # go-gpuallocator's partitions of a 32-GPU mesh: minutes
             placement = get_policy(name).place(ctx)
             assert len(set(placement.gpus)) == len(placement.gpus) == k
             assert set(placement.gpus) <= ctx.state.free
