@@ -519,6 +519,29 @@ def _parsed(setting: Setting, raw: Any, where: str) -> Any:
         ) from None
 
 
+def _known_like(unknown: str) -> str:
+    """A hint for an unknown key: the keys it may be a typo of, else those of its table, else
+    where every key is listed (the whole list, 30 keys, was cut short on a terminal)."""
+    table, _, leaf = unknown.rpartition(".")
+    close = sorted(
+        (key for key in BY_KEY if _alike(leaf, key.rpartition(".")[2])),
+        key=lambda key: key.rpartition(".")[0] != table,  # the same table's first
+    )[:3]
+    if close:
+        return "did you mean " + " or ".join(f"'{key}'" for key in close) + "?"
+    table = unknown.partition(".")[0] + "."
+    same_table = [key for key in BY_KEY if key.startswith(table)]
+    if "." in unknown and same_table:
+        return f"the keys of [{table[:-1]}]: " + ", ".join(same_table)
+    return "'gpualloc config show' lists every setting (docs/configuration.md says what each does)"
+
+
+def _alike(typed: str, key: str) -> bool:
+    import difflib
+
+    return difflib.SequenceMatcher(None, typed, key).ratio() >= 0.75
+
+
 def _shown(raw: Any) -> str:
     """A value a file or variable gave, for an error line, cut to a readable length."""
     from gpualloc.user_files import shown_text, shown_value
@@ -559,8 +582,7 @@ def _read(path: Path) -> dict[str, Any] | None:
     unknown = sorted(set(flat) - set(BY_KEY))
     if unknown:
         raise ConfigError(
-            f"{shown}: unknown setting {_shown(unknown[0])}",
-            hint="known settings: " + ", ".join(BY_KEY),
+            f"{shown}: unknown setting {_shown(unknown[0])}", hint=_known_like(unknown[0])
         )
     # Every value is checked now, not when a command first needs it: a bad line in a file is
     # reported by whichever command runs next.

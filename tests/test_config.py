@@ -108,6 +108,24 @@ def test_a_bad_file_is_an_error_naming_file_and_key(cli, files, text: str, messa
     assert "hint:" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("text", "hint"),
+    [
+        ('polcy = "drb"\n', "hint: did you mean 'policy'?"),
+        ('[verify]\npolcy = "drb"\n', "hint: did you mean 'policy'?"),  # a key in the wrong table
+        ("[queue]\nmax_bypas = 3\n", "hint: did you mean 'queue.max_bypass'?"),
+        ("[queue]\nzzz = 3\n", "hint: the keys of [queue]: queue.priority,"),
+        ("zzz = 3\n", "hint: 'gpualloc config show' lists every setting"),
+    ],
+)
+def test_an_unknown_key_gets_a_short_true_hint(cli, files, text: str, hint: str) -> None:
+    """It listed all 30 keys, cut short on a terminal, and suggested none."""
+    files(system_text=text)
+    result = cli("config", "show")
+    assert result.exit_code == ExitCode.CONFIG
+    assert hint in result.stderr and len(result.stderr.splitlines()[-1]) < 160
+
+
 def test_a_bad_variable_names_the_variable(cli, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUALLOC_NUMA", "sometimes")
     result = cli(*TOPOLOGY, "run", "-n", "1", "--dry-run", "--", "true")
