@@ -116,3 +116,14 @@ def test_unknown_name_suggests_close_ones() -> None:
     with pytest.raises(TopologyNotFound) as info:
         load_bundled("dgx-1-v100")
     assert "dgx1-v100" in (info.value.hint or "")
+
+
+@pytest.mark.parametrize(
+    ("typed", "suggested"),
+    [("dgx1", ["dgx1-p100", "dgx1-v100"]), ("hgx-h10", ["hgx-h100"]), ("torus", ["torus-2d-16"])],
+)
+def test_an_unknown_name_suggests_the_names_it_begins(typed: str, suggested: list[str]) -> None:
+    """``--topology dgx1`` suggested dgx2, dgx-a100 and dgx1-v100, but not dgx1-p100."""
+    with pytest.raises(TopologyNotFound) as refused:
+        load_bundled(typed)
+    assert all(name in (refused.value.hint or "") for name in suggested)

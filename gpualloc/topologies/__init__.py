@@ -30,7 +30,13 @@ def load_bundled(name: str) -> Topology:
     if "/" in name or name.startswith(".") or not names_a_file(resource):
         import difflib
 
-        close = difflib.get_close_matches(name, bundled_names(), n=3, cutoff=0.5)
+        names = bundled_names()
+        # A name's start first ('dgx1' is dgx1-p100 or dgx1-v100), then spelling.
+        close = [n for n in names if name and n.startswith(name)][:4]
+        close += [
+            n for n in difflib.get_close_matches(name, names, n=3, cutoff=0.5) if n not in close
+        ]
+        close = close[:4]
         hint = f"did you mean {', '.join(close)}?" if close else "gpualloc topo list shows them"
         raise TopologyNotFound(f"no bundled topology named {shown_value(name)}", hint=hint)
     return Topology.from_json(resource.read_text(encoding="utf-8"), origin=f"bundled:{name}")
