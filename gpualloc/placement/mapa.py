@@ -22,10 +22,11 @@ tie-break is MAPA Greedy's search over the pool.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from itertools import chain, islice
+from itertools import accumulate, chain, islice
 from math import comb
 
 from gpualloc.model.request import CommunicationPattern, Placement
+from gpualloc.placement import deadline
 from gpualloc.placement.context import DecisionContext
 from gpualloc.placement.exact import (
     best_order_of_set,
@@ -183,7 +184,10 @@ class LossSearch:
     with ``r`` GPUs still to pick is cut by a lower bound on what they add: the ``r`` smallest
     ``d(g) - links(g, chosen)`` among the candidates, less the ``r (r - 1) / 2`` widest NVLinks
     among the candidates (what the new GPUs could share). The bound is exact on a uniform fabric,
-    so there the minimum and the first tied set cost O(n k) steps, not C(n, k).
+    so there the minimum and the first tied set cost O(n k) steps, not C(n, k). The candidates of
+    a node are a suffix of the pool, so their widest NVLinks are summed once per suffix, and each
+    GPU's links to the chosen ones are kept as GPUs come and go (issue 43: the bound was rebuilt
+    from every pair at every node, O(n^2 log n)); a node costs O(n log n).
     """
 
     def __init__(self, ctx: DecisionContext) -> None:
@@ -220,17 +224,18 @@ class LossSearch:
         k, pool, nv, degree, required = self.k, self.pool, self.nv, self.degree, self.required
         self._least = float("inf") if target is None else target
         chosen: list[int] = []
+        # Per GPU, its NVLink bandwidth to the chosen ones, kept as they come and go (for the
+        # bound only: a set's loss is summed as it always was).
+        to_chosen = dict.fromkeys(pool, 0.0)
+        shared = self._shared_sums()
+        tick = deadline.current().tick
 
         def lower_bound(start: int, need: int) -> float:
-            candidates = pool[start:]
-            adds = sorted(degree[g] - sum(nv[g][c] for c in chosen) for g in candidates)
-            shared = sorted(
-                (nv[a][b] for i, a in enumerate(candidates) for b in candidates[i + 1 :]),
-                reverse=True,
-            )
-            return sum(adds[:need]) - sum(shared[: need * (need - 1) // 2])
+            adds = sorted(degree[g] - to_chosen[g] for g in pool[start:])
+            return sum(adds[:need]) - shared[start][need * (need - 1) // 2]
 
         def extend(start: int, lost: float) -> Iterator[tuple[int, ...]]:
+            tick()
             need = k - len(chosen)
             if need == 0:
                 if not required <= set(chosen):
@@ -251,12 +256,31 @@ class LossSearch:
                 # A required GPU cannot be skipped: every later set would miss it.
                 if any(r < g and r not in chosen for r in required):
                     break
-                inside = sum(nv[g][c] for c in chosen)
+                inside = sum(nv[g][c] for c in chosen)  # summed as the keys always were
                 chosen.append(g)
+                row = nv[g]
+                for h in pool:
+                    to_chosen[h] += row[h]
                 yield from extend(index + 1, lost + degree[g] - inside)
+                for h in pool:
+                    to_chosen[h] -= row[h]
                 chosen.pop()
 
         return extend(0, 0.0)
+
+    def _shared_sums(self) -> list[list[float]]:
+        """Per start index, the sums of the j widest NVLinks among the pool's GPUs from there
+        on (what the GPUs still to pick could share), j = 0, 1, ...: the candidates of a node
+        are a suffix of the pool, so these are computed once, not per node."""
+        pool, nv = self.pool, self.nv
+        sums = []
+        for start in range(len(pool) + 1):
+            rest = pool[start:]
+            widest = sorted(
+                (nv[a][b] for i, a in enumerate(rest) for b in rest[i + 1 :]), reverse=True
+            )
+            sums.append(list(accumulate(widest, initial=0.0)))
+        return sums
 
 
 def aggregated_upper_bound(

@@ -78,6 +78,7 @@ class Realisation:
         self.group_masks, self.pending = search.group_masks, search.pending
         self.unanchored, self.tight_groups = search.unanchored, search.tight_groups
         self.remaining_edges, self.open_degrees = search.remaining_edges, search.open_degrees
+        self.degree_sums = search.degree_sums
         self.deficit_bound = search.deficit_bound
         self.tree_bound = search.tree_bound if search.tree_bound_per_node else None
         self.budget = list(vector)
@@ -247,19 +248,17 @@ class Realisation:
         degree d on a GPU with t neighbours on the group's links sends at least d - t of
         its edges elsewhere; an edge off the group covers two such deficits at most. The
         unassigned ranks' deficits are least when the highest degrees go to the GPUs with
-        the most neighbours (the convexity of max(0, d - t))."""
+        the most neighbours (the convexity of max(0, d - t)).
+
+        A group whose budget the largest deficit possible (no GPU with any neighbour) could
+        not refute is skipped before its neighbour counts are taken (issue 43: most groups
+        at most nodes)."""
         budget, assigned, pending = self.budget, self.assigned, self.pending[s]
-        reachable = unused
-        for p, _ in pending:
-            reachable |= 1 << assigned[p]
         degrees = self.open_degrees[s]
         edges_left = len(self.remaining_edges[s])
-        unused_gpus = []
-        rest = unused
-        while rest:
-            low = rest & -rest
-            unused_gpus.append(low.bit_length() - 1)
-            rest ^= low
+        most = self.degree_sums[s]
+        unused_gpus: list[int] | None = None
+        reachable = unused
         for members, masks, _ in self.group_masks:
             want = 0
             for c in members:
@@ -271,6 +270,17 @@ class Realisation:
                 room = (masks[assigned[p]] & unused).bit_count()
                 if count > room:
                     deficit += count - room
+            if want <= edges_left - (deficit + most + 1) // 2:
+                continue
+            if unused_gpus is None:
+                for p, _ in pending:
+                    reachable |= 1 << assigned[p]
+                unused_gpus = []
+                rest = unused
+                while rest:
+                    low = rest & -rest
+                    unused_gpus.append(low.bit_length() - 1)
+                    rest ^= low
             offers = [(masks[g] & reachable).bit_count() for g in unused_gpus]
             offers.sort(reverse=True)
             # More GPUs than ranks may be left: the ranks take the best-connected ones.

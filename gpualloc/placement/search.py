@@ -53,6 +53,7 @@ exponential; on hosts with few link classes the work is a few thousand search no
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from math import comb
@@ -65,9 +66,11 @@ from gpualloc.placement.candidates import candidate_sets
 from gpualloc.placement.host_graph import HostGraph
 from gpualloc.placement.link_classes import link_classes
 from gpualloc.placement.objectives import EdgeObjective, Key, evaluate_order, rounded
+from gpualloc.placement.pattern_graphs import or_masks
 from gpualloc.placement.patterns import search_shape
 from gpualloc.placement.realise import Escalate, realise, realise_star
 from gpualloc.placement.search_bounds import VectorBounds
+from gpualloc.placement.set_search import CostOnly, SetSearch, twin_classes
 
 
 def _vectors(classes: int, total: int) -> list[tuple[int, ...]]:
@@ -205,8 +208,12 @@ class PlacementSearch(VectorBounds):
 
     def _run_all_pairs(self) -> SearchResult | None:
         """All-to-all: a set's key depends only on how many of its pairs fall in each link
-        class. Sets are walked depth first in lexicographic order, the class counts updated
-        with one popcount per class and GPU added, and keys cached per count vector."""
+        class. Under the aggregated bandwidth that is a heaviest k-subset: the branch and bound
+        of :mod:`.set_search` finds it. Otherwise sets are walked depth first in lexicographic
+        order, the class counts updated with one popcount per class and GPU added, and keys
+        cached per count vector."""
+        if self.objective.name == "aggregated":
+            return self._heaviest_set()
         k, pool = self.k, self.pool
         adjacency = self.classes.adjacency
         n_classes = len(self.classes.weight)
@@ -249,6 +256,34 @@ class PlacementSearch(VectorBounds):
         if best[1] is None:
             return None
         return SearchResult(best[1], best[0], 0, self.nodes)
+
+    def _heaviest_set(self) -> SearchResult:
+        """All-to-all under the aggregated bandwidth: the lowest set of the most bandwidth over
+        its pairs, by :class:`~gpualloc.placement.set_search.SetSearch` on the distance
+        ``widest - bandwidth`` (the set of least distance is the heaviest); the key of a set is
+        the count vector's, as in the walk."""
+        host, k = self.host, self.k
+        labels, distance = _pair_labels(host)
+        adjacency = self.classes.adjacency
+        n_classes = len(self.classes.weight)
+
+        def key_of(gpus: tuple[int, ...]) -> Key:
+            mask = or_masks(1 << g for g in gpus)
+            counts = [0] * n_classes
+            for g in gpus:
+                for c in range(n_classes):
+                    counts[c] += (adjacency[c][g] & mask).bit_count()
+            return self._vector_key(tuple(count // 2 for count in counts))
+
+        pairs_total = k * (k - 1) // 2 * max(max(row) for row in host.bandwidth)
+        search = SetSearch(
+            CostOnly(distance), self.pool, self.required, k, key_of,
+            lambda cost, _fragmentation, _interference, _free: (rounded(pairs_total - cost),),
+            twins=twin_classes(labels, (0,) * host.gpu_count),
+        )  # fmt: skip
+        best = search.run()
+        self.nodes += search.nodes
+        return SearchResult(best, key_of(best), 0, self.nodes)
 
     def _run_branch_and_bound(self) -> SearchResult | None:
         """Plain search over all orders with the widest-link bound (many link classes)."""
@@ -306,3 +341,21 @@ class PlacementSearch(VectorBounds):
         if best[0] is None:
             return None
         return SearchResult(best[1][1], best[0], 0, self.nodes)
+
+
+@functools.lru_cache(maxsize=8)
+def _pair_labels(
+    host: HostGraph,
+) -> tuple[tuple[tuple[tuple[int, float], ...], ...], tuple[tuple[float, ...], ...]]:
+    """Per pair of the host's GPUs, its link class label (MAPA class, rounded bandwidth), and
+    the distance ``widest - bandwidth`` of the heaviest-set search (cached per host)."""
+    n, bandwidth = host.gpu_count, host.bandwidth
+    widest = max((max(row) for row in bandwidth), default=0.0)
+    labels = tuple(
+        tuple((host.mapa_class[a][b], rounded(bandwidth[a][b])) for b in range(n)) for a in range(n)
+    )
+    distance = tuple(
+        tuple(widest - rounded(bandwidth[a][b]) if a != b else 0.0 for b in range(n))
+        for a in range(n)
+    )
+    return labels, distance

@@ -60,6 +60,8 @@ class VectorBounds:
     after: list[tuple[int, ...]]
     before: list[tuple[int, ...]]
     max_degree: int
+    open_degrees: list[list[int]]
+    degree_sums: list[int]
     classes: LinkClasses
     capacity: tuple[int, ...]
     allowed: tuple[int, ...] | None
@@ -107,6 +109,7 @@ class VectorBounds:
             visit_degree[self.visit.index(u)] += 1
             visit_degree[self.visit.index(v)] += 1
         self.open_degrees = [sorted(visit_degree[s:], reverse=True) for s in range(self.k)]
+        self.degree_sums = [sum(degrees) for degrees in self.open_degrees]
         # The deficit bound needs each pair of ranks joined once (a 2-GPU ring lists its pair
         # twice); on forests the leaves-up count of the tight groups already covers it and the
         # extra work per node did not pay off. Forests get the subtree bound instead.

@@ -119,8 +119,12 @@ class SetSearch:
         exact_key: Callable[[tuple[int, ...]], Key],
         bound_key: BoundKey,
         max_nodes: float = math.inf,
+        twins: tuple[int, ...] | None = None,
     ) -> None:
         self.model, self.k, self.max_nodes = model, k, max_nodes
+        self.twins = twins
+        """Per GPU, the lowest GPU of its twin class, where the caller knows them (the key
+        reads more than the distances); else found from the distances, sockets and switches."""
         self.exact_key, self.bound_key = exact_key, bound_key
         self.required = tuple(sorted(required))
         self._classes(pool)
@@ -138,8 +142,9 @@ class SetSearch:
         """The twin classes of the candidates (the pool less the required GPUs), in the order of
         their lowest GPU, and the distances between and within them."""
         model, d = self.model, self.model.distance
-        labels = tuple(zip(model.socket_bits, model.switch_bits, strict=True))
-        rep = twin_classes(d, labels)
+        rep = self.twins
+        if rep is None:
+            rep = twin_classes(d, tuple(zip(model.socket_bits, model.switch_bits, strict=True)))
         members: dict[int, list[int]] = {}
         for g in pool:
             if g not in self.required:
