@@ -62,7 +62,7 @@ _gpualloc_offer() {
 
 _gpualloc_values() {
     case "$1|$2" in
-        '|--topology'|'|-t') _gpualloc_offer 'a40-nv4-pairs-8gpu' 'cube-mesh-16' 'dgx-a100' 'dgx-a100-mig' 'dgx1-p100' 'dgx1-v100' 'dgx2' 'hgx-h100' 'hgx-h100-mig' 'minsky-p100' 'nvlink-pairs-4gpu' 'pcie-8gpu-2socket' 'single-gpu' 'summit-node' 'torus-2d-16' '@files' ;;
+        '|--topology'|'|-t') _gpualloc_offer 'a40-nv4-pairs-8gpu' 'cube-mesh-16' 'dgx-a100' 'dgx-a100-mig' 'dgx1-p100' 'dgx1-v100' 'dgx2' 'hgx-h100' 'hgx-h100-mig' 'minsky-p100' 'nvlink-pairs-4gpu' 'pcie-32gpu-2socket' 'pcie-8gpu-2socket' 'single-gpu' 'summit-node' 'torus-2d-16' 'torus-2d-32' '@files' ;;
         'plan|--pattern') _gpualloc_offer 'ring' 'all' 'tree' 'star' ;;
         'plan|--policy') _gpualloc_offer 'mapa' 'mapa-greedy' 'drb' 'pack' 'spread' 'besteffort' 'slurm' 'baseline' ;;
         'plan|--score') _gpualloc_offer 'auto' 'mapa' 'bottleneck' ;;

@@ -16,7 +16,7 @@ complete -c gpualloc -n '__fish_use_subcommand' -a 'calibrate' -d 'Measure the b
 complete -c gpualloc -n '__fish_use_subcommand' -a 'topo' -d 'What a host looks like: GPUs, NVLink/PCIe links, NUMA nodes.'
 complete -c gpualloc -n '__fish_use_subcommand' -a 'slurm' -d 'Slurm node hooks: Prolog/Epilog record the job\'s GPUs in the host ledger, TaskProlog sets CUDA_DEVIC'
 complete -c gpualloc -n '__fish_use_subcommand' -a 'config' -d 'Configuration: defaults from /etc/gpualloc/config.toml and $XDG_CONFIG_HOME/gpualloc/config.toml, ov'
-complete -c gpualloc -n '__fish_use_subcommand' -l topology -s t -r -F -a 'a40-nv4-pairs-8gpu cube-mesh-16 dgx-a100 dgx-a100-mig dgx1-p100 dgx1-v100 dgx2 hgx-h100 hgx-h100-mig minsky-p100 nvlink-pairs-4gpu pcie-8gpu-2socket single-gpu summit-node torus-2d-16' -d 'Work on a bundled topology (see \'topo list\') or a topology file (gpualloc JSON or \'nvidia-smi topo -'
+complete -c gpualloc -n '__fish_use_subcommand' -l topology -s t -r -F -a 'a40-nv4-pairs-8gpu cube-mesh-16 dgx-a100 dgx-a100-mig dgx1-p100 dgx1-v100 dgx2 hgx-h100 hgx-h100-mig minsky-p100 nvlink-pairs-4gpu pcie-32gpu-2socket pcie-8gpu-2socket single-gpu summit-node torus-2d-16 torus-2d-32' -d 'Work on a bundled topology (see \'topo list\') or a topology file (gpualloc JSON or \'nvidia-smi topo -'
 complete -c gpualloc -n '__fish_use_subcommand' -l bandwidth-table -r -F -d 'JSON file overriding entries of the link bandwidth table (else GPUALLOC_BANDWIDTH_TABLE, else bandwi'
 complete -c gpualloc -n '__fish_use_subcommand' -l refresh -d 'Probe the host again instead of using the cache.'
 complete -c gpualloc -n '__fish_use_subcommand' -l debug -d 'Show tracebacks on errors.'
