@@ -339,3 +339,11 @@ def test_a_long_variable_value_is_echoed_cut(cli: Cli, monkeypatch: pytest.Monke
 )
 def test_a_long_value_click_refuses_is_echoed_cut(cli: Cli) -> None:
     _refused(cli("--install-completion", "a" * 5000), ExitCode.USAGE)
+
+
+def test_a_long_state_directory_is_echoed_cut(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """'cannot inspect state directory' said a 336-character name whole."""
+    monkeypatch.setenv("GPUALLOC_STATE_DIR", "/tmp/" + "n" * 300 + "/x")
+    result = cli("--topology", "dgx1-v100", "alloc", "--hold")
+    _refused(result, ExitCode.IO, "state directory /tmp/nnn")
+    assert "n" * 121 not in result.stderr

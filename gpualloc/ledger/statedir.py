@@ -112,14 +112,14 @@ def open_state_directory(path: Path | None = None, *, create: bool = True) -> St
     except FileNotFoundError:
         if not create:
             raise StateDirectoryMissing(
-                f"state directory {path} does not exist",
+                f"state directory {shown_path(path)} does not exist",
                 hint=f"run any gpualloc command that allocates, or set {STATE_DIR_VARIABLE}",
             ) from None
         _create(path)
         info = os.lstat(path)
     except OSError as exc:
         raise FileAccessError(
-            f"cannot inspect state directory {path}: {exc.strerror}",
+            f"cannot inspect state directory {shown_path(path)}: {exc.strerror}",
             hint=f"set {STATE_DIR_VARIABLE} to a directory on local disk you can write",
         ) from exc
     check_state_directory(path, info, uid=os.geteuid())
@@ -143,26 +143,27 @@ def check_state_directory(path: Path, info: os.stat_result, *, uid: int) -> None
     """The safety rules of the module docstring, for the user ``uid``."""
     if stat.S_ISLNK(info.st_mode):
         raise LedgerError(
-            f"state directory {path} is a symbolic link; gpualloc does not follow it",
+            f"state directory {shown_path(path)} is a symbolic link; gpualloc does not follow it",
             hint=f"point {STATE_DIR_VARIABLE} at the real directory",
         )
     if not stat.S_ISDIR(info.st_mode):
         raise LedgerError(
-            f"state directory {path} is not a directory",
+            f"state directory {shown_path(path)} is not a directory",
             hint=f"remove it or set {STATE_DIR_VARIABLE} elsewhere",
         )
     mode = stat.S_IMODE(info.st_mode)
     if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
         raise LedgerError(
-            f"state directory {path} is writable by everyone without the sticky bit "
+            f"state directory {shown_path(path)} is writable by everyone without the sticky bit "
             f"(mode {mode:04o}): any user could replace the ledger",
-            hint=f"chmod 1777 {path} (or 2775 with a shared group)",
+            hint=f"chmod 1777 {shown_path(path)} (or 2775 with a shared group)",
         )
     if uid == 0 and info.st_uid != 0:
+        shown = shown_path(path)
         raise LedgerError(
-            f"state directory {path} is owned by uid {info.st_uid}, and root uses only a "
+            f"state directory {shown} is owned by uid {info.st_uid}, and root uses only a "
             "directory owned by root",
-            hint=f"as root: chown root:root {path} && chmod 1777 {path}",
+            hint=f"as root: chown root:root {shown} && chmod 1777 {shown}",
         )
 
 
@@ -187,9 +188,10 @@ def open_broker_directory(path: Path) -> StateDirectory:
             hint="run gpualloc serve as root, or give --state-dir a directory it may create",
         ) from exc
     info = os.lstat(path)
+    shown = shown_path(path)
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
         raise LedgerError(
-            f"the broker's state directory {path} is not a directory (a symbolic link is not "
+            f"the broker's state directory {shown} is not a directory (a symbolic link is not "
             "followed)",
             hint="remove it, or give --state-dir another path",
         )
@@ -197,10 +199,10 @@ def open_broker_directory(path: Path) -> StateDirectory:
     if info.st_uid != uid or mode & 0o022:
         owner = _owner(info.st_uid)
         raise LedgerError(
-            f"the broker's state directory {path} belongs to {owner} with mode {mode:04o}; the "
+            f"the broker's state directory {shown} belongs to {owner} with mode {mode:04o}; the "
             f"broker keeps its ledger only in a directory of its own user that no one else "
             "may write",
-            hint=f"chown {_owner(uid)} {path} && chmod 0755 {path} (after checking what is in "
+            hint=f"chown {_owner(uid)} {shown} && chmod 0755 {shown} (after checking what is in "
             "it), or give --state-dir a new path",
         )
     return StateDirectory(path)
