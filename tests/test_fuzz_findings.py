@@ -347,3 +347,19 @@ def test_a_long_state_directory_is_echoed_cut(cli: Cli, monkeypatch: pytest.Monk
     result = cli("--topology", "dgx1-v100", "alloc", "--hold")
     _refused(result, ExitCode.IO, "state directory /tmp/nnn")
     assert "n" * 121 not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["alloc", "--hold", "--format", "a" * 3000],
+        ["alloc", "--wait", "--priority", "a" * 3000],
+        ["run", "--numa", "a" * 3000, "--", "true"],
+        ["topo", "export", "--format", "a" * 3000],
+        ["plan", "--exclude", "a" * 3000],
+        ["slurm", "gres-conf", "--gpu-type", "a" * 3000 + "\n"],
+    ],
+)
+def test_a_long_choice_is_echoed_cut(cli: Cli, args: list[str]) -> None:
+    """--format, --priority, --numa, --exclude and --gpu-type said a long value back whole."""
+    _refused(cli("--topology", "dgx-a100-mig", *args), ExitCode.USAGE)

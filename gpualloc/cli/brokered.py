@@ -125,7 +125,11 @@ def _run(socket: Path, values: Mapping[str, Any]) -> None:
     try:
         mode = NumaMode(STATE.setting("numa", numa))
     except ValueError:
-        raise RequestError(f"unknown --numa {numa!r}", hint="choose auto, bind or none") from None
+        from gpualloc.user_files import shown_value
+
+        raise RequestError(
+            f"unknown --numa {shown_value(numa)}", hint="choose auto, bind or none"
+        ) from None
     command = list(values["command"])
     resolve_program(command[0], os.environ)  # 127/126 before any GPU is taken
     pid = os.getpid()

@@ -93,7 +93,11 @@ def run_job(
     try:
         mode = NumaMode(STATE.setting("numa", numa))
     except ValueError:
-        raise RequestError(f"unknown --numa {numa!r}", hint="choose auto, bind or none") from None
+        from gpualloc.user_files import shown_value
+
+        raise RequestError(
+            f"unknown --numa {shown_value(numa)}", hint="choose auto, bind or none"
+        ) from None
     if as_json and not dry_run:
         raise RequestError("--json applies to --dry-run", hint="add --dry-run")
     want = job.want(STATE.config())

@@ -176,7 +176,11 @@ def check_wait_flags(
     from gpualloc.errors import RequestError
 
     if priority is not None and priority not in ("high", "normal", "low"):
-        raise RequestError(f"unknown --priority {priority!r}", hint="choose high, normal or low")
+        from gpualloc.user_files import shown_value
+
+        raise RequestError(
+            f"unknown --priority {shown_value(priority)}", hint="choose high, normal or low"
+        )
     if not wait and (timeout is not None or priority is not None or max_bypass is not None):
         raise RequestError(
             "--timeout, --priority and --max-bypass apply to --wait", hint="add --wait"
@@ -191,7 +195,11 @@ def alloc_owner(output_format: str, pid: int | None, hold: bool) -> int | None:
     from gpualloc.errors import RequestError
 
     if output_format not in ("ids", "env", "json"):
-        raise RequestError(f"unknown --format {output_format!r}", hint="choose ids, env or json")
+        from gpualloc.user_files import shown_value
+
+        raise RequestError(
+            f"unknown --format {shown_value(output_format)}", hint="choose ids, env or json"
+        )
     if pid is not None and hold:
         raise RequestError("--pid and --hold both say how long the lease lives", hint="give one")
     owner = None if hold else (pid or os.getppid())

@@ -155,8 +155,10 @@ def _show_mig_plan(
             continue
         key = parse_mig_label(part)
         if key is None or key not in known:
+            from gpualloc.user_files import shown_value
+
             raise RequestError(
-                f"--busy {part.strip()!r} is not a MIG device of this host",
+                f"--busy {shown_value(part.strip())} is not a MIG device of this host",
                 hint="with --mig, --busy lists MIG devices, e.g. --busy GPU0/MIG0,GPU0/MIG1",
             )
         held[key] = True

@@ -22,6 +22,7 @@ from gpualloc.errors import TopologyParseError
 from gpualloc.model.mig import MigInstance, parse_mig_profile
 from gpualloc.model.printable import count_of
 from gpualloc.model.topology import Gpu, Health, Provenance, Topology
+from gpualloc.user_files import shown_value
 
 _MIB = 1024 * 1024
 
@@ -105,7 +106,7 @@ def parse_gpu_list(text: str, *, source: str = "nvidia-smi -L") -> GpuList:
         elif line.lstrip().startswith(("GPU ", "MIG ")):
             raise TopologyParseError(
                 f"{source}, line {number}: not a GPU or MIG line of 'nvidia-smi -L': "
-                f"{line.strip()!r}"
+                f"{shown_value(line.strip())}"
             )
     if not gpus:
         raise TopologyParseError(
@@ -123,7 +124,8 @@ def parse_gpu_instances(text: str, *, source: str = "nvidia-smi mig -lgi") -> li
         match = _LGI_ROW.match(line.rstrip())
         if match is None:
             raise TopologyParseError(
-                f"{source}, line {number}: a GPU instance row that does not parse: {line.strip()!r}"
+                f"{source}, line {number}: a GPU instance row that does not parse: "
+                f"{shown_value(line.strip())}"
             )
         rows.append(
             GpuInstanceRow(
@@ -154,7 +156,8 @@ def parse_mig_device_table(text: str, *, source: str = "nvidia-smi") -> list[Mig
         match = _TABLE_ROW.match(line)
         if match is None:
             raise TopologyParseError(
-                f"{source}, line {number}: a MIG device row that does not parse: {line.strip()!r}"
+                f"{source}, line {number}: a MIG device row that does not parse: "
+                f"{shown_value(line.strip())}"
             )
         gpu, gi, ci, device, used, total = (int(value) for value in match.groups())
         rows.append(MigDeviceRow(gpu, gi, ci, device, used * _MIB, total * _MIB))

@@ -22,6 +22,7 @@ from msgspec import Struct, field
 
 from gpualloc.errors import TopologyParseError
 from gpualloc.model.cpuset import cpulist_ranges, is_cpulist
+from gpualloc.user_files import shown_value
 
 ANSI_ESCAPE = re.compile(r"(\x1b|\^\[)\[[0-9;]*m")
 """SGR codes, raw (ESC [ 4 m) or as pasted text (``^[[4m``)."""
@@ -342,8 +343,8 @@ def _check_symmetric(matrix: TopoMatrix, source: str | None) -> None:
             if _normalise(mirror) != _normalise(cell):
                 later = max(row, other, key=lambda r: r.line_number)
                 raise TopologyParseError(
-                    f"matrix not symmetric: {row.label}->{other.label} is {cell!r} but "
-                    f"{other.label}->{row.label} is {mirror!r}",
+                    f"matrix not symmetric: {row.label}->{other.label} is {shown_value(cell)} but "
+                    f"{other.label}->{row.label} is {shown_value(mirror)}",
                     line_number=later.line_number,
                     token=mirror if later is other else cell,
                     source=source,

@@ -39,6 +39,7 @@ from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.topology import Topology
 from gpualloc.slurm.gres import slurm_gpu_numbers
 from gpualloc.slurm.job import check_job_id
+from gpualloc.user_files import shown_value
 
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9,._:-]*$")
 HOOK_LOCK_TIMEOUT_S = 5.0
@@ -53,7 +54,7 @@ def gpu_indices(text: str | None) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise RequestError(f"GPU list {text!r} is not a list of indices") from None
+        raise RequestError(f"GPU list {shown_value(text)} is not a list of indices") from None
 
 
 def _job_id(env: Mapping[str, str]) -> str:

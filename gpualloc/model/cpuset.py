@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from gpualloc.user_files import shown_value
+
 _CPULIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 
 CPU_ID_BOUND = 65536
@@ -33,7 +35,7 @@ def cpulist_ranges(
     """
     text = text.strip()
     if not is_cpulist(text):
-        raise ValueError(f"not a CPU list: {text!r}")
+        raise ValueError(f"not a CPU list: {shown_value(text)}")
     ranges: list[tuple[int, int]] = []
     for part in text.split(","):
         low, _, high = part.partition("-")
@@ -42,7 +44,7 @@ def cpulist_ranges(
             bounded_id(high or low, bound=bound, what=what),
         )
         if last < first:
-            raise ValueError(f"the range {part!r} runs backwards (write {last}-{first})")
+            raise ValueError(f"the range {shown_value(part)} runs backwards (write {last}-{first})")
         ranges.append((first, last))
     return ranges
 

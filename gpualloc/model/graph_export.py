@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpualloc.errors import RequestError
 from gpualloc.model.cpuset import format_cpulist
+from gpualloc.user_files import shown_value
 
 if TYPE_CHECKING:
     from gpualloc.model.topology import Topology
@@ -31,7 +32,9 @@ def export_graph(topology: Topology, fmt: str) -> str:
     import networkx as nx
 
     if fmt not in FORMATS:
-        raise RequestError(f"unknown --format {fmt!r}", hint="choose graphml, gexf or json")
+        raise RequestError(
+            f"unknown --format {shown_value(fmt)}", hint="choose graphml, gexf or json"
+        )
     graph = topology.to_networkx()
     for _, attributes in graph.nodes(data=True):
         _flatten(attributes)

@@ -47,6 +47,7 @@ from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.mig import MigInstance
 from gpualloc.model.printable import printable
 from gpualloc.model.topology import Gpu, Topology
+from gpualloc.user_files import shown_value
 
 SYSFS_CPUS = Path("/sys/devices/system/cpu")
 MIG_MINORS = Path("/proc/driver/nvidia-caps/mig-minors")
@@ -92,7 +93,7 @@ def slurm_gpu_type(gpu: Gpu) -> str:
     kind = (gpu.name or "gpu").strip().lower().replace(" ", "_")
     if _unsafe(kind):
         raise TopologyError(
-            f"GPU {gpu.index}'s name {kind!r} holds a character gres.conf cannot carry",
+            f"GPU {gpu.index}'s name {shown_value(kind)} holds a character gres.conf cannot carry",
             hint="give the type with --gpu-type, or fix the name in the topology file",
         )
     return kind
@@ -117,7 +118,8 @@ def check_gres_value(value: str | None, option: str) -> None:
     bad = next((c for c in value if _unsafe(c)), None)
     if bad is not None:
         raise RequestError(
-            f"{option} {value!r} holds {bad!r}, which would end or split its gres.conf line",
+            f"{option} {shown_value(value)} holds {bad!r}, which would end or split its gres.conf "
+            "line",
             hint=f"give {option} a single word as slurm.conf spells it ({example})",
         )
 

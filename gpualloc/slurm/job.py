@@ -32,6 +32,7 @@ from gpualloc.config import NO_SLURM_VARIABLE, no_slurm
 from gpualloc.errors import RequestError
 from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.topology import Topology
+from gpualloc.user_files import shown_value
 
 IGNORE_VARIABLE = NO_SLURM_VARIABLE
 _JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
@@ -54,7 +55,7 @@ def check_job_id(job_id: str) -> str:
     """``job_id`` if it is a Slurm job id (it becomes part of a file name)."""
     if not _JOB_ID.match(job_id):
         raise RequestError(
-            f"SLURM_JOB_ID {job_id!r} is not a Slurm job id",
+            f"SLURM_JOB_ID {shown_value(job_id)} is not a Slurm job id",
             hint=f"unset it, or set {IGNORE_VARIABLE}=1",
         )
     return job_id
@@ -84,7 +85,7 @@ def _by_device_number(topology: Topology, variable: str, text: str) -> frozenset
     try:
         numbers = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise RequestError(f"{variable}={text!r} is not a list of GPU numbers") from None
+        raise RequestError(f"{variable}={shown_value(text)} is not a list of GPU numbers") from None
     records = slurm_gpu_numbers(topology)
     missing = [n for n in numbers if n not in records]
     if missing:
@@ -111,7 +112,7 @@ def _by_uuid(topology: Topology, uuids: list[str]) -> frozenset[int]:
         if len(matches) != 1:
             how = "matches no GPU" if not matches else "matches several GPUs"
             raise RequestError(
-                f"CUDA_VISIBLE_DEVICES entry {wanted!r} {how} of this host",
+                f"CUDA_VISIBLE_DEVICES entry {shown_value(wanted)} {how} of this host",
                 hint="'gpualloc topo show' lists the GPUs' UUIDs; " + _HINT,
             )
         found.add(matches[0])
