@@ -363,3 +363,13 @@ def test_a_long_state_directory_is_echoed_cut(cli: Cli, monkeypatch: pytest.Monk
 def test_a_long_choice_is_echoed_cut(cli: Cli, args: list[str]) -> None:
     """--format, --priority, --numa, --exclude and --gpu-type said a long value back whole."""
     _refused(cli("--topology", "dgx-a100-mig", *args), ExitCode.USAGE)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="gpualloc/cli/status.py _idle_threshold says f'--idle {text!r} is not a duration': "
+    "it must use gpualloc.user_files.shown_value(text), and say the ValueError's own words for "
+    "a duration longer than a year (cli/status.py is another engineer's this session)",
+)
+def test_a_long_idle_is_echoed_cut(cli: Cli) -> None:
+    _refused(cli("--topology", "dgx1-v100", "status", "--idle", "a" * 3000), ExitCode.USAGE)
