@@ -41,11 +41,9 @@ MAX_LINE = 2000
 ECHO_LIMIT = 150
 """The most characters of one value an error line may repeat (issue 42: a 5,000-character
 path was echoed up to 500 characters)."""
-KNOWN_ECHOES = ("error: invalid value for '", "error: --idle '")
-"""Errors that still say a long value back whole, from modules other engineers held while
-the echo rule came (issue 42, point 3): click's usage errors (cli/main.py must cut what
-they quote) and ``status --idle`` (cli/status.py); an xfail test in test_fuzz_findings.py
-holds each fix due."""
+KNOWN_ECHOES: tuple[str, ...] = ()
+"""Errors that may still say a long value back whole (none now: click's usage errors and
+``status --idle`` cut theirs since issue 42, point 3)."""
 DOCUMENTED = {int(code) for code in ExitCode} - {ExitCode.INTERNAL}
 IN_CI = os.environ.get("CI") == "true"
 """CI tries the same cases every time (a landing gate must not depend on luck); a developer's

@@ -123,11 +123,6 @@ def test_json_nested_too_deep_is_said_so(
     _refused(cli(*[str(deep) if a == "{f}" else a for a in args]), code)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="placement/patterns.py reads a pattern file with json.loads: it must use "
-    "gpualloc.user_files.json_document (placement/ is another engineer's this session)",
-)
 def test_a_pattern_nested_too_deep_is_said_so(cli: Cli, tmp_path: Path) -> None:
     deep = tmp_path / "deep.json"
     deep.write_text(DEEP)
@@ -331,12 +326,6 @@ def test_a_long_variable_value_is_echoed_cut(cli: Cli, monkeypatch: pytest.Monke
     _refused(cli("--topology", "dgx1-v100", "status"), ExitCode.CONFIG, "GPUALLOC_NO_SLURM = 'a")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="click's usage errors quote a bad value whole: gpualloc/cli/main.py "
-    "usage_error_lines must cut each quoted value with gpualloc.user_files.shown_text "
-    "(cli/main.py is another engineer's this session)",
-)
 def test_a_long_value_click_refuses_is_echoed_cut(cli: Cli) -> None:
     _refused(cli("--install-completion", "a" * 5000), ExitCode.USAGE)
 
@@ -365,11 +354,5 @@ def test_a_long_choice_is_echoed_cut(cli: Cli, args: list[str]) -> None:
     _refused(cli("--topology", "dgx-a100-mig", *args), ExitCode.USAGE)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gpualloc/cli/status.py _idle_threshold says f'--idle {text!r} is not a duration': "
-    "it must use gpualloc.user_files.shown_value(text), and say the ValueError's own words for "
-    "a duration longer than a year (cli/status.py is another engineer's this session)",
-)
 def test_a_long_idle_is_echoed_cut(cli: Cli) -> None:
     _refused(cli("--topology", "dgx1-v100", "status", "--idle", "a" * 3000), ExitCode.USAGE)

@@ -145,6 +145,10 @@ _PYDANTIC_PHRASES = (
 """typer 0.29 words a bad value as pydantic does; say it as the rest of gpualloc does."""
 
 
+_QUOTED = re.compile(r"'([^']{121,})'")
+"""A value click quotes in its message, too long to say back whole (issue 42, point 3)."""
+
+
 def usage_error_lines(exc: Any) -> tuple[str, str]:
     """A click usage error as gpualloc's two lines: what is wrong, and how it is used."""
     message = exc.format_message()
@@ -152,6 +156,10 @@ def usage_error_lines(exc: Any) -> tuple[str, str]:
         message = pattern.sub(replacement, message)
     message = message.rstrip(".")
     message = message[:1].lower() + message[1:] if message[:2] != "--" else message
+    if _QUOTED.search(message):
+        from gpualloc.user_files import shown_text
+
+        message = _QUOTED.sub(lambda quoted: f"'{shown_text(quoted.group(1))}'", message)
     context = getattr(exc, "ctx", None)
     if context is None:
         return message, "'gpualloc --help' lists the commands and options"

@@ -92,12 +92,15 @@ def _idle_threshold(text: str | None) -> timedelta | None:
         return None
     from gpualloc.durations import parse_duration_text
     from gpualloc.errors import RequestError
+    from gpualloc.user_files import shown_value
 
     try:
         return timedelta(seconds=parse_duration_text(text))
-    except ValueError:
+    except ValueError as exc:  # its words when too long, already quoting the value cut
+        said = f"--idle {exc}" if "year" in str(exc) else f"--idle {shown_value(text)}"
         raise RequestError(
-            f"--idle {text!r} is not a duration", hint="give one such as 2h, 90m or 3600"
+            said if "year" in str(exc) else f"{said} is not a duration",
+            hint="give one such as 2h, 90m or 3600",
         ) from None
 
 

@@ -97,11 +97,11 @@ def build_pattern(spec: str, k: int) -> CommunicationPattern:
             f"unknown pattern {spec!r}: not one of {', '.join(BUILTIN_PATTERNS)} and not a file",
             hint="give ring, all, tree or star, or a JSON edge list such as [[0, 1], [1, 2]]",
         )
-    from gpualloc.user_files import read_user_text
+    from gpualloc.user_files import json_document, read_user_text
 
     text = read_user_text(path, "pattern file", error=PatternError)
     try:
-        data = json.loads(text)
+        data = json_document(text)  # a RecursionError on [[[[... is a parse error too
     except json.JSONDecodeError as exc:
         raise PatternError(
             f"{spec}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
