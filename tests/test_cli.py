@@ -320,3 +320,20 @@ def test_usage_errors_are_an_error_and_a_hint_line(cli: Cli, args: list[str], me
     assert hint.startswith(f"hint: gpualloc {command} [OPTIONS]")
     assert hint.endswith(f"('gpualloc {command} --help' explains)")
     assert "Input should" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        (("run", "--topology", "dgx1-v100", "-n", "2", "--", "true"), "'gpualloc --topology ..."),
+        (("topo", "show", "-t", "dgx2"), "'gpualloc -t ... topo show ...'"),
+        (("status", "--debug"), "'gpualloc --debug status ...'"),
+    ],
+)
+def test_a_global_option_after_the_command_says_where_it_goes(cli, args, hint) -> None:
+    """It said 'no such option: --topology (Possible options: --policy)' and a usage line."""
+    result = cli(*args)
+    assert result.exit_code == 2
+    assert "Possible options" not in result.stderr
+    assert f"hint: {args[args.index(hint.split()[1])]} is a global option" in result.stderr
+    assert hint in result.stderr

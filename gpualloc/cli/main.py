@@ -149,6 +149,22 @@ _QUOTED = re.compile(r"'([^']{121,})'")
 """A value click quotes in its message, too long to say back whole (issue 42, point 3)."""
 
 
+def _global_option(name: str | None, context: Any) -> str | None:
+    """The hint for a global option given after the command (``gpualloc run --topology X``):
+    where it goes instead; None for any other unknown option."""
+    from gpualloc.cli.fastpath import GLOBAL_OPTIONS
+
+    if not name or context is None or context.parent is None:
+        return None
+    option = next((option for option in GLOBAL_OPTIONS if name in option.names), None)
+    if option is None:
+        return None
+    given = name if option.kind == "flag" else f"{name} ..."
+    command = context.command_path.removeprefix("gpualloc ")
+    example = f"gpualloc {given} {command} ..."
+    return f"{name} is a global option: it goes before the command ('{example}')"
+
+
 def usage_error_lines(exc: Any) -> tuple[str, str]:
     """A click usage error as gpualloc's two lines: what is wrong, and how it is used."""
     message = exc.format_message()
@@ -161,6 +177,9 @@ def usage_error_lines(exc: Any) -> tuple[str, str]:
 
         message = _QUOTED.sub(lambda quoted: f"'{shown_text(quoted.group(1))}'", message)
     context = getattr(exc, "ctx", None)
+    misplaced = _global_option(getattr(exc, "option_name", None), context)
+    if misplaced is not None:
+        return message.split(" (Possible options")[0], misplaced
     if context is None:
         return message, "'gpualloc --help' lists the commands and options"
     usage = " ".join(context.get_usage().split())  # one line
