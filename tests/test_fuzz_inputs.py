@@ -229,3 +229,45 @@ def test_the_harness_catches_what_it_must(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(fuzz_harness, "CASE_TIMEOUT_S", 0.2)
     with pytest.raises(Hung):
         _check(["--help"], tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("printed", "error", "writes", "typed", "rule"),
+    [
+        ("rate: nan GB/s\n", None, False, "", "non-finite"),
+        ('{"rate": NaN}\n', None, False, "", "NaN in JSON output"),
+        ("", "bad value " + "a" * 300, False, "a" * 300, "echoes over 150 characters"),
+        ("", "refused", True, "", "changed on a refusal"),
+        ("", None, False, "error: ", "an error with exit 0"),
+    ],
+)
+def test_the_rules_of_issue_42_fail_what_they_must(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    printed: str,
+    error: str | None,
+    writes: bool,
+    typed: str,
+    rule: str,
+) -> None:
+    """Each rule the harness gained for issue 42, point 3 fails a command that breaks it."""
+    import sys
+
+    from gpualloc.cli import main
+    from gpualloc.errors import RequestError
+
+    def command(args: list[str]) -> bool:
+        if writes:
+            (tmp_path / "state" / "ledger.json").write_text("changed")
+        sys.stdout.write(printed)
+        if typed == "error: ":
+            sys.stderr.write("error: said, but exit 0\n")
+        if error:
+            raise RequestError(error)
+        return True
+
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "ledger.json").write_text("before")
+    monkeypatch.setattr(main, "_static_help", command)
+    with pytest.raises(AssertionError, match=rule):
+        fuzz_harness.check(["--help", typed] if typed.startswith("a") else ["--help"], tmp_path)
