@@ -44,6 +44,9 @@ from gpualloc.placement import deadline
 
 # Tabulating every group of the host costs C(n, k); beyond this, the pair bound is used.
 _MAX_TABULATED_GROUPS = 20_000
+# Up to this many groups at a node (and no twins) they are listed and bounded one by one: a
+# 16-GPU host's groups always are, as before issue 43; beyond, they are walked member by member.
+_LISTED_GROUPS = 20_000
 
 
 class PartitionSearch:
@@ -71,6 +74,10 @@ class PartitionSearch:
         self._best = -1
         self._best_partition: list[tuple[int, bool]] = []
         self.twin = self._twin_classes(required)
+        members: dict[int, list[int]] = {}
+        for v in range(n):
+            members.setdefault(self.twin[v], []).append(v)
+        self._twin_groups = [group for group in members.values() if len(group) > 1]
         # Per GPU, the sums of its j largest pair scores (j = 0..n-1), for the group bound.
         self.top_sums = []
         for v in range(n):
@@ -225,8 +232,42 @@ class PartitionSearch:
                 if remaining >> i & 1
             )
             correction = sum(drops[: self.padded_size])
+        if self._listed(remaining):
+            # Few groups and no twins: listing them costs less than walking them by member.
+            required, tick = self.required, self.deadline.tick
+            for mask, padded in self.groups_with_lowest(remaining, padding_left):
+                tick()
+                if mask & required and (padded or mask & required != required):
+                    continue
+                rest = share_sum - self._mask_sum(self._share_tables, mask)
+                if padding_left and not padded:
+                    rest -= correction
+                yield mask, padded, self.score(mask) * self.scale, rest
+            return
         walk = _GroupWalk(self, remaining, padding_left, share_sum, correction)
         yield from walk.groups(floor)
+
+    def _canonical(self, remaining: int) -> int:
+        """The memo's key for a set of remaining GPUs: each twin class's lowest members, as many
+        as it has remaining (twin-isomorphic sets can add the same at most)."""
+        for group in self._twin_groups:
+            count = 0
+            for v in group:
+                if remaining >> v & 1:
+                    count += 1
+                    remaining ^= 1 << v
+            for v in group[:count]:
+                remaining |= 1 << v
+        return remaining
+
+    def _listed(self, remaining: int) -> bool:
+        """Whether a node's groups are listed (itertools, then bounded one by one) rather than
+        walked member by member: where they are few enough and no two candidates are twins."""
+        others = (remaining & ~(remaining & -remaining)).bit_count()
+        if comb(others, self.k - 1) > _LISTED_GROUPS:
+            return False
+        classes = {self.twin[i] for i in range(self.n) if remaining >> i & 1}
+        return len(classes) == remaining.bit_count()
 
     def greedy_total(self) -> int | None:
         """Score of the partition that takes, at each step, the group of highest score plus
@@ -296,7 +337,7 @@ class PartitionSearch:
                         ],
                     )
                 continue
-            known = memo.get((child, child_satisfied))
+            known = memo.get((self._canonical(child), child_satisfied))
             if known is not None and known < rest:
                 rest = known
             if total + gained + rest <= self._best:
@@ -307,7 +348,7 @@ class PartitionSearch:
             )
             partition.pop()
         # Nothing below this node adds more than best - total (exactly that if it improved).
-        memo[(remaining, satisfied)] = self._best - total
+        memo[(self._canonical(remaining), satisfied)] = self._best - total
 
 
 class _GroupWalk:

@@ -42,8 +42,9 @@ leaves *partly* used: taking GPUs from an already-broken domain lowers it, break
 raises it ("map GPUs from the most fragmented domains"; the reference code's term did not depend
 on the placement on one machine).
 
-Complexity: O(n^3) once per host for the distances (Floyd-Warshall, n <= 16 in practice) and
-O(C(n, k) k^2) once per host and job size for ``t_min``; then O(k^2 + n) per set.
+Complexity: O(n^3) once per host for the distances (Floyd-Warshall, n <= 32 in practice) and
+the branch and bound of :mod:`gpualloc.placement.set_search` once per host and job size for
+``t_min`` (at most :data:`T_MIN_NODES` nodes); then O(k^2 + n) per set scored.
 """
 
 from __future__ import annotations
@@ -139,8 +140,9 @@ class UtilityModel:
     """Evaluates U for sets on one host in one state; built once per decision.
 
     Sets are handled as bitmasks inside (of GPUs, of sockets touched, of PCIe switch trees
-    touched), so that :meth:`best_set` can score the 12870 8-GPU sets of a 16-GPU host within
-    DRB's decision budget; :meth:`parts` and :meth:`utility` use the same arithmetic.
+    touched). :meth:`set_key` is DRB's key of a set, which :meth:`best_set` ranks candidates by
+    and the set search (:mod:`gpualloc.placement.set_search`) scores its leaves with, bounding
+    the rest by :meth:`bound_key`; :meth:`parts` and :meth:`utility` use the same arithmetic.
     """
 
     def __init__(
