@@ -44,8 +44,10 @@ def configured_policy(config: Config, flag: str | None = None) -> str:
     if flag is None and resolved.value not in _POLICY_CLASSES:
         variable = BY_KEY["policy"].variable
         where = variable if resolved.source == variable else f"{resolved.source}: policy"
+        from gpualloc.user_files import shown_value
+
         raise ConfigError(
-            f"{where} = {resolved.value!r}: must be one of {', '.join(_POLICY_CLASSES)}",
+            f"{where} = {shown_value(resolved.value)}: must be one of {', '.join(_POLICY_CLASSES)}",
             hint="fix it, or see 'gpualloc config show' (policy: placement policy)",
         )
     get_policy(resolved.value)
