@@ -128,9 +128,10 @@ class SetSearch:
         self.exact_key, self.bound_key = exact_key, bound_key
         self.required = tuple(sorted(required))
         self._classes(pool)
-        self.near = self._nearest_sums()
+        self.near: list[list[list[float]]] | None = None
         """[x][y - x]: the sums of the t shortest distances (t = 0, 1, ...) from a GPU of class
-        y to the other GPUs of the classes from x on, the GPUs still to come at class x."""
+        y to the other GPUs of the classes from x on, the GPUs still to come at class x (built
+        when a bound first needs pairs among the GPUs to come: never for one or two GPUs)."""
         self._domain_tables()
         self._start()
         self.best: tuple[Key, tuple[int, ...]] | None = None
@@ -299,16 +300,26 @@ class SetSearch:
             return True
         if bound > best_key or not self.in_order:
             return False
-        # Equal: cut when every set of the branch comes after the best one.
-        chosen = self._chosen()
-        head = self.best_chosen[: len(chosen)]
-        return chosen > head
+        # Equal: cut when every set of the branch comes after the best one. The branch has
+        # decided the candidates below class x's first GPU; its sets come after the best one
+        # when the lowest of those it decided otherwise is one the best set holds.
+        bound_gpu = self.classes[x][0]
+        mine = set(self._chosen())
+        theirs = {g for g in self.best_chosen if g < bound_gpu}
+        differ = mine ^ theirs
+        return bool(differ) and min(differ) in theirs
 
     def _least_cost(self, x: int, r: int) -> float:
         """A lower bound on the cost of any completion: from the GPUs to come (when fewer are
         to come than to be left out), else from the complement."""
-        sizes, near = self.sizes, self.near[x]
+        sizes = self.sizes
         e = self.suffix_room[x] - r
+        if min(r, e) < 2:
+            near = [[0.0, 0.0]] * (len(sizes) - x)  # no pair among them: no table needed
+        else:
+            if self.near is None:
+                self.near = self._nearest_sums()
+            near = self.near[x]
         if r <= e:
             to_class = self.to_class
             offers = []
