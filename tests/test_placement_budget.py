@@ -120,10 +120,16 @@ def test_searches_past_their_budget_on_32_gpus_are_cut_short(
     host32: Topology, slow_host: Topology
 ) -> None:
     occupancy = Occupancy.build(slow_host, Ledger(host="test"), ())
-    for policy in ("mapa-greedy", "drb", "spread", "besteffort"):
+    # besteffort's own search takes about 15 ms here since issue 43 (it took seconds): 2 ms
+    for policy, budget_s in (
+        ("mapa-greedy", 0.05),
+        ("drb", 0.05),
+        ("spread", 0.05),
+        ("besteffort", 0.002),
+    ):
         want = Want(JobRequest(10, build_pattern("ring", 10), True), policy=policy)
-        placement = choose(slow_host, occupancy, want, budget_s=0.05)
-        assert placement.cut_short, f"{policy} ordered 10 of 32 GPUs by every order in 50 ms?"
+        placement = choose(slow_host, occupancy, want, budget_s=budget_s)
+        assert placement.cut_short, f"{policy} ordered 10 of 32 GPUs in {budget_s * 1000:g} ms?"
     occupancy = Occupancy.build(host32, Ledger(host="test"), ())
     for policy in ("drb", "spread", "pack"):
         want = Want(JobRequest(10, build_pattern("ring", 10), True), policy=policy)
