@@ -72,6 +72,7 @@ class Realisation:
         self.back, self.after, self.before = search.back, search.after, search.before
         self.live, self.visit = search.live, search.visit
         self.required_mask = search.required_mask
+        self.lower_twins = search.lower_twins
         self.allowed = search.allowed
         self.escalate_at = search.escalate_at
         self.tick = search.deadline.tick
@@ -133,6 +134,7 @@ class Realisation:
                 upper = assigned[p]
         must_be_required = missing == k - s
         of_pair, back = self.of_pair, self.back[s]
+        lower_twins = self.lower_twins
         found = False
         for g in self.pool:
             if g <= lower or not free >> g & 1:
@@ -141,6 +143,8 @@ class Realisation:
                 break
             if must_be_required and not required_mask >> g & 1:
                 continue
+            if lower_twins[g] & ~used:
+                continue  # a lower twin is left out or comes later: a lower placement exists
             row = of_pair[g]
             spent = []
             ok = True

@@ -160,6 +160,7 @@ class PlacementSearch(VectorBounds):
         if comb(edges + n_classes - 1, n_classes - 1) > MAX_VECTORS:
             return self._run_branch_and_bound()
         self._prepare_budget_search()
+        self.lower_twins = self._lower_twins()
         ranked: dict[Key, list[tuple[int, ...]]] = {}
         for vector in _vectors(n_classes, edges):
             if self._obviously_unrealisable(vector):
@@ -256,6 +257,24 @@ class PlacementSearch(VectorBounds):
         if best[1] is None:
             return None
         return SearchResult(best[1], best[0], 0, self.nodes)
+
+    def _lower_twins(self) -> list[int]:
+        """Per GPU, a mask of its lower twins in the pool (the same link class to every other
+        GPU; neither required), which a realisation places first (:mod:`.realise`): swapping
+        twins keeps every edge's class, and the lowest realisation puts the lower twin in the
+        set and on the lower rank. Only where ranks are visited in index order (the built-in
+        patterns) and any set of the pool may be taken (no candidate sets)."""
+        n = self.host.gpu_count
+        lower = [0] * n
+        if self.allowed is not None or self.visit != tuple(range(self.k)):
+            return lower
+        rep = twin_classes(_pair_labels(self.host)[0], (0,) * n)
+        pool = [g for g in self.pool if g not in self.required]
+        for g in pool:
+            for h in pool:
+                if h < g and rep[h] == rep[g]:
+                    lower[g] |= 1 << h
+        return lower
 
     def _heaviest_set(self) -> SearchResult:
         """All-to-all under the aggregated bandwidth: the lowest set of the most bandwidth over

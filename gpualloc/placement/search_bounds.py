@@ -65,6 +65,7 @@ class VectorBounds:
     classes: LinkClasses
     capacity: tuple[int, ...]
     allowed: tuple[int, ...] | None
+    lower_twins: list[int]
     escalate_at: float
     nodes: int
     deadline: Deadline
