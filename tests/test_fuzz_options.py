@@ -196,7 +196,8 @@ def _value(workdir: Path, option: str, plan: tuple, n: int) -> str:
         return input_path(workdir, plan[1], plan[2], f"input{n}.txt")
     if option == "--plot" and plan[1] == "new":
         return str(workdir / "plots")
-    return output_path(workdir, plan[1], ".json" if option != "--socket" else ".sock")
+    # A name of its own: a FIFO made for one option must not be another's "existing" file.
+    return output_path(workdir, plan[1], f"{n}.json" if option != "--socket" else f"{n}.sock")
 
 
 def _arguments(workdir: Path, command: str, options: list[tuple[str, tuple]]) -> list[str]:
