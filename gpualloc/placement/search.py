@@ -34,7 +34,9 @@ billion evaluations for 8 of 16 GPUs). This module finds the structure instead:
    are remembered by the GPUs used, the GPUs of the ranks still read and the budget left,
    which on a ring is Held and Karp's dynamic program over subsets.
 4. **Symmetry and ties.** Orders equivalent under an automorphism of the pattern are skipped
-   (:mod:`gpualloc.placement.patterns`: a ring has 2k equivalent orders). Among placements with
+   (:mod:`gpualloc.placement.patterns`: a ring has 2k equivalent orders), and of twin GPUs (the
+   same link class to every other: the GPUs under one PCIe switch, an NVSwitch host's GPUs)
+   the lower is placed first, on the lower rank (issue 43). Among placements with
    the same key the lexicographically lowest sorted GPU set wins, then the lowest order; the DFS
    visits orders lexicographically and cuts a branch whose lowest reachable set cannot beat the
    incumbent.
