@@ -214,9 +214,11 @@ class PlacementSearch(VectorBounds):
         class. Under the aggregated bandwidth that is a heaviest k-subset: the branch and bound
         of :mod:`.set_search` finds it. Otherwise sets are walked depth first in lexicographic
         order, the class counts updated with one popcount per class and GPU added, and keys
-        cached per count vector."""
+        cached per count vector; of twin GPUs a set takes the lower first (the same counts,
+        and the lower set)."""
         if self.objective.name == "aggregated":
             return self._heaviest_set()
+        lower_twins = self._lower_twins()
         k, pool = self.k, self.pool
         adjacency = self.classes.adjacency
         n_classes = len(self.classes.weight)
@@ -245,6 +247,8 @@ class PlacementSearch(VectorBounds):
                 # A required GPU cannot be skipped: every later set would miss it.
                 if (required_mask & ~mask) & ((1 << g) - 1):
                     break
+                if lower_twins[g] & ~mask:
+                    continue
                 chosen.append(g)
                 walk(
                     index + 1,
