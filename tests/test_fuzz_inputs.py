@@ -24,9 +24,13 @@ from tests import fuzz_harness
 from tests.fuzz_harness import FAST, FILE_KINDS, LONG, Hung, make
 
 
-def _check(args: list[str], workdir: Path, env: dict[str, str] | None = None) -> int:
-    """Run ``gpualloc ARGS`` and hold it to the harness's rules (:mod:`tests.fuzz_harness`)."""
-    return fuzz_harness.check(args, workdir, env).exit_code
+def _check(
+    args: list[str], workdir: Path, env: dict[str, str] | None = None, *, typed: list[str] = ()
+) -> int:
+    """Run ``gpualloc ARGS`` and hold it to the harness's rules (:mod:`tests.fuzz_harness`).
+    ``typed``: values an earlier command of the case gave, which this one may say back (a
+    lease named ``nan`` is released by that name)."""
+    return fuzz_harness.check(args, workdir, env, typed=typed).exit_code
 
 
 # ---- files a user names ------------------------------------------------------------------------
@@ -72,7 +76,7 @@ def _file_case(case: tuple) -> None:
             args = list(command)
         code = _check(args, workdir)
         if code == 0 and "alloc" in args:
-            _check(["-t", args[1], "release", "--mine"], workdir)
+            _check(["-t", args[1], "release", "--mine"], workdir, typed=args)
 
 
 @FAST
@@ -149,7 +153,7 @@ def _option_case(case: tuple) -> None:
         workdir = Path(temporary)
         code = _check(args, workdir)
         if code == 0 and command[0] == "alloc":
-            _check(["-t", "dgx1-v100", "release", "--mine"], workdir)
+            _check(["-t", "dgx1-v100", "release", "--mine"], workdir, typed=args)
 
 
 @FAST
@@ -197,7 +201,7 @@ def _variable_case(case: tuple) -> None:
         workdir = Path(temporary)
         code = _check([*topology, *command], workdir, env)
         if code == 0 and command[0] == "alloc":
-            _check([*topology, "release", "--mine"], workdir, env)
+            _check([*topology, "release", "--mine"], workdir, env, typed=list(env.values()))
 
 
 @FAST

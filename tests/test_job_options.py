@@ -112,9 +112,9 @@ def test_each_row_is_declared_once_with_its_help() -> None:
         ({"count": 0}, "-n 0 is out of range"),
         ({"count": True}, "is not a whole number"),
         ({"count": 2.5}, "is not a whole number"),
-        ({"min_utility": float("nan")}, "is not a finite number"),
+        ({"min_utility": float("nan")}, "--min-utility is not a number"),
         ({"min_utility": 1.5}, "is out of range"),
-        ({"min_bandwidth": float("inf")}, "is not a finite number"),
+        ({"min_bandwidth": float("inf")}, "--min-bandwidth is too large"),
         ({"sm_share": 101}, "--sm-share 101 is out of range"),
     ],
 )

@@ -214,8 +214,10 @@ def check_bounds(values: object, rows: tuple[JobOption, ...]) -> None:
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not number or (row.kind == "int" and not isinstance(value, int)):
             raise RequestError(f"{option} {value!r} is not {_a(row.kind)}", hint=row.help)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise RequestError(f"{option} {value!r} is not a finite number", hint=row.help)
+        if isinstance(value, float) and not math.isfinite(value):  # said without 'inf' or 'nan':
+            what = "is not a number" if math.isnan(value) else "is too large (not finite)"
+            raise RequestError(f"{option} {what}", hint=row.help)  # 1e309 was said back 'inf'
+
         low, high = row.minimum, row.maximum
         if (low is not None and value < low) or (high is not None and value > high):
             span = f"at least {low:g}" if high is None else f"{low:g} to {high:g}"
