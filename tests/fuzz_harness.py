@@ -41,9 +41,10 @@ MAX_LINE = 2000
 ECHO_LIMIT = 150
 """The most characters of one value an error line may repeat (issue 42: a 5,000-character
 path was echoed up to 500 characters)."""
-KNOWN_ECHOES: tuple[str, ...] = ()
-"""Errors that may still say a long value back whole (none now: click's usage errors and
-``status --idle`` cut theirs since issue 42, point 3)."""
+KNOWN_ECHOES: tuple[str, ...] = ("error: unknown pattern '",)
+"""Errors that may still say a long value back whole: ``--pattern``'s (placement/patterns.py,
+held by another engineer this session; a strict xfail in test_fuzz_findings.py holds the fix
+due). Click's usage errors and ``status --idle`` cut theirs since issue 42, point 3."""
 DOCUMENTED = {int(code) for code in ExitCode} - {ExitCode.INTERNAL}
 IN_CI = os.environ.get("CI") == "true"
 """CI tries the same cases every time (a landing gate must not depend on luck); a developer's
@@ -236,8 +237,9 @@ def check(
     lines = stderr.splitlines()
     assert all(len(line) <= MAX_LINE for line in lines), (*said, "a long line")
     assert "Traceback" not in stderr, said
-    no_non_finite(stdout, typed, said, source=" ".join(quoted))
-    no_non_finite(re.sub(r"'[^'\n]*'", "' '", stderr), [*typed, *quoted], said)  # 'nan' quoted
+    quotes = re.compile(r"'[^'\n]*'")  # a 'nan' quoted is a text said back, not a number
+    no_non_finite(quotes.sub("' '", stdout), typed, said, source=" ".join(quoted))
+    no_non_finite(quotes.sub("' '", stderr), [*typed, *quoted], said)
     no_long_echo(stderr, typed, said)
     errors = [i for i, line in enumerate(lines) if line.startswith("error: ")]
     if code in (0, ExitCode.CHECK_FAILED):  # doctor's findings are its output, not an error
@@ -290,8 +292,9 @@ def _from_file(text: str, found: re.Match[str], source: str) -> bool:
     words = line.split()
     at = found.start() - start
     column = len(line[:at].split()) - (at > 0 and not line[at - 1].isspace())
+    words = [word.strip(",;:()") for word in words]  # "nan A100," is the file's "nan A100"
     pairs = {" ".join(words[i : i + 2]) for i in (column - 1, column) if 0 <= i < len(words) - 1}
-    flat = " ".join(source.split())
+    flat = " ".join(word.strip(",;:()") for word in source.split())
     return any(pair in flat for pair in pairs)
 
 
