@@ -41,10 +41,9 @@ MAX_LINE = 2000
 ECHO_LIMIT = 150
 """The most characters of one value an error line may repeat (issue 42: a 5,000-character
 path was echoed up to 500 characters)."""
-KNOWN_ECHOES: tuple[str, ...] = ("error: unknown pattern '",)
-"""Errors that may still say a long value back whole: ``--pattern``'s (placement/patterns.py,
-held by another engineer this session; a strict xfail in test_fuzz_findings.py holds the fix
-due). Click's usage errors and ``status --idle`` cut theirs since issue 42, point 3."""
+KNOWN_ECHOES: tuple[str, ...] = ()
+"""Errors that may still say a long value back whole: none since issue 42, point 3 (click's
+usage errors, ``status --idle`` and ``--pattern`` cut theirs)."""
 DOCUMENTED = {int(code) for code in ExitCode} - {ExitCode.INTERNAL}
 IN_CI = os.environ.get("CI") == "true"
 """CI tries the same cases every time (a landing gate must not depend on luck); a developer's

@@ -358,11 +358,6 @@ def test_a_long_idle_is_echoed_cut(cli: Cli) -> None:
     _refused(cli("--topology", "dgx1-v100", "status", "--idle", "a" * 3000), ExitCode.USAGE)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gpualloc/placement/patterns.py says f'unknown pattern {spec!r}': it must use "
-    "gpualloc.user_files.shown_value(spec) (placement/ is another engineer's this session)",
-)
 def test_a_long_pattern_is_echoed_cut(cli: Cli) -> None:
     result = cli("--topology", "dgx1-v100", "plan", "-n", "2", "--pattern", "a" * 3000)
     _refused(result, ExitCode.USAGE, "unknown pattern")

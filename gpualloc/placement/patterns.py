@@ -31,7 +31,7 @@ from msgspec import Struct
 from gpualloc.errors import RequestError
 from gpualloc.job_options import MAX_GPUS
 from gpualloc.model.request import CommunicationPattern, max_edges
-from gpualloc.user_files import names_a_file
+from gpualloc.user_files import names_a_file, shown_value
 
 BUILTIN_PATTERNS = ("ring", "all", "tree", "star")
 
@@ -94,7 +94,8 @@ def build_pattern(spec: str, k: int) -> CommunicationPattern:
     path = Path(spec)
     if not names_a_file(path):
         raise PatternError(
-            f"unknown pattern {spec!r}: not one of {', '.join(BUILTIN_PATTERNS)} and not a file",
+            f"unknown pattern {shown_value(spec)}: not one of {', '.join(BUILTIN_PATTERNS)} "
+            "and not a file",
             hint="give ring, all, tree or star, or a JSON edge list such as [[0, 1], [1, 2]]",
         )
     from gpualloc.user_files import json_document, read_user_text
