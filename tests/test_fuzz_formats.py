@@ -183,8 +183,10 @@ def mutate_json(document: Any, edits: list[tuple]) -> bytes:
         if not paths:
             break
         parent, key = _parent(document, paths[where % len(paths)])
+        # A copy, never JSON_VALUES' own: a later edit of it made a cycle (and changed them).
+        fresh = json.loads(json.dumps(JSON_VALUES[value]))
         if kind == "set":
-            parent[key] = JSON_VALUES[value]
+            parent[key] = fresh
         elif kind == "delete":
             del parent[key]
         elif kind == "duplicate" and isinstance(parent, list):
@@ -192,7 +194,7 @@ def mutate_json(document: Any, edits: list[tuple]) -> bytes:
         elif kind == "grow" and isinstance(parent[key], list):
             parent[key] = parent[key] * 1000
         elif kind == "unknown-key" and isinstance(parent[key], dict):
-            parent[key]["no_such_key"] = JSON_VALUES[value]
+            parent[key]["no_such_key"] = fresh
     return json.dumps(document).encode()
 
 
