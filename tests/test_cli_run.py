@@ -463,7 +463,7 @@ def test_a_user_may_release_only_their_own_leases(cli) -> None:
         assert len(json.loads(gpualloc("status", "--json", env=env).stdout)["leases"]) == 1
         assert gpualloc("release", lease["id"], env=env).returncode == 0  # root may
     finally:
-        shutil.rmtree(shared)
+        shutil.rmtree(shared, ignore_errors=True)  # a job's lock remover may unlink at once
 
 
 def _cli_exit_code(*args: str, state: Path) -> int:

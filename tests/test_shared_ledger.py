@@ -59,7 +59,7 @@ def as_user(users: dict[str, UnixUser], system_config_dir: Path) -> UserCommandL
 def shared() -> Iterator[Path]:
     path = shared_directory("gpualloc-shared-")
     yield path
-    shutil.rmtree(path)
+    shutil.rmtree(path, ignore_errors=True)  # a finished job's lock remover may unlink meanwhile
 
 
 def _gpualloc(
