@@ -361,3 +361,34 @@ def test_a_long_idle_is_echoed_cut(cli: Cli) -> None:
 def test_a_long_pattern_is_echoed_cut(cli: Cli) -> None:
     result = cli("--topology", "dgx1-v100", "plan", "-n", "2", "--pattern", "a" * 3000)
     _refused(result, ExitCode.USAGE, "unknown pattern")
+
+
+# ---- an error quoting megabytes ----------------------------------------------------------------
+
+
+def test_an_error_quoting_megabytes_is_written_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pattern file whose second edge is a list of a million numbers: its error quoted the
+    list whole, and escaping all of it before cutting it to 500 characters took 3 s (over the
+    harness's 5 s on a loaded machine)."""
+    from tests import fuzz_harness
+    from tests.fuzz_harness import check
+
+    monkeypatch.setattr(fuzz_harness, "CASE_TIMEOUT_S", 2.0)
+    pattern = tmp_path / "pattern.json"
+    pattern.write_text(json.dumps([[0, 1], [1, 2] * 500_000]))
+    args = ["--topology", "dgx1-v100", "plan", "-n", "3", "--pattern", str(pattern)]
+    assert check(args, tmp_path).exit_code == ExitCode.USAGE
+
+
+def test_printable_escapes_only_what_it_shows() -> None:
+    from gpualloc.model.printable import printable
+
+    class Counted(str):
+        def __iter__(self):  # type: ignore[override]
+            for read, char in enumerate(str.__iter__(self)):
+                assert read <= 1000, "read past what is shown"
+                yield char
+
+    assert printable(Counted("\x1b" + "x" * 10**6), 500) == "\\x1b" + "x" * 493 + "..."
