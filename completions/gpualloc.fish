@@ -164,7 +164,7 @@ complete -c gpualloc -n '__fish_seen_subcommand_from topo; and not __fish_seen_s
 complete -c gpualloc -n '__fish_seen_subcommand_from topo; and not __fish_seen_subcommand_from show list import record export' -l help -s h -d 'Show the help and exit.'
 complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from show' -l json -d 'Print the topology as JSON (the documented model) instead.'
 complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from show' -l help -s h -d 'Show the help and exit.'
-complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from list' -l json -d 'Print the topology as JSON (the documented model) instead.'
+complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from list' -l json -d 'Print the list as JSON instead.'
 complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from list' -l help -s h -d 'Show the help and exit.'
 complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from import' -l nvlink -r -F -d 'Output of \'nvidia-smi nvlink -s\'.'
 complete -c gpualloc -n '__fish_seen_subcommand_from topo; and __fish_seen_subcommand_from import' -l numa -r -F -d 'Output of \'numactl --hardware\'.'

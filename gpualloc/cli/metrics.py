@@ -25,7 +25,7 @@ def metrics_command(
 ) -> None:
     """Print the host's GPUs, leases and queue as Prometheus metrics: GPUs by state and per
     GPU (with the holder), leases by user, shared jobs, MIG devices, queue length and oldest
-    wait, placements, decision latency and wait-time histograms. The README lists every
+    wait, placements, decision latency and wait-time histograms. docs/metrics.md lists every
     metric.
 
     Example: `gpualloc metrics --serve :9400`, and in prometheus.yml a job scraping

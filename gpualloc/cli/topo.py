@@ -32,7 +32,9 @@ def show(as_json: JsonOption = False) -> None:
 
 
 @app.command("list")
-def list_bundled(as_json: JsonOption = False) -> None:
+def list_bundled(
+    as_json: Annotated[bool, Option("--json", help="Print the list as JSON instead.")] = False,
+) -> None:
     """List the bundled topologies usable with --topology NAME."""
     from gpualloc.cli.output import Table, print_json, print_tables
     from gpualloc.cli.topology_view import describe
