@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +89,18 @@ def benchmark_module(name: str) -> Iterator[Any]:
 def measured_benchmark() -> Iterator[Any]:
     """``benchmarks/measured.py``: the recordings' hosts as docs/evaluation.md models them."""
     yield from benchmark_module("measured")
+
+
+@pytest.fixture
+def closed_directory() -> Iterator[Path]:
+    """A directory only its owner (root, in CI) may enter, in one every user may enter: for
+    "cannot be entered" errors (pytest's tmp_path is not open to other users)."""
+    base = Path(tempfile.mkdtemp(prefix="gpualloc-closed-", dir="/tmp"))
+    base.chmod(0o755)
+    closed = base / "closed"
+    closed.mkdir(mode=0o700)
+    yield closed
+    shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

@@ -124,19 +124,6 @@ def test_an_exported_graph_with_control_characters_in_names_parses(
 # ---- item 3: a configuration file in a directory the user may not enter ----------------------
 
 
-@pytest.fixture
-def closed_directory() -> Iterator[Path]:
-    """A directory only root may enter, in one every user may (pytest's tmp_path is not)."""
-    import tempfile
-
-    base = Path(tempfile.mkdtemp(prefix="gpualloc-closed-", dir="/tmp"))
-    base.chmod(0o755)
-    closed = base / "closed"
-    closed.mkdir(mode=0o700)
-    yield closed
-    shutil.rmtree(base, ignore_errors=True)
-
-
 def test_a_config_file_in_a_closed_directory_names_the_directory(closed_directory: Path) -> None:
     from tests.unix_users import UserCommandLine, ensure_user
 

@@ -43,6 +43,16 @@ def test_the_scripts_parse() -> None:
     py_compile.compile(str(EXAMPLES / "torchrun" / "allreduce.py"), doraise=True)
 
 
+def _sweep_environment(job: Path) -> dict[str, str]:
+    """examples/sweep.sh on dgx1-v100, with ``job`` as its $TRAIN and this gpualloc first."""
+    return {
+        **os.environ,
+        "GPUALLOC_TOPOLOGY": "dgx1-v100",
+        "TRAIN": str(job),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+
+
 @pytest.mark.slow
 def test_the_sweep_runs_its_jobs_side_by_side_on_nvlinked_pairs(tmp_path: Path) -> None:
     from gpualloc.topologies import load_bundled
@@ -54,12 +64,7 @@ def test_the_sweep_runs_its_jobs_side_by_side_on_nvlinked_pairs(tmp_path: Path) 
         f'while [ ! -e "{tmp_path}/go" ]; do sleep 0.05; done\n'
     )
     job.chmod(0o755)
-    env = {
-        **os.environ,
-        "GPUALLOC_TOPOLOGY": "dgx1-v100",
-        "TRAIN": str(job),
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-    }
+    env = _sweep_environment(job)
     sweep = subprocess.Popen(
         [str(EXAMPLES / "sweep.sh")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
@@ -86,12 +91,7 @@ def test_the_sweep_fails_when_one_of_its_jobs_fails(tmp_path: Path) -> None:
     job = tmp_path / "job.sh"
     job.write_text('#!/bin/sh\ntest "$2" != 1e-4\n')  # called as: job.sh --lr VALUE
     job.chmod(0o755)
-    env = {
-        **os.environ,
-        "GPUALLOC_TOPOLOGY": "dgx1-v100",
-        "TRAIN": str(job),
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-    }
+    env = _sweep_environment(job)
     sweep = subprocess.run(
         [str(EXAMPLES / "sweep.sh")], env=env, capture_output=True, text=True, timeout=120
     )

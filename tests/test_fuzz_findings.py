@@ -10,9 +10,8 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -194,23 +193,12 @@ def test_a_long_topology_is_echoed_cut(cli: Cli, spec: str) -> None:
     assert "..." in error and error.count("a") <= 120, error
 
 
-@pytest.fixture
-def closed_directory() -> Iterator[Path]:
-    """A directory only root may enter, holding a topology file, in one everyone may."""
-    base = Path(tempfile.mkdtemp(prefix="gpualloc-closed-", dir="/tmp"))
-    base.chmod(0o755)
-    closed = base / "closed"
-    closed.mkdir(mode=0o700)
-    shutil.copy(TOPOLOGIES / "dgx1-v100.json", closed / "t.json")
-    yield closed
-    shutil.rmtree(base, ignore_errors=True)
-
-
 def test_a_topology_in_a_directory_that_cannot_be_entered_says_so(closed_directory: Path) -> None:
     """It said "topology file ... does not exist" (exit 3): the file is there."""
     from tests.unix_users import UserCommandLine, ensure_user
 
     user = ensure_user("nobody")  # skips unless root
+    shutil.copy(TOPOLOGIES / "dgx1-v100.json", closed_directory / "t.json")
     cli = UserCommandLine(user)
     result = cli(user, "--topology", str(closed_directory / "t.json"), "topo", "show")
     assert result.returncode == ExitCode.IO, result.stderr
