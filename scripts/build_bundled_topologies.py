@@ -6,9 +6,11 @@ Run from the repository root: ``python scripts/build_bundled_topologies.py`` wri
 
 Each topology states in ``provenance.description`` where its facts come from: the real outputs
 in tests/fixtures/topologies/ (copied from the project's shared collection), the MAPA and DRB
-reference implementations' hardware graphs (shared/reference/), and vendor documentation. Where a
-fact is an assumption, the description says so. UUIDs are synthetic (uuid5 of name and index) so
-that tools keyed on UUIDs work on bundled hosts.
+reference implementations' hardware graphs (socal-ucr/MAPA and HiEST/gpu-topo-aware on GitHub,
+named by repository: the project's shared collection, ``../shared/reference``, is not in a
+clone), and vendor documentation. Where a fact is an assumption, the description says so.
+UUIDs are synthetic (uuid5 of name and index) so that tools keyed on UUIDs work on bundled
+hosts.
 """
 
 from __future__ import annotations
@@ -124,7 +126,7 @@ def all_pairs(count: int, links: int) -> dict[tuple[int, int], int]:
 
 
 def from_mapa(edges: list[tuple[int, int, str]]) -> dict[tuple[int, int], int]:
-    """MAPA's 1-based typed edges (shared/reference/mapa_topologies.json) to 0-based NV counts."""
+    """MAPA's 1-based typed edges (socal-ucr/MAPA on GitHub) to 0-based NV counts."""
     return {(a - 1, b - 1): int(kind[2:]) for a, b, kind in edges}
 
 
@@ -150,7 +152,7 @@ def dgx1_p100() -> Topology:
         description=(
             "NVIDIA DGX-1 with 8 Tesla P100-SXM2-16GB, hybrid cube-mesh of NVLink 1 (one link on "
             "every pair within the quads 0-3 and 4-7, and 0-4, 1-5, 2-6, 3-7), as in the MAPA "
-            "reference graph 'dgx-p' (shared/reference/mapa_topologies.json) and the DGX-1 "
+            "reference graph 'dgx-p' (socal-ucr/MAPA on GitHub) and the DGX-1 "
             "system architecture whitepaper (WP-08437-002). PCIe: pairs 0-2, 1-3, 4-6, 5-7 share "
             "a PCIe switch, the pairs of a quad meet at the host bridge, quads are on different "
             "sockets. CPUs: 2 x Xeon E5-2698 v4 (20 cores, HT), 256 GiB per socket."
@@ -393,7 +395,7 @@ def summit_node() -> Topology:
         description=(
             "An OLCF Summit node (IBM AC922): 2 POWER9 sockets (22 cores, SMT4) with 3 Tesla "
             "V100-SXM2-16GB each, all pairs within a socket joined by two NVLink 2 links (the "
-            "NVLink triangles of MAPA's 'summit' graph, shared/reference/mapa_topologies.json); "
+            "NVLink triangles of MAPA's 'summit' graph, socal-ucr/MAPA on GitHub); "
             "across sockets GPUs talk over the X-bus (SYS). NUMA ids 0 and 8 as on the real "
             "AC922 output (tests/fixtures/topologies/ibm-ac922_4gpu_power9_topo.txt). The "
             "coherent GPU memory appears as CPU-less NUMA nodes 255..250 (GPU i -> 255-i), as "
@@ -626,7 +628,7 @@ def torus_2d_16() -> Topology:
         "torus-2d-16",
         MAPA_TORUS_2D,
         "The 16-GPU 2D torus (4 x 4) of the MAPA paper's Fig. 17, from MAPA's reference graph "
-        "'torus-2d' (shared/reference/mapa_topologies.json), 0-based. The reference omits edge "
+        "'torus-2d' (socal-ucr/MAPA on GitHub), 0-based. The reference omits edge "
         "1-5 (GPUs 0-4 here); the paper's figure is a full torus, so it is included, as a single "
         "link like every other vertical edge.",
     )
@@ -637,7 +639,7 @@ def cube_mesh_16() -> Topology:
         "cube-mesh-16",
         MAPA_CUBE_MESH_16,
         "The 16-GPU cube-mesh of the MAPA paper's Fig. 17, from MAPA's reference graph "
-        "'cubeMesh-16' (shared/reference/mapa_topologies.json), 0-based, with the link types as "
+        "'cubeMesh-16' (socal-ucr/MAPA on GitHub), 0-based, with the link types as "
         "declared (the reference's runtime bandwidth map has defects documented there).",
     )
 
@@ -647,7 +649,7 @@ def torus_2d_32() -> Topology:
         "torus-2d-32",
         mapa_torus_edges(4, 8),
         "A 32-GPU 2D torus of 4 rows x 8 columns, built the way MAPA's 16-GPU torus-2d "
-        "(the paper's Fig. 17a, shared/reference/mapa_topologies.json) is: each row a path "
+        "(the paper's Fig. 17a, socal-ucr/MAPA on GitHub) is: each row a path "
         "of double NVLinks closed by a single one, single links down the columns, the first "
         "and last columns closed by double links (mapa_torus_edges; on 4 x 4 it gives "
         "torus-2d-16). Synthetic: no 32-GPU NVLink mesh exists as a product (NVIDIA's 32-GPU "
@@ -674,7 +676,7 @@ def minsky_p100() -> Topology:
             "sockets (10 cores, SMT8) with 2 Tesla P100-SXM2-16GB each. Within a socket the two "
             "GPUs share two NVLink 1 links (40 GB/s); across sockets they talk over the X-bus "
             "(SYS). GPU-to-socket map, 256 GiB per socket and the 10/40 socket distances from the "
-            "DRB reference machine (shared/reference/drb_topologies.json, 'minsky-infra-1m')."
+            "DRB reference machine (HiEST/gpu-topo-aware on GitHub, 'minsky-infra-1m')."
         ),
         gpu_name="Tesla P100-SXM2-16GB",
         memory_gib=16,
