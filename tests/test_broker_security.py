@@ -389,3 +389,20 @@ def _processes_of(user: UnixUser) -> list[int]:
     import psutil
 
     return [p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"].real == user.uid]
+
+
+def test_the_log_escapes_what_clients_wrote_and_indents_what_follows(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A client's words reach the broker's log (an error quoting a request, a user's lease): an
+    escape sequence was written to the administrator's terminal as it came, and a newline in a
+    message began a line that read as the broker's own."""
+    from gpualloc.broker.log import LOG_LINE_LIMIT, log_line
+
+    log_line("error: bad name '\x1b[2J\x07'\n2026-01-01T00:00:00Z gpualloc serve: stopped")
+    log_line("x" * 100_000)
+    first, forged, long, end = capsys.readouterr().err.split("\n")
+    assert first.endswith("gpualloc serve: error: bad name '\\x1b[2J\\x07'")
+    assert forged == "    2026-01-01T00:00:00Z gpualloc serve: stopped"
+    assert long.endswith("x...") and len(long) < LOG_LINE_LIMIT + 50
+    assert end == ""

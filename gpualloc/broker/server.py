@@ -28,11 +28,9 @@ import os
 import selectors
 import signal
 import socket
-import sys
 import time
 import traceback
 from collections.abc import Callable
-from datetime import datetime, timezone
 from typing import Any
 
 from gpualloc.broker.connection import Connection
@@ -577,9 +575,3 @@ def _send_and_close(sock: socket.socket, data: bytes) -> None:
     with contextlib.suppress(OSError):
         sock.send(data)
     sock.close()
-
-
-def log_line(line: str) -> None:
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    sys.stderr.write(f"{stamp} gpualloc serve: {line}\n")
-    sys.stderr.flush()

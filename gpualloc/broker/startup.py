@@ -22,7 +22,8 @@ from pathlib import Path
 from gpualloc.broker.fair_share import FairShare
 from gpualloc.broker.limits import Limits
 from gpualloc.broker.listener import activated, listening_socket
-from gpualloc.broker.server import Broker, log_line
+from gpualloc.broker.log import log_line
+from gpualloc.broker.server import Broker
 from gpualloc.broker.service import LedgerService
 from gpualloc.config import Config
 from gpualloc.errors import BrokerError
