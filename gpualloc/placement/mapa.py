@@ -187,7 +187,12 @@ class LossSearch:
     so there the minimum and the first tied set cost O(n k) steps, not C(n, k). The candidates of
     a node are a suffix of the pool, so their widest NVLinks are summed once per suffix, and each
     GPU's links to the chosen ones are kept as GPUs come and go (issue 43: the bound was rebuilt
-    from every pair at every node, O(n^2 log n)); a node costs O(n log n).
+    from every pair at every node, O(n^2 log n)); a node costs O(n log n). Where that bound
+    does not cut, a second one is tried: each new GPU shares at most its ``r - 1`` widest
+    NVLinks to the candidates with the other new ones, each shared link counted at both ends,
+    so it adds at least ``d(g) - links(g, chosen) - top_{r-1}(g) / 2``; on a sparse mesh (a
+    torus, a hypercube) this is the tighter one, since the ``r (r - 1) / 2`` widest links among
+    the candidates cannot all touch ``r`` GPUs (issue 43: half the nodes on cube-mesh-16).
     """
 
     def __init__(self, ctx: DecisionContext) -> None:
@@ -197,6 +202,7 @@ class LossSearch:
         free = sorted(ctx.state.free)
         self.nv = ctx.host.nvlink_bandwidth
         self.degree = {v: sum(self.nv[v][u] for u in free if u != v) for v in self.pool}
+        self._widest: dict[int, list[list[float]]] = {}
         self.minimum = self.least_loss()
 
     def every_set_ties(self) -> bool:
@@ -230,9 +236,21 @@ class LossSearch:
         shared = self._shared_sums()
         tick = deadline.current().tick
 
-        def lower_bound(start: int, need: int) -> float:
+        def lower_bound(start: int, need: int, lost: float, cut: float) -> float:
+            """A lower bound on the loss of any completion (rounded) of a set that lost
+            ``lost`` with ``need`` GPUs of ``pool[start:]`` to add; the second, costlier bound
+            only where the first stays below ``cut`` (where a branch is cut)."""
             adds = sorted(degree[g] - to_chosen[g] for g in pool[start:])
-            return sum(adds[:need]) - shared[start][need * (need - 1) // 2]
+            by_pairs = round(lost + sum(adds[:need]) - shared[start][need * (need - 1) // 2], 6)
+            if by_pairs >= cut:
+                return by_pairs
+            # Each new GPU shares at most its need - 1 widest links with the others, and
+            # each shared link is counted at both ends.
+            own = self._widest_from(start)
+            halves = sorted(
+                degree[g] - to_chosen[g] - own[i][need - 1] / 2 for i, g in enumerate(pool[start:])
+            )
+            return max(by_pairs, round(lost + sum(halves[:need]), 6))
 
         def extend(start: int, lost: float) -> Iterator[tuple[int, ...]]:
             tick()
@@ -246,7 +264,8 @@ class LossSearch:
                 elif abs(value - target) <= _SLACK:
                     yield tuple(chosen)
                 return
-            bound = round(lost + lower_bound(start, need), 6)
+            cut = self._least - _SLACK if target is None else self._least + _SLACK
+            bound = lower_bound(start, need, lost, cut)
             if bound > self._least + _SLACK:
                 return
             if target is None and bound >= self._least - _SLACK:
@@ -267,6 +286,23 @@ class LossSearch:
                 chosen.pop()
 
         return extend(0, 0.0)
+
+    def _widest_from(self, start: int) -> list[list[float]]:
+        """Per GPU of ``pool[start:]``, the sums of its j widest NVLinks to the others there,
+        j = 0, 1, ...: no GPU added from there shares more with the other new ones. Computed
+        for a start index when a branch first needs it, once per search."""
+        cached = self._widest.get(start)
+        if cached is None:
+            rest, nv = self.pool[start:], self.nv
+            cached = self._widest[start] = [
+                list(
+                    accumulate(
+                        sorted((nv[a][b] for b in rest if b != a), reverse=True), initial=0.0
+                    )
+                )
+                for a in rest
+            ]
+        return cached
 
     def _shared_sums(self) -> list[list[float]]:
         """Per start index, the sums of the j widest NVLinks among the pool's GPUs from there
