@@ -49,6 +49,12 @@ def shown_value(value: object) -> str:
     return repr(shown_text(str(value)))
 
 
+def shown_repr(value: object) -> str:
+    """``repr(value)`` for an error line (a value of any type a client sent), cut as
+    :func:`shown_text` cuts it."""
+    return shown_text(repr(value))
+
+
 def json_document(text: str) -> Any:
     """``json.loads(text)``; a document nested deeper than Python recurses is a
     ``json.JSONDecodeError`` too, not a RecursionError no reader expected (issue 42, point 3:

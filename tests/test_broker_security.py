@@ -406,3 +406,21 @@ def test_the_log_escapes_what_clients_wrote_and_indents_what_follows(
     assert forged == "    2026-01-01T00:00:00Z gpualloc serve: stopped"
     assert long.endswith("x...") and len(long) < LOG_LINE_LIMIT + 50
     assert end == ""
+
+
+def test_request_errors_say_a_clients_long_value_back_cut() -> None:
+    """An unknown op, version or priority of 100,000 characters was said back whole."""
+    from gpualloc.broker.requests import wait_options
+    from gpualloc.errors import GpuallocError
+    from gpualloc.wire.protocol import VERSION, parse_request
+
+    long = "x" * 100_000
+    for line in [{"v": VERSION, "op": long}, {"v": long, "op": "status"}]:
+        with pytest.raises(GpuallocError) as raised:
+            parse_request(json.dumps(line).encode())
+        assert "xxx...xxx" in raised.value.message and len(raised.value.message) < 250
+    with pytest.raises(GpuallocError) as raised:
+        wait_options({"priority": [long]}, policy=None)  # type: ignore[arg-type]
+    assert len(raised.value.message) < 250
+    with pytest.raises(GpuallocError, match="unknown request 'frobnicate'"):
+        parse_request(json.dumps({"v": VERSION, "op": "frobnicate"}).encode())

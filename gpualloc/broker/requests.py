@@ -27,6 +27,7 @@ from gpualloc.ledger.schema import QueuedRequest
 from gpualloc.model.printable import has_surrogates, printable
 from gpualloc.model.validation import ValidationError, from_builtins
 from gpualloc.placement.want import Want
+from gpualloc.user_files import shown_repr
 
 if TYPE_CHECKING:
     from gpualloc.model.topology import Topology
@@ -80,10 +81,10 @@ def wait_options(raw: Any, policy: QueuePolicy) -> WaitOptions:
         raise RequestError("wait must be an object", hint="see gpualloc.broker")
     priority = raw.get("priority", "normal")
     if priority not in ("high", "normal", "low"):
-        raise RequestError(f"unknown priority {priority!r}", hint="high, normal or low")
+        raise RequestError(f"unknown priority {shown_repr(priority)}", hint="high, normal or low")
     bypass = raw.get("max_bypass", policy.min_bypass)
     if not isinstance(bypass, int) or isinstance(bypass, bool) or bypass < 0:
-        raise RequestError(f"max_bypass {bypass!r} is not a count", hint="0 or more")
+        raise RequestError(f"max_bypass {shown_repr(bypass)} is not a count", hint="0 or more")
     return WaitOptions(priority=priority, max_bypass=bypass, policy=policy)
 
 
@@ -129,7 +130,9 @@ def positive(raw: Any) -> int | None:
     if raw is None:
         return None
     if not isinstance(raw, int) or isinstance(raw, bool) or raw <= 0:
-        raise RequestError(f"{raw!r} is not a positive number", hint="see gpualloc.broker")
+        raise RequestError(
+            f"{shown_repr(raw)} is not a positive number", hint="see gpualloc.broker"
+        )
     return raw
 
 

@@ -47,6 +47,7 @@ from gpualloc.errors import (
     WaitTimedOut,
 )
 from gpualloc.host.local import PlacementPending
+from gpualloc.user_files import shown_repr
 from gpualloc.wire import protocol
 
 MAX_UNREAD_BYTES = 4 * 1024 * 1024
@@ -477,7 +478,7 @@ class Broker:
             result = slurm_request(service.host, args)
             self._started(service.turns())
             return protocol.result_line(result)
-        raise BrokerError(f"unknown request {op!r}")
+        raise BrokerError(f"unknown request {shown_repr(op)}")
 
     def _hello(self, peer: Peer) -> dict[str, Any]:
         from gpualloc import __version__

@@ -53,6 +53,7 @@ from gpualloc.model.printable import printable
 from gpualloc.model.request import Placement, Scores
 from gpualloc.model.validation import to_builtins
 from gpualloc.placement.want import Want
+from gpualloc.user_files import shown_repr
 
 FAIR_SHARE_FILE = "fair-share.json"
 RECONNECT_GRACE_S = 15.0
@@ -288,12 +289,14 @@ class LedgerService:
             raise RequestError("the request has no lease terms", hint="see gpualloc.broker")
         source = raw.get("source", "alloc")
         if source not in ("run", "alloc") and not (source == "slurm" and peer.root):
-            raise NotPermitted(f"a lease of source {source!r} is root's to make")
+            raise NotPermitted(f"a lease of source {shown_repr(source)} is root's to make")
         pid, hold = raw.get("pid"), bool(raw.get("hold"))
         started = None
         if pid is not None:
             if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-                raise RequestError(f"pid {pid!r} is not a process id", hint="give a positive pid")
+                raise RequestError(
+                    f"pid {shown_repr(pid)} is not a process id", hint="give a positive pid"
+                )
             started = check_owned(peer, pid)
         elif not hold:
             raise RequestError("a lease needs a pid or hold", hint="give --pid or --hold")
@@ -353,7 +356,9 @@ class LedgerService:
             raise RequestError("leases must be a list of ids", hint="see gpualloc.broker")
         grace = args.get("grace_s")
         if grace is not None and (not isinstance(grace, (int, float)) or grace < 0):
-            raise RequestError(f"grace {grace!r} is not a duration", hint="seconds, 0 or more")
+            raise RequestError(
+                f"grace {shown_repr(grace)} is not a duration", hint="seconds, 0 or more"
+            )
         result = self.host.evict(
             [wire.text(s, "lease") or "" for s in selectors],
             mine=bool(args.get("mine")),

@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from gpualloc.errors import BrokerError, ExitCode, GpuallocError
+from gpualloc.user_files import shown_repr
 
 VERSION = 1
 MAX_REQUEST_BYTES = 64 * 1024
@@ -110,14 +111,14 @@ def parse_request(line: bytes) -> tuple[str, dict[str, Any]]:
     version = body.get("v")
     if version != VERSION:
         raise VersionMismatch(
-            f"this broker speaks protocol {VERSION}, the client {version!r}",
+            f"this broker speaks protocol {VERSION}, the client {shown_repr(version)}",
             hint="run the same gpualloc version as the host's broker (pip show gpualloc; "
             "'gpualloc doctor' names the broker's)",
         )
     op, args = body.get("op"), body.get("args", {})
     if op not in OPERATIONS:
         raise BrokerError(
-            f"unknown request {op!r}", hint=f"the broker answers {', '.join(OPERATIONS)}"
+            f"unknown request {shown_repr(op)}", hint=f"the broker answers {', '.join(OPERATIONS)}"
         )
     if not isinstance(args, dict):
         raise BrokerError(
