@@ -75,6 +75,30 @@ def names_a_file(path: Path) -> bool:
         return False
 
 
+def why_not_a_file(path: Path, what: str, error: type[GpuallocError]) -> GpuallocError:
+    """The error for a ``path`` that :func:`names_a_file` refused, in the words
+    :func:`read_user_bytes` would use: missing, behind a closed directory, or a FIFO (a shell's
+    ``<(...)``), directory or device."""
+    shown = shown_path(path)
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return error(f"{what} {shown} does not exist", hint="check the path")
+    except (OSError, ValueError) as exc:
+        closed = _closed_directory(path) if isinstance(exc, PermissionError) else None
+        if closed is not None:
+            return error(
+                f"cannot read {what} {shown}: the directory {shown_path(closed)} cannot be "
+                "entered (no search permission)",
+                hint="give a path in a directory you may enter, or ask its owner for access",
+            )
+        return error(f"cannot read {what} {shown}: {getattr(exc, 'strerror', None) or exc}")
+    return error(
+        f"{what} {shown} is a {describe_kind(info.st_mode)}, not a regular file",
+        hint=f"give the path of a {what} saved to a file",
+    )
+
+
 def names_anything(path: Path) -> bool:
     """Whether something is at ``path`` (see :func:`names_a_file`)."""
     try:

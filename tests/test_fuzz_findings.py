@@ -380,3 +380,22 @@ def test_printable_escapes_only_what_it_shows() -> None:
                 yield char
 
     assert printable(Counted("\x1b" + "x" * 10**6), 500) == "\\x1b" + "x" * 493 + "..."
+
+
+# ---- --bandwidth-table naming a pipe (a shell's <(...)) or a directory --------------------------
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "missing"])
+def test_a_bandwidth_table_that_is_no_file_says_what_it_is(
+    cli: Cli, tmp_path: Path, kind: str
+) -> None:
+    """``--bandwidth-table <(...)`` said "/dev/fd/63 does not exist or is not a file"."""
+    path = tmp_path / "table"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    result = cli("--bandwidth-table", str(path), "plan", "-n", "2")
+    assert result.exit_code == ExitCode.IO, result.stderr
+    said = {"fifo": "is a FIFO, not a regular file", "directory": "is a directory, not a regular"}
+    assert f"error: bandwidth table {path} {said.get(kind, 'does not exist')}" in result.stderr

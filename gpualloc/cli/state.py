@@ -37,15 +37,12 @@ class GlobalState:
     ) -> None:
         """The options before the command (typer's callback and the fast path both call this;
         the defaults are typer's)."""
-        from gpualloc.user_files import names_a_file, shown_path
+        from gpualloc.user_files import names_a_file, why_not_a_file
 
         if bandwidth_table is not None and not names_a_file(bandwidth_table):
             from gpualloc.errors import FileAccessError
 
-            raise FileAccessError(
-                f"bandwidth table {shown_path(bandwidth_table)} does not exist or is not a file",
-                hint="check the path given to --bandwidth-table",
-            )
+            raise why_not_a_file(bandwidth_table, "bandwidth table", FileAccessError)
         self.topology = topology
         self.bandwidth_table = bandwidth_table
         self.refresh = refresh
