@@ -142,6 +142,26 @@ def test_config_show_lists_the_files_it_read(cli, files) -> None:
     assert "numa" in result.stdout and "bind" in result.stdout
 
 
+@pytest.mark.parametrize("command", [("config", "show"), (*TOPOLOGY, "plan", "-n", "2")])
+def test_a_bad_bandwidth_table_section_is_a_config_error(cli, files, command) -> None:
+    """``config show`` said nothing of it (exit 0) and ``plan`` exited 5, a topology's code."""
+    files(system_text="[bandwidth_table]\nnvlink_gbps = 25\n")
+    result = cli(*command)
+    assert result.exit_code == ExitCode.CONFIG, result.stderr
+    assert f"error: {files.system}: [bandwidth_table]: " in result.stderr
+    assert "unknown field nvlink_gbps" in result.stderr and "nvlink_link_gbps" in result.stderr
+
+
+def test_config_show_writes_values_as_the_file_would(cli, files) -> None:
+    """It printed Python's ``False`` and a dict's repr."""
+    files(system_text="ignore_foreign = false\n[bandwidth_table]\npcie_path_factor = {SYS = 0.4}\n")
+    shown = {
+        line.split()[0]: line for line in cli("config", "show").stdout.splitlines() if line.strip()
+    }
+    assert " false " in shown["ignore_foreign"] and "False" not in shown["ignore_foreign"]
+    assert "{ pcie_path_factor = { SYS = 0.4 } }" in shown["bandwidth_table"]
+
+
 def _count_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     from gpualloc.config import Config
 

@@ -23,6 +23,19 @@ def _shown(value: Any) -> Any:
     return str(value)
 
 
+def _toml(value: Any) -> str:
+    """A value as config.toml would write it, for the table (``false``, not Python's
+    ``False``; an inline table as ``{ key = value }``, not a dict's repr)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        inner = ", ".join(f"{key} = {_toml(item)}" for key, item in value.items())
+        return f"{{ {inner} }}" if inner else "{}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(item) for item in value) + "]"
+    return str(value)
+
+
 def _duration(seconds: float) -> str:
     """A duration as the config file would write it (issue 42: ``900.0`` read as a count);
     0 turns the thing it times off."""
@@ -50,7 +63,8 @@ def show_command(
     from gpualloc.placement.registry import configured_policy
 
     config = STATE.config()
-    configured_policy(config)  # the one value whose meaning the configuration cannot check
+    configured_policy(config)  # values whose meaning the configuration cannot check:
+    STATE.bandwidth_override()  # the policy's name, and the bandwidth table's file or fields
     resolved = [config.resolve(setting.key) for setting in SETTINGS]
     files = config.considered()
     if as_json:
@@ -73,7 +87,7 @@ def show_command(
         return
     rows = []
     for r, s in zip(resolved, SETTINGS, strict=True):
-        value = "-" if r.value is None else str(_shown(r.value))
+        value = "-" if r.value is None else _toml(_shown(r.value))
         if s.is_duration and isinstance(r.value, float):
             value = _duration(r.value)
         rows.append([r.key, value, r.source, s.variable or "(system file only)", s.flag or "-"])

@@ -54,6 +54,10 @@ def configured_bandwidth_table(config: Config, flag: Path | None = None) -> Band
     except TopologyError as exc:
         if "fields:" not in (exc.hint or ""):  # no hint, or one naming a Python class
             exc.hint = bandwidth_table_hint()
+        if isinstance(resolved.value, dict):  # a bad value of a config file: exit 15, as any
+            from gpualloc.errors import ConfigError
+
+            raise ConfigError(exc.message, hint=exc.hint) from None
         raise
 
 
