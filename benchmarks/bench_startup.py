@@ -24,7 +24,7 @@ Byte-code caching is forced on, as in bench_launch.py: an installed gpualloc has
 files. Every command works on a bundled topology (``GPUALLOC_TOPOLOGY``) and a temporary state
 directory, with no broker.
 
-Usage: python benchmarks/bench_startup.py [--runs N] [--wheel FILE ... | --here] [--only WORD]
+Usage: python benchmarks/bench_startup.py [--runs N] [--wheel FILE ... | --here] [--only WORD ...]
        python benchmarks/bench_startup.py --wheel before/gpualloc-*.whl --wheel after/gpualloc-*.whl
 """
 
@@ -201,10 +201,18 @@ def main() -> int:
         "side, in turn (labelled by their directories' names: before/ and after/, say)",
     )
     where.add_argument("--here", action="store_true", help="time the gpualloc beside python")
-    parser.add_argument("--only", help="time only the command lines containing this word")
+    parser.add_argument(
+        "--only",
+        action="append",
+        help="time only the command lines containing this word (given again: any of them)",
+    )
     parser.add_argument("--no-tabs", action="store_true", help="skip the Tab timings")
     args = parser.parse_args()
-    commands = [(line, budget) for line, budget in COMMANDS if not args.only or args.only in line]
+    commands = [
+        (line, budget)
+        for line, budget in COMMANDS
+        if not args.only or any(word in line for word in args.only)
+    ]
     base = {k: v for k, v in os.environ.items() if not k.startswith("GPUALLOC_")}
     base.pop("PYTHONDONTWRITEBYTECODE", None)
     with tempfile.TemporaryDirectory() as scratch:
