@@ -153,6 +153,17 @@ def test_status_shows_use_and_idle_time_and_lists_idle_leases(cli, host_file: Pa
     assert bad.exit_code == 2 and "--idle 'soon' is not a duration" in bad.stderr
 
 
+def test_status_idle_with_no_match_says_so_without_an_empty_table(cli) -> None:
+    """It printed the GPU table's header with no row, and on a MIG host put the count of free
+    MIG devices on the idle line."""
+    listed = cli("--topology", "dgx-a100-mig", "status", "--idle", "5m")
+    assert listed.exit_code == 0, listed.stderr
+    first, summary = listed.stdout.splitlines()[:2]
+    assert first == "no lease idle for 5m or longer"
+    assert summary.startswith("5 of 8 GPUs free;") and summary.endswith("12 of 12 MIG devices free")
+    assert "GPU  State" not in listed.stdout
+
+
 def test_gc_gives_an_idle_hold_notice_then_releases_it(
     cli, host_file: Path, tmp_path: Path
 ) -> None:

@@ -176,10 +176,6 @@ def _show(
     footer += [f"  MISMATCH: {line}" for line in attribution.lines()]
     footer += [f"  CONFLICT: {line}" for line in slurm_conflicts(txn.ledger.leases)]
     footer += _notice_lines(txn.ledger.leases, uses)
-    if shown is not None and idle_at_least is not None:
-        from gpualloc.ledger.occupancy import format_age
-
-        footer.insert(0, f"{len(shown)} lease(s) idle for {format_age(idle_at_least)} or longer")
     if host.topology.mig_instances:
         devices = host.topology.mig_instances
         free_mig = [m for m in devices if (m.gpu, m.device) not in occupancy.mig_leases]
@@ -193,6 +189,13 @@ def _show(
         tables.append(_share_table(host, occupancy))
     if txn.ledger.queue:
         tables.append(_queue_table(txn))
+    if shown is not None and idle_at_least is not None:
+        from gpualloc.ledger.occupancy import format_age
+
+        idle_for = f"idle for {format_age(idle_at_least)} or longer"
+        footer.insert(0, f"{len(shown)} lease(s) {idle_for}" if shown else f"no lease {idle_for}")
+        if not shown:  # a table of headers only reads as a broken command (issue 42)
+            tables = []
     print_tables(tables, footer=footer)
 
 
