@@ -64,6 +64,7 @@ from msgspec import Struct
 
 from gpualloc.model.request import CommunicationPattern
 from gpualloc.placement import deadline
+from gpualloc.placement.all_pairs import best_all_pairs_set
 from gpualloc.placement.candidates import candidate_sets
 from gpualloc.placement.host_graph import HostGraph
 from gpualloc.placement.link_classes import link_classes
@@ -212,57 +213,13 @@ class PlacementSearch(VectorBounds):
     def _run_all_pairs(self) -> SearchResult | None:
         """All-to-all: a set's key depends only on how many of its pairs fall in each link
         class. Under the aggregated bandwidth that is a heaviest k-subset: the branch and bound
-        of :mod:`.set_search` finds it. Otherwise sets are walked depth first in lexicographic
-        order, the class counts updated with one popcount per class and GPU added, and keys
-        cached per count vector; of twin GPUs a set takes the lower first (the same counts,
-        and the lower set)."""
+        of :mod:`.set_search` finds it. Otherwise the walk over sets of :mod:`.all_pairs`."""
         if self.objective.name == "aggregated":
             return self._heaviest_set()
-        lower_twins = self._lower_twins()
-        k, pool = self.k, self.pool
-        adjacency = self.classes.adjacency
-        n_classes = len(self.classes.weight)
-        required_mask = self.required_mask
-        keys: dict[tuple[int, ...], Key] = {}
-        best: list = [None, None]
-        chosen: list[int] = []
-
-        tick = self.deadline.tick
-
-        def walk(start: int, mask: int, counts: tuple[int, ...]) -> None:
-            self.nodes += 1
-            tick()
-            if len(chosen) == k:
-                if required_mask & ~mask:
-                    return
-                key = keys.get(counts)
-                if key is None:
-                    key = keys[counts] = self._vector_key(counts)
-                if best[0] is None or key > best[0]:
-                    best[0], best[1] = key, tuple(chosen)
-                return
-            need = k - len(chosen)
-            for index in range(start, len(pool) - need + 1):
-                g = pool[index]
-                # A required GPU cannot be skipped: every later set would miss it.
-                if (required_mask & ~mask) & ((1 << g) - 1):
-                    break
-                if lower_twins[g] & ~mask:
-                    continue
-                chosen.append(g)
-                walk(
-                    index + 1,
-                    mask | 1 << g,
-                    tuple(
-                        counts[c] + (adjacency[c][g] & mask).bit_count() for c in range(n_classes)
-                    ),
-                )
-                chosen.pop()
-
-        walk(0, 0, (0,) * n_classes)
-        if best[1] is None:
+        found = best_all_pairs_set(self, self._lower_twins())
+        if found is None:
             return None
-        return SearchResult(best[1], best[0], 0, self.nodes)
+        return SearchResult(found[1], found[0], 0, self.nodes)
 
     def _lower_twins(self) -> list[int]:
         """Per GPU, a mask of its lower twins in the pool (the same link class to every other
