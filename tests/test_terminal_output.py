@@ -411,3 +411,19 @@ def test_the_hints_for_an_nccl_tests_output_are_not_a_circle(cli, monkeypatch) -
     hint = next(line for line in stored.stderr.splitlines() if line.startswith("hint:"))
     assert "on the host that made the file" in hint
     assert "not nccl-tests' collectives" in hint  # topo import is no way for this file
+
+
+# ---- alloc tells a person its lease -------------------------------------------------------------
+
+
+def test_alloc_names_its_lease_on_a_terminal_and_prints_only_ids_to_a_script(
+    cli, tmp_path: Path
+) -> None:
+    """``alloc --hold`` printed ``0,3`` and nothing else: the lease needed to give the GPUs back
+    was not said (a script reading standard output still reads the ids alone)."""
+    shown = on_terminal(["-t", "dgx1-v100", "alloc", "-n", "2", "--hold"], 80)
+    ids, said = shown.splitlines()
+    lease = re.fullmatch(r"lease ([0-9a-f]+): 'gpualloc release \1' gives the GPUs back", said)
+    assert ids == "0,3" and lease is not None, shown
+    piped = cli("-t", "dgx1-v100", "alloc", "-n", "2", "--hold")
+    assert piped.exit_code == 0 and piped.stdout == "1,2\n" and piped.stderr == ""

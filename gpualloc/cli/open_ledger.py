@@ -222,6 +222,7 @@ def print_allocation(
 
     if output_format == "ids":
         write_stdout(variables["CUDA_VISIBLE_DEVICES"] + "\n")
+        _say_lease_on_a_terminal(variables.get("GPUALLOC_LEASE_ID"))
     elif output_format == "env":
         from gpualloc.launcher.environment import shell_exports
 
@@ -229,3 +230,14 @@ def print_allocation(
     else:
         lease, placement = views()
         print_json({"lease": lease, "placement": placement, "environment": variables})
+
+
+def _say_lease_on_a_terminal(lease_id: str | None) -> None:
+    """The lease's id on standard error when a person reads it (a terminal): the ids on
+    standard output are all a script reads, and the one thing a person then needs is how to
+    give the GPUs back (issue 42's newcomer: ``alloc`` printed no lease id)."""
+    import os
+    import sys
+
+    if lease_id and os.isatty(2):
+        sys.stderr.write(f"lease {lease_id}: 'gpualloc release {lease_id}' gives the GPUs back\n")
