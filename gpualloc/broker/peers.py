@@ -8,9 +8,9 @@ a setuid program the user started is still theirs); root may name any process.
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
-from pathlib import Path
 
 from msgspec import Struct
 
@@ -41,13 +41,20 @@ def peer_of(connection: socket.socket) -> Peer:
 def real_uid(pid: int) -> int | None:
     """The real uid of ``pid`` (None when there is no such process)."""
     try:
-        with Path(f"/proc/{pid}/status").open("rb") as status:
-            for line in status:
-                if line.startswith(b"Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
+        descriptor = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
         return None
-    return None
+    try:  # one read, no file object: the broker asks this for every lease it binds
+        status = os.read(descriptor, 1 << 16)
+    except OSError:
+        return None
+    finally:
+        os.close(descriptor)
+    _, found, rest = status.partition(b"\nUid:")
+    try:
+        return int(rest.split(None, 1)[0]) if found else None
+    except (ValueError, IndexError):
+        return None
 
 
 def check_owned(peer: Peer, pid: int) -> float:

@@ -25,6 +25,11 @@ def printable(text: str, limit: int | None = None) -> str:
 
     With a limit, only what is shown is escaped: an error quoting a 6 MB list took seconds
     to escape whole before its first 500 characters were written (issue 42, point 3)."""
+    if text.isprintable():  # nothing to escape (str.isprintable is false for every category
+        # _escaped escapes), the common case: a name, a log line (one C pass, not one per char)
+        if limit is None or len(text) <= limit:
+            return text
+        return text[: max(0, limit - len(ELLIPSIS))] + ELLIPSIS
     if limit is None:
         return "".join(_escaped(char) for char in text)
     pieces, size = [], 0
