@@ -223,19 +223,22 @@ class PlacementSearch(VectorBounds):
 
     def _lower_twins(self) -> list[int]:
         """Per GPU, a mask of its lower twins in the pool (the same link class to every other
-        GPU; neither required), which a realisation places first (:mod:`.realise`): swapping
-        twins keeps every edge's class, and the lowest realisation puts the lower twin in the
-        set and on the lower rank. Only where ranks are visited in index order (the built-in
+        GPU), which a realisation places first (:mod:`.realise`): swapping twins keeps every
+        edge's class, and the lowest realisation puts the lower twin in the set and on the
+        lower rank. A required GPU's lower twin counts only if it is required too (it could
+        not replace the required one in the set; two required twins are only reordered, which
+        on an exact set, where every GPU is required, is the whole of the symmetry: issue 43,
+        a PCIe host's switches). Only where ranks are visited in index order (the built-in
         patterns) and any set of the pool may be taken (no candidate sets)."""
         n = self.host.gpu_count
         lower = [0] * n
         if self.allowed is not None or self.visit != tuple(range(self.k)):
             return lower
         rep = twin_classes(_pair_labels(self.host)[0], (0,) * n)
-        pool = [g for g in self.pool if g not in self.required]
-        for g in pool:
-            for h in pool:
-                if h < g and rep[h] == rep[g]:
+        required = self.required
+        for g in self.pool:
+            for h in self.pool:
+                if h < g and rep[h] == rep[g] and (h in required or g not in required):
                     lower[g] |= 1 << h
         return lower
 
