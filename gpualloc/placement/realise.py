@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from gpualloc.placement.objectives import WEIGHT_SLACK
 from gpualloc.placement.pattern_graphs import or_masks
+from gpualloc.placement.symmetry import orbit_masks
 
 if TYPE_CHECKING:
     from gpualloc.placement.search_bounds import VectorBounds
@@ -87,6 +88,14 @@ class Realisation:
         self.assigned = [0] * search.k
         """The GPU of each position of the visiting order, up to the current step."""
         self.best = incumbent
+        # Roots (the GPU of position 0) that no realisation has, and, lazily, per GPU its
+        # orbit under the host's symmetries that keep the pool and the required GPUs; None
+        # where position 0 is ordered against another (a ring's rank 0 is its lowest GPU).
+        self.dead_roots = 0
+        self.orbits: list[int] | None = None
+        self.root_free = search.allowed is None and not any(
+            0 in p for p in (*search.after, *search.before)
+        )
         self.failed: set[tuple] = set()
         self.order_ties = 0
         """Completions that lost to the incumbent on the order alone."""
@@ -145,6 +154,8 @@ class Realisation:
                 continue
             if lower_twins[g] & ~used:
                 continue  # a lower twin is left out or comes later: a lower placement exists
+            if not s and self.dead_roots >> g & 1:
+                continue  # a symmetric root failed: no realisation puts position 0 here
             row = of_pair[g]
             spent = []
             ok = True
@@ -159,6 +170,8 @@ class Realisation:
                 assigned[s] = g
                 if self.step(s + 1, used | 1 << g):
                     found = True
+                elif not s and self.best is None and self.root_free:
+                    self.kill_root_orbit(g)
             for c in spent:
                 budget[c] += 1
             if (
@@ -170,6 +183,18 @@ class Realisation:
         if not found and self.order_ties == ties_before:
             failed.add(state)
         return found
+
+    def kill_root_orbit(self, g: int) -> None:
+        """Root ``g`` was searched to the end with no incumbent (nothing cut for the
+        tie-break) and no realisation puts position 0 on it; so none puts it on a symmetric
+        GPU either (issue 43: a symmetry keeps every link class, the pool and the required
+        GPUs; the sibling and twin rules only reorder GPUs off the root). Those roots are
+        skipped: 4 of a 4x4 torus's 16 roots are searched to refute a vector on the whole
+        host."""
+        if self.orbits is None:
+            search = self.search
+            self.orbits = orbit_masks(search.host, self.pool_mask, self.required_mask)
+        self.dead_roots |= self.orbits[g]
 
     def window(self, used: int) -> int | None:
         """The GPUs the next position may take (a mask), or None when none may: the pool's

@@ -14,6 +14,7 @@ only merges fewer sets.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from gpualloc.placement.host_graph import HostGraph
@@ -82,3 +83,34 @@ def set_orbits(
                 members.append(sets[j])
         groups.append(members)
     return groups
+
+
+@functools.lru_cache(maxsize=8)
+def cached_host_symmetries(host: HostGraph) -> tuple[Permutation, ...]:
+    """:func:`host_symmetries` with its defaults, once per host (the order search asks per
+    vector)."""
+    return tuple(host_symmetries(host))
+
+
+def orbit_masks(host: HostGraph, pool_mask: int, required_mask: int) -> list[int]:
+    """Per GPU, a mask of its images under the host's symmetries (:func:`host_symmetries`)
+    that map the pool onto itself and the required GPUs onto themselves: a placement whose
+    rank r sits on g maps to one with the same links whose rank r sits on each of them."""
+    n = host.gpu_count
+    orbits = [1 << g for g in range(n)]
+    for sigma in cached_host_symmetries(host)[1:]:
+        if _image(sigma, pool_mask) != pool_mask or _image(sigma, required_mask) != required_mask:
+            continue
+        for g in range(n):
+            if pool_mask >> g & 1:
+                orbits[g] |= 1 << sigma[g]
+    return orbits
+
+
+def _image(sigma: Permutation, mask: int) -> int:
+    image = 0
+    while mask:
+        low = mask & -mask
+        image |= 1 << sigma[low.bit_length() - 1]
+        mask ^= low
+    return image
