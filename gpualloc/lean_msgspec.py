@@ -1,4 +1,5 @@
-"""msgspec, imported without ``typing_extensions`` and ``platform`` (issue 43, point 3).
+"""msgspec, imported without ``typing_extensions``, ``platform`` and the modules gpualloc
+never uses (issue 43, point 3).
 
 Importing this module imports msgspec so; the embedded ledger's command path
 (:mod:`gpualloc.cli.jobs`) imports it before anything that imports msgspec. A client of the
@@ -8,6 +9,12 @@ broker imports no msgspec at all.
 import os
 import sys
 import types
+from typing import Any
+
+LAZY_MODULES = ("msgspec.inspect", "msgspec._json_schema")
+"""msgspec's modules that its package imports and gpualloc never uses: type introspection and
+JSON Schema (with :mod:`textwrap`), about 2 ms of every command that reads a ledger. Each loads
+when first used (see :func:`_lazy_module`)."""
 
 
 def import_msgspec_lean() -> None:
@@ -24,6 +31,8 @@ def import_msgspec_lean() -> None:
     stand_in = "platform" not in sys.modules and "uuid" not in sys.modules
     if stand_in:
         sys.modules["platform"] = _platform_stand_in()
+    for name in LAZY_MODULES:
+        sys.modules[name] = _lazy_module(name)
     try:
         import msgspec  # noqa: F401
     finally:
@@ -39,6 +48,41 @@ def _platform_stand_in() -> types.ModuleType:
     every command on the embedded ledger; it stays importable by anyone after."""
     module = types.ModuleType("platform")
     module.system = lambda: os.uname().sysname  # type: ignore[attr-defined]
+    return module
+
+
+def _lazy_module(name: str) -> types.ModuleType:
+    """A stand-in for the module ``name`` that imports the real one when first used, and from
+    then on has all of its names: any attribute asked of it, and, for ``_json_schema``, the two
+    functions the package takes from it when it is imported (``msgspec.json.schema`` and
+    ``msgspec.schema``), which load the real module when called."""
+    module = types.ModuleType(name)
+
+    def load() -> types.ModuleType:
+        import importlib
+
+        if sys.modules.get(name) is module:
+            del sys.modules[name]
+        real = importlib.import_module(name)  # the package's attribute becomes the real one
+        module.__dict__.update({k: v for k, v in vars(real).items() if k != "__getattr__"})
+        return real
+
+    def __getattr__(attribute: str) -> Any:
+        if attribute.startswith("__"):
+            raise AttributeError(attribute)
+        return getattr(load(), attribute)
+
+    def calls(function: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return getattr(load(), function)(*args, **kwargs)
+
+        call.__name__ = call.__qualname__ = function
+        return call
+
+    module.__getattr__ = __getattr__  # type: ignore[method-assign]
+    if name == "msgspec._json_schema":
+        module.schema = calls("schema")  # type: ignore[attr-defined]
+        module.schema_components = calls("schema_components")  # type: ignore[attr-defined]
     return module
 
 
