@@ -195,6 +195,7 @@ class FastCommand:
     def invoke(self) -> Any:
         """Apply the global options as typer's callback does, then do the command's work; what
         the command function returns (an int is the exit status, as under typer)."""
+        from gpualloc import lean_stdlib  # noqa: F401 - pathlib first, without urllib.parse
         from gpualloc.cli.state import STATE
 
         STATE.apply_global_options(**self.global_values)
