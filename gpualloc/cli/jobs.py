@@ -229,13 +229,16 @@ def _verifier(host: Host, lease: Lease) -> Callable[[], None] | None:
     point 1), or None when ``verify.grace`` is 0."""
     import functools
 
-    from gpualloc.launcher.verify import VerifyTerms
-
     grace = STATE.setting("verify.grace")
     if grace <= 0:
         return None
+    look = _process_lister(host)
+    if look is None and host.broker_socket is None:
+        return None  # the embedded ledger verifies nothing that cannot change (a bundled host)
+    from gpualloc.launcher.verify import VerifyTerms
+
     terms = VerifyTerms(grace_s=grace, action=STATE.setting("verify.action"))
-    return functools.partial(host.start_verifier, lease, terms, _process_lister(host))
+    return functools.partial(host.start_verifier, lease, terms, look)
 
 
 def _process_lister(host: Host) -> Callable[[], list[GpuProcess]] | None:

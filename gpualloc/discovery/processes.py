@@ -12,8 +12,6 @@ host still lines up; by NVML index when a GPU has no UUID.
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -85,6 +83,9 @@ def from_nvidia_smi(topology: Topology) -> ProcessReport:
 def parse_compute_apps_csv(text: str) -> list[RunningProcess]:
     """``nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory --format=csv,noheader,
     nounits`` (memory in MiB; ``[N/A]`` where unknown)."""
+    import csv  # not on the path of a recorded or bundled topology
+    import io
+
     found: list[RunningProcess] = []
     for row in csv.reader(io.StringIO(text)):
         cells = [cell.strip() for cell in row]

@@ -25,11 +25,9 @@ from msgspec.structs import replace
 
 from gpualloc import boot
 from gpualloc.boot import boot_id
-from gpualloc.discovery.live import GpusNow, live_processes, observe
 from gpualloc.discovery.processes import ProcessReport, declared_processes
 from gpualloc.discovery.this_host import describes_this_host
 from gpualloc.errors import LedgerError, NotPermitted, RequestError
-from gpualloc.host.eviction import mark_shared_jobs
 from gpualloc.host.queue import newcomer_passes
 from gpualloc.host.terms import Allocation, GarbageReport, LeaseTerms, ReleaseResult
 from gpualloc.host.view import HostView
@@ -115,10 +113,16 @@ class LocalHost(HostView, kw_only=True):
         if slurm_job is not None:
             scope = job_ledger_scope(scope, slurm_job.job_id)
         if this_host:
+            from gpualloc.discovery.live import observe  # NVML and the kernel log: this host
+
             now = observe(topology, processes=not ignore_foreign, health=check_health)
+            processes, faults, health_notes = now.processes, now.faults, now.health_notes
         else:
-            now = GpusNow(declared_processes(topology), list(topology.faults))
-        processes = now.processes
+            processes, faults, health_notes = (
+                declared_processes(topology),
+                list(topology.faults),
+                [],
+            )
         try:
             if owner:
                 assert state_dir is not None
@@ -142,8 +146,8 @@ class LocalHost(HostView, kw_only=True):
             this_host=this_host,
             ignore_foreign=ignore_foreign,
             slurm_job=slurm_job,
-            faults=now.faults,
-            health_notes=now.health_notes,
+            faults=faults,
+            health_notes=health_notes,
         )
 
     @property
@@ -156,6 +160,8 @@ class LocalHost(HostView, kw_only=True):
         this now and then)."""
         if not self.this_host:
             return
+        from gpualloc.discovery.live import observe
+
         now = observe(
             self.topology, processes=not self.ignore_foreign, health=not self.allow_unhealthy
         )
@@ -397,6 +403,8 @@ class LocalHost(HostView, kw_only=True):
         """Mark the shared jobs beside the leases ``selectors`` name (all the caller's with
         ``mine``) for eviction: see :func:`gpualloc.host.eviction.mark_shared_jobs`. ``uid`` is
         the caller (None: this process's user; the broker names its peer)."""
+        from gpualloc.host.eviction import mark_shared_jobs
+
         uid = os.geteuid() if uid is None else uid
         with self.ledger_store().transaction() as txn:
             return mark_shared_jobs(txn, selectors, mine=mine, grace_s=grace_s, uid=uid)
@@ -474,6 +482,14 @@ def _processes_for_reaping(
         return found[0]
 
     return processes
+
+
+def live_processes(topology: Topology) -> ProcessReport:
+    """Who runs on this host's GPUs now (:func:`gpualloc.discovery.live.live_processes`,
+    imported only where the GPUs are this host's)."""
+    from gpualloc.discovery.live import live_processes as ask_now
+
+    return ask_now(topology)
 
 
 def _old(path: Path) -> bool:

@@ -84,14 +84,18 @@ def open_host(
         host = BrokeredHost.open(socket, full=full, answer_s=config.value("host.broker_timeout"))
     else:
         from gpualloc.host.local import LocalHost
-        from gpualloc.slurm.job import slurm_job
 
         topology = load_topology()
+        job = None
+        if env.get("SLURM_JOB_ID"):  # else no job (slurm_job's first test), nothing to import
+            from gpualloc.slurm.job import slurm_job
+
+            job = slurm_job(topology, env)
         local = LocalHost.open(
             topology,
             ignore_foreign=ignore_foreign,
             create=create,
-            slurm_job=slurm_job(topology, env),
+            slurm_job=job,
             state_dir=config.value("state_dir"),
             lock_timeout_s=config.value("lock_timeout"),
             check_health=check_health,

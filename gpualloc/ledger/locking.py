@@ -30,6 +30,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -115,10 +116,12 @@ def _timer_usable() -> bool:
     uses it itself must keep it, and a launcher may have blocked it (then the timer would never
     interrupt the wait, and a lock held forever would hang gpualloc forever)."""
     import signal
-    import threading
 
+    # Threads are started through threading: where it is not loaded, this is the only one (an
+    # import of it costs every command about 1 ms)
+    threading = sys.modules.get("threading")
     return (
-        threading.current_thread() is threading.main_thread()
+        (threading is None or threading.current_thread() is threading.main_thread())
         and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
         and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
         and signal.SIGALRM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])

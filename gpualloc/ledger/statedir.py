@@ -20,7 +20,6 @@ also lie in it. It keeps honest users from colliding; it is not a sandbox.
 
 from __future__ import annotations
 
-import glob
 import os
 import stat
 from pathlib import Path
@@ -73,6 +72,8 @@ class StateDirectory(Struct, frozen=True):
         return self.path / f"{self._stem}.{uid}.good.json"
 
     def good_copies(self) -> list[Path]:
+        import glob  # Path.glob needs only fnmatch; glob.escape is this module's
+
         return sorted(
             copy
             for copy in self.path.glob(f"{glob.escape(self._stem)}.*.good.json")
