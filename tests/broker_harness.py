@@ -93,7 +93,7 @@ class RunningBroker:
 
     def ledger(self) -> dict:
         """The ledger file as the broker last wrote it (empty before its first write)."""
-        found = list(self.state.glob("ledger*.json"))
+        found = [path for path in self.state.glob("ledger*.json") if ".good." not in path.name]
         return json.loads(found[0].read_text()) if found else {"leases": [], "generation": 0}
 
     def log_text(self) -> str:

@@ -22,9 +22,11 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from gpualloc.errors import ExitCode, LedgerError, RequestError
+from gpualloc.errors import ExitCode, GpuallocError, LedgerError, RequestError
+from gpualloc.ledger.document import parse_ledger, written_ledger
 from gpualloc.ledger.schema import Lease, LeasedGpu
 from gpualloc.ledger.statedir import open_broker_directory, open_state_directory
 from gpualloc.ledger.store import LedgerStore, new_lease_id
@@ -284,11 +286,11 @@ def test_a_broker_restarted_on_a_ledger_with_a_damaged_record_starts_and_sets_it
     for lease_id in ("dddddddddddd", "eeeeeeeeeeee"):
         broker.call("alloc", _hold(lease_id))
     broker.stop()
-    (path,) = broker.state.glob("ledger*.json")
-    data = json.loads(path.read_text())
-    data["leases"][0]["name"] = NOT_UTF8  # as the broker once wrote it, or a hand edit
-    bad = data["leases"][0]["id"]
-    path.write_text(json.dumps(data, separators=(",", ":")) + "\n")
+    for path in broker.state.glob("ledger*.json"):  # the ledger and the broker's good copy
+        data = json.loads(path.read_text())
+        data["leases"][0]["name"] = NOT_UTF8  # as the broker once wrote it
+        bad = data["leases"][0]["id"]
+        path.write_text(json.dumps(data, separators=(",", ":")) + "\n")
     broker.start()
     leases = broker.call("snapshot")["ledger"]["leases"]
     assert [lease["id"] for lease in leases] == [
@@ -297,3 +299,99 @@ def test_a_broker_restarted_on_a_ledger_with_a_damaged_record_starts_and_sets_it
     broker.call("alloc", _hold("ffffffffffff"))  # a write sets it aside
     (quarantine,) = broker.state.glob("ledger*.quarantine.jsonl")
     assert bad in quarantine.read_text()
+
+
+# ---- the broker writes in place, and recovers a torn ledger from its good copy ------------------
+
+
+def _broker_files(broker: RunningBroker) -> tuple[Path, Path]:
+    (ledger,) = [p for p in broker.state.glob("ledger*.json") if ".good." not in p.name]
+    (good,) = broker.state.glob("ledger*.0.good.json")
+    return ledger, good
+
+
+@pytest.mark.slow
+def test_the_broker_rewrites_its_files_in_place(broker: RunningBroker) -> None:
+    """A rename per batch made ext4 flush the new file (issue 43, point 4): after the first
+    write, the ledger and the good copy keep their inodes."""
+    broker.call("alloc", _hold("aaaaaaaaaaaa"))
+    ledger, good = _broker_files(broker)
+    inodes = (ledger.stat().st_ino, good.stat().st_ino)
+    broker.call("alloc", _hold("bbbbbbbbbbbb"))
+    broker.call("release", {"leases": ["aaaaaaaaaaaa"]})
+    assert (ledger.stat().st_ino, good.stat().st_ino) == inodes
+    assert ledger.read_bytes() == good.read_bytes()
+    assert [lease["id"] for lease in broker.ledger()["leases"]] == ["bbbbbbbbbbbb"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("good_copy", ["whole", "torn"])
+def test_a_broker_killed_while_writing_its_ledger_loses_nothing(
+    broker: RunningBroker, good_copy: str
+) -> None:
+    """A broker killed in the middle of its in-place write leaves the start of the new text
+    over the old one; the next broker recovers the leases from its good copy, written whole
+    before. Where that copy is torn too (only a crash of the machine can do both), it starts
+    empty, as before."""
+    for lease_id in ("cccccccccccc", "dddddddddddd"):
+        broker.call("alloc", _hold(lease_id))
+    broker.stop()
+    ledger, good = _broker_files(broker)
+    old = ledger.read_text()
+    written = parse_ledger(old, "the test's ledger")
+    written.leases[0] = msgspec.structs.replace(written.leases[0], name="the next write")
+    new, _ = written_ledger(written, 0)  # the next generation, as the killed broker wrote it
+    good.write_text(new)  # its good copy, written whole first
+    ledger.write_text(new[:300] + old[300:])  # then stopped midway through the ledger
+    if good_copy == "torn":
+        good.write_text(new[:300] + old[300:])
+    broker.start()
+    leases = broker.call("snapshot")["ledger"]["leases"]
+    if good_copy == "whole":
+        assert [(lease["id"], lease["name"]) for lease in leases] == [
+            ("cccccccccccc", "the next write"),
+            ("dddddddddddd", None),
+        ]
+        assert f"recovered generation {written.generation}" in broker.log_text()
+    else:
+        assert leases == [] and "starting with an empty ledger" in broker.log_text()
+    assert list(broker.state.glob("ledger*.damaged-*"))
+
+
+@pytest.mark.parametrize("first_write_of_the_run", [True, False])
+def test_a_broker_write_that_fails_on_the_ledger_puts_its_good_copy_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first_write_of_the_run: bool
+) -> None:
+    """The good copy is written first; when ``ledger.json`` then cannot be (a full disk), the
+    copy goes back to what it held, so that a broker started on a torn ledger recovers what its
+    clients were told, not the change that failed."""
+    import errno
+
+    from gpualloc.ledger import owned_store
+    from gpualloc.ledger.owned_store import OwnedLedgerStore
+
+    directory = open_broker_directory(tmp_path / "broker")
+    store = OwnedLedgerStore(directory, host="h")
+    assert store.hold_lock()
+    kept = _lease(1)
+    with store.transaction() as txn:
+        txn.add(kept)
+    if first_write_of_the_run:  # a broker started anew: nothing written by it yet
+        store._held.release()
+        store = OwnedLedgerStore(directory, host="h")
+        assert store.hold_lock()
+    good = directory.good_copy(os.geteuid())
+    before = good.read_bytes()
+    real = owned_store.rewrite_own_copy
+
+    def disk_full_for_the_ledger(path: Path, data: bytes, generation: int) -> bool:
+        if path == directory.ledger_file:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, data, generation)
+
+    monkeypatch.setattr(owned_store, "rewrite_own_copy", disk_full_for_the_ledger)
+    full = r"the file system is full .*the ledger is unchanged"
+    with pytest.raises(GpuallocError, match=full), store.transaction() as txn:
+        txn.add(_lease(2))
+    assert good.read_bytes() == before
+    assert store.read().ledger.leases == [kept]

@@ -73,6 +73,16 @@ def rewrite_own_copy(path: Path, data: bytes, generation: int) -> bool:
         os.close(descriptor)
 
 
+def put_back(path: Path, data: bytes) -> None:
+    """Write ``data``, an earlier text of the file ``path``, back over it in place (a write
+    after it failed): no new file, so no new block on a full disk unless ``data`` is longer."""
+    descriptor = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        _write_over(descriptor, data)
+    finally:
+        os.close(descriptor)
+
+
 def _rewritable(descriptor: int, info: os.stat_result, generation: int) -> bool:
     """Whether the file open as ``descriptor`` may be written over in place with a text of
     ``generation``: it ends with the trailer of an earlier one (:mod:`.document`), so that any
