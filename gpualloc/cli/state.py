@@ -26,6 +26,7 @@ class GlobalState:
         self.refresh = False
         self.debug = False
         self._config: Config | None = None
+        self._topology: tuple[tuple[object, ...], Topology] | None = None
 
     def apply_global_options(
         self,
@@ -84,12 +85,19 @@ class GlobalState:
         return path if names_a_file(path) else None
 
     def load_topology(self) -> Topology:
-        """The topology named by --topology / $GPUALLOC_TOPOLOGY, else this host's."""
-        from gpualloc.discovery.resolve import resolve_topology
+        """The topology named by --topology / $GPUALLOC_TOPOLOGY, else this host's: read once
+        an invocation (``run`` asks whether it is this host's before it opens its ledger)."""
+        import os
 
-        return resolve_topology(
-            self.topology, refresh=self.refresh, table=self.bandwidth_override()
-        )
+        from gpualloc.discovery.resolve import TOPOLOGY_ENV, resolve_topology
+
+        key = (self.topology, os.environ.get(TOPOLOGY_ENV), self.refresh, self.bandwidth_table)
+        if self._topology is None or self._topology[0] != key:
+            topology = resolve_topology(
+                self.topology, refresh=self.refresh, table=self.bandwidth_override()
+            )
+            self._topology = (key, topology)
+        return self._topology[1]
 
 
 STATE = GlobalState()
