@@ -23,10 +23,18 @@ NOT_ON_THE_PATH = (
     "gpualloc.wire.client", "gpualloc.cli.static_help",
     # the standard library the issue names, and what msgspec pulls in unless told not to
     "shutil", "hashlib", "platform", "typing_extensions", "inspect", "tokenize", "dis",
+    "textwrap",  # msgspec's JSON Schema (gpualloc.lean_msgspec: loaded when first used)
+    "urllib.parse", "ipaddress",  # pathlib's Path.as_uri (gpualloc.lean_stdlib)
+    # what only this host's GPUs, a Slurm job, a verifier or an eviction need
+    "threading", "csv", "glob", "gpualloc.discovery.live", "gpualloc.discovery.health",
+    "gpualloc.discovery.xid", "gpualloc.slurm.job", "gpualloc.launcher.verify",
+    "gpualloc.host.eviction",
 )  # fmt: skip
 
 PROBE = """
-import json, os, sys
+import sys
+at_start = set(sys.modules)  # an editable install's finder loads pathlib and glob, say
+import json, os
 def no_exec(*args, **kwargs):  # run: stop where the job would replace gpualloc
     raise SystemExit(0)
 os.execvpe = no_exec
@@ -35,12 +43,13 @@ try:
     run(sys.argv[1:])
 except SystemExit as exc:
     code = exc.code
-sys.stderr.write("\\n" + json.dumps([code, sorted(sys.modules)]) + "\\n")
+sys.stderr.write("\\n" + json.dumps([code, sorted(set(sys.modules) - at_start)]) + "\\n")
 """
 
 
 def _imported(args: list[str], env: dict[str, str]) -> tuple[int, set[str]]:
-    """The exit status of ``gpualloc ARGS`` and every module it imported."""
+    """The exit status of ``gpualloc ARGS`` and every module it imported (beyond those the
+    interpreter had loaded at start-up)."""
     result = subprocess.run(
         [sys.executable, "-c", PROBE, *args],
         capture_output=True, text=True, env=env, check=False, timeout=60,
@@ -61,6 +70,7 @@ def test_run_alloc_and_release_import_only_what_they_need(tmp_path: Path, broker
     )
     if broker == "named":  # as bench_startup.py: a named socket nobody listens on
         env["GPUALLOC_BROKER"] = str(tmp_path / "no-broker.sock")
+    assert _imported(["alloc", "--hold", "-n", "2"], env)[0] == 0  # a ledger, as bench_startup
     for args in (
         ["run", "-n", "1", "--", "true"],
         ["alloc", "--hold", "-n", "1", "--format", "env"],
@@ -69,3 +79,34 @@ def test_run_alloc_and_release_import_only_what_they_need(tmp_path: Path, broker
         code, modules = _imported(args, env)
         assert code == 0, args
         assert sorted(modules.intersection(NOT_ON_THE_PATH)) == [], args
+
+
+@pytest.mark.slow
+def test_the_lean_imports_leave_msgspec_and_pathlib_whole() -> None:
+    """What gpualloc.lean_msgspec and gpualloc.lean_stdlib leave out loads when first used."""
+    import msgspec
+
+    import gpualloc
+
+    # -S: no .pth file runs (an editable install's finder would load pathlib first)
+    where = [str(Path(gpualloc.__file__).parent.parent), str(Path(msgspec.__file__).parent.parent)]
+    probe = (
+        f"import sys; sys.path[:0] = {where!r}\n"
+        "assert 'pathlib' not in sys.modules and 'msgspec' not in sys.modules\n"
+        "import gpualloc.lean_stdlib, gpualloc.lean_msgspec\n"
+        "assert 'urllib.parse' not in sys.modules and 'textwrap' not in sys.modules\n"
+        "import msgspec, pathlib\n"
+        "class A(msgspec.Struct):\n    x: int\n"
+        "assert pathlib.Path('/a b').as_uri() == 'file:///a%20b'\n"
+        "import urllib.parse\n"
+        "assert urllib.parse.urlparse('http://h/p').path == '/p'\n"
+        "assert msgspec.json.schema(A)['$defs']['A']['required'] == ['x']\n"
+        "assert msgspec.inspect.type_info(A).fields[0].name == 'x'\n"
+        "from msgspec import inspect\n"
+        "assert inspect.IntType is sys.modules['msgspec.inspect'].IntType\n"
+        "print('whole')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", probe], capture_output=True, text=True, check=False
+    )
+    assert result.stdout.strip() == "whole", result.stderr
