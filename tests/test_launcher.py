@@ -13,6 +13,7 @@ from msgspec.structs import replace
 from gpualloc.errors import (
     CommandNotExecutable,
     CommandNotFound,
+    ExitCode,
     GpusBusy,
     NoFeasiblePlacement,
     RequestError,
@@ -248,7 +249,7 @@ def test_choose_says_busy_when_the_job_would_fit_an_idle_host(dgx1) -> None:
     occupancy = Occupancy.build(dgx1, ledger)
     with pytest.raises(GpusBusy) as busy:
         choose(dgx1, occupancy, _want(2))
-    assert "needs 2 GPU(s) and 1 usable one(s) are free now (7)" in busy.value.message
+    assert "needs 2 GPUs and 1 usable one is free now: GPU 7" in busy.value.message
     assert busy.value.details[0].startswith("GPU 0-6 held by alice")
     with pytest.raises(NoFeasiblePlacement):  # 9 GPUs never fit an 8-GPU host: not "busy"
         choose(dgx1, occupancy, _want(9))
@@ -326,3 +327,17 @@ def test_cuda_visible_devices_holds_cuda_numbers_in_bus_order() -> None:
         topology, gpus=[replace(topology.gpus[0], pci_bus_id=None), *topology.gpus[1:]]
     )
     assert unknown.cuda_ordinals() == {g: g for g in range(8)}, "no bus ids: NVML's indices"
+
+
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        (("-n", "9"), "hint: ask for at most 8 GPUs (-n)\n"),
+        (("-n", "8", "--exclude", "0"), "hint: ask for at most 7 GPUs (-n), or exclude fewer"),
+    ],
+)
+def test_a_job_that_can_never_fit_is_not_told_to_wait(cli, args: tuple, hint: str) -> None:
+    """Exit 9's hint said "or wait until more are free" of a job larger than the host."""
+    result = cli("--topology", "dgx1-v100", "plan", *args)
+    assert result.exit_code == ExitCode.NO_PLACEMENT
+    assert hint in result.stderr and "wait" not in result.stderr

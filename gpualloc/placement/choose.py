@@ -234,8 +234,10 @@ def _busy(occupancy: OccupancyView, request: JobRequest, why: NoFeasiblePlacemen
     if required_busy:
         message = why.message
     else:
-        message = f"the job needs {request.gpus} GPU(s) and {len(free)} usable one(s) are free"
-        message += f" now ({format_cpulist(free)})" if free else " now"
+        are = "is" if len(free) == 1 else "are"
+        message = f"the job needs {count_of(request.gpus, 'GPU')} and {len(free)} usable "
+        message += f"{'one' if len(free) == 1 else 'ones'} {are} free now"
+        message += f": GPU {format_cpulist(free)}" if free else ""
     return GpusBusy(
         message,
         details=lambda: tuple(

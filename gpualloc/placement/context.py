@@ -78,7 +78,7 @@ class DecisionContext(Struct, dict=True):
             why += f", {excluded} of them excluded)" if excluded else ")"
             raise NoFeasiblePlacement(
                 f"the job asks for {count_of(k, 'GPU')} but {why}",
-                hint="ask for fewer GPUs (-n), or wait until more are free",
+                hint=_fewer_hint(len(self.pool), excluded),
             )
 
     # ---- helpers for policies ----------------------------------------------------------------
@@ -123,3 +123,14 @@ class DecisionContext(Struct, dict=True):
             objective=objective,
             notes=tuple(notes),
         )
+
+
+def _fewer_hint(usable: int, excluded: int) -> str:
+    """The hint of a job larger than the GPUs it may have. Waiting is not offered: where
+    fewer are free than usable, :func:`.choose.searched` says who holds them instead (exit 10);
+    this is the answer when the job cannot fit even then (exit 9; session 21 noted that the
+    hint offered to wait)."""
+    if usable == 0:
+        return "no GPU of this host may be given to the job: 'gpualloc status' says why"
+    hint = f"ask for at most {count_of(usable, 'GPU')} (-n)"
+    return hint + ", or exclude fewer (--exclude)" if excluded else hint
