@@ -5,8 +5,6 @@ gpualloc is refused, never half-understood. ``generation`` grows by one with eve
 write, so that the freshest of several copies can be told apart (see :mod:`.store`).
 """
 
-from __future__ import annotations
-
 from datetime import datetime
 from typing import Annotated, Literal
 

@@ -9,8 +9,6 @@ restarts; gpualloc's restart is a new ledger, which Prometheus handles like any 
 Histograms have fixed buckets, as Prometheus's cumulative ``le`` buckets need.
 """
 
-from __future__ import annotations
-
 import re
 from typing import Annotated
 

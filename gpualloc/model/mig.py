@@ -11,8 +11,6 @@ compute slice of such a GI (the GI's memory is then shared with its other CIs); 
 ``+me`` (media engines) or ``-me`` leave the size as it is.
 """
 
-from __future__ import annotations
-
 import re
 
 from msgspec import Struct

@@ -5,8 +5,6 @@ schema (:class:`gpualloc.ledger.schema.Waiter` holds one), kept in the model so 
 needs nothing of the ledger (issue 39, point 3).
 """
 
-from __future__ import annotations
-
 from typing import Annotated
 
 from msgspec import Meta, Struct

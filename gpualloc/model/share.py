@@ -9,8 +9,6 @@ kernels of all jobs run side by side and ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` c
 streaming multiprocessors; without an MPS daemon the jobs are time-sliced.
 """
 
-from __future__ import annotations
-
 from typing import Annotated, Literal
 
 from msgspec import Meta, Struct
@@ -40,7 +38,7 @@ class ShareRequest(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
         none; a GPU takes shared jobs while the parts they hold sum to at most 1."""
         return None if self.sm_percent is None else self.sm_percent / 100
 
-    def leased(self, gpu_memory_bytes: int | None, max_jobs: int, mode: ShareMode) -> LeasedShare:
+    def leased(self, gpu_memory_bytes: int | None, max_jobs: int, mode: ShareMode) -> "LeasedShare":
         """How the job holds its GPU once placed: its fraction of it is ``--sm-share`` when
         given, else its declared memory over the GPU's, else one over ``max_jobs``."""
         if self.sm_percent is not None:

@@ -6,8 +6,6 @@ Slurm). It is pure data: no I/O beyond JSON text, no discovery. ``--json`` outpu
 cpu_affinity`` and ``links[].a/b/kind/nvlinks/pcie/bandwidth_gbps``) are stable.
 """
 
-from __future__ import annotations
-
 import json
 from collections.abc import Iterable
 from datetime import datetime
@@ -352,7 +350,7 @@ class Topology(_Strict, kw_only=True):
 
     # ---- derived views -------------------------------------------------------------------
 
-    def with_bandwidth_table(self, table: BandwidthTable) -> Topology:
+    def with_bandwidth_table(self, table: BandwidthTable) -> "Topology":
         """A copy whose link bandwidths are re-estimated with ``table`` (unless measured)."""
         if self.provenance.bandwidth == "measured":
             return self
@@ -362,13 +360,13 @@ class Topology(_Strict, kw_only=True):
         ]
         return replace(self, links=links)
 
-    def estimated(self, table: BandwidthTable) -> Topology:
+    def estimated(self, table: BandwidthTable) -> "Topology":
         """A copy whose link bandwidths are all estimated with ``table``, measured or not: what a
         measurement is checked against."""
         provenance = replace(self.provenance, bandwidth="estimated")
         return replace(self, provenance=provenance).with_bandwidth_table(table)
 
-    def to_networkx(self) -> networkx.Graph:
+    def to_networkx(self) -> "networkx.Graph":
         """An undirected graph: GPU nodes (with their attributes), one edge per pair.
 
         Edge attributes are the link's fields plus ``weight`` = bandwidth in GB/s. networkx is
@@ -400,7 +398,7 @@ class Topology(_Strict, kw_only=True):
     @classmethod
     def from_json_dict(
         cls, data: Any, *, origin: str = "<json>", declared_numa: bool = False
-    ) -> Topology:
+    ) -> "Topology":
         """Validate a parsed JSON document; errors name the file and the offending field.
         ``declared_numa``: a user's file, whose GPUs must be on NUMA nodes it declares."""
         if not isinstance(data, dict):
@@ -442,14 +440,14 @@ class Topology(_Strict, kw_only=True):
                 hint="fix the GPU's numa_node, or add the node to numa_nodes",
             )
 
-    def validated(self) -> Topology:
+    def validated(self) -> "Topology":
         """This topology, built in code, checked as if read from its JSON (types, ranges)."""
         return Topology.from_json_dict(self.to_json_dict(), origin="discovered topology")
 
     @classmethod
     def from_json(
         cls, text: str, *, origin: str = "<json>", declared_numa: bool = False
-    ) -> Topology:
+    ) -> "Topology":
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
