@@ -177,7 +177,24 @@ class Occupancy(Struct, frozen=True, dict=True):
     @cached_property
     def busy(self) -> frozenset[int]:
         """GPUs not free (cached: an occupancy is frozen, and a queue asks it per waiter)."""
+        if self._leases_alone:  # the simulator's, and an idle host's: held means busy
+            return frozenset(g for g in self.leases if g < self.gpu_count)
         return frozenset(g for g in range(self.gpu_count) if self.state(g) != "free")
+
+    @cached_property
+    def _leases_alone(self) -> bool:
+        """Whether nothing but whole-GPU leases occupies a GPU (no process, share, fault, MIG
+        mode or scope): then :meth:`state` is ``held`` or ``free``, and :attr:`busy` is the
+        leased GPUs (issue 43: the simulator builds an occupancy after every start and end)."""
+        return not (
+            self.processes
+            or self.shares
+            or self.outside
+            or self.lost
+            or self.unhealthy
+            or self.unusable
+            or self.mig
+        )
 
     @cached_property
     def free(self) -> frozenset[int]:
@@ -198,6 +215,8 @@ class Occupancy(Struct, frozen=True, dict=True):
                 seen.add(lease.id)
                 held = frozenset(i for i in lease.indices if i < self.gpu_count)
                 running.append(RunningJob(gpus=held, sensitive=lease.sensitive))
+        if self._leases_alone:
+            return HostState(free=self.free, running=tuple(running))
         for gpu in sorted(self.busy - frozenset(self.leases) - self.outside - self.mig):
             if gpu in self.shares:
                 found = self.shares[gpu]

@@ -49,7 +49,7 @@ from gpualloc.errors import TraceError
 from gpualloc.host.queue import DEFAULT_MAX_BYPASS, Attempt, attempts, next_start, turn_key
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Lease, LeasedGpu, Ledger, QueuedRequest, Waiter
-from gpualloc.model.request import HostState, JobRequest, Placement
+from gpualloc.model.request import CommunicationPattern, HostState, JobRequest, Placement
 from gpualloc.model.share import ShareRequest
 from gpualloc.model.topology import Topology
 from gpualloc.placement.patterns import build_pattern
@@ -234,6 +234,8 @@ class _Simulation:
         self.by_waiter: dict[str, SimJob] = {}
         self.results: list[JobResult] = []
         self.ideal: dict[tuple[int, str], float | None] = {}
+        self.patterns: dict[tuple[str, int], CommunicationPattern] = {}
+        """Patterns by name and size, built once (every job of a size talks alike)."""
         self.fractional = False
         """The jobs name parts of GPUs (a trace's ``gpu_fraction``)."""
         self.mix: dict[tuple[int, float], float] | None = None
@@ -288,7 +290,7 @@ class _Simulation:
 
     def _arrive(self, job: SimJob) -> None:
         waiter_id = f"{job.order:012x}"
-        pattern = build_pattern(job.pattern, job.gpus)
+        pattern = self._pattern(job)
         request = QueuedRequest(
             gpus=job.gpus,
             pattern=pattern.name,
@@ -445,13 +447,19 @@ class _Simulation:
         if key not in self.ideal:
             from gpualloc.placement.decide import plan
 
-            request = JobRequest(job.gpus, build_pattern(job.pattern, job.gpus), True)
+            request = JobRequest(job.gpus, self._pattern(job), True)
             best = plan(self.topology, request, HostState.all_free(self.topology.gpu_count))
             self.ideal[key] = best.scores.effective_gbps
         return self.ideal[key]
 
+    def _pattern(self, job: SimJob) -> CommunicationPattern:
+        key = (job.pattern, job.gpus)
+        if key not in self.patterns:
+            self.patterns[key] = build_pattern(job.pattern, job.gpus)
+        return self.patterns[key]
+
     def _pcie_share(self, job: SimJob, placement: Placement) -> float | None:
-        pattern = build_pattern(job.pattern, job.gpus)
+        pattern = self._pattern(job)
         if not pattern.edges:
             return None
         order = placement.gpus

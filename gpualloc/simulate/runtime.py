@@ -66,6 +66,9 @@ class BandwidthRuntime(RuntimeModel):
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
         self._best: dict[tuple[int, str], float | None] = {}
+        self._rings: dict[tuple[bool, frozenset[int]], float] = {}
+        """The collective's bandwidth by set (NCCL orders its rings itself: any order of a set
+        runs alike), computed once per set: a simulation meets the same sets again and again."""
 
     def solo_s(self, job: SimJob, gpus: tuple[int, ...]) -> float:
         got, best = self.ring_gbps(job, gpus), self.best_gbps(job)
@@ -83,9 +86,14 @@ class BandwidthRuntime(RuntimeModel):
         """
         if len(gpus) < 2:
             return None
-        if job.pattern == "all":
-            return min(self._bandwidth(a, b) for a, b in itertools.combinations(gpus, 2))
-        return best_ring_gbps(gpus, self._bandwidth)
+        key = (job.pattern == "all", frozenset(gpus))
+        if key not in self._rings:
+            if job.pattern == "all":
+                pairs = itertools.combinations(gpus, 2)
+                self._rings[key] = min(self._bandwidth(a, b) for a, b in pairs)
+            else:
+                self._rings[key] = best_ring_gbps(sorted(gpus), self._bandwidth)
+        return self._rings[key]
 
     def best_gbps(self, job: SimJob) -> float | None:
         """The best :meth:`ring_gbps` a job of this size and pattern gets on the empty host."""
