@@ -41,8 +41,6 @@ point 3). The defaults live here; what a value means is checked where it is used
 :func:`gpualloc.discovery.resolve.configured_bandwidth_table`).
 """
 
-from __future__ import annotations
-
 import math
 import os
 import re
@@ -441,7 +439,7 @@ class Config(NamedTuple):
     (issue 30, points 2 and 3), whichever path the command line takes."""
 
     @classmethod
-    def load(cls, env: Mapping[str, str] | None = None) -> Config:
+    def load(cls, env: Mapping[str, str] | None = None) -> "Config":
         env = os.environ if env is None else env
         files = []
         for path in (user_file(env), system_file(env)):

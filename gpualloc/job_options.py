@@ -17,8 +17,6 @@ A new option is one row here plus its use (``tests/test_job_options.py`` adds on
 in all of them). A leaf module: the fast path imports it, so it imports nothing.
 """
 
-from __future__ import annotations
-
 from typing import Literal, NamedTuple
 
 Kind = Literal["flag", "int", "float", "str"]

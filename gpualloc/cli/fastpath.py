@@ -20,8 +20,6 @@ NamedTuples and a plain class, not msgspec Structs or dataclasses: every command
 through :func:`parse`, and those imports cost 10 to 20 ms that ``--help`` does not need.
 """
 
-from __future__ import annotations
-
 import os
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple

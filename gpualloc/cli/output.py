@@ -5,8 +5,6 @@ plain aligned text when stdout is a pipe or a file (so ``grep`` and ``awk`` work
 sorted and indented. rich is imported only when a terminal will show it.
 """
 
-from __future__ import annotations
-
 import contextlib
 import json
 import sys
@@ -241,7 +239,7 @@ def _print_rich(tables: list[Table], heading: str | None, footer: list[str]) -> 
 
 
 def print_rich(
-    console: Console, tables: list[Table], heading: str | None, footer: list[str]
+    console: "Console", tables: list[Table], heading: str | None, footer: list[str]
 ) -> None:
     """``tables`` on ``console``, each fitted to its width (:mod:`gpualloc.cli.table_fit`);
     the titles, captions and footer lines wrap at their spaces."""

@@ -16,8 +16,6 @@ binding never asks for what the kernel would refuse. Planning is pure (:func:`pl
 :meth:`HostNuma.read` is the only I/O.
 """
 
-from __future__ import annotations
-
 import os
 import re
 from collections.abc import Sequence
@@ -50,7 +48,7 @@ class HostNuma(NamedTuple):
     """Path of the numactl binary, None when it is not installed."""
 
     @classmethod
-    def read(cls, sysfs_nodes: Path = SYSFS_NODES) -> HostNuma:
+    def read(cls, sysfs_nodes: Path = SYSFS_NODES) -> "HostNuma":
         node_cpus: dict[int, frozenset[int]] = {}
         for node in sysfs_nodes.glob("node[0-9]*"):
             try:

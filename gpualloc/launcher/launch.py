@@ -7,8 +7,6 @@ job, its eviction watcher, and execs it. It imports nothing that loads msgspec, 
 fast client can use it (issue 31, point 8).
 """
 
-from __future__ import annotations
-
 import os
 import shlex
 from collections.abc import Callable, Iterable, Mapping
@@ -49,7 +47,7 @@ class JobLaunch(NamedTuple):
 
 def launch(
     job: JobLaunch,
-    mode: NumaMode,
+    mode: "NumaMode",
     *,
     quiet: bool,
     start_verifier: Callable[[], None] | None,
