@@ -203,6 +203,8 @@ class LossSearch:
         self.nv = ctx.host.nvlink_bandwidth
         self.degree = {v: sum(self.nv[v][u] for u in free if u != v) for v in self.pool}
         self._widest: dict[int, list[list[float]]] = {}
+        # The per-GPU bound can only beat the pair bound where some pairs have no NVLink.
+        self._sparse = any(self.nv[a][b] == 0 for a in self.pool for b in self.pool if a != b)
         self.minimum = self.least_loss()
 
     def every_set_ties(self) -> bool:
@@ -242,7 +244,7 @@ class LossSearch:
             only where the first stays below ``cut`` (where a branch is cut)."""
             adds = sorted(degree[g] - to_chosen[g] for g in pool[start:])
             by_pairs = round(lost + sum(adds[:need]) - shared[start][need * (need - 1) // 2], 6)
-            if by_pairs >= cut:
+            if by_pairs >= cut or not self._sparse:
                 return by_pairs
             # Each new GPU shares at most its need - 1 widest links with the others, and
             # each shared link is counted at both ends.

@@ -88,11 +88,9 @@ class Realisation:
         self.assigned = [0] * search.k
         """The GPU of each position of the visiting order, up to the current step."""
         self.best = incumbent
-        # Roots (the GPU of position 0) that no realisation has, and, lazily, per GPU its
-        # orbit under the host's symmetries that keep the pool and the required GPUs; None
-        # where position 0 is ordered against another (a ring's rank 0 is its lowest GPU).
+        # Roots (the GPU of position 0) that no realisation has; only where position 0 is not
+        # ordered against another rank (a ring's rank 0 is its lowest GPU).
         self.dead_roots = 0
-        self.orbits: list[int] | None = None
         self.root_free = search.allowed is None and not any(
             0 in p for p in (*search.after, *search.before)
         )
@@ -191,10 +189,10 @@ class Realisation:
         GPUs; the sibling and twin rules only reorder GPUs off the root). Those roots are
         skipped: 4 of a 4x4 torus's 16 roots are searched to refute a vector on the whole
         host."""
-        if self.orbits is None:
-            search = self.search
-            self.orbits = orbit_masks(search.host, self.pool_mask, self.required_mask)
-        self.dead_roots |= self.orbits[g]
+        search = self.search
+        if search.root_orbits is None:  # once per search: 1 ms on a 32-GPU PCIe host
+            search.root_orbits = orbit_masks(search.host, self.pool_mask, self.required_mask)
+        self.dead_roots |= search.root_orbits[g]
 
     def window(self, used: int) -> int | None:
         """The GPUs the next position may take (a mask), or None when none may: the pool's

@@ -69,6 +69,10 @@ class VectorBounds:
     escalate_at: float
     nodes: int
     deadline: Deadline
+    root_orbits: list[int] | None = None
+    """Per GPU, its orbit under the host's symmetries that keep the pool and the required GPUs
+    (:func:`gpualloc.placement.symmetry.orbit_masks`), computed when :mod:`.realise` first
+    needs it."""
 
     def _prepare_budget_search(self) -> None:
         """What the count-vector search needs beyond the other paths: the positions each step
