@@ -60,7 +60,7 @@ def test_a_waiter_starts_when_the_holder_releases_on_the_pair_plan_would_choose(
     planned = json.loads(gpualloc("plan", "-n", "2", "--sensitive", "--json").stdout)["gpus"]
     assert out == ",".join(map(str, planned)) + "\n"
     # Not a terminal: plain status lines saying what it waits for and who holds the GPUs.
-    assert "#1 of 1 in the queue: the job needs 2 GPU(s)" in err
+    assert "#1 of 1 in the queue: the job needs 2 GPUs" in err
     assert "held by " in err
     assert status()["queue"] == []
 
