@@ -35,6 +35,7 @@ from gpualloc.errors import GpuallocError, NoSuchLease, NotPermitted, RequestErr
 from gpualloc.host.local import LocalHost, taken_id
 from gpualloc.host.queue import (
     Attempt,
+    AttemptMemo,
     attempts,
     blocked_by_own,
     new_waiter,
@@ -102,7 +103,7 @@ class LedgerService:
         self.fair = fair
         self.watch = ProcessWatch()
         self.pending: dict[str, Pending] = {}
-        self.placements: dict[Any, Attempt] = {}
+        self.placements = AttemptMemo()
         """Where each waiting request would start, by request and host state: a turn places
         a waiter again only when the host has changed (issue 40, hole 2)."""
         self.new_fds: list[tuple[int, str]] = []

@@ -40,7 +40,7 @@ from gpualloc.ledger.shared_files import owner_name
 from gpualloc.ledger.store import LedgerTransaction, new_lease_id
 from gpualloc.model.request import HostState, Placement
 from gpualloc.model.topology import Topology
-from gpualloc.placement.choose import choose
+from gpualloc.placement.choose import Choices, choose
 from gpualloc.placement.want import Want
 
 if TYPE_CHECKING:  # type only: the ledger session imports this module
@@ -210,19 +210,37 @@ class WaitOptions(Struct, frozen=True):
         )
 
 
+class AttemptMemo:
+    """What :func:`attempts` remembers across looks: answers by the request and the whole host
+    state (free GPUs and running jobs), which is all a placement depends on, and the choices
+    of policies that read the free GPUs alone by the free GPUs
+    (:func:`gpualloc.placement.choose.searched`). The simulator meets the same state again
+    and again (about half of its decisions on a busy 16-GPU host), and the same free GPUs
+    more often still."""
+
+    def __init__(self) -> None:
+        self.answers: dict[tuple[QueuedRequest, HostState], Attempt] = {}
+        self.choices: Choices = {}
+
+    def __len__(self) -> int:
+        return len(self.answers) + len(self.choices)
+
+    def clear(self) -> None:
+        self.answers.clear()
+        self.choices.clear()
+
+
 def attempts(
     topology: Topology,
     occupancy: Occupancy,
-    memo: dict[tuple[QueuedRequest, HostState], Attempt] | None = None,
+    memo: AttemptMemo | None = None,
     *,
     budget_s: float | None = None,
 ) -> Callable[[Waiter], Attempt]:
     """Where a waiter would start on the GPUs free now, or why it cannot; waiters asking for
     the same thing get one answer per look (32 one-GPU waiters cost one placement).
 
-    ``memo`` keeps answers across looks, keyed by the request and the whole host state (free
-    GPUs and running jobs), which is all a placement depends on: the simulator meets the same
-    state again and again (about half of its decisions on a busy 16-GPU host).
+    ``memo`` keeps answers across looks (:class:`AttemptMemo`).
     """
     answers: dict[QueuedRequest, Attempt] = {}
     state = occupancy.host_state() if memo is not None else None
@@ -232,20 +250,20 @@ def attempts(
         if request in answers:
             return answers[request]
         remember = memo is not None and request.share is None  # shares hang on more than state
-        if remember and (request, state) in memo:  # type: ignore[operator]
-            answers[request] = memo[(request, state)]  # type: ignore[index]
+        if remember and (request, state) in memo.answers:  # type: ignore[union-attr]
+            answers[request] = memo.answers[(request, state)]  # type: ignore[union-attr,index]
             return answers[request]
+        choices = memo.choices if remember else None  # type: ignore[union-attr]
         try:
-            answer = Attempt(
-                choose(topology, occupancy, Want.from_queued(request), budget_s=budget_s)
-            )
+            want = Want.from_queued(request)
+            answer = Attempt(choose(topology, occupancy, want, budget_s=budget_s, choices=choices))
         except (GpusBusy, NoFeasiblePlacement) as why:
             answer = Attempt(None, why.with_traceback(None))
         except GpuallocError as why:  # e.g. a policy this gpualloc does not know
             answer = Attempt(None, f"cannot be placed here ({why.message})")
         answers[request] = answer
         if remember:
-            memo[(request, state)] = answer  # type: ignore[index]
+            memo.answers[(request, state)] = answer  # type: ignore[union-attr,index]
         return answer
 
     return attempt

@@ -18,6 +18,7 @@ class BaselinePolicy(Policy):
     name = "baseline"
     summary = "lowest free GPU indices (what CUDA_VISIBLE_DEVICES=0,1 users get)"
     reference = "MAPA (SC'21) section 4, Baseline; nvidia-docker"
+    reads_running_jobs = False  # the free GPUs alone decide
     scores_partial_sets = True
 
     def place(self, ctx: DecisionContext) -> Placement:

@@ -54,6 +54,7 @@ class BestEffortPolicy(Policy):
     name = "besteffort"
     summary = "NVIDIA go-gpuallocator best-effort (Kubernetes device plugin)"
     reference = "NVIDIA/go-gpuallocator besteffort_policy.go"
+    reads_running_jobs = False  # the free GPUs alone decide
     scores_partial_sets = True
 
     def place(self, ctx: DecisionContext) -> Placement:

@@ -52,6 +52,7 @@ class MapaPolicy(Policy):
     name = "mapa"
     summary = "MAPA Preserve: best predicted bandwidth if sensitive, else preserve NVLinks"
     reference = "MAPA (SC'21) section 3.5.2, Algorithm 1; Eq. 2, Eq. 3"
+    reads_running_jobs = False  # the free GPUs alone decide
 
     def _preserves(self, ctx: DecisionContext) -> bool:
         return not ctx.request.sensitive or ctx.k == 1

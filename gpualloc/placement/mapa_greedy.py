@@ -20,6 +20,7 @@ class MapaGreedyPolicy(Policy):
     name = "mapa-greedy"
     summary = "highest aggregated bandwidth over the pattern's links (MAPA Greedy)"
     reference = "MAPA (SC'21) section 4, Greedy; Eq. 1"
+    reads_running_jobs = False  # the free GPUs alone decide
 
     def place(self, ctx: DecisionContext) -> Placement:
         objective = AggregatedObjective()

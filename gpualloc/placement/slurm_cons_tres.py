@@ -19,6 +19,7 @@ class SlurmPolicy(Policy):
     name = "slurm"
     summary = "Slurm 22.05 cons_tres: first free GPU, then most NVLinks to it"
     reference = "Slurm 22.05 select/cons_tres with gres.conf Links="
+    reads_running_jobs = False  # the free GPUs alone decide
 
     def place(self, ctx: DecisionContext) -> Placement:
         required = sorted(ctx.request.required)

@@ -27,6 +27,7 @@ class SpreadPolicy(Policy):
     name = "spread"
     summary = "GPUs spread over as many sockets as possible (DRB paper's spread)"
     reference = "DRB (SC'17) section 3, spread"
+    reads_running_jobs = False  # the free GPUs alone decide
     scores_partial_sets = True
 
     def place(self, ctx: DecisionContext) -> Placement:

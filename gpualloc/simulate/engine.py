@@ -46,7 +46,7 @@ from datetime import datetime, timezone
 from msgspec import structs
 
 from gpualloc.errors import TraceError
-from gpualloc.host.queue import DEFAULT_MAX_BYPASS, Attempt, attempts, next_start, turn_key
+from gpualloc.host.queue import DEFAULT_MAX_BYPASS, AttemptMemo, attempts, next_start, turn_key
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Lease, LeasedGpu, Ledger, QueuedRequest, Waiter
 from gpualloc.model.request import CommunicationPattern, HostState, JobRequest, Placement
@@ -240,9 +240,9 @@ class _Simulation:
         """The jobs name parts of GPUs (a trace's ``gpu_fraction``)."""
         self.mix: dict[tuple[int, float], float] | None = None
         """The jobs' task types and their shares: what FGD weighs fragmentation by."""
-        self.placements: dict[tuple[QueuedRequest, HostState], Attempt] = {}
-        """Placements by request and host state: a state recurs often, the answer never
-        changes (see :func:`gpualloc.host.wait.attempts`)."""
+        self.placements = AttemptMemo()
+        """Placements by request and host state, and by the free GPUs where the policy reads
+        no more: a state recurs often, the answer never changes (see :class:`AttemptMemo`)."""
         self.result = SimResult(options.policy, self.results, topology.gpu_count)
 
     # ---- the event loop ----------------------------------------------------------------------
