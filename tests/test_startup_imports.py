@@ -110,3 +110,10 @@ def test_the_lean_imports_leave_msgspec_and_pathlib_whole() -> None:
         [sys.executable, "-S", "-c", probe], capture_output=True, text=True, check=False
     )
     assert result.stdout.strip() == "whole", result.stderr
+
+
+def test_main_reads_the_completion_variable_the_fast_path_knows() -> None:
+    """main.py reads it before importing the fast path (a Tab on release needs neither)."""
+    from gpualloc.cli import fastpath, main
+
+    assert main.COMPLETION_VARIABLE == fastpath.COMPLETION_VARIABLE

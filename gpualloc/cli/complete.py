@@ -9,6 +9,10 @@ returns ``(value, help)`` pairs, which zsh and fish show beside the value.
 from __future__ import annotations
 
 import json
+
+import gpualloc.lean_stdlib  # noqa: F401  (pathlib without urllib.parse: every Tab)
+
+# isort: split
 from pathlib import Path
 
 PATTERNS = (

@@ -24,11 +24,8 @@ from gpualloc.errors import ExitCode, GpuallocError
 
 def run(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point; never returns."""
-    from gpualloc import notices
-    from gpualloc.cli import fastpath
-
     args = sys.argv[1:] if argv is None else list(argv)
-    if fastpath.COMPLETION_VARIABLE in os.environ:
+    if COMPLETION_VARIABLE in os.environ:
         # typer's completion protocol, from a script an older gpualloc installed: no answer
         sys.exit(ExitCode.OK)
     if os.environ.get("_GPUALLOC_COMPLETE_LEASES"):  # a completion script asks (no typer)
@@ -36,6 +33,9 @@ def run(argv: list[str] | None = None) -> NoReturn:
 
         sys.stdout.write("".join(f"{lease}\t{about}\n" for lease, about in lease_ids("")))
         sys.exit(ExitCode.OK)
+    from gpualloc import notices
+    from gpualloc.cli import fastpath
+
     STATE.reset()
     STATE.debug = _debug_variable(os.environ.get("GPUALLOC_DEBUG", ""))
     notices.slow_wait = _notice
@@ -69,6 +69,10 @@ def run(argv: list[str] | None = None) -> NoReturn:
         sys.stdout = stdout
     sys.exit(int(code))
 
+
+COMPLETION_VARIABLE = "_GPUALLOC_COMPLETE"
+"""typer's completion variable (:data:`gpualloc.cli.fastpath.COMPLETION_VARIABLE`), read here
+before the fast path is imported: a Tab on ``release`` asks for lease ids without it."""
 
 TRUE_WORDS = frozenset({"1", "true", "t", "yes", "y", "on"})
 """What click reads as true (GPUALLOC_DEBUG is --debug's variable): any other value is not
