@@ -27,6 +27,12 @@ if TYPE_CHECKING:
     from gpualloc.placement.search_bounds import VectorBounds
 
 
+ROOT_ORBITS_AFTER_NODES = 500
+"""Failed roots rule out their orbits only once a search has visited this many nodes: finding
+a host's symmetries costs up to 16 ms in a fresh process (``torus-2d-32``), more than a small
+search."""
+
+
 class Escalate(Exception):
     """The search outgrew its cheap bounds: tighten them, then try the vector again."""
 
@@ -190,6 +196,8 @@ class Realisation:
         skipped: 4 of a 4x4 torus's 16 roots are searched to refute a vector on the whole
         host."""
         search = self.search
+        if search.nodes < ROOT_ORBITS_AFTER_NODES:
+            return  # a small search does not pay for the host's symmetries
         if search.root_orbits is None:  # once per search: 1 ms on a 32-GPU PCIe host
             search.root_orbits = orbit_masks(search.host, self.pool_mask, self.required_mask)
         self.dead_roots |= search.root_orbits[g]
