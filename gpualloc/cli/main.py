@@ -138,18 +138,19 @@ def _run_typer(args: list[str]) -> int:
 
 
 _PYDANTIC_PHRASES = (
-    (re.compile(r"Input should be greater than or equal to (\S+)"), r"must be at least \1"),
-    (re.compile(r"Input should be greater than (\S+)"), r"must be more than \1"),
-    (re.compile(r"Input should be less than or equal to (\S+)"), r"must be at most \1"),
-    (re.compile(r"Input should be less than (\S+)"), r"must be less than \1"),
-    (re.compile(r"Input should be a valid integer.*"), "must be a whole number"),
-    (re.compile(r"Input should be a valid number.*"), "must be a number"),
-    (re.compile(r"Input should be "), "must be "),
+    (r"Input should be greater than or equal to (\S+)", r"must be at least \1"),
+    (r"Input should be greater than (\S+)", r"must be more than \1"),
+    (r"Input should be less than or equal to (\S+)", r"must be at most \1"),
+    (r"Input should be less than (\S+)", r"must be less than \1"),
+    (r"Input should be a valid integer.*", "must be a whole number"),
+    (r"Input should be a valid number.*", "must be a number"),
+    (r"Input should be ", "must be "),
 )
-"""typer 0.29 words a bad value as pydantic does; say it as the rest of gpualloc does."""
+"""typer 0.29 words a bad value as pydantic does; say it as the rest of gpualloc does. Patterns,
+compiled by :mod:`re` when a usage error is written: not on every command's start."""
 
 
-_QUOTED = re.compile(r"'([^']{121,})'")
+_QUOTED = r"'([^']{121,})'"
 """A value click quotes in its message, too long to say back whole (issue 42, point 3)."""
 
 
@@ -173,13 +174,13 @@ def usage_error_lines(exc: Any) -> tuple[str, str]:
     """A click usage error as gpualloc's two lines: what is wrong, and how it is used."""
     message = exc.format_message()
     for pattern, replacement in _PYDANTIC_PHRASES:
-        message = pattern.sub(replacement, message)
+        message = re.sub(pattern, replacement, message)
     message = message.rstrip(".")
     message = message[:1].lower() + message[1:] if message[:2] != "--" else message
-    if _QUOTED.search(message):
+    if re.search(_QUOTED, message):
         from gpualloc.user_files import shown_text
 
-        message = _QUOTED.sub(lambda quoted: f"'{shown_text(quoted.group(1))}'", message)
+        message = re.sub(_QUOTED, lambda quoted: f"'{shown_text(quoted.group(1))}'", message)
     context = getattr(exc, "ctx", None)
     misplaced = _global_option(getattr(exc, "option_name", None), context)
     if misplaced is not None:

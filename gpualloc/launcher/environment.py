@@ -59,9 +59,9 @@ def gpu_variables(
     return variables
 
 
-UUID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
+UUID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:-]*"
 """A UUID ``CUDA_VISIBLE_DEVICES`` can hold as one item (NVML's ``GPU-<hex>``): no comma to
-split it into two devices, no space or control character."""
+split it into two devices, no space or control character (compiled when ``--uuid`` first asks)."""
 
 
 def check_uuids(gpus: Iterable[Gpu]) -> None:
@@ -74,7 +74,7 @@ def check_uuids(gpus: Iterable[Gpu]) -> None:
                 f"--uuid: GPU {gpu.index} has no UUID in this topology",
                 hint="leave out --uuid to export indices",
             )
-        if not UUID_PATTERN.fullmatch(gpu.uuid):
+        if not re.fullmatch(UUID_PATTERN, gpu.uuid):
             from gpualloc.model.printable import printable
 
             raise RequestError(

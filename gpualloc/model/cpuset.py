@@ -12,7 +12,8 @@ from collections.abc import Iterable
 
 from gpualloc.user_files import shown_value
 
-_CPULIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+_CPULIST = r"^\d+(-\d+)?(,\d+(-\d+)?)*$"
+"""Compiled by :mod:`re` when first used: only binding to a host's NUMA nodes reads a cpulist."""
 
 CPU_ID_BOUND = 65536
 """CPU and NUMA node ids in a cpulist are below this. Linux's largest ``CONFIG_NR_CPUS`` is 8192
@@ -22,7 +23,7 @@ real host fit with 8x room, and no list expands to more than 65,536 ids."""
 
 def is_cpulist(text: str) -> bool:
     """True if ``text`` is a non-empty cpulist such as ``3``, ``0-19,40-59`` or ``0,2,4``."""
-    return bool(_CPULIST.match(text.strip()))
+    return bool(re.match(_CPULIST, text.strip()))
 
 
 def cpulist_ranges(

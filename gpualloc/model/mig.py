@@ -20,10 +20,12 @@ from gpualloc.user_files import shown_text, shown_value
 
 GIB = 1024**3
 
-_PROFILE = re.compile(
+_PROFILE = (
     r"^(?:(?P<compute>[1-9]\d*)c\.)?(?P<slices>[1-9]\d*)g\.(?P<memory>[1-9]\d*)gb"
     r"(?P<extras>(?:[+-][a-z]+)*)$"
 )
+"""The patterns of this module are compiled by :mod:`re` when first used (``re.match(pattern,
+...)``), not as every command loads it: most hosts have no MIG device."""
 
 
 class MigProfile(Struct, frozen=True, kw_only=True):
@@ -45,7 +47,7 @@ def parse_mig_profile(text: str) -> MigProfile:
     Raises ValueError naming the expected form for anything else.
     """
     name = text.strip()
-    match = _PROFILE.match(name.lower())
+    match = re.match(_PROFILE, name.lower())
     if match is None:
         raise ValueError(
             f"{shown_value(text)} is not a MIG profile; expected a form like 1g.5gb, 3g.20gb or "
@@ -118,16 +120,16 @@ def mig_label(gpu: int, device: int) -> str:
     return f"GPU{gpu}/MIG{device}"
 
 
-_LABEL = re.compile(r"^(?:gpu)?(\d+)\s*[/:]\s*(?:mig)?(\d+)$", re.IGNORECASE)
+_LABEL = r"(?i)^(?:gpu)?(\d+)\s*[/:]\s*(?:mig)?(\d+)$"
 
 
 def parse_mig_label(text: str) -> tuple[int, int] | None:
     """``GPU0/MIG3``, ``0/3`` or ``0:3`` -> (0, 3); None when ``text`` is not such a label."""
-    match = _LABEL.match(text.strip())
+    match = re.match(_LABEL, text.strip())
     return (int(match[1]), int(match[2])) if match else None
 
 
-MIG_UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*")
+MIG_UUID = r"[A-Za-z0-9][A-Za-z0-9._:/-]*"
 """A MIG device's UUID as ``CUDA_VISIBLE_DEVICES`` takes it: ``MIG-<uuid>``, or before driver
 R470 ``MIG-GPU-<uuid>/<gi>/<ci>``. An empty one, or one a comma, a space or a control character
 would split or garble, is refused with the topology, before any lease is made of the device: a
@@ -148,7 +150,7 @@ def check_mig_layout(instances: list[MigInstance], gpu_count: int) -> None:
             raise ValueError(f"MIG device {instance.label} is listed twice")
         seen.add(key)
         if instance.uuid is not None:
-            if not MIG_UUID.fullmatch(instance.uuid):
+            if not re.fullmatch(MIG_UUID, instance.uuid):
                 from gpualloc.model.printable import printable
 
                 raise ValueError(
