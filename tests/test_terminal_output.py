@@ -427,3 +427,17 @@ def test_alloc_names_its_lease_on_a_terminal_and_prints_only_ids_to_a_script(
     assert ids == "0,3" and lease is not None, shown
     piped = cli("-t", "dgx1-v100", "alloc", "-n", "2", "--hold")
     assert piped.exit_code == 0 and piped.stdout == "1,2\n" and piped.stderr == ""
+
+
+@pytest.mark.parametrize("group", [(), ("topo",), ("slurm",), ("config",)])
+def test_command_summaries_are_whole_at_80_columns(group: tuple[str, ...]) -> None:
+    """``gpualloc --help`` cut every command's summary mid-sentence with '...'."""
+    shown = subprocess.run(
+        [sys.executable, "-m", "gpualloc", *group, "--help"],
+        capture_output=True, text=True, check=True, env=dict(os.environ, COLUMNS="80"),
+    ).stdout  # fmt: skip
+    listed = shown.split("Commands:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert listed
+    for line in listed:
+        assert not line.endswith("...") and line.rstrip().endswith("."), line
+        assert len(line) <= 80, line

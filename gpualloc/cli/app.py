@@ -132,7 +132,26 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-app.add_typer(typer_group(topo.app), name="topo")
+SUMMARIES = {
+    "topo": "What a host looks like: GPUs, NVLink/PCIe links, NUMA nodes.",
+    "plan": "Choose GPUs for a job and say why, without running it.",
+    "run": "Run a job on the best free GPUs; free them when it ends.",
+    "alloc": "Hold GPUs without running anything (scripts, notebooks).",
+    "release": "Give GPUs back: leases by id, or all of yours.",
+    "status": "Who holds which GPU, since when, and who waits.",
+    "gc": "Free the GPUs of leases whose jobs are gone, now.",
+    "metrics": "The GPUs, leases and queue as Prometheus metrics.",
+    "doctor": "Check links, GPU health and leases; exit 17 if wrong.",
+    "serve": "The broker: own this host's ledger for every user.",
+    "simulate": "Compare placement policies on a stream of jobs.",
+    "calibrate": "Measure this host's GPU bandwidth and place by it.",
+    "slurm": "Slurm node hooks (Prolog, Epilog) and gres.conf.",
+    "config": "The settings in effect, and where each comes from.",
+}
+"""Each command's line in ``gpualloc --help``: whole sentences that fit 80 columns (click cut
+the first sentence of each help text mid-word; session 21 noted it)."""
+
+app.add_typer(typer_group(topo.app), name="topo", short_help=SUMMARIES["topo"])
 for name, function, settings in (
     ("plan", plan.plan_command, {}),
     ("run", run.run_command, {"context_settings": {"allow_interspersed_args": False}}),
@@ -146,9 +165,9 @@ for name, function, settings in (
     ("simulate", simulate.simulate_command, {}),
     ("calibrate", calibrate.calibrate_command, {}),
 ):
-    app.command(name, **settings)(typer_parameters(function))
-app.add_typer(typer_group(slurm.app), name="slurm")
-app.add_typer(typer_group(config_show.app), name="config")
+    app.command(name, short_help=SUMMARIES[name], **settings)(typer_parameters(function))
+app.add_typer(typer_group(slurm.app), name="slurm", short_help=SUMMARIES["slurm"])
+app.add_typer(typer_group(config_show.app), name="config", short_help=SUMMARIES["config"])
 
 
 SHELLS = ("bash", "zsh", "fish")

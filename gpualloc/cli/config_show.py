@@ -44,7 +44,7 @@ def _duration(seconds: float) -> str:
     return "off" if seconds == 0 else format_duration(seconds)
 
 
-@app.command("show")
+@app.command("show", short_help="Every setting, its value and where it came from.")
 def show_command(
     as_json: Annotated[bool, Option("--json", help="Print JSON instead.")] = False,
 ) -> None:

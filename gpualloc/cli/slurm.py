@@ -26,7 +26,7 @@ app = Group(
 )
 
 
-@app.command("gres-conf")
+@app.command("gres-conf", short_help="Print gres.conf lines for this host.")
 def gres_conf_command(
     node: Annotated[
         Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
@@ -114,7 +114,7 @@ def gres_conf_command(
     )
 
 
-@app.command("prolog")
+@app.command("prolog", short_help="Prolog=: record the job's GPUs (as root).")
 def prolog_command() -> None:
     """For Prolog= (runs as root before each job): record the job's GPUs (SLURM_JOB_GPUS) as a
     lease of the job's user, so that 'gpualloc run' outside Slurm avoids them.
@@ -127,7 +127,7 @@ def prolog_command() -> None:
     _node_hook("prolog", prolog, create=True)
 
 
-@app.command("epilog")
+@app.command("epilog", short_help="Epilog=: free the job's GPUs (as root).")
 def epilog_command() -> None:
     """For Epilog= (runs as root after each job, also when the Prolog never ran): release the
     job's leases. Idempotent; always exits 0 (a failing Epilog drains the node)."""
@@ -136,7 +136,7 @@ def epilog_command() -> None:
     _node_hook("epilog", epilog, create=False)
 
 
-@app.command("taskprolog")
+@app.command("taskprolog", short_help="TaskProlog=: export each task's GPUs in ring order.")
 def taskprolog_command() -> None:
     """For TaskProlog= (runs as the job's user for every task; slurmstepd reads its output):
     print export lines for CUDA_DEVICE_ORDER=PCI_BUS_ID and CUDA_VISIBLE_DEVICES in the order

@@ -21,7 +21,7 @@ JsonOption = Annotated[
 ]
 
 
-@app.command("show")
+@app.command("show", short_help="GPUs, link and bandwidth matrices, NUMA nodes.")
 def show(as_json: JsonOption = False) -> None:
     """Show the GPUs, the link and bandwidth matrices, the NUMA nodes, and where it all came from.
 
@@ -208,7 +208,7 @@ def _check_topology_name(name: str) -> None:
         )
 
 
-@app.command("record")
+@app.command("record", short_help="Save this host's topology to a file (for bug reports).")
 def record(
     output: Annotated[
         Optional[Path],  # noqa: UP045
@@ -230,7 +230,7 @@ def record(
     say(f"wrote {output} ({topology.gpu_count} GPUs)")
 
 
-@app.command("export")
+@app.command("export", short_help="Write the topology as a graph file (GraphML, GEXF, JSON).")
 def export(
     fmt: Annotated[
         str,
