@@ -28,7 +28,7 @@ import pytest
 from gpualloc.broker.limits import BUSY_TOKEN_S, FREE_BUSY_S, Limits
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Ledger
-from gpualloc.model import PciePath, Topology
+from gpualloc.model import Topology
 from gpualloc.model.request import HostState, JobRequest
 from gpualloc.placement import deadline
 from gpualloc.placement.choose import choose
@@ -38,25 +38,9 @@ from gpualloc.placement.registry import get_policy, policy_names
 from gpualloc.placement.utility import T_MIN_NODES, cheapest_communication
 from gpualloc.placement.want import Want
 from gpualloc.topologies import load_bundled
-from scripts.build_bundled_topologies import build, grouped, x86_sockets
 from tests.broker_harness import RunningBroker
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def pcie_32() -> Topology:
-    """Two sockets of 16 GPUs, four GPUs a PCIe switch: the host of the issue's measurement."""
-    return build(
-        "pcie-32gpu-2socket",
-        description="synthetic, for the placement budget's tests",
-        gpu_name="NVIDIA L40S",
-        memory_gib=48,
-        gpu_numa=[0] * 16 + [1] * 16,
-        numa_nodes=x86_sockets(2, 32, 512),
-        nvlinks={},
-        pcie=grouped((4, PciePath.PIX), (16, PciePath.NODE), farthest=PciePath.SYS),
-        pcie_generation=4,
-    )
 
 
 def measured_32() -> Topology:
@@ -73,7 +57,8 @@ def measured_32() -> Topology:
 
 @pytest.fixture(scope="module")
 def host32() -> Topology:
-    return pcie_32()
+    """Two sockets of 16 GPUs, four GPUs a PCIe switch: the host of the issue's measurement."""
+    return load_bundled("pcie-32gpu-2socket")
 
 
 @pytest.fixture(scope="module")

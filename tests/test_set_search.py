@@ -16,7 +16,7 @@ from math import comb
 
 import pytest
 
-from gpualloc.model import PciePath, Topology
+from gpualloc.model import Topology
 from gpualloc.model.request import HostState, JobRequest, RunningJob
 from gpualloc.placement.candidates import candidate_sets
 from gpualloc.placement.decide import decision_context
@@ -28,18 +28,13 @@ from gpualloc.placement.set_search import twin_classes
 from gpualloc.placement.spread import spread_set
 from gpualloc.placement.utility import cheapest_communication
 from gpualloc.topologies import load_bundled
-from scripts.build_bundled_topologies import build, grouped, x86_sockets
 
 MAX_SETS = 13_000
 """Brute force only where the candidate sets are this many or fewer."""
 
 
 def pcie_32() -> Topology:
-    return build(
-        "pcie-32", description="test host", gpu_name="NVIDIA L40S", memory_gib=48,
-        gpu_numa=[0] * 16 + [1] * 16, numa_nodes=x86_sockets(2, 32, 512), nvlinks={},
-        pcie=grouped((4, PciePath.PIX), (16, PciePath.NODE), farthest=PciePath.SYS),
-    )  # fmt: skip
+    return load_bundled("pcie-32gpu-2socket")
 
 
 HOSTS = {
