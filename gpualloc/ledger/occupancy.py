@@ -210,10 +210,11 @@ class Occupancy(Struct, frozen=True, dict=True):
     def _host_state(self) -> HostState:
         running: list[RunningJob] = []
         seen: set[str] = set()
-        for lease in self.leases.values():
-            if lease.id not in seen and lease.indices:
+        n = self.gpu_count
+        for lease in self.leases.values():  # by GPU: a lease of k GPUs comes k times
+            if lease.id not in seen and lease.gpus:
                 seen.add(lease.id)
-                held = frozenset(i for i in lease.indices if i < self.gpu_count)
+                held = frozenset(gpu.index for gpu in lease.gpus if gpu.index < n)
                 running.append(RunningJob(gpus=held, sensitive=lease.sensitive))
         if self._leases_alone:
             return HostState(free=self.free, running=tuple(running))

@@ -334,10 +334,12 @@ class _Simulation:
             busy = neighbour.job.gpu_fraction or self.options.gpu_busy
             for gpu in neighbour.gpus:
                 demand[gpu] = demand.get(gpu, 0.0) + busy
-        dynamic = self.runtime.dynamic  # only a dynamic model looks at the neighbours
+        looks = self.runtime.looks_at_neighbours  # a dynamic model, for the jobs it covers
         for running, (job, gpus) in zip(self.running, jobs, strict=True):
             beside = (
-                [x for x in jobs if x.job is not job and not _same_gpus(x, gpus)] if dynamic else []
+                [x for x in jobs if x.job is not job and not _same_gpus(x, gpus)]
+                if looks(job)
+                else []
             )
             slices = max(1.0, *(demand[gpu] for gpu in gpus))
             running.set_slowdown(self.runtime.slowdown(job, gpus, beside) * slices)

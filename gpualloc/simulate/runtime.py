@@ -57,6 +57,11 @@ class RuntimeModel:
         """How much slower than alone it runs beside ``beside`` (at least 1)."""
         return 1.0
 
+    def looks_at_neighbours(self, job: SimJob) -> bool:
+        """Whether :meth:`slowdown` of ``job`` reads its neighbours (else they need not be
+        listed: a trace's jobs that no profile covers, at every event; issue 43)."""
+        return self.dynamic
+
 
 class BandwidthRuntime(RuntimeModel):
     """Compute plus ring all-reduce at the speed of the slowest link the job's pattern uses."""
@@ -175,6 +180,9 @@ class AutoRuntime(RuntimeModel):
     def solo_s(self, job: SimJob, gpus: tuple[int, ...]) -> float:
         model = self.measured if self.measured.covers(job) else self.modelled
         return model.solo_s(job, gpus)
+
+    def looks_at_neighbours(self, job: SimJob) -> bool:
+        return self.measured.covers(job)
 
     def slowdown(self, job: SimJob, gpus: tuple[int, ...], beside: list[Neighbour]) -> float:
         if not self.measured.covers(job):
