@@ -17,11 +17,15 @@ def import_pathlib_lean() -> None:
     after."""
     if "pathlib" in sys.modules or "urllib.parse" in sys.modules:
         return
-    sys.modules["urllib.parse"] = _urllib_parse_stand_in()
+    stand_in = sys.modules["urllib.parse"] = _urllib_parse_stand_in()
     try:
+        import pathlib
+    except ImportError:  # a Python whose pathlib takes more of urllib.parse: the real one
+        del sys.modules["urllib.parse"]
         import pathlib  # noqa: F401
     finally:
-        del sys.modules["urllib.parse"]
+        if sys.modules.get("urllib.parse") is stand_in:
+            del sys.modules["urllib.parse"]
 
 
 def _urllib_parse_stand_in() -> types.ModuleType:

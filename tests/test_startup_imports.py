@@ -117,3 +117,21 @@ def test_main_reads_the_completion_variable_the_fast_path_knows() -> None:
     from gpualloc.cli import fastpath, main
 
     assert main.COMPLETION_VARIABLE == fastpath.COMPLETION_VARIABLE
+
+
+def test_a_pathlib_that_takes_more_of_urllib_parse_gets_the_real_module() -> None:
+    """The stand-in offers pathlib one function; a Python whose pathlib asks for another name
+    got an ImportError from every command. Now it imports the real module, and keeps it."""
+    code = """
+import sys, types
+import gpualloc.lean_stdlib as lean
+for name in [m for m in sys.modules if m == "pathlib" or m.startswith("urllib")]:
+    del sys.modules[name]
+lean._urllib_parse_stand_in = lambda: types.ModuleType("urllib.parse")  # offers nothing
+lean.import_pathlib_lean()
+import pathlib, urllib.parse
+assert sys.modules["urllib.parse"] is urllib.parse and hasattr(urllib.parse, "urlsplit")
+print(pathlib.Path("/x").as_uri())
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and done.stdout == "file:///x\n", done.stderr
