@@ -34,9 +34,18 @@ def import_msgspec_lean() -> None:
     for name in LAZY_MODULES:
         sys.modules[name] = _lazy_module(name)
     try:
-        import msgspec  # noqa: F401
-    finally:
+        import msgspec
+    except (ImportError, AttributeError):  # a Python or msgspec that asks the stand-ins more
+        for name in [m for m in sys.modules if m.split(".")[0] in ("msgspec", "uuid")]:
+            del sys.modules[name]
         del sys.modules["typing_extensions"]
+        if stand_in:
+            del sys.modules["platform"]
+        stand_in = False
+        import msgspec  # noqa: F401  # whole, as anyone imports it
+    finally:
+        if sys.modules.get("typing_extensions", False) is None:
+            del sys.modules["typing_extensions"]
         if stand_in:
             del sys.modules["platform"]
 

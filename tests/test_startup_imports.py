@@ -135,3 +135,24 @@ print(pathlib.Path("/x").as_uri())
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0 and done.stdout == "file:///x\n", done.stderr
+
+
+def test_a_uuid_that_asks_platform_more_gets_msgspec_whole() -> None:
+    """The platform stand-in answers ``system()`` alone; a Python whose uuid asks it more made
+    every command fail as msgspec loaded. Now msgspec loads whole then."""
+    code = """
+import sys, types
+for name in [m for m in sys.modules if m.split(".")[0] in ("msgspec", "uuid", "platform")]:
+    del sys.modules[name]
+import gpualloc.lean_msgspec as lean  # loads msgspec lean; now again with a poorer stand-in
+for name in [m for m in sys.modules if m.split(".")[0] in ("msgspec", "uuid", "platform")]:
+    del sys.modules[name]
+lean._platform_stand_in = lambda: types.ModuleType("platform")  # no system()
+lean.import_msgspec_lean()
+import msgspec, platform
+assert platform.system() and msgspec.json.decode(b"[1]") == [1]
+assert "typing_extensions" not in sys.modules or sys.modules["typing_extensions"] is not None
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
