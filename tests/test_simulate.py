@@ -419,3 +419,28 @@ def test_the_drb_prototype_scenario_keeps_the_papers_order() -> None:
     assert picky.end_s < eager.end_s
     first = {r.job.id: r.gpus for r in results["TOPO-AWARE-P"].jobs}
     assert first["Job0"] == (0,) and first["Job1"][0] in (2, 3)  # away from Job0's socket
+
+
+def test_the_host_state_the_simulator_keeps_is_the_one_its_occupancy_makes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The simulator hands each occupancy the host state it keeps as jobs start and end
+    (``Occupancy.knowing``); it must be what the occupancy would make of its leases: the same
+    free GPUs and the same running jobs in the same order (the order is part of the key by
+    which placements are remembered)."""
+    from gpualloc.ledger.occupancy import Occupancy
+
+    told = Occupancy.knowing
+    checked = [0]
+
+    def checking(self: Occupancy, state):  # type: ignore[no-untyped-def]
+        made = Occupancy(gpu_count=self.gpu_count, leases=self.leases).host_state()
+        assert state == made
+        checked[0] += 1
+        return told(self, state)
+
+    monkeypatch.setattr(Occupancy, "knowing", checking)
+    topology = load_bundled("dgx1-v100")
+    jobs = generate("mixed:jobs=400,insensitive=0.5")
+    simulate(topology, jobs, SimOptions(policy="drb", queue="backfill"))
+    assert checked[0] > 400

@@ -206,6 +206,14 @@ class Occupancy(Struct, frozen=True, dict=True):
         Made once per occupancy (a queue's look asks it for every waiter)."""
         return self._host_state
 
+    def knowing(self, state: HostState) -> Occupancy:
+        """This occupancy, given the host state a caller keeps as leases come and go (the
+        simulator: made anew after every start and end, it was a fifth of a trace replay);
+        ``state`` must be what :meth:`host_state` would make (a test holds the simulator to
+        it)."""
+        self.__dict__["_host_state"] = state
+        return self
+
     @cached_property
     def _host_state(self) -> HostState:
         running: list[RunningJob] = []

@@ -49,7 +49,13 @@ from gpualloc.errors import TraceError
 from gpualloc.host.queue import DEFAULT_MAX_BYPASS, AttemptMemo, attempts, next_start, turn_key
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Lease, LeasedGpu, Ledger, QueuedRequest, Waiter
-from gpualloc.model.request import CommunicationPattern, HostState, JobRequest, Placement
+from gpualloc.model.request import (
+    CommunicationPattern,
+    HostState,
+    JobRequest,
+    Placement,
+    RunningJob,
+)
 from gpualloc.model.share import ShareRequest
 from gpualloc.model.topology import Topology
 from gpualloc.placement.patterns import build_pattern
@@ -234,6 +240,8 @@ class _Simulation:
         self.by_waiter: dict[str, SimJob] = {}
         self.results: list[JobResult] = []
         self.ideal: dict[tuple[int, str], float | None] = {}
+        self.running_jobs: dict[str, RunningJob] = {}
+        """Lease id -> the job as the host state lists it (:meth:`_running_job`)."""
         self.patterns: dict[tuple[str, int], CommunicationPattern] = {}
         """Patterns by name and size, built once (every job of a size talks alike)."""
         self.fractional = False
@@ -320,7 +328,9 @@ class _Simulation:
 
     def _finish(self, running: _Running) -> None:
         self.running.remove(running)
-        self.leases.pop(running.result.job.id, None)
+        lease = self.leases.pop(running.result.job.id, None)
+        if lease is not None:
+            self.running_jobs.pop(lease.id, None)
         self.occupied = None
 
     def _retime(self, now: float) -> None:
@@ -396,8 +406,20 @@ class _Simulation:
                 share_placement=self.options.share_placement,
                 share_mix=self.mix,
             )
+        n = self.topology.gpu_count
         leases = {g.index: lease for lease in self.leases.values() for g in lease.gpus}
-        return Occupancy(gpu_count=self.topology.gpu_count, leases=leases)
+        running = tuple(self._running_job(lease) for lease in self.leases.values() if lease.gpus)
+        state = HostState(free=frozenset(range(n)) - frozenset(leases), running=running)
+        return Occupancy(gpu_count=n, leases=leases).knowing(state)
+
+    def _running_job(self, lease: Lease) -> RunningJob:
+        """The lease as the host state lists it (made once per job)."""
+        found = self.running_jobs.get(lease.id)
+        if found is None:
+            n = self.topology.gpu_count
+            held = frozenset(g.index for g in lease.gpus if g.index < n)
+            found = self.running_jobs[lease.id] = RunningJob(gpus=held, sensitive=lease.sensitive)
+        return found
 
     # ---- starting a job ------------------------------------------------------------------------
 
