@@ -399,3 +399,11 @@ def test_a_bandwidth_table_that_is_no_file_says_what_it_is(
     assert result.exit_code == ExitCode.IO, result.stderr
     said = {"fifo": "is a FIFO, not a regular file", "directory": "is a directory, not a regular"}
     assert f"error: bandwidth table {path} {said.get(kind, 'does not exist')}" in result.stderr
+
+
+def test_an_unknown_policy_of_alloc_is_said_back_cut(cli: Cli) -> None:
+    """``alloc --hold --policy`` of 3,000 characters was echoed to 500 (the long fuzz, CI)."""
+    result = cli("--topology", "dgx1-v100", "alloc", "--hold", "--policy", "a" * 3000)
+    assert result.exit_code == ExitCode.USAGE, result.stderr
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert "..." in error and error.count("a") <= 130, error
