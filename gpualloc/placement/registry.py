@@ -56,10 +56,10 @@ def configured_policy(config: Config, flag: str | None = None) -> str:
 
 def get_policy(name: str) -> Policy:
     if name not in _POLICY_CLASSES:
-        from gpualloc.user_files import shown_value
+        said = repr(name) if len(name) <= 60 else repr(name[:57] + "...")  # callers add more
 
         raise RequestError(
-            f"unknown policy {shown_value(name)}",
+            f"unknown policy {said}",
             hint=f"choose one of: {', '.join(_POLICY_CLASSES)}",
         )
     if name not in _loaded:
