@@ -51,18 +51,30 @@ def overwrite_in_place(path: Path, data: bytes, generation: int, mode: int) -> N
         os.close(descriptor)
 
 
+def open_own_file(path: Path, flags: int) -> tuple[int, os.stat_result] | None:
+    """``path`` opened with ``flags`` (never through a symbolic link, never blocking), with its
+    status, when it is this user's one plain file (one link: nobody else's name for it); None
+    where it is missing or is not (nothing is left open then)."""
+    try:
+        descriptor = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    info = os.fstat(descriptor)
+    if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and info.st_nlink == 1:
+        return descriptor, info
+    os.close(descriptor)
+    return None
+
+
 def rewrite_own_copy(path: Path, data: bytes, generation: int) -> bool:
     """Write ``data`` (of ``generation``) over this user's good copy in place; False where it
     may not be (:func:`_rewritable`), is missing, or is not this user's one plain file: the
     caller replaces it then."""
-    try:
-        descriptor = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
+    opened = open_own_file(path, os.O_RDWR)
+    if opened is None:
         return False
+    descriptor, info = opened
     try:
-        info = os.fstat(descriptor)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_nlink != 1:
-            return False
         if stat.S_IMODE(info.st_mode) != GOOD_COPY_MODE:  # others must read it to recover
             return False
         if not _rewritable(descriptor, info, generation):

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,7 +49,7 @@ from gpualloc.ledger.document import (
     read_ledger,
     written_ledger,
 )
-from gpualloc.ledger.in_place import put_back, rewrite_own_copy
+from gpualloc.ledger.in_place import open_own_file, put_back, rewrite_own_copy
 from gpualloc.ledger.locking import SharedLock
 from gpualloc.ledger.quarantine import SetAside
 from gpualloc.ledger.schema import Ledger
@@ -136,14 +135,11 @@ class OwnedLedgerStore(LedgerStore):
         """The text and generation of this broker's good copy when it is whole, this host's,
         and its own file (nobody else writes the directory, but a copy is trusted only so)."""
         copy = self.directory.good_copy(os.geteuid())
-        try:
-            descriptor = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError:
+        opened = open_own_file(copy, os.O_RDONLY)
+        if opened is None:
             return None
+        descriptor, info = opened
         try:
-            info = os.fstat(descriptor)
-            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
-                return None
             text = os.read(descriptor, info.st_size + 1).decode()
             document_of(text, str(copy), checksum=True)  # one whole write
             ledger, aside = read_ledger(text, str(copy))
