@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Optional, TypeVar
+from typing import Annotated, Any, Optional
 
 import typer
 
 from gpualloc.cli.state import STATE
 from gpualloc.errors import FileAccessError, RequestError, TraceError
-
-T = TypeVar("T")
 
 
 def simulate_command(
@@ -179,7 +176,7 @@ def simulate_command(
         check_load(load)
     placements = [name.strip() for name in share_placement.split(",") if name.strip()]
     for name in placements or [share_placement]:
-        _named(lambda n: get_share_policy(n, what="--share-placement"), name)
+        get_share_policy(name, what="--share-placement")
     if not sharing and _given(ctx, "share_placement"):
         raise RequestError(
             "--share-placement applies to --sharing (1-GPU jobs sharing GPUs)",
@@ -189,7 +186,7 @@ def simulate_command(
     if not policies:
         raise RequestError("--policy names no policy", hint="e.g. --policy baseline,mapa")
     for name in policies:
-        _named(get_policy, name)
+        get_policy(name)
     if profile is not None and runtime not in ("profile", "auto"):
         raise TraceError(
             "--profile applies to --runtime profile or auto", hint="add --runtime profile"
@@ -288,18 +285,6 @@ def simulate_command(
     _show(topology.name or "topology", len(jobs), f"{queue} queue{shared}", runtime, summaries)
     if sharing:
         _show_capacity(summaries)
-
-
-def _named(find: Callable[[str], T], name: str) -> T:
-    """``find(name)``, its refusal of an unknown name echoing at most a few dozen characters of
-    it (an argument of 5,000 would otherwise fill the terminal)."""
-    from gpualloc.simulate.trace import shown
-
-    try:
-        return find(name)
-    except RequestError as exc:
-        what = exc.message.removesuffix(repr(name)).strip()
-        raise RequestError(f"{what} {shown(name)}", hint=exc.hint, details=exc.details) from None
 
 
 def _given(ctx: typer.Context, parameter: str) -> bool:

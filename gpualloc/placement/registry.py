@@ -56,10 +56,10 @@ def configured_policy(config: Config, flag: str | None = None) -> str:
 
 def get_policy(name: str) -> Policy:
     if name not in _POLICY_CLASSES:
-        said = repr(name) if len(name) <= 60 else repr(name[:57] + "...")  # callers add more
+        from gpualloc.user_files import shown_value
 
         raise RequestError(
-            f"unknown policy {said}",
+            f"unknown policy {shown_value(name)}",
             hint=f"choose one of: {', '.join(_POLICY_CLASSES)}",
         )
     if name not in _loaded:

@@ -22,8 +22,10 @@ def lookup(rules: Mapping[str, R], name: str, what: str) -> R:
     description, when there is none (``what`` names where the name came from)."""
     rule = rules.get(name)
     if rule is None:
+        from gpualloc.user_files import shown_value
+
         raise RequestError(
-            f"unknown {what} {name!r}",
+            f"unknown {what} {shown_value(name)}",
             hint=" or ".join(rules),
             details=tuple(f"{r.name}: {r.description}" for r in rules.values()),
         )
