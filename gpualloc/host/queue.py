@@ -221,6 +221,8 @@ class AttemptMemo:
     def __init__(self) -> None:
         self.answers: dict[tuple[QueuedRequest, HostState], Attempt] = {}
         self.choices: Choices = {}
+        self.wants: dict[QueuedRequest, Want] = {}
+        """Each queued request as the placement engine reads it (made once, not per look)."""
 
     def __len__(self) -> int:
         return len(self.answers) + len(self.choices)
@@ -228,6 +230,7 @@ class AttemptMemo:
     def clear(self) -> None:
         self.answers.clear()
         self.choices.clear()
+        self.wants.clear()
 
 
 def attempts(
@@ -247,23 +250,30 @@ def attempts(
 
     def attempt(waiter: Waiter) -> Attempt:
         request = waiter.request
-        if request in answers:
-            return answers[request]
-        remember = memo is not None and request.share is None  # shares hang on more than state
-        if remember and (request, state) in memo.answers:  # type: ignore[union-attr]
-            answers[request] = memo.answers[(request, state)]  # type: ignore[union-attr,index]
-            return answers[request]
-        choices = memo.choices if remember else None  # type: ignore[union-attr]
+        answer = answers.get(request)
+        if answer is not None:
+            return answer
+        kept = memo if request.share is None else None  # shares hang on more than state
+        if kept is not None:
+            answer = kept.answers.get((request, state))  # type: ignore[arg-type]
+            if answer is not None:
+                answers[request] = answer
+                return answer
         try:
-            want = Want.from_queued(request)
+            want = memo.wants.get(request) if memo is not None else None
+            if want is None:
+                want = Want.from_queued(request)
+                if memo is not None:
+                    memo.wants[request] = want
+            choices = kept.choices if kept is not None else None
             answer = Attempt(choose(topology, occupancy, want, budget_s=budget_s, choices=choices))
         except (GpusBusy, NoFeasiblePlacement) as why:
             answer = Attempt(None, why.with_traceback(None))
         except GpuallocError as why:  # e.g. a policy this gpualloc does not know
             answer = Attempt(None, f"cannot be placed here ({why.message})")
         answers[request] = answer
-        if remember:
-            memo.answers[(request, state)] = answer  # type: ignore[union-attr,index]
+        if kept is not None:
+            kept.answers[(request, state)] = answer  # type: ignore[index]
         return answer
 
     return attempt

@@ -56,7 +56,7 @@ from typing import NamedTuple
 from msgspec import Struct
 
 from gpualloc.model.paths import PciePath
-from gpualloc.model.request import HostState
+from gpualloc.model.request import HostState, RunningJob
 from gpualloc.placement.host_graph import HostGraph
 from gpualloc.placement.set_search import CostOnly, SetSearch
 
@@ -168,14 +168,7 @@ class UtilityModel:
             (mask, len(members), sum(1 for g in members if g in state.free))
             for members, mask in zip(self.domains, facts.domain_masks, strict=True)
         ]
-        self.jobs = [
-            (
-                _or(self.switch_bits[g] for g in job.gpus),
-                _or(self.socket_bits[g] for g in job.gpus),
-                1.0 if job.sensitive in (True, None) else 0.5,
-            )
-            for job in state.running
-        ]
+        self.jobs = _job_terms(state.running, self.switch_bits, self.socket_bits)
         self._own_factor = 1.0 if sensitive else 0.5
         self._cheapest: dict[int, float] = {}
         self.socket_counts = [
@@ -331,19 +324,7 @@ class UtilityModel:
     def slowdown_sum(self, sockets: int, switches: int) -> tuple[float, int]:
         """The slowdowns of Eq. 4 summed (the running jobs touched, then the new job), and how
         many running jobs a set touching ``sockets`` and ``switches`` touches."""
-        slowdowns: list[float] = []
-        own = 0.0
-        for job_switches, job_sockets, victim_factor in self.jobs:
-            if job_switches & switches:
-                level = SWITCH_SLOWDOWN
-            elif job_sockets & sockets:
-                level = SOCKET_SLOWDOWN
-            else:
-                continue
-            own += level
-            slowdowns.append(min(1.0, level * victim_factor))
-        slowdowns.append(min(1.0, own * self._own_factor))
-        return sum(slowdowns), len(slowdowns) - 1
+        return _slowdown_sum(self.jobs, self._own_factor, sockets, switches)
 
     def _fragmentation(self, mask: int) -> float:
         if not self.domain_counts:
@@ -363,6 +344,65 @@ class UtilityModel:
             + w.fragmentation * (1 - fragmentation)
         )
         return max(0.0, min(1.0, utility))
+
+
+class SetUtility:
+    """The utility (Eq. 2) of one set of GPUs on one host with the same GPUs free, beside
+    whichever jobs run: its communication cost and the share of each socket it leaves free read
+    the set and the free GPUs alone, so only the interference is left to read the jobs. What
+    :meth:`UtilityModel.utility` gives, by the same arithmetic (issue 43: a choice remembered
+    by the free GPUs is scored again for the jobs running, thousands of times a simulation)."""
+
+    __slots__ = ("cost", "free", "model", "size", "sockets", "switches")
+
+    def __init__(self, model: UtilityModel, gpus: Sequence[int]) -> None:
+        self.model = model
+        self.size = len(gpus)
+        self.cost = model.communication_cost(gpus)
+        self.free = model._system_free(_or(1 << g for g in gpus))
+        self.sockets = _or(model.socket_bits[g] for g in gpus)
+        self.switches = _or(model.switch_bits[g] for g in gpus)
+
+    def utility(self, running: Sequence[RunningJob]) -> float:
+        """U of the set beside ``running`` (the free GPUs those of the model's state)."""
+        model = self.model
+        jobs = _job_terms(running, model.switch_bits, model.socket_bits)
+        total, touched = _slowdown_sum(jobs, model._own_factor, self.sockets, self.switches)
+        return model._published(self.cost, self.size, total / (touched + 1), self.free)
+
+
+def _job_terms(
+    running: Iterable[RunningJob], switch_bits: Sequence[int], socket_bits: Sequence[int]
+) -> list[tuple[int, int, float]]:
+    """Per running job: the PCIe switch trees and sockets it touches, and how much of a
+    neighbour's slowdown it suffers (an insensitive job half)."""
+    return [
+        (
+            _or(switch_bits[g] for g in job.gpus),
+            _or(socket_bits[g] for g in job.gpus),
+            1.0 if job.sensitive in (True, None) else 0.5,
+        )
+        for job in running
+    ]
+
+
+def _slowdown_sum(
+    jobs: Iterable[tuple[int, int, float]], own_factor: float, sockets: int, switches: int
+) -> tuple[float, int]:
+    """:meth:`UtilityModel.slowdown_sum` for these jobs' terms (:func:`_job_terms`)."""
+    slowdowns: list[float] = []
+    own = 0.0
+    for job_switches, job_sockets, victim_factor in jobs:
+        if job_switches & switches:
+            level = SWITCH_SLOWDOWN
+        elif job_sockets & sockets:
+            level = SOCKET_SLOWDOWN
+        else:
+            continue
+        own += level
+        slowdowns.append(min(1.0, level * victim_factor))
+    slowdowns.append(min(1.0, own * own_factor))
+    return sum(slowdowns), len(slowdowns) - 1
 
 
 @functools.lru_cache(maxsize=64)
