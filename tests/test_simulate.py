@@ -425,21 +425,25 @@ def test_the_host_state_the_simulator_keeps_is_the_one_its_occupancy_makes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The simulator hands each occupancy the host state it keeps as jobs start and end
-    (``Occupancy.knowing``); it must be what the occupancy would make of its leases: the same
-    free GPUs and the same running jobs in the same order (the order is part of the key by
+    (``Occupancy.known_state``); it must be what the occupancy would make of its leases: the
+    same free GPUs and the same running jobs in the same order (the order is part of the key by
     which placements are remembered)."""
     from gpualloc.ledger.occupancy import Occupancy
+    from gpualloc.simulate.engine import _Simulation
 
-    told = Occupancy.knowing
+    made_by = _Simulation._occupancy_now
     checked = [0]
 
-    def checking(self: Occupancy, state):  # type: ignore[no-untyped-def]
-        made = Occupancy(gpu_count=self.gpu_count, leases=self.leases).host_state()
-        assert state == made
+    def checking(self: _Simulation) -> Occupancy:
+        occupancy = made_by(self)
+        assert occupancy.known_state is not None
+        made = Occupancy(gpu_count=occupancy.gpu_count, leases=occupancy.leases).host_state()
+        assert occupancy.host_state() == made
+        assert occupancy.free == made.free
         checked[0] += 1
-        return told(self, state)
+        return occupancy
 
-    monkeypatch.setattr(Occupancy, "knowing", checking)
+    monkeypatch.setattr(_Simulation, "_occupancy_now", checking)
     topology = load_bundled("dgx1-v100")
     jobs = generate("mixed:jobs=400,insensitive=0.5")
     simulate(topology, jobs, SimOptions(policy="drb", queue="backfill"))

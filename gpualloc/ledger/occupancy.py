@@ -73,6 +73,11 @@ class Occupancy(Struct, frozen=True, dict=True):
     mig_foreign: dict[tuple[int, int], tuple[GpuProcess, ...]] = field(default_factory=dict)
     """(parent GPU, MIG device index) -> processes on that MIG device that no lease accounts
     for (NVML names their GPU and compute instance)."""
+    known_state: HostState | None = None
+    """The host state, where the caller keeps it as leases come and go (the simulator, which
+    made it anew from the leases after every start and end: a fifth of a trace replay, issue
+    43); it must be what :meth:`host_state` makes of the rest (a test holds the simulator to
+    it). None: made from the leases when first asked."""
 
     @classmethod
     def build(
@@ -198,21 +203,18 @@ class Occupancy(Struct, frozen=True, dict=True):
 
     @cached_property
     def free(self) -> frozenset[int]:
+        if self.known_state is not None:
+            return self.known_state.free
         return frozenset(range(self.gpu_count)) - self.busy
 
     def host_state(self) -> HostState:
         """Free GPUs and running jobs, as the placement engine takes them: one job per lease
         (with its sensitivity when recorded) and one of unknown sensitivity per foreign GPU.
-        Made once per occupancy (a queue's look asks it for every waiter)."""
+        Made once per occupancy (a queue's look asks it for every waiter), or given
+        (:attr:`known_state`)."""
+        if self.known_state is not None:
+            return self.known_state
         return self._host_state
-
-    def knowing(self, state: HostState) -> Occupancy:
-        """This occupancy, given the host state a caller keeps as leases come and go (the
-        simulator: made anew after every start and end, it was a fifth of a trace replay);
-        ``state`` must be what :meth:`host_state` would make (a test holds the simulator to
-        it)."""
-        self.__dict__["_host_state"] = state
-        return self
 
     @cached_property
     def _host_state(self) -> HostState:

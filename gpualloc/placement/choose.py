@@ -296,7 +296,7 @@ def _busy(
 ) -> GpusBusy:
     """Why ``request`` waits: ``why`` (the context's words) where a GPU it requires is busy
     (it requires one then), else how many GPUs are free."""
-    required_busy = sorted(request.required & occupancy.busy)
+    required_busy = sorted(request.required & occupancy.busy) if request.required else []
     free = sorted(occupancy.free - request.excluded)
     if required_busy and why is not None:
         message = why.message

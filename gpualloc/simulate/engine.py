@@ -166,6 +166,9 @@ class _Running:
     done: float
     since: float
     slowdown: float
+    steady: bool = False
+    """Its pace never changes: nothing shares its GPUs and its runtime model reads no
+    neighbour of it, so re-timing leaves it be (issue 43)."""
 
     @property
     def pace_s(self) -> float:
@@ -208,6 +211,13 @@ def _check(topology: Topology, jobs: list[SimJob], options: SimOptions) -> None:
             f"job {shown(endless[0].id)} arrives or runs at a time that is not a finite number",
             hint="give arrival_s and duration_s in seconds",
         )
+    seen: set[str] = set()
+    for job in jobs:  # the simulator keeps a running job's lease by its id
+        if job.id in seen:
+            raise TraceError(
+                f"job id {shown(job.id)} appears twice", hint="give each job its own id"
+            )
+        seen.add(job.id)
     too_big = [job for job in jobs if job.gpus > topology.gpu_count]
     if too_big:
         raise TraceError(
@@ -236,12 +246,22 @@ class _Simulation:
         self.occupied: Occupancy | None = None
         """The occupancy of :attr:`leases`, until a job starts or ends (an arrival changes
         nothing the placements read)."""
+        self.held: dict[int, Lease] = {}
+        """GPU -> the lease holding it, kept as jobs start and end (without sharing)."""
+        self.listed: dict[str, RunningJob] = {}
+        """Job id -> the job as the host state lists it, in the order of :attr:`leases` (the
+        order is part of the host state, and the utility sums its jobs' slowdowns in it)."""
+        self.all_gpus = frozenset(range(topology.gpu_count))
+        self.blocked_at: tuple[int, int] | None = None
+        """The turn key of the waiter where the last look stopped, finding no start, while
+        nothing has started or ended since: every waiter before it could not start and it could
+        neither start nor be passed, so a look finds no start again until a job starts or ends
+        or a waiter arrives ahead of it (issue 43: half the looks of a busy queue)."""
+        self.pcie_shares: dict[tuple[str, int, tuple[int, ...]], float | None] = {}
         self.queue: list[Waiter] = []
         self.by_waiter: dict[str, SimJob] = {}
         self.results: list[JobResult] = []
         self.ideal: dict[tuple[int, str], float | None] = {}
-        self.running_jobs: dict[str, RunningJob] = {}
-        """Lease id -> the job as the host state lists it (:meth:`_running_job`)."""
         self.patterns: dict[tuple[str, int], CommunicationPattern] = {}
         """Patterns by name and size, built once (every job of a size talks alike)."""
         self.fractional = False
@@ -309,35 +329,41 @@ class _Simulation:
             min_bandwidth_gbps=job.min_bandwidth if self.options.postpone else None,
             share=_share_request(job) if self._shares(job) else None,
         )
-        insort(
-            self.queue,
-            Waiter(
-                id=waiter_id,
-                seq=job.order,
-                uid=0,
-                user="sim",
-                pid=1,
-                priority=job.priority,  # type: ignore[arg-type]
-                max_bypass=self.max_bypass,
-                request=request,
-                created=_EPOCH,
-            ),
-            key=turn_key,
+        waiter = Waiter(
+            id=waiter_id,
+            seq=job.order,
+            uid=0,
+            user="sim",
+            pid=1,
+            priority=job.priority,  # type: ignore[arg-type]
+            max_bypass=self.max_bypass,
+            request=request,
+            created=_EPOCH,
         )
+        insort(self.queue, waiter, key=turn_key)
         self.by_waiter[waiter_id] = job
+        if self.blocked_at is not None and turn_key(waiter) < self.blocked_at:
+            self.blocked_at = None
 
     def _finish(self, running: _Running) -> None:
         self.running.remove(running)
-        lease = self.leases.pop(running.result.job.id, None)
-        if lease is not None:
-            self.running_jobs.pop(lease.id, None)
+        job_id = running.result.job.id
+        lease = self.leases.pop(job_id, None)
+        if lease is not None and not self.options.sharing:
+            self.listed.pop(job_id, None)
+            for gpu in lease.gpus:
+                self.held.pop(gpu.index, None)
         self.occupied = None
+        self.blocked_at = None
 
     def _retime(self, now: float) -> None:
         """Each running job goes on at the pace its neighbours allow now, and, with sharing,
         at the pace its most crowded GPU allows."""
+        if all(r.steady for r in self.running):
+            return
         for running in self.running:
-            running.advance(now)
+            if not running.steady:
+                running.advance(now)
         jobs = [Neighbour(r.result.job, r.result.gpus) for r in self.running]
         demand: dict[int, float] = {}
         for neighbour in jobs:
@@ -346,6 +372,8 @@ class _Simulation:
                 demand[gpu] = demand.get(gpu, 0.0) + busy
         looks = self.runtime.looks_at_neighbours  # a dynamic model, for the jobs it covers
         for running, (job, gpus) in zip(self.running, jobs, strict=True):
+            if running.steady:
+                continue
             beside = (
                 [x for x in jobs if x.job is not job and not _same_gpus(x, gpus)]
                 if looks(job)
@@ -364,7 +392,7 @@ class _Simulation:
         made a 10,000-job simulation quadratic)."""
         started = 0
         queue = self.queue
-        while queue:
+        while queue and self.blocked_at is None:
             occupancy = self._occupancy()
             began = time.perf_counter()
             turn = next_start(
@@ -372,6 +400,7 @@ class _Simulation:
             )
             self.result.decision_ms.append((time.perf_counter() - began) * 1000)
             if turn is None or turn.waiter is None or turn.placement is None:
+                self.blocked_at = _stop(queue)
                 return started
             index = turn.position - 1
             passed = set(turn.passed)
@@ -406,20 +435,12 @@ class _Simulation:
                 share_placement=self.options.share_placement,
                 share_mix=self.mix,
             )
-        n = self.topology.gpu_count
-        leases = {g.index: lease for lease in self.leases.values() for g in lease.gpus}
-        running = tuple(self._running_job(lease) for lease in self.leases.values() if lease.gpus)
-        state = HostState(free=frozenset(range(n)) - frozenset(leases), running=running)
-        return Occupancy(gpu_count=n, leases=leases).knowing(state)
-
-    def _running_job(self, lease: Lease) -> RunningJob:
-        """The lease as the host state lists it (made once per job)."""
-        found = self.running_jobs.get(lease.id)
-        if found is None:
-            n = self.topology.gpu_count
-            held = frozenset(g.index for g in lease.gpus if g.index < n)
-            found = self.running_jobs[lease.id] = RunningJob(gpus=held, sensitive=lease.sensitive)
-        return found
+        state = HostState(
+            free=self.all_gpus.difference(self.held), running=tuple(self.listed.values())
+        )
+        return Occupancy(
+            gpu_count=self.topology.gpu_count, leases=dict(self.held), known_state=state
+        )
 
     # ---- starting a job ------------------------------------------------------------------------
 
@@ -443,7 +464,8 @@ class _Simulation:
         )
         self.results.append(result)
         self.occupied = None
-        self.leases[job.id] = Lease(
+        self.blocked_at = None
+        self.leases[job.id] = lease = Lease(
             id=f"{job.order:012x}",
             gpus=tuple(LeasedGpu(index=g) for g in placement.gpus),
             uid=0,
@@ -462,7 +484,21 @@ class _Simulation:
                 else None
             ),
         )
-        self.running.append(_Running(result, done=0.0, since=now, slowdown=1.0))
+        gpus = placement.gpus
+        if not self.options.sharing:
+            for gpu in lease.gpus:
+                self.held[gpu.index] = lease
+            n = self.topology.gpu_count
+            listed = RunningJob(gpus=frozenset(g for g in gpus if g < n), sensitive=job.sensitive)
+            self.listed[job.id] = listed
+        # Alone on its GPUs, a job whose model reads no neighbour of it goes at one pace.
+        steady = (
+            not self.options.sharing
+            and (job.gpu_fraction or 1.0) <= 1.0
+            and not self.runtime.looks_at_neighbours(job)
+            and self.runtime.slowdown(job, gpus, []) == 1.0
+        )
+        self.running.append(_Running(result, done=0.0, since=now, slowdown=1.0, steady=steady))
 
     def _ideal(self, job: SimJob) -> float | None:
         """The best effective bandwidth a job of this size and pattern gets on the empty host
@@ -483,14 +519,30 @@ class _Simulation:
         return self.patterns[key]
 
     def _pcie_share(self, job: SimJob, placement: Placement) -> float | None:
+        """Of the pattern's edges, the share that runs over no NVLink (by pattern and order:
+        the same orders recur)."""
+        key = (job.pattern, job.gpus, placement.gpus)
+        if key in self.pcie_shares:
+            return self.pcie_shares[key]
         pattern = self._pattern(job)
-        if not pattern.edges:
-            return None
-        order = placement.gpus
-        pcie = sum(
-            1 for u, v in pattern.edges if not self.topology.link(order[u], order[v]).nvlinks
-        )
-        return pcie / len(pattern.edges)
+        share = None
+        if pattern.edges:
+            order = placement.gpus
+            pcie = sum(
+                1 for u, v in pattern.edges if not self.topology.link(order[u], order[v]).nvlinks
+            )
+            share = pcie / len(pattern.edges)
+        self.pcie_shares[key] = share
+        return share
+
+
+def _stop(queue: list[Waiter]) -> tuple[int, int] | None:
+    """Where a look that found no start stopped: at the first waiter that may not be passed
+    again (each before it could not start, nor could it), or nowhere (it walked the queue)."""
+    for waiter in queue:
+        if waiter.passed_over >= waiter.max_bypass:
+            return turn_key(waiter)
+    return None
 
 
 def _as_is(queue: list[Waiter]) -> list[Waiter]:
