@@ -43,9 +43,11 @@ class Policy(ABC):
     """Where the policy comes from (paper section or tool)."""
     reads_running_jobs: ClassVar[bool] = True
     """Whether the choice depends on the jobs running, not only on the free GPUs (DRB's
-    interference; pack's utility). A policy that reads the free GPUs alone makes the same
-    choice for the same free GPUs, whoever holds the others: the simulator's queue reuses it,
-    scored again for the jobs at hand (:func:`gpualloc.placement.choose.searched`)."""
+    interference term does; pack's cost and fragmentation read the free GPUs alone). A policy
+    that reads the free GPUs alone makes the same choice for the same free GPUs, whoever holds
+    the others: the simulator's queue reuses it, scored again for the jobs at hand
+    (:func:`gpualloc.placement.choose.searched`; ``tests/test_remembered_choices.py`` holds
+    each such policy to it, on states that catch DRB if it were marked so)."""
     scores_partial_sets: ClassVar[bool] = False
     """Whether :meth:`set_key` scores a set of any size, so that a search cut short by its time
     budget can grow a set greedily by it (:mod:`gpualloc.placement.greedy`); otherwise the
