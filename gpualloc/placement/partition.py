@@ -41,6 +41,7 @@ from itertools import combinations
 from math import comb
 
 from gpualloc.placement import deadline
+from gpualloc.placement.two_groups import TwoGroups
 
 # Tabulating every group of the host costs C(n, k); beyond this, the pair bound is used.
 _MAX_TABULATED_GROUPS = 20_000
@@ -67,17 +68,7 @@ class PartitionSearch:
         self.required = sum(1 << i for i in required)
         self._scores: dict[int, int] = {0: 0}
         # The weight from GPU v to a mask is a sum over the mask's bytes, looked up.
-        self._byte_weights = [self._byte_tables(weights[v]) for v in range(n)]
-        self._shares, self._padded_shares, self.scale = self._vertex_shares()
-        self._share_tables = self._byte_tables(self._shares)
-        self._memo: dict[tuple[int, bool], int] = {}
-        self._best = -1
-        self._best_partition: list[tuple[int, bool]] = []
-        self.twin = self._twin_classes(required)
-        members: dict[int, list[int]] = {}
-        for v in range(n):
-            members.setdefault(self.twin[v], []).append(v)
-        self._twin_groups = [group for group in members.values() if len(group) > 1]
+        self._byte_weights: list[list[list[int]] | None] = [None] * n  # built when first read
         # Per GPU, the sums of its j largest pair scores (j = 0..n-1), for the group bound.
         self.top_sums = []
         for v in range(n):
@@ -86,6 +77,24 @@ class PartitionSearch:
             for value in ranked:
                 sums.append(sums[-1] + value)
             self.top_sums.append(sums)
+        self._shares: list[int] = []
+        self._padded_shares: list[int] = []
+        self.scale = 1
+        self._share_tables: list[list[int]] = []
+        if n + self.padding != 2 * k:  # two groups are split by :mod:`.two_groups` alone
+            self._shares, self._padded_shares, self.scale = self._vertex_shares()
+            self._share_tables = self._byte_tables(self._shares)
+        self._memo: dict[tuple[int, bool], int] = {}
+        self._best = -1
+        self._best_partition: list[tuple[int, bool]] = []
+        self.twin = self._twin_classes(required)
+        members: dict[int, list[int]] = {}
+        for v in range(n):
+            members.setdefault(self.twin[v], []).append(v)
+        self._twin_groups = [group for group in members.values() if len(group) > 1]
+        self.two_groups = TwoGroups(
+            weights, k, self.padding, self.required, self.twin, self.deadline.tick
+        )
 
     def _twin_classes(self, required: frozenset[int]) -> list[int]:
         """Per position, the lowest position with the same pair score to every other one
@@ -122,7 +131,10 @@ class PartitionSearch:
         return tables
 
     def weight_to(self, v: int, mask: int) -> int:
-        return self._mask_sum(self._byte_weights[v], mask)
+        tables = self._byte_weights[v]
+        if tables is None:
+            tables = self._byte_weights[v] = self._byte_tables(self.weights[v])
+        return self._mask_sum(tables, mask)
 
     def score(self, mask: int) -> int:
         """Sum of the pair scores inside a group (a bitmask of positions), memoised."""
@@ -156,15 +168,17 @@ class PartitionSearch:
                     for i in group:
                         if value > top[i]:
                             top[i] = value
-            shares = [value * scale // k for value in best[k]]
-            padded_shares = [value * scale // padded for value in best[padded]]
-            return shares, padded_shares, scale
-        ranked = [
-            sorted((self.weights[v][u] for u in range(n) if u != v), reverse=True) for v in range(n)
-        ]
-        shares = [sum(row[: k - 1]) for row in ranked]
-        padded_shares = [sum(row[: padded - 1]) for row in ranked]
-        return shares, padded_shares, 2
+        else:
+            ranked = [
+                sorted((self.weights[v][u] for u in range(n) if u != v), reverse=True)
+                for v in range(n)
+            ]
+            shares = [sum(row[: k - 1]) for row in ranked]
+            padded_shares = [sum(row[: padded - 1]) for row in ranked]
+            return shares, padded_shares, 2
+        shares = [value * scale // k for value in best[k]]
+        padded_shares = [value * scale // padded for value in best[padded]]
+        return shares, padded_shares, scale
 
     # ---- enumeration in go-gpuallocator's order ---------------------------------------------
 
@@ -295,11 +309,18 @@ class PartitionSearch:
     def best_partition(self) -> list[tuple[int, bool]]:
         """The first partition of highest total that has a qualifying group, in
         go-gpuallocator's enumeration order, as (group mask, padded) pairs."""
-        # With two groups the search is one level deep, and a greedy start would double it.
-        greedy = self.greedy_total() if self.n + self.padding > 2 * self.k else None
+        everything = (1 << self.n) - 1
+        if self.n + self.padding == 2 * self.k:
+            # Two groups: the smallest cut (:mod:`.two_groups`).
+            found = self.two_groups.best(everything, True, False, -math.inf)
+            if found is None:
+                return []
+            _, mask, padded, other, other_padded = found
+            return [(mask, padded), (other, other_padded)]
+        greedy = self.greedy_total()
         self._best = greedy * self.scale - 1 if greedy is not None else -1
         self._best_partition = []
-        self._walk((1 << self.n) - 1, True, False, 0, [])
+        self._walk(everything, True, False, 0, [])
         return self._best_partition
 
     def _walk(
@@ -315,40 +336,69 @@ class PartitionSearch:
             if satisfied and total > self._best:
                 self._best, self._best_partition = total, list(partition)
             return
-        memo, required = self._memo, self.required
         children = self._children(remaining, padding_left, lambda: self._best - total)
         for mask, padded, gained, rest in children:
-            child = remaining ^ mask
-            child_satisfied = satisfied or self.qualifies(mask, padded)
-            last_padded = padding_left and not padded and bool(self.padding)
-            if child.bit_count() == (self.padded_size if last_padded else self.k):
-                # One group is left, and it is forced: score it instead of bounding it.
-                if child & required and (last_padded or child & required != required):
-                    continue
-                value = total + gained + self.score(child) * self.scale
-                last_satisfied = child_satisfied or self.qualifies(child, last_padded)
-                if last_satisfied and value > self._best:
-                    self._best, self._best_partition = (
-                        value,
-                        [
-                            *partition,
-                            (mask, padded),
-                            (child, last_padded),
-                        ],
-                    )
-                continue
-            known = memo.get((self._canonical(child), child_satisfied))
-            if known is not None and known < rest:
-                rest = known
-            if total + gained + rest <= self._best:
-                continue
-            partition.append((mask, padded))
-            self._walk(
-                child, padding_left and not padded, child_satisfied, total + gained, partition
+            self._visit(
+                remaining, padding_left, satisfied, total, partition, mask, padded, gained, rest
             )
-            partition.pop()
         # Nothing below this node adds more than best - total (exactly that if it improved).
-        memo[(self._canonical(remaining), satisfied)] = self._best - total
+        self._memo[(self._canonical(remaining), satisfied)] = self._best - total
+
+    def _visit(
+        self,
+        remaining: int,
+        padding_left: bool,
+        satisfied: bool,
+        total: int,
+        partition: list[tuple[int, bool]],
+        mask: int,
+        padded: bool,
+        gained: int,
+        rest: int,
+    ) -> None:
+        """One child of a node of :meth:`_walk`: the group ``mask`` taken next, worth ``gained``,
+        with at most ``rest`` to come from the GPUs it leaves."""
+        memo, required = self._memo, self.required
+        child = remaining ^ mask
+        child_satisfied = satisfied or self.qualifies(mask, padded)
+        last_padded = padding_left and not padded and bool(self.padding)
+        if child.bit_count() == (self.padded_size if last_padded else self.k):
+            # One group is left, and it is forced: score it instead of bounding it.
+            if child & required and (last_padded or child & required != required):
+                return
+            value = total + gained + self.score(child) * self.scale
+            last_satisfied = child_satisfied or self.qualifies(child, last_padded)
+            if last_satisfied and value > self._best:
+                self._best = value
+                self._best_partition = [*partition, (mask, padded), (child, last_padded)]
+            return
+        key = (self._canonical(child), child_satisfied)
+        known = memo.get(key)
+        if known is not None and known < rest:
+            rest = known
+        if total + gained + rest <= self._best:
+            return
+        child_padding = padding_left and not padded
+        if child.bit_count() == 2 * self.k - (self.padding if child_padding else 0):
+            # Two groups are left: the smallest cut that beats the incumbent, if any.
+            floor = self._best - total - gained
+            found = self.two_groups.best(child, child_padding, child_satisfied, floor // self.scale)
+            if found is None:
+                memo[key] = floor
+                return
+            value, first, first_padded, second, second_padded = found
+            memo[key] = value * self.scale
+            self._best = total + gained + value * self.scale
+            self._best_partition = [
+                *partition,
+                (mask, padded),
+                (first, first_padded),
+                (second, second_padded),
+            ]
+            return
+        partition.append((mask, padded))
+        self._walk(child, child_padding, child_satisfied, total + gained, partition)
+        partition.pop()
 
 
 class _GroupWalk:

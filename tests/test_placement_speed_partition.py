@@ -1,0 +1,65 @@
+"""The smallest-cut split of the last two groups (:mod:`gpualloc.placement.two_groups`, issue 43)
+keeps go-gpuallocator's partition: compared with the literal enumeration on mesh-like scores (a
+constant PCIe score plus 100 per NVLink, the shape on which the split's bound matters), PCIe
+twins, required GPUs and padding, where two or three groups are left."""
+
+from __future__ import annotations
+
+import random
+from itertools import combinations
+
+from gpualloc.placement.partition import PartitionSearch
+from tests.test_partition_search import _literal_best
+
+
+def _mesh_weights(rng: random.Random, n: int) -> list[list[int]]:
+    base = rng.choice([0, 10, 30])
+    weights = [[0] * n for _ in range(n)]
+    for a, b in combinations(range(n), 2):
+        links = rng.choice([0, 0, 0, 1, 2])
+        weights[a][b] = weights[b][a] = base + 100 * links
+    return weights
+
+
+def _twin_weights(rng: random.Random, n: int) -> list[list[int]]:
+    block = rng.choice([2, 3, 4])
+    return [
+        [0 if a == b else 50 if a // block == b // block else 20 for b in range(n)]
+        for a in range(n)
+    ]
+
+
+def _required(rng: random.Random, n: int, k: int) -> frozenset[int]:
+    if rng.random() < 0.35:
+        return frozenset(rng.sample(range(n), rng.randint(1, min(k, 3))))
+    return frozenset()
+
+
+def test_two_groups_left_from_the_start() -> None:
+    rng = random.Random(4302)
+    for _ in range(150):
+        n = rng.randint(3, 12)
+        k = rng.randint((n + 1) // 2, n - 1) if n > 3 else 2
+        weights = (_mesh_weights if rng.random() < 0.7 else _twin_weights)(rng, n)
+        required = _required(rng, n, k)
+        expected = _literal_best(weights, k, required)
+        assert PartitionSearch(weights, k, required).best_partition() == expected, (
+            weights,
+            k,
+            sorted(required),
+        )
+
+
+def test_two_groups_left_after_the_first() -> None:
+    rng = random.Random(4303)
+    for _ in range(80):
+        n = rng.randint(7, 12)
+        k = rng.randint(max(3, (n + 2) // 3), (n - 1) // 2)
+        weights = (_mesh_weights if rng.random() < 0.7 else _twin_weights)(rng, n)
+        required = _required(rng, n, k)
+        expected = _literal_best(weights, k, required)
+        assert PartitionSearch(weights, k, required).best_partition() == expected, (
+            weights,
+            k,
+            sorted(required),
+        )
