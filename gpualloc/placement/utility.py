@@ -168,7 +168,8 @@ class UtilityModel:
             (mask, len(members), sum(1 for g in members if g in state.free))
             for members, mask in zip(self.domains, facts.domain_masks, strict=True)
         ]
-        self.jobs = _job_terms(state.running, self.switch_bits, self.socket_bits)
+        self.touches = facts.touches
+        self.jobs = _job_terms(state.running, self.touches, self.switch_bits, self.socket_bits)
         self._own_factor = 1.0 if sensitive else 0.5
         self._cheapest: dict[int, float] = {}
         self.socket_counts = [
@@ -366,24 +367,37 @@ class SetUtility:
     def utility(self, running: Sequence[RunningJob]) -> float:
         """U of the set beside ``running`` (the free GPUs those of the model's state)."""
         model = self.model
-        jobs = _job_terms(running, model.switch_bits, model.socket_bits)
+        jobs = _job_terms(running, model.touches, model.switch_bits, model.socket_bits)
         total, touched = _slowdown_sum(jobs, model._own_factor, self.sockets, self.switches)
         return model._published(self.cost, self.size, total / (touched + 1), self.free)
 
 
 def _job_terms(
-    running: Iterable[RunningJob], switch_bits: Sequence[int], socket_bits: Sequence[int]
+    running: Iterable[RunningJob],
+    touches: dict[frozenset[int], tuple[int, int]],
+    switch_bits: Sequence[int],
+    socket_bits: Sequence[int],
 ) -> list[tuple[int, int, float]]:
-    """Per running job: the PCIe switch trees and sockets it touches, and how much of a
-    neighbour's slowdown it suffers (an insensitive job half)."""
-    return [
-        (
-            _or(switch_bits[g] for g in job.gpus),
-            _or(socket_bits[g] for g in job.gpus),
-            1.0 if job.sensitive in (True, None) else 0.5,
-        )
-        for job in running
-    ]
+    """Per running job: the PCIe switch trees and sockets it touches (remembered by its GPUs in
+    ``touches``, the host's), and how much of a neighbour's slowdown it suffers (an insensitive
+    job half)."""
+    terms = []
+    for job in running:
+        gpus = job.gpus
+        masks = touches.get(gpus)
+        if masks is None:
+            if len(touches) >= _TOUCHES_KEPT:
+                touches.clear()
+            masks = touches[gpus] = (
+                _or(switch_bits[g] for g in gpus),
+                _or(socket_bits[g] for g in gpus),
+            )
+        terms.append((*masks, 1.0 if job.sensitive in (True, None) else 0.5))
+    return terms
+
+
+_TOUCHES_KEPT = 4096
+"""The most GPU sets a host remembers the switch trees and sockets of."""
 
 
 def _slowdown_sum(
@@ -457,6 +471,9 @@ class _HostFacts(NamedTuple):
     switch_bits: tuple[int, ...]
     sockets: tuple[tuple[tuple[int, ...], int], ...]
     """Each socket's GPUs and their bitmask."""
+    touches: dict[frozenset[int], tuple[int, int]]
+    """Running jobs' GPU sets -> the switch trees and sockets they touch, as met
+    (:func:`_job_terms`)."""
 
 
 @functools.lru_cache(maxsize=8)
@@ -477,6 +494,7 @@ def _host_facts(host: HostGraph) -> _HostFacts:
         socket_bits=tuple(1 << (s + 1) for s in host.socket),  # socket -1 (unknown): bit 0
         switch_bits=tuple(1 << s for s in host.switch_group),
         sockets=tuple((tuple(m), _or(1 << g for g in m)) for m in sockets.values()),
+        touches={},
     )
 
 

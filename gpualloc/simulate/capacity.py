@@ -63,16 +63,16 @@ def capacity_steps(results: Sequence[JobResult], gpu_count: int) -> list[tuple[f
     """(time, allocated share of the host's capacity from then on), one step per event time."""
     held = [0.0] * gpu_count
     steps: list[tuple[float, float]] = []
-    for time, kind, index in _events(results):
+    events = _events(results)
+    last = len(events) - 1
+    for position, (time, kind, index) in enumerate(events):
         result = results[index]
-        sign = 1.0 if kind else -1.0
+        change = (1.0 if kind else -1.0) * held_part(result)
         for gpu in result.gpus:
-            held[gpu] += sign * held_part(result)
-        share = sum(min(1.0, max(0.0, part)) for part in held) / gpu_count
-        if steps and steps[-1][0] == time:
-            steps[-1] = (time, share)
-        else:
-            steps.append((time, share))
+            held[gpu] += change
+        if position < last and events[position + 1][0] == time:
+            continue  # the step at this time is what its last event leaves
+        steps.append((time, sum(min(1.0, max(0.0, part)) for part in held) / gpu_count))
     return steps
 
 
@@ -126,9 +126,9 @@ def blocking(results: Sequence[JobResult], gpu_count: int) -> Blocking:
     for time, index in queries:
         while position < len(events) and events[position][0] <= time:
             _, kind, other = events[position]
-            sign = 1.0 if kind else -1.0
+            change = (1.0 if kind else -1.0) * held_part(results[other])
             for gpu in results[other].gpus:
-                held[gpu] += sign * held_part(results[other])
+                held[gpu] += change
             position += 1
         free = [max(0.0, 1.0 - part) for part in held]
         result = results[index]

@@ -276,7 +276,10 @@ class _Simulation:
     # ---- the event loop ----------------------------------------------------------------------
 
     def run(self, jobs: list[SimJob]) -> SimResult:
-        pending = [replace(job, order=index) for index, job in enumerate(jobs)]
+        pending = [
+            job if job.order == index else replace(job, order=index)
+            for index, job in enumerate(jobs)
+        ]
         self.fractional = any(job.gpu_fraction is not None for job in jobs)
         if self.options.sharing:
             from gpualloc.placement.fragmentation import task_mix
@@ -286,9 +289,9 @@ class _Simulation:
                 (j.gpus, j.gpu_fraction or (part if j.gpus == 1 and not self.fractional else 1.0))
                 for j in jobs
             )
-        index = 0
-        while index < len(pending) or self.running or self.queue:
-            next_arrival = pending[index].arrival_s if index < len(pending) else None
+        index, count, n = 0, len(pending), self.topology.gpu_count
+        while index < count or self.running or self.queue:
+            next_arrival = pending[index].arrival_s if index < count else None
             next_finish = min((r.result.end_s for r in self.running), default=None)
             if next_finish is None and next_arrival is None:
                 stuck = ", ".join(w.id for w in self.queue[:3])
@@ -298,20 +301,26 @@ class _Simulation:
                     hint="lower min_utility, or use --no-postpone",
                 )
             now = min(t for t in (next_arrival, next_finish) if t is not None)
-            ending = sorted(
-                (r for r in self.running if r.result.end_s <= now),
-                key=lambda r: (r.result.end_s, r.result.job.order),
+            ending = (
+                sorted(
+                    (r for r in self.running if r.result.end_s <= now),
+                    key=lambda r: (r.result.end_s, r.result.job.order),
+                )
+                if next_finish is not None and next_finish <= now
+                else ()
             )
             for running in ending:
                 self._finish(running)
-            while index < len(pending) and pending[index].arrival_s <= now:
+            while index < count and pending[index].arrival_s <= now:
                 self._arrive(pending[index])
                 index += 1
             started = self._start_what_may(now)
             if (self.runtime.dynamic or self.options.sharing) and (ending or started):
                 self._retime(now)
-            used = {gpu for r in self.running for gpu in r.result.gpus}
-            free = self.topology.gpu_count - len(used)
+            if self.options.sharing:
+                free = n - len({gpu for r in self.running for gpu in r.result.gpus})
+            else:  # each running job holds its GPUs alone
+                free = n - len(self.held)
             self.result.timeline.append((now, free, len(self.queue)))
         self.results.sort(key=lambda result: result.job.order)
         return self.result
