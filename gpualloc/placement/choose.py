@@ -155,7 +155,7 @@ def _too_few_free(topology: Topology, occupancy: OccupancyView, request: JobRequ
         return
     if len(_usable(topology, occupancy)) < k:  # it never fits: the context says why
         return
-    raise _busy(occupancy, request, None) from None
+    raise _busy(occupancy, request, None, free) from None
 
 
 MIG_POLICY = "mig-best-fit"
@@ -292,12 +292,16 @@ def _explicit(topology: Topology, occupancy: OccupancyView, want: Want) -> Place
 
 
 def _busy(
-    occupancy: OccupancyView, request: JobRequest, why: NoFeasiblePlacement | None
+    occupancy: OccupancyView,
+    request: JobRequest,
+    why: NoFeasiblePlacement | None,
+    free_now: frozenset[int] | None = None,
 ) -> GpusBusy:
     """Why ``request`` waits: ``why`` (the context's words) where a GPU it requires is busy
-    (it requires one then), else how many GPUs are free."""
+    (it requires one then), else how many GPUs are free (``free_now``, where the caller has
+    read them: ``occupancy.free``)."""
     required_busy = sorted(request.required & occupancy.busy) if request.required else []
-    free = sorted(occupancy.free - request.excluded)
+    free = sorted((occupancy.free if free_now is None else free_now) - request.excluded)
     if required_busy and why is not None:
         message = why.message
     else:
