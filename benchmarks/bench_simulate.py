@@ -12,22 +12,42 @@ DGX-1 V100 at 1,000 and 10,000 jobs (and 100,000 with ``--large``), in jobs per 
 the growth exponent between sizes (1: linear; 2: quadratic, which it was: 0.23 s for 10 jobs,
 20 s for 10,000 on b2653dd).
 
+With ``--goals`` it times issue 43's simulator figures as a user meets them, the whole
+command in a fresh process (start-up included), each ``--runs`` times: ``gpualloc -t dgx1-v100
+simulate --generate mapa:jobs=10000`` and ``--generate mixed:jobs=10000`` (goal 5 s each) and
+``--trace`` of the Alibaba pod list (goal 3 s; skipped where ``shared/`` does not hold it);
+exit status 1 when the slowest run of one misses its goal.
+
 Usage: python benchmarks/bench_simulate.py [--jobs N] [--topology NAME] [--policy P]
        python benchmarks/bench_simulate.py --growth [--large]
+       python benchmarks/bench_simulate.py --goals [--runs N]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 from gpualloc.simulate.engine import SimOptions, simulate
 from gpualloc.simulate.generate import generate
 from gpualloc.topologies import load_bundled
 
 BUDGET_S = 60.0
+POD_LIST = (
+    Path(__file__).resolve().parents[2]
+    / "shared/reference/traces/alibaba-gpu-2023/openb_pod_list_default.csv"
+)
+GOALS: tuple[tuple[str, tuple[str, ...], float], ...] = (
+    ("mapa:jobs=10000", ("--generate", "mapa:jobs=10000"), 5.0),
+    ("mixed:jobs=10000", ("--generate", "mixed:jobs=10000"), 5.0),
+    ("the Alibaba pod list", ("--trace", str(POD_LIST)), 3.0),
+)
+"""Issue 43's simulator figures: what follows ``gpualloc -t dgx1-v100 simulate``, and the
+goal in seconds."""
 
 
 def main() -> int:
@@ -37,7 +57,11 @@ def main() -> int:
     parser.add_argument("--policy", default="mapa")
     parser.add_argument("--growth", action="store_true", help="jobs/s at 1k and 10k jobs")
     parser.add_argument("--large", action="store_true", help="with --growth: 100k jobs too")
+    parser.add_argument("--goals", action="store_true", help="issue 43's commands, timed")
+    parser.add_argument("--runs", type=int, default=3, help="with --goals: runs of each")
     options = parser.parse_args()
+    if options.goals:
+        return goals(options.runs)
     if options.growth:
         return growth((1_000, 10_000, 100_000) if options.large else (1_000, 10_000))
     topology = load_bundled(options.topology)
@@ -77,6 +101,32 @@ def growth(sizes: tuple[int, ...]) -> int:
         print(line)
         previous = (size, elapsed)
     return 0
+
+
+def goals(runs: int) -> int:
+    """Each of :data:`GOALS` run ``runs`` times as a command; its wall times and the goal."""
+    bare = math.inf
+    for _ in range(3):  # the bare interpreter's start-up, for scale (the machine's speed varies)
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        bare = min(bare, time.perf_counter() - start)
+    print(f"gpualloc -t dgx1-v100 simulate ... (python -c pass: {bare * 1000:.0f} ms):")
+    missed = 0
+    for name, arguments, goal in GOALS:
+        if arguments[0] == "--trace" and not POD_LIST.is_file():
+            print(f"  {name:<22} skipped: {POD_LIST} is not here")
+            continue
+        command = [sys.executable, "-m", "gpualloc", "-t", "dgx1-v100", "simulate", *arguments]
+        times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            subprocess.run(command, check=True, capture_output=True)
+            times.append(time.perf_counter() - start)
+        verdict = "ok" if max(times) <= goal else "OVER"
+        missed += max(times) > goal
+        shown = ", ".join(f"{t:.2f}" for t in times)
+        print(f"  {name:<22} {shown} s  (goal {goal:g} s: {verdict})")
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":
