@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from gpualloc.placement.objectives import WEIGHT_SLACK
 from gpualloc.placement.pattern_graphs import or_masks
+from gpualloc.placement.set_capacity import SetCapacity
 from gpualloc.placement.symmetry import orbit_masks
 
 if TYPE_CHECKING:
@@ -94,6 +95,22 @@ class Realisation:
         self.assigned = [0] * search.k
         """The GPU of each position of the visiting order, up to the current step."""
         self.best = incumbent
+        self.forced = self._forced()
+        self.offers: dict[tuple[int, int], int] = {}
+        """:meth:`offered`'s answers by (GPUs used, floor): -1 for None, -2 for none."""
+        # Rings only: on trees the sets stay too many to list and the check cost 4 %.
+        self.capacity = (
+            SetCapacity(
+                self.pool_mask,
+                search.group_masks,
+                vector,
+                search.open_degrees[0],
+                len(search.pattern.edges),
+                search.ring_like,
+            )
+            if search.allowed is None and search.simple_pattern and search.ring_like
+            else None
+        )
         # Roots (the GPU of position 0) that no realisation has; only where position 0 is not
         # ordered against another rank (a ring's rank 0 is its lowest GPU).
         self.dead_roots = 0
@@ -101,6 +118,12 @@ class Realisation:
             0 in p for p in (*search.after, *search.before)
         )
         self.failed: set[tuple] = set()
+        # Per step s, for each position still to place the assigned ones it must exceed (None
+        # where some position has none: nothing is known above).
+        self.floors: list[tuple[tuple[int, ...], ...] | None] = []
+        for s in range(search.k + 1):
+            later = [tuple(p for p in self.after[t] if p < s) for t in range(s, search.k)]
+            self.floors.append(tuple(later) if later and all(later) else None)
         self.order_ties = 0
         """Completions that lost to the incumbent on the order alone."""
 
@@ -132,12 +155,19 @@ class Realisation:
         if s and not self.lookahead_ok(s, used, free):
             failed.add(state)
             return False
-        required_mask = self.required_mask
+        required_mask = self.required_mask | self.forced
         missing = (required_mask & ~used).bit_count()
         if missing > k - s:
             return False
-        if self.best is not None and self.lowest_reachable_set(s, used) >= self.best[0]:
-            return False
+        if self.best is not None:
+            if self.beaten(s, used):
+                return False
+            if s and self.capacity is not None:
+                offered = self.offered(s, used)
+                if offered is not None:
+                    if not offered:
+                        return False
+                    free &= offered
         lower, upper = -1, 1 << 30
         for p in self.after[s]:
             if assigned[p] > lower:
@@ -178,11 +208,7 @@ class Realisation:
                     self.kill_root_orbit(g)
             for c in spent:
                 budget[c] += 1
-            if (
-                found
-                and self.best is not None
-                and self.lowest_reachable_set(s, used) >= self.best[0]
-            ):
+            if found and self.best is not None and self.beaten(s, used):
                 break
         if not found and self.order_ties == ties_before:
             failed.add(state)
@@ -227,22 +253,82 @@ class Realisation:
             self.order_ties += candidate[0] == self.best[0]
             return False
         self.best = candidate
+        self.forced = self._forced()
+        self.offers.clear()
         return True
+
+    def offered(self, s: int, used: int) -> int | None:
+        """The GPUs of the sets that a completion beating the incumbent can still have and
+        that can carry the vector (:mod:`.set_capacity`), or None when they are too many to
+        list; remembered per GPUs used until the incumbent changes."""
+        floors = self.floors[s]
+        above = -1
+        if floors is not None:
+            assigned = self.assigned
+            above = min(max(assigned[p] for p in after) for after in floors)
+        key = (used, above)
+        known = self.offers.get(key, 0)
+        if known:
+            return None if known == -1 else 0 if known == -2 else known
+        fixed = used | self.forced | self.required_mask
+        best = self.best
+        assert best is not None and self.capacity is not None
+        if fixed & ~used & ((1 << (above + 1)) - 1):
+            union: int | None = 0  # a GPU every such set holds cannot be placed any more
+        else:
+            union = self.capacity.completions(self.pool, fixed, above, self.k, best[0])
+        self.offers[key] = -1 if union is None else union or -2
+        return union
+
+    def _forced(self) -> int:
+        """The GPUs every placement that beats the incumbent holds (a mask): a lower set
+        agrees with the incumbent's up to its first GPU outside it, which is no lower than the
+        pool's lowest GPU outside it, so it holds every GPU of the incumbent's set below that
+        one (issue 43: an 11-GPU ring's set on an empty ``torus-2d-16`` starts with GPUs 0-7,
+        and a lower one must hold them too)."""
+        if self.best is None:
+            return 0
+        chosen = set(self.best[0])
+        outside = next((g for g in self.pool if g not in chosen), 1 << 30)
+        return or_masks(1 << g for g in self.best[0] if g < outside)
 
     # ---- pruning -----------------------------------------------------------------------------
 
-    def lowest_reachable_set(self, s: int, used: int) -> tuple[int, ...]:
-        """The lowest sorted set any completion of the first ``s`` positions can have."""
+    def lowest_reachable_set(self, s: int, used: int, above: int = -1) -> tuple[int, ...]:
+        """The lowest sorted set any completion of the first ``s`` positions can have, when
+        every GPU still to place is above ``above``."""
         chosen = self.assigned[:s]
         need = self.k - s
         extra = []
         for g in self.pool:
             if need == 0:
                 break
-            if not used >> g & 1:
+            if g > above and not used >> g & 1:
                 extra.append(g)
                 need -= 1
+        if need:
+            return (1 << 30,)  # too few GPUs above: no completion at all
         return tuple(sorted(chosen + extra))
+
+    def beaten(self, s: int, used: int) -> bool:
+        """Whether no completion of the first ``s`` positions can beat the incumbent's set.
+
+        The lowest reachable set at or above the incumbent's (the search's rule since issue
+        40), or strictly above it once the GPUs still to place must exceed an assigned one
+        (issue 43: a ring's rank 0 holds its lowest GPU, so a ring rooted above the
+        incumbent's lowest GPU cannot come first; 1,970 nodes proved an 8-GPU NV1 ring on
+        ``cube-mesh-16`` the lowest, a third of them under roots above GPU 0).
+        """
+        best = self.best
+        assert best is not None
+        if self.lowest_reachable_set(s, used) >= best[0]:
+            return True
+        floors = self.floors[s]
+        if floors is None:
+            return False
+        assigned = self.assigned
+        above = min(max(assigned[p] for p in after) for after in floors)
+        return self.lowest_reachable_set(s, used, above) > best[0]
 
     def lookahead_ok(self, s: int, used: int, free: int) -> bool:
         """Each group of classes can still take its remaining budget: an assigned GPU closes

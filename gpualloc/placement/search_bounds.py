@@ -70,6 +70,10 @@ class VectorBounds:
     nodes: int
     deadline: Deadline
     root_orbits: list[int] | None = None
+    simple_pattern: bool
+    """Each pair of ranks joined once (a 2-GPU ring lists its pair twice)."""
+    ring_like: bool | None
+    """Whether the pattern survives the loss of any one edge (None: it is not connected)."""
     """Per GPU, its orbit under the host's symmetries that keep the pool and the required GPUs
     (:func:`gpualloc.placement.symmetry.orbit_masks`), computed when :mod:`.realise` first
     needs it."""
@@ -119,6 +123,8 @@ class VectorBounds:
         # twice); on forests the leaves-up count of the tight groups already covers it and the
         # extra work per node did not pay off. Forests get the subtree bound instead.
         simple = len(set(map(frozenset, self.pattern.edges))) == len(self.pattern.edges)
+        self.simple_pattern = simple
+        self.ring_like = two_edge_connected(self.pattern)
         simple_forest = simple and forest_parents(self.pattern) is not None
         self.deficit_bound = simple and not simple_forest
         self.group_masks = self._class_groups(self.host.gpu_count)
@@ -271,7 +277,7 @@ class VectorBounds:
           of them. A 14-rank binary tree (``D = 6``) fits at most 6 edges on an 8-GPU NV2
           cycle, where counting alone allows 7.
         """
-        ring_like = two_edge_connected(self.pattern)
+        ring_like = self.ring_like
         edges = len(self.pattern.edges)
         monochromatic = fewest_monochromatic(self.pattern)
         diameter = forest_diameter(self.pattern)

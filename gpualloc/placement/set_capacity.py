@@ -1,0 +1,125 @@
+"""Set-level capacity: which whole sets of GPUs could still carry a count vector (issue 43).
+
+The order search (:mod:`.realise`) finds its answer early and then spends most of its nodes
+proving that no lexicographically lower set reaches the same key (an 11-GPU ring on an empty
+``torus-2d-16``: the answer at node 86, 6,761 nodes after it). Such a set agrees with the
+incumbent's up to its first GPU outside it, so it holds the incumbent's lowest GPUs (the
+*forced* ones) and the GPUs placed so far: near the end of a proof only a few sets remain, and
+most of them cannot carry the vector at all, whatever the order.
+
+:class:`SetCapacity` checks one set ``T`` against the vector with the bounds of
+:meth:`~gpualloc.placement.search_bounds.VectorBounds._class_group_capacities`, taken on ``T``
+instead of the pool: for each group of link classes, the pattern edges its links carry are at
+most half of the best pairing of the ranks' degrees with the GPUs' neighbour counts inside
+``T`` (largest with largest; ``min(d, t)`` ends each), and a connected pattern spread over
+``g`` components of the group's links inside ``T`` loses ``g - 1`` edges to other classes (a
+2-edge-connected one, a ring, ``g``). :meth:`SetCapacity.completions` lists the sets that a
+partial placement can still reach when they are few, and returns the GPUs they offer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import combinations
+from math import comb
+
+MAX_SETS = 120
+"""Sets listed per check at most; beyond, the check says nothing (the DFS goes on as before)."""
+
+
+class SetCapacity:
+    """Whether a set of GPUs can carry a count vector, on any order (see the module)."""
+
+    def __init__(
+        self,
+        pool_mask: int,
+        groups: Sequence[tuple[tuple[int, ...], tuple[int, ...], int]],
+        vector: Sequence[int],
+        degrees: Sequence[int],
+        edges: int,
+        ring_like: bool | None,
+    ) -> None:
+        self.pool_mask = pool_mask
+        self.checks = []
+        for members, masks, _ in groups:
+            want = sum(vector[c] for c in members)
+            if want:
+                self.checks.append((want, masks))
+        self.degrees = sorted(degrees, reverse=True)
+        self.uniform = self.degrees[0] if len(set(self.degrees)) == 1 else 0
+        """The degree of every rank when they are all alike (a ring's 2), else 0."""
+        self.edges = edges
+        self.ring_like = ring_like
+        self.known: dict[int, bool] = {}
+
+    def fits(self, gpus: Sequence[int], mask: int) -> bool:
+        """Whether the set (``gpus``, also as ``mask``) passes every group's bounds."""
+        known = self.known.get(mask)
+        if known is None:
+            known = self.known[mask] = self._fits(gpus, mask)
+        return known
+
+    def _fits(self, gpus: Sequence[int], mask: int) -> bool:
+        degrees, edges, ring_like, uniform = self.degrees, self.edges, self.ring_like, self.uniform
+        for want, masks in self.checks:
+            ends = 0
+            if uniform:
+                for g in gpus:
+                    offer = (masks[g] & mask).bit_count()
+                    ends += uniform if uniform < offer else offer
+            else:
+                offers = sorted(((masks[g] & mask).bit_count() for g in gpus), reverse=True)
+                for degree, offer in zip(degrees, offers, strict=False):
+                    ends += degree if degree < offer else offer
+            if want > ends // 2:
+                return False
+            if ring_like is not None:
+                lost = _components(gpus, masks, mask)
+                if lost > 1 and want > edges - (lost if ring_like else lost - 1):
+                    return False
+        return True
+
+    def completions(
+        self, pool: Sequence[int], fixed: int, above: int, size: int, ceiling: tuple[int, ...]
+    ) -> int | None:
+        """The GPUs of the sets of ``size`` GPUs that hold ``fixed`` (a mask), take the rest
+        from the pool above ``above``, come no later than ``ceiling`` and pass :meth:`fits`,
+        as a mask (0: none); ``None`` when there are too many sets to list."""
+        left = size - fixed.bit_count()
+        if left < 0:
+            return 0
+        open_mask = self.pool_mask & ~fixed & ~((2 << above) - 1 if above >= 0 else 0)
+        if comb(open_mask.bit_count(), left) > MAX_SETS:
+            return None
+        candidates = [g for g in pool if open_mask >> g & 1]
+        base = [g for g in pool if fixed >> g & 1]
+        union = 0
+        for extra in combinations(candidates, left):
+            gpus = sorted((*base, *extra))
+            if tuple(gpus) > ceiling:
+                continue
+            mask = fixed
+            for g in extra:
+                mask |= 1 << g
+            if not mask & ~union:
+                continue  # its GPUs are offered already
+            if self.fits(gpus, mask):
+                union |= mask
+        return union
+
+
+def _components(gpus: Sequence[int], masks: Sequence[int], within: int) -> int:
+    """How many components the links ``masks`` form on the GPUs of ``within``."""
+    left, count = within, 0
+    while left:
+        low = left & -left
+        frontier, seen = low, low
+        while frontier:
+            bit = frontier & -frontier
+            frontier ^= bit
+            reach = masks[bit.bit_length() - 1] & within & ~seen
+            seen |= reach
+            frontier |= reach
+        left &= ~seen
+        count += 1
+    return count

@@ -1,0 +1,48 @@
+"""The set-level capacity check of the order search (:mod:`gpualloc.placement.set_capacity`,
+issue 43) never rejects a set that some order realises: every order of random sets on the
+bundled meshes and PCIe hosts, rings and trees, is counted into its vector and checked."""
+
+from __future__ import annotations
+
+import random
+from itertools import permutations
+
+import pytest
+
+from gpualloc.placement.host_graph import HostGraph
+from gpualloc.placement.objectives import AggregatedObjective
+from gpualloc.placement.patterns import build_pattern
+from gpualloc.placement.search import PlacementSearch
+from gpualloc.placement.set_capacity import SetCapacity
+from gpualloc.topologies import load_bundled
+
+
+@pytest.mark.parametrize("host", ["cube-mesh-16", "torus-2d-16", "dgx1-v100", "pcie-8gpu-2socket"])
+@pytest.mark.parametrize("pattern", ["ring", "tree"])
+def test_a_set_that_realises_a_vector_fits_it(host: str, pattern: str) -> None:
+    topology = load_bundled(host)
+    rng = random.Random(f"{host}-{pattern}")
+    objective = AggregatedObjective()
+    graph = HostGraph.from_topology(topology)
+    for k in (3, 4, 5, 6):
+        shape = build_pattern(pattern, k)
+        search = PlacementSearch(graph, shape, objective, range(topology.gpu_count))
+        search._prepare_budget_search()
+        of_pair = search.classes.of_pair
+        for _ in range(6):
+            gpus = sorted(rng.sample(range(topology.gpu_count), k))
+            mask = sum(1 << g for g in gpus)
+            orders = list(permutations(gpus))
+            for order in rng.sample(orders, min(len(orders), 60)):
+                vector = [0] * len(search.classes.weight)
+                for u, v in shape.edges:
+                    vector[of_pair[order[u]][order[v]]] += 1
+                check = SetCapacity(
+                    (1 << topology.gpu_count) - 1,
+                    search.group_masks,
+                    vector,
+                    search.open_degrees[0],
+                    len(shape.edges),
+                    search.ring_like,
+                )
+                assert check.fits(gpus, mask), (host, pattern, order, vector)
