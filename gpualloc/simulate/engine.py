@@ -256,7 +256,8 @@ class _Simulation:
         """The turn key of the waiter where the last look stopped, finding no start, while
         nothing has started or ended since: every waiter before it could not start and it could
         neither start nor be passed, so a look finds no start again until a job starts or ends
-        or a waiter arrives ahead of it (issue 43: half the looks of a busy queue)."""
+        or a waiter arrives ahead of it (issue 43: a third of the looks of a 10,000-job mixed
+        run, each arrival behind a waiting head)."""
         self.pcie_shares: dict[tuple[str, int, tuple[int, ...]], float | None] = {}
         self.queue: list[Waiter] = []
         self.by_waiter: dict[str, SimJob] = {}
