@@ -121,3 +121,32 @@ def test_too_few_free_says_what_the_contexts_say(
     monkeypatch.setattr(choose_module, "_too_few_free", lambda *args: None)
     assert short == answers()
     assert sum(kind == "GpusBusy" for kind, _ in short) > 50
+
+
+def test_the_cyclic_collector_is_paused_for_a_run_and_left_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import gc
+
+    topology = load_bundled("dgx1-v100")
+    jobs = generate("mixed:jobs=30")
+    seen: list[bool] = []
+    run = engine._Simulation.run
+
+    def watching(self: engine._Simulation, jobs: list[SimJob]) -> engine.SimResult:
+        seen.append(gc.isenabled())
+        return run(self, jobs)
+
+    monkeypatch.setattr(engine._Simulation, "run", watching)
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        simulate(topology, jobs, SimOptions())
+        assert gc.isenabled()
+        gc.disable()
+        simulate(topology, jobs, SimOptions())
+        assert not gc.isenabled()
+    finally:
+        if was:
+            gc.enable()
+    assert seen == [False, False]
