@@ -27,10 +27,10 @@ with these additions, none of which changes which partition comes out first:
   known (exactly, or as an upper bound when nothing beat the incumbent), and a later visit of
   the same set is cut at once when that cannot help.
 
-The search starts from the score of a greedy partition minus one (scores are integers), so it
-cuts from the first node. Since only a partition *at least as good* as the greedy one is kept,
-and afterwards only strictly better ones, the first optimal partition in enumeration order is
-the one returned.
+The incumbent is replaced only by a strictly better partition, so the first optimal partition
+in enumeration order is the one returned. (A greedy partition used to seed the incumbent; on the
+16-GPU meshes listing its groups cost more than its cuts saved, issue 43.) When two groups are
+left, the rest is the smallest cut between them (:mod:`.two_groups`).
 """
 
 from __future__ import annotations
@@ -283,29 +283,6 @@ class PartitionSearch:
         classes = {self.twin[i] for i in range(self.n) if remaining >> i & 1}
         return len(classes) == remaining.bit_count()
 
-    def greedy_total(self) -> int | None:
-        """Score of the partition that takes, at each step, the group of highest score plus
-        bound of the rest; ``None`` if it ends without a qualifying group."""
-        remaining, padding_left, satisfied, total = (1 << self.n) - 1, True, False, 0
-        while remaining:
-            found: list[tuple[int, int, bool]] = []
-
-            def floor() -> float:
-                return found[-1][0] if found else -math.inf  # noqa: B023 (read at once)
-
-            for mask, padded, gained, rest in self._children(remaining, padding_left, floor):
-                if not found or gained + rest > found[-1][0]:
-                    found.append((gained + rest, mask, padded))
-            best = found[-1] if found else None
-            if best is None:
-                return None
-            _, mask, padded = best
-            total += self.score(mask)
-            satisfied = satisfied or self.qualifies(mask, padded)
-            remaining ^= mask
-            padding_left = padding_left and not padded
-        return total if satisfied else None
-
     def best_partition(self) -> list[tuple[int, bool]]:
         """The first partition of highest total that has a qualifying group, in
         go-gpuallocator's enumeration order, as (group mask, padded) pairs."""
@@ -317,8 +294,7 @@ class PartitionSearch:
                 return []
             _, mask, padded, other, other_padded = found
             return [(mask, padded), (other, other_padded)]
-        greedy = self.greedy_total()
-        self._best = greedy * self.scale - 1 if greedy is not None else -1
+        self._best = -1
         self._best_partition = []
         self._walk(everything, True, False, 0, [])
         return self._best_partition
