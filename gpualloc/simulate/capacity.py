@@ -123,16 +123,22 @@ def blocking(results: Sequence[JobResult], gpu_count: int) -> Blocking:
     )
     waited_with_room = no_placement = 0
     position = 0
+    free: list[float] = []
+    room = 0.0
     for time, index in queries:
+        moved = False
         while position < len(events) and events[position][0] <= time:
             _, kind, other = events[position]
             change = (1.0 if kind else -1.0) * held_part(results[other])
             for gpu in results[other].gpus:
                 held[gpu] += change
             position += 1
-        free = [max(0.0, 1.0 - part) for part in held]
+            moved = True
+        if moved or not free:  # else the GPUs are as the last arrival met them
+            free = [max(0.0, 1.0 - part) for part in held]
+            room = sum(free)
         result = results[index]
-        if sum(free) + _EPS < asked(result):
+        if room + _EPS < asked(result):
             continue
         waited_with_room += 1
         if not _placeable(result, free):

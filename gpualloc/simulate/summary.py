@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpualloc.simulate.capacity import allocated_share, blocking, capacity_steps
-from gpualloc.simulate.engine import JobResult, SimResult
+from gpualloc.simulate.engine import SimResult
 
 
 def percentile(sorted_values: Sequence[float], share: float) -> float:
@@ -43,16 +43,23 @@ def summarise(result: SimResult) -> dict[str, Any]:
     jobs = result.jobs
     first = min(job.job.arrival_s for job in jobs)
     makespan = max(job.end_s for job in jobs) - first
-    jct = sorted(job.jct_s for job in jobs)
-    stretch = sorted(job.stretch for job in jobs if job.stretch is not None)
+    each = [_Each(job.wait_s, job.jct_s, job.stretch) for job in jobs]  # read once
+    jct = sorted(e.jct_s for e in each)
+    stretch = sorted(e.stretch for e in each if e.stretch is not None)
     waiting_free = [free for _, free, waiting in result.timeline if waiting]
+    groups = {
+        "one_gpu_jobs": lambda job: job.job.gpus == 1,
+        "multi_gpu_jobs": lambda job: job.job.gpus > 1,
+        "whole_gpu_jobs": lambda job: job.job.gpu_fraction is None,
+        "gpu_part_jobs": lambda job: job.job.gpu_fraction is not None,
+    }
     return {
         "jobs": len(jobs),
         "makespan_s": round(makespan, 6),
         "mean_jct_s": round(sum(jct) / len(jct), 6),
         "p95_jct_s": round(percentile(jct, 0.95), 6),
         "max_jct_s": round(jct[-1], 6),
-        "mean_wait_s": round(sum(job.wait_s for job in jobs) / len(jobs), 6),
+        "mean_wait_s": round(sum(e.wait_s for e in each) / len(jobs), 6),
         "throughput_jobs_per_h": round(len(jobs) / makespan * 3600, 6) if makespan > 0 else None,
         "run_time_stretch": {
             "mean": _mean(stretch),
@@ -71,10 +78,10 @@ def summarise(result: SimResult) -> dict[str, Any]:
         "mean_pcie_share": _mean([j.pcie_share for j in jobs if j.pcie_share is not None]),
         "mean_free_gpus_while_jobs_wait": _mean(waiting_free),
         "shared_jobs": sum(1 for job in jobs if job.shared),
-        "one_gpu_jobs": _group([job for job in jobs if job.job.gpus == 1]),
-        "multi_gpu_jobs": _group([job for job in jobs if job.job.gpus > 1]),
-        "whole_gpu_jobs": _group([job for job in jobs if job.job.gpu_fraction is None]),
-        "gpu_part_jobs": _group([job for job in jobs if job.job.gpu_fraction is not None]),
+        **{
+            name: _group([e for job, e in zip(jobs, each, strict=True) if kind(job)])
+            for name, kind in groups.items()
+        },
         **_capacity(result),
         "decision_ms": {
             "mean": _mean(result.decision_ms),
@@ -83,7 +90,15 @@ def summarise(result: SimResult) -> dict[str, Any]:
     }
 
 
-def _group(jobs: Sequence[JobResult]) -> dict[str, Any]:
+class _Each(NamedTuple):
+    """What the summary reads of each job, read once."""
+
+    wait_s: float
+    jct_s: float
+    stretch: float | None
+
+
+def _group(jobs: Sequence[_Each]) -> dict[str, Any]:
     """Waiting, completion and stretch of one kind of job (what sharing trades)."""
     stretch = [job.stretch for job in jobs if job.stretch is not None]
     waits = sorted(job.wait_s for job in jobs)
