@@ -60,6 +60,7 @@ def test_skipped_looks_and_steady_jobs_change_nothing(
     options = SimOptions(policy=policy, queue=queue, runtime=runtime)
     short = simulate(topology, jobs, options)
     monkeypatch.setattr(engine, "_stop", lambda queue: None)  # every look made
+    monkeypatch.setattr(engine._Simulation, "_head_waits", lambda self, head: False)
     unsteady = engine._Running.__init__
 
     def never_steady(self, *args, **fields):  # type: ignore[no-untyped-def]

@@ -426,6 +426,9 @@ class _Simulation:
         started = 0
         queue = self.queue
         while queue and self.blocked_at is None:
+            if self._head_waits(queue[0]):
+                self.blocked_at = turn_key(queue[0])
+                return started
             occupancy = self._occupancy()
             began = time.perf_counter()
             turn = next_start(
@@ -445,6 +448,20 @@ class _Simulation:
             self._start(self.by_waiter.pop(turn.waiter.id), turn.placement, now)
             started += 1
         return started
+
+    def _head_waits(self, head: Waiter) -> bool:
+        """Whether the queue's first waiter asks for more whole GPUs than are free and may not
+        be passed: then a look stops at it, finding no start, and need not be made (issue 43:
+        a FIFO queue's head waiting for GPUs was looked at after every finish, 7,366 times in
+        a 10,000-job mixed run)."""
+        request = head.request
+        return (
+            not self.options.sharing
+            and head.passed_over >= head.max_bypass
+            and request.share is None
+            and request.mig is None
+            and request.gpus > self.topology.gpu_count - len(self.held)
+        )
 
     def _shares(self, job: SimJob) -> bool:
         """Whether the job asks for a shared place: every 1-GPU job with ``--sharing``, but in a
