@@ -39,7 +39,7 @@ from gpualloc.placement.pattern_graphs import is_forest
 from gpualloc.placement.policy import Alternative, Policy, SetKey, gpu_list
 from gpualloc.placement.scores import mapa_counts, pattern_pairs, preserved_gbps
 from gpualloc.placement.search import SearchResult
-from gpualloc.placement.symmetry import host_symmetries, set_orbits
+from gpualloc.placement.symmetry import cached_host_symmetries, set_orbits
 
 _SLACK = 2e-6
 # Up to this many tied sets of a tree job, the lowest alone and then the others together (each
@@ -144,6 +144,7 @@ class MapaPolicy(Policy):
             return found.order
         best_key, best_order, best_set = found.key, found.order, first
         bounded = sorted((-aggregated_upper_bound(host, pattern, gpus), gpus) for gpus in ties)
+        bounded = _lowest_of_orbits(host, first, bounded)
         for negative_bound, gpus in bounded:
             bound = -negative_bound
             if bound < best_key[0] - _SLACK or (bound <= best_key[0] + _SLACK and gpus > best_set):
@@ -155,6 +156,23 @@ class MapaPolicy(Policy):
         return best_order
 
 
+def _lowest_of_orbits(
+    host: HostGraph, first: tuple[int, ...], bounded: list[tuple[float, tuple[int, ...]]]
+) -> list[tuple[float, tuple[int, ...]]]:
+    """The tied sets worth searching after ``first``: those lowest in their orbit under the
+    host's symmetries among the tied sets (:mod:`gpualloc.placement.symmetry`). A symmetric
+    image has the same best key and the same bound, so the lower of two never loses to the
+    higher (issue 43: an insensitive 14-GPU ring on ``torus-2d-16`` searched 13 tied sets)."""
+    if len(bounded) < 2:
+        return bounded
+    symmetries = cached_host_symmetries(host)
+    if len(symmetries) < 2:
+        return bounded
+    sets = sorted({first, *(gpus for _, gpus in bounded)})
+    lowest = {members[0] for members in set_orbits(sets, symmetries)}
+    return [(bound, gpus) for bound, gpus in bounded if gpus in lowest]
+
+
 def _best_of_few_sets(
     host: HostGraph, pattern: CommunicationPattern, sets: Sequence[tuple[int, ...]]
 ) -> SearchResult:
@@ -164,14 +182,16 @@ def _best_of_few_sets(
     The lowest set is searched alone: its key is then the floor the others must beat, and
     finding a realisation (the expensive part on a fixed set) is not repeated for them. The
     others only have keys above the floor to refute, on one set per orbit of the host's
-    symmetries (:mod:`gpualloc.placement.symmetry`: a symmetric set has the same best key),
+    symmetries (:mod:`gpualloc.placement.symmetry`: a symmetric set has the same best key;
+    found once per host and process, as the order search's root orbits are: 6.5 ms on
+    ``torus-2d-16``, which a simulation paid at every tree decision, issue 43),
     together (:func:`best_placement_among`). That is exact: a representative is the lowest set
     of its orbit, so the lowest set reaching the best key is a representative.
     """
     objective = AggregatedObjective()
     lowest = best_ordered_placement(host, pattern, objective, sets[0], sets[0])
     assert lowest is not None
-    orbits = set_orbits(sets, host_symmetries(host))
+    orbits = set_orbits(sets, cached_host_symmetries(host))
     others = [members[0] for members in orbits[1:]]  # the first orbit holds the lowest set
     better = best_placement_among(host, pattern, objective, others, floor=lowest.key)
     return better or lowest
