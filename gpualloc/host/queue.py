@@ -260,11 +260,11 @@ def attempts(
                 answers[request] = answer
                 return answer
         try:
-            want = memo.wants.get(request) if memo is not None else None
+            want = kept.wants.get(request) if kept is not None else None
             if want is None:
                 want = Want.from_queued(request)
-                if memo is not None:
-                    memo.wants[request] = want
+                if kept is not None:  # as many as the answers kept, which bound the memo
+                    kept.wants[request] = want
             choices = kept.choices if kept is not None else None
             answer = Attempt(choose(topology, occupancy, want, budget_s=budget_s, choices=choices))
         except (GpusBusy, NoFeasiblePlacement) as why:
