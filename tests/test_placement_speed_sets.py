@@ -46,3 +46,41 @@ def test_a_set_that_realises_a_vector_fits_it(host: str, pattern: str) -> None:
                     search.ring_like,
                 )
                 assert check.fits(gpus, mask), (host, pattern, order, vector)
+
+
+@pytest.mark.parametrize("host", ["pcie-8gpu-2socket", "pcie-32gpu-2socket", "torus-2d-16"])
+@pytest.mark.parametrize("pattern", ["ring", "tree"])
+def test_the_components_bound_keeps_every_set_that_realises_the_vector(
+    host: str, pattern: str
+) -> None:
+    """:meth:`SetCapacity.spread_ok` on a part of a realising set, the rest (and others)
+    still open: it must not refuse."""
+    topology = load_bundled(host)
+    n = topology.gpu_count
+    rng = random.Random(f"spread-{host}-{pattern}")
+    graph = HostGraph.from_topology(topology)
+    for k in (4, 6, 8, 12):
+        if k > n:
+            continue
+        shape = build_pattern(pattern, k)
+        search = PlacementSearch(graph, shape, AggregatedObjective(), range(n))
+        search._prepare_budget_search()
+        of_pair = search.classes.of_pair
+        for _ in range(40):
+            gpus = rng.sample(range(n), k)  # an order of a random set
+            vector = [0] * len(search.classes.weight)
+            for u, v in shape.edges:
+                vector[of_pair[gpus[u]][gpus[v]]] += 1
+            check = SetCapacity(
+                (1 << n) - 1,
+                search.group_masks,
+                vector,
+                search.open_degrees[0],
+                len(shape.edges),
+                search.ring_like,
+            )
+            held = sum(1 << g for g in rng.sample(gpus, rng.randint(0, k)))
+            others = [g for g in range(n) if g not in gpus]
+            extra = sum(1 << g for g in rng.sample(others, rng.randint(0, len(others))))
+            open_mask = (sum(1 << g for g in gpus) & ~held) | extra
+            assert check.spread_ok(held, open_mask, k), (host, pattern, gpus, vector)

@@ -10,6 +10,16 @@ may take (``window``: unused, and in a candidate set), prune what cannot take it
 ends are remembered (Held and Karp's dynamic program over subsets, on a ring).
 :func:`realise_star` solves the star directly.
 
+Set-level bounds (issue 43, :mod:`.set_capacity`): a placement's whole set must carry the
+vector, whatever the order. A set spread over ``g`` components of a group of link classes loses
+``g - 1`` pattern edges to other classes (``g`` on a ring), so the GPUs used so far, with the
+required ones, fix components the set cannot avoid; and once an incumbent exists, a better set
+is the incumbent's own (in a lower order, against an incumbent from an earlier vector) or leaves
+it first at some GPU ``d`` outside it, so it holds the incumbent's GPUs below ``d`` and no
+other: each such ``d`` is checked (``pcie-32gpu-2socket``'s 16-GPU ring on a busy host, 292,338
+nodes to 101). On rings, when the sets still reachable are few, each is checked against every
+group's bounds and the next GPU comes from those that pass.
+
 Both take the search as a :class:`~gpualloc.placement.search_bounds.VectorBounds`, the half of
 :class:`~gpualloc.placement.search.PlacementSearch` that declares all they read: :mod:`.search`
 imports this module, so this one does not import it back.
@@ -95,10 +105,32 @@ class Realisation:
         self.assigned = [0] * search.k
         """The GPU of each position of the visiting order, up to the current step."""
         self.best = incumbent
+        self.own_best = False
+        """Whether the incumbent was found by this search, which visits orders lowest first."""
+        self.in_order = search.visit == tuple(range(search.k))
         self.forced = self._forced()
+        self.best_mask, self.outside = 0, []
+        self._incumbent_sets()
         self.offers: dict[tuple[int, int], int] = {}
         """:meth:`offered`'s answers by (GPUs used, floor): -1 for None, -2 for none."""
         # Rings only: on trees the sets stay too many to list and the check cost 4 %.
+        self.spread_known: dict[tuple[int, int], bool] = {}
+        """:meth:`spread_ok`'s answers by (GPUs used, floor)."""
+        connected = search.simple_pattern and search.ring_like is not None
+        self.spread = (
+            SetCapacity(
+                self.pool_mask,
+                search.group_masks,
+                vector,
+                search.open_degrees[0],
+                len(search.pattern.edges),
+                search.ring_like,
+            )
+            if search.allowed is None and connected
+            else None
+        )
+        if self.spread is not None and not self.spread.spread_checks:
+            self.spread = None
         self.capacity = (
             SetCapacity(
                 self.pool_mask,
@@ -158,6 +190,8 @@ class Realisation:
         required_mask = self.required_mask | self.forced
         missing = (required_mask & ~used).bit_count()
         if missing > k - s:
+            return False
+        if self.spread is not None and s and not self.spread_ok(s, used):
             return False
         if self.best is not None:
             if self.beaten(s, used):
@@ -253,9 +287,65 @@ class Realisation:
             self.order_ties += candidate[0] == self.best[0]
             return False
         self.best = candidate
+        self.own_best = self.in_order
         self.forced = self._forced()
+        self._incumbent_sets()
         self.offers.clear()
+        self.spread_known.clear()
         return True
+
+    def spread_ok(self, s: int, used: int) -> bool:
+        """:meth:`SetCapacity.spread_ok` for the GPUs used, the required ones, those a lower
+        set must hold, and the pool's GPUs the positions still to place may take; remembered
+        per GPUs used until the incumbent changes."""
+        floors = self.floors[s]
+        above = -1
+        if floors is not None:
+            assigned = self.assigned
+            above = min(max(assigned[p] for p in after) for after in floors)
+        key = (used, above)
+        known = self.spread_known.get(key)
+        if known is None:
+            fixed = used | self.forced | self.required_mask
+            open_mask = self.pool_mask & ~fixed & ~((2 << above) - 1 if above >= 0 else 0)
+            known = self.spread_known[key] = self._lower_set_spreads(fixed, open_mask)
+        return known
+
+    def _lower_set_spreads(self, fixed: int, open_mask: int) -> bool:
+        """Whether a set holding ``fixed`` and taking the rest from ``open_mask`` passes the
+        components bound, and beats the incumbent's set if there is one: then it is the
+        incumbent's set itself (in another order), or it first leaves it at a GPU ``d``
+        outside it, holding the incumbent's GPUs below ``d`` and no other GPU below ``d``
+        (issue 43: a 16-GPU ring of whole switches on a PCIe host has no lower set once the
+        switches below its lowest are broken)."""
+        spread, k = self.spread, self.k
+        assert spread is not None
+        if self.best is None:
+            return spread.spread_ok(fixed, open_mask, k)
+        star = self.best_mask
+        # The same set in a lower order: only against an incumbent found before this search
+        # (this one meets the orders of a set lowest first when ranks are visited in order).
+        if not self.own_best and not fixed & ~star and spread.spread_ok(star, 0, k):
+            return True
+        outside_fixed = fixed & ~star
+        limit = (outside_fixed & -outside_fixed).bit_length() - 1 if outside_fixed else 1 << 30
+        placeable = fixed | open_mask
+        for d in self.outside:
+            if d > limit:
+                break
+            bit = 1 << d
+            if not placeable & bit:
+                continue
+            below = bit - 1
+            need = star & below
+            if need & ~placeable:
+                continue  # an incumbent GPU below d can no longer be placed
+            held = fixed | need | bit
+            if held.bit_count() > k:
+                break  # later GPUs d only add to what must be held
+            if spread.spread_ok(held, open_mask & ~below & ~held, k):
+                return True
+        return False
 
     def offered(self, s: int, used: int) -> int | None:
         """The GPUs of the sets that a completion beating the incumbent can still have and
@@ -279,6 +369,14 @@ class Realisation:
             union = self.capacity.completions(self.pool, fixed, above, self.k, best[0])
         self.offers[key] = -1 if union is None else union or -2
         return union
+
+    def _incumbent_sets(self) -> None:
+        """The incumbent's set as a mask, and the pool's GPUs outside it, ascending."""
+        if self.best is None:
+            self.best_mask, self.outside = 0, []
+            return
+        self.best_mask = or_masks(1 << g for g in self.best[0])
+        self.outside = [g for g in self.pool if not self.best_mask >> g & 1]
 
     def _forced(self) -> int:
         """The GPUs every placement that beats the incumbent holds (a mask): a lower set

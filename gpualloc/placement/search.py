@@ -39,7 +39,8 @@ billion evaluations for 8 of 16 GPUs). This module finds the structure instead:
    the lower is placed first, on the lower rank (issue 43). Among placements with
    the same key the lexicographically lowest sorted GPU set wins, then the lowest order; the DFS
    visits orders lexicographically and cuts a branch whose lowest reachable set cannot beat the
-   incumbent.
+   incumbent, or whose sets that could (they hold the incumbent's lowest GPUs) cannot carry the
+   vector (:mod:`.set_capacity`, issue 43).
 
 Keys are rounded to 1e-6 so that the same links summed in another order tie exactly.
 
