@@ -221,8 +221,21 @@ def main() -> int:
         except GpuallocError:  # the loop's own search says why, quickly
             placement = None
         data = pickle.dumps((key, placement), protocol=pickle.HIGHEST_PROTOCOL)
-        sink.write(_FRAME.pack(len(data)) + data)
-        sink.flush()
+        try:
+            sink.write(_FRAME.pack(len(data)) + data)
+            sink.flush()
+        except BrokenPipeError:
+            return _broker_gone()
+    return 0
+
+
+def _broker_gone() -> int:
+    """The broker died (``kill -9``) while the worker answered it: end quietly. The worker's
+    stderr is the broker's log, where a traceback (this write's, then the interpreter's on
+    flushing stdout at exit) reads as a failure of the worker, not of its parent."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, sys.stdout.fileno())
+    os.close(null)
     return 0
 
 
