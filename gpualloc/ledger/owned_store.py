@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -104,11 +104,19 @@ class OwnedLedgerStore(LedgerStore):
         return SharedLock(self.directory.lock_file, timeout_s=0.0, mode=LOCK_MODE).holders()
 
     def set_aside_damaged(self) -> str | None:
-        """At start: a ledger that does not parse (only a crash of the machine can leave one,
-        and every lease died with it) is renamed ``.damaged-<time>`` so that the broker starts
-        with an empty ledger instead of refusing to start. Returns what it did. A ledger with
-        a record that cannot be read parses (:func:`.document.parse_ledger` leaves it out): the
-        first transaction keeps it aside and says so."""
+        """At start: a ledger that does not parse is kept as ``.damaged-<time>`` and replaced
+        by the broker's good copy when it has one (a broker killed while it wrote the ledger
+        tore it), else by nothing, so that the broker starts with an empty ledger instead of
+        refusing to start (only a crash of the machine tears both, and every lease died with
+        it). Returns what it did. A ledger with a record that cannot be read parses
+        (:func:`.document.parse_ledger` leaves it out): the first transaction keeps it aside
+        and says so.
+
+        The damaged file is kept by a second name (a hard link) *before* the good copy
+        replaces it, in one rename: a broker killed in between leaves the torn ledger where
+        it was, and the next one recovers again. Moved aside first, a kill before the good
+        copy was in place left no ``ledger.json``, and the next broker started empty: every
+        lease its clients were granted was lost (tests/test_crash_consistency.py)."""
         path = self.directory.ledger_file
         text = self._read_ledger_text()
         if text is None:
@@ -118,16 +126,16 @@ class OwnedLedgerStore(LedgerStore):
         except LedgerFromNewerVersion:
             raise
         except LedgerError as problem:
-            aside = path.with_name(f"{path.name}.damaged-{int(time.time())}")
-            path.rename(aside)
             recovered = self._own_good_copy()
             if recovered is not None:
+                aside = _keep_damaged(path, os.link)
                 copy, generation = recovered
                 write_text_atomic(path, copy, mode=LEDGER_MODE, sync=False)
                 return (
                     f"{problem.message}; moved to {aside.name}, recovered generation "
                     f"{generation} from the broker's good copy"
                 )
+            aside = _keep_damaged(path, os.rename)
             return f"{problem.message}; moved to {aside.name}, starting with an empty ledger"
         return None
 
@@ -247,6 +255,22 @@ class OwnedLedgerStore(LedgerStore):
     def _write_file(path: Path, text: str, data: bytes, generation: int, in_place: bool) -> None:
         if not (in_place and rewrite_own_copy(path, data, generation)):
             write_text_atomic(path, text, mode=LEDGER_MODE, sync=False)
+
+
+def _keep_damaged(path: Path, keep: Callable[[Path, Path], None]) -> Path:
+    """Give the damaged ledger ``path`` the name ``<name>.damaged-<time>`` (``keep``:
+    ``os.link`` or ``os.rename``), one no earlier start used (two in one second keep both)."""
+    stem = f"{path.name}.damaged-{int(time.time())}"
+    for attempt in range(100):
+        aside = path.with_name(stem if not attempt else f"{stem}.{attempt}")
+        if os.path.lexists(aside):
+            continue
+        try:
+            keep(path, aside)
+        except FileExistsError:
+            continue
+        return aside
+    raise LedgerError(f"{path} is damaged, and 100 damaged copies of it are kept already")
 
 
 def _encoded(ledger: Ledger) -> bytes:
