@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +40,7 @@ import pytest
 
 from tests.broker_harness import ROOT, RunningBroker
 from tests.conftest import run_in_process
+from tests.unix_users import UnixUser, UserCommandLine, ensure_user, shared_directory
 
 TOPOLOGY = "dgx1-v100"
 TIMEOUT_S = 60
@@ -206,16 +207,30 @@ def _status(where: str, expected: Expected) -> list[dict]:
     return shown["leases"]
 
 
-def _start(rng: random.Random, expected: Expected, plan: str, taken: set[str], tag: str) -> Step:
-    """An alloc (named ``tag``) or a release of a lease the ledger holds (not in ``taken``)."""
+Launch = Callable[..., "subprocess.Popen[str]"]
+"""Runs ``gpualloc`` with a plan and arguments, as :func:`_cli` does (as some user)."""
+
+
+def _start(
+    rng: random.Random,
+    expected: Expected,
+    plan: str,
+    taken: set[str],
+    tag: str,
+    launcher: Callable[[str | None], tuple[str, Launch]] = lambda lease: ("root", _cli),
+) -> Step:
+    """An alloc (named ``tag``) or a release of a lease the ledger holds (not in ``taken``),
+    run by whom ``launcher`` says (given the lease released, or None for an alloc)."""
     free = [lid for lid in expected.present if lid not in taken]
     if free and (len(expected.present) >= 4 or rng.random() < 0.35):
         lease = rng.choice(free)
         taken.add(lease)
-        return Step(f"release {lease}", plan, _cli(plan, "release", lease), lease=lease)
+        who, launch = launcher(lease)
+        return Step(f"{who}: release {lease}", plan, launch(plan, "release", lease), lease=lease)
     n = str(rng.choice((1, 1, 2)))
-    process = _cli(plan, "alloc", "--hold", "-n", n, "--name", tag, "--format", "json")
-    return Step(f"alloc -n {n} --name {tag}", plan, process, lease=tag)
+    who, launch = launcher(None)
+    process = launch(plan, "alloc", "--hold", "-n", n, "--name", tag, "--format", "json")
+    return Step(f"{who}: alloc -n {n} --name {tag}", plan, process, lease=tag)
 
 
 def _settle(step: Step, expected: Expected, where: str) -> None:
@@ -223,14 +238,14 @@ def _settle(step: Step, expected: Expected, where: str) -> None:
     step.out, step.err = step.process.communicate(timeout=TIMEOUT_S)
     code = step.process.returncode
     if code == -signal.SIGKILL:
-        if step.what.startswith("alloc"):
+        if ": alloc " in step.what:
             expected.unknown_allocs.add(step.lease)
         else:
             expected.unknown_releases.add(step.lease)
         return
     about = f"{where}: {step.describe()}"
     assert "Traceback" not in step.err and "internal error" not in step.err, about
-    if step.what.startswith("release"):
+    if ": release " in step.what:
         assert code == 0, about
         expected.present.pop(step.lease)
         expected.gone.add(step.lease)
@@ -251,7 +266,7 @@ def test_cli_commands_killed_inside_their_writes_lose_nothing() -> None:
     good copy, ``ledger.json``, the good copy's replacement after a recovery."""
     seed = _seed()
     rng, expected = random.Random(seed), Expected()
-    for step_number in range(50):
+    for step_number in range(40):
         where = f"{_reproduce(seed)}, step {step_number}"
         plan = _kill_plan(rng, 2) if rng.random() < 0.7 else "none"
         step = _start(rng, expected, plan, set(), f"s{step_number}")
@@ -260,6 +275,55 @@ def test_cli_commands_killed_inside_their_writes_lose_nothing() -> None:
             assert step.process.returncode in (0, 9, 10), f"{where}: {step.describe()}"
         expected.check(_status(where, expected), "name", f"{where} after {step.describe()}")
     assert expected.recoveries, f"{_reproduce(seed)}: no kill left a torn ledger to recover"
+
+
+@pytest.mark.slow
+def test_users_killed_inside_their_writes_lose_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two users and root share a state directory (mode 1777): each writes a good copy of
+    their own, recovers from another's (the one a torn ledger's first bytes name), and a
+    release is its lease's owner's or root's."""
+    import shutil
+
+    users = [ensure_user(f"gpualloc-t-{name}") for name in ("alice", "bob")]
+    command_line = UserCommandLine(users[0])
+    shared = shared_directory("gpualloc-crash-")
+    monkeypatch.setenv("GPUALLOC_STATE_DIR", str(shared))
+    seed = _seed()
+    rng, expected, owners = random.Random(seed), Expected(), dict[str, int]()
+
+    def as_user(user: UnixUser) -> Launch:
+        environment = command_line._environment(user, {"GPUALLOC_STATE_DIR": str(shared)})
+
+        def launch(plan: str, *args: str) -> subprocess.Popen[str]:
+            return subprocess.Popen(
+                [command_line.python, "-c", WRAPPER, plan, "--topology", TOPOLOGY, *args],
+                env=environment, user=user.uid, group=user.gid, extra_groups=[],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
+            )  # fmt: skip
+
+        return launch
+
+    def launcher(lease: str | None) -> tuple[str, Launch]:
+        owner = [u for u in users if lease is None or owners.get(lease) == u.uid]
+        if not owner or rng.random() < 0.3:
+            return "root", _cli
+        user = rng.choice(owner)
+        return user.name, as_user(user)
+
+    try:
+        for step_number in range(30):
+            where = f"{_reproduce(seed)}, step {step_number}"
+            plan = _kill_plan(rng, 2) if rng.random() < 0.7 else "none"
+            step = _start(rng, expected, plan, set(), f"u{step_number}", launcher)
+            _settle(step, expected, where)
+            leases = _status(where, expected)
+            expected.check(leases, "name", f"{where} after {step.describe()}")
+            owners = {lease["id"]: lease["uid"] for lease in leases}
+        assert expected.recoveries, f"{_reproduce(seed)}: no kill left a torn ledger"
+        writers = {copy.stat().st_uid for copy in shared.glob("*.good.json")}
+        assert len(writers) == 3, f"{_reproduce(seed)}: good copies of uids {writers} alone"
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 @pytest.mark.slow
@@ -275,6 +339,7 @@ def test_concurrent_cli_commands_killed_at_random_moments_lose_nothing() -> None
         steps = [
             _start(rng, expected, "slow", taken, f"r{round_number}.{index}") for index in range(3)
         ]
+        stable = set(expected.present) - taken  # no command of the round touches them
         reader = _cli("none", "status", "--json")
         began = time.monotonic()
         kills = sorted((rng.uniform(0.05, 0.6), index) for index in range(3) if rng.random() < 0.6)
@@ -287,8 +352,11 @@ def test_concurrent_cli_commands_killed_at_random_moments_lose_nothing() -> None
             _settle(step, expected, where)
         shown, problems = reader.communicate(timeout=TIMEOUT_S)
         assert reader.returncode == 0, f"{where}: an unlocked status failed: {problems}"
-        twice = Counter(g["index"] for lease in json.loads(shown)["leases"] for g in lease["gpus"])
+        seen = json.loads(shown)["leases"]
+        twice = Counter(g["index"] for lease in seen for g in lease["gpus"])
         assert max(twice.values(), default=0) <= 1, f"{where}: status showed a GPU twice"
+        missed = stable - {lease["id"] for lease in seen}
+        assert not missed, f"{where}: status did not show leases {missed}, untouched all along"
         described = "; ".join(step.describe() for step in steps)
         expected.check(_status(where, expected), "name", f"{where} after {described}")
 
