@@ -9,9 +9,12 @@ from itertools import permutations
 
 import pytest
 
+from gpualloc.model.request import HostState, JobRequest
+from gpualloc.placement.decide import decision_context
 from gpualloc.placement.host_graph import HostGraph
 from gpualloc.placement.objectives import AggregatedObjective
 from gpualloc.placement.patterns import build_pattern
+from gpualloc.placement.registry import get_policy
 from gpualloc.placement.search import PlacementSearch
 from gpualloc.placement.set_capacity import SetCapacity
 from gpualloc.topologies import load_bundled
@@ -84,3 +87,18 @@ def test_the_components_bound_keeps_every_set_that_realises_the_vector(
             extra = sum(1 << g for g in rng.sample(others, rng.randint(0, len(others))))
             open_mask = (sum(1 << g for g in gpus) & ~held) | extra
             assert check.spread_ok(held, open_mask, k), (host, pattern, gpus, vector)
+
+
+def test_a_lower_set_through_a_gpu_already_used_is_not_missed() -> None:
+    """A regression of the set-level bound (6d8b175): the GPUs ``d`` where a lower set may
+    leave the incumbent's are not checked in an order where what must be held only grows (a
+    later ``d`` may be a GPU already used), so none may end the check early. The answer is
+    the one of the code before the bound (4ca4369): 10 of the 13 free GPUs of a torus."""
+    topology = load_bundled("torus-2d-16")
+    ctx = decision_context(
+        topology,
+        JobRequest(10, build_pattern("tree", 10), False),
+        HostState.with_busy(16, frozenset({4, 10, 13})),
+    )
+    placement = get_policy("mapa-greedy").place(ctx)
+    assert placement.gpus == (3, 2, 15, 6, 1, 11, 14, 5, 7, 0)

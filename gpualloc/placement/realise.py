@@ -342,7 +342,7 @@ class Realisation:
                 continue  # an incumbent GPU below d can no longer be placed
             held = fixed | need | bit
             if held.bit_count() > k:
-                break  # later GPUs d only add to what must be held
+                continue  # not monotone in d: a later d may be a GPU already used
             if spread.spread_ok(held, open_mask & ~below & ~held, k):
                 return True
         return False
