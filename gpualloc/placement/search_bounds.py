@@ -23,6 +23,7 @@ from gpualloc.placement.pattern_graphs import (
     component_sizes,
     degree_limited_edges,
     fewest_monochromatic,
+    fewest_pieces,
     forest_diameter,
     forest_parents,
     or_masks,
@@ -276,11 +277,18 @@ class VectorBounds:
           T's links: a component of ``s`` GPUs holds at most ``max over p of min(s - p, p D)``
           of them. A 14-rank binary tree (``D = 6``) fits at most 6 edges on an 8-GPU NV2
           cycle, where counting alone allows 7.
+        - *Pieces.* On a forest pattern, the edges on T join ranks of one component of T's
+          links, so they lie inside connected pieces of at most as many ranks as the largest
+          component has GPUs: at most ``k`` less the fewest such pieces
+          (:func:`~gpualloc.placement.pattern_graphs.fewest_pieces`; a 16-rank binary tree keeps
+          11 edges on a PCIe host's 4-GPU switches, issue 43).
         """
         ring_like = self.ring_like
         edges = len(self.pattern.edges)
         monochromatic = fewest_monochromatic(self.pattern)
         diameter = forest_diameter(self.pattern)
+        simple = len(set(map(frozenset, self.pattern.edges))) == len(self.pattern.edges)
+        parents = forest_parents(self.pattern) if simple else None
         groups = []
         for members, masks, widest in self.group_masks:
             cap = edges
@@ -291,6 +299,10 @@ class VectorBounds:
             cap = min(cap, degree_limited_edges(self.pattern, widest))
             if widest <= 2 and diameter is not None:
                 cap = min(cap, self._paths_within_components(masks, diameter))
+            if parents is not None:
+                largest = max(component_sizes(self.pool, masks), default=0)
+                if largest < self.k:
+                    cap = min(cap, self.k - fewest_pieces(parents, largest))
             if monochromatic is not None:
                 cap = min(cap, edges - self._fewest_off_bipartite(masks, monochromatic))
             if cap < edges:
