@@ -265,7 +265,7 @@ def test_cli_commands_killed_inside_their_writes_lose_nothing() -> None:
     """One command at a time, most of them killed at a chosen point of a chosen write: the
     good copy, ``ledger.json``, the good copy's replacement after a recovery."""
     seed = _seed()
-    rng, expected = random.Random(seed), Expected()
+    rng, expected, history = random.Random(seed), Expected(), list[str]()
     for step_number in range(40):
         where = f"{_reproduce(seed)}, step {step_number}"
         plan = _kill_plan(rng, 2) if rng.random() < 0.7 else "none"
@@ -273,57 +273,98 @@ def test_cli_commands_killed_inside_their_writes_lose_nothing() -> None:
         _settle(step, expected, where)
         if plan == "none":
             assert step.process.returncode in (0, 9, 10), f"{where}: {step.describe()}"
-        expected.check(_status(where, expected), "name", f"{where} after {step.describe()}")
+        history.append(f"step {step_number}: {step.describe()}")
+        expected.check(_status(where, expected), "name", f"{where}; the last steps: {history[-6:]}")
     assert expected.recoveries, f"{_reproduce(seed)}: no kill left a torn ledger to recover"
 
 
+def _user_launch(command_line: UserCommandLine, user: UnixUser, shared: Path) -> Launch:
+    """:func:`_cli` as ``user``, on the shared state directory ``shared``."""
+    environment = command_line._environment(user, {"GPUALLOC_STATE_DIR": str(shared)})
+
+    def launch(plan: str, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [command_line.python, "-c", WRAPPER, plan, "--topology", TOPOLOGY, *args],
+            env=environment, user=user.uid, group=user.gid, extra_groups=[],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
+        )  # fmt: skip
+
+    return launch
+
+
+@pytest.fixture
+def shared(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A state directory as an administrator makes it (mode 1777), this test's."""
+    import shutil
+
+    path = shared_directory("gpualloc-crash-")
+    monkeypatch.setenv("GPUALLOC_STATE_DIR", str(path))
+    yield path
+    if not os.environ.get("CRASH_KEEP"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.mark.slow
-def test_users_killed_inside_their_writes_lose_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_torn_ledger_names_its_copy_until_it_is_finished(shared: Path) -> None:
+    """Found by the test below: a torn ledger names the good copy written before it. A
+    transaction that recovered from it replaced its own copy, then the ledger; killed between
+    the two, its owner left the torn ledger naming a copy that no longer held it, and the next
+    reader took the newest copy of any user: root's, of an alloc that was killed and had been
+    seen not to count. Its lease came back, holding a GPU."""
+    alice = ensure_user("gpualloc-t-alice")
+    as_alice = _user_launch(UserCommandLine(alice), alice, shared)
+
+    def run(launch: Launch, plan: str, name: str) -> int:
+        args = ("alloc", "--hold", "-n", "1", "--name", name, "--format", "json")
+        process = launch(plan, *args)
+        process.communicate(timeout=TIMEOUT_S)
+        return process.returncode
+
+    def names() -> set[str]:
+        return {lease["name"] for lease in _status("the test", Expected())}
+
+    assert run(_cli, "none", "granted") == 0
+    assert run(as_alice, "kill:2:cut:0.5", "alice's, torn") == -signal.SIGKILL
+    assert run(_cli, "kill:2:before:0", "root's, killed") == -signal.SIGKILL
+    seen = names()
+    assert "root's, killed" not in seen and "granted" in seen
+    assert run(as_alice, "kill:2:before:0", "alice's, killed") == -signal.SIGKILL
+    assert names() - {"alice's, killed"} == seen
+
+
+@pytest.mark.slow
+def test_users_killed_inside_their_writes_lose_nothing(shared: Path) -> None:
     """Two users and root share a state directory (mode 1777): each writes a good copy of
     their own, recovers from another's (the one a torn ledger's first bytes name), and a
     release is its lease's owner's or root's."""
-    import shutil
-
     users = [ensure_user(f"gpualloc-t-{name}") for name in ("alice", "bob")]
     command_line = UserCommandLine(users[0])
-    shared = shared_directory("gpualloc-crash-")
-    monkeypatch.setenv("GPUALLOC_STATE_DIR", str(shared))
+    launches = {user.name: _user_launch(command_line, user, shared) for user in users}
     seed = _seed()
     rng, expected, owners = random.Random(seed), Expected(), dict[str, int]()
-
-    def as_user(user: UnixUser) -> Launch:
-        environment = command_line._environment(user, {"GPUALLOC_STATE_DIR": str(shared)})
-
-        def launch(plan: str, *args: str) -> subprocess.Popen[str]:
-            return subprocess.Popen(
-                [command_line.python, "-c", WRAPPER, plan, "--topology", TOPOLOGY, *args],
-                env=environment, user=user.uid, group=user.gid, extra_groups=[],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
-            )  # fmt: skip
-
-        return launch
+    history: list[str] = []
+    turn = iter(range(10**6))
 
     def launcher(lease: str | None) -> tuple[str, Launch]:
-        owner = [u for u in users if lease is None or owners.get(lease) == u.uid]
-        if not owner or rng.random() < 0.3:
-            return "root", _cli
-        user = rng.choice(owner)
-        return user.name, as_user(user)
+        if lease is None:  # each in turn: every one writes
+            user = [*users, None][next(turn) % 3]
+        else:
+            owner = [user for user in users if owners.get(lease) == user.uid]
+            user = owner[0] if owner and rng.random() < 0.7 else None
+        return ("root", _cli) if user is None else (user.name, launches[user.name])
 
-    try:
-        for step_number in range(30):
-            where = f"{_reproduce(seed)}, step {step_number}"
-            plan = _kill_plan(rng, 2) if rng.random() < 0.7 else "none"
-            step = _start(rng, expected, plan, set(), f"u{step_number}", launcher)
-            _settle(step, expected, where)
-            leases = _status(where, expected)
-            expected.check(leases, "name", f"{where} after {step.describe()}")
-            owners = {lease["id"]: lease["uid"] for lease in leases}
-        assert expected.recoveries, f"{_reproduce(seed)}: no kill left a torn ledger"
-        writers = {copy.stat().st_uid for copy in shared.glob("*.good.json")}
-        assert len(writers) == 3, f"{_reproduce(seed)}: good copies of uids {writers} alone"
-    finally:
-        shutil.rmtree(shared, ignore_errors=True)
+    for step_number in range(30):
+        where = f"{_reproduce(seed)}, step {step_number}"
+        plan = _kill_plan(rng, 2) if rng.random() < 0.7 else "none"
+        step = _start(rng, expected, plan, set(), f"u{step_number}", launcher)
+        _settle(step, expected, where)
+        leases = _status(where, expected)
+        history.append(f"step {step_number}: {step.describe()}")
+        expected.check(leases, "name", f"{where}; the last steps: {history[-6:]}")
+        owners = {lease["id"]: lease["uid"] for lease in leases}
+    assert expected.recoveries, f"{_reproduce(seed)}: no kill left a torn ledger"
+    writers = {copy.stat().st_uid for copy in shared.glob("*.good.json")}
+    assert len(writers) == 3, f"{_reproduce(seed)}: good copies of uids {writers} alone"
 
 
 @pytest.mark.slow

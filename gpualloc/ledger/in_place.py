@@ -51,6 +51,21 @@ def overwrite_in_place(path: Path, data: bytes, generation: int, mode: int) -> N
         os.close(descriptor)
 
 
+def finish_in_place(path: Path, data: bytes, mode: int) -> None:
+    """Write ``data``, the good copy that the torn shared file ``path`` was recovered from, over
+    it from the start, whatever its end (:func:`overwrite_in_place` otherwise): a transaction
+    that recovered the ledger first finishes the write that was interrupted, and only then
+    replaces its own good copy (:mod:`.store`). Where the torn file names that copy, its first
+    bytes are ``data``'s already, so that a writer stopped here too leaves a file that names the
+    same copy, still whole."""
+    descriptor, info = open_shared(path, os.O_RDWR, create_mode=mode, replace_as_root=True)
+    try:
+        adopt(descriptor, info, mode)
+        _write_over(descriptor, data)
+    finally:
+        os.close(descriptor)
+
+
 def open_own_file(path: Path, flags: int) -> tuple[int, os.stat_result] | None:
     """``path`` opened with ``flags`` (never through a symbolic link, never blocking), with its
     status, when it is this user's one plain file (one link: nobody else's name for it); None

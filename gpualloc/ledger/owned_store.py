@@ -223,6 +223,11 @@ class OwnedLedgerStore(LedgerStore):
     def _recover(self, damaged: str | None, what: str) -> tuple[Ledger | None, list[str]]:
         return None, []  # a file in this directory that the broker did not write: no trust
 
+    def _finish_interrupted(self) -> None:
+        """Nothing: the broker finishes a torn write when it starts (:meth:`set_aside_damaged`),
+        and its ledger keeps its own mode (the shared store's would be 0666)."""
+        self._recovered_from = None
+
     def _write(self, ledger: Ledger, *, in_place: bool = True) -> None:
         """The good copy, then ``ledger.json``, each in place where it may be (module
         docstring), else replaced by rename: nobody else writes the directory, so nothing

@@ -67,7 +67,7 @@ from gpualloc.ledger.document import (
     read_ledger,
 )
 from gpualloc.ledger.document import parse_ledger as parse_ledger  # where callers import it
-from gpualloc.ledger.in_place import overwrite_in_place, rewrite_own_copy
+from gpualloc.ledger.in_place import finish_in_place, overwrite_in_place, rewrite_own_copy
 from gpualloc.ledger.liveness import (
     _boot_time,
     group_alive,
@@ -203,6 +203,8 @@ class LedgerStore:
         """What runs on the GPUs now (NVML's process lists, or a recorded topology's)."""
         self.reap_in_transactions = True
         """Reap dead leases in every transaction (the broker's store reaps when asked)."""
+        self._recovered_from: Path | None = None
+        """The good copy the last load recovered the ledger from (:meth:`_finish_interrupted`)."""
 
     def _lock(self, timeout_s: float | None = None) -> SharedLock:
         return SharedLock(self.directory.lock_file, timeout_s=timeout_s or self.lock_timeout_s)
@@ -225,6 +227,7 @@ class LedgerStore:
             yield txn
             if txn.changed:
                 self._keep_aside(aside, txn.notes)  # before the ledger without them replaces it
+                self._finish_interrupted()
                 # A ledger recovered (notes) or read in part (aside) may rest on this user's
                 # good copy alone: that copy is replaced whole then, never rewritten in place,
                 # so that a second writer stopped midway still leaves one copy to recover from.
@@ -329,6 +332,7 @@ class LedgerStore:
         path = self.directory.ledger_file
         notes: list[str] = []
         aside: list[SetAside] = []
+        self._recovered_from = None
         text = self._ledger_text()
         for _ in range(3 if unlocked else 0):
             if text is None or parses(text):  # a whole write, checksum and all
@@ -424,6 +428,7 @@ class LedgerStore:
         if named is None:
             return None
         (uid, ledger), first = named, aside[0]
+        self._recovered_from = self.directory.good_copy(uid)
         return ledger, [
             f"{self.directory.ledger_file} was damaged ({first.kind} {first.label}: "
             f"{first.reason}); recovered generation {ledger.generation} from "
@@ -438,11 +443,13 @@ class LedgerStore:
         named = _named_copy(damaged, copies)
         if named is not None:
             uid, ledger = named
+            self._recovered_from = self.directory.good_copy(uid)
             return ledger, [
                 f"{what}; recovered generation {ledger.generation} from "
                 f"{owner_name(uid)}'s good copy, which its last write names"
             ]
         path, uid, best = max(copies, key=lambda found: found[2].generation)
+        self._recovered_from = path
         others = ", ".join(
             f"{owner_name(u)}'s generation {c.generation}" for p, u, c in copies if p != path
         )
@@ -466,6 +473,26 @@ class LedgerStore:
             keep(path, aside, self.directory.ledger_file.name)
         except OSError as exc:
             notes.append(f"could not keep the records left out in {path}: {exc.strerror}")
+
+    def _finish_interrupted(self) -> None:
+        """Before a transaction that recovered the ledger writes, ``ledger.json`` gets the good
+        copy it was recovered from (:func:`.in_place.finish_in_place`): the write a killed
+        writer left unfinished is finished. Without it, the torn file went on naming a copy
+        that its owner's next transaction replaces (a recovering one replaces its copy whole:
+        :meth:`transaction`); killed again before it rewrote ``ledger.json``, that owner left
+        a torn file whose named copy was gone, and the next reader recovered from the newest
+        copy of any user, written by a transaction that was killed and had been seen not to
+        count: a killed alloc's lease came back, holding its GPUs (found by
+        tests/test_crash_consistency.py)."""
+        copy, self._recovered_from = self._recovered_from, None
+        if copy is None:
+            return
+        path = self.directory.ledger_file
+        try:
+            data = read_shared(copy)[0].encode()
+            finish_in_place(path, data, SHARED_LEDGER_MODE)
+        except OSError as exc:
+            raise access_error(path, exc, "write", changed=True) from exc
 
     def _write(self, ledger: Ledger, *, in_place: bool = True) -> None:
         """This user's good copy, then the shared ledger. ``in_place``: whether the good copy
