@@ -105,12 +105,14 @@ def test_searches_past_their_budget_on_32_gpus_are_cut_short(
     host32: Topology, slow_host: Topology
 ) -> None:
     occupancy = Occupancy.build(slow_host, Ledger(host="test"), ())
-    # besteffort's own search takes about 15 ms here since issue 43 (it took seconds): 2 ms
+    # besteffort's search of 10 of these 32 GPUs takes about 1 ms since issue 43's third pass
+    # (it took seconds), and its score tables about 4 ms more: a tenth of a millisecond
+    # leaves it cut short on a machine several times faster than CI's too
     for policy, budget_s in (
         ("mapa-greedy", 0.05),
         ("drb", 0.05),
         ("spread", 0.05),
-        ("besteffort", 0.002),
+        ("besteffort", 0.0001),
     ):
         want = Want(JobRequest(10, build_pattern("ring", 10), True), policy=policy)
         placement = choose(slow_host, occupancy, want, budget_s=budget_s)
