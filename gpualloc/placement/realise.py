@@ -117,29 +117,11 @@ class Realisation:
         self.spread_known: dict[tuple[int, int], bool] = {}
         """:meth:`spread_ok`'s answers by (GPUs used, floor)."""
         connected = search.simple_pattern and search.ring_like is not None
-        self.spread = (
-            SetCapacity(
-                self.pool_mask,
-                search.group_masks,
-                vector,
-                search.open_degrees[0],
-                len(search.pattern.edges),
-                search.ring_like,
-            )
-            if search.allowed is None and connected
-            else None
-        )
+        self.spread = self._set_capacity(vector) if search.allowed is None and connected else None
         if self.spread is not None and not self.spread.spread_checks:
             self.spread = None
         self.capacity = (
-            SetCapacity(
-                self.pool_mask,
-                search.group_masks,
-                vector,
-                search.open_degrees[0],
-                len(search.pattern.edges),
-                search.ring_like,
-            )
+            self._set_capacity(vector)
             if search.allowed is None and search.simple_pattern and search.ring_like
             else None
         )
@@ -158,6 +140,19 @@ class Realisation:
             self.floors.append(tuple(later) if later and all(later) else None)
         self.order_ties = 0
         """Completions that lost to the incumbent on the order alone."""
+
+    def _set_capacity(self, vector: tuple[int, ...]) -> SetCapacity:
+        """What the sets a partial placement may become can carry of ``vector``
+        (:mod:`.set_capacity`)."""
+        search = self.search
+        return SetCapacity(
+            self.pool_mask,
+            search.group_masks,
+            vector,
+            search.open_degrees[0],
+            len(search.pattern.edges),
+            search.ring_like,
+        )
 
     def run(self) -> Ranked | None:
         return self.best if self.step(0, 0) else None

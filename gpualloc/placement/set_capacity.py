@@ -117,7 +117,7 @@ class SetCapacity:
             if want > ends // 2:
                 return False
             if ring_like is not None:
-                lost = _components(gpus, masks, mask)
+                lost = _components(masks, mask)
                 if lost > 1 and want > edges - (lost if ring_like else lost - 1):
                     return False
         return True
@@ -169,18 +169,6 @@ def _components_of(masks: Sequence[int], within: int) -> tuple[int, ...]:
     return tuple(found)
 
 
-def _components(gpus: Sequence[int], masks: Sequence[int], within: int) -> int:
+def _components(masks: Sequence[int], within: int) -> int:
     """How many components the links ``masks`` form on the GPUs of ``within``."""
-    left, count = within, 0
-    while left:
-        low = left & -left
-        frontier, seen = low, low
-        while frontier:
-            bit = frontier & -frontier
-            frontier ^= bit
-            reach = masks[bit.bit_length() - 1] & within & ~seen
-            seen |= reach
-            frontier |= reach
-        left &= ~seen
-        count += 1
-    return count
+    return len(_components_of(masks, within))
