@@ -293,11 +293,7 @@ class Realisation:
         """:meth:`SetCapacity.spread_ok` for the GPUs used, the required ones, those a lower
         set must hold, and the pool's GPUs the positions still to place may take; remembered
         per GPUs used until the incumbent changes."""
-        floors = self.floors[s]
-        above = -1
-        if floors is not None:
-            assigned = self.assigned
-            above = min(max(assigned[p] for p in after) for after in floors)
+        above = self._floor(s)
         key = (used, above)
         known = self.spread_known.get(key)
         if known is None:
@@ -305,6 +301,15 @@ class Realisation:
             open_mask = self.pool_mask & ~fixed & ~((2 << above) - 1 if above >= 0 else 0)
             known = self.spread_known[key] = self._lower_set_spreads(fixed, open_mask)
         return known
+
+    def _floor(self, s: int) -> int:
+        """A GPU every position still to place at step ``s`` lies above (each must exceed
+        placed ones, :attr:`floors`), or -1 where some position has no such bound."""
+        floors = self.floors[s]
+        if floors is None:
+            return -1
+        assigned = self.assigned
+        return min(max(assigned[p] for p in after) for after in floors)
 
     def _lower_set_spreads(self, fixed: int, open_mask: int) -> bool:
         """Whether a set holding ``fixed`` and taking the rest from ``open_mask`` passes the
@@ -346,11 +351,7 @@ class Realisation:
         """The GPUs of the sets that a completion beating the incumbent can still have and
         that can carry the vector (:mod:`.set_capacity`), or None when they are too many to
         list; remembered per GPUs used until the incumbent changes."""
-        floors = self.floors[s]
-        above = -1
-        if floors is not None:
-            assigned = self.assigned
-            above = min(max(assigned[p] for p in after) for after in floors)
+        above = self._floor(s)
         key = (used, above)
         known = self.offers.get(key, 0)
         if known:
@@ -416,12 +417,8 @@ class Realisation:
         assert best is not None
         if self.lowest_reachable_set(s, used) >= best[0]:
             return True
-        floors = self.floors[s]
-        if floors is None:
-            return False
-        assigned = self.assigned
-        above = min(max(assigned[p] for p in after) for after in floors)
-        return self.lowest_reachable_set(s, used, above) > best[0]
+        above = self._floor(s)
+        return above >= 0 and self.lowest_reachable_set(s, used, above) > best[0]
 
     def lookahead_ok(self, s: int, used: int, free: int) -> bool:
         """Each group of classes can still take its remaining budget: an assigned GPU closes
