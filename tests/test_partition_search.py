@@ -14,7 +14,7 @@ from itertools import combinations
 import pytest
 
 from gpualloc.placement import partition as partition_module
-from gpualloc.placement.partition import PartitionSearch
+from gpualloc.placement.partition import PartitionSearch, best_group_scores
 from tests.go_gpuallocator import literal_partitions
 
 
@@ -72,6 +72,26 @@ def test_partition_search_matches_the_literal_enumeration(tabulated, monkeypatch
         expected = _literal_best(weights, k, required)
         got = PartitionSearch(weights, k, required).best_partition()
         assert got == expected, (weights, k, sorted(required))
+
+
+def test_each_gpus_best_group_is_the_best_of_every_group_holding_it() -> None:
+    """The share bound's table (every group scored depth first) against scoring each group."""
+    rng = random.Random(5)
+    for _ in range(120):
+        n = rng.randint(1, 11)
+        size = rng.randint(1, n)
+        weights = _random_weights(rng, n, rng.choice([[0, 1], [10, 20, 40, 110], [0, 7, 300]]))
+        expected = [-1] * n
+        for group in combinations(range(n), size):
+            value = sum(weights[a][b] for a, b in combinations(group, 2))
+            for gpu in group:
+                expected[gpu] = max(expected[gpu], value)
+        scores: dict[int, int] = {}
+        assert best_group_scores(weights, size, scores) == expected, (weights, size)
+        assert len(scores) == len(list(combinations(range(n), size)))
+        for mask, value in scores.items():
+            members = [i for i in range(n) if mask >> i & 1]
+            assert value == sum(weights[a][b] for a, b in combinations(members, 2))
 
 
 def test_groups_come_in_go_gpuallocators_order() -> None:
