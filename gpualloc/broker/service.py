@@ -399,6 +399,7 @@ class LedgerService:
             "reaped": to_builtins(report.reaped),
             "dropped_waiters": to_builtins(report.dropped_waiters),
             "removed_lock_files": report.removed_lock_files,
+            "removed_temporary_files": report.removed_temporary_files,
             "notes": report.notes,
             "expiries": [
                 {

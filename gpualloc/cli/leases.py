@@ -103,8 +103,8 @@ def gc_command(as_json: JsonOption = False) -> None:
     --hold leases notice and release those whose notice ran out.
 
     Every gpualloc command reaps as it goes; gc does it explicitly (for cron, a systemd timer
-    or an epilog), removes lease lock files left behind by other users' jobs, and is what
-    tracks idle leases: run it every few minutes.
+    or an epilog), removes lease lock files left behind by other users' jobs and temporary
+    files left by killed writes, and is what tracks idle leases: run it every few minutes.
     """
     from gpualloc.cli.output import print_json, write_stdout
     from gpualloc.json_views import lease_json
@@ -123,6 +123,7 @@ def gc_command(as_json: JsonOption = False) -> None:
                 "reaped": [lease_json(lease) for lease in report.reaped],
                 "dropped_waiters": [to_builtins(w) for w in report.dropped_waiters],
                 "removed_lock_files": report.removed_lock_files,
+                "removed_temporary_files": report.removed_temporary_files,
                 "idle": [
                     {
                         "event": e.event,
@@ -142,6 +143,9 @@ def gc_command(as_json: JsonOption = False) -> None:
     lines += [_expiry_line(e) for e in report.expiries]
     if report.removed_lock_files:
         lines.append(f"removed {len(report.removed_lock_files)} stale lease lock file(s)")
+    if report.removed_temporary_files:
+        count = len(report.removed_temporary_files)
+        lines.append(f"removed {count} temporary file(s) left by killed writes")
     write_stdout("\n".join(lines or ["nothing to collect: every lease is alive"]) + "\n")
 
 

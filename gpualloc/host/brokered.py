@@ -170,6 +170,8 @@ class BrokeredHost(HostView, kw_only=True):
             reaped=from_builtins(report["reaped"], list[Lease]),
             dropped_waiters=from_builtins(report["dropped_waiters"], list[Waiter]),
             removed_lock_files=list(report["removed_lock_files"]),
+            # A broker older than the field sends none.
+            removed_temporary_files=list(report.get("removed_temporary_files", [])),
             notes=list(report["notes"]),
             expiries=[
                 Expiry(

@@ -432,7 +432,8 @@ class LocalHost(HostView, kw_only=True):
         return NO_LEDGER if self.store is None else directory_trust(self.store.directory)
 
     def collect_garbage(self, idle: IdlePolicy | None = None) -> GarbageReport:
-        """Reap dead leases now, and remove lease lock files that no lease names; with
+        """Reap dead leases now, and remove lease lock files that no lease names and the
+        temporary files killed writers left (both once a minute old); with
         ``idle``, record how long each lease's GPUs have been idle, give idle ``--hold`` leases
         notice and release those whose notice ran out (see :mod:`gpualloc.ledger.idle`)."""
         store = self.ledger_store()
@@ -453,7 +454,12 @@ class LocalHost(HostView, kw_only=True):
                 continue
             if _remove_file(path):
                 removed.append(path.name)
-        return GarbageReport(reaped, dropped, removed, txn.notes, expiries)
+        litter = [
+            path.name
+            for path in store.directory.temporary_files()
+            if _old(path) and _remove_file(path)
+        ]
+        return GarbageReport(reaped, dropped, removed, txn.notes, expiries, litter)
 
 
 # ---- helpers -----------------------------------------------------------------------------------

@@ -124,6 +124,8 @@ class GarbageReport(Struct):
     notes: list[str]
     expiries: list[Expiry] = field(default_factory=list)
     """Idle ``--hold`` leases given notice, or released (``idle.expire_holds``)."""
+    removed_temporary_files: list[str] = field(default_factory=list)
+    """Temporary files of atomic writes that a killed writer left in the state directory."""
 
 
 class WaitStatus(Struct, frozen=True):

@@ -92,6 +92,12 @@ class StateDirectory(Struct, frozen=True):
         """Every lease lock file in the directory, of every scope."""
         return sorted(self.path.glob("lease-*.lock"))
 
+    def temporary_files(self) -> list[Path]:
+        """Every temporary file of an atomic write (:func:`gpualloc.atomic.write_text_atomic`)
+        in the directory: a writer renames its own within milliseconds, so an old one is the
+        litter of a writer that was killed."""
+        return sorted(self.path.glob(".*.tmp"))
+
     def scoped(self, scope: str | None) -> StateDirectory:
         return StateDirectory(self.path, scope)
 
