@@ -8,6 +8,8 @@ from __future__ import annotations
 import random
 from itertools import combinations
 
+import pytest
+
 from gpualloc.placement.partition import PartitionSearch
 from tests.test_partition_search import _literal_best
 
@@ -35,31 +37,29 @@ def _required(rng: random.Random, n: int, k: int) -> frozenset[int]:
     return frozenset()
 
 
-def test_two_groups_left_from_the_start() -> None:
-    rng = random.Random(4302)
-    for _ in range(150):
-        n = rng.randint(3, 12)
-        k = rng.randint((n + 1) // 2, n - 1) if n > 3 else 2
+def _from_the_start(rng: random.Random) -> tuple[int, int]:
+    """n and k such that two groups (with the padding) make the whole partition."""
+    n = rng.randint(3, 12)
+    return n, rng.randint((n + 1) // 2, n - 1) if n > 3 else 2
+
+
+def _after_the_first(rng: random.Random) -> tuple[int, int]:
+    """n and k such that a first group is chosen, and then two are left."""
+    n = rng.randint(7, 12)
+    return n, rng.randint(max(3, (n + 2) // 3), (n - 1) // 2)
+
+
+@pytest.mark.parametrize(
+    ("draw", "seed", "cases"),
+    [(_from_the_start, 4302, 150), (_after_the_first, 4303, 80)],
+    ids=["two-groups-from-the-start", "two-groups-after-the-first"],
+)
+def test_the_last_two_groups_keep_the_literal_partition(draw, seed: int, cases: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(cases):
+        n, k = draw(rng)
         weights = (_mesh_weights if rng.random() < 0.7 else _twin_weights)(rng, n)
         required = _required(rng, n, k)
         expected = _literal_best(weights, k, required)
-        assert PartitionSearch(weights, k, required).best_partition() == expected, (
-            weights,
-            k,
-            sorted(required),
-        )
-
-
-def test_two_groups_left_after_the_first() -> None:
-    rng = random.Random(4303)
-    for _ in range(80):
-        n = rng.randint(7, 12)
-        k = rng.randint(max(3, (n + 2) // 3), (n - 1) // 2)
-        weights = (_mesh_weights if rng.random() < 0.7 else _twin_weights)(rng, n)
-        required = _required(rng, n, k)
-        expected = _literal_best(weights, k, required)
-        assert PartitionSearch(weights, k, required).best_partition() == expected, (
-            weights,
-            k,
-            sorted(required),
-        )
+        got = PartitionSearch(weights, k, required).best_partition()
+        assert got == expected, (weights, k, sorted(required))
