@@ -61,23 +61,30 @@ def _cases(seed: int, count: int):
 
 
 @pytest.mark.parametrize(
-    "tabulated",
-    [True, pytest.param(False, marks=pytest.mark.slow)],  # one bound in the fast loop (issue 29)
-    ids=["share-bound", "pair-bound"],
+    "bound",
+    # one bound in the fast loop (issue 29)
+    ["share", pytest.param("pair", marks=pytest.mark.slow), "escalated"],
 )
-def test_partition_search_matches_the_literal_enumeration(tabulated, monkeypatch) -> None:
-    if not tabulated:
+def test_partition_search_matches_the_literal_enumeration(bound, monkeypatch) -> None:
+    """``escalated``: the search starts under the pair bound, and once it has memoised a few
+    sets finds the exact shares and starts again (as on a 32-GPU host, issue 43)."""
+    if bound == "pair":
+        monkeypatch.setattr(partition_module, "_MAX_SHARE_NODES", 0)
+    if bound == "escalated":
         monkeypatch.setattr(partition_module, "_MAX_TABULATED_GROUPS", 0)
-    for weights, k, required in _cases(seed=11 if tabulated else 12, count=150):
+        monkeypatch.setattr(partition_module, "_ESCALATE_AFTER_SETS", 2)
+    seed = {"share": 11, "pair": 12, "escalated": 13}[bound]
+    for weights, k, required in _cases(seed=seed, count=150):
         expected = _literal_best(weights, k, required)
         got = PartitionSearch(weights, k, required).best_partition()
         assert got == expected, (weights, k, sorted(required))
 
 
 def test_each_gpus_best_group_is_the_best_of_every_group_holding_it() -> None:
-    """The share bound's table (every group scored depth first) against scoring each group."""
+    """The share bound's table (a depth-first walk that cuts what cannot raise a best) against
+    scoring each group; weights with few values make many groups tie with the greedy seed."""
     rng = random.Random(5)
-    for _ in range(120):
+    for _ in range(400):
         n = rng.randint(1, 11)
         size = rng.randint(1, n)
         weights = _random_weights(rng, n, rng.choice([[0, 1], [10, 20, 40, 110], [0, 7, 300]]))
@@ -86,12 +93,7 @@ def test_each_gpus_best_group_is_the_best_of_every_group_holding_it() -> None:
             value = sum(weights[a][b] for a, b in combinations(group, 2))
             for gpu in group:
                 expected[gpu] = max(expected[gpu], value)
-        scores: dict[int, int] = {}
-        assert best_group_scores(weights, size, scores) == expected, (weights, size)
-        assert len(scores) == len(list(combinations(range(n), size)))
-        for mask, value in scores.items():
-            members = [i for i in range(n) if mask >> i & 1]
-            assert value == sum(weights[a][b] for a, b in combinations(members, 2))
+        assert best_group_scores(weights, size) == expected, (weights, size)
 
 
 def test_groups_come_in_go_gpuallocators_order() -> None:

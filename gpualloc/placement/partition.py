@@ -20,9 +20,15 @@ with these additions, none of which changes which partition comes out first:
 * branch and bound, with the incumbent replaced only on a *strict* improvement, and cuts only
   where nothing strictly better than the incumbent can follow. The bound gives each GPU a share:
   a group's score split evenly over its members is at most the best group score containing
-  that GPU divided by the group size (or half its best k-1 pair scores, when there are only two
-  groups or too many to tabulate); exactly ``k - P`` GPUs share the padded group, and the bound
-  counts them at their padded share;
+  that GPU divided by the group size (found by a pruned walk, :func:`best_group_scores`), or
+  half its best k-1 pair scores. Where the host's groups are few (up to 16 GPUs) the search
+  starts with the first; beyond, with the second, and finds the first once it has memoised
+  many sets (and keeps the second if that walk outgrows its cap: on ``torus-2d-32``, groups of
+  7 and more). Exactly ``k - P`` GPUs share the padded group, and the bound counts them at
+  their padded share. Until issue 43 the bests were found by scoring every group, C(n, k), so
+  32-GPU hosts had only the pair bound from k = 4 on: ``besteffort`` on the empty
+  ``pcie-32gpu-2socket`` took 2.3 to 7.0 s for 5, 6, 7, 9 and 10 GPUs (now 0.3 to 1.1 s), and
+  on ``torus-2d-32`` over a minute for 4 (now 0.2 s);
 * a transposition table: once a set of remaining GPUs has been searched, the best it can add is
   known (exactly, or as an upper bound when nothing beat the incumbent), and a later visit of
   the same set is cut at once when that cannot help.
@@ -43,11 +49,21 @@ from math import comb
 from gpualloc.placement import deadline
 from gpualloc.placement.two_groups import TwoGroups
 
-# Tabulating every group of the host costs C(n, k); beyond this, the pair bound is used.
+# Exact shares are found at once when the groups of the host number at most this many; beyond,
+# the search starts with the pair bound, and finds them once it has memoised
+# _ESCALATE_AFTER_SETS sets (a search that needs them: on ``pcie-32gpu-2socket``, jobs of 5 to
+# 10 GPUs on the empty host memoise 6,300 to 14,300 sets under the pair bound, and took 2 to 10
+# s; the busy hosts' searches, which finish under 400, would pay more for the shares than
+# they save).
 _MAX_TABULATED_GROUPS = 20_000
-# Up to this many groups at a node (and no twins) they are listed and bounded one by one: a
-# 16-GPU host's groups always are, as before issue 43; beyond, they are walked member by member.
-_LISTED_GROUPS = 20_000
+_ESCALATE_AFTER_SETS = 1_000
+# The walk for each GPU's best group stops after this many nodes, and the pair bound is kept.
+_MAX_SHARE_NODES = 20_000
+# Up to this many groups at a node (and no twins) they are listed and bounded one by one; beyond,
+# they are walked member by member, which cuts prefixes and scores each group as it is built.
+# Listing pays only for a few groups (an 8-GPU host's 35 at most); on the 16-GPU meshes, whose
+# groups were all listed before, walking them cut besteffort's p99 by a third (issue 43).
+_LISTED_GROUPS = 64
 
 
 class PartitionSearch:
@@ -81,9 +97,16 @@ class PartitionSearch:
         self._padded_shares: list[int] = []
         self.scale = 1
         self._share_tables: list[list[int]] = []
+        # Exact shares are sought once the search has memoised this many sets (never: inf).
+        self._escalate_at = math.inf
         if n + self.padding != 2 * k:  # two groups are split by :mod:`.two_groups` alone
-            self._shares, self._padded_shares, self.scale = self._vertex_shares()
-            self._share_tables = self._byte_tables(self._shares)
+            sizes = {k, self.padded_size}
+            exact = None
+            if sum(comb(n, size) for size in sizes) <= _MAX_TABULATED_GROUPS:
+                exact = self._exact_shares()
+            else:
+                self._escalate_at = _ESCALATE_AFTER_SETS
+            self._use_shares(exact or self._pair_shares())
         self._memo: dict[tuple[int, bool], int] = {}
         self._best = -1
         self._best_partition: list[tuple[int, bool]] = []
@@ -151,32 +174,36 @@ class PartitionSearch:
             self._scores[mask] = known
         return known
 
-    def _vertex_shares(self) -> tuple[list[int], list[int], int]:
-        """Per-GPU upper bounds on its share of its group's score, scaled to integers.
+    def _exact_shares(self) -> tuple[list[int], list[int], int] | None:
+        """Per-GPU upper bounds on its share of its group's score, scaled to integers; None
+        when finding them takes more than :data:`_MAX_SHARE_NODES` nodes.
 
         Share bound: a group's score is the sum over its members of score/size, and each term
-        is at most (best group containing that member)/size. When tabulating every group costs
-        too much, the pair bound is used instead: a group's score is half the sum over members
-        of their weights to the others, each at most the member's best size-1 weights.
+        is at most (best group containing that member)/size (:func:`best_group_scores`).
         """
-        n, k, padded = self.n, self.k, self.padded_size
-        sizes = {k, padded} if self.padding else {k}
-        groups = (n + self.padding) // k
-        # Two groups: the search is one level deep and the pair bound is enough.
-        if groups > 2 and sum(comb(n, size) for size in sizes) <= _MAX_TABULATED_GROUPS:
-            scale = k * padded
-            best = {size: best_group_scores(self.weights, size, self._scores) for size in sizes}
-        else:
-            ranked = [
-                sorted((self.weights[v][u] for u in range(n) if u != v), reverse=True)
-                for v in range(n)
-            ]
-            shares = [sum(row[: k - 1]) for row in ranked]
-            padded_shares = [sum(row[: padded - 1]) for row in ranked]
-            return shares, padded_shares, 2
+        k, padded = self.k, self.padded_size
+        best: dict[int, list[int]] = {}
+        for size in {k, padded}:
+            found = best_group_scores(self.weights, size, _MAX_SHARE_NODES, self.deadline.tick)
+            if found is None:
+                return None
+            best[size] = found
+        scale = k * padded
         shares = [value * scale // k for value in best[k]]
         padded_shares = [value * scale // padded for value in best[padded]]
         return shares, padded_shares, scale
+
+    def _pair_shares(self) -> tuple[list[int], list[int], int]:
+        """The pair bound, scaled by 2: a group's score is half the sum over its members of
+        their weights to the others, each at most the member's best size-1 weights."""
+        k, padded = self.k, self.padded_size
+        shares = [sums[min(k - 1, len(sums) - 1)] for sums in self.top_sums]
+        padded_shares = [sums[min(padded - 1, len(sums) - 1)] for sums in self.top_sums]
+        return shares, padded_shares, 2
+
+    def _use_shares(self, shares: tuple[list[int], list[int], int]) -> None:
+        self._shares, self._padded_shares, self.scale = shares
+        self._share_tables = self._byte_tables(self._shares)
 
     # ---- enumeration in go-gpuallocator's order ---------------------------------------------
 
@@ -292,10 +319,22 @@ class PartitionSearch:
                 return []
             _, mask, padded, other, other_padded = found
             return [(mask, padded), (other, other_padded)]
+        try:
+            self._walk_from_scratch()
+        except _Escalate:
+            # Many sets searched under the pair bound: find the exact shares, and start again.
+            self._escalate_at = math.inf
+            exact = self._exact_shares()
+            if exact is not None:
+                self._use_shares(exact)
+            self._walk_from_scratch()
+        return self._best_partition
+
+    def _walk_from_scratch(self) -> None:
         self._best = -1
         self._best_partition = []
-        self._walk(everything, True, False, 0, [])
-        return self._best_partition
+        self._memo = {}  # its values are in the shares' scale
+        self._walk((1 << self.n) - 1, True, False, 0, [])
 
     def _walk(
         self,
@@ -346,6 +385,8 @@ class PartitionSearch:
                 self._best = value
                 self._best_partition = [*partition, (mask, padded), (child, last_padded)]
             return
+        if len(memo) > self._escalate_at:
+            raise _Escalate
         key = (self._canonical(child), child_satisfied)
         known = memo.get(key)
         if known is not None and known < rest:
@@ -500,33 +541,67 @@ class _GroupWalk:
         return best
 
 
+class _Escalate(Exception):
+    """The search under the pair bound memoised :data:`_ESCALATE_AFTER_SETS` sets."""
+
+
+class _TooManyNodes(Exception):
+    """The walk of :func:`best_group_scores` outgrew its ``max_nodes``."""
+
+
 def best_group_scores(
-    weights: Sequence[Sequence[int]], size: int, scores: dict[int, int]
-) -> list[int]:
-    """Per GPU, the highest score (sum of pair scores) of a group of ``size`` holding it; each
-    group's score is also recorded in ``scores`` (bitmask of positions -> score), where the
-    partition search finds the groups it weighs.
+    weights: Sequence[Sequence[int]],
+    size: int,
+    max_nodes: float = math.inf,
+    tick: Callable[[], None] = lambda: None,
+) -> list[int] | None:
+    """Per GPU, the highest score (sum of pair scores) of a group of ``size`` holding it; None
+    if that took more than ``max_nodes`` nodes of the walk (``tick`` is called at each).
 
-    Every group is visited once, depth first in lexicographic order, its score built member by
-    member: a node keeps, for each GPU that may still join, its weight to the members so far,
-    so a group's score costs one addition, and a member's best is the best of the subtrees below
-    the node that took it (C(16, 7) = 11,440 groups in about 12 ms, where scoring each group
-    from its pairs and crediting each member took 28; issue 43).
+    A depth-first walk over the groups in lexicographic order, each group's score built member
+    by member (a node keeps each candidate's weight to the members so far), a member's best
+    being the best of the subtrees below the node that took it. A greedy group per GPU seeds
+    the bests, and a subtree is cut when no group in it can beat the best of any GPU it could
+    hold: its members and candidates. The bound is the one of :class:`_GroupWalk`: of ``t``
+    members still to come, each adds its weight to the members so far and at most half its
+    ``t - 1`` largest pair scores. The bests are exact (a cut subtree changes none). Groups of 7
+    of 16 GPUs: about 1,700 nodes on the meshes, for the 11,440 groups, and a third of the time
+    that scoring every group took (on ``dgx2`` 131 nodes, a twentieth; issue 43).
     """
-    best = [-1] * len(weights)
+    n = len(weights)
+    top_sums = []  # per GPU, the sums of its j largest pair scores
+    for v in range(n):
+        sums = [0]
+        for value in sorted((weights[v][u] for u in range(n) if u != v), reverse=True):
+            sums.append(sums[-1] + value)
+        top_sums.append(sums)
+    best = [_greedy_group_score(weights, v, size) for v in range(n)]
+    nodes = 0
 
-    def visit(candidates: list[int], gained: list[int], need: int, value: int, mask: int) -> int:
-        """The best score below this node, whose members (``mask``) score ``value``;
-        ``gained[i]``: the weight of ``candidates[i]`` to those members."""
+    def visit(candidates: list[int], gained: list[int], need: int, value: int, floor: int) -> int:
+        """The best score below this node, whose members score ``value``, ``floor`` being the
+        lowest best among them (at the root, with none, the highest of all); ``gained[i]``:
+        the weight of ``candidates[i]`` to those members. -1 where the subtree is cut."""
+        nonlocal nodes
+        nodes += 1
+        if nodes > max_nodes:
+            raise _TooManyNodes
+        tick()
         most = -1
         if need == 1:
             for gpu, extra in zip(candidates, gained, strict=True):
-                score = scores[mask | 1 << gpu] = value + extra
+                score = value + extra
                 if score > best[gpu]:
                     best[gpu] = score
                 if score > most:
                     most = score
             return most
+        # Twice the bound, in integers.
+        pairs = zip(candidates, gained, strict=True)
+        adds = sorted((2 * extra + top_sums[gpu][need - 1] for gpu, extra in pairs), reverse=True)
+        bound = 2 * value + sum(adds[:need])
+        if bound <= 2 * floor and all(bound <= 2 * best[gpu] for gpu in candidates):
+            return -1
         for i in range(len(candidates) - need + 1):
             gpu, row, rest = candidates[i], weights[candidates[i]], candidates[i + 1 :]
             below = visit(
@@ -534,7 +609,7 @@ def best_group_scores(
                 [extra + row[other] for extra, other in zip(gained[i + 1 :], rest, strict=True)],
                 need - 1,
                 value + gained[i],
-                mask | 1 << gpu,
+                min(floor, best[gpu]),
             )
             if below > best[gpu]:
                 best[gpu] = below
@@ -542,5 +617,25 @@ def best_group_scores(
                 most = below
         return most
 
-    visit(list(range(len(weights))), [0] * len(weights), size, 0, 0)
+    try:
+        visit(list(range(n)), [0] * n, size, 0, max(best))
+    except _TooManyNodes:
+        return None
     return best
+
+
+def _greedy_group_score(weights: Sequence[Sequence[int]], first: int, size: int) -> int:
+    """The score of a group of ``size`` grown from ``first`` by the GPU of largest weight to
+    the members so far (the lowest on a tie): a score some group holding ``first`` has."""
+    n = len(weights)
+    gained = list(weights[first])
+    free = [v for v in range(n) if v != first]
+    score = 0
+    for _ in range(size - 1):
+        chosen = max(free, key=gained.__getitem__)
+        score += gained[chosen]
+        free.remove(chosen)
+        row = weights[chosen]
+        for v in free:
+            gained[v] += row[v]
+    return score
