@@ -57,6 +57,9 @@ from gpualloc.placement.two_groups import TwoGroups
 # they save).
 _MAX_TABULATED_GROUPS = 20_000
 _ESCALATE_AFTER_SETS = 1_000
+# A GPU's weights to a set are added up member by member this many times before its byte tables
+# are built (0.15 ms each; a 16-GPU mesh's besteffort search read most GPUs only a few times).
+_DIRECT_READS = 32
 # The walk for each GPU's best group stops after this many nodes, and the pair bound is kept.
 _MAX_SHARE_NODES = 20_000
 # Up to this many groups at a node (and no twins) they are listed and bounded one by one; beyond,
@@ -84,7 +87,8 @@ class PartitionSearch:
         self.required = sum(1 << i for i in required)
         self._scores: dict[int, int] = {0: 0}
         # The weight from GPU v to a mask is a sum over the mask's bytes, looked up.
-        self._byte_weights: list[list[list[int]] | None] = [None] * n  # built when first read
+        self._byte_weights: list[list[list[int]] | None] = [None] * n  # built when much read
+        self._reads = [0] * n
         # Per GPU, the sums of its j largest pair scores (j = 0..n-1), for the group bound.
         self.top_sums = []
         for v in range(n):
@@ -159,8 +163,18 @@ class PartitionSearch:
         return tables
 
     def weight_to(self, v: int, mask: int) -> int:
+        """The sum of GPU ``v``'s pair scores to the GPUs of ``mask``: added up member by
+        member for its first :data:`_DIRECT_READS` reads, then looked up byte by byte."""
         tables = self._byte_weights[v]
         if tables is None:
+            self._reads[v] += 1
+            if self._reads[v] <= _DIRECT_READS:
+                row, total = self.weights[v], 0
+                while mask:
+                    low = mask & -mask
+                    total += row[low.bit_length() - 1]
+                    mask ^= low
+                return total
             tables = self._byte_weights[v] = self._byte_tables(self.weights[v])
         return self._mask_sum(tables, mask)
 
