@@ -85,3 +85,26 @@ def test_gc_says_what_it_removed() -> None:
     assert result.returncode == 0, result.stderr
     assert "removed 2 temporary file(s) left by killed writes" in result.stdout
     assert not list(ledger.parent.glob(".*.tmp"))
+
+
+def test_gc_leaves_other_scopes_and_roots_journal_alone() -> None:
+    """Only this scope's files are written under the ledger lock gc holds: a write of another
+    topology's ledger, or of root's journal (a lock of its own), may be alive however old its
+    temporary file looks (a writer stopped by SIGSTOP or a frozen cgroup)."""
+    assert gpualloc("alloc", "--hold", "--gpus", "0").returncode == 0
+    assert gpualloc("alloc", "--hold", "--gpus", "0", topology="dgx2").returncode == 0
+    state = Path(os.environ["GPUALLOC_STATE_DIR"])
+    (mine,) = [p for p in state.glob("ledger@dgx1-v100*.json") if ".good." not in p.name]
+    (other,) = [p for p in state.glob("ledger@dgx2*.json") if ".good." not in p.name]
+    journal = mine.with_name(mine.name.replace(".json", ".root-journal.json"))
+    others = [_killed_write(other), _killed_write(journal)]
+    for path in others:
+        _age(path, ORPHAN_LOCK_AGE_S + 5)
+
+    result = gpualloc("gc", "--json")
+
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["removed_temporary_files"] == []
+    assert all(path.exists() for path in others)
+    result = gpualloc("gc", "--json", topology="dgx2")
+    assert json.loads(result.stdout)["removed_temporary_files"] == [others[0].name]

@@ -433,9 +433,10 @@ class LocalHost(HostView, kw_only=True):
 
     def collect_garbage(self, idle: IdlePolicy | None = None) -> GarbageReport:
         """Reap dead leases now, and remove lease lock files that no lease names and the
-        temporary files killed writers left (both once a minute old); with
-        ``idle``, record how long each lease's GPUs have been idle, give idle ``--hold`` leases
-        notice and release those whose notice ran out (see :mod:`gpualloc.ledger.idle`)."""
+        temporary files that killed writers of this scope's ledger left (both once a minute
+        old); with ``idle``, record how long each lease's GPUs have been idle, give idle
+        ``--hold`` leases notice and release those whose notice ran out (see
+        :mod:`gpualloc.ledger.idle`)."""
         store = self.ledger_store()
         expiries: list[Expiry] = []
         with store.transaction() as txn:
@@ -447,6 +448,13 @@ class LocalHost(HostView, kw_only=True):
                 now = datetime.now(timezone.utc)
                 expiries = record_look(txn, self.processes.utilization, idle, now)
             named = {lease.id for lease in txn.ledger.leases}
+            # Under the ledger lock: this scope's writers rename their files before they let
+            # it go, so what is left is the litter of one that was killed.
+            litter = [
+                path.name
+                for path in store.directory.temporary_files()
+                if _old(path) and _remove_file(path)
+            ]
         removed = []
         for path in store.directory.lease_locks():
             lease_id = path.name[len("lease-") : -len(".lock")]
@@ -454,11 +462,6 @@ class LocalHost(HostView, kw_only=True):
                 continue
             if _remove_file(path):
                 removed.append(path.name)
-        litter = [
-            path.name
-            for path in store.directory.temporary_files()
-            if _old(path) and _remove_file(path)
-        ]
         return GarbageReport(reaped, dropped, removed, txn.notes, expiries, litter)
 
 

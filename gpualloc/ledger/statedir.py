@@ -93,10 +93,23 @@ class StateDirectory(Struct, frozen=True):
         return sorted(self.path.glob("lease-*.lock"))
 
     def temporary_files(self) -> list[Path]:
-        """Every temporary file of an atomic write (:func:`gpualloc.atomic.write_text_atomic`)
-        in the directory: a writer renames its own within milliseconds, so an old one is the
-        litter of a writer that was killed."""
-        return sorted(self.path.glob(".*.tmp"))
+        """The temporary files of atomic writes (:func:`gpualloc.atomic.write_text_atomic`) of
+        this scope's files that are written under its ledger lock: the ledger, the good copies
+        and the quarantine files. A writer renames its own before it lets the lock go, so one
+        found while holding the lock is the litter of a writer that was killed. Other scopes'
+        files, and root's journal (under a lock of its own), are not named."""
+        import glob
+
+        prefix = f".{self._stem}."
+        found = []
+        for path in self.path.glob(f"{glob.escape(prefix)}*.tmp"):
+            target, _, token = path.name[len(prefix) : -len(".tmp")].rpartition(".")
+            if len(token) != 12 or token.strip("0123456789abcdef"):
+                continue
+            uid, _, kind = target.partition(".")
+            if target == "json" or (uid.isdigit() and kind in ("good.json", "quarantine.jsonl")):
+                found.append(path)
+        return sorted(found)
 
     def scoped(self, scope: str | None) -> StateDirectory:
         return StateDirectory(self.path, scope)
