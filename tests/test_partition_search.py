@@ -96,6 +96,13 @@ def test_each_gpus_best_group_is_the_best_of_every_group_holding_it() -> None:
         assert best_group_scores(weights, size) == expected, (weights, size)
 
 
+def test_fewer_gpus_than_a_group_make_one_padded_group() -> None:
+    """No exact shares are sought for a group larger than the GPUs (review of issue 43's
+    fourth pass: the greedy seed found no GPU to add and raised)."""
+    # Its only group holds padding, so no partition qualifies (go-gpuallocator keeps none).
+    assert PartitionSearch([[0, 1], [1, 0]], 3, frozenset()).best_partition() == []
+
+
 def test_groups_come_in_go_gpuallocators_order() -> None:
     """Padding slots sort after every GPU: (0, 1, pad, pad) comes after (0, 1, 2, 3)."""
     n, k = 6, 4  # two padding slots; the padded group holds two GPUs

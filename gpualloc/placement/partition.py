@@ -106,10 +106,11 @@ class PartitionSearch:
         if n + self.padding != 2 * k:  # two groups are split by :mod:`.two_groups` alone
             sizes = {k, self.padded_size}
             exact = None
-            if sum(comb(n, size) for size in sizes) <= _MAX_TABULATED_GROUPS:
-                exact = self._exact_shares()
-            else:
-                self._escalate_at = _ESCALATE_AFTER_SETS
+            if k <= n:  # else one padded group holds every GPU, and nothing is bounded
+                if sum(comb(n, size) for size in sizes) <= _MAX_TABULATED_GROUPS:
+                    exact = self._exact_shares()
+                else:
+                    self._escalate_at = _ESCALATE_AFTER_SETS
             self._use_shares(exact or self._pair_shares())
         self._memo: dict[tuple[int, bool], int] = {}
         self._best = -1
@@ -569,8 +570,9 @@ def best_group_scores(
     max_nodes: float = math.inf,
     tick: Callable[[], None] = lambda: None,
 ) -> list[int] | None:
-    """Per GPU, the highest score (sum of pair scores) of a group of ``size`` holding it; None
-    if that took more than ``max_nodes`` nodes of the walk (``tick`` is called at each).
+    """Per GPU, the highest score (sum of pair scores, which are not negative) of a group of
+    ``size`` (at most the GPUs') holding it; None if that took more than ``max_nodes`` nodes of
+    the walk (``tick`` is called at each).
 
     A depth-first walk over the groups in lexicographic order, each group's score built member
     by member (a node keeps each candidate's weight to the members so far), a member's best
