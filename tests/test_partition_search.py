@@ -14,7 +14,8 @@ from itertools import combinations
 import pytest
 
 from gpualloc.placement import partition as partition_module
-from gpualloc.placement.partition import PartitionSearch, best_group_scores
+from gpualloc.placement.best_groups import best_group_scores
+from gpualloc.placement.partition import PartitionSearch
 from tests.go_gpuallocator import literal_partitions
 
 
