@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--cap-s", type=float, default=3.0)
     parser.add_argument("--emit", action="store_true", help=argparse.SUPPRESS)
-    args, _ = parser.parse_known_args()
+    args = parser.parse_args()
     if args.emit:
         import gpualloc
 
@@ -98,7 +98,10 @@ def main() -> None:
         return
     if args.against is None:
         parser.error("--against DIR is required (a checkout of the other version)")
-    argv = [a for a in sys.argv[1:] if a != "--against" and a != str(args.against)]
+    argv = [f"--busy-sets={args.busy_sets}", f"--seed={args.seed}", f"--cap-s={args.cap_s}"]
+    for option, values in (("--policy", args.policy), ("--host", args.host),
+                           ("--pattern", args.pattern)):  # fmt: skip
+        argv += [f"{option}={value}" for value in values or ()]
     here, there = answers_of(ROOT, argv), answers_of(args.against.resolve(), argv)
     compared = skipped = 0
     differences = []

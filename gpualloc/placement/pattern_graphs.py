@@ -110,24 +110,34 @@ def fewest_pieces(parent: dict[int, int | None], largest: int) -> int:
 def component_sizes(pool: Sequence[int], masks: Sequence[int]) -> list[int]:
     """The sizes of the connected components of the graph on ``pool`` whose neighbours of GPU
     g are ``masks[g]`` (restricted to the pool)."""
-    in_pool = or_masks(1 << g for g in pool)
-    seen = 0
-    sizes = []
-    for start in pool:
-        if seen >> start & 1:
-            continue
-        seen |= 1 << start
-        stack, size = [start], 0
-        while stack:
-            size += 1
-            reach = masks[stack.pop()] & in_pool & ~seen
+    return [c.bit_count() for c in components_of(masks, or_masks(1 << g for g in pool))]
+
+
+def components_of(masks: Sequence[int], within: int) -> tuple[int, ...]:
+    """The components of the links ``masks`` on the GPUs of ``within`` (a mask), as masks,
+    lowest GPU first."""
+    found = []
+    left = within
+    while left:
+        low = left & -left
+        frontier, seen = low, low
+        while frontier:
+            bit = frontier & -frontier
+            frontier ^= bit
+            reach = masks[bit.bit_length() - 1] & within & ~seen
             seen |= reach
-            while reach:
-                low = reach & -reach
-                stack.append(low.bit_length() - 1)
-                reach ^= low
-        sizes.append(size)
-    return sizes
+            frontier |= reach
+        left &= ~seen
+        found.append(seen)
+    return tuple(found)
+
+
+def edges_cut(pieces: int, ring_like: bool | None) -> int:
+    """The fewest edges a connected pattern loses when its ranks lie in ``pieces`` parts: one
+    fewer than the parts, or as many on a 2-edge-connected one (``ring_like``, a ring)."""
+    if pieces <= 1:
+        return 0
+    return pieces if ring_like else pieces - 1
 
 
 def forest_diameter(pattern: CommunicationPattern) -> int | None:

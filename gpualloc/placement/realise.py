@@ -113,18 +113,14 @@ class Realisation:
         self._incumbent_sets()
         self.offers: dict[tuple[int, int], int] = {}
         """:meth:`offered`'s answers by (GPUs used, floor): -1 for None, -2 for none."""
-        # Rings only: on trees the sets stay too many to list and the check cost 4 %.
         self.spread_known: dict[tuple[int, int], bool] = {}
         """:meth:`spread_ok`'s answers by (GPUs used, floor)."""
         connected = search.simple_pattern and search.ring_like is not None
-        self.spread = self._set_capacity(vector) if search.allowed is None and connected else None
-        if self.spread is not None and not self.spread.spread_checks:
-            self.spread = None
-        self.capacity = (
-            self._set_capacity(vector)
-            if search.allowed is None and search.simple_pattern and search.ring_like
-            else None
-        )
+        sets = self._set_capacity(vector) if search.allowed is None and connected else None
+        self.spread = sets if sets is not None and sets.spread_checks else None
+        # Listing the sets a placement can still reach: rings only (on trees they stay too
+        # many to list, and the check cost 4 %).
+        self.capacity = sets if search.ring_like else None
         # Roots (the GPU of position 0) that no realisation has; only where position 0 is not
         # ordered against another rank (a ring's rank 0 is its lowest GPU).
         self.dead_roots = 0

@@ -22,6 +22,7 @@ from gpualloc.placement.pattern_graphs import (
     bipartition,
     component_sizes,
     degree_limited_edges,
+    edges_cut,
     fewest_monochromatic,
     fewest_pieces,
     forest_diameter,
@@ -71,13 +72,13 @@ class VectorBounds:
     nodes: int
     deadline: Deadline
     root_orbits: list[int] | None = None
+    """Per GPU, its orbit under the host's symmetries that keep the pool and the required GPUs
+    (:func:`gpualloc.placement.symmetry.orbit_masks`), computed when :mod:`.realise` first
+    needs it."""
     simple_pattern: bool
     """Each pair of ranks joined once (a 2-GPU ring lists its pair twice)."""
     ring_like: bool | None
     """Whether the pattern survives the loss of any one edge (None: it is not connected)."""
-    """Per GPU, its orbit under the host's symmetries that keep the pool and the required GPUs
-    (:func:`gpualloc.placement.symmetry.orbit_masks`), computed when :mod:`.realise` first
-    needs it."""
 
     def _prepare_budget_search(self) -> None:
         """What the count-vector search needs beyond the other paths: the positions each step
@@ -287,15 +288,12 @@ class VectorBounds:
         edges = len(self.pattern.edges)
         monochromatic = fewest_monochromatic(self.pattern)
         diameter = forest_diameter(self.pattern)
-        simple = len(set(map(frozenset, self.pattern.edges))) == len(self.pattern.edges)
-        parents = forest_parents(self.pattern) if simple else None
+        parents = forest_parents(self.pattern) if self.simple_pattern else None
         groups = []
         for members, masks, widest in self.group_masks:
             cap = edges
             if ring_like is not None:
-                spanned = self._fewest_components(members)
-                if spanned > 1:
-                    cap -= spanned if ring_like else spanned - 1
+                cap -= edges_cut(self._fewest_components(members), ring_like)
             cap = min(cap, degree_limited_edges(self.pattern, widest))
             if widest <= 2 and diameter is not None:
                 cap = min(cap, self._paths_within_components(masks, diameter))

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from itertools import combinations
 from math import comb
 
+from gpualloc.placement.pattern_graphs import components_of, edges_cut
+
 MAX_SETS = 120
 """Sets listed per check at most; beyond, the check says nothing (the DFS goes on as before)."""
 
@@ -46,10 +48,10 @@ class SetCapacity:
             want = sum(vector[c] for c in members)
             if want:
                 self.checks.append((want, masks))
-                components = _components_of(masks, pool_mask)
+                components = components_of(masks, pool_mask)
                 # Too few components to lose what the vector leaves: it never refutes.
                 spanned = min(len(degrees), len(components))
-                if spanned > 1 and want > edges - (spanned if ring_like else spanned - 1):
+                if want > edges - edges_cut(spanned, ring_like):
                     self.spread_checks.append((want, masks, components))
         self.degrees = sorted(degrees, reverse=True)
         self.uniform = self.degrees[0] if len(set(self.degrees)) == 1 else 0
@@ -91,7 +93,7 @@ class SetCapacity:
                     count += 1
                 if left > 0:
                     return False  # too few GPUs at all
-            if count > 1 and want > edges - (count if ring_like else count - 1):
+            if count > 1 and want > edges - edges_cut(count, ring_like):
                 return False
         return True
 
@@ -117,8 +119,8 @@ class SetCapacity:
             if want > ends // 2:
                 return False
             if ring_like is not None:
-                lost = _components(masks, mask)
-                if lost > 1 and want > edges - (lost if ring_like else lost - 1):
+                lost = len(components_of(masks, mask))
+                if lost > 1 and want > edges - edges_cut(lost, ring_like):
                     return False
         return True
 
@@ -149,26 +151,3 @@ class SetCapacity:
             if self.fits(gpus, mask):
                 union |= mask
         return union
-
-
-def _components_of(masks: Sequence[int], within: int) -> tuple[int, ...]:
-    """The components of the links ``masks`` on the GPUs of ``within``, as masks."""
-    found = []
-    left = within
-    while left:
-        low = left & -left
-        frontier, seen = low, low
-        while frontier:
-            bit = frontier & -frontier
-            frontier ^= bit
-            reach = masks[bit.bit_length() - 1] & within & ~seen
-            seen |= reach
-            frontier |= reach
-        left &= ~seen
-        found.append(seen)
-    return tuple(found)
-
-
-def _components(masks: Sequence[int], within: int) -> int:
-    """How many components the links ``masks`` form on the GPUs of ``within``."""
-    return len(_components_of(masks, within))
