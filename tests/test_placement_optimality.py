@@ -1,8 +1,10 @@
 """Every policy returns the true optimum of its own objective: brute force on bundled hosts.
 
 The brute force enumerates every candidate set and, for order-dependent objectives, every order
-of it, then applies the documented tie-break (highest key, then the lowest sorted set, then the
-lowest order). The engine must return exactly that placement.
+of it, then applies the documented tie-break: the highest key, then the tie rule of
+:mod:`gpualloc.placement.ties` (fewest NUMA nodes, fewest PCIe root complexes, most NVLink
+bandwidth left free, the lowest sorted set), then the lowest order. The engine must return
+exactly that placement.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from gpualloc.placement.decide import decision_context
 from gpualloc.placement.objectives import AggregatedObjective, evaluate_order
 from gpualloc.placement.patterns import build_pattern
 from gpualloc.placement.registry import get_policy, policy_names
+from gpualloc.placement.ties import tie_key
 from gpualloc.topologies import bundled_names, load_bundled
 from tests.go_gpuallocator import literal_partitions
 
@@ -48,7 +51,7 @@ def _memo(key, compute):
 def _brute_ordered(ctx, objective):
     key = (
         "ordered", ctx.topology.name, ctx.pool, tuple(sorted(ctx.request.required)),
-        ctx.request.pattern.edges, ctx.k, objective.describe(),
+        ctx.request.pattern.edges, ctx.k, objective.describe(), ctx.state.free,
     )  # fmt: skip
     return _memo(key, lambda: _brute_ordered_now(ctx, objective))
 
@@ -56,22 +59,23 @@ def _brute_ordered(ctx, objective):
 def _brute_ordered_now(ctx, objective):
     best = None
     for gpus in _sets(ctx):
+        rank = tie_key(ctx, gpus).rank()
         for order in permutations(gpus):
             key = evaluate_order(ctx.host, ctx.request.pattern, objective, order)
-            candidate = (tuple(-v for v in key), gpus, order)
+            candidate = (tuple(-v for v in key), rank, order)
             if best is None or candidate < best:
                 best = candidate
     return best[2]
 
 
 def _brute_set(ctx, key_of):
-    """Highest set key, lowest set; then the best aggregated order, lowest order."""
+    """Highest set key, then the tie rule; then the best aggregated order, lowest order."""
     best = None
     for gpus in _sets(ctx):
-        candidate = (tuple(-v for v in key_of(gpus)), gpus)
+        candidate = (tuple(-v for v in key_of(gpus)), tie_key(ctx, gpus).rank())
         if best is None or candidate < best:
             best = candidate
-    return best[1]
+    return best[1][-1]
 
 
 def _best_aggregated_order(ctx, gpus):

@@ -151,6 +151,10 @@ class Placement(Struct, frozen=True):
     then empty)."""
     shared: bool = False
     """A shared place on ``gpus[0]`` (``run --share``), not the GPU whole."""
+    decided_by: str | None = None
+    """The criterion of the tie rule (:mod:`gpualloc.placement.ties`) that chose this placement
+    over another its policy's objective rates equal, e.g. "fewer NUMA nodes (1 against 2 for
+    2 GPUs 0,4)"; None where no tied placement was seen."""
 
     @property
     def parent_gpus(self) -> tuple[int, ...]:

@@ -19,9 +19,10 @@ class BaselinePolicy(Policy):
     summary = "lowest free GPU indices (what CUDA_VISIBLE_DEVICES=0,1 users get)"
     reference = "MAPA (SC'21) section 4, Baseline; nvidia-docker"
     reads_running_jobs = False  # the free GPUs alone decide
+    breaks_ties = False  # as the tool it reproduces breaks them
     scores_partial_sets = True
 
-    def place(self, ctx: DecisionContext) -> Placement:
+    def search(self, ctx: DecisionContext) -> Placement:
         required = sorted(ctx.request.required)
         others = [g for g in ctx.pool if g not in ctx.request.required]
         chosen = sorted(required + others[: ctx.k - len(required)])

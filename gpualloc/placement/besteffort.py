@@ -55,9 +55,10 @@ class BestEffortPolicy(Policy):
     summary = "NVIDIA go-gpuallocator best-effort (Kubernetes device plugin)"
     reference = "NVIDIA/go-gpuallocator besteffort_policy.go"
     reads_running_jobs = False  # the free GPUs alone decide
+    breaks_ties = False  # as the tool it reproduces breaks them
     scores_partial_sets = True
 
-    def place(self, ctx: DecisionContext) -> Placement:
+    def search(self, ctx: DecisionContext) -> Placement:
         return ctx.placement(self.name, self.choose(ctx), self.summary)
 
     def set_key(self, ctx: DecisionContext, order: Sequence[int]) -> SetKey:

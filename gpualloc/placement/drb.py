@@ -37,7 +37,7 @@ class DrbPolicy(Policy):
     reference = "DRB (SC'17) section 4, Algorithms 2-3, Eq. 2-5"
     scores_partial_sets = True
 
-    def place(self, ctx: DecisionContext) -> Placement:
+    def search(self, ctx: DecisionContext) -> Placement:
         chosen = self.choose_set(ctx)
         return ctx.placement(self.name, self.order_of(ctx, chosen), self.objective(ctx))
 

@@ -3,8 +3,10 @@ reason for the choice (:meth:`Policy.reason`).
 
 Alternatives are every other candidate set when there are at most ``MAX_EXHAUSTIVE`` of them,
 else every single-GPU swap of the chosen set (its neighbourhood: what a user would try by hand);
-each is ordered as the policy orders sets and ranked by the policy's key. Running the other
-policies to find alternatives would cost more than the decision itself on 16-GPU hosts.
+each is ordered as the policy orders sets and ranked by the policy's key, then, among equal keys,
+by the tie rule of :mod:`.ties` (the lowest set, for a policy that keeps its tool's tie-break).
+Running the other policies to find alternatives would cost more than the decision itself on
+16-GPU hosts.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from gpualloc.model.request import Placement
 from gpualloc.placement.candidates import candidate_sets
 from gpualloc.placement.context import DecisionContext
 from gpualloc.placement.policy import Alternative, Policy
+from gpualloc.placement.ties import decided_by, tie_key, ties
 
 MAX_EXHAUSTIVE = 200
 
@@ -50,11 +53,23 @@ def alternatives(
         key = policy.set_key(ctx, order)
         assert key is not None
         ranked.append(Alternative(order, key, ctx.scores_of(order)))
-    ranked.sort(key=lambda alt: alt.key, reverse=True)
+    ranked.sort(key=lambda alt: tuple(-v for v in alt.key))
+    if policy.breaks_ties:
+        standing = {alt.gpus: tie_key(ctx, alt.gpus).rank() for alt in ranked}
+        ranked.sort(key=lambda alt: (tuple(-v for v in alt.key), standing[alt.gpus]))
     return ranked[:top]
 
 
 def reason(
     ctx: DecisionContext, policy: Policy, placement: Placement, others: list[Alternative]
 ) -> str:
-    return policy.reason(ctx, placement, others[0] if others else None)
+    """The policy's reason, and what decided where the runner-up ties on the objective."""
+    runner_up = others[0] if others else None
+    text = policy.reason(ctx, placement, runner_up)
+    key = policy.set_key(ctx, placement.gpus)
+    if runner_up is None or key is None or not ties(key, runner_up.key):
+        return text
+    if not policy.breaks_ties:
+        return f"{text}; it ties on the objective: {policy.name} takes the lower GPU indices"
+    criterion = decided_by(tie_key(ctx, placement.gpus), tie_key(ctx, runner_up.gpus))
+    return f"{text}; it ties on the objective: chosen by {criterion}"

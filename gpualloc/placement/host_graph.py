@@ -16,6 +16,9 @@ from gpualloc.model.topology import Topology
 DOUBLE_NVLINK, SINGLE_NVLINK, PCIE = 0, 1, 2
 
 _SWITCH_PATHS = frozenset({PciePath.BOARD, PciePath.PIX, PciePath.PXB})
+# Paths that stay below one host bridge (``nvidia-smi topo -m``'s legend: PHB traverses a PCIe
+# host bridge, NODE crosses between host bridges of one NUMA node, SYS the CPUs' interconnect).
+_ROOT_COMPLEX_PATHS = _SWITCH_PATHS | {PciePath.PHB}
 
 
 _BUILT: dict[int, tuple[Topology, HostGraph]] = {}
@@ -33,7 +36,9 @@ class HostGraph(Struct, frozen=True):
     - ``pcie[a][b]``: the PCIe path class, ``None`` when unknown.
     - ``mapa_class[a][b]``: MAPA's x/y/z class (double NVLink, single NVLink, PCIe).
     - ``socket[g]``: the GPU's NUMA node (-1 when unknown); ``switch_group[g]``: GPUs that share
-      a PCIe switch tree (``BOARD``/``PIX``/``PXB`` paths) have the same group id.
+      a PCIe switch tree (``BOARD``/``PIX``/``PXB`` paths) have the same group id;
+      ``root_complex[g]``: GPUs below the same PCIe host bridge (those paths and ``PHB``) have
+      the same id (a GPU whose paths are unknown is alone).
     """
 
     gpu_count: int
@@ -45,6 +50,7 @@ class HostGraph(Struct, frozen=True):
     mapa_class: tuple[tuple[int, ...], ...]
     socket: tuple[int, ...]
     switch_group: tuple[int, ...]
+    root_complex: tuple[int, ...]
     max_nvlinks: int
     published_model_fits: bool
     """True when every NVLinked pair has one or two direct links, as on the DGX-1 V100 that
@@ -95,7 +101,8 @@ class HostGraph(Struct, frozen=True):
             pcie=_freeze(pcie),
             mapa_class=_freeze(mapa_class),
             socket=socket,
-            switch_group=_switch_groups(n, pcie),
+            switch_group=_groups(n, pcie, _SWITCH_PATHS),
+            root_complex=_groups(n, pcie, _ROOT_COMPLEX_PATHS),
             max_nvlinks=max_links,
             published_model_fits=fits,
         )
@@ -112,8 +119,10 @@ def _freeze(rows: list[list]) -> tuple[tuple, ...]:
     return tuple(tuple(row) for row in rows)
 
 
-def _switch_groups(n: int, pcie: list[list[PciePath | None]]) -> tuple[int, ...]:
-    """Union-find over pairs whose PCIe path stays below the host bridge."""
+def _groups(
+    n: int, pcie: list[list[PciePath | None]], joined: frozenset[PciePath]
+) -> tuple[int, ...]:
+    """Union-find over pairs whose PCIe path is one of ``joined``."""
     parent = list(range(n))
 
     def find(x: int) -> int:
@@ -124,6 +133,6 @@ def _switch_groups(n: int, pcie: list[list[PciePath | None]]) -> tuple[int, ...]
 
     for a in range(n):
         for b in range(a + 1, n):
-            if pcie[a][b] in _SWITCH_PATHS:
+            if pcie[a][b] in joined:
                 parent[find(a)] = find(b)
     return tuple(find(g) for g in range(n))

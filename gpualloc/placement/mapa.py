@@ -62,7 +62,7 @@ class MapaPolicy(Policy):
             return "max preserved NVLink bandwidth (MAPA Eq. 3), then aggregated"
         return ctx.sensitive_objective().describe()
 
-    def place(self, ctx: DecisionContext) -> Placement:
+    def search(self, ctx: DecisionContext) -> Placement:
         if self._preserves(ctx):
             order = self._preserve(ctx)
         else:
@@ -382,16 +382,21 @@ def _nvlink_pairs_left(ctx: DecisionContext, chosen: Sequence[int]) -> list[tupl
 def _preserve_reason(
     ctx: DecisionContext, placement: Placement, runner_up: Alternative | None
 ) -> str:
+    """What the placement keeps: the whole preserved bandwidth, over how many NVLinked pairs,
+    the widest of them named."""
     kept = _nvlink_pairs_left(ctx, placement.gpus)
-    if runner_up:
-        theirs = set(_nvlink_pairs_left(ctx, runner_up.gpus))
-        kept = [p for p in kept if p not in theirs] or kept
-    links = ctx.host.nvlinks
     preserved = placement.scores.preserved_gbps
-    shown = ", ".join(f"NV{links[a][b]} {a}-{b}" for a, b in kept[:3])
-    text = f"keeps {preserved:g} GB/s of NVLink free for later sensitive jobs"
-    if shown:
-        text = f"keeps the pairs {shown} free for later sensitive jobs ({preserved:g} GB/s)"
+    if not kept:
+        text = "leaves no NVLinked pair among the free GPUs (nothing to preserve)"
+    else:
+        links = ctx.host.nvlinks
+        shown = ", ".join(f"NV{links[a][b]} {a}-{b}" for a, b in kept[:3])
+        more = f" and {len(kept) - 3} more" if len(kept) > 3 else ""
+        pairs = "pair" if len(kept) == 1 else "pairs"
+        text = (
+            f"keeps {preserved:g} GB/s of NVLink among the GPUs left free, over {len(kept)} "
+            f"{pairs} ({shown}{more})"
+        )
     if runner_up:
         text += (
             f"; runner-up {gpu_list(runner_up.gpus)} keeps {runner_up.scores.preserved_gbps:g} GB/s"

@@ -22,7 +22,7 @@ class MapaGreedyPolicy(Policy):
     reference = "MAPA (SC'21) section 4, Greedy; Eq. 1"
     reads_running_jobs = False  # the free GPUs alone decide
 
-    def place(self, ctx: DecisionContext) -> Placement:
+    def search(self, ctx: DecisionContext) -> Placement:
         objective = AggregatedObjective()
         found = best_ordered_placement(
             ctx.host, ctx.request.pattern, objective, ctx.pool, sorted(ctx.request.required)

@@ -25,7 +25,7 @@ class PackPolicy(Policy):
     scores_partial_sets = True
     reads_running_jobs = False  # cost and fragmentation read the free GPUs alone
 
-    def place(self, ctx: DecisionContext) -> Placement:
+    def search(self, ctx: DecisionContext) -> Placement:
         chosen = self.choose_set(ctx)
         return ctx.placement(self.name, self.order_of(ctx, chosen), self.summary)
 

@@ -5,7 +5,10 @@ A policy turns a :class:`~gpualloc.placement.context.DecisionContext` into a
 GPUs (pack, spread, DRB) return the lexicographically first set of their best key, as scoring
 every candidate set in order and keeping the first strict improvement would (pack and DRB by
 :mod:`gpualloc.placement.set_search`, spread by socket counts); the chosen set is then ordered by
-:meth:`Policy.order_of`.
+:meth:`Policy.order_of`. Among the placements the objective rates equal, :meth:`Policy.place`
+then applies gpualloc's one tie rule (:mod:`gpualloc.placement.ties`: fewer NUMA nodes, fewer
+PCIe root complexes, more NVLink bandwidth left free, lower indices), except in the policies
+that reproduce another tool, which break ties as that tool does.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from msgspec import Struct
 
 from gpualloc.model.request import Placement, Scores
 from gpualloc.placement.context import DecisionContext
+from gpualloc.placement.ties import break_ties
 
 SetKey = tuple[float, ...]
 
@@ -48,14 +52,25 @@ class Policy(ABC):
     the others: the simulator's queue reuses it, scored again for the jobs at hand
     (:func:`gpualloc.placement.choose.searched`; ``tests/test_remembered_choices.py`` holds
     each such policy to it, on states that catch DRB if it were marked so)."""
+    breaks_ties: ClassVar[bool] = True
+    """Whether :meth:`place` applies the tie rule of :mod:`gpualloc.placement.ties` after the
+    policy's objective; False in a policy that reproduces another tool (go-gpuallocator,
+    Slurm, the lowest indices), whose answer must be that tool's."""
     scores_partial_sets: ClassVar[bool] = False
     """Whether :meth:`set_key` scores a set of any size, so that a search cut short by its time
     budget can grow a set greedily by it (:mod:`gpualloc.placement.greedy`); otherwise the
     fallback places the pattern rank by rank."""
 
-    @abstractmethod
     def place(self, ctx: DecisionContext) -> Placement:
-        """The policy's choice; raises NoFeasiblePlacement only through the context."""
+        """The policy's choice: its :meth:`search`, then the tie rule where it applies."""
+        found = self.search(ctx)
+        return break_ties(self, ctx, found) if self.breaks_ties else found
+
+    @abstractmethod
+    def search(self, ctx: DecisionContext) -> Placement:
+        """The best placement under the policy's own objective (its lowest set where several
+        tie, for gpualloc's own policies); raises NoFeasiblePlacement only through the
+        context."""
 
     def objective(self, ctx: DecisionContext) -> str:
         return self.summary
@@ -69,6 +84,12 @@ class Policy(ABC):
 
         ``None`` for policies that follow a procedure rather than maximise a score.
         """
+        return None
+
+    def key_bound(self, ctx: DecisionContext, gpus: Sequence[int]) -> SetKey | None:
+        """An upper bound on :meth:`set_key` of any placement on ``ctx.k`` of ``gpus``, where a
+        cheap one exists, for the tie rule to skip a region no tied set can lie in; ``None``:
+        none known."""
         return None
 
     def reason(

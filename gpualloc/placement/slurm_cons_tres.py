@@ -20,8 +20,9 @@ class SlurmPolicy(Policy):
     summary = "Slurm 22.05 cons_tres: first free GPU, then most NVLinks to it"
     reference = "Slurm 22.05 select/cons_tres with gres.conf Links="
     reads_running_jobs = False  # the free GPUs alone decide
+    breaks_ties = False  # as the tool it reproduces breaks them
 
-    def place(self, ctx: DecisionContext) -> Placement:
+    def search(self, ctx: DecisionContext) -> Placement:
         required = sorted(ctx.request.required)
         anchor = required[0] if required else ctx.pool[0]
         links = ctx.host.nvlinks[anchor]

@@ -15,6 +15,7 @@ of scoring C(n, k) sets.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 
@@ -30,7 +31,7 @@ class SpreadPolicy(Policy):
     reads_running_jobs = False  # the free GPUs alone decide
     scores_partial_sets = True
 
-    def place(self, ctx: DecisionContext) -> Placement:
+    def search(self, ctx: DecisionContext) -> Placement:
         chosen = spread_set(ctx)
         return ctx.placement(self.name, self.order_of(ctx, chosen), self.summary)
 
@@ -43,6 +44,11 @@ class SpreadPolicy(Policy):
             -float(max(per_socket.values())),
             float(sum(free_per_socket[socket[g]] for g in order)),
         )
+
+    def key_bound(self, ctx: DecisionContext, gpus: Sequence[int]) -> SetKey:
+        """No set of ``gpus`` spans more sockets than they do (the key's first term)."""
+        sockets = len({ctx.host.socket[g] for g in gpus})
+        return (float(min(sockets, ctx.k)), math.inf, math.inf)
 
     def reason(
         self, ctx: DecisionContext, placement: Placement, runner_up: Alternative | None
