@@ -104,8 +104,9 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption(
         "score", "str",
         "Effective-bandwidth model for sensitive jobs: auto (MAPA Table 2 on hosts with the "
-        "DGX-1's NV1/NV2/PCIe links and patterns of up to 8 edges, else the slowest pattern "
-        "link), mapa, bottleneck.",
+        "DGX-1's NV1/NV2/PCIe links, else the slowest pattern link), mapa (Table 2 on any "
+        "host), bottleneck. Table 2 scores only patterns of 2 to 5 edges, the range it was "
+        "fitted on; others are scored by their slowest link.",
         default="auto", metavar="MODEL", completion="scores",
     ),
     JobOption(

@@ -27,8 +27,8 @@ NUMA_MODES = (
     ("none", "no binding"),
 )
 SCORES = (
-    ("auto", "MAPA Table 2 on DGX-1-like links and up to 8 edges, else the bottleneck"),
-    ("mapa", "MAPA Table 2"),
+    ("auto", "MAPA Table 2 on DGX-1-like links and 2-5 edges, else the bottleneck"),
+    ("mapa", "MAPA Table 2 for 2-5 edges, else the bottleneck"),
     ("bottleneck", "the slowest link of the pattern"),
 )
 PRIORITIES = (("high", ""), ("normal", ""), ("low", ""))

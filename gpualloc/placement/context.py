@@ -52,9 +52,9 @@ class DecisionContext(Struct, dict=True):
                 hint="drop it from --require or from --exclude",
             )
         self.host = HostGraph.from_topology(self.topology)
-        self.resolved_model = scores.resolve_model(
-            self.host, self.effective_model, len(self.request.pattern.edges)
-        )
+        edges = len(self.request.pattern.edges)
+        self.resolved_model = scores.resolve_model(self.host, self.effective_model, edges)
+        self.model_note = scores.outside_fitted_range(self.host, self.effective_model, edges)
         self.pool = tuple(sorted(self.state.free - self.request.excluded))
         self._check_feasible()
 
@@ -116,6 +116,8 @@ class DecisionContext(Struct, dict=True):
     def placement(
         self, policy: str, order: Sequence[int], objective: str, notes: Sequence[str] = ()
     ) -> Placement:
+        if self.model_note and self.request.sensitive and len(order) > 1:
+            notes = (*notes, self.model_note)
         return Placement(
             policy=policy,
             gpus=tuple(order),

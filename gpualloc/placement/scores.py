@@ -92,22 +92,41 @@ def mapa_predicted_gbps(x: int, y: int, z: int) -> float:
     )
 
 
-MAPA_MODEL_MAX_EDGES = 8
-"""The most pattern edges ``auto`` gives Table 2: a ring through the eight GPUs of one DGX-1,
-the largest job MAPA's evaluation scored with it. Beyond that the polynomial runs far outside
-anything it was fitted on (an 8-GPU all-to-all, 28 edges, scores -3434 GB/s)."""
+MAPA_FITTED_EDGES = range(2, 6)
+"""The pattern edges of the allocations Table 2 was fitted on: rings of 2 to 5 GPUs of one
+DGX-1 V100 (section 3.4.3: "2, 3, 4, and 5-GPU allocations", 31 samples; a 2-GPU ring counts its
+pair twice). Outside it the polynomial is extrapolated and predicts what no link can carry:
+(1, 0, 5) scores -3.31 GB/s for 6 edges, (3, 2, 2) -16.2 for 7, (4, 2, 2) -43.3 for 8, and an
+8-GPU all-to-all of 28 edges -3434. There every model, ``mapa`` asked for by name included, gives
+way to the slowest pattern link, which holds for any pattern (see the module docstring)."""
 
 
 def resolve_model(
     host: HostGraph, requested: EffectiveModel, edges: int | None = None
 ) -> EffectiveModel:
-    """``auto`` becomes Table 2 on hosts whose links are the DGX-1 classes, for patterns of at
-    most :data:`MAPA_MODEL_MAX_EDGES` edges (``edges`` None: any), else the bottleneck."""
+    """The model a pattern of ``edges`` edges (None: any) is scored by: Table 2 where asked
+    for, or under ``auto`` on hosts whose links are the DGX-1 classes, and only for the edge
+    counts it was fitted on (:data:`MAPA_FITTED_EDGES`); else the slowest pattern link."""
+    if edges is not None and edges not in MAPA_FITTED_EDGES:
+        return EffectiveModel.BOTTLENECK
     if requested is not EffectiveModel.AUTO:
         return requested
-    if host.published_model_fits and (edges is None or edges <= MAPA_MODEL_MAX_EDGES):
-        return EffectiveModel.MAPA
-    return EffectiveModel.BOTTLENECK
+    return EffectiveModel.MAPA if host.published_model_fits else EffectiveModel.BOTTLENECK
+
+
+def outside_fitted_range(host: HostGraph, requested: EffectiveModel, edges: int) -> str | None:
+    """Why a pattern that Table 2 would have scored is scored by its slowest link instead, in
+    words; None where Table 2 was not in question."""
+    wanted = requested is EffectiveModel.MAPA or (
+        requested is EffectiveModel.AUTO and host.published_model_fits
+    )
+    if not wanted or edges in MAPA_FITTED_EDGES:
+        return None
+    return (
+        f"effective bandwidth by the slowest pattern link: MAPA's Table 2 was fitted on "
+        f"patterns of {MAPA_FITTED_EDGES[0]} to {MAPA_FITTED_EDGES[-1]} edges (section 3.4.3) "
+        f"and this one has {edges}"
+    )
 
 
 def pattern_pairs(order: Sequence[int], pattern: CommunicationPattern) -> list[tuple[int, int]]:
