@@ -13,7 +13,7 @@ _gpualloc_commands() {
 _gpualloc_options() {
     case $1 in
         '') echo '--topology -t --bandwidth-table --refresh --debug --version --manual --install-completion --show-completion --help -h' ;;
-        'plan') echo '-n --num-gpus --pattern --sensitive --insensitive --exclude --require --policy --score --drb-weights --mig --mem --allow-unhealthy --busy --free --explain --compare --json --help -h' ;;
+        'plan') echo '-n --num-gpus --pattern --sensitive --insensitive --exclude --require --policy --score --drb-weights --mig --mem --allow-unhealthy --busy --free --assume-free --explain --compare --json --help -h' ;;
         'run') echo '-n --num-gpus --pattern --sensitive --insensitive --exclude --require --policy --score --drb-weights --gpus --min-utility --min-bandwidth --mig --mem --share --shareable --background --sm-share --name --uuid --ignore-foreign --heed-foreign --allow-unhealthy --wait --timeout --priority --max-bypass --numa --dry-run --quiet -q --json --help -h' ;;
         'alloc') echo '-n --num-gpus --pattern --sensitive --insensitive --exclude --require --policy --score --drb-weights --gpus --min-utility --min-bandwidth --mig --mem --shareable --name --uuid --ignore-foreign --heed-foreign --allow-unhealthy --wait --timeout --priority --max-bypass --pid --hold --format --help -h' ;;
         'release') echo '--mine --evict-shared --grace --json --help -h' ;;

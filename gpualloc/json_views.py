@@ -26,6 +26,8 @@ def placement_json(topology: Topology, request: JobRequest, placement: Placement
         "pattern": request.pattern.name,
         "sensitive": request.sensitive,
         "cut_short": placement.cut_short,
+        "decided_by": placement.decided_by,
+        "notes": list(placement.notes),
     }
 
 

@@ -168,16 +168,50 @@ def test_import_needs_something(cli) -> None:
 @pytest.mark.parametrize(
     ("args", "model"),
     [
-        (("-n", "8"), "mapa"),  # a ring through all eight GPUs: 8 edges, Table 2's domain
-        (("-n", "5", "--pattern", "all"), "bottleneck"),  # 10 edges: beyond it
+        (("-n", "5"), "mapa"),  # a 5-GPU ring: 5 edges, the most Table 2 was fitted on
+        (("-n", "2"), "mapa"),  # a 2-GPU ring counts its pair twice: 2 edges, the fewest
+        (("-n", "6"), "bottleneck"),  # 6 edges: Table 2 predicts -3.31 GB/s for (1, 0, 5)
+        (("-n", "8"), "bottleneck"),  # 8 edges: -43.3 GB/s for (4, 2, 2)
+        (("-n", "2", "--pattern", "all"), "bottleneck"),  # 1 edge: below the fitted range
         (("-n", "8", "--pattern", "all"), "bottleneck"),  # 28 edges: Table 2 says -3434 GB/s
     ],
 )
 def test_auto_uses_table_2_only_within_its_domain(cli, args: tuple[str, ...], model: str) -> None:
     data = json.loads(cli("--topology", "dgx1-v100", "plan", *args, "--json").stdout)
     assert data["effective_model"] == model and data["scores"]["effective_gbps"] > 0
-    forced = cli("--topology", "dgx1-v100", "plan", *args, "--score", "mapa", "--json")
-    assert json.loads(forced.stdout)["effective_model"] == "mapa"  # asked for: given
+    forced = json.loads(
+        cli("--topology", "dgx1-v100", "plan", *args, "--score", "mapa", "--json").stdout
+    )
+    assert forced["effective_model"] == model  # asked for, but only within its fitted range
+    outside = [note for note in forced["notes"] if "fitted on patterns of 2 to 5 edges" in note]
+    assert bool(outside) == (model == "bottleneck"), forced["notes"]
+
+
+@pytest.mark.parametrize("k", range(2, 9))
+@pytest.mark.parametrize("host", ["dgx1-v100", "dgx1-p100"])
+def test_no_predicted_bandwidth_is_negative(cli, host: str, k: int) -> None:
+    """Table 2 outside its fitted range scored a DGX-1 ring of 8 at -43.3 GB/s and a 7-GPU
+    placement of --compare at -16.2; every policy's every score is now a bandwidth."""
+    for sensitivity in ("--sensitive", "--insensitive"):
+        data = json.loads(
+            cli("--topology", host, "plan", "-n", str(k), sensitivity, "--compare", "--json").stdout
+        )
+        for placement in data["compare"]:
+            assert placement["scores"]["effective_gbps"] > 0, placement
+
+
+def test_a_sensitive_6_gpu_ring_on_a_dgx1_stays_on_nvlink(cli) -> None:
+    """Table 2 extrapolated to 6 edges picked 0,1,3,4,2,6, whose ring crosses a PCIe (SYS)
+    link, although an all-NVLink ring of six exists."""
+    data = json.loads(
+        cli("--topology", "dgx1-v100", "plan", "-n", "6", "--sensitive", "--json").stdout
+    )
+    gpus = data["gpus"]
+    from gpualloc.topologies import load_bundled
+
+    topology = load_bundled("dgx1-v100")
+    ring = list(zip(gpus, [*gpus[1:], gpus[0]], strict=True))
+    assert all(topology.link(a, b).nvlinks for a, b in ring), gpus
 
 
 def test_explain_says_why_there_is_no_runner_up(cli) -> None:
@@ -188,3 +222,52 @@ def test_explain_says_why_there_is_no_runner_up(cli) -> None:
     assert "runners-up: none; these are the only usable GPUs" in only.stdout
     procedure = cli("--topology", "dgx1-v100", "plan", "-n", "2", "--explain", "--policy", "slurm")
     assert "runners-up: none; this policy follows a procedure" in procedure.stdout
+
+
+def test_the_preserve_reason_counts_every_pair_it_keeps(cli) -> None:
+    """'keeps the pairs NV2 1-2, NV2 1-5, NV2 2-3 free (450 GB/s)' named three pairs as if
+    they made the 450 GB/s; twelve do."""
+    why = next(
+        line
+        for line in cli("-t", "dgx1-v100", "plan", "-n", "1", "--explain").stdout.splitlines()
+        if line.startswith("why: ")
+    )
+    assert why.startswith(
+        "why: keeps 450 GB/s of NVLink among the GPUs left free, over 12 pairs "
+        "(NV2 1-2, NV2 1-5, NV2 2-3 and 9 more)"
+    ), why
+    assert "it ties on the objective: chosen by lower GPU indices (than 1 GPU 1)" in why
+
+
+def test_plan_reads_the_ledger_and_says_so(cli) -> None:
+    """With GPU 3 held, plan printed 0,3 while run --dry-run said another pair: plan counted
+    every GPU free and did not say so."""
+    held = cli("-t", "dgx1-v100", "alloc", "-n", "1", "--gpus", "3", "--hold")
+    assert held.exit_code == 0, held.stderr
+    now = json.loads(cli("-t", "dgx1-v100", "plan", "-n", "2", "--json").stdout)
+    dry = cli("-t", "dgx1-v100", "run", "-n", "2", "--dry-run", "--json", "--", "true")
+    assert now["gpus"] == json.loads(dry.stdout)["placement"]["gpus"] != [0, 3]
+    assert now["basis"]["kind"] == "now" and now["basis"]["taken"] == [3]
+    assert "held by" in now["basis"]["held_by"][0]
+    text = cli("-t", "dgx1-v100", "plan", "-n", "2").stdout
+    assert "planned on the GPUs free now: GPU 3 taken" in text
+    what_if = json.loads(
+        cli("-t", "dgx1-v100", "plan", "-n", "2", "--assume-free", "--json").stdout
+    )
+    assert what_if["gpus"] == [0, 3] and what_if["basis"] == {
+        "kind": "assume-free", "taken": [], "held_by": []
+    }  # fmt: skip
+    busy = cli("-t", "dgx1-v100", "plan", "-n", "2", "--busy", "0")
+    assert "what if GPU 0 taken (--busy): the ledger and processes ignored" in busy.stdout
+    full = cli("-t", "dgx1-v100", "plan", "-n", "8")
+    assert full.exit_code == 10, full.stderr  # fits the host, not now: as run says
+    assert "error: the job needs 8 GPUs and 7 are free now (GPU 3 taken)" in full.stderr
+    both = cli("-t", "dgx1-v100", "plan", "-n", "2", "--assume-free", "--busy", "1")
+    assert both.exit_code == 2 and "--assume-free and --busy" in both.stderr
+
+
+def test_explain_beside_compare_is_refused(cli) -> None:
+    """--explain was silently ignored beside --compare."""
+    result = cli("-t", "dgx1-v100", "plan", "-n", "2", "--explain", "--compare")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --explain explains one policy's choice")

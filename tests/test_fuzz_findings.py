@@ -407,3 +407,10 @@ def test_an_unknown_policy_of_alloc_is_said_back_cut(cli: Cli) -> None:
     assert result.exit_code == ExitCode.USAGE, result.stderr
     (error,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert "..." in error and error.count("a") <= 130, error
+
+
+def test_an_unknown_score_model_is_said_back_cut(cli: Cli) -> None:
+    """A 3,000-character --score was said back whole (found by test_fuzz_inputs' option cases
+    on a developer's run: CI replays the same examples, a developer's run tries new ones)."""
+    result = cli("-t", "dgx1-v100", "alloc", "--hold", "--score", "a" * 3000)
+    _refused(result, ExitCode.USAGE, "unknown --score")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, Optional
 
 from gpualloc.cli.declare import Option
 from gpualloc.cli.request_options import given, with_job_options
 from gpualloc.cli.state import STATE
-from gpualloc.errors import NoFeasiblePlacement, RequestError
+from gpualloc.errors import GpusBusy, NoFeasiblePlacement, RequestError
 from gpualloc.json_views import placement_json
 from gpualloc.model.option_values import gpu_list
 from gpualloc.placement.options import JobOptions
@@ -25,16 +25,25 @@ def plan_command(
         Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
         Option(
             metavar="LIST",
-            help="GPUs to treat as taken, e.g. 0,3-4 (default: none; 'run' and 'alloc' read "
-            "the ledger).",
+            help="What if these GPUs were taken and every other free, e.g. 0,3-4 (instead of "
+            "the ledger and the GPUs' processes).",
         ),
     ] = None,
     free: Annotated[
         Optional[str],  # noqa: UP045
         Option(
-            metavar="LIST", help="GPUs to treat as the only free ones (the opposite of --busy)."
+            metavar="LIST",
+            help="What if these GPUs were the only free ones (the opposite of --busy).",
         ),
     ] = None,
+    assume_free: Annotated[
+        bool,
+        Option(
+            "--assume-free",
+            help="What if nothing were held: plan on every usable GPU, ignoring the ledger and "
+            "the GPUs' processes.",
+        ),
+    ] = False,
     explain: Annotated[
         bool, Option("--explain", help="Show the best alternatives and why this one won.")
     ] = False,
@@ -48,15 +57,19 @@ def plan_command(
     links between consecutive ranks, and the scores.
 
     Rank i of the job runs on the i-th GPU listed; `gpualloc run` will export them in that order
-    as CUDA_VISIBLE_DEVICES. Exit code 9 when no set of GPUs satisfies the request. Inside a
-    Slurm job it plans on the job's GPUs, as `run` would place.
+    as CUDA_VISIBLE_DEVICES. It plans on the GPUs free now, as `run` would place (the ledger's
+    leases and other programs' GPU processes count as taken); --assume-free, --busy and --free
+    ask what if instead, and the output says which it was. Exit code 9 when no set of GPUs
+    satisfies the request, 10 when the job would fit but the GPUs it needs are taken now.
+    Inside a Slurm job it plans on the job's GPUs.
 
     Example: `gpualloc --topology dgx1-v100 plan -n 3 --busy 0 --explain`
     """
     from gpualloc import boot
-    from gpualloc.cli.open_ledger import open_host_ledger, say
+    from gpualloc.cli.open_ledger import open_host_ledger, say, warn
     from gpualloc.ledger.schema import Ledger
     from gpualloc.model.cpuset import format_cpulist
+    from gpualloc.model.printable import count_of
     from gpualloc.model.request import HostState
     from gpualloc.placement.decide import decision_context
 
@@ -65,6 +78,17 @@ def plan_command(
     allow_unhealthy = own.get("allow_unhealthy", False)
     if busy is not None and free is not None:
         raise RequestError("--busy and --free both say which GPUs are free", hint="give one")
+    if assume_free and (busy is not None or free is not None):
+        given_too = "--busy" if busy is not None else "--free"
+        raise RequestError(
+            f"--assume-free and {given_too} both say which GPUs are free", hint="give one"
+        )
+    what_if = assume_free or busy is not None or free is not None
+    if explain and compare:
+        raise RequestError(
+            "--explain explains one policy's choice and --compare shows every policy's",
+            hint="give one: 'plan --policy NAME --explain' explains that policy's choice",
+        )
     if count is None and mig is None and mem is None:
         raise RequestError("how many GPUs?", hint="give -n K (or --mig / --mem for a MIG device)")
     want = options.want(STATE.config())
@@ -72,8 +96,8 @@ def plan_command(
         create=False,
         check_health=not allow_unhealthy,
         allow_unhealthy=allow_unhealthy,
+        ignore_foreign=what_if,  # a what-if: only --busy and --free say what is taken
     )
-    host.ignore_foreign = True  # plan asks "what if": only --busy and --free say what is taken
     topology = host.topology
     if want.mig is not None:
         if free is not None:
@@ -93,16 +117,25 @@ def plan_command(
             f"GPU {min(outside)} does not exist on this host ({n} GPUs: 0..{n - 1})",
             hint="'gpualloc topo show' lists the GPUs",
         )
-    # What if nothing were held: the host's own exclusions (unhealthy, lost, in MIG mode,
-    # not the Slurm job's) from its occupancy of an empty ledger, with --busy laid over it.
+    # The host's own exclusions (unhealthy, lost, in MIG mode, not the Slurm job's), from its
+    # occupancy of an empty ledger: what a what-if lays --busy over, and what "now" is held to.
     idle = host.occupancy(Ledger(host=boot.hostname()), allow_unhealthy=allow_unhealthy)
     for gpu, reason in sorted(idle.unhealthy.items()):
         say(f"skipping unhealthy GPU {gpu}: {reason} (--allow-unhealthy includes it)")
     if host.slurm_job is not None:  # plan as 'run' would place: on the job's GPUs only
         job = host.slurm_job
         say(f"inside {job.describe()}: planning on its GPUs (GPUALLOC_NO_SLURM=1: the host's)")
-    wanted = HostState.with_busy(n, busy_set & everything)
-    state = HostState(free=wanted.free & idle.free, running=wanted.running)
+    if what_if:
+        wanted = HostState.with_busy(n, busy_set & everything)
+        state = HostState(free=wanted.free & idle.free, running=wanted.running)
+        basis = PlanBasis.what_if(assume_free, busy_set & idle.free, free is not None)
+    else:
+        txn = host.snapshot()
+        warn(txn.notes)
+        now = host.occupancy(txn.ledger, allow_unhealthy=allow_unhealthy)
+        state = now.host_state()
+        taken = sorted(idle.free - state.free)
+        basis = PlanBasis("now", tuple(taken), tuple(now.describe(taken)))
     split = idle.mig
     try:
         ctx = decision_context(
@@ -113,6 +146,19 @@ def plan_command(
             weights=want.weights,
         )
     except NoFeasiblePlacement as never:
+        if basis.kind == "now" and basis.taken and _fits(topology, want, idle.free):
+            message = never.message
+            if not want.request.required & set(basis.taken):
+                are = "is" if len(state.free) == 1 else "are"
+                message = (
+                    f"the job needs {count_of(want.request.gpus, 'GPU')} and {len(state.free)} "
+                    f"{are} free now (GPU {format_cpulist(basis.taken)} taken)"
+                )
+            raise GpusBusy(
+                message,
+                details=basis.held_by,
+                hint="'gpualloc plan --assume-free' shows what it would choose were they free",
+            ) from None
         if not split:
             raise
         hint = (
@@ -126,17 +172,65 @@ def plan_command(
             hint=hint,
         ) from None
     running = sorted({p.gpu for p in host.processes.processes if p.gpu in state.free})
-    if running and busy is None and free is None:  # plan asks "what if": say what it ignores
+    if running and what_if:  # a what-if: say what it ignores
         say(
             f"note: GPU {format_cpulist(running)} {'runs' if len(running) == 1 else 'run'} "
-            "processes now; plan counts every GPU free "
-            "but --busy ones ('gpualloc status' shows them; run and alloc avoid them)"
+            "processes now; this what-if counts every GPU free but --busy ones ('gpualloc "
+            "status' shows them; run and alloc avoid them)"
         )
     budget = host.placement_budget_s
     if compare:
-        _show_compare(ctx, as_json, budget)
+        _show_compare(ctx, as_json, budget, basis)
     else:
-        _show_plan(ctx, want.policy, explain, as_json, budget)
+        _show_plan(ctx, want.policy, explain, as_json, budget, basis)
+
+
+class PlanBasis(NamedTuple):
+    """Which GPUs a plan counted taken, and why: the ledger and processes now, or a what-if."""
+
+    kind: str
+    """``now``, ``assume-free``, ``busy`` (--busy) or ``free`` (--free)."""
+    taken: tuple[int, ...]
+    """The usable GPUs counted taken."""
+    held_by: tuple[str, ...] = ()
+    """Who holds them (``now``): one line per holder."""
+
+    @classmethod
+    def what_if(cls, assume_free: bool, taken: frozenset[int], by_free: bool) -> PlanBasis:
+        kind = "assume-free" if assume_free else "free" if by_free else "busy"
+        return cls(kind, tuple(sorted(taken)))
+
+    def line(self) -> str:
+        from gpualloc.model.cpuset import format_cpulist
+
+        gpus = format_cpulist(self.taken)
+        if self.kind == "now":
+            if not self.taken:
+                return "planned on the GPUs free now: none is taken"
+            return (
+                f"planned on the GPUs free now: GPU {gpus} taken ('gpualloc status' says by "
+                "whom; --assume-free plans as if none were)"
+            )
+        if self.kind == "assume-free":
+            return "what if nothing were held (--assume-free): the ledger and processes ignored"
+        option = "--free" if self.kind == "free" else "--busy"
+        taken = f"GPU {gpus} taken" if self.taken else "no GPU taken"
+        return f"what if {taken} ({option}): the ledger and processes ignored"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "taken": list(self.taken), "held_by": list(self.held_by)}
+
+
+def _fits(topology: Topology, want: Any, free: frozenset[int]) -> bool:
+    """Whether the request would fit were ``free`` the free GPUs."""
+    from gpualloc.model.request import HostState
+    from gpualloc.placement.decide import decision_context
+
+    try:
+        decision_context(topology, want.request, HostState(free=free))
+    except NoFeasiblePlacement:
+        return False
+    return True
 
 
 def _show_mig_plan(
@@ -214,16 +308,24 @@ def _placement_lines(ctx: DecisionContext, placement: Placement) -> list[str]:
     effective = figure(s.effective_gbps)
     if s.effective_model:
         effective += f" ({'MAPA Table 2' if s.effective_model == 'mapa' else 'slowest link'})"
-    return [
+    lines = [
         f"policy {placement.policy}: {placement.objective}",
         f"aggregated {figure(s.aggregated_gbps)}, effective {effective}, "
         f"preserved {figure(s.preserved_gbps)}, bottleneck {figure(s.bottleneck_gbps)}, "
         f"utility {s.utility:.3f}",
     ]
+    if placement.decided_by:
+        lines.append(f"tie: the objective rates others equal; chosen by {placement.decided_by}")
+    return lines + [f"note: {note}" for note in placement.notes]
 
 
 def _show_plan(
-    ctx: DecisionContext, policy: str, explain: bool, as_json: bool, budget_s: float | None
+    ctx: DecisionContext,
+    policy: str,
+    explain: bool,
+    as_json: bool,
+    budget_s: float | None,
+    basis: PlanBasis,
 ) -> None:
     from gpualloc.cli.open_ledger import warn
     from gpualloc.cli.output import Table, fixed, print_json, print_tables
@@ -236,6 +338,7 @@ def _show_plan(
     warn([placement.cut_short] if placement.cut_short else [])
     if as_json:
         data = placement_json(ctx.topology, ctx.request, placement)
+        data["basis"] = basis.as_json()
         if explanation:
             data["explain"] = {
                 "reason": explanation.reason,
@@ -264,7 +367,7 @@ def _show_plan(
             wrap=(3,),
         )
     ]
-    footer = _placement_lines(ctx, placement)
+    footer = [basis.line(), *_placement_lines(ctx, placement)]
     ordinal = ctx.topology.cuda_ordinals()
     footer.append(f"CUDA_VISIBLE_DEVICES={','.join(str(ordinal[g]) for g in order)}")
     if explanation:
@@ -315,13 +418,20 @@ def bandwidth_source(topology: Topology) -> str:
     )
 
 
-def _show_compare(ctx: DecisionContext, as_json: bool, budget_s: float | None) -> None:
+def _show_compare(
+    ctx: DecisionContext, as_json: bool, budget_s: float | None, basis: PlanBasis
+) -> None:
     from gpualloc.cli.output import Table, fixed, print_json, print_tables
     from gpualloc.placement.decide import compare as compare_all
 
     placements = compare_all(ctx, budget_s=budget_s)
     if as_json:
-        print_json({"compare": [placement_json(ctx.topology, ctx.request, p) for p in placements]})
+        print_json(
+            {
+                "compare": [placement_json(ctx.topology, ctx.request, p) for p in placements],
+                "basis": basis.as_json(),
+            }
+        )
         return
     rows = [
         [
@@ -344,5 +454,6 @@ def _show_compare(ctx: DecisionContext, as_json: bool, budget_s: float | None) -
                 rows,
                 right_align_from=2,
             )
-        ]
+        ],
+        footer=[basis.line()],
     )

@@ -264,8 +264,10 @@ def effective_model(score: str) -> EffectiveModel:
     try:
         return EffectiveModel(score)
     except ValueError:
+        from gpualloc.user_files import shown_value
+
         raise RequestError(
-            f"unknown --score {score!r}", hint="choose auto, mapa or bottleneck"
+            f"unknown --score {shown_value(score)}", hint="choose auto, mapa or bottleneck"
         ) from None
 
 
