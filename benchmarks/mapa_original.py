@@ -39,6 +39,8 @@ import argparse
 import itertools
 import random
 import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 NETWORKS = ("alexnet", "googlenet", "caffenet", "inception-v3", "resnet-50", "vgg16")
@@ -204,9 +206,30 @@ def original(seed: int, policy: str, *, skip_behind_started: bool = True) -> Out
     )
 
 
-def gpualloc_run(seed: int, policy: str, *, hold: bool = False) -> Outcome:
+@contextmanager
+def lowest_index_ties(policy: str) -> Iterator[None]:
+    """``policy`` with the original's tie-break, the lowest indices, instead of gpualloc's tie
+    rule (:mod:`gpualloc.placement.ties`): what compares the two decision by decision."""
+    from gpualloc.placement.registry import get_policy
+
+    kind = type(get_policy(policy))
+    before = kind.breaks_ties
+    kind.breaks_ties = False
+    try:
+        yield
+    finally:
+        kind.breaks_ties = before
+
+
+def gpualloc_run(
+    seed: int, policy: str, *, hold: bool = False, original_ties: bool = False
+) -> Outcome:
     """gpualloc's simulator on the same list: every job at time 0, FIFO, fixed service times,
-    DGX-1 V100 (GPUs numbered from 0); ``hold`` gives sensitive jobs the original's threshold."""
+    DGX-1 V100 (GPUs numbered from 0); ``hold`` gives sensitive jobs the original's threshold,
+    ``original_ties`` the original's tie-break (:func:`lowest_index_ties`)."""
+    if original_ties:
+        with lowest_index_ties(policy):
+            return gpualloc_run(seed, policy, hold=hold)
     from gpualloc.simulate.engine import SimOptions, simulate
     from gpualloc.simulate.generate import ABOVE_EMPTY_ALLOCATION
     from gpualloc.simulate.trace import SimJob

@@ -1,7 +1,8 @@
 """gpualloc's ``mapa`` and ``mapa-greedy`` against MAPA's original simulator, emulated from its
 documented behaviour (``benchmarks/mapa_original.py``; issue 32, point 5): the same decisions
-on the same job lists once the original's queue walks in order, and the two things outside
-placement that move the original's means (docs/evaluation.md section 3.4)."""
+on the same job lists once the original's queue walks in order and ties go to the lowest
+indices as there, and the two things outside placement that move the original's means
+(docs/evaluation.md section 3.4)."""
 
 from __future__ import annotations
 
@@ -44,15 +45,24 @@ def test_the_same_decisions_as_the_original(mapa_original, original, ours) -> No
     name, hold = ours
     for seed in SEEDS:
         theirs = mapa_original.original(seed, policy, skip_behind_started=skip)
-        mine = mapa_original.gpualloc_run(seed, name, hold=hold)
+        mine = mapa_original.gpualloc_run(seed, name, hold=hold, original_ties=True)
         assert mine.decisions == theirs.decisions, seed
         assert mine.sensitive_gbps == pytest.approx(theirs.sensitive_gbps)
 
 
 def test_the_threshold_and_the_walk_are_what_differ(mapa_original) -> None:
-    held = mapa_original.gpualloc_run(6, "mapa", hold=True)
-    plain = mapa_original.gpualloc_run(6, "mapa")
+    held = mapa_original.gpualloc_run(6, "mapa", hold=True, original_ties=True)
+    plain = mapa_original.gpualloc_run(6, "mapa", original_ties=True)
     assert held.sensitive_gbps > plain.sensitive_gbps + 0.5  # a job waited for better GPUs
     walked = mapa_original.original(6, "preserve", skip_behind_started=False)
     as_written = mapa_original.original(6, "preserve")
     assert as_written.decisions != walked.decisions  # the skipped job starts elsewhere/later
+
+
+def test_the_tie_rule_changes_decisions_not_the_bandwidths(mapa_original) -> None:
+    """gpualloc's tie rule moves some of the original's tied decisions (fewer NUMA nodes, more
+    NVLink left free) and never lowers a sensitive job's predicted bandwidth in the mean."""
+    for seed in SEEDS:
+        ruled = mapa_original.gpualloc_run(seed, "mapa")
+        lowest = mapa_original.gpualloc_run(seed, "mapa", original_ties=True)
+        assert ruled.sensitive_gbps >= lowest.sensitive_gbps - 1e-6, seed

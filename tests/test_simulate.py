@@ -197,20 +197,20 @@ def test_postponement_waits_for_a_good_placement_unless_turned_off() -> None:
 
 
 def test_the_bandwidth_runtime_stretches_sensitive_jobs_on_poor_links(dgx1) -> None:
-    """With six GPUs held, the pair left is a poor one: the sensitive job runs longer there
-    than on the host's best pair, the insensitive one barely."""
-    jobs = [
-        _job("hold", 0, 6, 100),
-        _job("pair", 1, 2, 10),
-        _job("calm", 2, 2, 10, sensitive=False),
-    ]
-    result = {r.job.id: r for r in simulate(dgx1, jobs, SimOptions(runtime="bandwidth")).jobs}
+    """The lowest indices give a pair one NVLink (0-1): the sensitive job runs longer there
+    than on the host's best pair, the insensitive one barely. (Under mapa six GPUs held left
+    such a pair; since the 2-5 edge range of Table 2, the ring of six stays on NVLink and
+    leaves an NV2 pair.)"""
+    jobs = [_job("pair", 1, 2, 10), _job("calm", 20, 2, 10, sensitive=False)]
+    options = SimOptions(runtime="bandwidth", policy="baseline")
+    result = {r.job.id: r for r in simulate(dgx1, jobs, options).jobs}
     pair, calm = result["pair"], result["calm"]
     assert dgx1.link(*pair.gpus).bandwidth_gbps == 25.0  # one NVLink, the best pair has two
     v = SENSITIVE.intensity_gb
     assert pair.stretch == pytest.approx((1 + v / 25.0) / (1 + v / 50.0))
     assert calm.stretch is not None and 1.0 < calm.stretch < 1.01
-    assert result["hold"].stretch == pytest.approx(1.0)  # six GPUs: the best ring of six
+    held = simulate(dgx1, [_job("hold", 0, 6, 100)], SimOptions(runtime="bandwidth")).jobs[0]
+    assert held.stretch == pytest.approx(1.0)  # six GPUs: the best ring of six
 
 
 def test_the_profile_runtime_uses_measured_times() -> None:
