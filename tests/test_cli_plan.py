@@ -271,3 +271,16 @@ def test_explain_beside_compare_is_refused(cli) -> None:
     result = cli("-t", "dgx1-v100", "plan", "-n", "2", "--explain", "--compare")
     assert result.exit_code == 2
     assert result.stderr.startswith("error: --explain explains one policy's choice")
+
+
+def test_plan_of_a_mig_device_reads_the_ledger(cli) -> None:
+    """plan --mig counted every MIG device free, as plan did every GPU."""
+    first = json.loads(cli("-t", "dgx-a100-mig", "plan", "--mig", "3g.20gb", "--json").stdout)
+    held = cli("-t", "dgx-a100-mig", "alloc", "--mig", "3g.20gb", "--hold")
+    assert held.exit_code == 0, held.stderr
+    now = json.loads(cli("-t", "dgx-a100-mig", "plan", "--mig", "3g.20gb", "--json").stdout)
+    assert now["mig_device"]["device"] != first["mig_device"]["device"]
+    assert now["basis"] == {"kind": "now", "taken": [first["mig_device"]["device"]]}
+    what_if = cli("-t", "dgx-a100-mig", "plan", "--mig", "3g.20gb", "--assume-free")
+    assert first["mig_device"]["uuid"] in what_if.stdout
+    assert "(--assume-free): the ledger ignored" in what_if.stdout

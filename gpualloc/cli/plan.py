@@ -102,7 +102,13 @@ def plan_command(
     if want.mig is not None:
         if free is not None:
             raise RequestError("--free names whole GPUs", hint="with --mig, use --busy GPU0/MIG1")
-        _show_mig_plan(topology, want.mig, busy, explain, as_json)
+        taken_now = None
+        if not what_if:  # the MIG devices leased now, as run --mig would see them
+            txn = host.snapshot()
+            warn(txn.notes)
+            occupancy = host.occupancy(txn.ledger, allow_unhealthy=allow_unhealthy)
+            taken_now = set(occupancy.mig_taken())
+        _show_mig_plan(topology, want.mig, busy, explain, as_json, taken_now)
         return
     n = topology.gpu_count
     everything = frozenset(range(n))
@@ -234,16 +240,21 @@ def _fits(topology: Topology, want: Any, free: frozenset[int]) -> bool:
 
 
 def _show_mig_plan(
-    topology: Topology, request: MigRequest, busy: str | None, explain: bool, as_json: bool
+    topology: Topology,
+    request: MigRequest,
+    busy: str | None,
+    explain: bool,
+    as_json: bool,
+    taken_now: set[tuple[int, int]] | None,
 ) -> None:
-    """``plan --mig``: the MIG device ``run --mig`` would take, with ``--busy`` naming MIG
-    devices to treat as held."""
+    """``plan --mig``: the MIG device ``run --mig`` would take now (``taken_now``: the MIG
+    devices leased), or, with ``--busy`` naming MIG devices to treat as held, what if."""
     from gpualloc.cli.output import print_json, write_stdout
-    from gpualloc.model.mig import format_size, parse_mig_label
+    from gpualloc.model.mig import format_size, mig_label, parse_mig_label
     from gpualloc.placement.mig_fit import choose_mig
 
     known = {(m.gpu, m.device) for m in topology.mig_instances}
-    held: dict[tuple[int, int], object] = {}
+    held: dict[tuple[int, int], object] = dict.fromkeys(taken_now or (), True)
     for part in (busy or "").split(","):
         if not part.strip():
             continue
@@ -273,9 +284,14 @@ def _show_mig_plan(
                 "reason": choice.reason,
                 "runners_up": [m.label for m in choice.runners_up],
                 "numa_node": topology.gpu(chosen.gpu).numa_node,
+                "basis": {
+                    "kind": "now" if taken_now is not None else "busy" if busy else "assume-free",
+                    "taken": sorted(mig_label(*key) for key in held),
+                },
             }
         )
         return
+    taken = ", ".join(sorted(mig_label(*key) for key in held)) or "none"
     lines = [
         f"{choice.reason}",
         f"CUDA_VISIBLE_DEVICES={chosen.uuid}",
@@ -287,6 +303,11 @@ def _show_mig_plan(
             f"  {m.label} ({m.profile}, {format_size(m.memory_bytes)})"
             for m in choice.runners_up[:5]
         ] or ["  none: it is the only free MIG device that fits"]
+    if taken_now is not None:
+        lines.append(f"planned on the MIG devices free now: taken {taken}")
+    else:
+        option = "--busy" if busy else "--assume-free"
+        lines.append(f"what if the MIG devices taken were {taken} ({option}): the ledger ignored")
     write_stdout("\n".join(lines) + "\n")
 
 
