@@ -159,3 +159,31 @@ def test_on_the_mock_nvml_held_gpus_do_not_split_a_job(
     result = _on_mock(profile, tmp_path, "run", "-n", str(k), "--dry-run", "--json", "--", "true")
     assert result.returncode == 0, result.stderr
     assert sorted(json.loads(result.stdout)["placement"]["gpus"]) == expected
+
+
+def test_a_bound_of_a_pair_counts_the_2_gpu_rings_pair_once() -> None:
+    """The 2-GPU ring lists its pair twice; its ranks still have one neighbour each (the bound
+    indexed a second-widest link that a pair does not have)."""
+    from gpualloc.placement.host_graph import HostGraph
+    from gpualloc.placement.mapa import slowest_link_bound
+
+    host = HostGraph.from_topology(load_bundled("dgx1-v100"))
+    assert slowest_link_bound(host, build_pattern("ring", 2), (0, 3)) == 50.0
+    assert slowest_link_bound(host, build_pattern("ring", 3), (0, 1, 3)) == 25.0
+
+
+def test_a_rule_cut_short_says_so_and_still_ties(monkeypatch) -> None:
+    """Where the walk that ranks a region's sets by NVLink left free reaches its step limit
+    (thousands of sets on a 16-GPU single-socket mesh can), the placement says so and is still
+    one the objective rates best."""
+    from gpualloc.placement import ties as rule
+
+    monkeypatch.setattr(rule, "MAX_RANKED_STEPS", 3)
+    topology = load_bundled("cube-mesh-16")
+    request = JobRequest(8, build_pattern("ring", 8), False)
+    ctx = decision_context(topology, request, HostState.with_busy(16, frozenset({2})))
+    policy = get_policy("pack")
+    placement = policy.place(ctx)
+    assert any(note.startswith("tie rule incomplete (NVLink bandwidth left free compared in 3")
+               for note in placement.notes), placement.notes  # fmt: skip
+    assert policy.set_key(ctx, placement.gpus) == policy.set_key(ctx, policy.search(ctx).gpus)

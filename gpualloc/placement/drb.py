@@ -36,6 +36,7 @@ class DrbPolicy(Policy):
     summary = "highest DRB utility: communication cost, interference, fragmentation"
     reference = "DRB (SC'17) section 4, Algorithms 2-3, Eq. 2-5"
     scores_partial_sets = True
+    keys_sets_alone = True
 
     def search(self, ctx: DecisionContext) -> Placement:
         chosen = self.choose_set(ctx)

@@ -21,8 +21,9 @@ tie-break is MAPA Greedy's search over the pool.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
-from itertools import accumulate, chain, islice
+from itertools import accumulate, chain, islice, permutations
 from math import comb
 
 from gpualloc.model.request import CommunicationPattern, Placement
@@ -37,7 +38,7 @@ from gpualloc.placement.host_graph import HostGraph
 from gpualloc.placement.objectives import AggregatedObjective, evaluate_order
 from gpualloc.placement.pattern_graphs import is_forest
 from gpualloc.placement.policy import Alternative, Policy, SetKey, gpu_list
-from gpualloc.placement.scores import mapa_counts, pattern_pairs, preserved_gbps
+from gpualloc.placement.scores import EffectiveModel, mapa_counts, pattern_pairs, preserved_gbps
 from gpualloc.placement.search import SearchResult
 from gpualloc.placement.symmetry import cached_host_symmetries, set_orbits
 
@@ -84,6 +85,23 @@ class MapaPolicy(Policy):
             preserved = preserved_gbps(ctx.host, ctx.state.free, order)
             return (round(preserved, 6), *aggregated)
         return evaluate_order(ctx.host, pattern, ctx.sensitive_objective(), order)
+
+    def key_bound(self, ctx: DecisionContext, gpus: Sequence[int]) -> SetKey | None:
+        """Bounds of :meth:`set_key` on a fixed set (``ctx.k`` GPUs): its preserved bandwidth
+        exactly, or its slowest pattern link (each GPU's ``d``-th widest link in the set, for a
+        pattern whose ranks have ``d`` edges or more), then the aggregated bound. Table 2 is
+        not monotone: its key is the set's own, over every order (it scores 2 to 5 edges, so
+        at most 6! orders)."""
+        if len(gpus) != ctx.k:
+            return None
+        pattern, host = ctx.request.pattern, ctx.host
+        aggregated = aggregated_upper_bound(host, pattern, gpus)
+        if self._preserves(ctx):
+            return (round(preserved_gbps(host, ctx.state.free, gpus), 6), aggregated)
+        if ctx.resolved_model is EffectiveModel.MAPA:
+            objective = ctx.sensitive_objective()
+            return max(evaluate_order(host, pattern, objective, o) for o in permutations(gpus))
+        return (slowest_link_bound(host, pattern, gpus), aggregated)
 
     def order_of(self, ctx: DecisionContext, gpus: tuple[int, ...]) -> tuple[int, ...]:
         if self._preserves(ctx):
@@ -368,6 +386,24 @@ def aggregated_upper_bound(
     by_degree = sum(tops[: size or len(gpus)]) / 2
     by_pairs = sum(pairs[:edges])
     return round(min(by_degree, by_pairs), 6)
+
+
+def slowest_link_bound(
+    host: HostGraph, pattern: CommunicationPattern, gpus: Sequence[int]
+) -> float:
+    """An upper bound on the slowest pattern link of any order of ``pattern`` on ``gpus``:
+    every GPU hosts a rank with pattern edges to at least ``d`` other ranks (``d`` the least
+    such count; a pair listed twice, as in the 2-GPU ring, is one), so it uses ``d`` of its
+    links within the set, the slowest no faster than its ``d``-th widest."""
+    neighbours: list[set[int]] = [set() for _ in range(pattern.size)]
+    for u, v in pattern.edges:
+        neighbours[u].add(v)
+        neighbours[v].add(u)
+    d = min((len(n) for n in neighbours), default=0)
+    if d == 0 or len(gpus) < 2:
+        return math.inf
+    bw = host.bandwidth
+    return min(sorted((bw[a][b] for b in gpus if b != a), reverse=True)[d - 1] for a in gpus)
 
 
 def _nvlink_pairs_left(ctx: DecisionContext, chosen: Sequence[int]) -> list[tuple[int, int]]:

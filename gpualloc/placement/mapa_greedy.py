@@ -33,6 +33,14 @@ class MapaGreedyPolicy(Policy):
     def set_key(self, ctx: DecisionContext, order: Sequence[int]) -> SetKey:
         return evaluate_order(ctx.host, ctx.request.pattern, AggregatedObjective(), order)
 
+    def key_bound(self, ctx: DecisionContext, gpus: Sequence[int]) -> SetKey | None:
+        """The aggregated bound of a fixed set (:func:`.mapa.aggregated_upper_bound`)."""
+        from gpualloc.placement.mapa import aggregated_upper_bound
+
+        if len(gpus) != ctx.k:
+            return None
+        return (aggregated_upper_bound(ctx.host, ctx.request.pattern, gpus),)
+
     def reason(
         self, ctx: DecisionContext, placement: Placement, runner_up: Alternative | None
     ) -> str:

@@ -23,6 +23,7 @@ class PackPolicy(Policy):
     summary = "closest GPUs, best fit into already-used sockets (DRB paper's BF)"
     reference = "DRB (SC'17) sections 3 and 5.2, pack / best fit"
     scores_partial_sets = True
+    keys_sets_alone = True
     reads_running_jobs = False  # cost and fragmentation read the free GPUs alone
 
     def search(self, ctx: DecisionContext) -> Placement:

@@ -56,6 +56,9 @@ class Policy(ABC):
     """Whether :meth:`place` applies the tie rule of :mod:`gpualloc.placement.ties` after the
     policy's objective; False in a policy that reproduces another tool (go-gpuallocator,
     Slurm, the lowest indices), whose answer must be that tool's."""
+    keys_sets_alone: ClassVar[bool] = False
+    """Whether :meth:`set_key` reads the set alone, not its order (so the tie rule can score
+    a set without searching its orders)."""
     scores_partial_sets: ClassVar[bool] = False
     """Whether :meth:`set_key` scores a set of any size, so that a search cut short by its time
     budget can grow a set greedily by it (:mod:`gpualloc.placement.greedy`); otherwise the

@@ -30,6 +30,7 @@ class SpreadPolicy(Policy):
     reference = "DRB (SC'17) section 3, spread"
     reads_running_jobs = False  # the free GPUs alone decide
     scores_partial_sets = True
+    keys_sets_alone = True
 
     def search(self, ctx: DecisionContext) -> Placement:
         chosen = spread_set(ctx)

@@ -24,11 +24,13 @@ for the scores) finds whether the union holds a tied set, and its lowest one. Un
 increasing size from the least that can hold the job, each first bounded from below by
 criteria 2-4 (the fewest root complexes its GPUs can fill the job from, the most NVLink
 bandwidth any of its sets can leave free, its lowest set) and skipped when that bound cannot
-beat the best placement found so far. Inside a union the same is done for root complexes; then
-its sets with the best two counts are ranked by criteria 3 and 4, and the first that ties on the
-objective wins. A union of more than :data:`MAX_RANKED_SETS` sets is not ranked set by set (its
-lowest tied set stands for it), and at most :data:`MAX_SEARCHES` restricted searches run per
-decision; either limit, or the decision's time budget, is said in the placement's notes.
+beat the best placement found so far; a policy's bound of its own key on a region
+(:meth:`Policy.key_bound`) skips regions no tied set lies in. Inside a union the same is done
+for root complexes; then its sets with the best two counts are walked depth first for criteria
+3 and 4, cut by a bound of the NVLink bandwidth they leave free, and each that would rank
+first is tried. A policy whose key reads the set alone is scored without a search. At most
+:data:`MAX_SEARCHES` restricted searches and :data:`MAX_RANKED_STEPS` steps of that walk run
+per decision; either limit, or the decision's time budget, is said in the placement's notes.
 
 Policies that reproduce another tool (``besteffort``, ``slurm``, ``baseline``) keep that tool's
 own tie-break: their answers are what a user of that tool gets.
@@ -37,8 +39,7 @@ own tie-break: their answers are what a user of that tool gets.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import combinations
-from math import comb
+from itertools import accumulate, combinations
 from typing import NamedTuple, Protocol
 
 from msgspec import structs
@@ -46,7 +47,6 @@ from msgspec import structs
 from gpualloc.model.printable import count_of
 from gpualloc.model.request import Placement
 from gpualloc.placement import deadline
-from gpualloc.placement.candidates import candidate_sets
 from gpualloc.placement.context import DecisionContext
 
 SetKey = tuple[float, ...]
@@ -61,10 +61,15 @@ class Policy(Protocol):
 
     def key_bound(self, ctx: DecisionContext, gpus: Sequence[int]) -> SetKey | None: ...
 
+    @property
+    def keys_sets_alone(self) -> bool: ...
 
-MAX_RANKED_SETS = 5_000
-"""The most sets of one region ranked by criteria 3 and 4 one by one (C(8, 4) = 70 on a socket
-of eight GPUs, C(32, 3) = 4,960 on a 32-GPU mesh; C(16, 6) = 8,008 is past it)."""
+
+MAX_RANKED_STEPS = 6_000
+"""The most steps (partial sets) of the walk that ranks one region's sets by criteria 3 and 4:
+a few hundred on a socket of an 8- or 16-GPU board, every set of 3 of a 32-GPU mesh; on a
+16-GPU single-socket mesh, where thousands of sets may leave more NVLink free than the
+policy's answer, the walk may stop there, and says so (a step costs tens of microseconds)."""
 
 MAX_SEARCHES = 48
 """The most restricted searches of the policy one decision's tie rule runs."""
@@ -137,7 +142,7 @@ def break_ties(policy: Policy, ctx: DecisionContext, found: Placement) -> Placem
     try:
         rule.run()
     except deadline.OverBudget:
-        rule.limits.append("the decision's time budget")
+        rule.limits.append("the decision's time budget ran out")
     return rule.answer()
 
 
@@ -151,6 +156,8 @@ class _TieSearch:
         the lowest of any region that holds it."""
         self.seen: list[TieKey] = [self.best]
         """Every tied set found, the policy's own answer first."""
+        self.keyed: set[tuple[int, ...]] = set()
+        """Tied sets known by their key alone (:meth:`_tied_set`), not yet placed."""
         self.searches = 0
         self.limits: list[str] = []
         free = sorted(ctx.state.free)
@@ -206,33 +213,82 @@ class _TieSearch:
         self._ranked(region, inside, lowest)
 
     def _ranked(self, region: tuple[int, ...], inside: TieKey, lowest: TieKey) -> None:
-        """Criteria 3 and 4 over the sets of ``region`` with ``lowest``'s two counts: each that
-        would rank before the best set so far is tried in rank order, and the first that ties
-        wins. None below ``inside``, the region's own answer, ties: the policy returns its
-        lowest tied set."""
-        if not self._preserve_may_beat(region, lowest) and lowest.rank() >= self.best.rank():
-            return
-        required = self.required
-        count = comb(len(region) - len(required), self.k - len(required))
-        if count > MAX_RANKED_SETS:
-            self._limit(f"a region of {count:,} sets stood for by its lowest tied set")
-            return
+        """Criteria 3 and 4 over the sets of ``region`` with ``lowest``'s two counts, depth
+        first in lexicographic order: each set that would rank before the best so far is
+        tried, and one that ties becomes the best, so that later sets must leave more NVLink
+        free. None below ``inside``, the region's own answer, ties: the policy returns its
+        lowest tied set.
+
+        A set removes MAPA Eq. 3's loss from the free GPUs' NVLink bandwidth; a branch is cut
+        when what it must still add exceeds what the best set lost: each GPU added removes its
+        links to the free GPUs, less those to the chosen ones and at most half its ``need - 1``
+        widest links in the region (each link to a later member is counted at both ends), as
+        :class:`~gpualloc.placement.mapa.LossSearch` bounds the same loss. The walk takes at
+        most :data:`MAX_RANKED_STEPS` steps; past that the rule says it stopped."""
+        best = self.best
         counts = (lowest.numa_nodes, lowest.root_complexes)
-        best_rank = self.best.rank()
-        better = []
+        if counts != (best.numa_nodes, best.root_complexes):
+            return  # best ranks before every set of these counts (it ranks before lowest)
+        if not self._preserve_may_beat(region, best) and lowest.rank() >= best.rank():
+            return
+        k, nv, degree, required = self.k, self.nv, self.degree, self.required
+        # GPUs with the fewest links to free GPUs first: the sets that leave the most free come
+        # early, and each tied one tightens the cut for the rest.
+        walk = sorted(region, key=lambda g: (degree[g], g))
+        place = {g: i for i, g in enumerate(walk)}
+        widest = {
+            g: [0.0, *accumulate(sorted((nv[g][h] for h in region if h != g), reverse=True))]
+            for g in region
+        }
+        to_chosen = dict.fromkeys(region, 0.0)
+        chosen: list[int] = []
+        steps = [0]
         tick = deadline.current().tick
-        for chosen in candidate_sets(region, required, self.k):
-            tick()
-            if chosen < inside.gpus:
-                continue
-            standing = self._standing(chosen)
-            if (standing.numa_nodes, standing.root_complexes) == counts and (
-                standing.rank() < best_rank
-            ):
-                better.append(standing)
-        for standing in sorted(better, key=TieKey.rank):
-            if self._lowest_tied(standing.gpus) is not None:
+
+        def leaf() -> None:
+            gpus = tuple(sorted(chosen))
+            if gpus < inside.gpus or not required <= set(gpus):
                 return
+            standing = self._standing(gpus)
+            if (standing.numa_nodes, standing.root_complexes) != counts:
+                return
+            if standing.rank() < self.best.rank():
+                self._lowest_tied(gpus)
+
+        def extend(start: int, lost: float) -> None:
+            tick()
+            steps[0] += 1
+            if steps[0] > MAX_RANKED_STEPS:
+                raise _TooMany
+            if any(place[r] < start and r not in chosen for r in required):
+                return  # a required GPU passed over: no later set holds it
+            need = k - len(chosen)
+            if need == 0:
+                leaf()
+                return
+            rest = walk[start:]
+            if len(rest) < need:
+                return
+            adds = sorted(degree[g] - to_chosen[g] - widest[g][need - 1] / 2 for g in rest)
+            most = self.total_free_gbps - self.best.preserved_gbps  # what the best set lost
+            if lost + sum(adds[:need]) > most + 2 * _SLACK:
+                return
+            for index in range(start, len(walk) - need + 1):
+                g = walk[index]
+                added = degree[g] - to_chosen[g]
+                chosen.append(g)
+                row = nv[g]
+                for h in region:
+                    to_chosen[h] += row[h]
+                extend(index + 1, lost + added)
+                for h in region:
+                    to_chosen[h] -= row[h]
+                chosen.pop()
+
+        try:
+            extend(0, 0.0)
+        except _TooMany:
+            self._limit(f"NVLink bandwidth left free compared in {MAX_RANKED_STEPS:,} steps only")
 
     def _standing(self, chosen: tuple[int, ...]) -> TieKey:
         """:func:`tie_key` of a sorted set, its preserved bandwidth from the free GPUs'
@@ -315,6 +371,8 @@ class _TieSearch:
         bound = self.policy.key_bound(self.ctx, gpus)
         if bound is not None and _below(bound, self.key):
             return None
+        if len(gpus) == self.k and self.policy.keys_sets_alone:
+            return self._tied_set(gpus)
         placement = self._within(gpus)
         if placement is None:
             return None
@@ -328,16 +386,34 @@ class _TieSearch:
             self.best = standing
         return standing
 
+    def _tied_set(self, gpus: tuple[int, ...]) -> TieKey | None:
+        """One set, for a policy whose key reads the set alone: its key, no search (the
+        placement, ordered, is searched for only if it wins)."""
+        if not ties(self.key, self.policy.set_key(self.ctx, gpus)):
+            return None
+        standing = tie_key(self.ctx, gpus)
+        if standing.gpus not in self.placements and standing.gpus not in self.keyed:
+            self.keyed.add(standing.gpus)
+            self.seen.append(standing)
+        if standing.rank() < self.best.rank():
+            self.best = standing
+        return standing
+
     def _within(self, gpus: tuple[int, ...]) -> Placement | None:
         chosen = tuple(sorted(gpus))
         known = self.placements.get(chosen) if len(chosen) == self.k else None
         if known is not None:
             return known
         if self.searches >= MAX_SEARCHES:
-            self._limit(f"{MAX_SEARCHES} restricted searches")
+            self._limit(f"stopped after {MAX_SEARCHES} searches")
             return None
         deadline.current().check()
         self.searches += 1
+        return self._search(chosen)
+
+    def _search(self, chosen: tuple[int, ...]) -> Placement:
+        """The policy's own search with every GPU of the pool but ``chosen`` excluded (still
+        free: the scores read the free GPUs)."""
         ctx = self.ctx
         outside = frozenset(ctx.pool) - frozenset(chosen)
         request = structs.replace(ctx.request, excluded=ctx.request.excluded | outside)
@@ -350,6 +426,12 @@ class _TieSearch:
         )
         return self.policy.search(narrowed)
 
+    def _placed(self, gpus: tuple[int, ...]) -> Placement:
+        """The policy's placement of exactly ``gpus``, ordered as it orders sets: the winner
+        the rule knew by its key alone (outside the decision's budget: one set's order)."""
+        with deadline.within(None):
+            return self._search(gpus)
+
     def _limit(self, what: str) -> None:
         if what not in self.limits:
             self.limits.append(what)
@@ -357,15 +439,23 @@ class _TieSearch:
     # ---- the answer --------------------------------------------------------------------------
 
     def answer(self) -> Placement:
-        placement = self.placements[self.best.gpus]
+        placement = self.placements.get(self.best.gpus) or self._placed(self.best.gpus)
         others = [s for s in self.seen if s.gpus != self.best.gpus]
         decided = decided_by(self.best, min(others, key=TieKey.rank)) if others else None
         notes = placement.notes
         if self.limits:
-            notes = (*notes, f"tie rule stopped early: {', '.join(self.limits)}")
+            notes = (
+                *notes,
+                f"tie rule incomplete ({'; '.join(self.limits)}): the best tied placement "
+                "found stands",
+            )
         if decided is None and notes == placement.notes:
             return placement
         return structs.replace(placement, decided_by=decided, notes=notes)
+
+
+class _TooMany(Exception):
+    """The ranking walk ran past :data:`MAX_RANKED_STEPS`."""
 
 
 def _below(bound: SetKey, key: SetKey) -> bool:
