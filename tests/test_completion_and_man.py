@@ -62,6 +62,7 @@ def test_man_renders_the_page_without_warnings() -> None:
         text=True,
         env={**os.environ, "MANWIDTH": "100", "MANPAGER": "cat", "PAGER": "cat"},
         check=False,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert "EXIT STATUS" in result.stdout and "gpualloc run [OPTIONS]" in result.stdout
@@ -214,6 +215,7 @@ def test_install_completion_writes_the_shells_file(tmp_path: Path) -> None:
         text=True,
         env=env,
         check=False,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     installed = tmp_path / "data" / "bash-completion" / "completions" / "gpualloc"
@@ -221,12 +223,12 @@ def test_install_completion_writes_the_shells_file(tmp_path: Path) -> None:
     assert f"wrote {installed}" in result.stderr
     shown = subprocess.run(
         [sys.executable, "-m", "gpualloc", "--show-completion", "fish"],
-        capture_output=True, text=True, env=env, check=False,
+        capture_output=True, text=True, env=env, check=False, timeout=120,
     )  # fmt: skip
     assert shown.stdout == (ROOT / "completions" / "gpualloc.fish").read_text()
     refused = subprocess.run(
         [sys.executable, "-m", "gpualloc", "--show-completion", "tcsh"],
-        capture_output=True, text=True, env=env, check=False,
+        capture_output=True, text=True, env=env, check=False, timeout=120,
     )  # fmt: skip
     assert refused.returncode == 2 and "choose bash, zsh or fish" in refused.stderr
 

@@ -292,5 +292,6 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         check=False,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr

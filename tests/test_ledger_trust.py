@@ -21,6 +21,7 @@ from gpualloc.ledger.schema import Lease, LeasedGpu, Ledger, QueuedRequest, Wait
 from gpualloc.ledger.statedir import open_state_directory
 from gpualloc.ledger.store import LedgerStore, new_lease_id
 from gpualloc.model.request import Placement, Scores
+from tests.child_processes import end
 
 HOST = "testhost"
 
@@ -59,8 +60,7 @@ def test_a_held_lock_is_reported_with_its_holder_and_nothing_changes(tmp_path: P
         assert [lease.indices for lease in seen.ledger.leases] == [(0,)]
         assert any(f"pid {holder.pid}" in note for note in seen.notes)
     finally:
-        holder.kill()
-        holder.communicate()
+        end(holder)
     with store.transaction() as txn:  # the kernel dropped it with its holder
         txn.add(_lease(1))
 
@@ -215,7 +215,7 @@ def test_process_facts_from_proc_agree_with_psutil() -> None:
             time.sleep(0.01)
         assert not process_alive(child.pid, None)  # ended, not yet waited for
     finally:
-        child.wait()
+        end(child)  # a failed assertion above left it reading its input for ever
     assert not process_alive(child.pid, None) and process_start_time(child.pid) is None
     assert process_start_time(0) is None and command_line(-1) == ()
 
@@ -254,5 +254,4 @@ except LedgerLocked:
         result = subprocess.run([sys.executable, "-c", waiter], timeout=30, check=False)
         assert result.returncode == 16 and time.monotonic() - started < 10
     finally:
-        os.killpg(holder.pid, 9)
-        holder.wait()
+        end(holder, group=True)
