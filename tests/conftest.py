@@ -6,6 +6,7 @@ import contextlib
 import io
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -101,6 +102,24 @@ def closed_directory() -> Iterator[Path]:
     closed.mkdir(mode=0o700)
     yield closed
     shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def full_device(tmp_path: Path) -> Path:
+    """A device every write to fails with ENOSPC (``/dev/full``'s numbers, 1:7), the test's
+    own where it may make one. The machine's ``/dev/full`` is shared with every suite that runs
+    beside this one, as root: one that renames a file onto it or removes it turns a shell's
+    ``> /dev/full`` into a plain file that takes every write, and the test's verdict into a
+    matter of when it ran."""
+    device = tmp_path / "full"
+    with contextlib.suppress(OSError):
+        os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+        os.close(os.open(device, os.O_WRONLY))  # a file system mounted nodev refuses it
+        return device
+    shared = Path("/dev/full")
+    if not shared.is_char_device() or shared.stat().st_rdev != os.makedev(1, 7):
+        pytest.skip("no full device: mknod is not allowed here and /dev/full is not one")
+    return shared
 
 
 @pytest.fixture
