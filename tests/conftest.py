@@ -7,6 +7,7 @@ import io
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -49,6 +50,45 @@ def isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pat
     for name in [n for n in os.environ if n.startswith("SLURM_") or n == "GPUALLOC_NO_SLURM"]:
         monkeypatch.delenv(name)  # a suite run inside a Slurm job must not act as a sub-job
     return cache
+
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+CACHES = ("__pycache__", ".pytest_cache", ".hypothesis")
+"""What Python, pytest and hypothesis write into the checkout by design (all git-ignored)."""
+
+
+def checkout_changes() -> set[str] | None:
+    """The checkout's untracked and ignored files as ``git status`` lists them, less the
+    caches (not its changed files: a developer may edit while the tests run); None where the
+    tests do not run from a git checkout (an unpacked sdist)."""
+    try:
+        done = subprocess.run(
+            ["git", "--no-optional-locks", "status", "--porcelain", "--ignored"],
+            cwd=CHECKOUT, capture_output=True, text=True, check=False, timeout=60,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return {
+        line
+        for line in done.stdout.splitlines()
+        if line.startswith(("??", "!!")) and not any(cache in line for cache in CACHES)
+    }
+
+
+@pytest.fixture(autouse=True, scope="module")
+def checkout_left_as_found() -> Iterator[None]:
+    """No test writes into the checkout: a file left there changes what later tests see (a
+    ``dgx1.json`` in it was among the file names bash completed for ``--topology dgx``) and
+    stays in the developer's clone. Checked per test file, so that the failure names the file
+    whose tests wrote it."""
+    before = checkout_changes()
+    yield
+    after = checkout_changes()
+    if before is not None and after is not None and after - before:
+        new = "\n".join(sorted(after - before))
+        pytest.fail(f"this test file left files in the checkout ({CHECKOUT}):\n{new}")
 
 
 @dataclass
