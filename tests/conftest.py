@@ -91,6 +91,44 @@ def checkout_left_as_found() -> Iterator[None]:
         pytest.fail(f"this test file left files in the checkout ({CHECKOUT}):\n{new}")
 
 
+def extra_modules(extra: str) -> list[str]:
+    """The modules the optional dependency group ``extra`` of pyproject.toml installs (each
+    requirement's name is the module it is imported as)."""
+    import re
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: tomli, a dependency there
+        import tomli as tomllib
+
+    project = tomllib.loads((CHECKOUT / "pyproject.toml").read_text())["project"]
+    requirements = project["optional-dependencies"][extra]  # an unknown extra: KeyError
+    return [re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0] for requirement in requirements]
+
+
+def missing_extra(extra: str) -> str | None:
+    """Why a test that needs ``extra`` cannot run here (what to install), or None."""
+    import importlib.util
+
+    absent = [name for name in extra_modules(extra) if importlib.util.find_spec(name) is None]
+    if not absent:
+        return None
+    return f"needs the {extra} extra ({', '.join(absent)}): pip install -e '.[{extra}]'"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``@pytest.mark.extra("plot")`` (``why=`` the line that needs it): skipped, saying what
+    to install, without the extra.
+    The README's ``pip install -e '.[test]' && python -m pytest`` then passes on a fresh clone,
+    and ``.ci/run`` runs ``-m extra`` again once it has installed them."""
+    for marker in item.iter_markers("extra"):
+        for extra in marker.args:
+            reason = missing_extra(extra)
+            if reason:
+                where = marker.kwargs.get("why")
+                pytest.skip(f"{where} {reason}" if where else reason)
+
+
 @dataclass
 class Result:
     exit_code: int
