@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.child_processes import end
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -83,13 +85,8 @@ class RunningBroker:
         self.process.wait(timeout=30)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            end(self.process, term_s=30)
 
     def ledger(self) -> dict:
         """The ledger file as the broker last wrote it (empty before its first write)."""

@@ -6,6 +6,8 @@ import contextlib
 import io
 import os
 import shutil
+import stat
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -48,6 +50,83 @@ def isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pat
     for name in [n for n in os.environ if n.startswith("SLURM_") or n == "GPUALLOC_NO_SLURM"]:
         monkeypatch.delenv(name)  # a suite run inside a Slurm job must not act as a sub-job
     return cache
+
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+CACHES = ("__pycache__", ".pytest_cache", ".hypothesis")
+"""What Python, pytest and hypothesis write into the checkout by design (all git-ignored)."""
+
+
+def checkout_changes() -> set[str] | None:
+    """The checkout's untracked and ignored files as ``git status`` lists them, less the
+    caches (not its changed files: a developer may edit while the tests run); None where the
+    tests do not run from a git checkout (an unpacked sdist)."""
+    try:
+        done = subprocess.run(
+            ["git", "--no-optional-locks", "status", "--porcelain", "--ignored"],
+            cwd=CHECKOUT, capture_output=True, text=True, check=False, timeout=60,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return {
+        line
+        for line in done.stdout.splitlines()
+        if line.startswith(("??", "!!")) and not any(cache in line for cache in CACHES)
+    }
+
+
+@pytest.fixture(autouse=True, scope="module")
+def checkout_left_as_found() -> Iterator[None]:
+    """No test writes into the checkout: a file left there changes what later tests see (a
+    ``dgx1.json`` in it was among the file names bash completed for ``--topology dgx``) and
+    stays in the developer's clone. Checked per test file, so that the failure names the file
+    whose tests wrote it."""
+    before = checkout_changes()
+    yield
+    after = checkout_changes()
+    if before is not None and after is not None and after - before:
+        new = "\n".join(sorted(after - before))
+        pytest.fail(f"this test file left files in the checkout ({CHECKOUT}):\n{new}")
+
+
+def extra_modules(extra: str) -> list[str]:
+    """The modules the optional dependency group ``extra`` of pyproject.toml installs (each
+    requirement's name is the module it is imported as)."""
+    import re
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: tomli, a dependency there
+        import tomli as tomllib
+
+    project = tomllib.loads((CHECKOUT / "pyproject.toml").read_text())["project"]
+    requirements = project["optional-dependencies"][extra]  # an unknown extra: KeyError
+    return [re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0] for requirement in requirements]
+
+
+def missing_extra(extra: str) -> str | None:
+    """Why a test that needs ``extra`` cannot run here (what to install), or None."""
+    import importlib.util
+
+    absent = [name for name in extra_modules(extra) if importlib.util.find_spec(name) is None]
+    if not absent:
+        return None
+    return f"needs the {extra} extra ({', '.join(absent)}): pip install -e '.[{extra}]'"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``@pytest.mark.extra("plot")`` (``why=`` the line that needs it): skipped, saying what
+    to install, without the extra.
+    The README's ``pip install -e '.[test]' && python -m pytest`` then passes on a fresh clone,
+    and ``.ci/run`` runs ``-m extra`` again once it has installed them."""
+    for marker in item.iter_markers("extra"):
+        for extra in marker.args:
+            reason = missing_extra(extra)
+            if reason:
+                where = marker.kwargs.get("why")
+                pytest.skip(f"{where} {reason}" if where else reason)
 
 
 @dataclass
@@ -101,6 +180,24 @@ def closed_directory() -> Iterator[Path]:
     closed.mkdir(mode=0o700)
     yield closed
     shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def full_device(tmp_path: Path) -> Path:
+    """A device every write to fails with ENOSPC (``/dev/full``'s numbers, 1:7), the test's
+    own where it may make one. The machine's ``/dev/full`` is shared with every suite that runs
+    beside this one, as root: one that renames a file onto it or removes it turns a shell's
+    ``> /dev/full`` into a plain file that takes every write, and the test's verdict into a
+    matter of when it ran."""
+    device = tmp_path / "full"
+    with contextlib.suppress(OSError):
+        os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+        os.close(os.open(device, os.O_WRONLY))  # a file system mounted nodev refuses it
+        return device
+    shared = Path("/dev/full")
+    if not shared.is_char_device() or shared.stat().st_rdev != os.makedev(1, 7):
+        pytest.skip("no full device: mknod is not allowed here and /dev/full is not one")
+    return shared
 
 
 @pytest.fixture

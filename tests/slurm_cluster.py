@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +25,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.child_processes import end
 
 ROOT = Path(__file__).parent.parent
 HOOK = ROOT / "examples" / "slurm" / "gpualloc-hook.sh"
@@ -295,11 +296,5 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
     def stop(self) -> None:
         """TERM (then KILL) exactly the daemons this harness started, newest first."""
         for process in reversed(self._processes):
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            end(process, term_s=10)
         shutil.rmtree(self.directory, ignore_errors=True)

@@ -4,9 +4,7 @@ exit code, no traceback, nothing written."""
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import stat
 import subprocess
 import sys
 from collections.abc import Callable
@@ -143,7 +141,6 @@ def _refused_process(done: subprocess.CompletedProcess[str], code: int) -> None:
     _refused(Result(done.returncode, "", done.stderr), code)
 
 
-@pytest.mark.skipif(not Path("/dev/full").is_char_device(), reason="no /dev/full")
 @pytest.mark.parametrize(
     "args",
     [
@@ -154,8 +151,8 @@ def _refused_process(done: subprocess.CompletedProcess[str], code: int) -> None:
         ["--help"],
     ],
 )
-def test_output_to_a_full_device_is_exit_8(args: list[str]) -> None:
-    done = _gpualloc_sh("> /dev/full", "--topology", "dgx1-v100", *args)
+def test_output_to_a_full_device_is_exit_8(args: list[str], full_device: Path) -> None:
+    done = _gpualloc_sh(f"> {shlex.quote(str(full_device))}", "--topology", "dgx1-v100", *args)
     _refused_process(done, 8)
     assert "error: cannot write the output to stdout: No space left on device" in done.stderr
 
@@ -175,18 +172,13 @@ def test_alloc_that_cannot_print_its_lease_holds_nothing(cli: Cli) -> None:
 
 
 def test_topo_export_to_a_device_writes_in_place_and_fails_when_it_is_full(
-    cli: Cli, tmp_path: Path
+    cli: Cli, full_device: Path
 ) -> None:
     """``-o /dev/full`` said "wrote /dev/full" (as root it replaced the device by a file)."""
-    device = tmp_path / "full"
-    try:
-        os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(1, 7))
-    except OSError:
-        pytest.skip("cannot make a device node here")
-    result = cli("--topology", "dgx1-v100", "topo", "export", "-o", str(device))
+    result = cli("--topology", "dgx1-v100", "topo", "export", "-o", str(full_device))
     _refused(result, 8)
     assert "No space left on device" in result.stderr and "wrote" not in result.stderr
-    assert device.is_char_device()
+    assert full_device.is_char_device()
 
 
 # ---- point 5: gres.conf fields -------------------------------------------------------------

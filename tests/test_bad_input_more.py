@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.child_processes import read_all, reap
 from tests.conftest import Result, run_in_process
 
 Cli = Callable[..., Result]
@@ -246,9 +247,10 @@ def _as_nobody(commands: list[list[str]], monkeypatch: pytest.MonkeyPatch) -> li
         finally:
             os._exit(code)
     os.close(write)
-    with os.fdopen(read, "rb") as answers:
-        text = answers.read()
-    _, status = os.waitpid(pid, 0)
+    try:
+        text = read_all(read, timeout_s=120)
+    finally:
+        status = reap(pid)
     assert os.waitstatus_to_exitcode(status) == 0
     return [Result(**x) for x in json.loads(text)]
 

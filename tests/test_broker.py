@@ -27,6 +27,7 @@ import pytest
 
 from gpualloc.errors import ExitCode
 from tests.broker_harness import ROOT, RunningBroker, running_broker
+from tests.child_processes import end, end_all, finish
 from tests.test_verified_launch import DECLARE, _stderr_until
 from tests.unix_users import UnixUser, UserCommandLine, ensure_user, shared_directory
 
@@ -159,8 +160,10 @@ def test_a_runs_gpus_are_free_the_moment_its_job_ends_and_its_group_keeps_them(
     broker: RunningBroker,
 ) -> None:
     job = _cli(broker, "run", "-n", "2", "--", "sleep", "0.5")
-    _until(lambda: len(_leases(broker)) == 1, "the job's lease")
-    job.communicate(timeout=30)
+    try:
+        _until(lambda: len(_leases(broker)) == 1, "the job's lease")
+    finally:
+        finish(job, timeout_s=30)
     _until(lambda: not _leases(broker), "the lease to go", timeout_s=2)
 
     leader = subprocess.Popen(
@@ -168,19 +171,23 @@ def test_a_runs_gpus_are_free_the_moment_its_job_ends_and_its_group_keeps_them(
         env={**_clean_env(), "GPUALLOC_BROKER": str(broker.socket)}, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    leader.wait(timeout=30)  # the job's leader is gone; its background child is not
-    time.sleep(1.5)
-    assert len(_leases(broker)) == 1, "the lease ended while a process of its job ran"
-    _until(lambda: not _leases(broker), "the lease to go with the last process", timeout_s=10)
+    try:
+        leader.wait(timeout=30)  # the job's leader is gone; its background child is not
+        time.sleep(1.5)
+        assert len(_leases(broker)) == 1, "the lease ended while a process of its job ran"
+        _until(lambda: not _leases(broker), "the lease to go with the last process", timeout_s=10)
+    finally:
+        end(leader, group=True)
 
 
 @pytest.mark.slow
 def test_a_waiter_whose_client_goes_away_leaves_the_queue(broker: RunningBroker) -> None:
     broker.call("alloc", _hold_request("bbbbbbbbbbbb", gpus=4))
     waiter = _cli(broker, "alloc", "--wait", "--hold", "-n", "2")
-    _until(lambda: len(broker.call("snapshot")["ledger"]["queue"]) == 1, "the waiter")
-    waiter.kill()
-    waiter.communicate()
+    try:
+        _until(lambda: len(broker.call("snapshot")["ledger"]["queue"]) == 1, "the waiter")
+    finally:
+        end(waiter)
     _until(lambda: not broker.call("snapshot")["ledger"]["queue"], "the queue to empty", 5)
 
 
@@ -195,18 +202,14 @@ def test_a_restart_keeps_the_leases_of_live_processes_and_releases_the_dead(
             request["terms"] = {"source": "alloc", "pid": pid}
             broker.call("alloc", request)
         broker.kill9()
-        dead.kill()
-        dead.wait()
+        end(dead)
         broker.start()
         assert [x["id"] for x in _leases(broker)] == ["cccccccccccc"]
         assert "released: its job ended while no broker ran" in broker.log_text()
-        alive.kill()
-        alive.wait()
+        end(alive)
         _until(lambda: not _leases(broker), "the live one to go when its process does", 5)
     finally:
-        for process in (alive, dead):
-            process.kill()
-            process.wait()
+        end_all([alive, dead])
 
 
 # ---- between real users ------------------------------------------------------------------------
@@ -303,6 +306,7 @@ def test_a_users_one_job_starts_before_the_second_of_another_users_32(
     broker = RunningBroker(TOPOLOGY).start()
     alice, bob, carol = users["alice"], users["bob"], users["carol"]
     env = {"GPUALLOC_BROKER": str(broker.socket)}
+    clients: list[subprocess.Popen[str]] = []
     try:
         held = []
         for _ in range(4):
@@ -313,10 +317,12 @@ def test_a_users_one_job_starts_before_the_second_of_another_users_32(
             user=alice.uid, group=alice.gid, extra_groups=[], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
+        clients.append(many)
         assert many.stdout and many.stdout.readline().strip() == "queued"
         queue = lambda: broker.call("snapshot")["ledger"]["queue"]  # noqa: E731
         _until(lambda: len(queue()) == 32, "alice's 32 waiters")
         one = as_user.popen(bob, "alloc", "--wait", "--hold", "--format", "json", env=env)
+        clients.append(one)
         _until(lambda: len(queue()) == 33, "bob's waiter")
 
         def holders() -> list[str]:
@@ -327,13 +333,14 @@ def test_a_users_one_job_starts_before_the_second_of_another_users_32(
         assert as_user(carol, "release", held[1], env=env).returncode == 0
         _until(lambda: len(holders()) == 2, "the next job")
         assert holders() == [alice.name, bob.name], "alice's second job started before bob's"
-        out, err = one.communicate(timeout=30)
+        out, err = finish(one, timeout_s=30)
         assert one.returncode == 0, err
         assert as_user(carol, "release", held[2], env=env).returncode == 0
         _until(lambda: holders() == [alice.name, alice.name, bob.name], "alice's second job")
-        many.communicate(input="", timeout=30)
+        finish(many, input="", timeout_s=30)
         _until(lambda: not queue(), "alice's waiters to leave with their connections")
     finally:
+        end_all(clients)
         broker.stop()
         shutil.rmtree(broker.directory, ignore_errors=True)
 
@@ -394,8 +401,11 @@ def test_kill_9_of_the_broker_50_times_loses_no_lease_and_books_no_gpu_twice(
         assert broker.starts == 51
     finally:
         (broker.directory / "stop").touch()
-        outputs = [stream.communicate(timeout=120)[0] for stream in streams]
-        broker.stop()
+        try:
+            outputs = [finish(stream, timeout_s=120)[0] for stream in streams]
+        finally:
+            end_all(streams)
+            broker.stop()
     for output in outputs:
         assert "lost" in output and " lost 0" in output, output[-2000:]
         assert "error" not in output, output[-2000:]
@@ -429,7 +439,7 @@ def test_the_library_holds_through_the_broker(broker: RunningBroker) -> None:
 def test_every_ledger_command_answers_through_the_broker(broker: RunningBroker) -> None:
     def run(*args: str) -> str:
         job = _cli(broker, *args)
-        out, err = job.communicate(timeout=60)
+        out, err = finish(job, timeout_s=60)
         assert job.returncode == 0, err
         return out
 
@@ -575,9 +585,7 @@ def test_a_brokered_job_that_leaves_its_gpus_is_ended_by_its_verifier(fast: bool
         assert job.returncode == -15
         _until(lambda: not _leases(broker), "the ended job's lease to go", 5)
     finally:
-        if job.returncode is None:
-            job.kill()
-        job.communicate(timeout=30)  # closes the pipes
+        end(job)
         broker.stop()
         shutil.rmtree(broker.directory, ignore_errors=True)
 
@@ -622,7 +630,7 @@ def test_a_waiters_timeout_is_kept_to_and_says_why(broker: RunningBroker) -> Non
     broker.call("alloc", _hold_request("ffffffffffff", gpus=4))
     started = time.monotonic()
     waiter = _cli(broker, "alloc", "--wait", "--timeout", "1.5", "--hold")
-    _, err = waiter.communicate(timeout=30)
+    _, err = finish(waiter, timeout_s=30)
     assert waiter.returncode == 124, err
     assert time.monotonic() - started < 5
     assert "no GPUs for this job within 1.5 s (the job needs 1 GPU and" in err
@@ -646,27 +654,27 @@ def test_a_waiter_that_allows_unhealthy_gpus_is_placed_on_one_when_its_turn_come
     running = RunningBroker(str(sick)).start()
     try:
         named = _cli(running, "alloc", "--gpus", "1", "--hold")
-        named.communicate(timeout=30)
+        finish(named, timeout_s=30)
         assert named.returncode == ExitCode.NO_PLACEMENT
         forced = _cli(
             running, "alloc", "--gpus", "1", "--hold", "--allow-unhealthy", "--format", "json"
         )
-        out, err = forced.communicate(timeout=30)
+        out, err = finish(forced, timeout_s=30)
         assert forced.returncode == 0, err
         released = _cli(running, "release", json.loads(out)["lease"]["id"])
-        released.communicate(timeout=30)
+        finish(released, timeout_s=30)
         assert released.returncode == 0 and not _leases(running)
         running.call("alloc", _hold_request("ffffffffffff", gpus=3))
         held = {g["index"] for g in _leases(running)[0]["gpus"]}
         assert held == {0, 2, 3}
         strict = _cli(running, "alloc", "--wait", "--timeout", "1", "--hold")
-        strict.communicate(timeout=30)
+        finish(strict, timeout_s=30)
         assert strict.returncode == 124  # healthy GPUs only: none comes free
         lenient = _cli(
             running, "alloc", "--wait", "--timeout", "20", "--hold", "--allow-unhealthy",
             "--format", "json",
         )  # fmt: skip
-        out, err = lenient.communicate(timeout=30)
+        out, err = finish(lenient, timeout_s=30)
         assert lenient.returncode == 0, err
         assert json.loads(out)["placement"]["gpus"] == [1]
     finally:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from gpualloc.wire.address import BROKER_DIRECTORY
+from tests.child_processes import end
 from tests.unix_users import UnixUser, UserCommandLine, ensure_user
 
 pytestmark = pytest.mark.slow
@@ -96,9 +97,7 @@ def test_a_client_sends_nothing_to_a_server_another_user_runs(
         assert "not by root" in asked.stderr
         received, _ = server.communicate(timeout=30)
     finally:
-        if server.poll() is None:
-            server.kill()
-            server.communicate()
+        end(server)
     assert received.strip().endswith("b''"), received  # not one byte of the request
 
 
@@ -149,10 +148,14 @@ def test_doctor_checks_who_owns_the_brokers_files(users: dict[str, UnixUser]) ->
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUALLOC_")}
         env["GPUALLOC_BROKER"] = str(broker.socket)
         argv = [sys.executable, "-m", "gpualloc", "doctor"]
-        fine = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+        fine = subprocess.run(
+            argv, capture_output=True, text=True, env=env, check=False, timeout=120
+        )
         assert "socket directory" in fine.stdout and "belongs to uid" not in fine.stdout
         os.chown(broker.state, users["alice"].uid, users["alice"].gid)
-        planted = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+        planted = subprocess.run(
+            argv, capture_output=True, text=True, env=env, check=False, timeout=120
+        )
         assert planted.returncode != 0
         assert f"belongs to uid {users['alice'].uid}, not the broker's 0" in planted.stdout
     finally:

@@ -80,14 +80,14 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     mount.mkdir()
     made = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
-        capture_output=True, text=True, check=False,
+        capture_output=True, text=True, check=False, timeout=120,
     )  # fmt: skip
     if made.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
     try:
         yield mount
     finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+        subprocess.run(["umount", "-l", str(mount)], check=False, timeout=120)
 
 
 def test_a_full_state_disk_is_said_as_a_full_disk(tiny_disk: Path) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.broker_harness import RunningBroker
+from tests.child_processes import end
 from tests.unix_users import UnixUser, UserCommandLine, ensure_user, shared_directory
 
 TOPOLOGY = "nvlink-pairs-4gpu"
@@ -153,7 +154,11 @@ def _lease_of(status: dict, user: UnixUser) -> dict:
 
 def _running(host: Host, user: UnixUser, gpus: int = 2) -> subprocess.Popen[str]:
     job = host.popen(user, "run", "-n", str(gpus), "--", "sleep", "120")
-    _until(lambda: user.name in _holders(host.status(user)), f"{user.name}'s job to start")
+    try:
+        _until(lambda: user.name in _holders(host.status(user)), f"{user.name}'s job to start")
+    except BaseException:
+        end(job)
+        raise
     return job
 
 
@@ -188,8 +193,7 @@ def test_deleting_another_users_live_lease_from_the_ledger_takes_no_gpus(
         assert _holders(host.status(bob)).get(alice.name), "alice's lease is gone"
         assert "refused" in attack.stdout
     finally:
-        job.kill()
-        job.communicate()
+        end(job)
 
 
 def test_rewriting_a_lease_to_ones_own_uid_does_not_let_one_release_it(
@@ -204,8 +208,7 @@ def test_rewriting_a_lease_to_ones_own_uid_does_not_let_one_release_it(
         assert released.returncode == 12, released.stderr
         assert _lease_of(host.status(alice), alice)["id"] == lease
     finally:
-        job.kill()
-        job.communicate()
+        end(job)
 
 
 PLANT = """
@@ -293,8 +296,7 @@ def test_holding_the_ledger_lock_stalls_nobody(host: Host, users: dict[str, Unix
         assert time.monotonic() - started < 2 * QUICK_S, "alice was stalled"
         assert said.startswith("refused"), f"bob holds the lock: {said}"
     finally:
-        holder.kill()
-        holder.communicate()
+        end(holder)
 
 
 def test_a_lease_cannot_be_bound_to_another_users_process(
@@ -307,8 +309,7 @@ def test_a_lease_cannot_be_bound_to_another_users_process(
         assert bound.returncode == 12, "bob bound a lease to alice's process"
         assert "belongs to" in bound.stderr and "Traceback" not in bound.stderr
     finally:
-        sleeper.kill()
-        sleeper.wait()
+        end(sleeper)
 
 
 def test_status_and_doctor_say_who_keeps_the_ledger(host: Host, users: dict[str, UnixUser]) -> None:
@@ -374,9 +375,7 @@ def test_the_owner_of_a_shareable_lease_evicts_another_users_shared_job(
             assert f"shared by {bob.name}" in evicted.stdout
             out, _ = job.communicate(timeout=60)
         finally:
-            if job.poll() is None:
-                job.kill()
-                job.communicate()
+            end(job)
         assert job.returncode == 7 and out.strip() == "evicted"
         assert [x["id"] for x in host.status(bob)["leases"]] == [mine]
         _until(lambda: not _processes_of(bob), "bob's watcher to exit after his job", 10)

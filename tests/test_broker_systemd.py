@@ -17,6 +17,7 @@ import pytest
 
 from gpualloc.config import BY_KEY
 from gpualloc.wire.address import DEFAULT_SOCKET
+from tests.child_processes import finish
 
 ROOT = Path(__file__).resolve().parent.parent
 UNITS = ROOT / "examples" / "systemd"
@@ -54,7 +55,7 @@ def test_systemd_analyze_finds_nothing_wrong_with_the_units(tmp_path: Path) -> N
     )
     result = subprocess.run(
         [analyze, "verify", str(tmp_path / "gpualloc.socket"), str(tmp_path / "gpualloc.service")],
-        capture_output=True, text=True, check=False,
+        capture_output=True, text=True, check=False, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
 
@@ -99,7 +100,7 @@ def test_the_broker_takes_systemds_socket_and_says_when_it_is_ready() -> None:
         assert not (directory / "unused.sock").exists()  # systemd's socket, not its own
     finally:
         broker.terminate()
-        _, err = broker.communicate(timeout=30)
+        _, err = finish(broker, timeout_s=30)
         notify.close()
         shutil.rmtree(directory, ignore_errors=True)
     assert "stopped" in err

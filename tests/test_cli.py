@@ -270,7 +270,9 @@ def test_quiet_on_closed_pipe() -> None:
         f"{sys.executable} -m gpualloc --topology dgx2 topo show --json | true; "
         "echo ${PIPESTATUS[0]}"
     )
-    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, check=False, timeout=120
+    )
     assert result.stderr == ""
     assert result.stdout.strip() == str(int(ExitCode.BROKEN_PIPE))
 

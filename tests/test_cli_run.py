@@ -26,6 +26,7 @@ from msgspec.structs import replace
 from gpualloc.model import NumaNode
 from gpualloc.model.cpuset import parse_cpulist
 from gpualloc.topologies import load_bundled
+from tests.child_processes import end, end_all, running
 from tests.unix_users import as_user, two_test_users
 
 TIMEOUT_S = 120
@@ -74,14 +75,13 @@ def job(tmp_path: Path) -> Path:
 
 def test_run_execs_the_job_on_the_gpus_plan_chooses_and_frees_them_at_exit(job: Path) -> None:
     planned = json.loads(gpualloc("plan", "-n", "2", "--sensitive", "--json").stdout)["gpus"]
-    process = subprocess.Popen(
+    with running(
         gpualloc_argv("run", "-n", "2", "--sensitive", "--", sys.executable, str(job), "--wait"),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-    )
-    with process:
+    ) as process:
         seen = json.loads(process.stdout.readline())
         env = seen["env"]
         assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, planned))
@@ -190,11 +190,7 @@ def test_64_concurrent_runs_on_8_gpus_never_share_one() -> None:
         held = [g["index"] for lease in leases for g in lease["gpus"]]
         assert sorted(held) == list(range(8))
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-            process.wait()
-            process.stderr.close()
+        end_all(processes)
     assert status()["free"] == list(range(8))
 
 
@@ -212,16 +208,14 @@ def _wait_for_exits(processes: list[subprocess.Popen], count: int) -> list[subpr
 
 
 def test_a_killed_job_gives_its_gpus_back() -> None:
-    process = subprocess.Popen(
+    with running(
         gpualloc_argv("run", "-n", "4", "-q", "--", "sh", "-c", "echo ready; exec sleep 600"),
         stdout=subprocess.PIPE,
         text=True,
-    )
-    with process:
+    ) as process:
         assert process.stdout.readline() == "ready\n"
         assert len(status()["free"]) == 4
-        process.kill()  # SIGKILL: no handler, no cleanup of its own
-        process.wait()
+        end(process)  # SIGKILL: no handler, no cleanup of its own
     assert status()["free"] == list(range(8))
     collected = gpualloc("gc")
     assert collected.stdout.startswith("freed GPU")  # gc, like every writer, reaps it
@@ -293,15 +287,16 @@ def test_alloc_lives_as_long_as_its_process_and_prints_env_for_eval() -> None:
         )
         assert len(status()["free"]) == 6
     finally:
-        holder.kill()
-        holder.wait()
+        end(holder)
     assert status()["free"] == list(range(8))
 
     shell = (
         f'eval "$({shlex_join(gpualloc_argv("alloc", "-n", "1", "--pid", "$$"))} --format env)"'
         ' && echo "$CUDA_VISIBLE_DEVICES $CUDA_DEVICE_ORDER $GPUALLOC_LEASE_ID"'
     )
-    printed = subprocess.run(["sh", "-c", shell], capture_output=True, text=True, check=True)
+    printed = subprocess.run(
+        ["sh", "-c", shell], capture_output=True, text=True, check=True, timeout=120
+    )
     visible, order, lease_id = printed.stdout.split()
     assert order == "PCI_BUS_ID" and visible.isdigit() and len(lease_id) == 12
 
@@ -331,13 +326,12 @@ def test_hold_until_release_by_id_prefix_or_mine() -> None:
 
 def test_status_watch_redraws_until_interrupted() -> None:
     assert gpualloc("alloc", "--hold", "--name", "watched").returncode == 0
-    process = subprocess.Popen(
+    with running(
         gpualloc_argv("status", "--watch", "--interval", "0.2"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-    )
-    with process:
+    ) as process:
         footers = 0
         while footers < 2:  # two complete views: it redraws
             line = process.stdout.readline()
@@ -350,7 +344,7 @@ def test_status_watch_redraws_until_interrupted() -> None:
 
 def test_alloc_refuses_a_dead_pid_and_conflicting_lifetimes() -> None:
     dead = subprocess.Popen(["true"])
-    dead.wait()
+    end(dead)  # ended or killed: a pid nothing runs as
     refused = gpualloc("alloc", "--pid", str(dead.pid))
     assert refused.returncode == 2 and "no process with pid" in refused.stderr
     assert gpualloc("alloc", "--pid", "1", "--hold").returncode == 2

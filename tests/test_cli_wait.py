@@ -11,12 +11,31 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.child_processes import end_all, finish
 from tests.test_cli_run import TIMEOUT_S, gpualloc, gpualloc_argv, status
+
+STARTED: list[subprocess.Popen] = []
+"""The waiters the running test started (:func:`_started`)."""
+
+
+@pytest.fixture(autouse=True)
+def _waiters_end_with_the_test() -> Iterator[None]:
+    """A waiter a failed test left in the queue would wait for ever: it ends with its test."""
+    yield
+    try:
+        end_all(STARTED)
+    finally:
+        STARTED.clear()
+
+
+def _started(process: subprocess.Popen) -> subprocess.Popen:
+    STARTED.append(process)
+    return process
 
 
 def _until(condition: Callable[[], bool], what: str) -> None:
@@ -37,14 +56,14 @@ def _hold(gpus: str) -> str:
 
 
 def _waiter(*args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        gpualloc_argv("run", "--wait", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
+    argv = gpualloc_argv("run", "--wait", *args)
+    return _started(
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    )
 
 
 def _finish(process: subprocess.Popen) -> tuple[int, str, str]:
-    out, err = process.communicate(timeout=TIMEOUT_S)
+    out, err = finish(process, timeout_s=TIMEOUT_S)
     return process.returncode, out, err
 
 
@@ -240,11 +259,13 @@ def test_32_waiters_on_8_gpus_all_run_and_never_share_a_gpu(tmp_path: Path) -> N
 
 def test_alloc_wait_gets_a_lease_when_gpus_free() -> None:
     held = _hold("0-7")
-    waiter = subprocess.Popen(
-        gpualloc_argv("alloc", "--wait", "--hold", "-n", "2", "--format", "json"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    waiter = _started(
+        subprocess.Popen(
+            gpualloc_argv("alloc", "--wait", "--hold", "-n", "2", "--format", "json"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     )
     _until(_queued(1), "alloc to queue")
     assert gpualloc("release", held).returncode == 0
@@ -259,10 +280,12 @@ def test_on_a_terminal_the_status_line_is_redrawn_in_place_and_cleared() -> None
 
     held = _hold("0-7")
     master, slave = pty.openpty()
-    waiter = subprocess.Popen(
-        gpualloc_argv("run", "--wait", "-q", "--", "true"),
-        stdout=subprocess.DEVNULL,
-        stderr=slave,
+    waiter = _started(
+        subprocess.Popen(
+            gpualloc_argv("run", "--wait", "-q", "--", "true"),
+            stdout=subprocess.DEVNULL,
+            stderr=slave,
+        )
     )
     os.close(slave)
     seen = b""

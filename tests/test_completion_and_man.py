@@ -62,6 +62,7 @@ def test_man_renders_the_page_without_warnings() -> None:
         text=True,
         env={**os.environ, "MANWIDTH": "100", "MANPAGER": "cat", "PAGER": "cat"},
         check=False,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert "EXIT STATUS" in result.stdout and "gpualloc run [OPTIONS]" in result.stdout
@@ -98,9 +99,18 @@ def _launcher(tmp_path: Path) -> Path:
     return launcher
 
 
+def _empty_directory(beside: Path) -> Path:
+    """An empty working directory next to ``beside``, for a shell that completes file names."""
+    empty = beside.parent / "empty"
+    empty.mkdir(exist_ok=True)
+    return empty
+
+
 def _offered(shell: str, words: list[str], state: Path, launcher: Path) -> list[str]:
     """What the committed script of ``shell`` offers for ``words`` (the last one is being
-    completed), with ``launcher`` as the gpualloc it was typed as."""
+    completed), with ``launcher`` as the gpualloc it was typed as, in an empty directory: bash
+    adds the file names of the working directory (a ``dgx1.json`` in the checkout was offered
+    for ``--topology dgx``)."""
     script = {"bash": "gpualloc.bash", "zsh": "_gpualloc"}[shell]
     driver = BASH_DRIVER if shell == "bash" else ZSH_DRIVER
     command = (
@@ -108,7 +118,7 @@ def _offered(shell: str, words: list[str], state: Path, launcher: Path) -> list[
     )
     result = subprocess.run(
         [*command, str(ROOT / "completions" / script), str(launcher), *words[1:]],
-        capture_output=True, text=True, check=False, timeout=60,
+        capture_output=True, text=True, check=False, timeout=60, cwd=_empty_directory(state),
         env={**os.environ, "GPUALLOC_STATE_DIR": str(state)},
     )  # fmt: skip
     assert result.stderr == ""  # zsh's status is its last test's: not a verdict
@@ -171,7 +181,7 @@ def test_the_fish_script_completes_commands_options_and_values(cli, tmp_path: Pa
         script = ROOT / "completions" / "gpualloc.fish"
         result = subprocess.run(
             ["fish", "--no-config", "-c", f"source {script}; complete -C '{line}'"],
-            capture_output=True, text=True, check=False, timeout=60,
+            capture_output=True, text=True, check=False, timeout=60, cwd=_empty_directory(state),
             env={**os.environ, "GPUALLOC_STATE_DIR": str(state),
                  "PATH": f"{launcher.parent}:{os.environ['PATH']}"},
         )  # fmt: skip
@@ -214,6 +224,7 @@ def test_install_completion_writes_the_shells_file(tmp_path: Path) -> None:
         text=True,
         env=env,
         check=False,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     installed = tmp_path / "data" / "bash-completion" / "completions" / "gpualloc"
@@ -221,12 +232,12 @@ def test_install_completion_writes_the_shells_file(tmp_path: Path) -> None:
     assert f"wrote {installed}" in result.stderr
     shown = subprocess.run(
         [sys.executable, "-m", "gpualloc", "--show-completion", "fish"],
-        capture_output=True, text=True, env=env, check=False,
+        capture_output=True, text=True, env=env, check=False, timeout=120,
     )  # fmt: skip
     assert shown.stdout == (ROOT / "completions" / "gpualloc.fish").read_text()
     refused = subprocess.run(
         [sys.executable, "-m", "gpualloc", "--show-completion", "tcsh"],
-        capture_output=True, text=True, env=env, check=False,
+        capture_output=True, text=True, env=env, check=False, timeout=120,
     )  # fmt: skip
     assert refused.returncode == 2 and "choose bash, zsh or fish" in refused.stderr
 

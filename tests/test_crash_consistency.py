@@ -39,6 +39,7 @@ from pathlib import Path
 import pytest
 
 from tests.broker_harness import ROOT, RunningBroker
+from tests.child_processes import finish
 from tests.conftest import run_in_process
 from tests.unix_users import UnixUser, UserCommandLine, ensure_user, shared_directory
 
@@ -235,7 +236,7 @@ def _start(
 
 def _settle(step: Step, expected: Expected, where: str) -> None:
     """Wait for ``step``'s process; hold what it says to what it may say; note what it did."""
-    step.out, step.err = step.process.communicate(timeout=TIMEOUT_S)
+    step.out, step.err = finish(step.process, timeout_s=TIMEOUT_S)
     code = step.process.returncode
     if code == -signal.SIGKILL:
         if ": alloc " in step.what:
@@ -317,7 +318,7 @@ def test_a_torn_ledger_names_its_copy_until_it_is_finished(shared: Path) -> None
     def run(launch: Launch, plan: str, name: str) -> int:
         args = ("alloc", "--hold", "-n", "1", "--name", name, "--format", "json")
         process = launch(plan, *args)
-        process.communicate(timeout=TIMEOUT_S)
+        finish(process, timeout_s=TIMEOUT_S)
         return process.returncode
 
     def names() -> set[str]:
@@ -391,7 +392,7 @@ def test_concurrent_cli_commands_killed_at_random_moments_lose_nothing() -> None
                 steps[index].process.send_signal(signal.SIGKILL)
         for step in steps:
             _settle(step, expected, where)
-        shown, problems = reader.communicate(timeout=TIMEOUT_S)
+        shown, problems = finish(reader, timeout_s=TIMEOUT_S)
         assert reader.returncode == 0, f"{where}: an unlocked status failed: {problems}"
         seen = json.loads(shown)["leases"]
         twice = Counter(g["index"] for lease in seen for g in lease["gpus"])

@@ -39,11 +39,21 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.conftest import extra_modules
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+EXTRA_COMMANDS = {
+    "plot": re.compile(r"\s--plot(?:[\s=]|$)"),  # simulate draws its figures with matplotlib
+    "docs": re.compile(r"(?:^|[;&|]\s*)(?:python -m )?mkdocs\b"),
+}
+"""The ``$`` lines that need an optional extra of pyproject.toml: a page with one runs only
+where the extra is installed (the ``extra`` marker of tests/conftest.py), so that the README's
+``pip install -e '.[test]' && python -m pytest`` passes on a fresh clone."""
 DEFAULT_TOPOLOGY = "dgx1-v100"
 BLOCK_TIMEOUT_S = 180
 
@@ -224,8 +234,23 @@ def _run_block(block: Block, work: Path, env: dict[str, str], tmp_path: Path) ->
     return f"{block.where()}:\n{done.stderr[-3000:]}"
 
 
+def extras_needed(command: str) -> list[str]:
+    """The extras ``command`` (a ``$`` line) needs, as :data:`EXTRA_COMMANDS` tells."""
+    return [extra for extra, pattern in EXTRA_COMMANDS.items() if pattern.search(command)]
+
+
+def _page_param(page: Path) -> Any:
+    """``page`` as a case of the examples' test, marked with the extras its lines need."""
+    marks = []
+    for block in blocks(page):
+        if block.skip is None and block.language == "console":
+            for command in block.commands():
+                marks += [pytest.mark.extra(x, why=block.where()) for x in extras_needed(command)]
+    return pytest.param(page, id=str(page.relative_to(ROOT)), marks=marks)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+@pytest.mark.parametrize("page", [_page_param(page) for page in PAGES])
 def test_every_example_runs_as_written(page: Path, tmp_path: Path) -> None:
     work, env = _workspace(tmp_path)
     failures = [
@@ -234,6 +259,18 @@ def test_every_example_runs_as_written(page: Path, tmp_path: Path) -> None:
         if block.skip is None and (failure := _run_block(block, work, env, tmp_path))
     ]
     assert not failures, "\n\n".join(failures)
+
+
+def test_every_example_that_says_it_needs_an_extra_is_known_to() -> None:
+    """A line whose comment says it needs a module of an extra (``# needs matplotlib``) is
+    one :data:`EXTRA_COMMANDS` finds: else it fails on a clone with only the test extra."""
+    modules = {module: extra for extra in EXTRA_COMMANDS for module in extra_modules(extra)}
+    for page in PAGES:
+        for block in blocks(page):
+            for command in block.commands() if block.language == "console" else ():
+                for module in re.findall(r"#.*\bneeds (\w+)", command):
+                    if module in modules:
+                        assert modules[module] in extras_needed(command), (block.where(), command)
 
 
 def test_every_skipped_example_says_why() -> None:
@@ -283,14 +320,15 @@ def _anchors(page: Path) -> set[str]:
     return found
 
 
+@pytest.mark.extra("docs")
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
     """``mkdocs build --strict``: every page in the nav, every link and anchor found."""
-    pytest.importorskip("mkdocs", reason="the docs extra: pip install -e '.[docs]'")
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=False,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr

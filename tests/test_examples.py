@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.child_processes import finish
+
 ROOT = Path(__file__).parent.parent
 EXAMPLES = ROOT / "examples"
 
@@ -38,7 +40,7 @@ def test_the_custom_host_json_is_what_topo_import_makes_of_the_matrix(cli, tmp_p
 
 def test_the_scripts_parse() -> None:
     for script in ("sweep.sh", "torchrun/run.sh", "slurm/gpualloc-hook.sh"):
-        subprocess.run(["bash", "-n", str(EXAMPLES / script)], check=True)
+        subprocess.run(["bash", "-n", str(EXAMPLES / script)], check=True, timeout=120)
         assert os.access(EXAMPLES / script, os.X_OK), script
     py_compile.compile(str(EXAMPLES / "torchrun" / "allreduce.py"), doraise=True)
 
@@ -78,7 +80,7 @@ def test_the_sweep_runs_its_jobs_side_by_side_on_nvlinked_pairs(tmp_path: Path) 
         pairs = [tuple(map(int, p.read_text().split(","))) for p in outputs]
     finally:
         (tmp_path / "go").touch()
-        _, errors = sweep.communicate(timeout=120)
+        _, errors = finish(sweep, timeout_s=120)
     assert sweep.returncode == 0, errors
     assert sorted(g for pair in pairs for g in pair) == list(range(8))  # side by side
     topology = load_bundled("dgx1-v100")

@@ -330,7 +330,7 @@ def test_the_fast_path_imports_neither_typer_nor_pydantic_nor_the_brokers_client
     env = {**os.environ, "GPUALLOC_STATE_DIR": str(tmp_path)}
     env.pop("GPUALLOC_BROKER", None)
     result = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=False
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120
     )
     assert result.stdout.strip() == "0"
     assert json.loads(result.stderr.splitlines()[-1]) == []
@@ -561,7 +561,7 @@ def test_the_table_commands_import_neither_typer_nor_pydantic(tmp_path: Path) ->
     )
     env = {**os.environ, "GPUALLOC_STATE_DIR": str(tmp_path)}
     result = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=False
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120
     )
     assert "GPUs of dgx1-v100" in result.stdout
     assert json.loads(result.stderr.splitlines()[-1]) == []

@@ -137,8 +137,8 @@ def test_several_share_placements_need_sharing(cli) -> None:
 
 
 @pytest.mark.slow  # matplotlib's start-up is most of it
+@pytest.mark.extra("plot")
 def test_plot_draws_allocated_capacity_per_run(cli, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
     result = cli(
         "-t", "pcie-8gpu-2socket", "simulate", "--trace", str(EXCERPT), "--limit", "40",
         "--runtime", "fixed", "--sharing", "32", "--share-placement", "fgd,spread",

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from gpualloc.discovery.nvml import normalise_bus_id
+from tests.child_processes import finish
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -153,7 +154,7 @@ def test_a_cuda_process_started_outside_gpualloc_is_seen_and_avoided() -> None:
         refused = gpualloc("run", "-n", everything, "--", "true", check=False)
         assert refused.returncode == 10, refused.stderr
     finally:
-        holder.communicate(timeout=30)  # closing its input ends the hold
+        finish(holder, timeout_s=30)  # closing its input ends the hold
     assert holder.returncode == 0
     deadline = time.monotonic() + 30
     while gpualloc_json("status")["gpus"][index]["state"] != "free":

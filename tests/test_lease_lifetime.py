@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpualloc.topologies import load_bundled
+from tests.child_processes import end
 from tests.test_cli_run import TIMEOUT_S, gpualloc, gpualloc_argv, status
 
 pytestmark = pytest.mark.slow
@@ -113,13 +114,14 @@ def test_an_alloc_killed_before_it_printed_the_id_leaves_a_lease_status_marks(
         stdout=writer, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     os.close(writer)
-    deadline = time.monotonic() + TIMEOUT_S
-    while not status()["leases"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    alloc.kill()
-    alloc.wait(timeout=TIMEOUT_S)
-    os.close(reader)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not status()["leases"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        end(alloc)  # blocked in its write to the full pipe until killed
+        os.close(reader)
     (lease,) = status()["leases"]
     assert lease["orphaned"] and not lease["announced"]
     text = gpualloc("status").stdout
@@ -171,7 +173,6 @@ def test_whoever_reaps_sees_the_gpus_processes_even_when_ignoring_foreign_ones(
             assert [x.id for x in host.snapshot().ledger.leases] == [lease.id]
         assert asked == [1]
     finally:
-        daemon.kill()
-        daemon.wait()
+        end(daemon)
     fresh = allocate.LocalHost.open(topology, ignore_foreign=True)
     assert fresh.snapshot().ledger.leases == []  # its process is gone: reaped

@@ -8,7 +8,6 @@ import json
 import multiprocessing
 import os
 import random
-import signal
 import stat
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from gpualloc.ledger.schema import SCHEMA_VERSION, Lease, LeasedGpu, Ledger
 from gpualloc.ledger.statedir import check_state_directory, open_state_directory
 from gpualloc.ledger.store import LedgerStore, lease_alive, new_lease_id, parse_ledger
 from gpualloc.model.validation import to_builtins
+from tests.child_processes import STOP_S, end
 from tests.unix_users import as_user, two_test_users
 
 HOST = "testhost"
@@ -97,8 +97,7 @@ def test_a_lease_lives_as_long_as_its_process(tmp_path):
         # The same pid with another start time is another program: the kernel reused the pid.
         assert not lease_alive(replace(lease, pid_start_time=start - 5), directory)
     finally:
-        child.kill()
-        child.wait()
+        end(child)
     assert not lease_alive(lease, directory)
 
 
@@ -125,9 +124,7 @@ def test_the_lease_lock_keeps_a_lease_alive_after_its_process(tmp_path):
         assert lock_held(path)
         assert lease_alive(lease, directory)
     finally:
-        holder.kill()
-        holder.wait()
-        holder.stdout.close()
+        end(holder)
     assert not lock_held(path)
     assert not lease_alive(lease, directory)
 
@@ -141,8 +138,7 @@ def test_a_lease_lock_is_inherited_across_exec(tmp_path):
     try:
         assert lock_held(path)
     finally:
-        child.kill()
-        child.wait()
+        end(child)
     assert not lock_held(path)
 
 
@@ -290,9 +286,13 @@ def test_concurrent_transactions_never_double_book_or_lose_an_update(tmp_path):
     ]
     for worker in workers:
         worker.start()
-    counts = [results.get(timeout=120) for _ in workers]
-    for worker in workers:
-        worker.join()
+    try:
+        counts = [results.get(timeout=120) for _ in workers]
+    finally:
+        for worker in workers:
+            worker.join(timeout=STOP_S)  # it has sent its counts; one that hangs is killed
+            worker.kill()
+            worker.join(timeout=STOP_S)
     ledger = _store(tmp_path).read().ledger  # validates: no GPU held twice
     assert len(ledger.leases) == sum(taken - released for taken, released in counts)
     assert ledger.generation == sum(taken + released for taken, released in counts)
@@ -334,11 +334,11 @@ def test_killing_a_writer_at_random_points_loses_no_live_lease(tmp_path):
             stdout=subprocess.PIPE,
             text=True,
         )
-        assert writer.stdout.readline().strip() == "ready"
-        time.sleep(rng.uniform(0.0, 0.15))
-        writer.send_signal(signal.SIGKILL)
-        writer.wait()
-        writer.stdout.close()
+        try:
+            assert writer.stdout.readline().strip() == "ready"
+            time.sleep(rng.uniform(0.0, 0.15))
+        finally:
+            end(writer)  # SIGKILL
         leases = store.read().ledger.leases
         assert keep in leases
         assert all(lease.name in ("keep", "churn") for lease in leases)
@@ -393,7 +393,10 @@ def test_a_writer_killed_inside_a_write_leaves_a_loadable_ledger(tmp_path, point
         store.directory.good_copy(os.geteuid()).rename(tmp_path / "ledger.4242.good.json")
     root = Path(__file__).resolve().parent.parent
     died = subprocess.run(
-        [sys.executable, "-c", _DIE_MID_WRITE, str(tmp_path), point], cwd=root, check=False
+        [sys.executable, "-c", _DIE_MID_WRITE, str(tmp_path), point],
+        cwd=root,
+        check=False,
+        timeout=120,
     )
     assert died.returncode == 9
     txn = store.read()

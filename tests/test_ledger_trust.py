@@ -21,6 +21,7 @@ from gpualloc.ledger.schema import Lease, LeasedGpu, Ledger, QueuedRequest, Wait
 from gpualloc.ledger.statedir import open_state_directory
 from gpualloc.ledger.store import LedgerStore, new_lease_id
 from gpualloc.model.request import Placement, Scores
+from tests.child_processes import end, running
 
 HOST = "testhost"
 
@@ -59,8 +60,7 @@ def test_a_held_lock_is_reported_with_its_holder_and_nothing_changes(tmp_path: P
         assert [lease.indices for lease in seen.ledger.leases] == [(0,)]
         assert any(f"pid {holder.pid}" in note for note in seen.notes)
     finally:
-        holder.kill()
-        holder.communicate()
+        end(holder)
     with store.transaction() as txn:  # the kernel dropped it with its holder
         txn.add(_lease(1))
 
@@ -215,9 +215,55 @@ def test_process_facts_from_proc_agree_with_psutil() -> None:
             time.sleep(0.01)
         assert not process_alive(child.pid, None)  # ended, not yet waited for
     finally:
-        child.wait()
+        end(child)  # a failed assertion above left it reading its input for ever
     assert not process_alive(child.pid, None) and process_start_time(child.pid) is None
     assert process_start_time(0) is None and command_line(-1) == ()
+
+
+BLANKS_ITS_ARGUMENTS = """
+import sys, time
+fields = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+start, end = int(fields[45]), int(fields[46])  # arg_start and arg_end, proc(5)
+with open("/proc/self/mem", "r+b", buffering=0) as memory:
+    memory.seek(start)
+    kept = memory.read(end - start)
+    memory.seek(start)
+    memory.write(bytes(end - start))
+    print("blank", flush=True)
+    time.sleep(float(sys.argv[1]))
+    memory.seek(start)
+    memory.write(kept)
+sys.stdin.read()
+"""
+
+
+def test_arguments_read_empty_for_a_moment_are_read_again() -> None:
+    """Just after an exec the kernel shows an empty ``/proc/PID/cmdline`` until the new
+    program's arguments are in place, and ``subprocess.Popen`` has returned by then: read once,
+    they were lost (the test above failed on it under load, and ``alloc --pid`` of a process
+    just started would record no command). A process that blanks its own arguments for a
+    moment is that window, made to order."""
+    from gpualloc.ledger.liveness import command_line
+
+    argv = [sys.executable, "-c", BLANKS_ITS_ARGUMENTS, "0.02"]
+    with running(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as child:
+        if child.stdout.readline() != "blank\n":
+            pytest.skip("this kernel does not let a process write its own memory")
+        assert command_line(child.pid) == tuple(argv)
+
+
+def test_a_zombie_has_no_arguments_and_is_not_waited_for() -> None:
+    """A zombie's (and a kernel thread's) arguments are empty for good: no second look."""
+    from gpualloc.ledger.liveness import EMPTY_ARGUMENTS_S, command_line
+
+    with running([sys.executable, "-c", "pass"]) as child:
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        started = time.monotonic()
+        assert command_line(child.pid) == ()
+        assert time.monotonic() - started < EMPTY_ARGUMENTS_S
 
 
 @pytest.mark.parametrize("alarm", ["free", "blocked", "handled"])
@@ -254,5 +300,4 @@ except LedgerLocked:
         result = subprocess.run([sys.executable, "-c", waiter], timeout=30, check=False)
         assert result.returncode == 16 and time.monotonic() - started < 10
     finally:
-        os.killpg(holder.pid, 9)
-        holder.wait()
+        end(holder, group=True)

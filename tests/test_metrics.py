@@ -19,6 +19,7 @@ import pytest
 
 from gpualloc.errors import ExitCode
 from gpualloc.prometheus import METRICS
+from tests.child_processes import end, end_all
 
 MIG_HOST = ("--topology", "dgx-a100-mig")
 _SAMPLE = re.compile(r"^([a-z_]+)(?:\{(.*)\})? (\S+)$")
@@ -91,8 +92,7 @@ def test_a_job_that_waited_is_in_the_wait_histogram(cli) -> None:
         assert cli("--topology", "single-gpu", "release", lease).exit_code == 0
         waiter.communicate(timeout=60)
     finally:
-        if waiter.poll() is None:
-            waiter.kill()
+        end(waiter)
     found = samples(cli("--topology", "single-gpu", "metrics").stdout)
     assert value(found, "gpualloc_wait_seconds_count") == 2
     assert value(found, "gpualloc_wait_seconds_bucket", le="1") == 1  # the first, at once
@@ -105,7 +105,12 @@ def test_promtool_accepts_the_exposition(cli) -> None:
     cli(*MIG_HOST, "alloc", "-n", "2", "--hold")
     text = cli(*MIG_HOST, "metrics").stdout
     checked = subprocess.run(
-        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, check=False
+        ["promtool", "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
@@ -169,13 +174,7 @@ def test_a_real_prometheus_scrapes_the_served_metrics(cli, tmp_path: Path) -> No
         print(f"one scrape of dgx-a100-mig: {(time.perf_counter() - start) * 1000:.1f} ms")
         assert "gpualloc_placements_total" in body
     finally:
-        for process in (prometheus, server):
-            process.terminate()
-            try:
-                process.communicate(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.communicate()
+        end_all([prometheus, server], term_s=10)
 
 
 def _query_until(port: int, query: str, timeout_s: float) -> float:

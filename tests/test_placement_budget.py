@@ -39,6 +39,7 @@ from gpualloc.placement.utility import T_MIN_NODES, cheapest_communication
 from gpualloc.placement.want import Want
 from gpualloc.topologies import load_bundled
 from tests.broker_harness import RunningBroker
+from tests.child_processes import finish
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -228,7 +229,7 @@ def test_the_broker_searches_in_its_worker_and_answers_others_meanwhile(
             hello_started = time.monotonic()
             broker.hello()
             answers.append(time.monotonic() - hello_started)
-        out, err = search.communicate(timeout=120)
+        out, err = finish(search, timeout_s=120)
         assert search.returncode == 0, err + broker.log_text()[-2000:]
         took = time.monotonic() - started
         assert took >= 2.0, "the search ran to its 2 s budget"
@@ -272,7 +273,11 @@ def test_requests_behind_a_search_keep_their_order_and_a_dead_worker_is_replaced
         assert broker.ledger()["leases"] == []
         assert broker.process is not None
         workers = subprocess.run(
-            ["pgrep", "-P", str(broker.process.pid)], capture_output=True, text=True, check=False
+            ["pgrep", "-P", str(broker.process.pid)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
         ).stdout.split()
         assert len(workers) == 1, workers
         os.kill(int(workers[0]), 9)

@@ -27,6 +27,7 @@ from gpualloc.model.share import LeasedShare, ShareRequest
 from gpualloc.model.topology import GpuProcess
 from gpualloc.placement.share_fit import choose_share
 from gpualloc.topologies import load_bundled
+from tests.child_processes import end, finish
 from tests.test_cli_run import TIMEOUT_S, gpualloc, gpualloc_argv, status
 
 V100 = ("--topology", "dgx1-v100")
@@ -198,7 +199,7 @@ def test_a_shared_job_runs_is_listed_and_its_share_ends_with_it(tmp_path: Path) 
         assert "Shared jobs" in table and "25%, 8 GiB, time-sliced, background" in table
         assert "[shareable: 1 shared job(s), 25% of it]" in table
     finally:
-        job.communicate("", timeout=TIMEOUT_S)
+        finish(job, input="", timeout_s=TIMEOUT_S)  # its input closed: it ends
     assert job.returncode == 0
     assert [x for x in status()["leases"] if x["share"]] == []
 
@@ -211,7 +212,7 @@ def test_under_mps_the_job_gets_its_sm_share(tmp_path: Path) -> None:
     try:
         env = json.loads(job.stdout.readline())
     finally:
-        _, err = job.communicate("", timeout=TIMEOUT_S)
+        _, err = finish(job, input="", timeout_s=TIMEOUT_S)
     assert env["GPUALLOC_SHARE"] == "mps" and env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
     assert "shared (mps)" in err and "warning" not in err
     # Without the daemon: time slices, and a warning that --sm-share does nothing.
@@ -219,7 +220,7 @@ def test_under_mps_the_job_gets_its_sm_share(tmp_path: Path) -> None:
     try:
         env = json.loads(alone.stdout.readline())
     finally:
-        _, err = alone.communicate("", timeout=TIMEOUT_S)
+        _, err = finish(alone, input="", timeout_s=TIMEOUT_S)
     assert env["GPUALLOC_SHARE"] == "time-sliced"
     assert "does not cap this one at its --sm-share" in err
 
@@ -245,8 +246,7 @@ def test_the_owner_evicts_shared_jobs_and_keeps_the_lease() -> None:
         assert evicted.stdout.startswith("evicted GPU 2 shared by")
         out, _ = job.communicate(timeout=TIMEOUT_S)
     finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
+        end(job, group=True)
     assert job.returncode == 7 and out.strip() == "evicted"
     assert time.monotonic() - started < 5  # SIGTERM, not the grace period's SIGKILL
     host = status()
@@ -276,8 +276,7 @@ def test_a_job_that_ignores_sigterm_is_killed_after_the_grace() -> None:
         assert evicted.returncode == 0, evicted.stderr
         job.communicate(timeout=TIMEOUT_S)
     finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
+        end(job, group=True)
     assert job.returncode == -signal.SIGKILL
     assert [x["id"] for x in status()["leases"]] == [lease]
 
@@ -349,8 +348,7 @@ def test_a_shared_job_waits_in_the_queue_for_room(tmp_path: Path) -> None:
         assert gpualloc("release", "--mine").returncode == 0  # room everywhere now
         out, err = waiting.communicate(timeout=TIMEOUT_S)
     finally:
-        if waiting.poll() is None:
-            waiting.kill()
+        end(waiting)
     assert waiting.returncode == 0, err
     assert out.strip().isdigit()
 

@@ -13,7 +13,6 @@ import itertools
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.child_processes import end, end_all
 from tests.unix_users import UnixUser, UserCommandLine, ensure_user, shared_directory
 
 TOPOLOGY = "nvlink-pairs-4gpu"
@@ -118,9 +118,12 @@ def test_three_users_alternate_alloc_status_release_and_wait_in_any_order_of_cre
         third, "-t", TOPOLOGY, "alloc", "--wait", "--timeout", "60", "-n", "2", "--hold",
         "--format", "json", env={"GPUALLOC_STATE_DIR": str(shared)},
     )  # fmt: skip
-    _until(lambda: len(_status(run, second)["queue"]) == 1, "the waiter to join the queue")
-    assert run(first, "release", everything).returncode == 0
-    out, err = waiter.communicate(timeout=60)
+    try:
+        _until(lambda: len(_status(run, second)["queue"]) == 1, "the waiter to join the queue")
+        assert run(first, "release", everything).returncode == 0
+        out, err = waiter.communicate(timeout=60)
+    finally:
+        end(waiter)
     assert waiter.returncode == 0, err
     assert _holders(_status(run, second)) == {third.name: json.loads(out)["placement"]["gpus"]}
     for path in shared.iterdir():  # nothing a user could not share was left behind
@@ -227,8 +230,7 @@ def test_a_user_holding_the_lock_is_named_and_root_hooks_still_record_the_job(
         # Seen at once, by everyone, though nobody could write the ledger yet.
         assert _holders(_status(run, alice)) == {alice.name: [0], carol.name: [2, 3]}
     finally:
-        os.killpg(holder.pid, signal.SIGTERM)  # flock and the sleep that inherited the lock
-        holder.wait(timeout=10)
+        end(holder, group=True)  # flock and the sleep that inherited the lock
     placed = run(alice, "alloc", "-n", "1", "--hold", "--format", "json")
     assert json.loads(placed.stdout)["placement"]["gpus"] == [1], placed.stderr
     epilog = run(ensure_root(), "slurm", "epilog", SLURM_JOB_ID="77")
@@ -267,27 +269,23 @@ def test_the_queue_bounds_are_the_administrators_not_the_users(
         backfill = run(carol, "alloc", "-n", "1", "--hold")  # passes the blocked 4-GPU job
         assert backfill.returncode == 0, backfill.stderr
     finally:
-        waiter.terminate()
-        waiter.communicate(timeout=30)
+        end(waiter, term_s=30)  # SIGTERM: it leaves the queue
 
     _system_config(
         system_config_dir, '[queue]\nprivileged = ["@nobody-here", "gpualloc-t-alice"]\n'
         "max_waiting = 1\n",
     )  # fmt: skip
-    waiter = as_user.popen(alice, "-t", TOPOLOGY, *greedy, "--max-bypass", "0", env=env)
+    waiters = [as_user.popen(alice, "-t", TOPOLOGY, *greedy, "--max-bypass", "0", env=env)]
     try:
         _until(lambda: len(_status(run, carol)["queue"]) == 1, "privileged alice to wait")
         second = run(carol, "alloc", "--wait", "--timeout", "1", "-n", "4", "--hold")
         assert second.returncode == 124  # carol may wait (one job) ...
-        blocker = as_user.popen(carol, "-t", TOPOLOGY, *greedy, env=env)
+        waiters.append(as_user.popen(carol, "-t", TOPOLOGY, *greedy, env=env))
         _until(lambda: len(_status(run, bob)["queue"]) == 2, "carol's job to wait")
         third = run(carol, *greedy)  # ... but not two at once
         assert third.returncode == 12 and "queue.max_waiting" in third.stderr
-        blocker.terminate()
-        blocker.communicate(timeout=30)
     finally:
-        waiter.terminate()
-        waiter.communicate(timeout=30)
+        end_all(waiters, term_s=30)  # SIGTERM: each leaves the queue
     _system_config(system_config_dir, "")
     own = system_config_dir / "bob" / "gpualloc"
     own.mkdir(parents=True)
@@ -386,10 +384,7 @@ def test_a_job_off_its_gpus_is_seen_by_other_users_and_its_own_verifier(
         checked = run(alice, "doctor")
         assert checked.returncode == 17 and "2 problem(s) found" in checked.stdout
     finally:
-        stranger.kill()
-        stranger.wait()
-        job.kill()
-        job.communicate(timeout=60)
+        end_all([stranger, job])
 
 
 def test_an_idle_hold_is_noticed_and_released_by_another_users_gc(

@@ -308,8 +308,8 @@ def test_remembered_placements_change_no_answer(dgx1, monkeypatch: pytest.Monkey
 
 
 @pytest.mark.slow  # matplotlib's start-up is most of it
+@pytest.mark.extra("plot")
 def test_plot_writes_the_three_kinds_of_figure(cli, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
     out = tmp_path / "figures"
     result = cli(
         "--topology", "dgx1-v100", "simulate", "--generate", "mapa:jobs=40",

@@ -196,16 +196,15 @@ def test_save_trace_onto_a_full_disk_is_an_io_error(cli, tmp_path, monkeypatch) 
     assert "No space left on device" in _refused(result, ExitCode.IO)
 
 
-def test_save_trace_onto_dev_full_writes_in_place_and_is_an_io_error(cli) -> None:
+def test_save_trace_onto_dev_full_writes_in_place_and_is_an_io_error(
+    cli, full_device: Path
+) -> None:
     """A rename onto /dev/full replaced the device (as root) and said nothing went wrong."""
-    full = Path("/dev/full")
-    if not (full.exists() and stat.S_ISCHR(full.stat().st_mode)):
-        pytest.skip("no /dev/full device here")
     for option in ("--save-trace", "--report"):
-        result = cli(*SIMULATE, "--generate", "mapa:jobs=5", option, str(full))
+        result = cli(*SIMULATE, "--generate", "mapa:jobs=5", option, str(full_device))
         line = _refused(result, ExitCode.IO)
         assert option in line and "No space left on device" in line
-        assert stat.S_ISCHR(full.stat().st_mode)  # still the device
+        assert stat.S_ISCHR(full_device.stat().st_mode)  # still the device
 
 
 def test_save_trace_onto_a_pipe_nobody_reads_does_not_wait(cli, tmp_path: Path) -> None:

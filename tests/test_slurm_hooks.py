@@ -282,11 +282,13 @@ def test_the_example_wrapper_picks_the_hook_by_its_name(tmp_path: Path) -> None:
     for hook in ("prolog", "epilog", "taskprolog"):
         link = tmp_path / f"gpualloc-{hook}"
         link.symlink_to(wrapper)
-        ran = subprocess.run([str(link)], env=env, capture_output=True, text=True, check=True)
+        ran = subprocess.run(
+            [str(link)], env=env, capture_output=True, text=True, check=True, timeout=120
+        )
         assert ran.stdout == f"slurm {hook} state=/var/tmp/gpualloc\n"
     stray = tmp_path / "other-name"
     stray.symlink_to(wrapper)
-    ran = subprocess.run([str(stray)], env=env, capture_output=True, text=True)
+    ran = subprocess.run([str(stray)], env=env, capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0 and "expected gpualloc-prolog" in ran.stderr
 
 

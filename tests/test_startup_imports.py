@@ -107,7 +107,11 @@ def test_the_lean_imports_leave_msgspec_and_pathlib_whole() -> None:
         "print('whole')\n"
     )
     result = subprocess.run(
-        [sys.executable, "-S", "-c", probe], capture_output=True, text=True, check=False
+        [sys.executable, "-S", "-c", probe],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
     )
     assert result.stdout.strip() == "whole", result.stderr
 
@@ -133,7 +137,9 @@ import pathlib, urllib.parse
 assert sys.modules["urllib.parse"] is urllib.parse and hasattr(urllib.parse, "urlsplit")
 print(pathlib.Path("/x").as_uri())
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120
+    )
     assert done.returncode == 0 and done.stdout == "file:///x\n", done.stderr
 
 
@@ -154,5 +160,7 @@ assert platform.system() and msgspec.json.decode(b"[1]") == [1]
 assert "typing_extensions" not in sys.modules or sys.modules["typing_extensions"] is not None
 print("ok")
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120
+    )
     assert done.returncode == 0 and done.stdout == "ok\n", done.stderr

@@ -19,6 +19,7 @@ from gpualloc.cli.output import Table, print_rich
 from gpualloc.cli.table_fit import ColumnSize, fit_widths, layout, table_width
 from gpualloc.cli.topology_view import LEGEND, topology_tables
 from gpualloc.topologies import load_bundled
+from tests.child_processes import finish, running
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SIXTEEN_GPUS = ["torus-2d-16", "cube-mesh-16", "dgx2"]
@@ -160,7 +161,8 @@ def on_terminal(args: list[str], columns: int) -> str:
             break
         chunks.append(chunk)
     os.close(main)
-    assert process.wait(timeout=60) == 0
+    finish(process, timeout_s=60)
+    assert process.returncode == 0
     text = b"".join(chunks).decode().replace("\r\n", "\n")
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
@@ -268,13 +270,12 @@ def test_status_json_watch_writes_one_compact_document_a_line() -> None:
     import signal
 
     watch = ["status", "--json", "--watch", "--interval", "0.2"]
-    process = subprocess.Popen(
+    with running(
         [sys.executable, "-m", "gpualloc", "-t", "dgx1-v100", *watch],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-    )
-    with process:
+    ) as process:
         documents = []
         while len(documents) < 2:  # each redraw arrives whole, as it is drawn
             line = process.stdout.readline()  # type: ignore[union-attr]
@@ -315,7 +316,9 @@ def test_who_holds_what_lists_the_gpus_sorted(cli) -> None:
 def test_run_announces_its_gpus_in_rank_order() -> None:
     argv = [sys.executable, "-m", "gpualloc", "-t", "dgx1-v100", "run", "--gpus", "3,1"]
     shell = 'echo "$CUDA_VISIBLE_DEVICES"'
-    done = subprocess.run([*argv, "--", "sh", "-c", shell], capture_output=True, text=True)
+    done = subprocess.run(
+        [*argv, "--", "sh", "-c", shell], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "3,1\n"
     assert ": GPU 3,1 (" in done.stderr
@@ -435,7 +438,7 @@ def test_command_summaries_are_whole_at_80_columns(group: tuple[str, ...]) -> No
     """``gpualloc --help`` cut every command's summary mid-sentence with '...'."""
     shown = subprocess.run(
         [sys.executable, "-m", "gpualloc", *group, "--help"],
-        capture_output=True, text=True, check=True, env=dict(os.environ, COLUMNS="80"),
+        capture_output=True, text=True, check=True, env=dict(os.environ, COLUMNS="80"), timeout=120,
     ).stdout  # fmt: skip
     listed = shown.split("Commands:\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert listed

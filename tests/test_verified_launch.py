@@ -24,6 +24,7 @@ from gpualloc.ledger.attribution import attribute, process_lineage
 from gpualloc.ledger.schema import Lease, LeasedGpu
 from gpualloc.model.topology import GpuProcess
 from gpualloc.topologies import load_bundled
+from tests.child_processes import end, finish
 from tests.fake_nvml import FakeNvml
 from tests.test_cli_run import TIMEOUT_S, gpualloc_argv
 
@@ -105,8 +106,7 @@ def test_lineage_is_read_from_proc() -> None:
         group, pid, parent, *_ = process_lineage(child.pid)
         assert (group, pid, parent) == (os.getpgrp(), child.pid, os.getpid())
     finally:
-        child.kill()
-        child.wait()
+        end(child)
     assert process_lineage(child.pid) == ()
 
 
@@ -117,8 +117,7 @@ def test_lineage_is_read_from_proc() -> None:
 def job() -> subprocess.Popen:
     process = subprocess.Popen(["sleep", "60"])
     yield process
-    process.kill()
-    process.wait()
+    end(process)
 
 
 def test_a_job_on_a_gpu_it_does_not_hold_is_flagged_from_nvml(
@@ -183,8 +182,7 @@ def test_the_verifier_passes_a_job_that_keeps_to_its_gpus(
     fake.gpus[1].processes.append((os.getpid(), None))
     assert check(leases=lambda: [mine, shared]) == "verified" and said == []
     assert check() == "verified" and "also runs pid" in said[0]  # not known as a lease's
-    job.kill()
-    job.wait()
+    end(job)
     assert check() == "ended"
 
 
@@ -275,9 +273,8 @@ def test_status_flags_a_job_outside_its_lease_and_a_stranger_inside_it(
         assert f"ALSO USED BY pid {stranger.pid} (sleep, eve), not the lease's job" in table
         assert f"MISMATCH: lease {mine['id']}" in table and "runs on GPU 2" in table
     finally:
-        stranger.kill()
-        stranger.wait()
-        job.communicate("", timeout=TIMEOUT_S)
+        end(stranger)
+        finish(job, input="", timeout_s=TIMEOUT_S)  # its input closed: it ends
 
 
 @pytest.mark.parametrize("action", ["warn", "kill"])
@@ -297,14 +294,14 @@ def test_run_warns_of_or_ends_a_job_that_leaves_its_gpus(
         assert "runs on GPU 3, which the lease does not hold (it holds GPU 0-1)" in said
         if action == "kill":
             assert "ending it (verify.action = kill)" in said
-            job.communicate(timeout=TIMEOUT_S)
+            finish(job, timeout_s=TIMEOUT_S)
             assert job.returncode == -signal.SIGTERM
         else:
             assert 'set verify.action = "kill" to end such jobs' in said
             assert job.poll() is None  # only warned: the job runs on
     finally:
         if job.returncode is None:
-            job.communicate("", timeout=TIMEOUT_S)
+            finish(job, input="", timeout_s=TIMEOUT_S)
 
 
 # ---- gpualloc doctor, on the fake NVML --------------------------------------------------------

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.child_processes import reap
+
 USERS = ("gpualloc-test-a", "gpualloc-test-b")
 ROOT = Path(__file__).resolve().parent.parent
 CREATED: list[str] = []
@@ -52,7 +54,9 @@ def ensure_user(name: str) -> UnixUser:
         if useradd is None:
             pytest.skip("useradd is not installed")
         subprocess.run(
-            [useradd, "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True
+            [useradd, "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+            check=True,
+            timeout=120,
         )
         CREATED.append(name)
         entry = pwd.getpwnam(name)
@@ -62,7 +66,7 @@ def ensure_user(name: str) -> UnixUser:
 def remove_created_users() -> None:
     userdel = shutil.which("userdel")
     while CREATED and userdel:
-        subprocess.run([userdel, CREATED.pop()], check=False, capture_output=True)
+        subprocess.run([userdel, CREATED.pop()], check=False, capture_output=True, timeout=120)
     while MIRRORS:
         shutil.rmtree(MIRRORS.pop(), ignore_errors=True)
 
@@ -75,6 +79,11 @@ def two_test_users() -> list[tuple[int, int]]:
 def as_user(uid: int, gid: int, action: Callable[[], object]) -> None:
     """Run ``action`` in a forked child that has become the Unix user ``uid``."""
     wait_for_user(start_as_user(uid, gid, action), uid)
+
+
+USER_ACTION_S = 600.0
+"""The longest a user's action may take (the longest is a share of the broker fuzzer's
+requests): a deadline, not an estimate."""
 
 
 def start_as_user(uid: int, gid: int, action: Callable[[], object]) -> int:
@@ -107,9 +116,10 @@ def start_as_user(uid: int, gid: int, action: Callable[[], object]) -> int:
     return pid
 
 
-def wait_for_user(pid: int, uid: int) -> None:
-    """Wait for a child :func:`start_as_user` started; fail if its action failed."""
-    _, status = os.waitpid(pid, 0)
+def wait_for_user(pid: int, uid: int, *, timeout_s: float = USER_ACTION_S) -> None:
+    """Wait for a child :func:`start_as_user` started; fail if its action failed or has not
+    ended within ``timeout_s`` (it is killed then)."""
+    status = reap(pid, timeout_s=timeout_s)
     assert os.waitstatus_to_exitcode(status) == 0, f"the action failed as uid {uid}"
 
 

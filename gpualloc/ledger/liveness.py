@@ -161,10 +161,47 @@ def started_by(pid: int, uid: int, *, since: float) -> bool:
     return fields[0] not in ("Z", "X") and real == str(uid) and started_at(fields) >= since - 1.0
 
 
+EMPTY_ARGUMENTS_S = 0.5
+"""How long the empty arguments of a live process are read again. From the moment an exec
+has released the old program (which is when ``subprocess.Popen`` returns, the exec having
+succeeded) until the new program's arguments are mapped, ``/proc/PID/cmdline`` reads empty;
+a preempted exec may stay in that window a while."""
+
+_PF_KTHREAD = 0x00200000
+"""The kernel-thread bit of ``/proc/PID/stat``'s flags (field 9; ``include/linux/sched.h``)."""
+
+
 def command_line(pid: int) -> tuple[str, ...]:
-    """The arguments of process ``pid`` (empty if it cannot be read)."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return ()
+    """The arguments of process ``pid``; empty where they are not known: no such process, one
+    ``/proc`` hides, a zombie or a kernel thread (which have none), a program that emptied its
+    own. A live process that reads empty is read again for up to :data:`EMPTY_ARGUMENTS_S`:
+    one that has just called exec shows none until its new program's are in place
+    (``tests/test_ledger_trust.py``)."""
+    deadline = None
+    pause = 0.001
+    while True:
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return ()
+        if raw.strip(b"\0") or not _may_have_arguments(pid):
+            break
+        import time
+
+        now = time.monotonic()
+        deadline = now + EMPTY_ARGUMENTS_S if deadline is None else deadline
+        if now >= deadline:
+            break
+        time.sleep(pause)
+        pause = min(2 * pause, 0.02)
     return tuple(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+
+
+def _may_have_arguments(pid: int) -> bool:
+    """Whether ``pid`` is a live process that runs a program: not a zombie, whose memory is
+    gone, nor a kernel thread, which never had any."""
+    try:
+        fields = stat_fields(pid)
+        return fields[0] not in ("Z", "X") and not int(fields[6]) & _PF_KTHREAD
+    except (OSError, ValueError, IndexError):
+        return False

@@ -90,16 +90,13 @@ def lock_holders(descriptor: int) -> list[LockHolder]:
 
 
 def _describe_pid(pid: int) -> LockHolder:
-    proc = Path(f"/proc/{pid}")
-    user = command = None
+    from gpualloc.ledger.liveness import command_line
+
     try:
-        user = owner_name(proc.stat().st_uid)
-        raw = (proc / "cmdline").read_bytes()
-        command = " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
-        command = command[:80] or None
+        user = owner_name(Path(f"/proc/{pid}").stat().st_uid)
     except OSError:
-        pass
-    return LockHolder(pid, user, command)
+        return LockHolder(pid, None, None)
+    return LockHolder(pid, user, " ".join(command_line(pid))[:80] or None)
 
 
 def describe_holders(descriptor: int) -> str:
