@@ -22,6 +22,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 MOCK = ROOT.parent / "shared" / "nvml-mock"
 PROFILES = sorted([*MOCK.glob("*.yaml"), *MOCK.glob("variants/*.yaml")]) if MOCK.is_dir() else []
+VARIANTS = ROOT / "tests" / "fixtures" / "nvml-mock"
+"""This project's own variants of the mock's profiles (their README says whence)."""
 
 pytestmark = [
     pytest.mark.nvml_mock,
@@ -198,3 +200,38 @@ def test_without_peer_to_peer_the_nearer_gpus_win(
     data = json.loads(planned.stdout)
     assert set(data["gpus"]) == nearer
     assert len(set(data["numa_nodes"])) == 1
+
+
+@pytest.mark.parametrize(
+    ("variant", "absent", "present"),
+    [("h100-mig", "1g.5gb", "1g.10gb"), ("a30-mig", "1g.5gb", "1g.6gb")],
+)
+def test_a_profile_the_gpus_lack_is_refused_naming_theirs(
+    variant: str, absent: str, present: str, tmp_path: Path
+) -> None:
+    """MIG profiles are per model (an A100 40GB's 1g.5gb is no H100's nor A30's): b2653dd
+    told the administrator to run 'nvidia-smi mig -cgi 1g.5gb', which the driver refuses."""
+    profile = VARIANTS / f"{variant}.yaml"
+    refused = _gpualloc(profile, tmp_path, "plan", "--mig", absent)
+    assert refused.returncode == 9, refused.stderr
+    error, *rest = refused.stderr.splitlines()
+    assert error.startswith(f"error: no GPU here has MIG profile {absent} (NVIDIA ")
+    assert present in error and len(rest) <= 1
+    assert "-cgi" not in refused.stderr
+    offered = _gpualloc(profile, tmp_path, "plan", "--mig", present)
+    assert offered.returncode == 9 and f"-cgi {present} -C" in offered.stderr
+
+
+@pytest.mark.parametrize(
+    ("variant", "memory", "profile"),
+    [("h100-mig", "10G", "1g.20gb"), ("a30-mig", "10G", "2g.12gb")],
+)
+def test_on_an_all_mig_host_mem_offers_a_profile_not_whole_gpus(
+    variant: str, memory: str, profile: str, tmp_path: Path
+) -> None:
+    """Every GPU in MIG mode: no whole GPU can be had, so the hint names the smallest profile
+    sure to hold the memory (an H100's 1g.10gb holds 9.75 GiB, not 10)."""
+    planned = _gpualloc(VARIANTS / f"{variant}.yaml", tmp_path, "plan", "--mem", memory)
+    assert planned.returncode == 9, planned.stderr
+    assert f"nvidia-smi mig -i 0 -cgi {profile} -C" in planned.stderr
+    assert "whole GPU" not in planned.stderr
