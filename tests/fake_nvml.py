@@ -61,6 +61,8 @@ class FakeGpu:
     pcie_generation: int = 4
     pcie_width: int = 16
     mig_mode: int = 0
+    mig_pending: int | None = None
+    """MIG mode after the next reset (None: the same as now)."""
     nvlinks: list[tuple[str, int, int]] = field(default_factory=list)
     """(remote bus id, remote device type, nvmlNvlinkVersion_t) per active link."""
     unsupported: set[str] = field(default_factory=set)
@@ -311,8 +313,8 @@ class FakeNvml(SimpleNamespace):
         return SimpleNamespace(id=gpu_instance, placement=SimpleNamespace(start=start, size=size))
 
     def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
-        mode = self._gpu(handle, "nvmlDeviceGetMigMode").mig_mode
-        return [mode, mode]
+        gpu = self._gpu(handle, "nvmlDeviceGetMigMode")
+        return [gpu.mig_mode, gpu.mig_mode if gpu.mig_pending is None else gpu.mig_pending]
 
     def nvmlDeviceGetNumaNodeId(self, handle: int) -> int:
         return self._gpu(handle, "nvmlDeviceGetNumaNodeId").numa_node

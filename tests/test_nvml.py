@@ -201,7 +201,8 @@ def test_falls_back_to_nvidia_smi(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     monkeypatch.setattr(nvml_source, "load_pynvml", lambda: fake)
     monkeypatch.setattr(numa_source, "discover_numa", lambda notes: [])
     query = "".join(
-        f"{i}, GPU-{i}, 00000000:{i + 10}:00.0, NVIDIA H200, 143771, Disabled, 5, 16, 570.1\n"
+        f"{i}, GPU-{i}, 00000000:{i + 10}:00.0, NVIDIA H200, 143771, Disabled, Disabled, 5, 16, "
+        "570.1\n"
         for i in range(8)
     )
     script = tmp_path / "bin" / "nvidia-smi"

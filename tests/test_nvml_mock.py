@@ -235,3 +235,24 @@ def test_on_an_all_mig_host_mem_offers_a_profile_not_whole_gpus(
     assert planned.returncode == 9, planned.stderr
     assert f"nvidia-smi mig -i 0 -cgi {profile} -C" in planned.stderr
     assert "whole GPU" not in planned.stderr
+
+
+def test_a_mig_mode_pending_a_reset_is_shown(tmp_path: Path) -> None:
+    """NVML's current and pending MIG modes differ after 'nvidia-smi -mig 1' on a GPU that
+    could not be reset: b2653dd read the current mode only and showed nothing pending."""
+    profile = VARIANTS / "h100-mig-pending.yaml"
+    pending = "GPU 0-7: MIG enabled, pending reset (off until the GPU is reset)"
+    shown = _gpualloc(profile, tmp_path, "topo", "show")
+    assert shown.returncode == 0, shown.stderr
+    assert pending in shown.stdout and "off, on at reset" in shown.stdout
+    gpus = json.loads(_gpualloc(profile, tmp_path, "topo", "show", "--json").stdout)["gpus"]
+    assert {(g["mig_enabled"], g["mig_pending"]) for g in gpus} == {(False, True)}
+    status = _gpualloc(profile, tmp_path, "status")
+    assert status.returncode == 0 and pending in status.stdout
+    data = json.loads(_gpualloc(profile, tmp_path, "status", "--json").stdout)
+    assert {(g["state"], g["mig_pending"]) for g in data["gpus"]} == {("free", True)}
+    doctor = _gpualloc(profile, tmp_path, "doctor", "--json")
+    assert doctor.returncode == 0, doctor.stderr  # a note, not a problem
+    (finding,) = [f for f in json.loads(doctor.stdout)["findings"] if f["check"] == "mig"]
+    assert (finding["where"], finding["severity"]) == ("GPU 0-7", "note")
+    assert finding["detail"].startswith("MIG enabled, pending reset")

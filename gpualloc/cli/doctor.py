@@ -74,6 +74,7 @@ def doctor_command(
             "peer-to-peer can only be checked on the host itself"
         )
     findings = _ledger_findings(host) + findings + _bandwidth_findings(host, measured or [])
+    findings += _mig_findings(host.topology)
     problems = [f for f in findings if f.severity == "problem"]
     if as_json:
         print_json(_json(findings, notes, source))
@@ -107,6 +108,19 @@ def _ledger_findings(host: Any) -> list[Finding]:
         return [Finding("ledger", where, sev, detail) for where, sev, detail in trust.findings]
     severity = "note" if trust.mode == "cooperative" else "ok"
     return [Finding("ledger", trust.mode, severity, trust.detail)]  # type: ignore[arg-type]
+
+
+def _mig_findings(topology: Any) -> list[Finding]:
+    """GPUs whose MIG mode changes at their next reset: a note (leases follow the mode now)."""
+    from gpualloc.checkup import Finding
+    from gpualloc.cli.topology_view import mig_changes
+
+    found = []
+    for line in mig_changes(topology):
+        where, _, change = line.partition(": ")
+        detail = f"{change}; a GPU reset (nvidia-smi -r -i N as root, nothing on it) applies it"
+        found.append(Finding("mig", where, "note", detail))
+    return found
 
 
 def _bandwidth_findings(host: Any, files: list[Path]) -> list[Finding]:

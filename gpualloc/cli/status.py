@@ -132,6 +132,7 @@ def _show(
 ) -> None:
     from gpualloc.cli.open_ledger import warn
     from gpualloc.cli.output import print_json, print_json_line, print_tables
+    from gpualloc.cli.topology_view import mig_changes
     from gpualloc.ledger.attribution import attribute
 
     txn = host.snapshot()
@@ -173,6 +174,7 @@ def _show(
             "kept apart from the host's, and its processes are the ones its file declares"
         )
     footer += [f"  {note}" for note in host.health_notes]
+    footer += [f"  {change}" for change in mig_changes(host.topology)]
     footer += [f"  MISMATCH: {line}" for line in attribution.lines()]
     footer += [f"  CONFLICT: {line}" for line in slurm_conflicts(txn.ledger.leases)]
     footer += _notice_lines(txn.ledger.leases, uses)
@@ -450,6 +452,10 @@ def status_json(
             {
                 "index": gpu.index,
                 "uuid": gpu.uuid,
+                "name": gpu.name,
+                "pci_bus_id": gpu.pci_bus_id,
+                "mig_enabled": gpu.mig_enabled,
+                "mig_pending": gpu.mig_pending,
                 "state": occupancy.state(gpu.index),
                 "lease": lease.id if lease else None,
                 "shareable": bool(lease and lease.shareable),

@@ -69,16 +69,38 @@ def gpu_table(topology: Topology) -> Table:
                 _gib(gpu.memory_total_bytes),
                 _numa(gpu.numa_node, gpu.numa_affinity),
                 format_cpulist(gpu.cpu_affinity) or "?",
-                _mig(gpu.mig_enabled),
+                _mig(gpu.mig_enabled, gpu.mig_pending),
                 gpu.health.value,
             ]
         )
+    changes = mig_changes(topology)
     return Table(
         "GPUs",
         ["GPU", "Name", "Bus id", "Memory", "NUMA", "CPU affinity", "MIG", "Health"],
         rows,
         wrap=(1,),
+        caption="; ".join(changes) if changes else None,
     )
+
+
+def mig_change(enabled: bool | None, pending: bool | None) -> str | None:
+    """What a GPU's MIG mode does at its next reset, in words (None: nothing, or unknown)."""
+    if enabled is None or pending is None or enabled == pending:
+        return None
+    if pending:
+        return "MIG enabled, pending reset (off until the GPU is reset)"
+    return "MIG disabling at next reset (on until then)"
+
+
+def mig_changes(topology: Topology) -> list[str]:
+    """``GPU 0-7: MIG enabled, pending reset ...``: the GPUs whose MIG mode an administrator
+    switched (``nvidia-smi -mig``) while they could not be reset, by what will change."""
+    by_change: dict[str, list[int]] = {}
+    for gpu in topology.gpus:
+        change = mig_change(gpu.mig_enabled, gpu.mig_pending)
+        if change is not None:
+            by_change.setdefault(change, []).append(gpu.index)
+    return [f"GPU {format_cpulist(gpus)}: {change}" for change, gpus in by_change.items()]
 
 
 def mig_table(topology: Topology) -> Table:
@@ -259,5 +281,8 @@ def _numa(node: int | None, affinity: list[int]) -> str:
     return format_cpulist(affinity) if affinity else "?"
 
 
-def _mig(enabled: bool | None) -> str:
-    return "?" if enabled is None else ("on" if enabled else "off")
+def _mig(enabled: bool | None, pending: bool | None = None) -> str:
+    now = "?" if enabled is None else ("on" if enabled else "off")
+    if mig_change(enabled, pending) is None:
+        return now
+    return f"{now}, {'on' if pending else 'off'} at reset"

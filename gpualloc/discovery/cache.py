@@ -32,6 +32,8 @@ class CacheKey(Struct, frozen=True):
     mig_uuids: tuple[str | None, ...] = ()
     """The MIG devices' UUIDs: an administrator can change the MIG layout without any GPU
     UUID or the driver changing."""
+    mig_modes: tuple[str, ...] = ()
+    """Each GPU's MIG mode now and after its next reset (``on>off``), which change alike."""
 
 
 def cache_dir() -> Path:
@@ -57,6 +59,7 @@ def load_cached(key: CacheKey) -> Topology | None:
         stored = document["key"]
         stored["gpu_uuids"] = tuple(stored["gpu_uuids"])
         stored["mig_uuids"] = tuple(stored.get("mig_uuids", ()))
+        stored["mig_modes"] = tuple(stored.get("mig_modes", ()))
         if CacheKey(**stored) != key:
             return None
         return Topology.from_json_dict(document["topology"], origin=str(_path(key.source)))

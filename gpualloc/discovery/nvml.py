@@ -376,6 +376,7 @@ class NvmlSession:
             gpu_numa_node=gpu_numa,
             cpu_affinity=cpus,
             mig_enabled=bool(mig[0]) if mig is not None else None,
+            mig_pending=bool(mig[1]) if mig is not None else None,
             health=Health.OK,
             pcie_generation=q(
                 notes,

@@ -174,6 +174,7 @@ def host_key() -> CacheKey:
 def _nvml_key(session: NvmlSession) -> CacheKey:
     from gpualloc.boot import boot_id
     from gpualloc.discovery.cache import CacheKey
+    from gpualloc.discovery.nvml_mig import mig_modes
 
     return CacheKey(
         source="nvml",
@@ -181,12 +182,14 @@ def _nvml_key(session: NvmlSession) -> CacheKey:
         driver_version=session.driver_version(),
         gpu_uuids=tuple(session.gpu_uuids()),
         mig_uuids=session.mig_uuids(),
+        mig_modes=mig_modes(session.nvml, session.device_count()),
     )
 
 
 def _smi_key(queried: list[QueriedGpu]) -> CacheKey:
     from gpualloc.boot import boot_id
     from gpualloc.discovery.cache import CacheKey
+    from gpualloc.discovery.nvml_mig import mode_key
 
     return CacheKey(
         source="nvidia-smi",
@@ -194,6 +197,7 @@ def _smi_key(queried: list[QueriedGpu]) -> CacheKey:
         driver_version=queried[0].driver_version,
         gpu_uuids=tuple(q.uuid for q in queried),
         mig_uuids=_smi_mig_uuids() if any(q.mig_enabled for q in queried) else (),
+        mig_modes=tuple(mode_key(q.mig_enabled, q.mig_pending) for q in queried),
     )
 
 

@@ -43,9 +43,10 @@ from gpualloc.model.validation import (
 if TYPE_CHECKING:
     import networkx
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Version of the topology file format. Bump it, and add a migration, on any breaking change.
-2 added ``mig_instances``; a version 1 file reads as a host without MIG instances."""
+2 added ``mig_instances``; a version 1 file reads as a host without MIG instances. 3 added
+``Link.peer_access``, 4 ``Gpu.mig_pending`` (older files read without it)."""
 
 
 class Health(str, Enum):
@@ -83,6 +84,10 @@ class Gpu(_Strict, kw_only=True):
     gpu_numa_node: int | None = None
     """NUMA node of the GPU's own memory (coherent hosts: Grace, POWER9)."""
     mig_enabled: bool | None = None
+    """MIG mode now."""
+    mig_pending: bool | None = None
+    """MIG mode after the next GPU reset (NVML's pending mode): where it differs from
+    :attr:`mig_enabled`, an administrator switched it on a GPU that could not be reset."""
     health: Health = Health.OK
     pcie_generation: PositiveInt | None = None
     pcie_width: PositiveInt | None = None
