@@ -60,6 +60,8 @@ class FakeGpu:
     cpus: list[int]
     pcie_generation: int = 4
     pcie_width: int = 16
+    serial: str | None = None
+    """The board serial (None: the GPU has none, NVML says NotSupported)."""
     mig_mode: int = 0
     mig_pending: int | None = None
     """MIG mode after the next reset (None: the same as now)."""
@@ -128,6 +130,7 @@ class FakeNvml(SimpleNamespace):
             gpus.append(
                 FakeGpu(
                     uuid=gpu.uuid or f"GPU-fake-{gpu.index}",
+                    serial=gpu.serial,
                     name=gpu.name or "NVIDIA Fake",
                     bus_id=bus_id(gpu.index),
                     memory_bytes=gpu.memory_total_bytes or 0,
@@ -245,6 +248,12 @@ class FakeNvml(SimpleNamespace):
             mig = self._mig(handle, "nvmlDeviceGetName")
             return f"{self.gpus[handle.gpu].name} MIG {mig.profile}"
         return self._gpu(handle, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetSerial(self, handle: int) -> str:
+        serial = self._gpu(handle, "nvmlDeviceGetSerial").serial
+        if serial is None:
+            raise pynvml.NVMLError_NotSupported()
+        return serial
 
     def nvmlDeviceGetPciInfo(self, handle: int) -> SimpleNamespace:
         return SimpleNamespace(busId=self._gpu(handle, "nvmlDeviceGetPciInfo").bus_id)

@@ -243,7 +243,7 @@ def test_nvidia_smi_fallback_reads_the_mig_devices(
     monkeypatch.setattr(numa_source, "discover_numa", lambda notes: [])
     query = (
         "0, GPU-838f60d9-651f-9166-ea42-f9da674a6947, 00000000:07:00.0, "
-        "NVIDIA A100-SXM4-40GB, 40960, Enabled, Disabled, 4, 16, 535.1\n"
+        "NVIDIA A100-SXM4-40GB, 1324821083800, 40960, Enabled, Disabled, 4, 16, 535.1\n"
     )
     script = tmp_path / "bin" / "nvidia-smi"
     script.parent.mkdir()
@@ -267,7 +267,7 @@ def test_nvidia_smi_fallback_reads_the_mig_devices(
     assert len(topology.mig_instances) == 7
     assert any("MIG memory unknown" in n for n in topology.provenance.notes)
     gpu = topology.gpus[0]  # mig.mode.pending: disabled at the next reset
-    assert (gpu.mig_enabled, gpu.mig_pending) == (True, False)
+    assert (gpu.mig_enabled, gpu.mig_pending, gpu.serial) == (True, False, "1324821083800")
 
 
 def test_a_mig_mode_pending_a_reset_is_read_and_renews_the_cache(

@@ -94,6 +94,7 @@ def test_discovery_through_nvml_matches_the_profile(profile: Path, tmp_path: Pat
             continue
         assert gpu["health"] == "ok", gpu
         assert gpu["uuid"] == device["uuid"]
+        assert gpu["serial"] == device["serial"]
         assert _bus_key(gpu["pci_bus_id"]) == _bus_key(device["pci"]["bus_id"])
         assert gpu["name"] == device["name"]
         assert gpu["memory_total_bytes"] == device["memory"]["total_bytes"]
@@ -256,3 +257,31 @@ def test_a_mig_mode_pending_a_reset_is_shown(tmp_path: Path) -> None:
     (finding,) = [f for f in json.loads(doctor.stdout)["findings"] if f["check"] == "mig"]
     assert (finding["where"], finding["severity"]) == ("GPU 0-7", "note")
     assert finding["detail"].startswith("MIG enabled, pending reset")
+
+
+@pytest.mark.parametrize(("variant", "index"), [("a100-lost", 3), ("a100-fob-mid", 5)])
+def test_a_lost_gpu_is_named_so_that_its_card_can_be_pulled(
+    variant: str, index: int, tmp_path: Path
+) -> None:
+    """b2653dd listed a GPU that fell off the bus as '?' (no bus id, UUID or serial) in
+    'topo show', and 'status' and 'doctor' said only 'fell off the bus'."""
+    profile = MOCK / "variants" / f"{variant}.yaml"
+    device = _device(_spec(profile), index)
+    bus = f"{_bus_key(device['pci']['bus_id'])[0]:08X}:{device['pci']['bus_id'].split(':', 1)[1]}"
+    card = f"bus {bus}, UUID {device['uuid']}, serial {device['serial']}"
+    doctor = _gpualloc(profile, tmp_path, "doctor", "--json")
+    assert doctor.returncode == 17, doctor.stderr
+    (finding,) = [f for f in json.loads(doctor.stdout)["findings"] if f["check"] == "health"]
+    assert finding["detail"] == f"fell off the bus (NVML: GPU is lost): {card}"
+    status = _gpualloc(profile, tmp_path, "status")
+    row = next(line for line in status.stdout.splitlines() if line.startswith(f"  {index} "))
+    assert card in row
+    if variant == "a100-lost":  # lost while discovery reads it (fob-mid: only later)
+        shown = _gpualloc(profile, tmp_path, "--refresh", "topo", "show")
+        row = next(line for line in shown.stdout.splitlines() if line.startswith(f"  {index} "))
+        assert bus in row and row.split()[-1] == "lost"
+        assert f"GPU {index} lost: {card}" in shown.stdout
+        gpu = json.loads(_gpualloc(profile, tmp_path, "topo", "show", "--json").stdout)["gpus"][3]
+        assert (gpu["pci_bus_id"], gpu["uuid"], gpu["serial"]) == (
+            bus, device["uuid"], device["serial"]
+        )  # fmt: skip

@@ -454,6 +454,7 @@ def status_json(
                 "uuid": gpu.uuid,
                 "name": gpu.name,
                 "pci_bus_id": gpu.pci_bus_id,
+                "serial": gpu.serial,
                 "mig_enabled": gpu.mig_enabled,
                 "mig_pending": gpu.mig_pending,
                 "state": occupancy.state(gpu.index),

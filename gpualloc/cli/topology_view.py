@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from gpualloc.cli.output import STYLE_BY_CLASS, Table
 from gpualloc.model.cpuset import format_cpulist
-from gpualloc.model.topology import Link, Topology
+from gpualloc.model.topology import Health, Link, Topology
 
 Cell = tuple[str, str | None]
 
@@ -73,7 +73,8 @@ def gpu_table(topology: Topology) -> Table:
                 gpu.health.value,
             ]
         )
-    changes = mig_changes(topology)
+    lost = [f"GPU {g.index} lost: {g.identity()}" for g in topology.gpus if g.health == Health.LOST]
+    changes = lost + mig_changes(topology)
     return Table(
         "GPUs",
         ["GPU", "Name", "Bus id", "Memory", "NUMA", "CPU affinity", "MIG", "Health"],

@@ -126,8 +126,24 @@ def _discover_nvml(*, refresh: bool, table: BandwidthTable) -> Topology:
         notes: list[str] = []
         topology = session.probe(numa_nodes=discover_numa(notes), table=table)
     topology.provenance.notes.extend(notes)
+    topology = _name_lost(topology, key)
     cache.store_cached(key, topology)
     return with_calibration(topology, key)
+
+
+def _name_lost(topology: Topology, key: CacheKey) -> Topology:
+    """The topology with its lost GPUs named by what else still knows them (the driver's
+    sysfs, the last discovery: :mod:`gpualloc.discovery.lost_gpus`)."""
+    from gpualloc.model.topology import Health
+
+    if all(gpu.health != Health.LOST for gpu in topology.gpus):
+        return topology
+    from gpualloc.discovery import cache
+    from gpualloc.discovery.lost_gpus import name_lost_gpus, nvidia_gpu_bus_ids
+
+    stored = cache.load_stored(key.source)
+    previous, same_boot = (stored[1], stored[0].boot_id == key.boot_id) if stored else (None, False)
+    return name_lost_gpus(topology, previous, nvidia_gpu_bus_ids(), same_boot=same_boot)
 
 
 def _discover_nvidia_smi(*, refresh: bool, table: BandwidthTable) -> Topology:

@@ -32,6 +32,7 @@ QUERY_FIELDS = (
     "uuid",
     "pci.bus_id",
     "name",
+    "serial",
     "memory.total",
     "mig.mode.current",
     "mig.mode.pending",
@@ -49,6 +50,7 @@ class QueriedGpu(Struct):
     uuid: str | None
     pci_bus_id: str | None
     name: str | None
+    serial: str | None
     memory_total_bytes: int | None
     mig_enabled: bool | None
     mig_pending: bool | None
@@ -184,6 +186,7 @@ def _merge_query(gpu: Gpu, queried: list[QueriedGpu]) -> Gpu:
         gpu,
         uuid=row.uuid or gpu.uuid,
         name=row.name or gpu.name,
+        serial=row.serial,
         pci_bus_id=row.pci_bus_id,
         memory_total_bytes=row.memory_total_bytes,
         mig_enabled=row.mig_enabled,
@@ -237,13 +240,14 @@ def parse_query_gpu_csv(text: str) -> list[QueriedGpu]:
                 token=",".join(fields),
                 source="nvidia-smi --query-gpu",
             )
-        index, uuid, bus, name, memory, mig, pending, gen, width, driver = values
+        index, uuid, bus, name, serial, memory, mig, pending, gen, width, driver = values
         rows.append(
             QueriedGpu(
                 index=int(index),
                 uuid=uuid,
                 pci_bus_id=bus,
                 name=name,
+                serial=serial,
                 memory_total_bytes=int(float(memory)) * _MIB if memory else None,
                 mig_enabled=None if mig is None else mig.lower() == "enabled",
                 mig_pending=None if pending is None else pending.lower() == "enabled",

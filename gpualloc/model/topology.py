@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 4
 """Version of the topology file format. Bump it, and add a migration, on any breaking change.
 2 added ``mig_instances``; a version 1 file reads as a host without MIG instances. 3 added
-``Link.peer_access``, 4 ``Gpu.mig_pending`` (older files read without it)."""
+``Link.peer_access``, 4 ``Gpu.mig_pending`` and ``Gpu.serial`` (older files read without
+them)."""
 
 
 class Health(str, Enum):
@@ -72,6 +73,9 @@ class Gpu(_Strict, kw_only=True):
     pci_bus_id: str | None = None
     """E.g. ``00000000:07:00.0``."""
     name: str | None = None
+    serial: str | None = None
+    """The board's serial number (``nvmlDeviceGetSerial``; printed on the board): with the bus id
+    and UUID, what tells an administrator which card to pull."""
     minor_number: NonNegativeInt | None = None
     """N of the device file /dev/nvidiaN (NVML's minor number)."""
     memory_total_bytes: NonNegativeInt | None = None
@@ -100,6 +104,20 @@ class Gpu(_Strict, kw_only=True):
     def __post_init__(self) -> None:
         self.cpu_affinity = sorted(set(self.cpu_affinity))
         self.numa_affinity = sorted(set(self.numa_affinity))
+
+    def identity(self) -> str:
+        """Which card this is, in words: ``bus 00000000:4E:00.0, UUID GPU-..., serial ...``
+        (what is known of them)."""
+        parts = [
+            f"{label} {value}"
+            for label, value in (
+                ("bus", self.pci_bus_id),
+                ("UUID", self.uuid),
+                ("serial", self.serial),
+            )
+            if value
+        ]
+        return ", ".join(parts) if parts else "bus id, UUID and serial unknown"
 
 
 class Link(_Strict, kw_only=True):
