@@ -285,3 +285,14 @@ def test_a_lost_gpu_is_named_so_that_its_card_can_be_pulled(
         assert (gpu["pci_bus_id"], gpu["uuid"], gpu["serial"]) == (
             bus, device["uuid"], device["serial"]
         )  # fmt: skip
+
+
+def test_a_mixed_hosts_headers_name_its_models(tmp_path: Path) -> None:
+    """The heterogeneous box of 1CatAI/1Cat-vLLM#641: b2653dd's header said '4 GPUs, PCIe
+    only', naming neither model."""
+    profile = VARIANTS / "mixed-rtx8000-v100.yaml"
+    models = "2x Quadro RTX 8000 + 2x Tesla V100-PCIE-32GB"
+    shown = _gpualloc(profile, tmp_path, "topo", "show")
+    assert shown.stdout.startswith(f"NVML: 4 GPUs ({models}), PCIe only"), shown.stdout[:200]
+    assert f"({models})" in _gpualloc(profile, tmp_path, "status").stdout.splitlines()[0]
+    assert _gpualloc(profile, tmp_path, "doctor").stdout.startswith(f"gpualloc doctor: {models}")

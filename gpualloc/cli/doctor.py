@@ -47,6 +47,7 @@ def doctor_command(
     from gpualloc.checkup import lease_findings, link_findings
     from gpualloc.cli.open_ledger import open_host_ledger, warn
     from gpualloc.cli.output import Table, print_json, print_tables
+    from gpualloc.cli.topology_view import mixed_models
     from gpualloc.discovery.links import read_links
     from gpualloc.ledger.attribution import attribute
 
@@ -82,10 +83,11 @@ def doctor_command(
         rows = [[f.check, f.where, f.severity, f.detail] for f in findings]
         styles = [[None, None, SEVERITY_STYLE[f.severity], None] for f in findings]
         verdict = f"{len(problems)} problem(s) found" if problems else "no problems found"
+        models = mixed_models(host.topology)
         print_tables(
             [
                 Table(
-                    "gpualloc doctor",
+                    "gpualloc doctor" + (f": {models}" if models else ""),
                     ["Check", "Where", "Result", "Detail"],
                     rows,
                     styles,

@@ -284,8 +284,11 @@ def _gpu_table(
         row[5:5] = [_use_cell(host, occupancy, gpu.index), _idle_cell(use)]
         rows.append(row)
         styles.append([None, STATE_STYLE.get(state), None, None, None, None, None, None, None])
+    from gpualloc.cli.topology_view import mixed_models
+
+    models = mixed_models(host.topology)
     return Table(
-        f"GPUs of {host.topology.name or boot.hostname()}",
+        f"GPUs of {host.topology.name or boot.hostname()}" + (f" ({models})" if models else ""),
         ["GPU", "State", "User", "Lease", "Since", "Use", "Idle", "PID", "Job"],
         rows,
         styles=styles,

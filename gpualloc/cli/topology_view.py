@@ -27,8 +27,9 @@ LEGEND = [  # one entry a line, as nvidia-smi's: each fits an 80-column terminal
 def describe(topology: Topology) -> str:
     """One line: name, GPU count, interconnect, NUMA nodes."""
     name = topology.name or topology.provenance.origin or "this host"
-    models = sorted({g.name for g in topology.gpus if g.name})
-    model = f" x {models[0]}" if len(models) == 1 else ""
+    models = mixed_models(topology)
+    named = {g.name for g in topology.gpus if g.name}
+    model = f" ({models})" if models else (f" x {named.pop()}" if named else "")
     kinds = sorted({link.kind for link in topology.links if link.nvlinks})
     fabric = " through NVSwitch" if any(link.nvswitch for link in topology.links) else ""
     interconnect = f"NVLink ({'/'.join(kinds)}){fabric}" if kinds else "PCIe only"
@@ -39,6 +40,20 @@ def describe(topology: Topology) -> str:
     parents = format_cpulist(sorted({m.gpu for m in topology.mig_instances}))
     split = f", {mig} MIG device{'s' if mig != 1 else ''} on GPU {parents}" if mig else ""
     return f"{name}: {count} GPU{'s' if count != 1 else ''}{model}, {interconnect}{numa}{split}"
+
+
+def mixed_models(topology: Topology) -> str | None:
+    """``2x Quadro RTX 8000 + 2x Tesla V100-PCIE-32GB``: the models of a host whose GPUs are
+    not all of one (a GPU whose name is unknown counts as one of another), in index order;
+    None on a host of one model."""
+    counts: dict[str | None, int] = {}
+    for gpu in topology.gpus:
+        counts[gpu.name] = counts.get(gpu.name, 0) + 1
+    if len(counts) == 1:
+        return None
+    unknown = counts.pop(None, 0)
+    parts = [f"{count}x {model}" for model, count in counts.items()]
+    return " + ".join(parts + ([f"{unknown} unknown"] if unknown else []))
 
 
 def topology_tables(topology: Topology) -> list[Table]:
