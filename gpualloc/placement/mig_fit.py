@@ -213,6 +213,7 @@ def _check_profile_exists(
     some MIG device already has exists."""
     from gpualloc.model.mig import parse_mig_profile
     from gpualloc.model.mig_profiles import base_profile
+    from gpualloc.user_files import shown_text
 
     if request.profile is None or request.device is not None or request.uuid is not None:
         return
@@ -230,7 +231,7 @@ def _check_profile_exists(
         return
     listing = "; ".join(f"{name}: {', '.join(m.profiles)}" for name, m in models.items() if m)
     raise NoFeasiblePlacement(
-        f"no GPU here has MIG profile {request.profile} ({listing})",
+        f"no GPU here has MIG profile {shown_text(request.profile)} ({listing})",
         hint=f"this host has {inventory(devices)} now; ask for one of those"
         if devices
         else "ask for one of those, or for the memory the job needs (--mem SIZE)",
