@@ -30,7 +30,8 @@ Severity = Literal["ok", "note", "problem"]
 
 class Finding(Struct, frozen=True):
     check: str
-    """``nvlink``, ``pcie``, ``p2p``, ``lease`` or ``health``."""
+    """``nvlink``, ``pcie``, ``p2p``, ``lease``, ``health``, ``ledger``, ``bandwidth`` or
+    ``mig`` (a MIG mode that changes at the GPU's next reset)."""
     where: str
     severity: Severity
     detail: str

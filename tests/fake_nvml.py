@@ -60,7 +60,11 @@ class FakeGpu:
     cpus: list[int]
     pcie_generation: int = 4
     pcie_width: int = 16
+    serial: str | None = None
+    """The board serial (None: the GPU has none, NVML says NotSupported)."""
     mig_mode: int = 0
+    mig_pending: int | None = None
+    """MIG mode after the next reset (None: the same as now)."""
     nvlinks: list[tuple[str, int, int]] = field(default_factory=list)
     """(remote bus id, remote device type, nvmlNvlinkVersion_t) per active link."""
     unsupported: set[str] = field(default_factory=set)
@@ -126,6 +130,7 @@ class FakeNvml(SimpleNamespace):
             gpus.append(
                 FakeGpu(
                     uuid=gpu.uuid or f"GPU-fake-{gpu.index}",
+                    serial=gpu.serial,
                     name=gpu.name or "NVIDIA Fake",
                     bus_id=bus_id(gpu.index),
                     memory_bytes=gpu.memory_total_bytes or 0,
@@ -244,6 +249,12 @@ class FakeNvml(SimpleNamespace):
             return f"{self.gpus[handle.gpu].name} MIG {mig.profile}"
         return self._gpu(handle, "nvmlDeviceGetName").name
 
+    def nvmlDeviceGetSerial(self, handle: int) -> str:
+        serial = self._gpu(handle, "nvmlDeviceGetSerial").serial
+        if serial is None:
+            raise pynvml.NVMLError_NotSupported()
+        return serial
+
     def nvmlDeviceGetPciInfo(self, handle: int) -> SimpleNamespace:
         return SimpleNamespace(busId=self._gpu(handle, "nvmlDeviceGetPciInfo").bus_id)
 
@@ -311,8 +322,8 @@ class FakeNvml(SimpleNamespace):
         return SimpleNamespace(id=gpu_instance, placement=SimpleNamespace(start=start, size=size))
 
     def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
-        mode = self._gpu(handle, "nvmlDeviceGetMigMode").mig_mode
-        return [mode, mode]
+        gpu = self._gpu(handle, "nvmlDeviceGetMigMode")
+        return [gpu.mig_mode, gpu.mig_mode if gpu.mig_pending is None else gpu.mig_pending]
 
     def nvmlDeviceGetNumaNodeId(self, handle: int) -> int:
         return self._gpu(handle, "nvmlDeviceGetNumaNodeId").numa_node

@@ -23,6 +23,26 @@ def test_version(cli: Cli) -> None:
     assert (result.exit_code, result.stdout) == (0, f"gpualloc {__version__}\n")
 
 
+def test_a_mixed_hosts_headers_name_its_models(cli: Cli, tmp_path: Path) -> None:
+    """b2653dd named the model only where every GPU was of one: '8 GPUs, PCIe only'."""
+    from msgspec.structs import replace
+
+    from gpualloc.topologies import load_bundled
+
+    base = load_bundled("pcie-8gpu-2socket")
+    names = ["NVIDIA A100-SXM4-40GB"] * 4 + ["NVIDIA L40S"] * 3 + [None]
+    gpus = [replace(g, name=name) for g, name in zip(base.gpus, names, strict=True)]
+    path = tmp_path / "mixed.json"
+    path.write_text(replace(base, gpus=gpus).to_json())
+    models = "4x NVIDIA A100-SXM4-40GB + 3x NVIDIA L40S + 1 unknown"
+    shown = cli("--topology", str(path), "topo", "show")
+    assert shown.stdout.splitlines()[0].startswith(f"pcie-8gpu-2socket: 8 GPUs ({models}), ")
+    assert cli("--topology", str(path), "status").stdout.splitlines()[0].endswith(f"({models})")
+    doctor = cli("--topology", str(path), "doctor")
+    assert doctor.stdout.splitlines()[0] == f"gpualloc doctor: {models}"
+    assert cli("--topology", "dgx1-v100", "doctor").stdout.splitlines()[0] == "gpualloc doctor"
+
+
 def test_topo_show_renders_the_dgx1_v100_cube_mesh(cli: Cli) -> None:
     result = cli("--topology", "dgx1-v100", "topo", "show")
     assert result.exit_code == 0, result.stderr

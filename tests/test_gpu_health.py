@@ -87,6 +87,8 @@ def test_every_nvml_fault_and_the_xid_are_flagged(sick_host: FakeNvml) -> None:
     ]
     details = {f.gpu: f.detail for f in faults}
     assert details[1] == "3 uncorrectable ECC errors since the driver loaded"
+    uuid = topology.gpus[6].uuid  # the card to pull, as discovery knew it (b2653dd: no name)
+    assert details[6] == f"fell off the bus (NVML: GPU is lost): bus 00000000:16:00.0, UUID {uuid}"
     assert "wait for a GPU reset" in details[3] and "failed" in details[4]
     occupancy = Occupancy.build(topology, Ledger(host="h"), faults=faults)
     assert occupancy.free == {0, 7}  # 7 supports none of the checks: nothing known against it

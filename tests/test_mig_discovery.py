@@ -243,7 +243,7 @@ def test_nvidia_smi_fallback_reads_the_mig_devices(
     monkeypatch.setattr(numa_source, "discover_numa", lambda notes: [])
     query = (
         "0, GPU-838f60d9-651f-9166-ea42-f9da674a6947, 00000000:07:00.0, "
-        "NVIDIA A100-SXM4-40GB, 40960, Enabled, 4, 16, 535.1\n"
+        "NVIDIA A100-SXM4-40GB, 1324821083800, 40960, Enabled, Disabled, 4, 16, 535.1\n"
     )
     script = tmp_path / "bin" / "nvidia-smi"
     script.parent.mkdir()
@@ -266,6 +266,32 @@ def test_nvidia_smi_fallback_reads_the_mig_devices(
     ]
     assert len(topology.mig_instances) == 7
     assert any("MIG memory unknown" in n for n in topology.provenance.notes)
+    gpu = topology.gpus[0]  # mig.mode.pending: disabled at the next reset
+    assert (gpu.mig_enabled, gpu.mig_pending, gpu.serial) == (True, False, "1324821083800")
+
+
+def test_a_mig_mode_pending_a_reset_is_read_and_renews_the_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``nvidia-smi -i N -mig 0|1`` on a GPU that cannot be reset now changes NVML's pending
+    mode only: b2653dd read the current one alone, and its cache key held neither, so
+    ``topo show``, ``status`` and ``doctor`` showed the old mode until ``--refresh``."""
+    fake = FakeNvml.from_topology(load_bundled("dgx-a100-mig"))
+    monkeypatch.setattr(nvml_source, "load_pynvml", lambda: fake)
+    monkeypatch.setattr(numa_source, "discover_numa", lambda notes: [])
+    assert resolve.resolve_topology().gpus[0].mig_pending is True  # cached from here on
+    fake.gpus[0].mig_pending = 0  # an administrator turned MIG off; GPU 0 still runs jobs
+    fake.gpus[5].mig_pending = 1
+    topology = resolve.resolve_topology()
+    assert [(g.mig_enabled, g.mig_pending) for g in topology.gpus][:6] == [
+        (True, False), (True, True), (True, True), (False, False), (False, False), (False, True),
+    ]  # fmt: skip
+    from gpualloc.cli.topology_view import mig_changes
+
+    assert mig_changes(topology) == [
+        "GPU 0: MIG disabling at next reset (on until then)",
+        "GPU 5: MIG enabled, pending reset (off until the GPU is reset)",
+    ]
 
 
 # ---- the CLI ---------------------------------------------------------------------------------

@@ -53,7 +53,54 @@ def test_nvidia_placement_rules_by_profile(gpu, profile, memory, starts) -> None
 def test_a_compute_instance_profile_or_an_unknown_size_has_no_gpu_instance_shape() -> None:
     assert shape_of("1c.3g.20gb", *A100_40) is None
     assert shape_of("5g.30gb", *A100_40) is None
-    assert shape_of("1g.10gb", A100_40[0], None) is None  # 1 or 2 slices: the memory decides
+    assert shape_of("1g.10gb", "NVIDIA A100 PCIe", None) is None  # 40 or 80 GB: 1 or 2 slices
+    assert shape_of("1g.10gb", A100_40[0], None).memory == 2  # type: ignore[union-attr]  # 40GB
+
+
+@pytest.mark.parametrize(
+    ("gpu", "profile"),
+    [
+        (H100, "1g.5gb"),  # an A100 40GB's: nvidia-smi mig -cgi 1g.5gb fails on an H100
+        (H100, "2g.10gb"),
+        (H100, "7g.40gb"),
+        (A30, "1g.5gb"),  # the A30's smallest is 1g.6gb
+        (A30, "3g.12gb"),  # no 3g on a 4-slice GPU
+        (A100_40, "1g.20gb"),
+        (A100_80, "1g.5gb"),
+        (H200, "1g.20gb"),
+        (("NVIDIA H100 NVL", 95830 * 2**20), "1g.10gb"),  # the 94 GB H100: 1g.12gb
+    ],
+)
+def test_a_profile_of_another_gpu_model_has_no_shape(gpu, profile) -> None:
+    """NVIDIA's MIG User Guide, "Supported MIG Profiles": a profile names its model's memory.
+    Before, 1g.5gb on an H100 read as one slice, and 'plan' told an administrator to create
+    it there."""
+    assert shape_of(profile, *gpu) is None
+
+
+@pytest.mark.parametrize(
+    ("gpu", "profiles"),
+    [
+        (A100_40, "1g.5gb 1g.10gb 2g.10gb 3g.20gb 4g.20gb 7g.40gb"),
+        (A100_80, "1g.10gb 1g.20gb 2g.20gb 3g.40gb 4g.40gb 7g.80gb"),
+        (H100, "1g.10gb 1g.20gb 2g.20gb 3g.40gb 4g.40gb 7g.80gb"),
+        (("NVIDIA H100 NVL", 95830 * 2**20), "1g.12gb 1g.24gb 2g.24gb 3g.47gb 4g.47gb 7g.94gb"),
+        (("NVIDIA GH200 480GB", 97871 * 2**20), "1g.12gb 1g.24gb 2g.24gb 3g.48gb 4g.48gb 7g.96gb"),
+        (("NVIDIA H200", 143771 * 2**20), "1g.18gb 1g.35gb 2g.35gb 3g.71gb 4g.71gb 7g.141gb"),
+        (A30, "1g.6gb 2g.12gb 4g.24gb"),
+    ],
+)
+def test_each_gpu_model_has_its_own_profiles(gpu, profiles) -> None:
+    from gpualloc.model.mig_profiles import mig_model
+    from gpualloc.model.mig_slices import gpu_shapes, shape_by_size
+
+    model = mig_model(*gpu)
+    assert model is not None and " ".join(model.profiles) == profiles
+    named = [shape_by_size(gpu[0], c, m, gpu[1]).profile for c, m in gpu_shapes(gpu[0])]
+    assert " ".join(named) == profiles  # the free-slices table names them as NVIDIA does
+    for profile in profiles.split():
+        assert shape_of(profile, *gpu) is not None
+        assert shape_of(f"{profile}+me", *gpu) is not None
 
 
 def _instance(gpu: int, device: int, profile: str, start: int, size: int) -> MigInstance:
@@ -154,6 +201,39 @@ def test_a_busy_or_missing_profile_says_where_one_could_be_created() -> None:
     with pytest.raises(MigDevicesBusy) as nowhere:
         choose_mig(full, MigRequest(profile="3g.20gb"), {(1, 0): True, (1, 1): True})
     assert "create" not in nowhere.value.hint
+
+
+def test_a_profile_of_another_model_is_refused_naming_the_hosts() -> None:
+    topology = _h100_with({0: [("3g.40gb", 0, 4)]})
+    with pytest.raises(NoFeasiblePlacement) as refused:
+        choose_mig(topology, MigRequest(profile="1g.5gb"), {})
+    assert refused.value.message == (
+        "no GPU here has MIG profile 1g.5gb (NVIDIA H100 80GB HBM3: 1g.10gb, 1g.20gb, 2g.20gb, "
+        "3g.40gb, 4g.40gb, 7g.80gb)"
+    )
+    assert "-cgi" not in (refused.value.hint or "")
+    assert "this host has 1 x 3g.40gb now" in (refused.value.hint or "")
+    gpus = [replace(g, mig_enabled=False) for g in topology.gpus]  # no GPU in MIG mode yet
+    off = replace(topology, gpus=gpus, mig_instances=[])
+    with pytest.raises(NoFeasiblePlacement, match=r"no GPU here has MIG profile 1g\.5gb"):
+        choose_mig(off, MigRequest(profile="1g.5gb"), {})
+
+
+def test_on_an_all_mig_host_mem_names_a_profile_to_create_not_whole_gpus() -> None:
+    empty = _h100_with({gpu: [] for gpu in range(8)})
+    with pytest.raises(NoFeasiblePlacement) as refused:
+        choose_mig(empty, MigRequest(memory_bytes=10 * GIB), {})
+    assert "create a 1g.20gb (it holds 10 GiB or more)" in (refused.value.hint or "")
+    assert "whole GPU" not in (refused.value.hint or "")
+    with pytest.raises(NoFeasiblePlacement) as big:
+        choose_mig(empty, MigRequest(memory_bytes=78 * GIB), {})
+    assert "a whole GPU holds 78 GiB once an administrator turns its MIG mode off" in (
+        big.value.hint or ""
+    )
+    split = _h100_with({0: [("7g.80gb", 0, 8)]})  # GPUs 1-7 whole: those can be asked for
+    with pytest.raises(NoFeasiblePlacement) as partly:
+        choose_mig(split, MigRequest(memory_bytes=90 * GIB), {})
+    assert "ask for a whole GPU" in (partly.value.hint or "")
 
 
 def test_topo_show_lists_free_slices_and_what_still_fits(cli, tmp_path: Path) -> None:

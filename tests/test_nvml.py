@@ -111,6 +111,74 @@ def test_a_lost_gpu_is_marked_and_has_no_links() -> None:
     assert any("GPU5: lost" in note for note in found.provenance.notes)
 
 
+def _serials(fake: FakeNvml) -> FakeNvml:
+    for index, gpu in enumerate(fake.gpus):
+        gpu.serial = f"13248210838{index:02d}"
+    return fake
+
+
+def test_a_lost_gpu_keeps_the_name_nvml_gave_before_it_fell_off() -> None:
+    """A failing GPU trips on its first memory or ECC query (NVIDIA's mock NVML does so);
+    b2653dd asked the bus id, UUID and name after the memory, and so listed the GPU as '?'."""
+    fake = _serials(FakeNvml.from_topology(load_bundled("dgx1-v100")))
+    fake.gpus[3].lost_on = {"nvmlDeviceGetMemoryInfo"}
+    gpu = probe(fake).gpus[3]
+    assert gpu.health is Health.LOST
+    assert (gpu.pci_bus_id, gpu.uuid, gpu.serial) == (
+        "00000000:13:00.0", fake.gpus[3].uuid, "1324821083803"
+    )  # fmt: skip
+    assert probe(FakeNvml.from_topology(load_bundled("dgx1-v100"))).gpus[0].serial is None
+
+
+def test_a_gpu_lost_before_discovery_is_named_by_the_last_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NVML answers nothing about a GPU lost since the last discovery, not even its handle:
+    its bus id, UUID and serial come from the cached topology of that discovery."""
+    fake = _serials(FakeNvml.from_topology(load_bundled("dgx1-v100")))
+    monkeypatch.setattr(nvml_source, "load_pynvml", lambda: fake)
+    monkeypatch.setattr(numa_source, "discover_numa", lambda notes: [])
+    good = resolve.resolve_topology().gpus[5]
+    fake.gpus[5].lost_on = {"*"}
+    found = resolve.resolve_topology()
+    gpu = found.gpus[5]
+    assert gpu.health is Health.LOST
+    assert (gpu.pci_bus_id, gpu.uuid, gpu.serial, gpu.name) == (
+        good.pci_bus_id, good.uuid, "1324821083805", good.name
+    )  # fmt: skip
+    (note,) = [n for n in found.provenance.notes if n.startswith("GPU5 is lost")]
+    assert f"bus {good.pci_bus_id}, UUID {good.uuid}, serial 1324821083805" in note
+    assert "from the discovery of" in note
+    assert resolve.resolve_topology().gpus[5].serial == "1324821083805"  # kept in the cache
+
+
+def test_a_gpu_lost_with_no_discovery_before_is_named_by_the_drivers_sysfs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from gpualloc.discovery import lost_gpus
+
+    fake = FakeNvml.from_topology(load_bundled("dgx1-v100"))
+    fake.gpus[5].lost_on = {"*"}
+    driver = tmp_path / "drivers-nvidia"
+    for index in range(8):  # the driver holds every GPU, the lost one too, and an NVSwitch
+        (driver / f"0000:{0x10 + index:02x}:00.0").mkdir(parents=True)
+        (driver / f"0000:{0x10 + index:02x}:00.0" / "class").write_text("0x030200\n")
+    (driver / "0000:a0:00.0").mkdir()
+    (driver / "0000:a0:00.0" / "class").write_text("0x068000\n")
+    (driver / "new_id").write_text("")
+    monkeypatch.setattr(lost_gpus, "NVIDIA_DRIVER", driver)
+    monkeypatch.setattr(nvml_source, "load_pynvml", lambda: fake)
+    monkeypatch.setattr(numa_source, "discover_numa", lambda notes: [])
+    found = resolve.resolve_topology()
+    assert found.gpus[5].pci_bus_id == "00000000:15:00.0"
+    assert any(n.startswith("GPU5 is lost: bus 00000000:15:00.0") for n in found.provenance.notes)
+    fake.gpus[6].lost_on = {"*"}
+    assert resolve.resolve_topology().gpus[6].pci_bus_id == "00000000:16:00.0"  # the last one
+    monkeypatch.setenv("GPUALLOC_CACHE_DIR", str(tmp_path / "no-discovery-before"))
+    two = resolve.resolve_topology()  # two spare bus ids: either could be either GPU's
+    assert [two.gpus[i].identity() for i in (5, 6)] == ["bus id, UUID and serial unknown"] * 2
+
+
 @pytest.mark.parametrize(
     ("error", "message"),
     [
@@ -201,7 +269,8 @@ def test_falls_back_to_nvidia_smi(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     monkeypatch.setattr(nvml_source, "load_pynvml", lambda: fake)
     monkeypatch.setattr(numa_source, "discover_numa", lambda notes: [])
     query = "".join(
-        f"{i}, GPU-{i}, 00000000:{i + 10}:00.0, NVIDIA H200, 143771, Disabled, 5, 16, 570.1\n"
+        f"{i}, GPU-{i}, 00000000:{i + 10}:00.0, NVIDIA H200, [N/A], 143771, Disabled, Disabled, "
+        "5, 16, 570.1\n"
         for i in range(8)
     )
     script = tmp_path / "bin" / "nvidia-smi"

@@ -22,6 +22,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 MOCK = ROOT.parent / "shared" / "nvml-mock"
 PROFILES = sorted([*MOCK.glob("*.yaml"), *MOCK.glob("variants/*.yaml")]) if MOCK.is_dir() else []
+VARIANTS = ROOT / "tests" / "fixtures" / "nvml-mock"
+"""This project's own variants of the mock's profiles (their README says whence)."""
 
 pytestmark = [
     pytest.mark.nvml_mock,
@@ -92,6 +94,7 @@ def test_discovery_through_nvml_matches_the_profile(profile: Path, tmp_path: Pat
             continue
         assert gpu["health"] == "ok", gpu
         assert gpu["uuid"] == device["uuid"]
+        assert gpu["serial"] == device["serial"]
         assert _bus_key(gpu["pci_bus_id"]) == _bus_key(device["pci"]["bus_id"])
         assert gpu["name"] == device["name"]
         assert gpu["memory_total_bytes"] == device["memory"]["total_bytes"]
@@ -198,3 +201,98 @@ def test_without_peer_to_peer_the_nearer_gpus_win(
     data = json.loads(planned.stdout)
     assert set(data["gpus"]) == nearer
     assert len(set(data["numa_nodes"])) == 1
+
+
+@pytest.mark.parametrize(
+    ("variant", "absent", "present"),
+    [("h100-mig", "1g.5gb", "1g.10gb"), ("a30-mig", "1g.5gb", "1g.6gb")],
+)
+def test_a_profile_the_gpus_lack_is_refused_naming_theirs(
+    variant: str, absent: str, present: str, tmp_path: Path
+) -> None:
+    """MIG profiles are per model (an A100 40GB's 1g.5gb is no H100's nor A30's): b2653dd
+    told the administrator to run 'nvidia-smi mig -cgi 1g.5gb', which the driver refuses."""
+    profile = VARIANTS / f"{variant}.yaml"
+    refused = _gpualloc(profile, tmp_path, "plan", "--mig", absent)
+    assert refused.returncode == 9, refused.stderr
+    error, *rest = refused.stderr.splitlines()
+    assert error.startswith(f"error: no GPU here has MIG profile {absent} (NVIDIA ")
+    assert present in error and len(rest) <= 1
+    assert "-cgi" not in refused.stderr
+    offered = _gpualloc(profile, tmp_path, "plan", "--mig", present)
+    assert offered.returncode == 9 and f"-cgi {present} -C" in offered.stderr
+
+
+@pytest.mark.parametrize(
+    ("variant", "memory", "profile"),
+    [("h100-mig", "10G", "1g.20gb"), ("a30-mig", "10G", "2g.12gb")],
+)
+def test_on_an_all_mig_host_mem_offers_a_profile_not_whole_gpus(
+    variant: str, memory: str, profile: str, tmp_path: Path
+) -> None:
+    """Every GPU in MIG mode: no whole GPU can be had, so the hint names the smallest profile
+    sure to hold the memory (an H100's 1g.10gb holds 9.75 GiB, not 10)."""
+    planned = _gpualloc(VARIANTS / f"{variant}.yaml", tmp_path, "plan", "--mem", memory)
+    assert planned.returncode == 9, planned.stderr
+    assert f"nvidia-smi mig -i 0 -cgi {profile} -C" in planned.stderr
+    assert "whole GPU" not in planned.stderr
+
+
+def test_a_mig_mode_pending_a_reset_is_shown(tmp_path: Path) -> None:
+    """NVML's current and pending MIG modes differ after 'nvidia-smi -mig 1' on a GPU that
+    could not be reset: b2653dd read the current mode only and showed nothing pending."""
+    profile = VARIANTS / "h100-mig-pending.yaml"
+    pending = "GPU 0-7: MIG enabled, pending reset (off until the GPU is reset)"
+    shown = _gpualloc(profile, tmp_path, "topo", "show")
+    assert shown.returncode == 0, shown.stderr
+    assert pending in shown.stdout and "off, on at reset" in shown.stdout
+    gpus = json.loads(_gpualloc(profile, tmp_path, "topo", "show", "--json").stdout)["gpus"]
+    assert {(g["mig_enabled"], g["mig_pending"]) for g in gpus} == {(False, True)}
+    status = _gpualloc(profile, tmp_path, "status")
+    assert status.returncode == 0 and pending in status.stdout
+    data = json.loads(_gpualloc(profile, tmp_path, "status", "--json").stdout)
+    assert {(g["state"], g["mig_pending"]) for g in data["gpus"]} == {("free", True)}
+    doctor = _gpualloc(profile, tmp_path, "doctor", "--json")
+    assert doctor.returncode == 0, doctor.stderr  # a note, not a problem
+    (finding,) = [f for f in json.loads(doctor.stdout)["findings"] if f["check"] == "mig"]
+    assert (finding["where"], finding["severity"]) == ("GPU 0-7", "note")
+    assert finding["detail"].startswith("MIG enabled, pending reset")
+
+
+@pytest.mark.parametrize(("variant", "index"), [("a100-lost", 3), ("a100-fob-mid", 5)])
+def test_a_lost_gpu_is_named_so_that_its_card_can_be_pulled(
+    variant: str, index: int, tmp_path: Path
+) -> None:
+    """b2653dd listed a GPU that fell off the bus as '?' (no bus id, UUID or serial) in
+    'topo show', and 'status' and 'doctor' said only 'fell off the bus'."""
+    profile = MOCK / "variants" / f"{variant}.yaml"
+    device = _device(_spec(profile), index)
+    bus = f"{_bus_key(device['pci']['bus_id'])[0]:08X}:{device['pci']['bus_id'].split(':', 1)[1]}"
+    card = f"bus {bus}, UUID {device['uuid']}, serial {device['serial']}"
+    doctor = _gpualloc(profile, tmp_path, "doctor", "--json")
+    assert doctor.returncode == 17, doctor.stderr
+    (finding,) = [f for f in json.loads(doctor.stdout)["findings"] if f["check"] == "health"]
+    assert finding["detail"] == f"fell off the bus (NVML: GPU is lost): {card}"
+    status = _gpualloc(profile, tmp_path, "status")
+    row = next(line for line in status.stdout.splitlines() if line.startswith(f"  {index} "))
+    assert card in row
+    if variant == "a100-lost":  # lost while discovery reads it (fob-mid: only later)
+        shown = _gpualloc(profile, tmp_path, "--refresh", "topo", "show")
+        row = next(line for line in shown.stdout.splitlines() if line.startswith(f"  {index} "))
+        assert bus in row and row.split()[-1] == "lost"
+        assert f"GPU {index} lost: {card}" in shown.stdout
+        gpu = json.loads(_gpualloc(profile, tmp_path, "topo", "show", "--json").stdout)["gpus"][3]
+        assert (gpu["pci_bus_id"], gpu["uuid"], gpu["serial"]) == (
+            bus, device["uuid"], device["serial"]
+        )  # fmt: skip
+
+
+def test_a_mixed_hosts_headers_name_its_models(tmp_path: Path) -> None:
+    """The heterogeneous box of 1CatAI/1Cat-vLLM#641: b2653dd's header said '4 GPUs, PCIe
+    only', naming neither model."""
+    profile = VARIANTS / "mixed-rtx8000-v100.yaml"
+    models = "2x Quadro RTX 8000 + 2x Tesla V100-PCIE-32GB"
+    shown = _gpualloc(profile, tmp_path, "topo", "show")
+    assert shown.stdout.startswith(f"NVML: 4 GPUs ({models}), PCIe only"), shown.stdout[:200]
+    assert f"({models})" in _gpualloc(profile, tmp_path, "status").stdout.splitlines()[0]
+    assert _gpualloc(profile, tmp_path, "doctor").stdout.startswith(f"gpualloc doctor: {models}")

@@ -47,6 +47,7 @@ def doctor_command(
     from gpualloc.checkup import lease_findings, link_findings
     from gpualloc.cli.open_ledger import open_host_ledger, warn
     from gpualloc.cli.output import Table, print_json, print_tables
+    from gpualloc.cli.topology_view import mixed_models
     from gpualloc.discovery.links import read_links
     from gpualloc.ledger.attribution import attribute
 
@@ -74,6 +75,7 @@ def doctor_command(
             "peer-to-peer can only be checked on the host itself"
         )
     findings = _ledger_findings(host) + findings + _bandwidth_findings(host, measured or [])
+    findings += _mig_findings(host.topology)
     problems = [f for f in findings if f.severity == "problem"]
     if as_json:
         print_json(_json(findings, notes, source))
@@ -81,10 +83,11 @@ def doctor_command(
         rows = [[f.check, f.where, f.severity, f.detail] for f in findings]
         styles = [[None, None, SEVERITY_STYLE[f.severity], None] for f in findings]
         verdict = f"{len(problems)} problem(s) found" if problems else "no problems found"
+        models = mixed_models(host.topology)
         print_tables(
             [
                 Table(
-                    "gpualloc doctor",
+                    "gpualloc doctor" + (f": {models}" if models else ""),
                     ["Check", "Where", "Result", "Detail"],
                     rows,
                     styles,
@@ -107,6 +110,19 @@ def _ledger_findings(host: Any) -> list[Finding]:
         return [Finding("ledger", where, sev, detail) for where, sev, detail in trust.findings]
     severity = "note" if trust.mode == "cooperative" else "ok"
     return [Finding("ledger", trust.mode, severity, trust.detail)]  # type: ignore[arg-type]
+
+
+def _mig_findings(topology: Any) -> list[Finding]:
+    """GPUs whose MIG mode changes at their next reset: a note (leases follow the mode now)."""
+    from gpualloc.checkup import Finding
+    from gpualloc.cli.topology_view import mig_changes
+
+    found = []
+    for line in mig_changes(topology):
+        where, _, change = line.partition(": ")
+        detail = f"{change}; a GPU reset (nvidia-smi -r -i N as root, nothing on it) applies it"
+        found.append(Finding("mig", where, "note", detail))
+    return found
 
 
 def _bandwidth_findings(host: Any, files: list[Path]) -> list[Finding]:

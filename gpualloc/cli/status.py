@@ -132,6 +132,7 @@ def _show(
 ) -> None:
     from gpualloc.cli.open_ledger import warn
     from gpualloc.cli.output import print_json, print_json_line, print_tables
+    from gpualloc.cli.topology_view import mig_changes
     from gpualloc.ledger.attribution import attribute
 
     txn = host.snapshot()
@@ -173,6 +174,7 @@ def _show(
             "kept apart from the host's, and its processes are the ones its file declares"
         )
     footer += [f"  {note}" for note in host.health_notes]
+    footer += [f"  {change}" for change in mig_changes(host.topology)]
     footer += [f"  MISMATCH: {line}" for line in attribution.lines()]
     footer += [f"  CONFLICT: {line}" for line in slurm_conflicts(txn.ledger.leases)]
     footer += _notice_lines(txn.ledger.leases, uses)
@@ -282,8 +284,11 @@ def _gpu_table(
         row[5:5] = [_use_cell(host, occupancy, gpu.index), _idle_cell(use)]
         rows.append(row)
         styles.append([None, STATE_STYLE.get(state), None, None, None, None, None, None, None])
+    from gpualloc.cli.topology_view import mixed_models
+
+    models = mixed_models(host.topology)
     return Table(
-        f"GPUs of {host.topology.name or boot.hostname()}",
+        f"GPUs of {host.topology.name or boot.hostname()}" + (f" ({models})" if models else ""),
         ["GPU", "State", "User", "Lease", "Since", "Use", "Idle", "PID", "Job"],
         rows,
         styles=styles,
@@ -450,6 +455,11 @@ def status_json(
             {
                 "index": gpu.index,
                 "uuid": gpu.uuid,
+                "name": gpu.name,
+                "pci_bus_id": gpu.pci_bus_id,
+                "serial": gpu.serial,
+                "mig_enabled": gpu.mig_enabled,
+                "mig_pending": gpu.mig_pending,
                 "state": occupancy.state(gpu.index),
                 "lease": lease.id if lease else None,
                 "shareable": bool(lease and lease.shareable),

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from gpualloc.cli.output import STYLE_BY_CLASS, Table
 from gpualloc.model.cpuset import format_cpulist
-from gpualloc.model.topology import Link, Topology
+from gpualloc.model.topology import Health, Link, Topology
 
 Cell = tuple[str, str | None]
 
@@ -27,8 +27,9 @@ LEGEND = [  # one entry a line, as nvidia-smi's: each fits an 80-column terminal
 def describe(topology: Topology) -> str:
     """One line: name, GPU count, interconnect, NUMA nodes."""
     name = topology.name or topology.provenance.origin or "this host"
-    models = sorted({g.name for g in topology.gpus if g.name})
-    model = f" x {models[0]}" if len(models) == 1 else ""
+    models = mixed_models(topology)
+    named = {g.name for g in topology.gpus if g.name}
+    model = f" ({models})" if models else (f" x {named.pop()}" if named else "")
     kinds = sorted({link.kind for link in topology.links if link.nvlinks})
     fabric = " through NVSwitch" if any(link.nvswitch for link in topology.links) else ""
     interconnect = f"NVLink ({'/'.join(kinds)}){fabric}" if kinds else "PCIe only"
@@ -39,6 +40,20 @@ def describe(topology: Topology) -> str:
     parents = format_cpulist(sorted({m.gpu for m in topology.mig_instances}))
     split = f", {mig} MIG device{'s' if mig != 1 else ''} on GPU {parents}" if mig else ""
     return f"{name}: {count} GPU{'s' if count != 1 else ''}{model}, {interconnect}{numa}{split}"
+
+
+def mixed_models(topology: Topology) -> str | None:
+    """``2x Quadro RTX 8000 + 2x Tesla V100-PCIE-32GB``: the models of a host whose GPUs are
+    not all of one (a GPU whose name is unknown counts as one of another), in index order;
+    None on a host of one model."""
+    counts: dict[str | None, int] = {}
+    for gpu in topology.gpus:
+        counts[gpu.name] = counts.get(gpu.name, 0) + 1
+    if len(counts) == 1:
+        return None
+    unknown = counts.pop(None, 0)
+    parts = [f"{count}x {model}" for model, count in counts.items()]
+    return " + ".join(parts + ([f"{unknown} unknown"] if unknown else []))
 
 
 def topology_tables(topology: Topology) -> list[Table]:
@@ -69,16 +84,39 @@ def gpu_table(topology: Topology) -> Table:
                 _gib(gpu.memory_total_bytes),
                 _numa(gpu.numa_node, gpu.numa_affinity),
                 format_cpulist(gpu.cpu_affinity) or "?",
-                _mig(gpu.mig_enabled),
+                _mig(gpu.mig_enabled, gpu.mig_pending),
                 gpu.health.value,
             ]
         )
+    lost = [f"GPU {g.index} lost: {g.identity()}" for g in topology.gpus if g.health == Health.LOST]
+    changes = lost + mig_changes(topology)
     return Table(
         "GPUs",
         ["GPU", "Name", "Bus id", "Memory", "NUMA", "CPU affinity", "MIG", "Health"],
         rows,
         wrap=(1,),
+        caption="; ".join(changes) if changes else None,
     )
+
+
+def mig_change(enabled: bool | None, pending: bool | None) -> str | None:
+    """What a GPU's MIG mode does at its next reset, in words (None: nothing, or unknown)."""
+    if enabled is None or pending is None or enabled == pending:
+        return None
+    if pending:
+        return "MIG enabled, pending reset (off until the GPU is reset)"
+    return "MIG disabling at next reset (on until then)"
+
+
+def mig_changes(topology: Topology) -> list[str]:
+    """``GPU 0-7: MIG enabled, pending reset ...``: the GPUs whose MIG mode an administrator
+    switched (``nvidia-smi -mig``) while they could not be reset, by what will change."""
+    by_change: dict[str, list[int]] = {}
+    for gpu in topology.gpus:
+        change = mig_change(gpu.mig_enabled, gpu.mig_pending)
+        if change is not None:
+            by_change.setdefault(change, []).append(gpu.index)
+    return [f"GPU {format_cpulist(gpus)}: {change}" for change, gpus in by_change.items()]
 
 
 def mig_table(topology: Topology) -> Table:
@@ -259,5 +297,8 @@ def _numa(node: int | None, affinity: list[int]) -> str:
     return format_cpulist(affinity) if affinity else "?"
 
 
-def _mig(enabled: bool | None) -> str:
-    return "?" if enabled is None else ("on" if enabled else "off")
+def _mig(enabled: bool | None, pending: bool | None = None) -> str:
+    now = "?" if enabled is None else ("on" if enabled else "off")
+    if mig_change(enabled, pending) is None:
+        return now
+    return f"{now}, {'on' if pending else 'off'} at reset"

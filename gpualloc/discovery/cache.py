@@ -32,6 +32,8 @@ class CacheKey(Struct, frozen=True):
     mig_uuids: tuple[str | None, ...] = ()
     """The MIG devices' UUIDs: an administrator can change the MIG layout without any GPU
     UUID or the driver changing."""
+    mig_modes: tuple[str, ...] = ()
+    """Each GPU's MIG mode now and after its next reset (``on>off``), which change alike."""
 
 
 def cache_dir() -> Path:
@@ -52,14 +54,21 @@ def _path(source: str) -> Path:
 
 def load_cached(key: CacheKey) -> Topology | None:
     """The cached topology if its key matches ``key`` exactly, else None."""
+    found = load_stored(key.source)
+    return found[1] if found is not None and found[0] == key else None
+
+
+def load_stored(source: str) -> tuple[CacheKey, Topology] | None:
+    """The last topology cached for ``source`` and its key, whatever the key (what a GPU that
+    stopped answering was, before: :mod:`gpualloc.discovery.lost_gpus`); None if unreadable."""
     try:
-        document = json.loads(_path(key.source).read_text())
+        document = json.loads(_path(source).read_text())
         stored = document["key"]
         stored["gpu_uuids"] = tuple(stored["gpu_uuids"])
         stored["mig_uuids"] = tuple(stored.get("mig_uuids", ()))
-        if CacheKey(**stored) != key:
-            return None
-        return Topology.from_json_dict(document["topology"], origin=str(_path(key.source)))
+        stored["mig_modes"] = tuple(stored.get("mig_modes", ()))
+        key = CacheKey(**stored)
+        return key, Topology.from_json_dict(document["topology"], origin=str(_path(source)))
     except (OSError, ValueError, KeyError, TypeError, TopologyError):
         return None
 

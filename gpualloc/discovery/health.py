@@ -22,9 +22,11 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from gpualloc.discovery.text import text_of
 from gpualloc.discovery.xid import xid_faults
+from gpualloc.model.printable import count_of
 from gpualloc.model.topology import GpuFault, Topology
 
 if TYPE_CHECKING:
@@ -68,10 +70,10 @@ def live_faults(
     notes: list[str] = []
     try:
         if session is not None:
-            faults += _by_uuid(topology, session.health_faults())
+            faults += _by_uuid(topology, nvml_faults(session))
         else:
             with NvmlSession() as opened:
-                faults += _by_uuid(topology, opened.health_faults())
+                faults += _by_uuid(topology, nvml_faults(opened))
     except DiscoveryError as problem:
         notes.append(f"GPU health not checked with NVML ({problem})")
     try:
@@ -84,8 +86,65 @@ def live_faults(
     return _one_per_kind(faults), notes
 
 
+LOST = "fell off the bus (NVML: GPU is lost)"
+
+
+def nvml_faults(session: NvmlSession) -> list[tuple[str | None, int, str, str]]:
+    """(UUID, NVML index, kind, detail) of every fault NVML reports now; a check a GPU does
+    not support is skipped."""
+    nvml = session.nvml
+    found: list[tuple[str | None, int, str, str]] = []
+    for index in range(session.device_count()):
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = text_of(nvml.nvmlDeviceGetUUID(handle))
+        except nvml.NVMLError_GpuIsLost:
+            found.append((None, index, "lost", LOST))
+            continue
+        except nvml.NVMLError:
+            continue
+        found += [(uuid, index, kind, detail) for kind, detail in _faults_of(nvml, handle)]
+    return found
+
+
+def _faults_of(nvml: Any, handle: Any) -> list[tuple[str, str]]:
+    def ask(call: Any) -> Any:
+        try:
+            return call()
+        except nvml.NVMLError_GpuIsLost:
+            raise
+        except (nvml.NVMLError, AttributeError):
+            return None  # not supported by this GPU, driver or nvidia-ml-py
+
+    faults: list[tuple[str, str]] = []
+    try:
+        ecc = ask(
+            lambda: nvml.nvmlDeviceGetTotalEccErrors(
+                handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
+            )
+        )
+        pending = ask(lambda: nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle))
+        rows = ask(lambda: nvml.nvmlDeviceGetRemappedRows(handle))
+    except nvml.NVMLError_GpuIsLost:
+        return [("lost", LOST)]
+    if ecc:
+        faults.append(
+            ("ecc", f"{count_of(ecc, 'uncorrectable ECC error')} since the driver loaded")
+        )
+    if pending == nvml.NVML_FEATURE_ENABLED:
+        faults.append(("retired-pages", "retired memory pages wait for a GPU reset"))
+    if rows is not None and len(rows) >= 4:
+        if rows[3]:
+            faults.append(("remapped-rows", "row remapping failed: the memory is faulty"))
+        elif rows[2]:
+            faults.append(("remapped-rows", "remapped memory rows wait for a GPU reset"))
+    return faults
+
+
 def _by_uuid(topology: Topology, found: Iterable[tuple[str | None, int, str, str]]) -> list:
-    """NVML's (uuid, nvml index, kind, detail) placed on the topology's GPUs."""
+    """NVML's (uuid, nvml index, kind, detail) placed on the topology's GPUs. A lost GPU's
+    detail says which card it is (its bus id, UUID and serial as discovery last knew them), so
+    that whoever reads ``status`` or ``doctor`` knows which one to pull."""
     index_of = {gpu.uuid: gpu.index for gpu in topology.gpus if gpu.uuid}
     faults = []
     for uuid, nvml_index, kind, detail in found:
@@ -93,6 +152,8 @@ def _by_uuid(topology: Topology, found: Iterable[tuple[str | None, int, str, str
         if gpu is None and 0 <= nvml_index < topology.gpu_count:
             gpu = nvml_index
         if gpu is not None:
+            if kind == "lost":
+                detail = f"{detail}: {topology.gpus[gpu].identity()}"
             faults.append(GpuFault(gpu=gpu, kind=kind, detail=detail))  # type: ignore[arg-type]
     return faults
 

@@ -35,7 +35,6 @@ from gpualloc.discovery.text import text_of
 from gpualloc.errors import DiscoveryError, DiscoveryUnavailable, NoGpuFound
 from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
 from gpualloc.model.paths import NVML_TOPOLOGY_LEVELS
-from gpualloc.model.printable import count_of
 from gpualloc.model.topology import Gpu, Health, NumaNode, Provenance, Topology
 
 T = TypeVar("T")
@@ -209,58 +208,6 @@ class NvmlSession:
             )
         return usage
 
-    def health_faults(self) -> list[tuple[str | None, int, str, str]]:
-        """(UUID, NVML index, kind, detail) of every fault NVML reports now (see
-        :mod:`gpualloc.discovery.health`); a check a GPU does not support is skipped."""
-        nvml = self.nvml
-        found: list[tuple[str | None, int, str, str]] = []
-        for index in range(self.device_count()):
-            try:
-                handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                uuid = text_of(nvml.nvmlDeviceGetUUID(handle))
-            except nvml.NVMLError_GpuIsLost:
-                found.append((None, index, "lost", "fell off the bus (NVML: GPU is lost)"))
-                continue
-            except nvml.NVMLError:
-                continue
-            for kind, detail in self._faults_of(handle):
-                found.append((uuid, index, kind, detail))
-        return found
-
-    def _faults_of(self, handle: Any) -> list[tuple[str, str]]:
-        nvml = self.nvml
-
-        def ask(call: Any) -> Any:
-            try:
-                return call()
-            except nvml.NVMLError_GpuIsLost:
-                raise
-            except (nvml.NVMLError, AttributeError):
-                return None  # not supported by this GPU, driver or nvidia-ml-py
-
-        faults: list[tuple[str, str]] = []
-        try:
-            ecc = ask(
-                lambda: nvml.nvmlDeviceGetTotalEccErrors(
-                    handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
-                )
-            )
-            pending = ask(lambda: nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle))
-            rows = ask(lambda: nvml.nvmlDeviceGetRemappedRows(handle))
-        except nvml.NVMLError_GpuIsLost:
-            return [("lost", "fell off the bus (NVML: GPU is lost)")]
-        if ecc:
-            errors = count_of(ecc, "uncorrectable ECC error")
-            faults.append(("ecc", f"{errors} since the driver loaded"))
-        if pending == nvml.NVML_FEATURE_ENABLED:
-            faults.append(("retired-pages", "retired memory pages wait for a GPU reset"))
-        if rows is not None and len(rows) >= 4:
-            if rows[3]:
-                faults.append(("remapped-rows", "row remapping failed: the memory is faulty"))
-            elif rows[2]:
-                faults.append(("remapped-rows", "remapped memory rows wait for a GPU reset"))
-        return faults
-
     # ---- the full probe --------------------------------------------------------------------
 
     def probe(
@@ -330,7 +277,8 @@ class NvmlSession:
             return _Probe(handle=None, gpu=Gpu(index=index, health=Health.LOST))
         probe = _Probe(handle=handle, gpu=Gpu(index=index))
         try:
-            probe.gpu = self._identity(index, handle, notes, cpu_count)
+            probe.gpu = self._identity(index, handle, notes)
+            probe.gpu = self._details(probe.gpu, handle, notes, cpu_count)
             probe.nvlinks = self._nvlinks(index, handle, notes)
         except _GpuLost as lost:
             notes.append(f"GPU{index}: fell off the bus while reading {lost}; marked lost")
@@ -346,12 +294,32 @@ class NvmlSession:
             self._numa = read_sysfs_numa()
         return self._numa
 
-    def _identity(self, index: int, handle: Any, notes: list[str], cpu_count: int) -> Gpu:
+    def _identity(self, index: int, handle: Any, notes: list[str]) -> Gpu:
+        """What names the card, asked before anything else: a GPU that falls off the bus while
+        it is read (the first memory or ECC query trips a failing one) is still named by it."""
         nvml = self.nvml
         q = self._query
         label = f"GPU{index}"
         pci = q(notes, f"{label} PCI info", lambda: nvml.nvmlDeviceGetPciInfo(handle))
-        bus_id = normalise_bus_id(pci.busId) if pci is not None else None
+        try:  # quietly: consumer boards have no serial, and that is no news
+            serial = text_of(nvml.nvmlDeviceGetSerial(handle)) or None
+        except (nvml.NVMLError, AttributeError):
+            serial = None
+        return Gpu(
+            index=index,
+            uuid=text_of(q(notes, f"{label} UUID", lambda: nvml.nvmlDeviceGetUUID(handle))),
+            pci_bus_id=normalise_bus_id(pci.busId) if pci is not None else None,
+            name=text_of(q(notes, f"{label} name", lambda: nvml.nvmlDeviceGetName(handle))),
+            serial=serial,
+            minor_number=q(
+                notes, f"{label} minor number", lambda: nvml.nvmlDeviceGetMinorNumber(handle)
+            ),
+        )
+
+    def _details(self, gpu: Gpu, handle: Any, notes: list[str], cpu_count: int) -> Gpu:
+        nvml = self.nvml
+        q = self._query
+        label = f"GPU{gpu.index}"
         memory = q(notes, f"{label} memory", lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
         mig = q(notes, f"{label} MIG mode", lambda: nvml.nvmlDeviceGetMigMode(handle))
         numa_notes: list[str] = []
@@ -362,20 +330,18 @@ class NvmlSession:
         )
         cpus = _cpus_from_mask(mask) if mask is not None else []
         known = reported if reported is not None and reported >= 0 else None
-        numa, gpu_numa = _numa_nodes(bus_id, cpus, known, self._host_numa)
+        numa, gpu_numa = _numa_nodes(gpu.pci_bus_id, cpus, known, self._host_numa)
         if numa is None:  # said only when nothing else told it (it read 'not supported' after
             notes += numa_notes  # sysfs had answered, on a real H200)
-        return Gpu(
-            index=index,
-            uuid=text_of(q(notes, f"{label} UUID", lambda: nvml.nvmlDeviceGetUUID(handle))),
-            pci_bus_id=bus_id,
-            name=text_of(q(notes, f"{label} name", lambda: nvml.nvmlDeviceGetName(handle))),
+        return replace(
+            gpu,
             memory_total_bytes=int(memory.total) if memory is not None else None,
             numa_node=numa,
             numa_affinity=[numa] if numa is not None else [],
             gpu_numa_node=gpu_numa,
             cpu_affinity=cpus,
             mig_enabled=bool(mig[0]) if mig is not None else None,
+            mig_pending=bool(mig[1]) if mig is not None else None,
             health=Health.OK,
             pcie_generation=q(
                 notes,
@@ -384,9 +350,6 @@ class NvmlSession:
             ),
             pcie_width=q(
                 notes, f"{label} PCIe width", lambda: nvml.nvmlDeviceGetMaxPcieLinkWidth(handle)
-            ),
-            minor_number=q(
-                notes, f"{label} minor number", lambda: nvml.nvmlDeviceGetMinorNumber(handle)
             ),
         )
 

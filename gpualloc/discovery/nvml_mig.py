@@ -36,6 +36,26 @@ def mig_enabled(nvml: ModuleType, handle: Any) -> bool:
     return bool(current)
 
 
+def mig_modes(nvml: ModuleType, count: int) -> tuple[str, ...]:
+    """Each GPU's MIG mode now and after its next reset, for the discovery cache key: cheap,
+    and an administrator's ``nvidia-smi -mig 1`` changes them without any UUID changing."""
+    modes = []
+    for index in range(count):
+        try:
+            current, pending = nvml.nvmlDeviceGetMigMode(nvml.nvmlDeviceGetHandleByIndex(index))
+        except nvml.NVMLError:
+            modes.append("")
+            continue
+        modes.append(mode_key(bool(current), bool(pending)))
+    return tuple(modes)
+
+
+def mode_key(current: bool | None, pending: bool | None) -> str:
+    """``on>off``: a GPU's MIG mode now and after its next reset, as the cache key holds it."""
+    words = ("?" if mode is None else ("on" if mode else "off") for mode in (current, pending))
+    return ">".join(words)
+
+
 def mig_handles(nvml: ModuleType, handle: Any) -> list[tuple[int, Any]]:
     """(MIG device index, handle) of every configured MIG device of a GPU in MIG mode."""
     try:

@@ -126,8 +126,24 @@ def _discover_nvml(*, refresh: bool, table: BandwidthTable) -> Topology:
         notes: list[str] = []
         topology = session.probe(numa_nodes=discover_numa(notes), table=table)
     topology.provenance.notes.extend(notes)
+    topology = _name_lost(topology, key)
     cache.store_cached(key, topology)
     return with_calibration(topology, key)
+
+
+def _name_lost(topology: Topology, key: CacheKey) -> Topology:
+    """The topology with its lost GPUs named by what else still knows them (the driver's
+    sysfs, the last discovery: :mod:`gpualloc.discovery.lost_gpus`)."""
+    from gpualloc.model.topology import Health
+
+    if all(gpu.health != Health.LOST for gpu in topology.gpus):
+        return topology
+    from gpualloc.discovery import cache
+    from gpualloc.discovery.lost_gpus import name_lost_gpus, nvidia_gpu_bus_ids
+
+    stored = cache.load_stored(key.source)
+    previous, same_boot = (stored[1], stored[0].boot_id == key.boot_id) if stored else (None, False)
+    return name_lost_gpus(topology, previous, nvidia_gpu_bus_ids(), same_boot=same_boot)
 
 
 def _discover_nvidia_smi(*, refresh: bool, table: BandwidthTable) -> Topology:
@@ -174,6 +190,7 @@ def host_key() -> CacheKey:
 def _nvml_key(session: NvmlSession) -> CacheKey:
     from gpualloc.boot import boot_id
     from gpualloc.discovery.cache import CacheKey
+    from gpualloc.discovery.nvml_mig import mig_modes
 
     return CacheKey(
         source="nvml",
@@ -181,12 +198,14 @@ def _nvml_key(session: NvmlSession) -> CacheKey:
         driver_version=session.driver_version(),
         gpu_uuids=tuple(session.gpu_uuids()),
         mig_uuids=session.mig_uuids(),
+        mig_modes=mig_modes(session.nvml, session.device_count()),
     )
 
 
 def _smi_key(queried: list[QueriedGpu]) -> CacheKey:
     from gpualloc.boot import boot_id
     from gpualloc.discovery.cache import CacheKey
+    from gpualloc.discovery.nvml_mig import mode_key
 
     return CacheKey(
         source="nvidia-smi",
@@ -194,6 +213,7 @@ def _smi_key(queried: list[QueriedGpu]) -> CacheKey:
         driver_version=queried[0].driver_version,
         gpu_uuids=tuple(q.uuid for q in queried),
         mig_uuids=_smi_mig_uuids() if any(q.mig_enabled for q in queried) else (),
+        mig_modes=tuple(mode_key(q.mig_enabled, q.mig_pending) for q in queried),
     )
 
 

@@ -32,8 +32,10 @@ QUERY_FIELDS = (
     "uuid",
     "pci.bus_id",
     "name",
+    "serial",
     "memory.total",
     "mig.mode.current",
+    "mig.mode.pending",
     "pcie.link.gen.max",
     "pcie.link.width.max",
     "driver_version",
@@ -48,8 +50,11 @@ class QueriedGpu(Struct):
     uuid: str | None
     pci_bus_id: str | None
     name: str | None
+    serial: str | None
     memory_total_bytes: int | None
     mig_enabled: bool | None
+    mig_pending: bool | None
+    """MIG mode after the next GPU reset (``mig.mode.pending``)."""
     pcie_generation: int | None
     pcie_width: int | None
     driver_version: str | None
@@ -181,9 +186,11 @@ def _merge_query(gpu: Gpu, queried: list[QueriedGpu]) -> Gpu:
         gpu,
         uuid=row.uuid or gpu.uuid,
         name=row.name or gpu.name,
+        serial=row.serial,
         pci_bus_id=row.pci_bus_id,
         memory_total_bytes=row.memory_total_bytes,
         mig_enabled=row.mig_enabled,
+        mig_pending=row.mig_pending,
         pcie_generation=row.pcie_generation,
         pcie_width=row.pcie_width,
         health=Health.OK,
@@ -233,15 +240,17 @@ def parse_query_gpu_csv(text: str) -> list[QueriedGpu]:
                 token=",".join(fields),
                 source="nvidia-smi --query-gpu",
             )
-        index, uuid, bus, name, memory, mig, gen, width, driver = values
+        index, uuid, bus, name, serial, memory, mig, pending, gen, width, driver = values
         rows.append(
             QueriedGpu(
                 index=int(index),
                 uuid=uuid,
                 pci_bus_id=bus,
                 name=name,
+                serial=serial,
                 memory_total_bytes=int(float(memory)) * _MIB if memory else None,
                 mig_enabled=None if mig is None else mig.lower() == "enabled",
+                mig_pending=None if pending is None else pending.lower() == "enabled",
                 pcie_generation=int(gen) if gen and gen.isdigit() else None,
                 pcie_width=int(width) if width and width.isdigit() else None,
                 driver_version=driver,

@@ -15,8 +15,9 @@ The rules by profile shape, (compute slices, memory slices) -> starts:
   and 4 (size 4); 4g at 0 (size 4); 7g at 0 (size 8);
 - 4-slice GPUs (A30): 1g at 0-3 (size 1); 2g at 0 and 2 (size 2); 4g at 0 (size 4).
 
-A profile's memory slices come from its memory over the GPU's, to the nearest allowed size (an
-A100 40GB slice is 5 GB, an H100 80GB's 10 GB, an H200's about 17.6 GB: ``1g.18gb`` is one).
+Which profiles a GPU has is its model's (:mod:`gpualloc.model.mig_profiles`: ``1g.5gb`` is an
+A100 40GB's, never an H100's). For a model gpualloc does not know, a profile's memory slices
+come from its memory over the GPU's, to the nearest allowed size.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from msgspec import Struct
 
 from gpualloc.model.mig import GIB, MigInstance, parse_mig_profile
+from gpualloc.model.mig_profiles import base_profile, mig_model
 
 PLACEMENTS: dict[int, dict[tuple[int, int], tuple[int, ...]]] = {
     8: {
@@ -43,9 +45,6 @@ PLACEMENTS: dict[int, dict[tuple[int, int], tuple[int, ...]]] = {
     },
 }
 """Memory slices of the GPU -> (compute slices, memory slices) of a profile -> its starts."""
-
-FOUR_SLICE_MODELS = ("A30",)
-"""GPUs whose MIG mode has 4 memory slices; the others (A100, H100, H200, ...) have 8."""
 
 
 class Shape(Struct, frozen=True):
@@ -73,7 +72,10 @@ def shape_by_size(
     unknown, ``3g (4 slices)``."""
     slices = memory_slice_count(gpu_name)
     starts = PLACEMENTS[slices][(compute, memory)]
-    if gpu_memory_bytes:
+    model = mig_model(gpu_name, gpu_memory_bytes) if gpu_memory_bytes else None
+    if model is not None and (named := model.name_of(compute, memory)):
+        name = named  # NVIDIA's own name: an H200's 3g is 3g.71gb, not the 70 of 4 x 17.6
+    elif gpu_memory_bytes:
         name = f"{compute}g.{round(gpu_memory_bytes / GIB / slices * memory)}gb"
     else:
         name = f"{compute}g ({memory} slice{'s' if memory != 1 else ''})"
@@ -81,19 +83,24 @@ def shape_by_size(
 
 
 def memory_slice_count(gpu_name: str) -> int:
-    """8, or 4 for an A30 (``NVIDIA A30``, ``A30-24GB``)."""
-    upper = gpu_name.upper()
-    return 4 if any(model in upper.replace("-", " ").split() for model in FOUR_SLICE_MODELS) else 8
+    """8, or 4 for an A30 or an RTX PRO 6000 Blackwell (every size of a model has the same)."""
+    model = mig_model(gpu_name, 1)  # any memory: only the count of slices is asked
+    return model.memory_slices if model is not None else 8
 
 
 def shape_of(profile: str, gpu_name: str, gpu_memory_bytes: int | None) -> Shape | None:
-    """The profile's shape on this GPU, None when NVIDIA's rules have no such profile here (or
-    the GPU's memory, needed to tell 1g.10gb from 1g.20gb, is unknown)."""
+    """The profile's shape on this GPU, None when the GPU's model has no such profile (or, for
+    a model gpualloc does not know, the GPU's memory, needed to tell 1g.10gb from 1g.20gb, is
+    unknown)."""
     parsed = parse_mig_profile(profile)
     slices = memory_slice_count(gpu_name)
     rules = PLACEMENTS[slices]
     if parsed.compute_slices != parsed.slices:
         return None  # a compute instance inside a GPU instance, not a GPU instance
+    model = mig_model(gpu_name, gpu_memory_bytes)
+    if model is not None:  # the model's own profiles, and no other (1g.5gb is no H100's)
+        shape = model.shape(base_profile(parsed))
+        return Shape(parsed.name, *shape, rules[shape]) if shape is not None else None
     sizes = sorted({memory for compute, memory in rules if compute == parsed.slices})
     if not sizes:
         return None

@@ -43,9 +43,11 @@ from gpualloc.model.validation import (
 if TYPE_CHECKING:
     import networkx
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Version of the topology file format. Bump it, and add a migration, on any breaking change.
-2 added ``mig_instances``; a version 1 file reads as a host without MIG instances."""
+2 added ``mig_instances``; a version 1 file reads as a host without MIG instances. 3 added
+``Link.peer_access``, 4 ``Gpu.mig_pending`` and ``Gpu.serial`` (older files read without
+them)."""
 
 
 class Health(str, Enum):
@@ -71,6 +73,9 @@ class Gpu(_Strict, kw_only=True):
     pci_bus_id: str | None = None
     """E.g. ``00000000:07:00.0``."""
     name: str | None = None
+    serial: str | None = None
+    """The board's serial number (``nvmlDeviceGetSerial``; printed on the board): with the bus id
+    and UUID, what tells an administrator which card to pull."""
     minor_number: NonNegativeInt | None = None
     """N of the device file /dev/nvidiaN (NVML's minor number)."""
     memory_total_bytes: NonNegativeInt | None = None
@@ -83,6 +88,10 @@ class Gpu(_Strict, kw_only=True):
     gpu_numa_node: int | None = None
     """NUMA node of the GPU's own memory (coherent hosts: Grace, POWER9)."""
     mig_enabled: bool | None = None
+    """MIG mode now."""
+    mig_pending: bool | None = None
+    """MIG mode after the next GPU reset (NVML's pending mode): where it differs from
+    :attr:`mig_enabled`, an administrator switched it on a GPU that could not be reset."""
     health: Health = Health.OK
     pcie_generation: PositiveInt | None = None
     pcie_width: PositiveInt | None = None
@@ -95,6 +104,20 @@ class Gpu(_Strict, kw_only=True):
     def __post_init__(self) -> None:
         self.cpu_affinity = sorted(set(self.cpu_affinity))
         self.numa_affinity = sorted(set(self.numa_affinity))
+
+    def identity(self) -> str:
+        """Which card this is, in words: ``bus 00000000:4E:00.0, UUID GPU-..., serial ...``
+        (what is known of them)."""
+        parts = [
+            f"{label} {value}"
+            for label, value in (
+                ("bus", self.pci_bus_id),
+                ("UUID", self.uuid),
+                ("serial", self.serial),
+            )
+            if value
+        ]
+        return ", ".join(parts) if parts else "bus id, UUID and serial unknown"
 
 
 class Link(_Strict, kw_only=True):

@@ -17,6 +17,7 @@ from msgspec import Struct
 
 from gpualloc.errors import GpusBusy, NoFeasiblePlacement
 from gpualloc.model.mig import MigInstance, MigRequest, format_size
+from gpualloc.model.mig_profiles import MigModel, mig_model
 from gpualloc.model.topology import Topology
 
 
@@ -54,22 +55,30 @@ def choose_mig(
     host's recent MIG requests by profile).
     """
     devices = [m for m in topology.mig_instances if m.gpu not in unusable]
+    _check_profile_exists(topology, request, devices, unusable)
+    all_mig = all_in_mig_mode(topology, unusable)
     if not devices:
         raise NoFeasiblePlacement(
             "this host has no MIG device"
             if not topology.mig_instances
             else "no MIG device of this host is usable here",
             hint=creation_hint(topology, request, mix, unusable)
-            or "ask for whole GPUs (-n), or for room on a shared GPU (--share --mem SIZE); "
-            "MIG devices exist once an administrator makes them (nvidia-smi -mig 1, then "
-            "nvidia-smi mig -cgi PROFILES -C)",
+            or (
+                "every GPU here is in MIG mode, and MIG devices exist once an administrator "
+                "makes them (nvidia-smi mig -cgi PROFILES -C)"
+                if all_mig
+                else "ask for whole GPUs (-n), or for room on a shared GPU (--share --mem "
+                "SIZE); MIG devices exist once an administrator makes them (nvidia-smi -mig 1, "
+                "then nvidia-smi mig -cgi PROFILES -C)"
+            ),
         )
     fitting = [m for m in devices if request.accepts(m)]
     if not fitting:
         raise NoFeasiblePlacement(
             f"no MIG device here is {request.describe()} (this host has {inventory(devices)})",
             hint=creation_hint(topology, request, mix, unusable)
-            or "choose one of those (gpualloc topo show lists them), or ask for a whole GPU",
+            or "choose one of those (gpualloc topo show lists them)"
+            + ("" if all_mig else ", or ask for a whole GPU"),
         )
     nameless = [m for m in fitting if m.uuid is None]
     fitting = [m for m in fitting if m.uuid is not None]
@@ -115,21 +124,117 @@ def creation_hint(
     mix: Mapping[str, float] | None,
     unusable: frozenset[int] = frozenset(),
 ) -> str:
-    """Where a GPU instance of the requested profile could be created now, in words ("" when
-    the request names no profile or no GPU has room for one)."""
+    """Where a GPU instance of the requested profile (or, for ``--mem``, of the smallest
+    profile with that much memory) could be created now, in words ("" when the request names
+    a device, or no GPU has room for one)."""
     from gpualloc.placement.mig_slots import creation_slots
 
-    if request.profile is None or request.device is not None or request.uuid is not None:
+    if request.device is not None or request.uuid is not None:
         return ""
-    slots = [s for s in creation_slots(topology, request.profile, mix) if s.gpu not in unusable]
+    if request.profile is not None:
+        profile, why = request.profile, ""
+    elif request.memory_bytes is not None:
+        found = _smallest_with(topology, request.memory_bytes, unusable)
+        if found is None:
+            return _too_big(topology, request.memory_bytes, unusable)
+        profile, why = found, f" (it holds {format_size(request.memory_bytes)} or more)"
+    else:
+        return ""
+    slots = [s for s in creation_slots(topology, profile, mix) if s.gpu not in unusable]
     if not slots:
         return ""
     best = slots[0]
     return (
-        f"an administrator can create a {request.profile} in GPU {best.gpu}'s free memory "
+        f"an administrator can create a {profile}{why} in GPU {best.gpu}'s free memory "
         f"slices {best.slices}, where it fragments the rest least (nvidia-smi mig -i "
-        f"{best.gpu} -cgi {request.profile} -C; the driver picks the start, NVML's "
+        f"{best.gpu} -cgi {profile} -C; the driver picks the start, NVML's "
         f"nvmlDeviceCreateGpuInstanceWithPlacement takes {best.start})"
+    )
+
+
+def _mig_models(topology: Topology, unusable: frozenset[int]) -> dict[str, MigModel | None]:
+    """GPU name -> its MIG model, for the GPUs in MIG mode that can be used."""
+    return {
+        gpu.name or "?": mig_model(gpu.name, gpu.memory_total_bytes)
+        for gpu in topology.gpus
+        if gpu.mig_enabled and gpu.index not in unusable
+    }
+
+
+def _smallest_with(topology: Topology, memory: int, unusable: frozenset[int]) -> str | None:
+    """The smallest profile of the MIG-mode GPUs' models that surely holds ``memory``."""
+    from gpualloc.model.mig_profiles import usable_bytes
+
+    sizes = [
+        (shape[1], shape[0], profile)
+        for model in _mig_models(topology, unusable).values()
+        if model is not None
+        for profile in model.profiles
+        if (shape := model.shape(profile)) and usable_bytes(profile) >= memory
+    ]
+    return min(sizes)[2] if sizes else None
+
+
+def _too_big(topology: Topology, memory: int, unusable: frozenset[int]) -> str:
+    """What to say when no MIG profile of the host's models holds ``memory``: a whole GPU, if
+    one holds it, on an all-MIG host (elsewhere the caller's hint offers whole GPUs)."""
+    from gpualloc.model.mig_profiles import usable_bytes
+
+    models = [m for m in _mig_models(topology, unusable).values() if m is not None]
+    if not models or not all_in_mig_mode(topology, unusable):
+        return ""
+    largest = max((m.profiles[-1] for m in models), key=usable_bytes)
+    surely = f"a {largest}, the largest profile here, holds {format_size(usable_bytes(largest))}"
+    whole = max((g.memory_total_bytes or 0) for g in topology.gpus if g.index not in unusable)
+    if whole >= memory:
+        return (
+            f"{surely} for sure; a whole GPU holds {format_size(memory)} once an administrator "
+            "turns its MIG mode off (nvidia-smi -i N -mig 0)"
+        )
+    return f"{surely} for sure, and a whole GPU {format_size(whole)}"
+
+
+def all_in_mig_mode(topology: Topology, unusable: frozenset[int] = frozenset()) -> bool:
+    """Whether every GPU that could be used is in MIG mode: then no whole GPU can be had."""
+    usable = [gpu for gpu in topology.gpus if gpu.index not in unusable]
+    return bool(usable) and all(gpu.mig_enabled for gpu in usable)
+
+
+def _check_profile_exists(
+    topology: Topology,
+    request: MigRequest,
+    devices: list[MigInstance],
+    unusable: frozenset[int],
+) -> None:
+    """Refuse a profile that no GPU of the host has (NVIDIA's profiles are per model:
+    :mod:`gpualloc.model.mig_profiles`), naming those they have: waiting for one, or creating
+    one, can never succeed. The GPUs asked are those in MIG mode, else every GPU of a model
+    with MIG; a GPU in MIG mode of a model gpualloc does not know might have it, and a profile
+    some MIG device already has exists."""
+    from gpualloc.model.mig import parse_mig_profile
+    from gpualloc.model.mig_profiles import base_profile
+    from gpualloc.user_files import shown_text
+
+    if request.profile is None or request.device is not None or request.uuid is not None:
+        return
+    if any(m.profile == request.profile for m in topology.mig_instances):
+        return
+    models = _mig_models(topology, unusable)
+    if not models:
+        models = {
+            gpu.name or "?": model
+            for gpu in topology.gpus
+            if (model := mig_model(gpu.name, gpu.memory_total_bytes)) is not None
+        }
+    wanted = base_profile(parse_mig_profile(request.profile))
+    if not models or any(m is None or wanted in m.profiles for m in models.values()):
+        return
+    listing = "; ".join(f"{name}: {', '.join(m.profiles)}" for name, m in models.items() if m)
+    raise NoFeasiblePlacement(
+        f"no GPU here has MIG profile {shown_text(request.profile)} ({listing})",
+        hint=f"this host has {inventory(devices)} now; ask for one of those"
+        if devices
+        else "ask for one of those, or for the memory the job needs (--mem SIZE)",
     )
 
 
