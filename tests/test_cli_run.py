@@ -17,6 +17,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -26,6 +28,7 @@ from msgspec.structs import replace
 from gpualloc.model import NumaNode
 from gpualloc.model.cpuset import parse_cpulist
 from gpualloc.topologies import load_bundled
+from tests.broker_harness import RunningBroker, running_broker
 from tests.unix_users import as_user, two_test_users
 
 TIMEOUT_S = 120
@@ -364,6 +367,91 @@ def test_leases_of_a_recorded_topology_are_kept_apart_from_the_hosts(tmp_path: P
     assert not (tmp_path / "state" / "ledger.json").exists()
     assert any(re.fullmatch(r"ledger@dgx1-v100-[0-9a-f]{8}\.json", name) for name in files)
     assert status("dgx1-p100")["leases"] == []  # another topology, another ledger
+
+
+# ---- release, on both ledgers ------------------------------------------------------------------
+
+
+class Ledger:
+    """One of the two ledgers ``release`` must treat alike: the embedded file (``dgx1-v100``
+    in the test's state directory) or a broker's (``gpualloc serve`` of ``dgx1-v100``)."""
+
+    def __init__(self, broker: RunningBroker | None) -> None:
+        self.broker = broker
+
+    def argv(self, *args: str) -> list[str]:
+        if self.broker is None:
+            return gpualloc_argv(*args)
+        return [sys.executable, "-m", "gpualloc", *args]
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {**os.environ, **extra}
+        if self.broker is not None:
+            env["GPUALLOC_BROKER"] = str(self.broker.socket)
+        return env
+
+    def __call__(self, *args: str, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.argv(*args), capture_output=True, text=True, timeout=TIMEOUT_S, env=self.env(**env)
+        )
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.argv(*args), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env=self.env(),
+        )  # fmt: skip
+
+    def lease(self, *args: str) -> str:
+        """The id of a new lease ``alloc ARGS`` made."""
+        made = self("alloc", *args, "--format", "json")
+        assert made.returncode == 0, made.stderr
+        return json.loads(made.stdout)["lease"]["id"]
+
+    def leases(self) -> list[str]:
+        listed = self("status", "--json")
+        assert listed.returncode == 0, listed.stderr
+        return sorted(lease["id"] for lease in json.loads(listed.stdout)["leases"])
+
+    def file(self) -> Path:
+        directory = Path(os.environ["GPUALLOC_STATE_DIR"]) if self.broker is None else None
+        (found,) = [
+            path
+            for path in (directory or self.broker.state).glob("ledger*.json")  # type: ignore[union-attr]
+            if ".good." not in path.name
+        ]
+        return found
+
+
+@pytest.fixture(params=["embedded", "broker"])
+def ledger(request: pytest.FixtureRequest) -> Iterator[Ledger]:
+    if request.param == "embedded":
+        yield Ledger(None)
+        return
+    for broker in running_broker("dgx1-v100"):  # skips where it cannot run as root
+        yield Ledger(broker)
+
+
+def test_a_refused_release_leaves_the_ledger_file_as_it_was(ledger: Ledger) -> None:
+    """A refused ``release`` wrote the ledger anyway, with the dead leases it reaped."""
+    ledger.lease("--hold", "--name", "kept")
+    holder = subprocess.Popen(["sleep", "600"])
+    ledger.lease("--pid", str(holder.pid))
+    holder.kill()
+    holder.wait()
+    if ledger.broker is not None:  # the broker reaps a lease as soon as its process ends
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(ledger.broker.ledger()["leases"]) > 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    before, content = ledger.file().stat(), ledger.file().read_bytes()
+    for selector in ("zzzz", "no-such-name", "abc"):
+        refused = ledger("release", selector)
+        assert refused.returncode == 13, refused.stderr
+    after = ledger.file().stat()
+    assert (after.st_ino, after.st_mtime_ns, after.st_size) == (
+        before.st_ino, before.st_mtime_ns, before.st_size
+    )  # fmt: skip
+    assert ledger.file().read_bytes() == content
 
 
 # ---- NUMA binding on a topology that describes this machine ---------------------------------

@@ -369,7 +369,9 @@ class LocalHost(HostView, kw_only=True):
     ) -> ReleaseResult:
         """Release the leases ``selectors`` name (ids or unique id prefixes), or all of the
         caller's with ``mine``. Only the owner or root may release a lease; ``uid`` is the
-        caller (None: this process's user; the broker names its peer)."""
+        caller (None: this process's user; the broker names its peer). A release that releases
+        nothing and is refused writes nothing, not even the reaping (the ledger is as the
+        refusal found it)."""
         store = self.ledger_store()
         uid = os.geteuid() if uid is None else uid
         result = ReleaseResult()
@@ -388,6 +390,8 @@ class LocalHost(HostView, kw_only=True):
                     continue
                 txn.remove(lease.id)
                 result.released.append(lease)
+            if result.problems and not result.released:
+                txn.changed = False
         for lease in result.released:
             _remove_file(store.directory.lease_lock(lease.id))
         return result
@@ -407,7 +411,10 @@ class LocalHost(HostView, kw_only=True):
 
         uid = os.geteuid() if uid is None else uid
         with self.ledger_store().transaction() as txn:
-            return mark_shared_jobs(txn, selectors, mine=mine, grace_s=grace_s, uid=uid)
+            result = mark_shared_jobs(txn, selectors, mine=mine, grace_s=grace_s, uid=uid)
+            if result.problems and not result.released:
+                txn.changed = False  # refused: written nowhere (see release_leases)
+            return result
 
     def start_verifier(
         self, lease: Lease, terms: VerifyTerms, look: Callable[[], list[GpuProcess]] | None
