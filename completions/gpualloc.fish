@@ -5,7 +5,7 @@ complete -c gpualloc -f
 complete -c gpualloc -n '__fish_use_subcommand' -a 'plan' -d 'Choose GPUs for a job without running it: the GPUs in rank order, their NUMA nodes, the links betwee'
 complete -c gpualloc -n '__fish_use_subcommand' -a 'run' -d 'Run a job on the best free GPUs: place it, record the lease, exec it.'
 complete -c gpualloc -n '__fish_use_subcommand' -a 'alloc' -d 'Allocate GPUs without running anything: for scripts, notebooks and prologs.'
-complete -c gpualloc -n '__fish_use_subcommand' -a 'release' -d 'Give GPUs back: the leases named (ids, or unique prefixes of 4+ characters), or all of yours with --'
+complete -c gpualloc -n '__fish_use_subcommand' -a 'release' -d 'Give GPUs back: the leases named (ids, unique prefixes of 4+ characters, or names given with --name)'
 complete -c gpualloc -n '__fish_use_subcommand' -a 'status' -d 'Show every GPU: free, held by a lease (user, pid, name, command, since, lease id), busy with process'
 complete -c gpualloc -n '__fish_use_subcommand' -a 'gc' -d 'Free the GPUs of leases whose jobs are gone, now, and say which; record how long each lease\'s GPUs h'
 complete -c gpualloc -n '__fish_use_subcommand' -a 'metrics' -d 'Print the host\'s GPUs, leases and queue as Prometheus metrics: GPUs by state and per GPU (with the h'

@@ -431,6 +431,26 @@ def ledger(request: pytest.FixtureRequest) -> Iterator[Ledger]:
         yield Ledger(broker)
 
 
+def _offered(ledger: Ledger) -> list[str]:
+    """What a Tab after ``gpualloc release`` offers (the words the completion scripts take)."""
+    asked = ledger("status", _GPUALLOC_COMPLETE_LEASES="1")  # the scripts' question
+    return [line.split("\t")[0] for line in asked.stdout.splitlines()]
+
+
+def test_release_takes_a_leases_name_and_refuses_one_that_names_several(ledger: Ledger) -> None:
+    named = ledger.lease("--hold", "--name", "nb")
+    assert _offered(ledger) == [named, "nb"]
+    released = ledger("release", "nb", "--json")
+    assert released.returncode == 0, released.stderr
+    assert [x["id"] for x in json.loads(released.stdout)["released"]] == [named]
+    twins = sorted(ledger.lease("--hold", "--name", "twin") for _ in range(2))
+    assert _offered(ledger) == twins  # not the name: it names two
+    refused = ledger("release", "twin")
+    assert refused.returncode == 13 and refused.stderr.count("error: ") == 1
+    assert "'twin' names 2 leases" in refused.stderr and all(x in refused.stderr for x in twins)
+    assert ledger.leases() == twins
+
+
 def test_a_refused_release_leaves_the_ledger_file_as_it_was(ledger: Ledger) -> None:
     """A refused ``release`` wrote the ledger anyway, with the dead leases it reaped."""
     ledger.lease("--hold", "--name", "kept")
@@ -544,7 +564,12 @@ def test_a_user_may_release_only_their_own_leases(cli) -> None:
         assert lease["uid"] == uid_a and lease["user"] == "gpualloc-test-a"
 
         def as_b() -> None:
+            from gpualloc.cli.complete import lease_ids
+
+            os.environ["GPUALLOC_STATE_DIR"] = str(shared)
+            assert lease_ids("") == []  # Tab offers a user only what they may release
             assert _cli_exit_code("release", lease["id"], state=shared) == 12  # not permitted
+            assert _cli_exit_code("release", "a-job", state=shared) == 12  # by its name too
             assert _cli_exit_code("release", "--mine", state=shared) == 0  # B holds nothing
 
         as_user(uid_b, gid_b, as_b)

@@ -218,7 +218,9 @@ def _release(socket: Path, values: Mapping[str, Any]) -> None:
 
     leases, mine = values.get("leases") or [], bool(values.get("mine"))
     if not leases and not mine:
-        raise RequestError("nothing to release", hint="give lease ids, or --mine for all yours")
+        raise RequestError(
+            "nothing to release", hint="give lease ids or names, or --mine for all yours"
+        )
     with BrokerClient(socket, answer_s=STATE.setting("host.broker_timeout")) as client:
         result = client.call("release", {"leases": list(leases), "mine": mine})
     problems = result["problems"]

@@ -420,7 +420,9 @@ def release_gpus(
     from gpualloc.ledger.occupancy import describe_lease
 
     if not leases and not mine:
-        raise RequestError("nothing to release", hint="give lease ids, or --mine for all yours")
+        raise RequestError(
+            "nothing to release", hint="give lease ids or names, or --mine for all yours"
+        )
     if grace is not None and not evict_shared:
         raise RequestError("--grace applies to --evict-shared", hint="add --evict-shared")
     host = open_host_ledger(ignore_foreign=True, full=False)

@@ -84,11 +84,13 @@ def release_command(
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Give GPUs back: the leases named (ids, or unique prefixes of 4+ characters), or all of
-    yours with --mine.
+    """Give GPUs back: the leases named (ids, unique prefixes of 4+ characters, or names given
+    with --name), or all of yours with --mine.
 
-    Only a lease's owner (or root) may release it: exit 12 otherwise, 13 for an unknown id. A
-    job still running on released GPUs keeps running; the GPUs just stop being reserved for it.
+    A name several of your leases share is refused, with their ids. Only a lease's owner (or
+    root) may release it: exit 12 otherwise, 13 for an unknown or ambiguous lease. A job
+    still running on released GPUs keeps running; the GPUs just stop being reserved for it.
+    A refused release changes nothing.
 
     With --evict-shared the leases stay and the shared jobs beside them leave: the owner of a
     --shareable lease may evict other users' shared jobs (their own gpualloc watcher ends them,

@@ -367,8 +367,8 @@ class LocalHost(HostView, kw_only=True):
     def release_leases(
         self, selectors: Iterable[str], *, mine: bool = False, uid: int | None = None
     ) -> ReleaseResult:
-        """Release the leases ``selectors`` name (ids or unique id prefixes), or all of the
-        caller's with ``mine``. Only the owner or root may release a lease; ``uid`` is the
+        """Release the leases ``selectors`` name (ids, unique id prefixes, names), or all of
+        the caller's with ``mine``. Only the owner or root may release a lease; ``uid`` is the
         caller (None: this process's user; the broker names its peer). A release that releases
         nothing and is refused writes nothing, not even the reaping (the ledger is as the
         refusal found it)."""
@@ -376,7 +376,7 @@ class LocalHost(HostView, kw_only=True):
         uid = os.geteuid() if uid is None else uid
         result = ReleaseResult()
         with store.transaction() as txn:
-            targets = find_leases(txn, selectors, result.problems)
+            targets = find_leases(txn, selectors, result.problems, uid=uid)
             if mine:
                 targets += [x for x in txn.ledger.leases if x.uid == uid and x not in targets]
             for lease in targets:

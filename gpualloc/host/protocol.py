@@ -81,8 +81,8 @@ class Host(Protocol):
         ...
 
     def release_leases(self, selectors: Iterable[str], *, mine: bool = False) -> ReleaseResult:
-        """Release the leases ``selectors`` name (ids or unique prefixes), or all the caller's
-        with ``mine``; only the owner or root may."""
+        """Release the leases ``selectors`` name (ids, unique prefixes or names), or all the
+        caller's with ``mine``; only the owner or root may."""
         ...
 
     def evict(
