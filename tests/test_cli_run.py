@@ -431,6 +431,45 @@ def ledger(request: pytest.FixtureRequest) -> Iterator[Ledger]:
         yield Ledger(broker)
 
 
+def _running(ledger: Ledger, job: Path) -> tuple[subprocess.Popen[str], str]:
+    """A ``run`` job that waits for its stdin to close, and its lease's id."""
+    running = ledger.popen("run", "-n", "2", "--", sys.executable, str(job), "--wait")
+    assert running.stdout is not None
+    started = json.loads(running.stdout.readline())
+    return running, started["env"]["GPUALLOC_LEASE_ID"]
+
+
+def test_release_mine_keeps_a_running_jobs_lease_unless_asked_and_says_so(
+    ledger: Ledger, job: Path
+) -> None:
+    """``release --mine`` (the README's partner of ``alloc --hold``) released a running
+    ``run`` job's lease too, silently: its GPUs went to the next job while it still ran."""
+    running, job_lease = _running(ledger, job)
+    holder = subprocess.Popen(["sleep", "600"])
+    try:
+        held = ledger.lease("-n", "1", "--hold", "--name", "notebook")
+        tied = ledger.lease("-n", "1", "--pid", str(holder.pid))
+        mine = ledger("release", "--mine", "--json")
+        assert mine.returncode == 0, mine.stderr
+        data = json.loads(mine.stdout)
+        assert sorted(x["id"] for x in data["released"]) == sorted([held, tied])
+        assert [x["id"] for x in data["kept"]] == [job_lease] and data["errors"] == []
+        assert "kept GPU" in mine.stderr and job_lease in mine.stderr
+        assert "its job still runs" in mine.stderr and "--include-running" in mine.stderr
+        again = ledger("release", "--mine")
+        assert (again.returncode, again.stdout) == (0, "") and job_lease in again.stderr
+        assert ledger.leases() == [job_lease]
+        assert ledger("release", "--include-running").returncode == 2  # needs --mine
+        everything = ledger("release", "--mine", "--include-running", "--json")
+        assert [x["id"] for x in json.loads(everything.stdout)["released"]] == [job_lease]
+        assert json.loads(everything.stdout)["kept"] == [] and ledger.leases() == []
+        assert running.poll() is None  # released, not ended
+    finally:
+        holder.kill()
+        holder.wait()
+        running.communicate(timeout=TIMEOUT_S)
+
+
 def _offered(ledger: Ledger) -> list[str]:
     """What a Tab after ``gpualloc release`` offers (the words the completion scripts take)."""
     asked = ledger("status", _GPUALLOC_COMPLETE_LEASES="1")  # the scripts' question

@@ -62,7 +62,22 @@ def release_command(
             autocompletion=complete.lease_ids,
         ),
     ] = None,
-    mine: Annotated[bool, Option("--mine", help="Release every lease of yours.")] = False,
+    mine: Annotated[
+        bool,
+        Option(
+            "--mine",
+            help="Release every lease of yours but your running jobs' (run, a Slurm job's), "
+            "which it names.",
+        ),
+    ] = False,
+    include_running: Annotated[
+        bool,
+        Option(
+            "--include-running",
+            help="With --mine: release your running jobs' leases too. Each job keeps running, "
+            "on GPUs the next job may be given.",
+        ),
+    ] = False,
     evict_shared: Annotated[
         bool,
         Option(
@@ -89,8 +104,9 @@ def release_command(
 
     A name several of your leases share is refused, with their ids. Only a lease's owner (or
     root) may release it: exit 12 otherwise, 13 for an unknown or ambiguous lease. A job
-    still running on released GPUs keeps running; the GPUs just stop being reserved for it.
-    A refused release changes nothing.
+    still running on released GPUs keeps running; the GPUs just stop being reserved for it,
+    so --mine leaves running jobs' leases unless --include-running is given. A refused
+    release changes nothing.
 
     With --evict-shared the leases stay and the shared jobs beside them leave: the owner of a
     --shareable lease may evict other users' shared jobs (their own gpualloc watcher ends them,

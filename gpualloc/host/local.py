@@ -365,20 +365,31 @@ class LocalHost(HostView, kw_only=True):
     # ---- release and gc --------------------------------------------------------------------
 
     def release_leases(
-        self, selectors: Iterable[str], *, mine: bool = False, uid: int | None = None
+        self,
+        selectors: Iterable[str],
+        *,
+        mine: bool = False,
+        include_running: bool = False,
+        uid: int | None = None,
     ) -> ReleaseResult:
         """Release the leases ``selectors`` name (ids, unique id prefixes, names), or all of
-        the caller's with ``mine``. Only the owner or root may release a lease; ``uid`` is the
-        caller (None: this process's user; the broker names its peer). A release that releases
-        nothing and is refused writes nothing, not even the reaping (the ledger is as the
-        refusal found it)."""
+        the caller's with ``mine``: their ``alloc`` leases, and their running jobs' too only
+        with ``include_running`` (:func:`keeps_its_job`; those left are ``kept``). Only the
+        owner or root may release a lease; ``uid`` is the caller (None: this process's user;
+        the broker names its peer). A release that releases nothing and is refused writes
+        nothing, not even the reaping (the ledger is as the refusal found it)."""
         store = self.ledger_store()
         uid = os.geteuid() if uid is None else uid
         result = ReleaseResult()
         with store.transaction() as txn:
             targets = find_leases(txn, selectors, result.problems, uid=uid)
-            if mine:
-                targets += [x for x in txn.ledger.leases if x.uid == uid and x not in targets]
+            for lease in txn.ledger.leases if mine else ():
+                if lease.uid != uid or lease in targets:
+                    continue
+                if keeps_its_job(lease) and not include_running:
+                    result.kept.append(lease)
+                else:
+                    targets.append(lease)
             for lease in targets:
                 if lease.uid != uid and uid != 0:
                     result.problems.append(
@@ -473,6 +484,14 @@ class LocalHost(HostView, kw_only=True):
 
 
 # ---- helpers -----------------------------------------------------------------------------------
+
+
+def keeps_its_job(lease: Lease) -> bool:
+    """Whether ``release --mine`` leaves ``lease`` unless asked (``--include-running``): the
+    lease of a job that runs (``run``; a Slurm job's, which its Epilog releases). Its GPUs
+    would go to the next job while it still runs on them. An ``alloc`` lease, ``--hold`` or
+    tied to a pid, is what ``--mine`` is for. Dead leases are reaped before this is asked."""
+    return lease.source != "alloc"
 
 
 def taken_id(txn: LedgerTransaction, lease_id: str) -> None:
