@@ -369,7 +369,7 @@ def test_leases_of_a_recorded_topology_are_kept_apart_from_the_hosts(tmp_path: P
     assert status("dgx1-p100")["leases"] == []  # another topology, another ledger
 
 
-# ---- release, on both ledgers ------------------------------------------------------------------
+# ---- leases, on both ledgers -------------------------------------------------------------------
 
 
 class Ledger:
@@ -488,6 +488,37 @@ def test_release_takes_a_leases_name_and_refuses_one_that_names_several(ledger: 
     assert refused.returncode == 13 and refused.stderr.count("error: ") == 1
     assert "'twin' names 2 leases" in refused.stderr and all(x in refused.stderr for x in twins)
     assert ledger.leases() == twins
+
+
+def test_alloc_in_a_subshell_its_shell_reads_is_refused_with_the_fix(ledger: Ledger) -> None:
+    """``X=$(gpualloc alloc -n 2 ...)`` printed the GPUs and exited 0, and the lease ended with
+    the subshell at once: where bash forks one (a redirection or ``||`` inside the ``$(...)``),
+    gpualloc's parent is that subshell. Refused now, nothing allocated; ``--pid $$`` holds,
+    and so does the README's ``eval "$(...)"``, whose parent is the shell itself."""
+
+    def bash(script: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", "-c", script], capture_output=True, text=True, timeout=60, env=ledger.env()
+        )
+
+    alloc = shlex_join(ledger.argv("alloc", "-n", "2"))
+    for form in (f"$({alloc} || exit 3)", f"$({alloc} 2>/dev/null; true)", f"$({alloc} | cat)"):
+        shell = bash(f'X={form}; echo "rc=$? X=$X"')
+        assert shell.stdout.strip().endswith(" X="), (form, shell.stdout)  # no GPU printed
+        assert ledger.leases() == [], form
+    refused = bash(f"X=$({alloc} || exit 3)")
+    assert refused.returncode == 3 and refused.stderr.count("error: ") == 1, refused.stderr
+    assert "subshell" in refused.stderr and "--pid $$" in refused.stderr, refused.stderr
+    both = bash(
+        f"X=$({shlex_join(ledger.argv('alloc', '-n', '1', '--pid', '$$'))} || exit 3); "
+        f'eval "$({alloc} --format env)"; {shlex_join(ledger.argv("status", "--json"))}'
+    )
+    assert both.returncode == 0, both.stderr
+    assert len(json.loads(both.stdout)["leases"]) == 2  # both live while the shell does
+    deadline = time.monotonic() + TIMEOUT_S
+    while ledger.leases():  # and end with it (the broker reaps as it notices)
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
 
 
 def test_a_refused_release_leaves_the_ledger_file_as_it_was(ledger: Ledger) -> None:

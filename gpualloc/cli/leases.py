@@ -48,7 +48,9 @@ def alloc_command(
     CUDA_DEVICE_ORDER, GPUALLOC_LEASE_ID and GPUALLOC_GPUS into it; the GPUs come back when the
     shell exits or on `gpualloc release $GPUALLOC_LEASE_ID`.
 
-    Inside a pipeline or a subshell the parent is not your shell: pass --pid $$ there.
+    Inside a pipeline or a subshell the parent is not your shell: pass --pid $$ there. A
+    subshell whose output the shell reads (X=$(gpualloc alloc ... 2>&1), where bash forks one)
+    ends as soon as alloc does, so alloc refuses it as the lease's process.
     """
     jobs.call("alloc_gpus", given(locals()))  # a test checks the parameters against the work's
 

@@ -208,6 +208,16 @@ def alloc_owner(output_format: str, pid: int | None, hold: bool) -> int | None:
             "gpualloc's parent is init, so the lease would end at once",
             hint="give --pid of the process that uses the GPUs, or --hold",
         )
+    if pid is None and owner is not None:
+        from gpualloc.ledger.liveness import output_read_by_parent_shell
+
+        if output_read_by_parent_shell(owner):
+            raise RequestError(
+                f"gpualloc's parent (pid {owner}) is a subshell whose output your shell reads "
+                "($(...)), so the lease would end with it as soon as alloc returns",
+                hint="give --pid $$ for a lease as long as your shell, or --hold until "
+                "'gpualloc release'",
+            )
     return owner
 
 
