@@ -521,6 +521,31 @@ def test_alloc_in_a_subshell_its_shell_reads_is_refused_with_the_fix(ledger: Led
         time.sleep(0.05)
 
 
+def test_an_alloc_whose_pid_ends_while_it_waits_gets_no_lease(ledger: Ledger) -> None:
+    """Through the broker, ``alloc --pid P --wait`` whose P ended in the queue was given a
+    lease of a dead process when its turn came, printed it and exited 0; the lease was gone
+    at once. Refused now, as the embedded ledger refuses it: nothing is left."""
+    everything = ledger.lease("-n", "8", "--hold")
+    holder = subprocess.Popen(["sleep", "600"])
+    waiting = subprocess.Popen(
+        ledger.argv("alloc", "-n", "1", "--pid", str(holder.pid), "--wait"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ledger.env(),
+    )  # fmt: skip
+    try:
+        assert waiting.stderr is not None and "waiting" in waiting.stderr.readline()
+        holder.kill()
+        holder.wait()
+        assert ledger("release", everything).returncode == 0
+        out, err = waiting.communicate(timeout=TIMEOUT_S)
+    finally:
+        holder.kill()
+        waiting.kill()
+        waiting.wait()
+    assert waiting.returncode == 2 and out == "", (waiting.returncode, out, err)
+    assert f"no process with pid {holder.pid}" in err and "--hold" in err, err
+    assert ledger.leases() == []
+
+
 def test_a_refused_release_leaves_the_ledger_file_as_it_was(ledger: Ledger) -> None:
     """A refused ``release`` wrote the ledger anyway, with the dead leases it reaped."""
     ledger.lease("--hold", "--name", "kept")

@@ -299,14 +299,18 @@ class LocalHost(HostView, kw_only=True):
         return Allocation(lease, placement, lock_fd, [*txn.notes, *cut_short])
 
     def _lease(self, lease_id: str, placement: Placement, want: Want, terms: LeaseTerms) -> Lease:
-        from gpualloc.ledger.liveness import process_start_time
+        from gpualloc.ledger.liveness import process_alive, process_start_time
 
         start_time = terms.pid_start_time
-        if terms.pid is not None and start_time is None:
-            start_time = process_start_time(terms.pid)
+        if terms.pid is not None:
+            # A start time the caller read (the broker, when the request came) may belong to
+            # a process that ended since, in the queue: a lease of it would be dead at once.
             if start_time is None:
+                start_time = process_start_time(terms.pid)
+            if start_time is None or not process_alive(terms.pid, start_time):
                 raise RequestError(
-                    f"no process with pid {terms.pid}", hint="give the pid of a running process"
+                    f"no process with pid {terms.pid}: the lease would end at once",
+                    hint="give --pid of a process that runs while the GPUs are used, or --hold",
                 )
         uid = os.geteuid() if terms.uid is None else terms.uid
         creator_pid, creator_start = terms.creator or (os.getpid(), None)
