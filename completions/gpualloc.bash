@@ -16,7 +16,7 @@ _gpualloc_options() {
         'plan') echo '-n --num-gpus --pattern --sensitive --insensitive --exclude --require --policy --score --drb-weights --mig --mem --allow-unhealthy --busy --free --assume-free --explain --compare --json --help -h' ;;
         'run') echo '-n --num-gpus --pattern --sensitive --insensitive --exclude --require --policy --score --drb-weights --gpus --min-utility --min-bandwidth --mig --mem --share --shareable --background --sm-share --name --uuid --ignore-foreign --heed-foreign --allow-unhealthy --wait --timeout --priority --max-bypass --numa --dry-run --quiet -q --json --help -h' ;;
         'alloc') echo '-n --num-gpus --pattern --sensitive --insensitive --exclude --require --policy --score --drb-weights --gpus --min-utility --min-bandwidth --mig --mem --shareable --name --uuid --ignore-foreign --heed-foreign --allow-unhealthy --wait --timeout --priority --max-bypass --pid --hold --format --help -h' ;;
-        'release') echo '--mine --evict-shared --grace --json --help -h' ;;
+        'release') echo '--mine --include-running --evict-shared --grace --json --help -h' ;;
         'status') echo '--json --watch -w --interval --idle --help -h' ;;
         'gc') echo '--json --help -h' ;;
         'metrics') echo '--serve --help -h' ;;

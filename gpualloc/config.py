@@ -64,6 +64,10 @@ DEFAULT_BUSY_PERCENT = 5
 """Utilisation (%) from which a GPU counts as used: CUDA contexts alone show 0-1 %."""
 DEFAULT_MAX_GAP_S = 15 * 60.0
 DEFAULT_NOTICE_S = 30 * 60.0
+BROKER_TIMEOUT_S = 10.0
+"""``host.broker_timeout``'s default: Slurm's clients wait ``MessageTimeout`` for slurmctld, 10 s
+unless slurm.conf says otherwise (:data:`gpualloc.wire.client.ANSWER_S`, which the client
+falls back to, is the same figure)."""
 
 SYSTEM_FILE = Path("/etc/gpualloc/config.toml")
 SYSTEM_FILE_VARIABLE = "GPUALLOC_SYSTEM_CONFIG"
@@ -307,7 +311,7 @@ SETTINGS: tuple[Setting, ...] = (
         "the broker's socket (gpualloc serve); unset: /run/gpualloc/gpualloc.sock if it exists",
     ),
     Setting(
-        "host.broker_timeout", "GPUALLOC_BROKER_TIMEOUT", 30.0, _duration,
+        "host.broker_timeout", "GPUALLOC_BROKER_TIMEOUT", BROKER_TIMEOUT_S, _duration,
         "how long a client waits for the broker to say anything before exit 18 (busy or "
         "stopped)",
     ),

@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from gpualloc.errors import FileAccessError, GpuallocError
+from gpualloc.errors import FileAccessError, GpuallocError, RequestError
 
 MAX_BYTES = 64 * 2**20
 """The largest file gpualloc reads: 64 MiB. A 16-GPU ``nvidia-smi topo -m`` is about 10 kB, a
@@ -105,6 +106,37 @@ def names_anything(path: Path) -> bool:
         return path.exists()
     except (OSError, ValueError):
         return False
+
+
+def refuse_overwriting_inputs(
+    output: Path | None, inputs: Iterable[Path | str | None], option: str = "-o"
+) -> None:
+    """Refuse, before anything is read or written, an ``output`` that is one of the command's
+    ``inputs``: ``topo import same.txt -o same.txt`` replaced the recording with JSON. The
+    same file, not the same name: device and inode, as ``os.path.samefile`` compares them, so
+    a link, a hard link or ``./same.txt`` counts. Only regular files: a terminal or
+    ``/dev/stdout`` may be both read and written. ``-`` (stdin) and None are no files."""
+    if output is None:
+        return
+    try:
+        written = Path(output).stat()
+    except (OSError, ValueError):
+        return  # a new file, or one the write will say it cannot make
+    if not stat.S_ISREG(written.st_mode):
+        return
+    for path in inputs:
+        if path is None or str(path) == "-":
+            continue
+        try:
+            read = Path(path).stat()
+        except (OSError, ValueError):
+            continue  # its reader says what is wrong with it
+        if (read.st_dev, read.st_ino) == (written.st_dev, written.st_ino):
+            same = "" if str(path) == str(output) else f" ({shown_path(path)})"
+            raise RequestError(
+                f"{option} {shown_path(output)} is an input of this command{same}: writing "
+                "it would overwrite what it reads"
+            )
 
 
 def expand_user(text: str) -> Path:

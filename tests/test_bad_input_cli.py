@@ -4,6 +4,7 @@ exit code, no traceback, nothing written."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -179,6 +180,80 @@ def test_topo_export_to_a_device_writes_in_place_and_fails_when_it_is_full(
     _refused(result, 8)
     assert "No space left on device" in result.stderr and "wrote" not in result.stderr
     assert full_device.is_char_device()
+
+
+@pytest.fixture
+def inputs(tmp_path: Path, cli: Cli) -> dict[str, Path]:
+    """Copies of the files the commands with an output file read, by what they are."""
+    from tests.conftest import FIXTURES, RECORDED
+
+    made = {
+        "topo.txt": RECORDED / "dgx1-v100_vast_topo.txt",
+        "nvlink.txt": RECORDED / "nvlink_status_v100-sxm2-8gpu_vast.txt",
+        "mig.txt": RECORDED / "mig_nvidia-smi-L_a100-40gb_7x1g.5gb.txt",
+        "matrix.txt": FIXTURES / "bandwidth" / "k8s-proposal-matrix.txt",
+    }
+    found = {name: tmp_path / name for name in made}
+    for name, source in made.items():
+        found[name].write_bytes(source.read_bytes())
+    found["topology.json"] = tmp_path / "topology.json"
+    found["topology.json"].write_text(cli("-t", "dgx1-v100", "topo", "show", "--json").stdout)
+    found["table.json"] = tmp_path / "table.json"
+    found["table.json"].write_text('{"nvlink_link_gbps": {"2": 30}}')
+    found["trace.jsonl"] = tmp_path / "trace.jsonl"
+    found["trace.jsonl"].write_text(
+        '{"id": 1, "arrival_s": 0, "gpus": 2, "duration_s": 60, "sensitive": true}\n'
+    )
+    (tmp_path / "link.txt").symlink_to(found["topo.txt"])
+    os.link(found["nvlink.txt"], tmp_path / "hard-link.txt")
+    return found
+
+
+@pytest.mark.parametrize(
+    ("args", "output", "overwritten"),
+    [
+        (["topo", "import", "@topo.txt"], "@topo.txt", "topo.txt"),
+        (["topo", "import", "@topo.txt"], "link.txt", "topo.txt"),
+        (["topo", "import", "@topo.txt", "--nvlink", "@nvlink.txt"], "hard-link.txt",
+         "nvlink.txt"),
+        (["topo", "import", "--mig", "@mig.txt"], "@mig.txt", "mig.txt"),
+        (["topo", "import", "--bandwidth-matrix", "@matrix.txt"], "@matrix.txt", "matrix.txt"),
+        (["--bandwidth-table", "@table.json", "topo", "import", "@topo.txt"], "@table.json",
+         "table.json"),
+        (["-t", "@topology.json", "topo", "export"], "@topology.json", "topology.json"),
+        (["-t", "@topology.json", "topo", "record"], "@topology.json", "topology.json"),
+        (["-t", "dgx1-v100", "simulate", "--trace", "@trace.jsonl", "--save-trace"],
+         "@trace.jsonl", "trace.jsonl"),
+        (["-t", "dgx1-v100", "simulate", "--trace", "@trace.jsonl", "--report"],
+         "@trace.jsonl", "trace.jsonl"),
+    ],
+    ids=["import", "symlink", "hard-link", "mig", "matrix", "table", "export", "record",
+         "save-trace", "report"],
+)  # fmt: skip
+def test_an_output_file_that_is_an_input_is_refused_and_the_input_kept(
+    cli: Cli,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    inputs: dict[str, Path],
+    args: list[str],
+    output: str,
+    overwritten: str,
+) -> None:
+    """``topo import same.txt -o same.txt`` replaced the recording with JSON: an output that is
+    the same file as an input (by device and inode: a link counts) is refused, untouched."""
+    monkeypatch.chdir(tmp_path)  # "link.txt": another name of an input, relative
+    argv = [str(inputs[word[1:]]) if word.startswith("@") else word for word in args]
+    target = str(inputs[output[1:]]) if output.startswith("@") else output
+    option = [] if "--save-trace" in argv or "--report" in argv else ["-o"]
+    victim = inputs[overwritten]
+    before = victim.stat()
+    content = victim.read_bytes()
+    result = cli(*argv, *option, target)
+    _refused(result, 2)
+    assert "is an input of this command" in result.stderr and result.stdout == ""
+    after = victim.stat()
+    assert victim.read_bytes() == content
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
 
 
 # ---- point 5: gres.conf fields -------------------------------------------------------------

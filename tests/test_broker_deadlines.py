@@ -33,31 +33,52 @@ def broker() -> Iterator[RunningBroker]:
     yield from running_broker("dgx1-v100")
 
 
-def _gpualloc(broker: RunningBroker, *args: str, timeout: str) -> subprocess.CompletedProcess:
+def _gpualloc(
+    broker: RunningBroker, *args: str, timeout: str | None
+) -> subprocess.CompletedProcess:
+    """``gpualloc ARGS`` through ``broker``, waiting ``timeout`` for it (None: the default)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUALLOC_")}
-    env.update(GPUALLOC_BROKER=str(broker.socket), GPUALLOC_BROKER_TIMEOUT=timeout)
+    env.update(GPUALLOC_BROKER=str(broker.socket))
+    if timeout is not None:
+        env.update(GPUALLOC_BROKER_TIMEOUT=timeout)
     return subprocess.run(
         [sys.executable, "-m", "gpualloc", *args],
         capture_output=True, text=True, timeout=120, env=env, check=False,
     )  # fmt: skip
 
 
-def test_a_stopped_broker_is_said_at_the_deadline_and_the_request_is_not_applied(
-    broker: RunningBroker,
-) -> None:
+def _asked_stopped(
+    broker: RunningBroker, *args: str, timeout: str | None
+) -> tuple[subprocess.CompletedProcess, float]:
+    """``gpualloc ARGS`` while the broker is stopped (SIGSTOP); its result and how long it took."""
     assert broker.process is not None
     os.kill(broker.process.pid, signal.SIGSTOP)
     try:
         started = time.monotonic()
-        asked = _gpualloc(broker, "alloc", "--hold", "-n", "1", timeout="2s")
-        took = time.monotonic() - started
+        asked = _gpualloc(broker, *args, timeout=timeout)
+        return asked, time.monotonic() - started
     finally:
         os.kill(broker.process.pid, signal.SIGCONT)
+
+
+def test_a_stopped_broker_is_said_at_the_deadline_and_the_request_is_not_applied(
+    broker: RunningBroker,
+) -> None:
+    asked, took = _asked_stopped(broker, "alloc", "--hold", "-n", "1", timeout="2s")
     assert asked.returncode == 18, asked.stderr
     assert "busy or stopped" in asked.stderr and took < 30
     time.sleep(1.0)  # the broker, running again, reads the request and its client's hang-up
     assert broker.call("snapshot", {"full": True})["ledger"]["leases"] == []
     assert "whose client has gone: not applied" in broker.log_text()
+
+
+def test_a_stopped_broker_is_said_after_slurms_message_timeout_by_default(
+    broker: RunningBroker,
+) -> None:
+    """Unset, the deadline is Slurm's MessageTimeout default (slurm.conf: 10 s), not 30 s."""
+    asked, took = _asked_stopped(broker, "release", "--mine", timeout=None)
+    assert asked.returncode == 18, asked.stderr
+    assert "said nothing for 10 s" in asked.stderr and 10 <= took < 20, (took, asked.stderr)
 
 
 def test_a_waiting_client_outlives_its_silence_deadline(broker: RunningBroker) -> None:

@@ -126,6 +126,18 @@ def text(raw: Any, what: str) -> str | None:
     return raw
 
 
+MAX_SELECTORS = 1024
+"""Lease ids or names one ``release`` or ``evict`` may name."""
+
+
+def selectors(args: dict[str, Any]) -> list[str]:
+    """The leases a ``release`` or ``evict`` names (ids, prefixes or names: short texts)."""
+    found = args.get("leases") or []
+    if not isinstance(found, list) or len(found) > MAX_SELECTORS:
+        raise RequestError("leases must be a list of ids", hint="see gpualloc.broker")
+    return [text(selector, "lease") or "" for selector in found]
+
+
 def positive(raw: Any) -> int | None:
     if raw is None:
         return None

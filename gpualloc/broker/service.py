@@ -335,12 +335,10 @@ class LedgerService:
         self.host.confirm(lease_id)
 
     def release(self, peer: Peer, args: dict[str, Any]) -> dict[str, Any]:
-        selectors = args.get("leases") or []
-        if not isinstance(selectors, list) or len(selectors) > 1024:
-            raise RequestError("leases must be a list of ids", hint="see gpualloc.broker")
         result = self.host.release_leases(
-            [wire.text(s, "lease") or "" for s in selectors],
+            wire.selectors(args),
             mine=bool(args.get("mine")),
+            include_running=bool(args.get("include_running")),
             uid=peer.uid,
         )
         problems = result.problems
@@ -352,16 +350,13 @@ class LedgerService:
 
     def evict(self, peer: Peer, args: dict[str, Any]) -> dict[str, Any]:
         """``release --evict-shared``: mark the shared jobs for their watchers."""
-        selectors = args.get("leases") or []
-        if not isinstance(selectors, list) or len(selectors) > 1024:
-            raise RequestError("leases must be a list of ids", hint="see gpualloc.broker")
         grace = args.get("grace_s")
         if grace is not None and (not isinstance(grace, (int, float)) or grace < 0):
             raise RequestError(
                 f"grace {shown_repr(grace)} is not a duration", hint="seconds, 0 or more"
             )
         result = self.host.evict(
-            [wire.text(s, "lease") or "" for s in selectors],
+            wire.selectors(args),
             mine=bool(args.get("mine")),
             grace_s=grace,
             uid=peer.uid,
@@ -589,6 +584,9 @@ def _release_answer(result: Any, problems: list[Any] | None) -> dict[str, Any]:
         "released": [to_builtins(lease) for lease in result.released],
         "described": [describe_lease(lease) for lease in result.released],
         "released_json": [lease_json(lease) for lease in result.released],
+        "kept": [to_builtins(lease) for lease in result.kept],
+        "kept_described": [describe_lease(lease) for lease in result.kept],
+        "kept_json": [lease_json(lease) for lease in result.kept],
         "problems": [
             {"code": int(p.exit_code), "message": p.message, "hint": p.hint}
             for p in (result.problems if problems is None else problems)

@@ -48,7 +48,7 @@ ENVIRONMENT_VARIABLES = (
     ("GPUALLOC_CACHE_DIR", "where discovered topologies are cached (default ~/.cache/gpualloc)"),
     ("GPUALLOC_STATE_DIR", "the shared ledger's directory (default /var/tmp/gpualloc)"),
     ("GPUALLOC_BROKER", "the broker's socket (gpualloc serve; /run/gpualloc/gpualloc.sock)"),
-    ("GPUALLOC_BROKER_TIMEOUT", "how long to wait for the broker's answer (default 30s)"),
+    ("GPUALLOC_BROKER_TIMEOUT", "how long to wait for the broker's answer (default 10s)"),
     ("GPUALLOC_DEBUG=1", "as --debug"),
     ("GPUALLOC_POLICY", "as --policy (default mapa)"),
     ("GPUALLOC_NUMA", "as run --numa (default auto)"),

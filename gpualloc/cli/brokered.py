@@ -212,28 +212,24 @@ def _alloc(socket: Path, values: Mapping[str, Any]) -> None:
 
 
 def _release(socket: Path, values: Mapping[str, Any]) -> None:
-    from gpualloc.cli.output import print_json, write_stdout
+    from gpualloc.cli.open_ledger import check_release, report_release
     from gpualloc.errors import ExitCode
     from gpualloc.wire.client import BrokerClient
 
     leases, mine = values.get("leases") or [], bool(values.get("mine"))
-    if not leases and not mine:
-        raise RequestError("nothing to release", hint="give lease ids, or --mine for all yours")
+    include_running = bool(values.get("include_running"))
+    check_release(leases, mine=mine, include_running=include_running)
+    args = {"leases": list(leases), "mine": mine, "include_running": include_running}
     with BrokerClient(socket, answer_s=STATE.setting("host.broker_timeout")) as client:
-        result = client.call("release", {"leases": list(leases), "mine": mine})
+        result = client.call("release", args)
     problems = result["problems"]
-    if values.get("as_json"):
-        print_json(
-            {
-                "released": result["released_json"],
-                "errors": [problem["message"] for problem in problems],
-            }
-        )
-    else:
-        lines = [f"released {text}" for text in result["described"]]
-        if mine and not lines and not problems:
-            lines.append("you hold no lease")
-        write_stdout("".join(line + "\n" for line in lines))
+    report_release(
+        mine=mine,
+        as_json=bool(values.get("as_json")),
+        released=(result["described"], result["released_json"]),
+        kept=(result.get("kept_described", []), result.get("kept_json", [])),  # older: none
+        errors=[problem["message"] for problem in problems],
+    )
     from gpualloc.cli.output import write_error
 
     for problem in problems:

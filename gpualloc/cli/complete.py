@@ -9,6 +9,7 @@ returns ``(value, help)`` pairs, which zsh and fish show beside the value.
 from __future__ import annotations
 
 import json
+import re
 
 import gpualloc.lean_stdlib  # noqa: F401  (pathlib without urllib.parse: every Tab)
 
@@ -96,28 +97,87 @@ def topologies(incomplete: str) -> list[tuple[str, str]]:
     return _matching([(name, "bundled") for name in names], incomplete)
 
 
+COMPLETION_BROKER_S = 1.0
+"""How long a Tab waits for the broker to name its ledger: a stopped broker must not hang the
+user's shell for the commands' own deadline."""
+_WORD = re.compile(r"[\w.,+=@%-]+")
+"""A name offered on Tab: one word every shell's completion takes as it is (no space, quote,
+``$``, glob or ``:``, which zsh's descriptions split on)."""
+
+
 def lease_ids(incomplete: str) -> list[tuple[str, str]]:
-    """The ids of the leases in every ledger of the state directory, with who holds what."""
+    """What ``release`` takes, for Tab: the ids of the caller's leases (everyone's for root,
+    who may release any) and the names that name one of them alone, with what each holds;
+    from every ledger of the state directory and, on a host with a broker, the broker's."""
+    import os
+
     from gpualloc.config import Config
-    from gpualloc.errors import ConfigError, GpuallocError
+    from gpualloc.errors import ConfigError
+
+    try:
+        config = Config.load()
+        directory = Path(config.value("state_dir"))
+        broker = config.value("host.broker")
+    except ConfigError:
+        return []
+    paths = [p for p in sorted(directory.glob("ledger*.json")) if not p.name.endswith(".good.json")]
+    paths += _broker_ledger(broker)
+    uid = os.geteuid()
+    ids: dict[str, str] = {}
+    names: dict[str, list[str]] = {}
+    for path in paths:
+        for lease in _leases(path):
+            if uid != 0 and lease.get("uid") != uid:
+                continue
+            try:
+                gpus = ",".join(str(gpu["index"]) for gpu in lease["gpus"])
+                lease_id, name = str(lease["id"]), lease.get("name")
+            except (KeyError, TypeError):
+                continue
+            ids[lease_id] = f"GPU {gpus}, {lease.get('user', '?')}" + (
+                f" ({name})" if isinstance(name, str) else ""
+            )
+            if isinstance(name, str) and _WORD.fullmatch(name):
+                names.setdefault(name, []).append(lease_id)
+    offered = sorted(ids.items())
+    offered += sorted(
+        (name, f"lease {found[0]}")
+        for name, found in names.items()
+        if len(set(found)) == 1 and name not in ids  # an ambiguous name is refused
+    )
+    return _matching(offered, incomplete)
+
+
+def _leases(path: Path) -> list:
+    """The leases of the ledger file ``path`` as plain JSON, or none (read without its lock,
+    and without blocking: a FIFO planted as a ledger must not hang the user's shell)."""
+    from gpualloc.errors import GpuallocError
     from gpualloc.ledger.shared_files import read_shared
 
     try:
-        directory = Path(Config.load().value("state_dir"))
-    except ConfigError:
+        leases = json.loads(read_shared(path)[0]).get("leases", [])
+    except (OSError, ValueError, AttributeError, GpuallocError):
         return []
-    found: dict[str, str] = {}
-    for path in sorted(directory.glob("ledger*.json")):
-        if path.name.endswith(".good.json"):
-            continue
-        try:  # never blocks: a FIFO planted as a ledger must not hang the user's shell
-            leases = json.loads(read_shared(path)[0]).get("leases", [])
-        except (OSError, ValueError, AttributeError, GpuallocError):
-            continue
-        for lease in leases if isinstance(leases, list) else []:
-            try:
-                gpus = ",".join(str(gpu["index"]) for gpu in lease["gpus"])
-                found[str(lease["id"])] = f"GPU {gpus}, {lease.get('user', '?')}"
-            except (KeyError, TypeError):
-                continue
-    return _matching(sorted(found.items()), incomplete)
+    return (
+        [lease for lease in leases if isinstance(lease, dict)] if isinstance(leases, list) else []
+    )
+
+
+def _broker_ledger(configured: Path | None) -> list[Path]:
+    """The broker's ledger file, which every user may read, as its broker names it; none on a
+    host without a broker or when it does not answer within :data:`COMPLETION_BROKER_S`."""
+    from gpualloc.errors import GpuallocError
+    from gpualloc.wire.address import broker_socket
+
+    socket = broker_socket(configured)
+    if socket is None:
+        return []
+    from gpualloc.wire.client import BrokerClient
+
+    client = BrokerClient(socket, reconnect_s=COMPLETION_BROKER_S, answer_s=COMPLETION_BROKER_S)
+    try:
+        with client:
+            ledger = client.call("hello", retry=False).get("ledger")
+    except (OSError, GpuallocError, AttributeError):
+        return []
+    return [Path(ledger)] if isinstance(ledger, str) else []

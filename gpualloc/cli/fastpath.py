@@ -144,6 +144,7 @@ ALLOC_OPTIONS = (
 )
 RELEASE_OPTIONS = (
     _flag("--mine", dest="mine"),
+    _flag("--include-running", dest="include_running"),
     _flag("--evict-shared", dest="evict_shared"),
     Option(("--grace",), "grace"),
     _flag("--json", dest="as_json"),

@@ -409,37 +409,40 @@ def release_gpus(
     *,
     leases: list[str] | None = None,
     mine: bool = False,
+    include_running: bool = False,
     evict_shared: bool = False,
     grace: str | None = None,
     as_json: bool = False,
 ) -> None:
     """``gpualloc release``: give the leases named, or all of yours, back (see its ``--help``);
     with ``--evict-shared``, end the shared jobs beside them instead."""
-    from gpualloc.cli.output import print_json, write_stdout
+    from gpualloc.cli.open_ledger import check_release, report_release
     from gpualloc.json_views import lease_json
     from gpualloc.ledger.occupancy import describe_lease
 
-    if not leases and not mine:
-        raise RequestError("nothing to release", hint="give lease ids, or --mine for all yours")
+    check_release(leases or [], mine=mine, include_running=include_running)
     if grace is not None and not evict_shared:
         raise RequestError("--grace applies to --evict-shared", hint="add --evict-shared")
+    if include_running and evict_shared:
+        raise RequestError("--include-running applies to releasing, not to --evict-shared")
     host = open_host_ledger(ignore_foreign=True, full=False)
     if evict_shared:
         _evict_shared(host, leases or [], mine, grace, as_json)
         return
-    result = host.release_leases(leases or [], mine=mine)
-    if as_json:
-        print_json(
-            {
-                "released": [lease_json(lease) for lease in result.released],
-                "errors": [problem.message for problem in result.problems],
-            }
-        )
-    else:
-        lines = [f"released {describe_lease(lease)}" for lease in result.released]
-        if mine and not result.released and not result.problems:
-            lines.append("you hold no lease")
-        write_stdout("".join(line + "\n" for line in lines))
+    result = host.release_leases(leases or [], mine=mine, include_running=include_running)
+    report_release(
+        mine=mine,
+        as_json=as_json,
+        released=(
+            [describe_lease(lease) for lease in result.released],
+            [lease_json(lease) for lease in result.released],
+        ),
+        kept=(
+            [describe_lease(lease) for lease in result.kept],
+            [lease_json(lease) for lease in result.kept],
+        ),
+        errors=[problem.message for problem in result.problems],
+    )
     _report_problems(result.problems)
 
 

@@ -48,7 +48,9 @@ def alloc_command(
     CUDA_DEVICE_ORDER, GPUALLOC_LEASE_ID and GPUALLOC_GPUS into it; the GPUs come back when the
     shell exits or on `gpualloc release $GPUALLOC_LEASE_ID`.
 
-    Inside a pipeline or a subshell the parent is not your shell: pass --pid $$ there.
+    Inside a pipeline or a subshell the parent is not your shell: pass --pid $$ there. A
+    subshell whose output the shell reads (X=$(gpualloc alloc ... 2>&1), where bash forks one)
+    ends as soon as alloc does, so alloc refuses it as the lease's process.
     """
     jobs.call("alloc_gpus", given(locals()))  # a test checks the parameters against the work's
 
@@ -62,7 +64,22 @@ def release_command(
             autocompletion=complete.lease_ids,
         ),
     ] = None,
-    mine: Annotated[bool, Option("--mine", help="Release every lease of yours.")] = False,
+    mine: Annotated[
+        bool,
+        Option(
+            "--mine",
+            help="Release every lease of yours but your running jobs' (run, a Slurm job's), "
+            "which it names.",
+        ),
+    ] = False,
+    include_running: Annotated[
+        bool,
+        Option(
+            "--include-running",
+            help="With --mine: release your running jobs' leases too. Each job keeps running, "
+            "on GPUs the next job may be given.",
+        ),
+    ] = False,
     evict_shared: Annotated[
         bool,
         Option(
@@ -84,11 +101,14 @@ def release_command(
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Give GPUs back: the leases named (ids, or unique prefixes of 4+ characters), or all of
-    yours with --mine.
+    """Give GPUs back: the leases named (ids, unique prefixes of 4+ characters, or names given
+    with --name), or all of yours with --mine.
 
-    Only a lease's owner (or root) may release it: exit 12 otherwise, 13 for an unknown id. A
-    job still running on released GPUs keeps running; the GPUs just stop being reserved for it.
+    A name several of your leases share is refused, with their ids. Only a lease's owner (or
+    root) may release it: exit 12 otherwise, 13 for an unknown or ambiguous lease. A job
+    still running on released GPUs keeps running; the GPUs just stop being reserved for it,
+    so --mine leaves running jobs' leases unless --include-running is given. A refused
+    release changes nothing.
 
     With --evict-shared the leases stay and the shared jobs beside them leave: the owner of a
     --shareable lease may evict other users' shared jobs (their own gpualloc watcher ends them,

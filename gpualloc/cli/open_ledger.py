@@ -208,6 +208,16 @@ def alloc_owner(output_format: str, pid: int | None, hold: bool) -> int | None:
             "gpualloc's parent is init, so the lease would end at once",
             hint="give --pid of the process that uses the GPUs, or --hold",
         )
+    if pid is None and owner is not None:
+        from gpualloc.ledger.liveness import output_read_by_parent_shell
+
+        if output_read_by_parent_shell(owner):
+            raise RequestError(
+                f"gpualloc's parent (pid {owner}) is a subshell whose output your shell reads "
+                "($(...)), so the lease would end with it as soon as alloc returns",
+                hint="give --pid $$ for a lease as long as your shell, or --hold until "
+                "'gpualloc release'",
+            )
     return owner
 
 
@@ -241,3 +251,44 @@ def _say_lease_on_a_terminal(lease_id: str | None) -> None:
 
     if lease_id and os.isatty(2):
         sys.stderr.write(f"lease {lease_id}: 'gpualloc release {lease_id}' gives the GPUs back\n")
+
+
+def check_release(leases: list[str], *, mine: bool, include_running: bool) -> None:
+    """The usage errors of ``release`` (both paths: :mod:`.jobs` and the broker's client)."""
+    from gpualloc.errors import RequestError
+
+    if not leases and not mine:
+        raise RequestError(
+            "nothing to release", hint="give lease ids or names, or --mine for all yours"
+        )
+    if include_running and not mine:
+        raise RequestError(
+            "--include-running applies to --mine (a lease named is released, running or not)",
+            hint="add --mine",
+        )
+
+
+def report_release(
+    *,
+    mine: bool,
+    as_json: bool,
+    released: tuple[list[str], list[Any]],
+    kept: tuple[list[str], list[Any]],
+    errors: list[str],
+) -> None:
+    """What ``release`` says: the leases ``released`` and ``kept`` (each as described for
+    people and as JSON) on stdout, the kept ones on stderr too (a person must hear that a
+    running job's GPUs stay reserved), and the errors' messages in ``--json``."""
+    from gpualloc.cli.output import print_json, write_stdout
+
+    if as_json:
+        print_json({"released": released[1], "kept": kept[1], "errors": errors})
+    else:
+        lines = [f"released {text}" for text in released[0]]
+        if mine and not lines and not kept[0] and not errors:
+            lines.append("you hold no lease")
+        write_stdout("".join(line + "\n" for line in lines))
+    for text in kept[0]:
+        say(f"kept {text} (its job still runs)")
+    if kept[0]:
+        say("to release a running job's lease too, name it or add --include-running")

@@ -162,6 +162,7 @@ def simulate_command(
     from gpualloc.simulate.trace import write_trace
     from gpualloc.simulate.trace_files import read_trace_file
     from gpualloc.simulate.window import check_load, scale_to_load, window
+    from gpualloc.user_files import refuse_overwriting_inputs
 
     # Every check of the command line before any file is read, and all before any is written.
     if trace is not None and generate is not None:
@@ -191,6 +192,9 @@ def simulate_command(
         raise TraceError(
             "--profile applies to --runtime profile or auto", hint="add --runtime profile"
         )
+    read = [trace, profile, *STATE.input_files()]
+    for output, option in ((save_trace, "--save-trace"), (report, "--report")):
+        refuse_overwriting_inputs(output, read, option)
     topology = STATE.load_topology()
     trace_notes: list[str] = []
     if trace is not None:

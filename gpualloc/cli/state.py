@@ -84,6 +84,16 @@ class GlobalState:
         path = expand_user(spec).resolve()  # loaded from it already: the user exists
         return path if names_a_file(path) else None
 
+    def input_files(self) -> list[Path]:
+        """The files every command may read through the global options: the topology file and
+        the bandwidth table (the flag's, the variable's or a config file's), which no output
+        may overwrite (:func:`gpualloc.user_files.refuse_overwriting_inputs`)."""
+        from pathlib import Path
+
+        table = self.config().value("bandwidth_table", self.bandwidth_table)
+        named = [self.topology_file(), table if isinstance(table, (str, Path)) else None]
+        return [Path(path) for path in named if path is not None]
+
     def load_topology(self) -> Topology:
         """The topology named by --topology / $GPUALLOC_TOPOLOGY, else this host's: read once
         an invocation (``run`` asks whether it is this host's before it opens its ledger)."""

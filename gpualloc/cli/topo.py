@@ -138,12 +138,15 @@ def import_text(
     from gpualloc.discovery import bandwidth_matrix as bm
     from gpualloc.discovery.mig_text import read_mig_texts, topology_from_gpu_list, with_mig_layout
     from gpualloc.discovery.recorded import import_smi_files, import_smi_texts, read_text
+    from gpualloc.user_files import refuse_overwriting_inputs
 
     if topo_file is None and bandwidth_matrix is None and not mig:
         raise RequestError(
             "nothing to import",
             hint="give a 'nvidia-smi topo -m' file, --bandwidth-matrix, --mig, or some of them",
         )
+    read = [topo_file, nvlink, numa, p2p, bandwidth_matrix, *(mig or []), *STATE.input_files()]
+    refuse_overwriting_inputs(output, read)
     if name is not None:
         _check_topology_name(name)
     mig_texts = (
@@ -220,7 +223,9 @@ def record(
     Probes the host afresh (ignoring the cache). The file works anywhere with --topology FILE.
     """
     from gpualloc.cli.output import say, write_stdout
+    from gpualloc.user_files import refuse_overwriting_inputs
 
+    refuse_overwriting_inputs(output, STATE.input_files())
     STATE.refresh = True
     topology = STATE.load_topology()
     if output is None:
@@ -254,7 +259,9 @@ def export(
     """
     from gpualloc.cli.output import say, write_stdout
     from gpualloc.model.graph_export import export_graph
+    from gpualloc.user_files import refuse_overwriting_inputs
 
+    refuse_overwriting_inputs(output, STATE.input_files())
     topology = STATE.load_topology()
     text = export_graph(topology, fmt)
     if output is None:

@@ -149,9 +149,11 @@ class BrokeredHost(HostView, kw_only=True):
     def release(self, lease_id: str) -> None:
         self.release_leases([lease_id])
 
-    def release_leases(self, selectors: Iterable[str], *, mine: bool = False) -> ReleaseResult:
-        result = self.client.call("release", {"leases": list(selectors), "mine": mine})
-        return _release_result(result)
+    def release_leases(
+        self, selectors: Iterable[str], *, mine: bool = False, include_running: bool = False
+    ) -> ReleaseResult:
+        args = {"leases": list(selectors), "mine": mine, "include_running": include_running}
+        return _release_result(self.client.call("release", args))
 
     def evict(
         self, selectors: Iterable[str], *, mine: bool = False, grace_s: float | None = None
@@ -196,6 +198,7 @@ def _release_result(result: dict[str, Any]) -> ReleaseResult:
     return ReleaseResult(
         released=[from_builtins(lease, Lease) for lease in result["released"]],
         problems=[error_from({"error": problem}) for problem in result["problems"]],  # type: ignore[misc]
+        kept=[from_builtins(lease, Lease) for lease in result.get("kept", [])],  # older: none
     )
 
 

@@ -299,14 +299,18 @@ class LocalHost(HostView, kw_only=True):
         return Allocation(lease, placement, lock_fd, [*txn.notes, *cut_short])
 
     def _lease(self, lease_id: str, placement: Placement, want: Want, terms: LeaseTerms) -> Lease:
-        from gpualloc.ledger.liveness import process_start_time
+        from gpualloc.ledger.liveness import process_alive, process_start_time
 
         start_time = terms.pid_start_time
-        if terms.pid is not None and start_time is None:
-            start_time = process_start_time(terms.pid)
+        if terms.pid is not None:
+            # A start time the caller read (the broker, when the request came) may belong to
+            # a process that ended since, in the queue: a lease of it would be dead at once.
             if start_time is None:
+                start_time = process_start_time(terms.pid)
+            if start_time is None or not process_alive(terms.pid, start_time):
                 raise RequestError(
-                    f"no process with pid {terms.pid}", hint="give the pid of a running process"
+                    f"no process with pid {terms.pid}: the lease would end at once",
+                    hint="give --pid of a process that runs while the GPUs are used, or --hold",
                 )
         uid = os.geteuid() if terms.uid is None else terms.uid
         creator_pid, creator_start = terms.creator or (os.getpid(), None)
@@ -365,18 +369,31 @@ class LocalHost(HostView, kw_only=True):
     # ---- release and gc --------------------------------------------------------------------
 
     def release_leases(
-        self, selectors: Iterable[str], *, mine: bool = False, uid: int | None = None
+        self,
+        selectors: Iterable[str],
+        *,
+        mine: bool = False,
+        include_running: bool = False,
+        uid: int | None = None,
     ) -> ReleaseResult:
-        """Release the leases ``selectors`` name (ids or unique id prefixes), or all of the
-        caller's with ``mine``. Only the owner or root may release a lease; ``uid`` is the
-        caller (None: this process's user; the broker names its peer)."""
+        """Release the leases ``selectors`` name (ids, unique id prefixes, names), or all of
+        the caller's with ``mine``: their ``alloc`` leases, and their running jobs' too only
+        with ``include_running`` (:func:`keeps_its_job`; those left are ``kept``). Only the
+        owner or root may release a lease; ``uid`` is the caller (None: this process's user;
+        the broker names its peer). A release that releases nothing and is refused writes
+        nothing, not even the reaping (the ledger is as the refusal found it)."""
         store = self.ledger_store()
         uid = os.geteuid() if uid is None else uid
         result = ReleaseResult()
         with store.transaction() as txn:
-            targets = find_leases(txn, selectors, result.problems)
-            if mine:
-                targets += [x for x in txn.ledger.leases if x.uid == uid and x not in targets]
+            targets = find_leases(txn, selectors, result.problems, uid=uid)
+            for lease in txn.ledger.leases if mine else ():
+                if lease.uid != uid or lease in targets:
+                    continue
+                if keeps_its_job(lease) and not include_running:
+                    result.kept.append(lease)
+                else:
+                    targets.append(lease)
             for lease in targets:
                 if lease.uid != uid and uid != 0:
                     result.problems.append(
@@ -388,6 +405,8 @@ class LocalHost(HostView, kw_only=True):
                     continue
                 txn.remove(lease.id)
                 result.released.append(lease)
+            if result.problems and not result.released:
+                txn.changed = False
         for lease in result.released:
             _remove_file(store.directory.lease_lock(lease.id))
         return result
@@ -407,7 +426,10 @@ class LocalHost(HostView, kw_only=True):
 
         uid = os.geteuid() if uid is None else uid
         with self.ledger_store().transaction() as txn:
-            return mark_shared_jobs(txn, selectors, mine=mine, grace_s=grace_s, uid=uid)
+            result = mark_shared_jobs(txn, selectors, mine=mine, grace_s=grace_s, uid=uid)
+            if result.problems and not result.released:
+                txn.changed = False  # refused: written nowhere (see release_leases)
+            return result
 
     def start_verifier(
         self, lease: Lease, terms: VerifyTerms, look: Callable[[], list[GpuProcess]] | None
@@ -466,6 +488,14 @@ class LocalHost(HostView, kw_only=True):
 
 
 # ---- helpers -----------------------------------------------------------------------------------
+
+
+def keeps_its_job(lease: Lease) -> bool:
+    """Whether ``release --mine`` leaves ``lease`` unless asked (``--include-running``): the
+    lease of a job that runs (``run``; a Slurm job's, which its Epilog releases). Its GPUs
+    would go to the next job while it still runs on them. An ``alloc`` lease, ``--hold`` or
+    tied to a pid, is what ``--mine`` is for. Dead leases are reaped before this is asked."""
+    return lease.source != "alloc"
 
 
 def taken_id(txn: LedgerTransaction, lease_id: str) -> None:

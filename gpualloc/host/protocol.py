@@ -80,9 +80,12 @@ class Host(Protocol):
         """Drop one lease of the caller's, quietly (an exec that failed, a lost race)."""
         ...
 
-    def release_leases(self, selectors: Iterable[str], *, mine: bool = False) -> ReleaseResult:
-        """Release the leases ``selectors`` name (ids or unique prefixes), or all the caller's
-        with ``mine``; only the owner or root may."""
+    def release_leases(
+        self, selectors: Iterable[str], *, mine: bool = False, include_running: bool = False
+    ) -> ReleaseResult:
+        """Release the leases ``selectors`` name (ids, unique prefixes or names), or the
+        caller's ``alloc`` leases with ``mine`` (their running jobs' too with
+        ``include_running``; the others are ``kept``); only the owner or root may."""
         ...
 
     def evict(

@@ -114,6 +114,8 @@ class Allocation(Struct):
 class ReleaseResult(Struct):
     released: list[Lease] = field(default_factory=list)
     problems: list[RequestError | NoSuchLease | NotPermitted] = field(default_factory=list)
+    kept: list[Lease] = field(default_factory=list)
+    """The caller's leases ``release --mine`` left: their jobs still run."""
 
 
 class GarbageReport(Struct):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import functools
+import itertools
 import os
 from pathlib import Path
 
@@ -169,6 +170,47 @@ a preempted exec may stay in that window a while."""
 
 _PF_KTHREAD = 0x00200000
 """The kernel-thread bit of ``/proc/PID/stat``'s flags (field 9; ``include/linux/sched.h``)."""
+
+
+def output_read_by_parent_shell(pid: int) -> bool:
+    """True when ``pid`` is a subshell whose output its parent shell reads: a command
+    substitution that bash or zsh forked (``X=$(cmd 2>&1)``, ``$(cmd || exit)``, ``$(cmd |
+    tee f)``) rather than exec'd its command in. Such a subshell ends as soon as its commands
+    do, so a lease tied to it ends with the command that made it.
+
+    The tests, each on ``/proc``: ``pid`` is a fork of its parent that never exec'd (the same
+    executable and the same arguments, as POSIX's fork copies them), and its standard output
+    is a pipe the parent holds open (the end the shell reads the substitution from). A shell
+    started by a shell has arguments of its own, and a subshell writing to a terminal, a file
+    or another program (``( cmd; train ) | tee log``) is not one a shell reads. False when any
+    of it cannot be read."""
+    try:
+        parent = int(stat_fields(pid)[1])
+        exe = _link(f"/proc/{pid}/exe")
+        if parent <= 1 or exe is None or exe != _link(f"/proc/{parent}/exe"):
+            return False
+        arguments = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if arguments != Path(f"/proc/{parent}/cmdline").read_bytes():
+            return False
+        output = _link(f"/proc/{pid}/fd/1")
+        if output is None or not output.startswith("pipe:["):
+            return False
+        held = itertools.islice(Path(f"/proc/{parent}/fd").iterdir(), MAX_SHELL_FDS)
+        return any(_link(str(entry)) == output for entry in held)
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+MAX_SHELL_FDS = 1024
+"""Descriptors of the parent looked at for the pipe: a shell holds a handful."""
+
+
+def _link(path: str) -> str | None:
+    """Where the ``/proc`` link ``path`` points (``pipe:[123]``, an executable), or None."""
+    try:
+        return str(Path(path).readlink())
+    except OSError:
+        return None
 
 
 def command_line(pid: int) -> tuple[str, ...]:

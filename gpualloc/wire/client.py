@@ -33,11 +33,13 @@ nobody accepts: a ``kill -9`` and a restart by systemd)."""
 MISSING_S = 1.0
 """How long a client waits for a socket that is not there at all (a broker stopping and
 starting again removes and makes it): a broker that is simply not running is said quickly."""
-ANSWER_S = 30.0
+ANSWER_S = 10.0
 """How long a client waits in silence for the broker's answer (``host.broker_timeout``,
 ``GPUALLOC_BROKER_TIMEOUT``); a waiting job hears from the broker every
 :data:`gpualloc.wire.protocol.KEEPALIVE_S` seconds, so only a stopped or stalled broker runs it
-out (issue 40, hole 8: clients waited forever on a SIGSTOPped broker)."""
+out (issue 40, hole 8: clients waited forever on a SIGSTOPped broker). Slurm's
+``MessageTimeout``, as :data:`gpualloc.config.BROKER_TIMEOUT_S` (not imported: this module
+loads only the standard library's socket and json)."""
 _GONE = (errno.ECONNREFUSED, errno.ENOENT, errno.ECONNRESET, errno.EPIPE, errno.EAGAIN)
 
 
