@@ -247,3 +247,49 @@ def test_manual_option_shows_the_installed_page(tmp_path: Path) -> None:
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     assert "EXIT STATUS" in shown.stdout and shown.stdout == committed.stdout
+
+
+def test_descriptions_are_whole_sentences_or_cut_at_a_word_with_an_ellipsis() -> None:
+    """zsh and fish showed 'the links betwee' and 'e.g.' beside commands and options: each
+    description is the help text's first sentence, or its first words and an ellipsis."""
+    import typer
+
+    from gpualloc.cli.app import app
+    from gpualloc.cli.completion_scripts import command_specs
+
+    root = typer.main.get_command(app)
+    helps: dict[str, list[str]] = {}
+
+    def visit(command) -> None:
+        for param in command.params:
+            for name in param.opts + getattr(param, "secondary_opts", []):
+                helps.setdefault(name, []).append(" ".join((param.help or "").split()))
+        for sub in getattr(command, "commands", {}).values():
+            for text in (sub.short_help, sub.help):
+                helps.setdefault(sub.name, []).append(" ".join((text or "").split()))
+            visit(sub)
+
+    visit(root)
+    shown = [
+        (name, about)
+        for spec in command_specs(root)
+        for name, about in [
+            *spec.subcommands,
+            *((o.names[0], o.about) for o in spec.options if o.names[0] != "--help"),
+        ]
+    ]
+    assert len(shown) > 150
+    for name, about in shown:
+        if about.startswith("The opposite of --"):
+            continue  # --insensitive, --background: the help text is the other name's
+        assert len(about) <= 100, (name, about)
+        if about.endswith("…"):
+            stem = about[:-1]
+            assert any(
+                text.startswith(stem) and not text[len(stem)].isalnum() for text in helps[name]
+            ), (name, about)  # cut after a whole word
+        else:
+            assert any(text.startswith(about) for text in helps[name]), (name, about)
+            assert about.endswith((".", ")")) or about in helps[name], (name, about)
+            assert about.count("(") == about.count(")"), (name, about)  # no '(e.g.' cut
+            assert not about.endswith(("e.g.", "i.e.")), (name, about)

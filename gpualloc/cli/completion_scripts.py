@@ -22,6 +22,10 @@ LEASES_VARIABLE = "_GPUALLOC_COMPLETE_LEASES"
 DYNAMIC_LEASES = "@leases"
 TOPOLOGY_FILES = "@files"
 """Values marked so: lease ids asked of gpualloc; bundled names and file names both."""
+DESCRIPTION_CHARS = 100
+"""The longest description a menu shows beside a command or an option."""
+ABBREVIATIONS = ("e.g.", "i.e.", "cf.", "vs.")
+"""Words whose full stop ends no sentence."""
 
 
 class OptionSpec(NamedTuple):
@@ -65,10 +69,13 @@ def _visit(command: Any, path: str) -> Iterator[CommandSpec]:
         about = _first_line(getattr(param, "help", None) or "")
         names = tuple(param.opts)
         options.append(OptionSpec(names, about, takes_value, _values(param)))
-        if param.secondary_opts:
-            options.append(OptionSpec(tuple(param.secondary_opts), about, False))
+        if param.secondary_opts:  # --insensitive: the help text is --sensitive's
+            opposite = f"The opposite of {names[-1]}."
+            options.append(OptionSpec(tuple(param.secondary_opts), opposite, False))
     options.append(OptionSpec(("--help", "-h"), "Show the help and exit.", False))
-    subcommands = tuple((name, _first_line(sub.help or "")) for name, sub in children.items())
+    subcommands = tuple(
+        (name, _first_line(sub.short_help or sub.help or "")) for name, sub in children.items()
+    )
     yield CommandSpec(path, _first_line(command.help or ""), subcommands, tuple(options), arguments)
     for name, sub in children.items():
         yield from _visit(sub, f"{path} {name}".strip())
@@ -107,10 +114,25 @@ def _argument_kind(param: Any) -> str:
 
 
 def _first_line(text: str) -> str:
-    """The first sentence of a help text, on one line, for a completion menu."""
-    line = " ".join(text.split("\n\n")[0].split())
-    end = line.find(". ")
-    return line[: end + 1] if 0 < end < 100 else line[:100]
+    """The first sentence of a help text, on one line, for a completion menu: cut at a word,
+    with an ellipsis, where it is longer than :data:`DESCRIPTION_CHARS`."""
+    line = _first_sentence(" ".join(text.split("\n\n")[0].split()))
+    if len(line) <= DESCRIPTION_CHARS or " " not in line[:DESCRIPTION_CHARS]:
+        return line  # a single word that long is shown whole
+    return line[:DESCRIPTION_CHARS].rsplit(" ", 1)[0].rstrip(",;:(") + "…"
+
+
+def _first_sentence(line: str) -> str:
+    """``line`` up to its first full stop before a space, outside brackets and not that of an
+    abbreviation (``(e.g. 3,1)`` ends no sentence)."""
+    depth = 0
+    for i, char in enumerate(line):
+        depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(char, 0)
+        if char != "." or depth > 0 or line[i + 1 : i + 2] != " ":
+            continue
+        if line[: i + 1].rsplit(" ", 1)[-1].lstrip("(") not in ABBREVIATIONS:
+            return line[: i + 1]
+    return line
 
 
 # ---- bash ------------------------------------------------------------------------------------
