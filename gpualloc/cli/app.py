@@ -170,7 +170,7 @@ app.add_typer(typer_group(slurm.app), name="slurm", short_help=SUMMARIES["slurm"
 app.add_typer(typer_group(config_show.app), name="config", short_help=SUMMARIES["config"])
 
 
-SHELLS = ("bash", "zsh", "fish")
+SHELLS = tuple(name for name, _ in complete.SHELLS)
 
 
 def completion_script(shell: str) -> str:
@@ -293,6 +293,7 @@ def main(
             metavar="SHELL",
             callback=_install_completion,
             is_eager=True,
+            autocompletion=complete.shells,
             help="Install Tab completion for bash, zsh or fish (a static script: no process "
             "per Tab).",
         ),
@@ -304,6 +305,7 @@ def main(
             metavar="SHELL",
             callback=_show_completion,
             is_eager=True,
+            autocompletion=complete.shells,
             help="Print the completion script for bash, zsh or fish.",
         ),
     ] = None,
