@@ -88,7 +88,9 @@ _files() { print -- "<files>"; }
 _normal() { print -- "<job:$words[1]>"; }
 _command_names() { print -- "<commands>"; }
 compset() { cur=${cur#*=}; }
+compdef() { }
 source $script
+_gpualloc
 """
 """Stand-ins for zsh's completion functions that print what they are given: the script's
 logic runs as in a shell, without a terminal to press Tab in."""
@@ -504,3 +506,45 @@ def test_descriptions_are_whole_sentences_or_cut_at_a_word_with_an_ellipsis() ->
             assert about.endswith((".", ")")) or about in helps[name], (name, about)
             assert about.count("(") == about.count(")"), (name, about)  # no '(e.g.' cut
             assert not about.endswith(("e.g.", "i.e.")), (name, about)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")
+@pytest.mark.parametrize("loaded", ["sourced", "autoloaded"])
+def test_zsh_completes_when_the_script_is_sourced_or_autoloaded(
+    tmp_path: Path, loaded: str
+) -> None:
+    """``source <(gpualloc --show-completion zsh)`` in ~/.zshrc did nothing but print errors:
+    a sourced script must register itself with compdef; an autoloaded one (from $fpath)
+    completes at once. Both, in an interactive zsh with compinit."""
+    launcher = _launcher(tmp_path)
+    path = {"PATH": f"{launcher.parent}:{os.environ['PATH']}"}
+    if loaded == "sourced":
+        setup = {"after": "source <(gpualloc --show-completion zsh)"}
+    else:
+        functions = tmp_path / "functions"
+        functions.mkdir()
+        shown = subprocess.run(
+            [str(launcher), "--show-completion", "zsh"], capture_output=True, text=True,
+            check=True, timeout=60, env={**os.environ, **path},
+        )  # fmt: skip
+        (functions / "_gpualloc").write_text(shown.stdout)
+        setup = {"before": f"fpath=({functions} $fpath)"}
+    session = ZshSession(tmp_path / "home", env=path, **setup)
+    try:
+        assert "_gpualloc" not in session.started  # no error while loading it
+        assert session.tab("gpualloc alloc --format ") == ["ids", "env", "json"]
+        assert session.tab("gpualloc s") == ["status", "serve", "simulate", "slurm"]
+        assert session.tab("gpualloc run --numa ") == ["auto", "bind", "none"]
+    finally:
+        session.close()
+
+
+@pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")
+def test_zsh_says_how_to_load_completion_when_compinit_has_not_run() -> None:
+    result = subprocess.run(
+        ["zsh", "-f", "-c", f"source {ROOT / 'completions' / '_gpualloc'}"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert result.stderr.startswith("gpualloc: zsh's completion is not loaded")
+    assert "compinit" in result.stderr and result.stderr.count("\n") == 1

@@ -431,7 +431,19 @@ _gpualloc() {{
     esac
 }}
 
-_gpualloc "$@"
+# Autoloaded from $fpath (compinit read the #compdef line), this file is the body of _gpualloc:
+# complete now. Sourced or eval'd (source <(gpualloc --show-completion zsh) in ~/.zshrc), it
+# only defines the functions: register them for gpualloc with compinit's compdef.
+if [[ $zsh_eval_context[-1] == (file|eval) ]]; then
+    if (( $+functions[compdef] )); then
+        compdef _gpualloc gpualloc
+    else
+        print -u2 "gpualloc: zsh's completion is not loaded: run" \\
+            "'autoload -Uz compinit && compinit' before loading gpualloc's completion"
+    fi
+else
+    _gpualloc "$@"
+fi
 """
 
 
