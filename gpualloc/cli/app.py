@@ -59,6 +59,7 @@ ENVIRONMENT_VARIABLES = (
     ("GPUALLOC_LOCK_TIMEOUT", "how long to wait for the ledger's lock (default 30s)"),
     ("GPUALLOC_PLACEMENT_BUDGET", "one placement's search, then a greedy answer (default 1s)"),
     ("XDG_CONFIG_HOME", "the user's config file is $XDG_CONFIG_HOME/gpualloc/config.toml"),
+    ("COLUMNS", "piped tables fit this width (without it a row stays on one line)"),
     ("GPUALLOC_NO_SLURM=1", "inside a Slurm job, use the host's ledger and GPUs"),
     ("GPUALLOC_LEASE_ID, GPUALLOC_GPUS", "set for jobs: their lease id and GPU indices"),
 )
