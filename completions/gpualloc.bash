@@ -47,12 +47,14 @@ _gpualloc_takes_value() {
     return 1
 }
 
-# Offer words matching $cur; @files adds file names, @leases asks gpualloc for the lease ids.
+# Offer words matching $cur; @files and @dirs add file or directory names, @leases asks
+# gpualloc for the lease ids. An option of free text offers nothing (no file names).
 _gpualloc_offer() {
     local word
     for word in "$@"; do
         case $word in
-            @files) COMPREPLY+=($(compgen -f -- "$cur")) ;;
+            @files) _gpualloc_paths -f ;;
+            @dirs) _gpualloc_paths -d ;;
             @leases) COMPREPLY+=($(compgen -W "$(_GPUALLOC_COMPLETE_LEASES=1 "$_gpualloc_program" 2>/dev/null \
                 | cut -f1)" -- "$cur")) ;;
             "$cur"*) COMPREPLY+=("$word") ;;
@@ -60,25 +62,62 @@ _gpualloc_offer() {
     done
 }
 
+# File (-f) or directory (-d) names matching $cur, a word each even with a space in it;
+# readline quotes them and marks directories with a slash (-o filenames).
+_gpualloc_paths() {
+    local IFS=$'
+'
+    compopt -o filenames 2>/dev/null
+    COMPREPLY+=($(compgen "$1" -- "$cur"))
+}
+
 _gpualloc_values() {
     case "$1|$2" in
         '|--topology'|'|-t') _gpualloc_offer 'a40-nv4-pairs-8gpu' 'cube-mesh-16' 'dgx-a100' 'dgx-a100-mig' 'dgx1-p100' 'dgx1-v100' 'dgx2' 'hgx-h100' 'hgx-h100-mig' 'minsky-p100' 'nvlink-pairs-4gpu' 'pcie-32gpu-2socket' 'pcie-8gpu-2socket' 'single-gpu' 'summit-node' 'torus-2d-16' 'torus-2d-32' '@files' ;;
-        'plan|--pattern') _gpualloc_offer 'ring' 'all' 'tree' 'star' ;;
+        '|--bandwidth-table') _gpualloc_offer '@files' ;;
+        '|--install-completion') _gpualloc_offer 'bash' 'zsh' 'fish' ;;
+        '|--show-completion') _gpualloc_offer 'bash' 'zsh' 'fish' ;;
+        'plan|--pattern') _gpualloc_offer 'ring' 'all' 'tree' 'star' '@files' ;;
         'plan|--policy') _gpualloc_offer 'mapa' 'mapa-greedy' 'drb' 'pack' 'spread' 'besteffort' 'slurm' 'baseline' ;;
         'plan|--score') _gpualloc_offer 'auto' 'mapa' 'bottleneck' ;;
         'plan|--mig') _gpualloc_offer '1g.5gb' '1g.10gb' '2g.10gb' '3g.20gb' '4g.20gb' '7g.40gb' '1g.20gb' '2g.20gb' '3g.40gb' '4g.40gb' '7g.80gb' '1g.6gb' '2g.12gb' '4g.24gb' '1g.18gb' '1g.35gb' '2g.35gb' '3g.71gb' '4g.71gb' '7g.141gb' ;;
-        'run|--pattern') _gpualloc_offer 'ring' 'all' 'tree' 'star' ;;
+        'run|--pattern') _gpualloc_offer 'ring' 'all' 'tree' 'star' '@files' ;;
         'run|--policy') _gpualloc_offer 'mapa' 'mapa-greedy' 'drb' 'pack' 'spread' 'besteffort' 'slurm' 'baseline' ;;
         'run|--score') _gpualloc_offer 'auto' 'mapa' 'bottleneck' ;;
         'run|--mig') _gpualloc_offer '1g.5gb' '1g.10gb' '2g.10gb' '3g.20gb' '4g.20gb' '7g.40gb' '1g.20gb' '2g.20gb' '3g.40gb' '4g.40gb' '7g.80gb' '1g.6gb' '2g.12gb' '4g.24gb' '1g.18gb' '1g.35gb' '2g.35gb' '3g.71gb' '4g.71gb' '7g.141gb' ;;
         'run|--priority') _gpualloc_offer 'high' 'normal' 'low' ;;
         'run|--numa') _gpualloc_offer 'auto' 'bind' 'none' ;;
-        'alloc|--pattern') _gpualloc_offer 'ring' 'all' 'tree' 'star' ;;
+        'alloc|--pattern') _gpualloc_offer 'ring' 'all' 'tree' 'star' '@files' ;;
         'alloc|--policy') _gpualloc_offer 'mapa' 'mapa-greedy' 'drb' 'pack' 'spread' 'besteffort' 'slurm' 'baseline' ;;
         'alloc|--score') _gpualloc_offer 'auto' 'mapa' 'bottleneck' ;;
         'alloc|--mig') _gpualloc_offer '1g.5gb' '1g.10gb' '2g.10gb' '3g.20gb' '4g.20gb' '7g.40gb' '1g.20gb' '2g.20gb' '3g.40gb' '4g.40gb' '7g.80gb' '1g.6gb' '2g.12gb' '4g.24gb' '1g.18gb' '1g.35gb' '2g.35gb' '3g.71gb' '4g.71gb' '7g.141gb' ;;
         'alloc|--priority') _gpualloc_offer 'high' 'normal' 'low' ;;
+        'alloc|--format') _gpualloc_offer 'ids' 'env' 'json' ;;
+        'doctor|--measured') _gpualloc_offer '@files' ;;
+        'serve|--socket') _gpualloc_offer '@files' ;;
+        'serve|--state-dir') _gpualloc_offer '@dirs' ;;
+        'simulate|--trace') _gpualloc_offer '@files' ;;
+        'simulate|--generate') _gpualloc_offer 'mapa' 'drb' 'mixed' ;;
+        'simulate|--policy') _gpualloc_offer 'mapa' 'mapa-greedy' 'drb' 'pack' 'spread' 'besteffort' 'slurm' 'baseline' ;;
+        'simulate|--queue') _gpualloc_offer 'fifo' 'backfill' ;;
+        'simulate|--runtime') _gpualloc_offer 'fixed' 'bandwidth' 'profile' 'auto' ;;
+        'simulate|--profile') _gpualloc_offer '@files' ;;
+        'simulate|--share-placement') _gpualloc_offer 'fgd' 'best-fit' 'first-fit' 'spread' ;;
+        'simulate|--save-trace') _gpualloc_offer '@files' ;;
+        'simulate|--plot') _gpualloc_offer '@dirs' ;;
+        'simulate|--report') _gpualloc_offer '@files' ;;
+        'calibrate|--from') _gpualloc_offer '@files' ;;
+        'topo import|--nvlink') _gpualloc_offer '@files' ;;
+        'topo import|--numa') _gpualloc_offer '@files' ;;
+        'topo import|--p2p') _gpualloc_offer '@files' ;;
+        'topo import|--output'|'topo import|-o') _gpualloc_offer '@files' ;;
+        'topo import|--bandwidth-matrix') _gpualloc_offer '@files' ;;
+        'topo import|--mig') _gpualloc_offer '@files' ;;
+        'topo record|--output'|'topo record|-o') _gpualloc_offer '@files' ;;
         'topo export|--format') _gpualloc_offer 'graphml' 'gexf' 'json' ;;
+        'topo export|--output'|'topo export|-o') _gpualloc_offer '@files' ;;
+        'slurm gres-conf|--device-dir') _gpualloc_offer '@dirs' ;;
+        'slurm gres-conf|--mig-minors') _gpualloc_offer '@files' ;;
     esac
 }
 
@@ -86,6 +125,7 @@ _gpualloc_arguments() {
     case $1 in
         'run') COMPREPLY+=($(compgen -c -- "$cur")) ;;
         'release') _gpualloc_offer '@leases' ;;
+        'topo import') _gpualloc_offer '@files' ;;
     esac
 }
 
@@ -124,11 +164,16 @@ _gpualloc() {
     _gpualloc_arguments "$path"
 }
 
-# The job of 'gpualloc run': a command name, then what that command completes.
+# The job of 'gpualloc run', from word $1 on: what bash-completion completes for that
+# command line (its _command_offset, as for sudo), else a command name, then file names.
 _gpualloc_job() {
-    if (($1 == COMP_CWORD)); then
+    if declare -F _command_offset >/dev/null; then
+        _command_offset "$1"
+    elif (($1 == COMP_CWORD)); then
         COMPREPLY=($(compgen -c -- "$cur"))
+    else
+        _gpualloc_paths -f
     fi
 }
 
-complete -o default -F _gpualloc gpualloc
+complete -F _gpualloc gpualloc

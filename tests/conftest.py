@@ -41,6 +41,8 @@ def isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pat
         *(s.variable for s in SETTINGS if s.variable),
     ):
         monkeypatch.delenv(name, raising=False)
+    # A COLUMNS the developer's shell exports would fit every piped table to it.
+    monkeypatch.delenv("COLUMNS", raising=False)
     cache = tmp_path / "cache"
     monkeypatch.setenv("GPUALLOC_CACHE_DIR", str(cache))
     monkeypatch.setenv("GPUALLOC_STATE_DIR", str(tmp_path / "state"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -72,7 +73,11 @@ def test_man_renders_the_page_without_warnings() -> None:
 BASH_DRIVER = """
 source "$1"; shift
 COMP_WORDS=("$@"); COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))
-_gpualloc
+_gpualloc 2>/dev/null  # compopt refuses to run outside readline's completion
+# readline's 'complete -o default': where the function offers nothing, file names
+if ((${#COMPREPLY[@]} == 0)) && [[ $(complete -p gpualloc) == *"-o default"* ]]; then
+    COMPREPLY=($(compgen -f -- "${COMP_WORDS[COMP_CWORD]}"))
+fi
 printf '%s\\n' "${COMPREPLY[@]}"
 """
 ZSH_DRIVER = """
@@ -84,7 +89,9 @@ _files() { print -- "<files>"; }
 _normal() { print -- "<job:$words[1]>"; }
 _command_names() { print -- "<commands>"; }
 compset() { cur=${cur#*=}; }
+compdef() { }
 source $script
+_gpualloc
 """
 """Stand-ins for zsh's completion functions that print what they are given: the script's
 logic runs as in a shell, without a terminal to press Tab in."""
@@ -140,6 +147,7 @@ def test_the_static_script_completes_commands_options_and_values(
     if shutil.which(shell) is None:
         pytest.skip(f"{shell} is not installed")
     state = tmp_path / "state"
+    (tmp_path / "cwd").mkdir()
     assert cli("--topology", "dgx1-v100", "alloc", "--hold", "-n", "2").exit_code == 0
     lease = json.loads(cli("--topology", "dgx1-v100", "status", "--json").stdout)["leases"][0]
     launcher = _launcher(tmp_path)
@@ -147,7 +155,7 @@ def test_the_static_script_completes_commands_options_and_values(
     def offered(*words: str) -> list[str]:
         return _matching(_offered(shell, ["gpualloc", *words], state, launcher), words[-1])
 
-    files = ["<files>"] if shell == "zsh" else []  # bash adds file names by -o default
+    files = ["<files>"] if shell == "zsh" else []  # bash's file names: none here start so
     assert offered("--topology", "dgx") == [
         *files, "dgx-a100", "dgx-a100-mig", "dgx1-p100", "dgx1-v100", "dgx2",
     ]  # fmt: skip
@@ -160,7 +168,7 @@ def test_the_static_script_completes_commands_options_and_values(
     assert offered("run", "--mig", "3g") == ["3g.20gb", "3g.40gb", "3g.71gb"]
     assert offered("topo", "s") == ["show"]
     assert offered("topo", "show", "--") == ["--json", "--help"]
-    assert offered("plan", "--pattern=t") == ["tree"]
+    assert offered("plan", "--pattern=t") == [*files, "tree"]  # or a JSON edge-list file
     job = offered("run", "-n", "2", "--", "pyth")
     assert job == ["<job:pyth>"] if shell == "zsh" else "python3" in job
     # issue 43, point 5: 'gpualloc run <TAB>' offered the literal word 'command'
@@ -258,3 +266,296 @@ def test_manual_option_shows_the_installed_page(tmp_path: Path) -> None:
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     assert "EXIT STATUS" in shown.stdout and shown.stdout == committed.stdout
+
+
+# ---- every option, through the real shells ---------------------------------------------------
+
+FREE_TEXT = {
+    "--num-gpus", "--exclude", "--require", "--drb-weights", "--mem", "--busy", "--free",
+    "--gpus", "--min-utility", "--min-bandwidth", "--sm-share", "--name", "--timeout",
+    "--max-bypass", "--pid", "--grace", "--interval", "--idle", "--serve", "--sharing",
+    "--gpu-busy", "--start", "--limit", "--load", "--seed", "--size-mib", "--repeats", "--node",
+    "--threads-per-core", "--gpu-type",
+}  # fmt: skip
+"""Options whose value is free text (a number, a GPU list, a duration, a name): a Tab offers
+nothing for them, and never file names."""
+PLANTED = {"afile.txt", "adir"}
+"""What the directory the shells complete in holds: a file and a directory."""
+
+
+def _every_value() -> list[tuple[list[str], set[str]]]:
+    """Each option that takes a value (and each path argument), as the words typed before a
+    Tab, and what the Tab must offer there, read from the declaration: its ``autocompletion=``
+    function's values (with file names where a file may be given instead), file or directory
+    names for a path, nothing for free text. An option that is none of these fails here."""
+    import typer
+
+    from gpualloc.cli import complete
+    from gpualloc.cli.app import app
+    from gpualloc.cli.completion_scripts import _completer
+
+    cases = []
+
+    def visit(command, path: list[str]) -> None:
+        for param in command.params:
+            if getattr(param, "is_flag", False) or getattr(param, "count", False):
+                continue
+            if param.param_type_name == "argument" and param.name in ("command", "leases"):
+                continue  # the job of 'run'; release's lease ids (tested above)
+            function = _completer(param)
+            annotation = param.type_descriptor.annotation
+            metavar = (param.metavar or "").strip("[].")
+            if function is not None:
+                expected = {value for value, _ in function("")}
+                if function in (complete.topologies, complete.patterns):
+                    expected |= PLANTED
+            elif metavar == "DIR":
+                expected = {"adir"}
+            elif annotation in (Path, list[Path]) or metavar in ("FILE", "PATH", "OUT"):
+                expected = PLANTED
+            else:
+                long_name = next(name for name in param.opts if name.startswith("--"))
+                assert long_name in FREE_TEXT, (
+                    f"gpualloc {' '.join(path)} {long_name}: neither a choice "
+                    "(autocompletion=), a path, nor free text"
+                )
+                expected = set()
+            for name in param.opts if param.param_type_name == "option" else [""]:
+                cases.append(([*path, name] if name else path, expected))
+        for name, sub in getattr(command, "commands", {}).items():
+            visit(sub, [*path, name])
+
+    visit(typer.main.get_command(app), [])
+    return cases
+
+
+BASH_WALK = """
+source "$1"
+_gpualloc_case() {
+    COMP_WORDS=(gpualloc "$@" ''); COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 )); COMPREPLY=()
+    _gpualloc 2>/dev/null  # compopt refuses to run outside readline's completion
+    if ((${#COMPREPLY[@]} == 0)) && [[ $(complete -p gpualloc) == *"-o default"* ]]; then
+        COMPREPLY=($(compgen -f -- ''))  # readline's 'complete -o default'
+    fi
+    printf '%s\\n' "${COMPREPLY[@]}" '<end>'
+}
+"""
+
+
+class ZshSession:
+    """An interactive zsh on a pseudo-terminal, its completion system loaded by compinit, in
+    which a Tab is pressed: what it offers is what zsh's own functions (``_describe``,
+    ``_files``) hand to ``compadd``, printed by a wrapper around it. ``before`` runs before
+    compinit (``fpath=...``), ``after`` after it (``source ...``); ``home`` is its home
+    directory, and where it runs unless ``cwd`` is given."""
+
+    INIT = r"""
+PROMPT='' RPROMPT='' PS2=''
+{before}
+autoload -Uz compinit && compinit -u -D
+zstyle ':completion:*' list-grouped false
+zstyle ':completion:*' insert-tab false
+zstyle ':completion:*' menu no
+bindkey '^I' complete-word
+# _main_complete empties these arrays before it calls them: each puts itself back.
+_capture_begin() {{ compprefuncs=(_capture_begin); print -rn -- $'\n<<<BEGIN>>>\n' }}
+_capture_end() {{ comppostfuncs=(_capture_end); print -rn -- $'\n<<<END>>>\n' }}
+compprefuncs=(_capture_begin) comppostfuncs=(_capture_end)
+compadd() {{
+    if [[ ${{@[1,(i)(-|--)]}} == *-(O|A|D)\ * ]]; then builtin compadd "$@"; return; fi
+    local -a hits
+    builtin compadd -A hits "$@"
+    (( $#hits )) && print -rl -- '' "${{hits[@]/#/<<<MATCH>>>}}"
+    builtin compadd "$@"
+}}
+{after}
+"""
+
+    def __init__(
+        self, home: Path, *, cwd: Path | None = None, before: str = "", after: str = "", env=None
+    ) -> None:
+        import pty
+
+        home.mkdir(exist_ok=True)
+        init = home / "init.zsh"
+        init.write_text(self.INIT.format(before=before, after=after))
+        self.output = b""
+        self.main, child = pty.openpty()
+        self.process = subprocess.Popen(
+            ["zsh", "-f", "-i"], stdin=child, stdout=child, stderr=child, cwd=cwd or home,
+            env={**os.environ, "TERM": "dumb", "HOME": str(home), "PS1": "", **(env or {})},
+        )  # fmt: skip
+        os.close(child)
+        os.write(self.main, f"source {init}; print READY$((6 * 7))\n".encode())
+        self.started = self._read_until(b"READY42").decode(errors="replace")
+
+    def _read_until(self, marker: bytes) -> bytes:
+        import select
+        import time
+
+        deadline = time.monotonic() + 30
+        while marker not in self.output:
+            ready, _, _ = select.select([self.main], [], [], deadline - time.monotonic())
+            assert ready, f"zsh did not answer: {self.output[-800:]!r}"
+            self.output += os.read(self.main, 65536)
+        head, _, self.output = self.output.partition(marker)
+        return head
+
+    def tab(self, line: str) -> list[str]:
+        """What a Tab at the end of ``line`` offers."""
+        os.write(self.main, line.encode() + b"\t")
+        self._read_until(b"<<<BEGIN>>>")
+        shown = self._read_until(b"<<<END>>>").decode(errors="replace").replace("\r", "")
+        os.write(self.main, b"\x15")  # kill the line for the next one
+        rows = shown.split("\n")
+        return [row.partition("<<<MATCH>>>")[2] for row in rows if "<<<MATCH>>>" in row]
+
+    def close(self) -> None:
+        os.write(self.main, b"exit\n")
+        self.process.wait(timeout=30)
+        os.close(self.main)
+
+
+def _walk_in(shell: str, cases: list[tuple[list[str], set[str]]], where: Path) -> list[set[str]]:
+    """What ``shell`` offers for each case, the committed script loaded as users load it."""
+    if shell == "bash":
+        lines = [BASH_WALK] + [
+            "_gpualloc_case " + " ".join(shlex.quote(w) for w in words) for words, _ in cases
+        ]
+        result = subprocess.run(
+            ["bash", "-c", "\n".join(lines), "bash", str(ROOT / "completions" / "gpualloc.bash")],
+            capture_output=True, text=True, check=True, timeout=120, cwd=where,
+        )  # fmt: skip
+        answers = result.stdout.split("<end>\n")[:-1]
+    elif shell == "fish":
+        queries = where.parent / "queries.txt"
+        queries.write_text("".join(f"gpualloc {' '.join(words)} \n" for words, _ in cases))
+        script = ROOT / "completions" / "gpualloc.fish"
+        result = subprocess.run(
+            ["fish", "--no-config", "-c", f"source {script}; while read -l line; "
+             "complete -C \"$line\"; echo '<end>'; end < " + str(queries)],
+            capture_output=True, text=True, check=True, timeout=120, cwd=where,
+        )  # fmt: skip
+        answers = result.stdout.split("<end>\n")[:-1]
+    else:
+        session = ZshSession(
+            where.parent / "home", cwd=where, before=f"fpath=({ROOT / 'completions'} $fpath)"
+        )
+        try:
+            answers = ["\n".join(session.tab(f"gpualloc {' '.join(w)} ")) for w, _ in cases]
+        finally:
+            session.close()
+    assert len(answers) == len(cases)
+    return [
+        {line.split("\t")[0].rstrip("/") for line in answer.splitlines() if line}
+        for answer in answers
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_every_option_offers_its_choices_or_files_or_nothing(tmp_path: Path, shell: str) -> None:
+    """``alloc --format <Tab>`` offered file names: every option with a fixed set of values
+    offers those, every option taking a file offers files (a directory, directories), and
+    every other offers nothing, in each shell, walked from the command declarations."""
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed")
+    where = tmp_path / "cwd"
+    (where / "adir").mkdir(parents=True)
+    (where / "afile.txt").write_text("")
+    cases = _every_value()
+    wrong = [
+        f"gpualloc {' '.join(words)} <Tab>: {sorted(got)}, not {sorted(expected)}"
+        for (words, expected), got in zip(cases, _walk_in(shell, cases, where), strict=True)
+        if got != expected
+    ]
+    assert not wrong, "\n".join(wrong)
+    assert (["alloc", "--format"], {"ids", "env", "json"}) in cases
+
+
+def test_descriptions_are_whole_sentences_or_cut_at_a_word_with_an_ellipsis() -> None:
+    """zsh and fish showed 'the links betwee' and 'e.g.' beside commands and options: each
+    description is the help text's first sentence, or its first words and an ellipsis."""
+    import typer
+
+    from gpualloc.cli.app import app
+    from gpualloc.cli.completion_scripts import command_specs
+
+    root = typer.main.get_command(app)
+    helps: dict[str, list[str]] = {}
+
+    def visit(command) -> None:
+        for param in command.params:
+            for name in param.opts + getattr(param, "secondary_opts", []):
+                helps.setdefault(name, []).append(" ".join((param.help or "").split()))
+        for sub in getattr(command, "commands", {}).values():
+            for text in (sub.short_help, sub.help):
+                helps.setdefault(sub.name, []).append(" ".join((text or "").split()))
+            visit(sub)
+
+    visit(root)
+    shown = [
+        (name, about)
+        for spec in command_specs(root)
+        for name, about in [
+            *spec.subcommands,
+            *((o.names[0], o.about) for o in spec.options if o.names[0] != "--help"),
+        ]
+    ]
+    assert len(shown) > 150
+    for name, about in shown:
+        if about.startswith("The opposite of --"):
+            continue  # --insensitive, --background: the help text is the other name's
+        assert len(about) <= 100, (name, about)
+        if about.endswith("…"):
+            stem = about[:-1]
+            assert any(
+                text.startswith(stem) and not text[len(stem)].isalnum() for text in helps[name]
+            ), (name, about)  # cut after a whole word
+        else:
+            assert any(text.startswith(about) for text in helps[name]), (name, about)
+            assert about.endswith((".", ")")) or about in helps[name], (name, about)
+            assert about.count("(") == about.count(")"), (name, about)  # no '(e.g.' cut
+            assert not about.endswith(("e.g.", "i.e.")), (name, about)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")
+@pytest.mark.parametrize("loaded", ["sourced", "autoloaded"])
+def test_zsh_completes_when_the_script_is_sourced_or_autoloaded(
+    tmp_path: Path, loaded: str
+) -> None:
+    """``source <(gpualloc --show-completion zsh)`` in ~/.zshrc did nothing but print errors:
+    a sourced script must register itself with compdef; an autoloaded one (from $fpath)
+    completes at once. Both, in an interactive zsh with compinit."""
+    launcher = _launcher(tmp_path)
+    path = {"PATH": f"{launcher.parent}:{os.environ['PATH']}"}
+    if loaded == "sourced":
+        setup = {"after": "source <(gpualloc --show-completion zsh)"}
+    else:
+        functions = tmp_path / "functions"
+        functions.mkdir()
+        shown = subprocess.run(
+            [str(launcher), "--show-completion", "zsh"], capture_output=True, text=True,
+            check=True, timeout=60, env={**os.environ, **path},
+        )  # fmt: skip
+        (functions / "_gpualloc").write_text(shown.stdout)
+        setup = {"before": f"fpath=({functions} $fpath)"}
+    session = ZshSession(tmp_path / "home", env=path, **setup)
+    try:
+        assert "_gpualloc" not in session.started  # no error while loading it
+        assert session.tab("gpualloc alloc --format ") == ["ids", "env", "json"]
+        assert session.tab("gpualloc s") == ["status", "serve", "simulate", "slurm"]
+        assert session.tab("gpualloc run --numa ") == ["auto", "bind", "none"]
+    finally:
+        session.close()
+
+
+@pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")
+def test_zsh_says_how_to_load_completion_when_compinit_has_not_run() -> None:
+    result = subprocess.run(
+        ["zsh", "-f", "-c", f"source {ROOT / 'completions' / '_gpualloc'}"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert result.stderr.startswith("gpualloc: zsh's completion is not loaded")
+    assert "compinit" in result.stderr and result.stderr.count("\n") == 1

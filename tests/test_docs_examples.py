@@ -33,11 +33,14 @@ An HTML comment just before a block (invisible on GitHub and in the site) change
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+from html import unescape as html_unescape
 from pathlib import Path
 from typing import Any
 
@@ -332,3 +335,69 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
+
+
+MEASURE_TABLES = """<script>window.addEventListener("load", () => setTimeout(() => {
+  const column = document.querySelector(".wy-nav-content");
+  const padding = parseFloat(getComputedStyle(column).paddingRight);
+  const edge = column.getBoundingClientRect().right - padding;
+  const tables = [...document.querySelectorAll(".rst-content table")].map((table) => ({
+    right: table.getBoundingClientRect().right, scroll: table.scrollWidth,
+    width: table.clientWidth, header: table.querySelector("th")?.textContent ?? "",
+  }));
+  const out = document.createElement("pre");
+  out.id = "measured";
+  out.textContent = JSON.stringify({edge, page: document.documentElement.scrollWidth,
+                                    window: window.innerWidth, tables});
+  document.body.append(out);
+}, 200));</script>"""
+"""Where each table of a page ends against the content column, once the page has loaded."""
+
+
+def _measure_tables(browser: str, page: Path, *, javascript: bool) -> dict:
+    """``page`` of a built site laid out by headless ``browser`` in a 1000-pixel window, with
+    the theme's JavaScript or without it (before it runs, or where it is blocked)."""
+    html = page.read_text(encoding="utf-8")
+    if not javascript:
+        html = re.sub(r'<script src="[^"]*/theme(_extra)?\.js"[^>]*></script>', "", html)
+    probe = page.with_name("measured.html")
+    probe.write_text(html.replace("</body>", MEASURE_TABLES + "</body>"), encoding="utf-8")
+    shown = subprocess.run(
+        [browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1000,900",
+         "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    found = re.search(r'<pre id="measured">(.*?)</pre>', shown.stdout, re.S)
+    assert found, shown.stderr[-2000:]
+    return json.loads(html_unescape(found.group(1)))
+
+
+@pytest.mark.slow
+@pytest.mark.extra("docs")
+def test_wide_tables_scroll_inside_the_content_column(tmp_path: Path) -> None:
+    """At 1000 pixels the site's wide tables ran past its content column (the theme makes a
+    table scroll only once its JavaScript has marked it) and a table of sentences kept each
+    on one line: with docs/css/tables.css every table stays inside the column, scrolling
+    sideways where its words cannot fit, and prose wraps."""
+    browser = next(
+        (found for name in ("chromium", "chromium-browser", "google-chrome")
+         if (found := shutil.which(name))), None,
+    )  # fmt: skip
+    if browser is None:
+        pytest.skip("no headless chromium (apt-get install chromium)")
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(site)],
+        cwd=ROOT, capture_output=True, check=True, timeout=300,
+    )  # fmt: skip
+    for name in ("placement", "evaluation"):
+        for javascript in (True, False):
+            shown = _measure_tables(browser, site / name / "index.html", javascript=javascript)
+            where = f"{name}.md, {'with' if javascript else 'without'} the theme's JavaScript"
+            assert len(shown["tables"]) > 0, where
+            assert shown["page"] <= shown["window"], f"{where}: the page scrolls sideways"
+            past = [t["header"] for t in shown["tables"] if t["right"] > shown["edge"] + 1]
+            assert not past, f"{where}: tables past the column: {past}"
+            if name == "placement":
+                (policies,) = [t for t in shown["tables"] if t["header"] == "policy"]
+                assert policies["scroll"] <= policies["width"] + 1, f"{where}: prose on one line"

@@ -120,6 +120,49 @@ def test_indented_footer_lines_keep_their_indent_when_they_wrap() -> None:
     assert all(line.startswith("  word") for line in output.splitlines())
 
 
+@pytest.mark.parametrize("name", ["dgx2", "torus-2d-32"])
+def test_piped_tables_fit_an_explicit_columns_and_stay_whole_without(
+    cli, monkeypatch, name: str
+) -> None:
+    """``COLUMNS=80 gpualloc topo show | less`` printed 595-character rows: with COLUMNS set,
+    plain output fits it as a terminal would (blocks repeating the row labels, nothing
+    cut); without it, or with no number in it, each row stays on one line for grep and awk."""
+    monkeypatch.setenv("COLUMNS", "80")
+    fitted = cli("-t", name, "topo", "show")
+    assert fitted.exit_code == 0, fitted.stderr
+    tables = topology_tables(load_bundled(name))
+    assert_whole(tables, fitted.stdout, 80)
+    assert "\x1b" not in fitted.stdout  # still plain text: no colour, no box
+    gpus = len(load_bundled(name).gpus)
+    assert words(fitted.stdout) >= {f"GPU{gpu}" for gpu in range(gpus)}
+    assert fitted.stdout.count(f"  GPU{gpus - 1} ") >= 2  # a row label in each block
+    for columns in (None, "", "wide", "0"):
+        if columns is None:
+            monkeypatch.delenv("COLUMNS")
+        else:
+            monkeypatch.setenv("COLUMNS", columns)
+        whole = cli("-t", name, "topo", "show").stdout
+        assert max(len(line) for line in whole.splitlines()) > 200, columns
+        row = next(line for line in whole.splitlines() if line.startswith("  GPU0 "))
+        assert f"GPU{gpus - 1}" not in words(row)  # the matrix row: one line, all GPUs
+        assert len(row.split()) == gpus + 1
+
+
+def test_piped_prose_wraps_at_spaces_within_columns(capsys, monkeypatch) -> None:
+    from gpualloc.cli.output import print_tables
+
+    uuid = "GPU-15732f08-ad13-52d3-bc4c-3c8f00fbd124"
+    detail = "a long sentence about what went wrong with this GPU today"
+    table = Table("t", ["GPU", "UUID", "Detail"], [["0", uuid, detail]], wrap=(2,))
+    monkeypatch.setenv("COLUMNS", "70")
+    print_tables([table], footer=["  " + "word " * 20])
+    output = capsys.readouterr().out
+    assert_whole([table], output, 70)
+    assert output.splitlines()[1].split() == ["GPU", "UUID", "Detail"]
+    assert uuid in output and len(output.splitlines()) > 4
+    assert all(line.startswith("  word") for line in output.splitlines() if "word" in line)
+
+
 def test_the_legend_fits_80_columns() -> None:
     assert max(len(line) for line in LEGEND) <= 80
 

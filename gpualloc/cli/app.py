@@ -59,6 +59,7 @@ ENVIRONMENT_VARIABLES = (
     ("GPUALLOC_LOCK_TIMEOUT", "how long to wait for the ledger's lock (default 30s)"),
     ("GPUALLOC_PLACEMENT_BUDGET", "one placement's search, then a greedy answer (default 1s)"),
     ("XDG_CONFIG_HOME", "the user's config file is $XDG_CONFIG_HOME/gpualloc/config.toml"),
+    ("COLUMNS", "piped tables fit this width (without it a row stays on one line)"),
     ("GPUALLOC_NO_SLURM=1", "inside a Slurm job, use the host's ledger and GPUs"),
     ("GPUALLOC_LEASE_ID, GPUALLOC_GPUS", "set for jobs: their lease id and GPU indices"),
 )
@@ -170,7 +171,7 @@ app.add_typer(typer_group(slurm.app), name="slurm", short_help=SUMMARIES["slurm"
 app.add_typer(typer_group(config_show.app), name="config", short_help=SUMMARIES["config"])
 
 
-SHELLS = ("bash", "zsh", "fish")
+SHELLS = tuple(name for name, _ in complete.SHELLS)
 
 
 def completion_script(shell: str) -> str:
@@ -293,6 +294,7 @@ def main(
             metavar="SHELL",
             callback=_install_completion,
             is_eager=True,
+            autocompletion=complete.shells,
             help="Install Tab completion for bash, zsh or fish (a static script: no process "
             "per Tab).",
         ),
@@ -304,6 +306,7 @@ def main(
             metavar="SHELL",
             callback=_show_completion,
             is_eager=True,
+            autocompletion=complete.shells,
             help="Print the completion script for bash, zsh or fish.",
         ),
     ] = None,

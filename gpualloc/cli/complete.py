@@ -1,9 +1,13 @@
 """Values for shell completion: policy names, bundled topologies, lease ids, option choices.
 
-A completion runs gpualloc on every Tab, so these functions import nothing heavy (no pydantic,
-networkx, NVML or psutil; a test checks it): topology names come from the package's
-file names, lease ids from the ledger files read as plain JSON without taking their lock. Each
-returns ``(value, help)`` pairs, which zsh and fish show beside the value.
+The completion scripts are static (:mod:`gpualloc.cli.completion_scripts` calls these functions
+when ``scripts/build_docs.py`` writes them), except for the lease ids, which a Tab asks of
+gpualloc: so this module imports nothing heavy at its top (no pydantic, networkx, NVML or
+psutil; a test checks it), and lease ids come from the ledger files read as plain JSON without
+taking their lock. Each function returns ``(value, help)`` pairs, which zsh and fish show
+beside the value. Every option whose value is one of a fixed set names its function here with
+``autocompletion=``; a test walks every option of every command and fails on one that has
+neither, is not a path, and is not known as free text.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ SCORES = (
     ("bottleneck", "the slowest link of the pattern"),
 )
 PRIORITIES = (("high", ""), ("normal", ""), ("low", ""))
+SHELLS = (("bash", ""), ("zsh", ""), ("fish", ""))
+
 MIG_PROFILES = (
     ("1g.5gb", "A100 40GB"), ("1g.10gb", "A100 40GB, A100/H100 80GB"), ("2g.10gb", "A100 40GB"),
     ("3g.20gb", "A100 40GB"), ("4g.20gb", "A100 40GB"), ("7g.40gb", "A100 40GB"),
@@ -73,6 +79,42 @@ def graph_formats(incomplete: str) -> list[tuple[str, str]]:
         [("graphml", "yEd, Cytoscape, Gephi"), ("gexf", "Gephi"), ("json", "node-link, d3")],
         incomplete,
     )
+
+
+def shells(incomplete: str) -> list[tuple[str, str]]:
+    return _matching(SHELLS, incomplete)
+
+
+def alloc_formats(incomplete: str) -> list[tuple[str, str]]:
+    from gpualloc.cli.open_ledger import ALLOC_FORMATS
+
+    return _matching(ALLOC_FORMATS, incomplete)
+
+
+def queue_rules(incomplete: str) -> list[tuple[str, str]]:
+    from gpualloc.simulate.engine import QUEUES
+
+    about = {"fifo": "no job passes another", "backfill": "a job may pass one that cannot start"}
+    return _matching([(name, about.get(name, "")) for name in QUEUES], incomplete)
+
+
+def runtime_models(incomplete: str) -> list[tuple[str, str]]:
+    from gpualloc.simulate.runtime import RUNTIMES
+
+    return _matching([(name, "") for name in RUNTIMES], incomplete)
+
+
+def share_placements(incomplete: str) -> list[tuple[str, str]]:
+    from gpualloc.placement.share_rules import share_policies
+
+    return _matching([(rule.name, rule.description) for rule in share_policies()], incomplete)
+
+
+def generators(incomplete: str) -> list[tuple[str, str]]:
+    """The workloads of ``simulate --generate`` (their settings follow a colon)."""
+    from gpualloc.simulate.generate import DEFAULTS
+
+    return _matching([(name, "") for name in DEFAULTS], incomplete)
 
 
 def mig_profiles(incomplete: str) -> list[tuple[str, str]]:

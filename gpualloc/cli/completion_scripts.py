@@ -2,26 +2,35 @@
 
 typer's completion runs gpualloc on every Tab, about 200 ms each (issue 29, point 5). These
 scripts carry the command tree instead: each command's subcommands and options, which options
-take a value, and the values known in advance (patterns, policies, NUMA modes, scores,
-priorities, MIG profiles, bundled topology names). A Tab costs no process, except where the
-answer lives in the ledger: the lease ids of ``release`` come from ``gpualloc`` itself with
+take a value, and what each value is: one of the values known in advance (patterns, policies,
+NUMA modes, scores, priorities, MIG profiles, formats, bundled topology names: the option's
+``autocompletion=`` function in :mod:`gpualloc.cli.complete`), a file or a directory (a
+``Path`` parameter, or one whose metavar says FILE, PATH or DIR), or free text (nothing is
+offered: never file names for a number). A Tab costs no process, except where the answer lives
+in the ledger: the lease ids of ``release`` come from ``gpualloc`` itself with
 ``_GPUALLOC_COMPLETE_LEASES=1`` set, a path that imports only the configuration and the file
 reader (:func:`gpualloc.cli.main.run`).
 
 ``scripts/build_docs.py`` writes them to ``completions/``; a test fails when they are stale, and
-others drive the bash script through bash and check what it offers.
+others drive the scripts through bash, zsh and fish and check what they offer for every option.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 LEASES_VARIABLE = "_GPUALLOC_COMPLETE_LEASES"
 """Set by the scripts to ask ``gpualloc`` for the lease ids (``id<TAB>who holds what`` lines)."""
 DYNAMIC_LEASES = "@leases"
-TOPOLOGY_FILES = "@files"
-"""Values marked so: lease ids asked of gpualloc; bundled names and file names both."""
+FILES = "@files"
+DIRECTORIES = "@dirs"
+"""Values marked so: lease ids asked of gpualloc; file names; directory names."""
+DESCRIPTION_CHARS = 100
+"""The longest description a menu shows beside a command or an option."""
+ABBREVIATIONS = ("e.g.", "i.e.", "cf.", "vs.")
+"""Words whose full stop ends no sentence."""
 
 
 class OptionSpec(NamedTuple):
@@ -29,7 +38,7 @@ class OptionSpec(NamedTuple):
     about: str
     takes_value: bool
     values: tuple[str, ...] = ()
-    """Values offered after it; may include :data:`TOPOLOGY_FILES`."""
+    """Values offered after it; may include :data:`FILES` or :data:`DIRECTORIES`."""
 
 
 class CommandSpec(NamedTuple):
@@ -39,8 +48,8 @@ class CommandSpec(NamedTuple):
     subcommands: tuple[tuple[str, str], ...]
     options: tuple[OptionSpec, ...]
     arguments: str
-    """What its arguments are: "" (none or any word), :data:`DYNAMIC_LEASES`, or "command"
-    (the job of ``run``)."""
+    """What its arguments are: "" (none or any word), :data:`DYNAMIC_LEASES`, :data:`FILES`,
+    or "command" (the job of ``run``)."""
 
 
 def command_specs(root: Any) -> list[CommandSpec]:
@@ -65,10 +74,13 @@ def _visit(command: Any, path: str) -> Iterator[CommandSpec]:
         about = _first_line(getattr(param, "help", None) or "")
         names = tuple(param.opts)
         options.append(OptionSpec(names, about, takes_value, _values(param)))
-        if param.secondary_opts:
-            options.append(OptionSpec(tuple(param.secondary_opts), about, False))
+        if param.secondary_opts:  # --insensitive: the help text is --sensitive's
+            opposite = f"The opposite of {names[-1]}."
+            options.append(OptionSpec(tuple(param.secondary_opts), opposite, False))
     options.append(OptionSpec(("--help", "-h"), "Show the help and exit.", False))
-    subcommands = tuple((name, _first_line(sub.help or "")) for name, sub in children.items())
+    subcommands = tuple(
+        (name, _first_line(sub.short_help or sub.help or "")) for name, sub in children.items()
+    )
     yield CommandSpec(path, _first_line(command.help or ""), subcommands, tuple(options), arguments)
     for name, sub in children.items():
         yield from _visit(sub, f"{path} {name}".strip())
@@ -91,11 +103,27 @@ def _values(param: Any) -> tuple[str, ...]:
 
     function = _completer(param)
     if function is None:
-        return ()
+        path = _path_kind(param)
+        return (path,) if path else ()
     if function is complete.lease_ids:
         return (DYNAMIC_LEASES,)
     values = tuple(value for value, _ in function(""))
-    return (*values, TOPOLOGY_FILES) if function is complete.topologies else values
+    # A bundled topology or pattern is named, or read from a file.
+    also_files = function in (complete.topologies, complete.patterns)
+    return (*values, FILES) if also_files else values
+
+
+def _path_kind(param: Any) -> str | None:
+    """:data:`FILES` or :data:`DIRECTORIES` for a parameter whose value is a path (its type
+    says so, or the metavar its help shows), else None."""
+    descriptor = param.type_descriptor
+    annotation = descriptor.annotation
+    if descriptor.is_list:
+        (annotation,) = annotation.__args__
+    metavar = (param.metavar or "").strip("[].")
+    if metavar == "DIR":
+        return DIRECTORIES
+    return FILES if annotation is Path or metavar in ("FILE", "PATH") else None
 
 
 def _argument_kind(param: Any) -> str:
@@ -103,14 +131,29 @@ def _argument_kind(param: Any) -> str:
 
     if _completer(param) is complete.lease_ids:
         return DYNAMIC_LEASES
-    return "command" if param.name == "command" else ""
+    return "command" if param.name == "command" else _path_kind(param) or ""
 
 
 def _first_line(text: str) -> str:
-    """The first sentence of a help text, on one line, for a completion menu."""
-    line = " ".join(text.split("\n\n")[0].split())
-    end = line.find(". ")
-    return line[: end + 1] if 0 < end < 100 else line[:100]
+    """The first sentence of a help text, on one line, for a completion menu: cut at a word,
+    with an ellipsis, where it is longer than :data:`DESCRIPTION_CHARS`."""
+    line = _first_sentence(" ".join(text.split("\n\n")[0].split()))
+    if len(line) <= DESCRIPTION_CHARS or " " not in line[:DESCRIPTION_CHARS]:
+        return line  # a single word that long is shown whole
+    return line[:DESCRIPTION_CHARS].rsplit(" ", 1)[0].rstrip(",;:(") + "…"
+
+
+def _first_sentence(line: str) -> str:
+    """``line`` up to its first full stop before a space, outside brackets and not that of an
+    abbreviation (``(e.g. 3,1)`` ends no sentence)."""
+    depth = 0
+    for i, char in enumerate(line):
+        depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(char, 0)
+        if char != "." or depth > 0 or line[i + 1 : i + 2] != " ":
+            continue
+        if line[: i + 1].rsplit(" ", 1)[-1].lstrip("(") not in ABBREVIATIONS:
+            return line[: i + 1]
+    return line
 
 
 # ---- bash ------------------------------------------------------------------------------------
@@ -177,17 +220,27 @@ _gpualloc_takes_value() {{
     return 1
 }}
 
-# Offer words matching $cur; @files adds file names, @leases asks gpualloc for the lease ids.
+# Offer words matching $cur; @files and @dirs add file or directory names, @leases asks
+# gpualloc for the lease ids. An option of free text offers nothing (no file names).
 _gpualloc_offer() {{
     local word
     for word in "$@"; do
         case $word in
-            @files) COMPREPLY+=($(compgen -f -- "$cur")) ;;
+            @files) _gpualloc_paths -f ;;
+            @dirs) _gpualloc_paths -d ;;
             @leases) COMPREPLY+=($(compgen -W "$({leases}=1 "$_gpualloc_program" 2>/dev/null \\
                 | cut -f1)" -- "$cur")) ;;
             "$cur"*) COMPREPLY+=("$word") ;;
         esac
     done
+}}
+
+# File (-f) or directory (-d) names matching $cur, a word each even with a space in it;
+# readline quotes them and marks directories with a slash (-o filenames).
+_gpualloc_paths() {{
+    local IFS=$'\n'
+    compopt -o filenames 2>/dev/null
+    COMPREPLY+=($(compgen "$1" -- "$cur"))
 }}
 
 _gpualloc_values() {{
@@ -237,14 +290,19 @@ _gpualloc() {{
     _gpualloc_arguments "$path"
 }}
 
-# The job of 'gpualloc run': a command name, then what that command completes.
+# The job of 'gpualloc run', from word $1 on: what bash-completion completes for that
+# command line (its _command_offset, as for sudo), else a command name, then file names.
 _gpualloc_job() {{
-    if (($1 == COMP_CWORD)); then
+    if declare -F _command_offset >/dev/null; then
+        _command_offset "$1"
+    elif (($1 == COMP_CWORD)); then
         COMPREPLY=($(compgen -c -- "$cur"))
+    else
+        _gpualloc_paths -f
     fi
 }}
 
-complete -o default -F _gpualloc gpualloc
+complete -F _gpualloc gpualloc
 """
 
 
@@ -310,13 +368,15 @@ _gpualloc_arguments=(
 {arguments}
 )
 
-# Offer the values of a line list; @files adds file names, @leases asks gpualloc.
+# Offer the values of a line list; @files and @dirs add file or directory names, @leases
+# asks gpualloc. An option of free text offers nothing (no file names).
 _gpualloc_offer() {{
     local word
     local -a plain leases
     for word in ${{(f)1}}; do
         case $word in
             @files) _files ;;
+            @dirs) _files -/ ;;
             @leases)
                 leases=(${{(f)"$({leases}=1 $_gpualloc_program 2>/dev/null)"}})
                 leases=(${{leases//:/\\\\:}})
@@ -371,7 +431,19 @@ _gpualloc() {{
     esac
 }}
 
-_gpualloc "$@"
+# Autoloaded from $fpath (compinit read the #compdef line), this file is the body of _gpualloc:
+# complete now. Sourced or eval'd (source <(gpualloc --show-completion zsh) in ~/.zshrc), it
+# only defines the functions: register them for gpualloc with compinit's compdef.
+if [[ $zsh_eval_context[-1] == (file|eval) ]]; then
+    if (( $+functions[compdef] )); then
+        compdef _gpualloc gpualloc
+    else
+        print -u2 "gpualloc: zsh's completion is not loaded: run" \\
+            "'autoload -Uz compinit && compinit' before loading gpualloc's completion"
+    fi
+else
+    _gpualloc "$@"
+fi
 """
 
 
@@ -400,7 +472,7 @@ def fish_script(specs: list[CommandSpec]) -> str:
             )
             line = f"complete -c gpualloc -n {_fish_word(condition)} {flags}"
             if option.takes_value:
-                line += " -r" + _fish_values(option.values)
+                line += _fish_values(option.values)
             lines.append(f"{line} -d {_fish_word(option.about)}")
         if spec.arguments == DYNAMIC_LEASES:
             lines.append(
@@ -411,6 +483,8 @@ def fish_script(specs: list[CommandSpec]) -> str:
             lines.append(
                 f"complete -c gpualloc -n {_fish_word(condition)} -a '(__fish_complete_command)'"
             )
+        elif spec.arguments == FILES:
+            lines.append(f"complete -c gpualloc -n {_fish_word(condition)} -F")
     return "\n".join(lines) + "\n"
 
 
@@ -427,11 +501,13 @@ def _fish_condition(path: str, by_path: dict[str, CommandSpec]) -> str:
 
 
 def _fish_values(values: tuple[str, ...]) -> str:
-    if not values:
-        return " -F"
-    words = [v for v in values if not v.startswith("@")]
-    forced = " -F" if TOPOLOGY_FILES in values else " -x"
-    return f"{forced} -a {_fish_word(' '.join(words))}"
+    """fish's flags for an option's value: required (-r), with file names (-F) or without
+    (-f: free text offers nothing), and the words to offer (-a)."""
+    if DIRECTORIES in values:
+        return " -r -f -a '(__fish_complete_directories)'"
+    words = " ".join(value for value in values if not value.startswith("@"))
+    flags = " -r -F" if FILES in values else " -r -f"
+    return flags + (f" -a {_fish_word(words)}" if words else "")
 
 
 def _fish_word(text: str) -> str:

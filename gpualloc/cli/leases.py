@@ -35,6 +35,7 @@ def alloc_command(
             "--format",
             metavar="FORMAT",
             help="ids: '0,1'; env: export lines for eval; json: the lease and placement.",
+            autocompletion=complete.alloc_formats,
         ),
     ] = "ids",
     **job: Any,

@@ -188,13 +188,22 @@ def check_wait_flags(
     return wait
 
 
+ALLOC_FORMATS = (
+    ("ids", "the GPU indices: 0,1"),
+    ("env", "export lines for eval"),
+    ("json", "the lease and its placement"),
+)
+"""What ``alloc --format`` prints (:func:`print_allocation`), and a line about each for
+completion (:func:`gpualloc.cli.complete.alloc_formats`)."""
+
+
 def alloc_owner(output_format: str, pid: int | None, hold: bool) -> int | None:
     """The pid an ``alloc`` lease lives with (None: ``--hold``); usage errors first."""
     import os
 
     from gpualloc.errors import RequestError
 
-    if output_format not in ("ids", "env", "json"):
+    if output_format not in dict(ALLOC_FORMATS):
         from gpualloc.user_files import shown_value
 
         raise RequestError(

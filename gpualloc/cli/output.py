@@ -1,14 +1,17 @@
 """Human and JSON rendering. stdout is data, stderr is people (house style habit 6).
 
 Human output is a sequence of :class:`Table` objects: rich tables with colour on a terminal,
-plain aligned text when stdout is a pipe or a file (so ``grep`` and ``awk`` work on it). JSON is
-sorted and indented. rich is imported only when a terminal will show it.
+plain aligned text when stdout is a pipe or a file (so ``grep`` and ``awk`` work on it), a row
+a line, or fitted to ``COLUMNS`` where that is set (``COLUMNS=80 gpualloc topo show | less``,
+as rich and ``ls`` read it). JSON is sorted and indented. rich is imported only when a terminal
+will show it.
 """
 
 import contextlib
 import json
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -157,7 +160,14 @@ def print_tables(
         with stdout_errors():
             _print_rich(tables, heading, footer or [])
     else:
-        _print_plain(tables, heading, footer or [])
+        _print_plain(tables, heading, footer or [], piped_width())
+
+
+def piped_width() -> int | None:
+    """The width ``COLUMNS`` asks plain output to fit (a positive number), else None: each
+    table row then stays on one line, whole, for ``grep`` and ``awk``."""
+    text = os.environ.get("COLUMNS", "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
 
 
 def figure(value: float | None, unit: str = " GB/s") -> str:
@@ -209,27 +219,90 @@ def _shown(table: Table) -> Table:
     )
 
 
-def _print_plain(tables: list[Table], heading: str | None, footer: list[str]) -> None:
+def _print_plain(
+    tables: list[Table], heading: str | None, footer: list[str], width: int | None = None
+) -> None:
+    """Aligned columns two spaces apart, a row a line; within ``width`` characters where it
+    is given, laid out as :func:`print_rich` fits a terminal (:mod:`gpualloc.cli.table_fit`)."""
+
+    def fit(line: str) -> list[str]:
+        return [line] if width is None else _wrapped(line, width)
+
     out: list[str] = []
     if heading:
-        out += [heading, ""]
+        out += [*fit(heading), ""]
     for table in tables:
-        out.append(table.title)
-        cells = [table.columns, *table.rows]
-        widths = [max(len(row[i]) for row in cells) for i in range(len(table.columns))]
-        for row in cells:
-            parts = []
-            for i, cell in enumerate(row):
-                right = table.right_align_from is not None and i >= table.right_align_from
-                parts.append(cell.rjust(widths[i]) if right else cell.ljust(widths[i]))
-            out.append("  " + "  ".join(parts).rstrip())
+        out += fit(table.title)
+        if width is None:
+            rows = [[[cell] for cell in row] for row in [table.columns, *table.rows]]
+            widths = [max(len(row[i][0]) for row in rows) for i in range(len(table.columns))]
+            out += _plain_lines(table, rows, range(len(widths)), widths)
+        else:
+            out += _fitted_lines(table, width)
         if table.caption:
-            out.append("  " + table.caption)
+            out += fit("  " + table.caption)
         out.append("")
-    out += footer
+    for line in footer:
+        out += fit(line)
     while out and not out[-1]:
         out.pop()
     print_lines(out)
+
+
+def _fitted_lines(table: Table, width: int) -> list[str]:
+    """``table`` in ``width`` characters: its headers and prose wrapped at their spaces, or
+    its columns in blocks one under the other, each repeating the row labels."""
+    from gpualloc.cli.table_fit import PLAIN_GAP, layout, wrap_header
+
+    out: list[str] = []
+    blocks = layout(
+        table.columns, table.rows, width, wrap=table.wrap, keys=table.keys, gap=PLAIN_GAP
+    )
+    for block in blocks:
+        shown = list(zip(block.columns, block.widths, strict=True))
+        rows = [[wrap_header(table.columns[i], w).split("\n") for i, w in shown]]
+        rows += [
+            [_wrapped(row[i], w) if i in table.wrap else [row[i]] for i, w in shown]
+            for row in table.rows
+        ]
+        out += ([""] if out else []) + _plain_lines(table, rows, block.columns, block.widths)
+    return out
+
+
+def _plain_lines(
+    table: Table, rows: list[list[list[str]]], columns: Iterable[int], widths: list[int]
+) -> list[str]:
+    """The lines of ``rows``, each a cell (the lines its text takes) per one of ``columns``,
+    every cell padded to its column's width and aligned as the column is."""
+    right = [table.right_align_from is not None and i >= table.right_align_from for i in columns]
+    out = []
+    for row in rows:
+        for k in range(max((len(cell) for cell in row), default=1)):
+            texts = [cell[k] if k < len(cell) else "" for cell in row]
+            parts = [
+                text.rjust(w) if r else text.ljust(w)
+                for text, w, r in zip(texts, widths, right, strict=True)
+            ]
+            out.append("  " + "  ".join(parts).rstrip())
+    return out
+
+
+def _wrapped(line: str, width: int) -> list[str]:
+    """``line`` broken at its spaces into lines of at most ``width``, each keeping its indent
+    (a word longer than that stays whole)."""
+    import textwrap
+
+    text = line.lstrip(" ")
+    indent = " " * (len(line) - len(text))
+    lines = textwrap.wrap(
+        text,
+        width,
+        initial_indent=indent,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    return lines or [line]
 
 
 def _print_rich(tables: list[Table], heading: str | None, footer: list[str]) -> None:

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from gpualloc.cli import complete
 from gpualloc.cli.state import STATE
 from gpualloc.errors import FileAccessError, RequestError, TraceError
 
@@ -32,6 +33,7 @@ def simulate_command(
             "MAPA paper's workload), drb[:jobs=100,rate_per_min=10] (the DRB paper's) or "
             "mixed[:jobs=300,load=0.9,host_gpus=8,insensitive=0.3,...] (a shared lab server: "
             "arrivals over time, mostly small jobs).",
+            autocompletion=complete.generators,
         ),
     ] = None,
     policy: Annotated[
@@ -39,6 +41,7 @@ def simulate_command(
         typer.Option(
             metavar="LIST",
             help="Policies to compare, comma-separated (e.g. baseline,besteffort,mapa).",
+            autocompletion=complete.policies,
         ),
     ] = "mapa",
     queue: Annotated[
@@ -47,6 +50,7 @@ def simulate_command(
             metavar="RULE",
             help="fifo: no job passes another; backfill: a job may pass one that cannot start, "
             "a bounded number of times (as 'run --wait' does).",
+            autocompletion=complete.queue_rules,
         ),
     ] = "fifo",
     runtime: Annotated[
@@ -57,6 +61,7 @@ def simulate_command(
             "for the jobs its profile covers, else bandwidth; bandwidth: compute plus ring "
             "all-reduce at the speed of the GPUs' best ring (published per-network figures); "
             "profile: the measured times only; fixed: the trace's durations (MAPA's simulator).",
+            autocompletion=complete.runtime_models,
         ),
     ] = "auto",
     profile: Annotated[
@@ -90,6 +95,7 @@ def simulate_command(
             "expected fragmentation grows least, its mix taken from the jobs), best-fit, "
             "first-fit or spread; several, comma-separated, compare them (runs named "
             "POLICY/RULE).",
+            autocompletion=complete.share_placements,
         ),
     ] = "fgd",
     gpu_busy: Annotated[

@@ -15,7 +15,8 @@ enough:
 
 Only the layout is computed here (pure: texts in, widths out);
 :func:`gpualloc.cli.output.print_rich` draws it with rich. Plain output (a pipe, a file) is
-left whole for ``grep`` and ``awk``.
+left whole for ``grep`` and ``awk``, unless ``COLUMNS`` asks for a width (as rich and ``ls``
+read it): then its plain columns, two spaces apart (``gap``), are laid out here the same way.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ EDGES = 2
 """rich's box (SIMPLE_HEAD, ``pad_edge=False``) takes a space at each edge of the table..."""
 BETWEEN = 3
 """...and between two columns their two padding spaces and the (blank) divider."""
+PLAIN_GAP = 2
+"""Plain text's columns are two spaces apart (and indented by two, as rich's edges take)."""
 
 
 class ColumnSize(NamedTuple):
@@ -50,9 +53,9 @@ class Block(NamedTuple):
     widths: list[int]
 
 
-def table_width(widths: Sequence[int]) -> int:
-    """The characters a rich table with columns of these widths takes on a line."""
-    return sum(widths) + BETWEEN * len(widths) + EDGES - BETWEEN if widths else 0
+def table_width(widths: Sequence[int], gap: int = BETWEEN) -> int:
+    """The characters a table with columns of these widths, ``gap`` apart, takes on a line."""
+    return sum(widths) + gap * len(widths) + EDGES - gap if widths else 0
 
 
 def column_size(
@@ -69,11 +72,11 @@ def column_size(
     return ColumnSize(natural, header_wrapped, min(header_wrapped, max(header_word, cells_word)))
 
 
-def fit_widths(sizes: Sequence[ColumnSize], width: int) -> list[int] | None:
+def fit_widths(sizes: Sequence[ColumnSize], width: int, gap: int = BETWEEN) -> list[int] | None:
     """Widths for these columns in ``width`` characters, each as wide as it can stay; None
     when even the narrowest layout is wider."""
     widths = [size.natural for size in sizes]
-    excess = table_width(widths) - width
+    excess = table_width(widths, gap) - width
     by_saving = sorted(
         range(len(sizes)), key=lambda i: sizes[i].natural - sizes[i].header_wrapped, reverse=True
     )
@@ -107,22 +110,23 @@ def layout(
     wrap: Sequence[int] = (),
     keys: int = 1,
     measure: Measure = len,
+    gap: int = BETWEEN,
 ) -> list[Block]:
     """The blocks a table of these ``columns`` (headers) and ``rows`` is shown in at ``width``
     characters (one when it fits): ``wrap`` are its columns of prose, the first ``keys`` label
-    its rows."""
+    its rows, ``gap`` characters apart."""
     count = len(columns)
     sizes = [
         column_size(columns[i], [row[i] for row in rows], i in wrap, measure) for i in range(count)
     ]
     key_columns = list(range(min(keys, count)))
     rest = list(range(len(key_columns), count))
-    whole = fit_widths(sizes, width)
+    whole = fit_widths(sizes, width, gap)
     if whole is not None or not rest:
         return [Block(list(range(count)), whole or [size.least for size in sizes])]
 
     def fits(group: list[int]) -> bool:
-        return table_width([sizes[i].least for i in key_columns + group]) <= width
+        return table_width([sizes[i].least for i in key_columns + group], gap) <= width
 
     groups: list[list[int]] = [[]]
     for i in rest:
@@ -137,7 +141,7 @@ def layout(
     for group in groups:
         shown = key_columns + group
         chosen = [sizes[i] for i in shown]
-        blocks.append(Block(shown, fit_widths(chosen, width) or [s.least for s in chosen]))
+        blocks.append(Block(shown, fit_widths(chosen, width, gap) or [s.least for s in chosen]))
     return blocks
 
 
