@@ -154,7 +154,7 @@ def test_bandwidth_table_option(cli: Cli, tmp_path: Path) -> None:
             ExitCode.TOPOLOGY_PARSE,
             "PIXNODE",
         ),
-        (["topo", "import", "/nope.txt"], ExitCode.TOPOLOGY_NOT_FOUND, "does not exist"),
+        (["topo", "import", "/nope.txt"], ExitCode.IO, "does not exist"),
         (["--bandwidth-table", "/nope", "topo", "list"], ExitCode.IO, "does not exist"),
         (["topo", "frobnicate"], ExitCode.USAGE, "error: no such command 'frobnicate'"),
     ],

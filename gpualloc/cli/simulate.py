@@ -18,6 +18,7 @@ def simulate_command(
         Optional[Path],  # noqa: UP045 - typer needs Optional on Python 3.10
         typer.Option(
             metavar="FILE",
+            readable=False,  # gpualloc's reader says why (see app._path_settings)
             help="Jobs, JSON Lines or CSV with a header: id, arrival_s, gpus, duration_s, "
             "sensitive[, pattern, workload, batch, min_utility, min_bandwidth, priority, "
             "gpu_fraction]; or the Alibaba GPU trace's pod list (openb_pod_list_*.csv), "
@@ -62,7 +63,9 @@ def simulate_command(
     profile: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(
-            metavar="FILE", help="Job profile for --runtime profile or auto (default: DRB's)."
+            metavar="FILE",
+            readable=False,
+            help="Job profile for --runtime profile or auto (default: DRB's).",
         ),
     ] = None,
     no_postpone: Annotated[
@@ -121,12 +124,15 @@ def simulate_command(
     seed: Annotated[int, typer.Option(metavar="N", help="Seed of --generate.")] = 0,
     save_trace: Annotated[
         Optional[Path],  # noqa: UP045
-        typer.Option(metavar="FILE", help="Write the jobs simulated as a JSON Lines trace."),
+        typer.Option(
+            metavar="FILE", readable=False, help="Write the jobs simulated as a JSON Lines trace."
+        ),
     ] = None,
     plot: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(
             metavar="DIR",
+            readable=False,
             help="Write PNG figures there: effective bandwidth per policy, GPU occupancy over "
             "time, completion-time CDF (needs pip install 'gpualloc[plot]').",
         ),
@@ -135,6 +141,7 @@ def simulate_command(
         Optional[Path],  # noqa: UP045
         typer.Option(
             metavar="FILE",
+            readable=False,
             help="Write a Markdown report: the settings, the comparison table, and the figures "
             "of --plot.",
         ),

@@ -41,9 +41,7 @@ class GlobalState:
         from gpualloc.user_files import names_a_file, why_not_a_file
 
         if bandwidth_table is not None and not names_a_file(bandwidth_table):
-            from gpualloc.errors import FileAccessError
-
-            raise why_not_a_file(bandwidth_table, "bandwidth table", FileAccessError)
+            raise why_not_a_file(bandwidth_table, "bandwidth table")
         self.topology = topology
         self.bandwidth_table = bandwidth_table
         self.refresh = refresh

@@ -155,7 +155,7 @@ def import_text(
         from gpualloc.cli.output import say
 
         imported = bm.read_bandwidth_matrix(
-            read_text(bandwidth_matrix), source=str(bandwidth_matrix)
+            read_text(bandwidth_matrix, "bandwidth matrix file"), source=str(bandwidth_matrix)
         )
         matrix = imported.matrix
         say(f"bandwidth from {bandwidth_matrix}: {imported.used}")

@@ -24,6 +24,7 @@ no constraints, which is always correct but slower.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from msgspec import Struct
@@ -31,7 +32,7 @@ from msgspec import Struct
 from gpualloc.errors import RequestError
 from gpualloc.job_options import MAX_GPUS
 from gpualloc.model.request import CommunicationPattern, max_edges
-from gpualloc.user_files import names_a_file, shown_value
+from gpualloc.user_files import names_anything, shown_value
 
 BUILTIN_PATTERNS = ("ring", "all", "tree", "star")
 
@@ -92,7 +93,10 @@ def build_pattern(spec: str, k: int) -> CommunicationPattern:
     if spec in _BUILDERS:
         return _BUILDERS[spec](k)
     path = Path(spec)
-    if not names_a_file(path):
+    # A value that looks like a path, or names something, is a file to read: the reading says
+    # why it cannot be (exit 8, as every file option: tests/test_user_files.py), not "unknown
+    # pattern".
+    if not (os.sep in spec or spec.endswith(".json") or names_anything(path)):
         raise PatternError(
             f"unknown pattern {shown_value(spec)}: not one of {', '.join(BUILTIN_PATTERNS)} "
             "and not a file",
