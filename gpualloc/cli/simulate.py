@@ -9,7 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from gpualloc.cli.state import STATE
-from gpualloc.errors import FileAccessError, RequestError, TraceError
+from gpualloc.errors import RequestError, TraceError
 
 
 def simulate_command(
@@ -133,8 +133,9 @@ def simulate_command(
         typer.Option(
             metavar="DIR",
             readable=False,
-            help="Write PNG figures there: effective bandwidth per policy, GPU occupancy over "
-            "time, completion-time CDF (needs pip install 'gpualloc[plot]').",
+            help="Write PNG figures there (made when missing, in a directory that exists): "
+            "effective bandwidth per policy, GPU occupancy over time, completion-time CDF "
+            "(needs pip install 'gpualloc[plot]').",
         ),
     ] = None,
     report: Annotated[
@@ -198,6 +199,11 @@ def simulate_command(
         raise TraceError(
             "--profile applies to --runtime profile or auto", hint="add --runtime profile"
         )
+    from gpualloc.atomic import check_output_directory, write_output
+
+    for output, option in ((save_trace, "--save-trace"), (report, "--report"), (plot, "--plot")):
+        if output is not None:  # not after minutes of simulating
+            check_output_directory(output, option)
     topology = STATE.load_topology()
     trace_notes: list[str] = []
     if trace is not None:
@@ -236,7 +242,7 @@ def simulate_command(
     }
     summaries = {name: summarise(result) for name, result in results.items()}
     if save_trace is not None:  # only now: a refusal above leaves no file behind
-        _write(save_trace, write_trace(jobs), "--save-trace")
+        write_output(save_trace, write_trace(jobs), "--save-trace")
     shared = f", sharing {sharing} per GPU at U={gpu_busy:g}" if sharing else ""
     title = (
         f"{len(jobs)} jobs on {topology.name or 'topology'} ({queue} queue, {runtime} runtimes"
@@ -255,7 +261,7 @@ def simulate_command(
 
         source = str(trace) if trace is not None else f"--generate {generate} --seed {seed}"
         text = markdown_report(title, source, summaries, figures, report.parent)
-        _write(report, text, "--report")
+        write_output(report, text, "--report")
     if as_json:
         from gpualloc.cli.output import print_json
 
@@ -299,26 +305,6 @@ def _given(ctx: typer.Context, parameter: str) -> bool:
     by name: typer carries its own click)."""
     source = ctx.get_parameter_source(parameter)
     return source is not None and source.name == "COMMANDLINE"
-
-
-def _write(path: Path, text: str, option: str) -> None:
-    """Write ``text`` to ``path``: a new or regular file atomically (a temporary file renamed);
-    a device or a pipe (``/dev/stdout``, a FIFO) in place, as a shell's ``>`` does, since a
-    rename would replace the device itself. A file that cannot be written, or a full disk,
-    is a :class:`FileAccessError` (exit 8)."""
-    import errno
-
-    from gpualloc.atomic import write_user_output
-    from gpualloc.simulate.trace import shown
-
-    try:
-        write_user_output(path, text)
-    except OSError as exc:
-        reason = "no process reads that pipe" if exc.errno == errno.ENXIO else exc.strerror
-        raise FileAccessError(
-            f"cannot write {option} {shown(path)}: {reason or exc}",
-            hint=f"give {option} a file you may write, on a disk with room",
-        ) from None
 
 
 def _finite(value: Any) -> Any:

@@ -183,7 +183,9 @@ def import_text(
     if mig_texts is not None:
         topology = with_mig_layout(topology, mig_texts)
     if output is not None:
-        _write(output, topology.to_json())
+        from gpualloc.atomic import write_output
+
+        write_output(output, topology.to_json(), "-o")
         from gpualloc.cli.output import say
 
         say(f"wrote {output} ({topology.gpu_count} GPUs)")
@@ -226,7 +228,9 @@ def record(
     if output is None:
         write_stdout(topology.to_json())
         return
-    _write(output, topology.to_json())
+    from gpualloc.atomic import write_output
+
+    write_output(output, topology.to_json(), "-o")
     say(f"wrote {output} ({topology.gpu_count} GPUs)")
 
 
@@ -260,7 +264,9 @@ def export(
     if output is None:
         write_stdout(text)
         return
-    _write(output, text)
+    from gpualloc.atomic import write_output
+
+    write_output(output, text, "-o")
     say(f"wrote {output} ({topology.gpu_count} GPUs, {fmt})")
 
 
@@ -273,22 +279,3 @@ def _render(topology, as_json: bool) -> None:
         return
     footer = [*LEGEND, "", *provenance_lines(topology)]
     print_tables(topology_tables(topology), heading=describe(topology), footer=footer)
-
-
-def _write(path: Path, text: str) -> None:
-    """``text`` into ``path``: a new file replaces the old one atomically; a device or a pipe
-    (``-o /dev/full``, a FIFO) is written in place, never replaced by a file (issue 42)."""
-    import errno
-
-    from gpualloc.atomic import write_user_output
-    from gpualloc.errors import FileAccessError
-    from gpualloc.user_files import shown_path
-
-    try:
-        write_user_output(path, text)
-    except OSError as exc:
-        where = exc.errno in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR)
-        raise FileAccessError(
-            f"cannot write {shown_path(path)}: {exc.strerror}",
-            hint="check the directory exists and is writable" if where else None,
-        ) from exc
