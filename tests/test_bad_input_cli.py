@@ -105,6 +105,20 @@ def test_a_variable_set_but_not_understood_is_exit_15(
     assert f"error: {message}" in result.stderr
 
 
+@pytest.mark.parametrize("given", [["--topology", ""], ["--topology="], ["-t", " "]])
+@pytest.mark.parametrize(
+    "command", [["topo", "show"], ["status"], ["run", "-n", "1", "--", "true"], ["plan"]]
+)
+def test_an_empty_topology_option_is_a_usage_error(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch, given: list[str], command: list[str]
+) -> None:
+    """``--topology ''`` fell back to $GPUALLOC_TOPOLOGY (or this host) without a word."""
+    monkeypatch.setenv("GPUALLOC_TOPOLOGY", "dgx1-v100")
+    result = cli(*given, *command)
+    _refused(result, 2)
+    assert result.stderr.startswith("error: --topology is empty\nhint: ") and result.stdout == ""
+
+
 def test_a_system_config_that_does_not_exist_is_exit_15(
     cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
