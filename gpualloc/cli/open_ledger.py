@@ -46,7 +46,28 @@ def open_host_ledger(
         env=os.environ,
     )
     warn(host.processes.notes)
+    warn(_broker_not_used())
     return host
+
+
+def _broker_not_used() -> list[str]:
+    """A line when the user configured a broker (``GPUALLOC_BROKER``, their config file) that
+    this command does not use: a bundled topology's trial passed by it without a word."""
+    import os
+
+    from gpualloc.config import DEFAULT_SOURCE, system_file
+    from gpualloc.host.open import passed_by
+
+    configured = STATE.config().resolve("host.broker")
+    if configured.source in (DEFAULT_SOURCE, str(system_file(os.environ))):
+        return []  # none, or the host's own: a trial on a named topology is as documented
+    named = STATE.load_topology if _topology_named() else None
+    why = passed_by(os.environ, named)
+    if why is None:
+        return []
+    from gpualloc.user_files import shown_path
+
+    return [f"the broker {shown_path(configured.value)} ({configured.source}) is not used: {why}"]
 
 
 def broker_for_this_command() -> Path | None:
