@@ -271,6 +271,12 @@ class WaitTimedOut(GpuallocError):
     exit_code = ExitCode.TIMEOUT
 
 
+class Interrupted(GpuallocError):
+    """Ctrl-C while gpualloc waited; the message says for what and what it left."""
+
+    exit_code = ExitCode.INTERRUPTED
+
+
 class TraceError(GpuallocError):
     """A simulation trace or generator spec is malformed; names the line and the field."""
 

@@ -105,6 +105,10 @@ def _allocate(socket: Path, values: Mapping[str, Any], terms: dict[str, Any]) ->
     line = _WaitingLine() if wait is not None else None
     try:
         answer = client.call("alloc", args, on_event=line.show if line else None)
+    except KeyboardInterrupt:
+        if line is None:
+            raise
+        raise line.line.interrupted() from None  # the broker drops a waiter that hangs up
     finally:
         if line is not None:
             line.close()
@@ -263,6 +267,8 @@ class _Status:
 
     def __init__(self, status: dict[str, Any]) -> None:
         self.position = status.get("position", 0)
+        self.queue_length = status.get("queue_length", 0)
+        self.waited_s = status.get("waited_s", 0.0)
         self.reason = status.get("reason", "")
         self.holders = status.get("holders", "")
         self.text = status.get("line", "")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gpualloc.cli.state import STATE
 
 if TYPE_CHECKING:
+    from gpualloc.errors import Interrupted
     from gpualloc.host.protocol import Host
     from gpualloc.host.queue import WaitOptions
     from gpualloc.host.terms import Allocation, LeaseTerms, WaitStatus
@@ -106,6 +107,8 @@ def allocate(host: Host, want: Want, terms: LeaseTerms, waiting: WaitOptions | N
     line = StatusLine()
     try:
         return host.allocate(want, terms, wait=waiting, report=line.show)
+    except KeyboardInterrupt:
+        raise line.interrupted() from None
     finally:
         line.close()
 
@@ -118,8 +121,10 @@ class StatusLine:
         self.terminal = sys.stderr.isatty()
         self.drawn = False
         self.last_said: tuple[int, str, str] | None = None
+        self.last: WaitStatus | None = None
 
     def show(self, status: WaitStatus) -> None:
+        self.last = status
         if self.terminal:
             import shutil
 
@@ -138,6 +143,26 @@ class StatusLine:
         if self.drawn:
             sys.stderr.write("\r\x1b[K")
             sys.stderr.flush()
+
+    def interrupted(self) -> Interrupted:
+        """Ctrl-C in the wait: where the job stood, and that it left nothing behind (the
+        queue drops a waiter that leaves: :func:`gpualloc.host.wait.wait_and_allocate`, and
+        the broker's when its connection closes)."""
+        from datetime import timedelta
+
+        from gpualloc.errors import Interrupted
+        from gpualloc.ledger.occupancy import format_age
+
+        status = self.last
+        if status is None:
+            where = "while joining the queue"
+        else:
+            waited = format_age(timedelta(seconds=status.waited_s))
+            where = (
+                f"while waiting in the queue (#{status.position} of {status.queue_length}, "
+                f"for {waited})"
+            )
+        return Interrupted(f"interrupted {where}; the job left the queue and holds no GPU")
 
 
 def wait_line(status: WaitStatus, width: int) -> str:
