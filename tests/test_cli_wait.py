@@ -170,7 +170,12 @@ def test_a_job_its_own_owners_lease_blocks_freezes_nobody() -> None:
     for _ in range(3):  # more than --max-bypass
         assert gpualloc("run", "-n", "1", "--", "true").returncode == 0
         assert gpualloc("run", "-n", "1", "--wait", "--timeout", "30", "--", "true").returncode == 0
-    assert status()["queue"][0]["passed_over"] == 0
+    (entry,) = status()["queue"]
+    assert entry["passed_over"] == 0  # and status says why, and what that count counts:
+    assert entry["reason"].startswith("Resources: the job needs 8 GPUs and 7 usable ones")
+    assert entry["reason"].endswith("and do not count against its --max-bypass")
+    shown = gpualloc("status").stdout
+    assert " 0/1 " in shown and "Passed/max" in shown and "Resources: the job needs" in shown
     assert gpualloc("release", held).returncode == 0
     assert _finish(big)[0] == 0
 

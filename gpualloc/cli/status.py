@@ -146,8 +146,9 @@ def _show(
             for lease_id, use in uses.items()
             if use.idle is not None and use.idle >= idle_at_least
         }
+    reasons = _pending_reasons(host, txn, occupancy)
     if as_json:
-        data = status_json(host, txn, occupancy, attribution, uses, shown)
+        data = status_json(host, txn, occupancy, attribution, uses, shown, reasons)
         if json_line:
             print_json_line(data)
         else:
@@ -188,7 +189,7 @@ def _show(
         footer[0] += f"; {len(shares)} shared job(s)"
         tables.append(_share_table(host, occupancy))
     if txn.ledger.queue:
-        tables.append(_queue_table(txn))
+        tables.append(_queue_table(txn, reasons))
     if shown is not None and idle_at_least is not None:
         from gpualloc.ledger.occupancy import format_age
 
@@ -199,7 +200,17 @@ def _show(
     print_tables(tables, footer=footer)
 
 
-def _queue_table(txn: LedgerTransaction) -> Table:
+def _pending_reasons(host: Host, txn: LedgerTransaction, occupancy: Occupancy) -> dict[str, str]:
+    """Why each waiter waits (:func:`gpualloc.host.queue.pending_reasons`)."""
+    if not txn.ledger.queue:
+        return {}
+    from gpualloc.host.queue import pending_reasons
+
+    budget = host.placement_budget_s
+    return pending_reasons(host.topology, occupancy, txn.ledger.queue, budget_s=budget)
+
+
+def _queue_table(txn: LedgerTransaction, reasons: dict[str, str]) -> Table:
     from gpualloc.cli.output import Table
     from gpualloc.host.queue import turn_order
     from gpualloc.ledger.occupancy import format_age
@@ -225,15 +236,16 @@ def _queue_table(txn: LedgerTransaction) -> Table:
                 waiter.priority,
                 wants,
                 format_age(now - waiter.created),
-                str(waiter.passed_over),
+                f"{waiter.passed_over}/{waiter.max_bypass}",
                 ": ".join(part for part in (_name(waiter.name), command) if part) or "-",
+                reasons.get(waiter.id, ""),
             ]
         )
     return Table(
         "Queue (turn order)",
-        ["#", "User", "Priority", "Wants", "Waiting", "Passed", "Job"],
+        ["#", "User", "Priority", "Wants", "Waiting", "Passed/max", "Job", "Reason"],
         rows,
-        wrap=(3, 6),
+        wrap=(3, 6, 7),
     )
 
 
@@ -438,6 +450,7 @@ def status_json(
     attribution: Attribution,
     uses: dict[str, LeaseUse],
     shown: set[str] | None = None,
+    reasons: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     from gpualloc.host.queue import turn_order
     from gpualloc.model.validation import to_builtins
@@ -503,7 +516,7 @@ def status_json(
             if shown is None or lease.id in shown
         ],
         "queue": [
-            {"position": position, **to_builtins(waiter)}
+            {"position": position, **to_builtins(waiter), "reason": (reasons or {}).get(waiter.id)}
             for position, waiter in enumerate(turn_order(txn.ledger.queue), start=1)
         ],
         "notes": [*host.processes.notes, *host.health_notes, *txn.notes],
