@@ -245,6 +245,20 @@ def test_output_into_a_missing_directory_is_refused_and_makes_none(
     assert result.stdout == "" and not (tmp_path / "no").exists()
 
 
+def test_a_count_of_one_is_singular(cli: Cli, tmp_path: Path) -> None:
+    """Counts were written by hand: "wrote host.json (1 GPUs)", "1 lease(s)", "-n 2 but --gpus
+    names 1 GPU(s)", "passed over 1 times"."""
+    out = tmp_path / "one.json"
+    one = ("--topology", "single-gpu")
+    assert cli(*one, "topo", "record", "-o", str(out)).stderr == f"wrote {out} (1 GPU)\n"
+    assert cli(*one, "alloc", "--hold").exit_code == 0
+    assert "0 of 1 GPU free; 1 lease, 0 waiting" in cli(*one, "status").stdout
+    refused = cli("--topology", "dgx1-v100", "alloc", "-n", "2", "--gpus", "0")
+    assert "-n 2 but --gpus names 1 GPU" in refused.stderr and "GPU(s)" not in refused.stderr
+    busy = cli(*one, "alloc", "-n", "2")
+    assert "the job asks for 2 GPUs but 1 of 1 GPU is usable" in busy.stderr, busy.stderr
+
+
 def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, *args], capture_output=True, text=True, env={**os.environ, **env},

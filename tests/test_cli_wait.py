@@ -153,9 +153,9 @@ def test_backfill_lets_small_jobs_pass_a_blocked_big_one_but_not_forever() -> No
     assert status()["queue"][0]["passed_over"] == 1
     refused = gpualloc("run", "-n", "1", "--wait", "--timeout", "0.5", "--", "true")
     assert refused.returncode == 124  # two GPUs free, but the big job may not be passed again
-    assert "passed over 1 times: no more backfill" in refused.stderr
+    assert "passed over 1 time: no more backfill" in refused.stderr
     jumper = gpualloc("run", "-n", "1", "--", "true")  # not waiting does not mean not queueing
-    assert jumper.returncode == 10 and "may not pass them" in jumper.stderr
+    assert jumper.returncode == 10 and "may not pass it" in jumper.stderr
     release()
     assert _finish(big)[0] == 0
 

@@ -10,6 +10,7 @@ import typer
 
 from gpualloc.cli.state import STATE
 from gpualloc.errors import RequestError, TraceError
+from gpualloc.model.printable import count_of
 
 
 def simulate_command(
@@ -215,7 +216,8 @@ def simulate_command(
     parts = sum(job.gpu_fraction is not None for job in jobs)
     if parts and not sharing:  # issue 42: they ran on whole GPUs, and nothing said so
         trace_notes.append(
-            f"{parts} job(s) ask for part of a GPU; without --sharing each holds a whole GPU "
+            f"{count_of(parts, 'job')} {'asks' if parts == 1 else 'ask'} for part of a GPU; "
+            "without --sharing each holds a whole GPU "
             "(--sharing N lets up to N share one, e.g. --sharing 32)"
         )
     if load is not None:
@@ -245,7 +247,8 @@ def simulate_command(
         write_output(save_trace, write_trace(jobs), "--save-trace")
     shared = f", sharing {sharing} per GPU at U={gpu_busy:g}" if sharing else ""
     title = (
-        f"{len(jobs)} jobs on {topology.name or 'topology'} ({queue} queue, {runtime} runtimes"
+        f"{count_of(len(jobs), 'job')} on {topology.name or 'topology'} ({queue} queue, {runtime} "
+        "runtimes"
         f"{shared})"
     )
     figures: list[Path] = []
@@ -348,7 +351,8 @@ def _show(name: str, count: int, queue: str, runtime: str, summaries: dict[str, 
     print_tables(
         [
             Table(
-                f"{count} jobs on {name}, {queue}, {runtime} runtimes (bandwidths in GB/s)",
+                f"{count_of(count, 'job')} on {name}, {queue}, {runtime} runtimes (bandwidths in "
+                "GB/s)",
                 [
                     "Policy",
                     "Makespan",

@@ -11,7 +11,7 @@ from gpualloc import boot
 from gpualloc.cli.declare import JsonOption, Option
 from gpualloc.cli.open_ledger import open_host_ledger
 from gpualloc.json_views import lease_json
-from gpualloc.model.printable import printable
+from gpualloc.model.printable import count_of, printable
 
 if TYPE_CHECKING:
     from gpualloc.cli.output import Table
@@ -157,8 +157,9 @@ def _show(
     free = sorted(occupancy.free)
     ledger = ledger_place(host)
     footer = [
-        f"{len(free)} of {host.topology.gpu_count} GPUs free; {len(txn.ledger.leases)} "
-        f"lease(s), {len(txn.ledger.queue)} waiting, in {ledger}",
+        f"{len(free)} of {count_of(host.topology.gpu_count, 'GPU')} free; "
+        f"{count_of(len(txn.ledger.leases), 'lease')}, {len(txn.ledger.queue)} waiting, in "
+        f"{ledger}",
     ]
     trust = host.trust()
     if trust.mode == "cooperative" and trust.several_writers:
@@ -186,7 +187,7 @@ def _show(
         tables.append(_mig_table(host, occupancy))
     shares = [lease for found in occupancy.shares.values() for lease in found]
     if shares:
-        footer[0] += f"; {len(shares)} shared job(s)"
+        footer[0] += f"; {count_of(len(shares), 'shared job')}"
         tables.append(_share_table(host, occupancy))
     if txn.ledger.queue:
         tables.append(_queue_table(txn, reasons))
@@ -194,7 +195,9 @@ def _show(
         from gpualloc.ledger.occupancy import format_age
 
         idle_for = f"idle for {format_age(idle_at_least)} or longer"
-        footer.insert(0, f"{len(shown)} lease(s) {idle_for}" if shown else f"no lease {idle_for}")
+        footer.insert(
+            0, f"{count_of(len(shown), 'lease')} {idle_for}" if shown else f"no lease {idle_for}"
+        )
         if not shown:  # a table of headers only reads as a broken command (issue 42)
             tables = []
     print_tables(tables, footer=footer)
@@ -219,7 +222,7 @@ def _queue_table(txn: LedgerTransaction, reasons: dict[str, str]) -> Table:
     rows = []
     for position, waiter in enumerate(turn_order(txn.ledger.queue), start=1):
         request = waiter.request
-        wants = f"{request.gpus} GPU(s)" + (" sensitive" if request.sensitive else "")
+        wants = count_of(request.gpus, "GPU") + (" sensitive" if request.sensitive else "")
         if request.mig is not None:
             wants = f"MIG {request.mig.describe()}"
         if request.share is not None:
@@ -413,9 +416,9 @@ def _mig_table(host: Host, occupancy: Occupancy) -> Table:
 
 
 def _shared_cell(occupancy: Occupancy, gpu: int) -> str:
-    """``2 shared job(s), 75% of it``: how many, and how much of the GPU they hold."""
+    """``2 shared jobs, 75% of it``: how many, and how much of the GPU they hold."""
     count = len(occupancy.shares.get(gpu, ()))
-    text = f"{count} shared job(s)"
+    text = count_of(count, "shared job")
     return f"{text}, {occupancy.shared_fraction(gpu):.0%} of it" if count else text
 
 

@@ -10,6 +10,7 @@ from gpualloc.cli import complete
 from gpualloc.cli.declare import Argument, Group, Option
 from gpualloc.cli.state import STATE
 from gpualloc.errors import RequestError
+from gpualloc.model.printable import count_of
 
 app = Group(
     help="What a host looks like: GPUs, NVLink/PCIe links, NUMA nodes.",
@@ -188,7 +189,7 @@ def import_text(
         write_output(output, topology.to_json(), "-o")
         from gpualloc.cli.output import say
 
-        say(f"wrote {output} ({topology.gpu_count} GPUs)")
+        say(f"wrote {output} ({count_of(topology.gpu_count, 'GPU')})")
         if not as_json:
             return
     _render(topology, as_json)
@@ -231,7 +232,7 @@ def record(
     from gpualloc.atomic import write_output
 
     write_output(output, topology.to_json(), "-o")
-    say(f"wrote {output} ({topology.gpu_count} GPUs)")
+    say(f"wrote {output} ({count_of(topology.gpu_count, 'GPU')})")
 
 
 @app.command("export", short_help="Write the topology as a graph file (GraphML, GEXF, JSON).")
@@ -267,7 +268,7 @@ def export(
     from gpualloc.atomic import write_output
 
     write_output(output, text, "-o")
-    say(f"wrote {output} ({topology.gpu_count} GPUs, {fmt})")
+    say(f"wrote {output} ({count_of(topology.gpu_count, 'GPU')}, {fmt})")
 
 
 def _render(topology, as_json: bool) -> None:

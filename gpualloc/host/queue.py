@@ -133,8 +133,8 @@ def take_turn(
         if earlier.passed_over >= earlier.max_bypass:
             return Turn(
                 None,
-                reason=f"{_who(earlier)} was passed over {earlier.passed_over} times: no "
-                "more backfill until it starts",
+                reason=f"{_who(earlier)} was passed over {count_of(earlier.passed_over, 'time')}: "
+                "no more backfill until it starts",
                 held_by="Priority",
                 position=position,
             )
@@ -184,7 +184,8 @@ def _pending_reason(turn: Turn, waiter: Waiter, *, own: bool) -> str:
             "on GPUs it cannot use yet, and do not count against its --max-bypass"
         )
     if waiter.passed_over >= waiter.max_bypass:
-        return f"{said}; no later job may start before it (passed over {waiter.passed_over} times)"
+        times = count_of(waiter.passed_over, "time")
+        return f"{said}; no later job may start before it (passed over {times})"
     if turn.held_by == "Resources":
         left = waiter.max_bypass - waiter.passed_over
         more = count_of(left, "more time")
@@ -373,11 +374,20 @@ def newcomer_passes(
     )
     if not turn.go:
         raise GpusBusy(
-            f"{len(txn.ledger.queue)} job(s) wait in the host queue and this one may not pass "
-            f"them: {turn.reason}",
-            hint="add --wait to queue behind them ('gpualloc status' shows the queue)",
+            f"{_waiting(len(txn.ledger.queue))} in the host queue and this one may not pass "
+            f"{_them(len(txn.ledger.queue))}: {turn.reason}",
+            hint=f"add --wait to queue behind {_them(len(txn.ledger.queue))} ('gpualloc "
+            "status' shows the queue)",
         )
     return turn.passed
+
+
+def _waiting(count: int) -> str:
+    return f"{count_of(count, 'job')} {'waits' if count == 1 else 'wait'}"
+
+
+def _them(count: int) -> str:
+    return "it" if count == 1 else "them"
 
 
 def new_waiter(

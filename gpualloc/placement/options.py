@@ -22,6 +22,7 @@ from msgspec import Struct
 from gpualloc.errors import RequestError
 from gpualloc.job_options import MAX_GPUS, JobOption, job_fields
 from gpualloc.model.option_values import gpu_list, gpu_sequence, mig_request, parse_size
+from gpualloc.model.printable import count_of
 
 if TYPE_CHECKING:
     from gpualloc.config import Config
@@ -86,7 +87,8 @@ class _JobOptionsMethods(Struct, frozen=True, kw_only=True):
                 raise RequestError("--gpus is empty", hint="e.g. --gpus 0,1")
             if count is not None and count != len(chosen):
                 raise RequestError(
-                    f"-n {count} but --gpus names {len(chosen)} GPU(s)", hint="give one of them"
+                    f"-n {count} but --gpus names {count_of(len(chosen), 'GPU')}",
+                    hint="give one of them",
                 )
             if self.exclude or self.require:
                 raise RequestError(

@@ -31,6 +31,7 @@ from msgspec import Struct
 
 from gpualloc.errors import RequestError
 from gpualloc.job_options import MAX_GPUS
+from gpualloc.model.printable import count_of
 from gpualloc.model.request import CommunicationPattern, max_edges
 from gpualloc.user_files import names_anything, shown_value
 
@@ -135,12 +136,13 @@ def pattern_from_edges(data: object, k: int, *, name: str, origin: str) -> Commu
         if not (0 <= u < k and 0 <= v < k):
             raise PatternError(
                 f"{origin}: edge #{position} ({u}, {v}) leaves ranks 0..{k - 1}",
-                hint=f"the job asks for {k} GPUs (-n); a pattern's vertices are 0..{k - 1}",
+                hint=f"the job asks for {count_of(k, 'GPU')} (-n); a pattern's vertices are "
+                f"0..{k - 1}",
             )
         edges.append((min(u, v), max(u, v)))
         if len(edges) > max_edges(k):
             raise PatternError(
-                f"{origin}: more than {max_edges(k)} edges for {k} ranks",
+                f"{origin}: more than {count_of(max_edges(k), 'edge')} for {count_of(k, 'rank')}",
                 hint="list each pair of ranks that talk once (twice at most: both ways)",
             )
     try:
