@@ -296,3 +296,24 @@ def test_mem_in_bytes_says_so() -> None:
 
     assert parse_size("4096B", "--mem") == 4096
     assert parse_size("8G", "--mem") == 8 * 1024**3
+
+
+@pytest.mark.parametrize(
+    ("weights", "said"),
+    [
+        (
+            "0,0,0",
+            "--drb-weights '0,0,0': all three weights are zero; at least one must be positive",
+        ),
+        ("1,-1,0", "--drb-weights '1,-1,0': a weight is negative (-1)"),
+        ("1,2", "--drb-weights '1,2' is not three non-negative numbers"),
+    ],
+)
+@pytest.mark.parametrize("command", [["alloc", "--hold"], ["run", "--dry-run", "--", "true"]])
+def test_drb_weights_say_which_rule_they_break(
+    cli: Cli, weights: str, said: str, command: list[str]
+) -> None:
+    """``0,0,0`` was "is not three non-negative numbers": it is three, and none is negative."""
+    result = cli("--topology", "dgx1-v100", command[0], "--drb-weights", weights, *command[1:])
+    _refused(result, 2)
+    assert result.stderr.startswith(f"error: {said}\n"), result.stderr

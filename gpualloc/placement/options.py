@@ -272,18 +272,31 @@ def effective_model(score: str) -> EffectiveModel:
 
 
 def utility_weights(value: str | tuple[float, float, float] | None) -> UtilityWeights:
+    """``--drb-weights C,I,F`` as weights summing to 1; a usage error saying which of the
+    three rules it breaks (three numbers, none negative, not all zero)."""
     from gpualloc.model.printable import printable
     from gpualloc.placement.utility import UtilityWeights
 
     if value is None:
         return UtilityWeights()
+    said = f"--drb-weights '{printable(str(value), 60)}'"
     try:
         values = [float(part) for part in value.split(",")] if isinstance(value, str) else value
         if len(values) != 3 or not all(math.isfinite(v) for v in values):
             raise ValueError
-        return UtilityWeights(*values).normalised()
     except (ValueError, TypeError):
         raise RequestError(
-            f"--drb-weights '{printable(str(value), 60)}' is not three non-negative numbers",
+            f"{said} is not three non-negative numbers",
             hint="e.g. --drb-weights 0.5,0.25,0.25 (communication, interference, fragmentation)",
         ) from None
+    if min(values) < 0:
+        raise RequestError(
+            f"{said}: a weight is negative ({min(values):g})",
+            hint="a weight is a share of the utility: 0 leaves that part out",
+        )
+    if not any(values):
+        raise RequestError(
+            f"{said}: all three weights are zero; at least one must be positive",
+            hint="e.g. --drb-weights 1,0,0 to weigh communication alone",
+        )
+    return UtilityWeights(*values).normalised()
