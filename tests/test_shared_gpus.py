@@ -535,7 +535,7 @@ def test_simulate_takes_a_share_placement(cli) -> None:
     args = ("--topology", "dgx1-v100", "simulate", "--generate", "mixed:jobs=30", "--json")
     assert cli(*args, "--sharing", "2", "--share-placement", "first-fit").exit_code == 0
     bad = cli(*args, "--sharing", "2", "--share-placement", "random")
-    assert bad.exit_code == ExitCode.USAGE and "fgd or best-fit" in bad.stderr
+    assert bad.exit_code == ExitCode.USAGE and "not one of fgd, best-fit" in bad.stderr
 
 
 # ---- the live request mix (issue 33, point 3) ---------------------------------------------------

@@ -129,11 +129,9 @@ def _run(socket: Path, values: Mapping[str, Any]) -> None:
     try:
         mode = NumaMode(STATE.setting("numa", numa))
     except ValueError:
-        from gpualloc.user_files import shown_value
+        from gpualloc.model.option_values import unknown_choice
 
-        raise RequestError(
-            f"unknown --numa {shown_value(numa)}", hint="choose auto, bind or none"
-        ) from None
+        raise unknown_choice("--numa", numa, [mode.value for mode in NumaMode]) from None
     command = list(values["command"])
     resolve_program(command[0], os.environ)  # 127/126 before any GPU is taken
     pid = os.getpid()

@@ -222,11 +222,9 @@ def check_wait_flags(
     from gpualloc.errors import RequestError
 
     if priority is not None and priority not in ("high", "normal", "low"):
-        from gpualloc.user_files import shown_value
+        from gpualloc.model.option_values import unknown_choice
 
-        raise RequestError(
-            f"unknown --priority {shown_value(priority)}", hint="choose high, normal or low"
-        )
+        raise unknown_choice("--priority", priority, ("high", "normal", "low"))
     if not wait and (timeout is not None or priority is not None or max_bypass is not None):
         raise RequestError(
             "--timeout, --priority and --max-bypass apply to --wait", hint="add --wait"
@@ -241,11 +239,9 @@ def alloc_owner(output_format: str, pid: int | None, hold: bool) -> int | None:
     from gpualloc.errors import RequestError
 
     if output_format not in ("ids", "env", "json"):
-        from gpualloc.user_files import shown_value
+        from gpualloc.model.option_values import unknown_choice
 
-        raise RequestError(
-            f"unknown --format {shown_value(output_format)}", hint="choose ids, env or json"
-        )
+        raise unknown_choice("--format", output_format, ("ids", "env", "json"))
     if pid is not None and hold:
         raise RequestError("--pid and --hold both say how long the lease lives", hint="give one")
     owner = None if hold else (pid or os.getppid())

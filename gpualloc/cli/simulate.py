@@ -193,7 +193,11 @@ def simulate_command(
         )
     policies = [name.strip() for name in policy.split(",") if name.strip()]
     if not policies:
-        raise RequestError("--policy names no policy", hint="e.g. --policy baseline,mapa")
+        from gpualloc.placement.registry import policy_names
+
+        raise RequestError(
+            "--policy names no policy", hint=f"the policies: {', '.join(policy_names())}"
+        )
     for name in policies:
         get_policy(name)
     if profile is not None and runtime not in ("profile", "auto"):

@@ -92,6 +92,7 @@ def _idle_threshold(text: str | None) -> timedelta | None:
         return None
     from gpualloc.durations import parse_duration_text
     from gpualloc.errors import RequestError
+    from gpualloc.model.option_values import DURATION_HINT
     from gpualloc.user_files import shown_value
 
     try:
@@ -100,7 +101,7 @@ def _idle_threshold(text: str | None) -> timedelta | None:
         said = f"--idle {exc}" if "year" in str(exc) else f"--idle {shown_value(text)}"
         raise RequestError(
             said if "year" in str(exc) else f"{said} is not a duration",
-            hint="give one such as 2h, 90m or 3600",
+            hint=DURATION_HINT,
         ) from None
 
 

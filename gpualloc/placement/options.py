@@ -266,9 +266,9 @@ def effective_model(score: str) -> EffectiveModel:
     try:
         return EffectiveModel(score)
     except ValueError:
-        raise RequestError(
-            f"unknown --score {score!r}", hint="choose auto, mapa or bottleneck"
-        ) from None
+        from gpualloc.model.option_values import unknown_choice
+
+        raise unknown_choice("--score", score, [m.value for m in EffectiveModel]) from None
 
 
 def utility_weights(value: str | tuple[float, float, float] | None) -> UtilityWeights:
@@ -287,7 +287,7 @@ def utility_weights(value: str | tuple[float, float, float] | None) -> UtilityWe
     except (ValueError, TypeError):
         raise RequestError(
             f"{said} is not three non-negative numbers",
-            hint="e.g. --drb-weights 0.5,0.25,0.25 (communication, interference, fragmentation)",
+            hint="they weigh each part against the others: 2,1,1 counts communication double",
         ) from None
     if min(values) < 0:
         raise RequestError(

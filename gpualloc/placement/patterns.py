@@ -98,10 +98,15 @@ def build_pattern(spec: str, k: int) -> CommunicationPattern:
     # why it cannot be (exit 8, as every file option: tests/test_user_files.py), not "unknown
     # pattern".
     if not (os.sep in spec or spec.endswith(".json") or names_anything(path)):
+        import difflib
+
+        close = difflib.get_close_matches(spec, BUILTIN_PATTERNS, n=1)
         raise PatternError(
             f"unknown pattern {shown_value(spec)}: not one of {', '.join(BUILTIN_PATTERNS)} "
             "and not a file",
-            hint="give ring, all, tree or star, or a JSON edge list such as [[0, 1], [1, 2]]",
+            hint=f"did you mean {close[0]}?"
+            if close
+            else "a pattern file holds a JSON edge list over the ranks, e.g. [[0, 1], [1, 2]]",
         )
     from gpualloc.user_files import json_document, read_user_text
 
