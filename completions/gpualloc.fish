@@ -146,7 +146,7 @@ complete -c gpualloc -n '__fish_seen_subcommand_from simulate' -l limit -r -f -d
 complete -c gpualloc -n '__fish_seen_subcommand_from simulate' -l load -r -f -d 'Rescale arrival times so that the jobs offer this host RHO of its GPU time (GPUs x run time, a…'
 complete -c gpualloc -n '__fish_seen_subcommand_from simulate' -l seed -r -f -d 'Seed of --generate.'
 complete -c gpualloc -n '__fish_seen_subcommand_from simulate' -l save-trace -r -F -d 'Write the jobs simulated as a JSON Lines trace.'
-complete -c gpualloc -n '__fish_seen_subcommand_from simulate' -l plot -r -f -a '(__fish_complete_directories)' -d 'Write PNG figures there: effective bandwidth per policy, GPU occupancy over time, completion-time…'
+complete -c gpualloc -n '__fish_seen_subcommand_from simulate' -l plot -r -f -a '(__fish_complete_directories)' -d 'Write PNG figures there (made when missing, in a directory that exists): effective bandwidth per…'
 complete -c gpualloc -n '__fish_seen_subcommand_from simulate' -l report -r -F -d 'Write a Markdown report: the settings, the comparison table, and the figures of --plot.'
 complete -c gpualloc -n '__fish_seen_subcommand_from simulate' -l json -d 'Print JSON: summaries, jobs and the timeline.'
 complete -c gpualloc -n '__fish_seen_subcommand_from simulate' -l help -s h -d 'Show the help and exit.'

@@ -9,8 +9,18 @@ import os
 import stat
 from pathlib import Path
 
+from gpualloc.errors import FileAccessError
+from gpualloc.user_files import names_anything, shown_path
 
-def write_text_atomic(path: Path, text: str, *, mode: int | None = None, sync: bool = True) -> None:
+
+def write_text_atomic(
+    path: Path,
+    text: str,
+    *,
+    mode: int | None = None,
+    sync: bool = True,
+    create_parents: bool = True,
+) -> None:
     """Write ``text`` to ``path`` via a temporary file in the same directory, fsync, rename.
     ``mode`` sets the new file's permissions (default: the temporary file's 0600). Without
     ``sync`` there is no fsync: the rename still makes the change atomic for every process
@@ -27,9 +37,11 @@ def write_text_atomic(path: Path, text: str, *, mode: int | None = None, sync: b
     (root's Slurm hooks rely on it in a shared directory); a path a user names for output goes
     through :func:`write_user_output` instead.
 
+    gpualloc's own files get their directories made (``create_parents``); a user's never do.
     Raises ``OSError`` (the temporary file is removed) when the directory is not writable.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if create_parents:
+        path.parent.mkdir(parents=True, exist_ok=True)
     # What tempfile.mkstemp does, without importing tempfile (and shutil, random) on every
     # command's path: a new name nobody else can have opened, created 0600.
     temporary = path.with_name(f".{path.name}.{os.urandom(6).hex()}.tmp")
@@ -53,11 +65,71 @@ def write_text_atomic(path: Path, text: str, *, mode: int | None = None, sync: b
         raise
 
 
+def write_output(path: Path, text: str, option: str) -> None:
+    """:func:`write_user_output`, a failure one :class:`~gpualloc.errors.FileAccessError`
+    (exit 8) naming ``option`` and the path, for every command that writes a file a user
+    named; a missing directory is named, never made (``tests/test_cli.py``)."""
+    try:
+        write_user_output(path, text)
+    except OSError as exc:
+        shown = shown_path(path)
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise missing_directory(option, path) from None
+        if exc.errno == errno.ENXIO:  # O_NONBLOCK's answer for a FIFO with no reader
+            reason, hint = "no process reads that pipe", "start the pipe's reader first"
+        else:
+            reason, hint = exc.strerror or str(exc), _WHAT_TO_DO.get(exc.errno or 0)
+        raise FileAccessError(f"cannot write {option} {shown}: {reason}", hint=hint) from None
+
+
+_WHAT_TO_DO = {
+    errno.EACCES: "give a path in a directory you may write",
+    errno.EPERM: "give a path in a directory you may write",
+    errno.EROFS: "give a path on a writable file system",
+    errno.ENOSPC: "free some space, or write elsewhere",
+    errno.EISDIR: "name a file in it",
+}
+"""errno -> the hint of :func:`write_output`."""
+
+
+def missing_directory(option: str, path: Path) -> FileAccessError:
+    """The error for output into a directory that does not exist (or a path through a file):
+    the first missing directory on the way named, and how to make it. gpualloc makes none: a
+    typo in ``-o`` made ``/resluts/`` at the root of the file system for some writers."""
+    directory = path.absolute().parent
+    while directory.parent != directory and not _is_directory(directory.parent):
+        directory = directory.parent
+    cannot = f"cannot write {option} {shown_path(path)}:"
+    if names_anything(directory):
+        return FileAccessError(
+            f"{cannot} {shown_path(directory)} is not a directory", hint="give another path"
+        )
+    return FileAccessError(
+        f"{cannot} the directory {shown_path(directory)} does not exist",
+        hint=f"create it first (mkdir -p {shown_path(path.parent)}), or give another path",
+    )
+
+
+def check_output_directory(path: Path, option: str) -> None:
+    """Refuse now, before the work, output that :func:`write_output` would refuse at the end
+    for its missing directory."""
+    if not _is_directory(path.absolute().parent):
+        raise missing_directory(option, path)
+
+
+def _is_directory(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
 def write_user_output(path: Path, text: str) -> None:
     """Write ``text`` to a path a user named for output (``-o``, ``--save-trace``): a link is
     followed (``/dev/stdout``), a device or a FIFO is written in place (never renamed over:
     run as root, that replaced ``/dev/full`` with a file), a FIFO nobody reads is ``ENXIO`` at
-    once instead of a wait, and a regular file is replaced atomically."""
+    once instead of a wait, and a regular file is replaced atomically. No directory is made:
+    a missing one is ``FileNotFoundError``."""
     if path.is_symlink():
         path = Path(os.path.realpath(path))
     try:
@@ -65,7 +137,7 @@ def write_user_output(path: Path, text: str) -> None:
     except FileNotFoundError:
         info = None
     if info is None or stat.S_ISREG(info.st_mode):
-        write_text_atomic(path, text)
+        write_text_atomic(path, text, create_parents=False)
         return
     if stat.S_ISDIR(info.st_mode):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))

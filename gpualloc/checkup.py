@@ -23,6 +23,7 @@ from msgspec import Struct
 from gpualloc.discovery.links import P2P_MEANING, GpuLinks, LinksNow
 from gpualloc.ledger.attribution import Attribution
 from gpualloc.ledger.schema import Lease
+from gpualloc.model.printable import count_of
 from gpualloc.model.topology import GpuFault, Topology
 
 Severity = Literal["ok", "note", "problem"]
@@ -127,7 +128,7 @@ def _nvlink_findings(topology: Topology, links: LinksNow) -> list[Finding]:
                 "nvlink",
                 "all GPUs",
                 "ok",
-                f"{healthy} NVLink connection(s) with every link up at its generation",
+                f"{count_of(healthy, 'NVLink connection')} with every link up at its generation",
             )
         )
     return found
@@ -198,7 +199,9 @@ def _nvlink_counts(topology: Topology, links: LinksNow) -> list[Finding]:
         found += [problem] if problem else []
         healthy += problem is None
     if healthy:
-        found.append(Finding("nvlink", "all GPUs", "ok", f"{healthy} GPU(s) with every NVLink up"))
+        found.append(
+            Finding("nvlink", "all GPUs", "ok", f"{count_of(healthy, 'GPU')} with every NVLink up")
+        )
     return found
 
 
@@ -255,7 +258,9 @@ def _pcie_findings(links: LinksNow) -> list[Finding]:
         found += [Finding("pcie", f"GPU {gpu}", "note", note)] if note else []
     if full:
         found.append(
-            Finding("pcie", "all GPUs", "ok", f"{len(full)} GPU(s) at their full PCIe width")
+            Finding(
+                "pcie", "all GPUs", "ok", f"{count_of(len(full), 'GPU')} at their full PCIe width"
+            )
         )
     return found
 
@@ -290,7 +295,7 @@ def _p2p_findings(links: LinksNow, leases: Iterable[Lease]) -> list[Finding]:
                 "p2p",
                 "host",
                 "note",
-                f"peer-to-peer is off between {len(others)} GPU pair(s) no lease holds "
+                f"peer-to-peer is off between {count_of(len(others), 'GPU pair')} no lease holds "
                 f"({', '.join(f'{c}: {P2P_MEANING[c]}' for c in codes)}): jobs spanning them "
                 "copy through host memory",
             )
@@ -298,7 +303,12 @@ def _p2p_findings(links: LinksNow, leases: Iterable[Lease]) -> list[Finding]:
     working = [p for p, code in links.p2p.items() if code == "OK"]
     if working:
         found.append(
-            Finding("p2p", "host", "ok", f"peer-to-peer works between {len(working)} GPU pair(s)")
+            Finding(
+                "p2p",
+                "host",
+                "ok",
+                f"peer-to-peer works between {count_of(len(working), 'GPU pair')}",
+            )
         )
     return found
 

@@ -24,7 +24,8 @@ class ExitCode(IntEnum):
     USAGE = 2
     """The command line is wrong (unknown option, bad value); click's own convention."""
     TOPOLOGY_NOT_FOUND = 3
-    """``--topology`` names neither a bundled topology nor a readable file."""
+    """``--topology`` names neither a bundled topology nor an existing file (one that exists
+    but cannot be read is ``IO``)."""
     TOPOLOGY_PARSE = 4
     """Recorded ``nvidia-smi`` / ``numactl`` text or a topology file could not be understood."""
     TOPOLOGY_INVALID = 5
@@ -34,7 +35,9 @@ class ExitCode(IntEnum):
     DISCOVERY = 7
     """NVML or nvidia-smi is present but failed in a way gpualloc cannot work around."""
     IO = 8
-    """A file gpualloc had to read or write could not be accessed."""
+    """A file gpualloc had to read or write could not be accessed: missing, not permitted, not a
+    regular file, too large. One code whichever option or setting named it; a file read that
+    cannot be understood is its kind's own code (a trace 14, a configuration file 15)."""
     NO_PLACEMENT = 9
     """No set of GPUs satisfies the request now (too few free GPUs, a required GPU busy)."""
     BUSY = 10
@@ -79,12 +82,12 @@ EXIT_CODE_DESCRIPTIONS: dict[ExitCode, str] = {
     ExitCode.OK: "success",
     ExitCode.INTERNAL: "internal error (a bug); rerun with --debug and report it",
     ExitCode.USAGE: "bad command line",
-    ExitCode.TOPOLOGY_NOT_FOUND: "--topology names no bundled topology and no readable file",
+    ExitCode.TOPOLOGY_NOT_FOUND: "--topology names no bundled topology and no existing file",
     ExitCode.TOPOLOGY_PARSE: "recorded nvidia-smi/numactl text or topology file not understood",
     ExitCode.TOPOLOGY_INVALID: "topology file inconsistent or written by a newer gpualloc",
     ExitCode.NO_GPU: "no NVIDIA GPU found and no topology given",
     ExitCode.DISCOVERY: "NVML or nvidia-smi failed",
-    ExitCode.IO: "a file could not be read or written",
+    ExitCode.IO: "a file could not be read or written (whichever option named it)",
     ExitCode.NO_PLACEMENT: "no set of free GPUs satisfies the request",
     ExitCode.BUSY: "the GPUs needed are held by others now",
     ExitCode.LEDGER: "the shared ledger cannot be used (unsafe directory, newer or corrupt file)",
@@ -267,6 +270,12 @@ class WaitTimedOut(GpuallocError):
     """``--wait`` gave up at ``--timeout``."""
 
     exit_code = ExitCode.TIMEOUT
+
+
+class Interrupted(GpuallocError):
+    """Ctrl-C while gpualloc waited; the message says for what and what it left."""
+
+    exit_code = ExitCode.INTERRUPTED
 
 
 class TraceError(GpuallocError):

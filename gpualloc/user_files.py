@@ -5,8 +5,15 @@ file) so that nothing named can hang or exhaust gpualloc (issue 30, point 1).
 directory or a socket is no document. So every such file is opened without blocking
 (``O_NONBLOCK``: a FIFO opens at once), checked with ``fstat`` on the descriptor (a regular file
 only: the object opened, not the name, so nothing can be swapped in between), and read to at
-most :data:`MAX_BYTES`. Each refusal is one error naming the file and what it is, raised as the
-caller's own error class, so the exit code stays that of the document's kind.
+most :data:`MAX_BYTES`. Each refusal is one error naming the file and what it is.
+
+One rule for the exit code, whichever option named the file: a file whose bytes could not be
+had (missing, not permitted, not a regular file, too large, a read that failed) is a
+:class:`~gpualloc.errors.FileAccessError` (exit 8), and only a missing topology is its own
+(``TopologyNotFound``, exit 3: the name may be a misspelt bundled one); bytes read that the
+reader cannot understand (not UTF-8, then not the format) are the document's own error, a trace
+exit 14, a configuration file 15 (``tests/test_user_files.py`` holds every file-taking option to
+this).
 """
 
 from __future__ import annotations
@@ -76,10 +83,11 @@ def names_a_file(path: Path) -> bool:
         return False
 
 
-def why_not_a_file(path: Path, what: str, error: type[GpuallocError]) -> GpuallocError:
+def why_not_a_file(path: Path, what: str) -> FileAccessError:
     """The error for a ``path`` that :func:`names_a_file` refused, in the words
     :func:`read_user_bytes` would use: missing, behind a closed directory, or a FIFO (a shell's
     ``<(...)``), directory or device."""
+    error = FileAccessError
     shown = shown_path(path)
     try:
         info = path.stat()
@@ -94,10 +102,7 @@ def why_not_a_file(path: Path, what: str, error: type[GpuallocError]) -> Gpuallo
                 hint="give a path in a directory you may enter, or ask its owner for access",
             )
         return error(f"cannot read {what} {shown}: {getattr(exc, 'strerror', None) or exc}")
-    return error(
-        f"{what} {shown} is a {describe_kind(info.st_mode)}, not a regular file",
-        hint=f"give the path of a {what} saved to a file",
-    )
+    return _not_a_regular_file(what, shown, info.st_mode)
 
 
 def names_anything(path: Path) -> bool:
@@ -174,10 +179,10 @@ def read_user_text(
 ) -> str:
     """The text of the file at ``path`` (``what`` names it in errors: "topology file").
 
-    Raises ``missing`` (else ``error``) when it does not exist, and ``error`` when it is not a
-    regular file, is larger than ``max_bytes``, cannot be read, or is not UTF-8 text (unless
-    ``replace_bad_bytes``: recorded command output may carry stray bytes)."""
-    data = read_user_bytes(path, what, error=error, missing=missing, max_bytes=max_bytes)
+    Raises what :func:`read_user_bytes` raises when the file cannot be read, and ``error`` (the
+    document's kind) when it is not UTF-8 text (unless ``replace_bad_bytes``: recorded command
+    output may carry stray bytes)."""
+    data = read_user_bytes(path, what, missing=missing, max_bytes=max_bytes)
     shown = shown_path(path)
     try:
         return data.decode("utf-8", errors="replace" if replace_bad_bytes else "strict")
@@ -192,11 +197,13 @@ def read_user_bytes(
     path: Path | str,
     what: str,
     *,
-    error: type[GpuallocError] = FileAccessError,
     missing: type[GpuallocError] | None = None,
     max_bytes: int = MAX_BYTES,
 ) -> bytes:
-    """The bytes of a regular file of at most ``max_bytes`` (see :func:`read_user_text`)."""
+    """The bytes of a regular file of at most ``max_bytes``. Raises ``missing`` (else
+    :class:`~gpualloc.errors.FileAccessError`) when it does not exist, and FileAccessError when
+    it is not a regular file, is larger than ``max_bytes`` or cannot be read."""
+    error = FileAccessError
     shown = shown_path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -214,10 +221,7 @@ def read_user_bytes(
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise error(
-                f"{what} {shown} is a {describe_kind(info.st_mode)}, not a regular file",
-                hint=f"give the path of a {what} saved to a file",
-            )
+            raise _not_a_regular_file(what, shown, info.st_mode)
         if info.st_size > max_bytes:
             raise error(
                 f"{what} {shown} is {info.st_size / 2**20:.0f} MiB, more than the "
@@ -241,6 +245,17 @@ def read_user_bytes(
         raise error(f"cannot read {what} {shown}: {exc.strerror}") from None
     finally:
         os.close(fd)
+
+
+def _not_a_regular_file(what: str, shown: str, mode: int) -> FileAccessError:
+    """A FIFO (a shell's ``<(...)``), a device or a directory where a file was expected."""
+    if stat.S_ISDIR(mode):
+        hint = f"name the {what} itself, not a directory"
+    else:  # read whole, a FIFO blocks or a device never ends (the module's docstring)
+        hint = "gpualloc reads regular files only: save it to a file first (e.g. 'cmd > file')"
+    return FileAccessError(
+        f"{what} {shown} is a {describe_kind(mode)}, not a regular file", hint=hint
+    )
 
 
 def describe_kind(mode: int) -> str:

@@ -173,6 +173,15 @@ def measured_benchmark() -> Iterator[Any]:
 
 
 @pytest.fixture
+def world_dir() -> Iterator[Path]:
+    """A directory every user may enter (pytest's tmp_path is root's alone)."""
+    path = Path(tempfile.mkdtemp(prefix="gpualloc-test-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
 def closed_directory() -> Iterator[Path]:
     """A directory only its owner (root, in CI) may enter, in one every user may enter: for
     "cannot be entered" errors (pytest's tmp_path is not open to other users)."""

@@ -104,6 +104,20 @@ def test_a_variable_set_but_not_understood_is_exit_15(
     assert f"error: {message}" in result.stderr
 
 
+@pytest.mark.parametrize("given", [["--topology", ""], ["--topology="], ["-t", " "]])
+@pytest.mark.parametrize(
+    "command", [["topo", "show"], ["status"], ["run", "-n", "1", "--", "true"], ["plan"]]
+)
+def test_an_empty_topology_option_is_a_usage_error(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch, given: list[str], command: list[str]
+) -> None:
+    """``--topology ''`` fell back to $GPUALLOC_TOPOLOGY (or this host) without a word."""
+    monkeypatch.setenv("GPUALLOC_TOPOLOGY", "dgx1-v100")
+    result = cli(*given, *command)
+    _refused(result, 2)
+    assert result.stderr.startswith("error: --topology is empty\nhint: ") and result.stdout == ""
+
+
 def test_a_system_config_that_does_not_exist_is_exit_15(
     cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -349,3 +363,87 @@ def test_mem_in_bytes_says_so() -> None:
 
     assert parse_size("4096B", "--mem") == 4096
     assert parse_size("8G", "--mem") == 8 * 1024**3
+
+
+@pytest.mark.parametrize(
+    ("weights", "said"),
+    [
+        (
+            "0,0,0",
+            "--drb-weights '0,0,0': all three weights are zero; at least one must be positive",
+        ),
+        ("1,-1,0", "--drb-weights '1,-1,0': a weight is negative (-1)"),
+        ("1,2", "--drb-weights '1,2' is not three non-negative numbers"),
+    ],
+)
+@pytest.mark.parametrize("command", [["alloc", "--hold"], ["run", "--dry-run", "--", "true"]])
+def test_drb_weights_say_which_rule_they_break(
+    cli: Cli, weights: str, said: str, command: list[str]
+) -> None:
+    """``0,0,0`` was "is not three non-negative numbers": it is three, and none is negative."""
+    result = cli("--topology", "dgx1-v100", command[0], "--drb-weights", weights, *command[1:])
+    _refused(result, 2)
+    assert result.stderr.startswith(f"error: {said}\n"), result.stderr
+
+
+# ---- hints that only repeated the option's help --------------------------------------------
+
+BAD_VALUES = [
+    (["run", "--dry-run", "--numa", "bnid", "--", "true"], "run --numa", "bind"),
+    (["run", "--wait", "--priority", "hgih", "--", "true"], "run --priority", "high"),
+    (["alloc", "--format", "yaml"], "alloc --format", None),
+    (["topo", "export", "--format", "gexff"], "topo export --format", "gexf"),
+    (["run", "--dry-run", "--score", "mapp", "--", "true"], "run --score", "mapa"),
+    (["run", "--dry-run", "--policy", "spraed", "--", "true"], "run --policy", "spread"),
+    (["run", "--dry-run", "-n", "2", "--pattern", "rign", "--", "true"], "run --pattern", "ring"),
+    (["simulate", "--generate", "mixd"], "simulate --generate", "mixed"),
+    (["simulate", "--generate", "mapa", "--queue", "lifo"], "simulate --queue", "fifo"),
+    (["simulate", "--generate", "mapa", "--runtime", "fast"], "simulate --runtime", None),
+    (["simulate", "--generate", "mapa", "--load", "5000"], "simulate --load", None),
+    (["run", "--wait", "--timeout", "soon", "--", "true"], "run --timeout", None),
+    (["status", "--idle", "soon"], "status --idle", None),
+    (["run", "--dry-run", "--share", "--mem", "lots", "--", "true"], "run --mem", None),
+    (["run", "--dry-run", "--mig", "big", "--", "true"], "run --mig", None),
+    (["run", "--dry-run", "--drb-weights", "1,2", "--", "true"], "run --drb-weights", None),
+]  # fmt: skip
+_FILLER = {"the", "a", "an", "of", "to", "or", "and", "in", "is", "for", "on", "with", "as", "by",
+           "it", "its", "e.g", "choose", "give", "one", "one of"}  # fmt: skip
+
+
+def _help_of(option: str) -> str:
+    import typer
+
+    from gpualloc.cli.app import app
+
+    *path, name = option.split()
+    command = typer.main.get_command(app)
+    for word in path:
+        command = command.commands[word]  # type: ignore[attr-defined]
+    (param,) = [p for p in command.params if name in p.opts]
+    return param.help or ""
+
+
+def _words(text: str) -> set[str]:
+    import re
+
+    return {w.strip(".") for w in re.findall(r"[a-z0-9][a-z0-9_.]*", text.lower())} - _FILLER
+
+
+@pytest.mark.parametrize(("args", "option", "meant"), BAD_VALUES, ids=lambda v: str(v))
+def test_a_bad_value_gets_a_hint_its_help_does_not_already_give(
+    cli: Cli, args: list[str], option: str, meant: str | None
+) -> None:
+    """Hints such as "choose auto, bind or none" or "e.g. --timeout 90, 30s, 5m, 1h30m" said
+    again what --help says of the option: a choice error names the choices in the error and
+    hints at the one closest to what was typed; any other hint says something the help does
+    not."""
+    result = cli("--topology", "dgx1-v100", *args)
+    assert result.exit_code in (2, 14), result.stderr
+    _refused(result, result.exit_code)
+    hints = [line[6:] for line in result.stderr.splitlines() if line.startswith("hint: ")]
+    if meant is not None:
+        assert hints == [f"did you mean {meant}?"], result.stderr
+    for hint in hints:
+        said = _words(hint) - _words(option)
+        repeated = said & _words(_help_of(option))
+        assert len(repeated) < 0.5 * len(said), (hint, sorted(repeated))

@@ -132,7 +132,7 @@ def test_a_config_file_in_a_closed_directory_names_the_directory(closed_director
     cli = UserCommandLine(user)
     for args in (["--topology", "dgx1-v100", "status"], ["config", "show"]):
         result = cli(user, *args, env={"XDG_CONFIG_HOME": str(closed / "config")})
-        assert result.returncode == ExitCode.CONFIG, result.stderr
+        assert result.returncode == ExitCode.IO, result.stderr  # as every file option
         assert result.stderr == (
             f"error: cannot read configuration file {closed}/config/gpualloc/config.toml: the "
             f"directory {closed} cannot be entered (no search permission)\n"

@@ -7,13 +7,13 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.child_processes import read_all, reap
 from tests.conftest import Result, run_in_process
+from tests.unix_users import in_process_as_nobody
 
 Cli = Callable[..., Result]
 
@@ -191,70 +191,6 @@ def test_gc_kills_an_idle_notify_that_hangs(tmp_path: Path, notify: str) -> None
 # ---- item 5: messages that said the wrong thing ----------------------------------------------
 
 
-@pytest.fixture
-def world_dir() -> Iterator[Path]:
-    """A directory every user may enter (pytest's tmp_path is root's alone)."""
-    import shutil
-    import tempfile
-
-    path = Path(tempfile.mkdtemp(prefix="gpualloc-test-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _as_nobody(commands: list[list[str]], monkeypatch: pytest.MonkeyPatch) -> list[Result]:
-    """``gpualloc ARGS`` for each of ``commands``, in a forked child that became ``nobody``
-    (the modules they need imported first, as root: the interpreter may lie where nobody
-    reads)."""
-    import pwd
-    import tempfile
-    import traceback
-
-    from tests.conftest import run_in_process
-
-    if os.geteuid() != 0:
-        pytest.skip("becoming another user needs root")
-    try:
-        nobody = pwd.getpwnam("nobody")
-    except KeyError:
-        pytest.skip("no user nobody")
-    package = Path(__file__).resolve().parent.parent / "gpualloc"
-    if any(not d.stat().st_mode & 0o001 for d in (package, *package.parents)):
-        pytest.skip("nobody cannot reach this checkout (a private directory above it)")
-    with monkeypatch.context() as scratch:
-        scratch.setenv("GPUALLOC_STATE_DIR", tempfile.mkdtemp())
-        for args in commands:
-            run_in_process(args)
-    import contextvars  # noqa: F401  (imported late by the ledger's lock wait)
-
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover (the child)
-        code = 1
-        try:
-            os.close(read)
-            os.setgroups([])
-            os.setgid(nobody.pw_gid)
-            os.setuid(nobody.pw_uid)
-            os.environ["XDG_CONFIG_HOME"] = "/nonexistent/gpualloc-test"  # none of root's
-            os.environ["GPUALLOC_SYSTEM_CONFIG"] = "/nonexistent/gpualloc-system.toml"
-            done = [run_in_process(args).__dict__ for args in commands]
-            os.write(write, json.dumps(done).encode())
-            code = 0
-        except BaseException:
-            os.write(2, traceback.format_exc().encode())
-        finally:
-            os._exit(code)
-    os.close(write)
-    try:
-        text = read_all(read, timeout_s=120)
-    finally:
-        status = reap(pid)
-    assert os.waitstatus_to_exitcode(status) == 0
-    return [Result(**x) for x in json.loads(text)]
-
-
 def test_a_read_only_state_directory_is_named_as_such(
     world_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -263,7 +199,7 @@ def test_a_read_only_state_directory_is_named_as_such(
     state.chmod(0o555)
     monkeypatch.setenv("GPUALLOC_STATE_DIR", str(state))
     monkeypatch.setenv("GPUALLOC_CACHE_DIR", str(world_dir / "cache"))
-    (result,) = _as_nobody([["--topology", "dgx1-v100", "alloc", "-n", "1"]], monkeypatch)
+    (result,) = in_process_as_nobody([["--topology", "dgx1-v100", "alloc", "-n", "1"]], monkeypatch)
     _refused(result, 8)
     assert f"the state directory {state} is read-only for you (root's, mode 0555)" in (
         result.stderr
@@ -288,7 +224,7 @@ def test_a_file_of_roots_is_roots_to_remove_once(
     (ledger,) = [p for p in state.glob("ledger@*.json") if ".good." not in p.name]
     ledger.unlink()
     os.mkfifo(ledger)
-    (result,) = _as_nobody([["--topology", "dgx1-v100", "status"]], monkeypatch)
+    (result,) = in_process_as_nobody([["--topology", "dgx1-v100", "status"]], monkeypatch)
     _refused(result, 11)
     assert "is a FIFO (owned by root)" in result.stderr
     assert "root or root" not in result.stderr and ": root must remove it" in result.stderr

@@ -120,6 +120,30 @@ def test_a_configured_broker_that_does_not_answer_is_exit_18_never_the_shared_fi
     assert not (tmp_path / "state").exists()
 
 
+def test_a_broker_a_user_named_that_a_trial_passes_by_is_said(
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPUALLOC_BROKER with a bundled topology: the trial keeps the topology's own ledger, as
+    documented, but it said nothing, and the user who named a broker thought it held the
+    lease. The host's own broker (system config) needs no word for a trial."""
+    socket = tmp_path / "broker.sock"
+    monkeypatch.setenv("GPUALLOC_BROKER", str(socket))
+    said = (
+        f"gpualloc: warning: the broker {socket} (GPUALLOC_BROKER) is not used: the topology "
+        "named (dgx1-v100) is not this host, so it has a ledger of its own\n"
+    )
+    for args in (["alloc", "--hold"], ["plan", "-n", "2"], ["status"]):
+        result = cli("--topology", "dgx1-v100", *args)
+        assert result.exit_code == 0, result.stderr
+        assert said in result.stderr, (args, result.stderr)
+    monkeypatch.delenv("GPUALLOC_BROKER")
+    system = tmp_path / "etc" / "config.toml"
+    system.parent.mkdir(exist_ok=True)
+    system.write_text(f'[host]\nbroker = "{socket}"\n')
+    result = cli("--topology", "dgx1-v100", "status")
+    assert result.exit_code == 0 and "warning" not in result.stderr, result.stderr
+
+
 def _hold_request(lease_id: str, gpus: int = 1) -> dict:
     return {
         "lease_id": lease_id,

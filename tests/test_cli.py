@@ -120,7 +120,7 @@ def test_topo_list(cli: Cli) -> None:
 
 
 def test_topo_import_with_companions_to_a_file(cli: Cli, tmp_path: Path) -> None:
-    out = tmp_path / "sub" / "v100.json"
+    out = tmp_path / "v100.json"
     result = cli(
         "topo", "import", str(RECORDED / "dgx1-v100_vast_topo.txt"),
         "--nvlink", str(RECORDED / "nvlink_status_v100-sxm2-8gpu_vast.txt"),
@@ -174,7 +174,7 @@ def test_bandwidth_table_option(cli: Cli, tmp_path: Path) -> None:
             ExitCode.TOPOLOGY_PARSE,
             "PIXNODE",
         ),
-        (["topo", "import", "/nope.txt"], ExitCode.TOPOLOGY_NOT_FOUND, "does not exist"),
+        (["topo", "import", "/nope.txt"], ExitCode.IO, "does not exist"),
         (["--bandwidth-table", "/nope", "topo", "list"], ExitCode.IO, "does not exist"),
         (["topo", "frobnicate"], ExitCode.USAGE, "error: no such command 'frobnicate'"),
     ],
@@ -219,6 +219,64 @@ def test_unwritable_output_is_an_io_error(cli: Cli, tmp_path: Path) -> None:
     blocker.write_text("")
     result = cli("--topology", "single-gpu", "topo", "record", "-o", str(blocker / "x.json"))
     assert result.exit_code == ExitCode.IO and "cannot write" in result.stderr
+
+
+WRITERS = {
+    "topo record --output": ["topo", "record", "-o", "{out}"],
+    "topo export --output": ["topo", "export", "-o", "{out}"],
+    "topo import --output": [
+        "topo",
+        "import",
+        str(RECORDED / "dgx1-v100_vast_topo.txt"),
+        "-o",
+        "{out}",
+    ],
+    "simulate --save-trace": ["simulate", "--generate", "mapa:jobs=3", "--save-trace", "{out}"],
+    "simulate --report": ["simulate", "--generate", "mapa:jobs=3", "--report", "{out}"],
+    "simulate --plot": ["simulate", "--generate", "mapa:jobs=3", "--plot", "{out}"],
+}
+"""Every option that writes a file (or, --plot, a directory) a user named."""
+
+
+def test_the_writers_are_every_output_option() -> None:
+    from tests.test_user_files import WRITTEN_OR_DIRECTORIES
+
+    assert set(WRITERS) == WRITTEN_OR_DIRECTORIES - {"serve --state-dir"}
+
+
+@pytest.mark.parametrize("name", WRITERS)
+def test_output_into_a_missing_directory_is_refused_and_makes_none(
+    cli: Cli, tmp_path: Path, name: str
+) -> None:
+    """Some writers made the missing directories (``-o /resluts/x.json`` made ``/resluts`` at
+    the root of the file system), others refused: now every one refuses, naming the first
+    missing directory, before any work."""
+    out = tmp_path / "no" / "such" / "out.json"
+    if "--plot" in name:
+        pytest.importorskip("matplotlib")
+    args = [str(out) if arg == "{out}" else arg for arg in WRITERS[name]]
+    result = cli("--topology", "dgx1-v100", *args)
+    assert result.exit_code == ExitCode.IO, result.stderr
+    option = "-o" if "--output" in name else name.split()[-1]
+    assert result.stderr == (
+        f"error: cannot write {option} {out}: the directory {tmp_path / 'no'} does not exist\n"
+        f"hint: create it first (mkdir -p {out.parent}), or give another path\n"
+    )
+    assert result.stdout == "" and not (tmp_path / "no").exists()
+
+
+def test_a_count_of_one_is_singular(cli: Cli, tmp_path: Path) -> None:
+    """Counts were written by hand: "wrote host.json (1 GPUs)", "1 lease(s)", "-n 2 but --gpus
+    names 1 GPU(s)", "passed over 1 times"."""
+    out = tmp_path / "one.json"
+    one = ("--topology", "single-gpu")
+    assert cli(*one, "topo", "record", "-o", str(out)).stderr == f"wrote {out} (1 GPU)\n"
+    assert cli(*one, "alloc", "--hold").exit_code == 0
+    assert "0 of 1 GPU free; 1 lease, 0 waiting" in cli(*one, "status").stdout
+    refused = cli("--topology", "dgx1-v100", "alloc", "-n", "2", "--gpus", "0")
+    assert "-n 2 but --gpus names 1 GPU" in refused.stderr and "GPU(s)" not in refused.stderr
+    busy = cli(*one, "alloc", "-n", "2")
+    assert "the job asks for 2 GPUs but 1 of 1 GPU is usable" in busy.stderr, busy.stderr
 
 
 def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

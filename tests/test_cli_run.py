@@ -145,6 +145,15 @@ def test_an_unknown_or_unexecutable_command_exits_like_a_shell_and_leaves_no_lea
     assert status()["leases"] == []
 
 
+def test_an_empty_command_word_is_a_usage_error(cli) -> None:
+    """``run -- ''`` was exit 127, "command not found", as if a program had that name."""
+    for args in (["--", ""], ["--dry-run", "--", "", "x"], ["--wait", "--", ""]):
+        result = cli("--topology", "dgx1-v100", "run", *args)
+        assert result.exit_code == 2, result.stderr
+        assert result.stderr.startswith("error: the command's program is an empty word")
+    assert status()["leases"] == []
+
+
 def test_dry_run_shows_everything_and_allocates_nothing(tmp_path: Path) -> None:
     text = gpualloc("run", "-n", "2", "--dry-run", "--", "python", "train.py")
     assert text.returncode == 0, text.stderr

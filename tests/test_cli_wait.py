@@ -172,9 +172,9 @@ def test_backfill_lets_small_jobs_pass_a_blocked_big_one_but_not_forever() -> No
     assert status()["queue"][0]["passed_over"] == 1
     refused = gpualloc("run", "-n", "1", "--wait", "--timeout", "0.5", "--", "true")
     assert refused.returncode == 124  # two GPUs free, but the big job may not be passed again
-    assert "passed over 1 times: no more backfill" in refused.stderr
+    assert "passed over 1 time: no more backfill" in refused.stderr
     jumper = gpualloc("run", "-n", "1", "--", "true")  # not waiting does not mean not queueing
-    assert jumper.returncode == 10 and "may not pass them" in jumper.stderr
+    assert jumper.returncode == 10 and "may not pass it" in jumper.stderr
     release()
     assert _finish(big)[0] == 0
 
@@ -189,7 +189,12 @@ def test_a_job_its_own_owners_lease_blocks_freezes_nobody() -> None:
     for _ in range(3):  # more than --max-bypass
         assert gpualloc("run", "-n", "1", "--", "true").returncode == 0
         assert gpualloc("run", "-n", "1", "--wait", "--timeout", "30", "--", "true").returncode == 0
-    assert status()["queue"][0]["passed_over"] == 0
+    (entry,) = status()["queue"]
+    assert entry["passed_over"] == 0  # and status says why, and what that count counts:
+    assert entry["reason"].startswith("Resources: the job needs 8 GPUs and 7 usable ones")
+    assert entry["reason"].endswith("and do not count against its --max-bypass")
+    shown = gpualloc("status").stdout
+    assert " 0/1 " in shown and "Passed/max" in shown and "Resources: the job needs" in shown
     assert gpualloc("release", held).returncode == 0
     assert _finish(big)[0] == 0
 
@@ -222,6 +227,44 @@ def test_a_killed_or_interrupted_waiter_leaves_no_entry() -> None:
     code, _, err = _finish(interrupted)
     assert code == 130 and "Traceback" not in err
     assert json.loads(Path(_ledger_file()).read_text())["queue"] == []  # removed, not reaped
+
+
+def test_an_interrupted_waiter_says_where_it_stood_and_what_it_left() -> None:
+    """It printed a bare "interrupted"."""
+    import re
+
+    _hold("0-7")
+    waiter = _waiter("-n", "2", "--", "true")
+    assert waiter.stderr is not None
+    line = waiter.stderr.readline()  # its first waiting line: it has a place in the queue
+    assert "#1 of 1 in the queue" in line, line
+    waiter.send_signal(signal.SIGINT)
+    code, _, err = _finish(waiter)
+    assert code == 130, err
+    assert re.fullmatch(
+        r"error: interrupted while waiting in the queue \(#1 of 1, for \d+s\); the job left "
+        r"the queue and holds no GPU\n",
+        err,
+    ), err
+    assert status()["queue"] == []
+
+
+def test_the_brokers_waiting_line_is_drawn_and_interrupted_as_the_ledgers() -> None:
+    """The broker's fast client handed the line a status without its length or wait: on a
+    terminal, drawing it was an AttributeError."""
+    from gpualloc.cli.brokered import _Status
+    from gpualloc.cli.open_ledger import StatusLine, wait_line
+
+    status = _Status({"position": 3, "queue_length": 5, "reason": "the job needs 8 GPUs",
+                      "holders": "held by bob: 0-7", "waited_s": 65.0, "line": "..."})  # fmt: skip
+    assert wait_line(status, 200).startswith("gpualloc: waiting 1m, #3 of 5 in the queue")  # type: ignore[arg-type]
+    line = StatusLine()
+    line.show(status)  # type: ignore[arg-type]
+    assert line.interrupted().message == (
+        "interrupted while waiting in the queue (#3 of 5, for 1m); the job left the queue and "
+        "holds no GPU"
+    )
+    assert line.interrupted().exit_code == 130
 
 
 def _ledger_file() -> str:

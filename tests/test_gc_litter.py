@@ -83,7 +83,7 @@ def test_gc_says_what_it_removed() -> None:
     result = gpualloc("gc")
 
     assert result.returncode == 0, result.stderr
-    assert "removed 2 temporary file(s) left by killed writes" in result.stdout
+    assert "removed 2 temporary files left by killed writes" in result.stdout
     assert not list(ledger.parent.glob(".*.tmp"))
 
 

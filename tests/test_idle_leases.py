@@ -140,7 +140,7 @@ def test_status_shows_use_and_idle_time_and_lists_idle_leases(cli, host_file: Pa
     assert "Use" in table and "Idle" in table and "87%" in table
     assert "3h 0m" in table and "busy" in table
     listed = cli("--topology", str(host_file), "status", "--idle", "2h")
-    assert "1 lease(s) idle for 2h 0m or longer" in listed.stdout
+    assert "1 lease idle for 2h 0m or longer" in listed.stdout
     assert idle in listed.stdout and busy not in listed.stdout
     data = json.loads(cli("--topology", str(host_file), "status", "--json", "--idle", "2h").stdout)
     (lease,) = data["leases"]

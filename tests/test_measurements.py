@@ -133,7 +133,7 @@ def test_a_cut_matrix_is_a_note_and_a_whole_one_still_reads() -> None:
     )
     recording = read_recording(text, source="cut.txt")
     assert recording is not None and len(recording.matrices) == 1
-    assert recording.notes and "1 rows for 2 GPUs" in recording.notes[0]
+    assert recording.notes and "1 row for 2 GPUs" in recording.notes[0]
     only_cut = text.split("\n\n")[1]
     with pytest.raises(TopologyParseError, match="no complete matrix"):
         read_recording(only_cut, source="cut.txt")

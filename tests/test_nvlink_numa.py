@@ -109,7 +109,7 @@ def test_numactl_cpuless_gpu_memory_node() -> None:
         ("weird line\n", "not a line"),
         ("available: 1 nodes (0)\n", "no 'node N cpus:'"),
         ("available: 2 nodes (0-1)\nnode 0 cpus: 0\n", "declares nodes"),
-        ("node 0 cpus: 0\nnode distances:\nnode   0   1\n  0:  10\n", "1 values for 2"),
+        ("node 0 cpus: 0\nnode distances:\nnode   0   1\n  0:  10\n", "1 value for 2"),
     ],
 )
 def test_numactl_malformed(text: str, message: str) -> None:

@@ -48,8 +48,8 @@ def test_an_unknown_rule_names_every_rule(lookup, names: list[str]) -> None:
     with pytest.raises(RequestError) as caught:
         lookup("random")
     error = caught.value
-    assert "'random'" in error.message
-    assert error.hint == " or ".join(names)
+    assert "'random'" in error.message and f"not one of {', '.join(names)}" in error.message
+    assert error.hint is None  # no name is close: the names are in the error
     assert [line.split(":")[0] for line in error.details] == names  # each with its description
 
 
@@ -226,7 +226,7 @@ def test_an_unknown_rule_in_the_view_is_the_registrys_error() -> None:
     view = HandView(8, share_placement="random")
     with pytest.raises(RequestError) as caught:
         choose(topology, view, _one_gpu(share=ShareRequest()))
-    assert caught.value.hint == " or ".join(share_policy_names())
+    assert f"not one of {', '.join(share_policy_names())}" in caught.value.message
 
 
 def test_placement_imports_no_ledger() -> None:

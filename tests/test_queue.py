@@ -109,3 +109,50 @@ def test_a_version_1_ledger_reads_with_an_empty_queue() -> None:
     ledger = parse_ledger('{"schema_version": 1, "host": "h", "leases": []}', "old")
     assert ledger.schema_version == SCHEMA_VERSION and ledger.queue == [] and ledger.next_seq == 0
     assert ledger.writer_uid is None and ledger.root_journal_seq == 0
+
+
+def _host_with_leases(held: dict[int, tuple[int, ...]]):
+    """dgx1-v100's embedded host with a lease of uid ``u`` on GPUs ``held[u]`` for each."""
+    from gpualloc.host.local import LocalHost
+    from gpualloc.host.terms import LeaseTerms
+    from gpualloc.model.request import JobRequest
+    from gpualloc.placement.patterns import build_pattern
+    from gpualloc.topologies import load_bundled
+
+    host = LocalHost.open(load_bundled("dgx1-v100"), ignore_foreign=True)
+    for uid, gpus in held.items():
+        request = JobRequest(len(gpus), build_pattern("ring", len(gpus)), sensitive=False)
+        terms = LeaseTerms(source="alloc", hold=True, uid=uid)
+        host.allocate(Want(request, explicit=gpus), terms)
+    return host
+
+
+def test_the_pending_reason_says_why_a_job_waits_in_squeues_words() -> None:
+    """``status`` showed a waiting job's "Passed" count and nothing of why it waited: a user's
+    8-GPU job, behind GPUs the same user held, was overtaken by 14 of their later jobs while it
+    said "Passed 0" (those passes do not count against --max-bypass: issue 40, hole 6)."""
+    from gpualloc.host.queue import pending_reasons
+
+    host = _host_with_leases({1000: (0, 1), 2000: (2, 3, 4)})
+    own = _waiter("alice", 0, gpus=8)  # uid 1000 holds GPUs 0 and 1 itself
+    others = replace(_waiter("bob", 1, gpus=4, passed_over=7), id="00000000000b", uid=2000)
+    small = replace(_waiter("carol", 2), id="00000000000c", uid=3000)
+    queue = [own, others, small]
+    occupancy = host.occupancy(host.snapshot().ledger)
+    reasons = pending_reasons(host.topology, occupancy, queue)
+    assert reasons[own.id] == (
+        "Resources: the job needs 8 GPUs and 3 usable ones are free now: GPU 5-7; its owner's "
+        "own leases hold GPUs it needs, so later jobs start before it on GPUs it cannot use "
+        "yet, and do not count against its --max-bypass"
+    )
+    assert reasons[others.id] == (
+        "Resources: the job needs 4 GPUs and 3 usable ones are free now: GPU 5-7; later jobs "
+        "may start before it on GPUs it cannot use yet (up to 1 more time)"
+    )
+    assert reasons[small.id] == "None: it starts at its next look"
+    at_bound = replace(others, passed_over=8)
+    reasons = pending_reasons(host.topology, occupancy, [own, at_bound, small])
+    assert reasons[at_bound.id].endswith("; no later job may start before it (passed over 8 times)")
+    assert reasons[small.id] == (
+        "Priority: bob's 4-GPU job was passed over 8 times: no more backfill until it starts"
+    )

@@ -105,7 +105,7 @@ def test_the_limit_of_shared_jobs_per_gpu_and_whole_gpu_requests() -> None:
     assert choose_share(topology, occupancy, ShareRequest(), 2).candidate.gpu != 3
     with pytest.raises(GpusBusy) as busy:
         choose_share(topology, occupancy, ShareRequest(gpu=3), 2)
-    assert "running 2 shared job(s) already" in busy.value.message
+    assert "running 2 shared jobs already" in busy.value.message
     with pytest.raises(NoFeasiblePlacement, match="no shared jobs"):
         choose_share(topology, occupancy, ShareRequest(), 0)
 
@@ -132,7 +132,7 @@ def test_requests_no_gpu_could_take_exit_9_and_busy_ones_exit_10(cli) -> None:
         hold(cli, "--gpus", str(gpu), *(["--shareable", "--mem", "30G"] if gpu == 6 else []))
     full = cli(*V100, "run", "--share", "--mem", "4G", "--", "true")
     assert full.exit_code == ExitCode.BUSY
-    assert "too little memory on GPU 6 (held, 0 shared job(s), 2 GiB free)" in full.stderr
+    assert "too little memory on GPU 6 (held, 0 shared jobs, 2 GiB free)" in full.stderr
     assert "Traceback" not in full.stderr
 
 
@@ -197,7 +197,7 @@ def test_a_shared_job_runs_is_listed_and_its_share_ends_with_it(tmp_path: Path) 
         assert gpu1["shared_fraction"] == 0.25
         table = gpualloc("status").stdout
         assert "Shared jobs" in table and "25%, 8 GiB, time-sliced, background" in table
-        assert "[shareable: 1 shared job(s), 25% of it]" in table
+        assert "[shareable: 1 shared job, 25% of it]" in table
     finally:
         finish(job, input="", timeout_s=TIMEOUT_S)  # its input closed: it ends
     assert job.returncode == 0
@@ -318,7 +318,7 @@ def test_on_a_live_host_nvml_memory_decides(monkeypatch: pytest.MonkeyPatch) -> 
         topology, Ledger(host="h"), report.processes, memory_used=report.memory_used
     )
     assert occupancy.memory_used[3] == 30 * GIB
-    with pytest.raises(GpusBusy, match=r"GPU 3 \(free, 0 shared job\(s\), 2 GiB free\)"):
+    with pytest.raises(GpusBusy, match=r"GPU 3 \(free, 0 shared jobs, 2 GiB free\)"):
         choose_share(topology, occupancy, ShareRequest(memory_bytes=4 * GIB, gpu=3), 4)
     choice = choose_share(topology, occupancy, ShareRequest(memory_bytes=4 * GIB), 4)
     ranked = [choice.candidate, *choice.runners_up]
@@ -533,7 +533,7 @@ def test_simulate_takes_a_share_placement(cli) -> None:
     args = ("--topology", "dgx1-v100", "simulate", "--generate", "mixed:jobs=30", "--json")
     assert cli(*args, "--sharing", "2", "--share-placement", "first-fit").exit_code == 0
     bad = cli(*args, "--sharing", "2", "--share-placement", "random")
-    assert bad.exit_code == ExitCode.USAGE and "fgd or best-fit" in bad.stderr
+    assert bad.exit_code == ExitCode.USAGE and "not one of fgd, best-fit" in bad.stderr
 
 
 # ---- the live request mix (issue 33, point 3) ---------------------------------------------------

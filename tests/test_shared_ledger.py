@@ -382,7 +382,7 @@ def test_a_job_off_its_gpus_is_seen_by_other_users_and_its_own_verifier(
         assert lease["user"] == alice.name and [p["gpu"] for p in lease["misplaced"]] == [3]
         assert [p["pid"] for p in status["gpus"][0]["intruders"]] == [stranger.pid]
         checked = run(alice, "doctor")
-        assert checked.returncode == 17 and "2 problem(s) found" in checked.stdout
+        assert checked.returncode == 17 and "2 problems found" in checked.stdout
     finally:
         end_all([stranger, job])
 

@@ -153,7 +153,7 @@ wait
     cluster.wait_for(f"job {job} to end", lambda: cluster.job_state(job) == "GONE")
     cluster.wait_for("the Epilog", lambda: not cluster.host_status()["leases"])
     assert not list(cluster.state_dir.glob(f"*slurm-job-{job}*"))
-    assert "removed its own ledger (2 sub-job lease(s))" in cluster.hook_log()
+    assert "removed its own ledger (2 sub-job leases)" in cluster.hook_log()
 
 
 def test_slurms_choice_next_to_gpualloc_s(

@@ -225,7 +225,7 @@ def test_gpu_numa_id_of_coherent_hosts() -> None:
         ("\tGPU0\tGPU1\nGPU0\t X \tNV2\nGPU7\tNV2\t X \n", "expected the row of GPU1", "GPU7"),
         ("\tGPU0\tGPU1\nGPU0\tNV2\tNV2\nGPU1\tNV2\t X \n", "diagonal", "NV2"),
         ("\tGPU0\tGPU1\nGPU0\t X \tQPI\nGPU1\tQPI\t X \n", "not a link class", "QPI"),
-        ("\tGPU0\tGPU1\nGPU0\t X \nGPU1\tSYS\t X \n", "has 1 matrix cells", None),
+        ("\tGPU0\tGPU1\nGPU0\t X \nGPU1\tSYS\t X \n", "has 1 matrix cell;", None),
         ("\tGPU1\tGPU0\nGPU1\t X \tSYS\n", "no header row", None),
         ("\tGPU0\tGPU2\nGPU0\t X \tSYS\nGPU2\tSYS\t X \n", "in order", "GPU2"),
         ("\tGPU0\tCPU Affinity\nGPU0\t X \t0-3x\n", "not a valid CPU Affinity", "0-3x"),

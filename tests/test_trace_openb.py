@@ -79,7 +79,7 @@ def test_simulate_replays_it_from_the_command_line(cli) -> None:
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
-    assert "15 task(s) skipped: never scheduled" in data["trace_notes"]
+    assert "15 tasks skipped: never scheduled" in data["trace_notes"]
     jobs = data["policies"]["mapa"]["jobs"]
     assert len(jobs) == 136 - 21
     assert any(job["gpu_fraction"] == 0.46 for job in jobs)

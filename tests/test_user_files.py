@@ -57,37 +57,172 @@ def test_bytes_that_are_not_utf8_are_an_error_or_replaced(tmp_path: Path) -> Non
     assert read_user_text(path, "topo -m file", replace_bad_bytes=True) == "GPU0\ufffd\ufffd"
 
 
-@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory", "huge"])
+TOPO_M = str(
+    Path(__file__).parent / "fixtures" / "topologies" / "4x-a100-sxm4_nv12_rocenic_topo.txt"
+)
+READERS: dict[str, tuple[list[str], dict[str, str]]] = {
+    "--topology": (["--topology", "{f}", "topo", "show"], {}),
+    "GPUALLOC_TOPOLOGY": (["topo", "show"], {"GPUALLOC_TOPOLOGY": "{f}"}),
+    "--bandwidth-table": (["--bandwidth-table", "{f}", "-t", "dgx1-v100", "topo", "show"], {}),
+    "GPUALLOC_BANDWIDTH_TABLE": (
+        ["-t", "dgx1-v100", "topo", "show"], {"GPUALLOC_BANDWIDTH_TABLE": "{f}"},
+    ),
+    "plan --pattern": (["-t", "dgx1-v100", "plan", "-n", "2", "--pattern", "{f}"], {}),
+    "alloc --pattern": (["-t", "dgx1-v100", "alloc", "--hold", "-n", "2", "--pattern", "{f}"], {}),
+    "simulate --trace": (["-t", "dgx1-v100", "simulate", "--trace", "{f}"], {}),
+    "simulate --profile": (
+        ["-t", "dgx1-v100", "simulate", "--generate", "drb", "--profile", "{f}"], {},
+    ),
+    "doctor --measured": (["-t", "dgx1-v100", "doctor", "--measured", "{f}"], {}),
+    "calibrate --from": (["calibrate", "--from", "{f}"], {}),
+    "topo import topo_file": (["topo", "import", "{f}"], {}),
+    "topo import --nvlink": (["topo", "import", TOPO_M, "--nvlink", "{f}"], {}),
+    "topo import --numa": (["topo", "import", TOPO_M, "--numa", "{f}"], {}),
+    "topo import --p2p": (["topo", "import", TOPO_M, "--p2p", "{f}"], {}),
+    "topo import --bandwidth-matrix": (
+        ["-t", "dgx1-v100", "topo", "import", "--bandwidth-matrix", "{f}"], {},
+    ),
+    "topo import --mig": (["topo", "import", "--mig", "{f}"], {}),
+    "slurm gres-conf --mig-minors": (
+        ["-t", "dgx1-v100", "slurm", "gres-conf", "--mig-minors", "{f}"], {},
+    ),
+    "GPUALLOC_SYSTEM_CONFIG": (["config", "show"], {"GPUALLOC_SYSTEM_CONFIG": "{f}"}),
+    "the user's config.toml": (["config", "show"], {"XDG_CONFIG_HOME": "{config home}"}),
+}  # fmt: skip
+"""Every option, argument and setting that names a file gpualloc reads (keyed as
+:func:`_path_parameters` names the command line's)."""
+WRITTEN_OR_DIRECTORIES = {
+    "simulate --save-trace", "simulate --plot", "simulate --report", "topo record --output",
+    "topo export --output", "topo import --output", "serve --state-dir",
+}  # fmt: skip
+
+
+def _path_parameters() -> set[str]:
+    """``COMMAND --option`` of every parameter of the command tree that takes a path."""
+    import click
+    import typer
+
+    from gpualloc.cli.app import app
+
+    found: set[str] = set()
+
+    def visit(command: click.Command, path: str) -> None:
+        for param in command.params:
+            descriptor = param.type_descriptor  # typer's (0.20 and later), as fast_table reads
+            annotation = descriptor.annotation
+            if descriptor.is_path or getattr(annotation, "__args__", ()) == (Path,):
+                found.add(f"{path} {param.opts[0]}".strip())
+        for name, sub in getattr(command, "commands", {}).items():
+            visit(sub, f"{path} {name}".strip())
+
+    visit(typer.main.get_command(app), "")
+    return found
+
+
+def test_the_table_of_file_readers_names_every_path_option() -> None:
+    """A new option that reads a file joins :data:`READERS`, and so the tests below."""
+    assert _path_parameters() - WRITTEN_OR_DIRECTORIES == {
+        name for name in READERS if not name.isupper() and not name.startswith("the ")
+    } - {"alloc --pattern", "plan --pattern", "--topology"}  # text: a name or a path
+
+
+def _reader_case(name: str, path: Path, config_home: Path) -> tuple[list[str], dict[str, str]]:
+    """The command line and variables of :data:`READERS`' ``name``, naming ``path``."""
+    args, env = READERS[name]
+    if name == "the user's config.toml":
+        (config_home / "gpualloc").mkdir(parents=True, exist_ok=True)
+        target = config_home / "gpualloc" / "config.toml"
+        if path.is_dir():
+            target.mkdir(exist_ok=True)
+        else:
+            target.symlink_to(path)
+        path = target
+    fill = {"{f}": str(path), "{config home}": str(config_home)}
+    return [fill.get(arg, arg) for arg in args], {k: fill.get(v, v) for k, v in env.items()}
+
+
+def _cannot_be_read(result, path: Path, why: str) -> None:
+    """Exit 8, gpualloc's own one error line naming the file and why, at most one hint."""
+    assert result.exit_code == ExitCode.IO, (result.exit_code, result.stderr)
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("error: ") and str(path) in lines[0] and why in lines[0], lines
+    assert all(line.startswith("hint: ") for line in lines[1:]) and len(lines) <= 2, lines
+    assert "invalid value for" not in result.stderr  # click's words, exit 2
+
+
+@pytest.mark.parametrize("name", READERS)
 @pytest.mark.parametrize(
-    ("args", "code"),
+    ("kind", "why"),
     [
-        (["--topology", "{path}", "topo", "show"], ExitCode.IO),
-        (["--bandwidth-table", "{path}", "--topology", "dgx1-v100", "topo", "show"], ExitCode.IO),
-        (["--topology", "dgx1-v100", "plan", "-n", "2", "--pattern", "{path}"], ExitCode.USAGE),
-        (["--topology", "dgx1-v100", "simulate", "--trace", "{path}"], ExitCode.TRACE),
-        (["topo", "import", "{path}"], ExitCode.IO),
+        ("directory", "is a directory, not a regular file"),
+        ("proc-mem", "cannot read"),  # /proc/self/mem: EIO at offset 0, even for root
+        ("fifo", "is a FIFO, not a regular file"),
+        ("huge", "more than the 64 MiB gpualloc reads"),
     ],
 )
-def test_every_file_option_refuses_it_with_one_line(
-    cli, tmp_path: Path, kind: str, args: list[str], code: int
+def test_every_file_reader_refuses_an_unreadable_file_with_exit_8(
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, kind: str, why: str
 ) -> None:
-    """The issue's reproductions: `-t /dev/zero topo show` grew past 3 GB, `-t FIFO` hung."""
-    path = _hostile(tmp_path, kind)
-    result = cli(*(arg.replace("{path}", str(path)) for arg in args))
-    if "--pattern" in args and kind in ("fifo", "dev-zero", "directory"):
-        assert result.exit_code == ExitCode.USAGE  # not a file: an unknown pattern name
-    else:
-        assert result.exit_code == code, result.stderr
-        assert str(path) in result.stderr
-    assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
+    """One code, 8, whichever option named the file: it was 2 for --pattern, 14 for a trace or
+    profile, 15 for a configuration file (and `-t /dev/zero topo show` grew past 3 GB, `-t
+    FIFO` hung)."""
+    path = Path("/proc/self/mem") if kind == "proc-mem" else _hostile(tmp_path, kind)
+    args, env = _reader_case(name, path, tmp_path / "home-config")
+    for variable, value in env.items():
+        monkeypatch.setenv(variable, value)
+    _cannot_be_read(cli(*args), path if name != "the user's config.toml" else Path(), why)
+
+
+@pytest.mark.parametrize("name", [n for n in READERS if n != "the user's config.toml"])
+def test_a_missing_file_is_exit_8_but_a_missing_topology_is_3(
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    path = tmp_path / "missing.txt"
+    args, env = _reader_case(name, path, tmp_path / "home-config")
+    for variable, value in env.items():
+        monkeypatch.setenv(variable, value)
+    result = cli(*args)
+    topology = name in ("--topology", "GPUALLOC_TOPOLOGY")
+    config = name == "GPUALLOC_SYSTEM_CONFIG"  # the variable is wrong: a setting's error
+    code = ExitCode.TOPOLOGY_NOT_FOUND if topology else ExitCode.CONFIG if config else ExitCode.IO
+    assert result.exit_code == code, result.stderr
+    assert str(path) in result.stderr and "does not exist" in result.stderr
+
+
+def test_a_file_another_user_may_not_read_is_exit_8_for_every_reader(
+    world_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As ``nobody``, a file of root's mode 0600: click's own check made it exit 2, "invalid
+    value for '--trace': path '...' is not readable", with the usage line as the hint."""
+    from tests.unix_users import in_process_as_nobody
+
+    secret = world_dir / "secret.txt"
+    secret.write_text("GPU0\n")
+    secret.chmod(0o600)
+    for directory in ("state", "cache"):
+        (world_dir / directory).mkdir(mode=0o777)
+        (world_dir / directory).chmod(0o1777)
+    monkeypatch.setenv("GPUALLOC_STATE_DIR", str(world_dir / "state"))
+    monkeypatch.setenv("GPUALLOC_CACHE_DIR", str(world_dir / "cache"))
+    names = [n for n in READERS if n != "the user's config.toml"]
+    cases = [_reader_case(name, secret, world_dir / "config") for name in names]
+    results = in_process_as_nobody(
+        [args for args, _ in cases], monkeypatch, [env for _, env in cases]
+    )
+    for name, result in zip(names, results, strict=True):
+        assert result.exit_code == ExitCode.IO, (name, result.stderr)
+        assert result.stderr.startswith("error: cannot read ") and result.stderr.endswith(
+            f" {secret}: Permission denied\n"
+        ), (name, result.stderr)
 
 
 @pytest.mark.parametrize("which", ["user", "system"])
-def test_a_binary_or_special_config_file_is_exit_15_naming_it(
+def test_a_binary_config_file_is_exit_15_and_a_fifo_exit_8_naming_it(
     cli, tmp_path: Path, which: str
 ) -> None:
     """Issue 30, point 4: 500 random bytes in config.toml gave 'internal error:
-    UnicodeDecodeError' (exit 1)."""
+    UnicodeDecodeError' (exit 1). Bytes read that are no TOML are the file's fault (15); a FIFO
+    is no file to read (8, as for every file option)."""
     user = tmp_path / "config" / "gpualloc" / "config.toml"
     system = tmp_path / "etc" / "config.toml"
     path = user if which == "user" else system
@@ -99,7 +234,7 @@ def test_a_binary_or_special_config_file_is_exit_15_naming_it(
     path.unlink()
     os.mkfifo(path)
     result = cli("--topology", "dgx1-v100", "plan", "-n", "2")
-    assert result.exit_code == ExitCode.CONFIG and "is a FIFO" in result.stderr
+    assert result.exit_code == ExitCode.IO and "is a FIFO" in result.stderr
 
 
 def test_names_and_commands_reach_other_terminals_escaped_and_short(cli) -> None:

@@ -16,10 +16,11 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.child_processes import reap
+from tests.child_processes import read_all, reap
 
 USERS = ("gpualloc-test-a", "gpualloc-test-b")
 ROOT = Path(__file__).resolve().parent.parent
@@ -235,3 +236,71 @@ class UserCommandLine:
             text=True,
             cwd="/",
         )
+
+
+# ---- gpualloc in this process, as nobody ------------------------------------------------------
+
+
+def in_process_as_nobody(
+    commands: Sequence[list[str]],
+    monkeypatch: pytest.MonkeyPatch,
+    environments: Sequence[dict[str, str]] = (),
+) -> list[Any]:
+    """``gpualloc ARGS`` for each of ``commands`` (with the variables of ``environments``, one
+    mapping a command, when given), in a forked child that became ``nobody``: each
+    :class:`tests.conftest.Result`. The modules they need are imported first, as root (the
+    interpreter may lie where nobody reads), by running each command once in a scratch state
+    directory."""
+    import json
+    import pwd
+    import traceback
+
+    from tests.conftest import Result, run_in_process
+    from tests.fuzz_harness import environment
+
+    if os.geteuid() != 0:
+        pytest.skip("becoming another user needs root")
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user nobody")
+    package = ROOT / "gpualloc"
+    if any(not d.stat().st_mode & 0o001 for d in (package, *package.parents)):
+        pytest.skip("nobody cannot reach this checkout (a private directory above it)")
+    settings: list[dict[str, str | None]] = [*environments] or [{} for _ in commands]
+
+    with monkeypatch.context() as scratch, tempfile.TemporaryDirectory() as state:
+        scratch.setenv("GPUALLOC_STATE_DIR", state)
+        for args, values in zip(commands, settings, strict=True):
+            with environment(values):
+                run_in_process(args)
+    import contextvars  # noqa: F401  (imported late by the ledger's lock wait)
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        code = 1
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            os.environ["XDG_CONFIG_HOME"] = "/nonexistent/gpualloc-test"  # none of root's
+            os.environ["GPUALLOC_SYSTEM_CONFIG"] = "/nonexistent/gpualloc-system.toml"
+            done = []
+            for args, values in zip(commands, settings, strict=True):
+                with environment(values):
+                    done.append(run_in_process(args).__dict__)
+            os.write(write, json.dumps(done).encode())
+            code = 0
+        except BaseException:
+            os.write(2, traceback.format_exc().encode())
+        finally:
+            os._exit(code)
+    os.close(write)
+    try:
+        text = read_all(read, timeout_s=120)
+    finally:
+        status = reap(pid)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return [Result(**x) for x in json.loads(text)]

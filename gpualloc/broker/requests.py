@@ -81,7 +81,9 @@ def wait_options(raw: Any, policy: QueuePolicy) -> WaitOptions:
         raise RequestError("wait must be an object", hint="see gpualloc.broker")
     priority = raw.get("priority", "normal")
     if priority not in ("high", "normal", "low"):
-        raise RequestError(f"unknown priority {shown_repr(priority)}", hint="high, normal or low")
+        from gpualloc.model.option_values import unknown_choice
+
+        raise unknown_choice("priority", priority, ("high", "normal", "low"))
     bypass = raw.get("max_bypass", policy.min_bypass)
     if not isinstance(bypass, int) or isinstance(bypass, bool) or bypass < 0:
         raise RequestError(f"max_bypass {shown_repr(bypass)} is not a count", hint="0 or more")

@@ -30,6 +30,7 @@ from gpualloc.errors import BrokerError
 from gpualloc.host.local import LocalHost
 from gpualloc.host.queue_policy import QueuePolicy
 from gpualloc.ledger.idle import IdlePolicy
+from gpualloc.model.printable import count_of
 from gpualloc.model.topology import Topology
 
 
@@ -85,7 +86,7 @@ def serve(
         search_budget_s=config.value("placement.time_budget"),
     )
     log_line(
-        f"serving {topology.gpu_count} GPUs of {topology.name or 'this host'} on "
+        f"serving {count_of(topology.gpu_count, 'GPU')} of {topology.name or 'this host'} on "
         f"{socket_path}, ledger {store.directory.ledger_file} (pid {os.getpid()})"
     )
     if background:

@@ -102,11 +102,27 @@ def _typer_annotation(hint: Any) -> Any:
     if typing.get_origin(hint) is not Annotated:
         return hint
     made = {"option": typer.Option, "argument": typer.Argument}
+    path = _names_paths(hint.__origin__)
     metadata = [
-        made[item.kind](*item.args, **item.settings) if isinstance(item, Declared) else item
+        made[item.kind](*item.args, **_path_settings(item.settings, path))
+        if isinstance(item, Declared)
+        else item
         for item in hint.__metadata__
     ]
     return Annotated[(hint.__origin__, *metadata)]
+
+
+def _path_settings(settings: dict[str, Any], path: bool) -> dict[str, Any]:
+    """A path option's settings with click's checks of the file left out: gpualloc's reader
+    and writers say why a file cannot be used, in one message and exit 8 for every option
+    (:mod:`gpualloc.user_files`); click's ``readable`` check (typer's default) made a file
+    another user owns a usage error, exit 2, worded by click (tests/test_user_files.py)."""
+    return {"readable": False, **settings} if path else settings
+
+
+def _names_paths(annotation: Any) -> bool:
+    """Whether ``annotation`` is ``Path``, ``Optional[Path]`` or ``list[Path]``."""
+    return annotation is Path or any(_names_paths(arg) for arg in typing.get_args(annotation))
 
 
 def typer_group(group: Group | typer.Typer) -> typer.Typer:
@@ -261,6 +277,7 @@ def main(
         typer.Option(
             "--bandwidth-table",
             metavar="FILE",
+            readable=False,  # the reader says why it cannot be read (_path_settings)
             help="JSON file overriding entries of the link bandwidth table (else "
             "GPUALLOC_BANDWIDTH_TABLE, else bandwidth_table in config.toml).",
         ),

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpualloc.cli.state import STATE
-from gpualloc.errors import FileAccessError, RequestError
+from gpualloc.errors import FileAccessError
 from gpualloc.job_options import PATTERN_NAMES, job_fields, wire_fields
 
 JOB_OPTIONS = tuple(row.dest for row in wire_fields())
@@ -105,6 +105,10 @@ def _allocate(socket: Path, values: Mapping[str, Any], terms: dict[str, Any]) ->
     line = _WaitingLine() if wait is not None else None
     try:
         answer = client.call("alloc", args, on_event=line.show if line else None)
+    except KeyboardInterrupt:
+        if line is None:
+            raise
+        raise line.line.interrupted() from None  # the broker drops a waiter that hangs up
     finally:
         if line is not None:
             line.close()
@@ -125,11 +129,9 @@ def _run(socket: Path, values: Mapping[str, Any]) -> None:
     try:
         mode = NumaMode(STATE.setting("numa", numa))
     except ValueError:
-        from gpualloc.user_files import shown_value
+        from gpualloc.model.option_values import unknown_choice
 
-        raise RequestError(
-            f"unknown --numa {shown_value(numa)}", hint="choose auto, bind or none"
-        ) from None
+        raise unknown_choice("--numa", numa, [mode.value for mode in NumaMode]) from None
     command = list(values["command"])
     resolve_program(command[0], os.environ)  # 127/126 before any GPU is taken
     pid = os.getpid()
@@ -259,6 +261,8 @@ class _Status:
 
     def __init__(self, status: dict[str, Any]) -> None:
         self.position = status.get("position", 0)
+        self.queue_length = status.get("queue_length", 0)
+        self.waited_s = status.get("waited_s", 0.0)
         self.reason = status.get("reason", "")
         self.holders = status.get("holders", "")
         self.text = status.get("line", "")

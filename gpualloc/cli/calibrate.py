@@ -100,6 +100,7 @@ def calibrate_command(
         )
     from gpualloc.discovery.resolve import host_key
 
+    texts = _read_measurements(from_files or [])  # a file that cannot be read says so first
     try:
         key = host_key()
     except NoGpuFound:
@@ -107,8 +108,8 @@ def calibrate_command(
     count = len(key.gpu_uuids)
     if count == 0:
         raise _no_gpu(bool(from_files))
-    if from_files:
-        result = _imported(from_files, key)
+    if texts:
+        result = _imported(texts, key)
     elif count == 1:
         message = "1 GPU on this host: pairwise and collective figures need two; nothing measured"
         if as_json:
@@ -147,11 +148,15 @@ def _estimated_host() -> Topology:
     return STATE.load_topology().estimated(table)
 
 
-def _imported(files: list[Path], key: CacheKey) -> Calibration:
-    from gpualloc.discovery.measure_tools import from_recordings
+def _read_measurements(files: list[Path]) -> list[tuple[str, str]]:
     from gpualloc.discovery.recorded import read_text
 
-    texts = [(str(path), read_text(path, "measurement file")) for path in files]
+    return [(str(path), read_text(path, "measurement file")) for path in files]
+
+
+def _imported(texts: list[tuple[str, str]], key: CacheKey) -> Calibration:
+    from gpualloc.discovery.measure_tools import from_recordings
+
     return from_recordings(texts, key, _estimated_host())
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 from gpualloc.cli.declare import JsonOption, Option
 from gpualloc.errors import ExitCode
+from gpualloc.model.printable import count_of
 
 if TYPE_CHECKING:
     from gpualloc.checkup import Finding
@@ -82,7 +83,7 @@ def doctor_command(
     else:
         rows = [[f.check, f.where, f.severity, f.detail] for f in findings]
         styles = [[None, None, SEVERITY_STYLE[f.severity], None] for f in findings]
-        verdict = f"{len(problems)} problem(s) found" if problems else "no problems found"
+        verdict = f"{count_of(len(problems), 'problem')} found" if problems else "no problems found"
         models = mixed_models(host.topology)
         print_tables(
             [

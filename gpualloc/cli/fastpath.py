@@ -107,7 +107,7 @@ GLOBAL_OPTIONS = (
         ("--bandwidth-table",),
         "bandwidth_table",
         "path",
-        checks=("file_okay", "dir_okay", "readable"),
+        checks=("file_okay", "dir_okay"),
     ),
     _flag("--refresh", dest="refresh"),
     Option(("--debug",), "debug", "flag", envvar="GPUALLOC_DEBUG"),

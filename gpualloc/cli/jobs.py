@@ -93,11 +93,9 @@ def run_job(
     try:
         mode = NumaMode(STATE.setting("numa", numa))
     except ValueError:
-        from gpualloc.user_files import shown_value
+        from gpualloc.model.option_values import unknown_choice
 
-        raise RequestError(
-            f"unknown --numa {shown_value(numa)}", hint="choose auto, bind or none"
-        ) from None
+        raise unknown_choice("--numa", numa, [mode.value for mode in NumaMode]) from None
     if as_json and not dry_run:
         raise RequestError("--json applies to --dry-run", hint="add --dry-run")
     want = job.want(STATE.config())

@@ -9,6 +9,7 @@ from gpualloc.cli.declare import Argument, JsonOption, Option
 from gpualloc.cli.open_ledger import open_host_ledger, warn
 from gpualloc.cli.request_options import given, with_job_options
 from gpualloc.cli.state import STATE
+from gpualloc.model.printable import count_of
 
 if TYPE_CHECKING:
     from gpualloc.ledger.idle import Expiry
@@ -163,10 +164,10 @@ def gc_command(as_json: JsonOption = False) -> None:
     ]
     lines += [_expiry_line(e) for e in report.expiries]
     if report.removed_lock_files:
-        lines.append(f"removed {len(report.removed_lock_files)} stale lease lock file(s)")
+        lines.append(f"removed {count_of(len(report.removed_lock_files), 'stale lease lock file')}")
     if report.removed_temporary_files:
         count = len(report.removed_temporary_files)
-        lines.append(f"removed {count} temporary file(s) left by killed writes")
+        lines.append(f"removed {count_of(count, 'temporary file')} left by killed writes")
     write_stdout("\n".join(lines or ["nothing to collect: every lease is alive"]) + "\n")
 
 

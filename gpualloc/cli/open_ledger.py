@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gpualloc.cli.state import STATE
 
 if TYPE_CHECKING:
+    from gpualloc.errors import Interrupted
     from gpualloc.host.protocol import Host
     from gpualloc.host.queue import WaitOptions
     from gpualloc.host.terms import Allocation, LeaseTerms, WaitStatus
@@ -46,7 +47,28 @@ def open_host_ledger(
         env=os.environ,
     )
     warn(host.processes.notes)
+    warn(_broker_not_used())
     return host
+
+
+def _broker_not_used() -> list[str]:
+    """A line when the user configured a broker (``GPUALLOC_BROKER``, their config file) that
+    this command does not use: a bundled topology's trial passed by it without a word."""
+    import os
+
+    from gpualloc.config import DEFAULT_SOURCE, system_file
+    from gpualloc.host.open import passed_by
+
+    configured = STATE.config().resolve("host.broker")
+    if configured.source in (DEFAULT_SOURCE, str(system_file(os.environ))):
+        return []  # none, or the host's own: a trial on a named topology is as documented
+    named = STATE.load_topology if _topology_named() else None
+    why = passed_by(os.environ, named)
+    if why is None:
+        return []
+    from gpualloc.user_files import shown_path
+
+    return [f"the broker {shown_path(configured.value)} ({configured.source}) is not used: {why}"]
 
 
 def broker_for_this_command() -> Path | None:
@@ -85,6 +107,8 @@ def allocate(host: Host, want: Want, terms: LeaseTerms, waiting: WaitOptions | N
     line = StatusLine()
     try:
         return host.allocate(want, terms, wait=waiting, report=line.show)
+    except KeyboardInterrupt:
+        raise line.interrupted() from None
     finally:
         line.close()
 
@@ -97,8 +121,10 @@ class StatusLine:
         self.terminal = sys.stderr.isatty()
         self.drawn = False
         self.last_said: tuple[int, str, str] | None = None
+        self.last: WaitStatus | None = None
 
     def show(self, status: WaitStatus) -> None:
+        self.last = status
         if self.terminal:
             import shutil
 
@@ -117,6 +143,26 @@ class StatusLine:
         if self.drawn:
             sys.stderr.write("\r\x1b[K")
             sys.stderr.flush()
+
+    def interrupted(self) -> Interrupted:
+        """Ctrl-C in the wait: where the job stood, and that it left nothing behind (the
+        queue drops a waiter that leaves: :func:`gpualloc.host.wait.wait_and_allocate`, and
+        the broker's when its connection closes)."""
+        from datetime import timedelta
+
+        from gpualloc.errors import Interrupted
+        from gpualloc.ledger.occupancy import format_age
+
+        status = self.last
+        if status is None:
+            where = "while joining the queue"
+        else:
+            waited = format_age(timedelta(seconds=status.waited_s))
+            where = (
+                f"while waiting in the queue (#{status.position} of {status.queue_length}, "
+                f"for {waited})"
+            )
+        return Interrupted(f"interrupted {where}; the job left the queue and holds no GPU")
 
 
 def wait_line(status: WaitStatus, width: int) -> str:
@@ -176,11 +222,9 @@ def check_wait_flags(
     from gpualloc.errors import RequestError
 
     if priority is not None and priority not in ("high", "normal", "low"):
-        from gpualloc.user_files import shown_value
+        from gpualloc.model.option_values import unknown_choice
 
-        raise RequestError(
-            f"unknown --priority {shown_value(priority)}", hint="choose high, normal or low"
-        )
+        raise unknown_choice("--priority", priority, ("high", "normal", "low"))
     if not wait and (timeout is not None or priority is not None or max_bypass is not None):
         raise RequestError(
             "--timeout, --priority and --max-bypass apply to --wait", hint="add --wait"
@@ -204,11 +248,9 @@ def alloc_owner(output_format: str, pid: int | None, hold: bool) -> int | None:
     from gpualloc.errors import RequestError
 
     if output_format not in dict(ALLOC_FORMATS):
-        from gpualloc.user_files import shown_value
+        from gpualloc.model.option_values import unknown_choice
 
-        raise RequestError(
-            f"unknown --format {shown_value(output_format)}", hint="choose ids, env or json"
-        )
+        raise unknown_choice("--format", output_format, dict(ALLOC_FORMATS))
     if pid is not None and hold:
         raise RequestError("--pid and --hold both say how long the lease lives", hint="give one")
     owner = None if hold else (pid or os.getppid())

@@ -10,7 +10,8 @@ import typer
 
 from gpualloc.cli import complete
 from gpualloc.cli.state import STATE
-from gpualloc.errors import FileAccessError, RequestError, TraceError
+from gpualloc.errors import RequestError, TraceError
+from gpualloc.model.printable import count_of
 
 
 def simulate_command(
@@ -19,6 +20,7 @@ def simulate_command(
         Optional[Path],  # noqa: UP045 - typer needs Optional on Python 3.10
         typer.Option(
             metavar="FILE",
+            readable=False,  # gpualloc's reader says why (see app._path_settings)
             help="Jobs, JSON Lines or CSV with a header: id, arrival_s, gpus, duration_s, "
             "sensitive[, pattern, workload, batch, min_utility, min_bandwidth, priority, "
             "gpu_fraction]; or the Alibaba GPU trace's pod list (openb_pod_list_*.csv), "
@@ -67,7 +69,9 @@ def simulate_command(
     profile: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(
-            metavar="FILE", help="Job profile for --runtime profile or auto (default: DRB's)."
+            metavar="FILE",
+            readable=False,
+            help="Job profile for --runtime profile or auto (default: DRB's).",
         ),
     ] = None,
     no_postpone: Annotated[
@@ -127,20 +131,25 @@ def simulate_command(
     seed: Annotated[int, typer.Option(metavar="N", help="Seed of --generate.")] = 0,
     save_trace: Annotated[
         Optional[Path],  # noqa: UP045
-        typer.Option(metavar="FILE", help="Write the jobs simulated as a JSON Lines trace."),
+        typer.Option(
+            metavar="FILE", readable=False, help="Write the jobs simulated as a JSON Lines trace."
+        ),
     ] = None,
     plot: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(
             metavar="DIR",
-            help="Write PNG figures there: effective bandwidth per policy, GPU occupancy over "
-            "time, completion-time CDF (needs pip install 'gpualloc[plot]').",
+            readable=False,
+            help="Write PNG figures there (made when missing, in a directory that exists): "
+            "effective bandwidth per policy, GPU occupancy over time, completion-time CDF "
+            "(needs pip install 'gpualloc[plot]').",
         ),
     ] = None,
     report: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(
             metavar="FILE",
+            readable=False,
             help="Write a Markdown report: the settings, the comparison table, and the figures "
             "of --plot.",
         ),
@@ -191,16 +200,25 @@ def simulate_command(
         )
     policies = [name.strip() for name in policy.split(",") if name.strip()]
     if not policies:
-        raise RequestError("--policy names no policy", hint="e.g. --policy baseline,mapa")
+        from gpualloc.placement.registry import policy_names
+
+        raise RequestError(
+            "--policy names no policy", hint=f"the policies: {', '.join(policy_names())}"
+        )
     for name in policies:
         get_policy(name)
     if profile is not None and runtime not in ("profile", "auto"):
         raise TraceError(
             "--profile applies to --runtime profile or auto", hint="add --runtime profile"
         )
+    from gpualloc.atomic import check_output_directory, write_output
+
     read = [trace, profile, *STATE.input_files()]
     for output, option in ((save_trace, "--save-trace"), (report, "--report")):
         refuse_overwriting_inputs(output, read, option)
+    for output, option in ((save_trace, "--save-trace"), (report, "--report"), (plot, "--plot")):
+        if output is not None:  # not after minutes of simulating
+            check_output_directory(output, option)
     topology = STATE.load_topology()
     trace_notes: list[str] = []
     if trace is not None:
@@ -212,7 +230,8 @@ def simulate_command(
     parts = sum(job.gpu_fraction is not None for job in jobs)
     if parts and not sharing:  # issue 42: they ran on whole GPUs, and nothing said so
         trace_notes.append(
-            f"{parts} job(s) ask for part of a GPU; without --sharing each holds a whole GPU "
+            f"{count_of(parts, 'job')} {'asks' if parts == 1 else 'ask'} for part of a GPU; "
+            "without --sharing each holds a whole GPU "
             "(--sharing N lets up to N share one, e.g. --sharing 32)"
         )
     if load is not None:
@@ -239,10 +258,11 @@ def simulate_command(
     }
     summaries = {name: summarise(result) for name, result in results.items()}
     if save_trace is not None:  # only now: a refusal above leaves no file behind
-        _write(save_trace, write_trace(jobs), "--save-trace")
+        write_output(save_trace, write_trace(jobs), "--save-trace")
     shared = f", sharing {sharing} per GPU at U={gpu_busy:g}" if sharing else ""
     title = (
-        f"{len(jobs)} jobs on {topology.name or 'topology'} ({queue} queue, {runtime} runtimes"
+        f"{count_of(len(jobs), 'job')} on {topology.name or 'topology'} ({queue} queue, {runtime} "
+        "runtimes"
         f"{shared})"
     )
     figures: list[Path] = []
@@ -258,7 +278,7 @@ def simulate_command(
 
         source = str(trace) if trace is not None else f"--generate {generate} --seed {seed}"
         text = markdown_report(title, source, summaries, figures, report.parent)
-        _write(report, text, "--report")
+        write_output(report, text, "--report")
     if as_json:
         from gpualloc.cli.output import print_json
 
@@ -304,26 +324,6 @@ def _given(ctx: typer.Context, parameter: str) -> bool:
     return source is not None and source.name == "COMMANDLINE"
 
 
-def _write(path: Path, text: str, option: str) -> None:
-    """Write ``text`` to ``path``: a new or regular file atomically (a temporary file renamed);
-    a device or a pipe (``/dev/stdout``, a FIFO) in place, as a shell's ``>`` does, since a
-    rename would replace the device itself. A file that cannot be written, or a full disk,
-    is a :class:`FileAccessError` (exit 8)."""
-    import errno
-
-    from gpualloc.atomic import write_user_output
-    from gpualloc.simulate.trace import shown
-
-    try:
-        write_user_output(path, text)
-    except OSError as exc:
-        reason = "no process reads that pipe" if exc.errno == errno.ENXIO else exc.strerror
-        raise FileAccessError(
-            f"cannot write {option} {shown(path)}: {reason or exc}",
-            hint=f"give {option} a file you may write, on a disk with room",
-        ) from None
-
-
 def _finite(value: Any) -> Any:
     """``value`` with each float that is not a finite number as None: JSON has no NaN or
     Infinity (Python would write them, and most readers refuse the file)."""
@@ -365,7 +365,8 @@ def _show(name: str, count: int, queue: str, runtime: str, summaries: dict[str, 
     print_tables(
         [
             Table(
-                f"{count} jobs on {name}, {queue}, {runtime} runtimes (bandwidths in GB/s)",
+                f"{count_of(count, 'job')} on {name}, {queue}, {runtime} runtimes (bandwidths in "
+                "GB/s)",
                 [
                     "Policy",
                     "Makespan",

@@ -54,8 +54,6 @@ def gres_conf_command(
             help="The driver's MIG capability table (a copy of "
             "/proc/driver/nvidia-caps/mig-minors), for a recorded topology; this host's is read "
             "when present, else the minors are computed from the driver's layout.",
-            exists=True,
-            dir_okay=False,
         ),
     ] = None,
     gpu_type: Annotated[

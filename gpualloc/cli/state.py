@@ -40,10 +40,16 @@ class GlobalState:
         the defaults are typer's)."""
         from gpualloc.user_files import names_a_file, why_not_a_file
 
-        if bandwidth_table is not None and not names_a_file(bandwidth_table):
-            from gpualloc.errors import FileAccessError
+        if topology is not None and not topology.strip():  # given so: click reads an empty
+            from gpualloc.errors import RequestError  # variable as none at all
 
-            raise why_not_a_file(bandwidth_table, "bandwidth table", FileAccessError)
+            raise RequestError(
+                "--topology is empty",
+                hint="name a bundled topology (gpualloc topo list) or a file; leave the option "
+                "out for $GPUALLOC_TOPOLOGY, else this host's GPUs",
+            )
+        if bandwidth_table is not None and not names_a_file(bandwidth_table):
+            raise why_not_a_file(bandwidth_table, "bandwidth table")
         self.topology = topology
         self.bandwidth_table = bandwidth_table
         self.refresh = refresh

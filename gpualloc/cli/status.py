@@ -11,7 +11,7 @@ from gpualloc import boot
 from gpualloc.cli.declare import JsonOption, Option
 from gpualloc.cli.open_ledger import open_host_ledger
 from gpualloc.json_views import lease_json
-from gpualloc.model.printable import printable
+from gpualloc.model.printable import count_of, printable
 
 if TYPE_CHECKING:
     from gpualloc.cli.output import Table
@@ -92,6 +92,7 @@ def _idle_threshold(text: str | None) -> timedelta | None:
         return None
     from gpualloc.durations import parse_duration_text
     from gpualloc.errors import RequestError
+    from gpualloc.model.option_values import DURATION_HINT
     from gpualloc.user_files import shown_value
 
     try:
@@ -100,7 +101,7 @@ def _idle_threshold(text: str | None) -> timedelta | None:
         said = f"--idle {exc}" if "year" in str(exc) else f"--idle {shown_value(text)}"
         raise RequestError(
             said if "year" in str(exc) else f"{said} is not a duration",
-            hint="give one such as 2h, 90m or 3600",
+            hint=DURATION_HINT,
         ) from None
 
 
@@ -147,8 +148,9 @@ def _show(
             for lease_id, use in uses.items()
             if use.idle is not None and use.idle >= idle_at_least
         }
+    reasons = _pending_reasons(host, txn, occupancy)
     if as_json:
-        data = status_json(host, txn, occupancy, attribution, uses, shown)
+        data = status_json(host, txn, occupancy, attribution, uses, shown, reasons)
         if json_line:
             print_json_line(data)
         else:
@@ -157,8 +159,9 @@ def _show(
     free = sorted(occupancy.free)
     ledger = ledger_place(host)
     footer = [
-        f"{len(free)} of {host.topology.gpu_count} GPUs free; {len(txn.ledger.leases)} "
-        f"lease(s), {len(txn.ledger.queue)} waiting, in {ledger}",
+        f"{len(free)} of {count_of(host.topology.gpu_count, 'GPU')} free; "
+        f"{count_of(len(txn.ledger.leases), 'lease')}, {len(txn.ledger.queue)} waiting, in "
+        f"{ledger}",
     ]
     trust = host.trust()
     if trust.mode == "cooperative" and trust.several_writers:
@@ -187,21 +190,33 @@ def _show(
         tables.append(_mig_table(host, occupancy))
     shares = [lease for found in occupancy.shares.values() for lease in found]
     if shares:
-        footer[0] += f"; {len(shares)} shared job(s)"
+        footer[0] += f"; {count_of(len(shares), 'shared job')}"
         tables.append(_share_table(host, occupancy))
     if txn.ledger.queue:
-        tables.append(_queue_table(txn))
+        tables.append(_queue_table(txn, reasons))
     if shown is not None and idle_at_least is not None:
         from gpualloc.ledger.occupancy import format_age
 
         idle_for = f"idle for {format_age(idle_at_least)} or longer"
-        footer.insert(0, f"{len(shown)} lease(s) {idle_for}" if shown else f"no lease {idle_for}")
+        footer.insert(
+            0, f"{count_of(len(shown), 'lease')} {idle_for}" if shown else f"no lease {idle_for}"
+        )
         if not shown:  # a table of headers only reads as a broken command (issue 42)
             tables = []
     print_tables(tables, footer=footer)
 
 
-def _queue_table(txn: LedgerTransaction) -> Table:
+def _pending_reasons(host: Host, txn: LedgerTransaction, occupancy: Occupancy) -> dict[str, str]:
+    """Why each waiter waits (:func:`gpualloc.host.queue.pending_reasons`)."""
+    if not txn.ledger.queue:
+        return {}
+    from gpualloc.host.queue import pending_reasons
+
+    budget = host.placement_budget_s
+    return pending_reasons(host.topology, occupancy, txn.ledger.queue, budget_s=budget)
+
+
+def _queue_table(txn: LedgerTransaction, reasons: dict[str, str]) -> Table:
     from gpualloc.cli.output import Table
     from gpualloc.host.queue import turn_order
     from gpualloc.ledger.occupancy import format_age
@@ -210,7 +225,7 @@ def _queue_table(txn: LedgerTransaction) -> Table:
     rows = []
     for position, waiter in enumerate(turn_order(txn.ledger.queue), start=1):
         request = waiter.request
-        wants = f"{request.gpus} GPU(s)" + (" sensitive" if request.sensitive else "")
+        wants = count_of(request.gpus, "GPU") + (" sensitive" if request.sensitive else "")
         if request.mig is not None:
             wants = f"MIG {request.mig.describe()}"
         if request.share is not None:
@@ -227,15 +242,16 @@ def _queue_table(txn: LedgerTransaction) -> Table:
                 waiter.priority,
                 wants,
                 format_age(now - waiter.created),
-                str(waiter.passed_over),
+                f"{waiter.passed_over}/{waiter.max_bypass}",
                 ": ".join(part for part in (_name(waiter.name), command) if part) or "-",
+                reasons.get(waiter.id, ""),
             ]
         )
     return Table(
         "Queue (turn order)",
-        ["#", "User", "Priority", "Wants", "Waiting", "Passed", "Job"],
+        ["#", "User", "Priority", "Wants", "Waiting", "Passed/max", "Job", "Reason"],
         rows,
-        wrap=(3, 6),
+        wrap=(3, 6, 7),
     )
 
 
@@ -406,9 +422,9 @@ def _mig_table(host: Host, occupancy: Occupancy) -> Table:
 
 
 def _shared_cell(occupancy: Occupancy, gpu: int) -> str:
-    """``2 shared job(s), 75% of it``: how many, and how much of the GPU they hold."""
+    """``2 shared jobs, 75% of it``: how many, and how much of the GPU they hold."""
     count = len(occupancy.shares.get(gpu, ()))
-    text = f"{count} shared job(s)"
+    text = count_of(count, "shared job")
     return f"{text}, {occupancy.shared_fraction(gpu):.0%} of it" if count else text
 
 
@@ -443,6 +459,7 @@ def status_json(
     attribution: Attribution,
     uses: dict[str, LeaseUse],
     shown: set[str] | None = None,
+    reasons: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     from gpualloc.host.queue import turn_order
     from gpualloc.model.validation import to_builtins
@@ -513,7 +530,7 @@ def status_json(
             if shown is None or lease.id in shown
         ],
         "queue": [
-            {"position": position, **to_builtins(waiter)}
+            {"position": position, **to_builtins(waiter), "reason": (reasons or {}).get(waiter.id)}
             for position, waiter in enumerate(turn_order(txn.ledger.queue), start=1)
         ],
         "notes": [*host.processes.notes, *host.health_notes, *txn.notes],

@@ -10,6 +10,7 @@ from gpualloc.cli import complete
 from gpualloc.cli.declare import Argument, Group, Option
 from gpualloc.cli.state import STATE
 from gpualloc.errors import RequestError
+from gpualloc.model.printable import count_of
 
 app = Group(
     help="What a host looks like: GPUs, NVLink/PCIe links, NUMA nodes.",
@@ -158,7 +159,7 @@ def import_text(
         from gpualloc.cli.output import say
 
         imported = bm.read_bandwidth_matrix(
-            read_text(bandwidth_matrix), source=str(bandwidth_matrix)
+            read_text(bandwidth_matrix, "bandwidth matrix file"), source=str(bandwidth_matrix)
         )
         matrix = imported.matrix
         say(f"bandwidth from {bandwidth_matrix}: {imported.used}")
@@ -186,10 +187,12 @@ def import_text(
     if mig_texts is not None:
         topology = with_mig_layout(topology, mig_texts)
     if output is not None:
-        _write(output, topology.to_json())
+        from gpualloc.atomic import write_output
+
+        write_output(output, topology.to_json(), "-o")
         from gpualloc.cli.output import say
 
-        say(f"wrote {output} ({topology.gpu_count} GPUs)")
+        say(f"wrote {output} ({count_of(topology.gpu_count, 'GPU')})")
         if not as_json:
             return
     _render(topology, as_json)
@@ -231,8 +234,10 @@ def record(
     if output is None:
         write_stdout(topology.to_json())
         return
-    _write(output, topology.to_json())
-    say(f"wrote {output} ({topology.gpu_count} GPUs)")
+    from gpualloc.atomic import write_output
+
+    write_output(output, topology.to_json(), "-o")
+    say(f"wrote {output} ({count_of(topology.gpu_count, 'GPU')})")
 
 
 @app.command("export", short_help="Write the topology as a graph file (GraphML, GEXF, JSON).")
@@ -267,8 +272,10 @@ def export(
     if output is None:
         write_stdout(text)
         return
-    _write(output, text)
-    say(f"wrote {output} ({topology.gpu_count} GPUs, {fmt})")
+    from gpualloc.atomic import write_output
+
+    write_output(output, text, "-o")
+    say(f"wrote {output} ({count_of(topology.gpu_count, 'GPU')}, {fmt})")
 
 
 def _render(topology, as_json: bool) -> None:
@@ -280,22 +287,3 @@ def _render(topology, as_json: bool) -> None:
         return
     footer = [*LEGEND, "", *provenance_lines(topology)]
     print_tables(topology_tables(topology), heading=describe(topology), footer=footer)
-
-
-def _write(path: Path, text: str) -> None:
-    """``text`` into ``path``: a new file replaces the old one atomically; a device or a pipe
-    (``-o /dev/full``, a FIFO) is written in place, never replaced by a file (issue 42)."""
-    import errno
-
-    from gpualloc.atomic import write_user_output
-    from gpualloc.errors import FileAccessError
-    from gpualloc.user_files import shown_path
-
-    try:
-        write_user_output(path, text)
-    except OSError as exc:
-        where = exc.errno in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR)
-        raise FileAccessError(
-            f"cannot write {shown_path(path)}: {exc.strerror}",
-            hint="check the directory exists and is writable" if where else None,
-        ) from exc

@@ -25,6 +25,7 @@ from msgspec.structs import replace
 from gpualloc.errors import TopologyError, TopologyParseError
 from gpualloc.measurements.provenance import figure
 from gpualloc.measurements.recognise import PairwiseCopy, pairwise_copy, read_recording
+from gpualloc.model.printable import count_of
 from gpualloc.model.topology import Gpu, Link, Provenance, Topology
 
 _ROW_LABEL = re.compile(r"^(?:gpu_?)?(\d+)$", re.IGNORECASE)
@@ -123,7 +124,8 @@ def _from_json(text: str, source: str) -> list[list[float]]:
     for i, row in enumerate(data):
         if len(row) != n:
             raise TopologyParseError(
-                f"row {i} has {len(row)} values for {n} GPUs: the matrix is not square",
+                f"row {i} has {count_of(len(row), 'value')} for {count_of(n, 'GPU')}: the matrix "
+                "is not square",
                 source=source,
             )
         if not all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in row):
@@ -144,7 +146,8 @@ def apply_measured_bandwidth(topology: Topology, matrix: list[list[float]]) -> T
     """``topology`` with every link's bandwidth replaced by the measured one."""
     if len(matrix) != topology.gpu_count:
         raise TopologyError(
-            f"the bandwidth matrix has {len(matrix)} GPUs, the topology {topology.gpu_count}",
+            f"the bandwidth matrix has {count_of(len(matrix), 'GPU')}, the topology "
+            f"{topology.gpu_count}",
             hint="record both on the same host",
         )
     measured = link_bandwidths(matrix)

@@ -33,6 +33,7 @@ from msgspec import Struct, field
 from gpualloc.discovery.cache import CALIBRATION_FILE, CacheKey, cache_dir
 from gpualloc.errors import DiscoveryError
 from gpualloc.measurements.records import Finding
+from gpualloc.model.printable import count_of
 
 DEFAULT_SIZE_MIB = 256
 DEFAULT_REPEATS = 5
@@ -182,7 +183,7 @@ def measure(
     count = len(key.gpu_uuids)
     if backend.device_count() != count:
         raise CalibrationUnavailable(
-            f"torch sees {backend.device_count()} GPU(s), NVML {count}",
+            f"torch sees {count_of(backend.device_count(), 'GPU')}, NVML {count}",
             hint="unset CUDA_VISIBLE_DEVICES so that every GPU can be measured",
         )
     seen = [backend.device_uuid(index) for index in range(count)]

@@ -27,6 +27,7 @@ from gpualloc.errors import TopologyError, TopologyParseError
 from gpualloc.measurements.degraded import below_link_class, p2p_slower_than_staged
 from gpualloc.measurements.recognise import pairwise_copy, read_recording
 from gpualloc.measurements.records import Finding, Recording
+from gpualloc.model.printable import count_of
 from gpualloc.model.topology import Topology
 
 NVBANDWIDTH_TESTCASE = "device_to_device_memcpy_write_ce"
@@ -78,7 +79,7 @@ class Nvbandwidth:
         matrix = pairwise_copy(recording).matrix
         if len(matrix) != count:
             raise CalibrationUnavailable(
-                f"nvbandwidth measured {len(matrix)} GPUs, NVML sees {count}",
+                f"nvbandwidth measured {count_of(len(matrix), 'GPU')}, NVML sees {count}",
                 hint="unset CUDA_VISIBLE_DEVICES so that every GPU is measured",
             )
         return matrix
@@ -181,7 +182,7 @@ def from_recordings(
         copy = pairwise_copy(recording)
         if len(copy.matrix) != count:
             raise TopologyError(
-                f"{name}: {len(copy.matrix)} GPUs measured, this host has {count}",
+                f"{name}: {count_of(len(copy.matrix), 'GPU')} measured, this host has {count}",
                 hint="import outputs made on this host with every GPU visible",
             )
         findings += below_link_class(recording, estimated)

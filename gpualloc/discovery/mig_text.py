@@ -279,7 +279,7 @@ def with_mig_layout(topology: Topology, texts: MigTexts) -> Topology:
         if instance.gpu >= len(gpus):
             raise TopologyParseError(
                 f"the MIG texts describe GPU {instance.gpu} but the topology has "
-                f"{len(gpus)} GPUs; are they from the same host?"
+                f"{count_of(len(gpus), 'GPU')}; are they from the same host?"
             )
     if texts.listed is not None:
         if len(texts.listed.gpus) != len(gpus):

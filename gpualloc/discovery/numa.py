@@ -12,6 +12,7 @@ from pathlib import Path
 from gpualloc.discovery.text import is_comment_or_prompt
 from gpualloc.errors import TopologyParseError
 from gpualloc.model.cpuset import bounded_id, parse_cpulist
+from gpualloc.model.printable import count_of
 from gpualloc.model.topology import NumaNode
 
 _AVAILABLE = re.compile(r"^available: (\d+) nodes? \(([0-9,\-]*)\)\s*$")
@@ -56,7 +57,8 @@ def parse_numactl_hardware(text: str, *, source: str | None = None) -> list[Numa
             values = [int(t) for t in match.group(2).split()]
             if len(values) != len(header):
                 raise TopologyParseError(
-                    f"distance row has {len(values)} values for {len(header)} nodes",
+                    f"distance row has {count_of(len(values), 'value')} for "
+                    f"{count_of(len(header), 'node')}",
                     line_number=number,
                     source=source,
                 )

@@ -7,18 +7,18 @@ from pathlib import Path
 from gpualloc.discovery.numa import parse_numactl_hardware
 from gpualloc.discovery.p2p_codes import parse_p2p_matrix
 from gpualloc.discovery.smi import topology_from_smi_texts
-from gpualloc.errors import FileAccessError, TopologyError, TopologyNotFound, TopologyParseError
+from gpualloc.errors import TopologyError, TopologyNotFound, TopologyParseError
 from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, BandwidthTable
 from gpualloc.model.topology import Topology
 from gpualloc.user_files import read_user_text, shown_path
 
 
-def read_text(path: Path, what: str = "file") -> str:
+def read_text(path: Path, what: str, *, missing: type[TopologyNotFound] | None = None) -> str:
     """Read a recorded text file: a regular file of at most 64 MiB, never blocking (see
-    :mod:`gpualloc.user_files`); stray bytes of pasted output become U+FFFD."""
-    return read_user_text(
-        path, what, error=FileAccessError, missing=TopologyNotFound, replace_bad_bytes=True
-    )
+    :mod:`gpualloc.user_files`); stray bytes of pasted output become U+FFFD. A file that cannot
+    be read is exit 8 whatever it holds; ``missing`` is the error of one that does not exist
+    (``--topology``'s own, exit 3)."""
+    return read_user_text(path, what, missing=missing, replace_bad_bytes=True)
 
 
 def looks_like_json(text: str) -> bool:
@@ -27,7 +27,7 @@ def looks_like_json(text: str) -> bool:
 
 def load_topology_file(path: Path, *, table: BandwidthTable | None = None) -> Topology:
     """A gpualloc topology JSON file, or raw ``nvidia-smi topo -m`` text, from ``path``."""
-    text = read_text(path, "topology file")
+    text = read_text(path, "topology file", missing=TopologyNotFound)
     if not text.strip():
         raise TopologyError(
             f"topology file {shown_path(path)} is empty",

@@ -119,7 +119,7 @@ def _check_counts(
         if status.index >= matrix.gpu_count:
             raise TopologyParseError(
                 f"'nvlink -s' describes GPU {status.index} but 'topo -m' shows "
-                f"{matrix.gpu_count} GPUs; are the two files from the same host?"
+                f"{count_of(matrix.gpu_count, 'GPU')}; are the two files from the same host?"
             )
     if queried is not None and len(queried) != matrix.gpu_count:
         raise DiscoveryError(

@@ -22,6 +22,7 @@ from msgspec import Struct, field
 
 from gpualloc.errors import TopologyParseError
 from gpualloc.model.cpuset import cpulist_ranges, is_cpulist
+from gpualloc.model.printable import count_of
 from gpualloc.user_files import shown_value
 
 ANSI_ESCAPE = re.compile(r"(\x1b|\^\[)\[[0-9;]*m")
@@ -236,7 +237,8 @@ def _parse_row(matrix: TopoMatrix, line: str, line_number: int, source: str | No
     cells = fields[:ndev]
     if len(cells) < ndev:
         raise TopologyParseError(
-            f"row {label} has {len(cells)} matrix cells; the header names {ndev} devices",
+            f"row {label} has {count_of(len(cells), 'matrix cell')}; the header names "
+            f"{count_of(ndev, 'device')}",
             line_number=line_number,
             source=source,
             hint="the output may be truncated or re-wrapped; record it again",
@@ -372,7 +374,8 @@ def _check_complete(
         )
     if missing_nics and not missing_gpus:
         matrix.notes.append(
-            f"rows of {len(missing_nics)} NIC(s) missing from the matrix (truncated output?)"
+            f"rows of {count_of(len(missing_nics), 'NIC')} missing from the matrix (truncated "
+            "output?)"
         )
     if not any(line.strip() == "Legend:" for line in lines):
         matrix.notes.append("no legend after the matrix")

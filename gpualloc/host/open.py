@@ -39,21 +39,37 @@ def broker_for(
     request names (``--topology``, ``$GPUALLOC_TOPOLOGY``, the API's ``topology=``), None when it
     names none (this host). ``node_hook``: Slurm's Prolog or Epilog, which runs with the job's
     variables but records the job in the host's ledger, not in the job's own."""
-    from gpualloc.config import no_slurm
     from gpualloc.wire.address import broker_socket
 
     socket = broker_socket(configured)
-    if socket is None:
+    if socket is None or passed_by(env, named_topology, node_hook=node_hook):
         return None
-    in_job = env.get("SLURM_JOB_ID") and not no_slurm(env)
-    if in_job and not node_hook:
-        return None
+    return socket
+
+
+def passed_by(
+    env: Mapping[str, str],
+    named_topology: Callable[[], Topology] | None = None,
+    *,
+    node_hook: bool = False,
+) -> str | None:
+    """Why a request does not go to the host's broker, in words (None when it does, if there
+    is one): inside a Slurm job, or on a named topology that is not this host. A front end
+    tells a user who configured a broker themselves (``tests/test_broker.py``)."""
+    from gpualloc.config import no_slurm
+
+    if env.get("SLURM_JOB_ID") and not no_slurm(env) and not node_hook:
+        return "inside a Slurm job the job's GPUs have a ledger of their own"
     if named_topology is not None:
         from gpualloc.discovery.this_host import describes_this_host
 
-        if not describes_this_host(named_topology()):
-            return None
-    return socket
+        topology = named_topology()
+        if not describes_this_host(topology):
+            return (
+                f"the topology named ({topology.name or topology.provenance.source}) is not this "
+                "host, so it has a ledger of its own"
+            )
+    return None
 
 
 def open_host(

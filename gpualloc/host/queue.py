@@ -38,6 +38,7 @@ from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import PRIORITY_RANK, Priority, QueuedRequest, Waiter
 from gpualloc.ledger.shared_files import owner_name
 from gpualloc.ledger.store import LedgerTransaction, new_lease_id
+from gpualloc.model.printable import count_of
 from gpualloc.model.request import HostState, Placement
 from gpualloc.model.topology import Topology
 from gpualloc.placement.choose import Choices, choose
@@ -75,6 +76,9 @@ class Turn(Struct, frozen=True):
     """Ids of the earlier waiters this start passes (each gets one more ``passed_over``)."""
     reason: str = ""
     """Why it waits, for the status line."""
+    held_by: str = ""
+    """squeue's word for why: ``Resources`` (it cannot be placed now), ``Priority`` (a waiter
+    ahead of it goes first); empty when it may start."""
     position: int = 0
     """1-based position in turn order."""
     waiter: Waiter | None = None
@@ -121,6 +125,7 @@ def take_turn(
             return Turn(
                 None,
                 reason=f"{_who(earlier)} is ahead and can start now",
+                held_by="Priority",
                 position=position,
             )
         if self_blocked(earlier):
@@ -128,8 +133,9 @@ def take_turn(
         if earlier.passed_over >= earlier.max_bypass:
             return Turn(
                 None,
-                reason=f"{_who(earlier)} was passed over {earlier.passed_over} times: no "
-                "more backfill until it starts",
+                reason=f"{_who(earlier)} was passed over {count_of(earlier.passed_over, 'time')}: "
+                "no more backfill until it starts",
+                held_by="Priority",
                 position=position,
             )
         if _window_over(earlier, now):
@@ -137,13 +143,54 @@ def take_turn(
                 None,
                 reason=f"{_who(earlier)} has waited longer than this host's backfill window "
                 f"({earlier.backfill_window_s:g} s): no more backfill until it starts",
+                held_by="Priority",
                 position=position,
             )
         passed.append(earlier.id)
     mine = attempt(order[position - 1])
     if mine.placement is None:
-        return Turn(None, reason=mine.reason, position=position)
+        return Turn(None, reason=mine.reason, held_by="Resources", position=position)
     return Turn(mine.placement, passed=tuple(passed), position=position)
+
+
+def pending_reasons(
+    topology: Topology,
+    occupancy: Occupancy,
+    queue: Sequence[Waiter],
+    *,
+    budget_s: float | None = None,
+) -> dict[str, str]:
+    """Waiter id -> why it waits, as squeue's REASON column says it (``Resources: the job
+    needs 8 GPUs and 3 usable ones are free now``, ``Priority: ...``, ``None`` when it starts
+    at its next look), with what it means for later jobs: whether they may start before it on
+    GPUs it cannot use yet, and whether that counts against its ``max_bypass``. For
+    ``gpualloc status``; the rule is :func:`take_turn`'s, applied to each waiter."""
+    attempt = attempts(topology, occupancy, budget_s=budget_s)
+    blocked = blocked_by_own(occupancy)
+    reasons: dict[str, str] = {}
+    for waiter in queue:
+        turn = take_turn(queue, waiter.id, attempt, self_blocked=blocked)
+        reasons[waiter.id] = _pending_reason(turn, waiter, own=blocked(waiter))
+    return reasons
+
+
+def _pending_reason(turn: Turn, waiter: Waiter, *, own: bool) -> str:
+    if turn.go:
+        return "None: it starts at its next look"
+    said = f"{turn.held_by}: {turn.reason}"
+    if own:  # tests/test_queue.py: a user's own 8-GPU job behind their own later jobs
+        return (
+            f"{said}; its owner's own leases hold GPUs it needs, so later jobs start before it "
+            "on GPUs it cannot use yet, and do not count against its --max-bypass"
+        )
+    if waiter.passed_over >= waiter.max_bypass:
+        times = count_of(waiter.passed_over, "time")
+        return f"{said}; no later job may start before it (passed over {times})"
+    if turn.held_by == "Resources":
+        left = waiter.max_bypass - waiter.passed_over
+        more = count_of(left, "more time")
+        return f"{said}; later jobs may start before it on GPUs it cannot use yet (up to {more})"
+    return said
 
 
 def _window_over(waiter: Waiter, now: datetime) -> bool:
@@ -327,11 +374,20 @@ def newcomer_passes(
     )
     if not turn.go:
         raise GpusBusy(
-            f"{len(txn.ledger.queue)} job(s) wait in the host queue and this one may not pass "
-            f"them: {turn.reason}",
-            hint="add --wait to queue behind them ('gpualloc status' shows the queue)",
+            f"{_waiting(len(txn.ledger.queue))} in the host queue and this one may not pass "
+            f"{_them(len(txn.ledger.queue))}: {turn.reason}",
+            hint=f"add --wait to queue behind {_them(len(txn.ledger.queue))} ('gpualloc "
+            "status' shows the queue)",
         )
     return turn.passed
+
+
+def _waiting(count: int) -> str:
+    return f"{count_of(count, 'job')} {'waits' if count == 1 else 'wait'}"
+
+
+def _them(count: int) -> str:
+    return "it" if count == 1 else "them"
 
 
 def new_waiter(

@@ -36,6 +36,7 @@ from gpualloc.ledger.shared_files import owner_name
 from gpualloc.ledger.statedir import StateDirectory
 from gpualloc.ledger.store import new_lease_id
 from gpualloc.model.cpuset import format_cpulist
+from gpualloc.model.printable import count_of
 from gpualloc.model.topology import Topology
 from gpualloc.slurm.gres import slurm_gpu_numbers
 from gpualloc.slurm.job import check_job_id
@@ -81,7 +82,7 @@ def prolog(host: LocalHost, env: Mapping[str, str]) -> list[str]:
     if outside:
         lines.append(
             f"job {job}: GPU {format_cpulist(outside)} is not in the topology "
-            f"({len(records)} GPUs in gres.conf); check GPUALLOC_TOPOLOGY and gres.conf"
+            f"({count_of(len(records), 'GPU')} in gres.conf); check GPUALLOC_TOPOLOGY and gres.conf"
         )
     mine = [records[g] for g in gpus if g in records]
     if not mine:
@@ -169,7 +170,7 @@ def forget_job_ledger(directory: StateDirectory, job: str) -> list[str]:
         scoped.lock_file,
     ]:
         path.unlink(missing_ok=True)
-    return [f"job {job}: removed its own ledger ({len(leases)} sub-job lease(s))"]
+    return [f"job {job}: removed its own ledger ({count_of(len(leases), 'sub-job lease')})"]
 
 
 def task_prolog(topology: Topology, env: Mapping[str, str]) -> list[str]:

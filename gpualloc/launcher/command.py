@@ -1,7 +1,8 @@
 """The job's command line: resolving the program the way a shell does, and the final argv.
 
 The program is resolved before any GPU is taken, so a typo costs nothing and is reported as a
-shell would (127 not found, 126 found but not executable). numactl, when it binds the job, would
+shell would (127 not found, 126 found but not executable); an empty program name is a usage
+error (exit 2), as no file can have it. numactl, when it binds the job, would
 report the same failure as its own exit status 1; resolving first keeps the shell's codes.
 """
 
@@ -12,15 +13,18 @@ import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from gpualloc.errors import CommandNotExecutable, CommandNotFound
+from gpualloc.errors import CommandNotExecutable, CommandNotFound, RequestError
 from gpualloc.launcher.binding import Binding
 from gpualloc.user_files import names_a_file
 
 
 def resolve_program(program: str, environment: Mapping[str, str]) -> str:
     """The file ``program`` names, searched in the job's ``PATH`` unless it holds a ``/``."""
-    if not program:
-        raise CommandNotFound("the command is empty", hint="put the command after --")
+    if not program:  # no file has that name: a bad command line, not a missing program
+        raise RequestError(
+            "the command's program is an empty word ('' after --)",
+            hint="name the program to run after --, e.g. -- python train.py",
+        )
     if "/" in program:
         return _check_executable(program, program)
     search = environment.get("PATH", os.defpath)

@@ -174,7 +174,9 @@ class Waiter(_Entry, kw_only=True, frozen=True):
     pid_start_time: float | None = None
     priority: Priority = "normal"
     passed_over: NonNegativeInt = 0
-    """How many later jobs started before this one (backfill)."""
+    """How many later jobs started before this one (backfill) that count against
+    ``max_bypass``: not those that started while its own owner's leases kept it from starting
+    (:func:`gpualloc.host.queue.blocked_by_own`), which ``status`` says in its reason."""
     max_bypass: NonNegativeInt = 8
     """Once passed over this often, this waiter stops backfill until it starts."""
     backfill_window_s: Annotated[float, Meta(gt=0)] | None = None

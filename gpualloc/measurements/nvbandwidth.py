@@ -26,6 +26,7 @@ from gpualloc.measurements.records import (
     Recording,
     matrix_recording,
 )
+from gpualloc.model.printable import count_of
 
 _DESCRIPTION = re.compile(
     r"^(?P<what>memcpy|memory latency)\s+(?P<engine>CE|SM)?\s*"
@@ -137,7 +138,8 @@ def _matrix(
         endpoints = "gpu-to-gpu"
         if len(values) != len(values[0]):
             raise TopologyParseError(
-                f"testcase {name}: {len(values)} rows for {len(values[0])} GPUs, not square",
+                f"testcase {name}: {count_of(len(values), 'row')} for "
+                f"{count_of(len(values[0]), 'GPU')}, not square",
                 source=source,
             )
         if arrow == "<-":

@@ -21,6 +21,7 @@ import re
 
 from gpualloc.measurements.provenance import split_provenance, unquoted
 from gpualloc.measurements.records import CutTable, PairMatrix, Pattern, Recording, matrix_recording
+from gpualloc.model.printable import count_of
 
 _SECTION = re.compile(
     r"^(?:(?P<direction>Unidirectional|Bidirectional)\s+)?"
@@ -111,13 +112,16 @@ def _table(lines: list[str], start: int) -> list[list[float]]:
         if not tokens or not tokens[0].isdigit():
             break
         if int(tokens[0]) != len(rows) or len(tokens) - 1 != columns:
-            raise CutTable(f"row {tokens[0]} has {len(tokens) - 1} values for {columns} GPUs")
+            raise CutTable(
+                f"row {tokens[0]} has {count_of(len(tokens) - 1, 'value')} for "
+                f"{count_of(columns, 'GPU')}"
+            )
         try:
             rows.append([float(token) for token in tokens[1:]])
         except ValueError:
             raise CutTable(f"row {tokens[0]} holds a value that is not a number") from None
     if len(rows) != columns:
-        raise CutTable(f"{len(rows)} rows for {columns} GPUs")
+        raise CutTable(f"{count_of(len(rows), 'row')} for {count_of(columns, 'GPU')}")
     return rows
 
 

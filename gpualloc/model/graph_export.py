@@ -17,9 +17,7 @@ import re
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from gpualloc.errors import RequestError
 from gpualloc.model.cpuset import format_cpulist
-from gpualloc.user_files import shown_value
 
 if TYPE_CHECKING:
     from gpualloc.model.topology import Topology
@@ -32,9 +30,9 @@ def export_graph(topology: Topology, fmt: str) -> str:
     import networkx as nx
 
     if fmt not in FORMATS:
-        raise RequestError(
-            f"unknown --format {shown_value(fmt)}", hint="choose graphml, gexf or json"
-        )
+        from gpualloc.model.option_values import unknown_choice
+
+        raise unknown_choice("--format", fmt, FORMATS)
     graph = topology.to_networkx()
     for _, attributes in graph.nodes(data=True):
         _flatten(attributes)

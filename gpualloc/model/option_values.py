@@ -4,9 +4,10 @@ devices. Pure; each error names the option it came from and shows an example."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from gpualloc.errors import RequestError
+from gpualloc.errors import GpuallocError, RequestError
 from gpualloc.user_files import shown_text, shown_value
 
 if TYPE_CHECKING:
@@ -20,12 +21,40 @@ def parse_duration(text: str, option: str = "--timeout") -> float:
     try:
         return parse_duration_text(text)
     except DurationTooLong as exc:
-        raise RequestError(f"{option} {exc}", hint=f"e.g. {option} 90, 30s, 5m, 1h30m") from None
+        raise RequestError(f"{option} {exc}") from None  # it says the most: no hint to add
     except ValueError:
         raise RequestError(
-            f"{option} {shown_value(text)} is not a duration",
-            hint=f"e.g. {option} 90, 30s, 5m, 1h30m",
+            f"{option} {shown_value(text)} is not a duration", hint=DURATION_HINT
         ) from None
+
+
+DURATION_HINT = "a number of seconds, or numbers with units s, m, h and d, as in 1h30m or 1.5d"
+"""What a duration is, for its error: the units, which the options' help shows only by example
+(a hint of examples repeated the help)."""
+
+
+def unknown_choice(
+    what: str,
+    value: object,
+    choices: Iterable[str],
+    *,
+    error: type[GpuallocError] = RequestError,
+    details: tuple[str, ...] = (),
+) -> GpuallocError:
+    """``unknown WHAT 'value': not one of a, b, c``: the choices in the error itself, and as
+    the hint only what the option's help cannot say, the choice closest to what was typed
+    (a hint that listed them repeated the help: tests/test_bad_input_cli.py)."""
+    import difflib
+
+    names = list(choices)
+    close = difflib.get_close_matches(str(value), names, n=1) if isinstance(value, str) else []
+    text = str(value)  # far longer than any choice, it is no near miss: its start will do
+    quoted = shown_value(text) if len(text) <= 40 else repr(f"{text[:37]}...")
+    return error(
+        f"unknown {what} {quoted}: not one of {', '.join(names)}",
+        hint=f"did you mean {close[0]}?" if close else None,
+        details=details,
+    )
 
 
 def gpu_list(text: str | None, option: str) -> frozenset[int]:
@@ -92,13 +121,10 @@ def parse_size(text: str, option: str) -> int:
     if value < 1:
         raise RequestError(
             f"{option} {shown_value(text)} is not a memory size",
-            hint=f"e.g. {option} 10G, 4.5G or 512M",
+            hint="a number and a unit, K, M, G or T (powers of 1024), with or without B or iB",
         )
     if value > MAX_SIZE_BYTES:  # 400 digits were infinity, and int() of it an internal error
-        raise RequestError(
-            f"{option} {shown_value(text)} is more memory than any GPU has",
-            hint=f"e.g. {option} 10G, 4.5G or 512M",
-        )
+        raise RequestError(f"{option} {shown_value(text)} is more memory than any GPU has")
     return int(value)
 
 
@@ -118,5 +144,5 @@ def mig_request(mig: str | None, memory_bytes: int | None) -> MigRequest:
     except ValueError:
         raise RequestError(
             f"--mig {shown_value(mig)} is neither a MIG profile nor a MIG device",
-            hint="e.g. --mig 1g.5gb, --mig GPU0/MIG3 or --mig MIG-<uuid> (gpualloc topo show)",
+            hint="a profile is named <compute slices>g.<memory>gb, as nvidia-smi -L names it",
         ) from None

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from msgspec import Struct, field
 
+from gpualloc.model.printable import count_of
+
 
 class CommunicationPattern(Struct, frozen=True):
     """A job's communication graph over vertices ``0..size-1`` (MAPA paper section 3.1).
@@ -30,7 +32,8 @@ class CommunicationPattern(Struct, frozen=True):
             raise ValueError("a pattern has at least one vertex")
         if len(self.edges) > max_edges(self.size):
             raise ValueError(
-                f"a pattern of {self.size} ranks has at most {max_edges(self.size)} edges (each "
+                f"a pattern of {count_of(self.size, 'rank')} has at most "
+                f"{count_of(max_edges(self.size), 'edge')} (each "
                 f"pair at most twice), not {len(self.edges)}"
             )
         for u, v in self.edges:
@@ -68,7 +71,7 @@ class JobRequest(Struct, frozen=True):
         if self.pattern.size != self.gpus:
             raise ValueError(
                 f"the pattern has {self.pattern.size} vertices but the job asks for "
-                f"{self.gpus} GPUs"
+                f"{count_of(self.gpus, 'GPU')}"
             )
 
 

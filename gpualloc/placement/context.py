@@ -42,7 +42,7 @@ class DecisionContext(Struct, dict=True):
         unknown = sorted(g for g in named if not 0 <= g < n)
         if unknown:
             raise RequestError(
-                f"GPU {unknown[0]} does not exist on this host ({n} GPUs: 0..{n - 1})",
+                f"GPU {unknown[0]} does not exist on this host ({count_of(n, 'GPU')}: 0..{n - 1})",
                 hint="'gpualloc topo show' lists the GPUs",
             )
         both = self.request.required & self.request.excluded
@@ -74,7 +74,9 @@ class DecisionContext(Struct, dict=True):
         if len(self.pool) < k:
             n = self.topology.gpu_count
             excluded = len(self.state.free & request.excluded)
-            why = f"{len(self.pool)} of {n} GPUs are usable ({len(self.state.free)} free"
+            are = "is" if len(self.pool) == 1 else "are"
+            why = f"{len(self.pool)} of {count_of(n, 'GPU')} {are} usable "
+            why += f"({len(self.state.free)} free"
             why += f", {excluded} of them excluded)" if excluded else ")"
             raise NoFeasiblePlacement(
                 f"the job asks for {count_of(k, 'GPU')} but {why}",

@@ -22,6 +22,7 @@ from msgspec import Struct
 from gpualloc.errors import RequestError
 from gpualloc.job_options import MAX_GPUS, JobOption, job_fields
 from gpualloc.model.option_values import gpu_list, gpu_sequence, mig_request, parse_size
+from gpualloc.model.printable import count_of
 
 if TYPE_CHECKING:
     from gpualloc.config import Config
@@ -86,7 +87,8 @@ class _JobOptionsMethods(Struct, frozen=True, kw_only=True):
                 raise RequestError("--gpus is empty", hint="e.g. --gpus 0,1")
             if count is not None and count != len(chosen):
                 raise RequestError(
-                    f"-n {count} but --gpus names {len(chosen)} GPU(s)", hint="give one of them"
+                    f"-n {count} but --gpus names {count_of(len(chosen), 'GPU')}",
+                    hint="give one of them",
                 )
             if self.exclude or self.require:
                 raise RequestError(
@@ -264,26 +266,37 @@ def effective_model(score: str) -> EffectiveModel:
     try:
         return EffectiveModel(score)
     except ValueError:
-        from gpualloc.user_files import shown_value
+        from gpualloc.model.option_values import unknown_choice
 
-        raise RequestError(
-            f"unknown --score {shown_value(score)}", hint="choose auto, mapa or bottleneck"
-        ) from None
+        raise unknown_choice("--score", score, [m.value for m in EffectiveModel]) from None
 
 
 def utility_weights(value: str | tuple[float, float, float] | None) -> UtilityWeights:
+    """``--drb-weights C,I,F`` as weights summing to 1; a usage error saying which of the
+    three rules it breaks (three numbers, none negative, not all zero)."""
     from gpualloc.model.printable import printable
     from gpualloc.placement.utility import UtilityWeights
 
     if value is None:
         return UtilityWeights()
+    said = f"--drb-weights '{printable(str(value), 60)}'"
     try:
         values = [float(part) for part in value.split(",")] if isinstance(value, str) else value
         if len(values) != 3 or not all(math.isfinite(v) for v in values):
             raise ValueError
-        return UtilityWeights(*values).normalised()
     except (ValueError, TypeError):
         raise RequestError(
-            f"--drb-weights '{printable(str(value), 60)}' is not three non-negative numbers",
-            hint="e.g. --drb-weights 0.5,0.25,0.25 (communication, interference, fragmentation)",
+            f"{said} is not three non-negative numbers",
+            hint="they weigh each part against the others: 2,1,1 counts communication double",
         ) from None
+    if min(values) < 0:
+        raise RequestError(
+            f"{said}: a weight is negative ({min(values):g})",
+            hint="a weight is a share of the utility: 0 leaves that part out",
+        )
+    if not any(values):
+        raise RequestError(
+            f"{said}: all three weights are zero; at least one must be positive",
+            hint="e.g. --drb-weights 1,0,0 to weigh communication alone",
+        )
+    return UtilityWeights(*values).normalised()

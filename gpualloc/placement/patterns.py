@@ -24,14 +24,16 @@ no constraints, which is always correct but slower.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from msgspec import Struct
 
 from gpualloc.errors import RequestError
 from gpualloc.job_options import MAX_GPUS
+from gpualloc.model.printable import count_of
 from gpualloc.model.request import CommunicationPattern, max_edges
-from gpualloc.user_files import names_a_file, shown_value
+from gpualloc.user_files import names_anything, shown_value
 
 BUILTIN_PATTERNS = ("ring", "all", "tree", "star")
 
@@ -92,11 +94,19 @@ def build_pattern(spec: str, k: int) -> CommunicationPattern:
     if spec in _BUILDERS:
         return _BUILDERS[spec](k)
     path = Path(spec)
-    if not names_a_file(path):
+    # A value that looks like a path, or names something, is a file to read: the reading says
+    # why it cannot be (exit 8, as every file option: tests/test_user_files.py), not "unknown
+    # pattern".
+    if not (os.sep in spec or spec.endswith(".json") or names_anything(path)):
+        import difflib
+
+        close = difflib.get_close_matches(spec, BUILTIN_PATTERNS, n=1)
         raise PatternError(
             f"unknown pattern {shown_value(spec)}: not one of {', '.join(BUILTIN_PATTERNS)} "
             "and not a file",
-            hint="give ring, all, tree or star, or a JSON edge list such as [[0, 1], [1, 2]]",
+            hint=f"did you mean {close[0]}?"
+            if close
+            else "a pattern file holds a JSON edge list over the ranks, e.g. [[0, 1], [1, 2]]",
         )
     from gpualloc.user_files import json_document, read_user_text
 
@@ -131,12 +141,13 @@ def pattern_from_edges(data: object, k: int, *, name: str, origin: str) -> Commu
         if not (0 <= u < k and 0 <= v < k):
             raise PatternError(
                 f"{origin}: edge #{position} ({u}, {v}) leaves ranks 0..{k - 1}",
-                hint=f"the job asks for {k} GPUs (-n); a pattern's vertices are 0..{k - 1}",
+                hint=f"the job asks for {count_of(k, 'GPU')} (-n); a pattern's vertices are "
+                f"0..{k - 1}",
             )
         edges.append((min(u, v), max(u, v)))
         if len(edges) > max_edges(k):
             raise PatternError(
-                f"{origin}: more than {max_edges(k)} edges for {k} ranks",
+                f"{origin}: more than {count_of(max_edges(k), 'edge')} for {count_of(k, 'rank')}",
                 hint="list each pair of ranks that talk once (twice at most: both ways)",
             )
     try:

@@ -10,7 +10,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 from gpualloc.config import BY_KEY, DEFAULT_POLICY
-from gpualloc.errors import ConfigError, RequestError
+from gpualloc.errors import ConfigError
 
 if TYPE_CHECKING:
     from gpualloc.config import Config
@@ -56,12 +56,9 @@ def configured_policy(config: Config, flag: str | None = None) -> str:
 
 def get_policy(name: str) -> Policy:
     if name not in _POLICY_CLASSES:
-        from gpualloc.user_files import shown_value
+        from gpualloc.model.option_values import unknown_choice
 
-        raise RequestError(
-            f"unknown policy {shown_value(name)}",
-            hint=f"choose one of: {', '.join(_POLICY_CLASSES)}",
-        )
+        raise unknown_choice("policy", name, _POLICY_CLASSES)
     if name not in _loaded:
         module, cls = _POLICY_CLASSES[name]
         policy = getattr(import_module(module), cls)()

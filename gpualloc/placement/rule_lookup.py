@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol, TypeVar
 
-from gpualloc.errors import RequestError
-
 
 class Described(Protocol):
     name: str
@@ -22,11 +20,8 @@ def lookup(rules: Mapping[str, R], name: str, what: str) -> R:
     description, when there is none (``what`` names where the name came from)."""
     rule = rules.get(name)
     if rule is None:
-        from gpualloc.user_files import shown_value
+        from gpualloc.model.option_values import unknown_choice
 
-        raise RequestError(
-            f"unknown {what} {shown_value(name)}",
-            hint=" or ".join(rules),
-            details=tuple(f"{r.name}: {r.description}" for r in rules.values()),
-        )
+        described = tuple(f"{r.name}: {r.description}" for r in rules.values())
+        raise unknown_choice(what, name, rules, details=described)
     return rule

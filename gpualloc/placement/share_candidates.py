@@ -13,6 +13,7 @@ from msgspec import Struct
 
 from gpualloc.model.mig import format_size
 from gpualloc.model.occupancy_view import OccupancyView
+from gpualloc.model.printable import count_of
 from gpualloc.model.topology import Topology
 
 
@@ -32,7 +33,7 @@ class ShareCandidate(Struct, frozen=True):
     def describe(self) -> str:
         memory = f", {format_size(self.free_bytes)} free" if self.free_bytes is not None else ""
         used = f", {self.used_fraction:.0%} of it shared" if self.used_fraction else ""
-        return f"GPU {self.gpu} ({self.state}, {self.jobs} shared job(s){used}{memory})"
+        return f"GPU {self.gpu} ({self.state}, {count_of(self.jobs, 'shared job')}{used}{memory})"
 
 
 def free_memory(topology: Topology, occupancy: OccupancyView, gpu: int) -> int | None:

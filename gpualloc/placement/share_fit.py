@@ -27,6 +27,7 @@ from gpualloc.errors import GpusBusy, NoFeasiblePlacement
 from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.mig import format_size
 from gpualloc.model.occupancy_view import OccupancyView
+from gpualloc.model.printable import count_of
 from gpualloc.model.share import ShareRequest
 from gpualloc.model.topology import Topology
 from gpualloc.placement.share_candidates import (
@@ -103,7 +104,8 @@ def _check_feasible(
     if request.gpu is not None:
         if request.gpu >= topology.gpu_count:
             raise NoFeasiblePlacement(
-                f"GPU {request.gpu} does not exist on this host ({topology.gpu_count} GPUs)",
+                f"GPU {request.gpu} does not exist on this host "
+                f"({count_of(topology.gpu_count, 'GPU')})",
                 hint="'gpualloc topo show' lists the GPUs",
             )
         if request.gpu not in usable:
@@ -150,7 +152,7 @@ def _busy(
         if closed:
             parts.append(
                 f"GPU {format_cpulist(closed)} held by leases that do not share, or running "
-                f"{max_jobs} shared job(s) already"
+                f"{count_of(max_jobs, 'shared job')} already"
             )
         message = f"no GPU can take {request.describe()} now: " + "; ".join(parts)
         return message, tuple(occupancy.describe(where))

@@ -52,6 +52,7 @@ from gpualloc.errors import TraceError
 from gpualloc.host.queue import DEFAULT_MAX_BYPASS, AttemptMemo, attempts, next_start, turn_key
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Lease, LeasedGpu, Ledger, QueuedRequest, Waiter
+from gpualloc.model.option_values import unknown_choice
 from gpualloc.model.request import (
     CommunicationPattern,
     HostState,
@@ -128,9 +129,9 @@ def _cycles_collected_after() -> Iterator[None]:
 
 def _check(topology: Topology, jobs: list[SimJob], options: SimOptions) -> None:
     if options.queue not in QUEUES:
-        raise TraceError(f"unknown --queue {shown(options.queue)}", hint=" or ".join(QUEUES))
+        raise unknown_choice("--queue", options.queue, QUEUES, error=TraceError)
     if options.runtime not in RUNTIMES:
-        raise TraceError(f"unknown --runtime {shown(options.runtime)}", hint=", ".join(RUNTIMES))
+        raise unknown_choice("--runtime", options.runtime, RUNTIMES, error=TraceError)
     if not 0 < options.gpu_busy <= 1:
         raise TraceError(
             f"--gpu-busy {options.gpu_busy:g} is not a share of time", hint="give 0 < U <= 1"

@@ -110,10 +110,9 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     name, _, rest = spec.strip().partition(":")
     quoted = shown(spec)
     if name not in DEFAULTS:
-        raise TraceError(
-            f"unknown generator {shown(name)}",
-            hint=f"choose {' or '.join(DEFAULTS)}, e.g. mapa:jobs=300",
-        )
+        from gpualloc.model.option_values import unknown_choice
+
+        raise unknown_choice("generator", name, DEFAULTS, error=TraceError)
     settings: dict[str, Any] = dict(DEFAULTS[name])
     settings.update({key: values[0] for key, values in CHOICES.get(name, {}).items()})
     for item in filter(None, (part.strip() for part in rest.split(","))):

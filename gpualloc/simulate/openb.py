@@ -30,6 +30,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from gpualloc.errors import TraceError
+from gpualloc.model.printable import count_of
 from gpualloc.simulate.trace import MAX_SECONDS, SimJob, shown
 
 COLUMNS = (
@@ -54,8 +55,13 @@ class OpenbTrace:
     """What was read with a default (unknown QoS, a gpu_spec of other models), and how many."""
 
     def notes(self) -> list[str]:
-        lines = [f"{count} task(s) skipped: {why}" for why, count in sorted(self.skipped.items())]
-        lines += [f"{count} task(s): {what}" for what, count in sorted(self.counted.items())]
+        lines = [
+            f"{count_of(count, 'task')} skipped: {why}"
+            for why, count in sorted(self.skipped.items())
+        ]
+        lines += [
+            f"{count_of(count, 'task')}: {what}" for what, count in sorted(self.counted.items())
+        ]
         return lines
 
 

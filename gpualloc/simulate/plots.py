@@ -28,8 +28,12 @@ if TYPE_CHECKING:
 def write_figures(results: dict[str, SimResult], directory: Path, title: str) -> list[Path]:
     """Write the figures for ``results`` (policy name -> run) into ``directory``."""
     plt = _pyplot()
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
+    from gpualloc.atomic import missing_directory
+
+    try:  # the directory named, never those above it (as every writer: atomic.write_output)
+        directory.mkdir(exist_ok=True)
+    except (FileNotFoundError, NotADirectoryError):
+        raise missing_directory("--plot", directory) from None
     except OSError as exc:
         raise FileAccessError(f"cannot create {shown_path(directory)}: {exc.strerror}") from None
     written = [

@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 from gpualloc.errors import TraceError
+from gpualloc.model.printable import count_of
 
 ALIASES = {"bvlc_reference_caffenet": "bvlc_alexnet", "caffenet": "bvlc_alexnet",
            "alexnet": "bvlc_alexnet", "googlenet": "bvlc_googlenet"}  # fmt: skip
@@ -83,7 +84,7 @@ class DrbProfile:
         if key not in self.solo:
             raise TraceError(
                 f"the profile {self.source} has no solo time for {network} with batch {batch} "
-                f"on {gpus} GPU(s)",
+                f"on {count_of(gpus, 'GPU')}",
                 hint="use --runtime fixed, or a profile that covers this job",
             )
         intra, inter = self.solo[key]

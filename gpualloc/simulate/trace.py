@@ -176,10 +176,7 @@ def _csv_rows(text: str, source: str) -> list[tuple[int, dict[str, Any]]]:
             for number, row in enumerate(reader, start=2)
         ]
     except csv.Error as exc:  # a stray carriage return, a NUL byte (found by the fuzzing harness)
-        raise TraceError(
-            f"{source}: not CSV ({exc})",
-            hint="a trace is JSON Lines or CSV with a header line",
-        ) from None
+        raise TraceError(f"{source}: not CSV ({exc})") from None
 
 
 def _job(row: dict[str, Any], number: int, source: str, order: int) -> SimJob:

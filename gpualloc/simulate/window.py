@@ -32,10 +32,7 @@ def check_load(load: float) -> None:
     """Refuse a ``--load`` that is not a finite number within MIN_LOAD..MAX_LOAD (``nan``
     would make every arrival time NaN, a time the simulation never reaches)."""
     if not (math.isfinite(load) and MIN_LOAD <= load <= MAX_LOAD):
-        raise RequestError(
-            f"--load {load:g} is not within {MIN_LOAD:g}..{MAX_LOAD:g}",
-            hint="the share of the host's GPU time the jobs offer, e.g. --load 0.9",
-        )
+        raise RequestError(f"--load {load:g} is not within {MIN_LOAD:g}..{MAX_LOAD:g}")
 
 
 def window(jobs: list[SimJob], *, start: int = 0, limit: int | None = None) -> list[SimJob]:
