@@ -414,3 +414,16 @@ def test_an_unknown_score_model_is_said_back_cut(cli: Cli) -> None:
     on a developer's run: CI replays the same examples, a developer's run tries new ones)."""
     result = cli("-t", "dgx1-v100", "alloc", "--hold", "--score", "a" * 3000)
     _refused(result, ExitCode.USAGE, "unknown --score")
+
+
+def test_a_pattern_naming_a_pair_twice_is_refused_at_the_door(cli: Cli, tmp_path: Path) -> None:
+    """``[[0, 1], [1, 0], [0, 2]]`` over three ranks was an internal error once the tie rule
+    searched a narrowed pool (the order search assumes one edge a pair beyond the 2-GPU ring,
+    which counts its pair twice by MAPA's convention and stays allowed)."""
+    twice = tmp_path / "twice.json"
+    twice.write_text('{"edges": [[0, 1], [1, 0], [0, 2]]}')
+    result = cli("-t", "dgx1-v100", "plan", "-n", "3", "--pattern", str(twice))
+    _refused(result, ExitCode.USAGE, "edge #1 (1, 0) names ranks 0 and 1 again")
+    pair = tmp_path / "pair.json"
+    pair.write_text("[[0, 1], [1, 0]]")
+    assert cli("-t", "dgx1-v100", "plan", "-n", "2", "--pattern", str(pair)).exit_code == 0

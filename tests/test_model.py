@@ -224,4 +224,4 @@ def test_topology_export_to_a_file_and_a_bad_format(cli, tmp_path: Path) -> None
     assert result.exit_code == 0 and f"wrote {target} (16 GPUs, graphml)" in result.stderr
     assert target.read_text().count("<node ") == 16
     refused = cli("--topology", "dgx2", "topo", "export", "--format", "dot")
-    assert refused.exit_code == 2 and "choose graphml, gexf or json" in refused.stderr
+    assert refused.exit_code == 2 and "not one of graphml, gexf, json" in refused.stderr

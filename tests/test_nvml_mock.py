@@ -178,7 +178,12 @@ def test_every_command_answers_on_every_profile(profile: Path, tmp_path: Path) -
         assert foreign == {1}, status["gpus"]
         assert {p["pid"] for p in status["gpus"][1]["processes"]} == {1, 999999}
         planned = _gpualloc(profile, tmp_path, "plan", "-n", "8")
-        assert "note: GPU 1 runs processes now; plan counts every GPU free" in planned.stderr
+        assert planned.returncode == 10, planned.stderr  # as run says: taken now
+        assert "GPU 1 taken" in planned.stderr and "pid 999999" in planned.stderr
+        what_if = _gpualloc(profile, tmp_path, "plan", "-n", "8", "--assume-free")
+        assert "note: GPU 1 runs processes now; this what-if counts every GPU free" in (
+            what_if.stderr
+        )
         dry = _gpualloc(profile, tmp_path, "run", "-n", "8", "--dry-run", "--", "true")
         assert dry.returncode == 10, "a GPU with a foreign process is not free"
 

@@ -10,6 +10,7 @@ from gpualloc.cli.state import STATE
 from gpualloc.errors import GpusBusy, NoFeasiblePlacement, RequestError
 from gpualloc.json_views import placement_json
 from gpualloc.model.option_values import gpu_list
+from gpualloc.model.printable import count_of
 from gpualloc.placement.options import JobOptions
 
 if TYPE_CHECKING:
@@ -69,7 +70,6 @@ def plan_command(
     from gpualloc.cli.open_ledger import open_host_ledger, say, warn
     from gpualloc.ledger.schema import Ledger
     from gpualloc.model.cpuset import format_cpulist
-    from gpualloc.model.printable import count_of
     from gpualloc.model.request import HostState
     from gpualloc.placement.decide import decision_context
 
@@ -96,8 +96,8 @@ def plan_command(
         create=False,
         check_health=not allow_unhealthy,
         allow_unhealthy=allow_unhealthy,
-        ignore_foreign=what_if,  # a what-if: only --busy and --free say what is taken
     )
+    host.ignore_foreign = what_if  # a what-if: only --busy and --free say what is taken
     topology = host.topology
     if want.mig is not None:
         if free is not None:
@@ -120,12 +120,15 @@ def plan_command(
         outside = busy_set - everything
     if outside:
         raise RequestError(
-            f"GPU {min(outside)} does not exist on this host ({n} GPUs: 0..{n - 1})",
+            f"GPU {min(outside)} does not exist on this host ({count_of(n, 'GPU')}: 0..{n - 1})",
             hint="'gpualloc topo show' lists the GPUs",
         )
     # The host's own exclusions (unhealthy, lost, in MIG mode, not the Slurm job's), from its
-    # occupancy of an empty ledger: what a what-if lays --busy over, and what "now" is held to.
+    # occupancy of an empty ledger and no other program: what a what-if lays --busy over, and
+    # what "now" is held to.
+    counting_foreign, host.ignore_foreign = host.ignore_foreign, True
     idle = host.occupancy(Ledger(host=boot.hostname()), allow_unhealthy=allow_unhealthy)
+    host.ignore_foreign = counting_foreign  # "now": other programs' processes take GPUs too
     for gpu, reason in sorted(idle.unhealthy.items()):
         say(f"skipping unhealthy GPU {gpu}: {reason} (--allow-unhealthy includes it)")
     if host.slurm_job is not None:  # plan as 'run' would place: on the job's GPUs only
@@ -381,7 +384,7 @@ def _show_plan(
         rows.append([str(rank), str(g), "-" if numa is None else str(numa), link])
     tables = [
         Table(
-            f"Plan: {len(order)} GPU(s), {ctx.request.pattern.name} pattern, "
+            f"Plan: {count_of(len(order), 'GPU')}, {ctx.request.pattern.name} pattern, "
             f"{'sensitive' if ctx.request.sensitive else 'insensitive'}",
             ["Rank", "GPU", "NUMA", "Link to next rank"],
             rows,
@@ -469,7 +472,7 @@ def _show_compare(
     print_tables(
         [
             Table(
-                f"Every policy for {ctx.k} GPU(s), {ctx.request.pattern.name} pattern "
+                f"Every policy for {count_of(ctx.k, 'GPU')}, {ctx.request.pattern.name} pattern "
                 f"(GB/s; utility in [0, 1])",
                 ["Policy", "GPUs", "Effective", "Aggregated", "Preserved", "Bottleneck", "Utility"],
                 rows,
