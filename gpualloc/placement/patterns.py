@@ -148,8 +148,7 @@ def pattern_from_edges(data: object, k: int, *, name: str, origin: str) -> Commu
         pair = (min(u, v), max(u, v))
         if pair in seen and k > 2:  # the search assumes one edge a pair beyond the 2-GPU ring
             raise PatternError(
-                f"{origin}: edge #{position} ({u}, {v}) names ranks {pair[0]} and {pair[1]} "
-                "again",
+                f"{origin}: edge #{position} ({u}, {v}) names ranks {pair[0]} and {pair[1]} again",
                 hint="list each pair of ranks that talk once: its link carries both directions",
             )
         seen.add(pair)
