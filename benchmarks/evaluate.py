@@ -47,6 +47,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     options = parser.parse_args()
     figures = options.out / "evaluation"
+    # The script's own output tree (plots never create directories above the one named).
+    figures.mkdir(parents=True, exist_ok=True)
     plots = _plotting()
     spec = f"mapa:jobs={options.jobs or 300}"
     jobs = generate(spec, seed=options.seed)
@@ -89,7 +91,6 @@ def main() -> int:
     lines += ["", *trace_section(figures, plots, quick=quick)]
     if plots is None:
         lines += ["", "_Figures were not regenerated: matplotlib is not installed._"]
-    options.out.mkdir(parents=True, exist_ok=True)
     (options.out / "evaluation.md").write_text("\n".join(lines).rstrip() + "\n")
     print(f"wrote {options.out / 'evaluation.md'}")
     return 0
