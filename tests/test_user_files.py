@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,14 +100,13 @@ WRITTEN_OR_DIRECTORIES = {
 
 def _path_parameters() -> set[str]:
     """``COMMAND --option`` of every parameter of the command tree that takes a path."""
-    import click
     import typer
 
     from gpualloc.cli.app import app
 
     found: set[str] = set()
 
-    def visit(command: click.Command, path: str) -> None:
+    def visit(command: Any, path: str) -> None:  # typer's own click, not an installed click
         for param in command.params:
             descriptor = param.type_descriptor  # typer's (0.20 and later), as fast_table reads
             annotation = descriptor.annotation
