@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import socket
+import struct
+import termios
 import time
 from typing import Any
 
@@ -29,6 +32,24 @@ class Connection:
         """Its requests waiting for the placement worker, in order (:mod:`.placer`)."""
         self.asks = 0
         """Times its first parked request has asked the worker."""
+        self.unread: list[str] = []
+        """Leases its requests made whose answers it has not been seen to read: released if
+        it goes before reading them (an applied change is one its client was told of)."""
+        self.reset = False
+        """It closed with something it was sent unread (Linux then gives its peer ECONNRESET,
+        ``unix_release_sock`` in net/unix/af_unix.c; a clean close reads as end of file)."""
+
+    def read_all(self) -> bool:
+        """Whether the client has taken everything it was sent: nothing in the outbox, and
+        none of it still in the kernel (SIOCOUTQ: a Unix socket's bytes its peer has not
+        read, ``unix_ioctl`` in net/unix/af_unix.c)."""
+        if self.reset or self.outbox:
+            return False
+        try:
+            queued = fcntl.ioctl(self.sock.fileno(), termios.TIOCOUTQ, bytes(4))
+        except OSError:
+            return False
+        return struct.unpack("i", queued)[0] == 0
 
     def gone(self) -> bool:
         """Whether the client closed its end (a request it sent before leaving is not applied:
@@ -38,4 +59,5 @@ class Connection:
         except (BlockingIOError, InterruptedError):
             return False
         except OSError:
+            self.reset = True
             return True

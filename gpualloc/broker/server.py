@@ -31,6 +31,7 @@ import socket
 import time
 import traceback
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 from gpualloc.broker.connection import Connection
@@ -280,6 +281,7 @@ class Broker:
                 self.service.host.release(lease.id)  # its client went away meanwhile
                 continue
             connection.waiters.discard(start.waiter_id)
+            connection.unread.append(lease.id)
             self.log(f"{lease.user}: lease {lease.id} from the queue: {_gpus(lease)}")
             self._send(connection, protocol.result_line(start.answer))
         self._register_pidfds()
@@ -356,11 +358,13 @@ class Broker:
             data = connection.sock.recv(65536)
         except (BlockingIOError, InterruptedError):
             return
-        except OSError:
-            data = b""
+        except OSError:  # ECONNRESET: it closed with answers unread
+            connection.reset, data = True, b""
         if not data:
             self._close(connection)
             return
+        if connection.unread and connection.read_all():  # it has read its leases' answers
+            connection.unread.clear()
         connection.inbox += data
         connection.active = time.monotonic()
         while connection.open:
@@ -441,6 +445,7 @@ class Broker:
         if op == "hello":
             return protocol.result_line(self._hello(peer))
         if op == "alloc":
+            asked = datetime.now(timezone.utc)
             made = service.alloc(peer, args)
             if isinstance(made, str):  # queued: the answer comes when it starts
                 self.waiting[made] = connection
@@ -451,6 +456,8 @@ class Broker:
                 return None
             allocation, answer = made
             lease = allocation.lease
+            if lease.created >= asked:  # made now, not a lease a request sent again made
+                connection.unread.append(lease.id)
             self.log(f"{lease.user}: lease {lease.id}: {_gpus(lease)}")
             return protocol.result_line(answer)
         if op == "confirm":
@@ -553,8 +560,15 @@ class Broker:
                 connection.sock.setblocking(True)
                 connection.sock.settimeout(0.1)
                 connection.sock.sendall(connection.outbox)
+                connection.outbox.clear()
             except OSError:
                 pass
+        held = self.held_back is not None and any(c is connection for c, _ in self.held_back)
+        if connection.reset or connection.outbox or held:  # it never had its leases' answers
+            for lease_id in connection.unread:
+                self.log(f"lease {lease_id} released: its client went before reading its id")
+                self._guarded(lambda i=lease_id: self.service.host.release(i))
+                self.service.forget(lease_id)
         connection.open = False
         self.selector.unregister(connection.sock)
         connection.sock.close()
