@@ -289,3 +289,63 @@ def test_requests_behind_a_search_keep_their_order_and_a_dead_worker_is_replaced
         assert "placement worker ended" in broker.log_text()
     finally:
         broker.stop()
+
+
+_TIMED_CLIENT = """
+import json, socket, sys, time
+with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+    connection.connect(sys.argv[1])
+    started = time.monotonic()
+    connection.sendall(sys.argv[2].encode() + b"\\n")
+    answer = json.loads(connection.makefile("rb").readline())
+print(json.dumps({"took": time.monotonic() - started, "ok": answer.get("ok")}))
+"""
+
+
+@pytest.mark.slow
+def test_a_new_users_search_waits_one_budget_per_other_user_searching(
+    slow_host_file: Path, tmp_path: Path
+) -> None:
+    """The bound docs/administration.md states: the worker takes one search of each user at
+    a time, users in turn, so a new user's search waits for the one the worker has and at
+    most one of each other user with a search queued, however many they queued: (k + 2)
+    budgets to its answer with k others searching. Each of three users here queues four
+    searches that run to the budget (for a placement no job may take, so that the host does
+    not change meanwhile); a fourth user's one-GPU alloc answers within the bound, where
+    waiting for the twelve in the order they came would take twice as long."""
+    from tests.unix_users import UserCommandLine, ensure_user
+
+    budget_s, searching = 0.5, ("alice", "bob", "carol")
+    users = {name: ensure_user(f"gpualloc-t-{name}") for name in (*searching, "dave")}
+    config = tmp_path / "system.toml"
+    config.write_text(f"[placement]\ntime_budget = {budget_s}\n")
+    as_user = UserCommandLine(users["alice"])
+    broker = RunningBroker(str(slow_host_file), system_config=config).start()
+
+    def client(user: str, lease_id: str, request: dict) -> subprocess.Popen[str]:
+        line = _searching_alloc(lease_id)
+        line["args"]["request"] = request
+        return subprocess.Popen(
+            [as_user.python, "-c", _TIMED_CLIENT, str(broker.socket), json.dumps(line)],
+            env={"PYTHONPATH": as_user.python_path, "PATH": "/usr/bin:/bin"},
+            user=users[user].uid, group=users[user].gid, extra_groups=[],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
+        )  # fmt: skip
+
+    try:
+        queued = []
+        for number, user in enumerate(searching * 4):
+            request = {"gpus": 16, "sensitive": True, "policy": "mapa-greedy",
+                       "excluded": [number], "min_utility": 1.0}  # fmt: skip
+            queued.append(client(user, f"{number + 1:012x}", request))
+        time.sleep(1.0)  # every search is queued, the first has the worker
+        new = client("dave", "dddddddddddd", {"gpus": 1, "sensitive": False})
+        out, err = finish(new, timeout_s=120)
+        answer = json.loads(out)
+        bound_s = (len(searching) + 2) * budget_s
+        assert answer["ok"], (err, broker.log_text()[-2000:])
+        for search in queued:  # each refused: no placement has utility 1
+            assert json.loads(finish(search, timeout_s=120)[0])["ok"] is False
+        assert answer["took"] < bound_s + 0.5, (answer, bound_s)
+    finally:
+        broker.stop()
