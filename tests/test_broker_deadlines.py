@@ -73,11 +73,12 @@ def test_a_stopped_broker_is_said_at_the_deadline_and_the_request_is_not_applied
     assert "whose client has gone: not applied" in broker.log_text()
 
 
-def _hold_line(index: int) -> bytes:
+def _hold_line(index: int, gpus: int = 1, **more: object) -> bytes:
     args = {
         "lease_id": f"{index:012x}",
-        "request": {"gpus": 1, "sensitive": False},
+        "request": {"gpus": gpus, "sensitive": False},
         "terms": {"source": "alloc", "hold": True},
+        **more,
     }
     return json.dumps({"v": 1, "op": "alloc", "args": args}).encode() + b"\n"
 
@@ -94,7 +95,23 @@ def test_an_alloc_whose_client_goes_before_reading_its_answer_is_undone(
     """A lease stands only for a client that got its answer. On 4d2ba32, of 200 allocs closed
     within 10 ms of sending, 2-3 became leases nobody was told of (the broker checked for a
     hang-up before applying, not after answering). Closing with the answer unread, or having
-    shut the socket for reading, made such a lease every time."""
+    shut the socket for reading, made such a lease every time, as did a waiting client gone
+    before reading the answer its turn sent."""
+    holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    holder.connect(str(broker.socket))
+    holder.sendall(_hold_line(60, gpus=8))
+    with holder, holder.makefile("rb") as reader:
+        assert json.loads(reader.readline())["ok"]
+    waiter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    waiter.connect(str(broker.socket))
+    waiter.sendall(_hold_line(61, wait={}))
+    time.sleep(0.5)  # in the queue
+    broker.call("release", {"leases": [f"{60:012x}"]})  # its turn: its lease, its answer sent
+    deadline = time.monotonic() + 10
+    while f"lease {61:012x} from the queue" not in broker.log_text():
+        assert time.monotonic() < deadline, broker.log_text()[-2000:]
+        time.sleep(0.05)
+    waiter.close()
     unread = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     unread.connect(str(broker.socket))
     unread.sendall(_hold_line(1))
@@ -129,6 +146,7 @@ def test_an_alloc_whose_client_goes_before_reading_its_answer_is_undone(
     log = broker.log_text()
     assert f"lease {1:012x} released: its client went before reading its id" in log
     assert f"lease {2:012x} released: its client went before reading its id" in log
+    assert f"lease {61:012x} released: its client went before reading its id" in log
 
 
 def test_a_stopped_broker_is_said_after_slurms_message_timeout_by_default(
