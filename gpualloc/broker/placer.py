@@ -24,8 +24,8 @@ at a time, users in turn, so that one user's searches do not queue ahead of ever
 The worker is ``python -m gpualloc.broker.placer``, started by the broker with its topology;
 both ends are the broker's own, so they speak pickle over a pipe, in length-prefixed frames.
 
-No request can take the worker away from the others (slurmctld replaces a failed agent the
-same way; house style: "a worker that fails is replaced, never lost"):
+No request, and no failure of the worker, takes it away from the others for longer than one
+search (a worker that fails is replaced, never lost):
 
 - a search that raises anything but a gpualloc error is answered as a refused request (one
   line; its traceback once in the broker's log) and the same request on the same host state
@@ -165,13 +165,14 @@ class Placer:
         worker that ended or is stuck is replaced here."""
         if not self.alive:
             return []
+        ended = False
         try:
             while chunk := os.read(self.fileno(), 1 << 16):
                 self.inbox += chunk
         except BlockingIOError:
             pass
-        else:  # end of file: the worker is gone; what it had is searched in the loop
-            return self._replace("ended", None)
+        else:  # end of file: the worker is gone, after the answers it wrote
+            ended = True
         found = []
         while len(self.inbox) >= _FRAME.size:
             (size,) = _FRAME.unpack_from(self.inbox)
@@ -187,6 +188,8 @@ class Placer:
             if placement is None and failure is None:
                 self.inline.add(key)
             self.searching = None
+        if ended:  # what it had is searched in the loop
+            return found + self._replace("ended", None)
         if self.searching is not None and time.monotonic() > self.due:
             return found + self._replace("stuck", self._cut_short())
         if self.searching is None and self.turns:
