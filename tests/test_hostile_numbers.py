@@ -337,4 +337,15 @@ def test_a_pattern_naming_a_pair_twice_is_refused_on_every_way_in() -> None:
     good = queued_want({**raw, "edges": [[0, 1], [2, 0]]})
     queued = msgspec.structs.replace(good.queued(), edges=((0, 1), (2, 0), (1, 0)))
     with pytest.raises(RequestError, match="names ranks 0 and 1 again"):
-        Want.from_queued(queued)  # a waiter an older gpualloc queued: not placed, said why
+        Want.from_queued(queued)
+    from types import SimpleNamespace
+
+    from gpualloc.host.queue import attempts
+    from gpualloc.ledger.occupancy import Occupancy
+    from gpualloc.ledger.schema import Ledger
+    from gpualloc.topologies import load_bundled
+
+    topology = load_bundled("dgx1-v100")  # a waiter an older gpualloc queued in a file ledger
+    look = attempts(topology, Occupancy.build(topology, Ledger(host="test"), ()))
+    attempt = look(SimpleNamespace(request=msgspec.structs.replace(queued, policy="drb")))
+    assert attempt.placement is None and "names ranks 0 and 1 again" in attempt.reason

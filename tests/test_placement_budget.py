@@ -265,7 +265,7 @@ def _searching_alloc(lease_id: str) -> dict:
 
 
 @pytest.mark.slow
-def test_requests_behind_a_search_keep_their_order_and_a_dead_worker_is_replaced_by_the_loop(
+def test_requests_behind_a_search_keep_their_order_and_a_dead_worker_is_replaced(
     host32_file: Path,
 ) -> None:
     broker = RunningBroker(str(host32_file)).start()
@@ -278,7 +278,7 @@ def test_requests_behind_a_search_keep_their_order_and_a_dead_worker_is_replaced
         os.kill(broker.worker(), 9)
         time.sleep(0.5)
         request = _searching_alloc("bbbbbbbbbbbb")
-        request["args"]["request"]["excluded"] = [0]  # not remembered: searched in the loop
+        request["args"]["request"]["excluded"] = [0]  # not remembered: searched again
         (made,) = _pipelined(broker.socket, [request])
         assert made["ok"], made
         assert "placement worker ended" in broker.log_text()
