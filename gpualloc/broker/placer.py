@@ -102,7 +102,7 @@ class Placer:
         request that has waited :data:`MAX_ASKS` times)."""
         self.inline: set[Hashable] = set()
         """Keys the worker could not answer: searched in the loop, once."""
-        self.refused: dict[Hashable, GpuallocError] = {}
+        self.refused: set[Hashable] = set()
         """Keys whose search failed in the worker: refused, without a search."""
         self.asked: set[Hashable] = set()
         """Keys in the worker or waiting for it."""
@@ -134,14 +134,18 @@ class Placer:
     def defers(self, key: Hashable) -> bool:
         """Whether the search for ``key`` should wait for the worker; raises the refusal of a
         search that failed there."""
-        refusal = self.refused.get(key)
-        if refusal is not None:
-            raise refusal
+        if key in self.refused:
+            raise GpuallocError(FAILED)
         if key in self.inline:
             self.inline.discard(key)
             return False
         if not self.alive and not self.stopped and self._may_start():
             self._spawn()
+            self.log(
+                "the placement worker started again"
+                if self.alive
+                else f"warning: the placement worker could not start ({self.why})"
+            )
         return self.alive and self.deferring
 
     def ask(self, uid: int, pending: PlacementPending) -> None:
@@ -214,7 +218,7 @@ class Placer:
         self.log(f"internal error in the placement worker, on a request of uid {uid}:\n{failure}")
         if len(self.refused) >= MAX_REFUSED:
             self.refused.clear()
-        self.refused[key] = GpuallocError(FAILED)
+        self.refused.add(key)
 
     def _cut_short(self) -> Any:
         """The greedy answer to the search the stuck worker had, or None (searched in the
