@@ -84,6 +84,16 @@ class RunningBroker:
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(timeout=30)
 
+    def worker(self) -> int:
+        """The pid of the broker's placement worker (its one child)."""
+        assert self.process is not None
+        found = subprocess.run(
+            ["pgrep", "-P", str(self.process.pid)],
+            capture_output=True, text=True, check=False, timeout=120,
+        ).stdout.split()  # fmt: skip
+        assert len(found) == 1, found
+        return int(found[0])
+
     def stop(self) -> None:
         if self.process is not None:
             end(self.process, term_s=30)

@@ -423,3 +423,39 @@ def test_request_errors_say_a_clients_long_value_back_cut() -> None:
     assert len(raised.value.message) < 250
     with pytest.raises(GpuallocError, match="unknown request 'frobnicate'"):
         parse_request(json.dumps({"v": VERSION, "op": "frobnicate"}).encode())
+
+
+TWICE = """
+import json, socket, sys
+request = {"gpus": 3, "sensitive": True, "policy": "drb", "pattern": "file:twice",
+           "edges": [[0, 1], [1, 0], [0, 2]]}
+line = {"v": 1, "op": "alloc", "args": {"lease_id": "aaaaaaaaaaaa", "request": request,
+                                        "terms": {"source": "alloc", "hold": True}}}
+with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+    connection.settimeout(30)
+    connection.connect(sys.argv[1])
+    connection.sendall(json.dumps(line).encode() + b"\\n")
+    print(connection.makefile().readline())
+"""
+
+
+def test_a_pattern_naming_a_pair_twice_is_refused_and_the_worker_serves_the_next(
+    users: dict[str, UnixUser], as_user: UserCommandLine
+) -> None:
+    """One request of any user killed the broker's placement worker for its lifetime: a
+    pattern naming a pair of its three ranks twice raised an AssertionError in the order
+    search, the worker ended and every later search ran in the loop. It is refused at the
+    door (exit 2), and the worker searches the next request."""
+    with _host("broker", as_user) as host:
+        assert host.broker is not None
+        worker = host.broker.worker()
+        sent = host.python(users["alice"], TWICE, str(host.broker.socket))
+        assert sent.returncode == 0, sent.stderr
+        error = json.loads(sent.stdout)["error"]
+        assert error["code"] == 2, error
+        assert "edge #1 (1, 0) names ranks 0 and 1 again" in error["message"], error
+        placed = host(users["alice"], "alloc", "--hold", "-n", "3", "--policy", "drb")
+        assert placed.returncode == 0, placed.stderr
+        assert host.broker.worker() == worker
+        log = host.broker.log_text()
+        assert "placement worker" not in log and "internal error" not in log, log

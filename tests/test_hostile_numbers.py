@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gpualloc.errors import ExitCode, RequestError
@@ -306,6 +307,45 @@ def test_a_queued_request_of_many_edges_is_refused_before_any_placement() -> Non
         "required": [], "excluded": [], "policy": "mapa", "score": "auto",
     }  # fmt: skip
     started = time.monotonic()
-    with pytest.raises(RequestError, match="at most 56 edges"):
+    with pytest.raises(RequestError, match="at most 28 edges"):
         queued_want(raw)
     assert time.monotonic() - started < 1
+
+
+def test_a_pattern_naming_a_pair_twice_is_refused_on_every_way_in() -> None:
+    """The order searches assume one edge a pair beyond the 2-GPU ring; a pair named twice
+    over three ranks raised an AssertionError in the broker's placement worker (which ended)
+    and was an internal error on the file ledger. The model refuses it, so that no way in
+    (pattern file, library, broker request, queued job) skips the rule; a broker client's is
+    a bad request (exit 2)."""
+    from gpualloc.broker.requests import queued_want
+    from gpualloc.model.request import CommunicationPattern
+    from gpualloc.placement.want import Want
+
+    with pytest.raises(ValueError, match=r"edge #1 \(1, 0\) names ranks 0 and 1 again"):
+        CommunicationPattern("custom", 3, ((0, 1), (1, 0), (0, 2)))
+    assert CommunicationPattern("ring", 2, ((0, 1), (1, 0))).size == 2  # MAPA's 2-GPU ring
+    with pytest.raises(ValueError, match="at most 2 edges"):
+        CommunicationPattern("custom", 2, ((0, 1),) * 3)
+    raw = {
+        "gpus": 3, "pattern": "file:x", "edges": [[0, 1], [2, 0], [0, 1]], "sensitive": True,
+        "required": [], "excluded": [], "policy": "drb", "score": "auto",
+    }  # fmt: skip
+    with pytest.raises(RequestError, match="names ranks 0 and 1 again") as refused:
+        queued_want(raw)
+    assert refused.value.exit_code == 2 and refused.value.message.startswith("bad request")
+    good = queued_want({**raw, "edges": [[0, 1], [2, 0]]})
+    queued = msgspec.structs.replace(good.queued(), edges=((0, 1), (2, 0), (1, 0)))
+    with pytest.raises(RequestError, match="names ranks 0 and 1 again"):
+        Want.from_queued(queued)
+    from types import SimpleNamespace
+
+    from gpualloc.host.queue import attempts
+    from gpualloc.ledger.occupancy import Occupancy
+    from gpualloc.ledger.schema import Ledger
+    from gpualloc.topologies import load_bundled
+
+    topology = load_bundled("dgx1-v100")  # a waiter an older gpualloc queued in a file ledger
+    look = attempts(topology, Occupancy.build(topology, Ledger(host="test"), ()))
+    attempt = look(SimpleNamespace(request=msgspec.structs.replace(queued, policy="drb")))
+    assert attempt.placement is None and "names ranks 0 and 1 again" in attempt.reason

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -26,6 +27,9 @@ import msgspec
 import pytest
 
 from gpualloc.broker.limits import BUSY_TOKEN_S, FREE_BUSY_S, Limits
+from gpualloc.broker.placer import STUCK_MARGIN_S, Placer
+from gpualloc.errors import GpuallocError
+from gpualloc.host.local import PlacementPending
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Ledger
 from gpualloc.model import Topology
@@ -261,7 +265,7 @@ def _searching_alloc(lease_id: str) -> dict:
 
 
 @pytest.mark.slow
-def test_requests_behind_a_search_keep_their_order_and_a_dead_worker_is_replaced_by_the_loop(
+def test_requests_behind_a_search_keep_their_order_and_a_dead_worker_is_replaced(
     host32_file: Path,
 ) -> None:
     broker = RunningBroker(str(host32_file)).start()
@@ -271,19 +275,10 @@ def test_requests_behind_a_search_keep_their_order_and_a_dead_worker_is_replaced
         assert made["ok"] and released["ok"], (made, released)
         assert [lease["id"] for lease in released["result"]["released"]] == ["aaaaaaaaaaaa"]
         assert broker.ledger()["leases"] == []
-        assert broker.process is not None
-        workers = subprocess.run(
-            ["pgrep", "-P", str(broker.process.pid)],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=120,
-        ).stdout.split()
-        assert len(workers) == 1, workers
-        os.kill(int(workers[0]), 9)
+        os.kill(broker.worker(), 9)
         time.sleep(0.5)
         request = _searching_alloc("bbbbbbbbbbbb")
-        request["args"]["request"]["excluded"] = [0]  # not remembered: searched in the loop
+        request["args"]["request"]["excluded"] = [0]  # not remembered: searched again
         (made,) = _pipelined(broker.socket, [request])
         assert made["ok"], made
         assert "placement worker ended" in broker.log_text()
@@ -347,5 +342,118 @@ def test_a_new_users_search_waits_one_budget_per_other_user_searching(
         for search in queued:  # each refused: no placement has utility 1
             assert json.loads(finish(search, timeout_s=120)[0])["ok"] is False
         assert answer["took"] < bound_s + 0.5, (answer, bound_s)
+    finally:
+        broker.stop()
+
+
+def _worker_answers(placer: Placer, timeout_s: float = 60) -> list:
+    """The worker's next answers, waited for."""
+    import select
+
+    deadline_at = time.monotonic() + timeout_s
+    while time.monotonic() < deadline_at:
+        select.select([placer.fileno()], [], [], 1.0)
+        found = placer.answers()
+        if found:
+            return found
+    raise AssertionError("the placement worker did not answer")
+
+
+def test_a_search_that_fails_in_the_worker_is_refused_and_the_worker_goes_on() -> None:
+    """A search that raised anything but a gpualloc error ended the worker for the broker's
+    lifetime (a pattern naming a pair twice raised an AssertionError in the order search):
+    now it is refused, its traceback logged once, and the worker searches the next."""
+    topology = load_bundled("dgx1-v100")
+    logged: list[str] = []
+    placer = Placer.start(topology, 1.0, log=logged.append)
+    try:
+        want = Want(JobRequest(2, build_pattern("ring", 2), True))
+        placer.ask(1000, PlacementPending(("broken",), None, want))  # type: ignore[arg-type]
+        assert _worker_answers(placer) == [(("broken",), None)]
+        with pytest.raises(GpuallocError, match="placement search failed on this request"):
+            placer.defers(("broken",))
+        with pytest.raises(GpuallocError):  # again without a search, and without a log
+            placer.defers(("broken",))
+        (line,) = logged
+        assert "internal error in the placement worker" in line and "Traceback" in line
+        occupancy = Occupancy.build(topology, Ledger(host="test"), ())
+        placer.ask(1000, PlacementPending(("good",), occupancy, want))
+        ((key, placement),) = _worker_answers(placer)
+        assert key == ("good",) and len(placement.gpus) == 2 and placer.alive
+    finally:
+        placer.stop()
+
+
+def _until_logged(broker: RunningBroker, text: str, timeout_s: float = 30) -> None:
+    deadline_at = time.monotonic() + timeout_s
+    while text not in broker.log_text():
+        assert time.monotonic() < deadline_at, broker.log_text()[-3000:]
+        time.sleep(0.05)
+
+
+def _big_search(lease_id: str) -> dict:
+    """16 of the measured 32 GPUs by MAPA's greedy order: past any budget here."""
+    request = {"gpus": 16, "sensitive": True, "policy": "mapa-greedy"}
+    terms = {"source": "alloc", "hold": True}
+    return {"v": 1, "op": "alloc", "args": {"lease_id": lease_id, "request": request,
+                                            "terms": terms}}  # fmt: skip
+
+
+def _budgeted_broker(slow_host_file: Path, tmp_path: Path) -> RunningBroker:
+    config = tmp_path / "system.toml"
+    config.write_text("[placement]\ntime_budget = 0.5\n")
+    return RunningBroker(str(slow_host_file), system_config=config).start()
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_started_again_and_searches_the_next_request(
+    slow_host_file: Path, tmp_path: Path
+) -> None:
+    """A worker killed (SIGKILL: the OOM killer, an administrator) was never started again:
+    every later search ran in the loop, cut to greedy at ``broker.placement_budget``. The
+    search's note names the budget it ran under: the worker's (0.5 s) or the loop's."""
+    broker = _budgeted_broker(slow_host_file, tmp_path)
+    try:
+        first = broker.worker()
+        os.kill(first, 9)
+        _until_logged(broker, "the placement worker ended: started again")
+        assert broker.worker() != first
+        (made,) = _pipelined(broker.socket, [_big_search("aaaaaaaaaaaa")])
+        assert made["ok"], made
+        notes = " ".join(made["result"]["notes"])
+        assert "ran past its 0.5 s budget (placement.time_budget)" in notes, notes
+    finally:
+        broker.stop()
+
+
+@pytest.mark.slow
+def test_a_stuck_worker_is_replaced_and_its_request_answered_greedily(
+    slow_host_file: Path, tmp_path: Path
+) -> None:
+    """A worker that never answers (stopped here, as a search that never ends would be) held
+    its request, and every search asked after it, for ever: past its budget and a margin it
+    is killed and replaced, the request answered with the greedy placement, saying so."""
+    broker = _budgeted_broker(slow_host_file, tmp_path)
+    try:
+        stuck = broker.worker()
+        os.kill(stuck, signal.SIGSTOP)
+        started = time.monotonic()
+        (made,) = _pipelined(broker.socket, [_big_search("aaaaaaaaaaaa")])
+        took = time.monotonic() - started
+        assert made["ok"], made
+        assert 1.5 * 0.5 + STUCK_MARGIN_S <= took < 1.5 * 0.5 + STUCK_MARGIN_S + 10, took
+        notes = " ".join(made["result"]["notes"])
+        assert "the placement worker's mapa-greedy search ran past its 0.5 s budget" in notes
+        assert "was stopped: this is a greedy choice" in notes
+        assert len(made["result"]["lease"]["gpus"]) == 16
+        assert "the placement worker stuck: started again" in broker.log_text()
+        assert broker.worker() != stuck
+        release = {"v": 1, "op": "release", "args": {"mine": True}}
+        again = _big_search("bbbbbbbbbbbb")
+        again["args"]["request"]["excluded"] = [0]  # not remembered: searched by the new one
+        _released, made = _pipelined(broker.socket, [release, again])
+        assert made["ok"], made
+        notes = " ".join(made["result"]["notes"])
+        assert "ran past its 0.5 s budget (placement.time_budget): this is" in notes, notes
     finally:
         broker.stop()

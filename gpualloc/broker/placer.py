@@ -23,73 +23,129 @@ at a time, users in turn, so that one user's searches do not queue ahead of ever
 
 The worker is ``python -m gpualloc.broker.placer``, started by the broker with its topology;
 both ends are the broker's own, so they speak pickle over a pipe, in length-prefixed frames.
+
+No request, and no failure of the worker, takes it away from the others for longer than one
+search (a worker that fails is replaced, never lost):
+
+- a search that raises anything but a gpualloc error is answered as a refused request (one
+  line; its traceback once in the broker's log) and the same request on the same host state
+  is refused again without a search; the worker goes on (``tests/test_placement_budget.py``);
+- a worker that ends (killed, or out of memory) is started again, at once the first
+  :data:`RESTARTS` times in :data:`RESTART_WINDOW_S`, then once that window has passed; what
+  it was searching is searched in the loop;
+- a search still running :data:`STUCK_MARGIN_S` after its budget's end (1.5 times the budget:
+  the search, then the greedy fallback's half) is abandoned: the worker is killed and
+  replaced, and the request answered with the policy's greedy placement, which says so
+  (``Placement.cut_short``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import pickle
+import selectors
 import struct
 import subprocess
 import sys
+import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
+
+from gpualloc.errors import GpuallocError
 
 if TYPE_CHECKING:
     from gpualloc.host.local import PlacementPending
 
 MAX_ASKS = 2
 """Times one request may wait for the worker before it is searched in the loop."""
+STUCK_MARGIN_S = 2.0
+"""How long past its budget's end a search may run before the worker is taken for stuck."""
+UNBUDGETED_S = 60.0
+"""The budget a stuck worker is judged by when ``placement.time_budget`` sets none."""
+RESTARTS = 5
+RESTART_WINDOW_S = 60.0
+"""A worker that ends is started again at once at most :data:`RESTARTS` times in this long."""
+MAX_REFUSED = 1024
+"""Failed searches remembered (refused again without a search) before all are forgotten."""
+FAILED = (
+    "the broker's placement search failed on this request; nothing was changed (the broker's "
+    "log has the traceback)"
+)
 _FRAME = struct.Struct("!I")
 
 
 class Placer:
     """The broker's end of the worker: what was asked, by whom, and the answers. The worker
     has one search at a time (so the pipe never fills and the loop never blocks writing to
-    it); the others wait here, each user's in order, users in turn."""
+    it); the others wait here, each user's in order, users in turn. The placer registers the
+    worker's pipe with the loop's ``selector`` itself, since it replaces the worker."""
 
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
-        self.process = process
-        assert process.stdin is not None and process.stdout is not None
-        self.to_worker, self.from_worker = process.stdin, process.stdout.fileno()
-        os.set_blocking(self.from_worker, False)
+    def __init__(
+        self,
+        topology: Any,
+        budget_s: float | None,
+        *,
+        selector: selectors.BaseSelector | None = None,
+        mark: Any = None,
+        log: Callable[[str], None] = lambda line: None,
+        loop_budget_s: float | None = None,
+    ) -> None:
+        self.topology, self.budget_s, self.loop_budget_s = topology, budget_s, loop_budget_s
+        self.selector, self.mark, self.log = selector, mark, log
+        self.process: subprocess.Popen[bytes] | None = None
         self.inbox = bytearray()
         self.deferring = True
         """Whether a missing answer is asked of the worker now (the broker turns it off for a
         request that has waited :data:`MAX_ASKS` times)."""
         self.inline: set[Hashable] = set()
         """Keys the worker could not answer: searched in the loop, once."""
+        self.refused: set[Hashable] = set()
+        """Keys whose search failed in the worker: refused, without a search."""
         self.asked: set[Hashable] = set()
         """Keys in the worker or waiting for it."""
-        self.searching: Hashable | None = None
-        """The key the worker has now."""
+        self.searching: tuple[Hashable, Any, Any, int] | None = None
+        """What the worker has now: key, occupancy, want, uid."""
+        self.due = math.inf
+        """When the worker's search is taken for stuck (``time.monotonic``)."""
         self.queued: dict[int, deque[tuple[Hashable, Any, Any]]] = {}
         self.turns: deque[int] = deque()
         """Users with searches waiting, in turn."""
-        self.alive = True
+        self.alive = False
+        self.stopped = False
+        self.starts: deque[float] = deque(maxlen=RESTARTS)
+        self.why = ""
+        """Why the last worker could not be started."""
 
     @classmethod
-    def start(cls, topology: Any, budget_s: float | None) -> Placer:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gpualloc.broker.placer"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            close_fds=True,
-        )
-        placer = cls(process)
-        placer._send((topology, budget_s))
+    def start(cls, topology: Any, budget_s: float | None, **loop: Any) -> Placer:
+        placer = cls(topology, budget_s, **loop)
+        placer._spawn()
+        if not placer.alive:
+            raise OSError(0, placer.why)
         return placer
 
     def fileno(self) -> int:
-        return self.from_worker
+        assert self.process is not None and self.process.stdout is not None
+        return self.process.stdout.fileno()
 
     def defers(self, key: Hashable) -> bool:
-        """Whether the search for ``key`` should wait for the worker."""
+        """Whether the search for ``key`` should wait for the worker; raises the refusal of a
+        search that failed there."""
+        if key in self.refused:
+            raise GpuallocError(FAILED)
         if key in self.inline:
             self.inline.discard(key)
             return False
+        if not self.alive and not self.stopped and self._may_start():
+            self._spawn()
+            self.log(
+                "the placement worker started again"
+                if self.alive
+                else f"warning: the placement worker could not start ({self.why})"
+            )
         return self.alive and self.deferring
 
     def ask(self, uid: int, pending: PlacementPending) -> None:
@@ -104,15 +160,23 @@ class Placer:
         if self.searching is None:
             self._next()
 
+    def wake_at(self) -> float | None:
+        """When the loop must look at the worker even if it says nothing (its search's due)."""
+        return self.due if self.searching is not None else None
+
     def answers(self) -> list[tuple[Hashable, Any]]:
-        """The answers the worker has sent since the last look: (key, placement or None)."""
+        """The answers the worker has sent since the last look: (key, placement or None). A
+        worker that ended or is stuck is replaced here."""
+        if not self.alive:
+            return []
+        ended = False
         try:
-            while chunk := os.read(self.from_worker, 1 << 16):
+            while chunk := os.read(self.fileno(), 1 << 16):
                 self.inbox += chunk
         except BlockingIOError:
             pass
-        else:  # end of file: the worker is gone; what it had is searched in the loop
-            return self.stop()
+        else:  # end of file: the worker is gone, after the answers it wrote
+            ended = True
         found = []
         while len(self.inbox) >= _FRAME.size:
             (size,) = _FRAME.unpack_from(self.inbox)
@@ -120,24 +184,27 @@ class Placer:
                 break
             frame = bytes(self.inbox[_FRAME.size : _FRAME.size + size])
             del self.inbox[: _FRAME.size + size]
-            key, placement = pickle.loads(frame)  # our own worker wrote it
+            key, placement, failure = pickle.loads(frame)  # our own worker wrote it
+            if failure is not None:
+                self._refuse(key, failure)
             found.append((key, placement))
             self.asked.discard(key)
-            if placement is None:
+            if placement is None and failure is None:
                 self.inline.add(key)
             self.searching = None
+        if ended:  # what it had is searched in the loop
+            return found + self._replace("ended", None)
+        if self.searching is not None and time.monotonic() > self.due:
+            return found + self._replace("stuck", self._cut_short())
         if self.searching is None and self.turns:
             self._next()
         return found
 
     def stop(self) -> list[tuple[Hashable, Any]]:
-        """Stop the worker; every key still asked is answered None (searched in the loop)."""
-        self.alive = False
-        with contextlib.suppress(OSError):
-            self.to_worker.close()
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            self.process.kill()
-            self.process.wait(timeout=5)
+        """Stop the worker for good; every key still asked is answered None (searched in the
+        loop)."""
+        self.stopped = True
+        self._retire()
         left = [(key, None) for key in self.asked]
         self.inline.update(self.asked)
         self.asked.clear()
@@ -145,6 +212,102 @@ class Placer:
         self.turns.clear()
         self.searching = None
         return left
+
+    def _refuse(self, key: Hashable, failure: str) -> None:
+        uid = self.searching[3] if self.searching is not None else "?"
+        self.log(f"internal error in the placement worker, on a request of uid {uid}:\n{failure}")
+        if len(self.refused) >= MAX_REFUSED:
+            self.refused.clear()
+        self.refused.add(key)
+
+    def _cut_short(self) -> Any:
+        """The greedy answer to the search the stuck worker had, or None (searched in the
+        loop) where the request cannot be placed at all."""
+        from gpualloc.placement.choose import greedy_choice
+
+        assert self.searching is not None
+        _key, occupancy, want, _uid = self.searching
+        budget = self.budget_s if self.budget_s is not None else UNBUDGETED_S
+        why = (
+            f"the placement worker's {want.policy} search ran past its {budget:g} s budget "
+            "(placement.time_budget) and was stopped: this is a greedy choice, which may be "
+            "worse than the best"
+        )
+        try:
+            return greedy_choice(
+                self.topology, occupancy, want, budget_s=self.loop_budget_s or 0.015, why=why
+            )
+        except Exception:  # cannot be placed (the loop's search says why), or a bug it logs
+            return None
+
+    def _replace(self, how: str, answer: Any) -> list[tuple[Hashable, Any]]:
+        """The worker ``how`` ("ended", "stuck"): its search answered ``answer`` (None: in
+        the loop), the worker replaced, the searches waiting given to the new one."""
+        found: list[tuple[Hashable, Any]] = []
+        if self.searching is not None:
+            key = self.searching[0]
+            found.append((key, answer))
+            self.asked.discard(key)
+            if answer is None:
+                self.inline.add(key)
+            self.searching = None
+        self._retire()
+        if self._may_start():
+            self._spawn()
+        restarted = "started again" if self.alive else "searches run in the loop for now"
+        self.log(f"warning: the placement worker {how}: {restarted}")
+        if self.alive and self.turns:
+            self._next()
+        elif not self.alive:  # what waits for a worker is searched in the loop
+            found += [(key, None) for key in self.asked]
+            self.inline.update(self.asked)
+            self.asked.clear()
+            self.queued.clear()
+            self.turns.clear()
+        return found
+
+    def _may_start(self) -> bool:
+        return len(self.starts) < RESTARTS or time.monotonic() - self.starts[0] > (RESTART_WINDOW_S)
+
+    def _spawn(self) -> None:
+        self.starts.append(time.monotonic())
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "gpualloc.broker.placer"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                close_fds=True,
+            )
+        except OSError as exc:
+            self.why = exc.strerror or str(exc)
+            return
+        self.process, self.inbox, self.alive = process, bytearray(), True
+        os.set_blocking(self.fileno(), False)
+        if self.selector is not None:
+            self.selector.register(self.fileno(), selectors.EVENT_READ, self.mark)
+        try:
+            self._send((self.topology, self.budget_s))
+        except OSError as exc:
+            self.why = exc.strerror or str(exc)
+            self._retire()
+
+    def _retire(self) -> None:
+        """Kill the worker and close its pipes (taken out of the selector first: a new
+        worker's pipe may get the same number)."""
+        self.alive = False
+        process, self.process = self.process, None
+        if process is None:
+            return
+        assert process.stdin is not None and process.stdout is not None
+        if self.selector is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(process.stdout.fileno())
+        with contextlib.suppress(OSError):
+            process.stdin.close()
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            process.kill()
+            process.wait(timeout=5)
+        process.stdout.close()
 
     def _next(self) -> None:
         """Give the worker the first search of the user whose turn it is."""
@@ -155,16 +318,18 @@ class Placer:
             self.turns.append(uid)
         else:
             del self.queued[uid]
-        self.searching = key
-        try:
+        self.searching = (key, occupancy, want, uid)
+        budget = self.budget_s if self.budget_s is not None else UNBUDGETED_S
+        self.due = time.monotonic() + 1.5 * budget + STUCK_MARGIN_S
+        # the worker died: answers() finds its end of file at the next look
+        with contextlib.suppress(OSError):
             self._send((key, occupancy, want))
-        except OSError:  # the worker died: answers() finds its end of file at the next look
-            self.alive = False
 
     def _send(self, message: Any) -> None:
+        assert self.process is not None and self.process.stdin is not None
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        self.to_worker.write(_FRAME.pack(len(data)) + data)
-        self.to_worker.flush()
+        self.process.stdin.write(_FRAME.pack(len(data)) + data)
+        self.process.stdin.flush()
 
 
 class Parking:
@@ -206,7 +371,8 @@ def _read_frame(stream: Any) -> Any:
 
 def main() -> int:
     """The worker: searches what the broker sends until its pipe closes."""
-    from gpualloc.errors import GpuallocError
+    import traceback
+
     from gpualloc.placement.choose import searched
 
     source, sink = sys.stdin.buffer, sys.stdout.buffer
@@ -216,11 +382,14 @@ def main() -> int:
     topology, budget_s = first
     while (job := _read_frame(source)) is not None:
         key, occupancy, want = job
+        placement, failure = None, None
         try:
             placement = searched(topology, occupancy, want, budget_s=budget_s)
         except GpuallocError:  # the loop's own search says why, quickly
-            placement = None
-        data = pickle.dumps((key, placement), protocol=pickle.HIGHEST_PROTOCOL)
+            pass
+        except Exception:  # a bug: this request is refused, the worker serves the next
+            failure = traceback.format_exc()
+        data = pickle.dumps((key, placement, failure), protocol=pickle.HIGHEST_PROTOCOL)
         try:
             sink.write(_FRAME.pack(len(data)) + data)
             sink.flush()

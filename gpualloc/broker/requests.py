@@ -71,8 +71,8 @@ def queued_want(raw: Any) -> Want:
         ) from None
     try:
         return Want.from_queued(request)
-    except ValueError as bad:  # the pattern's own bounds (model.request.CommunicationPattern)
-        raise RequestError(f"bad request: {bad}", hint="see gpualloc.broker") from None
+    except RequestError as bad:  # the pattern's own rules (model.request.CommunicationPattern)
+        raise RequestError(f"bad request: {bad.message}", hint=bad.hint) from None
 
 
 def wait_options(raw: Any, policy: QueuePolicy) -> WaitOptions:

@@ -120,20 +120,30 @@ class Broker:
 
     def _start_placer(self) -> None:
         try:
-            placer = Placer.start(self.service.host.topology, self.search_budget_s)
+            placer = Placer.start(
+                self.service.host.topology,
+                self.search_budget_s,
+                selector=self.selector,
+                mark=PLACER,
+                log=self.log,
+                loop_budget_s=self.service.host.placement_budget_s,
+            )
         except OSError as exc:
             self.log(f"warning: no placement worker ({exc.strerror}): searches run in the loop")
             return
         self.service.host.placer = placer
-        self.selector.register(placer.fileno(), selectors.EVENT_READ, PLACER)
 
     def _loop(self) -> None:
         while not self.stopping:
-            deadline = self.service.next_deadline()
+            placer = self.service.host.placer
+            due = placer.wake_at() if placer is not None else None
+            deadline = min(filter(None, (self.service.next_deadline(), due)), default=None)
             wake = self.next_look if deadline is None else min(self.next_look, deadline)
             timeout = 0.0 if self.requests else max(0.0, wake - time.monotonic())
             for key, mask in self.selector.select(timeout):
                 self._event(key, mask)
+            if due is not None and time.monotonic() > due:  # a stuck worker is replaced
+                self._placed()
             look = time.monotonic() >= wake
             if self.requests or self.reap_due or look:
                 self._in_batch(look)
@@ -432,10 +442,6 @@ class Broker:
         placer = self.service.host.placer
         assert placer is not None
         self.requests += self.parking.answered(placer, self.service.host)
-        if not placer.alive:
-            self.selector.unregister(placer.fileno())
-            self.service.host.placer = None
-            self.log("warning: the placement worker ended: searches run in the loop")
 
     def _handle(self, connection: Connection, op: str, args: dict[str, Any]) -> bytes | None:
         peer, service = connection.peer, self.service

@@ -16,11 +16,14 @@ from gpualloc.model.printable import count_of
 class CommunicationPattern(Struct, frozen=True):
     """A job's communication graph over vertices ``0..size-1`` (MAPA paper section 3.1).
 
-    ``edges`` may list a pair twice: that pair then counts twice in every edge score, which is how
-    MAPA scores a 2-GPU ring (its one link carries both directions of the ring). No pair more
-    often: a pattern has at most :func:`max_edges` edges, so that the work of placing it is
-    bounded by its ranks, not by what a user typed (issue 40, hole 2: a 44 KB pattern of 8
-    ranks stalled the broker for half a minute).
+    ``edges`` names each pair of ranks once, except the 2-rank pattern, which may name its one
+    pair twice: that pair then counts twice in every edge score, which is how MAPA scores a
+    2-GPU ring (its one link carries both directions of the ring). The order searches assume
+    one edge a pair beyond that (``placement/mapa.py``, ``placement/exact.py``), so every way a
+    pattern reaches placement (a pattern file, the library, a broker request, a queued job) is
+    checked here, once. A pattern has at most :func:`max_edges` edges, so that the work of
+    placing it is bounded by its ranks, not by what a user typed (issue 40, hole 2: a 44 KB
+    pattern of 8 ranks stalled the broker for half a minute).
     """
 
     name: str
@@ -34,22 +37,24 @@ class CommunicationPattern(Struct, frozen=True):
             raise ValueError(
                 f"a pattern of {count_of(self.size, 'rank')} has at most "
                 f"{count_of(max_edges(self.size), 'edge')} (each "
-                f"pair at most twice), not {len(self.edges)}"
+                f"pair once{', or twice' if self.size == 2 else ''}), not {len(self.edges)}"
             )
-        for u, v in self.edges:
+        seen: set[tuple[int, int]] = set()
+        for position, (u, v) in enumerate(self.edges):
             if u == v or not (0 <= u < self.size and 0 <= v < self.size):
                 raise ValueError(f"bad pattern edge ({u}, {v}) for {self.size} vertices")
-        pairs: dict[tuple[int, int], int] = {}
-        for u, v in self.edges:
             pair = (min(u, v), max(u, v))
-            pairs[pair] = pairs.get(pair, 0) + 1
-            if pairs[pair] > 2:
-                raise ValueError(f"the pattern lists the pair ({u}, {v}) more than twice")
+            if pair in seen and self.size > 2:
+                raise ValueError(
+                    f"edge #{position} ({u}, {v}) names ranks {pair[0]} and {pair[1]} again"
+                )
+            seen.add(pair)
 
 
 def max_edges(ranks: int) -> int:
-    """The most edges a pattern of ``ranks`` may have: every pair, both ways."""
-    return ranks * (ranks - 1)
+    """The most edges a pattern of ``ranks`` may have: every pair once, the one pair of two
+    ranks twice (MAPA's 2-GPU ring)."""
+    return 2 if ranks == 2 else ranks * (ranks - 1) // 2
 
 
 class JobRequest(Struct, frozen=True):

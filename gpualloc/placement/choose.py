@@ -132,6 +132,21 @@ def searched(
     return found
 
 
+def greedy_choice(
+    topology: Topology, occupancy: OccupancyView, want: Want, *, budget_s: float, why: str
+) -> Placement:
+    """The policy's greedy placement for ``want`` (:func:`~.greedy.greedy_placement`, within
+    ``budget_s``), saying ``why`` in ``Placement.cut_short``: the broker's answer where its
+    placement worker's search of ``want`` ran past its budget and was abandoned
+    (:mod:`gpualloc.broker.placer`). Raises as :func:`searched` does, more tersely."""
+    from gpualloc.placement.greedy import greedy_placement
+
+    _too_few_free(topology, occupancy, want.request)
+    ctx = _context_now(topology, occupancy, want)
+    found = greedy_placement(ctx, get_policy(want.policy), budget_s)
+    return structs.replace(found, cut_short=why)
+
+
 def _usable(topology: Topology, occupancy: OccupancyView) -> frozenset[int]:
     """The GPUs a whole-GPU lease may ever take here."""
     return (

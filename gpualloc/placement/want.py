@@ -72,15 +72,26 @@ class Want(Struct, frozen=True):
 
     @classmethod
     def from_queued(cls, queued: QueuedRequest) -> Want:
-        """The request of a waiting job, as any gpualloc process can place it."""
-        return cls(
-            request=JobRequest(
+        """The request of a waiting job, as any gpualloc process can place it. A pattern
+        outside the model's rules (a pair named twice over three ranks or more, written by a
+        gpualloc that allowed it, or sent to the broker) is a :class:`RequestError`, before
+        any search."""
+        try:
+            request = JobRequest(
                 gpus=queued.gpus,
                 pattern=CommunicationPattern(queued.pattern, queued.gpus, queued.edges),
                 sensitive=queued.sensitive,
                 required=frozenset(queued.required),
                 excluded=frozenset(queued.excluded),
-            ),
+            )
+        except ValueError as bad:
+            from gpualloc.errors import RequestError
+
+            raise RequestError(
+                f"the job's pattern: {bad}", hint="list each pair of ranks that talk once"
+            ) from None
+        return cls(
+            request=request,
             policy=queued.policy,
             explicit=queued.explicit,
             effective_model=EffectiveModel(queued.score),
