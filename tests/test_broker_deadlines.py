@@ -94,6 +94,27 @@ def test_a_waiting_client_outlives_its_silence_deadline(broker: RunningBroker) -
     assert _gpualloc(broker, "release", lease, timeout="2s").returncode == 0
 
 
+def test_a_wait_longer_than_the_idle_timeout_ends_by_its_own_timeout(tmp_path: Path) -> None:
+    """A waiter's --timeout answer is held back until its batch is written; its connection,
+    with no waiter left and nothing in its outbox yet, was closed as idle in the same turn
+    once the wait had outlasted ``broker.idle_timeout`` (60 s by default): exit 18, "the broker
+    closed the connection", instead of the timeout's exit 124."""
+    config = tmp_path / "system.toml"
+    config.write_text('[broker]\nidle_timeout = "1s"\n')
+    config.chmod(0o644)
+    broker = RunningBroker("dgx1-v100", system_config=config).start()
+    try:
+        held = _gpualloc(broker, "alloc", "--hold", "-n", "8", timeout="10s")
+        assert held.returncode == 0, held.stderr
+        waited = _gpualloc(
+            broker, "alloc", "--hold", "--wait", "--timeout", "3", "-n", "1", timeout="10s"
+        )
+        assert waited.returncode == 124, waited.stderr
+        assert "no GPUs for this job within 3 s" in waited.stderr
+    finally:
+        broker.stop()
+
+
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A 256 KiB tmpfs (root, and a kernel that lets the test mount; skips otherwise)."""

@@ -512,6 +512,10 @@ class Broker:
     def _send(self, connection: Connection, data: bytes) -> None:
         if not connection.open:
             return
+        # Not idle while it is being answered: a waiter's answer is held back until its batch
+        # is written, and its connection, with no waiter left, would otherwise be closed as
+        # idle in the same turn (tests/test_broker_deadlines.py).
+        connection.active = time.monotonic()
         if self.held_back is not None:  # inside a batch: after its commit
             self.held_back.append((connection, data))
             return
