@@ -98,7 +98,8 @@ def test_a_wait_longer_than_the_idle_timeout_ends_by_its_own_timeout(tmp_path: P
     """A waiter's --timeout answer is held back until its batch is written; its connection,
     with no waiter left and nothing in its outbox yet, was closed as idle in the same turn
     once the wait had outlasted ``broker.idle_timeout`` (60 s by default): exit 18, "the broker
-    closed the connection", instead of the timeout's exit 124."""
+    closed the connection", instead of the timeout's exit 124. (A waiter started in a turn
+    that looks for idle connections lost its lease's answer the same way.)"""
     config = tmp_path / "system.toml"
     config.write_text('[broker]\nidle_timeout = "1s"\n')
     config.chmod(0o644)
