@@ -637,6 +637,25 @@ def test_fair_share_outlives_a_broker_restart(tmp_path: Path) -> None:
     assert damaged.usage == {}
 
 
+def test_a_failing_fair_share_save_is_said_once_a_minute(tmp_path: Path) -> None:
+    """A save that fails (a full disk: the broker saves once a second) is one log line, said
+    again a minute later while it fails, and once when it works again; never an exception."""
+    from gpualloc.broker.fair_share import FairShare
+
+    now, said = [0.0], []
+    share = FairShare(3600.0, clock=lambda: now[0], log=said.append)
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    for second in range(125):
+        now[0] = float(second)
+        share.usage = {1001: float(second)}
+        share.save(blocked / "fair-share.json")
+    assert len(said) == 3 and all("could not be saved" in line for line in said), said
+    share.save(tmp_path / "fair-share.json")
+    assert len(said) == 4 and "saved again" in said[-1]
+    assert json.loads((tmp_path / "fair-share.json").read_text())["usage"] == {"1001": 124.0}
+
+
 def test_the_broker_saves_fair_share_beside_its_ledger(broker: RunningBroker) -> None:
     broker.call("alloc", _hold_request("eeeeeeeeeeee", gpus=2))
     _until(lambda: (broker.state / "fair-share.json").exists(), "the fair-share file", 5)

@@ -171,6 +171,28 @@ def test_a_waiting_client_outlives_its_silence_deadline(broker: RunningBroker) -
     assert _gpualloc(broker, "release", lease, timeout="2s").returncode == 0
 
 
+def test_a_wait_longer_than_the_idle_timeout_ends_by_its_own_timeout(tmp_path: Path) -> None:
+    """A waiter's --timeout answer is held back until its batch is written; its connection,
+    with no waiter left and nothing in its outbox yet, was closed as idle in the same turn
+    once the wait had outlasted ``broker.idle_timeout`` (60 s by default): exit 18, "the broker
+    closed the connection", instead of the timeout's exit 124. (A waiter started in a turn
+    that looks for idle connections lost its lease's answer the same way.)"""
+    config = tmp_path / "system.toml"
+    config.write_text('[broker]\nidle_timeout = "1s"\n')
+    config.chmod(0o644)
+    broker = RunningBroker("dgx1-v100", system_config=config).start()
+    try:
+        held = _gpualloc(broker, "alloc", "--hold", "-n", "8", timeout="10s")
+        assert held.returncode == 0, held.stderr
+        waited = _gpualloc(
+            broker, "alloc", "--hold", "--wait", "--timeout", "3", "-n", "1", timeout="10s"
+        )
+        assert waited.returncode == 124, waited.stderr
+        assert "no GPUs for this job within 3 s" in waited.stderr
+    finally:
+        broker.stop()
+
+
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A 256 KiB tmpfs (root, and a kernel that lets the test mount; skips otherwise)."""
@@ -188,6 +210,53 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False, timeout=120)
 
 
+def _fill(disk: Path) -> Path:
+    """``disk`` filled to its last byte by one file (returned, for the test to remove)."""
+    filler = disk / "filler"
+    with contextlib.suppress(OSError), filler.open("wb") as handle:
+        while True:
+            handle.write(b"x" * 4096)
+            handle.flush()
+    return filler
+
+
+def test_a_waiter_on_a_full_state_disk_hears_why_at_once(tiny_disk: Path) -> None:
+    """On 4d2ba32 a job queued while the state disk was full heard nothing until its client's
+    deadline (exit 18, "busy or stopped"): its entry was never written and the failed write
+    was said only to the clients with an answer. And the broker logged a traceback a second
+    for its fair-share file. Now the waiter hears the full disk (exit 8) at once, and the log
+    says the fair share's failure once."""
+    from gpualloc.errors import ExitCode
+
+    broker = RunningBroker("dgx1-v100")
+    broker.state = tiny_disk / "state"
+    broker.start()
+    try:
+        assert _gpualloc(broker, "alloc", "--hold", "-n", "8", timeout="30s").returncode == 0
+        began = time.monotonic()
+        assert _gpualloc(broker, "status", "--json", timeout="30s").returncode == 0
+        baseline = time.monotonic() - began  # a client's own start-up, on this machine now
+        filler = _fill(tiny_disk)
+        # A 6 KB command: its waiter's entry cannot fit the ledger file's last page.
+        job = ["run", "--wait", "--timeout", "60", "-n", "1", "--", "true", "y" * 6000]
+        began = time.monotonic()
+        full = _gpualloc(broker, *job, timeout="30s")
+        took = time.monotonic() - began
+        assert full.returncode == ExitCode.IO, full.stderr
+        assert "the file system is full" in full.stderr and "the ledger is unchanged" in full.stderr
+        assert took < baseline + 1.0, (took, baseline)
+        time.sleep(3.5)  # the broker tries to save the fair share once a second meanwhile
+        log = broker.log_text()
+        assert "Traceback" not in log, log[-3000:]
+        assert log.count("fair share could not be saved") == 1, log[-3000:]
+        assert broker.call("snapshot", {"full": True})["ledger"]["queue"] == []
+        filler.unlink()
+        again = _gpualloc(broker, "release", "--mine", timeout="30s")
+        assert again.returncode == 0, again.stderr
+    finally:
+        broker.stop()
+
+
 def test_a_full_state_disk_is_said_as_a_full_disk(tiny_disk: Path) -> None:
     """On b2653dd a full state disk was reported as "the broker does not answer ... start it",
     after 10 s of retries; now every client of the failed write is told the disk is full."""
@@ -198,11 +267,7 @@ def test_a_full_state_disk_is_said_as_a_full_disk(tiny_disk: Path) -> None:
     broker.start()
     try:
         assert _gpualloc(broker, "alloc", "--hold", "-n", "1", timeout="30s").returncode == 0
-        filler = tiny_disk / "filler"
-        with contextlib.suppress(OSError), filler.open("wb") as handle:
-            while True:
-                handle.write(b"x" * 4096)
-                handle.flush()
+        filler = _fill(tiny_disk)
         # The broker writes in place: a ledger that still fits its file's pages is written;
         # one that outgrows them, with leases named as long as a name may be, is not.
         granted = 1

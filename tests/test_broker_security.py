@@ -459,3 +459,49 @@ def test_a_pattern_naming_a_pair_twice_is_refused_and_the_worker_serves_the_next
         assert host.broker.worker() == worker
         log = host.broker.log_text()
         assert "placement worker" not in log and "internal error" not in log, log
+
+
+LONG_JOB = """
+import json, subprocess, sys
+status = subprocess.run(
+    [sys.executable, "-m", "gpualloc", *json.loads(sys.argv[1]), "status", "--json"],
+    capture_output=True, text=True, check=True,
+)
+print(json.dumps({"argv": sys.argv[2:], "status": json.loads(status.stdout)}))
+"""
+
+
+def test_a_job_with_a_long_command_line_runs_whole_and_its_lease_keeps_it_cut(
+    either_host: Host, users: dict[str, UnixUser]
+) -> None:
+    """On 4d2ba32 a job with more than 64 KiB of argv could not run through the broker (exit
+    18, "a request is at most 65536 bytes"), though it ran on the file ledger: the client sent
+    the whole command, of which the lease keeps only the first words. Now the client sends
+    the command as the lease keeps it: the job gets all its argv, both ledgers keep the same
+    cut (:func:`gpualloc.model.printable.lease_command`)."""
+    from gpualloc.model.printable import lease_command
+
+    host, alice = either_host, users["alice"]
+    words = [letter * 100_000 for letter in "abcdef"]  # 600 kB (one argument: 128 KiB at most)
+    job = [host.as_user.python, "-c", LONG_JOB, json.dumps(host.args), *words]
+    ran = host(alice, "run", "-n", "1", "--", *job)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    seen = json.loads(ran.stdout)
+    assert seen["argv"] == words, "the job did not get its whole argv"
+    lease = _lease_of(seen["status"], alice)
+    assert lease["command"] == list(lease_command(job))
+    assert sum(map(len, lease["command"])) == 4096 and lease["command"][-1][0] == "a"
+
+
+def test_a_command_as_a_lease_keeps_it_always_fits_a_request() -> None:
+    """Whatever the words (astral characters are twelve bytes of JSON, a byte that is not
+    UTF-8 four characters once escaped), the kept command fits a request, and cutting it
+    again changes nothing: the broker's check of the client's cut keeps it as sent."""
+    from gpualloc.model.printable import MAX_COMMAND_WORDS, lease_command
+    from gpualloc.wire.protocol import MAX_REQUEST_BYTES, request_line
+
+    for word in ["\U0001f600" * 200_000, "\udcff" * 200_000, "\x00" * 200_000, ""]:
+        kept = lease_command([word] * 1000)
+        assert lease_command(kept) == kept
+        assert len(kept) <= MAX_COMMAND_WORDS
+        assert len(request_line("alloc", {"terms": {"command": list(kept)}})) < MAX_REQUEST_BYTES

@@ -26,13 +26,26 @@ from pathlib import Path
 
 from gpualloc.ledger.schema import PRIORITY_RANK, Lease, Waiter
 
+SAVE_FAILURE_SAID_S = 60.0
+"""How often the broker's log says again that the fair share cannot be saved."""
+
 
 class FairShare:
     """Decayed GPU-seconds per uid."""
 
-    def __init__(self, half_life_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        half_life_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
         self.half_life_s = half_life_s
         self.clock = clock
+        self.log = log
+        """Where a failed save is said (the broker's log; None: nowhere)."""
+        self._quiet_until: float | None = None
+        """While saves fail: when the next failure is said again (:data:`SAVE_FAILURE_SAID_S`)."""
         self.usage: dict[int, float] = {}
         self.held: dict[int, int] = {}
         """GPUs each uid holds now (whole GPUs; a shared or MIG place counts as one)."""
@@ -73,9 +86,35 @@ class FairShare:
             {"saved": time.time(), "usage": {str(u): round(v, 3) for u, v in self.usage.items()}},
             sort_keys=True,
         )
-        if text != self._saved:
+        if text == self._saved:
+            return
+        try:
             write_text_atomic(path, text + "\n", mode=0o644, sync=False)
-            self._saved = text
+        except OSError as exc:
+            self._failed(path, exc)
+            return
+        self._saved = text
+        if self._quiet_until is not None:
+            self._quiet_until = None
+            self._say(f"the users' fair share is saved again to {path}")
+
+    def _failed(self, path: Path, exc: OSError) -> None:
+        """A save that failed (a full state disk): the queue goes on from the usage in memory,
+        and the save is tried again at the next change. Said once, then once a minute while it
+        fails, not once a second with a traceback (tests/test_broker_deadlines.py)."""
+        now = self.clock()
+        if self._quiet_until is not None and now < self._quiet_until:
+            return
+        self._quiet_until = now + SAVE_FAILURE_SAID_S
+        self._say(
+            f"warning: the users' fair share could not be saved to {path}: "
+            f"{exc.strerror or exc}; the queue uses what it has in memory (said again in "
+            f"{SAVE_FAILURE_SAID_S:g} s at most while it fails)"
+        )
+
+    def _say(self, line: str) -> None:
+        if self.log is not None:
+            self.log(line)
 
     def load(self, path: Path) -> None:
         """The usage a previous broker saved, decayed by the time since (nothing when there is

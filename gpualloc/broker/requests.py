@@ -21,10 +21,10 @@ from msgspec import Meta, Struct, defstruct
 from gpualloc.errors import RequestError
 from gpualloc.host.queue import WaitOptions
 from gpualloc.host.queue_policy import QueuePolicy
-from gpualloc.host.terms import MAX_WORD_CHARS, lease_command
+from gpualloc.host.terms import MAX_WORD_CHARS
 from gpualloc.job_options import Table, wire_fields
 from gpualloc.ledger.schema import QueuedRequest
-from gpualloc.model.printable import has_surrogates, printable
+from gpualloc.model.printable import has_surrogates, lease_command, printable
 from gpualloc.model.validation import ValidationError, from_builtins
 from gpualloc.placement.want import Want
 from gpualloc.user_files import shown_repr
@@ -105,9 +105,9 @@ def lease_id(raw: Any) -> str:
 
 
 def words(raw: Any) -> tuple[str, ...]:
-    """A command as its lease keeps it (:func:`~gpualloc.host.terms.lease_command`: the first
-    words, cut, with bytes that are not UTF-8 escaped), as ``run`` without a broker keeps it:
-    a longer command is cut, not refused (the request's size bounds the list)."""
+    """A command as its lease keeps it (:func:`~gpualloc.model.printable.lease_command`: the
+    first words, cut, with bytes that are not UTF-8 escaped), as ``run`` without a broker keeps
+    it: a longer command is cut, not refused (the client sends it cut already)."""
     if not isinstance(raw, (list, tuple)):
         raise RequestError("command must be a list of words", hint="see gpualloc.broker")
     return lease_command(str(word) for word in raw)

@@ -157,6 +157,7 @@ class Broker:
         clients instead, and any other failure closes their connections, so that the clients
         send the requests again."""
         self.held_back = []
+        queued_before = set(self.waiting)
         try:
             with self.service.store.batch():
                 if self.reap_due or look:
@@ -182,14 +183,14 @@ class Broker:
             self.log(f"error: the ledger could not be written: {failed.message}")
             held_back, self.held_back = self.held_back, None
             told = protocol.error_line(failed)
-            for connection in dict.fromkeys(connection for connection, _ in held_back):
+            for connection in self._failed_batch(held_back, queued_before):
                 self._send(connection, told)
                 self._close(connection, flush=True)
             return
         except Exception:
             self.log("error: the ledger could not be written:\n" + traceback.format_exc())
             held_back, self.held_back = self.held_back, None
-            for connection, _ in held_back:
+            for connection in self._failed_batch(held_back, queued_before):
                 self._close(connection)
             return
         held_back, self.held_back = self.held_back, None
@@ -198,6 +199,17 @@ class Broker:
                 self._close(connection, flush=True)
             else:
                 self._send(connection, data)
+
+    def _failed_batch(
+        self, held_back: list[tuple[Connection, bytes]], queued_before: set[str]
+    ) -> list[Connection]:
+        """The clients of a batch whose write failed: those with an answer held back, and
+        those whose job it queued, which have no answer yet: their waiters were never
+        written, and without this they heard nothing until their deadline (a waiter on a
+        full state disk, tests/test_broker_deadlines.py)."""
+        clients = [connection for connection, _ in held_back]
+        clients += [self.waiting[w] for w in self.waiting.keys() - queued_before]
+        return list(dict.fromkeys(clients))
 
     def _stop(self, signum: int, frame: object) -> None:
         self.stopping = True
@@ -513,6 +525,10 @@ class Broker:
     def _send(self, connection: Connection, data: bytes) -> None:
         if not connection.open:
             return
+        # Not idle while it is being answered: a waiter's answer is held back until its batch
+        # is written, and its connection, with no waiter left, would otherwise be closed as
+        # idle in the same turn (tests/test_broker_deadlines.py).
+        connection.active = time.monotonic()
         if self.held_back is not None:  # inside a batch: after its commit
             self.held_back.append((connection, data))
             return

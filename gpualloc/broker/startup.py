@@ -52,7 +52,7 @@ def serve(
     service = LedgerService(
         host,
         QueuePolicy.from_config(config),
-        FairShare(config.system_value("queue.fair_share_half_life")),
+        FairShare(config.system_value("queue.fair_share_half_life"), log=log_line),
         config,
     )
     store = service.store

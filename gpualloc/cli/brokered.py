@@ -124,6 +124,7 @@ def _run(socket: Path, values: Mapping[str, Any]) -> None:
     from gpualloc.launcher.binding import NumaMode
     from gpualloc.launcher.command import resolve_program
     from gpualloc.launcher.launch import JobLaunch, launch
+    from gpualloc.model.printable import lease_command
 
     numa = values.get("numa")
     try:
@@ -138,7 +139,7 @@ def _run(socket: Path, values: Mapping[str, Any]) -> None:
     terms = {
         "source": "run",
         "pid": pid,
-        "command": command,
+        "command": list(lease_command(command)),  # the job still gets all of it
         "name": values.get("name"),
         "process_group": pid if os.getpgrp() == pid else None,
     }
@@ -183,6 +184,7 @@ def _verifier(socket: Path, lease: dict[str, Any]) -> Callable[[], None] | None:
 def _alloc(socket: Path, values: Mapping[str, Any]) -> None:
     from gpualloc.cli.open_ledger import alloc_owner, print_allocation, warn
     from gpualloc.ledger.liveness import command_line
+    from gpualloc.model.printable import lease_command
 
     output_format = values.get("output_format", "ids")
     hold = bool(values.get("hold"))
@@ -191,7 +193,7 @@ def _alloc(socket: Path, values: Mapping[str, Any]) -> None:
         "source": "alloc",
         "pid": owner,
         "hold": hold,
-        "command": list(command_line(owner)) if owner is not None else [],
+        "command": list(lease_command(command_line(owner))) if owner is not None else [],
         "name": values.get("name"),
         "announce": True,
     }

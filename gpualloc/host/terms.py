@@ -6,7 +6,6 @@ broker.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -16,7 +15,7 @@ from msgspec.structs import force_setattr
 from gpualloc.errors import NoSuchLease, NotPermitted, RequestError
 from gpualloc.ledger.occupancy import format_age
 from gpualloc.ledger.schema import Lease, LeaseSource, Waiter
-from gpualloc.model.printable import escape_surrogates, has_surrogates, printable
+from gpualloc.model.printable import has_surrogates, lease_command, printable
 from gpualloc.model.request import Placement
 from gpualloc.model.share import ShareMode
 
@@ -25,10 +24,9 @@ if TYPE_CHECKING:
 
 MAX_NAME_CHARS = 128
 """A lease's name is a label in everyone's ``status``, not a document (issue 30, point 5)."""
-MAX_COMMAND_WORDS = 256
 MAX_WORD_CHARS = 4096
-"""A lease keeps its job's command for ``status`` (the job runs with all of it): the first
-:data:`MAX_COMMAND_WORDS` words, each cut to :data:`MAX_WORD_CHARS` characters."""
+"""The longest lease selector or other short text a request may carry (a command is cut
+instead: :func:`~gpualloc.model.printable.lease_command`)."""
 
 
 def lease_name(name: str | None) -> str | None:
@@ -51,20 +49,6 @@ def lease_name(name: str | None) -> str | None:
             hint="give a name in UTF-8 text (every user's status shows it)",
         )
     return name
-
-
-def lease_command(words: Iterable[str]) -> tuple[str, ...]:
-    """The job's command as its lease keeps it: cut to the caps above, and each byte that is
-    not UTF-8 escaped (``\\xff``, :func:`~gpualloc.model.printable.escape_surrogates`).
-
-    Escaped, not refused, unlike a name: a user may rightly run a program or name a file whose
-    name is not UTF-8, and the record is only shown, never run (issue 40, hole 3)."""
-    kept = []
-    for word in words:
-        if len(kept) == MAX_COMMAND_WORDS:
-            break
-        kept.append(escape_surrogates(word[:MAX_WORD_CHARS]))
-    return tuple(kept)
 
 
 class LeaseTerms(Struct, frozen=True):

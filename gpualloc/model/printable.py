@@ -16,6 +16,7 @@ hole 3), so what gpualloc keeps is first put through :func:`escape_surrogates`, 
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Iterable
 
 ELLIPSIS = "..."
 
@@ -62,6 +63,35 @@ def escape_surrogates(text: str) -> str:
     if not has_surrogates(text):
         return text
     return "".join(_surrogate_escaped(char) for char in text)
+
+
+MAX_COMMAND_WORDS = 256
+MAX_COMMAND_CHARS = 4096
+"""A lease keeps its job's command for ``status`` (the job runs with all of it): the first
+:data:`MAX_COMMAND_WORDS` words, :data:`MAX_COMMAND_CHARS` characters in all (the last word
+cut). So a command as kept always fits a request to the broker
+(:data:`gpualloc.wire.protocol.MAX_REQUEST_BYTES`, even at twelve bytes a character, JSON's
+``\\udXXX`` pairs), and a job's argv, of any size, never decides whether it runs
+(tests/test_broker_security.py)."""
+
+
+def lease_command(words: Iterable[str]) -> tuple[str, ...]:
+    """The job's command as its lease keeps it: cut to the caps above, each byte that is not
+    UTF-8 escaped first (``\\xff``, :func:`escape_surrogates`), so that a command kept once
+    is kept again unchanged (the client cuts it, the broker checks the cut).
+
+    Escaped, not refused, unlike a lease's name: a user may rightly run a program or name a
+    file whose name is not UTF-8, and the record is only shown, never run (issue 40, hole 3).
+    This module imports no msgspec: ``run`` through the broker cuts the command with it."""
+    kept: list[str] = []
+    left = MAX_COMMAND_CHARS
+    for word in words:
+        if len(kept) == MAX_COMMAND_WORDS or left == 0:
+            break
+        word = escape_surrogates(word[:left])[:left]
+        kept.append(word)
+        left -= len(word)
+    return tuple(kept)
 
 
 def _surrogate_escaped(char: str) -> str:
