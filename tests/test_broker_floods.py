@@ -21,6 +21,7 @@ from gpualloc.broker.limits import SNAPSHOT_COST, Limits, request_cost
 from gpualloc.errors import BrokerError
 from gpualloc.wire.client import BrokerClient
 from tests.broker_harness import RunningBroker
+from tests.unix_users import ensure_user
 
 
 def test_a_full_snapshot_costs_ten_hellos_of_the_budget() -> None:
@@ -140,5 +141,65 @@ def test_a_flood_past_the_budget_is_refused_once_and_hung_up_on(tmp_path: Path) 
         user = ensure_user("gpualloc-t-alice")
         as_user(user.uid, user.gid, flood)
     finally:
+        broker.stop()
+        shutil.rmtree(broker.directory, ignore_errors=True)
+
+
+def _connect_flood(path: Path, seconds: float) -> None:
+    """Non-blocking connect and close, as fast as one process can, for ``seconds``."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        attempt = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+        try:
+            attempt.connect(str(path))
+        except OSError:
+            pass  # EAGAIN: the listen queue is full
+        finally:
+            attempt.close()
+
+
+@pytest.mark.slow
+def test_one_users_connect_flood_leaves_others_calls_answered_at_once(tmp_path: Path) -> None:
+    """Connections are counted per user only once accepted, so a user who connects at full
+    speed from several processes fills the listen queue that every user shares, and another
+    user's connection waits behind it: their ``alloc`` took about a second, the loop accepting
+    the flood without end. Now the broker has the CPU priority to drain the queue faster than
+    the flood fills it, and drains it once a turn (refusing the flooder's connections at once)
+    before the others' requests, so another user's calls, each on a connection of its own (as
+    every ``gpualloc`` command opens one), are answered within half a second."""
+    from gpualloc.ledger.store import new_lease_id
+    from tests.unix_users import start_as_user, wait_for_user
+
+    broker = RunningBroker("dgx1-v100").start()
+    flooder, worker = ensure_user("gpualloc-t-alice"), ensure_user("gpualloc-t-bob")
+    flooding: list[int] = []
+
+    def work() -> None:
+        time.sleep(0.5)  # the flood is under way
+        slowest = 0.0
+        end = time.monotonic() + 3.0
+        while time.monotonic() < end:
+            time.sleep(0.01)  # within this user's broker.max_connects_per_s
+            began = time.monotonic()
+            with BrokerClient(broker.socket, answer_s=10) as client:
+                args = {"lease_id": new_lease_id(), "request": {"gpus": 1, "sensitive": False},
+                        "terms": {"source": "alloc", "hold": True}}  # fmt: skip
+                lease = client.call("alloc", args)["lease"]["id"]
+            slowest = max(slowest, time.monotonic() - began)
+            began = time.monotonic()
+            with BrokerClient(broker.socket, answer_s=10) as client:
+                client.call("release", {"leases": [lease]})
+            slowest = max(slowest, time.monotonic() - began)
+        print(f"slowest call under the connect flood: {slowest * 1000:.0f} ms")
+        assert slowest < 0.5, slowest
+
+    try:
+        for _ in range(4):  # twice the cores of the machine that measured it
+            flood = lambda: _connect_flood(broker.socket, 4.5)  # noqa: E731
+            flooding.append(start_as_user(flooder.uid, flooder.gid, flood))
+        wait_for_user(start_as_user(worker.uid, worker.gid, work), worker.uid, timeout_s=60)
+    finally:
+        for pid in flooding:
+            wait_for_user(pid, flooder.uid, timeout_s=30)
         broker.stop()
         shutil.rmtree(broker.directory, ignore_errors=True)

@@ -3,19 +3,33 @@ other user may write (issue 40, hole 9)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
 import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from gpualloc.broker.peers import Peer, peer_of
 from gpualloc.errors import BrokerError
 from gpualloc.user_files import shown_path
+from gpualloc.wire import protocol
+
+if TYPE_CHECKING:
+    from gpualloc.broker.limits import Limits
 
 LISTEN_FDS_START = 3
 """The first descriptor systemd passes (``sd_listen_fds``)."""
 MAX_SOCKET_PATH_BYTES = 107
 """The longest path a Unix socket's address holds (``sun_path`` is 108 bytes with its NUL)."""
+BACKLOG = 256
+"""The listen queue's length, which the loop drains each turn. Connections are counted per
+user only once accepted, so the queue is shared by every user: a flood keeps it full whatever
+its length, and a connection that gets in waits behind the whole queue, so a longer one (the
+kernel's ``somaxconn``) makes the others wait longer, not less (``tests/test_broker_floods.py``;
+what holds them is the broker's CPU priority, :data:`~.startup.NICE`)."""
 
 
 def _staging(path: Path) -> Path:
@@ -85,7 +99,7 @@ def listening_socket(path: Path) -> socket.socket:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     listener.bind(str(staging))
     staging.chmod(0o666)
-    listener.listen(256)
+    listener.listen(BACKLOG)
     staging.rename(path)
     return listener
 
@@ -105,3 +119,56 @@ def check_socket_directory(directory: Path) -> None:
             "they could replace the socket",
             hint="give --socket a path in a directory only root may write (e.g. /run/gpualloc)",
         )
+
+
+TOO_MANY_CONNECTS = protocol.error_line(
+    BrokerError(
+        "too many connections opened to the broker (broker.max_connects_per_s)",
+        hint="slow down and try again",
+    )
+)
+"""The refusal of a connection past its user's ``broker.max_connects_per_s``: made once, as a
+connect flood has the broker send it for nearly every connection."""
+
+
+def accepted(
+    listener: socket.socket, limits: Limits, log: Callable[[str], None]
+) -> Iterator[tuple[socket.socket, Peer]]:
+    """The connections the listen queue holds now (at most :data:`BACKLOG`) that their
+    users' limits allow, non-blocking; the others are refused at once (their reason, then the
+    close). The queue is shared by every user until a connection is accepted and counted, so
+    the loop drains it each turn, and the bound keeps one user's flood from holding the loop
+    off the others' requests (``tests/test_broker_floods.py``)."""
+    for _ in range(BACKLOG):
+        try:
+            sock, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:  # EMFILE: out of descriptors; the next turn tries again
+            log(f"accept failed: {exc.strerror}")
+            return
+        sock.setblocking(False)
+        peer = peer_of(sock)
+        if not limits.connects.take(peer.uid):
+            _send_and_close(sock, TOO_MANY_CONNECTS)
+            continue
+        count = limits.connections.get(peer.uid, 0)
+        if count >= limits.max_connections and peer.uid != 0:
+            _send_and_close(
+                sock,
+                protocol.error_line(
+                    BrokerError(
+                        f"you have {count} connections to the broker open, this host's "
+                        "limit (broker.max_connections)",
+                        hint="close some (end idle gpualloc processes) and try again",
+                    )
+                ),
+            )
+            continue
+        yield sock, peer
+
+
+def _send_and_close(sock: socket.socket, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        sock.send(data)
+    sock.close()

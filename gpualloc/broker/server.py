@@ -36,7 +36,8 @@ from typing import Any
 
 from gpualloc.broker.connection import Connection
 from gpualloc.broker.limits import Limits, request_cost
-from gpualloc.broker.peers import Peer, peer_of
+from gpualloc.broker.listener import accepted
+from gpualloc.broker.peers import Peer
 from gpualloc.broker.placer import MAX_ASKS, Parking, Placer
 from gpualloc.broker.service import LedgerService, Started
 from gpualloc.broker.watch import LOOK_S
@@ -337,41 +338,8 @@ class Broker:
     # ---- connections ---------------------------------------------------------------------
 
     def _accept(self) -> None:
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # EMFILE: out of descriptors; the next turn tries again
-                self.log(f"accept failed: {exc.strerror}")
-                return
-            sock.setblocking(False)
-            peer = peer_of(sock)
-            if not self.limits.connects.take(peer.uid):
-                _send_and_close(
-                    sock,
-                    protocol.error_line(
-                        BrokerError(
-                            "too many connections opened to the broker (broker.max_connects_per_s)",
-                            hint="slow down and try again",
-                        )
-                    ),
-                )
-                continue
-            count = self.limits.connections.get(peer.uid, 0)
-            if count >= self.limits.max_connections and peer.uid != 0:
-                _send_and_close(
-                    sock,
-                    protocol.error_line(
-                        BrokerError(
-                            f"you have {count} connections to the broker open, this host's "
-                            "limit (broker.max_connections)",
-                            hint="close some (end idle gpualloc processes) and try again",
-                        )
-                    ),
-                )
-                continue
-            self.limits.connections[peer.uid] = count + 1
+        for sock, peer in accepted(self.listener, self.limits, self.log):
+            self.limits.connections[peer.uid] = self.limits.connections.get(peer.uid, 0) + 1
             connection = Connection(sock, peer)
             self.selector.register(sock, selectors.EVENT_READ, connection)
 
@@ -606,9 +574,3 @@ def _gpus(lease: Any) -> str:
     from gpualloc.ledger.occupancy import held_devices
 
     return held_devices(lease)
-
-
-def _send_and_close(sock: socket.socket, data: bytes) -> None:
-    with contextlib.suppress(OSError):
-        sock.send(data)
-    sock.close()
