@@ -743,12 +743,14 @@ def test_a_member_that_ended_adopts_nothing_through_its_reused_pid() -> None:
         reused, live = ProcessWatch(), ProcessWatch()
         reused.members["aaaaaaaaaaaa"] = {(shell.pid, started - 5.0)}  # the ended member
         live.members["aaaaaaaaaaaa"] = {(shell.pid, started)}
+        live.members["bbbbbbbbbbbb"] = {(shell.pid, started)}  # two allocs of one shell
         reused.look()
         live.look()
         assert not reused.alive("aaaaaaaaaaaa"), "a reused pid's child kept the lease"
         os.kill(shell.pid, 9)  # the live member's child outlives it and keeps its lease
         shell.wait(timeout=30)
         live.look()
-        assert live.alive("aaaaaaaaaaaa") and len(live.members["aaaaaaaaaaaa"]) == 1
+        for lease_id in ("aaaaaaaaaaaa", "bbbbbbbbbbbb"):
+            assert live.alive(lease_id) and len(live.members[lease_id]) == 1, lease_id
     finally:
         end(shell, group=True)

@@ -145,12 +145,13 @@ def test_a_flood_past_the_budget_is_refused_once_and_hung_up_on(tmp_path: Path) 
         shutil.rmtree(broker.directory, ignore_errors=True)
 
 
-PROCESS_FLOOD = 3000
+PROCESS_FLOOD = 6000
 """Sleeping processes another user starts while a lease has a process to watch: enough that a
-walk of all of ``/proc`` in the loop stalls requests (a whole walk at once: p99 200 to 250 ms
-on a 2-core machine; in steps: about 22 ms), few enough to leave the machine unharmed."""
-CYCLE_P99_S = 0.05
-"""The bound ``docs/administration.md`` states for another user's alloc+release meanwhile."""
+walk of all of ``/proc`` in the loop stalls requests (a whole walk at once: p99 175 ms on a
+2-core machine; in steps: 12 ms), few enough to leave the machine unharmed (pid_max 32,768)."""
+CYCLE_P99_S = 0.1
+"""The bound ``docs/administration.md`` states for another user's alloc+release meanwhile
+(p99 12-14 ms on a 2-core machine; the bound leaves room for other work on a shared one)."""
 
 
 @pytest.mark.slow
@@ -196,7 +197,8 @@ def test_another_users_processes_do_not_stall_the_loop() -> None:
         as_user(user.uid, user.gid, cycles)
         spent = sorted(json.loads(timings.read_text()))
         p99 = spent[int(len(spent) * 0.99)]
-        assert p99 < CYCLE_P99_S, f"p99 {p99 * 1000:.0f} ms, max {spent[-1] * 1000:.0f} ms"
+        said = f"p99 {p99 * 1000:.0f} ms, max {spent[-1] * 1000:.0f} ms"
+        assert p99 < CYCLE_P99_S, said
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(flood.pid, signal.SIGKILL)

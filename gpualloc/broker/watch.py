@@ -15,7 +15,9 @@ the broker itself follows each lease's process and what it starts:
 The pass is cut into steps of at most :data:`STEP_S`, one every :data:`STEP_EVERY_S`, so that
 however many processes other users start (``ulimit -u`` bounds them, ``pid_max`` is 4,194,304
 on systemd hosts) a request waits for one step at most, never for a whole walk of ``/proc``
-(``tests/test_broker_floods.py``); a pass over many processes takes longer instead.
+(``tests/test_broker_floods.py``); a pass over many processes takes longer instead. The
+members themselves are read by the pass too (one a pass did not find has ended), so a lease
+with thousands of processes of its own costs no step more than its share of the walk.
 
 A child is adopted only while its parent is a live member with the recorded start time,
 read again after the child's own ``stat`` (whose parent pid then named the member): a member
@@ -55,8 +57,10 @@ class ProcessWatch:
         self.pidfds: dict[int, str] = {}
         """An open pidfd -> the lease whose process it watches."""
         self._walk: Iterator[os.DirEntry[str]] | None = None
-        self._parents: dict[int, tuple[str, float]] = {}
-        """The pass's live members with a known start time: pid -> (lease, start time)."""
+        self._parents: dict[int, list[tuple[float, str]]] = {}
+        """The pass's members with a known start time: pid -> [(start time, lease)]."""
+        self._seen: set[Member] = set()
+        """The members the pass found running (so its end reads no member again)."""
         self._next_pass = time.monotonic()
         self._next_step = 0.0
 
@@ -65,7 +69,8 @@ class ProcessWatch:
         kernel has none or the process is gone)."""
         self.members.setdefault(lease_id, set()).add((pid, start_time))
         if self._walk is not None and start_time is not None:
-            self._parents[pid] = (lease_id, start_time)
+            self._parents.setdefault(pid, []).append((start_time, lease_id))
+            self._seen.add((pid, start_time))
         pidfd_open = getattr(os, "pidfd_open", None)
         if pidfd_open is None:
             return None
@@ -84,7 +89,8 @@ class ProcessWatch:
         and then closes (closing first would let a new connection reuse the number while
         the loop still maps it to the lease)."""
         self.members.pop(lease_id, None)
-        self._parents = {p: m for p, m in self._parents.items() if m[0] != lease_id}
+        for known in self._parents.values():
+            known[:] = [(started, owner) for started, owner in known if owner != lease_id]
         gone = [fd for fd, owner in self.pidfds.items() if owner == lease_id]
         for descriptor in gone:
             del self.pidfds[descriptor]
@@ -116,12 +122,11 @@ class ProcessWatch:
             if now < self._next_pass:
                 return
             self._next_pass = now + LOOK_S
-            self._parents = {
-                pid: (lease_id, started)
-                for lease_id, members in self.members.items()
-                for pid, started in members
-                if started is not None and process_alive(pid, started)
-            }
+            self._parents, self._seen = {}, set()
+            for lease_id, members in self.members.items():
+                for pid, started in members:
+                    if started is not None:
+                        self._parents.setdefault(pid, []).append((started, lease_id))
             self._walk = os.scandir("/proc")
         deadline = time.perf_counter() + STEP_S
         for entry in self._walk:
@@ -130,9 +135,12 @@ class ProcessWatch:
             if time.perf_counter() >= deadline:
                 self._next_step = time.monotonic() + STEP_EVERY_S
                 return
+        seen = self._seen
         self._close()
         for lease_id, members in self.members.items():
-            live = {m for m in members if process_alive(*m)}
+            # A process that ran through the whole pass was listed by it: a member it did not
+            # find has ended (one of unknown start time is read, as only it can be).
+            live = {m for m in members if m in seen or (m[1] is None and process_alive(*m))}
             self.members[lease_id] = live or members  # keep the record of the dead for alive()
 
     def look(self) -> None:
@@ -143,29 +151,40 @@ class ProcessWatch:
             self.step()
 
     def _consider(self, pid: int) -> None:
-        """Adopt ``pid`` if its parent is a live member it started after."""
+        """Note ``pid`` if it is a member; adopt it if its parent is a live member it started
+        after."""
         try:
             fields = stat_fields(pid)
-            parent = self._parents.get(int(fields[1]))
-            if parent is None or fields[0] in ("Z", "X"):
+            parent = int(fields[1])
+            if fields[0] in ("Z", "X") or (
+                pid not in self._parents and parent not in self._parents
+            ):
                 return
             started = started_at(fields)
         except (OSError, ValueError, IndexError):
             return
-        lease_id, parent_started = parent
-        members = self.members.get(lease_id)
-        if members is None or started < parent_started - _SAME_START_S:
+        for known, _ in self._parents.get(pid, ()):
+            if abs(started - known) <= _SAME_START_S:
+                self._seen.add((pid, known))
+        candidates = [
+            (s, lease) for s, lease in self._parents.get(parent, ()) if s <= started + _SAME_START_S
+        ]
+        if not candidates:
             return
-        # The parent read after the child: alive now with its start time, it was the child's
-        # parent when the child's stat named its pid (a pid is not reused while it lives).
-        if not process_alive(int(fields[1]), parent_started):
-            del self._parents[int(fields[1])]
-            return
-        members.add((pid, started))
-        self._parents[pid] = (lease_id, started)  # its own children, later in this pass
+        for parent_started, lease_id in candidates:
+            # The parent read after the child: alive now with its start time, it was the
+            # child's parent when the child's stat named its pid (no pid is reused while its
+            # process lives). A member that ended adopts nothing.
+            members = self.members.get(lease_id)
+            if members is None or not process_alive(parent, parent_started):
+                self._parents[parent].remove((parent_started, lease_id))
+                continue
+            members.add((pid, started))
+            self._seen.add((pid, started))
+            self._parents.setdefault(pid, []).append((started, lease_id))  # its children
 
     def _close(self) -> None:
         if self._walk is not None:
             self._walk.close()  # type: ignore[attr-defined]
         self._walk = None
-        self._parents = {}
+        self._parents, self._seen = {}, set()
