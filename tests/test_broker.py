@@ -723,3 +723,34 @@ def test_a_waiter_that_allows_unhealthy_gpus_is_placed_on_one_when_its_turn_come
     finally:
         running.stop()
         shutil.rmtree(running.directory, ignore_errors=True)
+
+
+def test_a_member_that_ended_adopts_nothing_through_its_reused_pid() -> None:
+    """The watch adopts a child only of a live member with the recorded start time: once a
+    member has ended, a process that got its pid (here: recorded with another start time, as
+    the member's would be) and that process's children never keep the lease."""
+    from gpualloc.broker.watch import ProcessWatch
+    from gpualloc.ledger.liveness import process_start_time
+
+    shell = subprocess.Popen(
+        ["sh", "-c", "sleep 60 & echo started; wait"], stdout=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert shell.stdout is not None and shell.stdout.readline() == "started\n"
+        started = process_start_time(shell.pid)
+        assert started is not None
+        reused, live = ProcessWatch(), ProcessWatch()
+        reused.members["aaaaaaaaaaaa"] = {(shell.pid, started - 5.0)}  # the ended member
+        live.members["aaaaaaaaaaaa"] = {(shell.pid, started)}
+        live.members["bbbbbbbbbbbb"] = {(shell.pid, started)}  # two allocs of one shell
+        reused.look()
+        live.look()
+        assert not reused.alive("aaaaaaaaaaaa"), "a reused pid's child kept the lease"
+        os.kill(shell.pid, 9)  # the live member's child outlives it and keeps its lease
+        shell.wait(timeout=30)
+        live.look()
+        for lease_id in ("aaaaaaaaaaaa", "bbbbbbbbbbbb"):
+            assert live.alive(lease_id) and len(live.members[lease_id]) == 1, lease_id
+    finally:
+        end(shell, group=True)

@@ -15,10 +15,10 @@ do is bounded (issue 31, point 6):
 - a request that fails inside gpualloc (a bug) is logged with its traceback and answered with
   an internal error; the loop goes on.
 
-Besides requests the loop wakes when a lease's process ends (its pidfd, :mod:`.watch`) and every
-:data:`~.watch.LOOK_S`: it reads the process tree, asks NVML again (every
-:data:`PROCESS_REFRESH_S`), reaps dead leases, times out waiters, starts every waiter whose turn
-it is (:meth:`.service.LedgerService.turns`) and tells waiting clients where they stand.
+Besides requests the loop wakes when a lease's process ends (its pidfd, :mod:`.watch`), for a
+step of the watch's walk of ``/proc``, and every :data:`~.watch.LOOK_S`: it asks NVML again
+(every :data:`PROCESS_REFRESH_S`), reaps dead leases, times out waiters, starts every waiter
+whose turn it is (:meth:`.service.LedgerService.turns`) and tells waiting clients where they stand.
 """
 
 from __future__ import annotations
@@ -140,11 +140,14 @@ class Broker:
             due = placer.wake_at() if placer is not None else None
             deadline = min(filter(None, (self.service.next_deadline(), due)), default=None)
             wake = self.next_look if deadline is None else min(self.next_look, deadline)
-            timeout = 0.0 if self.requests else max(0.0, wake - time.monotonic())
+            step = self.service.watch.wake_at() or wake  # the next step of its pass over /proc
+            timeout = 0.0 if self.requests else max(0.0, min(wake, step) - time.monotonic())
             for key, mask in self.selector.select(timeout):
                 self._event(key, mask)
             if due is not None and time.monotonic() > due:  # a stuck worker is replaced
                 self._placed()
+            if time.monotonic() >= step:
+                self._guarded(self.service.watch.step)
             look = time.monotonic() >= wake
             if self.requests or self.reap_due or look:
                 self._in_batch(look)
@@ -235,7 +238,6 @@ class Broker:
             self.reap_due = True
 
     def _look(self) -> None:
-        self._guarded(self.service.watch.look)
         if time.monotonic() >= self.next_refresh:
             self._guarded(self.service.refresh_processes)
             self.next_refresh = time.monotonic() + PROCESS_REFRESH_S

@@ -6,11 +6,23 @@ the broker itself follows each lease's process and what it starts:
 - the lease's pid gets a *pidfd* (``pidfd_open``, Linux 5.3) in the broker's event loop, which
   becomes readable the moment the process ends, so a finished job's GPUs are free within the
   loop's next turn; where the kernel has no pidfd, the periodic look below finds it instead;
-- every :data:`LOOK_S` the broker reads ``/proc/*/stat`` once and adds each child of a
-  watched process to its lease (with its start time, so a reused pid never counts). A lease
-  lives while any of them does: a ``torchrun`` whose launcher died while its workers run keeps
-  its GPUs, as the lease lock does in embedded mode. A child started and re-parented within
-  one look is missed here and found on the GPUs themselves (the store's NVML check).
+- a pass over ``/proc`` starts every :data:`LOOK_S` and adds each child of a live member
+  to its lease (with its start time, so a reused pid never counts). A lease lives while any
+  of them does: a ``torchrun`` whose launcher died while its workers run keeps its GPUs, as
+  the lease lock does in embedded mode. A child started and re-parented within one pass is
+  missed here and found on the GPUs themselves (the store's NVML check).
+
+The pass is cut into steps of at most :data:`STEP_S`, one every :data:`STEP_EVERY_S`, so that
+however many processes other users start (``ulimit -u`` bounds them, ``pid_max`` is 4,194,304
+on systemd hosts) a request waits for one step at most, never for a whole walk of ``/proc``
+(``tests/test_broker_floods.py``); a pass over many processes takes longer instead. The
+members themselves are read by the pass too (one a pass did not find has ended), so a lease
+with thousands of processes of its own costs no step more than its share of the walk.
+
+A child is adopted only while its parent is a live member with the recorded start time,
+read again after the child's own ``stat`` (whose parent pid then named the member): a member
+that ended adopts nothing, so a process that got its pid later, or that process's children,
+never keep the lease (``tests/test_broker.py``).
 
 After a broker restart the watch is rebuilt from the ledger (pid and start time); descendants
 of a process that ended while no broker ran are not known, and a lease whose own pid ended
@@ -20,26 +32,45 @@ then is released unless its process group or the GPUs show the job still runs.
 from __future__ import annotations
 
 import os
-from pathlib import Path
+import time
+from collections.abc import Iterator
 
 from gpualloc.ledger.liveness import process_alive, started_at, stat_fields
 
 LOOK_S = 1.0
-"""How often the process tree is read for new descendants."""
+"""How often a pass over the process tree starts (at most) for new descendants."""
+STEP_S = 0.003
+"""The most one step of a pass takes of the broker's loop."""
+STEP_EVERY_S = 0.02
+"""The pause between steps of a pass: the loop serves requests meanwhile."""
+_SAME_START_S = 0.05
+"""A child starts no earlier than its parent; start times are read to the tick (10 ms)."""
+
+Member = tuple[int, float | None]
 
 
 class ProcessWatch:
     """Lease id -> the processes it lives with, each as (pid, start time)."""
 
     def __init__(self) -> None:
-        self.members: dict[str, set[tuple[int, float | None]]] = {}
+        self.members: dict[str, set[Member]] = {}
         self.pidfds: dict[int, str] = {}
         """An open pidfd -> the lease whose process it watches."""
+        self._walk: Iterator[os.DirEntry[str]] | None = None
+        self._parents: dict[int, list[tuple[float, str]]] = {}
+        """The pass's members with a known start time: pid -> [(start time, lease)]."""
+        self._seen: set[Member] = set()
+        """The members the pass found running (so its end reads no member again)."""
+        self._next_pass = time.monotonic()
+        self._next_step = 0.0
 
     def watch(self, lease_id: str, pid: int, start_time: float | None) -> int | None:
         """Follow ``pid`` for ``lease_id``; returns a pidfd for the event loop (None where the
         kernel has none or the process is gone)."""
         self.members.setdefault(lease_id, set()).add((pid, start_time))
+        if self._walk is not None and start_time is not None:
+            self._parents.setdefault(pid, []).append((start_time, lease_id))
+            self._seen.add((pid, start_time))
         pidfd_open = getattr(os, "pidfd_open", None)
         if pidfd_open is None:
             return None
@@ -58,6 +89,8 @@ class ProcessWatch:
         and then closes (closing first would let a new connection reuse the number while
         the loop still maps it to the lease)."""
         self.members.pop(lease_id, None)
+        for known in self._parents.values():
+            known[:] = [(started, owner) for started, owner in known if owner != lease_id]
         gone = [fd for fd, owner in self.pidfds.items() if owner == lease_id]
         for descriptor in gone:
             del self.pidfds[descriptor]
@@ -72,36 +105,86 @@ class ProcessWatch:
         """Any process the lease lives with still runs."""
         return any(process_alive(pid, started) for pid, started in self.members.get(lease_id, ()))
 
-    def look(self) -> None:
-        """Add the children of watched processes (one read of ``/proc``), drop ended ones."""
+    def wake_at(self) -> float | None:
+        """When the loop should call :meth:`step` next (monotonic); None: nothing to watch."""
         if not self.members:
+            return None
+        return self._next_step if self._walk is not None else self._next_pass
+
+    def step(self) -> None:
+        """One step of the pass over ``/proc``: a new pass when one is due, then entries until
+        :data:`STEP_S` is spent. The pass's end drops the members that ended."""
+        now = time.monotonic()
+        if not self.members:
+            self._close()
             return
-        children: dict[int, list[tuple[int, float | None]]] = {}
-        for pid, parent, started in _processes():
-            children.setdefault(parent, []).append((pid, started))
+        if self._walk is None:
+            if now < self._next_pass:
+                return
+            self._next_pass = now + LOOK_S
+            self._parents, self._seen = {}, set()
+            for lease_id, members in self.members.items():
+                for pid, started in members:
+                    if started is not None:
+                        self._parents.setdefault(pid, []).append((started, lease_id))
+            self._walk = os.scandir("/proc")
+        deadline = time.perf_counter() + STEP_S
+        for entry in self._walk:
+            if entry.name.isdigit():
+                self._consider(int(entry.name))
+            if time.perf_counter() >= deadline:
+                self._next_step = time.monotonic() + STEP_EVERY_S
+                return
+        seen = self._seen
+        self._close()
         for lease_id, members in self.members.items():
-            found = set()
-            todo = [pid for pid, _ in members]
-            while todo:
-                for child in children.get(todo.pop(), ()):
-                    if child not in members and child not in found:
-                        found.add(child)
-                        todo.append(child[0])
-            live = {m for m in members if process_alive(*m)} | found
+            # A process that ran through the whole pass was listed by it: a member it did not
+            # find has ended (one of unknown start time is read, as only it can be).
+            live = {m for m in members if m in seen or (m[1] is None and process_alive(*m))}
             self.members[lease_id] = live or members  # keep the record of the dead for alive()
 
+    def look(self) -> None:
+        """A whole pass at once (what the steps of one pass do, for tests and tools)."""
+        self._next_pass = 0.0
+        self.step()
+        while self._walk is not None:
+            self.step()
 
-def _processes() -> list[tuple[int, int, float | None]]:
-    """(pid, parent pid, start time) of every process now."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    def _consider(self, pid: int) -> None:
+        """Note ``pid`` if it is a member; adopt it if its parent is a live member it started
+        after."""
         try:
-            fields = stat_fields(int(entry.name))
-            if fields[0] in ("Z", "X"):
-                continue
-            found.append((int(entry.name), int(fields[1]), started_at(fields)))
+            fields = stat_fields(pid)
+            parent = int(fields[1])
+            if fields[0] in ("Z", "X") or (
+                pid not in self._parents and parent not in self._parents
+            ):
+                return
+            started = started_at(fields)
         except (OSError, ValueError, IndexError):
-            continue
-    return found
+            return
+        for known, _ in self._parents.get(pid, ()):
+            if abs(started - known) <= _SAME_START_S:
+                self._seen.add((pid, known))
+        candidates = [
+            (s, lease) for s, lease in self._parents.get(parent, ()) if s <= started + _SAME_START_S
+        ]
+        if not candidates:
+            return
+        for parent_started, lease_id in candidates:
+            # The parent read after the child: alive now with its start time, it was the
+            # child's parent when the child's stat named its pid (no pid is reused while its
+            # process lives). A member that ended adopts nothing.
+            members = self.members.get(lease_id)
+            if members is None or not process_alive(parent, parent_started):
+                self._parents[parent].remove((parent_started, lease_id))
+                continue
+            members.add((pid, started))
+            self._seen.add((pid, started))
+            self._parents.setdefault(pid, []).append((started, lease_id))  # its children
+
+    def _close(self) -> None:
+        if self._walk is not None:
+            self._walk.close()  # type: ignore[attr-defined]
+        self._walk = None
+        self._parents, self._seen = {}, set()
