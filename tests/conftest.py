@@ -41,8 +41,11 @@ def isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pat
         *(s.variable for s in SETTINGS if s.variable),
     ):
         monkeypatch.delenv(name, raising=False)
-    # A COLUMNS the developer's shell exports would fit every piped table to it.
+    # A COLUMNS the developer's shell exports would fit every piped table to it; a library
+    # that sized a terminal may also have set one in the C environment alone (os.environ does
+    # not see it, a child process inherits it).
     monkeypatch.delenv("COLUMNS", raising=False)
+    os.unsetenv("COLUMNS")
     cache = tmp_path / "cache"
     monkeypatch.setenv("GPUALLOC_CACHE_DIR", str(cache))
     monkeypatch.setenv("GPUALLOC_STATE_DIR", str(tmp_path / "state"))

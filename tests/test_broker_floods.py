@@ -200,8 +200,11 @@ def test_one_users_connect_flood_leaves_others_calls_answered_at_once(tmp_path: 
             flooding.append(start_as_user(flooder.uid, flooder.gid, flood))
         wait_for_user(start_as_user(worker.uid, worker.gid, work), worker.uid, timeout_s=60)
     finally:
-        for pid in flooding:
-            wait_for_user(pid, flooder.uid, timeout_s=30)
+        try:
+            for pid in flooding:
+                wait_for_user(pid, flooder.uid, timeout_s=30)
+        finally:
+            broker.stop()
 
 
 PROCESS_FLOOD = 6000

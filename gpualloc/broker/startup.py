@@ -69,36 +69,40 @@ def serve(
     damaged = store.set_aside_damaged()
     if damaged is not None:
         log_line(f"warning: {damaged}")
-    _take_priority()
-    listener = listening_socket(socket_path)
-    made_here = not activated()  # systemd's socket file is systemd's to remove
-    limits = Limits(
-        config.system_value("broker.max_connections"),
-        config.system_value("broker.max_requests_per_s"),
-        config.system_value("broker.max_connects_per_s"),
-        config.system_value("broker.idle_timeout"),
-    )
-    broker = Broker(
-        service,
-        listener,
-        limits,
-        idle_policy=IdlePolicy.from_config(config),
-        log=log_line,
-        search_budget_s=config.value("placement.time_budget"),
-    )
-    log_line(
-        f"serving {count_of(topology.gpu_count, 'GPU')} of {topology.name or 'this host'} on "
-        f"{socket_path}, ledger {store.directory.ledger_file} (pid {os.getpid()})"
-    )
-    if background:
-        _detach()
-    _notify_ready()
+    before = _take_priority()
     try:
-        broker.serve()
-    finally:
-        if made_here:
-            socket_path.unlink(missing_ok=True)
-        log_line("stopped")
+        listener = listening_socket(socket_path)
+        made_here = not activated()  # systemd's socket file is systemd's to remove
+        limits = Limits(
+            config.system_value("broker.max_connections"),
+            config.system_value("broker.max_requests_per_s"),
+            config.system_value("broker.max_connects_per_s"),
+            config.system_value("broker.idle_timeout"),
+        )
+        broker = Broker(
+            service,
+            listener,
+            limits,
+            idle_policy=IdlePolicy.from_config(config),
+            log=log_line,
+            search_budget_s=config.value("placement.time_budget"),
+        )
+        log_line(
+            f"serving {count_of(topology.gpu_count, 'GPU')} of {topology.name or 'this host'} on "
+            f"{socket_path}, ledger {store.directory.ledger_file} (pid {os.getpid()})"
+        )
+        if background:
+            _detach()
+        _notify_ready()
+        try:
+            broker.serve()
+        finally:
+            if made_here:
+                socket_path.unlink(missing_ok=True)
+            log_line("stopped")
+    finally:  # a broker served in-process (tests) leaves its caller as it was
+        if before is not None:
+            os.setpriority(os.PRIO_PROCESS, 0, before)
 
 
 NICE = -10
@@ -109,19 +113,22 @@ them (:data:`~.listener.BACKLOG`). At -10 the kernel gives the broker about nine
 of a process at 0 (CFS weights 9548 and 1024), as a daemon that must answer others does."""
 
 
-def _take_priority() -> None:
+def _take_priority() -> int | None:
     """:data:`NICE` for the broker and the worker it starts, when root runs it at nice 0 (a
-    value the administrator chose, ``Nice=`` in the unit, is theirs)."""
+    value the administrator chose, ``Nice=`` in the unit, is theirs); the nice value it had,
+    where it was changed."""
     if os.geteuid() != 0:
-        return
+        return None
     try:
         if os.getpriority(os.PRIO_PROCESS, 0) == 0:
             os.setpriority(os.PRIO_PROCESS, 0, NICE)
+            return 0
     except OSError as exc:  # a container without CAP_SYS_NICE
         log_line(
             f"warning: the broker keeps nice 0 ({exc.strerror}): a user's connect flood "
             "delays everyone's calls more"
         )
+    return None
 
 
 def _detach() -> None:
