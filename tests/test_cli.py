@@ -244,7 +244,10 @@ def test_the_writers_are_every_output_option() -> None:
     assert set(WRITERS) == WRITTEN_OR_DIRECTORIES - {"serve --state-dir"}
 
 
-@pytest.mark.parametrize("name", WRITERS)
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.extra("plot")) if "--plot" in n else n for n in WRITERS],
+)
 def test_output_into_a_missing_directory_is_refused_and_makes_none(
     cli: Cli, tmp_path: Path, name: str
 ) -> None:
@@ -252,8 +255,6 @@ def test_output_into_a_missing_directory_is_refused_and_makes_none(
     the root of the file system), others refused: now every one refuses, naming the first
     missing directory, before any work."""
     out = tmp_path / "no" / "such" / "out.json"
-    if "--plot" in name:
-        pytest.importorskip("matplotlib")
     args = [str(out) if arg == "{out}" else arg for arg in WRITERS[name]]
     result = cli("--topology", "dgx1-v100", *args)
     assert result.exit_code == ExitCode.IO, result.stderr

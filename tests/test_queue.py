@@ -130,7 +130,8 @@ def _host_with_leases(held: dict[int, tuple[int, ...]]):
 def test_the_pending_reason_says_why_a_job_waits_in_squeues_words() -> None:
     """``status`` showed a waiting job's "Passed" count and nothing of why it waited: a user's
     8-GPU job, behind GPUs the same user held, was overtaken by 14 of their later jobs while it
-    said "Passed 0" (those passes do not count against --max-bypass: issue 40, hole 6)."""
+    said "Passed 0" (those passes do not count against --max-bypass, as
+    tests/test_cli_wait.py holds)."""
     from gpualloc.host.queue import pending_reasons
 
     host = _host_with_leases({1000: (0, 1), 2000: (2, 3, 4)})

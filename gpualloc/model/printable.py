@@ -81,7 +81,8 @@ def lease_command(words: Iterable[str]) -> tuple[str, ...]:
     is kept again unchanged (the client cuts it, the broker checks the cut).
 
     Escaped, not refused, unlike a lease's name: a user may rightly run a program or name a
-    file whose name is not UTF-8, and the record is only shown, never run (issue 40, hole 3).
+    file whose name is not UTF-8, and the record is only shown, never run
+    (tests/test_hostile_bytes.py).
     This module imports no msgspec: ``run`` through the broker cuts the command with it."""
     kept: list[str] = []
     left = MAX_COMMAND_CHARS

@@ -22,8 +22,8 @@ class CommunicationPattern(Struct, frozen=True):
     one edge a pair beyond that (``placement/mapa.py``, ``placement/exact.py``), so every way a
     pattern reaches placement (a pattern file, the library, a broker request, a queued job) is
     checked here, once. A pattern has at most :func:`max_edges` edges, so that the work of
-    placing it is bounded by its ranks, not by what a user typed (issue 40, hole 2: a 44 KB
-    pattern of 8 ranks stalled the broker for half a minute).
+    placing it is bounded by its ranks, not by what a user typed (a 44 KB
+    pattern of 8 ranks stalled the broker for half a minute: tests/test_hostile_numbers.py).
     """
 
     name: str

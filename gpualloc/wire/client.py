@@ -37,7 +37,7 @@ ANSWER_S = 10.0
 """How long a client waits in silence for the broker's answer (``host.broker_timeout``,
 ``GPUALLOC_BROKER_TIMEOUT``); a waiting job hears from the broker every
 :data:`gpualloc.wire.protocol.KEEPALIVE_S` seconds, so only a stopped or stalled broker runs it
-out (issue 40, hole 8: clients waited forever on a SIGSTOPped broker). Slurm's
+out (clients waited forever on a SIGSTOPped broker: tests/test_broker_deadlines.py). Slurm's
 ``MessageTimeout``, as :data:`gpualloc.config.BROKER_TIMEOUT_S` (not imported: this module
 loads only the standard library's socket and json)."""
 _GONE = (errno.ECONNREFUSED, errno.ENOENT, errno.ECONNRESET, errno.EPIPE, errno.EAGAIN)
