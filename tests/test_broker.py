@@ -754,3 +754,43 @@ def test_a_member_that_ended_adopts_nothing_through_its_reused_pid() -> None:
             assert live.alive(lease_id) and len(live.members[lease_id]) == 1, lease_id
     finally:
         end(shell, group=True)
+
+
+def test_a_group_lives_while_a_member_runs_as_the_watchs_pass_finds_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lease whose group leader has ended lives while its process group has a member that
+    has not ended. The broker asks its stepped pass over ``/proc`` rather than walk it whole
+    for each such lease at every reap (the walk's length is other users' to decide): the
+    group is alive until a whole pass finds no running member, and no walk runs."""
+    import gpualloc.ledger.liveness as liveness
+    from gpualloc.broker.watch import ProcessWatch
+
+    def walked(group: int) -> bool:
+        raise AssertionError("the broker walked all of /proc for a process group")
+
+    monkeypatch.setattr(liveness, "_live_member", walked)
+    leader = subprocess.Popen(
+        ["sh", "-c", "sleep 60 >/dev/null & echo $!; read line"], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert leader.stdout is not None
+        member = int(leader.stdout.readline())
+        watch = ProcessWatch()
+        watch.members["aaaaaaaaaaaa"] = {(leader.pid, liveness.process_start_time(leader.pid))}
+        watch.watch_group("aaaaaaaaaaaa", leader.pid)
+        assert watch.group_member(leader.pid), "a group no pass has looked for yet is alive"
+        leader.communicate("\n", timeout=30)  # the leader ends; its group's sleep runs on
+        assert liveness.process_alive(member, None)
+        watch.look()
+        assert liveness.group_alive(leader.pid, watch.group_member)
+        os.kill(member, 9)
+        deadline = time.monotonic() + 30
+        while liveness.process_alive(member, None) and time.monotonic() < deadline:
+            time.sleep(0.05)  # reaped by whoever adopted it
+        watch.look()
+        assert not liveness.group_alive(leader.pid, watch.group_member)
+        assert not watch.group_member(leader.pid)
+    finally:
+        end(leader, group=True)

@@ -127,10 +127,12 @@ class LedgerService:
             fd = self.watch.watch(lease.id, lease.pid, lease.pid_start_time)
             if fd is not None:
                 self.new_fds.append((fd, lease.id))
+        if lease.process_group is not None:
+            self.watch.watch_group(lease.id, lease.process_group)
         return allocation
 
     def _alive(self, lease: Any, directory: StateDirectory) -> bool:
-        return lease_alive(lease, directory) or self.watch.alive(lease.id)
+        return lease_alive(lease, directory, self.watch.group_member) or self.watch.alive(lease.id)
 
     # ---- start-up ------------------------------------------------------------------------
 

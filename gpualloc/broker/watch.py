@@ -19,6 +19,11 @@ on systemd hosts) a request waits for one step at most, never for a whole walk o
 members themselves are read by the pass too (one a pass did not find has ended), so a lease
 with thousands of processes of its own costs no step more than its share of the walk.
 
+The pass also notes which watched process groups have a member that has not ended: a lease
+whose group leader has ended lives while its group does (``Lease.process_group``), and
+``killpg`` cannot tell a running member from a zombie; the pass answers that in its steps, so
+the broker never walks ``/proc`` whole to ask it (:meth:`ProcessWatch.group_member`).
+
 A child is adopted only while its parent is a live member with the recorded start time,
 read again after the child's own ``stat`` (whose parent pid then named the member): a member
 that ended adopts nothing, so a process that got its pid later, or that process's children,
@@ -63,6 +68,14 @@ class ProcessWatch:
         """The members the pass found running (so its end reads no member again)."""
         self._next_pass = time.monotonic()
         self._next_step = 0.0
+        self.groups: dict[str, int] = {}
+        """Lease id -> the process group it lives with once its own process has ended."""
+        self._live_groups: set[int] = set()
+        """The watched groups the last whole pass found a running member of."""
+        self._counted_groups: set[int] = set()
+        """The groups the last whole pass looked for (a group it did not is not known yet)."""
+        self._pass_groups: set[int] = set()
+        self._pass_live_groups: set[int] = set()
 
     def watch(self, lease_id: str, pid: int, start_time: float | None) -> int | None:
         """Follow ``pid`` for ``lease_id``; returns a pidfd for the event loop (None where the
@@ -84,11 +97,22 @@ class ProcessWatch:
         self.pidfds[descriptor] = lease_id
         return descriptor
 
+    def watch_group(self, lease_id: str, group: int) -> None:
+        """Follow the process group ``group`` for ``lease_id`` (:meth:`group_member`)."""
+        self.groups[lease_id] = group
+
+    def group_member(self, group: int) -> bool:
+        """True if the process group ``group`` has a member that has not ended, as the last
+        whole pass found it; True for a group no whole pass has looked for yet (the next
+        one tells: GPUs are never freed on a guess)."""
+        return group in self._live_groups or group not in self._counted_groups
+
     def forget(self, lease_id: str) -> list[int]:
         """Stop following ``lease_id``; returns its pidfds, which the event loop unregisters
         and then closes (closing first would let a new connection reuse the number while
         the loop still maps it to the lease)."""
         self.members.pop(lease_id, None)
+        self.groups.pop(lease_id, None)
         for known in self._parents.values():
             known[:] = [(started, owner) for started, owner in known if owner != lease_id]
         gone = [fd for fd, owner in self.pidfds.items() if owner == lease_id]
@@ -123,6 +147,7 @@ class ProcessWatch:
                 return
             self._next_pass = now + LOOK_S
             self._parents, self._seen = {}, set()
+            self._pass_groups, self._pass_live_groups = set(self.groups.values()), set()
             for lease_id, members in self.members.items():
                 for pid, started in members:
                     if started is not None:
@@ -136,6 +161,7 @@ class ProcessWatch:
                 self._next_step = time.monotonic() + STEP_EVERY_S
                 return
         seen = self._seen
+        self._counted_groups, self._live_groups = self._pass_groups, self._pass_live_groups
         self._close()
         for lease_id, members in self.members.items():
             # A process that ran through the whole pass was listed by it: a member it did not
@@ -156,9 +182,11 @@ class ProcessWatch:
         try:
             fields = stat_fields(pid)
             parent = int(fields[1])
-            if fields[0] in ("Z", "X") or (
-                pid not in self._parents and parent not in self._parents
-            ):
+            if fields[0] in ("Z", "X"):
+                return
+            if self._pass_groups and int(fields[2]) in self._pass_groups:
+                self._pass_live_groups.add(int(fields[2]))
+            if pid not in self._parents and parent not in self._parents:
                 return
             started = started_at(fields)
         except (OSError, ValueError, IndexError):

@@ -23,6 +23,7 @@ import fcntl
 import functools
 import itertools
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 _START_TIME_TOLERANCE_S = 0.05
@@ -119,10 +120,15 @@ def take_lease_lock(path: Path) -> int:
     return descriptor
 
 
-def group_alive(group: int) -> bool:
+def group_alive(group: int, live_member: Callable[[int], bool] | None = None) -> bool:
     """True while some process of the process group ``group`` (which its leader's pid names)
     lives; asked once the leader itself has ended. The kernel never hands out a pid that names
-    a live group, so when another process has the leader's pid now, the job's group is gone."""
+    a live group, so when another process has the leader's pid now, the job's group is gone.
+
+    ``killpg`` finds zombies too, so whether a member has not ended is asked of
+    ``live_member`` (the group's id -> bool): by default a walk of ``/proc``; the broker
+    answers from its stepped pass instead (:meth:`gpualloc.broker.watch.ProcessWatch.group_member`),
+    so that no request waits for a walk whose length other users' processes decide."""
     import errno
 
     if process_alive(group, None):
@@ -131,7 +137,7 @@ def group_alive(group: int) -> bool:
         os.killpg(group, 0)
     except OSError as exc:
         return exc.errno == errno.EPERM  # another user's members exist
-    return _live_member(group)
+    return (live_member or _live_member)(group)
 
 
 def _live_member(group: int) -> bool:

@@ -92,8 +92,11 @@ LOCK_TIMEOUT_S = 30.0
 SHARED_LEDGER_MODE = 0o666
 
 
-def lease_alive(lease: Lease, directory: StateDirectory) -> bool:
-    """The liveness rule of :class:`~gpualloc.ledger.schema.Lease`."""
+def lease_alive(
+    lease: Lease, directory: StateDirectory, live_member: Callable[[int], bool] | None = None
+) -> bool:
+    """The liveness rule of :class:`~gpualloc.ledger.schema.Lease`; ``live_member`` as
+    :func:`~gpualloc.ledger.liveness.group_alive` takes it."""
     if lease.boot_id is not None and lease.boot_id != boot_id():
         return False  # nothing survives a reboot: a held lease of a crashed node included
     if lease.hold:
@@ -102,7 +105,7 @@ def lease_alive(lease: Lease, directory: StateDirectory) -> bool:
         return True
     if lease.pid is not None and process_alive(lease.pid, lease.pid_start_time):
         return True
-    return lease.process_group is not None and group_alive(lease.process_group)
+    return lease.process_group is not None and group_alive(lease.process_group, live_member)
 
 
 def new_lease_id() -> str:
