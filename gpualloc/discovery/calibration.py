@@ -1,4 +1,4 @@
-"""Measured GPU-to-GPU bandwidth on this host (``gpualloc calibrate``, issues 19 and 32).
+"""Measured GPU-to-GPU bandwidth on this host (``gpualloc calibrate``).
 
 What placement and the simulator's runtime model need is the bandwidth of each pair; the
 estimate from link classes (:mod:`gpualloc.model.bandwidth`) can be off several-fold on PCIe
