@@ -177,8 +177,9 @@ def measure(
 
     torch numbers devices as CUDA does, in PCI bus order (gpualloc sets
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` before torch starts), which is not NVML's order on every
-    host: each NVML GPU is matched to its torch device by UUID where torch tells them (issue
-    41, item 2), else device ``i`` is taken for GPU ``i``.
+    host: each NVML GPU is matched to its torch device by UUID where torch tells them
+    (tests/test_calibrate.py::test_devices_numbered_otherwise_than_nvml_are_matched_by_uuid),
+    else device ``i`` is taken for GPU ``i``.
     """
     count = len(key.gpu_uuids)
     if backend.device_count() != count:

@@ -74,10 +74,10 @@ class Occupancy(Struct, frozen=True, dict=True):
     """(parent GPU, MIG device index) -> processes on that MIG device that no lease accounts
     for (NVML names their GPU and compute instance)."""
     known_state: HostState | None = None
-    """The host state, where the caller keeps it as leases come and go (the simulator, which
-    made it anew from the leases after every start and end: a fifth of a trace replay, issue
-    43); it must be what :meth:`host_state` makes of the rest (a test holds the simulator to
-    it). None: made from the leases when first asked."""
+    """The host state, where the caller keeps it as leases come and go (the simulator, which would
+    otherwise make it anew from the leases after every start and end); it must be what
+    :meth:`host_state` makes of the rest (a test holds the simulator to it). None: made from the
+    leases when first asked."""
 
     @classmethod
     def build(
