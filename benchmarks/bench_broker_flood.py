@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Another user's latency while one user floods the broker (issue 40, hole 10).
+"""Another user's latency while one user floods the broker.
 
 Run as root from the repository root: ``python benchmarks/bench_broker_flood.py [--seconds 10]``.
 Starts a real broker (``gpualloc serve``) on a bundled topology with the default limits, and two
@@ -38,7 +38,7 @@ SNAPSHOT = b'{"v":1,"op":"snapshot","args":{"full":true}}\n'
 
 
 def _placements(count: int) -> bytes:
-    """``count`` requests that each make the broker search anew (issue 40, hole 2): a
+    """``count`` requests that each make the broker search anew: a
     10-GPU DRB job on the 32-GPU host, every one excluding another pair of GPUs, so that no
     answer the broker remembers fits, each followed by a release of what it got."""
     lines = []

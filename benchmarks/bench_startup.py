@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Start-up of every command, from a wheel install (issue 43, point 3), and of Tab completion.
+"""Start-up of every command, from a wheel install, and of Tab completion.
 
 Builds a wheel of this checkout (``pip wheel --no-deps``; pip fetches the setuptools it builds
 with, unless ``--wheel`` names one), installs it in a fresh virtual
