@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The broker's targets (issue 31, point 8): throughput and start-up through ``gpualloc serve``.
+"""The broker's targets: throughput and start-up through ``gpualloc serve``.
 
 Starts a broker on a bundled topology (a temporary socket and state directory, as this user),
 then prints:

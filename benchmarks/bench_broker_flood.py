@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Another user's latency while one user floods the broker (issue 40, hole 10).
+"""Another user's latency while one user floods the broker.
 
 Run as root from the repository root: ``python benchmarks/bench_broker_flood.py [--seconds 10]``.
 Starts a real broker (``gpualloc serve``) on a bundled topology with the default limits, and two
@@ -7,8 +7,7 @@ real Unix users: the flooder sends full ``snapshot`` requests, the dearest a use
 fast as the broker answers over four pipelined connections; the other user alloc+releases one
 GPU through the library's client in a loop. Prints the flooder's requests answered and refused
 a second and the other user's p50, p99 and maximum call latency, then the same with nobody
-flooding. Target: the other user's p99 <= 20 ms under the flood (on b2653dd, 3,200 snapshots
-a second put it at 434 ms). Exit status 1 on a missed target.
+flooding. Target: the other user's p99 <= 20 ms under the flood. Exit status 1 on a missed target.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ SNAPSHOT = b'{"v":1,"op":"snapshot","args":{"full":true}}\n'
 
 
 def _placements(count: int) -> bytes:
-    """``count`` requests that each make the broker search anew (issue 40, hole 2): a
+    """``count`` requests that each make the broker search anew: a
     10-GPU DRB job on the 32-GPU host, every one excluding another pair of GPUs, so that no
     answer the broker remembers fits, each followed by a release of what it got."""
     lines = []

@@ -2,16 +2,16 @@
 """What ``gpualloc run`` costs a job, and how many allocations the ledger takes per second.
 
 Prints the median wall time of ``gpualloc run -n 1 -- true`` on a bundled topology next to
-``python -c pass`` and ``true``, and checks gpualloc's added cost against the budget of issue 4
+``python -c pass`` and ``true``, and checks gpualloc's added cost against its budget
 (200 ms over ``python -c pass``); then alloc+release throughput with 8 concurrent clients, both
 through the command line (a process per call, as scripts use it) and through the library (the
 ledger's own capacity); then how soon a ``run --wait`` job starts after the GPUs it waits for
-are released (issue 5: within 500 ms). Exit status 1 on a budget miss.
+are released (budget: within 500 ms). Exit status 1 on a budget miss.
 
-Issue 18's targets are printed next to the figures: ``run`` at most 100 ms over
-``python -c pass``, at least 20 command-line cycles/s with 8 clients, and a library alloc p99 of
-at most 50 ms with 8 processes; and issue 43's (point 4): at least 200 library cycles/s with 8
-processes, p99 still at most 50 ms. ``benchmarks/bench_startup.py`` times every command's start.
+Targets are printed next to the figures: ``run`` at most 100 ms over ``python -c pass``, at least 20
+command-line cycles/s with 8 clients, at least 200 library cycles/s with 8 processes, and a library
+alloc p99 of at most 50 ms with 8 processes. ``benchmarks/bench_startup.py`` times every command's
+start.
 
 Runs against a temporary state directory. Byte-code caching is forced on: an installed gpualloc
 has its ``.pyc`` files, and environments that set ``PYTHONDONTWRITEBYTECODE`` (some CI images)
@@ -38,9 +38,9 @@ BUDGET_MS = 200.0
 RUN_TARGET_MS = 100.0
 CLI_TARGET_CYCLES_S = 20.0
 P99_TARGET_MS = 50.0
-"""Issue 18's targets, printed beside the figures (they do not set the exit status yet)."""
+"""Targets, printed beside the figures (they do not set the exit status yet)."""
 LIBRARY_TARGET_CYCLES_S = 200.0
-"""Issue 43's (point 4), the same."""
+"""The library's target, the same."""
 START_LATENCY_BUDGET_MS = 500.0
 CLIENTS = 8
 
@@ -152,7 +152,7 @@ def main() -> int:
         verdict = "ok" if added <= BUDGET_MS else "OVER BUDGET"
         print(
             f"  added over python -c pass         {added:7.1f} ms  (budget {BUDGET_MS:.0f}: "
-            f"{verdict}; issue 18 target {RUN_TARGET_MS:.0f}: "
+            f"{verdict}; target {RUN_TARGET_MS:.0f}: "
             f"{'ok' if added <= RUN_TARGET_MS else 'MISSED'})"
         )
 
@@ -174,7 +174,7 @@ def main() -> int:
         p50, p99 = latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.99)]
         print(f"alloc+release with {CLIENTS} concurrent clients:")
         print(
-            f"  command line (2 processes/cycle)  {cli_rate:7.1f} cycles/s  (issue 18 target "
+            f"  command line (2 processes/cycle)  {cli_rate:7.1f} cycles/s  (target "
             f"{CLI_TARGET_CYCLES_S:.0f}: {'ok' if cli_rate >= CLI_TARGET_CYCLES_S else 'MISSED'})"
         )
         cores = os.cpu_count()
@@ -185,11 +185,11 @@ def main() -> int:
         )
         verdict = "ok" if library_rate >= LIBRARY_TARGET_CYCLES_S else "MISSED"
         print(
-            f"  library (2 transactions/cycle)    {library_rate:7.1f} cycles/s  (issue 43 target "
+            f"  library (2 transactions/cycle)    {library_rate:7.1f} cycles/s  (target "
             f"{LIBRARY_TARGET_CYCLES_S:.0f}: {verdict})"
         )
         print(
-            f"  library alloc latency             p50 {p50:5.1f} ms, p99 {p99:5.1f} ms  (issue 18 "
+            f"  library alloc latency             p50 {p50:5.1f} ms, p99 {p99:5.1f} ms  ("
             f"target p99 {P99_TARGET_MS:.0f}: {'ok' if p99 <= P99_TARGET_MS else 'MISSED'})"
         )
         latencies = _start_latency_ms(base, env, repeats=5)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How long one Prometheus scrape of ``gpualloc metrics --serve`` takes (issue 21, point 4:
+"""How long one Prometheus scrape of ``gpualloc metrics --serve`` takes (its budget:
 under 50 ms on a 16-GPU host).
 
 Fills a temporary ledger of ``torus-2d-16`` with one lease per GPU pair and a queue of waiting

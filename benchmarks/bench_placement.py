@@ -6,7 +6,7 @@ Run on its own: ``python benchmarks/bench_placement.py [--policy P ...] [--host 
 [--samples 200] [--cap-s 2] [--over-only]``. For each (policy, host, pattern, sensitivity, k) it
 times ``policy.place`` (the decision itself, not process start-up) on the empty host and on
 random busy sets that leave enough GPUs free (a uniform number of busy GPUs, then which ones),
-and prints the p99 and the maximum in milliseconds, with a flag where the budget (issue 43: 10 ms
+and prints the p99 and the maximum in milliseconds, with a flag where the budget (10 ms
 p99 up to 16 GPUs, 50 ms on 32-GPU hosts) is missed. It ends with the p50 and p99 of every
 decision timed per host and job size n, and the growth of the p99 at n = 8 from 8- to 16- to
 32-GPU hosts.
@@ -47,7 +47,7 @@ def budget_ms(gpu_count: int) -> float:
 
 
 GROWTH_K = 8
-"""The job size whose p99 the growth line follows across host sizes (issue 43's measure)."""
+"""The job size whose p99 the growth line follows across host sizes."""
 
 
 class _Timeout(Exception):

@@ -1,18 +1,17 @@
 #!/usr/bin/env python3
 """How fast the simulator runs: 10,000 jobs on a 16-GPU topology with the ``mapa`` policy.
 
-Issue 6's target is under a minute on this (2-core) machine. The workload is the MAPA
+The target is under a minute on a 2-core machine. The workload is the MAPA
 generator's shape with arrivals spread over time (so the queue is neither always empty nor
 always full) and job sizes of 2 to 8 GPUs. Prints the wall time per queue discipline, the jobs
 simulated per second, and the mean placement-decision time; exit status 1 on a miss.
 
-With ``--growth`` it prints instead how the cost grows with the jobs (issue 43, point 1): the
+With ``--growth`` it prints instead how the cost grows with the jobs: the
 MAPA paper's workload (``--generate mapa:jobs=N``: every job queued at time 0, FIFO) on a
 DGX-1 V100 at 1,000 and 10,000 jobs (and 100,000 with ``--large``), in jobs per second, and
-the growth exponent between sizes (1: linear; 2: quadratic, which it was: 0.23 s for 10 jobs,
-20 s for 10,000 on b2653dd).
+the growth exponent between sizes (1: linear; 2: quadratic).
 
-With ``--goals`` it times issue 43's simulator figures as a user meets them, the whole
+With ``--goals`` it times the simulator's goals as a user meets them, the whole
 command in a fresh process (start-up included), each ``--runs`` times: ``gpualloc -t dgx1-v100
 simulate --generate mapa:jobs=10000`` and ``--generate mixed:jobs=10000`` (goal 5 s each) and
 ``--trace`` of the Alibaba pod list (goal 3 s; skipped where ``shared/`` does not hold it);
@@ -46,7 +45,7 @@ GOALS: tuple[tuple[str, tuple[str, ...], float], ...] = (
     ("mixed:jobs=10000", ("--generate", "mixed:jobs=10000"), 5.0),
     ("the Alibaba pod list", ("--trace", str(POD_LIST)), 3.0),
 )
-"""Issue 43's simulator figures: what follows ``gpualloc -t dgx1-v100 simulate``, and the
+"""The simulator's goals: what follows ``gpualloc -t dgx1-v100 simulate``, and the
 goal in seconds."""
 
 
@@ -57,7 +56,7 @@ def main() -> int:
     parser.add_argument("--policy", default="mapa")
     parser.add_argument("--growth", action="store_true", help="jobs/s at 1k and 10k jobs")
     parser.add_argument("--large", action="store_true", help="with --growth: 100k jobs too")
-    parser.add_argument("--goals", action="store_true", help="issue 43's commands, timed")
+    parser.add_argument("--goals", action="store_true", help="the goals' commands, timed")
     parser.add_argument("--runs", type=int, default=3, help="with --goals: runs of each")
     options = parser.parse_args()
     if options.goals:

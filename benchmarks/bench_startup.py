@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Start-up of every command, from a wheel install (issue 43, point 3), and of Tab completion.
+"""Start-up of every command, from a wheel install, and of Tab completion.
 
 Builds a wheel of this checkout (``pip wheel --no-deps``; pip fetches the setuptools it builds
 with, unless ``--wheel`` names one), installs it in a fresh virtual
@@ -16,7 +16,7 @@ tests (shared machines make timed tests flaky); they check instead what these pa
 The fresh environment takes gpualloc's dependencies from the environment running this script
 (a ``.pth`` line naming its site-packages, which runs none of that directory's own ``.pth``
 files): no network, the versions the tests ran, and none of an editable install's import
-finder, which adds 5 to 15 ms to every start. ``--wheel FILE`` times a wheel built elsewhere,
+finder, which adds its own cost to every start. ``--wheel FILE`` times a wheel built elsewhere,
 and given twice or more times the wheels side by side, a round of each in turn (a before and an
 after in the same minutes: the only fair comparison on a shared machine); ``--here`` times the
 ``gpualloc`` beside this interpreter instead (an editable install, say).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Replaying the Alibaba GPU trace (issue 33, point 1): how long ``gpualloc simulate`` takes on
+"""Replaying the Alibaba GPU trace: how long ``gpualloc simulate`` takes on
 the whole openb pod list (every task that ran on GPUs) on an 8-GPU host.
 
 Prints the tasks read, the jobs simulated and the seconds, reading and simulating apart, and

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Placements of this checkout against another's, decision by decision: a speed change to the
-placement search must not change an answer (issue 43: "with the answers unchanged").
+placement search must not change an answer.
 
 Run on its own: ``python benchmarks/compare_answers.py --against DIR [--policy P ...] [--host H
 ...] [--pattern X ...] [--busy-sets 12] [--seed 1] [--cap-s 3]``, where ``DIR`` is a checkout of

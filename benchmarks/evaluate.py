@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Regenerate docs/evaluation.md and its figures: every policy, the papers' workloads and a
-mixed one, several hosts, and what sharing GPUs does, through ``gpualloc.simulate`` (issues
-6, 19 and 20); predicted bandwidth against real measurements (issue 32, ``measured.py``); and
-the Alibaba GPU trace with each placement of shared jobs (issue 33, ``trace_replay.py``).
+mixed one, several hosts, and what sharing GPUs does, through ``gpualloc.simulate``;
+predicted bandwidth against real measurements (``measured.py``); and the Alibaba GPU trace with
+each placement of shared jobs (``trace_replay.py``).
 
 Usage: python benchmarks/evaluate.py [--out DIR] [--jobs N] [--seed 0]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The broker's protocol fuzzer at length (issue 40, point 9): ``tests/test_broker_fuzz.py``
+"""The broker's protocol fuzzer at length: ``tests/test_broker_fuzz.py``
 with more requests than CI sends.
 
 Run as root from the repository root: ``python benchmarks/fuzz_broker.py [--requests 200000]``.

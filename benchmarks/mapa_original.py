@@ -1,5 +1,4 @@
-"""MAPA's original simulator, emulated, beside gpualloc's ``mapa`` on the same jobs (issue 32,
-point 5).
+"""MAPA's original simulator, emulated, beside gpualloc's ``mapa`` on the same jobs.
 
 The original (socal-ucr/MAPA, MapaSim with the ``preserve`` and ``greedy`` policies; its job
 lists from socal-ucr/jobGenerator) is emulated here from its documented behaviour, as recorded
@@ -354,7 +353,7 @@ def comparison_section(seeds: range = range(1, 11)) -> list[str]:
         "so the job behind it is skipped until the next cycle: a reordering that moves its "
         f"means by {walk:+.2f} (Preserve) and {greedy_walk:+.2f} GB/s (Greedy) on average here, "
         "either way from list to list, and changes its makespan; gpualloc's FIFO does not copy "
-        "a bug. On issue 32's reference list (kept out of the repository) the original reports "
+        "a bug. On a reference job list kept out of the repository the original reports "
         "58.52 (Preserve) and 57.25 (Greedy) against gpualloc's 58.07 and 56.80 with the "
         "original's tie-break; since those placements agree, Greedy's gap there comes from the "
         "walk alone, and Preserve's from the walk and the threshold.",

@@ -1,4 +1,4 @@
-"""Predicted against measured bandwidth on the hosts of ``tests/fixtures/measured`` (issue 32).
+"""Predicted against measured bandwidth on the hosts of ``tests/fixtures/measured``.
 
 Each recording is paired with the host it was made on, as gpualloc would model it: the
 ``nvidia-smi topo -m`` of the same machine where its source printed one, else a layout stated by
@@ -169,9 +169,9 @@ BEFORE = replace(
     nccl_nvlink_efficiency=1.0,
     nvswitch_copy_efficiency=1.0,
 )
-"""The model as issue 32 found it: one SYS factor for every PCIe generation, collectives and
-copies at the full link rate, peer access not read (:func:`comparisons` drops it from the
-topologies), and runs with P2P disabled priced as if it were not."""
+"""The model before these recordings were read: one SYS factor for every PCIe generation,
+collectives and copies at the full link rate, peer access not read (:func:`comparisons` drops it
+from the topologies), and runs with P2P disabled priced as if it were not."""
 
 STAGED_COPY_EVIDENCE = (
     ("p2p_bandwidth_latency/rtx2080ti_x2_pcie_no_p2p_autodl.txt", 0.36),
@@ -188,8 +188,8 @@ without it, PCIe 3.0's 0.5 (seed 001's DGX-1) applies."""
 def comparisons(
     *, before: bool = False, table: BandwidthTable | None = None, only: str | None = None
 ) -> list[tuple[MeasuredHost, list[Comparison]]]:
-    """Every modelled host's comparisons, by today's model, ``table``, or (``before``) issue
-    32's; ``only``: that recording's host alone."""
+    """Every modelled host's comparisons, by today's model, ``table``, or (``before``) the
+    model before the recordings (:data:`BEFORE`); ``only``: that recording's host alone."""
     table = BEFORE if before else table or DEFAULT_BANDWIDTH_TABLE
     found = []
     for host in HOSTS:
@@ -269,8 +269,8 @@ def measured_section() -> list[str]:
         "slower direction. Sets: nccl-tests bus bandwidth at the largest message against the "
         "best ring's slowest link (scaled by NCCL's efficiency over NVLink, or over host memory "
         "where peers have no access or `NCCL_P2P_DISABLE=1`). Error = predicted / measured - 1. "
-        "*Before* is the model as issue 32 found it, *after* today's; *host left out* is "
-        "today's with every factor fitted here refitted without that recording's host (its "
+        "*Before* is the model before these recordings were read, *after* today's; *host left "
+        "out* is today's with every factor fitted here refitted without that recording's host (its "
         "error out of sample). Regenerate "
         "with `python benchmarks/evaluate.py` (this section alone: "
         "`python benchmarks/measured.py`).",
@@ -387,7 +387,7 @@ def measured_section() -> list[str]:
 def _grouped(
     found: list[tuple[Comparison, Comparison]],
 ) -> list[list[tuple[Comparison, Comparison]]]:
-    """(today's, issue 32's) comparisons of one kind, path and predictions together (the 15
+    """(today's, :data:`BEFORE`'s) comparisons of one kind, path and predictions together (the 15
     A6000 pairs are two rows)."""
     groups: dict[tuple, list[tuple[Comparison, Comparison]]] = {}
     for now, then in found:

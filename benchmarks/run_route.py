@@ -1,4 +1,4 @@
-"""The route of ``gpualloc run`` from argv to exec, traced (issue 39's figure).
+"""The route of ``gpualloc run`` from argv to exec, traced (docs/development.md gives its figures).
 
 Runs ``gpualloc --topology dgx1-v100 run -n 2 --sensitive -- true`` in this process under
 :func:`sys.setprofile` until the exec (stood in for, so nothing is exec'd), on the embedded

@@ -1,4 +1,4 @@
-"""Section 4 of docs/evaluation.md: what sharing GPUs (``run --share``, issue 20) does to
+"""Section 4 of docs/evaluation.md: what sharing GPUs (``run --share``) does to
 waiting and job time, on the mixed, MAPA and DRB workloads. Used by ``benchmarks/evaluate.py``.
 
 Every 1-GPU job asks as ``run --share`` does and every other job's lease is ``--shareable``
@@ -71,7 +71,7 @@ def sharing_section(jobs: int | None) -> list[str]:
     lines = [
         "## 4. Sharing GPUs: what `run --share` does to waiting and job time",
         "",
-        "`gpualloc simulate --sharing N --gpu-busy U` (issue 20): every 1-GPU job asks as `run "
+        "`gpualloc simulate --sharing N --gpu-busy U`: every 1-GPU job asks as `run "
         "--share` does (the live share placement: GPUs in use first, at most N shared jobs per "
         "GPU) and every bigger job's lease is `--shareable`. A job alone keeps its GPU busy a "
         "share U of the time; jobs on one GPU lose nothing until their U add up past 1, then "

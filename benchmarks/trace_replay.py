@@ -1,6 +1,6 @@
 """Section 6 of docs/evaluation.md: the Alibaba GPU trace of 2023 on one 8-GPU host, and how
 each placement of shared jobs (``share.placement``: fgd, best-fit, first-fit, spread) uses the
-GPUs' capacity (issue 33, point 4). Used by ``benchmarks/evaluate.py``; run alone it prints the
+GPUs' capacity. Used by ``benchmarks/evaluate.py``; run alone it prints the
 section.
 
 Two methods, because they answer different questions:

@@ -27,11 +27,11 @@ def write_text_atomic(
     (a killed writer included), only a crash of the machine may lose it.
 
     Without ``sync`` the temporary file's blocks are allocated before it is written: ext4
-    (``auto_da_alloc``, its default) writes out a renamed file's not-yet-allocated data before
-    the rename returns, about 1.5 ms a write, most of a broker's group commit (issue 43, point
-    4). Allocated first, the data stays in the page cache like any write; a crash of the machine
-    may then leave the file's blocks unwritten, which read as zeros, a file that does not parse
-    (the broker sets such a ledger aside at start: its leases died with the boot).
+    (``auto_da_alloc``, its default) writes out a renamed file's not-yet-allocated data before the
+    rename returns (Documentation/admin-guide/ext4.rst in the Linux sources), most of a broker's
+    group commit. Allocated first, the data stays in the page cache like any write; a crash of the
+    machine may then leave the file's blocks unwritten, which read as zeros, a file that does not
+    parse (the broker sets such a ledger aside at start: its leases died with the boot).
 
     Whatever is at ``path`` is replaced, a link or a file another user planted included
     (root's Slurm hooks rely on it in a shared directory); a path a user names for output goes

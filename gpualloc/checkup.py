@@ -1,4 +1,4 @@
-"""``gpualloc doctor``'s checks (issue 21, point 1): what is set up is what is working.
+"""``gpualloc doctor``'s checks: what is set up is what is working.
 
 - **NVLink**: every NVLink connection the topology has (``NV4`` between two GPUs, or a GPU's
   links into an NVSwitch fabric) has that many ports up, at the topology's NVLink generation.
@@ -135,11 +135,12 @@ def _nvlink_findings(topology: Topology, links: LinksNow) -> list[Finding]:
 
 
 def _port_findings(topology: Topology, links: LinksNow) -> list[tuple[int, Finding]]:
-    """What is wrong with the ports whatever the topology says (issue 41, item 4): a topology
-    discovered with a link already down records the fault as the truth, so two checks need no
-    earlier picture. A port down below the GPU's highest port up (ports are used from 0: a
-    dead link or a loose bridge); and a GPU with fewer NVSwitch links up than its peers on the
-    same switches (every GPU of an NVSwitch board has the same count). Each with its GPU."""
+    """What is wrong with the ports whatever the topology says
+    (tests/test_verified_launch.py::test_links_already_down_at_discovery_are_found_without_an_earlier_picture):
+    a topology discovered with a link already down records the fault as the truth, so two checks
+    need no earlier picture. A port down below the GPU's highest port up (ports are used from 0: a
+    dead link or a loose bridge); and a GPU with fewer NVSwitch links up than its peers on the same
+    switches (every GPU of an NVSwitch board has the same count). Each with its GPU."""
     from gpualloc.discovery.nvml import normalise_bus_id
 
     gpu_buses = {normalise_bus_id(g.pci_bus_id) for g in topology.gpus if g.pci_bus_id}

@@ -24,7 +24,7 @@ with its source. A file is TOML::
     [share]
     max_jobs = 4                # system file only: shared jobs per GPU (run --share)
 
-Settings that limit what one user may do to the others (issue 18, point 4) are read from the
+Settings that limit what one user may do to the others are read from the
 system file only: a user's own file or a variable that sets them is an error, since a limit a
 user could lift for themselves would bind nobody.
 
@@ -32,10 +32,11 @@ An unknown key or a bad value is an error naming the file and the key (exit 15),
 ignored: a typo in a system file would otherwise change nothing and nobody would know why.
 Reading is cheap (no pydantic): completion and ``--help`` may load this module.
 
-NamedTuples, not msgspec Structs: completion asks for lease ids through this module, and
-msgspec would double what that costs. A leaf: it imports nothing of gpualloc but
-:mod:`gpualloc.errors`, :mod:`gpualloc.durations` and :mod:`gpualloc.user_files` (issue 29,
-point 3). The defaults live here; what a value means is checked where it is used (a policy name by
+NamedTuples, not msgspec Structs: completion asks for lease ids through this module, and msgspec
+would double what that costs. A leaf: it imports nothing of gpualloc but :mod:`gpualloc.errors`,
+:mod:`gpualloc.durations` and :mod:`gpualloc.user_files`
+(tests/test_architecture.py::test_the_configuration_is_a_leaf). The defaults live here; what a value
+means is checked where it is used (a policy name by
 :func:`gpualloc.placement.registry.configured_policy`, the ``[idle]`` table by
 :meth:`gpualloc.ledger.idle.IdlePolicy.from_config`, a bandwidth table by
 :func:`gpualloc.discovery.resolve.configured_bandwidth_table`).
@@ -133,8 +134,7 @@ def _path(value: Any) -> Path:
 
 def _absolute_path(value: Any) -> Path:
     """A path every process reads alike: a relative one would be taken from each process's
-    working directory, so two shells would keep two ledgers and hand out one GPU twice
-    (issue 42, point 2)."""
+    working directory, so two shells would keep two ledgers and hand out one GPU twice."""
     path = _path(value)
     if not path.is_absolute():
         raise _Refused(
@@ -391,7 +391,8 @@ def system_file(env: Mapping[str, str]) -> Path:
 def no_slurm(env: Mapping[str, str]) -> bool:
     """Whether ``GPUALLOC_NO_SLURM`` tells gpualloc to ignore the Slurm job it runs in. Read
     with the boolean spellings of every setting (``1``, ``true``, ``yes``, ``on`` and their
-    opposites); another word is an error, not a guess (issue 42, point 3)."""
+    opposites); another word is an error, not a guess (``GPUALLOC_NO_SLURM=false``
+    must not mean true)."""
     raw = env.get(NO_SLURM_VARIABLE)
     if raw is None:
         return False
@@ -416,7 +417,7 @@ def _empty(variable: str, otherwise: str) -> ConfigError:
 
 def _check_system_file(env: Mapping[str, str], path: Path, exists: bool) -> None:
     """A system file ``GPUALLOC_SYSTEM_CONFIG`` names is missing from a directory that exists:
-    a typo, which would silently drop the host's limits (issue 42, point 3). One whose
+    a typo, which would silently drop the host's limits. One whose
     directory does not exist either names no file on purpose (a test's or a chroot's bare
     host)."""
     if exists or env.get(SYSTEM_FILE_VARIABLE) is None or not path.parent.is_dir():
@@ -439,8 +440,9 @@ class Config(NamedTuple):
     first."""
     variables: dict[str, Any]
     """Setting key -> its checked value, for each ``GPUALLOC_*`` variable set: every one is
-    read when the configuration is, so a bad value stops any command before it does anything
-    (issue 30, points 2 and 3), whichever path the command line takes."""
+    read when the configuration is, so a bad value stops any command before it does anything,
+    whichever path the command line takes
+    (tests/test_config.py::test_every_setting_is_checked_before_the_ledger_is_touched)."""
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None) -> "Config":
@@ -479,8 +481,8 @@ class Config(NamedTuple):
         return self.resolve(key, flag).value
 
     def system_value(self, key: str) -> Any:
-        """``key`` as the system file alone sets it (else its default): the limits of issue 18,
-        point 4, which no user's file or variable may change."""
+        """``key`` as the system file alone sets it (else its default): a limit on what one
+        user may do to the others, which no user's file or variable may change."""
         system = system_file(self.env)
         for path, table in self.files:
             if path == system and key in table:
@@ -564,7 +566,7 @@ def _read(path: Path) -> dict[str, Any] | None:
     try:
         text = read_user_text(path, "configuration file", error=ConfigError, missing=_NoFile)
     except _NoFile:
-        return None  # most hosts have no file: no TOML parser to import (issue 18, point 9)
+        return None  # most hosts have no file: no TOML parser to import
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - Python 3.10

@@ -12,7 +12,7 @@ _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 MAX_DURATION_S = 366 * 86400.0
 """The longest duration gpualloc takes (a year): a timeout, a grace or an idle time beyond it
 is a slip of the keyboard, and past some 290 years every timer of the operating system
-overflows (``GPUALLOC_BROKER_TIMEOUT=3000000h`` was an internal error; issue 42, point 3)."""
+overflows (tests/test_fuzz_findings.py::test_a_broker_timeout_past_any_timer_is_a_config_error)."""
 
 
 def parse_duration_text(text: str) -> float:
@@ -60,7 +60,7 @@ def format_duration(seconds: float) -> str:
 
 def human_duration(seconds: float) -> str:
     """``seconds`` for people, in its two largest units: ``45.2s``, ``24m 43s``, ``2h 05m``,
-    ``122d 14h`` (issue 42: a trace's times read ``10591816.6``); the smaller unit has two
+    ``122d 14h``, never ``10591816.6``; the smaller unit has two
     digits, so that a column of them lines up. ``--json`` keeps seconds."""
     if not math.isfinite(seconds):
         return "n/a"

@@ -1,4 +1,4 @@
-"""Every option of a job request, declared once (issue 39, point 2).
+"""Every option of a job request, declared once.
 
 One row per option: its parameter name, spellings, kind and bounds, help, default, the
 environment variable and configuration key that default it, its completion, the commands that
@@ -28,15 +28,16 @@ COMMANDS = ("run", "alloc", "plan")
 PATTERN_NAMES = ("ring", "all", "tree", "star")
 """The built-in patterns (``placement.patterns.BUILTIN_PATTERNS``; a test holds them equal):
 any other ``--pattern`` names a file, which the client reads with its user's rights and sends
-as edges; the broker opens no file a user names (issue 40, hole 4)."""
+as edges; the root broker opens no file a user names, which it could read with root's
+rights (tests/test_broker_reads_no_files.py)."""
 
 MAX_GPUS = 256
 """The most GPUs a job may ask for (``-n``), and the bound of a GPU index typed in a list
 (``--gpus``, ``--exclude``, ...: indices below it), checked before any pattern is built or list
-expanded (issue 40, point 1). NVIDIA's driver supports at most 32 GPUs in one system
-(``NV_MAX_DEVICES`` in open-gpu-kernel-modules' ``nvlimits.h``); 256 leaves 8x room for recorded
-and synthetic topologies while the largest built-in pattern (``all``) stays at 32,640 edges. The
-host's own GPU count is the real bound, checked (exit 9) where the topology is known."""
+expanded, so that no number a user types grows the work. NVIDIA's driver supports at most 32 GPUs in
+one system (``NV_MAX_DEVICES`` in open-gpu-kernel-modules' ``nvlimits.h``); 256 leaves 8x room for
+recorded and synthetic topologies while the largest built-in pattern (``all``) stays at 32,640
+edges. The host's own GPU count is the real bound, checked (exit 9) where the topology is known."""
 
 
 class JobOption(NamedTuple):

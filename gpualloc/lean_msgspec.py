@@ -1,5 +1,5 @@
 """msgspec, imported without ``typing_extensions``, ``platform`` and the modules gpualloc
-never uses (issue 43, point 3).
+never uses, which the hot path would pay for.
 
 Importing this module imports msgspec so; the embedded ledger's command path
 (:mod:`gpualloc.cli.jobs`) imports it before anything that imports msgspec. A client of the
@@ -13,16 +13,16 @@ from typing import Any
 
 LAZY_MODULES = ("msgspec.inspect", "msgspec._json_schema")
 """msgspec's modules that its package imports and gpualloc never uses: type introspection and
-JSON Schema (with :mod:`textwrap`), about 2 ms of every command that reads a ledger. Each loads
+JSON Schema (with :mod:`textwrap`), loaded by every command that reads a ledger. Each loads
 when first used (see :func:`_lazy_module`)."""
 
 
 def import_msgspec_lean() -> None:
-    """Import msgspec without ``typing_extensions`` (issue 43, point 3).
+    """Import msgspec without ``typing_extensions``.
 
     msgspec 0.22 prefers ``typing_extensions.get_type_hints`` when the package is installed
-    (typer installs it, through pydantic), and ``typing_extensions`` imports :mod:`inspect`:
-    about 8 ms of every command, for hints that :mod:`typing` resolves alike from Python 3.11
+    (typer installs it, through pydantic), and ``typing_extensions`` imports :mod:`inspect`,
+    on every command, for hints that :mod:`typing` resolves alike from Python 3.11
     on (gpualloc's records use no ``TypedDict``). The module stays importable by anyone after.
     """
     if sys.version_info < (3, 11) or "msgspec" in sys.modules or "typing_extensions" in sys.modules:
@@ -53,7 +53,7 @@ def import_msgspec_lean() -> None:
 def _platform_stand_in() -> types.ModuleType:
     """What :mod:`uuid` (which msgspec imports for its UUID type) asks of :mod:`platform` when
     it is imported, and never after: the system's name, which ``os.uname()`` gives. The real
-    module is 1,300 lines that compile nine regular expressions as they load, about 2 ms of
+    module is 1,300 lines that compile nine regular expressions as they load, on
     every command on the embedded ledger; it stays importable by anyone after."""
     module = types.ModuleType("platform")
     module.system = lambda: os.uname().sysname  # type: ignore[attr-defined]

@@ -1,5 +1,5 @@
 """The standard library's modules that gpualloc's command paths import, without what those
-paths never use (issue 43, point 3), as :mod:`gpualloc.lean_msgspec` does for msgspec.
+paths never use, as :mod:`gpualloc.lean_msgspec` does for msgspec.
 
 Importing this module imports :mod:`pathlib` so: the command-line fast path imports it before
 anything that imports pathlib.
@@ -11,7 +11,7 @@ import types
 
 def import_pathlib_lean() -> None:
     """Import :mod:`pathlib` without :mod:`urllib.parse` (and through it :mod:`ipaddress` and
-    six named tuples): about 3 ms of every command, for ``Path.as_uri()`` alone, which gpualloc
+    six named tuples), loaded on every command for ``Path.as_uri()`` alone, which gpualloc
     never calls. pathlib takes one function from it as it loads; a stand-in gives it one that
     imports the real module when first called, and the real module stays importable by anyone
     after."""

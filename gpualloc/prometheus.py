@@ -1,4 +1,4 @@
-"""The host's GPUs, leases and queue as Prometheus metrics (issue 21, point 4).
+"""The host's GPUs, leases and queue as Prometheus metrics.
 
 Rendered in the text exposition format (version 0.0.4) from one read of the ledger, as
 ``status`` reads it: nothing is kept between scrapes but what the ledger keeps

@@ -1,5 +1,5 @@
 """Reading the files a user names (a topology, a bandwidth table, a trace, a pattern, a config
-file) so that nothing named can hang or exhaust gpualloc (issue 30, point 1).
+file) so that nothing named can hang or exhaust gpualloc.
 
 ``/dev/zero`` read whole grows without end; a FIFO blocks its opener until a writer comes; a
 directory or a socket is no document. So every such file is opened without blocking
@@ -35,7 +35,7 @@ MAX_BYTES = 64 * 2**20
 MAX_SHOWN = 120
 """An error names the file or repeats the value as given; a longer one (a 5,000-character
 argument) is cut in the middle to this many characters, its start and its end (a file's name)
-kept (issue 42). Its control characters are escaped where every error is written
+kept. Its control characters are escaped where every error is written
 (:func:`gpualloc.cli.output.write_error`)."""
 
 
@@ -65,8 +65,8 @@ def shown_repr(value: object) -> str:
 
 def json_document(text: str) -> Any:
     """``json.loads(text)``; a document nested deeper than Python recurses is a
-    ``json.JSONDecodeError`` too, not a RecursionError no reader expected (issue 42, point 3:
-    ``[[[[...`` as a pattern, profile or bandwidth table was an internal error)."""
+    ``json.JSONDecodeError`` too, not a RecursionError no reader expects
+    (tests/test_fuzz_findings.py::test_json_nested_too_deep_is_said_so)."""
     try:
         return json.loads(text)
     except RecursionError:
@@ -76,7 +76,8 @@ def json_document(text: str) -> Any:
 def names_a_file(path: Path) -> bool:
     """Whether ``path`` is a regular file (following links), False for anything that cannot be
     asked: a name too long (ENAMETOOLONG), a directory we may not search (EACCES). pathlib
-    raises those from ``is_file()``; the fuzzing harness found the first (issue 30)."""
+    raises those from ``is_file()``
+    (tests/test_user_files.py::test_a_name_too_long_for_the_file_system_is_not_found)."""
     try:
         return path.is_file()
     except (OSError, ValueError):
@@ -146,7 +147,8 @@ def refuse_overwriting_inputs(
 
 def expand_user(text: str) -> Path:
     """``~/x`` and ``~alice/x`` as the shell reads them; ValueError naming a ``~user`` that does
-    not exist (pathlib raises RuntimeError there: found by the fuzzing harness, issue 30)."""
+    not exist (pathlib raises RuntimeError there:
+    tests/test_user_files.py::test_a_tilde_of_no_user_is_an_error_not_a_crash)."""
     try:
         return Path(text).expanduser()
     except RuntimeError:
@@ -211,7 +213,7 @@ def read_user_bytes(
         raise (missing or error)(f"{what} {shown} does not exist", hint="check the path") from None
     except OSError as exc:
         closed = _closed_directory(path) if isinstance(exc, PermissionError) else None
-        if closed is not None:  # the file may not even exist: say what is known (issue 42)
+        if closed is not None:  # the file may not even exist: say what is known
             raise error(
                 f"cannot read {what} {shown}: the directory {shown_path(closed)} cannot be "
                 "entered (no search permission)",

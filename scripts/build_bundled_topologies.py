@@ -437,14 +437,14 @@ def pcie_32gpu_2socket() -> Topology:
     return build(
         "pcie-32gpu-2socket",
         description=(
-            "A dual-socket 32-GPU PCIe host without NVLink, the layout of issue 40's and issue "
-            "43's placement measurements: 32 NVIDIA L40S, eight PCIe Gen4 switches with four "
-            "GPUs each (PIX; a 98-lane switch of the Broadcom PEX88096 class takes four x16 "
-            "GPUs and a x16 uplink), four switches per socket (NODE within a socket, SYS "
-            "across), 2 x 32-core CPUs with HT, 512 GiB per socket. Synthetic: no 32-GPU "
-            "host's 'nvidia-smi topo -m' is in the collection; it scales pcie-8gpu-2socket's "
-            "dual-root layout (two GPUs a switch there) to the GPU count of PCIe expansion "
-            "builds."
+            "A dual-socket 32-GPU PCIe host without NVLink, for placement at scale "
+            "(benchmarks/bench_placement.py times every policy on it): 32 NVIDIA L40S, eight "
+            "PCIe Gen4 switches with four GPUs each (PIX; a 98-lane switch of the Broadcom "
+            "PEX88096 class takes four x16 GPUs and a x16 uplink), four switches per socket "
+            "(NODE within a socket, SYS across), 2 x 32-core CPUs with HT, 512 GiB per socket."
+            " Synthetic: no 32-GPU host's 'nvidia-smi topo -m' is in the collection; it scales"
+            " pcie-8gpu-2socket's dual-root layout (two GPUs a switch there) to the GPU count "
+            "of PCIe expansion builds."
         ),
         gpu_name="NVIDIA L40S",
         memory_gib=48,

@@ -1,4 +1,4 @@
-"""The bundled 32-GPU hosts (issue 43, point 2): their layout, and every policy's exact optimum
+"""The bundled 32-GPU hosts: their layout, and every policy's exact optimum
 where brute force can check it (small jobs, or pools of a few free GPUs)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bad input answered well (issue 42): one ``error:`` line, at most one ``hint:``, a documented
+"""Bad input answered well: one ``error:`` line, at most one ``hint:``, a documented
 exit code, no traceback, nothing written."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 42, the last items: bad input through the broker, in a GraphML export and in a
+"""Bad input through the broker, in a GraphML export and in a
 configuration path, is answered with one error, a documented exit code, and nothing written."""
 
 from __future__ import annotations

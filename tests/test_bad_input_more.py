@@ -1,4 +1,4 @@
-"""Bad input answered well, the rest of issue 42: one ``error:`` line, at most one ``hint:``, a
+"""Bad input answered well, more of it: one ``error:`` line, at most one ``hint:``, a
 documented exit code, no traceback, nothing written, no raw control character on the terminal."""
 
 from __future__ import annotations

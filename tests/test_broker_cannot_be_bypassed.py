@@ -1,4 +1,4 @@
-"""Issue 40, hole 9: no way around the broker.
+"""No way around the broker.
 
 On b2653dd a broker on the default socket that stopped cleanly removed the socket, and clients
 fell back to the cooperative file ledger (a second user got GPUs another held through the
@@ -55,7 +55,7 @@ def test_serve_refuses_a_socket_directory_another_user_owns(bobs_directory: Path
 
 
 def test_serve_keeps_a_file_that_is_not_a_socket(tmp_path: Path) -> None:
-    """``serve --socket FILE`` deleted a regular file there (issue 42 too)."""
+    """``serve --socket FILE`` refuses a regular file there and leaves it be."""
     keep = tmp_path / "notes.txt"
     keep.write_text("mine")
     done = subprocess.run(
@@ -139,7 +139,7 @@ def test_a_directory_another_user_made_there_is_no_mark(users: dict[str, UnixUse
 
 def test_doctor_checks_who_owns_the_brokers_files(users: dict[str, UnixUser]) -> None:
     """Modes alone do not say who may change a file: a ledger another user owns is a problem
-    even at 0644 (issue 40, point 7)."""
+    even at 0644."""
     from tests.broker_harness import RunningBroker
 
     broker = RunningBroker("dgx1-v100").start()

@@ -1,4 +1,4 @@
-"""What the broker does not do again on every request (issue 43, point 4): search a placement
+"""What the broker does not do again on every request: search a placement
 it found for the same request on the same free GPUs, or wait for ext4 to write out a ledger
 it renames into place."""
 

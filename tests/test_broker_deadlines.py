@@ -1,4 +1,4 @@
-"""Issue 40, hole 8: every client call has a deadline, and a request whose client has gone is not
+"""Every client call has a deadline, and a request whose client has gone is not
 applied.
 
 On b2653dd, with the broker stopped (SIGSTOP), ``alloc`` and root's ``slurm prolog`` hung
@@ -92,9 +92,9 @@ def _answered(connection: socket.socket) -> None:
 def test_an_alloc_whose_client_goes_before_reading_its_answer_is_undone(
     broker: RunningBroker,
 ) -> None:
-    """A lease stands only for a client that got its answer. On 4d2ba32, of 200 allocs closed
-    within 10 ms of sending, 2-3 became leases nobody was told of (the broker checked for a
-    hang-up before applying, not after answering). Closing with the answer unread, or having
+    """A lease stands only for a client that got its answer. An alloc closed just after
+    sending could become a lease nobody was told of when the broker checked for a hang-up
+    before applying, not after answering. Closing with the answer unread, or having
     shut the socket for reading, made such a lease every time, as did a waiting client gone
     before reading the answer its turn sent."""
     holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

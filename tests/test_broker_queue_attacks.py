@@ -1,4 +1,4 @@
-"""Issue 40, hole 5: one user cannot jam the broker's queue by naming another's waiter.
+"""One user cannot jam the broker's queue by naming another's waiter.
 
 Every user may read the ledger (0644), so every waiter's id is public. On b2653dd a user who
 sent an ``alloc`` with another user's waiter id as its ``lease_id`` got a lease under that id;
@@ -154,7 +154,7 @@ def test_a_turn_that_fails_drops_and_tells_only_its_own_waiter(
 def test_a_job_its_owner_blocks_does_not_freeze_other_users(
     users: dict[str, UnixUser], broker: RunningBroker
 ) -> None:
-    """Issue 40, hole 6, through a real broker: alice holds GPU 0 and waits for all eight
+    """Through a real broker: alice holds GPU 0 and waits for all eight
     GPUs; bob's allocations keep starting on the seven free ones, past any ``max_bypass``."""
     alice, bob = users["alice"], users["bob"]
     as_user = UserCommandLine(alice)

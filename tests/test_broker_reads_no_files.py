@@ -1,4 +1,4 @@
-"""Issue 40, hole 4: the root broker opens no file a user names.
+"""The root broker opens no file a user names.
 
 On b2653dd the broker opened the ``--pattern`` path the client typed, as root: ``--pattern
 /root/x.json`` printed the first item of a root-only file, and the errors told whether any

@@ -1,4 +1,4 @@
-"""Every attack of issue 31 by real Unix users, against a broker-mode host and against the
+"""Attacks by real Unix users on one another, against a broker-mode host and against the
 cooperative shared-file mode.
 
 Each attack test runs twice: ``broker`` (``gpualloc serve`` owns the ledger; users reach it only
@@ -245,7 +245,7 @@ def test_directories_planted_at_state_names_neither_skip_a_slurm_job_nor_lock_a_
 def test_a_squatter_cannot_take_a_slurm_jobs_gpus(
     either_host: Host, users: dict[str, UnixUser]
 ) -> None:
-    """Issue 40, hole 7: bob held GPUs 2,3 before Slurm gave them to carol's job. On b2653dd
+    """Bob held GPUs 2,3 before Slurm gave them to carol's job. On b2653dd
     the Prolog recorded nothing, and once bob released them alice was given them while the job
     ran. Slurm is authoritative now: the job's lease records 2,3, bob's lease is marked and he
     is told, and 2,3 stay the job's."""

@@ -145,9 +145,9 @@ def test_a_damaged_calibration_is_ignored(
 def test_devices_numbered_otherwise_than_nvml_are_matched_by_uuid(
     cli, monkeypatch: pytest.MonkeyPatch, recorded: RecordedCopies
 ) -> None:
-    """torch numbers GPUs in bus order, NVML in its own (not bus order on every host: issue
-    41, item 2); each NVML GPU is copied to and from its own torch device, found by UUID.
-    A torch that sees other GPUs than NVML is refused."""
+    """torch numbers GPUs in bus order, NVML in its own (not bus order on every host: the L40S
+    profile of NVIDIA's mock NVML); each NVML GPU is copied to and from its own torch device, found
+    by UUID. A torch that sees other GPUs than NVML is refused."""
     fake = _fake_host(monkeypatch, "dgx1-v100")
     uuids = [gpu.uuid for gpu in fake.gpus]
     recorded.uuids = [uuids[1], uuids[0], *uuids[2:]]  # torch's device 0 is NVML's GPU 1

@@ -1,4 +1,4 @@
-"""``gpualloc calibrate`` with NVIDIA's tools and with recordings (issue 32, point 3), and what
+"""``gpualloc calibrate`` with NVIDIA's tools and with recordings, and what
 ``doctor`` makes of them (point 4).
 
 No GPU here: the host is a fake NVML built from a topology, torch is replaced or absent, and
@@ -240,7 +240,7 @@ def test_with_torch_and_no_nccl_tests_torch_measures_the_sets(cli, monkeypatch, 
 
 def test_nvbandwidth_and_all_reduce_perf_name_gpus_by_cuda_number(monkeypatch) -> None:
     """Both tools number GPUs as CUDA does (bus order); where NVML enumerates otherwise, the
-    matrix is put back in NVML's order and the sets are named by CUDA number (issue 41)."""
+    matrix is put back in NVML's order and the sets are named by CUDA number."""
     from gpualloc.discovery import measure_tools
     from gpualloc.discovery.cache import CacheKey
 

@@ -290,7 +290,7 @@ def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["topo", "show", "-h"]])
 def test_help_imports_nothing_heavy(args: list[str]) -> None:
-    """Help pages are fixed texts (issue 29, point 5): not even typer or msgspec for them."""
+    """Help pages are fixed texts: not even typer or msgspec for them."""
     probe = (
         "import sys, json\n"
         "from gpualloc.cli.main import run\n"
@@ -358,7 +358,7 @@ def test_quiet_on_closed_pipe() -> None:
 
 def test_help_names_values_not_python_types() -> None:
     """Every option that takes a value names it (N, LIST, POLICY, ...): no '<str>', '<int
-    range>' or '<list[str]>' placeholders in any help page (issue 30, point 7)."""
+    range>' or '<list[str]>' placeholders in any help page."""
     import re
 
     from gpualloc.cli.static_help import render_pages
@@ -391,7 +391,7 @@ def test_help_names_values_not_python_types() -> None:
     ],
 )
 def test_usage_errors_are_an_error_and_a_hint_line(cli: Cli, args: list[str], message: str) -> None:
-    """Issue 30, point 6: typer's 'Usage: / Try / Error:' block, with pydantic's wording, is
+    """Typer's 'Usage: / Try / Error:' block, with pydantic's wording, is
     gpualloc's two lines (exit 2), the hint giving the usage and where the help is."""
     result = cli("--topology", "dgx1-v100", *args)
     assert result.exit_code == ExitCode.USAGE

@@ -88,7 +88,7 @@ def test_plan_compare_shows_every_policy(cli) -> None:
         (["-n", "2", "--pattern", "nope"], 2, "unknown pattern 'nope'"),
         (["-n", "2", "--score", "x"], 2, "unknown --score"),
         (["-n", "2", "--drb-weights", "1,2"], 2, "three non-negative numbers"),
-        (["-n", "0"], 2, "must be at least 1"),  # issue 30, point 6: not pydantic's wording
+        (["-n", "0"], 2, "must be at least 1"),  # not pydantic's wording
     ],
 )
 def test_plan_errors(cli, args: list[str], code: int, message: str) -> None:

@@ -180,7 +180,7 @@ def test_backfill_lets_small_jobs_pass_a_blocked_big_one_but_not_forever() -> No
 
 
 def test_a_job_its_own_owners_lease_blocks_freezes_nobody() -> None:
-    """Issue 40, hole 6: a user holds GPU 0 and waits for all 8; that job can never start
+    """A user holds GPU 0 and waits for all 8; that job can never start
     while its own lease stands, so it neither stops backfill nor counts as passed over: other
     jobs start on the 7 free GPUs as often as they like."""
     held = _hold("0")

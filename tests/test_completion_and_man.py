@@ -171,7 +171,7 @@ def test_the_static_script_completes_commands_options_and_values(
     assert offered("plan", "--pattern=t") == [*files, "tree"]  # or a JSON edge-list file
     job = offered("run", "-n", "2", "--", "pyth")
     assert job == ["<job:pyth>"] if shell == "zsh" else "python3" in job
-    # issue 43, point 5: 'gpualloc run <TAB>' offered the literal word 'command'
+    # 'gpualloc run <TAB>' must not offer the literal word 'command' (the argument's name)
     first = offered("run", "-n", "2", "pyth")
     assert "command" not in first
     assert first == ["<commands>"] if shell == "zsh" else "python3" in first
@@ -253,7 +253,7 @@ def test_install_completion_writes_the_shells_file(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("man") is None, reason="man is not installed")
 def test_manual_option_shows_the_installed_page(tmp_path: Path) -> None:
-    """Issue 30, point 9: after an editable install 'man gpualloc' finds no page (pip installs
+    """After an editable install 'man gpualloc' finds no page (pip installs
     no data files there); --manual shows the one a wheel installs."""
     env = {**os.environ, "MANWIDTH": "100", "MANPAGER": "cat", "PAGER": "cat"}
     shown = subprocess.run(

@@ -211,8 +211,9 @@ def test_the_library_reads_the_configuration_once(monkeypatch: pytest.MonkeyPatc
 def test_every_setting_is_checked_before_the_ledger_is_touched(
     cli, monkeypatch: pytest.MonkeyPatch, fast: bool, variable: str, value: str, message: str
 ) -> None:
-    """Issue 30, points 2 and 3: a bad verify setting was read after the lease was announced
-    (exit 15 with the GPUs counted as placed), or, for a bundled topology, never (exit 0)."""
+    """A bad verify setting stops the command before the lease is announced (read after it, it
+    gave exit 15 with the GPUs counted as placed), on a bundled topology too (where it was
+    never read: exit 0)."""
     from gpualloc.cli import fastpath
 
     if not fast:

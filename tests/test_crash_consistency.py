@@ -1,4 +1,4 @@
-"""The ledgers survive real kills (issue 43, point 4): real ``gpualloc`` processes and a real
+"""The ledgers survive real kills: real ``gpualloc`` processes and a real
 broker are SIGKILLed at random moments, inside their in-place writes included, and what every
 later command sees is checked against what the killed processes' clients were told.
 

@@ -1,4 +1,4 @@
-"""Degraded hardware found in real recordings (issue 32, point 4): the 6-GPU box whose P2P is
+"""Degraded hardware found in real recordings: the 6-GPU box whose P2P is
 slower than staged copies and the 2080 Ti pair without peer access are flagged; the healthy
 recordings are not."""
 

@@ -161,8 +161,8 @@ def test_the_broker_gave_a_real_cuda_job_the_gpu_it_leased_and_freed_it() -> Non
 
 
 def test_sysfs_told_the_numa_node_so_no_not_supported_note_is_kept() -> None:
-    """Issue 41, item 5, on the real H200: NVML said NOT_SUPPORTED for the NUMA node, sysfs said
-    0, and the first two recordings still carried the 'not supported' note."""
+    """On the real H200 NVML said NOT_SUPPORTED for the NUMA node and sysfs said 0; the first
+    two recordings, made before sysfs was asked, still carried the 'not supported' note."""
     topology = json.loads(output_of("gpualloc-topo-show.json", AFTER_BUDGETS))
     (gpu,) = topology["gpus"]
     assert gpu["numa_node"] == 0 and gpu["gpu_numa_node"] is None

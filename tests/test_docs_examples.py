@@ -283,7 +283,7 @@ def test_every_skipped_example_says_why() -> None:
 
 
 def test_the_readme_fits_and_answers_the_first_questions_on_its_first_screen() -> None:
-    """Issue 42: at most 300 lines, and how to wait, release and read an exit code within the
+    """At most 300 lines, and how to wait, release and read an exit code within the
     first screenful (about 40 lines)."""
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 300

@@ -123,7 +123,7 @@ def _parameters(function: Any) -> dict[str, inspect.Parameter]:
 @pytest.mark.parametrize("name", sorted(WORK))
 def test_the_work_takes_exactly_the_typer_commands_parameters(name: str) -> None:
     """A typer command's parameters are the job's options it takes (JobOptions: one
-    definition, issue 29 point 2) and its work function's own, with the same defaults."""
+    definition) and its work function's own, with the same defaults."""
     from msgspec import structs
 
     from gpualloc.placement.options import JobOptions
@@ -276,7 +276,7 @@ def test_generated_lines_agree_or_go_to_typer(args: list[str]) -> None:
 @settings(max_examples=300, deadline=None)
 @given(args=LINES)
 def test_many_generated_lines_agree_or_go_to_typer(args: list[str]) -> None:
-    """The fast loop tries 40 lines (issue 29, point 6); the whole suite tries 300 more."""
+    """The fast loop tries 40 lines; the whole suite tries 300 more."""
     _same_through_both(args)
 
 
@@ -324,7 +324,7 @@ def test_the_fast_path_imports_neither_typer_nor_pydantic_nor_the_brokers_client
         "heavy = ['typer', 'click', 'pydantic', 'rich', 'networkx', 'psutil', 'pynvml',\n"
         "         'socket', 'gpualloc.wire.client',  # no broker here: not its client either\n"
         "         'shutil', 'hashlib', 'typing_extensions', 'inspect', 'platform',\n"
-        "         'gpualloc.cli.static_help']  # issue 43, point 3\n"
+        "         'gpualloc.cli.static_help']\n"
         "sys.stderr.write(json.dumps([m for m in heavy if m in sys.modules]))\n"
     )
     env = {**os.environ, "GPUALLOC_STATE_DIR": str(tmp_path)}
@@ -346,7 +346,7 @@ def test_the_typer_path_still_does_the_work(cli: Any, monkeypatch: pytest.Monkey
     assert released.exit_code == 0 and "released GPU 0-1" in released.stdout
 
 
-# ---- every other command: the table made from typer's tree (issue 43, point 3) ----------------
+# ---- every other command: the table made from typer's tree ---------------------------------------
 
 EAGER = {"version", "manual", "install_completion", "show_completion"}
 GLOBAL_DEFAULTS = {"topology": None, "bandwidth_table": None, "refresh": False, "debug": False}
@@ -581,7 +581,7 @@ def test_the_table_ships_in_the_wheel() -> None:
 
 
 def test_the_groups_that_show_their_help_when_given_nothing_are_the_pages() -> None:
-    """static_help decides a one-word line without reading its pages (issue 43, point 3)."""
+    """static_help decides a one-word line without reading its pages."""
     from gpualloc.cli import static_help
 
     pages = json.loads(Path(static_help.PAGES_FILE).read_text())

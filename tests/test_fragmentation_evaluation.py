@@ -1,4 +1,4 @@
-"""Allocated capacity and arrivals that waited with room (issue 33, point 4): the measures on
+"""Allocated capacity and arrivals that waited with room: the measures on
 hand-made runs, the command that prints them, and the ordering of the share placements on a
 fixed window of the real trace (the committed excerpt; the whole trace when ``../shared`` is
 beside the repository)."""

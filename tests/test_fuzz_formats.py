@@ -1,4 +1,4 @@
-"""Every file format gpualloc reads, mutated from real files (issue 42, point 3): topology JSON
+"""Every file format gpualloc reads, mutated from real files: topology JSON
 (wrong types, missing keys, non-finite numbers, huge lists, duplicate indices), raw
 ``nvidia-smi topo -m`` text, ``nvlink -s``, ``numactl``, MIG listings, ``topo -p2p``, bandwidth
 matrices and tables, nvbandwidth / p2pBandwidthLatencyTest / nccl-tests outputs (``topo import

@@ -1,4 +1,4 @@
-"""Hostile input, generated (issue 30): every file a user names and every option and variable a
+"""Hostile input, generated: every file a user names and every option and variable a
 user sets, fed random and hostile values, must end in a documented exit code (never 1, an
 internal error), at most an ``error:`` line, its details and a ``hint:`` line of bounded length,
 no change to the ledger when refused, and no hang.
@@ -254,7 +254,7 @@ def test_the_rules_of_issue_42_fail_what_they_must(
     typed: str,
     rule: str,
 ) -> None:
-    """Each rule the harness gained for issue 42, point 3 fails a command that breaks it."""
+    """Each of the harness's rules fails a command that breaks it."""
     import sys
 
     from gpualloc.cli import main

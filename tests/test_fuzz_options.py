@@ -1,4 +1,4 @@
-"""Every option value of every command, generated (issue 42, point 3): the option list is read
+"""Every option value of every command, generated: the option list is read
 from the command tree itself, so an option added later is fuzzed too, each with values of its
 kind (numbers, durations, sizes, GPU lists, generator specs, addresses, paths) and hostile ones.
 The rules are :mod:`tests.fuzz_harness`'s.

@@ -1,4 +1,4 @@
-"""Settings, generated (issue 42, point 3): every ``GPUALLOC_*`` variable with values of its kind,
+"""Settings, generated: every ``GPUALLOC_*`` variable with values of its kind,
 alone and several together, and config.toml files (the user's, through ``XDG_CONFIG_HOME``, and
 the system's, through ``GPUALLOC_SYSTEM_CONFIG``) made of known keys with wrong types and values,
 unknown keys, nested tables, huge and non-finite numbers, durations, invalid TOML and binary.

@@ -1,5 +1,5 @@
-"""``gc`` removes the temporary files that writers killed inside an atomic write leave in the
-state directory (noticed in issue 43's crash tests: nothing read them or cleaned them up).
+"""``gc`` removes the temporary files that writers killed inside an atomic write leave in the state
+directory (tests/test_crash_consistency.py leaves them: nothing else reads them or cleans them up).
 
 The litter is made the way it happens: a real process killed with SIGKILL inside
 :func:`gpualloc.atomic.write_text_atomic`, after it created its temporary file and before the

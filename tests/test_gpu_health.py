@@ -1,4 +1,4 @@
-"""Unhealthy GPUs are never handed out (issue 21, point 2): faults injected into the fake NVML
+"""Unhealthy GPUs are never handed out: faults injected into the fake NVML
 and the kernel log, and declared in a recorded topology, each flagged and skipped.
 
 The lines below follow the driver's

@@ -1,4 +1,4 @@
-"""One byte cannot brick the ledger (issue 40, hole 3).
+"""One byte cannot brick the ledger.
 
 Python hands argv bytes that are not UTF-8 over as lone surrogates (``$'\\xff\\xfe'`` becomes
 ``"\\udcff\\udcfe"``), and JSON can carry them as ``"\\udcff"``. One stored in a lease made every
@@ -312,7 +312,7 @@ def _broker_files(broker: RunningBroker) -> tuple[Path, Path]:
 
 @pytest.mark.slow
 def test_the_broker_rewrites_its_files_in_place(broker: RunningBroker) -> None:
-    """A rename per batch made ext4 flush the new file (issue 43, point 4): after the first
+    """A rename per batch made ext4 flush the new file: after the first
     write, the ledger and the good copy keep their inodes."""
     broker.call("alloc", _hold("aaaaaaaaaaaa"))
     ledger, good = _broker_files(broker)

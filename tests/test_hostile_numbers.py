@@ -1,4 +1,4 @@
-"""One number cannot make gpualloc work without bound (issue 40, hole 1).
+"""One number cannot make gpualloc work without bound.
 
 On main before the fix, each of these hung or grew until the kernel killed the process: a job
 count turned into a pattern of that many edges (``-n 10**17``: a 24 GB broker), GPU lists
@@ -280,7 +280,7 @@ def test_the_broker_refuses_a_hostile_number_at_once_and_keeps_serving(
     assert broker.peak_rss_bytes() < before + 64 * 2**20, "the refusal cost memory"
 
 
-# ---- issue 40, hole 2: the work of one request is bounded by its ranks -------------------------
+# ---- the work of one request is bounded by its ranks ---------------------------------------------
 
 
 def test_a_pattern_file_of_many_repeated_edges_is_refused_at_once(

@@ -1,4 +1,4 @@
-"""Idle holders (issue 21, point 3): how long a lease's GPUs have been idle, ``status --idle``,
+"""Idle holders: how long a lease's GPUs have been idle, ``status --idle``,
 and idle ``--hold`` leases given notice and released by ``gc`` under the system's
 ``idle.expire_holds``; on a recorded topology that declares its GPUs' utilisation."""
 

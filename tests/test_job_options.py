@@ -1,4 +1,4 @@
-"""One job request, declared once (issue 39, point 2): the table of :mod:`gpualloc.job_options`
+"""One job request, declared once: the table of :mod:`gpualloc.job_options`
 makes the typer parameters, the fast path's options, ``JobOptions``, the wire schema and the
 Python API's keywords. A new option is one row; these tests add one and find it everywhere."""
 

@@ -307,7 +307,7 @@ def test_only_this_hosts_topology_uses_the_host_ledger(dgx1) -> None:
 def test_cuda_visible_devices_holds_cuda_numbers_in_bus_order() -> None:
     """NVML's enumeration is not bus order on every host (NVIDIA's mock L40S profile:
     17:00, 31:00, B1:00, CA:00, 18:00, ...); CUDA_DEVICE_ORDER=PCI_BUS_ID numbers by bus id,
-    so the leased GPUs are exported as their places in bus order (issue 41, item 2)."""
+    so the leased GPUs are exported as their places in bus order."""
     from gpualloc.launcher.environment import job_variables
     from gpualloc.topologies import load_bundled
 

@@ -1,5 +1,5 @@
-"""How long a lease lives when its job misbehaves, and what a user sees of a lease nobody knows
-(issue 18, points 5 and 6): real processes, real process groups, real kills."""
+"""How long a lease lives when its job misbehaves, and what a user sees of a lease nobody knows:
+real processes, real process groups, real kills."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The file ledger's in-place writes (issue 43, point 4) and what a review found in them.
+"""The file ledger's in-place writes and what a review found in them.
 
 - A transaction that recovered the ledger rests on the good copy it recovered from: it
   replaces that copy whole instead of rewriting it in place, so that a second writer stopped

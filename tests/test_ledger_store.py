@@ -169,7 +169,7 @@ def test_a_damaged_ledger_without_a_good_copy_is_reported_not_emptied(tmp_path):
 
 
 def test_a_ledger_a_crash_of_the_machine_tore_with_its_good_copies_starts_anew(tmp_path):
-    """Nothing is synced (issue 43, point 4): a machine crash may tear the ledger and leave
+    """Nothing is synced: a machine crash may tear the ledger and leave
     every good copy zeroed (a preallocated file never written out). Last written before this
     boot, nothing in it is alive: a new ledger starts, saying so."""
     from gpualloc.ledger.liveness import _boot_time
@@ -406,7 +406,7 @@ def test_a_writer_killed_inside_a_write_leaves_a_loadable_ledger(tmp_path, point
 
 
 def test_every_mixture_of_two_generations_is_rejected():
-    """Why a torn rewrite in place is always detected (issue 43, point 4): the start of a new
+    """Why a torn rewrite in place is always detected: the start of a new
     text over the end of the one before, cut anywhere (a writer killed in the middle, or before
     it cut off the old text's rest), reads as damaged, or as exactly the old ledger where the
     two texts begin alike; a longer text over a shorter one and a shorter over a longer."""

@@ -1,5 +1,5 @@
-"""The pieces of issue 18 that need no second user: the lock and its holder, root's journal, the
-backfill window, the messages for a full disk and an empty GPUALLOC_STATE_DIR."""
+"""The shared ledger's defences that need no second user: the lock and its holder, root's journal,
+the backfill window, the messages for a full disk and an empty GPUALLOC_STATE_DIR."""
 
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ def test_an_empty_state_dir_variable_is_refused_not_silently_the_default(
 
 
 def test_process_facts_from_proc_agree_with_psutil() -> None:
-    """Liveness reads /proc itself (psutil's import cost every command ~25 ms); what it reads
+    """Liveness reads /proc itself (so that no command imports psutil for it); what it reads
     must be what psutil reports, since ledgers written before hold psutil's start times."""
     import psutil
 

@@ -1,5 +1,5 @@
 """gpualloc's ``mapa`` and ``mapa-greedy`` against MAPA's original simulator, emulated from its
-documented behaviour (``benchmarks/mapa_original.py``; issue 32, point 5): the same decisions
+documented behaviour (``benchmarks/mapa_original.py``): the same decisions
 on the same job lists once the original's queue walks in order and ties go to the lowest
 indices as there, and the two things outside placement that move the original's means
 (docs/evaluation.md section 3.4)."""

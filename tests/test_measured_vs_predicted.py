@@ -1,4 +1,4 @@
-"""Predictions set against real measurements (issue 32, point 2): the comparison itself, and
+"""Predictions set against real measurements: the comparison itself, and
 the figures docs/evaluation.md section 5 reports (``benchmarks/measured.py``)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def test_a_collective_is_set_against_the_best_ring_of_its_gpus() -> None:
 
 
 def test_runs_with_p2p_disabled_are_predicted_through_host_memory_and_across_hosts_not() -> None:
-    """Issue 41, item 3: NCCL_P2P_DISABLE=1 runs NCCL's transport for peers without access
+    """NCCL_P2P_DISABLE=1 runs NCCL's transport for peers without access
     (host memory), predicted at nccl_staged_efficiency of the staged copy ring."""
     from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE as table
     from gpualloc.model.rings import best_ring_gbps, staged_pair_gbps
@@ -50,7 +50,7 @@ def test_runs_with_p2p_disabled_are_predicted_through_host_memory_and_across_hos
 
 
 def test_a_copy_through_an_nvswitch_is_scaled_and_a_direct_nvlink_copy_is_not() -> None:
-    """Issue 41, item 3: copies through an NVSwitch reach about 0.84 of the link rate
+    """Copies through an NVSwitch reach about 0.84 of the link rate
     (NVIDIA/nccl#1264: 371-377 of 450 GB/s on H100); a DGX Station's direct NV2 0.97."""
     (h100,) = compare_recording(
         recording("nvbandwidth/azure_2gpu_v0.10_testdata.txt"), load_bundled("hgx-h100")
@@ -136,7 +136,7 @@ def test_the_evaluations_figures(measured_benchmark) -> None:
 
 
 def test_a_staged_copy_is_a_little_slower_the_farther_apart_the_gpus() -> None:
-    """Issue 41, item 1: without peer access every pair was priced alike (half the link),
+    """Without peer access every pair was priced alike (half the link),
     so placement could not tell GPUs of one root complex from GPUs of two sockets."""
     from gpualloc.model.bandwidth import estimate_link_bandwidth_gbps
     from gpualloc.model.paths import PciePath

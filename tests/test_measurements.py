@@ -91,7 +91,7 @@ def test_nvbandwidth_json_with_waived_peer_tests() -> None:
 
 
 def test_p2p_connectivity_is_never_read_as_bandwidth() -> None:
-    """The regression of issue 32: every pair came out at 1.0 or 0.0 GB/s."""
+    """An importer that read the connectivity matrix gave every pair 1.0 or 0.0 GB/s."""
     path = MEASURED / "p2p_bandwidth_latency" / "rtx2080ti_x2_pcie_no_p2p_autodl.txt"
     imported = read_bandwidth_matrix(path.read_text(), source=path.name)
     assert imported.matrix == [[0.0, 5.72], [5.72, 0.0]]

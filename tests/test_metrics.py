@@ -1,4 +1,4 @@
-"""``gpualloc metrics`` (issue 21, point 4): the figures, the exposition format (promtool), and a
+"""``gpualloc metrics``: the figures, the exposition format (promtool), and a
 real Prometheus scraping ``metrics --serve`` (skipped, saying why, where it is not installed;
 ``.ci/run`` installs Debian's ``prometheus``)."""
 

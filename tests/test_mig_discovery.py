@@ -1,4 +1,4 @@
-"""MIG discovery (issue 20, point 1): the model, NVML, nvidia-smi texts, ``topo show/import``."""
+"""MIG discovery: the model, NVML, nvidia-smi texts, ``topo show/import``."""
 
 from __future__ import annotations
 

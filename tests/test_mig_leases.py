@@ -1,4 +1,4 @@
-"""MIG leases (issue 20, point 2): best fit, packing, whole GPUs kept off MIG-mode GPUs, the
+"""MIG leases: best fit, packing, whole GPUs kept off MIG-mode GPUs, the
 job's environment, the ledger, the queue and status, on the bundled dgx-a100-mig host.
 
 dgx-a100-mig: GPU0 7 x 1g.5gb (MIG0-6), GPU1 2 x 3g.20gb (MIG0 20224 MiB, MIG1 20096 MiB),

@@ -1,4 +1,4 @@
-"""MIG slices (issue 33, point 3): NVIDIA's placement rules, which profiles a GPU's free slices
+"""MIG slices: NVIDIA's placement rules, which profiles a GPU's free slices
 still hold, and where a new GPU instance fragments them least; checked against real
 ``mig -lgi`` layouts and the bundled MIG hosts."""
 

@@ -1,4 +1,4 @@
-"""The real NVML path against NVIDIA's own mock NVML (issue 41, point 1): ``nvml_mock`` tier.
+"""The real NVML path against NVIDIA's own mock NVML: ``nvml_mock`` tier.
 
 ``../shared/nvml-mock/libnvidia-ml.so.1`` is k8s-test-infra's ``mocknvml``, the library
 NVIDIA's device plugin tests against; the real ``nvidia-ml-py`` loads it through
@@ -125,7 +125,7 @@ def test_discovery_through_nvml_matches_the_profile(profile: Path, tmp_path: Pat
 def test_run_exports_the_gpus_it_leased_by_bus_order(profile: Path, tmp_path: Path) -> None:
     """``CUDA_DEVICE_ORDER=PCI_BUS_ID`` numbers GPUs by bus id; NVML by its own enumeration.
     On the L40S profile those differ, and b2653dd exported NVML's indices: the job ran on GPUs
-    it did not hold (issue 41, item 2)."""
+    it did not hold."""
     spec = _spec(profile)
     count = min(2, len(spec["devices"]))
     ran = _gpualloc(
@@ -152,7 +152,7 @@ def test_every_command_answers_on_every_profile(profile: Path, tmp_path: Path) -
         "a100-ecc": "GPU 2",
         "a100-fob-mid": "GPU 5",
         "a100-lost": "GPU 3",
-        # links already down at discovery (issue 41, item 4): b2653dd said "every link up"
+        # links already down at discovery: b2653dd said "every link up"
         "dgx1v-linkdown": "NVLink port 2 down while port 5 is up",
         "h100-switchdown": "16 NVSwitch links up where its peers have 18",
     }
@@ -168,7 +168,7 @@ def test_every_command_answers_on_every_profile(profile: Path, tmp_path: Path) -
             assert "no MIG device exists yet" in done.stderr, "not 'plan a MIG device'"
         else:
             assert done.returncode == 0, (args, done.stderr)
-    if profile.stem == "a100-lost":  # lost, not merely unhealthy (issue 41, item 5)
+    if profile.stem == "a100-lost":  # lost, not merely unhealthy
         metrics = _gpualloc(profile, tmp_path, "metrics").stdout
         assert 'gpualloc_gpus{state="lost"} 1' in metrics
         assert 'gpualloc_gpus{state="unhealthy"} 0' in metrics
@@ -198,7 +198,7 @@ def test_every_command_answers_on_every_profile(profile: Path, tmp_path: Path) -
 def test_without_peer_to_peer_the_nearer_gpus_win(
     name: str, args: list[str], nearer: set[int], tmp_path: Path
 ) -> None:
-    """Issue 41, item 1: on hosts whose GPUs copy through host memory (the mock's B200 and
+    """On hosts whose GPUs copy through host memory (the mock's B200 and
     L40S report no P2P, as GeForce boards and many VMs do) every pair was priced alike, and
     the lowest indices won across sockets while GPUs of one root complex were free."""
     planned = _gpualloc(MOCK / f"{name}.yaml", tmp_path, "plan", *args, "--json")

@@ -63,12 +63,12 @@ def _cases(seed: int, count: int):
 
 @pytest.mark.parametrize(
     "bound",
-    # one bound in the fast loop (issue 29)
+    # one bound in the fast loop
     ["share", pytest.param("pair", marks=pytest.mark.slow), "escalated"],
 )
 def test_partition_search_matches_the_literal_enumeration(bound, monkeypatch) -> None:
     """``escalated``: the search starts under the pair bound, and once it has memoised a few
-    sets finds the exact shares and starts again (as on a 32-GPU host, issue 43)."""
+    sets finds the exact shares and starts again (as on a 32-GPU host)."""
     if bound == "pair":
         monkeypatch.setattr(partition_module, "_MAX_SHARE_NODES", 0)
     if bound == "escalated":
@@ -98,8 +98,8 @@ def test_each_gpus_best_group_is_the_best_of_every_group_holding_it() -> None:
 
 
 def test_fewer_gpus_than_a_group_make_one_padded_group() -> None:
-    """No exact shares are sought for a group larger than the GPUs (review of issue 43's
-    fourth pass: the greedy seed found no GPU to add and raised)."""
+    """No exact shares are sought for a group larger than the GPUs (the greedy seed
+    finds no GPU to add, and must not raise)."""
     # Its only group holds padding, so no partition qualifies (go-gpuallocator keeps none).
     assert PartitionSearch([[0, 1], [1, 0]], 3, frozenset()).best_partition() == []
 
@@ -129,8 +129,8 @@ def test_a_required_gpu_is_never_split_from_the_others_or_padded() -> None:
 
 
 def test_twins_under_one_switch_keep_the_enumerations_answer() -> None:
-    """PCIe-like scores (the GPUs under one switch are twins, which a group takes lowest first;
-    issue 43) with now and then an NVLinked pair and required GPUs: the literal answer."""
+    """PCIe-like scores (the GPUs under one switch are twins, which a group takes lowest first)
+    with now and then an NVLinked pair and required GPUs: the literal answer."""
     rng = random.Random(43)
     for _ in range(150):
         n = rng.randint(4, 10)

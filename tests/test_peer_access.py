@@ -1,4 +1,4 @@
-"""Peer access and the model's measured factors (issue 32, point 2): a pair the driver refuses
+"""Peer access and the model's measured factors: a pair the driver refuses
 P2P copies through host memory and is priced so; cross-socket PCIe from 4.0 on and NCCL's
 efficiency over NVLink are the recordings' figures."""
 

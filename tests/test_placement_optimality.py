@@ -132,7 +132,7 @@ def _expected(ctx, policy_name: str):
 
 SMALL_JOB_GPUS = 5
 """Jobs of up to this many GPUs are checked in the fast loop; bigger ones, whose brute force
-costs k! orders per set (about 95 % of the time), only with the slow tests (issue 29, point 6)."""
+costs k! orders per set (about 95 % of the time), only with the slow tests."""
 
 
 def _host_halves() -> list:

@@ -1,4 +1,4 @@
-"""Checks from the papers (issue 3, section 6) and the documented quirks of the MAPA model."""
+"""Checks from the papers and the documented quirks of the MAPA model."""
 
 from __future__ import annotations
 

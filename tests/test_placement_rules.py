@@ -1,4 +1,4 @@
-"""Placement rules are policies (issue 39, point 3): the share placement rules and the MIG
+"""Placement rules are policies: the share placement rules and the MIG
 creation rules are declared objects behind registries, as the whole-GPU policies are, and
 placement reads the host through :class:`~gpualloc.model.occupancy_view.OccupancyView`, never
 the ledger."""

@@ -1,4 +1,4 @@
-"""The smallest-cut split of the last two groups (:mod:`gpualloc.placement.two_groups`, issue 43)
+"""The smallest-cut split of the last two groups (:mod:`gpualloc.placement.two_groups`)
 keeps go-gpuallocator's partition: compared with the literal enumeration on mesh-like scores (a
 constant PCIe score plus 100 per NVLink, the shape on which the split's bound matters), PCIe
 twins, required GPUs and padding, where two or three groups are left."""

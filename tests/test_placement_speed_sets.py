@@ -1,5 +1,5 @@
-"""The set-level capacity check of the order search (:mod:`gpualloc.placement.set_capacity`,
-issue 43) never rejects a set that some order realises: every order of random sets on the
+"""The set-level capacity check of the order search (:mod:`gpualloc.placement.set_capacity`)
+never rejects a set that some order realises: every order of random sets on the
 bundled meshes and PCIe hosts, rings and trees, is counted into its vector and checked."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A policy that reads the free GPUs alone makes one choice per free set, whoever holds the
-others (issue 43: the simulator's queue reuses such choices, scored again for the jobs at hand;
+others (the simulator's queue reuses such choices, scored again for the jobs at hand;
 :func:`gpualloc.placement.choose.searched`)."""
 
 from __future__ import annotations

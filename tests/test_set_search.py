@@ -1,4 +1,4 @@
-"""pack, DRB and spread choose the set that scoring every candidate set would (issue 43, point 2).
+"""pack, DRB and spread choose the set that scoring every candidate set would.
 
 pack and DRB search sets by branch and bound over twin classes
 (:mod:`gpualloc.placement.set_search`), spread by socket counts, DRB's t_min by the same branch

@@ -1,4 +1,4 @@
-"""Shared GPUs (issue 20, point 3): ``--shareable`` leases, ``run --share`` best fit by memory
+"""Shared GPUs: ``--shareable`` leases, ``run --share`` best fit by memory
 and by count, MPS or time slices, status, and eviction by the watcher, on bundled topologies.
 
 dgx1-v100 has eight 32 GiB GPUs. Eviction between real Unix users is tested in
@@ -446,7 +446,7 @@ def test_eviction_marks_the_shared_jobs_beside_a_lease_in_the_ledger() -> None:
     assert (marked.share.evict_by, marked.share.evict_grace_s) == (owner_name(os.geteuid()), 5.0)
 
 
-# ---- fractions of a GPU (issue 33, point 2) -----------------------------------------------------
+# ---- fractions of a GPU --------------------------------------------------------------------------
 
 
 def test_a_gpu_takes_shared_jobs_while_their_parts_sum_to_at_most_one() -> None:
@@ -536,7 +536,7 @@ def test_simulate_takes_a_share_placement(cli) -> None:
     assert bad.exit_code == ExitCode.USAGE and "not one of fgd, best-fit" in bad.stderr
 
 
-# ---- the live request mix (issue 33, point 3) ---------------------------------------------------
+# ---- the live request mix ------------------------------------------------------------------------
 
 
 def test_the_request_mix_forgets_old_requests_and_needs_enough_of_them() -> None:

@@ -1,4 +1,4 @@
-"""One state directory shared by real Unix users, as a lab sets it up (issue 18).
+"""One state directory shared by real Unix users, as a lab sets it up.
 
 Every test here runs the real command line as real users (made with useradd, removed after),
 in a root-owned mode-1777 directory: who creates the files first must not matter, a file
@@ -248,7 +248,7 @@ def _system_config(directory: Path, text: str) -> None:
 def test_the_queue_bounds_are_the_administrators_not_the_users(
     users: dict[str, UnixUser], as_user: UserCommandLine, shared: Path, system_config_dir: Path
 ) -> None:
-    """Issue 18's denial of service: one user's '--wait -n 4 --max-bypass 0 --priority high'
+    """A denial of service: one user's '--wait -n 4 --max-bypass 0 --priority high'
     must not make everybody else's 1-GPU job exit 10 while GPUs are free."""
     run = _gpualloc(as_user, shared)
     alice, bob, carol = users["alice"], users["bob"], users["carol"]
@@ -332,7 +332,7 @@ def test_a_forged_good_copy_never_wins_silently(
     assert "forged" in status.stderr and "WARNING" not in status.stderr  # not 'warning: WARNING:'
 
 
-# ---- issue 21: verified launch and idle holders, between users --------------------------------
+# ---- verified launch and idle holders, between users ---------------------------------------------
 
 
 def _host_file(shared: Path, **declared: list) -> Path:
@@ -436,7 +436,7 @@ def test_an_idle_hold_is_noticed_and_released_by_another_users_gc(
 def test_run_skips_a_path_directory_the_user_cannot_search(
     users: dict[str, UnixUser], as_user: UserCommandLine, shared: Path
 ) -> None:
-    """Issue 31's list: 'run' as a user whose PATH starts with a directory that user cannot
+    """'run' as a user whose PATH starts with a directory that user cannot
     read (root's PATH kept by runuser) died with a PermissionError traceback; a shell skips it."""
     private = shared / "root-only"
     private.mkdir(mode=0o700)  # root's, in a world-searchable directory

@@ -1,4 +1,4 @@
-"""``gpualloc simulate`` answers bad input well (issue 42): one ``error:`` line, at most one
+"""``gpualloc simulate`` answers bad input well: one ``error:`` line, at most one
 ``hint:``, a documented exit code, no traceback, nothing written, and soon."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The simulator's shortcuts (issue 43, point 1) answer as the long way does: a look skipped
+"""The simulator's shortcuts answer as the long way does: a look skipped
 because nothing it reads changed, a job told it waits without building decision contexts, jobs
 whose pace cannot change left out of re-timing. Each test takes the shortcut away and compares
 whole results."""

@@ -1,4 +1,4 @@
-"""gpualloc's Slurm hooks and sub-jobs against a real single-node Slurm (issue 7, part 2).
+"""gpualloc's Slurm hooks and sub-jobs against a real single-node Slurm.
 
 Runs where Slurm 22.05 (Debian ``slurm-wlm``) and munge are installed and the suite runs as
 root (``.ci/run`` installs them); elsewhere every test here is skipped with the reason. The
@@ -200,7 +200,7 @@ def test_a_broken_state_file_does_not_drain_the_node(cluster: SlurmCluster) -> N
 
 def test_mig_devices_as_gres_conf_lists_them(tmp_path: Path) -> None:
     """On a MIG host Slurm numbers the gres.conf records by position; the Prolog leases the MIG
-    devices Slurm gave and the TaskProlog names them by UUID (issue 20)."""
+    devices Slurm gave and the TaskProlog names them by UUID."""
     topology = load_bundled("dgx-a100-mig")
     path = tmp_path / "dgx-a100-mig.json"
     path.write_text(topology.to_json())

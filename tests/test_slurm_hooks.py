@@ -1,6 +1,6 @@
 """The Slurm node hooks (prolog, epilog, taskprolog) without Slurm: slurmd's environment by hand.
 
-A real single-node Slurm exercises the same commands in the Slurm test suite (issue 7, part 2).
+A real single-node Slurm exercises the same commands in the Slurm test suite.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def test_epilog_without_a_prolog_or_a_ledger_is_fine(cli, slurmd_env) -> None:
 
 
 def test_slurm_is_authoritative_over_a_gpu_held_outside_it(cli, slurmd_env) -> None:
-    """Issue 40, hole 7: a user held GPU 1 before Slurm gave it to job 42. On b2653dd the Prolog
+    """A user held GPU 1 before Slurm gave it to job 42. On b2653dd the Prolog
     recorded only GPU 0, and once the user released GPU 1 it went to the next comer while the
     job ran on it. Now the job's lease records both, the user's lease is marked conflicting and
     its owner told, and GPU 1 stays the job's until the Epilog."""
@@ -292,7 +292,7 @@ def test_the_example_wrapper_picks_the_hook_by_its_name(tmp_path: Path) -> None:
     assert ran.returncode == 0 and "expected gpualloc-prolog" in ran.stderr
 
 
-# ---- MIG (issue 20) ---------------------------------------------------------------------------
+# ---- MIG -----------------------------------------------------------------------------------------
 
 MIG = ("--topology", "dgx-a100-mig")
 A100 = "nvidia_a100-sxm4-40gb"

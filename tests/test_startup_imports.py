@@ -1,4 +1,4 @@
-"""What ``run``, ``alloc`` and ``release`` import on the embedded ledger (issue 43, point 3).
+"""What ``run``, ``alloc`` and ``release`` import on the embedded ledger.
 
 Their start-up budget is 40 ms over ``python -c pass`` (``benchmarks/bench_startup.py`` times
 it from a wheel; nothing is timed here: shared machines make timed tests flaky). These tests pin

@@ -1,4 +1,4 @@
-"""Output that fits a terminal (issue 42, point 2): tables fold instead of cutting numbers,
+"""Output that fits a terminal: tables fold instead of cutting numbers,
 one number format per column, human units for people and plain ones for ``--json``, GPUs in
 rank order, JSON Lines under ``--watch``, and notes and hints that lead somewhere true."""
 

@@ -111,7 +111,7 @@ GLUED = "ibm-ac922_6gpu_power9_glued-nic-header_HANDMADE_topo.txt"
 
 @pytest.mark.parametrize("separator", ["\t", "  "])
 def test_header_names_run_together_are_split_by_the_row_labels(separator: str) -> None:
-    """Issue 29, point 7: 'mlx5_2mlx5_3' in the header (a name that fills its column), with
+    """'mlx5_2mlx5_3' in the header (a name that fills its column), with
     tabs as recorded and with spaces as a terminal copy has them."""
     text = recorded(GLUED).replace("\t", separator)
     matrix = parse_topo_matrix(text, source=GLUED)

@@ -1,7 +1,7 @@
-"""The Alibaba GPU trace of 2023 (openb pod list) replayed by ``gpualloc simulate`` (issue 33,
-point 1): read as documented, windowed, and rescaled to an offered load. The unit tests use the
-committed excerpt (``fixtures/traces``, with its source); one test reads the whole trace from
-``../shared`` where it is."""
+"""The Alibaba GPU trace of 2023 (openb pod list) replayed by ``gpualloc simulate``: read as
+documented, windowed, and rescaled to an offered load. The unit tests use the committed excerpt
+(``fixtures/traces``, with its source); one test reads the whole trace from ``../shared`` where it
+is."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Files a user names are read without hanging or exhausting gpualloc (issue 30, points 1 and 4):
+"""Files a user names are read without hanging or exhausting gpualloc:
 regular files of at most 64 MiB, opened without blocking, one error line naming the file."""
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def test_a_file_another_user_may_not_read_is_exit_8_for_every_reader(
 def test_a_binary_config_file_is_exit_15_and_a_fifo_exit_8_naming_it(
     cli, tmp_path: Path, which: str
 ) -> None:
-    """Issue 30, point 4: 500 random bytes in config.toml gave 'internal error:
+    """500 random bytes in config.toml gave 'internal error:
     UnicodeDecodeError' (exit 1). Bytes read that are no TOML are the file's fault (15); a FIFO
     is no file to read (8, as for every file option)."""
     user = tmp_path / "config" / "gpualloc" / "config.toml"
@@ -238,7 +238,7 @@ def test_a_binary_config_file_is_exit_15_and_a_fifo_exit_8_naming_it(
 
 
 def test_names_and_commands_reach_other_terminals_escaped_and_short(cli) -> None:
-    """Issue 30, point 5: a lease name with an escape sequence and a newline put colour and a
+    """A lease name with an escape sequence and a newline put colour and a
     fake row into everyone's ``status``; names had no length limit."""
     topology = ("--topology", "dgx1-v100")
     hostile = "x\x1b[31mRED\nline2"
@@ -265,7 +265,7 @@ def test_printable_escapes_controls_and_bidi_and_cuts() -> None:
 
 
 def test_topology_file_messages_say_what_is_wrong(cli, tmp_path: Path) -> None:
-    """Issue 30, point 8: an empty .json got the 'nvidia-smi topo -m' message; JSON errors had
+    """An empty .json got the 'nvidia-smi topo -m' message; JSON errors had
     no hint; a 16,000-GPU file printed every index (50 kB) in one line."""
     empty = tmp_path / "empty.json"
     empty.write_text("")
@@ -311,7 +311,7 @@ def gpualloc_topologies() -> str:
 def test_wording_of_the_newcomers_trial(
     cli, monkeypatch: pytest.MonkeyPatch, args, env, said: str, not_said: str | None
 ) -> None:
-    """Issue 30, point 10: the messages that misled or read badly."""
+    """The messages that misled or read badly."""
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     topology = [] if args[0] == "-t" else ["--topology", "dgx1-v100"]
@@ -321,7 +321,7 @@ def test_wording_of_the_newcomers_trial(
 
 
 def test_a_huge_argv_is_not_echoed_whole_in_the_lease_line(tmp_path: Path) -> None:
-    """Issue 30, point 5: the stderr lease line of 'run' echoed a 100 kB argv whole."""
+    """The stderr lease line of 'run' cuts a 100 kB argv instead of echoing it whole."""
     import subprocess
     import sys
 

@@ -1,4 +1,4 @@
-"""Verified launch (issue 21, point 1): a job's processes are matched to its lease, and a job
+"""Verified launch: a job's processes are matched to its lease, and a job
 on a GPU its lease does not hold, or a stranger on a leased GPU, is flagged by ``status`` and by
 the verifier ``run`` leaves beside the job; fault injection on the fake NVML and on a recorded
 topology whose file declares where the job runs."""
@@ -429,7 +429,7 @@ def test_doctor_vouches_for_no_job_where_it_cannot_see_the_processes() -> None:
 
 
 def test_links_already_down_at_discovery_are_found_without_an_earlier_picture() -> None:
-    """Issue 41, item 4: a topology discovered with a link down records it as the truth, so
+    """A topology discovered with a link down records it as the truth, so
     doctor said "every link up". A port down below a port up, and a GPU with fewer NVSwitch
     links than its peers, are problems whatever the topology says."""
     from msgspec.structs import replace as replaced

@@ -1,4 +1,4 @@
-"""One owner for a shared host's ledger: ``gpualloc serve`` and its clients (issue 31).
+"""One owner for a shared host's ledger: ``gpualloc serve`` and its clients.
 
 A ledger file every user can write cannot be trusted by any of them: whoever can write it can
 delete another user's live lease, plant a directory where root's prolog writes, or hold its

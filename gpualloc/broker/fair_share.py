@@ -1,4 +1,4 @@
-"""Fair share between users for the broker's queue (issue 31, point 4).
+"""Fair share between users for the broker's queue.
 
 Turn order is: priority class, then the user who has had the fewest GPU-seconds lately, then
 arrival. "Lately" is an exponentially decaying sum, Slurm's fair-share factor in its simplest

@@ -1,5 +1,5 @@
-"""What one user may take of the broker (issue 40, hole 10): connections open at once,
-connections opened a second, requests a second weighted by what each costs the broker, and how
+"""What one user may take of the broker, so that no user's flood stalls another: connections open at
+once, connections opened a second, requests a second weighted by what each costs the broker, and how
 long an idle connection stays open. Root is never limited. The numbers are the system
 configuration's ``broker.*`` settings (:mod:`gpualloc.config`).
 """
@@ -10,9 +10,9 @@ import time
 from typing import Any
 
 COSTS = {"hello": 1.0, "confirm": 1.0, "release": 2.0, "evict": 2.0, "alloc": 4.0, "gc": 10.0}
-"""What a request costs of its user's budget (``broker.max_requests_per_s``): about what it
-costs the broker, so that a flood of the dearest requests stalls nobody else (issue 40, hole
-10). A full ``snapshot`` (the ledger, the processes, the faults) costs :data:`SNAPSHOT_COST`."""
+"""What a request costs of its user's budget (``broker.max_requests_per_s``): about what it costs
+the broker, so that a flood of the dearest requests stalls nobody else. A full ``snapshot`` (the
+ledger, the processes, the faults) costs :data:`SNAPSHOT_COST`."""
 SNAPSHOT_COST = 10.0
 FREE_BUSY_S = 0.005
 """Broker time a request may take for its fixed cost; beyond it, the time is charged too."""
@@ -92,6 +92,7 @@ class Limits:
 
     def charge_time(self, uid: int, busy_s: float) -> None:
         """A request of ``uid`` kept the broker busy ``busy_s``: what passed
-        :data:`FREE_BUSY_S` costs its budget one token per :data:`BUSY_TOKEN_S` (issue 40,
-        hole 2: slow requests cost the user who makes them, not the others)."""
+        :data:`FREE_BUSY_S` costs its budget one token per :data:`BUSY_TOKEN_S`: slow requests
+        cost the user who makes them, not the others
+        (tests/test_placement_budget.py::test_a_slow_request_costs_its_own_user)."""
         self.requests.charge(uid, (busy_s - FREE_BUSY_S) / BUSY_TOKEN_S)

@@ -1,5 +1,5 @@
 """The broker's listening socket: systemd's (socket activation) or one made in a directory no
-other user may write (issue 40, hole 9)."""
+other user may write: whoever may write it could put a socket of their own there."""
 
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ def socket_path_too_long(path: Path) -> str | None:
 
 
 def check_not_a_file(path: Path) -> None:
-    """Refuse a path where something other than a socket is: it is never removed (issue 42)."""
+    """Refuse a path where something other than a socket is: it is never removed
+    (tests/test_broker_cannot_be_bypassed.py::test_serve_keeps_a_file_that_is_not_a_socket)."""
     if os.path.lexists(path) and not stat.S_ISSOCK(os.lstat(path).st_mode):
         raise BrokerError(
             f"{shown_path(path)} exists and is not a socket", hint="give --socket a path of its own"
@@ -106,7 +107,8 @@ def listening_socket(path: Path) -> socket.socket:
 
 def check_socket_directory(directory: Path) -> None:
     """Refuse to listen in a directory that another user owns or may write: they could swap
-    the socket for theirs, and read every request (issue 40, hole 9)."""
+    the socket for theirs, and read every request
+    (tests/test_broker_cannot_be_bypassed.py::test_serve_refuses_a_socket_directory_another_user_owns)."""
     info = directory.stat()
     if info.st_uid not in (0, os.geteuid()):
         raise BrokerError(

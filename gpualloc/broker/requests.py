@@ -6,7 +6,7 @@ the job as a :class:`~gpualloc.ledger.schema.QueuedRequest` (or the command line
 positive integers. A client can name only what it could have typed.
 
 Text follows the command line's rule (:mod:`gpualloc.host.terms`): JSON may carry a lone
-surrogate (``"\\udcff"``), which the ledger could never read back (issue 40, hole 3); a name
+surrogate (``"\\udcff"``), which the ledger could never read back (UTF-8 cannot encode it); a name
 or a lease id holding one is refused, a command's words are kept with it escaped.
 """
 

@@ -105,7 +105,8 @@ class LedgerService:
         self.pending: dict[str, Pending] = {}
         self.placements = AttemptMemo()
         """Where each waiting request would start, by request and host state: a turn places
-        a waiter again only when the host has changed (issue 40, hole 2)."""
+        a waiter again only when the host has changed, so a long queue costs one search a
+        change, not one a turn."""
         self.new_fds: list[tuple[int, str]] = []
         """pidfds of leases made since the loop last looked, for it to register."""
         self.old_fds: list[int] = []

@@ -1,4 +1,4 @@
-"""Root's Slurm Prolog and Epilog through the broker (issue 31, point 5).
+"""Root's Slurm Prolog and Epilog through the broker.
 
 The hooks send the job's Slurm variables; the broker records or releases the job's lease in
 its own transaction (:mod:`gpualloc.host.slurm_hooks`), so nothing a user does to a state directory

@@ -1,4 +1,4 @@
-"""The processes each lease lives with, watched by the broker (issue 31, point 3).
+"""The processes each lease lives with, watched by the broker.
 
 In broker mode no lease lock file is handed to the job (the broker's directory is its own), so
 the broker itself follows each lease's process and what it starts:
@@ -49,7 +49,8 @@ STEP_S = 0.003
 STEP_EVERY_S = 0.02
 """The pause between steps of a pass: the loop serves requests meanwhile."""
 _SAME_START_S = 0.05
-"""A child starts no earlier than its parent; start times are read to the tick (10 ms)."""
+"""A child starts no earlier than its parent; start times are read to the tick (proc(5)'s
+``starttime``, in units of ``sysconf(_SC_CLK_TCK)``, 100 a second on Linux)."""
 
 Member = tuple[int, float | None]
 

@@ -1,4 +1,4 @@
-"""Measured GPU-to-GPU bandwidth on this host (``gpualloc calibrate``, issues 19 and 32).
+"""Measured GPU-to-GPU bandwidth on this host (``gpualloc calibrate``).
 
 What placement and the simulator's runtime model need is the bandwidth of each pair; the
 estimate from link classes (:mod:`gpualloc.model.bandwidth`) can be off several-fold on PCIe
@@ -177,8 +177,9 @@ def measure(
 
     torch numbers devices as CUDA does, in PCI bus order (gpualloc sets
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` before torch starts), which is not NVML's order on every
-    host: each NVML GPU is matched to its torch device by UUID where torch tells them (issue
-    41, item 2), else device ``i`` is taken for GPU ``i``.
+    host: each NVML GPU is matched to its torch device by UUID where torch tells them
+    (tests/test_calibrate.py::test_devices_numbered_otherwise_than_nvml_are_matched_by_uuid),
+    else device ``i`` is taken for GPU ``i``.
     """
     count = len(key.gpu_uuids)
     if backend.device_count() != count:

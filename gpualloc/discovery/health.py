@@ -1,4 +1,4 @@
-"""Which GPUs are unhealthy now (issue 21, point 2): never hand out a broken GPU.
+"""Which GPUs are unhealthy now: never hand out a broken GPU.
 
 Checked on every allocation on this host, like the process lists (a GPU's health changes while
 the topology does not), from two sources:

@@ -1,4 +1,4 @@
-"""The GPUs' links as they are now, for ``gpualloc doctor`` (issue 21, point 1): which NVLink
+"""The GPUs' links as they are now, for ``gpualloc doctor``: which NVLink
 ports are up and at which generation, at which PCIe generation and width each GPU runs, and
 whether peer-to-peer access works between two GPUs.
 

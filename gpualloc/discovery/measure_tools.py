@@ -1,4 +1,4 @@
-"""This host's bandwidth from NVIDIA's own tools, run now or recorded earlier (issue 32, point 3).
+"""This host's bandwidth from NVIDIA's own tools, run now or recorded earlier.
 
 - :class:`Nvbandwidth`: ``nvbandwidth -t device_to_device_memcpy_write_ce`` (CUDA copy engines,
   one copy at a time; NVIDIA/nvbandwidth), the copy matrix when torch is not installed.

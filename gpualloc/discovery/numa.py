@@ -94,7 +94,8 @@ def parse_numactl_hardware(text: str, *, source: str | None = None) -> list[Numa
 
 
 def _node_list(text: str, number: int, source: str | None) -> list[int]:
-    """The ``available:`` line's node list, bounded before it is expanded (issue 40)."""
+    """The ``available:`` line's node list, bounded before it is expanded: a range
+    such as ``0-99999999999`` would otherwise be built id by id."""
     try:
         return parse_cpulist(text, what="NUMA node id")
     except ValueError as exc:

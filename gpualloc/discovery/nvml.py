@@ -391,9 +391,10 @@ class NvmlSession:
 
     def _nvlink_rate(self, handle: Any) -> float | None:
         """The per-link NVLink rate the driver reports (``NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON``,
-        MB/s, one direction, as ``nvidia-smi nvlink -s`` prints it: 26.562 GB/s on H100 where
-        the whitepaper's 25 GB/s is the table's); None where NVML has no such field or reads 0
-        (issue 41, item 6: the NVML path inferred the rate from the NVLink version alone)."""
+        MB/s, one direction, as ``nvidia-smi nvlink -s`` prints it: 26.562 GB/s on H100 where the
+        whitepaper's 25 GB/s is the table's); None where NVML has no such field or reads 0. The
+        NVLink version alone does not give the rate
+        (tests/test_nvml_mock.py::test_discovery_through_nvml_matches_the_profile)."""
         nvml = self.nvml
         field_id = getattr(nvml, "NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON", None)
         if handle is None or field_id is None or not hasattr(nvml, "nvmlDeviceGetFieldValues"):
@@ -509,11 +510,12 @@ def _numa_nodes(
     reported: int | None,
     nodes: Callable[[], list[NumaNode]],
 ) -> tuple[int | None, int | None]:
-    """(the GPU's nearest CPU node, the node of its own memory) from what each source means
-    (issue 41, item 3). ``nvmlDeviceGetNumaNodeId`` (``reported``) is the node of the GPU's
-    own memory on coherent hosts (Grace: a node without CPUs) and NOT_SUPPORTED on x86; the CPU
-    side is the kernel's (sysfs) or the node of the GPU's CPU affinity, NVML's answer only
-    when neither tells. The GPU's own node is kept where it differs from the CPU side."""
+    """(the GPU's nearest CPU node, the node of its own memory) from what each source means.
+    ``nvmlDeviceGetNumaNodeId`` (``reported``) is the node of the GPU's own memory on coherent
+    hosts (Grace: a node without CPUs) and NOT_SUPPORTED on x86; the CPU side is the kernel's
+    (sysfs) or the node of the GPU's CPU affinity, NVML's answer only when neither tells. The
+    GPU's own node is kept where it differs from the CPU side
+    (tests/test_nvml_mock.py::test_discovery_through_nvml_matches_the_profile, its Grace case)."""
     numa = _sysfs_numa_node(bus_id)
     if numa is None and cpus:
         numa = _node_of_cpus(cpus, nodes)

@@ -1,7 +1,7 @@
 """Who runs compute work on the GPUs now: NVML's running-process lists, or a recorded list.
 
 The ledger knows what gpualloc handed out; this module sees what actually runs, so that a GPU
-used by someone who never asked gpualloc counts as busy (issue 4, section 1). On this host the
+used by someone who never asked gpualloc counts as busy. On this host the
 answer comes from NVML (``nvmlDeviceGetComputeRunningProcesses`` per GPU), else from
 ``nvidia-smi --query-compute-apps``; a recorded or bundled topology answers with the processes
 its file declares (``processes``), so that all of this is testable without a GPU.

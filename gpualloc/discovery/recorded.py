@@ -69,7 +69,7 @@ def import_smi_files(
         name=name or topo_path.stem,
     )
     if p2p_text is not None and topology.gpu_count > 1 and not parse_p2p_matrix(p2p_text):
-        raise TopologyParseError(  # not silently ignored (issue 42, point 6)
+        raise TopologyParseError(  # a --p2p file without a matrix is a mistake, not no peer access
             "no 'nvidia-smi topo -p2p r' matrix in it (rows such as 'GPU0 X OK')",
             source=str(p2p_path),
             hint="give --p2p the output of 'nvidia-smi topo -p2p r' saved to a file",

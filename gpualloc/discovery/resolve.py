@@ -1,6 +1,6 @@
 """Which topology a command works on.
 
-Order (issue 2, section 3): ``--topology NAME|PATH`` or ``$GPUALLOC_TOPOLOGY``; else NVML; else
+Order: ``--topology NAME|PATH`` or ``$GPUALLOC_TOPOLOGY``; else NVML; else
 nvidia-smi; else :class:`~gpualloc.errors.NoGpuFound` with a hint to try a bundled topology.
 Discovered topologies are cached (see :mod:`.cache`).
 """
@@ -62,8 +62,8 @@ def configured_bandwidth_table(config: Config, flag: Path | None = None) -> Band
 
 
 def bandwidth_table_hint() -> str:
-    """What a bandwidth table holds, for an error about one: its fields, by name (issue 42:
-    the hints named a Python class, or nothing)."""
+    """What a bandwidth table holds, for an error about one: its fields, by name, not the Python
+    class (tests/test_bad_input_more.py::test_a_bandwidth_table_error_names_the_fields)."""
     fields = ", ".join(BandwidthTable.__struct_fields__)
     return (
         "a bandwidth table is a JSON object (in config.toml a [bandwidth_table] table) of "

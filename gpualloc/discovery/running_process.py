@@ -1,4 +1,4 @@
-"""One entry of a GPU's running-process list, as a source reports it (issue 4, section 1).
+"""One entry of a GPU's running-process list, as a source reports it.
 
 Its one job is the record both sides share: :mod:`.nvml` builds it from
 ``nvmlDeviceGetComputeRunningProcesses``, :mod:`.processes` from ``nvidia-smi`` and matches

@@ -304,7 +304,7 @@ def _assign_affinity(
                 token=value,
                 source=source,
             )
-        try:  # bounded from the numbers alone, before anything expands the list (issue 40)
+        try:  # bounded from the numbers alone, before anything expands the list
             cpulist_ranges(value, what="CPU id" if column == "CPU Affinity" else "NUMA node id")
         except ValueError as exc:
             raise TopologyParseError(

@@ -1,5 +1,5 @@
 """All-reduce bus bandwidth with torch.distributed (NCCL), where nccl-tests is not installed
-(``gpualloc calibrate``, issue 32 point 3).
+(``gpualloc calibrate``).
 
 One process per GPU of the set (this module run as ``python -m gpualloc.discovery.
 torch_collectives BYTES``, ranks told by the usual ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` /

@@ -1,4 +1,4 @@
-"""The application layer: one front door to a host's GPUs and ledger (issue 39).
+"""The application layer: one front door to a host's GPUs and ledger.
 
 - :mod:`.protocol`: :class:`~.protocol.Host`, what every caller asks (allocate, with or without
   waiting; confirm, release, evict, collect garbage, snapshot).

@@ -1,4 +1,4 @@
-"""Evicting shared jobs (``release --evict-shared``, issue 20, point 3): marking them in the
+"""Evicting shared jobs (``release --evict-shared``): marking them in the
 ledger, for their watchers (:mod:`gpualloc.launcher.sharing`) to end them.
 
 Nobody but root may signal another user's processes, so the owner of a ``--shareable`` lease

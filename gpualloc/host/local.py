@@ -83,8 +83,9 @@ class LocalHost(HostView, kw_only=True):
     """The lease lock taken by :meth:`record` in the current transaction, until it commits."""
     placement_memo: dict[tuple[Want, HostState], Placement] | None = None
     """Placements remembered by request and host state (:meth:`placement`): the broker sets
-    one, and answers the same request on the same free GPUs without a search (issue 43,
-    point 4). None: every placement is searched (one request a process)."""
+    one, and answers the same request on the same free GPUs without a search
+    (tests/test_broker_costs.py::test_the_same_request_on_the_same_free_gpus_is_searched_once).
+    None: every placement is searched (one request a process)."""
     placer: Any = None
     """The broker's placement worker (:class:`gpualloc.broker.placer.Placer`), which searches
     what the memo does not hold while the broker serves others; None: searched here."""
@@ -351,7 +352,8 @@ class LocalHost(HostView, kw_only=True):
         )
 
     def confirm(self, lease_id: str) -> None:
-        """Mark the lease announced: its id has reached its user (issue 18, point 6)."""
+        """Mark the lease announced: its id has reached its user, so ``status`` no longer
+        marks it orphaned."""
         with self.ledger_store().transaction() as txn:
             lease = txn.ledger.find(lease_id)
             if lease is not None and not lease.announced:
@@ -501,7 +503,8 @@ def keeps_its_job(lease: Lease) -> bool:
 def taken_id(txn: LedgerTransaction, lease_id: str) -> None:
     """Refuse a new lease or waiter id that names one already in the ledger: the broker's
     clients choose their ids (to find a request again after a lost connection), so one naming
-    another's waiter would take its place in the queue (issue 40, hole 5)."""
+    another's waiter would take its place in the queue
+    (tests/test_broker_queue_attacks.py::test_naming_another_users_waiter_is_refused_and_the_queue_keeps_moving)."""
     if txn.ledger.find(lease_id) is not None or txn.ledger.waiter(lease_id) is not None:
         raise RequestError(f"id {lease_id} is in use", hint="let gpualloc choose ids")
 

@@ -328,11 +328,12 @@ def attempts(
 
 def blocked_by_own(occupancy: Occupancy) -> Callable[[Waiter], bool]:
     """Whether a waiter cannot start while its own owner's leases stand, whatever anyone else
-    releases: it names a GPU its owner holds (``--gpus``, ``--require``), or asks for more GPUs
-    than the host has without them. Such a waiter is its owner's own business: it neither
-    stops backfill nor counts as passed over (issue 40, hole 6: one user's ``alloc --hold
-    --gpus 0`` then ``alloc --wait -n 8`` froze every other user's allocations once
-    ``max_bypass`` was reached). Shared and MIG requests never count as blocked so."""
+    releases: it names a GPU its owner holds (``--gpus``, ``--require``), or asks for more GPUs than
+    the host has without them. Such a waiter is its owner's own business: it neither stops backfill
+    nor counts as passed over: else one user's ``alloc --hold --gpus 0`` then ``alloc --wait -n 8``
+    freezes every other user's allocations once ``max_bypass`` is reached
+    (tests/test_cli_wait.py::test_a_job_its_own_owners_lease_blocks_freezes_nobody). Shared and MIG
+    requests never count as blocked so."""
     usable = occupancy.gpu_count - len(occupancy.unusable | occupancy.outside | occupancy.mig)
 
     def blocked(waiter: Waiter) -> bool:

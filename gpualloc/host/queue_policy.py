@@ -1,4 +1,4 @@
-"""What the host's administrator lets each user do in the queue (issue 18, point 4).
+"""What the host's administrator lets each user do in the queue.
 
 The queue's rule (:mod:`.queue`) is fair only while nobody can lift its bounds for themselves:
 one user's ``--wait -n 16 --max-bypass 0 --priority high`` would otherwise stop every other

@@ -1,4 +1,4 @@
-"""Slurm's node hooks: what ``gpualloc slurm prolog|epilog|taskprolog`` do (issue 7).
+"""Slurm's node hooks: what ``gpualloc slurm prolog|epilog|taskprolog`` do.
 
 - Prolog (root, no PATH, before the job): record the job's GPUs (``SLURM_JOB_GPUS``, global
   indices) in the host ledger as a lease of ``SLURM_JOB_UID`` tagged with the job id, so that
@@ -13,11 +13,10 @@
   end of the line, so values are never quoted (and anything that would need quotes is left
   out).
 
-Prolog and Epilog never depend on another user: when the ledger's lock stays held (a user may
-hold it by hand), they record the change in root's journal, which only root can write and every
-gpualloc applies (issue 18, point 3). The hooks return lines for the log; the command turns
-every failure into a logged line and exit status 0 (a failing Prolog or Epilog drains the
-node).
+Prolog and Epilog never depend on another user: when the ledger's lock stays held (a user may hold
+it by hand), they record the change in root's journal, which only root can write and every gpualloc
+applies (:mod:`gpualloc.ledger.journal`). The hooks return lines for the log; the command turns
+every failure into a logged line and exit status 0 (a failing Prolog or Epilog drains the node).
 """
 
 from __future__ import annotations

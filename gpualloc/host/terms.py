@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from gpualloc.ledger.idle import Expiry
 
 MAX_NAME_CHARS = 128
-"""A lease's name is a label in everyone's ``status``, not a document (issue 30, point 5)."""
+"""A lease's name is a label in everyone's ``status``, not a document."""
 MAX_WORD_CHARS = 4096
 """The longest lease selector or other short text a request may carry (a command is cut
 instead: :func:`~gpualloc.model.printable.lease_command`)."""
@@ -33,9 +33,9 @@ def lease_name(name: str | None) -> str | None:
     """``name`` if it may name a lease: at most :data:`MAX_NAME_CHARS` characters of text.
 
     A name with bytes that are not UTF-8 (``--name $'\\xff'``, lone surrogates in Python) is
-    refused, not escaped: it is a label its owner chose for everyone to read, and storing
-    something other than what was typed would show a name its owner never gave; a UTF-8 name
-    always does (issue 40, hole 3)."""
+    refused, not escaped: it is a label its owner chose for everyone to read, and storing something
+    other than what was typed would show a name its owner never gave; a UTF-8 name always does
+    (tests/test_hostile_bytes.py::test_lease_terms_keep_the_command_escaped_and_refuse_the_name)."""
     if name is None:
         return None
     if len(name) > MAX_NAME_CHARS:

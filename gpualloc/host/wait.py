@@ -5,13 +5,12 @@ it reaps dead leases and dead waiters, applies the queue's rule to itself
 (:func:`.queue.take_turn`) and, when it may start, records its lease and leaves the queue in the
 same transaction, so no other waiter can take the same GPUs.
 
-Why poll rather than wake on a change of the state file: a job that ends does not write the
-state file. Its lease dies with its process (and its inherited lock, which the kernel drops);
-the next transaction merely notices. A file watcher would sleep through exactly the event that
-matters. 250 ms keeps the start latency under half a second; each look is one locked read of a
-small JSON file (the ledger takes a few hundred transactions per second, see
-``benchmarks/bench_launch.py``). On a live host the GPU process lists are refreshed every 2 s,
-as asking NVML is slower than reading the ledger.
+Why poll rather than wake on a change of the state file: a job that ends does not write the state
+file. Its lease dies with its process (and its inherited lock, which the kernel drops); the next
+transaction merely notices. A file watcher would sleep through exactly the event that matters.
+250 ms keeps the start latency under half a second; each look is one locked read of a small JSON
+file (``benchmarks/bench_launch.py`` measures the ledger's transactions a second). On a live host
+the GPU process lists are refreshed every 2 s, as asking NVML is slower than reading the ledger.
 
 A waiter is alive while its process is; a killed waiter is removed by the next transaction
 (no ghost entries), Ctrl-C removes it at once, and ``--timeout`` removes it and exits 124.

@@ -1,4 +1,4 @@
-"""NUMA binding of a job to its GPUs' sockets: what to bind, and how (issue 4, section 2).
+"""NUMA binding of a job to its GPUs' sockets: what to bind, and how.
 
 A GPU's DMA buffers and the CPU threads feeding it are fastest on the GPU's own NUMA node; a job
 scheduled on the far socket pays the CPU interconnect on every copy (the DRB paper measures this
@@ -70,7 +70,8 @@ class HostNuma(NamedTuple):
 
 def _which(program: str) -> str | None:
     """``shutil.which`` for one program name: :mod:`shutil` imports ``bz2`` and ``lzma``,
-    several milliseconds of every ``run`` (issue 43, point 3)."""
+    which every ``run`` would load for one lookup
+    (tests/test_startup_imports.py pins what ``run`` may import)."""
     for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
         candidate = os.path.join(directory or ".", program)  # noqa: PTH118  (no pathlib here)
         if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):  # noqa: PTH112

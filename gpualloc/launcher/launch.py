@@ -4,7 +4,7 @@ Whoever placed the job (the embedded ledger, or the broker, whose answer the bro
 client reads without loading any model) describes it as a :class:`JobLaunch`; :func:`launch`
 binds it to its GPUs' NUMA nodes, says the lease line, starts its verifier and, for a shared
 job, its eviction watcher, and execs it. It imports nothing that loads msgspec, so the broker's
-fast client can use it (issue 31, point 8).
+fast client can use it without paying for msgspec on ``run``'s path.
 """
 
 import os

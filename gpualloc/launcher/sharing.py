@@ -1,4 +1,4 @@
-"""Running a shared job (issue 20, point 3): how it shares its GPU, and how it is evicted.
+"""Running a shared job: how it shares its GPU, and how it is evicted.
 
 - **MPS or time slices.** When a CUDA MPS control daemon runs (its ``control`` pipe exists in
   ``CUDA_MPS_PIPE_DIRECTORY``, default ``/tmp/nvidia-mps``), the job's CUDA contexts become MPS

@@ -1,4 +1,4 @@
-"""Verified launch (issue 21, point 1): after ``run`` execs a job, check that it really runs on
+"""Verified launch: after ``run`` execs a job, check that it really runs on
 the GPUs its lease holds.
 
 A *verifier* (a detached process of the job's user, see :mod:`gpualloc.launcher.watcher`)

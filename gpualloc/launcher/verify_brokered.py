@@ -1,4 +1,4 @@
-"""Verified launch for a job ``run`` starts through the broker (issue 21's verifier, issue 31).
+"""Verified launch for a job ``run`` starts through the broker.
 
 The verifier is the same (:func:`gpualloc.launcher.verify.verify`): a detached helper of the
 job's own user that watches, for ``verify.grace``, that the job's processes run on its lease's

@@ -52,8 +52,8 @@ names it. A fresh interpreter without site packages (a few MB), not a fork of th
 
 def remove_lock_when_released(path: Path) -> None:
     """Remove the lease lock ``path`` once every process holding it is gone: when the job and
-    every child it left behind have ended (issue 42, point 3: a finished job's lock file stayed
-    until a later command reaped its lease).
+    every child it left behind have ended, not when a later command reaps
+    its lease (tests/test_fuzz_findings.py::test_a_finished_job_leaves_no_lease_lock).
 
     A detached helper waits for an exclusive ``flock`` on the file, which it gets only when no
     shared holder is left, and unlinks the file while it holds it. Liveness cannot be misread:

@@ -1,4 +1,4 @@
-"""Whose job each GPU process is, and whether it runs where its lease says (issue 21, point 1).
+"""Whose job each GPU process is, and whether it runs where its lease says.
 
 A lease says which GPUs its job may use; ``CUDA_VISIBLE_DEVICES`` is only a request to the job,
 which a wrapper, a library or a hard-coded ``cuda:0`` can get around (task-spooler users found

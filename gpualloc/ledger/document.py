@@ -1,5 +1,5 @@
 """The ledger as JSON text: written only when it reads back, read with the records that cannot
-be read left out (issue 40, hole 3).
+be read left out (:mod:`.quarantine`).
 
 :mod:`.store` writes and reads through these functions (so does :mod:`.owned_store`). A write
 (:func:`written_ledger`) is the text every later reader will load: a ledger whose text would
@@ -63,13 +63,15 @@ def written_ledger(ledger: Ledger, writer_uid: int) -> tuple[str, Ledger]:
     the next reader reads it back. A ledger that would not read back (text that is not UTF-8,
     a value its schema refuses) is refused before any file is touched: :class:`LedgerError`,
     and ``ledger`` is left as it was. Without this check one such value, written once, made
-    every later command of every user fail (issue 40, hole 3)."""
+    every later command of every user fail
+    (tests/test_hostile_bytes.py::test_a_change_the_ledger_could_not_read_back_is_refused_and_nothing_is_written)."""
     before = (ledger.generation, ledger.writer_uid)
     ledger.generation += 1
     ledger.writer_uid = writer_uid
     data = to_builtins(ledger)
     head = {"writer_uid": data.pop("writer_uid"), "generation": data.pop("generation")}
-    # Compact: json's C encoder, which indentation turns off (a third of a write's time).
+    # Compact: json's C encoder, which indentation turns off (json.encoder uses c_make_encoder
+    # only when indent is None)
     body = json.dumps({**head, **dict(sorted(data.items()))}, separators=(",", ":"))
     checksum = zlib.crc32(body[:-1].encode())
     text = f"{body[:-1]}{CHECKSUM}{checksum}{TRAILER}{ledger.generation}}}\n"

@@ -1,4 +1,4 @@
-"""Idle holders (issue 21, point 3): leases whose GPUs nobody uses, and how long for.
+"""Idle holders: leases whose GPUs nobody uses, and how long for.
 
 A lease is *busy* at a look when a kernel ran on any of its GPUs for at least
 ``idle.busy_percent`` of NVML's last sample period (``nvmlDeviceGetUtilizationRates``; a
@@ -49,7 +49,7 @@ class IdlePolicy(Struct, frozen=True):
 
     @classmethod
     def from_config(cls, config: Config) -> IdlePolicy:
-        """The ``[idle]`` table of the system file (issue 21, point 3)."""
+        """The ``[idle]`` table of the system file: only the administrator sets it."""
         return cls(
             busy_percent=config.system_value("idle.busy_percent"),
             max_gap_s=config.system_value("idle.max_gap"),

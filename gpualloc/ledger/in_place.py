@@ -1,15 +1,16 @@
-"""Writing a ledger file over the one before, in place (issue 43, point 4).
+"""Writing a ledger file over the one before, in place.
 
-Neither a rename over the old file nor a truncation to nothing: both free the old file's
-blocks, and ext4 held each transaction about 4 ms for it, 8 of an alloc+release cycle's 15 ms
-with 8 clients (the measurements are in ``benchmarks/bench_launch.py``'s library figure). A text
-is written from the start of the file over the old one, and what is left of the old text after
-it is cut off. That is safe because every text ends with its generation as it begins
-(:mod:`.document`): a writer stopped in the middle leaves the start of the new text over the end
-of the old one, and the two generations differ (the new one is always later: see
-:func:`_rewritable`), so the file reads as damaged and the ledger is recovered from the good copy
-written before it (:mod:`.store`). A file that does not end with an earlier generation (one of
-an older gpualloc, or of a ledger started anew) is truncated first, as before, or replaced.
+Neither a rename over the old file nor a truncation to nothing: both free the old file's blocks, and
+ext4 then allocates the new file's blocks and starts their write-out in the call itself (its
+``auto_da_alloc`` default, Documentation/admin-guide/ext4.rst in the Linux sources), which the
+transaction waits for while it holds the lock (``benchmarks/bench_launch.py``'s library figure shows
+the cost). A text is written from the start of the file over the old one, and what is left of the
+old text after it is cut off. That is safe because every text ends with its generation as it begins
+(:mod:`.document`): a writer stopped in the middle leaves the start of the new text over the end of
+the old one, and the two generations differ (the new one is always later: see :func:`_rewritable`),
+so the file reads as damaged and the ledger is recovered from the good copy written before it
+(:mod:`.store`). A file that does not end with an earlier generation (one of an older gpualloc, or
+of a ledger started anew) is truncated first, as before, or replaced.
 
 Two exceptions keep a copy to recover from whatever happens: a transaction that recovered the
 ledger (from this user's good copy, perhaps) replaces the good copy whole, and a good copy other

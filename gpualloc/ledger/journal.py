@@ -3,7 +3,7 @@
 Any user who can open ``ledger.lock`` can hold it (``flock ledger.lock sleep 1000``), and every
 other gpualloc then waits. A Slurm Prolog cannot wait (slurmd gives it a time limit, and a
 failing Prolog drains the node), and must not give up either: a job whose GPUs are not recorded
-is invisible to ``gpualloc run`` outside Slurm, which hands them out again (issue 18, point 3).
+is invisible to ``gpualloc run`` outside Slurm, which hands them out again.
 
 So when the lock does not come within a few seconds, root's hooks write the change to a journal
 that only root can write, ``ledger.root-journal.json`` (owned by root, mode 0644, replaced
@@ -64,9 +64,10 @@ class Journal(Struct, kw_only=True, forbid_unknown_fields=True):
 
 def record_job_lease(ledger: Ledger, lease: Lease) -> list[str]:
     """Put the Slurm job's ``lease`` in ``ledger``, replacing its earlier one. Slurm is
-    authoritative (issue 40, hole 7): the lease records every GPU Slurm gave the job, also one
-    another lease holds; that lease is marked conflicting (:attr:`Lease.slurm_conflict`) and
-    its GPUs stay the job's when it is released. Returns log lines."""
+    authoritative (slurmctld has already started the job on them): the lease records every GPU Slurm
+    gave the job, also one another lease holds; that lease is marked conflicting
+    (:attr:`Lease.slurm_conflict`) and its GPUs stay the job's when it is released. Returns log
+    lines."""
     from gpualloc.ledger.occupancy import describe_lease, held_devices
 
     job = lease.slurm_job

@@ -12,8 +12,9 @@ Signals, any of which keeps a lease alive:
   (``kill -9`` included). A torchrun launcher that dies while its workers run keeps the GPUs;
 - the job's process group, when the job led one: a child that closed every inherited
   descriptor (a daemon's ``closerange(3, 1024)``, which drops the lease lock) but stayed in the
-  group still holds the GPUs (issue 18, point 5). A child that also left the group (``setsid``)
-  is found on the GPUs themselves, by the ledger store (:func:`started_by`).
+  group still holds the GPUs (the first test of tests/test_lease_lifetime.py). A child that
+  also left the group (``setsid``) is found on the GPUs themselves, by the ledger store
+  (:func:`started_by`).
 """
 
 from __future__ import annotations

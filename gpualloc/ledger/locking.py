@@ -1,7 +1,7 @@
 """The ledger's lock: an exclusive ``flock`` on ``ledger.lock``, shared by every user of the host.
 
 The kernel drops a ``flock`` when the last descriptor of its holder closes, so a killed gpualloc
-never leaves the host locked. What this module adds to the bare system call (issue 18):
+never leaves the host locked. What this module adds to the bare system call:
 
 - the lock file is opened as :mod:`.shared_files` opens everything in the state directory: it
   may have been created by any user (opened without ``O_CREAT``, so Linux's
@@ -13,9 +13,9 @@ never leaves the host locked. What this module adds to the bare system call (iss
 - waiting blocks in the kernel, which hands the lock on the moment it is dropped, bounded by an
   interval timer (``flock -w`` does the same); where a timer cannot be used (not the main
   thread, or the program uses ``SIGALRM`` itself) it polls with a back-off from half a
-  millisecond up to 20 ms. Polling alone let newcomers overtake a waiter asleep in its back-off
-  again and again: with 8 processes on 2 cores, 1 alloc in 100 waited 0.7 s; filelock's fixed
-  50 ms poll put a floor of 50 ms under every contended transaction;
+  millisecond up to 20 ms. Polling alone lets newcomers overtake a waiter asleep in its
+  back-off again and again, and a fixed poll interval is a floor under every contended
+  transaction;
 - a lock held too long is reported with its holder, read from ``/proc/locks``: user, pid and
   command, so that a user who holds it by hand (``flock ledger.lock sleep 1000``) is named, and
   :class:`~gpualloc.errors.LedgerLocked` (exit 16) tells scripts that nothing was changed.
@@ -114,8 +114,8 @@ def _timer_usable() -> bool:
     interrupt the wait, and a lock held forever would hang gpualloc forever)."""
     import signal
 
-    # Threads are started through threading: where it is not loaded, this is the only one (an
-    # import of it costs every command about 1 ms)
+    # Threads are started through threading: where it is not loaded, this is the only one (and
+    # importing it only to ask would load it on every command's path)
     threading = sys.modules.get("threading")
     return (
         (threading is None or threading.current_thread() is threading.main_thread())
@@ -220,8 +220,8 @@ class SharedLock:
             os.close(descriptor)  # closing drops the flock
             # The kernel woke a waiter, which must still be scheduled; with more processes than
             # cores the releaser, still on its CPU, took the lock back for its next transaction
-            # again and again (8 library clients on 2 cores: alloc p99 50-57 ms, 16-39 ms with
-            # this; issue 43, point 4). Without anyone else to run, it returns at once.
+            # again and again, the waiter starved; sched_yield(2) lets the woken waiter run
+            # first. Without anyone else to run, it returns at once.
             os.sched_yield()
 
     def holders(self) -> str:
@@ -262,7 +262,8 @@ class SharedLock:
     def _open_error(self, exc: OSError) -> FileAccessError:
         """Why the lock file could not be opened: a directory where it cannot be made (read-only
         for this user, or on a read-only file system) is said as such, not as a missing file
-        with a chmod of the file for a hint (issue 42)."""
+        with a chmod of the file for a hint
+        (tests/test_bad_input_more.py::test_a_read_only_state_directory_is_named_as_such)."""
         directory = self.path.parent
         cannot_make = exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
         if cannot_make and not os.path.lexists(self.path):

@@ -68,16 +68,16 @@ class Occupancy(Struct, frozen=True, dict=True):
     """GPU index -> why it is not handed out (its faults); such GPUs are also ``unusable``."""
     lost: frozenset[int] = frozenset()
     """GPUs that fell off the bus (discovery marked them, or NVML says so now): their state is
-    ``lost``, not ``unhealthy`` (issue 41, item 5: ``gpualloc_gpus{state="lost"}`` never
-    fired)."""
+    ``lost``, not ``unhealthy``, so that ``gpualloc_gpus{state="lost"}`` counts them
+    (tests/test_launcher.py::test_occupancy_tells_leases_foreign_processes_and_lost_gpus_apart)."""
     mig_foreign: dict[tuple[int, int], tuple[GpuProcess, ...]] = field(default_factory=dict)
     """(parent GPU, MIG device index) -> processes on that MIG device that no lease accounts
     for (NVML names their GPU and compute instance)."""
     known_state: HostState | None = None
-    """The host state, where the caller keeps it as leases come and go (the simulator, which
-    made it anew from the leases after every start and end: a fifth of a trace replay, issue
-    43); it must be what :meth:`host_state` makes of the rest (a test holds the simulator to
-    it). None: made from the leases when first asked."""
+    """The host state, where the caller keeps it as leases come and go (the simulator, which would
+    otherwise make it anew from the leases after every start and end); it must be what
+    :meth:`host_state` makes of the rest (a test holds the simulator to it). None: made from the
+    leases when first asked."""
 
     @classmethod
     def build(
@@ -190,7 +190,8 @@ class Occupancy(Struct, frozen=True, dict=True):
     def _leases_alone(self) -> bool:
         """Whether nothing but whole-GPU leases occupies a GPU (no process, share, fault, MIG
         mode or scope): then :meth:`state` is ``held`` or ``free``, and :attr:`busy` is the
-        leased GPUs (issue 43: the simulator builds an occupancy after every start and end)."""
+        leased GPUs: the simulator builds an occupancy after every start and end, and takes
+        this short way then."""
         return not (
             self.processes
             or self.shares
@@ -312,8 +313,8 @@ ORPHANED = "its id was never printed: the alloc that made it was killed; 'releas
 
 
 def orphaned(lease: Lease) -> bool:
-    """The gpualloc that made ``lease`` died before it printed the lease's id (issue 18,
-    point 6): nobody knows the id, so ``status`` marks the lease, and ``release --mine`` (or
+    """The gpualloc that made ``lease`` died before it printed the lease's id: nobody knows
+    the id, so ``status`` marks the lease, and ``release --mine`` (or
     ``release`` with the id ``status`` shows) frees it."""
     if lease.announced or lease.creator_pid is None:
         return False

@@ -7,13 +7,12 @@ recovery from what others wrote) have nothing to defend against. Instead:
 
 - it holds ``ledger.lock`` (mode 0600: no user can even open it) for as long as it runs; a
   second broker, or a root tool writing the ledger, finds it held (:meth:`hold_lock`);
-- it writes its good copy ``ledger.<uid>.good.json``, then ``ledger.json`` (both 0644:
-  everyone may read them), each in place over the one before (:mod:`.in_place`: a rename made
-  ext4 flush the new file, 0.4 to 1.7 ms of each batch, the largest cost of a request on a
-  loaded host; issue 43, point 4), and reads the ledger back from what it last wrote instead
-  of from the disk (the check that a write reads back, :func:`.document.written_ledger`, is
-  that reading). A broker killed while it wrote ``ledger.json`` leaves it torn and its good
-  copy whole: the next broker recovers from that copy when it starts
+- it writes its good copy ``ledger.<uid>.good.json``, then ``ledger.json`` (both 0644: everyone may
+  read them), each in place over the one before (:mod:`.in_place`: a rename makes ext4 write the new
+  file out first, the largest cost of a request on a loaded host), and reads the ledger back from
+  what it last wrote instead of from the disk (the check that a write reads back,
+  :func:`.document.written_ledger`, is that reading). A broker killed while it wrote ``ledger.json``
+  leaves it torn and its good copy whole: the next broker recovers from that copy when it starts
   (:meth:`OwnedLedgerStore.set_aside_damaged`); one killed while it wrote the good copy left
   ``ledger.json`` as it was;
 - it does not fsync: the page cache outlives a killed broker, so a ``kill -9`` loses nothing,

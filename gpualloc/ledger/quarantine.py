@@ -1,5 +1,4 @@
-"""Records of the ledger that cannot be read: set aside, never a reason for every command to fail
-(issue 40, hole 3).
+"""Records of the ledger that cannot be read: set aside, never a reason for every command to fail.
 
 The ledger is one JSON document that every user's gpualloc reads. One lease that did not
 validate (a lone surrogate, the stand-in for a byte that was not UTF-8, in a name; a field of

@@ -65,8 +65,8 @@ class LeasedMig(_Entry, kw_only=True, frozen=True):
 
 
 class LeaseActivity(_Entry, kw_only=True, frozen=True):
-    """Whether a lease's GPUs have been used, as ``gpualloc gc`` observes them (issue 21,
-    point 3; see :mod:`gpualloc.ledger.idle`)."""
+    """Whether a lease's GPUs have been used, as ``gpualloc gc`` observes them (see
+    :mod:`gpualloc.ledger.idle`)."""
 
     observed_at: datetime
     idle_since: datetime | None = None
@@ -117,7 +117,7 @@ class Lease(_Entry, kw_only=True, frozen=True):
     """The job's own process group, recorded when the job leads it (``run`` from a shell with
     job control, a Slurm task, ``setsid``): the lease lives while any process of the group does,
     so a child that closed the inherited lease lock (a daemon's ``closerange``) still holds the
-    GPUs (issue 18, point 5). The kernel does not reuse a pid while it names a live group."""
+    GPUs. The kernel does not reuse a pid while it names a live group."""
     announced: bool = True
     """False until the gpualloc that made the lease has printed its id: a lease whose creator
     was killed before that is shown as such by ``status`` (``release --mine`` frees it)."""
@@ -135,9 +135,10 @@ class Lease(_Entry, kw_only=True, frozen=True):
     """How long the lease's GPUs have been idle, when ``gc`` has looked (None: never)."""
     slurm_conflict: str | None = None
     """The Slurm job that was given some of this lease's GPUs while it held them. Slurm is
-    authoritative on a Slurm node (issue 40, hole 7): the job's lease records them too, so they
-    are not handed out again until the job ends, whatever this lease does; ``status`` and the
-    metrics tell the lease's owner. Cleared when the job's Epilog runs."""
+    authoritative on a Slurm node (slurmctld has started the job on them): the job's lease
+    records them too, so they are not handed out again until the job ends, whatever this
+    lease does; ``status`` and the metrics tell the lease's owner. Cleared when the job's
+    Epilog runs."""
 
     def __post_init__(self) -> None:
         if not self.gpus and not self.mig:
@@ -257,7 +258,8 @@ class Ledger(Struct, kw_only=True, forbid_unknown_fields=True):
 
 def _slurm_over_conflict(holders: list[Lease]) -> bool:
     """Whether two leases of one GPU are a Slurm job's and one it was given over (marked
-    :attr:`Lease.slurm_conflict`): the one way a ledger lists a GPU twice (issue 40, hole 7)."""
+    :attr:`Lease.slurm_conflict`): the one way a ledger lists a GPU twice
+    (tests/test_slurm_hooks.py::test_slurm_is_authoritative_over_a_gpu_held_outside_it)."""
     if len(holders) != 2:
         return False
     first, second = holders

@@ -29,8 +29,8 @@ def ledger_scope(topology: Topology) -> str | None:
 
 def _sha256_hex(data: bytes) -> str:
     """SHA-256 of ``data`` in hex, from the interpreter's built-in module where it has one:
-    :mod:`hashlib` loads OpenSSL, a few milliseconds of every ``run`` on a recorded topology
-    (issue 43, point 3). The digest is the same (it names existing ledger files)."""
+    :mod:`hashlib` loads OpenSSL, which every ``run`` on a recorded topology would pay for
+    one digest. The digest is the same (it names existing ledger files)."""
     try:
         from _sha2 import sha256  # type: ignore[import-not-found]  # Python >= 3.12
     except ImportError:

@@ -3,7 +3,7 @@
 Every user of the host may create files in the state directory (mode 1777, like ``/tmp``), so any
 name gpualloc uses may have been planted by someone else before gpualloc first creates it: a
 symbolic link to a file of root's, a FIFO that blocks the opener forever, a directory, a file
-of another user's with a mode that locks others out. Issue 18, point 2: every open here
+of another user's with a mode that locks others out. So every open here
 
 - never follows a symbolic link (``O_NOFOLLOW``) and never blocks (``O_NONBLOCK``: opening a
   FIFO returns at once, or fails with ``ENXIO``, instead of waiting for a peer);

@@ -1,6 +1,7 @@
-"""Counters the ledger keeps for ``gpualloc metrics`` (issue 21, point 4): placements made, how
+"""Counters the ledger keeps for ``gpualloc metrics``: placements made, how
 long deciding took, how long jobs waited; and the mix of recent requests that fragmentation-aware
-placement weighs (issue 33, point 3).
+placement weighs (Weng et al., "Beware of Fragmentation", USENIX ATC'23,
+section 4.2: the expected fragmentation weighs each task type by its share).
 
 They live in the ledger itself (``Ledger.stats``) and change in the transaction that records a
 lease, so every gpualloc process on the host adds to the same figures, none is lost to a race,

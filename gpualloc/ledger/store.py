@@ -21,12 +21,12 @@ trailer), or over a later generation (a ledger started anew), replaces it as bef
 copy by temporary file and rename, ``ledger.json`` truncated first.
 
 Nothing is synced to disk. A killed gpualloc loses nothing (the page cache outlives it); only a
-crash of the machine does, and every lease and waiter dies with the machine (boot id, pids).
-Such a crash may leave ``ledger.json`` torn and every good copy unwritten (a preallocated file
-reads as zeros): a torn ledger last written before this boot is then replaced by a new one,
-saying so, since nothing in it can be alive. Not syncing halves the time each transaction holds
-the lock twice over (issue 18, point 9; issue 43, point 4: the good copy's fsync and ext4's
-flush on rename were 4 of a cycle's 20 ms).
+crash of the machine does, and every lease and waiter dies with the machine (boot id, pids). Such a
+crash may leave ``ledger.json`` torn and every good copy unwritten (a preallocated file reads as
+zeros): a torn ledger last written before this boot is then replaced by a new one, saying so, since
+nothing in it can be alive. Not syncing keeps a disk write out of the time each transaction holds
+the lock (``fsync(2)`` of the good copy waits for the device; see :mod:`.in_place` for ext4's flush
+on rename).
 
 A writer killed during step 1 leaves ``ledger.json`` untouched. One killed during step 2 leaves
 it holding the start of the new text over the old one (or, truncated first, a strict prefix of
@@ -37,7 +37,7 @@ refused; a torn file with no good copy left is reported with what to do, never s
 
 The ledger writes only what it reads back (:mod:`.document`: a change that would not is
 refused, nothing written), and one record it cannot read is left out and kept aside, with a
-note, instead of failing every command of every user (:mod:`.quarantine`; issue 40, hole 3).
+note, instead of failing every command of every user (:mod:`.quarantine`).
 
 On a host with a broker (``gpualloc serve``) the broker owns its state directory and its
 ledger; :mod:`.owned_store` is that store.
@@ -314,8 +314,9 @@ class LedgerStore:
     def _runs_on_its_gpus(self, lease: Lease) -> bool:
         """A process of the lease's owner, started since the lease, computes on one of its
         GPUs: a descendant that lost the lease lock and left the job's process group (a daemon
-        that closed its descriptors and called setsid) still keeps the GPUs (issue 18, point
-        5). Only for leases whose job has ended, so NVML's view is asked about rarely."""
+        that closed its descriptors and called setsid) still keeps the GPUs
+        (tests/test_lease_lifetime.py::test_a_daemon_that_left_the_group_keeps_the_gpus_while_it_runs_on_them).
+        Only for leases whose job has ended, so NVML's view is asked about rarely."""
         if lease.boot_id is not None and lease.boot_id != boot_id():
             return False
         created = lease.created.timestamp()

@@ -1,4 +1,4 @@
-"""How far the host's ledger can be trusted, for ``status`` and ``doctor`` (issue 31, point 7).
+"""How far the host's ledger can be trusted, for ``status`` and ``doctor``.
 
 - **broker**: a broker (``gpualloc serve``) owns the ledger; the kernel names every caller and
   only the broker writes. ``doctor`` checks what it can see of that: the broker answers, its
@@ -93,7 +93,7 @@ def _mode_finding(
     path: Path, wanted: int, what: str, kind: Any, owner: int
 ) -> tuple[str, str, str]:
     """A problem when ``path`` is not a ``what``, is not ``owner``'s (the broker's: anyone
-    else could change it under the broker, issue 40, hole 9), or others may write it."""
+    else could change it under the broker), or others may write it."""
     try:
         info = os.lstat(path)
     except OSError as exc:

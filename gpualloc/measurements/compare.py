@@ -1,4 +1,4 @@
-"""What gpualloc predicts for a host, set against what a benchmark measured there (issue 32).
+"""What gpualloc predicts for a host, set against what a benchmark measured there.
 
 Two kinds of figure are compared, each with the prediction placement actually uses:
 

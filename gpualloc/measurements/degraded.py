@@ -1,4 +1,4 @@
-"""Hardware that measures far below what it should (issue 32, point 4).
+"""Hardware that measures far below what it should.
 
 Two findings, each from a recording of the host:
 

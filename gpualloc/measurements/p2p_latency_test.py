@@ -11,8 +11,9 @@ Bidirectional figures are the two directions added (the sample times both copies
 counts both), so a pair's one-way rate under load is half of it. Where a pair has no P2P access,
 the "P2P=Enabled" figures are staged copies too: the sample falls back to a normal memcpy.
 
-The connectivity matrix is 0/1, not bandwidth: reading it as GB/s is the bug issue 32 found in
-the old importer, which took the file's first matrix whatever its title.
+The connectivity matrix is 0/1, not bandwidth: an importer that took the file's first matrix
+whatever its title read it as GB/s
+(tests/test_measurements.py::test_p2p_connectivity_is_never_read_as_bandwidth).
 """
 
 from __future__ import annotations

@@ -143,18 +143,20 @@ class BandwidthTable(Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tr
         }
     )
     """The path's share of :attr:`staged_copy_factor`, a prior that orders, pending
-    measurements (issue 41, item 1). A staged copy climbs to the root complex whatever the path,
-    so PIX to PHB are alike; across root complexes of one socket (NODE) the host buffer is
-    remote to one GPU's root port, and across sockets (SYS) one leg also crosses the CPU
-    interconnect. Without it every pair of a host without peer-to-peer (GeForce boards, many
-    VMs) tied, and the lowest indices won across sockets while GPUs of one root complex were
-    free. The steps are small so that measured factors, when they come, replace an order rather
-    than a claim; an unknown path is priced as SYS."""
+    measurements. A staged copy climbs to the root complex whatever the path, so PIX to PHB are
+    alike; across root complexes of one socket (NODE) the host buffer is remote to one GPU's
+    root port, and across sockets (SYS) one leg also crosses the CPU interconnect. Without it
+    every pair of a host without peer-to-peer (GeForce boards, many VMs) ties, and the lowest
+    indices win across sockets while GPUs of one root complex are free
+    (tests/test_measured_vs_predicted.py::test_a_staged_copy_is_a_little_slower_the_farther_apart_the_gpus).
+    The steps are small so that measured factors, when they come, replace an order rather than
+    a claim; an unknown path is priced as SYS."""
 
     def __post_init__(self) -> None:
-        """Every rate and factor finite and positive, factors at most 1 (a table with a
-        negative factor gave links of -15.8 GB/s that placement used, and one with a rate of
-        1e308 wrote JSON that gpualloc itself refuses: issue 42)."""
+        """Every rate and factor finite and positive, factors at most 1: a table with a
+        negative factor would give links of -15.8 GB/s that placement uses, and one with a rate
+        of 1e308 would write JSON that gpualloc itself refuses
+        (tests/test_measured_vs_predicted.py::test_a_bandwidth_table_with_a_negative_factor_or_an_endless_rate_is_refused)."""
         rates = [
             ("nvlink_link_gbps", self.nvlink_link_gbps),
             ("nvlink_link_gbps_by_architecture", self.nvlink_link_gbps_by_architecture),

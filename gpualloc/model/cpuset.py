@@ -1,6 +1,6 @@
 """CPU and node lists in the kernel's ``cpulist`` syntax (``0-19,40-59``).
 
-A list is checked arithmetically before it is expanded (issue 40, point 1): ``0-99999999999``
+A list is checked arithmetically before it is expanded: ``0-99999999999``
 is refused from its two numbers, never by building a set of 10**11 ids, so the work of a list is
 bounded by its text plus :data:`CPU_ID_BOUND`, whoever wrote it.
 """
@@ -90,8 +90,9 @@ def format_cpulist(cpus: Iterable[int]) -> str:
 
 def format_ranks(ids: Iterable[int]) -> str:
     """A job's GPUs in rank order: ``[3, 1]`` -> ``"3,1"``, ``[4, 5, 6, 7, 0, 1]`` ->
-    ``"4-7,0-1"`` (a range only where the order rises by one). ``run --gpus 3,1`` said
-    ``GPU 1,3`` while rank 0 ran on GPU 3 (issue 42)."""
+    ``"4-7,0-1"`` (a range only where the order rises by one). ``run --gpus 3,1`` must not say
+    ``GPU 1,3`` while rank 0 runs on GPU 3
+    (tests/test_terminal_output.py::test_run_announces_its_gpus_in_rank_order)."""
     runs: list[str] = []
     start = prev = None
     for index in ids:

@@ -133,7 +133,8 @@ MIG_UUID = r"[A-Za-z0-9][A-Za-z0-9._:/-]*"
 """A MIG device's UUID as ``CUDA_VISIBLE_DEVICES`` takes it: ``MIG-<uuid>``, or before driver
 R470 ``MIG-GPU-<uuid>/<gi>/<ci>``. An empty one, or one a comma, a space or a control character
 would split or garble, is refused with the topology, before any lease is made of the device: a
-job's variables are only made once its lease is written (issue 42, point 3)."""
+job's variables are only made once its lease is written
+(tests/test_fuzz_findings.py::test_a_mig_device_cuda_cannot_name_is_refused_before_any_lease)."""
 
 
 def check_mig_layout(instances: list[MigInstance], gpu_count: int) -> None:

@@ -1,5 +1,5 @@
 """What placement reads of a host's occupancy: the GPUs it may not use, who holds the others, and
-the host's settings for shared jobs and MIG devices (issue 39, point 3).
+the host's settings for shared jobs and MIG devices.
 
 Placement takes this view, never the ledger (house style: ``placement`` never imports
 ``ledger``). :class:`gpualloc.ledger.occupancy.Occupancy` provides it, built from the ledger and

@@ -65,7 +65,7 @@ def gpu_list(text: str | None, option: str) -> frozenset[int]:
 def gpu_sequence(text: str | None, option: str) -> tuple[int, ...]:
     """Like :func:`gpu_list`, keeping the order given (``3,1`` is not ``1,3``).
 
-    Bounded before it is expanded (issue 40, point 1): an index at or above
+    Bounded before it is expanded: an index at or above
     :data:`~gpualloc.job_options.MAX_GPUS`, or a list naming more than that many GPUs, is a
     usage error computed from the ranges' ends; the host's own count is checked where the
     topology is known."""
@@ -108,8 +108,8 @@ _SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**
 
 def parse_size(text: str, option: str) -> int:
     """``10G``, ``4.5GiB``, ``512M``, ``20GB``, ``4096B`` -> bytes (K/M/G/T are binary, as
-    nvidia-smi's MiB). A bare number is refused: ``--mem 8`` meant 8 bytes, surely never what
-    was asked (issue 42, point 7)."""
+    nvidia-smi's MiB). A bare number is refused: ``--mem 8`` would mean 8 bytes, surely never what
+    was asked (tests/test_bad_input_cli.py::test_mem_without_a_unit_is_refused)."""
     if re.fullmatch(r"\s*\d+(?:\.\d+)?\s*", text):
         number = shown_text(text.strip())
         raise RequestError(

@@ -1,4 +1,4 @@
-"""Text one user wrote, made safe to show on another user's terminal (issue 30, point 5).
+"""Text one user wrote, made safe to show on another user's terminal.
 
 A lease's name and command come from whoever made the lease, and ``status`` shows them to every
 user of the host: an escape sequence in a name could recolour or rewrite someone else's
@@ -7,10 +7,10 @@ with every control character escaped (``\\x1b``, ``\\n``) and cut to a length; `
 them exact, for programs.
 
 Exact, but always text: bytes of an argument that are not UTF-8 reach Python as lone surrogates
-(U+DC80..U+DCFF, PEP 383's ``surrogateescape``), which no UTF-8 file or JSON reader accepts
-back. One such byte kept in the ledger made every later command of every user fail (issue 40,
-hole 3), so what gpualloc keeps is first put through :func:`escape_surrogates`, or refused where
-:func:`has_surrogates` (the rule is :mod:`gpualloc.host.terms`'s).
+(U+DC80..U+DCFF, PEP 383's ``surrogateescape``), which no UTF-8 file or JSON reader accepts back.
+One such byte kept in the ledger would make every later command of every user fail, so what gpualloc
+keeps is first put through :func:`escape_surrogates`, or refused where :func:`has_surrogates` (the
+rule is :mod:`gpualloc.host.terms`'s).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ ELLIPSIS = "..."
 def printable(text: str, limit: int | None = None) -> str:
     """``text`` with control and format characters escaped, cut to ``limit`` characters.
 
-    With a limit, only what is shown is escaped: an error quoting a 6 MB list took seconds
-    to escape whole before its first 500 characters were written (issue 42, point 3)."""
+    With a limit, only what is shown is escaped: an error quoting a list of megabytes would
+    escape it whole to write its first 500 characters
+    (tests/test_fuzz_findings.py::test_printable_escapes_only_what_it_shows)."""
     if text.isprintable():  # nothing to escape (str.isprintable is false for every category
         # _escaped escapes), the common case: a name, a log line (one C pass, not one per char)
         if limit is None or len(text) <= limit:

@@ -2,7 +2,7 @@
 gpualloc process can store, send to the broker and place again (:meth:`gpualloc.placement.want.
 Want.queued` and :meth:`~gpualloc.placement.want.Want.from_queued`). Part of the ledger's
 schema (:class:`gpualloc.ledger.schema.Waiter` holds one), kept in the model so that placement
-needs nothing of the ledger (issue 39, point 3).
+needs nothing of the ledger (house style: ``placement`` never imports ``ledger``).
 """
 
 from typing import Annotated

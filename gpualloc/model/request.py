@@ -1,9 +1,9 @@
 """What a job asks for and what it gets: ``JobRequest``, ``HostState``, ``Placement``.
 
-Pure data, shared by ``plan``, the launcher (issue 4), the queue (issue 5) and the simulator
-(issue 6), so that every consumer sees the same request and the same answer. A placement is an
-*ordered* list of GPUs: pattern vertex ``i`` (rank ``i`` of the job) runs on ``gpus[i]``, and that
-order becomes the order of ``CUDA_VISIBLE_DEVICES``.
+Pure data, shared by ``plan``, the launcher, the queue and the simulator, so that every consumer
+sees the same request and the same answer. A placement is an *ordered* list of GPUs: pattern vertex
+``i`` (rank ``i`` of the job) runs on ``gpus[i]``, and that order becomes the order of
+``CUDA_VISIBLE_DEVICES``.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ class Placement(Struct, frozen=True):
     notes: tuple[str, ...] = field(default=())
     cut_short: str | None = None
     """Why this is not the policy's exact answer: its search ran past the time budget and a
-    greedy placement was taken (issue 40, hole 2); said to the user wherever it is used."""
+    greedy placement was taken; said to the user wherever it is used."""
     mig_devices: tuple[tuple[int, int], ...] = ()
     """(parent GPU, MIG device index) of the MIG device chosen for a MIG request (``gpus`` is
     then empty)."""

@@ -1,4 +1,4 @@
-"""Shared GPUs: jobs that run beside another lease's job on the same GPU (issue 20, point 3).
+"""Shared GPUs: jobs that run beside another lease's job on the same GPU.
 
 A lease made with ``--shareable`` lets other jobs onto its GPUs; ``run --share`` places a job on
 such a GPU (or on one only other shares use, or on a free one) when its memory fits and the GPU

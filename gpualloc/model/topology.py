@@ -193,7 +193,7 @@ FaultKind = Literal["lost", "ecc", "retired-pages", "remapped-rows", "xid"]
 
 
 class GpuFault(_Strict, kw_only=True, frozen=True):
-    """Something wrong with a GPU that makes gpualloc stop handing it out (issue 21, point 2):
+    """Something wrong with a GPU that makes gpualloc stop handing it out:
     it fell off the bus, has uncorrectable ECC errors, pages or rows waiting for a reset, or
     logged a critical Xid error. A live host is asked each time; a recorded or bundled topology
     may declare faults (``faults`` in its file), so that all of this is testable without a
@@ -209,7 +209,7 @@ class GpuUtilization(_Strict, kw_only=True, frozen=True):
     """How busy a GPU's compute is, as NVML's ``nvmlDeviceGetUtilizationRates`` reports it:
     the percent of its last sample period (1/6 s to 1 s) during which a kernel ran. A live host
     is asked each time; a recorded or bundled topology may declare it (``utilization`` in its
-    file), so that idle leases can be shown and tested without a GPU (issue 21, point 3)."""
+    file), so that idle leases can be shown and tested without a GPU."""
 
     gpu: NonNegativeInt
     percent: Percent
@@ -328,12 +328,12 @@ class Topology(_Strict, kw_only=True):
             ) from None
 
     def cuda_ordinals(self) -> dict[int, int]:
-        """GPU index -> the number CUDA gives that GPU under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``:
-        its place in PCI bus-id order. NVML numbers GPUs in its own enumeration order, which is
-        not bus order on every host (the L40S profile of NVIDIA's mock NVML enumerates 17:00,
-        31:00, B1:00, CA:00, 18:00, ...; issue 41, item 2): exporting NVML indices there ran
-        jobs on GPUs they did not hold. The identity where a bus id is unknown (bundled and
-        recorded topologies without them)."""
+        """GPU index -> the number CUDA gives that GPU under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: its
+        place in PCI bus-id order. NVML numbers GPUs in its own enumeration order, which is not bus
+        order on every host (the L40S profile of NVIDIA's mock NVML enumerates 17:00, 31:00, B1:00,
+        CA:00, 18:00, ...): exporting NVML indices there runs jobs on GPUs they do not hold
+        (tests/test_nvml_mock.py::test_run_exports_the_gpus_it_leased_by_bus_order). The
+        identity where a bus id is unknown (bundled and recorded topologies without them)."""
         keys = [_bus_order_key(gpu.pci_bus_id) for gpu in self.gpus]
         if any(key is None for key in keys):
             return {gpu.index: gpu.index for gpu in self.gpus}
@@ -450,7 +450,7 @@ class Topology(_Strict, kw_only=True):
         return topology
 
     def _check_declared_numa(self, origin: str) -> None:
-        """A topology file's GPUs are on NUMA nodes it declares (issue 42, point 6): a GPU on
+        """A topology file's GPUs are on NUMA nodes it declares: a GPU on
         another would be bound to CPUs and memory nobody described. None declared: unknown,
         not checked. Not asked of a live host, whose sysfs may show a container fewer nodes
         than its GPUs name."""

@@ -4,8 +4,8 @@ Every document gpualloc reads (topologies, the shared ledger, root's journal, ba
 is declared as a :class:`msgspec.Struct` and decoded here, strictly: unknown fields, wrong types
 (no ``"1"`` for ``1``) and values out of range are refused, naming where. msgspec rather than
 pydantic because every command reads the ledger and a topology: importing pydantic and building
-its models cost more than all of ``gpualloc run``'s own work (issue 18, point 9;
-``benchmarks/bench_launch.py``), msgspec decodes and validates in one pass of C.
+its models cost more than all of ``gpualloc run``'s own work (``benchmarks/bench_launch.py``
+measures it), msgspec decodes and validates in one pass of C.
 """
 
 from __future__ import annotations

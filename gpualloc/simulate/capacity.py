@@ -1,5 +1,5 @@
 """How much of a host's GPU capacity a simulation allocated, and which arrivals waited with room
-left (issue 33; the measures of Weng et al., "Beware of Fragmentation", USENIX ATC'23,
+left (the measures of Weng et al., "Beware of Fragmentation", USENIX ATC'23,
 section 5.1).
 
 A job holds each of its GPUs whole, or, when it ran shared, the part of one GPU it asked for

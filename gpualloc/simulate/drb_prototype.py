@@ -28,8 +28,8 @@ SCHEDULERS = {  # FCFS and BF know no utility; TOPO-AWARE-P honours Table 1's th
     "TOPO-AWARE-P": SimOptions(policy="drb", queue="fifo", runtime="profile"),
 }
 ORIGINAL_SIMULATOR_MAKESPAN_S = {"FCFS": 440.0, "TOPO-AWARE": 433.0, "TOPO-AWARE-P": 396.0}
-"""The reference simulator's makespans on this scenario (HiEST/gpu-topo-aware, as issue 19
-records them): speed-ups over FCFS of 1.02x (TOPO-AWARE) and 1.11x (TOPO-AWARE-P)."""
+"""The reference simulator's makespans on this scenario (HiEST/gpu-topo-aware, the DRB
+authors' simulator): speed-ups over FCFS of 1.02x (TOPO-AWARE) and 1.11x (TOPO-AWARE-P)."""
 PAPER_HARDWARE_SPEEDUP = 1.30
 """TOPO-AWARE-P over the greedy schedulers on the real Minsky (section 5.2.2, Fig. 8)."""
 

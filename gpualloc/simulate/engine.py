@@ -15,7 +15,7 @@ its time alone on the GPUs it got, stretched by the jobs beside it. When a job s
 the models with interference re-time the running jobs: the work a job has left goes at the new
 pace from then on.
 
-Sharing (``--sharing N``, issue 20): every 1-GPU job asks as ``run --share`` does (the live
+Sharing (``--sharing N``): every 1-GPU job asks as ``run --share`` does (the live
 share placement, at most N shared jobs per GPU) and every other job's lease is
 ``--shareable``. A job alone keeps its GPU busy a share U of the time (``--gpu-busy``, the
 same for every job; a trace does not record it). Jobs on one GPU fill each other's idle time
@@ -81,7 +81,8 @@ class _Running:
     slowdown: float
     steady: bool = False
     """Its pace never changes: nothing shares its GPUs and its runtime model reads no
-    neighbour of it, so re-timing leaves it be (issue 43)."""
+    neighbour of it, so re-timing leaves it be
+    (tests/test_simulate_shortcuts.py::test_skipped_looks_and_steady_jobs_change_nothing)."""
 
     @property
     def pace_s(self) -> float:
@@ -113,9 +114,10 @@ def _cycles_collected_after() -> Iterator[None]:
     """Pause Python's cyclic garbage collector while the block runs (as it was before, after).
 
     A run makes objects by the hundred thousand and next to no reference cycles (its memos
-    keep what they make), and the collector, set off by the count of objects made, walked the
-    whole growing heap again and again: a fifth of a 10,000-job mixed run (issue 43). Memory
-    is freed by reference counts as before; a cycle made meanwhile waits for the next
+    keep what they make), and the collector, set off by the count of objects made, walks the
+    whole growing heap again and again, for nothing to collect
+    (tests/test_simulate_shortcuts.py::test_the_cyclic_collector_is_paused_for_a_run_and_left_as_it_was).
+    Memory is freed by reference counts as before; a cycle made meanwhile waits for the next
     collection after the run."""
     if not gc.isenabled():
         yield
@@ -186,11 +188,11 @@ class _Simulation:
         order is part of the host state, and the utility sums its jobs' slowdowns in it)."""
         self.all_gpus = frozenset(range(topology.gpu_count))
         self.blocked_at: tuple[int, int] | None = None
-        """The turn key of the waiter where the last look stopped, finding no start, while
-        nothing has started or ended since: every waiter before it could not start and it could
-        neither start nor be passed, so a look finds no start again until a job starts or ends
-        or a waiter arrives ahead of it (issue 43: a third of the looks of a 10,000-job mixed
-        run, each arrival behind a waiting head)."""
+        """The turn key of the waiter where the last look stopped, finding no start, while nothing
+        has started or ended since: every waiter before it could not start and it could neither
+        start nor be passed, so a look finds no start again until a job starts or ends or a waiter
+        arrives ahead of it (every arrival behind a waiting head would look again in vain;
+        tests/test_simulate_shortcuts.py::test_skipped_looks_and_steady_jobs_change_nothing)."""
         self.pcie_shares: dict[tuple[str, int, tuple[int, ...]], float | None] = {}
         self.queue: list[Waiter] = []
         self.by_waiter: dict[str, SimJob] = {}
@@ -331,8 +333,8 @@ class _Simulation:
         The queue is kept in turn order (:func:`~gpualloc.host.queue.turn_key`, as waiters
         arrive), so a decision reads it as it is, and a start changes only the waiters it
         passed, all of them ahead of it: the cost of a start is its place in the queue, not
-        the queue (issue 43, point 1: re-sorting and rebuilding the queue for every decision
-        made a 10,000-job simulation quadratic)."""
+        the queue (re-sorting and rebuilding the queue for every decision would make a
+        simulation quadratic in its jobs)."""
         started = 0
         queue = self.queue
         while queue and self.blocked_at is None:
@@ -361,9 +363,9 @@ class _Simulation:
 
     def _head_waits(self, head: Waiter) -> bool:
         """Whether the queue's first waiter asks for more whole GPUs than are free and may not
-        be passed: then a look stops at it, finding no start, and need not be made (issue 43:
-        a FIFO queue's head waiting for GPUs was looked at after every finish, 7,366 times in
-        a 10,000-job mixed run)."""
+        be passed: then a look stops at it, finding no start, and need not be made (else a
+        FIFO queue's head waiting for GPUs is looked at after every finish:
+        tests/test_simulate_shortcuts.py::test_skipped_looks_and_steady_jobs_change_nothing)."""
         request = head.request
         return (
             not self.options.sharing

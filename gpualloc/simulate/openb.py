@@ -1,4 +1,4 @@
-"""The Alibaba GPU cluster trace of 2023 ("openb") as jobs for ``gpualloc simulate`` (issue 33).
+"""The Alibaba GPU cluster trace of 2023 ("openb") as jobs for ``gpualloc simulate``.
 
 The pod list behind the FGD paper (Weng et al., "Beware of Fragmentation: Scheduling
 GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX ATC'23; alibaba/clusterdata,
@@ -40,7 +40,8 @@ COLUMNS = (
 QOS_PRIORITY = {"LS": "high", "Guaranteed": "high", "Burstable": "normal", "BE": "low"}
 RECOGNISED_BY = COLUMNS[:5]
 """The columns that make a file the pod list, whatever follows them: a pod list without its
-times is then told what it lacks, not asked for gpualloc's own columns (issue 42)."""
+times is then told what it lacks, not asked for gpualloc's own columns
+(tests/test_trace_openb.py::test_the_header_is_what_recognises_it)."""
 NEEDED = ("name", "num_gpu", "gpu_milli", "creation_time", "deletion_time", "scheduled_time")
 NODE_LIST = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 """The header of the trace's other file, ``openb_node_list_gpu_node.csv``: its GPU nodes."""

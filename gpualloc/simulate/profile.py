@@ -117,8 +117,9 @@ def _whole(value: object) -> int:
 
 
 def _seconds(value: object) -> float:
-    """A time of a profile: finite, not negative (issue 42, point 3: an infinite one was an
-    internal error, a NaN one a simulation of NaN seconds)."""
+    """A time of a profile: finite, not negative: an infinite one would be an internal
+    error, a NaN one a simulation of NaN seconds
+    (tests/test_fuzz_findings.py::test_a_profile_of_numbers_no_job_runs_for_is_refused)."""
     from gpualloc.simulate.trace import MAX_SECONDS
 
     number = float(value)  # type: ignore[arg-type]

@@ -59,7 +59,7 @@ class RuntimeModel:
 
     def looks_at_neighbours(self, job: SimJob) -> bool:
         """Whether :meth:`slowdown` of ``job`` reads its neighbours (else they need not be
-        listed: a trace's jobs that no profile covers, at every event; issue 43)."""
+        listed: a trace's jobs that no profile covers, at every event)."""
         return self.dynamic
 
 

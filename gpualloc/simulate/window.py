@@ -1,5 +1,5 @@
 """A window of a trace, and its arrivals rescaled to an offered load (``simulate --start
---limit --load``, issue 33).
+--limit --load``).
 
 A cluster trace (the Alibaba one: 1,523 nodes) offers far more work than one host can take; a
 host sees a slice of it, at the pace its owner chooses:

@@ -1,4 +1,4 @@
-"""``gres.conf`` lines for this host: device files, local cores, NVLink counts (issue 7).
+"""``gres.conf`` lines for this host: device files, local cores, NVLink counts.
 
 Debian's Slurm has no NVML plugin in main (``gpu_nvml.so`` ships in contrib), so slurmd cannot
 detect GPUs or their links itself; an explicit ``gres.conf`` is the only way to tell it. One line
@@ -14,7 +14,7 @@ per GPU, in PCI bus order (NVML's order):
   threads)) and NUMA nodes standing in for sockets.
 - ``Links=``: the number of NVLinks to each GPU in PCI order, -1 for itself.
 
-MIG (issue 20): a GPU with MIG enabled is not handed out whole; each of its MIG devices gets a
+MIG: a GPU with MIG enabled is not handed out whole; each of its MIG devices gets a
 line of its own, as Slurm's ``AutoDetect=nvml`` (gpu_nvml.c) makes them:
 
 - ``Type=<gpu type>_<profile>``, e.g. ``nvidia_a100-sxm4-40gb_3g.20gb``; the GPU type is the
@@ -107,7 +107,8 @@ def _unsafe(value: str) -> bool:
 
 def check_gres_value(value: str | None, option: str) -> None:
     """Refuse a value given on the command line for a gres.conf field that would write more
-    than that field (``--node $'n1\\nNodeName=evil ...'``: issue 42, point 5)."""
+    than that field (``--node $'n1\\nNodeName=evil ...'``: gres.conf(5) is read line by line,
+    so a newline would start a line of the caller's)."""
     if value is None:
         return
     example = f"e.g. {option} n1" if option == "--node" else "one word"

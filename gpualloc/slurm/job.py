@@ -1,4 +1,4 @@
-"""Inside a Slurm job: which of the host's GPUs belong to the job (issue 7).
+"""Inside a Slurm job: which of the host's GPUs belong to the job.
 
 ``gpualloc run`` (and ``alloc``, ``status``, ``release``) inside a job limit themselves to the
 job's GPUs and keep a ledger of their own for the job, so that an 8-GPU allocation can run four

@@ -16,7 +16,7 @@ from gpualloc.user_files import names_a_file, shown_value
 BUNDLED_DIRECTORY = Path(__file__).parent
 """Where the files lie: installed as plain files beside this module (setuptools package data).
 Read directly rather than through importlib.resources, whose import (zipfile, tempfile, lzma,
-...) cost more than the whole topology on every command's path (issue 18, point 9)."""
+...) cost more than the whole topology on every command's path."""
 
 
 def bundled_names() -> list[str]:

@@ -5,12 +5,13 @@ Every ``run``, ``alloc`` and ``release`` asks this, broker or not, so it costs o
 (one that does not answer is an error, never a fall-back to the file ledger); else
 :data:`DEFAULT_SOCKET` when the host is in broker mode; else None, the embedded file ledger.
 
-Broker mode is a property of the host, not the momentary presence of a socket (issue 40,
-hole 9: a broker that stopped cleanly removed its socket, and clients silently fell back to the
-file ledger beside the broker's leases). The mark is :data:`BROKER_DIRECTORY`, a directory root
-owns (``gpualloc serve`` and the systemd units make it; a reboot or ``rmdir`` clears it): while
-it stands, a missing socket is exit 18, "the broker does not answer". A directory another user
-made there is no mark.
+Broker mode is a property of the host, not the momentary presence of a socket: a broker that stops
+cleanly removes its socket, and clients that took its absence for no broker would fall back to the
+file ledger beside the broker's leases
+(tests/test_broker_cannot_be_bypassed.py::test_a_host_in_broker_mode_never_falls_back_to_the_file_ledger).
+The mark is :data:`BROKER_DIRECTORY`, a directory root owns (``gpualloc serve`` and the systemd
+units make it; a reboot or ``rmdir`` clears it): while it stands, a missing socket is exit 18, "the
+broker does not answer". A directory another user made there is no mark.
 """
 
 from __future__ import annotations
