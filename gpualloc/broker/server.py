@@ -101,23 +101,28 @@ class Broker:
     # ---- the loop ------------------------------------------------------------------------
 
     def serve(self) -> None:
-        self.listener.setblocking(False)
-        self.selector.register(self.listener, selectors.EVENT_READ, None)
         wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_write)  # a signal wakes the loop at once
         self.selector.register(wake_read, selectors.EVENT_READ, WAKE)
-        for lease_id in self.service.adopt():
-            self.log(f"lease {lease_id} released: its job ended while no broker ran")
-        self._register_pidfds()
+        self.start()
         for name in ("SIGTERM", "SIGINT"):
             signal.signal(getattr(signal, name), self._stop)
         self._start_placer()
         try:
-            self._loop()
+            while not self.stopping:
+                self.turn()
         finally:
             if self.service.host.placer is not None:
                 self.service.host.placer.stop()
         self.selector.close()
+
+    def start(self) -> None:
+        """Listen, and follow the leases the ledger holds: what serving begins with."""
+        self.listener.setblocking(False)
+        self.selector.register(self.listener, selectors.EVENT_READ, None)
+        for lease_id in self.service.adopt():
+            self.log(f"lease {lease_id} released: its job ended while no broker ran")
+        self._register_pidfds()
 
     def _start_placer(self) -> None:
         try:
@@ -134,25 +139,25 @@ class Broker:
             return
         self.service.host.placer = placer
 
-    def _loop(self) -> None:
-        while not self.stopping:
-            placer = self.service.host.placer
-            due = placer.wake_at() if placer is not None else None
-            deadline = min(filter(None, (self.service.next_deadline(), due)), default=None)
-            wake = self.next_look if deadline is None else min(self.next_look, deadline)
-            step = self.service.watch.wake_at() or wake  # the next step of its pass over /proc
-            timeout = 0.0 if self.requests else max(0.0, min(wake, step) - time.monotonic())
-            for key, mask in self.selector.select(timeout):
-                self._event(key, mask)
-            if due is not None and time.monotonic() > due:  # a stuck worker is replaced
-                self._placed()
-            if time.monotonic() >= step:
-                self._guarded(self.service.watch.step)
-            look = time.monotonic() >= wake
-            if self.requests or self.reap_due or look:
-                self._in_batch(look)
-            if look:
-                self.next_look = time.monotonic() + LOOK_S
+    def turn(self) -> None:
+        """One turn of the loop: wait for something to do, and do it."""
+        placer = self.service.host.placer
+        due = placer.wake_at() if placer is not None else None
+        deadline = min(filter(None, (self.service.next_deadline(), due)), default=None)
+        wake = self.next_look if deadline is None else min(self.next_look, deadline)
+        step = self.service.watch.wake_at() or wake  # the next step of its pass over /proc
+        timeout = 0.0 if self.requests else max(0.0, min(wake, step) - time.monotonic())
+        for key, mask in self.selector.select(timeout):
+            self._event(key, mask)
+        if due is not None and time.monotonic() > due:  # a stuck worker is replaced
+            self._placed()
+        if time.monotonic() >= step:
+            self._guarded(self.service.watch.step)
+        look = time.monotonic() >= wake
+        if self.requests or self.reap_due or look:
+            self._in_batch(look)
+        if look:
+            self.next_look = time.monotonic() + LOOK_S
 
     def _in_batch(self, look: bool) -> None:
         """Everything that arrived in this turn of the loop, in one group commit: the answers
