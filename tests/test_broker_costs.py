@@ -1,6 +1,7 @@
 """What the broker does not do again on every request: search a placement it found for the
 same request on the same free GPUs, wait for ext4 to write out a ledger it renames into place,
-or read ``/proc`` for a peer it has read already."""
+read ``/proc`` for a peer it has read already, or write once per answer and log line where a
+turn of its loop has several."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import io
 import json
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +19,11 @@ from typing import Any
 import pytest
 
 from gpualloc.atomic import write_text_atomic, write_user_output
+from gpualloc.broker import server
 from gpualloc.broker.fair_share import FairShare
 from gpualloc.broker.limits import Limits
 from gpualloc.broker.listener import listening_socket
+from gpualloc.broker.log import log_lines
 from gpualloc.broker.server import Broker
 from gpualloc.broker.service import LedgerService
 from gpualloc.config import Config
@@ -180,7 +184,7 @@ def test_gpuallocs_own_atomic_write_replaces_a_planted_link_and_never_follows_it
 
 class TurnedBroker:
     """A broker in this process on a bundled host, whose loop the test turns (no placement
-    worker: searches run in the loop), and the lines it logged."""
+    worker: searches run in the loop), and the batches of lines it gave its log."""
 
     def __init__(self, directory: Path) -> None:
         config = Config.load()
@@ -188,7 +192,7 @@ class TurnedBroker:
         service = LedgerService(host, QueuePolicy.from_config(config), FairShare(3600.0), config)
         assert service.store.hold_lock()
         self.socket = directory / "run" / "gpualloc.sock"
-        self.logged: list[str] = []
+        self.logged: list[list[str]] = []
         self.broker = Broker(
             service, listening_socket(self.socket), Limits(64, 1000), log=self.logged.append
         )
@@ -281,3 +285,49 @@ def test_a_connection_reads_its_peers_proc_facts_once(
     assert len(proc_reads) - four == four  # another connection reads them once, as well
     first.close()
     second.close()
+
+
+def test_a_turns_answers_go_out_in_one_write_per_connection(
+    turned: TurnedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three requests that arrive together are answered in one turn: one write to their
+    connection, after the ledger write, and one write to the log for the turn's two
+    leases."""
+    monkeypatch.setattr(server, "USER_SLICE_S", 60.0)  # as root's: none waits a turn
+    client = turned.connect()
+    client.sendall(b'{"v":1,"op":"hello","args":{}}\n' + _hold_line(2) + _hold_line(3))
+    writes: list[set[str]] = []
+    ledger = turned.broker.service.store.directory.ledger_file
+
+    def send(connection: socket.socket, data: Any, *args: Any) -> int:
+        writes.append({lease["id"] for lease in json.loads(ledger.read_text())["leases"]})
+        return real_send(connection, data, *args)
+
+    real_send = socket.socket.send
+    monkeypatch.setattr(socket.socket, "send", send)
+    answers = turned.answers(client, 3)
+    assert [a["ok"] for a in answers] == [True, True, True]
+    (written,) = writes  # one write, once the ledger holds both leases it tells of
+    assert {a["result"]["lease"]["id"] for a in answers[1:]} == written
+    assert len(turned.logged) == 1 and len(turned.logged[0]) == 2, turned.logged
+    assert all("lease" in line for line in turned.logged[0])
+    client.close()
+
+
+def test_the_log_writes_a_turns_lines_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    written: list[str] = []
+
+    class Stream:
+        def write(self, text: str) -> None:
+            written.append(text)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Stream())
+    log_lines(["root: lease a", "internal error:\nTraceback\x1b[2J"])
+    (text,) = written
+    lines = text.splitlines()
+    assert len(lines) == 3 and text.endswith("\n")
+    assert lines[0].endswith(" gpualloc serve: root: lease a")
+    assert lines[2] == "    Traceback\\x1b[2J"  # indented, its escape sequence shown
