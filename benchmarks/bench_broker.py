@@ -7,7 +7,8 @@ then prints:
 - the library (``gpualloc.api.hold``) with 8 client processes: alloc+release cycles per second
   (target >= 1000), the p50/p99 latency of each call, alloc and release alike (target p99
   <= 10 ms), and the CPU time a cycle costs the broker (its loop and its placement worker) and
-  the clients: on a shared machine the rate follows what others run, the CPU far less;
+  the clients, and the broker's read and write system calls (``/proc/PID/io``): on a shared
+  machine the rate follows what others run, the CPU less, the system calls not at all;
 - ``gpualloc run -n 1 -- true`` through the broker: median wall time over ``python -c pass``
   (target <= 40 ms);
 - command-line cycles (``alloc --hold`` + ``release``, a process each) with 8 clients, next to
@@ -90,6 +91,13 @@ def cpu_s(pid: int) -> float:
     return total
 
 
+def syscalls(pid: int) -> tuple[int, int]:
+    """The read and write system calls ``pid`` has made (``syscr``, ``syscw`` of
+    ``/proc/PID/io``: recv and send count among them)."""
+    fields = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+    return int(fields["syscr"]), int(fields["syscw"])
+
+
 def _children(pid: int) -> list[int]:
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
@@ -156,9 +164,11 @@ def main() -> int:
     base = gpualloc_argv()
     missed = False
     try:
-        broker_before = cpu_s(broker.pid)
+        broker_before, calls_before = cpu_s(broker.pid), syscalls(broker.pid)
         library_rate, per_client = _rate(_library_client, (options.seconds,))
         broker_spent = cpu_s(broker.pid) - broker_before
+        (reads, writes), (reads_before, writes_before) = syscalls(broker.pid), calls_before
+        reads, writes = reads - reads_before, writes - writes_before
         calls = sorted(ms for client, _ in per_client for ms in client)
         cycles = len(calls) // 2
         clients_spent = sum(spent for _, spent in per_client)
@@ -179,6 +189,10 @@ def main() -> int:
         print(
             f"  CPU per cycle             broker {broker_spent / cycles * 1e6:5.0f} us, "
             f"clients {clients_spent / cycles * 1e6:5.0f} us"
+        )
+        print(
+            f"  broker system calls       {reads / cycles:5.1f} reads, {writes / cycles:5.1f} "
+            "writes per cycle"
         )
         if options.library_only:
             return 1 if missed else 0
