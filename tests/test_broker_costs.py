@@ -220,7 +220,10 @@ class TurnedBroker:
 
     def close(self) -> None:
         for key in list(self.broker.selector.get_map().values()):
-            key.fileobj.close()  # type: ignore[union-attr]
+            if isinstance(key.fileobj, socket.socket):
+                key.fileobj.close()
+            else:  # a lease's pidfd
+                os.close(key.fd)
         self.broker.selector.close()
         held = self.broker.service.store._held
         assert held is not None
