@@ -9,13 +9,15 @@ write to the journal's pipe is a system call and a wake-up of journald
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterable
-from datetime import datetime, timezone
 
 from gpualloc.model.printable import printable
 
 LOG_LINE_LIMIT = 2000
 """The most characters one line of the broker's log shows of a message."""
+_stamp: tuple[int, str] = (-1, "")
+"""The last second stamped, and its stamp (a busy loop writes many turns a second)."""
 
 
 def log_lines(lines: Iterable[str]) -> None:
@@ -24,7 +26,11 @@ def log_lines(lines: Iterable[str]) -> None:
     escaped and every further line of a message (a traceback's) is indented, so that no
     client writes escape sequences to the administrator's terminal or a line that reads as
     the broker's own."""
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    global _stamp
+    second = int(time.time())
+    if _stamp[0] != second:
+        _stamp = (second, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(second)))
+    stamp = _stamp[1]
     text = ""
     for line in lines:
         first, *more = line.split("\n")
