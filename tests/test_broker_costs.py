@@ -1,21 +1,39 @@
-"""What the broker does not do again on every request: search a placement
-it found for the same request on the same free GPUs, or wait for ext4 to write out a ledger
-it renames into place."""
+"""What the broker does not do again on every request: search a placement it found for the
+same request on the same free GPUs, wait for ext4 to write out a ledger it renames into place,
+read ``/proc`` for a peer it has read already, or write once per answer and log line where a
+turn of its loop has several."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import io
+import json
 import os
+import socket
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpualloc.atomic import write_text_atomic, write_user_output
+from gpualloc.broker import server
+from gpualloc.broker.fair_share import FairShare
+from gpualloc.broker.limits import Limits
+from gpualloc.broker.listener import listening_socket
+from gpualloc.broker.log import log_lines
+from gpualloc.broker.server import Broker
+from gpualloc.broker.service import LedgerService
+from gpualloc.config import Config
 from gpualloc.host import local
 from gpualloc.host.local import LocalHost
+from gpualloc.host.queue_policy import QueuePolicy
 from gpualloc.host.terms import LeaseTerms
+from gpualloc.ledger.store import new_lease_id
 from gpualloc.model.request import JobRequest
+from gpualloc.model.validation import to_builtins
 from gpualloc.placement.patterns import build_pattern
 from gpualloc.placement.want import Want
 from gpualloc.topologies import load_bundled
@@ -159,3 +177,160 @@ def test_gpuallocs_own_atomic_write_replaces_a_planted_link_and_never_follows_it
     write_text_atomic(planted, "journal\n")
     assert not planted.is_symlink() and planted.read_text() == "journal\n"
     assert target.read_text() == "untouched\n"
+
+
+# ---- the broker's loop, in this process ------------------------------------------------------
+
+
+class TurnedBroker:
+    """A broker in this process on a bundled host, whose loop the test turns (no placement
+    worker: searches run in the loop), and the batches of lines it gave its log."""
+
+    def __init__(self, directory: Path) -> None:
+        config = Config.load()
+        host = LocalHost.open(load_bundled("dgx1-v100"), state_dir=directory / "b", owner=True)
+        service = LedgerService(host, QueuePolicy.from_config(config), FairShare(3600.0), config)
+        assert service.store.hold_lock()
+        self.socket = directory / "run" / "gpualloc.sock"
+        self.logged: list[list[str]] = []
+        self.broker = Broker(
+            service, listening_socket(self.socket), Limits(64, 1000), log=self.logged.append
+        )
+        self.broker.start()
+
+    def connect(self) -> socket.socket:
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        client.connect(str(self.socket))
+        client.settimeout(5)
+        return client
+
+    def answers(self, client: socket.socket, count: int) -> list[dict[str, Any]]:
+        """The next ``count`` answers ``client`` gets, turning the loop until they came."""
+        found = b""
+        for _ in range(50):
+            self.broker.turn()
+            client.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                found += client.recv(1 << 20)
+            if found.count(b"\n") >= count:
+                break
+        lines = found.splitlines()
+        assert len(lines) == count, found
+        return [json.loads(line) for line in lines]
+
+    def close(self) -> None:
+        for key in list(self.broker.selector.get_map().values()):
+            if isinstance(key.fileobj, socket.socket):
+                key.fileobj.close()
+            else:  # a lease's pidfd
+                os.close(key.fd)
+        self.broker.selector.close()
+        held = self.broker.service.store._held
+        assert held is not None
+        held.__exit__(None, None, None)
+
+
+@pytest.fixture
+def turned(tmp_path: Path) -> Iterator[TurnedBroker]:
+    broker = TurnedBroker(tmp_path)
+    try:
+        yield broker
+    finally:
+        broker.close()
+
+
+def _hold_line(gpus: int = 1) -> bytes:
+    """An ``alloc --hold`` request as the broker's clients send it."""
+    args = {
+        "lease_id": new_lease_id(),
+        "request": to_builtins(_want(gpus).queued()),
+        "terms": {"source": "alloc", "hold": True},
+        "wait": None,
+    }
+    return json.dumps({"v": 1, "op": "alloc", "args": args}).encode() + b"\n"
+
+
+@pytest.fixture
+def proc_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every file of ``/proc/<this process>/`` opened (the peer of the test's connections)."""
+    mine = f"/proc/{os.getpid()}/"
+    opened: list[str] = []
+
+    def counting(function: Any) -> Any:
+        def counted(path: Any, *args: Any, **kwargs: Any) -> Any:
+            if str(path).startswith(mine):
+                opened.append(str(path))
+            return function(path, *args, **kwargs)
+
+        return counted
+
+    monkeypatch.setattr(os, "open", counting(os.open))
+    monkeypatch.setattr(io, "open", counting(io.open))  # pathlib's read_text opens with it
+    return opened
+
+
+def test_a_connection_reads_its_peers_proc_facts_once(
+    turned: TurnedBroker, proc_reads: list[str]
+) -> None:
+    """The peer's real uid and start time are read at its first request that needs them,
+    not at every request: four leases over one connection read what one lease over another
+    reads (``--hold``: no other process of the test is read)."""
+    first = turned.connect()
+    first.sendall(_hold_line() + _hold_line())
+    assert all(a["ok"] for a in turned.answers(first, 2))
+    first.sendall(_hold_line() + _hold_line())
+    assert all(a["ok"] for a in turned.answers(first, 2))
+    four = len(proc_reads)
+    assert four > 0
+    second = turned.connect()
+    second.sendall(_hold_line())
+    assert turned.answers(second, 1)[0]["ok"]
+    assert len(proc_reads) - four == four  # another connection reads them once, as well
+    first.close()
+    second.close()
+
+
+def test_a_turns_answers_go_out_in_one_write_per_connection(
+    turned: TurnedBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three requests that arrive together are answered in one turn: one write to their
+    connection, after the ledger write, and one write to the log for the turn's two
+    leases."""
+    monkeypatch.setattr(server, "USER_SLICE_S", 60.0)  # as root's: none waits a turn
+    client = turned.connect()
+    client.sendall(b'{"v":1,"op":"hello","args":{}}\n' + _hold_line(2) + _hold_line(3))
+    writes: list[set[str]] = []
+    ledger = turned.broker.service.store.directory.ledger_file
+
+    def send(connection: socket.socket, data: Any, *args: Any) -> int:
+        writes.append({lease["id"] for lease in json.loads(ledger.read_text())["leases"]})
+        return real_send(connection, data, *args)
+
+    real_send = socket.socket.send
+    monkeypatch.setattr(socket.socket, "send", send)
+    answers = turned.answers(client, 3)
+    assert [a["ok"] for a in answers] == [True, True, True]
+    (written,) = writes  # one write, once the ledger holds both leases it tells of
+    assert {a["result"]["lease"]["id"] for a in answers[1:]} == written
+    assert len(turned.logged) == 1 and len(turned.logged[0]) == 2, turned.logged
+    assert all("lease" in line for line in turned.logged[0])
+    client.close()
+
+
+def test_the_log_writes_a_turns_lines_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    written: list[str] = []
+
+    class Stream:
+        def write(self, text: str) -> None:
+            written.append(text)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Stream())
+    log_lines(["root: lease a", "internal error:\nTraceback\x1b[2J"])
+    (text,) = written
+    lines = text.splitlines()
+    assert len(lines) == 3 and text.endswith("\n")
+    assert lines[0].endswith(" gpualloc serve: root: lease a")
+    assert lines[2] == "    Traceback\\x1b[2J"  # indented, its escape sequence shown

@@ -4,6 +4,12 @@
 kernel fills it in at ``connect``, so no client can claim another user's identity. A lease may
 be bound only to a process of the asking user (its *real* uid, as ``/proc/PID/status`` says:
 a setuid program the user started is still theirs); root may name any process.
+
+What ``/proc`` says of the peer itself (its real uid, its start time) is read once per
+connection, at its first request that needs it, not at every request: the pid a connection
+names is fixed at ``connect``, and a start time read once pins the process, so that a pid the
+kernel hands out again later never passes for it (the ledger checks that the process still
+runs, against that start time, before it records a lease: ``tests/test_broker_costs.py``).
 """
 
 from __future__ import annotations
@@ -20,12 +26,14 @@ from gpualloc.ledger.liveness import process_start_time
 _UCRED = struct.Struct("3i")
 
 
-class Peer(Struct, frozen=True):
-    """The process at the other end of a connection."""
+class Peer(Struct):
+    """The process at the other end of a connection (one per connection)."""
 
     pid: int
     uid: int
     gid: int
+    facts: tuple[int, float] | None = None
+    """Its real uid and start time, once read (:func:`check_owned`)."""
 
     @property
     def root(self) -> bool:
@@ -57,14 +65,28 @@ def real_uid(pid: int) -> int | None:
         return None
 
 
-def check_owned(peer: Peer, pid: int) -> float:
-    """The start time of ``pid`` if ``peer`` may bind a lease to it; raises otherwise."""
+def process_facts(pid: int) -> tuple[int, float] | None:
+    """The real uid and start time of ``pid``, read together (None when there is no such
+    process, or it ended between the reads)."""
     owner = real_uid(pid)
     started = process_start_time(pid)
-    if real_uid(pid) != owner:  # the pid ended and was handed out again between the reads
-        owner = None
-    if owner is None or started is None:
+    if owner is None or started is None or real_uid(pid) != owner:  # ended, its pid reused
+        return None
+    return owner, started
+
+
+def check_owned(peer: Peer, pid: int) -> float:
+    """The start time of ``pid`` if ``peer`` may bind a lease to it; raises otherwise. The
+    peer's own facts are read once (module docstring); a failed read is not kept."""
+    if pid != peer.pid:
+        facts = process_facts(pid)
+    else:
+        if peer.facts is None:
+            peer.facts = process_facts(pid)
+        facts = peer.facts
+    if facts is None:
         raise RequestError(f"no process with pid {pid}", hint="give the pid of a running process")
+    owner, started = facts
     if owner != peer.uid and not peer.root:
         from gpualloc.ledger.shared_files import owner_name
 

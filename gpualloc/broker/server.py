@@ -19,6 +19,9 @@ Besides requests the loop wakes when a lease's process ends (its pidfd, :mod:`.w
 step of the watch's walk of ``/proc``, and every :data:`~.watch.LOOK_S`: it asks NVML again
 (every :data:`PROCESS_REFRESH_S`), reaps dead leases, times out waiters, starts every waiter
 whose turn it is (:meth:`.service.LedgerService.turns`) and tells waiting clients where they stand.
+
+What a turn says goes out as it ends, after its ledger write (:meth:`Broker._in_batch`): each
+connection's answers in one write, the log's lines in one (:class:`~.log.TurnLog`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any
 from gpualloc.broker.connection import Connection
 from gpualloc.broker.limits import Limits, request_cost
 from gpualloc.broker.listener import accepted
+from gpualloc.broker.log import TurnLog
 from gpualloc.broker.peers import Peer
 from gpualloc.broker.placer import MAX_ASKS, Parking, Placer
 from gpualloc.broker.service import LedgerService, Started
@@ -66,7 +70,8 @@ one request, not by all of them: issue 40, hole 2). Root is never put off."""
 
 
 class Broker:
-    """The loop. ``log`` takes one line (``gpualloc serve`` writes it to stderr)."""
+    """The loop. ``log`` takes the lines of one turn (``gpualloc serve`` writes them to stderr:
+    :func:`~.log.log_lines`)."""
 
     def __init__(
         self,
@@ -75,7 +80,7 @@ class Broker:
         limits: Limits,
         *,
         idle_policy: Any = None,
-        log: Callable[[str], None] = lambda line: None,
+        log: Callable[[list[str]], None] = lambda lines: None,
         search_budget_s: float | None = None,
     ) -> None:
         self.service = service
@@ -86,7 +91,7 @@ class Broker:
         self.listener = listener
         self.limits = limits
         self.idle_policy = idle_policy
-        self.log = log
+        self.log = TurnLog(log)
         self.selector = selectors.DefaultSelector()
         self.waiting: dict[str, Connection] = {}
         self.stopping = False
@@ -97,27 +102,36 @@ class Broker:
         self.held_back: list[tuple[Connection, bytes]] | None = None
         """Answers of the batch being handled, sent once it is written (None: no batch)."""
         self.reap_due = False
+        self.unsent: dict[Connection, None] = {}
+        """Connections with answers to send when the turn ends, in the order they were given."""
 
     # ---- the loop ------------------------------------------------------------------------
 
     def serve(self) -> None:
-        self.listener.setblocking(False)
-        self.selector.register(self.listener, selectors.EVENT_READ, None)
         wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_write)  # a signal wakes the loop at once
         self.selector.register(wake_read, selectors.EVENT_READ, WAKE)
-        for lease_id in self.service.adopt():
-            self.log(f"lease {lease_id} released: its job ended while no broker ran")
-        self._register_pidfds()
+        self.start()
         for name in ("SIGTERM", "SIGINT"):
             signal.signal(getattr(signal, name), self._stop)
         self._start_placer()
         try:
-            self._loop()
+            while not self.stopping:
+                self.turn()
         finally:
             if self.service.host.placer is not None:
                 self.service.host.placer.stop()
+            self.log.flush()
         self.selector.close()
+
+    def start(self) -> None:
+        """Listen, and follow the leases the ledger holds: what serving begins with."""
+        self.listener.setblocking(False)
+        self.selector.register(self.listener, selectors.EVENT_READ, None)
+        for lease_id in self.service.adopt():
+            self.log(f"lease {lease_id} released: its job ended while no broker ran")
+        self._register_pidfds()
+        self.log.flush()
 
     def _start_placer(self) -> None:
         try:
@@ -134,25 +148,29 @@ class Broker:
             return
         self.service.host.placer = placer
 
-    def _loop(self) -> None:
-        while not self.stopping:
-            placer = self.service.host.placer
-            due = placer.wake_at() if placer is not None else None
-            deadline = min(filter(None, (self.service.next_deadline(), due)), default=None)
-            wake = self.next_look if deadline is None else min(self.next_look, deadline)
-            step = self.service.watch.wake_at() or wake  # the next step of its pass over /proc
-            timeout = 0.0 if self.requests else max(0.0, min(wake, step) - time.monotonic())
-            for key, mask in self.selector.select(timeout):
-                self._event(key, mask)
-            if due is not None and time.monotonic() > due:  # a stuck worker is replaced
-                self._placed()
-            if time.monotonic() >= step:
-                self._guarded(self.service.watch.step)
-            look = time.monotonic() >= wake
-            if self.requests or self.reap_due or look:
-                self._in_batch(look)
-            if look:
-                self.next_look = time.monotonic() + LOOK_S
+    def turn(self) -> None:
+        """One turn of the loop: wait for something to do, do it, say what it made."""
+        placer = self.service.host.placer
+        due = placer.wake_at() if placer is not None else None
+        deadline = min(filter(None, (self.service.next_deadline(), due)), default=None)
+        wake = self.next_look if deadline is None else min(self.next_look, deadline)
+        step = self.service.watch.wake_at() or wake  # the next step of its pass over /proc
+        timeout = 0.0 if self.requests else max(0.0, min(wake, step) - time.monotonic())
+        for key, mask in self.selector.select(timeout):
+            self._event(key, mask)
+        if due is not None and time.monotonic() > due:  # a stuck worker is replaced
+            self._placed()
+        if time.monotonic() >= step:
+            self._guarded(self.service.watch.step)
+        look = time.monotonic() >= wake
+        if self.requests or self.reap_due or look:
+            self._in_batch(look)
+        if look:
+            self.next_look = time.monotonic() + LOOK_S
+        unsent, self.unsent = self.unsent, {}
+        for connection in unsent:
+            self._flush(connection)
+        self.log.flush()
 
     def _in_batch(self, look: bool) -> None:
         """Everything that arrived in this turn of the loop, in one group commit: the answers
@@ -230,7 +248,7 @@ class Broker:
             if mask & selectors.EVENT_READ:
                 self._read(key.data)
             if mask & selectors.EVENT_WRITE and key.data.open:
-                self._flush(key.data)
+                self.unsent[key.data] = None
         else:  # "pidfd": the lease's process ended
             self.selector.unregister(key.fd)
             os.close(key.fd)
@@ -506,9 +524,11 @@ class Broker:
         if len(connection.outbox) > MAX_UNREAD_BYTES:
             self._close(connection)
             return
-        self._flush(connection)
+        self.unsent[connection] = None  # with the turn's other answers, in one write
 
     def _flush(self, connection: Connection) -> None:
+        if not connection.open:
+            return
         try:
             while connection.outbox:
                 sent = connection.sock.send(connection.outbox)

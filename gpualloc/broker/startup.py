@@ -22,7 +22,7 @@ from pathlib import Path
 from gpualloc.broker.fair_share import FairShare
 from gpualloc.broker.limits import Limits
 from gpualloc.broker.listener import activated, listening_socket
-from gpualloc.broker.log import log_line
+from gpualloc.broker.log import log_line, log_lines
 from gpualloc.broker.server import Broker
 from gpualloc.broker.service import LedgerService
 from gpualloc.config import Config
@@ -84,7 +84,7 @@ def serve(
             listener,
             limits,
             idle_policy=IdlePolicy.from_config(config),
-            log=log_line,
+            log=log_lines,
             search_budget_s=config.value("placement.time_budget"),
         )
         log_line(
