@@ -8,8 +8,9 @@ as a command opens its host (:func:`~gpualloc.host.open.open_host`), and each ca
 caller may count on from either: the placements (the placement engine's own answer for the
 ledger as it stands), and for a refusal the error's class, message, hint and exit code.
 
-Where the two differ today, the case is marked ``xfail(strict=True)`` for the one that differs,
-naming the difference: it is a fault of that implementation, not of the contract.
+A difference is a fault of the implementation that differs, not of the contract: the snapshot
+served when a brokered host opened, an error's supporting lines, the words for a pid with no
+process and a waiter's first status each differed once.
 """
 
 from __future__ import annotations
@@ -95,25 +96,6 @@ def host(side: Side) -> Host:
     opened = side.open()
     assert isinstance(opened, {"local": LocalHost, "brokered": BrokeredHost}[side.kind])
     return opened
-
-
-def differs(kind: str, reason: str) -> Callable[[Any], Any]:
-    """Mark a case as failing today on the ``kind`` side alone, for ``reason``."""
-
-    def mark(test: Any) -> Any:
-        test.differs = (kind, reason)
-        return test
-
-    return mark
-
-
-@pytest.fixture(autouse=True)
-def _known_difference(request: pytest.FixtureRequest) -> None:
-    found = getattr(request.function, "differs", None)
-    if found is not None and "side" in request.fixturenames:
-        kind, reason = found
-        if request.getfixturevalue("side").kind == kind:
-            request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
 
 
 # ---- the cases' vocabulary ---------------------------------------------------------------
@@ -269,14 +251,8 @@ def test_a_wait_starts_when_the_gpus_are_released(side: Side, host: Host) -> Non
 
 
 WAIT_REASON = "the job needs 1 GPU and 0 usable ones are free now"
-LATE_STATUS = (
-    "the broker says where a waiter stands only from its next look (up to watch.LOOK_S, 1 s) "
-    "after it joined the queue: the look made when it joins reads the ledger before the "
-    "batch that queued it is written"
-)
 
 
-@differs("brokered", LATE_STATUS + ": a shorter wait times out with no reason given")
 def test_a_wait_runs_out(host: Host) -> None:
     host.allocate(want(8), hold())
     wait = WaitOptions(timeout_s=0.3, poll_s=0.05)
@@ -288,7 +264,6 @@ def test_a_wait_runs_out(host: Host) -> None:
     )
 
 
-@differs("brokered", LATE_STATUS + ": a waiter that waits less hears nothing")
 def test_a_waiter_hears_where_it_stands(host: Host) -> None:
     host.allocate(want(8), hold("all"))
     heard: list[Any] = []
@@ -319,11 +294,6 @@ def test_a_job_that_never_fits_is_not_queued(side: Side, host: Host) -> None:
 # ---- status: what a fresh look shows -----------------------------------------------------
 
 
-@differs(
-    "brokered",
-    "BrokeredHost.snapshot() returns the snapshot taken when the host was opened (served), "
-    "not the ledger now: a lease made since is missing",
-)
 def test_the_snapshot_shows_the_leases_made_since_the_host_was_opened(host: Host) -> None:
     made = host.allocate(want(2), hold())
     assert held_gpus(host) == {made.lease.id: made.lease.indices}
@@ -434,11 +404,6 @@ def test_gpus_taken_now(host: Host) -> None:
     assert refused(lambda: host.allocate(want(2), hold())) == BUSY
 
 
-@differs(
-    "brokered",
-    "the broker's answer carries an error's code, message and hint, not its details: "
-    "GpusBusy loses the lines saying who holds the GPUs",
-)
 def test_gpus_taken_now_say_who_holds_them(host: Host) -> None:
     big = host.allocate(want(7), hold("big"))
     with pytest.raises(errors.GpusBusy) as caught:
@@ -505,12 +470,6 @@ def test_a_bad_pattern(
     assert host.release_leases([], mine=True).released == []
 
 
-@differs(
-    "brokered",
-    "a pid with no process: the broker says 'no process with pid N' (hint 'give the pid of "
-    "a running process'), the embedded ledger 'no process with pid N: the lease would end at "
-    "once' (hint 'give --pid of a process that runs while the GPUs are used, or --hold')",
-)
 def test_a_pid_that_is_no_process(host: Host) -> None:
     gone = 2**22 + 1  # above the kernel's largest pid_max: no process has it
     assert refused(lambda: host.allocate(want(1), LeaseTerms(source="alloc", pid=gone))) == (

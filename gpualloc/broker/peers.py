@@ -20,7 +20,7 @@ import struct
 
 from msgspec import Struct
 
-from gpualloc.errors import NotPermitted, RequestError
+from gpualloc.errors import NotPermitted
 from gpualloc.ledger.liveness import process_start_time
 
 _UCRED = struct.Struct("3i")
@@ -85,7 +85,9 @@ def check_owned(peer: Peer, pid: int) -> float:
             peer.facts = process_facts(pid)
         facts = peer.facts
     if facts is None:
-        raise RequestError(f"no process with pid {pid}", hint="give the pid of a running process")
+        from gpualloc.host.terms import no_such_process
+
+        raise no_such_process(pid)
     owner, started = facts
     if owner != peer.uid and not peer.root:
         from gpualloc.ledger.shared_files import owner_name

@@ -38,7 +38,8 @@ class BrokeredHost(HostView, kw_only=True):
     socket: Path
     client: BrokerClient
     served: LedgerTransaction | None = None
-    """The ledger as the broker's snapshot showed it when the host was opened (``full``)."""
+    """The ledger as the broker's snapshot showed it when the host was opened (``full``),
+    until this host asks the broker for a change: :meth:`snapshot` then asks again."""
     _ledger_file: Path | None = None
 
     @classmethod
@@ -71,6 +72,12 @@ class BrokeredHost(HostView, kw_only=True):
         if self.served is not None:
             return self.served
         return served_snapshot(_view(self.client, full=True))
+
+    def _call(self, command: str, args: dict[str, Any], **options: Any) -> Any:
+        """A request that may change the ledger: the snapshot served at opening is stale
+        after it (``tests/test_host_contract.py``)."""
+        self.served = None
+        return self.client.call(command, args, **options)
 
     def start_verifier(self, lease: Lease, terms: VerifyTerms, look: object = None) -> None:
         """Fork the verifier of this process, about to exec the job; it asks the broker where
@@ -135,7 +142,7 @@ class BrokeredHost(HostView, kw_only=True):
             }
             if report is not None:
                 on_event = _reporter(report)
-        result = self.client.call("alloc", args, on_event=on_event)
+        result = self._call("alloc", args, on_event=on_event)
         return Allocation(
             from_builtins(result["lease"], Lease),
             from_builtins(result["placement"], Placement),
@@ -144,7 +151,7 @@ class BrokeredHost(HostView, kw_only=True):
         )
 
     def confirm(self, lease_id: str) -> None:
-        self.client.call("confirm", {"lease": lease_id})
+        self._call("confirm", {"lease": lease_id})
 
     def release(self, lease_id: str) -> None:
         self.release_leases([lease_id])
@@ -153,21 +160,21 @@ class BrokeredHost(HostView, kw_only=True):
         self, selectors: Iterable[str], *, mine: bool = False, include_running: bool = False
     ) -> ReleaseResult:
         args = {"leases": list(selectors), "mine": mine, "include_running": include_running}
-        return _release_result(self.client.call("release", args))
+        return _release_result(self._call("release", args))
 
     def evict(
         self, selectors: Iterable[str], *, mine: bool = False, grace_s: float | None = None
     ) -> ReleaseResult:
         """``release --evict-shared``: the shared jobs marked (their watchers end them)."""
         args = {"leases": list(selectors), "mine": mine, "grace_s": grace_s}
-        return _release_result(self.client.call("evict", args))
+        return _release_result(self._call("evict", args))
 
     def collect_garbage(self, idle: IdlePolicy | None = None) -> GarbageReport:
         """The broker's own idle policy applies (``idle`` is the embedded ledger's)."""
         from gpualloc.ledger.idle import Expiry
         from gpualloc.ledger.schema import Lease, Waiter
 
-        report = self.client.call("gc", {})
+        report = self._call("gc", {})
         return GarbageReport(
             reaped=from_builtins(report["reaped"], list[Lease]),
             dropped_waiters=from_builtins(report["dropped_waiters"], list[Waiter]),

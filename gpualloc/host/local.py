@@ -29,7 +29,13 @@ from gpualloc.discovery.processes import ProcessReport, declared_processes
 from gpualloc.discovery.this_host import describes_this_host
 from gpualloc.errors import LedgerError, NotPermitted, RequestError
 from gpualloc.host.queue import newcomer_passes
-from gpualloc.host.terms import Allocation, GarbageReport, LeaseTerms, ReleaseResult
+from gpualloc.host.terms import (
+    Allocation,
+    GarbageReport,
+    LeaseTerms,
+    ReleaseResult,
+    no_such_process,
+)
 from gpualloc.host.view import HostView
 from gpualloc.ledger.liveness import lock_held, take_lease_lock
 from gpualloc.ledger.lookup import find_leases
@@ -309,10 +315,7 @@ class LocalHost(HostView, kw_only=True):
             if start_time is None:
                 start_time = process_start_time(terms.pid)
             if start_time is None or not process_alive(terms.pid, start_time):
-                raise RequestError(
-                    f"no process with pid {terms.pid}: the lease would end at once",
-                    hint="give --pid of a process that runs while the GPUs are used, or --hold",
-                )
+                raise no_such_process(terms.pid)
         uid = os.geteuid() if terms.uid is None else terms.uid
         creator_pid, creator_start = terms.creator or (os.getpid(), None)
         if terms.announce and creator_start is None:

@@ -51,6 +51,15 @@ def lease_name(name: str | None) -> str | None:
     return name
 
 
+def no_such_process(pid: int) -> RequestError:
+    """A lease's ``--pid`` names no running process: the same words from either ledger
+    (``tests/test_host_contract.py``)."""
+    return RequestError(
+        f"no process with pid {pid}: the lease would end at once",
+        hint="give --pid of a process that runs while the GPUs are used, or --hold",
+    )
+
+
 class LeaseTerms(Struct, frozen=True):
     """Who a new lease belongs to and how long it lives (see :class:`Lease`)."""
 

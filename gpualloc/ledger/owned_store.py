@@ -185,6 +185,19 @@ class OwnedLedgerStore(LedgerStore):
         with self._in_batch(bool(reap)) as txn:
             yield txn
 
+    def snapshot(self) -> LedgerTransaction:
+        """Inside a batch, the ledger as the batch's transactions have left it (what the
+        batch will write): a waiter queued in this turn is told where it stands in this turn
+        (``tests/test_host_contract.py``); outside one, as :meth:`LedgerStore.snapshot`."""
+        batch = self._batch
+        if batch is None or batch.txn is None:
+            return super().snapshot()
+        encoded = batch.saved if batch.saved is not None else msgspec.json.encode(batch.txn.ledger)
+        txn = LedgerTransaction(msgspec.json.decode(encoded, type=Ledger))
+        self._reap(txn)
+        txn.changed = False
+        return txn
+
     @contextmanager
     def _in_batch(self, reap: bool) -> Iterator[LedgerTransaction]:
         batch = self._batch

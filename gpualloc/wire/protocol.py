@@ -2,8 +2,9 @@
 
 A request is ``{"v": 1, "op": NAME, "args": {...}}``; the broker answers each with
 ``{"v": 1, "ok": true, "result": {...}}`` or ``{"v": 1, "ok": false, "error": {"code": EXIT,
-"message": ..., "hint": ...}}``, in order, on the same connection (a client may send many). A
-waiting ``alloc`` gets ``{"v": 1, "event": "waiting", "status": {...}}`` lines before its answer.
+"message": ..., "hint": ..., "details": [...]}}``, in order, on the same connection (a client
+may send many). A waiting ``alloc`` gets ``{"v": 1, "event": "waiting", "status": {...}}``
+lines before its answer.
 
 Who asks is never part of a request: the broker reads the peer's uid, gid and pid from the
 kernel (``SO_PEERCRED``). A request of another version is answered with an error naming both
@@ -49,18 +50,24 @@ def event_line(event: str, body: Any) -> bytes:
     return _line({"v": VERSION, "event": event, "status": body})
 
 
+MAX_ERROR_DETAILS = 32
+"""The most supporting lines an error answer carries (who holds the GPUs: one line a
+lease); the rest are said to be left out, as the embedded ledger's terminal would fold them."""
+
+
 def error_line(error: GpuallocError) -> bytes:
-    return _line(
-        {
-            "v": VERSION,
-            "ok": False,
-            "error": {
-                "code": int(error.exit_code),
-                "message": error.message,
-                "hint": error.hint,
-            },
-        }
-    )
+    body: dict[str, Any] = {
+        "code": int(error.exit_code),
+        "message": error.message,
+        "hint": error.hint,
+    }
+    details = error.details
+    if details:
+        shown = list(details[:MAX_ERROR_DETAILS])
+        if len(details) > MAX_ERROR_DETAILS:
+            shown.append(f"... and {len(details) - MAX_ERROR_DETAILS} more")
+        body["details"] = shown
+    return _line({"v": VERSION, "ok": False, "error": body})
 
 
 def _line(body: dict[str, Any]) -> bytes:
@@ -78,21 +85,25 @@ def _line(body: dict[str, Any]) -> bytes:
 
 def error_from(body: dict[str, Any]) -> GpuallocError:
     """The error an answer carries, as the exception the embedded ledger would have raised
-    (the same exit code, message and hint)."""
+    (the same exit code, message, hint and supporting lines)."""
     from gpualloc import errors
 
     error = body.get("error") or {}
     code = error.get("code", ExitCode.INTERNAL)
     message = str(error.get("message", "the broker gave no reason"))
     hint = error.get("hint")
+    sent = error.get("details")
+    details = (
+        tuple(str(line) for line in sent[: MAX_ERROR_DETAILS + 1]) if isinstance(sent, list) else ()
+    )
     for kind in vars(errors).values():
         if (
             isinstance(kind, type)
             and issubclass(kind, GpuallocError)
             and kind.__dict__.get("exit_code") == code
         ):
-            return kind(message, hint=hint)
-    found = GpuallocError(message, hint=hint)
+            return kind(message, hint=hint, details=details)
+    found = GpuallocError(message, hint=hint, details=details)
     with contextlib.suppress(ValueError):
         found.exit_code = ExitCode(code)
     return found
