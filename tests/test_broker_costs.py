@@ -16,7 +16,7 @@ from gpualloc.host import local
 from gpualloc.host.local import LocalHost
 from gpualloc.host.terms import LeaseTerms
 from gpualloc.model.request import JobRequest
-from gpualloc.placement.patterns import build_pattern
+from gpualloc.placement.mapa.patterns import build_pattern
 from gpualloc.placement.want import Want
 from gpualloc.topologies import load_bundled
 

@@ -13,10 +13,10 @@ from gpualloc.model.topology import Topology
 from gpualloc.placement import deadline
 from gpualloc.placement.context import DecisionContext
 from gpualloc.placement.explain import alternatives, reason
-from gpualloc.placement.policy import Alternative, Policy
-from gpualloc.placement.registry import DEFAULT_POLICY, all_policies, get_policy
-from gpualloc.placement.scores import EffectiveModel
-from gpualloc.placement.utility import UtilityWeights
+from gpualloc.placement.mapa.scores import EffectiveModel
+from gpualloc.placement.policies.policy import Alternative, Policy
+from gpualloc.placement.policies.registry import DEFAULT_POLICY, all_policies, get_policy
+from gpualloc.placement.sets.utility import UtilityWeights
 
 
 def decision_context(

@@ -53,7 +53,7 @@ SetKey = tuple[float, ...]
 
 
 class Policy(Protocol):
-    """What the tie rule reads of a policy (:class:`gpualloc.placement.policy.Policy`)."""
+    """What the tie rule reads of a policy (:class:`gpualloc.placement.policies.policy.Policy`)."""
 
     def search(self, ctx: DecisionContext) -> Placement: ...
 
@@ -75,7 +75,7 @@ MAX_SEARCHES = 48
 """The most restricted searches of the policy one decision's tie rule runs."""
 
 _SLACK = 2e-6
-"""Keys are rounded to 1e-6 (:func:`gpualloc.placement.objectives.rounded`)."""
+"""Keys are rounded to 1e-6 (:func:`gpualloc.placement.mapa.objectives.rounded`)."""
 
 
 class TieKey(NamedTuple):
@@ -223,8 +223,8 @@ class _TieSearch:
         when what it must still add exceeds what the best set lost: each GPU added removes its
         links to the free GPUs, less those to the chosen ones and at most half its ``need - 1``
         widest links in the region (each link to a later member is counted at both ends), as
-        :class:`~gpualloc.placement.mapa.LossSearch` bounds the same loss. The walk takes at
-        most :data:`MAX_RANKED_STEPS` steps; past that the rule says it stopped."""
+        :class:`~gpualloc.placement.policies.mapa.LossSearch` bounds the same loss. The walk takes
+        at most :data:`MAX_RANKED_STEPS` steps; past that the rule says it stopped."""
         best = self.best
         counts = (lowest.numa_nodes, lowest.root_complexes)
         if counts != (best.numa_nodes, best.root_complexes):
@@ -341,7 +341,7 @@ class _TieSearch:
         """An upper bound on the NVLink bandwidth a set of ``gpus`` leaves free: a set removes
         each member's links to free GPUs, less those among its members, at most the member's
         ``k - 1`` widest to the others of ``gpus``, counted at both ends (as
-        :class:`~gpualloc.placement.mapa.LossSearch` bounds the same loss)."""
+        :class:`~gpualloc.placement.policies.mapa.LossSearch` bounds the same loss)."""
         nv, k = self.ctx.host.nvlink_bandwidth, self.k
         least = []
         forced = 0.0
@@ -469,7 +469,7 @@ def _below(bound: SetKey, key: SetKey) -> bool:
 
 
 def _preserved(ctx: DecisionContext, chosen: Sequence[int]) -> float:
-    from gpualloc.placement.scores import preserved_gbps
+    from gpualloc.placement.mapa.scores import preserved_gbps
 
     return preserved_gbps(ctx.host, ctx.state.free, chosen)
 
