@@ -89,9 +89,9 @@ def searched(
     ``choices`` remembers the choices of policies that read the free GPUs alone
     (:attr:`~gpualloc.placement.policies.policy.Policy.reads_running_jobs` false) by ``want``
     and the free GPUs: a choice found there is scored again for the jobs running now (the utility
-    reads them), the search skipped (issue 43: of the 12,477 placements a 10,000-job mixed
-    simulation on dgx1-v100 asks for, 7,366 wait for GPUs, 808 are searched and 4,303
-    remembered). Only the utility reads the jobs running, and only it is scored again
+    reads them), the search skipped: a simulation or a queue meets the same free GPUs again
+    and again (``tests/test_remembered_choices.py``). Only the utility reads the jobs
+    running, and only it is scored again
     (:class:`~gpualloc.placement.sets.utility.SetUtility`): the rest of the scores, and every check
     of the request, read the free GPUs alone, so no decision context is built."""
     policy = get_policy(want.policy)
@@ -161,8 +161,8 @@ def _usable(topology: Topology, occupancy: OccupancyView) -> frozenset[int]:
 def _too_few_free(topology: Topology, occupancy: OccupancyView, request: JobRequest) -> None:
     """Raise what :func:`searched` raises for a request that names no GPU and asks for more
     than are free but no more than are usable, without the two decision contexts that find it
-    out (issue 43: the head of a simulation's queue, waiting for GPUs, asks this at every
-    finish). Anything else is left to the contexts."""
+    out (the head of a queue waiting for GPUs asks this each time a job ends). Anything else is
+    left to the contexts."""
     free, k = occupancy.host_state().free, request.gpus
     if request.required or request.excluded or len(free) >= k:
         return

@@ -1,4 +1,5 @@
-"""The answer when a policy's exact search runs past its time budget (issue 40, hole 2).
+"""The answer when a policy's exact search runs past its time budget
+(``tests/test_placement_budget.py``).
 
 :mod:`.deadline` stops a search that would take longer than ``placement.time_budget``; the
 decision then falls back on one of two greedy constructions, in O(k n) evaluations:
@@ -6,7 +7,7 @@ decision then falls back on one of two greedy constructions, in O(k n) evaluatio
 - For policies that score a *set* of any size (``drb``, ``spread``, ``pack``, ``besteffort``):
   start from the required GPUs and add, one at a time, the free GPU whose addition scores best
   under the policy's own :meth:`~gpualloc.placement.policies.policy.Policy.set_key` (ties to the
-  lowest index), the classic greedy of the utility-based placers (DRB, SC'17 section 4.3,
+  lowest index), the classic greedy of the utility-based placers (DRB, SC'17 section 4.4,
   decides one task at a time the same way).
 - For pattern policies (``mapa``, ``mapa-greedy``): place the pattern's ranks one after another,
   each on the free GPU with the most bandwidth to the ranks it talks to that are already placed

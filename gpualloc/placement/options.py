@@ -1,6 +1,6 @@
 """The options that describe a job, as one struct: what ``plan``, ``run``, ``alloc`` and the
 Python API take, turned into the placement engine's :class:`~gpualloc.placement.want.Want` by
-one method (issue 29, point 2).
+one method (``tests/test_job_options.py``).
 
 The command line fills it with the option values as typed (``exclude="0,2-3"``,
 ``mem="10G"``); the Python API with the same names and Python values (``exclude={0, 2, 3}``,

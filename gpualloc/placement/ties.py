@@ -69,7 +69,8 @@ MAX_RANKED_STEPS = 6_000
 """The most steps (partial sets) of the walk that ranks one region's sets by criteria 3 and 4:
 a few hundred on a socket of an 8- or 16-GPU board, every set of 3 of a 32-GPU mesh; on a
 16-GPU single-socket mesh, where thousands of sets may leave more NVLink free than the
-policy's answer, the walk may stop there, and says so (a step costs tens of microseconds)."""
+policy's answer, the walk may stop there, and says so (a step is one partial set and its bound,
+O(n log n) in the region's n GPUs)."""
 
 MAX_SEARCHES = 48
 """The most restricted searches of the policy one decision's tie rule runs."""

@@ -1,6 +1,7 @@
 """Per GPU, the highest score of a group of a given size holding it: the table behind the share
-bound of :mod:`.partition` (go-gpuallocator's best-effort partitions), found
-by a pruned walk instead of scoring every group (issue 43)."""
+bound of :mod:`.partition` (go-gpuallocator's best-effort partitions), found by a pruned walk
+instead of scoring every group (``tests/test_partition_search.py`` holds it to scoring every
+group)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ def best_group_scores(
     hold: its members and candidates. The bound is the one the partition search's group walk
     uses: of ``t`` members still to come, each adds its weight to the members so far and at
     most half its ``t - 1`` largest pair scores. The bests are exact (a cut subtree changes
-    none). Groups of 7 of 16 GPUs: about 1,700 nodes on the meshes, for the 11,440 groups, and a
-    third of the time that scoring every group took (on ``dgx2`` 131 nodes, a twentieth).
+    none). Groups of 7 of 16 GPUs: about 1,700 nodes on the meshes, for the 11,440 groups (on
+    ``dgx2`` 131 nodes).
     """
     n = len(weights)
     top_sums = []  # per GPU, the sums of its j largest pair scores

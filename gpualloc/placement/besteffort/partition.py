@@ -12,8 +12,8 @@ with these additions, none of which changes which partition comes out first:
 
 * the padding is one block, so only the groups go-gpuallocator keeps are generated;
 * a node's groups are built member by member (:class:`_GroupWalk`), and a prefix whose every
-  group falls short of the incumbent is cut as a whole (issue 43: the groups of 16 of 32 GPUs
-  holding the first, C(31, 15) = 300 million, were listed one by one and ran out of memory);
+  group falls short of the incumbent is cut as a whole (listed one by one, the groups of 16 of
+  32 GPUs holding the first, C(31, 15) = 300 million, would not fit in memory);
 * of twin GPUs (the same pair score to every other GPU: the GPUs under one PCIe switch) a group
   takes the lower first, since swapping two twins between groups gives a partition of the same
   total that comes earlier;
@@ -25,18 +25,16 @@ with these additions, none of which changes which partition comes out first:
   starts with the first; beyond, with the second, and finds the first once it has memoised
   many sets (and keeps the second if that walk outgrows its cap: on ``torus-2d-32``, groups of
   7 and more). Exactly ``k - P`` GPUs share the padded group, and the bound counts them at
-  their padded share. Until issue 43 the bests were found by scoring every group, C(n, k), so
-  32-GPU hosts had only the pair bound from k = 4 on: ``besteffort`` on the empty
-  ``pcie-32gpu-2socket`` took 2.3 to 7.0 s for 5, 6, 7, 9 and 10 GPUs (now 0.3 to 1.1 s), and
-  on ``torus-2d-32`` over a minute for 4 (now 0.2 s);
+  their padded share. (Scoring every group, C(n, k), to find the bests costs too much on 32-GPU
+  hosts from k = 4 on, and would leave them only the pair bound, which cuts far less);
 * a transposition table: once a set of remaining GPUs has been searched, the best it can add is
   known (exactly, or as an upper bound when nothing beat the incumbent), and a later visit of
   the same set is cut at once when that cannot help.
 
 The incumbent is replaced only by a strictly better partition, so the first optimal partition
-in enumeration order is the one returned. (A greedy partition used to seed the incumbent; on the
-16-GPU meshes listing its groups cost more than its cuts saved, issue 43.) When two groups are
-left, the rest is the smallest cut between them (:mod:`.two_groups`).
+in enumeration order is the one returned. (No greedy partition seeds the incumbent: on the
+16-GPU meshes listing its groups costs more than its cuts save.) When two groups are left, the
+rest is the smallest cut between them (:mod:`.two_groups`).
 """
 
 from __future__ import annotations
@@ -53,20 +51,20 @@ from gpualloc.placement.besteffort.two_groups import TwoGroups
 # Exact shares are found at once when the groups of the host number at most this many; beyond,
 # the search starts with the pair bound, and finds them once it has memoised
 # _ESCALATE_AFTER_SETS sets (a search that needs them: on ``pcie-32gpu-2socket``, jobs of 5 to
-# 10 GPUs on the empty host memoise 6,300 to 14,300 sets under the pair bound, and took 2 to 10
-# s; the busy hosts' searches, which finish under 400, would pay more for the shares than
-# they save).
+# 10 GPUs on the empty host memoise thousands of sets under the pair bound; the busy hosts'
+# searches, which finish with a few hundred, would pay more for the shares than they save).
 _MAX_TABULATED_GROUPS = 20_000
 _ESCALATE_AFTER_SETS = 1_000
 # A GPU's weights to a set are added up member by member this many times before its byte tables
-# are built (0.15 ms each; a 16-GPU mesh's besteffort search read most GPUs only a few times).
+# are built (256 sums per byte of a mask; a 16-GPU mesh's besteffort search reads most GPUs only
+# a few times).
 _DIRECT_READS = 32
 # The walk for each GPU's best group stops after this many nodes, and the pair bound is kept.
 _MAX_SHARE_NODES = 20_000
 # Up to this many groups at a node (and no twins) they are listed and bounded one by one; beyond,
 # they are walked member by member, which cuts prefixes and scores each group as it is built.
-# Listing pays only for a few groups (an 8-GPU host's 35 at most); on the 16-GPU meshes, whose
-# groups were all listed before, walking them cut besteffort's p99 by a third (issue 43).
+# Listing pays only for a few groups (an 8-GPU host's 35 at most); on the 16-GPU meshes walking
+# them cuts prefixes that listing would score one by one.
 _LISTED_GROUPS = 64
 
 
@@ -149,8 +147,8 @@ class PartitionSearch:
     def _byte_tables(self, values: Sequence[int]) -> list[list[int]]:
         """For each byte of a mask, the sum of ``values`` over every setting of that byte.
 
-        Built when a GPU's weights are first read (0.15 ms each on 32 GPUs, with no tick of
-        the deadline): the clock is read first, so a decision past its budget stops here too.
+        Built when a GPU's weights are first read (256 sums per byte, with no tick of the
+        deadline): the clock is read first, so a decision past its budget stops here too.
         """
         self.deadline.check()
         tables = []

@@ -2,8 +2,8 @@
 
 :class:`~.partition.PartitionSearch` walks go-gpuallocator's
 ``iterateGPUPartitions`` order (``besteffort_policy.go``) group by group. When two groups are
-left (from the start when ``k >= n / 2``: 11,440 groups for 9 of 16 GPUs, each scored in turn,
-issue 43), a partition of the remaining GPUs ``R`` is fixed by the group ``G`` that holds R's
+left (from the start when ``k >= n / 2``: 11,440 groups for 9 of 16 GPUs, each scored in turn
+otherwise), a partition of the remaining GPUs ``R`` is fixed by the group ``G`` that holds R's
 lowest GPU, and its total is ``W(R) - cut(G, R - G)``: the highest total is the smallest cut.
 
 :class:`TwoGroups` walks G's members depth first over R's GPUs in ascending order, each GPU

@@ -8,8 +8,8 @@ first (the same counts, and the lower set). The first set of the highest key win
 
 Under the slowest-link objective (the general effective estimate: the slowest pair, then the
 aggregated bandwidth; MAPA, Ranganath et al. SC'21, section 3.5.2, off the DGX-1's classes) the
-walk is a branch and bound (issue 43: it listed all 24,310 sets of 8 of 16 GPUs on an empty
-cube-mesh-16). A branch is cut when no completion can beat the incumbent's key:
+walk is a branch and bound, not a listing of every set (24,310 sets of 8 of 16 GPUs on an
+empty ``cube-mesh-16``). A branch is cut when no completion can beat the incumbent's key:
 
 - its slowest pair so far is already slower than the incumbent's slowest (a pair never leaves);
 - or it can at best tie on the slowest pair, and even the most bandwidth it can reach stays

@@ -83,8 +83,8 @@ def fewest_pieces(parent: dict[int, int | None], largest: int) -> int:
 
     A group of link classes whose components hold at most ``largest`` GPUs carries only the
     pattern edges inside pieces of at most that many ranks: ``k - fewest_pieces`` of a forest
-    (issue 43: a 16-rank binary tree keeps at most 11 edges on a PCIe host's 4-GPU switches,
-    which counting components allowed 12 of, and 56,705 nodes refuted)."""
+    (a 16-rank binary tree keeps at most 11 edges on a PCIe host's 4-GPU switches, where
+    counting components allows 12 and leaves the search to refute the twelfth)."""
     order = list(parent)  # BFS order: parents before children
     children: dict[int, list[int]] = {v: [] for v in order}
     for v in order:

@@ -84,7 +84,7 @@ def build_pattern(spec: str, k: int) -> CommunicationPattern:
 
     ``k`` is checked first: a pattern's size grows with it (``all`` quadratically), so a count
     above :data:`~gpualloc.job_options.MAX_GPUS` is refused before anything is built, whoever
-    passed it (issue 40, point 1)."""
+    passed it (``tests/test_hostile_numbers.py``)."""
     if not 1 <= k <= MAX_GPUS:
         asks = f"more than {MAX_GPUS}" if k > MAX_GPUS else str(k)
         raise PatternError(

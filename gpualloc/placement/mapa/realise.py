@@ -10,7 +10,7 @@ may take (``window``: unused, and in a candidate set), prune what cannot take it
 ends are remembered (Held and Karp's dynamic program over subsets, on a ring).
 :func:`realise_star` solves the star directly.
 
-Set-level bounds (issue 43, :mod:`.set_capacity`): a placement's whole set must carry the
+Set-level bounds (:mod:`.set_capacity`): a placement's whole set must carry the
 vector, whatever the order. A set spread over ``g`` components of a group of link classes loses
 ``g - 1`` pattern edges to other classes (``g`` on a ring), so the GPUs used so far, with the
 required ones, fix components the set cannot avoid; and once an incumbent exists, a better set
@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 
 ROOT_ORBITS_AFTER_NODES = 500
 """Failed roots rule out their orbits only once a search has visited this many nodes: finding
-a host's symmetries costs up to 16 ms in a fresh process (``torus-2d-32``), more than a small
-search."""
+a host's symmetries is a search of its own over permutations of the GPUs
+(:func:`~.symmetry.orbit_masks`), worth paying only once the search is not a small one."""
 
 
 class Escalate(Exception):
@@ -242,14 +242,14 @@ class Realisation:
     def kill_root_orbit(self, g: int) -> None:
         """Root ``g`` was searched to the end with no incumbent (nothing cut for the
         tie-break) and no realisation puts position 0 on it; so none puts it on a symmetric
-        GPU either (issue 43: a symmetry keeps every link class, the pool and the required
-        GPUs; the sibling and twin rules only reorder GPUs off the root). Those roots are
+        GPU either (a symmetry keeps every link class, the pool and the required GPUs; the
+        sibling and twin rules only reorder GPUs off the root). Those roots are
         skipped: 4 of a 4x4 torus's 16 roots are searched to refute a vector on the whole
         host."""
         search = self.search
         if search.nodes < ROOT_ORBITS_AFTER_NODES:
             return  # a small search does not pay for the host's symmetries
-        if search.root_orbits is None:  # once per search: 1 ms on a 32-GPU PCIe host
+        if search.root_orbits is None:  # once per search, on the pool and required GPUs
             search.root_orbits = orbit_masks(search.host, self.pool_mask, self.required_mask)
         self.dead_roots |= search.root_orbits[g]
 
@@ -312,8 +312,8 @@ class Realisation:
         components bound, and beats the incumbent's set if there is one: then it is the
         incumbent's set itself (in another order), or it first leaves it at a GPU ``d``
         outside it, holding the incumbent's GPUs below ``d`` and no other GPU below ``d``
-        (issue 43: a 16-GPU ring of whole switches on a PCIe host has no lower set once the
-        switches below its lowest are broken)."""
+        (a 16-GPU ring of whole switches on a PCIe host has no lower set once the switches
+        below its lowest are broken)."""
         spread, k = self.spread, self.k
         assert spread is not None
         if self.best is None:
@@ -374,8 +374,8 @@ class Realisation:
         """The GPUs every placement that beats the incumbent holds (a mask): a lower set
         agrees with the incumbent's up to its first GPU outside it, which is no lower than the
         pool's lowest GPU outside it, so it holds every GPU of the incumbent's set below that
-        one (issue 43: an 11-GPU ring's set on an empty ``torus-2d-16`` starts with GPUs 0-7,
-        and a lower one must hold them too)."""
+        one (an 11-GPU ring's set on an empty ``torus-2d-16`` starts with GPUs 0-7, and a
+        lower one must hold them too)."""
         if self.best is None:
             return 0
         chosen = set(self.best[0])
@@ -403,11 +403,11 @@ class Realisation:
     def beaten(self, s: int, used: int) -> bool:
         """Whether no completion of the first ``s`` positions can beat the incumbent's set.
 
-        The lowest reachable set at or above the incumbent's (the search's rule since issue
-        40), or strictly above it once the GPUs still to place must exceed an assigned one
-        (issue 43: a ring's rank 0 holds its lowest GPU, so a ring rooted above the
-        incumbent's lowest GPU cannot come first; 1,970 nodes proved an 8-GPU NV1 ring on
-        ``cube-mesh-16`` the lowest, a third of them under roots above GPU 0).
+        The lowest reachable set at or above the incumbent's, or strictly above it once the
+        GPUs still to place must exceed an assigned one (a ring's rank 0 holds its lowest GPU,
+        so a ring rooted above the incumbent's lowest GPU cannot come first: on
+        ``cube-mesh-16`` a third of the proof that an 8-GPU NV1 ring is the lowest lies under
+        roots above GPU 0).
         """
         best = self.best
         assert best is not None
@@ -458,8 +458,8 @@ class Realisation:
         the most neighbours (the convexity of max(0, d - t)).
 
         A group whose budget the largest deficit possible (no GPU with any neighbour) could
-        not refute is skipped before its neighbour counts are taken (issue 43: most groups
-        at most nodes)."""
+        not refute is skipped before its neighbour counts are taken (most groups, at most
+        nodes)."""
         budget, assigned, pending = self.budget, self.assigned, self.pending[s]
         degrees = self.open_degrees[s]
         edges_left = len(self.remaining_edges[s])

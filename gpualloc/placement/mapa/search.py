@@ -36,11 +36,11 @@ billion evaluations for 8 of 16 GPUs). This module finds the structure instead:
 4. **Symmetry and ties.** Orders equivalent under an automorphism of the pattern are skipped
    (:mod:`.patterns`: a ring has 2k equivalent orders), and of twin GPUs (the
    same link class to every other: the GPUs under one PCIe switch, an NVSwitch host's GPUs)
-   the lower is placed first, on the lower rank (issue 43). Among placements with
+   the lower is placed first, on the lower rank. Among placements with
    the same key the lexicographically lowest sorted GPU set wins, then the lowest order; the DFS
    visits orders lexicographically and cuts a branch whose lowest reachable set cannot beat the
    incumbent, or whose sets that could (they hold the incumbent's lowest GPUs) cannot carry the
-   vector (:mod:`.set_capacity`, issue 43).
+   vector (:mod:`.set_capacity`).
 
 Keys are rounded to 1e-6 so that the same links summed in another order tie exactly.
 
@@ -229,8 +229,8 @@ class PlacementSearch(VectorBounds):
         edge's class, and the lowest realisation puts the lower twin in the set and on the
         lower rank. A required GPU's lower twin counts only if it is required too (it could
         not replace the required one in the set; two required twins are only reordered, which
-        on an exact set, where every GPU is required, is the whole of the symmetry: issue 43,
-        a PCIe host's switches). Only where ranks are visited in index order (the built-in
+        on an exact set, where every GPU is required, is the whole of the symmetry: a PCIe
+        host's switches). Only where ranks are visited in index order (the built-in
         patterns) and any set of the pool may be taken (no candidate sets)."""
         n = self.host.gpu_count
         lower = [0] * n

@@ -282,7 +282,7 @@ class VectorBounds:
           links, so they lie inside connected pieces of at most as many ranks as the largest
           component has GPUs: at most ``k`` less the fewest such pieces
           (:func:`~.pattern_graphs.fewest_pieces`; a 16-rank binary tree keeps
-          11 edges on a PCIe host's 4-GPU switches, issue 43).
+          11 edges on a PCIe host's 4-GPU switches).
         """
         ring_like = self.ring_like
         edges = len(self.pattern.edges)

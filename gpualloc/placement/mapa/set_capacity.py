@@ -1,4 +1,4 @@
-"""Set-level capacity: which whole sets of GPUs could still carry a count vector (issue 43).
+"""Set-level capacity: which whole sets of GPUs could still carry a count vector.
 
 The order search (:mod:`.realise`) finds its answer early and then spends most of its nodes
 proving that no lexicographically lower set reaches the same key (an 11-GPU ring on an empty
@@ -66,8 +66,9 @@ class SetCapacity:
         components of each group's links (on the pool) that ``fixed`` touches, and more when
         those cannot supply the rest; spanning ``g`` of them loses ``g - 1`` edges (``g`` on a
         ring). This needs no listing of sets: a PCIe host's 16-GPU ring of 12 switch edges
-        must take 4 whole switches, and a partial placement that touched a broken one was
-        searched to the end (issue 43: 292,338 nodes, 6.9 s, on ``pcie-32gpu-2socket``)."""
+        must take 4 whole switches, and without this a partial placement that touched a broken
+        one is searched to the end (``tests/test_placement_speed_sets.py`` holds the bound to
+        every realising set)."""
         ring_like, edges = self.ring_like, self.edges
         if ring_like is None:
             return True

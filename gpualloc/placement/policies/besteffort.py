@@ -16,7 +16,7 @@ if it has such a group. k = 1 returns the lowest free index.
 
 The original enumerates every partition: 22 million for k = 3 of 16 GPUs. This port finds the
 same partition with :class:`~gpualloc.placement.besteffort.partition.PartitionSearch` (the same
-order, branch and bound on strict improvement, a transposition table), in milliseconds.
+order, branch and bound on strict improvement, a transposition table), without listing them.
 """
 
 from __future__ import annotations

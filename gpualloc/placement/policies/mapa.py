@@ -185,7 +185,8 @@ def _lowest_of_orbits(
     """The tied sets worth searching after ``first``: those lowest in their orbit under the
     host's symmetries among the tied sets (:mod:`gpualloc.placement.mapa.symmetry`). A symmetric
     image has the same best key and the same bound, so the lower of two never loses to the
-    higher (issue 43: an insensitive 14-GPU ring on ``torus-2d-16`` searched 13 tied sets)."""
+    higher (an insensitive 14-GPU ring on ``torus-2d-16`` has 13 tied sets to search
+    otherwise; ``tests/test_symmetry.py``)."""
     if len(bounded) < 2:
         return bounded
     symmetries = cached_host_symmetries(host)
@@ -206,10 +207,9 @@ def _best_of_few_sets(
     finding a realisation (the expensive part on a fixed set) is not repeated for them. The
     others only have keys above the floor to refute, on one set per orbit of the host's
     symmetries (:mod:`gpualloc.placement.mapa.symmetry`: a symmetric set has the same best key;
-    found once per host and process, as the order search's root orbits are: 6.5 ms on
-    ``torus-2d-16``, which a simulation paid at every tree decision, issue 43),
-    together (:func:`best_placement_among`). That is exact: a representative is the lowest set
-    of its orbit, so the lowest set reaching the best key is a representative.
+    found once per host and process, as the order search's root orbits are, not at every
+    decision), together (:func:`best_placement_among`). That is exact: a representative is the
+    lowest set of its orbit, so the lowest set reaching the best key is a representative.
     """
     objective = AggregatedObjective()
     lowest = best_ordered_placement(host, pattern, objective, sets[0], sets[0])
@@ -230,13 +230,14 @@ class LossSearch:
     among the candidates (what the new GPUs could share). The bound is exact on a uniform fabric,
     so there the minimum and the first tied set cost O(n k) steps, not C(n, k). The candidates of
     a node are a suffix of the pool, so their widest NVLinks are summed once per suffix, and each
-    GPU's links to the chosen ones are kept as GPUs come and go (issue 43: the bound was rebuilt
+    GPU's links to the chosen ones are kept as GPUs come and go (rather than the bound rebuilt
     from every pair at every node, O(n^2 log n)); a node costs O(n log n). Where that bound
     does not cut, a second one is tried: each new GPU shares at most its ``r - 1`` widest
     NVLinks to the candidates with the other new ones, each shared link counted at both ends,
     so it adds at least ``d(g) - links(g, chosen) - top_{r-1}(g) / 2``; on a sparse mesh (a
     torus, a hypercube) this is the tighter one, since the ``r (r - 1) / 2`` widest links among
-    the candidates cannot all touch ``r`` GPUs (issue 43: half the nodes on cube-mesh-16).
+    the candidates cannot all touch ``r`` GPUs (``tests/test_placement_optimality.py``: the
+    search still finds every tied set).
     """
 
     def __init__(self, ctx: DecisionContext) -> None:

@@ -4,7 +4,7 @@ pack (the least communication cost ``t`` of DRB's Eq. 3, then the least fragment
 and DRB (the utility ``U`` of Eq. 2, then ``U_n``; :mod:`.utility`) score a *set*, and want the
 lexicographically first set of the best key among C(n, k) candidates: 12,870 for 8 of 16 GPUs,
 601 million for 16 of 32. This search returns that set without scoring them all (Amaral et al.,
-SC'17, section 4.3, Algorithm 3 evaluated exactly; the branch and bound is the textbook one for
+SC'17, section 4.4, Algorithm 3 evaluated exactly; the branch and bound is the textbook one for
 min-sum k-subsets, e.g. Land and Doig's, with the bounds below):
 
 - **Twins.** GPUs no term can tell apart (the same distance to every other GPU, the same socket

@@ -1,4 +1,5 @@
-"""DRB's utility of a GPU set (Amaral et al., SC'17, seed 000, section 4.3), on the paper's scale.
+"""DRB's utility of a GPU set (Amaral et al., SC'17, seed 000, sections 4.3 and 4.4), on the
+paper's scale.
 
 The paper scores a candidate with the convex utility of Eq. 2,
 
@@ -219,9 +220,9 @@ class UtilityModel:
 
     def best_set(self, candidates: Iterable[tuple[int, ...]]) -> tuple[int, ...]:
         """The first of ``candidates`` (sorted sets) of highest utility, then highest normalised
-        utility, each rounded to 1e-6: the answer of scoring each with :meth:`parts`, several
-        times faster. A set's
-        communication cost and masks extend the memoised ones of its prefix by one GPU."""
+        utility, each rounded to 1e-6: the answer of scoring each with :meth:`parts`, with
+        less work: a set's communication cost and masks extend the memoised ones of its prefix
+        by one GPU."""
         d, socket_bit, switch_bit = self.distance, self.socket_bits, self.switch_bits
         # prefix -> (communication cost, GPU mask, socket mask, switch mask)
         prefixes: dict[tuple[int, ...], tuple[float, int, int, int]] = {(): (0.0, 0, 0, 0)}
@@ -351,8 +352,8 @@ class SetUtility:
     """The utility (Eq. 2) of one set of GPUs on one host with the same GPUs free, beside
     whichever jobs run: its communication cost and the share of each socket it leaves free read
     the set and the free GPUs alone, so only the interference is left to read the jobs. What
-    :meth:`UtilityModel.utility` gives, by the same arithmetic (issue 43: a choice remembered
-    by the free GPUs is scored again for the jobs running, thousands of times a simulation)."""
+    :meth:`UtilityModel.utility` gives, by the same arithmetic (a choice remembered by the
+    free GPUs is scored again for the jobs running: ``tests/test_remembered_choices.py``)."""
 
     __slots__ = ("cost", "free", "model", "size", "sockets", "switches")
 
@@ -429,9 +430,8 @@ def cheapest_communication(distance: tuple[tuple[float, ...], ...], size: int) -
 
     The search visits at most :data:`T_MIN_NODES` nodes; beyond that it returns the cheapest set
     found, an upper bound on t_min that is deterministic (a count, not a clock), so a score is
-    the same wherever it is computed. Every bundled host stays exact; the search it replaces
-    needed 828,413 nodes (7 s) for 22 of a 32-GPU two-socket PCIe host's GPUs (issue 40,
-    hole 2)."""
+    the same wherever it is computed. Every bundled host stays exact
+    (``tests/test_placement_budget.py``)."""
     n = len(distance)
     if size < 2 or size > n:
         return 0.0
@@ -459,8 +459,8 @@ def _or(bits: Iterable[int]) -> int:
 
 
 class _HostFacts(NamedTuple):
-    """What :class:`UtilityModel` reads of a host alone, made once per host (it was made for
-    every decision: a tenth of a simulation's placement time, issue 43)."""
+    """What :class:`UtilityModel` reads of a host alone (the distances are O(n^3)), made once
+    per host, not once per decision."""
 
     distance: tuple[tuple[float, ...], ...]
     d_min: float

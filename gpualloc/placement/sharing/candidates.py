@@ -1,10 +1,10 @@
 """The GPUs a shared job (``run --share``) could go to, as the share placement rules see them.
 
 A shared job may run on a GPU that a ``--shareable`` lease holds, that only shared jobs use, or
-that is free, and that has fewer than ``max_jobs`` shared jobs on it already (issue 20,
-point 3). Each such GPU is a :class:`ShareCandidate` with the memory and the part of the GPU
-still left; :mod:`.rules` ranks them. Everything here reads the host
-through :class:`~gpualloc.model.occupancy_view.OccupancyView` alone. O(GPUs).
+that is free, and that has fewer than ``max_jobs`` shared jobs on it already. Each such GPU is
+a :class:`ShareCandidate` with the memory and the part of the GPU still left; :mod:`.rules`
+ranks them. Everything here reads the host through
+:class:`~gpualloc.model.occupancy_view.OccupancyView` alone. O(GPUs).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Where a shared job goes (issue 20, point 3): the GPU the host's share placement rule picks
-among those it may share.
+"""Where a shared job goes: the GPU the host's share placement rule picks among those it may
+share (``tests/test_shared_gpus.py``).
 
 A shared job (``run --share``) may run on a GPU that
 
