@@ -76,7 +76,7 @@ def _library_client(args: tuple[str, str, int]) -> list[float]:
     from gpualloc.host.local import LocalHost
     from gpualloc.host.terms import LeaseTerms
     from gpualloc.model.request import JobRequest
-    from gpualloc.placement.patterns import build_pattern
+    from gpualloc.placement.mapa.patterns import build_pattern
     from gpualloc.placement.want import Want
     from gpualloc.topologies import load_bundled
 

@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 from gpualloc.model.request import HostState, JobRequest  # noqa: E402
 from gpualloc.placement.decide import decision_context  # noqa: E402
-from gpualloc.placement.patterns import BUILTIN_PATTERNS, build_pattern  # noqa: E402
-from gpualloc.placement.registry import get_policy, policy_names  # noqa: E402
+from gpualloc.placement.mapa.patterns import BUILTIN_PATTERNS, build_pattern  # noqa: E402
+from gpualloc.placement.policies.registry import get_policy, policy_names  # noqa: E402
 from gpualloc.topologies import bundled_names, load_bundled  # noqa: E402
 
 

@@ -29,9 +29,14 @@ def decide_all(args: argparse.Namespace) -> dict[str, list[int] | None]:
     """Every decision of the run, keyed by its description; None where past the cap."""
     from gpualloc.model.request import HostState, JobRequest
     from gpualloc.placement.decide import decision_context
-    from gpualloc.placement.patterns import BUILTIN_PATTERNS, build_pattern
-    from gpualloc.placement.registry import get_policy, policy_names
     from gpualloc.topologies import bundled_names, load_bundled
+
+    try:
+        from gpualloc.placement.mapa.patterns import BUILTIN_PATTERNS, build_pattern
+        from gpualloc.placement.policies.registry import get_policy, policy_names
+    except ModuleNotFoundError:  # a version from before placement's subpackages
+        from gpualloc.placement.patterns import BUILTIN_PATTERNS, build_pattern
+        from gpualloc.placement.registry import get_policy, policy_names
 
     def stop(signum: int, frame: object) -> None:
         raise TimeoutError

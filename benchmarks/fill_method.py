@@ -26,11 +26,11 @@ from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Lease, LeasedGpu, Ledger
 from gpualloc.model.mig import GIB
 from gpualloc.model.share import ShareRequest
-from gpualloc.placement.fragmentation import task_mix
-from gpualloc.placement.mig_rules import mig_rule_names
-from gpualloc.placement.mig_slots import MigGpu, rank_slots
-from gpualloc.placement.share_fit import choose_share
-from gpualloc.placement.share_rules import share_policy_names
+from gpualloc.placement.mig.rules import mig_rule_names
+from gpualloc.placement.mig.slots import MigGpu, rank_slots
+from gpualloc.placement.sharing.fit import choose_share
+from gpualloc.placement.sharing.fragmentation import task_mix
+from gpualloc.placement.sharing.rules import share_policy_names
 from gpualloc.simulate.trace import SimJob
 from gpualloc.topologies import load_bundled
 
@@ -131,7 +131,7 @@ def mig_slices_for(part: float) -> int:
 
 def mig_fill(tasks: Sequence[Task], rule: str, mix: dict[str, float]) -> list[float]:
     """Allocated shares of the host's compute slices at :data:`FILL_DEMAND`, instances created
-    where ``rule`` puts them (a MIG creation rule of :mod:`gpualloc.placement.mig_rules`)."""
+    where ``rule`` puts them (a MIG creation rule of :mod:`gpualloc.placement.mig.rules`)."""
     name, memory = MIG_GPU
     occupied = {gpu: frozenset[int]() for gpu in range(GPUS)}
     arrived = allocated = 0.0

@@ -209,7 +209,7 @@ def original(seed: int, policy: str, *, skip_behind_started: bool = True) -> Out
 def lowest_index_ties(policy: str) -> Iterator[None]:
     """``policy`` with the original's tie-break, the lowest indices, instead of gpualloc's tie
     rule (:mod:`gpualloc.placement.ties`): what compares the two decision by decision."""
-    from gpualloc.placement.registry import get_policy
+    from gpualloc.placement.policies.registry import get_policy
 
     kind = type(get_policy(policy))
     before = kind.breaks_ties

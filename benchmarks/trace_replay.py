@@ -37,7 +37,7 @@ from fill_method import (
     mig_fill_table,
 )
 
-from gpualloc.placement.share_rules import share_policy_names
+from gpualloc.placement.sharing.rules import share_policy_names
 from gpualloc.simulate.engine import SimOptions, SimResult, simulate
 from gpualloc.simulate.summary import summarise
 from gpualloc.simulate.trace import SimJob
@@ -58,7 +58,7 @@ PLOTTED = (0, 0.9)
 """The window (start) and load of the figure."""
 SHARE_PLACEMENTS = tuple(share_policy_names())
 """The share placement rules compared, in their registry's order
-(:mod:`gpualloc.placement.share_rules`)."""
+(:mod:`gpualloc.placement.sharing.rules`)."""
 
 
 def load_trace(path: Path = TRACE) -> list[SimJob]:
@@ -286,7 +286,7 @@ def _mig_lines(table: dict[str, list[list[float]]]) -> list[str]:
         "mode with no instance yet: each task becomes a GPU instance of the smallest profile "
         "that gives it its part of the GPU (of 7 compute slices: 1g.10gb, 2g.20gb, 3g.40gb, "
         "4g.40gb, 7g.80gb; a task of k GPUs k 7g.80gb), created where each rule of "
-        "`gpualloc/placement/mig_slots.py` puts it: `fgd` where the free slices' expected "
+        "`gpualloc/placement/mig/slots.py` puts it: `fgd` where the free slices' expected "
         "fragmentation grows least (weighed by the profiles the trace's tasks become), "
         "`best-fit` on the fullest GPU at the lowest start, `first-fit` on the lowest GPU at "
         "the lowest start. Share of the host's compute slices allocated, mean over the "

@@ -70,7 +70,7 @@ def plan(
     from gpualloc.config import Config
     from gpualloc.model.request import HostState
     from gpualloc.placement.decide import decision_context
-    from gpualloc.placement.registry import get_policy
+    from gpualloc.placement.policies.registry import get_policy
 
     want = _job_options(gpus, job).want(Config.load())
     state = HostState.with_busy(topology.gpu_count, frozenset(busy))

@@ -37,7 +37,7 @@ would double what that costs. A leaf: it imports nothing of gpualloc but :mod:`g
 :mod:`gpualloc.durations` and :mod:`gpualloc.user_files`
 (tests/test_architecture.py::test_the_configuration_is_a_leaf). The defaults live here; what a value
 means is checked where it is used (a policy name by
-:func:`gpualloc.placement.registry.configured_policy`, the ``[idle]`` table by
+:func:`gpualloc.placement.policies.registry.configured_policy`, the ``[idle]`` table by
 :meth:`gpualloc.ledger.idle.IdlePolicy.from_config`, a bandwidth table by
 :func:`gpualloc.discovery.resolve.configured_bandwidth_table`).
 """
@@ -59,7 +59,7 @@ DEFAULT_MAX_SHARED_JOBS = 4
 """Shared jobs (``run --share``) one GPU runs at once, unless ``share.max_jobs`` says."""
 SHARE_PLACEMENT_NAMES = ("fgd", "best-fit", "first-fit", "spread")
 """The share placement rules ``share.placement`` may name, the default first. The rules are
-:mod:`gpualloc.placement.share_rules`, which this leaf cannot import; a test holds the names
+:mod:`gpualloc.placement.sharing.rules`, which this leaf cannot import; a test holds the names
 equal (tests/test_placement_rules.py)."""
 DEFAULT_BUSY_PERCENT = 5
 """Utilisation (%) from which a GPU counts as used: CUDA contexts alone show 0-1 %."""

@@ -11,8 +11,8 @@ import pytest
 from gpualloc.model import PciePath
 from gpualloc.model.request import HostState, JobRequest
 from gpualloc.placement.decide import decision_context
-from gpualloc.placement.patterns import build_pattern
-from gpualloc.placement.registry import get_policy
+from gpualloc.placement.mapa.patterns import build_pattern
+from gpualloc.placement.policies.registry import get_policy
 from gpualloc.topologies import load_bundled
 from scripts.build_bundled_topologies import MAPA_TORUS_2D, mapa_torus_edges
 from tests.test_placement_optimality import PATTERNS, _contexts, _expected

@@ -24,7 +24,7 @@ MAX_MODULE_LINES = 600
 ISSUE_CITATION = re.compile(r"\bissues?\s+#?\d+", re.IGNORECASE)
 """An issue number given as a reason ("issue 40, hole 3"): it says nothing to a reader without
 the tracker and rots (house style, "Comments"); cite the paper, the standard or the test."""
-CITATIONS_NOT_YET_CLEARED = ("cli/", "placement/", "broker/placer.py", "broker/server.py")
+CITATIONS_NOT_YET_CLEARED = ("cli/", "broker/placer.py", "broker/server.py")
 """Modules whose comments are rewritten as they are moved or edited now; each leaves this list
 once its citations are gone."""
 
@@ -242,3 +242,71 @@ def test_the_citation_finder_reads_comments_and_strings_not_code() -> None:
         'tissue = "tissue 5 and issue five"\n'
     )
     assert issue_citations(source) == [(1, "issue 40"), (2, "Issues 18"), (6, "issue 41")]
+
+
+# placement/'s rooms (house style: subpackages named for their algorithms). A room is a
+# subpackage, or a module at placement/'s top; each may import the rooms listed here and none
+# above them. The algorithms' rooms know no policy and no decision, the policies no front door.
+BELOW_THE_ROOMS = {"host_graph", "deadline", "rule_lookup"}
+ALGORITHM_ROOMS = {"mapa", "sets", "besteffort", "sharing", "mig"}
+PLACEMENT_ROOMS_MAY_IMPORT = {
+    **dict.fromkeys(BELOW_THE_ROOMS, frozenset()),
+    "sets": BELOW_THE_ROOMS,
+    "mapa": BELOW_THE_ROOMS | {"sets"},
+    "besteffort": BELOW_THE_ROOMS,
+    "sharing": BELOW_THE_ROOMS,
+    "mig": BELOW_THE_ROOMS,
+    "policies": BELOW_THE_ROOMS | ALGORITHM_ROOMS | {"context", "ties"},
+}
+
+
+def _room(module: str) -> str | None:
+    """``gpualloc.placement.mapa.search`` -> ``mapa``; ``gpualloc.placement.ties`` -> ``ties``;
+    None outside placement and for placement's own package."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["gpualloc", "placement"] else None
+
+
+def _room_imports(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    rooms: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        room = _room(module)
+        if room is not None:
+            found = rooms.setdefault(room, set())
+            found.update(r for r in map(_room, targets) if r is not None and r != room)
+    return rooms
+
+
+def test_no_import_loop_between_placements_rooms() -> None:
+    """Type-hint imports count: a room that names a type of one above it is read top down."""
+    graph = import_graph(type_checking=True)
+    loops = cycles(_room_imports(graph))
+    assert not loops, "\n".join(
+        f"loop: {' / '.join(loop)} via {_witnesses(graph, loop, _room)}" for loop in loops
+    )
+
+
+def test_placements_rooms_import_only_the_rooms_below_them() -> None:
+    graph = import_graph(type_checking=True)
+    rooms = _room_imports(graph)
+    assert set(PLACEMENT_ROOMS_MAY_IMPORT) <= set(rooms), "a room listed here has moved"
+    wrong = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if _room(module) in PLACEMENT_ROOMS_MAY_IMPORT
+        and _room(target) not in {None, _room(module), *PLACEMENT_ROOMS_MAY_IMPORT[_room(module)]}
+    )
+    assert not wrong, wrong
+
+
+def test_placements_packages_say_what_they_hold_and_import_nothing() -> None:
+    """Each package of placement has a docstring (what it holds and proves) and no import: a
+    module loads only what it uses, whichever room it is in (start-up, house style habit 9)."""
+    packages = {m: p for m, p in MODULES.items() if p.name == "__init__.py" and "placement" in m}
+    assert "gpualloc.placement" in packages and len(packages) > 1
+    for module, path in packages.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        assert ast.get_docstring(tree), module
+        body = [node for node in tree.body if not isinstance(node, ast.Expr)]
+        assert not body, f"{module} runs code when a module of it is imported"

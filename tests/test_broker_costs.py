@@ -34,7 +34,7 @@ from gpualloc.host.terms import LeaseTerms
 from gpualloc.ledger.store import new_lease_id
 from gpualloc.model.request import JobRequest
 from gpualloc.model.validation import to_builtins
-from gpualloc.placement.patterns import build_pattern
+from gpualloc.placement.mapa.patterns import build_pattern
 from gpualloc.placement.want import Want
 from gpualloc.topologies import load_bundled
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpualloc.placement.registry import policy_names
+from gpualloc.placement.policies.registry import policy_names
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -149,7 +149,7 @@ def _hold_for_another_user(gpus: str) -> Callable[[], None]:
     from gpualloc.host.local import LocalHost
     from gpualloc.host.terms import LeaseTerms
     from gpualloc.model.request import JobRequest
-    from gpualloc.placement.patterns import build_pattern
+    from gpualloc.placement.mapa.patterns import build_pattern
     from gpualloc.placement.want import Want
     from gpualloc.topologies import load_bundled
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpualloc.placement.share_rules import share_policy_names
+from gpualloc.placement.sharing.rules import share_policy_names
 from gpualloc.simulate.capacity import allocated_share, blocking, capacity_steps
 from gpualloc.simulate.engine import JobResult, SimOptions, simulate
 from gpualloc.simulate.openb import read_openb

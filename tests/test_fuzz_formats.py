@@ -280,7 +280,9 @@ FORMATS: dict[str, tuple[st.SearchStrategy[bytes], tuple[list[str], ...]]] = {
         (["-t", "dgx1-v100", "simulate", "--generate", "drb:jobs=5", "--profile", "{f}"],),
     ),
     "pattern.json": (
-        jsons(PATTERNS, deep=False),  # deep: test_fuzz_findings, a fix for placement/patterns.py
+        jsons(
+            PATTERNS, deep=False
+        ),  # deep: test_fuzz_findings, a fix for placement/mapa/patterns.py
         (
             ["-t", "dgx1-v100", "plan", "-n", "3", "--pattern", "{f}"],
             ["-t", "dgx1-v100", "alloc", "--hold", "-n", "3", "--pattern", "{f}"],

@@ -325,7 +325,7 @@ def plan(host: Host, wanted: Want, busy: frozenset[int] | None = None) -> tuple[
     what-if of those GPUs taken and every other free (the ledger not counted)."""
     from gpualloc.model.request import HostState
     from gpualloc.placement.decide import decision_context
-    from gpualloc.placement.registry import get_policy
+    from gpualloc.placement.policies.registry import get_policy
 
     if busy is None:
         state = host.occupancy(host.snapshot().ledger).host_state()

@@ -58,7 +58,7 @@ def _one_error(stderr: str) -> str:
     ids=["plan", "plan-all", "run", "alloc"],
 )
 def test_a_count_no_host_has_is_refused_before_any_pattern(cli, monkeypatch, args) -> None:
-    from gpualloc.placement import patterns
+    from gpualloc.placement.mapa import patterns
 
     def built(*_: object) -> None:
         raise AssertionError("a pattern was built")
@@ -84,8 +84,8 @@ def test_a_count_above_the_host_is_exit_9_and_above_the_cap_a_usage_error(cli) -
 
 def test_the_library_refuses_a_count_before_building_a_pattern() -> None:
     from gpualloc.config import Config
+    from gpualloc.placement.mapa.patterns import PatternError, build_pattern
     from gpualloc.placement.options import JobOptions
-    from gpualloc.placement.patterns import PatternError, build_pattern
 
     with pytest.raises(RequestError, match=f"out of range .1 to {MAX_GPUS}."):
         JobOptions(count=10**17)

@@ -9,14 +9,14 @@ import random
 import pytest
 
 from gpualloc.model.request import HostState, JobRequest
-from gpualloc.placement import search_bounds
 from gpualloc.placement.decide import decision_context
 from gpualloc.placement.host_graph import HostGraph
-from gpualloc.placement.objectives import AggregatedObjective
-from gpualloc.placement.patterns import build_pattern
-from gpualloc.placement.registry import get_policy
-from gpualloc.placement.search import PlacementSearch
-from gpualloc.placement.treebound import TreeWeightBound, greedy_weight, lagrangian_bound
+from gpualloc.placement.mapa import search_bounds
+from gpualloc.placement.mapa.objectives import AggregatedObjective
+from gpualloc.placement.mapa.patterns import build_pattern
+from gpualloc.placement.mapa.search import PlacementSearch
+from gpualloc.placement.mapa.treebound import TreeWeightBound, greedy_weight, lagrangian_bound
+from gpualloc.placement.policies.registry import get_policy
 from gpualloc.topologies import load_bundled
 
 from .test_tree_bound import (

@@ -28,7 +28,7 @@ from gpualloc.model import Gpu, GpuProcess, Health
 from gpualloc.model.request import JobRequest
 from gpualloc.placement.choose import choose
 from gpualloc.placement.decide import plan
-from gpualloc.placement.patterns import build_pattern
+from gpualloc.placement.mapa.patterns import build_pattern
 from gpualloc.placement.want import Want
 from gpualloc.topologies import load_bundled
 

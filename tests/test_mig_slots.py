@@ -15,8 +15,8 @@ from gpualloc.ledger.stats import MIX_MIN_REQUESTS, LedgerStats
 from gpualloc.model.mig import GIB, MigInstance, MigRequest
 from gpualloc.model.mig_slices import free_starts, occupied_slices, shape_of, still_fit
 from gpualloc.model.topology import Topology
-from gpualloc.placement.mig_fit import MigDevicesBusy, choose_mig
-from gpualloc.placement.mig_slots import creation_slots, fragment, free_slices
+from gpualloc.placement.mig.fit import MigDevicesBusy, choose_mig
+from gpualloc.placement.mig.slots import creation_slots, fragment, free_slices
 from gpualloc.topologies import load_bundled
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -280,7 +280,7 @@ def test_a_profile_no_key_can_hold_is_not_counted() -> None:
 def test_fgd_puts_a_3g_where_a_4g_still_fits_and_first_fit_does_not() -> None:
     """The example docs/evaluation.md 6.3 gives: on an empty H100, a 3g at slice 0 (the lowest
     start) leaves no room for a 4g (which starts only at 0); at 4 it does."""
-    from gpualloc.placement.mig_slots import MigGpu, rank_slots
+    from gpualloc.placement.mig.slots import MigGpu, rank_slots
 
     empty = [MigGpu(0, H100[0], H100[1], frozenset())]
     assert rank_slots(empty, "3g.40gb", None, "first-fit")[0].start == 0

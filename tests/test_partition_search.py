@@ -13,9 +13,9 @@ from itertools import combinations
 
 import pytest
 
-from gpualloc.placement import partition as partition_module
-from gpualloc.placement.best_groups import best_group_scores
-from gpualloc.placement.partition import PartitionSearch
+from gpualloc.placement.besteffort import partition as partition_module
+from gpualloc.placement.besteffort.best_groups import best_group_scores
+from gpualloc.placement.besteffort.partition import PartitionSearch
 from tests.go_gpuallocator import literal_partitions
 
 

@@ -18,9 +18,9 @@ import pytest
 
 from gpualloc.model.request import HostState, JobRequest
 from gpualloc.placement.decide import decision_context
-from gpualloc.placement.objectives import AggregatedObjective, evaluate_order
-from gpualloc.placement.patterns import build_pattern
-from gpualloc.placement.registry import get_policy, policy_names
+from gpualloc.placement.mapa.objectives import AggregatedObjective, evaluate_order
+from gpualloc.placement.mapa.patterns import build_pattern
+from gpualloc.placement.policies.registry import get_policy, policy_names
 from gpualloc.placement.ties import tie_key
 from gpualloc.topologies import bundled_names, load_bundled
 from tests.go_gpuallocator import literal_partitions
@@ -176,7 +176,7 @@ def test_policy_is_optimal_on_16_gpu_hosts_small_jobs(host_name: str, policy_nam
 
 
 def _go_besteffort(ctx):
-    from gpualloc.placement.besteffort import pair_score
+    from gpualloc.placement.policies.besteffort import pair_score
 
     pool, k, required = list(ctx.pool), ctx.k, ctx.request.required
     if k == 1:
@@ -250,7 +250,7 @@ def test_many_link_classes_fall_back_to_branch_and_bound() -> None:
     """A measured matrix gives nearly every pair its own bandwidth: too many count vectors, so
     the search enumerates orders. It must still be optimal."""
     from gpualloc.discovery.bandwidth_matrix import topology_from_bandwidth_matrix
-    from gpualloc.placement.search import MAX_VECTORS, PlacementSearch
+    from gpualloc.placement.mapa.search import MAX_VECTORS, PlacementSearch
 
     rng = random.Random(11)
     n = 7
@@ -314,8 +314,8 @@ def _held_karp_best_ring(host, gpus) -> float:
 def test_ring_order_of_a_large_set_is_the_best_tour(host_name: str) -> None:
     """Rings of 9 to 11 GPUs, ordered by the count-vector search (where the degree-deficit
     bound prunes), against Held-Karp's exact best tour."""
-    from gpualloc.placement.exact import best_order_of_set
     from gpualloc.placement.host_graph import HostGraph
+    from gpualloc.placement.mapa.exact import best_order_of_set
 
     topology = load_bundled(host_name)
     host = HostGraph.from_topology(topology)
@@ -334,8 +334,8 @@ def test_ring_order_of_a_large_set_is_the_best_tour(host_name: str) -> None:
 def test_search_over_a_family_of_sets_equals_searching_each(host_name: str) -> None:
     """MAPA's tie-break searches the tied sets together; it must return what searching each
     set alone and keeping the best key, then the lowest set, returns."""
-    from gpualloc.placement.exact import best_ordered_placement, best_placement_among
     from gpualloc.placement.host_graph import HostGraph
+    from gpualloc.placement.mapa.exact import best_ordered_placement, best_placement_among
 
     topology = load_bundled(host_name)
     host = HostGraph.from_topology(topology)
@@ -372,7 +372,7 @@ def _max_degree_limited_subgraph(edges, size, limit):
 @pytest.mark.parametrize("seed", range(6))
 def test_degree_limited_edges_matches_brute_force(seed: int) -> None:
     from gpualloc.model.request import CommunicationPattern
-    from gpualloc.placement.pattern_graphs import degree_limited_edges
+    from gpualloc.placement.mapa.pattern_graphs import degree_limited_edges
 
     rng = random.Random(seed)
     size = rng.randint(3, 9)
@@ -391,14 +391,14 @@ def test_degree_limited_edges_matches_brute_force(seed: int) -> None:
 
 def test_degree_limit_of_a_16_rank_tree_on_two_links_per_gpu() -> None:
     """The bound that refutes 12+ NV2 edges for a 16-GPU tree on the torus (NV2 degree 2)."""
-    from gpualloc.placement.pattern_graphs import degree_limited_edges
+    from gpualloc.placement.mapa.pattern_graphs import degree_limited_edges
 
     assert degree_limited_edges(build_pattern("tree", 16), 2) == 11
 
 
 @pytest.mark.parametrize("host_name", ["dgx1-v100", "pcie-8gpu-2socket", "torus-2d-16"])
 def test_aggregated_upper_bound_is_an_upper_bound(host_name: str) -> None:
-    from gpualloc.placement.mapa import aggregated_upper_bound
+    from gpualloc.placement.policies.mapa import aggregated_upper_bound
 
     topology = load_bundled(host_name)
     rng = random.Random(3)
@@ -419,8 +419,8 @@ def test_aggregated_upper_bound_is_an_upper_bound(host_name: str) -> None:
 @pytest.mark.parametrize("host_name", ["dgx1-v100", "dgx2", "torus-2d-16"])
 def test_preserve_loss_search_finds_every_tied_set(host_name: str) -> None:
     """The least NVLink loss and every set that attains it, in order, against brute force."""
-    from gpualloc.placement.mapa import LossSearch
-    from gpualloc.placement.scores import preserved_gbps
+    from gpualloc.placement.mapa.scores import preserved_gbps
+    from gpualloc.placement.policies.mapa import LossSearch
 
     topology = load_bundled(host_name)
     n = topology.gpu_count
@@ -446,7 +446,7 @@ def test_drb_fast_scan_matches_scoring_every_set(host_name: str) -> None:
     import random
 
     from gpualloc.model.request import RunningJob
-    from gpualloc.placement.candidates import candidate_sets
+    from gpualloc.placement.sets.candidates import candidate_sets
 
     topology = load_bundled(host_name)
     n = topology.gpu_count
@@ -471,11 +471,11 @@ def test_drb_fast_scan_matches_scoring_every_set(host_name: str) -> None:
 @pytest.mark.parametrize("host_name", ["dgx1-v100", "pcie-8gpu-2socket", "torus-2d-16", "dgx2"])
 def test_star_shortcut_matches_the_search(host_name: str) -> None:
     """The hub-only evaluation of a star on a fixed set gives the search's order and key."""
-    from gpualloc.placement.exact import _best_star_order
     from gpualloc.placement.host_graph import HostGraph
-    from gpualloc.placement.objectives import AggregatedObjective, effective_objective
-    from gpualloc.placement.scores import EffectiveModel, resolve_model
-    from gpualloc.placement.search import PlacementSearch
+    from gpualloc.placement.mapa.exact import _best_star_order
+    from gpualloc.placement.mapa.objectives import AggregatedObjective, effective_objective
+    from gpualloc.placement.mapa.scores import EffectiveModel, resolve_model
+    from gpualloc.placement.mapa.search import PlacementSearch
 
     topology = load_bundled(host_name)
     host = HostGraph.from_topology(topology)

@@ -16,9 +16,8 @@ from gpualloc.model.request import HostState, JobRequest
 from gpualloc.model.topology import Topology
 from gpualloc.placement.decide import decision_context, plan
 from gpualloc.placement.host_graph import HostGraph
-from gpualloc.placement.patterns import build_pattern, ring
-from gpualloc.placement.registry import policy_names
-from gpualloc.placement.scores import (
+from gpualloc.placement.mapa.patterns import build_pattern, ring
+from gpualloc.placement.mapa.scores import (
     MAPA_EMPTY_ALLOCATION_GBPS,
     aggregated_gbps,
     bottleneck_gbps,
@@ -26,6 +25,7 @@ from gpualloc.placement.scores import (
     pattern_pairs,
     preserved_gbps,
 )
+from gpualloc.placement.policies.registry import policy_names
 from gpualloc.topologies import load_bundled
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -185,7 +185,7 @@ def test_the_cheapest_set_is_found_exactly(name: str) -> None:
     """t_min(k) of DRB's Eq. 2 on the paper's scale: the search equals brute force."""
     import itertools
 
-    from gpualloc.placement.utility import cheapest_communication, physical_distances
+    from gpualloc.placement.sets.utility import cheapest_communication, physical_distances
 
     distance = physical_distances(HostGraph.from_topology(load_bundled(name)))
     n = len(distance)
@@ -202,7 +202,7 @@ def test_drb_utility_is_on_the_papers_scale() -> None:
     score below Table 1's 0.5 for 2-GPU jobs; an NVLinked pair with a socket left half free
     scores above it; a 1-GPU job goes to the socket without another job (interference)."""
     from gpualloc.model.request import RunningJob
-    from gpualloc.placement.utility import UtilityModel
+    from gpualloc.placement.sets.utility import UtilityModel
 
     host = HostGraph.from_topology(load_bundled("minsky-p100"))
     running = (RunningJob(frozenset({1}), True), RunningJob(frozenset({2}), True))

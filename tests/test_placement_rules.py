@@ -19,11 +19,11 @@ from gpualloc.model.occupancy_view import OccupancyView
 from gpualloc.model.request import HostState, JobRequest, RunningJob
 from gpualloc.model.share import LeasedShare, ShareRequest
 from gpualloc.placement.choose import choose
-from gpualloc.placement.mig_rules import MigRule, get_mig_rule, mig_rule_names, mig_rules
-from gpualloc.placement.mig_slots import MigGpu, rank_slots
-from gpualloc.placement.patterns import build_pattern
-from gpualloc.placement.share_fit import choose_share
-from gpualloc.placement.share_rules import (
+from gpualloc.placement.mapa.patterns import build_pattern
+from gpualloc.placement.mig.rules import MigRule, get_mig_rule, mig_rule_names, mig_rules
+from gpualloc.placement.mig.slots import MigGpu, rank_slots
+from gpualloc.placement.sharing.fit import choose_share
+from gpualloc.placement.sharing.rules import (
     SharePolicy,
     get_share_policy,
     share_policies,

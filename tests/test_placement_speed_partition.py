@@ -1,4 +1,4 @@
-"""The smallest-cut split of the last two groups (:mod:`gpualloc.placement.two_groups`)
+"""The smallest-cut split of the last two groups (:mod:`gpualloc.placement.besteffort.two_groups`)
 keeps go-gpuallocator's partition: compared with the literal enumeration on mesh-like scores (a
 constant PCIe score plus 100 per NVLink, the shape on which the split's bound matters), PCIe
 twins, required GPUs and padding, where two or three groups are left."""
@@ -10,7 +10,7 @@ from itertools import combinations
 
 import pytest
 
-from gpualloc.placement.partition import PartitionSearch
+from gpualloc.placement.besteffort.partition import PartitionSearch
 from tests.test_partition_search import _literal_best
 
 

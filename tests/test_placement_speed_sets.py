@@ -1,4 +1,4 @@
-"""The set-level capacity check of the order search (:mod:`gpualloc.placement.set_capacity`)
+"""The set-level capacity check of the order search (:mod:`gpualloc.placement.mapa.set_capacity`)
 never rejects a set that some order realises: every order of random sets on the
 bundled meshes and PCIe hosts, rings and trees, is counted into its vector and checked."""
 
@@ -12,11 +12,11 @@ import pytest
 from gpualloc.model.request import HostState, JobRequest
 from gpualloc.placement.decide import decision_context
 from gpualloc.placement.host_graph import HostGraph
-from gpualloc.placement.objectives import AggregatedObjective
-from gpualloc.placement.patterns import build_pattern
-from gpualloc.placement.registry import get_policy
-from gpualloc.placement.search import PlacementSearch
-from gpualloc.placement.set_capacity import SetCapacity
+from gpualloc.placement.mapa.objectives import AggregatedObjective
+from gpualloc.placement.mapa.patterns import build_pattern
+from gpualloc.placement.mapa.search import PlacementSearch
+from gpualloc.placement.mapa.set_capacity import SetCapacity
+from gpualloc.placement.policies.registry import get_policy
 from gpualloc.topologies import load_bundled
 
 

@@ -20,8 +20,8 @@ import pytest
 
 from gpualloc.model.request import HostState, JobRequest
 from gpualloc.placement.decide import decision_context
-from gpualloc.placement.patterns import build_pattern
-from gpualloc.placement.registry import get_policy
+from gpualloc.placement.mapa.patterns import build_pattern
+from gpualloc.placement.policies.registry import get_policy
 from gpualloc.placement.ties import decided_by, tie_key
 from gpualloc.topologies import load_bundled
 
@@ -165,7 +165,7 @@ def test_a_bound_of_a_pair_counts_the_2_gpu_rings_pair_once() -> None:
     """The 2-GPU ring lists its pair twice; its ranks still have one neighbour each (the bound
     indexed a second-widest link that a pair does not have)."""
     from gpualloc.placement.host_graph import HostGraph
-    from gpualloc.placement.mapa import slowest_link_bound
+    from gpualloc.placement.policies.mapa import slowest_link_bound
 
     host = HostGraph.from_topology(load_bundled("dgx1-v100"))
     assert slowest_link_bound(host, build_pattern("ring", 2), (0, 3)) == 50.0

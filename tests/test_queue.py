@@ -11,8 +11,8 @@ from gpualloc.host.queue import Attempt, take_turn, turn_order
 from gpualloc.ledger.schema import SCHEMA_VERSION, Ledger, QueuedRequest, Waiter
 from gpualloc.ledger.store import LedgerTransaction, parse_ledger
 from gpualloc.model.request import Placement, Scores
-from gpualloc.placement.scores import EffectiveModel
-from gpualloc.placement.utility import UtilityWeights
+from gpualloc.placement.mapa.scores import EffectiveModel
+from gpualloc.placement.sets.utility import UtilityWeights
 from gpualloc.placement.want import Want
 
 PLACEMENT = Placement("mapa", (0,), Scores(None, None, 0.0, None, 1.0), "test")
@@ -86,7 +86,7 @@ def test_the_ledger_numbers_arrivals_and_counts_passes() -> None:
 
 def test_a_queued_request_round_trips_to_the_same_want() -> None:
     from gpualloc.model.request import JobRequest
-    from gpualloc.placement.patterns import build_pattern
+    from gpualloc.placement.mapa.patterns import build_pattern
 
     want = Want(
         request=JobRequest(
@@ -116,7 +116,7 @@ def _host_with_leases(held: dict[int, tuple[int, ...]]):
     from gpualloc.host.local import LocalHost
     from gpualloc.host.terms import LeaseTerms
     from gpualloc.model.request import JobRequest
-    from gpualloc.placement.patterns import build_pattern
+    from gpualloc.placement.mapa.patterns import build_pattern
     from gpualloc.topologies import load_bundled
 
     host = LocalHost.open(load_bundled("dgx1-v100"), ignore_foreign=True)

@@ -13,8 +13,8 @@ from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Lease, LeasedGpu
 from gpualloc.model.request import JobRequest
 from gpualloc.placement.choose import Choices, searched
-from gpualloc.placement.patterns import build_pattern
-from gpualloc.placement.registry import get_policy, policy_names
+from gpualloc.placement.mapa.patterns import build_pattern
+from gpualloc.placement.policies.registry import get_policy, policy_names
 from gpualloc.placement.want import Want
 from gpualloc.topologies import load_bundled
 from tests.test_hostile_bytes import _lease

@@ -7,17 +7,17 @@ from itertools import product
 import pytest
 
 from gpualloc.model.request import CommunicationPattern, HostState, JobRequest
-from gpualloc.placement import search_bounds
 from gpualloc.placement.decide import decision_context
 from gpualloc.placement.host_graph import HostGraph
-from gpualloc.placement.pattern_graphs import (
+from gpualloc.placement.mapa import search_bounds
+from gpualloc.placement.mapa.pattern_graphs import (
     bipartition,
     component_sizes,
     fewest_monochromatic,
     forest_diameter,
 )
-from gpualloc.placement.patterns import build_pattern
-from gpualloc.placement.registry import get_policy
+from gpualloc.placement.mapa.patterns import build_pattern
+from gpualloc.placement.policies.registry import get_policy
 from gpualloc.topologies import load_bundled
 
 

@@ -1,7 +1,7 @@
 """pack, DRB and spread choose the set that scoring every candidate set would.
 
 pack and DRB search sets by branch and bound over twin classes
-(:mod:`gpualloc.placement.set_search`), spread by socket counts, DRB's t_min by the same branch
+(:mod:`gpualloc.placement.sets.search`), spread by socket counts, DRB's t_min by the same branch
 and bound: each must return the brute force's answer (the highest key, then the lowest set),
 on the 16-GPU meshes where no GPUs are twins, on PCIe hosts where most are, with running jobs,
 required and excluded GPUs.
@@ -18,15 +18,15 @@ import pytest
 
 from gpualloc.model import Topology
 from gpualloc.model.request import HostState, JobRequest, RunningJob
-from gpualloc.placement.candidates import candidate_sets
 from gpualloc.placement.decide import decision_context
-from gpualloc.placement.drb import DrbPolicy
-from gpualloc.placement.pack import PackPolicy
-from gpualloc.placement.patterns import build_pattern
-from gpualloc.placement.registry import get_policy
-from gpualloc.placement.set_search import twin_classes
-from gpualloc.placement.spread import spread_set
-from gpualloc.placement.utility import cheapest_communication
+from gpualloc.placement.mapa.patterns import build_pattern
+from gpualloc.placement.policies.drb import DrbPolicy
+from gpualloc.placement.policies.pack import PackPolicy
+from gpualloc.placement.policies.registry import get_policy
+from gpualloc.placement.policies.spread import spread_set
+from gpualloc.placement.sets.candidates import candidate_sets
+from gpualloc.placement.sets.search import twin_classes
+from gpualloc.placement.sets.utility import cheapest_communication
 from gpualloc.topologies import load_bundled
 
 MAX_SETS = 13_000

@@ -25,7 +25,7 @@ from gpualloc.ledger.schema import Lease, LeasedGpu, Ledger
 from gpualloc.model.mig import GIB
 from gpualloc.model.share import LeasedShare, ShareRequest
 from gpualloc.model.topology import GpuProcess
-from gpualloc.placement.share_fit import choose_share
+from gpualloc.placement.sharing.fit import choose_share
 from gpualloc.topologies import load_bundled
 from tests.child_processes import end, finish
 from tests.test_cli_run import TIMEOUT_S, gpualloc, gpualloc_argv, status
@@ -425,7 +425,7 @@ def test_eviction_marks_the_shared_jobs_beside_a_lease_in_the_ledger() -> None:
     from gpualloc.host.terms import LeaseTerms
     from gpualloc.ledger.shared_files import owner_name
     from gpualloc.model.request import JobRequest
-    from gpualloc.placement.patterns import build_pattern
+    from gpualloc.placement.mapa.patterns import build_pattern
     from gpualloc.placement.want import Want
 
     host = LocalHost.open(load_bundled("dgx1-v100"))
@@ -513,7 +513,11 @@ def test_fgd_keeps_room_for_the_workloads_common_asks_where_best_fit_does_not() 
 
 
 def test_expected_fragmentation_as_the_fgd_paper_defines_it() -> None:
-    from gpualloc.placement.fragmentation import expected_fragmentation, fragmentation, growth
+    from gpualloc.placement.sharing.fragmentation import (
+        expected_fragmentation,
+        fragmentation,
+        growth,
+    )
 
     free = [1.0, 0.5, 0.2, 0.0]
     assert fragmentation(free, (1, 0.5)) == pytest.approx(0.2)  # 0.2 < 0.5: unusable
@@ -586,7 +590,7 @@ def test_each_lease_adds_its_task_type_to_the_ledgers_mix() -> None:
     from gpualloc.host.local import LocalHost
     from gpualloc.host.terms import LeaseTerms
     from gpualloc.model.request import JobRequest
-    from gpualloc.placement.patterns import build_pattern
+    from gpualloc.placement.mapa.patterns import build_pattern
     from gpualloc.placement.want import Want
 
     host = LocalHost.open(load_bundled("dgx1-v100"))

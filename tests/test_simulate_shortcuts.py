@@ -16,7 +16,7 @@ from gpualloc.ledger.schema import Lease, LeasedGpu
 from gpualloc.model.request import JobRequest
 from gpualloc.placement import choose as choose_module
 from gpualloc.placement.choose import searched
-from gpualloc.placement.patterns import build_pattern
+from gpualloc.placement.mapa.patterns import build_pattern
 from gpualloc.placement.want import Want
 from gpualloc.simulate import engine
 from gpualloc.simulate.engine import SimOptions, simulate

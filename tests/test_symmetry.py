@@ -10,12 +10,12 @@ import pytest
 
 from gpualloc.model.request import HostState, JobRequest
 from gpualloc.placement.decide import decision_context
-from gpualloc.placement.exact import best_placement_among
 from gpualloc.placement.host_graph import HostGraph
-from gpualloc.placement.mapa import LossSearch, _best_of_few_sets
-from gpualloc.placement.objectives import AggregatedObjective
-from gpualloc.placement.patterns import build_pattern
-from gpualloc.placement.symmetry import host_symmetries, set_orbits
+from gpualloc.placement.mapa.exact import best_placement_among
+from gpualloc.placement.mapa.objectives import AggregatedObjective
+from gpualloc.placement.mapa.patterns import build_pattern
+from gpualloc.placement.mapa.symmetry import host_symmetries, set_orbits
+from gpualloc.placement.policies.mapa import LossSearch, _best_of_few_sets
 from gpualloc.topologies import load_bundled
 
 
@@ -106,7 +106,7 @@ def test_a_set_that_beats_the_lowest_is_found_through_its_orbit(k: int) -> None:
 def test_when_every_set_ties_the_search_over_the_pool_decides(busy: tuple[int, ...]) -> None:
     """14 of the torus's 15 free GPUs: all 15 sets tie on preserved bandwidth, so the tie-break
     is the aggregated search over the pool, which must agree with searching the sets."""
-    from gpualloc.placement.registry import get_policy
+    from gpualloc.placement.policies.registry import get_policy
 
     topology = load_bundled("torus-2d-16")
     request = JobRequest(14, build_pattern("tree", 14), False)

@@ -104,7 +104,7 @@ def test_the_whole_trace_reads_with_the_readme_counts() -> None:
 
 @pytest.mark.skipif(not FULL.exists(), reason="the whole trace lives in ../shared")
 def test_the_default_fgd_mix_is_the_traces() -> None:
-    from gpualloc.placement.fragmentation import DEFAULT_MIX
+    from gpualloc.placement.sharing.fragmentation import DEFAULT_MIX
     from gpualloc.simulate.openb import coarse_mix
 
     mix = coarse_mix(read_openb(FULL.read_text(), source=FULL.name).jobs)

@@ -10,10 +10,10 @@ import pytest
 
 from gpualloc.model.request import HostState, JobRequest
 from gpualloc.placement.decide import decision_context
-from gpualloc.placement.objectives import AggregatedObjective
-from gpualloc.placement.patterns import build_pattern
-from gpualloc.placement.search import PlacementSearch
-from gpualloc.placement.treebound import TreeWeightBound, best_children
+from gpualloc.placement.mapa.objectives import AggregatedObjective
+from gpualloc.placement.mapa.patterns import build_pattern
+from gpualloc.placement.mapa.search import PlacementSearch
+from gpualloc.placement.mapa.treebound import TreeWeightBound, best_children
 from gpualloc.topologies import load_bundled
 
 

@@ -105,7 +105,7 @@ def runtime_models(incomplete: str) -> list[tuple[str, str]]:
 
 
 def share_placements(incomplete: str) -> list[tuple[str, str]]:
-    from gpualloc.placement.share_rules import share_policies
+    from gpualloc.placement.sharing.rules import share_policies
 
     return _matching([(rule.name, rule.description) for rule in share_policies()], incomplete)
 
@@ -122,7 +122,7 @@ def mig_profiles(incomplete: str) -> list[tuple[str, str]]:
 
 
 def policies(incomplete: str) -> list[tuple[str, str]]:
-    from gpualloc.placement.registry import DEFAULT_POLICY, policy_names
+    from gpualloc.placement.policies.registry import DEFAULT_POLICY, policy_names
 
     return _matching(
         [(name, "the default" if name == DEFAULT_POLICY else "") for name in policy_names()],

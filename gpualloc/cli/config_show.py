@@ -60,7 +60,7 @@ def show_command(
     """
     from gpualloc.cli.output import Table, print_json, print_tables
     from gpualloc.config import SETTINGS
-    from gpualloc.placement.registry import configured_policy
+    from gpualloc.placement.policies.registry import configured_policy
 
     config = STATE.config()
     configured_policy(config)  # values whose meaning the configuration cannot check:

@@ -254,7 +254,7 @@ def _show_mig_plan(
     devices leased), or, with ``--busy`` naming MIG devices to treat as held, what if."""
     from gpualloc.cli.output import print_json, write_stdout
     from gpualloc.model.mig import format_size, mig_label, parse_mig_label
-    from gpualloc.placement.mig_fit import choose_mig
+    from gpualloc.placement.mig.fit import choose_mig
 
     known = {(m.gpu, m.device) for m in topology.mig_instances}
     held: dict[tuple[int, int], object] = dict.fromkeys(taken_now or (), True)
@@ -355,7 +355,7 @@ def _show_plan(
     from gpualloc.cli.output import Table, fixed, print_json, print_tables
     from gpualloc.placement.decide import explain as explain_choice
     from gpualloc.placement.decide import place
-    from gpualloc.placement.registry import get_policy
+    from gpualloc.placement.policies.registry import get_policy
 
     explanation = explain_choice(ctx, policy, budget_s=budget_s) if explain else None
     placement = explanation.placement if explanation else place(get_policy(policy), ctx, budget_s)

@@ -167,8 +167,8 @@ def simulate_command(
 
     Example: `gpualloc -t dgx1-v100 simulate --generate mapa --policy baseline,besteffort,mapa`
     """
-    from gpualloc.placement.registry import get_policy
-    from gpualloc.placement.share_rules import get_share_policy
+    from gpualloc.placement.policies.registry import get_policy
+    from gpualloc.placement.sharing.rules import get_share_policy
     from gpualloc.simulate.engine import SimOptions, simulate
     from gpualloc.simulate.generate import generate as generate_jobs
     from gpualloc.simulate.networks import check_workloads
@@ -200,7 +200,7 @@ def simulate_command(
         )
     policies = [name.strip() for name in policy.split(",") if name.strip()]
     if not policies:
-        from gpualloc.placement.registry import policy_names
+        from gpualloc.placement.policies.registry import policy_names
 
         raise RequestError(
             "--policy names no policy", hint=f"the policies: {', '.join(policy_names())}"

@@ -463,7 +463,7 @@ def status_json(
 ) -> dict[str, Any]:
     from gpualloc.host.queue import turn_order
     from gpualloc.model.validation import to_builtins
-    from gpualloc.placement.share_fit import free_memory
+    from gpualloc.placement.sharing.fit import free_memory
 
     gpus = []
     for gpu in host.topology.gpus:

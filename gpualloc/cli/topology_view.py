@@ -150,7 +150,7 @@ def mig_table(topology: Topology) -> Table:
 def mig_room_table(topology: Topology) -> Table | None:
     """Per GPU in MIG mode: its free memory slices, and what NVIDIA's placement rules still let
     an administrator create there (None when no layout's placements are known)."""
-    from gpualloc.placement.mig_slots import free_slices
+    from gpualloc.placement.mig.slots import free_slices
 
     rows = []
     for gpu in topology.gpus:

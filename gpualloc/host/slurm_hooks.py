@@ -208,10 +208,10 @@ def task_prolog(topology: Topology, env: Mapping[str, str]) -> list[str]:
 
 def best_ring(topology: Topology, gpus: tuple[int, ...]) -> tuple[int, ...]:
     """The order of ``gpus`` whose ring carries the most bandwidth (MAPA Eq. 1)."""
-    from gpualloc.placement.exact import best_order_of_set
     from gpualloc.placement.host_graph import HostGraph
-    from gpualloc.placement.objectives import AggregatedObjective
-    from gpualloc.placement.patterns import build_pattern
+    from gpualloc.placement.mapa.exact import best_order_of_set
+    from gpualloc.placement.mapa.objectives import AggregatedObjective
+    from gpualloc.placement.mapa.patterns import build_pattern
 
     host = HostGraph.from_topology(topology)
     pattern = build_pattern("ring", len(gpus))

@@ -25,7 +25,7 @@ MIX_MEMORY = 200
 ``1 - 1/MIX_MEMORY``, so the last ~200 requests weigh most (a request 200 back weighs 0.37)."""
 MIX_MIN_REQUESTS = 20
 """Below this many (weighted) requests the host's own mix is too thin to trust, and FGD weighs
-the default mix (:data:`gpualloc.placement.fragmentation.DEFAULT_MIX`)."""
+the default mix (:data:`gpualloc.placement.sharing.fragmentation.DEFAULT_MIX`)."""
 MIX_KEY = r"^([1-9][0-9]*:(1|0\.[0-9]+)|mig:[0-9a-z.+-]+)$"
 """A request mix key: ``GPUS:PART`` or ``mig:PROFILE``."""
 _MIX_FLOOR = 0.005

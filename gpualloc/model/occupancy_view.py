@@ -79,7 +79,7 @@ class OccupancyView(Protocol):
 
     @property
     def share_placement(self) -> str:
-        """The share placement rule's name (:mod:`gpualloc.placement.share_rules`)."""
+        """The share placement rule's name (:mod:`gpualloc.placement.sharing.rules`)."""
 
     @property
     def share_mix(self) -> Mapping[tuple[int, float], float] | None:

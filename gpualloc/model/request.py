@@ -19,11 +19,11 @@ class CommunicationPattern(Struct, frozen=True):
     ``edges`` names each pair of ranks once, except the 2-rank pattern, which may name its one
     pair twice: that pair then counts twice in every edge score, which is how MAPA scores a
     2-GPU ring (its one link carries both directions of the ring). The order searches assume
-    one edge a pair beyond that (``placement/mapa.py``, ``placement/exact.py``), so every way a
-    pattern reaches placement (a pattern file, the library, a broker request, a queued job) is
-    checked here, once. A pattern has at most :func:`max_edges` edges, so that the work of
-    placing it is bounded by its ranks, not by what a user typed (a 44 KB
-    pattern of 8 ranks stalled the broker for half a minute: tests/test_hostile_numbers.py).
+    one edge a pair beyond that (``placement/policies/mapa.py``, ``placement/mapa/exact.py``),
+    so every way a pattern reaches placement (a pattern file, the library, a broker request, a
+    queued job) is checked here, once. A pattern has at most :func:`max_edges` edges, so that
+    the work of placing it is bounded by its ranks, not by what a user typed (a 44 KB pattern
+    of 8 ranks stalled the broker for half a minute: tests/test_hostile_numbers.py).
     """
 
     name: str

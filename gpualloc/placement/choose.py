@@ -4,8 +4,9 @@ free now.
 One function, :func:`choose`, for every caller (``run``, ``alloc``, ``plan``, the queue, the
 Slurm prolog, the simulator): a MIG device (:mod:`.mig`), a shared place on one GPU
 (:mod:`.share`), exactly the GPUs given (``--gpus``), or the policy's choice among the free GPUs
-(:mod:`.registry`), each held to the job's thresholds (``--min-utility``, ``--min-bandwidth``:
-postponement, DRB paper section 4.4). It reads a view of the GPUs
+(:mod:`gpualloc.placement.policies.registry`), each held to the job's thresholds
+(``--min-utility``, ``--min-bandwidth``: postponement, DRB paper section 4.4). It reads a view of
+the GPUs
 (:class:`~gpualloc.model.occupancy_view.OccupancyView`, which the ledger's
 :class:`~gpualloc.ledger.occupancy.Occupancy` provides) and writes nothing: recording the lease
 is the ledger session's job (:mod:`gpualloc.host.local`).
@@ -25,8 +26,8 @@ from gpualloc.model.share import ShareRequest
 from gpualloc.model.topology import Topology
 from gpualloc.placement.context import DecisionContext
 from gpualloc.placement.decide import decision_context, place
-from gpualloc.placement.registry import get_policy
-from gpualloc.placement.utility import SetUtility
+from gpualloc.placement.policies.registry import get_policy
+from gpualloc.placement.sets.utility import SetUtility
 from gpualloc.placement.want import Want
 
 __all__ = [
@@ -86,12 +87,12 @@ def searched(
     another process (:mod:`gpualloc.broker.placer`). Raises as :func:`choose` does.
 
     ``choices`` remembers the choices of policies that read the free GPUs alone
-    (:attr:`~gpualloc.placement.policy.Policy.reads_running_jobs` false) by ``want`` and the
-    free GPUs: a choice found there is scored again for the jobs running now (the utility
-    reads them), the search skipped (issue 43: of the 12,477 placements a 10,000-job mixed
-    simulation on dgx1-v100 asks for, 7,366 wait for GPUs, 808 are searched and 4,303
-    remembered). Only the utility reads the jobs running, and only it is scored again
-    (:class:`~gpualloc.placement.utility.SetUtility`): the rest of the scores, and every check
+    (:attr:`~gpualloc.placement.policies.policy.Policy.reads_running_jobs` false) by ``want``
+    and the free GPUs: a choice found there is scored again for the jobs running now (the utility
+    reads them), the search skipped: a simulation or a queue meets the same free GPUs again
+    and again (``tests/test_remembered_choices.py``). Only the utility reads the jobs
+    running, and only it is scored again
+    (:class:`~gpualloc.placement.sets.utility.SetUtility`): the rest of the scores, and every check
     of the request, read the free GPUs alone, so no decision context is built."""
     policy = get_policy(want.policy)
     memo = None if policy.reads_running_jobs else choices
@@ -160,8 +161,8 @@ def _usable(topology: Topology, occupancy: OccupancyView) -> frozenset[int]:
 def _too_few_free(topology: Topology, occupancy: OccupancyView, request: JobRequest) -> None:
     """Raise what :func:`searched` raises for a request that names no GPU and asks for more
     than are free but no more than are usable, without the two decision contexts that find it
-    out (issue 43: the head of a simulation's queue, waiting for GPUs, asks this at every
-    finish). Anything else is left to the contexts."""
+    out (the head of a queue waiting for GPUs asks this each time a job ends). Anything else is
+    left to the contexts."""
     free, k = occupancy.host_state().free, request.gpus
     if request.required or request.excluded or len(free) >= k:
         return
@@ -177,8 +178,8 @@ MIG_POLICY = "mig-best-fit"
 
 
 def _mig_placement(topology: Topology, occupancy: OccupancyView, request: MigRequest) -> Placement:
-    """The MIG device for ``request`` (see :mod:`gpualloc.placement.mig_fit`) as a placement."""
-    from gpualloc.placement.mig_fit import MigDevicesBusy, choose_mig
+    """The MIG device for ``request`` (see :mod:`gpualloc.placement.mig.fit`) as a placement."""
+    from gpualloc.placement.mig.fit import MigDevicesBusy, choose_mig
 
     taken = occupancy.mig_taken()
     try:
@@ -204,8 +205,8 @@ SHARE_POLICY = "share-best-fit"
 def _share_placement(
     topology: Topology, occupancy: OccupancyView, request: ShareRequest
 ) -> Placement:
-    """The GPU for a shared job (see :mod:`gpualloc.placement.share_fit`) as a placement."""
-    from gpualloc.placement.share_fit import choose_share
+    """The GPU for a shared job (see :mod:`gpualloc.placement.sharing.fit`) as a placement."""
+    from gpualloc.placement.sharing.fit import choose_share
 
     choice = choose_share(
         topology,

@@ -17,12 +17,16 @@ from gpualloc.model.cpuset import format_cpulist
 from gpualloc.model.printable import count_of
 from gpualloc.model.request import HostState, JobRequest, Placement, Scores
 from gpualloc.model.topology import Topology
-from gpualloc.placement import scores
-from gpualloc.placement.exact import best_order_of_set
 from gpualloc.placement.host_graph import HostGraph
-from gpualloc.placement.objectives import AggregatedObjective, EdgeObjective, effective_objective
-from gpualloc.placement.scores import EffectiveModel
-from gpualloc.placement.utility import UtilityModel, UtilityWeights
+from gpualloc.placement.mapa import scores
+from gpualloc.placement.mapa.exact import best_order_of_set
+from gpualloc.placement.mapa.objectives import (
+    AggregatedObjective,
+    EdgeObjective,
+    effective_objective,
+)
+from gpualloc.placement.mapa.scores import EffectiveModel
+from gpualloc.placement.sets.utility import UtilityModel, UtilityWeights
 
 
 def _fmt(gpus: frozenset[int]) -> str:

@@ -1,4 +1,4 @@
-"""A time budget for one placement decision (issue 40, hole 2).
+"""A time budget for one placement decision (``tests/test_placement_budget.py``).
 
 The exact searches are exponential in the worst case: on a 32-GPU PCIe host ``plan -n 10
 --policy drb`` walks C(32, 10) = 64 million sets. A decision therefore runs under a
@@ -24,9 +24,10 @@ from typing import TypeVar
 T = TypeVar("T")
 
 CHECK_EVERY = 256
-"""Ticks between readings of the clock: a tick costs a counter increment, a reading about
-50 ns more; the slowest tick of the engine (one realisation step) is well under 10 us, so a
-deadline is overrun by under 3 ms."""
+"""Ticks between readings of the clock: a tick is a counter increment, a reading a call of
+:func:`time.monotonic`, so the clock costs a fraction of a tick; a deadline is overrun by at
+most this many of the engine's slowest ticks (one realisation step), which keeps a decision
+within its budget's margin (``tests/test_placement_budget.py``)."""
 
 
 class OverBudget(Exception):

@@ -13,10 +13,10 @@ from gpualloc.model.topology import Topology
 from gpualloc.placement import deadline
 from gpualloc.placement.context import DecisionContext
 from gpualloc.placement.explain import alternatives, reason
-from gpualloc.placement.policy import Alternative, Policy
-from gpualloc.placement.registry import DEFAULT_POLICY, all_policies, get_policy
-from gpualloc.placement.scores import EffectiveModel
-from gpualloc.placement.utility import UtilityWeights
+from gpualloc.placement.mapa.scores import EffectiveModel
+from gpualloc.placement.policies.policy import Alternative, Policy
+from gpualloc.placement.policies.registry import DEFAULT_POLICY, all_policies, get_policy
+from gpualloc.placement.sets.utility import UtilityWeights
 
 
 def decision_context(
@@ -62,7 +62,7 @@ def compare(ctx: DecisionContext, *, budget_s: float | None = None) -> list[Plac
 def place(policy: Policy, ctx: DecisionContext, budget_s: float | None = None) -> Placement:
     """``policy``'s placement; with ``budget_s``, its search stops after that many seconds and
     a greedy placement is returned instead, saying so in ``Placement.cut_short``
-    (:mod:`.greedy`: issue 40, hole 2). ``None`` (the simulator, the benchmarks, the
+    (:mod:`.greedy`). ``None`` (the simulator, the benchmarks, the
     optimality tests): the exact answer, however long it takes."""
     if budget_s is None:
         return policy.place(ctx)

@@ -14,9 +14,9 @@ from __future__ import annotations
 from math import comb
 
 from gpualloc.model.request import Placement
-from gpualloc.placement.candidates import candidate_sets
 from gpualloc.placement.context import DecisionContext
-from gpualloc.placement.policy import Alternative, Policy
+from gpualloc.placement.policies.policy import Alternative, Policy
+from gpualloc.placement.sets.candidates import candidate_sets
 from gpualloc.placement.ties import decided_by, tie_key, ties
 
 MAX_EXHAUSTIVE = 200

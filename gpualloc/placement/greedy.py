@@ -1,13 +1,14 @@
-"""The answer when a policy's exact search runs past its time budget (issue 40, hole 2).
+"""The answer when a policy's exact search runs past its time budget
+(``tests/test_placement_budget.py``).
 
 :mod:`.deadline` stops a search that would take longer than ``placement.time_budget``; the
 decision then falls back on one of two greedy constructions, in O(k n) evaluations:
 
 - For policies that score a *set* of any size (``drb``, ``spread``, ``pack``, ``besteffort``):
   start from the required GPUs and add, one at a time, the free GPU whose addition scores best
-  under the policy's own :meth:`~gpualloc.placement.policy.Policy.set_key` (ties to the lowest
-  index), the classic greedy of the utility-based placers (DRB, SC'17 section 4.3, decides one
-  task at a time the same way).
+  under the policy's own :meth:`~gpualloc.placement.policies.policy.Policy.set_key` (ties to the
+  lowest index), the classic greedy of the utility-based placers (DRB, SC'17 section 4.4,
+  decides one task at a time the same way).
 - For pattern policies (``mapa``, ``mapa-greedy``): place the pattern's ranks one after another,
   each on the free GPU with the most bandwidth to the ranks it talks to that are already placed
   (MAPA, SC'21 section 4, builds its matches the same way, rank by rank).
@@ -26,7 +27,7 @@ from msgspec.structs import replace
 from gpualloc.model.request import Placement
 from gpualloc.placement import deadline
 from gpualloc.placement.context import DecisionContext
-from gpualloc.placement.policy import Policy
+from gpualloc.placement.policies.policy import Policy
 
 
 def budget_note(policy: Policy, budget_s: float) -> str:

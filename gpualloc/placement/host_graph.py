@@ -2,7 +2,7 @@
 
 Placement never touches discovery (house style): it reads a :class:`~gpualloc.model.Topology`
 and turns it into plain lists, because the searches look pairs up millions of times and a list
-lookup is several times faster than a model's attribute.
+lookup costs less than a model's attribute.
 """
 
 from __future__ import annotations

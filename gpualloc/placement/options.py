@@ -1,6 +1,6 @@
 """The options that describe a job, as one struct: what ``plan``, ``run``, ``alloc`` and the
 Python API take, turned into the placement engine's :class:`~gpualloc.placement.want.Want` by
-one method (issue 29, point 2).
+one method (``tests/test_job_options.py``).
 
 The command line fills it with the option values as typed (``exclude="0,2-3"``,
 ``mem="10G"``); the Python API with the same names and Python values (``exclude={0, 2, 3}``,
@@ -26,8 +26,8 @@ from gpualloc.model.printable import count_of
 
 if TYPE_CHECKING:
     from gpualloc.config import Config
-    from gpualloc.placement.scores import EffectiveModel
-    from gpualloc.placement.utility import UtilityWeights
+    from gpualloc.placement.mapa.scores import EffectiveModel
+    from gpualloc.placement.sets.utility import UtilityWeights
     from gpualloc.placement.want import Want
 
 GpuSelection = str | Iterable[int] | None
@@ -76,8 +76,8 @@ class _JobOptionsMethods(Struct, frozen=True, kw_only=True):
                     hint="a CUDA process uses one MIG device; leave out " + ", ".join(clash),
                 )
         from gpualloc.model.request import JobRequest
-        from gpualloc.placement.patterns import build_pattern
-        from gpualloc.placement.registry import configured_policy
+        from gpualloc.placement.mapa.patterns import build_pattern
+        from gpualloc.placement.policies.registry import configured_policy
         from gpualloc.placement.want import Want
 
         chosen = self._explicit()
@@ -161,8 +161,8 @@ class _JobOptionsMethods(Struct, frozen=True, kw_only=True):
         """The request of ``run --share``: one GPU, shared."""
         from gpualloc.model.request import JobRequest
         from gpualloc.model.share import ShareRequest
-        from gpualloc.placement.patterns import build_pattern
-        from gpualloc.placement.registry import configured_policy
+        from gpualloc.placement.mapa.patterns import build_pattern
+        from gpualloc.placement.policies.registry import configured_policy
         from gpualloc.placement.want import Want
 
         chosen = self._explicit() or ()
@@ -261,7 +261,7 @@ def _indices(values: Iterable[int], option: str) -> tuple[int, ...]:
 
 
 def effective_model(score: str) -> EffectiveModel:
-    from gpualloc.placement.scores import EffectiveModel
+    from gpualloc.placement.mapa.scores import EffectiveModel
 
     try:
         return EffectiveModel(score)
@@ -275,7 +275,7 @@ def utility_weights(value: str | tuple[float, float, float] | None) -> UtilityWe
     """``--drb-weights C,I,F`` as weights summing to 1; a usage error saying which of the
     three rules it breaks (three numbers, none negative, not all zero)."""
     from gpualloc.model.printable import printable
-    from gpualloc.placement.utility import UtilityWeights
+    from gpualloc.placement.sets.utility import UtilityWeights
 
     if value is None:
         return UtilityWeights()

@@ -53,7 +53,7 @@ SetKey = tuple[float, ...]
 
 
 class Policy(Protocol):
-    """What the tie rule reads of a policy (:class:`gpualloc.placement.policy.Policy`)."""
+    """What the tie rule reads of a policy (:class:`gpualloc.placement.policies.policy.Policy`)."""
 
     def search(self, ctx: DecisionContext) -> Placement: ...
 
@@ -69,13 +69,14 @@ MAX_RANKED_STEPS = 6_000
 """The most steps (partial sets) of the walk that ranks one region's sets by criteria 3 and 4:
 a few hundred on a socket of an 8- or 16-GPU board, every set of 3 of a 32-GPU mesh; on a
 16-GPU single-socket mesh, where thousands of sets may leave more NVLink free than the
-policy's answer, the walk may stop there, and says so (a step costs tens of microseconds)."""
+policy's answer, the walk may stop there, and says so (a step is one partial set and its bound,
+O(n log n) in the region's n GPUs)."""
 
 MAX_SEARCHES = 48
 """The most restricted searches of the policy one decision's tie rule runs."""
 
 _SLACK = 2e-6
-"""Keys are rounded to 1e-6 (:func:`gpualloc.placement.objectives.rounded`)."""
+"""Keys are rounded to 1e-6 (:func:`gpualloc.placement.mapa.objectives.rounded`)."""
 
 
 class TieKey(NamedTuple):
@@ -223,8 +224,8 @@ class _TieSearch:
         when what it must still add exceeds what the best set lost: each GPU added removes its
         links to the free GPUs, less those to the chosen ones and at most half its ``need - 1``
         widest links in the region (each link to a later member is counted at both ends), as
-        :class:`~gpualloc.placement.mapa.LossSearch` bounds the same loss. The walk takes at
-        most :data:`MAX_RANKED_STEPS` steps; past that the rule says it stopped."""
+        :class:`~gpualloc.placement.policies.mapa.LossSearch` bounds the same loss. The walk takes
+        at most :data:`MAX_RANKED_STEPS` steps; past that the rule says it stopped."""
         best = self.best
         counts = (lowest.numa_nodes, lowest.root_complexes)
         if counts != (best.numa_nodes, best.root_complexes):
@@ -341,7 +342,7 @@ class _TieSearch:
         """An upper bound on the NVLink bandwidth a set of ``gpus`` leaves free: a set removes
         each member's links to free GPUs, less those among its members, at most the member's
         ``k - 1`` widest to the others of ``gpus``, counted at both ends (as
-        :class:`~gpualloc.placement.mapa.LossSearch` bounds the same loss)."""
+        :class:`~gpualloc.placement.policies.mapa.LossSearch` bounds the same loss)."""
         nv, k = self.ctx.host.nvlink_bandwidth, self.k
         least = []
         forced = 0.0
@@ -469,7 +470,7 @@ def _below(bound: SetKey, key: SetKey) -> bool:
 
 
 def _preserved(ctx: DecisionContext, chosen: Sequence[int]) -> float:
-    from gpualloc.placement.scores import preserved_gbps
+    from gpualloc.placement.mapa.scores import preserved_gbps
 
     return preserved_gbps(ctx.host, ctx.state.free, chosen)
 

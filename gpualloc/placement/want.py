@@ -17,8 +17,8 @@ from gpualloc.config import DEFAULT_POLICY
 from gpualloc.model.mig import MigRequest
 from gpualloc.model.request import CommunicationPattern, JobRequest
 from gpualloc.model.share import ShareRequest
-from gpualloc.placement.scores import EffectiveModel
-from gpualloc.placement.utility import UtilityWeights
+from gpualloc.placement.mapa.scores import EffectiveModel
+from gpualloc.placement.sets.utility import UtilityWeights
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

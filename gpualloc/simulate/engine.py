@@ -62,7 +62,7 @@ from gpualloc.model.request import (
 )
 from gpualloc.model.share import ShareRequest
 from gpualloc.model.topology import Topology
-from gpualloc.placement.patterns import build_pattern
+from gpualloc.placement.mapa.patterns import build_pattern
 from gpualloc.simulate.results import JobResult, SimOptions, SimResult
 from gpualloc.simulate.runtime import RUNTIMES, Neighbour, runtime_model
 from gpualloc.simulate.trace import SimJob, shown
@@ -218,7 +218,7 @@ class _Simulation:
         ]
         self.fractional = any(job.gpu_fraction is not None for job in jobs)
         if self.options.sharing:
-            from gpualloc.placement.fragmentation import task_mix
+            from gpualloc.placement.sharing.fragmentation import task_mix
 
             part = 1 / self.options.sharing
             self.mix = task_mix(

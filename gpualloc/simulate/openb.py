@@ -160,8 +160,9 @@ def _integer(row: dict[str, str], name: str, where: str) -> int:
 
 def coarse_mix(jobs: list[SimJob]) -> dict[tuple[int, float], float]:
     """The jobs' task types with parts of a GPU rounded to the nearest of 10, 25 and 50 %, and
-    their shares: what :data:`gpualloc.placement.fragmentation.DEFAULT_MIX` holds for the trace."""
-    from gpualloc.placement.fragmentation import task_mix
+    their shares: what :data:`gpualloc.placement.sharing.fragmentation.DEFAULT_MIX` holds for
+    the trace."""
+    from gpualloc.placement.sharing.fragmentation import task_mix
 
     def nearest(part: float) -> float:
         return min((0.1, 0.25, 0.5), key=lambda p: abs(p - part))

@@ -106,8 +106,8 @@ class BandwidthRuntime(RuntimeModel):
         if key not in self._best:
             from gpualloc.model.request import HostState, JobRequest
             from gpualloc.placement.decide import plan
-            from gpualloc.placement.patterns import build_pattern
-            from gpualloc.placement.scores import EffectiveModel
+            from gpualloc.placement.mapa.patterns import build_pattern
+            from gpualloc.placement.mapa.scores import EffectiveModel
 
             # What ring_gbps measures: the slowest pair for "all", else the best ring.
             shape = "all" if job.pattern == "all" else "ring"
