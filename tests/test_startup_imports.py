@@ -20,7 +20,9 @@ import pytest
 NOT_ON_THE_PATH = (
     # typer's world, the broker's client, discovery's libraries
     "typer", "click", "pydantic", "rich", "networkx", "psutil", "pynvml", "socket",
-    "gpualloc.wire.client", "gpualloc.cli.static_help",
+    "gpualloc.wire.client",
+    # what only a help page, a usage error or the shell's scripts need
+    "gpualloc.cli.help", "gpualloc.cli.manpage", "gpualloc.cli.completion_scripts", "difflib",
     # the standard library the issue names, and what msgspec pulls in unless told not to
     "shutil", "hashlib", "platform", "typing_extensions", "inspect", "tokenize", "dis",
     "textwrap",  # msgspec's JSON Schema (gpualloc.lean_msgspec: loaded when first used)
@@ -114,13 +116,6 @@ def test_the_lean_imports_leave_msgspec_and_pathlib_whole() -> None:
         timeout=120,
     )
     assert result.stdout.strip() == "whole", result.stderr
-
-
-def test_main_reads_the_completion_variable_the_fast_path_knows() -> None:
-    """main.py reads it before importing the fast path (a Tab on release needs neither)."""
-    from gpualloc.cli import fastpath, main
-
-    assert main.COMPLETION_VARIABLE == fastpath.COMPLETION_VARIABLE
 
 
 def test_a_pathlib_that_takes_more_of_urllib_parse_gets_the_real_module() -> None:

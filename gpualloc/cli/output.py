@@ -51,8 +51,9 @@ class Table(NamedTuple):
 class StdoutClosed(Exception):
     """The reader of stdout went away (``gpualloc ... | head``).
 
-    Not an OSError on purpose: typer's click turns EPIPE into a bare ``exit 1`` before our error
-    boundary sees it, so writes translate it here and ``run()`` exits quietly with 141.
+    Not an OSError on purpose: a command that catches OSError for its own files must not take a
+    closed stdout for one of them; writes translate EPIPE here and ``run()`` exits quietly with
+    141.
     """
 
 
@@ -101,7 +102,7 @@ def _closed() -> Exception:
 
 class CheckedStdout:
     """``sys.stdout`` while a command runs (:func:`gpualloc.cli.main.run` installs it): every
-    write, whoever makes it (click's help, rich, a command's own), fails as
+    write, whoever makes it (a help page, rich, a command's own), fails as
     :func:`stdout_errors` says, so that no command can lose its output and exit 0."""
 
     def __init__(self, stream: Any) -> None:

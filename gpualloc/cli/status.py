@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 import time
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from gpualloc import boot
-from gpualloc.cli.declare import JsonOption, Option
+from gpualloc.cli.declare import Command, flag, json_flag, value
 from gpualloc.cli.open_ledger import open_host_ledger
 from gpualloc.json_views import lease_json
 from gpualloc.model.printable import count_of, printable
@@ -35,25 +35,7 @@ STATE_STYLE = {
 }
 
 
-def status_command(
-    as_json: JsonOption = False,
-    watch: Annotated[
-        bool, Option("--watch", "-w", help="Redraw every --interval seconds until Ctrl-C.")
-    ] = False,
-    interval: Annotated[
-        float,
-        Option(min=0.2, metavar="SECONDS", help="Seconds between redraws with --watch."),
-    ] = 2.0,
-    idle: Annotated[
-        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
-        Option(
-            "--idle",
-            metavar="DURATION",
-            help="Only the leases whose GPUs have been idle at least this long (2h, 90m).",
-            show_default=False,
-        ),
-    ] = None,
-) -> None:
+def status_command(as_json: bool, watch: bool, interval: float, idle: str | None) -> None:
     """Show every GPU: free, held by a lease (user, pid, name, command, since, lease id), busy
     with processes that did not come through gpualloc, or lost. Inside a Slurm job: the job's
     own ledger, and the GPUs that are not the job's as outside.
@@ -556,3 +538,26 @@ def _ledger_file(host: Host) -> str | None:
     """The ledger's file for ``--json`` (None before there is one)."""
     path = host.ledger_file()
     return None if path is None else str(path)
+
+
+STATUS = Command(
+    "status",
+    status_command,
+    options=(
+        json_flag(),
+        flag("--watch", "-w", help="Redraw every --interval seconds until Ctrl-C."),
+        value(
+            "--interval",
+            kind="float",
+            minimum=0.2,
+            metavar="SECONDS",
+            default=2.0,
+            help="Seconds between redraws with --watch.",
+        ),
+        value(
+            "--idle",
+            metavar="DURATION",
+            help="Only the leases whose GPUs have been idle at least this long (2h, 90m).",
+        ),
+    ),
+)
