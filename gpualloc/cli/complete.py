@@ -14,10 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-
-import gpualloc.lean_stdlib  # noqa: F401  (pathlib without urllib.parse: every Tab)
-
-# isort: split
 from pathlib import Path
 
 PATTERNS = (

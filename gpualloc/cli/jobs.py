@@ -15,7 +15,6 @@ import shlex
 import sys
 from typing import TYPE_CHECKING
 
-import gpualloc.lean_msgspec  # noqa: F401  (first: msgspec without typing_extensions)
 from gpualloc.cli.open_ledger import (
     alloc_owner,
     allocate,
