@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from gpualloc.discovery.calibration import Calibration, MeasuredCollective
     from gpualloc.model.topology import Topology
 
-# Each hint leads somewhere true (issue 42): topo import takes pairwise copy figures only, and
+# Each hint leads somewhere true (tests/test_calibrate.py): topo import takes pairwise copy
+# figures only, and
 # calibrate --from stores any figures, nccl-tests' collectives too, but only for this host's GPUs.
 IMPORT_ELSEWHERE = (
     "gpualloc topo import --bandwidth-matrix FILE, FILE from nvbandwidth or "

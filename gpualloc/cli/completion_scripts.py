@@ -1,6 +1,6 @@
 """Static shell completion for bash, zsh and fish, generated from the command declarations.
 
-A completion that ran gpualloc on every Tab cost about 200 ms a press. These scripts carry the
+A completion that ran gpualloc on every Tab started a Python process a press. These carry the
 command tree instead: each command's subcommands and options, which options take a value, and
 what each value is: one of the values known in advance (patterns, policies, NUMA modes, scores,
 priorities, MIG profiles, formats, bundled topology names: the option's ``completion``

@@ -31,7 +31,7 @@ def _toml(value: Any) -> str:
 
 
 def _duration(seconds: float) -> str:
-    """A duration as the config file would write it (issue 42: ``900.0`` read as a count);
+    """A duration as the config file would write it (``900.0`` read as a count);
     0 turns the thing it times off."""
     from gpualloc.durations import format_duration
 

@@ -1,5 +1,5 @@
-"""``gpualloc doctor``: check that the host works as its topology and leases say (issue 21,
-point 1; the checks are :mod:`gpualloc.checkup`'s)."""
+"""``gpualloc doctor``: check that the host works as its topology and leases say (the checks
+are :mod:`gpualloc.checkup`'s)."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def _bandwidth_findings(host: Any, files: list[Path]) -> list[Finding]:
     saved = _saved_calibration(host)
     if saved is not None:
         found.append(("calibration", saved.findings))
-    if files:  # the readers of recordings only then (issue 43, point 3: doctor's start-up)
+    if files:  # the readers of recordings only then (tests/test_startup_imports.py: doctor)
         found += _recorded_findings(host, files)
     results = []
     for origin, findings in found:

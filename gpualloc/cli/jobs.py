@@ -221,8 +221,8 @@ def _launch(
 
 
 def _verifier(host: Host, lease: Lease) -> Callable[[], None] | None:
-    """What checks for ``verify.grace`` that the job runs on its lease's GPUs (issue 21,
-    point 1), or None when ``verify.grace`` is 0."""
+    """What checks for ``verify.grace`` that the job runs on its lease's GPUs
+    (tests/test_verified_launch.py), or None when ``verify.grace`` is 0."""
     import functools
 
     grace = STATE.setting("verify.grace")

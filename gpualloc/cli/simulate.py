@@ -104,7 +104,7 @@ def simulate_command(
     if start or limit is not None:
         jobs = window(jobs, start=start, limit=limit)
     parts = sum(job.gpu_fraction is not None for job in jobs)
-    if parts and not sharing:  # issue 42: they ran on whole GPUs, and nothing said so
+    if parts and not sharing:  # they would run on whole GPUs, and nothing would say so
         trace_notes.append(
             f"{count_of(parts, 'job')} {'asks' if parts == 1 else 'ask'} for part of a GPU; "
             "without --sharing each holds a whole GPU "

@@ -55,7 +55,7 @@ def status_command(as_json: bool, watch: bool, interval: float, idle: str | None
         return
     try:
         while True:
-            if as_json:  # JSON Lines: one document a line, each whole as it comes (issue 42)
+            if as_json:  # JSON Lines: one document a line, each whole as it comes
                 _show(host, as_json, idle_at_least, json_line=True)
             else:
                 if sys.stdout.isatty():
@@ -88,7 +88,7 @@ def _idle_threshold(text: str | None) -> timedelta | None:
 
 
 def slurm_conflicts(leases: list[Lease]) -> list[str]:
-    """One line per lease that holds GPUs Slurm gave a job (issue 40, hole 7)."""
+    """One line per lease that holds GPUs Slurm gave a job (tests/test_slurm_hooks.py)."""
     from gpualloc.ledger.occupancy import held_devices
 
     return [
@@ -183,7 +183,7 @@ def _show(
         footer.insert(
             0, f"{count_of(len(shown), 'lease')} {idle_for}" if shown else f"no lease {idle_for}"
         )
-        if not shown:  # a table of headers only reads as a broken command (issue 42)
+        if not shown:  # a table of headers only reads as a broken command
             tables = []
     print_tables(tables, footer=footer)
 
@@ -520,7 +520,7 @@ def status_json(
 
 
 def _name(name: str | None) -> str | None:
-    """A lease's name as other users' terminals may show it (issue 30, point 5)."""
+    """A lease's name as other users' terminals may show it (:mod:`gpualloc.model.printable`)."""
     return printable(name, 40) if name else name
 
 
