@@ -8,8 +8,6 @@ word is found (:func:`load`), so that ``gpualloc run`` never imports ``simulate`
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from gpualloc.cli.declare import Command, Group, Opt, flag, value
 
 HELP = """Topology-aware GPU allocator and job launcher for a shared multi-GPU host.
@@ -64,13 +62,16 @@ ALONE = ("version", "manual", "install_completion", "show_completion")
 """Global options that gpualloc answers itself, with no command."""
 
 
-class Entry(NamedTuple):
+class Entry:
     """A command of gpualloc: its word, where its declaration is (``module:NAME``) and its line
     in ``gpualloc --help``."""
 
-    name: str
-    where: str
-    summary: str
+    __slots__ = ("name", "summary", "where")
+
+    def __init__(self, name: str, where: str, summary: str) -> None:
+        self.name = name
+        self.where = where
+        self.summary = summary
 
 
 COMMANDS = (

@@ -9,13 +9,13 @@ list of commands are :mod:`gpualloc.cli.commands`. From these records alone
 :mod:`gpualloc.cli.completion_scripts` the shell completions: no second description to keep in
 step (pip's ``cli/cmdoptions.py``, nvitop's one argparse parser).
 
-Plain NamedTuples: every command line imports this module, and nothing heavier.
+Plain classes: every command line imports this module, and nothing heavier.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from gpualloc.job_options import JobOption, Table, options_of
 
@@ -25,26 +25,62 @@ itself, or a :class:`pathlib.Path` (which the command checks, saying why a file 
 used: :mod:`gpualloc.user_files`)."""
 
 
-class Opt(NamedTuple):
-    """One option: how it is spelled, the parameter it sets, and how its value reads."""
+class Opt:
+    """One option: how it is spelled, the parameter it sets, and how its value reads.
 
-    names: tuple[str, ...]
-    dest: str
-    help: str
-    kind: Kind = "flag"
-    default: Any = False
-    metavar: str | None = None
-    minimum: float | None = None
-    maximum: float | None = None
-    negative: tuple[str, ...] = ()
-    """A flag's spellings that set it to False (``--insensitive``)."""
-    repeat: bool = False
-    """Given again, it adds a value: the parameter is a list (None when never given)."""
-    completion: str | None = None
-    """The function of :mod:`gpualloc.cli.complete` that offers its values on Tab."""
-    envvar: str | None = None
-    """The variable read when the option is not given (and the variable is not empty)."""
-    show_default: bool = True
+    A plain class, as the others here: NamedTuple's fields, evaluated as every command line
+    starts, cost more than the rest of this module (its annotations, compiled one by one)."""
+
+    __slots__ = (
+        "completion",
+        "default",
+        "dest",
+        "envvar",
+        "help",
+        "kind",
+        "maximum",
+        "metavar",
+        "minimum",
+        "names",
+        "negative",
+        "repeat",
+        "show_default",
+    )
+
+    def __init__(
+        self,
+        names: tuple[str, ...],
+        dest: str,
+        help: str,
+        kind: Kind = "flag",
+        default: Any = False,
+        metavar: str | None = None,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        *,
+        negative: tuple[str, ...] = (),
+        repeat: bool = False,
+        completion: str | None = None,
+        envvar: str | None = None,
+        show_default: bool = True,
+    ) -> None:
+        self.names = names
+        self.dest = dest
+        self.help = help
+        self.kind = kind
+        self.default = default
+        self.metavar = metavar
+        self.minimum = minimum
+        self.maximum = maximum
+        self.negative = negative
+        """A flag's spellings that set it to False (``--insensitive``)."""
+        self.repeat = repeat
+        """Given again, it adds a value: the parameter is a list (None when never given)."""
+        self.completion = completion
+        """The function of :mod:`gpualloc.cli.complete` that offers its values on Tab."""
+        self.envvar = envvar
+        """The variable read when the option is not given (and the variable is not empty)."""
+        self.show_default = show_default
 
     @property
     def takes_value(self) -> bool:
@@ -105,43 +141,70 @@ def json_flag(help: str = "Print JSON instead.") -> Opt:
     return flag("--json", dest="as_json", help=help)
 
 
-class Arg(NamedTuple):
+class Arg:
     """A command's argument (each command has at most one)."""
 
-    dest: str
-    metavar: str
-    kind: Kind = "str"
-    many: bool = False
-    """Any number of words: a list, None when none is given."""
-    required: bool = False
-    completion: str | None = None
+    __slots__ = ("completion", "dest", "kind", "many", "metavar", "required")
+
+    def __init__(
+        self,
+        dest: str,
+        metavar: str,
+        kind: Kind = "str",
+        *,
+        many: bool = False,
+        required: bool = False,
+        completion: str | None = None,
+    ) -> None:
+        self.dest = dest
+        self.metavar = metavar
+        self.kind = kind
+        self.many = many
+        """Any number of words: a list, None when none is given."""
+        self.required = required
+        self.completion = completion
 
 
-class Command(NamedTuple):
+class Command:
     """A command: the function that does its work (called with every parameter by name), its
     options and argument; its help is the function's docstring."""
 
-    name: str
-    run: Callable[..., Any]
-    options: tuple[Opt, ...] = ()
-    argument: Arg | None = None
-    summary: str = ""
-    """Its line in its group's help (a top-level command's is in :mod:`.commands`)."""
-    job_argv: bool = False
-    """``run``: its argument is the job's argv, which the first word that is not an option
-    (or ``--``) starts; every word from there on is the job's."""
+    __slots__ = ("argument", "job_argv", "name", "options", "run", "summary")
+
+    def __init__(
+        self,
+        name: str,
+        run: Callable[..., Any],
+        options: tuple[Opt, ...] = (),
+        argument: Arg | None = None,
+        *,
+        summary: str = "",
+        job_argv: bool = False,
+    ) -> None:
+        self.name = name
+        self.run = run
+        self.options = options
+        self.argument = argument
+        self.summary = summary
+        """Its line in its group's help (a top-level command's is in :mod:`.commands`)."""
+        self.job_argv = job_argv
+        """``run``: its argument is the job's argv, which the first word that is not an option
+        (or ``--``) starts; every word from there on is the job's."""
 
     @property
     def help(self) -> str:
         return self.run.__doc__ or ""
 
 
-class Group(NamedTuple):
+class Group:
     """Commands under one word (``topo show``); given nothing, it shows its help."""
 
-    name: str
-    help: str
-    commands: tuple[Command, ...]
+    __slots__ = ("commands", "help", "name")
+
+    def __init__(self, name: str, help: str, commands: tuple[Command, ...]) -> None:
+        self.name = name
+        self.help = help
+        self.commands = commands
 
     def command(self, name: str) -> Command | None:
         return next((command for command in self.commands if command.name == name), None)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NoReturn
 
 from gpualloc.cli.commands import ALONE, COMMANDS, GLOBAL_OPTIONS, entry, load
 from gpualloc.cli.declare import Arg, Command, Group, Opt, usage
@@ -43,13 +43,16 @@ class ShowHelp(Exception):
         self.usage_error = usage_error
 
 
-class Invocation(NamedTuple):
+class Invocation:
     """A command line read: the command's path (``topo show``), its declaration and the value
     of each of its parameters."""
 
-    path: str
-    command: Command
-    values: dict[str, Any]
+    __slots__ = ("command", "path", "values")
+
+    def __init__(self, path: str, command: Command, values: dict[str, Any]) -> None:
+        self.path = path
+        self.command = command
+        self.values = values
 
 
 class _ArgparseSaid(Exception):
