@@ -682,3 +682,18 @@ def test_each_command_function_takes_exactly_its_declared_parameters() -> None:
             assert named < declared, path
         else:
             assert named == declared, path
+
+
+@pytest.mark.parametrize("option", ["-n", "--pid"])
+def test_a_number_longer_than_python_reads_is_a_usage_error(cli: Cli, option: str) -> None:
+    """int() refuses more than 4,300 digits: the parser said 'invalid <gpualloc.cli.parser.Reader
+    object at 0x...> value', and the digits back."""
+    digits = "9" * 5000
+    command = ["run", "--dry-run", "-n", digits, "--", "true"] if option == "-n" else []
+    result = cli("--topology", "dgx1-v100", *(command or ["alloc", "--pid", digits]))
+    assert result.exit_code == ExitCode.USAGE
+    error = result.stderr.splitlines()[0]
+    assert error.endswith(
+        f"': must be a whole number of at most {sys.get_int_max_str_digits()} digits"
+    )
+    assert "9" * 200 not in result.stderr and "object at" not in result.stderr

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
@@ -125,7 +126,12 @@ class Reader:
             digits = text[1:] if text[:1] in "+-" else text
             if not (digits.isascii() and digits.isdigit()):
                 self._refuse("must be a whole number")
-            return int(text)
+            try:
+                return int(text)
+            except ValueError:  # more digits than int() reads (sys.get_int_max_str_digits)
+                self._refuse(
+                    f"must be a whole number of at most {sys.get_int_max_str_digits()} digits"
+                )
         try:
             number = float(text) if text.isascii() else None
         except ValueError:
