@@ -490,6 +490,7 @@ def _read(*args: str) -> tuple[dict, str, dict]:
         (["run", "-qn", "2", "--", "x"], "run", {"quiet": True, "count": 2}),
         (["run", "--name", "", "--", "x"], "run", {"name": ""}),
         (["run", "--", "-x"], "run", {"command": ["-x"]}),
+        (["run", "--name=--", "--", "x"], "run", {"name": "--", "command": ["x"]}),
         (["run", "x", "--sensitive"], "run", {"command": ["x", "--sensitive"], "sensitive": None}),
         (
             ["alloc", "--pid", "1234", "--heed-foreign", "--ignore-foreign", "--score", "mapa"],
@@ -512,6 +513,11 @@ def _read(*args: str) -> tuple[dict, str, dict]:
             {"measured": [Path("a.txt"), Path("b.txt")], "as_json": True},
         ),
         (["doctor"], "doctor", {"measured": None}),
+        (
+            ["doctor", "--measured=--", "--measured", "b.txt"],
+            "doctor",
+            {"measured": [Path("--"), Path("b.txt")]},
+        ),
         (
             ["topo", "import", "--json", "--", "-odd-name.txt"],
             "topo import",
@@ -583,6 +589,8 @@ def test_global_options_come_before_the_command_and_from_their_variables(
         ["slurm", "gres-conf", "--threads-per-core", "0"],
         ["-t", "dgx1-v100"],
         ["topo", "--"],
+        ["plan", "--mem=--"],
+        ["run", "-n=--", "--", "x"],
     ],
     ids=" ".join,
 )

@@ -92,6 +92,26 @@ class _Help(argparse.Action):
         raise ShowHelp(self.path, self.node)
 
 
+class _Value(argparse.Action):
+    """Store an option's value, or add it to the list of one that repeats; a value of ``--``
+    (``--name=--``) is read as the text it is: argparse before Python 3.13 dropped it and
+    stored an empty list (tests/test_cli.py)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **settings: Any) -> None:
+        self.repeat = settings.pop("repeat")
+        super().__init__(option_strings, dest, **settings)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        if values == []:
+            try:
+                values = self.type("--")  # type: ignore[misc]
+            except argparse.ArgumentTypeError as exc:
+                raise argparse.ArgumentError(self, str(exc)) from None
+        if self.repeat:
+            values = [*(getattr(namespace, self.dest) or []), values]
+        setattr(namespace, self.dest, values)
+
+
 class Reader:
     """An option's or argument's text as its kind reads it (argparse's ``type=``), or the
     one-line refusal that names the option and what the value must be."""
@@ -167,7 +187,8 @@ def _add(parser: Parser, opt: Opt) -> None:
         dest=opt.dest,
         type=Reader.of(opt),
         default=opt.default,
-        action="append" if opt.repeat else "store",
+        action=_Value,
+        repeat=opt.repeat,
         metavar=opt.metavar,
     )
 
