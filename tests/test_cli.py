@@ -8,8 +8,11 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpualloc import __version__
 from gpualloc.errors import ExitCode
@@ -705,3 +708,59 @@ def test_a_number_longer_than_python_reads_is_a_usage_error(cli: Cli, option: st
         f"': must be a whole number of at most {sys.get_int_max_str_digits()} digits"
     )
     assert "9" * 200 not in result.stderr and "object at" not in result.stderr
+
+
+def _tokens() -> list[str]:
+    from gpualloc.cli.commands import COMMANDS, GLOBAL_OPTIONS, every_command
+
+    names = {n for _, c in every_command() for o in c.options for n in (*o.names, *o.negative)}
+    names |= {n for o in GLOBAL_OPTIONS for n in o.names}
+    words = [e.name for e in COMMANDS] + ["show", "import", "gres-conf", "prolog", "show"]
+    return sorted(names) + words + [
+        "--", "-", "-h", "--help", "0", "2", "-1", "1.5", "nan", "x", "", "ring", "3,1", "-n2",
+        "--num-gpus=2", "--wait=1", "-qn", "--name=", "--name=--", "-wq", "--json=1", "-tdgx2",
+        "--topology=dgx2", "--bogus", "-z", "9" * 5000, "\u0663",
+    ]  # fmt: skip
+
+
+TOKENS = _tokens()
+
+
+def _read_or_refused(args: list[str]) -> None:
+    """Every line is read, shown help for, or refused with one RequestError (exit 2): never
+    another exception."""
+    from gpualloc.cli import parser
+    from gpualloc.errors import RequestError
+
+    try:
+        _, path, values = _read(*args)
+    except parser.ShowHelp:
+        pass
+    except RequestError as refused:
+        assert refused.exit_code == ExitCode.USAGE and "\n" not in refused.message, args
+        assert len(refused.message) < 400 and "object at 0x" not in refused.message, args
+    else:
+        kinds = {"flag": (bool, type(None)), "int": int, "float": float, "str": str, "path": Path}
+        for opt in _declaration(path).options:
+            value = values[opt.dest]
+            for each in value if opt.repeat and value is not None else [value]:
+                assert each is None or isinstance(each, kinds[opt.kind]), (args, opt.dest, each)
+
+
+def _declaration(path: str) -> Any:
+    from gpualloc.cli.commands import every_command
+
+    return next(command for where, command in every_command() if where == path)
+
+
+@settings(max_examples=80, deadline=None)
+@given(args=st.lists(st.sampled_from(TOKENS), min_size=1, max_size=8))
+def test_generated_command_lines_are_read_or_refused_in_one_line(args: list[str]) -> None:
+    _read_or_refused(args)
+
+
+@pytest.mark.slow
+@settings(max_examples=1500, deadline=None)
+@given(args=st.lists(st.sampled_from(TOKENS), min_size=1, max_size=10))
+def test_many_generated_command_lines_are_read_or_refused_in_one_line(args: list[str]) -> None:
+    _read_or_refused(args)
