@@ -424,8 +424,8 @@ def test_help_names_values_not_python_types() -> None:
     ],
 )
 def test_usage_errors_are_an_error_and_a_hint_line(cli: Cli, args: list[str], message: str) -> None:
-    """Issue 30, point 6: typer's 'Usage: / Try / Error:' block, with pydantic's wording, is
-    gpualloc's two lines (exit 2), the hint giving the usage and where the help is."""
+    """A usage error is gpualloc's two lines (exit 2): the error in gpualloc's words (not
+    argparse's, nor pydantic's as typer gave them), and the usage with where the help is."""
     result = cli("--topology", "dgx1-v100", *args)
     assert result.exit_code == ExitCode.USAGE
     error, hint = result.stderr.splitlines()
@@ -764,3 +764,16 @@ def test_generated_command_lines_are_read_or_refused_in_one_line(args: list[str]
 @given(args=st.lists(st.sampled_from(TOKENS), min_size=1, max_size=10))
 def test_many_generated_command_lines_are_read_or_refused_in_one_line(args: list[str]) -> None:
     _read_or_refused(args)
+
+
+def test_an_exit_status_a_command_returns_is_its_exit_status(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """doctor returns 17 when a check failed, with its findings on stdout."""
+    from gpualloc.checkup import Finding
+
+    problem = Finding("ledger", "-", "problem", "a planted problem")
+    monkeypatch.setattr("gpualloc.cli.doctor._ledger_findings", lambda host: [problem])
+    result = cli("-t", "dgx1-v100", "doctor", "--json")
+    assert result.exit_code == ExitCode.CHECK_FAILED
+    assert json.loads(result.stdout)["ok"] is False
