@@ -2,19 +2,18 @@
 
 One row per option: its parameter name, spellings, kind and bounds, help, default, the
 environment variable and configuration key that default it, its completion, the commands that
-take it, and whether the broker's fast client sends it. Everything else is made from this
+take it, and whether the broker's lean client sends it. Everything else is made from this
 table, never written again by hand:
 
-- the typer parameters of ``run``, ``alloc`` and ``plan`` (:func:`gpualloc.cli.request_options.
-  with_job_options`), and so their ``--help``, the static help pages and completion scripts;
-- the command-line fast path's options (:func:`gpualloc.cli.fastpath.fast_options`);
+- the options of ``run``, ``alloc`` and ``plan`` (:func:`gpualloc.cli.declare.job_options`),
+  and so their parser, ``--help``, manual page and completion scripts;
 - :class:`gpualloc.placement.options.JobOptions`, the one struct the command line, the Python API
   and the broker build a job from (its fields are the ``job`` rows);
 - the wire schema of the broker's fast client (:func:`gpualloc.broker.requests.wire_options`,
   the ``wire`` rows) and the options it sends (:data:`gpualloc.cli.brokered.JOB_OPTIONS`).
 
 A new option is one row here plus its use (``tests/test_job_options.py`` adds one and finds it
-in all of them). A leaf module: the fast path imports it, so it imports nothing.
+in all of them). A leaf module: every command line's parser reads it, so it imports nothing.
 """
 
 from typing import Literal, NamedTuple

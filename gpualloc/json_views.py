@@ -1,4 +1,4 @@
-"""The documented ``--json`` shapes of a placement and of a lease (typer-free)."""
+"""The documented ``--json`` shapes of a placement and of a lease."""
 
 from __future__ import annotations
 

@@ -18,8 +18,7 @@ python3 -m pip wheel --quiet --no-deps -w "$dir" .
 
 # What the gpualloc wheel needs beyond what such an image ships (torch, numpy, rich, psutil and
 # networkx are there), pinned to what this environment runs.
-packages=(msgspec typer pydantic pydantic-core annotated-doc annotated-types typing-inspection
-    typing-extensions nvidia-ml-py shellingham)
+packages=(msgspec nvidia-ml-py)
 pins=()
 for package in "${packages[@]}"; do
     version=$(python3 -m pip show "$package" 2>/dev/null | sed -n 's/^Version: //p')

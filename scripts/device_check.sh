@@ -66,10 +66,10 @@ gpualloc() { python3 -m gpualloc "$@"; }
 cuda_required=1
 if [ -n "${MOCK_NVML_CONFIG:-}" ]; then cuda_required=0; fi
 
-record versions.txt 0 python3 -c 'import platform, gpualloc, msgspec, pynvml, typer
+record versions.txt 0 python3 -c 'import platform, gpualloc, msgspec, pynvml
 print(platform.platform(), platform.python_version())
 print("gpualloc", gpualloc.__version__, gpualloc.__file__)
-print("msgspec", msgspec.__version__, "typer", typer.__version__, "nvidia-ml-py", pynvml.__file__)'
+print("msgspec", msgspec.__version__, "nvidia-ml-py", pynvml.__file__)'
 record nvidia-smi.txt 0 nvidia-smi
 record nvidia-smi-q.txt 0 nvidia-smi -q
 record topo-m.txt 0 nvidia-smi topo -m

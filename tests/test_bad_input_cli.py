@@ -411,16 +411,12 @@ _FILLER = {"the", "a", "an", "of", "to", "or", "and", "in", "is", "for", "on", "
 
 
 def _help_of(option: str) -> str:
-    import typer
-
-    from gpualloc.cli.app import app
+    from gpualloc.cli.commands import every_command
 
     *path, name = option.split()
-    command = typer.main.get_command(app)
-    for word in path:
-        command = command.commands[word]  # type: ignore[attr-defined]
-    (param,) = [p for p in command.params if name in p.opts]
-    return param.help or ""
+    (command,) = [command for where, command in every_command() if where == " ".join(path)]
+    (opt,) = [opt for opt in command.options if name in opt.names]
+    return opt.help
 
 
 def _words(text: str) -> set[str]:

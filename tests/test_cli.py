@@ -8,8 +8,11 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpualloc import __version__
 from gpualloc.errors import ExitCode
@@ -290,7 +293,7 @@ def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["topo", "show", "-h"]])
 def test_help_imports_nothing_heavy(args: list[str]) -> None:
-    """Help pages are fixed texts: not even typer or msgspec for them."""
+    """A help page is rendered from the declarations: no msgspec, no discovery, no rich."""
     probe = (
         "import sys, json\n"
         "from gpualloc.cli.main import run\n"
@@ -303,36 +306,65 @@ def test_help_imports_nothing_heavy(args: list[str]) -> None:
     assert json.loads(result.stderr) == []
 
 
-@pytest.mark.parametrize(
-    "args", [["--help"], ["-h"], [], ["run", "--help"], ["topo"], ["slurm", "prolog", "-h"]]
-)
-def test_help_pages_are_typers_own(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fixed pages answer without typer, and say exactly what typer says."""
-    from gpualloc.cli import main
-    from tests.conftest import run_in_process
+def _paths() -> list[tuple[str, object]]:
+    """Every page: gpualloc's, each group's and each command's, with its declaration."""
+    from gpualloc.cli.commands import COMMANDS, every_command, load
+    from gpualloc.cli.declare import Group
 
-    typer_path = main._run_typer
-    monkeypatch.setenv("COLUMNS", "120")
-    monkeypatch.setattr(main, "_run_typer", lambda args: pytest.fail("typer was asked"))
-    static = run_in_process(args)
-    monkeypatch.setenv("COLUMNS", "80")
-    monkeypatch.setattr(main, "_run_typer", typer_path)
-    monkeypatch.setattr(main, "_static_help", lambda args: False)
-    assert static == run_in_process(args)
+    groups = [(e.name, load(e)) for e in COMMANDS if isinstance(load(e), Group)]
+    return [("", None), *groups, *every_command()]
 
 
-def test_help_is_left_to_typer_where_a_page_would_not_be_exact(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from gpualloc.cli.static_help import page_for
+def test_every_help_page_shows_its_declarations(cli: Cli) -> None:
+    """``--help`` and ``-h`` of every command and group: the usage line, the help text, each
+    option's spellings with what it takes and its help, each command's summary; on stdout."""
+    from gpualloc.cli.commands import COMMANDS, GLOBAL_OPTIONS
+    from gpualloc.cli.declare import Command, Group
+    from gpualloc.cli.help import clean
 
-    assert page_for(["run", "--help"]) is not None
-    assert page_for(["-t", "dgx2", "run", "--help"]) is None  # an option typer reads first
-    assert page_for(["run", "-n", "2", "--help"]) is None
-    assert page_for(["nosuch", "--help"]) is None
-    assert page_for(["run"]) is None  # a command given nothing: typer's usage error
-    monkeypatch.setenv("COLUMNS", "60")
-    assert page_for(["--help"]) is None  # click wraps narrower than the pages
+    for path, node in _paths():
+        words = path.split()
+        shown = cli(*words, "--help")
+        assert (shown.exit_code, shown.stderr) == (0, ""), path
+        assert cli(*words, "-h").stdout == shown.stdout, path
+        text = " ".join(shown.stdout.split())
+        assert shown.stdout.startswith(f"Usage: gpualloc {path} [OPTIONS]".replace("  ", " "))
+        if isinstance(node, Command):
+            options, below = node.options, []
+            assert " ".join(clean(node.help).split()[:12]) in text, path
+        elif isinstance(node, Group):
+            options, below = (), [(c.name, c.summary) for c in node.commands]
+        else:
+            options, below = GLOBAL_OPTIONS, [(e.name, e.summary) for e in COMMANDS]
+        for opt in options:
+            spelled = ", ".join(sorted(opt.names, key=lambda name: name.startswith("--")))
+            assert spelled in text, (path, opt.names)
+            if opt.metavar:
+                assert f"{spelled} {opt.metavar}" in text, (path, opt.names)
+            assert " ".join(opt.help.split()[:6]) in text, (path, opt.names)
+        for name, summary in below:
+            assert f"{name} {summary}" in text, (path, name)
+
+
+def test_gpualloc_and_a_group_given_nothing_show_their_help_on_stderr(cli: Cli) -> None:
+    """As click did: the page, on stderr, exit 2 (nothing was run)."""
+    for words in ([], ["topo"], ["slurm"], ["config"]):
+        shown = cli(*words)
+        assert shown.exit_code == ExitCode.USAGE and shown.stdout == "", words
+        assert shown.stderr == cli(*words, "--help").stdout, words
+
+
+def test_the_help_lists_every_variable_and_exit_code(cli: Cli) -> None:
+    from gpualloc.config import SETTINGS
+
+    text = cli("--help").stdout
+    for setting in SETTINGS:
+        if setting.variable:
+            assert setting.variable in text, setting.variable
+    for code in ExitCode:
+        assert f"{int(code)} {code.name.lower().replace('_', '-')}" in text, code
+    flat = " ".join(text.split())
+    assert "[env var: GPUALLOC_TOPOLOGY]" in flat and "[env var: GPUALLOC_DEBUG]" in flat
 
 
 @pytest.mark.slow
@@ -358,16 +390,17 @@ def test_quiet_on_closed_pipe() -> None:
 
 def test_help_names_values_not_python_types() -> None:
     """Every option that takes a value names it (N, LIST, POLICY, ...): no '<str>', '<int
-    range>' or '<list[str]>' placeholders in any help page."""
+    range>' or '<list[str]>' placeholders, nor argparse's upper-case parameter names."""
     import re
 
-    from gpualloc.cli.static_help import render_pages
+    from gpualloc.cli.declare import Command
+    from gpualloc.cli.help import page
 
-    placeholders = {
-        path or "gpualloc": re.findall(r"<(?:str|int|float|bool|path|list)[^>]*>", page["text"])
-        for path, page in render_pages().items()
-    }
-    assert {path: found for path, found in placeholders.items() if found} == {}
+    for path, node in _paths():
+        text = page(path, node)  # type: ignore[arg-type]
+        assert not re.findall(r"<(?:str|int|float|bool|path|list)[^>]*>", text), path
+        for opt in node.options if isinstance(node, Command) else ():
+            assert opt.kind == "flag" or opt.metavar, (path, opt.names)
 
 
 @pytest.mark.parametrize(
@@ -391,8 +424,8 @@ def test_help_names_values_not_python_types() -> None:
     ],
 )
 def test_usage_errors_are_an_error_and_a_hint_line(cli: Cli, args: list[str], message: str) -> None:
-    """Typer's 'Usage: / Try / Error:' block, with pydantic's wording, is
-    gpualloc's two lines (exit 2), the hint giving the usage and where the help is."""
+    """A usage error is gpualloc's two lines (exit 2): the error in gpualloc's words (not
+    argparse's, nor pydantic's as typer gave them), and the usage with where the help is."""
     result = cli("--topology", "dgx1-v100", *args)
     assert result.exit_code == ExitCode.USAGE
     error, hint = result.stderr.splitlines()
@@ -418,3 +451,329 @@ def test_a_global_option_after_the_command_says_where_it_goes(cli, args, hint) -
     assert "Possible options" not in result.stderr
     assert f"hint: {args[args.index(hint.split()[1])]} is a global option" in result.stderr
     assert hint in result.stderr
+
+
+# ---- the grammar: what a command line means --------------------------------------------------
+
+
+def _read(*args: str) -> tuple[dict, str, dict]:
+    """The global options, the command's path and its parameters for ``gpualloc ARGS``."""
+    from gpualloc.cli import parser
+
+    options, words = parser.parse_globals(list(args))
+    invocation = parser.parse_command(words)
+    return options, invocation.path, invocation.values
+
+
+@pytest.mark.parametrize(
+    ("args", "path", "expected"),
+    [
+        (["run", "--", "true"], "run", {"command": ["true"], "count": None, "pattern": "ring"}),
+        (["run", "true"], "run", {"command": ["true"]}),
+        (
+            ["run", "-n", "2", "--sensitive", "--", "python", "train.py", "-n", "3"],
+            "run",
+            {"count": 2, "sensitive": True, "command": ["python", "train.py", "-n", "3"]},
+        ),
+        (
+            ["run", "-n2", "python", "-u", "x.py"],
+            "run",
+            {"count": 2, "command": ["python", "-u", "x.py"]},
+        ),
+        (
+            ["run", "--num-gpus=3", "--policy", "drb", "--min-utility", "0.5", "--", "a"],
+            "run",
+            {"count": 3, "policy": "drb", "min_utility": 0.5},
+        ),
+        (
+            ["run", "-q", "--numa", "none", "--insensitive", "--sensitive", "--", "a", "--", "b"],
+            "run",
+            {"quiet": True, "numa": "none", "sensitive": True, "command": ["a", "--", "b"]},
+        ),
+        (["run", "-qn", "2", "--", "x"], "run", {"quiet": True, "count": 2}),
+        (["run", "--name", "", "--", "x"], "run", {"name": ""}),
+        (["run", "--", "-x"], "run", {"command": ["-x"]}),
+        (["run", "--name=--", "--", "x"], "run", {"name": "--", "command": ["x"]}),
+        (["run", "x", "--sensitive"], "run", {"command": ["x", "--sensitive"], "sensitive": None}),
+        (
+            ["alloc", "--pid", "1234", "--heed-foreign", "--ignore-foreign", "--score", "mapa"],
+            "alloc",
+            {"pid": 1234, "ignore_foreign": True, "score": "mapa", "output_format": "ids"},
+        ),
+        (["alloc", "--"], "alloc", {"hold": False}),
+        (
+            ["release", "abcd", "--json", "ef01"],
+            "release",
+            {"leases": ["abcd", "ef01"], "as_json": True},
+        ),
+        (["release"], "release", {"leases": None, "mine": False}),
+        (["release", "--", "--mine"], "release", {"leases": ["--mine"], "mine": False}),
+        (["status", "--interval=3", "--interval", "0.2"], "status", {"interval": 0.2}),
+        (["status"], "status", {"interval": 2.0, "idle": None, "watch": False}),
+        (
+            ["doctor", "--measured", "a.txt", "--json", "--measured", "b.txt"],
+            "doctor",
+            {"measured": [Path("a.txt"), Path("b.txt")], "as_json": True},
+        ),
+        (["doctor"], "doctor", {"measured": None}),
+        (
+            ["doctor", "--measured=--", "--measured", "b.txt"],
+            "doctor",
+            {"measured": [Path("--"), Path("b.txt")]},
+        ),
+        (
+            ["topo", "import", "--json", "--", "-odd-name.txt"],
+            "topo import",
+            {"topo_file": Path("-odd-name.txt")},
+        ),
+        (["topo", "import", "-"], "topo import", {"topo_file": Path("-")}),
+        (
+            ["topo", "record", "--output=", "--output", "x.json"],
+            "topo record",
+            {"output": Path("x.json")},
+        ),
+        (
+            ["serve", "--socket", "/tmp/x", "--background", "--heed-foreign"],
+            "serve",
+            {"socket": "/tmp/x", "foreground": False, "ignore_foreign": False},
+        ),
+        (["serve"], "serve", {"foreground": True, "ignore_foreign": None}),
+        (
+            ["calibrate", "--from", "x", "--no-collectives", "--repeats", "2", "--from", "y"],
+            "calibrate",
+            {"from_files": [Path("x"), Path("y")], "collectives": False, "repeats": 2},
+        ),
+        (["slurm", "gres-conf", "--device-dir", ""], "slurm gres-conf", {"device_dir": ""}),
+    ],
+    ids=lambda value: " ".join(value) if isinstance(value, list) else None,
+)
+def test_a_command_line_means_what_the_grammar_says(
+    args: list[str], path: str, expected: dict
+) -> None:
+    """``--opt value``, ``--opt=value``, ``-nVALUE``, short flags together, the last of a
+    repeated option wins unless it repeats, ``--`` ends the options; for run the first word
+    that is not an option starts the job's argv, which keeps its own options and ``--``."""
+    _, read_path, values = _read(*args)
+    assert read_path == path
+    assert {key: values[key] for key in expected} == expected
+
+
+def test_global_options_come_before_the_command_and_from_their_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    options, _, _ = _read("-t", "dgx1-v100", "--refresh", "--debug", "run", "--", "x")
+    assert (options["topology"], options["refresh"], options["debug"]) == ("dgx1-v100", True, True)
+    assert _read("--topology=dgx2", "alloc")[0]["topology"] == "dgx2"
+    monkeypatch.setenv("GPUALLOC_TOPOLOGY", "hgx-h100")
+    assert _read("alloc")[0]["topology"] == "hgx-h100"
+    assert _read("-t", "dgx2", "alloc")[0]["topology"] == "dgx2"
+    monkeypatch.setenv("GPUALLOC_TOPOLOGY", "")  # empty: not set at all
+    assert _read("alloc")[0]["topology"] is None
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "-n", "x", "--", "x"],
+        ["run", "--wait=1", "--", "x"],
+        ["run", "--name"],
+        ["alloc", "extra"],
+        ["alloc", "--", "extra"],
+        ["alloc", "-n"],
+        ["-t"],
+        ["--bogus", "run", "--", "x"],
+        ["status", "--interval", "0.1"],
+        ["status", "--interval", "nan"],
+        ["status", "-wq"],
+        ["topo", "--json", "show"],
+        ["topo", "bogus"],
+        ["topo", "import", "a", "b"],
+        ["plan", "-n", "\u0663"],
+        ["slurm", "gres-conf", "--threads-per-core", "0"],
+        ["-t", "dgx1-v100"],
+        ["topo", "--"],
+        ["plan", "--mem=--"],
+        ["run", "-n=--", "--", "x"],
+    ],
+    ids=" ".join,
+)
+def test_a_usage_error_is_exit_2_with_one_error_line(cli: Cli, args: list[str]) -> None:
+    result = cli(*args)
+    assert result.exit_code == ExitCode.USAGE, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) in (1, 2) and lines[0].startswith("error: "), lines
+    assert lines[1:] == [] or lines[1].startswith("hint: "), lines
+    assert "usage:" not in result.stderr and result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "hint"),
+    [
+        (["run", "--dry", "--", "x"], "no such option: --dry", "did you mean --dry-run?"),
+        (["status", "--jsn"], "no such option: --jsn", "did you mean --json?"),
+        (["stauts"], "no such command 'stauts'", "did you mean status?"),
+        (["topo", "shwo"], "no such command 'shwo'", "did you mean show?"),
+        (
+            ["--json", "status"],
+            "no such option: --json",
+            "--json is an option of 'status': it goes after the command "
+            "('gpualloc status --json ...')",
+        ),
+        (
+            ["--output", "x", "topo", "record"],
+            "no such option: --output",
+            "--output is an option of 'topo record': it goes after the command "
+            "('gpualloc topo record --output ...')",
+        ),
+        (
+            ["status", "--version"],
+            "no such option: --version",
+            "--version is a global option: it goes before the command ('gpualloc --version')",
+        ),
+        (
+            ["run", "-n"],
+            "option '-n' requires an argument",
+            "gpualloc run [OPTIONS] -- COMMAND [ARGS]... ('gpualloc run --help' explains)",
+        ),
+        (
+            ["run", "--name", "-x", "--", "true"],
+            "option '--name' requires an argument",
+            "a value that starts with '-' follows '=': --name=-x",
+        ),
+    ],
+)
+def test_a_usage_error_hints_at_what_was_meant(
+    cli: Cli, args: list[str], error: str, hint: str
+) -> None:
+    """Click said 'no such option: --dry (Possible options: ...)' in the error itself, nothing
+    for an option of the command given before it, and 'gpualloc --help lists the commands' for
+    a missing value: the hint now says what was meant."""
+    result = cli(*args)
+    assert result.exit_code == ExitCode.USAGE
+    assert result.stderr == f"error: {error}\nhint: {hint}\n"
+
+
+@pytest.mark.parametrize("value", ["maybe", "2"])
+def test_a_debug_variable_that_is_neither_true_nor_false_is_a_usage_error(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("GPUALLOC_DEBUG", value)
+    result = cli("--topology", "dgx1-v100", "status")
+    assert result.exit_code == ExitCode.USAGE
+    assert result.stderr.startswith(
+        f"error: invalid value for '--debug' (from GPUALLOC_DEBUG): '{value}'"
+    )
+    monkeypatch.setenv("GPUALLOC_DEBUG", "yes")
+    assert cli("--topology", "dgx1-v100", "status").exit_code == 0
+
+
+def test_each_command_function_takes_exactly_its_declared_parameters() -> None:
+    """One declaration: a parameter the function takes but no option declares (or the other
+    way round) fails here; run, alloc and release hand theirs to :mod:`gpualloc.cli.jobs`, whose
+    work functions take exactly the command's own (the job's go in one JobOptions)."""
+    import inspect
+
+    from msgspec import structs
+
+    from gpualloc.cli import jobs
+    from gpualloc.cli.commands import every_command
+    from gpualloc.placement.options import JobOptions
+
+    job_fields = {field.name for field in structs.fields(JobOptions)}
+    work = {"run": jobs.run_job, "alloc": jobs.alloc_gpus, "release": jobs.release_gpus}
+    for path, command in every_command():
+        declared = {opt.dest for opt in command.options}
+        declared |= {command.argument.dest} if command.argument else set()
+        parameters = inspect.signature(work.get(path, command.run)).parameters
+        named = {name for name, p in parameters.items() if p.kind is not p.VAR_KEYWORD}
+        if path in work:
+            assert named - {"job"} == declared - job_fields, path
+            assert all(p.default is p.empty for p in parameters.values()), path
+        elif any(p.kind is p.VAR_KEYWORD for p in parameters.values()):  # plan's **job
+            assert named < declared, path
+        else:
+            assert named == declared, path
+
+
+@pytest.mark.parametrize("option", ["-n", "--pid"])
+def test_a_number_longer_than_python_reads_is_a_usage_error(cli: Cli, option: str) -> None:
+    """int() refuses more than 4,300 digits: the parser said 'invalid <gpualloc.cli.parser.Reader
+    object at 0x...> value', and the digits back."""
+    digits = "9" * 5000
+    command = ["run", "--dry-run", "-n", digits, "--", "true"] if option == "-n" else []
+    result = cli("--topology", "dgx1-v100", *(command or ["alloc", "--pid", digits]))
+    assert result.exit_code == ExitCode.USAGE
+    error = result.stderr.splitlines()[0]
+    assert error.endswith(
+        f"': must be a whole number of at most {sys.get_int_max_str_digits()} digits"
+    )
+    assert "9" * 200 not in result.stderr and "object at" not in result.stderr
+
+
+def _tokens() -> list[str]:
+    from gpualloc.cli.commands import COMMANDS, GLOBAL_OPTIONS, every_command
+
+    names = {n for _, c in every_command() for o in c.options for n in (*o.names, *o.negative)}
+    names |= {n for o in GLOBAL_OPTIONS for n in o.names}
+    words = [e.name for e in COMMANDS] + ["show", "import", "gres-conf", "prolog", "show"]
+    return sorted(names) + words + [
+        "--", "-", "-h", "--help", "0", "2", "-1", "1.5", "nan", "x", "", "ring", "3,1", "-n2",
+        "--num-gpus=2", "--wait=1", "-qn", "--name=", "--name=--", "-wq", "--json=1", "-tdgx2",
+        "--topology=dgx2", "--bogus", "-z", "9" * 5000, "\u0663",
+    ]  # fmt: skip
+
+
+TOKENS = _tokens()
+
+
+def _read_or_refused(args: list[str]) -> None:
+    """Every line is read, shown help for, or refused with one RequestError (exit 2): never
+    another exception."""
+    from gpualloc.cli import parser
+    from gpualloc.errors import RequestError
+
+    try:
+        _, path, values = _read(*args)
+    except parser.ShowHelp:
+        pass
+    except RequestError as refused:
+        assert refused.exit_code == ExitCode.USAGE and "\n" not in refused.message, args
+        assert len(refused.message) < 400 and "object at 0x" not in refused.message, args
+    else:
+        kinds = {"flag": (bool, type(None)), "int": int, "float": float, "str": str, "path": Path}
+        for opt in _declaration(path).options:
+            value = values[opt.dest]
+            for each in value if opt.repeat and value is not None else [value]:
+                assert each is None or isinstance(each, kinds[opt.kind]), (args, opt.dest, each)
+
+
+def _declaration(path: str) -> Any:
+    from gpualloc.cli.commands import every_command
+
+    return next(command for where, command in every_command() if where == path)
+
+
+@settings(max_examples=80, deadline=None)
+@given(args=st.lists(st.sampled_from(TOKENS), min_size=1, max_size=8))
+def test_generated_command_lines_are_read_or_refused_in_one_line(args: list[str]) -> None:
+    _read_or_refused(args)
+
+
+@pytest.mark.slow
+@settings(max_examples=1500, deadline=None)
+@given(args=st.lists(st.sampled_from(TOKENS), min_size=1, max_size=10))
+def test_many_generated_command_lines_are_read_or_refused_in_one_line(args: list[str]) -> None:
+    _read_or_refused(args)
+
+
+def test_an_exit_status_a_command_returns_is_its_exit_status(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """doctor returns 17 when a check failed, with its findings on stdout."""
+    from gpualloc.checkup import Finding
+
+    problem = Finding("ledger", "-", "problem", "a planted problem")
+    monkeypatch.setattr("gpualloc.cli.doctor._ledger_findings", lambda host: [problem])
+    result = cli("-t", "dgx1-v100", "doctor", "--json")
+    assert result.exit_code == ExitCode.CHECK_FAILED
+    assert json.loads(result.stdout)["ok"] is False

@@ -1,4 +1,5 @@
-"""Shell completion and the manual page: generated from the app, current, fast, and working."""
+"""Shell completion and the manual page: generated from the declarations, current, fast, and
+working."""
 
 from __future__ import annotations
 
@@ -34,23 +35,18 @@ def test_committed_completions_and_man_page_are_current() -> None:
 
 
 def test_the_man_page_documents_every_command_and_option() -> None:
-    import typer
-
-    from gpualloc.cli.app import app
+    from gpualloc.cli.commands import GLOBAL_OPTIONS, every_command
 
     page = (ROOT / "man" / "gpualloc.1").read_text()
     for section in ("NAME", "SYNOPSIS", "DESCRIPTION", "COMMANDS", "OPTIONS", "ENVIRONMENT",
                     "EXIT STATUS", "FILES", "EXAMPLES", "SEE ALSO"):  # fmt: skip
         assert f".SH {section}\n" in page, section
-    root = typer.main.get_command(app)
-    for group_name, group in root.commands.items():
-        commands = getattr(group, "commands", {group_name: group})
-        for name, command in commands.items():
-            path = group_name if name == group_name else f"{group_name} {name}"
+    for path, command in [("", None), *every_command()]:
+        if command is not None:
             assert f'.SS "gpualloc {path} [OPTIONS]'.replace("-", "\\-") in page, path
-            for param in command.params:
-                for option in param.opts if param.param_type_name == "option" else ():
-                    assert option.replace("-", "\\-") in page, (path, option)
+        for opt in command.options if command else GLOBAL_OPTIONS:
+            for option in (*opt.names, *opt.negative):
+                assert option.replace("-", "\\-") in page, (path, option)
     assert "nvidia\\-smi(1), numactl(8)" in page
 
 
@@ -204,14 +200,14 @@ def test_the_fish_script_completes_commands_options_and_values(cli, tmp_path: Pa
 
 
 def test_lease_ids_for_completion_import_nothing_heavy(cli, tmp_path: Path) -> None:
-    """The one question the scripts ask gpualloc: no typer, msgspec or NVML for it."""
+    """The one question the scripts ask gpualloc: no parser, msgspec or NVML for it."""
     assert cli("--topology", "dgx1-v100", "alloc", "--hold", "-n", "2").exit_code == 0
     lease = json.loads(cli("--topology", "dgx1-v100", "status", "--json").stdout)["leases"][0]
     probe = (
         "import sys, json\n"
         "from gpualloc.cli.main import run\n"
         "try:\n    run([])\nexcept SystemExit:\n    pass\n"
-        f"sys.stderr.write(json.dumps([m for m in {[*HEAVY, 'typer', 'msgspec']!r} "
+        f"sys.stderr.write(json.dumps([m for m in {[*HEAVY, 'argparse', 'msgspec']!r} "
         "if m in sys.modules]))\n"
     )
     result = subprocess.run(
@@ -285,47 +281,44 @@ PLANTED = {"afile.txt", "adir"}
 
 def _every_value() -> list[tuple[list[str], set[str]]]:
     """Each option that takes a value (and each path argument), as the words typed before a
-    Tab, and what the Tab must offer there, read from the declaration: its ``autocompletion=``
+    Tab, and what the Tab must offer there, read from the declaration: its ``completion``
     function's values (with file names where a file may be given instead), file or directory
     names for a path, nothing for free text. An option that is none of these fails here."""
-    import typer
-
     from gpualloc.cli import complete
-    from gpualloc.cli.app import app
-    from gpualloc.cli.completion_scripts import _completer
+    from gpualloc.cli.commands import GLOBAL_OPTIONS, every_command
+    from gpualloc.cli.completion_scripts import completer
 
     cases = []
 
-    def visit(command, path: list[str]) -> None:
-        for param in command.params:
-            if getattr(param, "is_flag", False) or getattr(param, "count", False):
-                continue
-            if param.param_type_name == "argument" and param.name in ("command", "leases"):
-                continue  # the job of 'run'; release's lease ids (tested above)
-            function = _completer(param)
-            annotation = param.type_descriptor.annotation
-            metavar = (param.metavar or "").strip("[].")
-            if function is not None:
-                expected = {value for value, _ in function("")}
-                if function in (complete.topologies, complete.patterns):
-                    expected |= PLANTED
-            elif metavar == "DIR":
-                expected = {"adir"}
-            elif annotation in (Path, list[Path]) or metavar in ("FILE", "PATH", "OUT"):
-                expected = PLANTED
-            else:
-                long_name = next(name for name in param.opts if name.startswith("--"))
-                assert long_name in FREE_TEXT, (
-                    f"gpualloc {' '.join(path)} {long_name}: neither a choice "
-                    "(autocompletion=), a path, nor free text"
-                )
-                expected = set()
-            for name in param.opts if param.param_type_name == "option" else [""]:
-                cases.append(([*path, name] if name else path, expected))
-        for name, sub in getattr(command, "commands", {}).items():
-            visit(sub, [*path, name])
+    def expected(names: tuple[str, ...], kind: str, metavar: str | None, completion: str | None):
+        function = completer(completion)
+        shown = (metavar or "").strip("[].")
+        if function is not None:
+            offered = {value for value, _ in function("")}
+            if function in (complete.topologies, complete.patterns):
+                offered |= PLANTED
+            return offered
+        if shown == "DIR":
+            return {"adir"}
+        if kind == "path" or shown in ("FILE", "PATH", "OUT"):
+            return PLANTED
+        long_name = next(name for name in names if name.startswith("--"))
+        assert long_name in FREE_TEXT, (
+            f"{long_name}: neither a choice (completion=), a path, nor free text"
+        )
+        return set()
 
-    visit(typer.main.get_command(app), [])
+    for path, command in [("", None), *every_command()]:
+        words = path.split()
+        for opt in command.options if command else GLOBAL_OPTIONS:
+            if opt.takes_value:
+                offered = expected(opt.names, opt.kind, opt.metavar, opt.completion)
+                cases += [([*words, name], offered) for name in opt.names]
+        argument = command.argument if command else None
+        if argument is not None and argument.dest not in ("command", "leases"):
+            # the job of 'run' and release's lease ids are tested above
+            offered = expected((), argument.kind, argument.metavar, argument.completion)
+            cases.append((words, offered))
     return cases
 
 
@@ -476,27 +469,25 @@ def test_every_option_offers_its_choices_or_files_or_nothing(tmp_path: Path, she
 def test_descriptions_are_whole_sentences_or_cut_at_a_word_with_an_ellipsis() -> None:
     """zsh and fish showed 'the links betwee' and 'e.g.' beside commands and options: each
     description is the help text's first sentence, or its first words and an ellipsis."""
-    import typer
-
-    from gpualloc.cli.app import app
+    from gpualloc.cli.commands import COMMANDS, GLOBAL_OPTIONS, every_command, load
     from gpualloc.cli.completion_scripts import command_specs
+    from gpualloc.cli.declare import Group
 
-    root = typer.main.get_command(app)
     helps: dict[str, list[str]] = {}
-
-    def visit(command) -> None:
-        for param in command.params:
-            for name in param.opts + getattr(param, "secondary_opts", []):
-                helps.setdefault(name, []).append(" ".join((param.help or "").split()))
-        for sub in getattr(command, "commands", {}).values():
-            for text in (sub.short_help, sub.help):
-                helps.setdefault(sub.name, []).append(" ".join((text or "").split()))
-            visit(sub)
-
-    visit(root)
+    for _, command in [("", None), *every_command()]:
+        for opt in command.options if command else GLOBAL_OPTIONS:
+            for name in opt.names:
+                helps.setdefault(name, []).append(" ".join(opt.help.split()))
+        if command is not None:
+            helps.setdefault(command.name, []).append(" ".join(command.summary.split()))
+    for entry in COMMANDS:
+        helps.setdefault(entry.name, []).append(entry.summary)
+        declared = load(entry)
+        if isinstance(declared, Group):
+            helps[entry.name].append(" ".join(declared.help.split()))
     shown = [
         (name, about)
-        for spec in command_specs(root)
+        for spec in command_specs()
         for name, about in [
             *spec.subcommands,
             *((o.names[0], o.about) for o in spec.options if o.names[0] != "--help"),

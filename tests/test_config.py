@@ -196,7 +196,6 @@ def test_the_library_reads_the_configuration_once(monkeypatch: pytest.MonkeyPatc
     assert loads[0] == 1  # for the policy, the state directory and the queue together
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["fast path", "typer"])
 @pytest.mark.parametrize(
     ("variable", "value", "message"),
     [
@@ -209,15 +208,11 @@ def test_the_library_reads_the_configuration_once(monkeypatch: pytest.MonkeyPatc
     ],
 )
 def test_every_setting_is_checked_before_the_ledger_is_touched(
-    cli, monkeypatch: pytest.MonkeyPatch, fast: bool, variable: str, value: str, message: str
+    cli, monkeypatch: pytest.MonkeyPatch, variable: str, value: str, message: str
 ) -> None:
     """A bad verify setting stops the command before the lease is announced (read after it, it
     gave exit 15 with the GPUs counted as placed), on a bundled topology too (where it was
     never read: exit 0)."""
-    from gpualloc.cli import fastpath
-
-    if not fast:
-        monkeypatch.setattr(fastpath, "parse", lambda args, environ: None)
     monkeypatch.setenv(variable, value)
     for command in (["run", "-n", "2", "--", "true"], ["alloc", "--hold"]):
         result = cli(*TOPOLOGY, *command)

@@ -226,10 +226,10 @@ def test_the_harness_catches_what_it_must(tmp_path: Path, monkeypatch) -> None:
     def internal(args):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(main, "_static_help", internal)
+    monkeypatch.setattr(main, "_dispatch", internal)
     with pytest.raises(AssertionError):
         _check(["--help"], tmp_path)
-    monkeypatch.setattr(main, "_static_help", lambda args: time.sleep(30))
+    monkeypatch.setattr(main, "_dispatch", lambda args: time.sleep(30))
     monkeypatch.setattr(fuzz_harness, "CASE_TIMEOUT_S", 0.2)
     with pytest.raises(Hung):
         _check(["--help"], tmp_path)
@@ -260,7 +260,7 @@ def test_the_rules_of_issue_42_fail_what_they_must(
     from gpualloc.cli import main
     from gpualloc.errors import RequestError
 
-    def command(args: list[str]) -> bool:
+    def command(args: list[str]) -> int:
         if writes:
             (tmp_path / "state" / "ledger.json").write_text("changed")
         sys.stdout.write(printed)
@@ -268,10 +268,10 @@ def test_the_rules_of_issue_42_fail_what_they_must(
             sys.stderr.write("error: said, but exit 0\n")
         if error:
             raise RequestError(error)
-        return True
+        return 0
 
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "ledger.json").write_text("before")
-    monkeypatch.setattr(main, "_static_help", command)
+    monkeypatch.setattr(main, "_dispatch", command)
     with pytest.raises(AssertionError, match=rule):
         fuzz_harness.check(["--help", typed] if typed.startswith("a") else ["--help"], tmp_path)

@@ -1,5 +1,5 @@
-"""Every option value of every command, generated: the option list is read
-from the command tree itself, so an option added later is fuzzed too, each with values of its
+"""Every option value of every command, generated: the option list is read from the
+declarations themselves, so an option added later is fuzzed too, each with values of its
 kind (numbers, durations, sizes, GPU lists, generator specs, addresses, paths) and hostile ones.
 The rules are :mod:`tests.fuzz_harness`'s.
 
@@ -133,22 +133,18 @@ TEXT_VALUES: dict[str, st.SearchStrategy[str]] = {
 
 def _options() -> list[tuple[str, str, str]]:
     """(command, option, metavar) for every option and argument that takes a value."""
-    import typer
+    from gpualloc.cli.commands import GLOBAL_OPTIONS, every_command
 
-    from gpualloc.cli.app import app
-    from gpualloc.cli.manpage import _walk
-
-    root = typer.main.get_command(app)
     found = []
-    for path, command in [((), root), *_walk(root, ())]:
-        name = " ".join(path)
+    for name, command in [("", None), *every_command()]:
         if name not in BASE:
             continue
-        for param in command.params:
-            if getattr(param, "is_flag", False) or (name, param.name) in SKIPPED:
-                continue
-            option = max(param.opts, key=len)
-            found.append((name, option, str(param.metavar or param.name)))
+        for opt in command.options if command else GLOBAL_OPTIONS:
+            if opt.takes_value:
+                found.append((name, max(opt.names, key=len), str(opt.metavar or opt.dest)))
+        argument = command.argument if command else None
+        if argument is not None and (name, argument.dest) not in SKIPPED:
+            found.append((name, argument.dest, argument.metavar))
     return found
 
 

@@ -59,7 +59,7 @@ COMMANDS = (
 def _variables() -> tuple[str, ...]:
     """Every variable the help lists (``GPUALLOC_PRIORITY, GPUALLOC_MAX_BYPASS``: both) and
     every setting's: one list, so that a variable added later is fuzzed too."""
-    from gpualloc.cli.app import ENVIRONMENT_VARIABLES
+    from gpualloc.cli.commands import ENVIRONMENT_VARIABLES
 
     listed = {
         name.split("=")[0].strip()

@@ -1,6 +1,6 @@
-"""One job request, declared once: the table of :mod:`gpualloc.job_options`
-makes the typer parameters, the fast path's options, ``JobOptions``, the wire schema and the
-Python API's keywords. A new option is one row; these tests add one and find it everywhere."""
+"""One job request, declared once: the table of :mod:`gpualloc.job_options` makes the options
+of run, alloc and plan (their parser and help), ``JobOptions``, the wire schema and the Python
+API's keywords. A new option is one row; these tests add one and find it everywhere."""
 
 from __future__ import annotations
 
@@ -28,26 +28,27 @@ table.JOB_OPTIONS = (
 """
 
 PROBE = """
-import json, os
+import json
 import msgspec
 
 from gpualloc.api import _job_options
 from gpualloc.broker.requests import WireOptions
-from gpualloc.cli import brokered
-from gpualloc.cli.fastpath import parse
-from gpualloc.cli.static_help import render_pages
+from gpualloc.cli import brokered, parser
+from gpualloc.cli.commands import entry, load
+from gpualloc.cli.help import page
 from gpualloc.errors import RequestError
 from gpualloc.placement.options import JobOptions
 
 found = {}
-pages = render_pages()
-found["run_help"] = "--max-temperature C" in pages["run"]["text"]
-found["alloc_help"] = "--max-temperature C" in pages["alloc"]["text"]
-found["plan_help"] = "--max-temperature" in pages["plan"]["text"]
-line = parse(["run", "--max-temperature", "80", "--", "true"], os.environ)
-found["fast_path"] = line is not None and line.values.get("max_temperature") == 80
-found["fast_path_bounds"] = parse(["run", "--max-temperature", "5", "--", "true"], os.environ)
-found["fast_path_bounds"] = found["fast_path_bounds"] is None  # left to typer, which refuses
+for command in ("run", "alloc", "plan"):
+    found[f"{command}_help"] = "--max-temperature C" in page(command, load(entry(command)))
+line = parser.parse_command(["run", "--max-temperature", "80", "--", "true"])
+found["parser"] = line.values["max_temperature"] == 80
+try:
+    parser.parse_command(["run", "--max-temperature", "5", "--", "true"])
+    found["parser_bounds"] = False
+except RequestError as refused:
+    found["parser_bounds"] = "must be at least 30" in refused.message
 found["wire"] = "max_temperature" in WireOptions.__struct_fields__
 found["fast_client_sends"] = "max_temperature" in brokered.JOB_OPTIONS
 try:
@@ -67,9 +68,9 @@ print(json.dumps(found))
 
 
 def test_a_row_added_to_the_table_reaches_every_shape_of_the_request() -> None:
-    """The row alone, no other edit: typer's help of run and alloc (not plan, which the row
-    does not name), the fast path with its bounds, the broker's wire schema and what its fast
-    client sends, JobOptions with its bounds, and the Python API. What a real option needs
+    """The row alone, no other edit: the help of run and alloc (not plan, which the row does
+    not name), the parser with its bounds, the broker's wire schema and what its lean client
+    sends, JobOptions with its bounds, and the Python API. What a real option needs
     besides is its use: what it changes in ``JobOptions.want`` (or in the lease's terms)."""
     script = textwrap.dedent(DUMMY_ROW) + textwrap.dedent(PROBE)
     done = subprocess.run(
@@ -81,20 +82,14 @@ def test_a_row_added_to_the_table_reaches_every_shape_of_the_request() -> None:
     assert all(found.values()), found
 
 
-def test_every_typer_job_parameter_is_a_row() -> None:
-    """The commands' job parameters are exactly their rows, in table order."""
-    import inspect
+def test_every_declared_job_option_is_a_row() -> None:
+    """The commands' job options are exactly their rows, in table order."""
+    from gpualloc.cli.commands import entry, load
 
-    import gpualloc.cli.app  # noqa: F401 - which adds them as it builds the command tree
-    from gpualloc.cli.leases import alloc_command
-    from gpualloc.cli.plan import plan_command
-    from gpualloc.cli.run import run_command
-
-    for command, function in (("run", run_command), ("alloc", alloc_command),
-                              ("plan", plan_command)):  # fmt: skip
-        parameters = list(inspect.signature(function).parameters)
+    for command in ("run", "alloc", "plan"):
+        declared = [opt.dest for opt in load(entry(command)).options]
         rows = [row.dest for row in options_of(command)]
-        assert [p for p in parameters if p in rows] == rows, command
+        assert [dest for dest in declared if dest in rows] == rows, command
 
 
 def test_each_row_is_declared_once_with_its_help() -> None:
@@ -119,8 +114,8 @@ def test_each_row_is_declared_once_with_its_help() -> None:
     ],
 )
 def test_the_struct_checks_its_bounds_whoever_builds_it(values: dict, message: str) -> None:
-    """The Python API and the broker reach JobOptions without typer's checks: the struct
-    refuses what typer would, when it is made."""
+    """The Python API and the broker reach JobOptions without the parser's checks: the
+    struct refuses what the parser would, when it is made."""
     from gpualloc.placement.options import JobOptions
 
     with pytest.raises(RequestError, match=message):

@@ -1,14 +1,16 @@
-"""What ``run``, ``alloc`` and ``release`` import on the embedded ledger.
+"""What each command imports (the start-up budgets are ``benchmarks/bench_startup.py``'s).
 
-Their start-up budget is 40 ms over ``python -c pass`` (``benchmarks/bench_startup.py`` times
-it from a wheel; nothing is timed here: shared machines make timed tests flaky). These tests pin
-instead what the three commands import, in the benchmark's setting (a bundled topology, a
-broker named but not running) and without a broker named: none of the modules below, whichever
-module of gpualloc happens to import msgspec first.
+``run``, ``alloc`` and ``release`` on the embedded ledger have the tightest budget: 40 ms over
+``python -c pass``, timed from a wheel by ``benchmarks/bench_startup.py`` (nothing is timed
+here: shared machines make timed tests flaky). These tests pin instead what each command
+imports, in the benchmark's setting (a bundled topology, a broker named but not running) and
+without a broker named: nothing is kept out by standing in for a module (no ``sys.modules``
+patching), only by not importing it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -17,18 +19,27 @@ from pathlib import Path
 
 import pytest
 
+NOT_ON_ANY_PATH = (
+    # a second parser, and what only a terminal or discovery needs
+    "typer", "click", "pydantic", "rich", "networkx", "psutil", "pynvml",
+    # what only a help page, a usage error or a shell's script needs: the parser is argparse,
+    # built for the one command run
+    "gpualloc.cli.help", "gpualloc.cli.manpage", "gpualloc.cli.completion_scripts",
+    "gpualloc.cli.shell", "difflib", "shutil",
+    # the standard library modules no command's path needs
+    "hashlib", "inspect", "tokenize", "dis",
+)  # fmt: skip
 NOT_ON_THE_PATH = (
-    # typer's world, the broker's client, discovery's libraries
-    "typer", "click", "pydantic", "rich", "networkx", "psutil", "pynvml", "socket",
-    "gpualloc.wire.client", "gpualloc.cli.static_help",
-    # the standard library the issue names, and what msgspec pulls in unless told not to
-    "shutil", "hashlib", "platform", "typing_extensions", "inspect", "tokenize", "dis",
-    "textwrap",  # msgspec's JSON Schema (gpualloc.lean_msgspec: loaded when first used)
-    "urllib.parse", "ipaddress",  # pathlib's Path.as_uri (gpualloc.lean_stdlib)
+    *NOT_ON_ANY_PATH,
+    # the broker's client (no broker answers here), the other commands' declarations
+    "socket", "gpualloc.wire.client", "gpualloc.cli.plan", "gpualloc.cli.status",
+    "gpualloc.cli.simulate", "gpualloc.cli.topo", "gpualloc.cli.doctor", "gpualloc.cli.slurm",
     # what only this host's GPUs, a Slurm job, a verifier or an eviction need
     "threading", "csv", "glob", "gpualloc.discovery.live", "gpualloc.discovery.health",
     "gpualloc.discovery.xid", "gpualloc.slurm.job", "gpualloc.launcher.verify",
     "gpualloc.host.eviction",
+    # msgspec prefers it where it is installed (typer brought it): gpualloc never asks for it
+    *(("typing_extensions",) if importlib.util.find_spec("typing_extensions") is None else ()),
 )  # fmt: skip
 
 PROBE = """
@@ -82,85 +93,61 @@ def test_run_alloc_and_release_import_only_what_they_need(tmp_path: Path, broker
 
 
 @pytest.mark.slow
-def test_the_lean_imports_leave_msgspec_and_pathlib_whole() -> None:
-    """What gpualloc.lean_msgspec and gpualloc.lean_stdlib leave out loads when first used."""
-    import msgspec
+@pytest.mark.parametrize(
+    ("args", "also_not"),
+    [
+        (["status"], ()),
+        (["plan", "-n", "2"], ()),
+        (["topo", "show"], ()),
+        (["gc"], ()),
+        (["config", "show"], ()),
+        (["doctor"], ()),
+        (["metrics"], ()),
+        (["slurm", "gres-conf"], ()),
+        (["--version"], ("msgspec", "gpualloc.cli.run", "gpualloc.cli.status")),
+        (["--help"], ("msgspec", "gpualloc.cli.run")),
+        (["run", "--help"], ("msgspec", "gpualloc.cli.jobs", "gpualloc.cli.status")),
+    ],
+    ids=" ".join,
+)
+def test_every_other_command_imports_no_second_parser_nor_rich_in_a_pipe(
+    tmp_path: Path, args: list[str], also_not: tuple[str, ...]
+) -> None:
+    """rich draws tables on a terminal only; a help page is the declarations' alone; no
+    command imports the modules of the others it does not run."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUALLOC_")}
+    env.update(
+        GPUALLOC_STATE_DIR=str(tmp_path / "state"),
+        GPUALLOC_TOPOLOGY="dgx1-v100",
+        GPUALLOC_CACHE_DIR=str(tmp_path / "cache"),
+        XDG_CONFIG_HOME=str(tmp_path / "config"),
+    )
+    code, modules = _imported(args, env)
+    assert code == 0, args
+    heavy = [
+        m
+        for m in NOT_ON_ANY_PATH
+        if not ("--help" in args and m in ("gpualloc.cli.help", "shutil"))
+    ]
+    assert sorted(modules.intersection([*heavy, *also_not])) == [], args
+
+
+def test_no_module_stands_in_for_another() -> None:
+    """Stand-ins for typing_extensions, platform and urllib.parse were put into sys.modules
+    while msgspec and pathlib imported, in any program that imported gpualloc.model first (a
+    library user's too): what must not load on a path is now simply not imported there."""
+    import re
 
     import gpualloc
 
-    # -S: no .pth file runs (an editable install's finder would load pathlib first)
-    where = [str(Path(gpualloc.__file__).parent.parent), str(Path(msgspec.__file__).parent.parent)]
-    probe = (
-        f"import sys; sys.path[:0] = {where!r}\n"
-        "assert 'pathlib' not in sys.modules and 'msgspec' not in sys.modules\n"
-        "import gpualloc.lean_stdlib, gpualloc.lean_msgspec\n"
-        "assert 'urllib.parse' not in sys.modules and 'textwrap' not in sys.modules\n"
-        "import msgspec, pathlib\n"
-        "class A(msgspec.Struct):\n    x: int\n"
-        "assert pathlib.Path('/a b').as_uri() == 'file:///a%20b'\n"
-        "import urllib.parse\n"
-        "assert urllib.parse.urlparse('http://h/p').path == '/p'\n"
-        "assert msgspec.json.schema(A)['$defs']['A']['required'] == ['x']\n"
-        "assert msgspec.inspect.type_info(A).fields[0].name == 'x'\n"
-        "from msgspec import inspect\n"
-        "assert inspect.IntType is sys.modules['msgspec.inspect'].IntType\n"
-        "print('whole')\n"
+    root = Path(gpualloc.__file__).parent
+    writes = re.compile(
+        r"sys\.modules\[[^]]+\]\s*=|sys\.modules\.(setdefault|update|pop)\(|del sys\.modules"
     )
-    result = subprocess.run(
-        [sys.executable, "-S", "-c", probe],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
-    assert result.stdout.strip() == "whole", result.stderr
-
-
-def test_main_reads_the_completion_variable_the_fast_path_knows() -> None:
-    """main.py reads it before importing the fast path (a Tab on release needs neither)."""
-    from gpualloc.cli import fastpath, main
-
-    assert main.COMPLETION_VARIABLE == fastpath.COMPLETION_VARIABLE
-
-
-def test_a_pathlib_that_takes_more_of_urllib_parse_gets_the_real_module() -> None:
-    """The stand-in offers pathlib one function; a Python whose pathlib asks for another name
-    got an ImportError from every command. Now it imports the real module, and keeps it."""
-    code = """
-import sys, types
-import gpualloc.lean_stdlib as lean
-for name in [m for m in sys.modules if m == "pathlib" or m.startswith("urllib")]:
-    del sys.modules[name]
-lean._urllib_parse_stand_in = lambda: types.ModuleType("urllib.parse")  # offers nothing
-lean.import_pathlib_lean()
-import pathlib, urllib.parse
-assert sys.modules["urllib.parse"] is urllib.parse and hasattr(urllib.parse, "urlsplit")
-print(pathlib.Path("/x").as_uri())
-"""
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120
-    )
-    assert done.returncode == 0 and done.stdout == "file:///x\n", done.stderr
-
-
-def test_a_uuid_that_asks_platform_more_gets_msgspec_whole() -> None:
-    """The platform stand-in answers ``system()`` alone; a Python whose uuid asks it more made
-    every command fail as msgspec loaded. Now msgspec loads whole then."""
-    code = """
-import sys, types
-for name in [m for m in sys.modules if m.split(".")[0] in ("msgspec", "uuid", "platform")]:
-    del sys.modules[name]
-import gpualloc.lean_msgspec as lean  # loads msgspec lean; now again with a poorer stand-in
-for name in [m for m in sys.modules if m.split(".")[0] in ("msgspec", "uuid", "platform")]:
-    del sys.modules[name]
-lean._platform_stand_in = lambda: types.ModuleType("platform")  # no system()
-lean.import_msgspec_lean()
-import msgspec, platform
-assert platform.system() and msgspec.json.decode(b"[1]") == [1]
-assert "typing_extensions" not in sys.modules or sys.modules["typing_extensions"] is not None
-print("ok")
-"""
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120
-    )
-    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
+    found = [
+        f"{path.relative_to(root)}:{number}"
+        for path in sorted(root.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if writes.search(line)
+    ]
+    assert found == []

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -99,23 +98,17 @@ WRITTEN_OR_DIRECTORIES = {
 
 
 def _path_parameters() -> set[str]:
-    """``COMMAND --option`` of every parameter of the command tree that takes a path."""
-    import typer
-
-    from gpualloc.cli.app import app
+    """``COMMAND --option`` of every option and argument declared to take a path."""
+    from gpualloc.cli.commands import GLOBAL_OPTIONS, every_command
 
     found: set[str] = set()
-
-    def visit(command: Any, path: str) -> None:  # typer's own click, not an installed click
-        for param in command.params:
-            descriptor = param.type_descriptor  # typer's (0.20 and later), as fast_table reads
-            annotation = descriptor.annotation
-            if descriptor.is_path or getattr(annotation, "__args__", ()) == (Path,):
-                found.add(f"{path} {param.opts[0]}".strip())
-        for name, sub in getattr(command, "commands", {}).items():
-            visit(sub, f"{path} {name}".strip())
-
-    visit(typer.main.get_command(app), "")
+    for path, command in [("", None), *every_command()]:
+        for opt in command.options if command else GLOBAL_OPTIONS:
+            if opt.kind == "path":
+                found.add(f"{path} {opt.names[0]}".strip())
+        argument = command.argument if command else None
+        if argument is not None and argument.kind == "path":
+            found.add(f"{path} {argument.dest}")
     return found
 
 

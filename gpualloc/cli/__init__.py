@@ -1,1 +1,2 @@
-"""The command line: a typer app, one module per command group (house style: ``cli/``)."""
+"""The command line: one argparse parser built from the declarations of the command modules (house
+style: ``cli/``)."""

@@ -4,8 +4,7 @@ On a host with a broker (:mod:`gpualloc.broker`) these commands need neither the
 the placement engine nor the ledger's models: the broker places, records, and answers with what
 the command prints and execs with (the job's variables, its GPUs' NUMA nodes, the lease's
 ``--json``). So this path imports the socket client and the launcher's exec helpers and
-nothing that loads msgspec (issue 31, point 8: ``run`` through the broker at most 40 ms over
-``python -c pass``; a test checks what it imports).
+nothing that loads msgspec (tests/test_broker.py checks what it imports).
 
 It takes the command lines it can serve exactly as :mod:`.jobs` would, with the same outputs,
 errors and exit codes, and leaves the rest to :mod:`.jobs` (which goes through the broker too,

@@ -6,9 +6,9 @@ import contextlib
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING
 
-from gpualloc.cli.declare import Option
+from gpualloc.cli.declare import Command, flag, json_flag, value
 from gpualloc.cli.state import STATE
 from gpualloc.errors import NoGpuFound, RequestError
 
@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from gpualloc.discovery.calibration import Calibration, MeasuredCollective
     from gpualloc.model.topology import Topology
 
-# Each hint leads somewhere true (issue 42): topo import takes pairwise copy figures only, and
+# Each hint leads somewhere true (tests/test_calibrate.py): topo import takes pairwise copy
+# figures only, and
 # calibrate --from stores any figures, nccl-tests' collectives too, but only for this host's GPUs.
 IMPORT_ELSEWHERE = (
     "gpualloc topo import --bandwidth-matrix FILE, FILE from nvbandwidth or "
@@ -37,32 +38,12 @@ NO_GPU_FROM_HINT = (
 
 
 def calibrate_command(
-    size_mib: Annotated[
-        int, Option("--size-mib", min=1, metavar="MIB", help="MiB copied per transfer.")
-    ] = 256,
-    repeats: Annotated[int, Option(min=1, metavar="N", help="Timed transfers per pair.")] = 5,
-    from_files: Annotated[
-        Optional[list[Path]],  # noqa: UP045 - typer needs Optional on Python 3.10
-        Option(
-            "--from",
-            metavar="FILE",
-            help="Store these outputs of nvbandwidth, p2pBandwidthLatencyTest or nccl-tests, "
-            "made on this host, instead of measuring (repeat for several).",
-        ),
-    ] = None,
-    collectives: Annotated[
-        Optional[bool],  # noqa: UP045
-        Option(
-            "--collectives/--no-collectives",
-            help="Also measure all-reduce bus bandwidth with all_reduce_perf, else "
-            "torch.distributed (default: when either is there).",
-        ),
-    ] = None,
-    forget: Annotated[
-        bool,
-        Option("--forget", help="Remove the saved calibration: estimates are used again."),
-    ] = False,
-    as_json: Annotated[bool, Option("--json", help="Print the result as JSON.")] = False,
+    size_mib: int,
+    repeats: int,
+    from_files: list[Path] | None,
+    collectives: bool | None,
+    forget: bool,
+    as_json: bool,
 ) -> None:
     """Measure the bandwidth between this host's GPUs, save it, and let placement and
     'simulate' use it from now on instead of estimates.
@@ -281,10 +262,15 @@ def _show(result: Calibration, path: str) -> None:
         )
     if result.collectives:
         rows = [
-            [",".join(map(str, c.gpus)), c.operation, f"{c.busbw_gbps:.1f}",
-             "disabled" if c.p2p_disabled else "", c.source]
+            [
+                ",".join(map(str, c.gpus)),
+                c.operation,
+                f"{c.busbw_gbps:.1f}",
+                "disabled" if c.p2p_disabled else "",
+                c.source,
+            ]
             for c in result.collectives
-        ]  # fmt: skip
+        ]
         tables.append(
             Table("Measured collectives", ["GPUs", "Operation", "Bus GB/s", "P2P", "From"], rows)
         )
@@ -293,3 +279,45 @@ def _show(result: Calibration, path: str) -> None:
         columns = ["GPUs", "Finding", "Detail"]
         tables.append(Table("Measured wrong (see gpualloc doctor)", columns, rows, wrap=(2,)))
     print_tables(tables, footer=[f"saved to {path}; plan, run and simulate use it from now on"])
+
+
+CALIBRATE = Command(
+    "calibrate",
+    calibrate_command,
+    options=(
+        value(
+            "--size-mib",
+            kind="int",
+            minimum=1,
+            metavar="MIB",
+            default=256,
+            help="MiB copied per transfer.",
+        ),
+        value(
+            "--repeats",
+            kind="int",
+            minimum=1,
+            metavar="N",
+            default=5,
+            help="Timed transfers per pair.",
+        ),
+        value(
+            "--from",
+            dest="from_files",
+            kind="path",
+            metavar="FILE",
+            repeat=True,
+            help="Store these outputs of nvbandwidth, p2pBandwidthLatencyTest or nccl-tests, "
+            "made on this host, instead of measuring (repeat for several).",
+        ),
+        flag(
+            "--collectives",
+            negative=("--no-collectives",),
+            default=None,
+            help="Also measure all-reduce bus bandwidth with all_reduce_perf, else "
+            "torch.distributed (default: when either is there).",
+        ),
+        flag("--forget", help="Remove the saved calibration: estimates are used again."),
+        json_flag("Print the result as JSON."),
+    ),
+)

@@ -2,22 +2,18 @@
 
 The completion scripts are static (:mod:`gpualloc.cli.completion_scripts` calls these functions
 when ``scripts/build_docs.py`` writes them), except for the lease ids, which a Tab asks of
-gpualloc: so this module imports nothing heavy at its top (no pydantic, networkx, NVML or
-psutil; a test checks it), and lease ids come from the ledger files read as plain JSON without
-taking their lock. Each function returns ``(value, help)`` pairs, which zsh and fish show
-beside the value. Every option whose value is one of a fixed set names its function here with
-``autocompletion=``; a test walks every option of every command and fails on one that has
-neither, is not a path, and is not known as free text.
+gpualloc: so this module imports nothing heavy at its top (no parser, networkx, NVML or psutil;
+a test checks it), and lease ids come from the ledger files read as plain JSON without taking
+their lock. Each function returns ``(value, help)`` pairs, which zsh and fish show beside the
+value. Every option whose value is one of a fixed set names its function here as its
+``completion`` (:class:`gpualloc.cli.declare.Opt`); a test walks every option of every
+command and fails on one that has neither, is not a path, and is not known as free text.
 """
 
 from __future__ import annotations
 
 import json
 import re
-
-import gpualloc.lean_stdlib  # noqa: F401  (pathlib without urllib.parse: every Tab)
-
-# isort: split
 from pathlib import Path
 
 PATTERNS = (

@@ -1,15 +1,14 @@
 """Static shell completion for bash, zsh and fish, generated from the command declarations.
 
-typer's completion runs gpualloc on every Tab, about 200 ms each (issue 29, point 5). These
-scripts carry the command tree instead: each command's subcommands and options, which options
-take a value, and what each value is: one of the values known in advance (patterns, policies,
-NUMA modes, scores, priorities, MIG profiles, formats, bundled topology names: the option's
-``autocompletion=`` function in :mod:`gpualloc.cli.complete`), a file or a directory (a
-``Path`` parameter, or one whose metavar says FILE, PATH or DIR), or free text (nothing is
-offered: never file names for a number). A Tab costs no process, except where the answer lives
-in the ledger: the lease ids of ``release`` come from ``gpualloc`` itself with
-``_GPUALLOC_COMPLETE_LEASES=1`` set, a path that imports only the configuration and the file
-reader (:func:`gpualloc.cli.main.run`).
+A completion that ran gpualloc on every Tab started a Python process a press. These carry the
+command tree instead: each command's subcommands and options, which options take a value, and
+what each value is: one of the values known in advance (patterns, policies, NUMA modes, scores,
+priorities, MIG profiles, formats, bundled topology names: the option's ``completion``
+function in :mod:`gpualloc.cli.complete`), a file or a directory (a path option, or one whose
+metavar says FILE, PATH or DIR), or free text (nothing is offered: never file names for a
+number). A Tab costs no process, except where the answer lives in the ledger: the lease ids of
+``release`` come from ``gpualloc`` itself with ``_GPUALLOC_COMPLETE_LEASES=1`` set, a path that
+imports only the configuration and the file reader (:func:`gpualloc.cli.main.run`).
 
 ``scripts/build_docs.py`` writes them to ``completions/``; a test fails when they are stale, and
 others drive the scripts through bash, zsh and fish and check what they offer for every option.
@@ -17,9 +16,10 @@ others drive the scripts through bash, zsh and fish and check what they offer fo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
+
+from gpualloc.cli.declare import Arg, Command, Group, Opt
 
 LEASES_VARIABLE = "_GPUALLOC_COMPLETE_LEASES"
 """Set by the scripts to ask ``gpualloc`` for the lease ids (``id<TAB>who holds what`` lines)."""
@@ -31,6 +31,7 @@ DESCRIPTION_CHARS = 100
 """The longest description a menu shows beside a command or an option."""
 ABBREVIATIONS = ("e.g.", "i.e.", "cf.", "vs.")
 """Words whose full stop ends no sentence."""
+HELP_NAMES = ("--help", "-h")
 
 
 class OptionSpec(NamedTuple):
@@ -52,58 +53,64 @@ class CommandSpec(NamedTuple):
     or "command" (the job of ``run``)."""
 
 
-def command_specs(root: Any) -> list[CommandSpec]:
-    """Every command of the click tree ``root`` (typer's), depth first."""
-    return list(_visit(root, ""))
+def command_specs() -> list[CommandSpec]:
+    """Every command of gpualloc, depth first (each command module imported)."""
+    from gpualloc.cli.commands import COMMANDS, GLOBAL_OPTIONS, HELP, load
+
+    specs = [
+        CommandSpec(
+            "",
+            _first_line(HELP),
+            tuple((e.name, _first_line(e.summary)) for e in COMMANDS),
+            _options(GLOBAL_OPTIONS),
+            "",
+        )
+    ]
+    for entry in COMMANDS:
+        declared = load(entry)
+        if isinstance(declared, Group):
+            below = tuple((c.name, _first_line(c.summary)) for c in declared.commands)
+            specs.append(
+                CommandSpec(entry.name, _first_line(declared.help), below, _options(()), "")
+            )
+            specs += [_command(f"{entry.name} {c.name}", c) for c in declared.commands]
+        else:
+            specs.append(_command(entry.name, declared))
+    return specs
 
 
-def _visit(command: Any, path: str) -> Iterator[CommandSpec]:
-    children = {
-        name: sub
-        for name, sub in getattr(command, "commands", {}).items()
-        if not getattr(sub, "hidden", False)
-    }
-    options, arguments = [], ""
-    for param in command.params:
-        if param.param_type_name == "argument":  # hidden from help pages, not from the shell
-            arguments = _argument_kind(param)
-            continue
-        if getattr(param, "hidden", False):
-            continue
-        takes_value = not getattr(param, "is_flag", False) and not getattr(param, "count", False)
-        about = _first_line(getattr(param, "help", None) or "")
-        names = tuple(param.opts)
-        options.append(OptionSpec(names, about, takes_value, _values(param)))
-        if param.secondary_opts:  # --insensitive: the help text is --sensitive's
-            opposite = f"The opposite of {names[-1]}."
-            options.append(OptionSpec(tuple(param.secondary_opts), opposite, False))
-    options.append(OptionSpec(("--help", "-h"), "Show the help and exit.", False))
-    subcommands = tuple(
-        (name, _first_line(sub.short_help or sub.help or "")) for name, sub in children.items()
-    )
-    yield CommandSpec(path, _first_line(command.help or ""), subcommands, tuple(options), arguments)
-    for name, sub in children.items():
-        yield from _visit(sub, f"{path} {name}".strip())
+def _command(path: str, command: Command) -> CommandSpec:
+    arguments = _argument_kind(command.argument, command) if command.argument else ""
+    return CommandSpec(path, _first_line(command.help), (), _options(command.options), arguments)
 
 
-def _completer(param: Any) -> Callable[[str], list[tuple[str, str]]] | None:
-    """The ``autocompletion=`` function typer wrapped for ``param``, if any."""
-    import inspect
+def _options(options: Iterable[Opt]) -> tuple[OptionSpec, ...]:
+    specs = []
+    for opt in options:
+        specs.append(OptionSpec(opt.names, _first_line(opt.help), opt.takes_value, _values(opt)))
+        if opt.negative:  # --insensitive: the help text is --sensitive's
+            opposite = f"The opposite of {opt.names[-1]}."
+            specs.append(OptionSpec(opt.negative, opposite, False))
+    specs.append(OptionSpec(HELP_NAMES, "Show the help and exit.", False))
+    return tuple(specs)
 
-    wrapper = getattr(param, "_custom_shell_complete", None)
-    for cell in getattr(wrapper, "__closure__", None) or ():
-        value = cell.cell_contents
-        if callable(value) and getattr(value, "__module__", "") == "gpualloc.cli.complete":
-            return inspect.unwrap(value)  # typer wraps it (functools.wraps) to add ctx and args
-    return None
 
-
-def _values(param: Any) -> tuple[str, ...]:
+def completer(name: str | None) -> Callable[[str], list[tuple[str, str]]] | None:
+    """The function of :mod:`gpualloc.cli.complete` an option names for its values."""
+    if name is None:
+        return None
     from gpualloc.cli import complete
 
-    function = _completer(param)
+    function: Callable[[str], list[tuple[str, str]]] = getattr(complete, name)
+    return function
+
+
+def _values(opt: Opt) -> tuple[str, ...]:
+    from gpualloc.cli import complete
+
+    function = completer(opt.completion)
     if function is None:
-        path = _path_kind(param)
+        path = path_kind(opt.kind, opt.metavar)
         return (path,) if path else ()
     if function is complete.lease_ids:
         return (DYNAMIC_LEASES,)
@@ -113,25 +120,19 @@ def _values(param: Any) -> tuple[str, ...]:
     return (*values, FILES) if also_files else values
 
 
-def _path_kind(param: Any) -> str | None:
-    """:data:`FILES` or :data:`DIRECTORIES` for a parameter whose value is a path (its type
-    says so, or the metavar its help shows), else None."""
-    descriptor = param.type_descriptor
-    annotation = descriptor.annotation
-    if descriptor.is_list:
-        (annotation,) = annotation.__args__
-    metavar = (param.metavar or "").strip("[].")
-    if metavar == "DIR":
+def path_kind(kind: str, metavar: str | None) -> str | None:
+    """:data:`FILES` or :data:`DIRECTORIES` for a value that is a path (its kind says so, or
+    the metavar its help shows), else None."""
+    shown = (metavar or "").strip("[].")
+    if shown == "DIR":
         return DIRECTORIES
-    return FILES if annotation is Path or metavar in ("FILE", "PATH") else None
+    return FILES if kind == "path" or shown in ("FILE", "PATH") else None
 
 
-def _argument_kind(param: Any) -> str:
-    from gpualloc.cli import complete
-
-    if _completer(param) is complete.lease_ids:
+def _argument_kind(argument: Arg, command: Command) -> str:
+    if argument.completion == "lease_ids":
         return DYNAMIC_LEASES
-    return "command" if param.name == "command" else _path_kind(param) or ""
+    return "command" if command.job_argv else path_kind(argument.kind, argument.metavar) or ""
 
 
 def _first_line(text: str) -> str:

@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from gpualloc.cli.declare import Group, Option
+from gpualloc.cli.declare import Command, Group, json_flag
 from gpualloc.cli.state import STATE
-
-app = Group(
-    help="Configuration: defaults from /etc/gpualloc/config.toml and "
-    "$XDG_CONFIG_HOME/gpualloc/config.toml, overridden by GPUALLOC_* variables and flags.",
-    no_args_is_help=True,
-)
 
 
 def _shown(value: Any) -> Any:
@@ -37,17 +31,14 @@ def _toml(value: Any) -> str:
 
 
 def _duration(seconds: float) -> str:
-    """A duration as the config file would write it (issue 42: ``900.0`` read as a count);
+    """A duration as the config file would write it (``900.0`` read as a count);
     0 turns the thing it times off."""
     from gpualloc.durations import format_duration
 
     return "off" if seconds == 0 else format_duration(seconds)
 
 
-@app.command("show", short_help="Every setting, its value and where it came from.")
-def show_command(
-    as_json: Annotated[bool, Option("--json", help="Print JSON instead.")] = False,
-) -> None:
+def show_command(as_json: bool) -> None:
     """Print every setting: its effective value and where it came from (a GPUALLOC_* variable,
     the user's or the system's config.toml, or the default).
 
@@ -99,3 +90,18 @@ def show_command(
     print_tables(
         [Table("Settings", ["Key", "Value", "From", "Variable", "Flag"], rows)], footer=footer
     )
+
+
+CONFIG = Group(
+    "config",
+    "Configuration: defaults from /etc/gpualloc/config.toml and "
+    "$XDG_CONFIG_HOME/gpualloc/config.toml, overridden by GPUALLOC_* variables and flags.",
+    (
+        Command(
+            "show",
+            show_command,
+            (json_flag(),),
+            summary="Every setting, its value and where it came from.",
+        ),
+    ),
+)

@@ -1,12 +1,12 @@
-"""``gpualloc doctor``: check that the host works as its topology and leases say (issue 21,
-point 1; the checks are :mod:`gpualloc.checkup`'s)."""
+"""``gpualloc doctor``: check that the host works as its topology and leases say (the checks
+are :mod:`gpualloc.checkup`'s)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Any
 
-from gpualloc.cli.declare import JsonOption, Option
+from gpualloc.cli.declare import Command, json_flag, value
 from gpualloc.errors import ExitCode
 from gpualloc.model.printable import count_of
 
@@ -16,19 +16,7 @@ if TYPE_CHECKING:
 SEVERITY_STYLE = {"ok": "green", "note": "yellow", "problem": "red"}
 
 
-def doctor_command(
-    measured: Annotated[
-        Optional[list[Path]],  # noqa: UP045 - typer needs Optional on Python 3.10
-        Option(
-            "--measured",
-            metavar="FILE",
-            help="Also check these outputs of nvbandwidth or p2pBandwidthLatencyTest (made "
-            "on this host, or on the --topology host) for pairs far below their link class "
-            "and P2P slower than staged copies; repeat for several.",
-        ),
-    ] = None,
-    as_json: JsonOption = False,
-) -> ExitCode | None:
+def doctor_command(measured: list[Path] | None, as_json: bool) -> ExitCode | None:
     """Check the host: every NVLink up at its topology's count and generation, every GPU's
     PCIe link at full width, peer-to-peer access working between the GPUs of every lease,
     every job's processes on its own GPUs only and nobody else's on them, no unhealthy GPU.
@@ -98,7 +86,7 @@ def doctor_command(
             footer=[verdict, *(f"  {note}" for note in notes)],
         )
     if problems:
-        return ExitCode.CHECK_FAILED  # the exit status, on either path (main.run)
+        return ExitCode.CHECK_FAILED  # the exit status (main.run)
     return None
 
 
@@ -135,7 +123,7 @@ def _bandwidth_findings(host: Any, files: list[Path]) -> list[Finding]:
     saved = _saved_calibration(host)
     if saved is not None:
         found.append(("calibration", saved.findings))
-    if files:  # the readers of recordings only then (issue 43, point 3: doctor's start-up)
+    if files:  # the readers of recordings only then (tests/test_startup_imports.py: doctor)
         found += _recorded_findings(host, files)
     results = []
     for origin, findings in found:
@@ -197,3 +185,21 @@ def _json(findings: list[Finding], notes: list[str], source: str) -> dict[str, A
         "findings": [to_builtins(f) for f in findings],
         "notes": notes,
     }
+
+
+DOCTOR = Command(
+    "doctor",
+    doctor_command,
+    options=(
+        value(
+            "--measured",
+            kind="path",
+            metavar="FILE",
+            repeat=True,
+            help="Also check these outputs of nvbandwidth or p2pBandwidthLatencyTest (made "
+            "on this host, or on the --topology host) for pairs far below their link class "
+            "and P2P slower than staged copies; repeat for several.",
+        ),
+        json_flag(),
+    ),
+)

@@ -1,12 +1,11 @@
-"""What ``run``, ``alloc`` and ``release`` do, without typer.
+"""What ``run``, ``alloc`` and ``release`` do on the embedded ledger (or through the broker
+for the command lines its lean client, :mod:`.brokered`, leaves to this module).
 
-:mod:`gpualloc.cli.run` and :mod:`gpualloc.cli.leases` declare these commands for typer (their
-options, help and completion) and hand :func:`call` their option values; the command-line fast
-path (:mod:`gpualloc.cli.fastpath`) hands it the values of the command lines it understands, so
-that the commands run most often start without importing typer (issue 18, point 9). The options
-that describe the job arrive as one :class:`~gpualloc.placement.options.JobOptions` (issue 29,
-point 2), the command's own by name. A test checks that a typer command's parameters are
-exactly the job's options it takes and its work function's, with the same defaults.
+:mod:`gpualloc.cli.run` and :mod:`gpualloc.cli.leases` declare these commands and hand
+:func:`call` every parameter's value, as the parser read it; the options that describe the job
+arrive as one :class:`~gpualloc.placement.options.JobOptions`, the command's own by name, with
+no default of their own here: the declarations hold them (tests/test_cli.py checks that each
+work function takes exactly its command's parameters).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import shlex
 import sys
 from typing import TYPE_CHECKING
 
-import gpualloc.lean_msgspec  # noqa: F401  (first: msgspec without typing_extensions)
 from gpualloc.cli.open_ledger import (
     alloc_owner,
     allocate,
@@ -49,9 +47,9 @@ WORK = ("run_job", "alloc_gpus", "release_gpus")
 
 
 def call(work: str, values: Mapping[str, Any], *, broker_tried: bool = False) -> None:
-    """Run the function named ``work`` with a command's option values (typer's or the fast
-    path's, those not given left out): the job's options bundled into one JobOptions. Through
-    the broker's fast client first (:mod:`.brokered`), unless the caller tried it already."""
+    """Run the function named ``work`` with a command's parameters: the job's options bundled
+    into one JobOptions. Through the broker's lean client first (:mod:`.brokered`), unless the
+    caller tried it already."""
     from gpualloc.cli import brokered
 
     function = globals()[work]  # looked up now: tests stand in for the functions
@@ -71,18 +69,18 @@ def run_job(
     job: JobOptions,
     *,
     command: list[str],
-    numa: str | None = None,
-    name: str | None = None,
-    uuid: bool = False,
-    ignore_foreign: bool | None = None,
-    wait: bool = False,
-    timeout: str | None = None,
-    priority: str | None = None,
-    max_bypass: int | None = None,
-    allow_unhealthy: bool = False,
-    dry_run: bool = False,
-    quiet: bool = False,
-    as_json: bool = False,
+    numa: str | None,
+    name: str | None,
+    uuid: bool,
+    ignore_foreign: bool | None,
+    wait: bool,
+    timeout: str | None,
+    priority: str | None,
+    max_bypass: int | None,
+    allow_unhealthy: bool,
+    dry_run: bool,
+    quiet: bool,
+    as_json: bool,
 ) -> None:
     """``gpualloc run``: place ``job``, record its lease, exec it (see its ``--help``)."""
     from gpualloc.host.terms import LeaseTerms
@@ -223,8 +221,8 @@ def _launch(
 
 
 def _verifier(host: Host, lease: Lease) -> Callable[[], None] | None:
-    """What checks for ``verify.grace`` that the job runs on its lease's GPUs (issue 21,
-    point 1), or None when ``verify.grace`` is 0."""
+    """What checks for ``verify.grace`` that the job runs on its lease's GPUs
+    (tests/test_verified_launch.py), or None when ``verify.grace`` is 0."""
     import functools
 
     grace = STATE.setting("verify.grace")
@@ -331,17 +329,17 @@ def _dry_run(
 def alloc_gpus(
     job: JobOptions,
     *,
-    pid: int | None = None,
-    hold: bool = False,
-    output_format: str = "ids",
-    name: str | None = None,
-    uuid: bool = False,
-    ignore_foreign: bool | None = None,
-    wait: bool = False,
-    timeout: str | None = None,
-    priority: str | None = None,
-    max_bypass: int | None = None,
-    allow_unhealthy: bool = False,
+    pid: int | None,
+    hold: bool,
+    output_format: str,
+    name: str | None,
+    uuid: bool,
+    ignore_foreign: bool | None,
+    wait: bool,
+    timeout: str | None,
+    priority: str | None,
+    max_bypass: int | None,
+    allow_unhealthy: bool,
 ) -> None:
     """``gpualloc alloc``: allocate GPUs without running anything (see its ``--help``)."""
     from gpualloc.host.terms import LeaseTerms
@@ -405,12 +403,12 @@ def _print_allocation(
 
 def release_gpus(
     *,
-    leases: list[str] | None = None,
-    mine: bool = False,
-    include_running: bool = False,
-    evict_shared: bool = False,
-    grace: str | None = None,
-    as_json: bool = False,
+    leases: list[str] | None,
+    mine: bool,
+    include_running: bool,
+    evict_shared: bool,
+    grace: str | None,
+    as_json: bool,
 ) -> None:
     """``gpualloc release``: give the leases named, or all of yours, back (see its ``--help``);
     with ``--evict-shared``, end the shared jobs beside them instead."""

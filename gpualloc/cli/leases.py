@@ -2,45 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Any
 
-from gpualloc.cli import complete, jobs
-from gpualloc.cli.declare import Argument, JsonOption, Option
-from gpualloc.cli.open_ledger import open_host_ledger, warn
-from gpualloc.cli.request_options import given, with_job_options
-from gpualloc.cli.state import STATE
+from gpualloc.cli.declare import Arg, Command, flag, job_options, json_flag, value
+from gpualloc.cli.run import work
 from gpualloc.model.printable import count_of
 
 if TYPE_CHECKING:
     from gpualloc.ledger.idle import Expiry
 
 
-@with_job_options("alloc")
-def alloc_command(
-    pid: Annotated[
-        Optional[int],  # noqa: UP045
-        Option(
-            min=1,
-            metavar="PID",
-            help="The lease lives as long as this process (default: the shell that ran "
-            "gpualloc, i.e. its parent process).",
-        ),
-    ] = None,
-    hold: Annotated[
-        bool,
-        Option("--hold", help="Keep the GPUs until 'gpualloc release', whatever exits."),
-    ] = False,
-    output_format: Annotated[
-        str,
-        Option(
-            "--format",
-            metavar="FORMAT",
-            help="ids: '0,1'; env: export lines for eval; json: the lease and placement.",
-            autocompletion=complete.alloc_formats,
-        ),
-    ] = "ids",
-    **job: Any,
-) -> None:
+def alloc_command(**values: Any) -> None:
     """Allocate GPUs without running anything: for scripts, notebooks and prologs.
 
     The lease lives as long as the process given with --pid (by default the shell that ran
@@ -54,55 +26,10 @@ def alloc_command(
     subshell whose output the shell reads (X=$(gpualloc alloc ... 2>&1), where bash forks one)
     ends as soon as alloc does, so alloc refuses it as the lease's process.
     """
-    jobs.call("alloc_gpus", given(locals()))  # a test checks the parameters against the work's
+    work("alloc_gpus", values)
 
 
-def release_command(
-    leases: Annotated[
-        Optional[list[str]],  # noqa: UP045
-        Argument(
-            metavar="[LEASE]...",
-            hidden=True,  # the docstring says what they are: no '<list[str]>' in the help
-            autocompletion=complete.lease_ids,
-        ),
-    ] = None,
-    mine: Annotated[
-        bool,
-        Option(
-            "--mine",
-            help="Release every lease of yours but your running jobs' (run, a Slurm job's), "
-            "which it names.",
-        ),
-    ] = False,
-    include_running: Annotated[
-        bool,
-        Option(
-            "--include-running",
-            help="With --mine: release your running jobs' leases too. Each job keeps running, "
-            "on GPUs the next job may be given.",
-        ),
-    ] = False,
-    evict_shared: Annotated[
-        bool,
-        Option(
-            "--evict-shared",
-            help="Do not release: end the shared jobs (run --share) on the GPUs of the "
-            "--shareable leases named (or of all yours with --mine), or the shared job named. "
-            "Each gets SIGTERM, then SIGKILL after --grace; waits until they are gone.",
-        ),
-    ] = False,
-    grace: Annotated[
-        Optional[str],  # noqa: UP045
-        Option(
-            "--grace",
-            metavar="DURATION",
-            help="With --evict-shared: how long a job has between SIGTERM and SIGKILL "
-            "(default 10s).",
-            show_default=False,
-        ),
-    ] = None,
-    as_json: JsonOption = False,
-) -> None:
+def release_command(**values: Any) -> None:
     """Give GPUs back: the leases named (ids, unique prefixes of 4+ characters, or names given
     with --name), or all of yours with --mine.
 
@@ -116,10 +43,10 @@ def release_command(
     --shareable lease may evict other users' shared jobs (their own gpualloc watcher ends them,
     since nobody but root may signal another user's processes).
     """
-    jobs.call("release_gpus", locals())  # a test checks the parameters against the work's
+    work("release_gpus", values)
 
 
-def gc_command(as_json: JsonOption = False) -> None:
+def gc_command(as_json: bool) -> None:
     """Free the GPUs of leases whose jobs are gone, now, and say which; record how long each
     lease's GPUs have been idle; under the system configuration's idle.expire_holds, give idle
     --hold leases notice and release those whose notice ran out.
@@ -128,7 +55,9 @@ def gc_command(as_json: JsonOption = False) -> None:
     or an epilog), removes lease lock files left behind by other users' jobs and temporary
     files left by killed writes, and is what tracks idle leases: run it every few minutes.
     """
+    from gpualloc.cli.open_ledger import open_host_ledger, warn
     from gpualloc.cli.output import print_json, write_stdout
+    from gpualloc.cli.state import STATE
     from gpualloc.json_views import lease_json
     from gpualloc.ledger.idle import IdlePolicy
     from gpualloc.ledger.occupancy import describe_lease
@@ -240,3 +169,60 @@ def _run_notify(command: str, env: dict[str, str]) -> str | None:
         said = err.decode(errors="replace").strip()[:200]
         return f"exited {process.returncode}" + (f": {said}" if said else "")
     return None
+
+
+ALLOC = Command(
+    "alloc",
+    alloc_command,
+    options=(
+        *job_options("alloc"),
+        value(
+            "--pid",
+            kind="int",
+            minimum=1,
+            metavar="PID",
+            help="The lease lives as long as this process (default: the shell that ran "
+            "gpualloc, i.e. its parent process).",
+        ),
+        flag("--hold", help="Keep the GPUs until 'gpualloc release', whatever exits."),
+        value(
+            "--format",
+            dest="output_format",
+            metavar="FORMAT",
+            default="ids",
+            completion="alloc_formats",
+            help="ids: '0,1'; env: export lines for eval; json: the lease and placement.",
+        ),
+    ),
+)
+RELEASE = Command(
+    "release",
+    release_command,
+    options=(
+        flag(
+            "--mine",
+            help="Release every lease of yours but your running jobs' (run, a Slurm job's), "
+            "which it names.",
+        ),
+        flag(
+            "--include-running",
+            help="With --mine: release your running jobs' leases too. Each job keeps running, "
+            "on GPUs the next job may be given.",
+        ),
+        flag(
+            "--evict-shared",
+            help="Do not release: end the shared jobs (run --share) on the GPUs of the "
+            "--shareable leases named (or of all yours with --mine), or the shared job named. "
+            "Each gets SIGTERM, then SIGKILL after --grace; waits until they are gone.",
+        ),
+        value(
+            "--grace",
+            metavar="DURATION",
+            help="With --evict-shared: how long a job has between SIGTERM and SIGKILL "
+            "(default 10s).",
+        ),
+        json_flag(),
+    ),
+    argument=Arg("leases", "[LEASE]...", many=True, completion="lease_ids"),
+)
+GC = Command("gc", gc_command, options=(json_flag(),))

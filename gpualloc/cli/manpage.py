@@ -1,19 +1,23 @@
-"""``man/gpualloc.1`` from the command tree, so the manual never drifts from ``--help``.
+"""``man/gpualloc.1`` from the declarations, so the manual never drifts from ``--help``.
 
-Every command and option comes from the click command typer builds (its help text, option
-names, metavars, defaults and environment variables); ENVIRONMENT and EXIT STATUS come from the
-same tables ``--help`` and the README use. ``scripts/build_docs.py`` writes the file and a test
+Every command and option comes from the declarations ``--help`` is rendered from
+(:mod:`gpualloc.cli.declare`: help texts, option names, metavars, defaults and environment
+variables); ENVIRONMENT and EXIT STATUS come from the same tables ``--help`` and the README
+use. ``scripts/build_docs.py`` writes the file and a test
 fails when the committed one is stale. The output is plain man(7) roff: ``man -l`` renders it.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from gpualloc import __version__
 from gpualloc.errors import EXIT_CODE_DESCRIPTIONS, ExitCode
+
+if TYPE_CHECKING:
+    from gpualloc.cli.declare import Opt
 
 SUMMARY = "topology-aware GPU allocator and job launcher for a shared multi-GPU host"
 
@@ -92,43 +96,22 @@ def _paragraphs(text: str) -> str:
     return "\n.PP\n".join(_CODE.sub(r"\\fB\1\\fR", escape(part)) for part in parts)
 
 
-def _walk(command: Any, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
-    """Every leaf command, depth first, in the order they were added."""
-    subcommands = getattr(command, "commands", None)
-    if subcommands is None:
-        yield path, command
-        return
-    for name, sub in subcommands.items():
-        if not getattr(sub, "hidden", False):
-            yield from _walk(sub, (*path, name))
+def _option_lines(options: Iterable[Opt]) -> list[str]:
+    """Each option as ``--help`` shows it (names, what it takes, help, default, variable)."""
+    from gpualloc.cli.help import described, spelled
 
-
-def _option_lines(command: Any) -> list[str]:
-    """Each option as ``--help`` shows it (names, type, help, default, environment variable)."""
-    context = command.context_class(command, info_name=command.name)
     lines = []
-    for param in command.params:
-        if getattr(param, "hidden", False) or param.param_type_name == "argument":
-            continue
-        record = param.get_help_record(context)
-        if record is None:
-            continue
-        names, help_text = record
-        lines += [".TP", f"\\fB{escape(names)}\\fR", _paragraphs(help_text)]
+    for opt in options:
+        lines += [".TP", f"\\fB{escape(spelled(opt))}\\fR", _paragraphs(described(opt))]
     return lines
 
 
-def _usage(path: tuple[str, ...], command: Any) -> str:
-    arguments = " ".join(
-        (param.metavar or param.name.upper())
-        for param in command.params
-        if param.param_type_name == "argument"
-    )
-    return " ".join(part for part in ("gpualloc", *path, "[OPTIONS]", arguments) if part)
+def render() -> str:
+    """The manual page of gpualloc, from its declarations (every command module imported)."""
+    from gpualloc.cli.commands import ENVIRONMENT_VARIABLES, GLOBAL_OPTIONS, HELP, every_command
+    from gpualloc.cli.declare import usage
+    from gpualloc.cli.help import clean
 
-
-def render(root: Any, environment: tuple[tuple[str, str], ...]) -> str:
-    """The manual page for the click command ``root`` (typer.main.get_command(app))."""
     lines = [
         f'.TH GPUALLOC 1 "" "gpualloc {__version__}" "User Commands"',
         ".SH NAME",
@@ -137,16 +120,16 @@ def render(root: Any, environment: tuple[tuple[str, str], ...]) -> str:
         ".B gpualloc",
         "[\\fIGLOBAL OPTIONS\\fR] \\fICOMMAND\\fR [\\fIOPTIONS\\fR] [\\fIARGS\\fR]",
         ".SH DESCRIPTION",
-        _paragraphs(root.help or ""),
+        _paragraphs(HELP),
         ".SH COMMANDS",
     ]
-    for path, command in _walk(root, ()):
-        lines += [f'.SS "{escape(_usage(path, command))}"', _paragraphs(command.help or "")]
-        lines += _option_lines(command)
+    for path, command in every_command():
+        lines += [f'.SS "{escape(usage(path, command))}"', _paragraphs(clean(command.help))]
+        lines += _option_lines(command.options)
     lines += [".SH OPTIONS", "Global options come before the command."]
-    lines += _option_lines(root)
+    lines += _option_lines(GLOBAL_OPTIONS)
     lines.append(".SH ENVIRONMENT")
-    for name, meaning in environment:
+    for name, meaning in ENVIRONMENT_VARIABLES:
         lines += [".TP", f"\\fB{escape(name)}\\fR", _paragraphs(meaning)]
     lines.append(".SH EXIT STATUS")
     lines.append("A job run by gpualloc run exits with its own status. gpualloc itself exits:")

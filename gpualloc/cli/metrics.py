@@ -1,28 +1,16 @@
-"""``gpualloc metrics``: Prometheus text on stdout, or served over HTTP (issue 21, point 4)."""
+"""``gpualloc metrics``: Prometheus text on stdout, or served over HTTP (docs/metrics.md)."""
 
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
 
-from gpualloc.cli.declare import Option
+from gpualloc.cli.declare import Command, value
 from gpualloc.errors import RequestError
 
 DEFAULT_HOST = "127.0.0.1"
 
 
-def metrics_command(
-    serve: Annotated[
-        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
-        Option(
-            metavar="[HOST]:PORT",
-            help="Serve the metrics at http://HOST:PORT/metrics until interrupted, read afresh "
-            "for every scrape (HOST defaults to 127.0.0.1: give 0.0.0.0 to let other machines "
-            "scrape, with a firewall in front).",
-            show_default=False,
-        ),
-    ] = None,
-) -> None:
+def metrics_command(serve: str | None) -> None:
     """Print the host's GPUs, leases and queue as Prometheus metrics: GPUs by state and per
     GPU (with the holder), leases by user, shared jobs, MIG devices, queue length and oldest
     wait, placements, decision latency and wait-time histograms. docs/metrics.md lists every
@@ -109,7 +97,7 @@ def _serve(host: str, port: int) -> None:
 def _serve_error(host: str, port: int, exc: OSError) -> RequestError:
     """Why ``--serve`` could not listen, with the remedy for that cause: a port in use or
     reserved wants another port, a name that does not resolve or an address this host does not
-    have wants another address (issue 42)."""
+    have wants another address (tests/test_bad_input_more.py)."""
     import errno
     import socket
 
@@ -130,3 +118,18 @@ def _serve_error(host: str, port: int, exc: OSError) -> RequestError:
     if exc.errno == errno.EACCES and port < 1024:
         return RequestError(f"{where}: {reason}", hint="choose a port above 1023")
     return RequestError(f"{where}: {reason}")
+
+
+METRICS = Command(
+    "metrics",
+    metrics_command,
+    options=(
+        value(
+            "--serve",
+            metavar="[HOST]:PORT",
+            help="Serve the metrics at http://HOST:PORT/metrics until interrupted, read afresh "
+            "for every scrape (HOST defaults to 127.0.0.1: give 0.0.0.0 to let other machines "
+            "scrape, with a firewall in front).",
+        ),
+    ),
+)

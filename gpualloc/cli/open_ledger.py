@@ -166,8 +166,9 @@ class StatusLine:
 
 
 def wait_line(status: WaitStatus, width: int) -> str:
-    """The waiting line in ``width`` characters, shortened by what matters least (issue 42:
-    cutting it at the width cut exactly who holds the GPUs, the part that says whom to ask).
+    """The waiting line in ``width`` characters, shortened by what matters least (cutting it at
+    the width cut exactly who holds the GPUs, the part that says whom to ask: tests/
+    test_terminal_output.py, the waiting line on an 80-column terminal).
     In turn: the reason loses words from its end, then goes; the words around the position
     shrink; the holders after the first that fit give way to a count, then all of them."""
     from datetime import timedelta
@@ -296,7 +297,7 @@ def print_allocation(
 def _say_lease_on_a_terminal(lease_id: str | None) -> None:
     """The lease's id on standard error when a person reads it (a terminal): the ids on
     standard output are all a script reads, and the one thing a person then needs is how to
-    give the GPUs back (issue 42's newcomer: ``alloc`` printed no lease id)."""
+    give the GPUs back (``alloc`` printed no lease id)."""
     import os
     import sys
 

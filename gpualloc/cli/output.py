@@ -31,8 +31,8 @@ STYLE_BY_CLASS = {
 
 class Table(NamedTuple):
     """A titled table; ``styles`` optionally gives a rich style per cell. (A NamedTuple: every
-    command loads this module, ``--help`` too, and a msgspec Struct or a dataclass would cost
-    it 10 to 20 ms of imports.)"""
+    command loads this module, ``--help`` too, which imports no msgspec:
+    tests/test_cli.py::test_help_imports_nothing_heavy.)"""
 
     title: str
     columns: list[str]
@@ -51,8 +51,9 @@ class Table(NamedTuple):
 class StdoutClosed(Exception):
     """The reader of stdout went away (``gpualloc ... | head``).
 
-    Not an OSError on purpose: typer's click turns EPIPE into a bare ``exit 1`` before our error
-    boundary sees it, so writes translate it here and ``run()`` exits quietly with 141.
+    Not an OSError on purpose: a command that catches OSError for its own files must not take a
+    closed stdout for one of them; writes translate EPIPE here and ``run()`` exits quietly with
+    141.
     """
 
 
@@ -65,7 +66,8 @@ def write_stdout(text: str) -> None:
 
 def flush_stdout() -> None:
     """Whatever is still buffered for stdout, written now: a command's output that cannot be
-    written is an error (exit 8), not a silent success (issue 42, point 4)."""
+    written is an error (exit 8), not a silent success (tests/test_bad_input_cli.py: output to
+    a full device or a closed stdout)."""
     if sys.stdout is not None:
         with stdout_errors():
             sys.stdout.flush()
@@ -101,7 +103,7 @@ def _closed() -> Exception:
 
 class CheckedStdout:
     """``sys.stdout`` while a command runs (:func:`gpualloc.cli.main.run` installs it): every
-    write, whoever makes it (click's help, rich, a command's own), fails as
+    write, whoever makes it (a help page, rich, a command's own), fails as
     :func:`stdout_errors` says, so that no command can lose its output and exit 0."""
 
     def __init__(self, stream: Any) -> None:
@@ -150,7 +152,8 @@ def print_tables(
 ) -> None:
     """``tables`` for people. Every text in them is shown with its control characters escaped:
     a topology file's GPU names, a process's name, a fault's detail or a lease's name may hold
-    an escape sequence that would recolour or rewrite the reader's terminal (issue 42)."""
+    an escape sequence that would recolour or rewrite the reader's terminal
+    (tests/test_fuzz_findings.py::test_printable_escapes_only_what_it_shows)."""
     from gpualloc.model.printable import printable
 
     tables = [_shown(table) for table in tables]
@@ -172,7 +175,7 @@ def piped_width() -> int | None:
 
 def figure(value: float | None, unit: str = " GB/s") -> str:
     """A score in a sentence: ``57.9 GB/s``, ``125 GB/s`` (one decimal at most: ``57.8579``
-    beside ``107.88`` read as noise, issue 42); ``n/a`` where there is none (one GPU has no
+    beside ``107.88`` read as noise); ``n/a`` where there is none (one GPU has no
     link to score). In a table column, :func:`fixed`."""
     return "n/a" if value is None else f"{value:.1f}".removesuffix(".0") + unit
 
@@ -193,7 +196,8 @@ def say(message: str) -> None:
 
 MAX_ERROR_CHARS = 500
 """An error line echoes what the user gave (a 3,000-character --exclude, a file name): each
-line is cut to this many characters and its control characters escaped (issue 30)."""
+line is cut to this many characters and its control characters escaped
+(tests/test_fuzz_findings.py, the long values echoed cut)."""
 
 
 def write_error(message: str, hint: str | None, details: tuple[str, ...] = ()) -> None:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from gpualloc.cli.declare import Option
-from gpualloc.cli.request_options import given, with_job_options
+from gpualloc.cli.declare import Command, flag, job_options, json_flag, value
 from gpualloc.cli.state import STATE
 from gpualloc.errors import GpusBusy, NoFeasiblePlacement, RequestError
 from gpualloc.json_views import placement_json
@@ -20,38 +19,13 @@ if TYPE_CHECKING:
     from gpualloc.placement.context import DecisionContext
 
 
-@with_job_options("plan")
 def plan_command(
-    busy: Annotated[
-        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
-        Option(
-            metavar="LIST",
-            help="What if these GPUs were taken and every other free, e.g. 0,3-4 (instead of "
-            "the ledger and the GPUs' processes).",
-        ),
-    ] = None,
-    free: Annotated[
-        Optional[str],  # noqa: UP045
-        Option(
-            metavar="LIST",
-            help="What if these GPUs were the only free ones (the opposite of --busy).",
-        ),
-    ] = None,
-    assume_free: Annotated[
-        bool,
-        Option(
-            "--assume-free",
-            help="What if nothing were held: plan on every usable GPU, ignoring the ledger and "
-            "the GPUs' processes.",
-        ),
-    ] = False,
-    explain: Annotated[
-        bool, Option("--explain", help="Show the best alternatives and why this one won.")
-    ] = False,
-    compare: Annotated[
-        bool, Option("--compare", help="Show what every policy would choose, side by side.")
-    ] = False,
-    as_json: Annotated[bool, Option("--json", help="Print JSON instead.")] = False,
+    busy: str | None,
+    free: str | None,
+    assume_free: bool,
+    explain: bool,
+    compare: bool,
+    as_json: bool,
     **job: Any,
 ) -> None:
     """Choose GPUs for a job without running it: the GPUs in rank order, their NUMA nodes, the
@@ -73,7 +47,7 @@ def plan_command(
     from gpualloc.model.request import HostState
     from gpualloc.placement.decide import decision_context
 
-    options, own = JobOptions.pick(given(locals()))
+    options, own = JobOptions.pick(job)
     count, mig, mem = options.count, options.mig, options.mem
     allow_unhealthy = own.get("allow_unhealthy", False)
     if busy is not None and free is not None:
@@ -481,3 +455,31 @@ def _show_compare(
         ],
         footer=[basis.line()],
     )
+
+
+PLAN = Command(
+    "plan",
+    plan_command,
+    options=(
+        *job_options("plan"),
+        value(
+            "--busy",
+            metavar="LIST",
+            help="What if these GPUs were taken and every other free, e.g. 0,3-4 (instead of "
+            "the ledger and the GPUs' processes).",
+        ),
+        value(
+            "--free",
+            metavar="LIST",
+            help="What if these GPUs were the only free ones (the opposite of --busy).",
+        ),
+        flag(
+            "--assume-free",
+            help="What if nothing were held: plan on every usable GPU, ignoring the ledger and "
+            "the GPUs' processes.",
+        ),
+        flag("--explain", help="Show the best alternatives and why this one won."),
+        flag("--compare", help="Show what every policy would choose, side by side."),
+        json_flag(),
+    ),
+)

@@ -1,44 +1,13 @@
-"""``gpualloc run``, as typer declares it: its options and help (:mod:`.jobs` does the work)."""
+"""``gpualloc run``, declared: its options and help (:mod:`.jobs` does the work)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import Any
 
-from gpualloc.cli import complete, jobs
-from gpualloc.cli.declare import Argument, Option
-from gpualloc.cli.request_options import given, with_job_options
-
-NumaOption = Annotated[
-    Optional[str],  # noqa: UP045
-    Option(
-        "--numa",
-        metavar="MODE",
-        help="auto: bind the job to its GPUs' NUMA nodes with numactl (CPU affinity when "
-        "numactl is missing) when the topology is this host's; bind: the same, and fail if "
-        "it cannot; none: never bind. Default: auto (GPUALLOC_NUMA, numa in config.toml).",
-        show_default=False,
-        autocompletion=complete.numa_modes,
-    ),
-]
+from gpualloc.cli.declare import Arg, Command, flag, job_options, value
 
 
-@with_job_options("run")
-def run_command(
-    command: Annotated[
-        list[str],
-        Argument(metavar="-- COMMAND [ARGS]...", hidden=True),  # docstring: no '<list[str]>'
-    ],
-    numa: NumaOption = None,
-    dry_run: Annotated[
-        bool,
-        Option("--dry-run", help="Show the GPUs, environment, binding and argv; allocate nothing."),
-    ] = False,
-    quiet: Annotated[
-        bool, Option("--quiet", "-q", help="Do not print the lease line on stderr.")
-    ] = False,
-    as_json: Annotated[bool, Option("--json", help="With --dry-run: print JSON.")] = False,
-    **job: Any,
-) -> None:
+def run_command(**values: Any) -> None:
     """Run a job on the best free GPUs: place it, record the lease, exec it.
 
     The job is the command after -- (options after it are its own).
@@ -67,4 +36,39 @@ def run_command(
 
     Example: `gpualloc run -n 2 --sensitive -- python train.py`
     """
-    jobs.call("run_job", given(locals()))  # a test checks the parameters against the work's
+    work("run_job", values)
+
+
+def work(name: str, values: dict[str, Any]) -> None:
+    """Do ``name`` (a :data:`gpualloc.cli.jobs.WORK` function) through the host's broker when
+    it has one and the command line is one the broker's lean client serves, else through
+    :mod:`.jobs`: the broker's route imports neither msgspec nor the placement engine."""
+    from gpualloc.cli import brokered
+
+    if brokered.call(name, values):
+        return
+    from gpualloc.cli import jobs
+
+    jobs.call(name, values, broker_tried=True)
+
+
+RUN = Command(
+    "run",
+    run_command,
+    options=(
+        *job_options("run"),
+        value(
+            "--numa",
+            metavar="MODE",
+            completion="numa_modes",
+            help="auto: bind the job to its GPUs' NUMA nodes with numactl (CPU affinity when "
+            "numactl is missing) when the topology is this host's; bind: the same, and fail if "
+            "it cannot; none: never bind. Default: auto (GPUALLOC_NUMA, numa in config.toml).",
+        ),
+        flag("--dry-run", help="Show the GPUs, environment, binding and argv; allocate nothing."),
+        flag("--quiet", "-q", help="Do not print the lease line on stderr."),
+        flag("--json", dest="as_json", help="With --dry-run: print JSON."),
+    ),
+    argument=Arg("command", "-- COMMAND [ARGS]...", required=True),
+    job_argv=True,
+)

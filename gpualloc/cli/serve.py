@@ -3,41 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
 
-from gpualloc.cli.declare import Option
-from gpualloc.cli.request_options import IgnoreForeignOption
+from gpualloc.cli.declare import Command, flag, job_option, value
 from gpualloc.cli.state import STATE
 
 
 def serve_command(
-    socket: Annotated[
-        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10; str: '' is not "."
-        Option(
-            metavar="PATH",
-            help="The Unix socket to listen on (default: host.broker of the configuration, "
-            "else /run/gpualloc/gpualloc.sock). Ignored under systemd socket activation.",
-            show_default=False,
-        ),
-    ] = None,
-    state_dir: Annotated[
-        Optional[Path],  # noqa: UP045
-        Option(
-            metavar="DIR",
-            help="The broker's own state directory (default: broker.state_dir of the system "
-            "configuration, else /var/lib/gpualloc): created 0755 when missing; refused when "
-            "another user owns it or others may write it.",
-            show_default=False,
-        ),
-    ] = None,
-    foreground: Annotated[
-        bool,
-        Option(
-            "--foreground/--background",
-            help="Stay attached and log to stderr (systemd, tests), or detach once ready.",
-        ),
-    ] = True,
-    ignore_foreign: IgnoreForeignOption = None,
+    socket: str | None, state_dir: Path | None, foreground: bool, ignore_foreign: bool | None
 ) -> None:
     """Own this host's ledger and serve every user's run, alloc, release, status and queue
     through a Unix socket, naming each caller by the kernel's SO_PEERCRED.
@@ -68,9 +40,9 @@ def serve_command(
 
 
 def _socket_option(text: str) -> Path:
-    """``--socket``'s path, refused before the broker writes anything (issue 42, point 1): an
-    empty one or one too long for a Unix socket (exit 2), one where a file that is not a
-    socket is (exit 18; the file is kept)."""
+    """``--socket``'s path, refused before the broker writes anything: an empty one or one
+    too long for a Unix socket (exit 2), one where a file that is not a socket is (exit 18;
+    the file is kept); tests/test_bad_input_cli.py."""
     from gpualloc.broker.listener import activated, check_not_a_file, socket_path_too_long
     from gpualloc.errors import RequestError
 
@@ -88,3 +60,32 @@ def _socket_option(text: str) -> Path:
         )
     check_not_a_file(path)
     return path
+
+
+SERVE = Command(
+    "serve",
+    serve_command,
+    options=(
+        value(
+            "--socket",
+            metavar="PATH",  # text, not a path: '' is refused, not read as "."
+            help="The Unix socket to listen on (default: host.broker of the configuration, "
+            "else /run/gpualloc/gpualloc.sock). Ignored under systemd socket activation.",
+        ),
+        value(
+            "--state-dir",
+            kind="path",
+            metavar="DIR",
+            help="The broker's own state directory (default: broker.state_dir of the system "
+            "configuration, else /var/lib/gpualloc): created 0755 when missing; refused when "
+            "another user owns it or others may write it.",
+        ),
+        flag(
+            "--foreground",
+            negative=("--background",),
+            default=True,
+            help="Stay attached and log to stderr (systemd, tests), or detach once ready.",
+        ),
+        job_option("ignore_foreign", "serve"),
+    ),
+)

@@ -4,159 +4,33 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Any
 
-import typer
-
-from gpualloc.cli import complete
+from gpualloc.cli.declare import Command, flag, json_flag, value
 from gpualloc.cli.state import STATE
 from gpualloc.errors import RequestError, TraceError
 from gpualloc.model.printable import count_of
 
 
 def simulate_command(
-    ctx: typer.Context,
-    trace: Annotated[
-        Optional[Path],  # noqa: UP045 - typer needs Optional on Python 3.10
-        typer.Option(
-            metavar="FILE",
-            readable=False,  # gpualloc's reader says why (see app._path_settings)
-            help="Jobs, JSON Lines or CSV with a header: id, arrival_s, gpus, duration_s, "
-            "sensitive[, pattern, workload, batch, min_utility, min_bandwidth, priority, "
-            "gpu_fraction]; or the Alibaba GPU trace's pod list (openb_pod_list_*.csv), "
-            "recognised by its header.",
-        ),
-    ] = None,
-    generate: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            metavar="SPEC",
-            help="Generate the jobs instead: mapa[:jobs=300,min_gpus=2,max_gpus=5,...] (the "
-            "MAPA paper's workload), drb[:jobs=100,rate_per_min=10] (the DRB paper's) or "
-            "mixed[:jobs=300,load=0.9,host_gpus=8,insensitive=0.3,...] (a shared lab server: "
-            "arrivals over time, mostly small jobs).",
-            autocompletion=complete.generators,
-        ),
-    ] = None,
-    policy: Annotated[
-        str,
-        typer.Option(
-            metavar="LIST",
-            help="Policies to compare, comma-separated (e.g. baseline,besteffort,mapa).",
-            autocompletion=complete.policies,
-        ),
-    ] = "mapa",
-    queue: Annotated[
-        str,
-        typer.Option(
-            metavar="RULE",
-            help="fifo: no job passes another; backfill: a job may pass one that cannot start, "
-            "a bounded number of times (as 'run --wait' does).",
-            autocompletion=complete.queue_rules,
-        ),
-    ] = "fifo",
-    runtime: Annotated[
-        str,
-        typer.Option(
-            metavar="MODEL",
-            help="How long a job runs on the GPUs it got. auto: the DRB paper's measured times "
-            "for the jobs its profile covers, else bandwidth; bandwidth: compute plus ring "
-            "all-reduce at the speed of the GPUs' best ring (published per-network figures); "
-            "profile: the measured times only; fixed: the trace's durations (MAPA's simulator).",
-            autocompletion=complete.runtime_models,
-        ),
-    ] = "auto",
-    profile: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option(
-            metavar="FILE",
-            readable=False,
-            help="Job profile for --runtime profile or auto (default: DRB's).",
-        ),
-    ] = None,
-    no_postpone: Annotated[
-        bool,
-        typer.Option(
-            "--no-postpone", help="Ignore the jobs' min_utility (DRB's TOPO-AWARE, not -P)."
-        ),
-    ] = False,
-    sharing: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            metavar="N",
-            help="Let 1-GPU jobs share GPUs as 'run --share' does, at most N per GPU, beside "
-            "--shareable multi-GPU jobs; k jobs on a GPU each run k times slower (equal time "
-            "slices). 0: no sharing.",
-        ),
-    ] = 0,
-    share_placement: Annotated[
-        str,
-        typer.Option(
-            "--share-placement",
-            metavar="RULE",
-            help="With --sharing: how a shared job's GPU is chosen: fgd (where the workload's "
-            "expected fragmentation grows least, its mix taken from the jobs), best-fit, "
-            "first-fit or spread; several, comma-separated, compare them (runs named "
-            "POLICY/RULE).",
-            autocompletion=complete.share_placements,
-        ),
-    ] = "fgd",
-    gpu_busy: Annotated[
-        float,
-        typer.Option(
-            metavar="U",
-            help="With --sharing: the share of time a job alone keeps its GPU busy (0 < U <= "
-            "1). Jobs on one GPU lose nothing until their U add up past 1; then they slow by "
-            "that sum. 1: compute-bound jobs, where sharing gains no capacity.",
-        ),
-    ] = 1.0,
-    start: Annotated[
-        int,
-        typer.Option(min=0, metavar="N", help="Skip the first N jobs (arrival order)."),
-    ] = 0,
-    limit: Annotated[
-        Optional[int],  # noqa: UP045
-        typer.Option(min=1, metavar="N", help="Simulate N jobs from --start on."),
-    ] = None,
-    load: Annotated[
-        Optional[float],  # noqa: UP045
-        typer.Option(
-            metavar="RHO",
-            help="Rescale arrival times so that the jobs offer this host RHO of its GPU time "
-            "(GPUs x run time, a shared job its fraction, over host GPUs x the arrival span); "
-            "run times are kept. For cluster traces, e.g. --load 0.9; 0.001 <= RHO <= 1000.",
-        ),
-    ] = None,
-    seed: Annotated[int, typer.Option(metavar="N", help="Seed of --generate.")] = 0,
-    save_trace: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option(
-            metavar="FILE", readable=False, help="Write the jobs simulated as a JSON Lines trace."
-        ),
-    ] = None,
-    plot: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option(
-            metavar="DIR",
-            readable=False,
-            help="Write PNG figures there (made when missing, in a directory that exists): "
-            "effective bandwidth per policy, GPU occupancy over time, completion-time CDF "
-            "(needs pip install 'gpualloc[plot]').",
-        ),
-    ] = None,
-    report: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option(
-            metavar="FILE",
-            readable=False,
-            help="Write a Markdown report: the settings, the comparison table, and the figures "
-            "of --plot.",
-        ),
-    ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print JSON: summaries, jobs and the timeline.")
-    ] = False,
+    trace: Path | None,
+    generate: str | None,
+    policy: str,
+    queue: str,
+    runtime: str,
+    profile: Path | None,
+    no_postpone: bool,
+    sharing: int,
+    share_placement: str | None,
+    gpu_busy: float,
+    start: int,
+    limit: int | None,
+    load: float | None,
+    seed: int,
+    save_trace: Path | None,
+    plot: Path | None,
+    report: Path | None,
+    as_json: bool,
 ) -> None:
     """Simulate a stream of jobs on a topology under each policy and compare them: makespan,
     completion and waiting times, and the effective bandwidth jobs got.
@@ -190,10 +64,12 @@ def simulate_command(
         )
     if load is not None:
         check_load(load)
+    placement_given = share_placement is not None
+    share_placement = share_placement or DEFAULT_SHARE_PLACEMENT
     placements = [name.strip() for name in share_placement.split(",") if name.strip()]
     for name in placements or [share_placement]:
         get_share_policy(name, what="--share-placement")
-    if not sharing and _given(ctx, "share_placement"):
+    if not sharing and placement_given:
         raise RequestError(
             "--share-placement applies to --sharing (1-GPU jobs sharing GPUs)",
             hint="add --sharing N (e.g. --sharing 32 for a trace that names parts of GPUs)",
@@ -228,7 +104,7 @@ def simulate_command(
     if start or limit is not None:
         jobs = window(jobs, start=start, limit=limit)
     parts = sum(job.gpu_fraction is not None for job in jobs)
-    if parts and not sharing:  # issue 42: they ran on whole GPUs, and nothing said so
+    if parts and not sharing:  # they would run on whole GPUs, and nothing would say so
         trace_notes.append(
             f"{count_of(parts, 'job')} {'asks' if parts == 1 else 'ask'} for part of a GPU; "
             "without --sharing each holds a whole GPU "
@@ -315,13 +191,6 @@ def simulate_command(
     _show(topology.name or "topology", len(jobs), f"{queue} queue{shared}", runtime, summaries)
     if sharing:
         _show_capacity(summaries)
-
-
-def _given(ctx: typer.Context, parameter: str) -> bool:
-    """Whether the command line gave ``parameter`` (not its default; click's ParameterSource,
-    by name: typer carries its own click)."""
-    source = ctx.get_parameter_source(parameter)
-    return source is not None and source.name == "COMMANDLINE"
 
 
 def _finite(value: Any) -> Any:
@@ -451,3 +320,133 @@ def _time(seconds: float | None) -> str:
     from gpualloc.durations import human_duration
 
     return "-" if seconds is None else human_duration(seconds)
+
+
+DEFAULT_SHARE_PLACEMENT = "fgd"
+
+SIMULATE = Command(
+    "simulate",
+    simulate_command,
+    options=(
+        value(
+            "--trace",
+            kind="path",
+            metavar="FILE",
+            help="Jobs, JSON Lines or CSV with a header: id, arrival_s, gpus, duration_s, "
+            "sensitive[, pattern, workload, batch, min_utility, min_bandwidth, priority, "
+            "gpu_fraction]; or the Alibaba GPU trace's pod list (openb_pod_list_*.csv), "
+            "recognised by its header.",
+        ),
+        value(
+            "--generate",
+            metavar="SPEC",
+            completion="generators",
+            help="Generate the jobs instead: mapa[:jobs=300,min_gpus=2,max_gpus=5,...] (the "
+            "MAPA paper's workload), drb[:jobs=100,rate_per_min=10] (the DRB paper's) or "
+            "mixed[:jobs=300,load=0.9,host_gpus=8,insensitive=0.3,...] (a shared lab server: "
+            "arrivals over time, mostly small jobs).",
+        ),
+        value(
+            "--policy",
+            metavar="LIST",
+            default="mapa",
+            completion="policies",
+            help="Policies to compare, comma-separated (e.g. baseline,besteffort,mapa).",
+        ),
+        value(
+            "--queue",
+            metavar="RULE",
+            default="fifo",
+            completion="queue_rules",
+            help="fifo: no job passes another; backfill: a job may pass one that cannot start, "
+            "a bounded number of times (as 'run --wait' does).",
+        ),
+        value(
+            "--runtime",
+            metavar="MODEL",
+            default="auto",
+            completion="runtime_models",
+            help="How long a job runs on the GPUs it got. auto: the DRB paper's measured times "
+            "for the jobs its profile covers, else bandwidth; bandwidth: compute plus ring "
+            "all-reduce at the speed of the GPUs' best ring (published per-network figures); "
+            "profile: the measured times only; fixed: the trace's durations (MAPA's simulator).",
+        ),
+        value(
+            "--profile",
+            kind="path",
+            metavar="FILE",
+            help="Job profile for --runtime profile or auto (default: DRB's).",
+        ),
+        flag("--no-postpone", help="Ignore the jobs' min_utility (DRB's TOPO-AWARE, not -P)."),
+        value(
+            "--sharing",
+            kind="int",
+            minimum=0,
+            metavar="N",
+            default=0,
+            help="Let 1-GPU jobs share GPUs as 'run --share' does, at most N per GPU, beside "
+            "--shareable multi-GPU jobs; k jobs on a GPU each run k times slower (equal time "
+            "slices). 0: no sharing.",
+        ),
+        value(
+            "--share-placement",
+            metavar="RULE",
+            completion="share_placements",
+            help="With --sharing: how a shared job's GPU is chosen: fgd (where the workload's "
+            "expected fragmentation grows least, its mix taken from the jobs), best-fit, "
+            "first-fit or spread; several, comma-separated, compare them (runs named "
+            f"POLICY/RULE). Default: {DEFAULT_SHARE_PLACEMENT}.",
+        ),
+        value(
+            "--gpu-busy",
+            kind="float",
+            metavar="U",
+            default=1.0,
+            help="With --sharing: the share of time a job alone keeps its GPU busy (0 < U <= "
+            "1). Jobs on one GPU lose nothing until their U add up past 1; then they slow by "
+            "that sum. 1: compute-bound jobs, where sharing gains no capacity.",
+        ),
+        value(
+            "--start",
+            kind="int",
+            minimum=0,
+            metavar="N",
+            default=0,
+            help="Skip the first N jobs (arrival order).",
+        ),
+        value(
+            "--limit", kind="int", minimum=1, metavar="N", help="Simulate N jobs from --start on."
+        ),
+        value(
+            "--load",
+            kind="float",
+            metavar="RHO",
+            help="Rescale arrival times so that the jobs offer this host RHO of its GPU time "
+            "(GPUs x run time, a shared job its fraction, over host GPUs x the arrival span); "
+            "run times are kept. For cluster traces, e.g. --load 0.9; 0.001 <= RHO <= 1000.",
+        ),
+        value("--seed", kind="int", metavar="N", default=0, help="Seed of --generate."),
+        value(
+            "--save-trace",
+            kind="path",
+            metavar="FILE",
+            help="Write the jobs simulated as a JSON Lines trace.",
+        ),
+        value(
+            "--plot",
+            kind="path",
+            metavar="DIR",
+            help="Write PNG figures there (made when missing, in a directory that exists): "
+            "effective bandwidth per policy, GPU occupancy over time, completion-time CDF "
+            "(needs pip install 'gpualloc[plot]').",
+        ),
+        value(
+            "--report",
+            kind="path",
+            metavar="FILE",
+            help="Write a Markdown report: the settings, the comparison table, and the figures "
+            "of --plot.",
+        ),
+        json_flag("Print JSON: summaries, jobs and the timeline."),
+    ),
+)

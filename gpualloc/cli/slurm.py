@@ -7,9 +7,9 @@ import sys
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING
 
-from gpualloc.cli.declare import Group, Option
+from gpualloc.cli.declare import Command, Group, value
 from gpualloc.cli.state import STATE
 from gpualloc.errors import GpuallocError
 
@@ -18,53 +18,13 @@ if TYPE_CHECKING:
 
 HOOK_LOG = "slurm-hooks.log"
 
-app = Group(
-    help="Slurm node hooks: Prolog/Epilog record the job's GPUs in the host ledger, TaskProlog "
-    "sets CUDA_DEVICE_ORDER and a ring order. Give the wrappers GPUALLOC_TOPOLOGY and "
-    "GPUALLOC_STATE_DIR: slurmd runs them with no PATH and a bare environment.",
-    no_args_is_help=True,
-)
 
-
-@app.command("gres-conf", short_help="Print gres.conf lines for this host.")
 def gres_conf_command(
-    node: Annotated[
-        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
-        Option(
-            metavar="NAME",
-            help="NodeName= for each line (for a gres.conf shared by several nodes).",
-        ),
-    ] = None,
-    threads_per_core: Annotated[
-        Optional[int],  # noqa: UP045
-        Option(
-            min=1,
-            metavar="N",
-            help="For a recorded topology: hardware threads per core, to derive Cores= "
-            "(this host's come from sysfs).",
-        ),
-    ] = None,
-    device_dir: Annotated[
-        str, Option(metavar="DIR", help="Where the GPU device files are (File=DIR/nvidiaN).")
-    ] = "/dev",
-    mig_minors: Annotated[
-        Optional[Path],  # noqa: UP045
-        Option(
-            metavar="FILE",
-            help="The driver's MIG capability table (a copy of "
-            "/proc/driver/nvidia-caps/mig-minors), for a recorded topology; this host's is read "
-            "when present, else the minors are computed from the driver's layout.",
-        ),
-    ] = None,
-    gpu_type: Annotated[
-        Optional[str],  # noqa: UP045
-        Option(
-            metavar="TYPE",
-            help="GPU type name for Type= on a host with MIG (default: the NVML name in lower "
-            "case with underscores, as Slurm's NVML plugin derives it); it must match "
-            "Gres=gpu:<type>:N in slurm.conf.",
-        ),
-    ] = None,
+    node: str | None,
+    threads_per_core: int | None,
+    device_dir: str,
+    mig_minors: Path | None,
+    gpu_type: str | None,
 ) -> None:
     """Print gres.conf lines for this host: File=/dev/nvidiaN (device minor numbers, PCI bus
     order), Cores= (the GPUs' local cores, Slurm numbering), Links= (NVLink counts).
@@ -112,7 +72,6 @@ def gres_conf_command(
     )
 
 
-@app.command("prolog", short_help="Prolog=: record the job's GPUs (as root).")
 def prolog_command() -> None:
     """For Prolog= (runs as root before each job): record the job's GPUs (SLURM_JOB_GPUS) as a
     lease of the job's user, so that 'gpualloc run' outside Slurm avoids them.
@@ -125,7 +84,6 @@ def prolog_command() -> None:
     _node_hook("prolog", prolog, create=True)
 
 
-@app.command("epilog", short_help="Epilog=: free the job's GPUs (as root).")
 def epilog_command() -> None:
     """For Epilog= (runs as root after each job, also when the Prolog never ran): release the
     job's leases. Idempotent; always exits 0 (a failing Epilog drains the node)."""
@@ -134,7 +92,6 @@ def epilog_command() -> None:
     _node_hook("epilog", epilog, create=False)
 
 
-@app.command("taskprolog", short_help="TaskProlog=: export each task's GPUs in ring order.")
 def taskprolog_command() -> None:
     """For TaskProlog= (runs as the job's user for every task; slurmstepd reads its output):
     print export lines for CUDA_DEVICE_ORDER=PCI_BUS_ID and CUDA_VISIBLE_DEVICES in the order
@@ -247,3 +204,62 @@ def _open_log(path: Path) -> int:
         replace_planted(path)
         descriptor, info = open_shared(path, flags, create_mode=0o644)
     return descriptor
+
+
+SLURM = Group(
+    "slurm",
+    "Slurm node hooks: Prolog/Epilog record the job's GPUs in the host ledger, TaskProlog sets "
+    "CUDA_DEVICE_ORDER and a ring order. Give the wrappers GPUALLOC_TOPOLOGY and "
+    "GPUALLOC_STATE_DIR: slurmd runs them with no PATH and a bare environment.",
+    (
+        Command(
+            "gres-conf",
+            gres_conf_command,
+            (
+                value(
+                    "--node",
+                    metavar="NAME",
+                    help="NodeName= for each line (for a gres.conf shared by several nodes).",
+                ),
+                value(
+                    "--threads-per-core",
+                    kind="int",
+                    minimum=1,
+                    metavar="N",
+                    help="For a recorded topology: hardware threads per core, to derive Cores= "
+                    "(this host's come from sysfs).",
+                ),
+                value(
+                    "--device-dir",
+                    metavar="DIR",
+                    default="/dev",
+                    help="Where the GPU device files are (File=DIR/nvidiaN).",
+                ),
+                value(
+                    "--mig-minors",
+                    kind="path",
+                    metavar="FILE",
+                    help="The driver's MIG capability table (a copy of "
+                    "/proc/driver/nvidia-caps/mig-minors), for a recorded topology; this host's "
+                    "is read when present, else the minors are computed from the driver's "
+                    "layout.",
+                ),
+                value(
+                    "--gpu-type",
+                    metavar="TYPE",
+                    help="GPU type name for Type= on a host with MIG (default: the NVML name in "
+                    "lower case with underscores, as Slurm's NVML plugin derives it); it must "
+                    "match Gres=gpu:<type>:N in slurm.conf.",
+                ),
+            ),
+            summary="Print gres.conf lines for this host.",
+        ),
+        Command("prolog", prolog_command, summary="Prolog=: record the job's GPUs (as root)."),
+        Command("epilog", epilog_command, summary="Epilog=: free the job's GPUs (as root)."),
+        Command(
+            "taskprolog",
+            taskprolog_command,
+            summary="TaskProlog=: export each task's GPUs in ring order.",
+        ),
+    ),
+)

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 class GlobalState:
     """A plain class, not a msgspec Struct: ``--help`` and completion load this module, and
-    msgspec would cost them 20 ms (issue 29, point 5)."""
+    import no msgspec (tests/test_cli.py::test_help_imports_nothing_heavy)."""
 
     def __init__(self) -> None:
         self.reset()
@@ -36,12 +36,11 @@ class GlobalState:
         refresh: bool = False,
         debug: bool = False,
     ) -> None:
-        """The options before the command (typer's callback and the fast path both call this;
-        the defaults are typer's)."""
+        """The options before the command, as :func:`gpualloc.cli.main.run` read them."""
         from gpualloc.user_files import names_a_file, why_not_a_file
 
-        if topology is not None and not topology.strip():  # given so: click reads an empty
-            from gpualloc.errors import RequestError  # variable as none at all
+        if topology is not None and not topology.strip():  # given so: an empty variable is
+            from gpualloc.errors import RequestError  # read as none at all (parser.py)
 
             raise RequestError(
                 "--topology is empty",

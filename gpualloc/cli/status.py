@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 import time
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from gpualloc import boot
-from gpualloc.cli.declare import JsonOption, Option
+from gpualloc.cli.declare import Command, flag, json_flag, value
 from gpualloc.cli.open_ledger import open_host_ledger
 from gpualloc.json_views import lease_json
 from gpualloc.model.printable import count_of, printable
@@ -35,25 +35,7 @@ STATE_STYLE = {
 }
 
 
-def status_command(
-    as_json: JsonOption = False,
-    watch: Annotated[
-        bool, Option("--watch", "-w", help="Redraw every --interval seconds until Ctrl-C.")
-    ] = False,
-    interval: Annotated[
-        float,
-        Option(min=0.2, metavar="SECONDS", help="Seconds between redraws with --watch."),
-    ] = 2.0,
-    idle: Annotated[
-        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
-        Option(
-            "--idle",
-            metavar="DURATION",
-            help="Only the leases whose GPUs have been idle at least this long (2h, 90m).",
-            show_default=False,
-        ),
-    ] = None,
-) -> None:
+def status_command(as_json: bool, watch: bool, interval: float, idle: str | None) -> None:
     """Show every GPU: free, held by a lease (user, pid, name, command, since, lease id), busy
     with processes that did not come through gpualloc, or lost. Inside a Slurm job: the job's
     own ledger, and the GPUs that are not the job's as outside.
@@ -73,7 +55,7 @@ def status_command(
         return
     try:
         while True:
-            if as_json:  # JSON Lines: one document a line, each whole as it comes (issue 42)
+            if as_json:  # JSON Lines: one document a line, each whole as it comes
                 _show(host, as_json, idle_at_least, json_line=True)
             else:
                 if sys.stdout.isatty():
@@ -106,7 +88,7 @@ def _idle_threshold(text: str | None) -> timedelta | None:
 
 
 def slurm_conflicts(leases: list[Lease]) -> list[str]:
-    """One line per lease that holds GPUs Slurm gave a job (issue 40, hole 7)."""
+    """One line per lease that holds GPUs Slurm gave a job (tests/test_slurm_hooks.py)."""
     from gpualloc.ledger.occupancy import held_devices
 
     return [
@@ -201,7 +183,7 @@ def _show(
         footer.insert(
             0, f"{count_of(len(shown), 'lease')} {idle_for}" if shown else f"no lease {idle_for}"
         )
-        if not shown:  # a table of headers only reads as a broken command (issue 42)
+        if not shown:  # a table of headers only reads as a broken command
             tables = []
     print_tables(tables, footer=footer)
 
@@ -538,7 +520,7 @@ def status_json(
 
 
 def _name(name: str | None) -> str | None:
-    """A lease's name as other users' terminals may show it (issue 30, point 5)."""
+    """A lease's name as other users' terminals may show it (:mod:`gpualloc.model.printable`)."""
     return printable(name, 40) if name else name
 
 
@@ -556,3 +538,26 @@ def _ledger_file(host: Host) -> str | None:
     """The ledger's file for ``--json`` (None before there is one)."""
     path = host.ledger_file()
     return None if path is None else str(path)
+
+
+STATUS = Command(
+    "status",
+    status_command,
+    options=(
+        json_flag(),
+        flag("--watch", "-w", help="Redraw every --interval seconds until Ctrl-C."),
+        value(
+            "--interval",
+            kind="float",
+            minimum=0.2,
+            metavar="SECONDS",
+            default=2.0,
+            help="Seconds between redraws with --watch.",
+        ),
+        value(
+            "--idle",
+            metavar="DURATION",
+            help="Only the leases whose GPUs have been idle at least this long (2h, 90m).",
+        ),
+    ),
+)

@@ -1,4 +1,4 @@
-"""Tables that fit the terminal they are shown on (issue 42, point 2).
+"""Tables that fit the terminal they are shown on (tests/test_terminal_output.py).
 
 rich, left to itself, narrows every column of a table wider than the terminal and cuts what
 no longer fits with an ellipsis: at 80 columns a 16-GPU link matrix became ``N…`` cells and

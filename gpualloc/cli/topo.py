@@ -4,26 +4,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
 
-from gpualloc.cli import complete
-from gpualloc.cli.declare import Argument, Group, Option
+from gpualloc.cli.declare import Arg, Command, Group, json_flag, value
 from gpualloc.cli.state import STATE
 from gpualloc.errors import RequestError
 from gpualloc.model.printable import count_of
 
-app = Group(
-    help="What a host looks like: GPUs, NVLink/PCIe links, NUMA nodes.",
-    no_args_is_help=True,
-)
-
-JsonOption = Annotated[
-    bool, Option("--json", help="Print the topology as JSON (the documented model) instead.")
-]
+JSON = json_flag("Print the topology as JSON (the documented model) instead.")
 
 
-@app.command("show", short_help="GPUs, link and bandwidth matrices, NUMA nodes.")
-def show(as_json: JsonOption = False) -> None:
+def show(as_json: bool) -> None:
     """Show the GPUs, the link and bandwidth matrices, the NUMA nodes, and where it all came from.
 
     The topology is this host's (NVML, then nvidia-smi; cached until reboot or driver change),
@@ -32,10 +22,7 @@ def show(as_json: JsonOption = False) -> None:
     _render(STATE.load_topology(), as_json)
 
 
-@app.command("list")
-def list_bundled(
-    as_json: Annotated[bool, Option("--json", help="Print the list as JSON instead.")] = False,
-) -> None:
+def list_bundled(as_json: bool) -> None:
     """List the bundled topologies usable with --topology NAME."""
     from gpualloc.cli.output import Table, print_json, print_tables
     from gpualloc.cli.topology_view import describe
@@ -69,65 +56,16 @@ def list_bundled(
     )
 
 
-@app.command("import")
 def import_text(
-    topo_file: Annotated[
-        Optional[Path],  # noqa: UP045
-        Argument(
-            metavar="[FILE]",
-            hidden=True,  # the docstring says what it is: no '<path>' in the help
-            show_default=False,
-        ),
-    ] = None,
-    nvlink: Annotated[
-        Optional[Path],  # noqa: UP045 - typer needs Optional on Python 3.10
-        Option("--nvlink", metavar="FILE", help="Output of 'nvidia-smi nvlink -s'."),
-    ] = None,
-    numa: Annotated[
-        Optional[Path],  # noqa: UP045
-        Option("--numa", metavar="FILE", help="Output of 'numactl --hardware'."),
-    ] = None,
-    p2p: Annotated[
-        Optional[Path],  # noqa: UP045
-        Option(
-            "--p2p",
-            metavar="FILE",
-            help="Output of 'nvidia-smi topo -p2p r': which pairs have peer access (a pair "
-            "without it copies through host memory). Also read when pasted below topo -m.",
-        ),
-    ] = None,
-    output: Annotated[
-        Optional[Path],  # noqa: UP045
-        Option("--output", "-o", metavar="OUT", help="Write the topology JSON to OUT."),
-    ] = None,
-    name: Annotated[
-        Optional[str],  # noqa: UP045
-        Option(
-            "--name", metavar="NAME", help="Name stored in the topology (default: the file's stem)."
-        ),
-    ] = None,
-    bandwidth_matrix: Annotated[
-        Optional[Path],  # noqa: UP045
-        Option(
-            "--bandwidth-matrix",
-            metavar="FILE",
-            help="Measured bandwidth: nvbandwidth output (text or -j JSON), "
-            "p2pBandwidthLatencyTest output, a 'gpu_0 gpu_1 ...' table or JSON rows, "
-            "recognised by content. Its GB/s replace the estimated link bandwidths (the matrix "
-            "used is named on stderr). Alone, it makes a topology of its own.",
-        ),
-    ] = None,
-    mig: Annotated[
-        Optional[list[Path]],  # noqa: UP045
-        Option(
-            "--mig",
-            metavar="FILE",
-            help="MIG layout: output of 'nvidia-smi -L', 'nvidia-smi mig -lgi' or plain "
-            "'nvidia-smi' (its MIG devices table); repeat for several, each is recognised by "
-            "its content. With no topo -m file, 'nvidia-smi -L' alone makes the topology.",
-        ),
-    ] = None,
-    as_json: JsonOption = False,
+    topo_file: Path | None,
+    nvlink: Path | None,
+    numa: Path | None,
+    p2p: Path | None,
+    output: Path | None,
+    name: str | None,
+    bandwidth_matrix: Path | None,
+    mig: list[Path] | None,
+    as_json: bool,
 ) -> None:
     """Turn recorded nvidia-smi / numactl text into a gpualloc topology.
 
@@ -201,7 +139,7 @@ def import_text(
 def _check_topology_name(name: str) -> None:
     """Refuse a ``--name`` that every later ``topo show``, ``status`` and error would print:
     control characters (an escape sequence rewrites the reader's terminal) or bytes that are
-    not UTF-8 (no topology file can hold them) (issue 42)."""
+    not UTF-8 (no topology file can hold them) (tests/test_bad_input_last.py)."""
     from gpualloc.model.printable import has_surrogates, printable
 
     if not name.strip():
@@ -214,13 +152,7 @@ def _check_topology_name(name: str) -> None:
         )
 
 
-@app.command("record", short_help="Save this host's topology to a file (for bug reports).")
-def record(
-    output: Annotated[
-        Optional[Path],  # noqa: UP045
-        Option("--output", "-o", metavar="FILE", help="Write here instead of stdout."),
-    ] = None,
-) -> None:
+def record(output: Path | None) -> None:
     """Save what this host looks like as a topology file, for bug reports and test fixtures.
 
     Probes the host afresh (ignoring the cache). The file works anywhere with --topology FILE.
@@ -240,23 +172,7 @@ def record(
     say(f"wrote {output} ({count_of(topology.gpu_count, 'GPU')})")
 
 
-@app.command("export", short_help="Write the topology as a graph file (GraphML, GEXF, JSON).")
-def export(
-    fmt: Annotated[
-        str,
-        Option(
-            "--format",
-            metavar="FORMAT",
-            help="graphml (yEd, Cytoscape, Gephi, igraph), gexf (Gephi) or json (networkx's "
-            "node-link data, d3).",
-            autocompletion=complete.graph_formats,
-        ),
-    ] = "graphml",
-    output: Annotated[
-        Optional[Path],  # noqa: UP045
-        Option("--output", "-o", metavar="FILE", help="Write here instead of stdout."),
-    ] = None,
-) -> None:
+def export(fmt: str, output: Path | None) -> None:
     """Write the topology as a graph file: a node per GPU, an edge per GPU pair with its link
     class and the bandwidth placement plans by (weight, GB/s one way).
 
@@ -287,3 +203,99 @@ def _render(topology, as_json: bool) -> None:
         return
     footer = [*LEGEND, "", *provenance_lines(topology)]
     print_tables(topology_tables(topology), heading=describe(topology), footer=footer)
+
+
+TO_STDOUT = "Write here instead of stdout."
+TOPO = Group(
+    "topo",
+    "What a host looks like: GPUs, NVLink/PCIe links, NUMA nodes.",
+    (
+        Command("show", show, (JSON,), summary="GPUs, link and bandwidth matrices, NUMA nodes."),
+        Command(
+            "list",
+            list_bundled,
+            (json_flag("Print the list as JSON instead."),),
+            summary="List the bundled topologies usable with --topology NAME.",
+        ),
+        Command(
+            "import",
+            import_text,
+            (
+                value(
+                    "--nvlink",
+                    kind="path",
+                    metavar="FILE",
+                    help="Output of 'nvidia-smi nvlink -s'.",
+                ),
+                value(
+                    "--numa", kind="path", metavar="FILE", help="Output of 'numactl --hardware'."
+                ),
+                value(
+                    "--p2p",
+                    kind="path",
+                    metavar="FILE",
+                    help="Output of 'nvidia-smi topo -p2p r': which pairs have peer access (a "
+                    "pair without it copies through host memory). Also read when pasted below "
+                    "topo -m.",
+                ),
+                value(
+                    "--output",
+                    "-o",
+                    kind="path",
+                    metavar="OUT",
+                    help="Write the topology JSON to OUT.",
+                ),
+                value(
+                    "--name",
+                    metavar="NAME",
+                    help="Name stored in the topology (default: the file's stem).",
+                ),
+                value(
+                    "--bandwidth-matrix",
+                    kind="path",
+                    metavar="FILE",
+                    help="Measured bandwidth: nvbandwidth output (text or -j JSON), "
+                    "p2pBandwidthLatencyTest output, a 'gpu_0 gpu_1 ...' table or JSON rows, "
+                    "recognised by content. Its GB/s replace the estimated link bandwidths (the "
+                    "matrix used is named on stderr). Alone, it makes a topology of its own.",
+                ),
+                value(
+                    "--mig",
+                    kind="path",
+                    metavar="FILE",
+                    repeat=True,
+                    help="MIG layout: output of 'nvidia-smi -L', 'nvidia-smi mig -lgi' or plain "
+                    "'nvidia-smi' (its MIG devices table); repeat for several, each is "
+                    "recognised by its content. With no topo -m file, 'nvidia-smi -L' alone "
+                    "makes the topology.",
+                ),
+                JSON,
+            ),
+            Arg("topo_file", "[FILE]", kind="path"),
+            summary="Turn recorded nvidia-smi / numactl text into a gpualloc topology.",
+        ),
+        Command(
+            "record",
+            record,
+            (value("--output", "-o", kind="path", metavar="FILE", help=TO_STDOUT),),
+            summary="Save this host's topology to a file (for bug reports).",
+        ),
+        Command(
+            "export",
+            export,
+            (
+                value(
+                    "--format",
+                    dest="fmt",
+                    metavar="FORMAT",
+                    default="graphml",
+                    completion="graph_formats",
+                    help="graphml (yEd, Cytoscape, Gephi, igraph), gexf (Gephi) or json "
+                    "(networkx's node-link data, d3).",
+                ),
+                value("--output", "-o", kind="path", metavar="FILE", help=TO_STDOUT),
+            ),
+            summary="Write the topology as a graph file (GraphML, GEXF, JSON).",
+        ),
+    ),
+)

@@ -10,7 +10,7 @@ from gpualloc.model.topology import Health, Link, Topology
 
 Cell = tuple[str, str | None]
 
-LEGEND = [  # one entry a line, as nvidia-smi's: each fits an 80-column terminal (issue 42)
+LEGEND = [  # one entry a line, as nvidia-smi's: each fits an 80-column terminal
     "Legend:",
     "  NV<n>  n NVLinks between the pair; NV<n>* through an NVSwitch fabric",
     "  PIX    at most one PCIe bridge",
@@ -217,7 +217,7 @@ def pcie_matrix(topology: Topology) -> Table:
 def bandwidth_matrix(topology: Topology) -> Table:
     values = [link.bandwidth_gbps for link in topology.links]
     best = max(values, default=0.0)
-    # One format for the whole matrix (issue 42): whole numbers as they are, else one decimal
+    # One format for the whole matrix: whole numbers as they are, else one decimal
     # everywhere, so that "150" never stands beside "25.0" or "7.9".
     digits = 0 if all(round(value, 1) == round(value) for value in values) else 1
 

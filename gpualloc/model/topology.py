@@ -12,9 +12,6 @@ from datetime import datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal
 
-import gpualloc.lean_msgspec  # noqa: F401  (first: msgspec lean, whichever path imports it first)
-
-# isort: split
 from msgspec import Struct, field
 from msgspec.structs import replace
 

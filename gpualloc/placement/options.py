@@ -207,7 +207,7 @@ broker."""
 
 def check_bounds(values: object, rows: tuple[JobOption, ...]) -> None:
     """Refuse a number outside its row's bounds, a bool where a number belongs, or a number
-    that is not finite (the API and the wire reach here without typer's checks)."""
+    that is not finite (the API and the wire reach here without the command line's checks)."""
     for row in rows:
         value = getattr(values, row.dest)
         if value is None or row.kind not in ("int", "float"):

@@ -1,7 +1,7 @@
 """What a job asks the placement engine for: a :class:`Want`.
 
 One request type for every way in: the command line and the Python API build it (through
-:mod:`gpualloc.request_options`), the queue stores it (:meth:`Want.queued`) and places it again
+:mod:`gpualloc.job_options`), the queue stores it (:meth:`Want.queued`) and places it again
 for a waiting job (:meth:`Want.from_queued`), and :func:`gpualloc.placement.choose.choose` answers
 it. Who the lease belongs to and how long it lives is not part of it (that is the ledger's
 :class:`~gpualloc.host.terms.LeaseTerms`).
