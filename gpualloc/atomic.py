@@ -73,6 +73,7 @@ def write_output(path: Path, text: str, option: str) -> None:
         write_user_output(path, text)
     except OSError as exc:
         shown = shown_path(path)
+        hint: str | None
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             raise missing_directory(option, path) from None
         if exc.errno == errno.ENXIO:  # O_NONBLOCK's answer for a FIFO with no reader

@@ -39,7 +39,7 @@ def wire_options(table: Table | None = None) -> type[Struct]:
     """The schema of a fast client's job options, as the command line types them: the ``wire``
     rows of ``table`` (:mod:`gpualloc.job_options`), each with its type and bounds, and the
     policy the client resolved (required). Unknown fields are refused."""
-    fields: list[tuple[str, Any, Any]] = [("policy", str)]  # type: ignore[list-item]
+    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = [("policy", str)]
     for row in wire_fields(table):
         if row.dest == "policy":
             continue
@@ -51,7 +51,7 @@ def wire_options(table: Table | None = None) -> type[Struct]:
         "WireOptions",
         fields,
         module=__name__,
-        forbid_unknown_fields=True,  # type: ignore[arg-type]
+        forbid_unknown_fields=True,
     )
 
 

@@ -35,6 +35,7 @@ import time
 import traceback
 from collections.abc import Callable
 from datetime import datetime, timezone
+from functools import partial
 from typing import Any
 
 from gpualloc.broker.connection import Connection
@@ -262,7 +263,7 @@ class Broker:
         for waiter_id, timeout_s in self.service.expired():
             connection = self.waiting.pop(waiter_id, None)
             reason = connection.said.get(waiter_id, (0, ""))[1] if connection else ""
-            self._guarded(lambda w=waiter_id: self.service.leave(w))
+            self._guarded(partial(self.service.leave, waiter_id))
             if connection is not None:
                 connection.waiters.discard(waiter_id)
                 self._send(
@@ -579,7 +580,7 @@ class Broker:
         if connection.reset or connection.outbox or held:  # it never had its leases' answers
             for lease_id in connection.unread:
                 self.log(f"lease {lease_id} released: its client went before reading its id")
-                self._guarded(lambda i=lease_id: self.service.host.release(i))
+                self._guarded(partial(self.service.host.release, lease_id))
                 self.service.forget(lease_id)
         connection.open = False
         self.selector.unregister(connection.sock)
@@ -588,7 +589,7 @@ class Broker:
         self.limits.connections[uid] = max(0, self.limits.connections.get(uid, 1) - 1)
         for waiter_id in connection.waiters:  # a waiter whose client went away
             self.waiting.pop(waiter_id, None)
-            self._guarded(lambda w=waiter_id: self.service.leave(w))
+            self._guarded(partial(self.service.leave, waiter_id))
         connection.waiters.clear()
 
 

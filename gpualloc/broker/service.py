@@ -182,20 +182,21 @@ class LedgerService:
         from gpualloc.placement.options import JobOptions
 
         try:
-            options = msgspec.convert(raw, wire.WireOptions)
+            options = msgspec.structs.asdict(msgspec.convert(raw, wire.WireOptions))
         except msgspec.ValidationError as bad:
             raise RequestError(f"bad options: {bad}", hint="see gpualloc.broker") from None
         except UnicodeEncodeError:  # a lone surrogate in a text (the fuzzer found it)
             raise RequestError(
                 "bad options: a text is not valid UTF-8", hint="see gpualloc.broker"
             ) from None
-        if options.pattern not in PATTERN_NAMES:  # never a path: root would read it for them
+        pattern = options["pattern"]
+        if pattern not in PATTERN_NAMES:  # never a path: root would read it for them
             raise RequestError(
-                f"pattern {printable(options.pattern, 60)!r} is not one of "
+                f"pattern {printable(pattern, 60)!r} is not one of "
                 f"{', '.join(PATTERN_NAMES)}: the broker opens no file a client names",
                 hint="gpualloc reads a pattern file itself and sends its edges",
             )
-        return JobOptions(**msgspec.structs.asdict(options)).want(self.config)
+        return JobOptions(**options).want(self.config)
 
     def answer(
         self, allocation: Allocation, want: Want, views: dict[str, Any] | None

@@ -20,6 +20,7 @@ import contextlib
 import os
 from collections.abc import Callable
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
@@ -189,9 +190,9 @@ class NvmlSession:
         the GPUs; None where a GPU cannot say (in MIG mode there is no utilisation)."""
         nvml = self.nvml
 
-        def number(read: Callable[[], Any]) -> int | None:
+        def number(read: Callable[[Any], Any], handle: Any) -> int | None:
             try:
-                return int(read())
+                return int(read(handle))
             except (nvml.NVMLError, AttributeError, TypeError, ValueError):
                 return None
 
@@ -202,9 +203,11 @@ class NvmlSession:
                 uuid = text_of(nvml.nvmlDeviceGetUUID(handle))
             except nvml.NVMLError:
                 continue
+            if uuid is None:  # the GPUs are matched by UUID: one without could not be
+                continue
             usage[uuid] = (
-                number(lambda h=handle: nvml.nvmlDeviceGetMemoryInfo(h).used),
-                number(lambda h=handle: nvml.nvmlDeviceGetUtilizationRates(h).gpu),
+                number(lambda h: nvml.nvmlDeviceGetMemoryInfo(h).used, handle),
+                number(lambda h: nvml.nvmlDeviceGetUtilizationRates(h).gpu, handle),
             )
         return usage
 
@@ -370,12 +373,12 @@ class NvmlSession:
             version = self._query(
                 notes,
                 f"GPU{index} NVLink {link} version",
-                lambda link=link: nvml.nvmlDeviceGetNvLinkVersion(handle, link),
+                partial(nvml.nvmlDeviceGetNvLinkVersion, handle, link),
             )
             remote = self._query(
                 notes,
                 f"GPU{index} NVLink {link} remote",
-                lambda link=link: nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link),
+                partial(nvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link),
             )
             if remote is None:
                 continue
@@ -454,8 +457,8 @@ class NvmlSession:
                     level = self._query(
                         notes,
                         f"GPU{a}-GPU{b} PCIe path",
-                        lambda f=first, s=second: nvml.nvmlDeviceGetTopologyCommonAncestor(
-                            f.handle, s.handle
+                        partial(
+                            nvml.nvmlDeviceGetTopologyCommonAncestor, first.handle, second.handle
                         ),
                     )
                     facts.pcie = NVML_TOPOLOGY_LEVELS.get(level) if level is not None else None
@@ -473,9 +476,7 @@ class NvmlSession:
                     status = self._query(
                         notes,
                         f"GPU{a}-GPU{b} peer access",
-                        lambda f=first, s=second: nvml.nvmlDeviceGetP2PStatus(
-                            f.handle, s.handle, P2P_READ
-                        ),
+                        partial(nvml.nvmlDeviceGetP2PStatus, first.handle, second.handle, P2P_READ),
                     )
                     if status is not None:
                         facts.peer_access = peer_access_of(NVML_P2P_CODE.get(int(status), "U"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from functools import partial
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -100,15 +101,15 @@ def probe_mig_devices(
                 notes.append(f"{label} {what}: {exc}")
                 return None
 
-        attributes = query("attributes", lambda mig=mig: nvml.nvmlDeviceGetAttributes(mig))
-        name = text_of(query("name", lambda mig=mig: nvml.nvmlDeviceGetName(mig)))
+        attributes = query("attributes", partial(nvml.nvmlDeviceGetAttributes, mig))
+        name = text_of(query("name", partial(nvml.nvmlDeviceGetName, mig)))
         profile = _profile(name, attributes)
         if profile is None:
             notes.append(f"{label}: profile unknown (NVML gave neither name nor sizes); skipped")
             continue
-        memory = query("memory", lambda mig=mig: nvml.nvmlDeviceGetMemoryInfo(mig))
-        gi = query("GPU instance id", lambda mig=mig: nvml.nvmlDeviceGetGpuInstanceId(mig))
-        ci = query("compute instance id", lambda mig=mig: nvml.nvmlDeviceGetComputeInstanceId(mig))
+        memory = query("memory", partial(nvml.nvmlDeviceGetMemoryInfo, mig))
+        gi = query("GPU instance id", partial(nvml.nvmlDeviceGetGpuInstanceId, mig))
+        ci = query("compute instance id", partial(nvml.nvmlDeviceGetComputeInstanceId, mig))
         start, size = _placement(nvml, handle, gi, notes, gpu)
         total = int(memory.total) if memory is not None else None
         if total is None and attributes is not None:
@@ -118,7 +119,7 @@ def probe_mig_devices(
                 gpu=gpu,
                 device=slot,
                 profile=profile,
-                uuid=text_of(query("UUID", lambda mig=mig: nvml.nvmlDeviceGetUUID(mig))),
+                uuid=text_of(query("UUID", partial(nvml.nvmlDeviceGetUUID, mig))),
                 gpu_instance=gi,
                 compute_instance=ci,
                 memory_total_bytes=total,

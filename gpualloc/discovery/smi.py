@@ -240,10 +240,10 @@ def parse_query_gpu_csv(text: str) -> list[QueriedGpu]:
                 token=",".join(fields),
                 source="nvidia-smi --query-gpu",
             )
-        index, uuid, bus, name, serial, memory, mig, pending, gen, width, driver = values
+        _, uuid, bus, name, serial, memory, mig, pending, gen, width, driver = values
         rows.append(
             QueriedGpu(
-                index=int(index),
+                index=int(values[0]),
                 uuid=uuid,
                 pci_bus_id=bus,
                 name=name,

@@ -45,8 +45,11 @@ class Host(Protocol):
     allow_unhealthy: bool
     placement_budget_s: float | None
     slurm_job: SlurmJob | None
-    broker_socket: Path | None
-    """The broker that keeps the ledger, or None for the embedded ledger."""
+
+    @property
+    def broker_socket(self) -> Path | None:
+        """The broker that keeps the ledger, or None for the embedded ledger."""
+        ...
 
     def snapshot(self) -> LedgerTransaction:
         """The ledger now, dead leases left out, without writing anything."""
@@ -129,6 +132,11 @@ class LedgerHost(Host, Protocol):
     """A host whose ledger this process changes itself (the embedded ledger, or the broker's
     own): what the queue's waiting loop (:mod:`gpualloc.host.wait`) and the Slurm hooks need
     beyond :class:`Host`."""
+
+    @property
+    def outside(self) -> frozenset[int]:
+        """The GPUs this ledger may not place on (those not the Slurm job's)."""
+        ...
 
     def transaction(
         self, *, lock_timeout_s: float | None = None

@@ -207,7 +207,7 @@ def next_start(
     queue: Sequence[Waiter],
     attempt: Callable[[Waiter], Attempt],
     *,
-    order_of: Callable[[Sequence[Waiter]], list[Waiter]] = turn_order,
+    order_of: Callable[[Sequence[Waiter]], Sequence[Waiter]] = turn_order,
     self_blocked: Callable[[Waiter], bool] = lambda waiter: False,
 ) -> Turn | None:
     """The one waiter :func:`take_turn` lets start now, found in a single pass (the simulator

@@ -54,7 +54,7 @@ def share_mode(env: Mapping[str, str]) -> ShareMode:
 
 def share_variables(share: LeasedShare) -> dict[str, str]:
     """What a shared job's environment gets beside its GPU variables."""
-    variables = {SHARE_VARIABLE: share.mode}
+    variables: dict[str, str] = {SHARE_VARIABLE: share.mode}
     if share.mode == "mps" and share.sm_percent is not None:
         variables[MPS_PERCENTAGE_VARIABLE] = str(share.sm_percent)
     return variables

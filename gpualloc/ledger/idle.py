@@ -81,8 +81,11 @@ def observe(
     if busy:
         return LeaseActivity(observed_at=now)
     gap = timedelta(seconds=policy.max_gap_s)
-    going_on = previous is not None and previous.idle_since is not None
-    if going_on and now - previous.observed_at <= gap:
+    if (
+        previous is not None
+        and previous.idle_since is not None
+        and now - previous.observed_at <= gap
+    ):
         return replace(previous, observed_at=now)  # the stretch goes on
     if previous is None and now - lease.created <= gap:
         return LeaseActivity(observed_at=now, idle_since=lease.created)

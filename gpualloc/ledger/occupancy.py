@@ -295,7 +295,7 @@ def _mig_foreign(
 ) -> dict[tuple[int, int], tuple[GpuProcess, ...]]:
     """Processes on MIG devices no lease holds, by MIG device (matched by GI and CI id)."""
     held = ledger.held_mig()
-    device_of = {
+    device_of: dict[tuple[int, int | None, int | None], tuple[int, int]] = {
         (m.gpu, m.gpu_instance, m.compute_instance): (m.gpu, m.device)
         for m in topology.mig_instances
         if m.gpu_instance is not None and m.compute_instance is not None

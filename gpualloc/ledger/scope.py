@@ -35,9 +35,9 @@ def _sha256_hex(data: bytes) -> str:
         from _sha2 import sha256  # type: ignore[import-not-found]  # Python >= 3.12
     except ImportError:
         try:
-            from _sha256 import sha256  # type: ignore[import-not-found,no-redef]  # <= 3.11
+            from _sha256 import sha256  # type: ignore[import-not-found]  # <= 3.11
         except ImportError:
-            from hashlib import sha256  # type: ignore[assignment]
+            from hashlib import sha256
     return sha256(data).hexdigest()
 
 

@@ -72,7 +72,7 @@ def compare_recording(
         matrix = pairwise_copy(recording).matrix
         for a in range(len(matrix)):
             for b in range(a + 1, len(matrix)):
-                gpus = (mapped[a], mapped[b])
+                gpus: tuple[int, ...] = (mapped[a], mapped[b])
                 comparisons.append(
                     Comparison(
                         what="copy",
@@ -118,7 +118,7 @@ def _collective(
     )
 
 
-_NEARNESS = {path: rank for rank, path in enumerate(PciePath)}
+_NEARNESS: dict[PciePath | None, int] = {path: rank for rank, path in enumerate(PciePath)}
 """PCIe paths by nearness (:class:`PciePath` lists them nearest first); the farthest is slowest."""
 
 

@@ -20,6 +20,7 @@ measurements.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +158,7 @@ class BandwidthTable(Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tr
         negative factor would give links of -15.8 GB/s that placement uses, and one with a rate
         of 1e308 would write JSON that gpualloc itself refuses
         (tests/test_measured_vs_predicted.py::test_a_bandwidth_table_with_a_negative_factor_or_an_endless_rate_is_refused)."""
-        rates = [
+        rates: list[tuple[str, Mapping[Any, float]]] = [
             ("nvlink_link_gbps", self.nvlink_link_gbps),
             ("nvlink_link_gbps_by_architecture", self.nvlink_link_gbps_by_architecture),
             ("pcie_lane_gbps", self.pcie_lane_gbps),
@@ -293,7 +294,9 @@ def estimate_link_bandwidth_gbps(
     """
     if peer_access is False:
         rate = table.pcie_rate(pcie_generation, pcie_width)
-        path = table.staged_path_factor.get(pcie, table.staged_path_factor[PciePath.SYS])
+        path = table.staged_path_factor.get(
+            pcie or PciePath.SYS, table.staged_path_factor[PciePath.SYS]
+        )
         return round(rate * table.staged_copy_factor * path, 3)
     if nvlinks > 0:
         per_link = nvlink_link_gbps or table.nvlink_rate(nvlink_generation)

@@ -61,6 +61,11 @@ class _Strict(Struct, kw_only=True, forbid_unknown_fields=True):
     """A document part: unknown fields are refused, fields are passed by name."""
 
 
+class _StrictFrozen(Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """A document part that never changes once read (its own base: type checkers hold msgspec's
+    structs to the dataclasses' rule that a frozen class derives from frozen ones only)."""
+
+
 class Gpu(_Strict, kw_only=True):
     """One physical GPU as NVML numbers it (``CUDA_DEVICE_ORDER=PCI_BUS_ID`` order)."""
 
@@ -164,7 +169,7 @@ class NumaNode(_Strict, kw_only=True):
         self.cpus = sorted(set(self.cpus))
 
 
-class GpuProcess(_Strict, kw_only=True, frozen=True):
+class GpuProcess(_StrictFrozen, kw_only=True, frozen=True):
     """A compute process running on a GPU, as NVML's running-process list reports it.
 
     On a live host gpualloc asks NVML each time; a recorded or bundled topology may declare such
@@ -189,7 +194,7 @@ class GpuProcess(_Strict, kw_only=True, frozen=True):
 FaultKind = Literal["lost", "ecc", "retired-pages", "remapped-rows", "xid"]
 
 
-class GpuFault(_Strict, kw_only=True, frozen=True):
+class GpuFault(_StrictFrozen, kw_only=True, frozen=True):
     """Something wrong with a GPU that makes gpualloc stop handing it out:
     it fell off the bus, has uncorrectable ECC errors, pages or rows waiting for a reset, or
     logged a critical Xid error. A live host is asked each time; a recorded or bundled topology
@@ -202,7 +207,7 @@ class GpuFault(_Strict, kw_only=True, frozen=True):
     """What was seen, for people: ``12 uncorrectable ECC errors since the driver loaded``."""
 
 
-class GpuUtilization(_Strict, kw_only=True, frozen=True):
+class GpuUtilization(_StrictFrozen, kw_only=True, frozen=True):
     """How busy a GPU's compute is, as NVML's ``nvmlDeviceGetUtilizationRates`` reports it:
     the percent of its last sample period (1/6 s to 1 s) during which a kernel ran. A live host
     is asked each time; a recorded or bundled topology may declare it (``utilization`` in its
@@ -386,7 +391,7 @@ class Topology(_Strict, kw_only=True):
         provenance = replace(self.provenance, bandwidth="estimated")
         return replace(self, provenance=provenance).with_bandwidth_table(table)
 
-    def to_networkx(self) -> "networkx.Graph":
+    def to_networkx(self) -> "networkx.Graph[int]":
         """An undirected graph: GPU nodes (with their attributes), one edge per pair.
 
         Edge attributes are the link's fields plus ``weight`` = bandwidth in GB/s. networkx is
@@ -394,7 +399,7 @@ class Topology(_Strict, kw_only=True):
         """
         import networkx as nx
 
-        graph = nx.Graph(name=self.name or "")
+        graph: nx.Graph[int] = nx.Graph(name=self.name or "")
         for gpu in self.gpus:
             attributes = to_builtins(gpu)
             del attributes["index"]

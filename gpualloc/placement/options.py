@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 from msgspec import Struct
@@ -37,6 +37,25 @@ GpuSelection = str | Iterable[int] | None
 class _JobOptionsMethods(Struct, frozen=True, kw_only=True):
     """What :class:`JobOptions` does; its fields are the ``job`` rows of
     :data:`gpualloc.job_options.JOB_OPTIONS` (one row each, with its default)."""
+
+    if TYPE_CHECKING:  # the rows' fields as a type checker reads them; msgspec never sees these
+        count: int | None = None
+        pattern: str = "ring"
+        sensitive: bool | None = None
+        exclude: GpuSelection = None
+        require: GpuSelection = None
+        policy: str | None = None
+        score: str = "auto"
+        drb_weights: str | tuple[float, float, float] | None = None
+        gpus: GpuSelection = None
+        min_utility: float | None = None
+        min_bandwidth: float | None = None
+        mig: str | None = None
+        mem: str | int | None = None
+        share: bool = False
+        shareable: bool = False
+        background: bool = False
+        sm_share: int | None = None
 
     def __post_init__(self) -> None:
         check_bounds(self, _ROWS)
@@ -187,7 +206,7 @@ class _JobOptionsMethods(Struct, frozen=True, kw_only=True):
 
 def job_options_struct(rows: tuple[JobOption, ...]) -> type[_JobOptionsMethods]:
     """The struct of a job's options: one field per row, with the row's default."""
-    return msgspec.defstruct(
+    struct = msgspec.defstruct(
         "JobOptions",
         [(row.dest, Any, row.default) for row in rows],
         bases=(_JobOptionsMethods,),
@@ -195,10 +214,14 @@ def job_options_struct(rows: tuple[JobOption, ...]) -> type[_JobOptionsMethods]:
         frozen=True,
         kw_only=True,
     )
+    return cast("type[_JobOptionsMethods]", struct)  # its one base, so a subclass of it
 
 
 _ROWS = job_fields()
-JobOptions = job_options_struct(_ROWS)
+if TYPE_CHECKING:
+    JobOptions = _JobOptionsMethods
+else:
+    JobOptions = job_options_struct(_ROWS)
 """What describes a job (see the module docstring): one field per ``job`` row of the table,
 named as on the command line. Bounds (``-n`` at least 1, ``--min-utility`` within 0..1, ...)
 are checked when it is made, whoever makes it: the command line, the Python API or the

@@ -8,8 +8,13 @@ from typing import Protocol, TypeVar
 
 
 class Described(Protocol):
-    name: str
-    description: str
+    """A rule as the refusal names it (read-only: the rules say theirs as class constants)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
 
 
 R = TypeVar("R", bound=Described)

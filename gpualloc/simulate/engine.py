@@ -41,7 +41,7 @@ import gc
 import math
 import time
 from bisect import insort
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -507,7 +507,7 @@ def _stop(queue: list[Waiter]) -> tuple[int, int] | None:
     return None
 
 
-def _as_is(queue: list[Waiter]) -> list[Waiter]:
+def _as_is(queue: Sequence[Waiter]) -> Sequence[Waiter]:
     """The simulator's queue, already in turn order."""
     return queue
 

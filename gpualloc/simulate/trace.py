@@ -156,7 +156,7 @@ def _json_kind(value: object) -> str:
         return "null"
     if isinstance(value, bool):
         return str(value).lower()
-    kinds = {list: "a list", str: "a string"}
+    kinds: dict[type, str] = {list: "a list", str: "a string"}
     return kinds.get(type(value), "a number")
 
 

@@ -76,6 +76,7 @@ class TwoGroups:
         if not need and not (satisfied or not self.required):
             return None
         # Configurations (side of the required GPUs: True in G, False out, None: none; G's size).
+        configs: list[tuple[bool | None, int]]
         if need:
             configs = [(True, k), (False, k - padding if padded else k)]
         else:

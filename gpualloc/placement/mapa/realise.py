@@ -109,7 +109,8 @@ class Realisation:
         """Whether the incumbent was found by this search, which visits orders lowest first."""
         self.in_order = search.visit == tuple(range(search.k))
         self.forced = self._forced()
-        self.best_mask, self.outside = 0, []
+        self.best_mask = 0
+        self.outside: list[int] = []
         self._incumbent_sets()
         self.offers: dict[tuple[int, int], int] = {}
         """:meth:`offered`'s answers by (GPUs used, floor): -1 for None, -2 for none."""

@@ -74,8 +74,8 @@ class SetTerms(Protocol):
     here: utility imports this module, so this one does not import it back)."""
 
     distance: tuple[tuple[float, ...], ...]
-    socket_bits: list[int]
-    switch_bits: list[int]
+    socket_bits: tuple[int, ...]
+    switch_bits: tuple[int, ...]
     domain_counts: list[tuple[int, int, int]]
     """(GPU mask, size, free GPUs) of each domain, for the fragmentation term."""
     socket_counts: list[tuple[int, int, int]]
@@ -93,7 +93,7 @@ class CostOnly:
 
     def __init__(self, distance: tuple[tuple[float, ...], ...]) -> None:
         self.distance = distance
-        self.socket_bits = self.switch_bits = [0] * len(distance)
+        self.socket_bits = self.switch_bits = (0,) * len(distance)
         self.domain_counts: list[tuple[int, int, int]] = []
         self.socket_counts: list[tuple[int, int, int]] = []
         self.jobs: list[tuple[int, int, float]] = []

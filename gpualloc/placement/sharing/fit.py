@@ -178,10 +178,12 @@ class ShareBusy(GpusBusy):
             self._written = self._write()
         return self._written
 
-    @property  # type: ignore[override]
-    def message(self) -> str:
+    # Read-only where the base's are plain (``message``) or settable (``details``): written
+    # when read, as the class docstring says, and never set (nothing re-words a ShareBusy).
+    @property
+    def message(self) -> str:  # type: ignore[override]
         return self._text()[0]
 
-    @property  # type: ignore[override]
+    @property  # type: ignore[misc]
     def details(self) -> tuple[str, ...]:
         return self._text()[1]
