@@ -19,11 +19,14 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gpualloc.cli.state import STATE
 from gpualloc.errors import FileAccessError
 from gpualloc.job_options import PATTERN_NAMES, job_fields, wire_fields
+
+if TYPE_CHECKING:
+    from gpualloc.host.terms import WaitStatus
 
 JOB_OPTIONS = tuple(row.dest for row in wire_fields())
 """The job's options the broker reads (the ``wire`` rows of :mod:`gpualloc.job_options`:
@@ -250,7 +253,8 @@ class _WaitingLine:
         self.line = StatusLine()
 
     def show(self, status: dict[str, Any]) -> None:
-        self.line.show(_Status(status))
+        # _Status has every field of WaitStatus that StatusLine reads, without msgspec.
+        self.line.show(cast("WaitStatus", _Status(status)))
 
     def close(self) -> None:
         self.line.close()

@@ -27,6 +27,7 @@ HELP_OPTION = Opt(("-h", "--help"), "help", "Show this message and exit.")
 def page(path: str, node: Command | Group | None) -> str:
     """The help page of ``gpualloc PATH`` (``node`` None: gpualloc itself)."""
     width = max(min(shutil.get_terminal_size((MAX_WIDTH, 24)).columns, MAX_WIDTH) - 2, 50)
+    options: tuple[Opt, ...]
     if node is None:
         text, options = HELP, (*GLOBAL_OPTIONS, HELP_OPTION)
         commands = [(entry.name, entry.summary) for entry in COMMANDS]

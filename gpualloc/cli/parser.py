@@ -79,7 +79,7 @@ class Parser(argparse.ArgumentParser):
     def _get_formatter(self) -> argparse.HelpFormatter:
         # add_argument() makes a formatter to check each option's metavar; argparse's own asks
         # the terminal its width (importing shutil) every time, for a page never printed here.
-        return self.formatter_class(prog=self.prog, width=80)
+        return argparse.HelpFormatter(prog=self.prog, width=80)
 
 
 class _Help(argparse.Action):
@@ -104,7 +104,8 @@ class _Value(argparse.Action):
     def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
         if values == []:
             try:
-                values = self.type("--")  # type: ignore[misc]
+                assert callable(self.type)  # every value option is declared with its reader
+                values = self.type("--")
             except argparse.ArgumentTypeError as exc:
                 raise argparse.ArgumentError(self, str(exc)) from None
         if self.repeat:
@@ -422,14 +423,11 @@ def _owner_of(name: str, words: Sequence[str]) -> str | None:
     found = entry(words[0]) if words else None
     if found is None:
         return None
-    declared = load(found)
-    if isinstance(declared, Group):
-        declared = declared.command(words[1]) if len(words) > 1 else None
-        if declared is None:
-            return None
-        path = f"{found.name} {declared.name}"
-    else:
-        path = found.name
+    loaded = load(found)
+    declared = loaded.command(words[1]) if isinstance(loaded, Group) and len(words) > 1 else loaded
+    if not isinstance(declared, Command):
+        return None
+    path = found.name if declared is loaded else f"{found.name} {declared.name}"
     return path if name in _names(declared.options) else None
 
 

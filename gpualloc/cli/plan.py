@@ -106,8 +106,8 @@ def plan_command(
     for gpu, reason in sorted(idle.unhealthy.items()):
         say(f"skipping unhealthy GPU {gpu}: {reason} (--allow-unhealthy includes it)")
     if host.slurm_job is not None:  # plan as 'run' would place: on the job's GPUs only
-        job = host.slurm_job
-        say(f"inside {job.describe()}: planning on its GPUs (GPUALLOC_NO_SLURM=1: the host's)")
+        slurm = host.slurm_job
+        say(f"inside {slurm.describe()}: planning on its GPUs (GPUALLOC_NO_SLURM=1: the host's)")
     if what_if:
         wanted = HostState.with_busy(n, busy_set & everything)
         state = HostState(free=wanted.free & idle.free, running=wanted.running)

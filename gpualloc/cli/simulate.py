@@ -184,10 +184,10 @@ def simulate_command(
         )
         return
     if trace_notes:
-        from gpualloc.cli.output import say
+        from gpualloc.cli.output import say as note_line
 
         for note in trace_notes:
-            say(f"{trace}: {note}")
+            note_line(f"{trace}: {note}")
     _show(topology.name or "topology", len(jobs), f"{queue} queue{shared}", runtime, summaries)
     if sharing:
         _show_capacity(summaries)

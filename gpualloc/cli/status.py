@@ -266,11 +266,11 @@ def _gpu_table(
             row = [str(gpu.index), state, users, "-", "-", "-", _shared_cell(occupancy, gpu.index)]
         else:
             foreign = occupancy.foreign(gpu.index)
-            users = sorted({p.user for p in foreign if p.user})
+            owners = ",".join(sorted({p.user for p in foreign if p.user}))
             job = "; ".join(_process_cell(p, attribution) for p in foreign)
             if foreign and occupancy.ignore_foreign:
                 job += " (ignored)"
-            row = [str(gpu.index), state, ",".join(users) or "-", "-", "-", "-", job or "-"]
+            row = [str(gpu.index), state, owners or "-", "-", "-", "-", job or "-"]
         intruders = attribution.intruders_on(gpu.index) if lease or shares else []
         if intruders:
             row[-1] += f" (ALSO USED BY {describe_processes(intruders)}, not the lease's job)"

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpualloc.cli.declare import Arg, Command, Group, json_flag, value
 from gpualloc.cli.state import STATE
 from gpualloc.errors import RequestError
 from gpualloc.model.printable import count_of
+
+if TYPE_CHECKING:
+    from gpualloc.model.topology import Topology
 
 JSON = json_flag("Print the topology as JSON (the documented model) instead.")
 
@@ -119,6 +123,7 @@ def import_text(
     if matrix is not None and topo_file is not None:
         topology = bm.apply_measured_bandwidth(topology, matrix)
     if matrix is not None:
+        assert imported is not None  # the matrix is what was imported
         topology.provenance.notes.append(
             f"link bandwidths measured: {imported.used} in {bandwidth_matrix}"
         )
@@ -194,7 +199,7 @@ def export(fmt: str, output: Path | None) -> None:
     say(f"wrote {output} ({count_of(topology.gpu_count, 'GPU')}, {fmt})")
 
 
-def _render(topology, as_json: bool) -> None:
+def _render(topology: Topology, as_json: bool) -> None:
     from gpualloc.cli.output import print_json, print_tables
     from gpualloc.cli.topology_view import LEGEND, describe, provenance_lines, topology_tables
 

@@ -227,7 +227,7 @@ def bandwidth_matrix(topology: Topology) -> Table:
         if link.nvlinks:
             style = "bold green" if value >= 0.5 * best else "green"
         else:
-            style = STYLE_BY_CLASS.get(link.pcie.value if link.pcie else "UNKNOWN")
+            style = STYLE_BY_CLASS.get(link.pcie.value if link.pcie else "UNKNOWN", "")
         return text, style
 
     how = topology.provenance.bandwidth  # a matrix imported or calibrated is not an estimate

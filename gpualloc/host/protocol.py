@@ -45,6 +45,9 @@ class Host(Protocol):
     allow_unhealthy: bool
     placement_budget_s: float | None
     slurm_job: SlurmJob | None
+    ignore_foreign: bool
+    """Whether GPUs used outside gpualloc count as free (``--ignore-foreign``; ``plan``'s
+    what-ifs)."""
 
     @property
     def broker_socket(self) -> Path | None:
