@@ -148,6 +148,105 @@ def test_a_flood_past_the_budget_is_refused_once_and_hung_up_on(tmp_path: Path) 
         shutil.rmtree(broker.directory, ignore_errors=True)
 
 
+SNAPSHOT = b'{"v": 1, "op": "snapshot", "args": {"full": true}}\n'
+GC = b'{"v": 1, "op": "gc", "args": {}}\n'
+"""A request that takes the broker a walk of its state directory and answers in 140 bytes."""
+
+
+@pytest.mark.slow
+def test_a_users_pipelined_requests_wait_behind_another_users_request(tmp_path: Path) -> None:
+    """One user's requests take at most server.USER_SLICE_S of a turn of the loop; the rest
+    wait for the next turn, after the other users' requests. A user who pipelines thousands
+    of requests on one connection (within a budget raised for it) delays another user's
+    hello by about one slice, not by all of them."""
+    from tests.unix_users import ensure_user, start_as_user, wait_for_user
+
+    config = tmp_path / "system.toml"
+    config.write_text("[broker]\nmax_requests_per_s = 1000000\n")
+    config.chmod(0o644)
+    broker = RunningBroker("dgx1-v100", system_config=config).start()
+    flooder, other = ensure_user("gpualloc-t-alice"), ensure_user("gpualloc-t-bob")
+    report = broker.directory / "times.jsonl"  # a directory every user reaches
+    report.touch()
+    report.chmod(0o666)
+    sent_read, sent_write = os.pipe()
+    count = 6_000  # 210 kB, their answers 840 kB (within server.MAX_UNREAD_BYTES)
+
+    def said(**times: float) -> None:
+        with report.open("a") as out:
+            out.write(json.dumps(times) + "\n")
+
+    def flood() -> None:
+        os.close(sent_read)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.settimeout(60)
+            connection.connect(str(broker.socket))
+            began = time.monotonic()
+            connection.sendall(GC * count)
+            os.write(sent_write, b"x")
+            reader = connection.makefile("rb")
+            assert all(b'"ok":true' in reader.readline() for _ in range(count))
+            said(flood_s=time.monotonic() - began)
+
+    def hello() -> None:
+        os.close(sent_write)  # so that a flooder that failed reads as the end of the pipe
+        assert os.read(sent_read, 1) == b"x", "the flooder failed"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.settimeout(60)
+            connection.connect(str(broker.socket))
+            began = time.monotonic()
+            connection.sendall(b'{"v": 1, "op": "hello", "args": {}}\n')
+            assert b'"ok":true' in connection.makefile("rb").readline()
+            said(hello_s=time.monotonic() - began)
+
+    try:
+        users = [(flooder, start_as_user(flooder.uid, flooder.gid, flood))]
+        users.append((other, start_as_user(other.uid, other.gid, hello)))
+        for user, pid in users:
+            wait_for_user(pid, user.uid, timeout_s=120)
+        times: dict[str, float] = {}
+        for line in report.read_text().splitlines():
+            times.update(json.loads(line))
+        flood_s, hello_s = times["flood_s"], times["hello_s"]
+        print(
+            f"{count} gc requests pipelined: {flood_s * 1000:.0f} ms; "
+            f"another user's hello: {hello_s * 1000:.0f} ms"
+        )
+        assert flood_s > 0.1, "the flood is too short to be cut in turns"
+        assert hello_s < flood_s / 4, times
+    finally:
+        os.close(sent_read)
+        os.close(sent_write)
+        broker.stop()
+        shutil.rmtree(broker.directory, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_client_that_reads_no_answers_is_cut_off_at_its_bound() -> None:
+    """Answers a client does not read pile up in the broker to server.MAX_UNREAD_BYTES at
+    most; then its connection is closed (what the kernel holds of them it may still read),
+    and everyone else is answered as before."""
+    broker = RunningBroker("dgx1-v100").start()
+    count = 1000  # 11 MB of answers: past the bound and what the socket buffers hold
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.settimeout(30)
+            connection.connect(str(broker.socket))
+            connection.sendall(SNAPSHOT * count)
+            time.sleep(2.0)  # the broker answers them all meanwhile (half a second here)
+            assert broker.hello()["protocol"] == 1
+            reader = connection.makefile("rb")
+            answered = 0
+            with contextlib.suppress(OSError):
+                while reader.readline():
+                    answered += 1
+        assert 0 < answered < count, answered
+        assert broker.hello()["protocol"] == 1
+    finally:
+        broker.stop()
+        shutil.rmtree(broker.directory, ignore_errors=True)
+
+
 def _connect_flood(path: Path, seconds: float) -> None:
     """Non-blocking connect and close, as fast as one process can, for ``seconds``."""
     end = time.monotonic() + seconds
