@@ -3,9 +3,11 @@
 with more requests than CI sends.
 
 Run as root from the repository root: ``python benchmarks/fuzz_broker.py [--requests 200000]``.
-Two real Unix users send Hypothesis-generated requests to a real broker while a third user's
+Two real Unix users send Hypothesis-generated requests to a real broker (mutated requests of
+every operation, requests near every bound the broker enforces, garbage) while a third user's
 ``alloc`` and ``release`` must each be answered within 1 s; it prints how many requests were
-sent, in how long, and the third user's slowest answer. Exits as the test does.
+sent, in how long, and the third user's slowest answer. The test file's walk of every bound
+runs too. Exits as the tests do.
 """
 
 from __future__ import annotations

@@ -42,6 +42,26 @@ def checked_duration(seconds: float, given: object) -> float:
     raise DurationTooLong(f"{shown_value(given)} is longer than a year (366d), the most it may be")
 
 
+def seconds_given(raw: object, what: str) -> float | None:
+    """A duration a program gave in seconds (a broker request's wait timeout or eviction
+    grace, :func:`gpualloc.api.hold`'s ``timeout_s``): None, or a number from 0 to
+    :data:`MAX_DURATION_S`, as the command line takes one; a RequestError (exit 2) for
+    anything else. A broker's wait with a timeout of ``10**400`` was an internal error that
+    left its waiter queued, one that was not a number no timeout at all
+    (tests/test_broker_fuzz.py)."""
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw <= MAX_DURATION_S:
+        from gpualloc.errors import RequestError
+        from gpualloc.user_files import shown_value
+
+        raise RequestError(
+            f"{what} {shown_value(raw)} is not a duration",
+            hint=f"seconds, from 0 to {MAX_DURATION_S:.0f} (366 days)",
+        )
+    return float(raw)
+
+
 def format_duration(seconds: float) -> str:
     """``seconds`` as a config file or an option would write it: ``15m``, ``1h30m``, ``30s``,
     ``0.015s`` (:func:`parse_duration_text` reads it back)."""

@@ -9,7 +9,11 @@ would be obeyed.
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from hypothesis import strategies as st
 
@@ -121,3 +125,167 @@ input_kinds = st.sampled_from(FILE_KINDS)
 def input_path(workdir: Path, kind: str, data: bytes, name: str = "input.txt") -> str:
     """A file a case names as input, of one of the harness's kinds (``make``)."""
     return str(make(workdir / name, kind, data))
+
+
+# ---- the broker's bounds -----------------------------------------------------------------------
+
+BOUNDS_TOPOLOGY = "dgx1-v100"
+"""The host the bounds are walked on (:data:`BROKER_BOUNDS`' answers are this host's)."""
+
+
+class Bound(NamedTuple):
+    """One bound the broker enforces (its constant named), walked by ``values``: the request
+    line of each (``line(value)``) and the exit code its answer must carry (0: answered ok; a
+    request over the size limit is answered 18 and its connection closed). ``kept``, where
+    given, says what an accepted lease must hold of the value. Answers are those of a user
+    who is not root, on :data:`BOUNDS_TOPOLOGY` with nothing held."""
+
+    name: str
+    line: Callable[[Any], bytes]
+    values: tuple[Any, ...]
+    codes: tuple[int, ...]
+    kept: Callable[[Any, dict[str, Any]], bool] | None = None
+
+
+def request_text(op: str, args: dict[str, Any]) -> bytes:
+    return json.dumps({"v": 1, "op": op, "args": args}).encode()
+
+
+def _held(**terms: Any) -> dict[str, Any]:
+    return {"source": "alloc", "hold": True, **terms}
+
+
+def _alloc(request: dict[str, Any] | None = None, **args: Any) -> bytes:
+    from gpualloc.ledger.store import new_lease_id
+
+    body = {"lease_id": new_lease_id(), "request": request or {"gpus": 1, "sensitive": False}}
+    return request_text("alloc", {**body, "terms": _held(), **args})
+
+
+def _options(count: int) -> bytes:
+    """An alloc as the fast clients send it: the command line's options."""
+    from gpualloc.ledger.store import new_lease_id
+
+    options = {"policy": "mapa", "count": count}
+    return request_text("alloc", {"lease_id": new_lease_id(), "options": options, "terms": _held()})
+
+
+def _one(**fields: Any) -> dict[str, Any]:
+    return {"gpus": 1, "sensitive": False, **fields}
+
+
+def _own(pid: Any) -> Any:
+    """``"own"``: the sender's pid (the line is made by the process that sends it)."""
+    return os.getpid() if pid == "own" else pid
+
+
+def _shared(**share: Any) -> bytes:
+    return _alloc(_one(share=share), terms={"source": "run", "pid": os.getpid()})
+
+
+def _padded_hello(size: int) -> bytes:
+    head = request_text("hello", {})
+    return head + b" " * (size - len(head))
+
+
+def _edges(ranks: int, count: int) -> bytes:
+    pairs = [[a, b] for a in range(ranks) for b in range(a + 1, ranks)] * 3  # then repeats
+    request = {"gpus": ranks, "sensitive": True, "pattern": "file:bounds"}
+    return _alloc({**request, "edges": pairs[:count]})
+
+
+def _timeout(value: Any) -> bytes:
+    return _alloc(wait={"timeout_s": value})
+
+
+def _raw_timeout(token: str) -> bytes:
+    """A wait's timeout written as ``token`` (NaN and Infinity: Python's JSON, not JSON)."""
+    return _timeout(0.5).replace(b'"timeout_s": 0.5', f'"timeout_s": {token}'.encode())
+
+
+def _nested(depth: int) -> bytes:
+    return request_text("hello", {}).replace(b"{}", b'{"x": ' + b"[" * depth + b"]" * depth + b"}")
+
+
+def _digits(count: int) -> bytes:
+    return request_text("hello", {"x": 0}).replace(b"0", b"9" * count)
+
+
+def broker_bounds() -> list[Bound]:
+    """Every bound a request to the broker meets, from the constants that set them, walked
+    below, at and above (``tests/test_broker_fuzz.py``)."""
+    from gpualloc.broker.requests import MAX_SELECTORS
+    from gpualloc.config import BY_KEY
+    from gpualloc.durations import MAX_DURATION_S
+    from gpualloc.host.terms import MAX_NAME_CHARS, MAX_WORD_CHARS
+    from gpualloc.job_options import MAX_GPUS
+    from gpualloc.model.printable import MAX_COMMAND_CHARS, MAX_COMMAND_WORDS
+    from gpualloc.model.request import max_edges
+    from gpualloc.topologies import load_bundled
+    from gpualloc.wire.protocol import MAX_REQUEST_BYTES
+
+    host = load_bundled(BOUNDS_TOPOLOGY)
+    gpus, memory = host.gpu_count, max(g.memory_total_bytes or 0 for g in host.gpus)
+    bypass = BY_KEY["queue.max_bypass"].default
+    words, chars = MAX_COMMAND_WORDS, MAX_COMMAND_CHARS
+    year = MAX_DURATION_S
+    return [
+        Bound("request bytes (MAX_REQUEST_BYTES)", _padded_hello,
+              (MAX_REQUEST_BYTES - 1, MAX_REQUEST_BYTES, MAX_REQUEST_BYTES + 1), (0, 0, 18)),
+        Bound("command words (MAX_COMMAND_WORDS)",
+              lambda n: _alloc(terms=_held(command=["w"] * n)), (words - 1, words, words + 1),
+              (0, 0, 0), lambda n, made: len(made["lease"]["command"]) == min(n, words)),
+        Bound("command characters (MAX_COMMAND_CHARS)",
+              lambda n: _alloc(terms=_held(command=["c" * n])), (chars - 1, chars, chars + 1),
+              (0, 0, 0), lambda n, made: len(made["lease"]["command"][0]) == min(n, chars)),
+        Bound("lease name characters (MAX_NAME_CHARS)",
+              lambda n: _alloc(terms=_held(name="n" * n)),
+              (MAX_NAME_CHARS - 1, MAX_NAME_CHARS, MAX_NAME_CHARS + 1), (0, 0, 2)),
+        Bound("lease selector characters (MAX_WORD_CHARS)",
+              lambda n: request_text("release", {"leases": ["a" * n]}),
+              (MAX_WORD_CHARS - 1, MAX_WORD_CHARS, MAX_WORD_CHARS + 1), (0, 0, 2)),
+        Bound("lease selectors (MAX_SELECTORS)",
+              lambda n: request_text("release", {"leases": ["zz"] * n}),
+              (MAX_SELECTORS - 1, MAX_SELECTORS, MAX_SELECTORS + 1), (0, 0, 2)),
+        Bound("lease id digits (12)", lambda n: _alloc(lease_id="a" * n), (11, 12, 13), (2, 0, 2)),
+        Bound("GPUs of a request (host size, MAX_GPUS)", lambda n: _alloc(_one(gpus=n)),
+              (0, 1, gpus, gpus + 1, MAX_GPUS, MAX_GPUS + 1, 2**64), (2, 0, 0, 9, 9, 2, 2)),
+        Bound("GPUs of a request's options (host size, MAX_GPUS)", _options,
+              (0, 1, gpus, gpus + 1, MAX_GPUS, MAX_GPUS + 1), (2, 0, 0, 9, 9, 2)),
+        Bound("pattern edges of the host's size (max_edges)", lambda e: _edges(gpus, e),
+              (max_edges(gpus) - 1, max_edges(gpus), max_edges(gpus) + 1), (0, 0, 2)),
+        Bound("pattern edges of two ranks (max_edges)", lambda e: _edges(2, e),
+              (max_edges(2) - 1, max_edges(2), max_edges(2) + 1), (0, 0, 2)),
+        Bound("GPU index required", lambda g: _alloc(_one(required=[g])),
+              (-1, 0, gpus - 1, gpus), (2, 0, 0, 2)),
+        Bound("GPU index excluded", lambda g: _alloc(_one(excluded=[g])),
+              (-1, gpus - 1, gpus), (2, 0, 2)),
+        Bound("GPU index explicit", lambda g: _alloc(_one(explicit=[g])),
+              (-1, gpus - 1, gpus), (2, 0, 2)),
+        Bound("min_utility (0 to 1)", lambda u: _alloc(_one(min_utility=u)),
+              (-1e-9, 0, 1, 1 + 1e-9), (2, 0, 9, 2)),
+        Bound("declared memory_bytes (the GPU's, 2**63)",
+              lambda m: _alloc(terms=_held(shareable=True, memory_bytes=m)),
+              (0, 1, memory, memory + 1, 2**63 - 1, 2**63, 2**64), (2, 0, 0, 9, 9, 9, 9)),
+        Bound("shared job's memory_bytes (the GPU's, 2**63)", lambda m: _shared(memory_bytes=m),
+              (0, memory, memory + 1, 2**63, 2**64), (2, 0, 9, 9, 9)),
+        Bound("shared job's sm_percent (1 to 100)", lambda p: _shared(sm_percent=p),
+              (0, 1, 100, 101), (2, 0, 0, 2)),
+        Bound("pid (one of the sender's)",
+              lambda pid: _alloc(terms={"source": "alloc", "pid": _own(pid)}),
+              (-1, 0, "own", 2**63, 2**64), (2, 2, 0, 2, 2)),
+        Bound("wait priority (queue.privileged)", lambda p: _alloc(wait={"priority": p}),
+              ("low", "normal", "high", "highest"), (0, 0, 12, 2)),
+        Bound("wait max_bypass (queue.max_bypass)", lambda b: _alloc(wait={"max_bypass": b}),
+              (-1, bypass - 1, bypass, 2**64), (2, 12, 0, 0)),
+        Bound("wait timeout_s (MAX_DURATION_S)", _timeout,
+              (-1, 0, year, year + 1, 10**400, "10", True), (2, 0, 0, 2, 2, 2, 2)),
+        Bound("numbers JSON has (RFC 8259)", _raw_timeout,
+              ("1e308", "1e309", "NaN", "Infinity", "-Infinity"), (2, 18, 18, 18, 18)),
+        Bound("eviction grace_s (MAX_DURATION_S)",
+              lambda g: request_text("evict", {"leases": ["a" * 12], "grace_s": g}),
+              (-1, 0, year, year + 1), (2, 0, 0, 2)),
+        Bound("JSON nesting (Python's recursion)", _nested, (100, 30_000), (0, 18)),
+        Bound("integer digits (sys.int_info.default_max_str_digits)", _digits,
+              (4300, 4301), (0, 18)),
+    ]  # fmt: skip

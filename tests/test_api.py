@@ -37,3 +37,13 @@ def test_hold_records_a_lease_of_this_process_and_releases_it(cli) -> None:
         with pytest.raises(WaitTimedOut), queued:
             pass
     assert json.loads(cli("--topology", "dgx1-v100", "status", "--json").stdout)["leases"] == []
+
+
+@pytest.mark.parametrize("timeout_s", [-1.0, float("inf"), float("nan"), 366 * 86400 + 1])
+def test_hold_takes_a_timeout_the_broker_takes_on_either_ledger(timeout_s: float) -> None:
+    """A wait's timeout is what the command line and the broker take (0 to a year), on the
+    embedded ledger too: an infinite one reached the broker as JSON it does not read."""
+    topology = gpualloc.load_topology("dgx1-v100")
+    held = gpualloc.hold(1, topology=topology, wait=True, timeout_s=timeout_s)
+    with pytest.raises(RequestError, match="is not a duration"), held:
+        pass

@@ -11,6 +11,8 @@ measures another user's latency under a flood.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import shutil
 import socket
 import time
@@ -146,6 +148,105 @@ def test_a_flood_past_the_budget_is_refused_once_and_hung_up_on(tmp_path: Path) 
         shutil.rmtree(broker.directory, ignore_errors=True)
 
 
+SNAPSHOT = b'{"v": 1, "op": "snapshot", "args": {"full": true}}\n'
+GC = b'{"v": 1, "op": "gc", "args": {}}\n'
+"""A request that takes the broker a walk of its state directory and answers in 140 bytes."""
+
+
+@pytest.mark.slow
+def test_a_users_pipelined_requests_wait_behind_another_users_request(tmp_path: Path) -> None:
+    """One user's requests take at most server.USER_SLICE_S of a turn of the loop; the rest
+    wait for the next turn, after the other users' requests. A user who pipelines thousands
+    of requests on one connection (within a budget raised for it) delays another user's
+    hello by about one slice, not by all of them."""
+    from tests.unix_users import ensure_user, start_as_user, wait_for_user
+
+    config = tmp_path / "system.toml"
+    config.write_text("[broker]\nmax_requests_per_s = 1000000\n")
+    config.chmod(0o644)
+    broker = RunningBroker("dgx1-v100", system_config=config).start()
+    flooder, other = ensure_user("gpualloc-t-alice"), ensure_user("gpualloc-t-bob")
+    report = broker.directory / "times.jsonl"  # a directory every user reaches
+    report.touch()
+    report.chmod(0o666)
+    sent_read, sent_write = os.pipe()
+    count = 6_000  # 210 kB, their answers 840 kB (within server.MAX_UNREAD_BYTES)
+
+    def said(**times: float) -> None:
+        with report.open("a") as out:
+            out.write(json.dumps(times) + "\n")
+
+    def flood() -> None:
+        os.close(sent_read)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.settimeout(60)
+            connection.connect(str(broker.socket))
+            began = time.monotonic()
+            connection.sendall(GC * count)
+            os.write(sent_write, b"x")
+            reader = connection.makefile("rb")
+            assert all(b'"ok":true' in reader.readline() for _ in range(count))
+            said(flood_s=time.monotonic() - began)
+
+    def hello() -> None:
+        os.close(sent_write)  # so that a flooder that failed reads as the end of the pipe
+        assert os.read(sent_read, 1) == b"x", "the flooder failed"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.settimeout(60)
+            connection.connect(str(broker.socket))
+            began = time.monotonic()
+            connection.sendall(b'{"v": 1, "op": "hello", "args": {}}\n')
+            assert b'"ok":true' in connection.makefile("rb").readline()
+            said(hello_s=time.monotonic() - began)
+
+    try:
+        users = [(flooder, start_as_user(flooder.uid, flooder.gid, flood))]
+        users.append((other, start_as_user(other.uid, other.gid, hello)))
+        for user, pid in users:
+            wait_for_user(pid, user.uid, timeout_s=120)
+        times: dict[str, float] = {}
+        for line in report.read_text().splitlines():
+            times.update(json.loads(line))
+        flood_s, hello_s = times["flood_s"], times["hello_s"]
+        print(
+            f"{count} gc requests pipelined: {flood_s * 1000:.0f} ms; "
+            f"another user's hello: {hello_s * 1000:.0f} ms"
+        )
+        assert flood_s > 0.1, "the flood is too short to be cut in turns"
+        assert hello_s < flood_s / 4, times
+    finally:
+        os.close(sent_read)
+        os.close(sent_write)
+        broker.stop()
+        shutil.rmtree(broker.directory, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_client_that_reads_no_answers_is_cut_off_at_its_bound() -> None:
+    """Answers a client does not read pile up in the broker to server.MAX_UNREAD_BYTES at
+    most; then its connection is closed (what the kernel holds of them it may still read),
+    and everyone else is answered as before."""
+    broker = RunningBroker("dgx1-v100").start()
+    count = 1000  # 11 MB of answers: past the bound and what the socket buffers hold
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.settimeout(30)
+            connection.connect(str(broker.socket))
+            connection.sendall(SNAPSHOT * count)
+            time.sleep(2.0)  # the broker answers them all meanwhile (half a second here)
+            assert broker.hello()["protocol"] == 1
+            reader = connection.makefile("rb")
+            answered = 0
+            with contextlib.suppress(OSError):
+                while reader.readline():
+                    answered += 1
+        assert 0 < answered < count, answered
+        assert broker.hello()["protocol"] == 1
+    finally:
+        broker.stop()
+        shutil.rmtree(broker.directory, ignore_errors=True)
+
+
 def _connect_flood(path: Path, seconds: float) -> None:
     """Non-blocking connect and close, as fast as one process can, for ``seconds``."""
     end = time.monotonic() + seconds
@@ -159,46 +260,80 @@ def _connect_flood(path: Path, seconds: float) -> None:
             attempt.close()
 
 
+def _run_queue_s(pid: int | str = "self") -> float:
+    """Seconds ``pid`` has spent runnable but waiting for a CPU: the second field of
+    ``/proc/PID/schedstat`` (the scheduler's time, not the process's; every user may read
+    it), Documentation/scheduler/sched-stats.rst."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+
+
+ANSWER_S = 0.5
+"""How long another user's call may take under one user's connect flood, beyond what the
+machine's scheduler kept its processes waiting for a CPU."""
+
+
 @pytest.mark.slow
 def test_one_users_connect_flood_leaves_others_calls_answered_at_once(tmp_path: Path) -> None:
     """Connections are counted per user only once accepted, so a user who connects at full
     speed from several processes fills the listen queue that every user shares, and another
     user's connection waits behind it: their ``alloc`` took about a second, the loop accepting
     the flood without end. Now the broker has the CPU priority to drain the queue faster than
-    the flood fills it, and drains it once a turn (refusing the flooder's connections at once)
-    before the others' requests, so another user's calls, each on a connection of its own (as
-    every ``gpualloc`` command opens one), are answered within half a second."""
+    the flood fills it (it runs at startup.NICE, its worker too), and drains it once a turn
+    (refusing the flooder's connections at once) before the others' requests, so another
+    user's calls, each on a connection of its own (as every ``gpualloc`` command opens one),
+    are answered within half a second of what the broker controls: the time a call takes
+    less the time its client, the broker and its worker spent runnable, waiting for a CPU.
+    On a machine loaded by other work, that wait is the scheduler's, not the broker's, and
+    alone passed the bound now and then (docs/administration.md has the measurements); the
+    broker's priority, the other half of what it controls, is checked as such."""
     from gpualloc.ledger.store import new_lease_id
     from tests.unix_users import start_as_user, wait_for_user
 
     broker = RunningBroker("dgx1-v100").start()
     flooder, worker = ensure_user("gpualloc-t-alice"), ensure_user("gpualloc-t-bob")
+    processes = (broker.process.pid, broker.worker())  # type: ignore[union-attr]
+    report = broker.directory / "calls.json"  # a directory every user reaches
+    report.touch()
+    os.chown(report, worker.uid, worker.gid)
     flooding: list[int] = []
+
+    def waited() -> float:
+        return sum(_run_queue_s(pid) for pid in ("self", *processes))
 
     def work() -> None:
         time.sleep(0.5)  # the flood is under way
-        slowest = 0.0
+        calls = []
         end = time.monotonic() + 3.0
         while time.monotonic() < end:
             time.sleep(0.01)  # within this user's broker.max_connects_per_s
-            began = time.monotonic()
-            with BrokerClient(broker.socket, answer_s=10) as client:
-                args = {"lease_id": new_lease_id(), "request": {"gpus": 1, "sensitive": False},
-                        "terms": {"source": "alloc", "hold": True}}  # fmt: skip
-                lease = client.call("alloc", args)["lease"]["id"]
-            slowest = max(slowest, time.monotonic() - began)
-            began = time.monotonic()
-            with BrokerClient(broker.socket, answer_s=10) as client:
-                client.call("release", {"leases": [lease]})
-            slowest = max(slowest, time.monotonic() - began)
-        print(f"slowest call under the connect flood: {slowest * 1000:.0f} ms")
-        assert slowest < 0.5, slowest
+            alloc = {"lease_id": new_lease_id(), "request": {"gpus": 1, "sensitive": False},
+                     "terms": {"source": "alloc", "hold": True}}  # fmt: skip
+            for op in ("alloc", "release"):
+                before, began = waited(), time.monotonic()
+                with BrokerClient(broker.socket, answer_s=10) as client:
+                    client.call(op, alloc if op == "alloc" else {"leases": [alloc["lease_id"]]})
+                calls.append((time.monotonic() - began, waited() - before))
+        report.write_text(json.dumps(calls))
 
     try:
+        if os.getpriority(os.PRIO_PROCESS, 0) == 0:  # else the administrator's value is kept
+            # What the broker controls of the scheduler (startup.NICE): nine times the CPU of
+            # a user's process (CFS weights 9548 and 1024) or more. At nice 0 the flood's
+            # processes take the CPU the broker waits for, which the bound below leaves out.
+            assert all(os.getpriority(os.PRIO_PROCESS, pid) <= -10 for pid in processes)
         for _ in range(4):  # twice the cores of the machine that measured it
             flood = lambda: _connect_flood(broker.socket, 4.5)  # noqa: E731
             flooding.append(start_as_user(flooder.uid, flooder.gid, flood))
         wait_for_user(start_as_user(worker.uid, worker.gid, work), worker.uid, timeout_s=60)
+        calls = json.loads(report.read_text())
+        took, cpu_wait = max(calls, key=lambda call: call[0] - call[1])
+        slowest = max(wall for wall, _ in calls)
+        print(
+            f"{len(calls)} calls under the connect flood: slowest {slowest * 1000:.0f} ms; "
+            f"the slowest beyond the CPU wait {(took - cpu_wait) * 1000:.0f} ms "
+            f"({took * 1000:.0f} ms less {cpu_wait * 1000:.0f} ms waiting for a CPU)"
+        )
+        assert took - cpu_wait < ANSWER_S, (took, cpu_wait)
     finally:
         try:
             for pid in flooding:

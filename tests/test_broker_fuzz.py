@@ -2,7 +2,9 @@
 
 Hypothesis generates requests (a fifth of them; the rest are bred from those, fields crossed
 between them): well-formed ones of every operation with fields replaced by
-random JSON (huge and negative numbers, NaN, lone surrogates, deep nesting, wrong types), and
+random JSON (huge and negative numbers, NaN, lone surrogates, deep nesting, wrong types),
+requests near every bound the broker enforces (``tests/fuzz_values.py``'s
+:func:`~tests.fuzz_values.broker_bounds`, each value moved by up to two), and
 raw garbage lines. Two real Unix users send them to a real broker as fast as it answers while a
 third user's ``alloc`` and ``release`` must each be answered within 1 s; afterwards the broker
 still answers, its ledger reads back, and its log holds no internal error (a request that
@@ -12,6 +14,7 @@ the default, 20,000; ``benchmarks/fuzz_broker.py`` runs this longer).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -32,7 +35,8 @@ from gpualloc.ledger.document import read_ledger
 from gpualloc.ledger.store import new_lease_id
 from gpualloc.wire.client import BrokerClient
 from tests.broker_harness import RunningBroker
-from tests.unix_users import ensure_user, start_as_user, wait_for_user
+from tests.fuzz_values import BOUNDS_TOPOLOGY, broker_bounds, request_text
+from tests.unix_users import as_user, ensure_user, start_as_user, wait_for_user
 
 pytestmark = pytest.mark.slow
 if os.geteuid() != 0:
@@ -133,10 +137,24 @@ def mutated(draw: st.DrawFn) -> bytes:
     return json.dumps(body).encode() + b"\n"
 
 
+BOUND_CASES = [(bound, value) for bound in broker_bounds() for value in bound.values]
+
+
+@st.composite
+def near_bound(draw: st.DrawFn) -> bytes:
+    """A request just under, at or over one of the broker's bounds (a number moved by up to
+    two: the walk below checks the exact values)."""
+    bound, value = draw(st.sampled_from(BOUND_CASES))
+    if type(value) is int:
+        value += draw(st.integers(-2, 2))
+    return bound.line(value) + b"\n"
+
+
 REQUEST_LINES = st.one_of(
     mutated(),
     mutated(),
     mutated(),
+    near_bound(),
     st.binary(max_size=200).map(lambda raw: raw.replace(b"\n", b" ") + b"\n"),
     st.builds(lambda op: json.dumps({"v": 1, "op": op}).encode() + b"\n", st.text(max_size=8)),
 )
@@ -158,7 +176,7 @@ def crossed(lines: list[bytes], count: int, seed: int = 40) -> list[bytes]:
     for line in lines:
         try:
             body = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # garbage, or nested past Python's recursion
             continue
         if isinstance(body, dict):
             bodies.append(body)
@@ -200,6 +218,170 @@ def drawn_lines(count: int) -> list[bytes]:
 
     collect()
     return found[:count]
+
+
+# ---- every bound, walked once ------------------------------------------------------------------
+
+
+def _answer(path: Path, line: bytes) -> dict[str, Any]:
+    """What the broker answers ``line`` on a connection of its own: the exit code (0: ok, or
+    queued), the message, the result, and whether the connection stays open (a hello after
+    it is answered). The sender's leases are released after it."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.settimeout(10)
+        connection.connect(str(path))
+        connection.sendall(line + b"\n")
+        reader = connection.makefile("rb")
+        raw = reader.readline()
+        if not raw:
+            return {"code": "closed without an answer"}
+        body = json.loads(raw)
+        error = body.get("error") or {}
+        seen = {"code": error.get("code", 0), "message": error.get("message", ""),
+                "result": body.get("result")}  # fmt: skip
+        try:
+            connection.sendall(request_text("hello", {}) + b"\n")
+            seen["open"] = b'"ok":true' in reader.readline()
+        except OSError:
+            seen["open"] = False
+    release = request_text("release", {"mine": True, "include_running": True})
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.settimeout(10)
+        connection.connect(str(path))
+        connection.sendall(release + b"\n")
+        connection.makefile("rb").readline()
+    return seen
+
+
+def _connected(path: Path, line: bytes) -> socket.socket:
+    """A connection kept open, ``line`` sent on it."""
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.settimeout(10)
+    connection.connect(str(path))
+    with contextlib.suppress(BrokenPipeError):  # refused at once: its reason is there to read
+        connection.sendall(line + b"\n")
+    return connection
+
+
+def _first_code(connection: socket.socket) -> int | str:
+    """The exit code of the first answer on ``connection`` (0: ok, or waiting)."""
+    raw = connection.makefile("rb").readline()
+    return (json.loads(raw).get("error") or {}).get("code", 0) if raw else "closed"
+
+
+def _held_limits(path: Path) -> list[tuple[str, int, Any]]:
+    """The bounds a user reaches by holding things open: connections (``broker.
+    max_connections``), each answered before the next opens, and waiting jobs
+    (``queue.max_waiting``), sent at once behind a lease of every GPU, each answered by its
+    first event (a waiter hears it at the broker's next look) or refused; (bound, count,
+    code) for the count just under, at and over each."""
+    from gpualloc.config import BY_KEY
+    from gpualloc.topologies import load_bundled
+
+    found: list[tuple[str, int, Any]] = []
+    held: list[socket.socket] = []
+    limit = BY_KEY["broker.max_connections"].default
+    try:
+        for count in range(1, limit + 2):
+            held.append(_connected(path, request_text("hello", {})))
+            if count >= limit - 1:
+                found.append(("connections per user (broker.max_connections)", count,
+                              _first_code(held[-1])))  # fmt: skip
+            else:
+                _first_code(held[-1])
+    finally:
+        for connection in held:
+            connection.close()
+    held = []
+    limit = BY_KEY["queue.max_waiting"].default
+    everything = {"gpus": load_bundled(BOUNDS_TOPOLOGY).gpu_count, "sensitive": False}
+    try:
+        held.append(_connected(path, request_text("alloc", _args(everything))))
+        found.append(("every GPU held, the queue's bound next", 1, _first_code(held[0])))
+        one = {"gpus": 1, "sensitive": False}
+        held += [
+            _connected(path, request_text("alloc", _args(one, wait={}))) for _ in range(limit + 1)
+        ]
+        codes = sorted((_first_code(c) for c in held[1:]), key=str)  # 0 (waiting), then 12
+    finally:
+        for connection in held:
+            connection.close()
+    for count in (limit - 1, limit, limit + 1):
+        found.append(("waiting jobs per user (queue.max_waiting)", count, codes[count - 1]))
+    return found
+
+
+def _args(request: dict[str, Any], **more: Any) -> dict[str, Any]:
+    terms = {"source": "alloc", "hold": True}
+    return {"lease_id": new_lease_id(), "request": request, "terms": terms, **more}
+
+
+def _walk(path: Path) -> list[list[Any]]:
+    """Every bound's values, sent as this process's user: [bound, value, what was seen]."""
+    seen: list[list[Any]] = []
+    for bound in broker_bounds():
+        for value in bound.values:
+            answer = _answer(path, bound.line(value))
+            made = answer.pop("result", None)
+            if bound.kept is not None and answer["code"] == 0:
+                answer["kept"] = bound.kept(value, made)
+            seen.append([bound.name, repr(value)[:40], answer])
+    for name, value, code in _held_limits(path):
+        seen.append([name, repr(value), {"code": code, "open": True}])
+    return seen
+
+
+def _wanted() -> list[list[Any]]:
+    from gpualloc.config import BY_KEY
+    from gpualloc.wire.protocol import MAX_REQUEST_BYTES
+
+    wanted = []
+    for bound in broker_bounds():
+        for value, code in zip(bound.values, bound.codes, strict=True):
+            closes = bound.name.startswith("request bytes") and value > MAX_REQUEST_BYTES
+            answer: dict[str, Any] = {"code": code, "open": not closes}
+            if bound.kept is not None and code == 0:
+                answer["kept"] = True
+            wanted.append([bound.name, repr(value)[:40], answer])
+    for key, name, over in (
+        ("broker.max_connections", "connections per user (broker.max_connections)", 18),
+        ("queue.max_waiting", "waiting jobs per user (queue.max_waiting)", 12),
+    ):
+        if key == "queue.max_waiting":
+            held = {"code": 0, "open": True}
+            wanted.append(["every GPU held, the queue's bound next", "1", held])
+        limit = BY_KEY[key].default
+        for value, code in ((limit - 1, 0), (limit, 0), (limit + 1, over)):
+            wanted.append([name, repr(value), {"code": code, "open": True}])
+    return wanted
+
+
+def test_every_bound_a_request_meets_is_answered_as_documented_below_at_and_above() -> None:
+    """Each bound the broker enforces (request size, a command's cut, names, ids, counts of
+    GPUs and edges, GPU indices, memory near 2**63, pids, the queue's priority, bypass and
+    entries, durations, numbers JSON has not, nesting, connections), walked just under, at
+    and just over by a user who is not root: each value gets its own answer (exit code),
+    one line, on a connection left open (but the request too large, refused and closed),
+    and the broker logs no internal error. A wait's timeout past a float (``10**400``)
+    was an internal error that left its waiter queued, a NaN or infinite one a wait that
+    never ended, a request nested deeper than Python recurses an internal error."""
+    broker = RunningBroker(BOUNDS_TOPOLOGY).start()
+    user = ensure_user("gpualloc-t-alice")
+    report = broker.directory / "bounds.json"  # a directory every user reaches
+    report.touch()
+    os.chown(report, user.uid, user.gid)
+    try:
+        as_user(user.uid, user.gid, lambda: report.write_text(json.dumps(_walk(broker.socket))))
+        seen = json.loads(report.read_text())
+        messages = [answer.pop("message", "") for _, _, answer in seen]
+        wrong = [(s, w) for s, w in zip(seen, _wanted(), strict=True) if s != w]
+        assert not wrong, "\n".join(f"seen {s}, wanted {w[2]}" for s, w in wrong)
+        assert not [m for m in messages if "\n" in m], "an answer of more than one line"
+        log = broker.log_text()
+        assert "internal error" not in log and "Traceback" not in log, log[-3000:]
+    finally:
+        broker.stop()
+        shutil.rmtree(broker.directory, ignore_errors=True)
 
 
 # ---- the users ---------------------------------------------------------------------------------

@@ -37,3 +37,20 @@ def test_docs_name_every_bundled_topology_and_environment_variable() -> None:
 def test_example_bandwidth_table_loads() -> None:
     table = load_bandwidth_table(ROOT / "examples" / "bandwidth-table.json")
     assert table.nvlink_link_gbps[2] == 24.0
+
+
+def test_every_test_the_administration_page_cites_exists() -> None:
+    """The limits' table names the test that holds each (``file.py::test``; ``::test`` alone
+    is in the file named before it): each must be there."""
+    import ast
+
+    text = (ROOT / "docs" / "administration.md").read_text()
+    cited = re.findall(r"`(?:tests/)?(test_\w+\.py)?::(test_\w+)`", text)
+    assert len(cited) > 20, "the limits' table is gone"
+    file = None
+    for named, test in cited:
+        file = named or file
+        assert file is not None, test
+        tree = ast.parse((ROOT / "tests" / file).read_text())
+        defined = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+        assert test in defined, f"{file}::{test}"

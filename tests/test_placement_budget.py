@@ -26,8 +26,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from gpualloc.broker import placer as placer_module
 from gpualloc.broker.limits import BUSY_TOKEN_S, FREE_BUSY_S, Limits
-from gpualloc.broker.placer import STUCK_MARGIN_S, Placer
+from gpualloc.broker.placer import RESTARTS, STUCK_MARGIN_S, Placer
 from gpualloc.errors import GpuallocError
 from gpualloc.host.local import PlacementPending
 from gpualloc.ledger.occupancy import Occupancy
@@ -384,9 +385,147 @@ def test_a_search_that_fails_in_the_worker_is_refused_and_the_worker_goes_on() -
         placer.stop()
 
 
-def _until_logged(broker: RunningBroker, text: str, timeout_s: float = 30) -> None:
+DYING_WORKER = (
+    "-c",
+    "import os, signal\n"
+    "import gpualloc.placement.choose as choose\n"
+    "from gpualloc.broker.placer import main\n"
+    "real = choose.searched\n"
+    "def searched(topology, occupancy, want, **budget):\n"
+    "    if want.request.gpus == 3:  # as native code that crashes would: nothing written\n"
+    "        os.kill(os.getpid(), signal.SIGKILL)\n"
+    "    return real(topology, occupancy, want, **budget)\n"
+    "choose.searched = searched\n"
+    "raise SystemExit(main())\n",
+)
+"""A worker that dies hard (SIGKILL, nothing written) on any search of three GPUs, through
+the placer's one hook, its worker's command line, which only the broker's own code sets."""
+
+
+def _pending(topology: Topology, gpus: int, excluded: int = 0) -> PlacementPending:
+    occupancy = Occupancy.build(topology, Ledger(host="test"), ())
+    want = Want(JobRequest(gpus, build_pattern("ring", gpus), True, excluded=frozenset({excluded})))
+    return PlacementPending(("search", gpus, excluded), occupancy, want)
+
+
+def test_a_request_in_flight_at_two_deaths_of_the_worker_is_refused_without_a_search(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A search that kills its process (native code that crashes, memory it cannot have) was
+    searched again in the broker's loop, where it would kill the broker: now it is asked of
+    the new worker, and once a worker has died twice with it in flight, it is refused with
+    one line (the exit code of a refused request), logged once, and never searched again;
+    the next worker serves the others."""
+    monkeypatch.setattr(Placer, "worker", DYING_WORKER)
+    topology = load_bundled("dgx1-v100")
+    logged: list[str] = []
+    placer = Placer.start(topology, 1.0, log=logged.append)
+    try:
+        deadly = _pending(topology, 3)
+        assert placer.defers(deadly.key)
+        placer.ask(1000, deadly)
+        assert _worker_answers(placer) == [(deadly.key, None)], logged  # after two deaths
+        assert sum("the placement worker ended: started again" in line for line in logged) == 2
+        for _ in range(2):  # the same request on the same host state: refused, not searched
+            with pytest.raises(GpuallocError) as refused:
+                placer.defers(deadly.key)
+            assert refused.value.exit_code == GpuallocError.exit_code
+            assert "placement worker died 2 times while searching this request" in str(
+                refused.value
+            )
+        (said,) = [line for line in logged if "died 2 times" in line]
+        assert said.startswith("error: ") and "uid 1000" in said and "\n" not in said
+        good = _pending(topology, 2)
+        assert placer.defers(good.key)
+        placer.ask(1000, good)
+        ((key, placement),) = _worker_answers(placer)
+        assert key == good.key and len(placement.gpus) == 2 and placer.alive
+    finally:
+        placer.stop()
+
+
+def _kill_and_replace(placer: Placer) -> None:
+    """Kill the worker (SIGKILL) and let the placer see it end."""
+    import select
+
+    assert placer.process is not None
+    pid = placer.process.pid
+    os.kill(pid, signal.SIGKILL)
+    deadline_at = time.monotonic() + 60
+    while placer.process is not None and placer.process.pid == pid:
+        assert time.monotonic() < deadline_at, "the placer never saw its worker end"
+        select.select([placer.fileno()], [], [], 1.0)
+        assert placer.answers() == []
+
+
+def test_a_worker_that_died_restarts_times_in_the_window_starts_again_only_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker is started again at once RESTARTS times in RESTART_WINDOW_S (the first
+    start is not one of them); at the next death it is not, until the window has passed:
+    meanwhile a search is left to the loop (its short ``broker.placement_budget``), and a
+    request that was in flight at that death is refused at once, not searched in the loop."""
+    window_s = 8.0  # the RESTARTS restarts below take well under a second
+    monkeypatch.setattr(placer_module, "RESTART_WINDOW_S", window_s)
+    monkeypatch.setattr(Placer, "worker", DYING_WORKER)
+    topology = load_bundled("dgx1-v100")
+    logged: list[str] = []
+    placer = Placer.start(topology, 1.0, log=logged.append)
+    try:
+        for _ in range(RESTARTS):
+            _kill_and_replace(placer)
+            assert placer.alive, logged
+        assert time.monotonic() - placer.starts[0] < window_s, "the machine is too slow"
+        deadly = _pending(topology, 3)
+        placer.ask(1000, deadly)
+        assert _worker_answers(placer) == [(deadly.key, None)]
+        assert not placer.alive and placer.process is None
+        assert logged[-1] == "warning: the placement worker ended: searches run in the loop for now"
+        with pytest.raises(GpuallocError, match="cannot be started again for now"):
+            placer.defers(deadly.key)
+        other = _pending(topology, 2)
+        assert placer.defers(other.key) is False, "searched in the loop"
+        assert not placer.alive, "started again within the window"
+        time.sleep(max(0.0, placer.starts[0] + window_s - time.monotonic()) + 0.1)
+        assert placer.defers(other.key) is True
+        assert placer.alive and logged[-1] == "the placement worker started again"
+        placer.ask(1000, other)
+        ((key, placement),) = _worker_answers(placer)
+        assert key == other.key and len(placement.gpus) == 2
+    finally:
+        placer.stop()
+
+
+@pytest.mark.slow
+def test_while_the_worker_waits_out_its_restarts_the_loop_searches_with_its_budget(
+    slow_host_file: Path, tmp_path: Path
+) -> None:
+    """Past RESTARTS restarts within RESTART_WINDOW_S the broker has no worker until the
+    window has passed; a search meanwhile runs in its loop, cut at the loop's own 15 ms
+    (``broker.placement_budget``), not the worker's 0.5 s (``placement.time_budget``)."""
+    broker = _budgeted_broker(slow_host_file, tmp_path)
+    try:
+        for restarts in range(1, RESTARTS + 1):
+            os.kill(broker.worker(), signal.SIGKILL)
+            _until_logged(broker, "the placement worker ended: started again", count=restarts)
+        os.kill(broker.worker(), signal.SIGKILL)
+        _until_logged(broker, "the placement worker ended: searches run in the loop for now")
+        started = time.monotonic()
+        (made,) = _pipelined(broker.socket, [_big_search("aaaaaaaaaaaa")])
+        assert made["ok"], made
+        notes = " ".join(made["result"]["notes"])
+        assert "ran past its 0.015 s budget" in notes, notes
+        assert time.monotonic() - started < 5
+        assert "placement worker started again" not in broker.log_text()
+    finally:
+        broker.stop()
+
+
+def _until_logged(
+    broker: RunningBroker, text: str, timeout_s: float = 30, *, count: int = 1
+) -> None:
     deadline_at = time.monotonic() + timeout_s
-    while text not in broker.log_text():
+    while broker.log_text().count(text) < count:
         assert time.monotonic() < deadline_at, broker.log_text()[-3000:]
         time.sleep(0.05)
 

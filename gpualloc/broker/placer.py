@@ -30,9 +30,13 @@ search (a worker that fails is replaced, never lost):
 - a search that raises anything but a gpualloc error is answered as a refused request (one
   line; its traceback once in the broker's log) and the same request on the same host state
   is refused again without a search; the worker goes on (``tests/test_placement_budget.py``);
-- a worker that ends (killed, or out of memory) is started again, at once the first
-  :data:`RESTARTS` times in :data:`RESTART_WINDOW_S`, then once that window has passed; what
-  it was searching is searched in the loop;
+- a worker that ends (killed, out of memory, a crash in native code) is started again, at
+  once the first :data:`RESTARTS` times in :data:`RESTART_WINDOW_S`, then once that window
+  has passed (meanwhile searches run in the loop, under ``broker.placement_budget``); what it
+  was searching is asked of the new worker, never of the loop (a search that kills a process
+  would kill the broker there), and once it has been in flight at :data:`MAX_DEATHS` deaths
+  it is refused (one line, logged once) without a search, as is the same request on the same
+  host state after it; where no new worker can start, it is refused at once;
 - a search still running :data:`STUCK_MARGIN_S` after its budget's end (1.5 times the budget:
   the search, then the greedy fallback's half) is abandoned: the worker is killed and
   replaced, and the request answered with the policy's greedy placement, which says so
@@ -68,11 +72,22 @@ UNBUDGETED_S = 60.0
 RESTARTS = 5
 RESTART_WINDOW_S = 60.0
 """A worker that ends is started again at once at most :data:`RESTARTS` times in this long."""
+MAX_DEATHS = 2
+"""Deaths of the worker a request may be in flight at before it is refused without a search
+(one may be another cause's: the OOM killer, an administrator's kill)."""
 MAX_REFUSED = 1024
 """Failed searches remembered (refused again without a search) before all are forgotten."""
 FAILED = (
     "the broker's placement search failed on this request; nothing was changed (the broker's "
     "log has the traceback)"
+)
+KILLED = (
+    f"the broker's placement worker died {MAX_DEATHS} times while searching this request: it "
+    "is not searched again, and nothing was changed (the broker's log says more)"
+)
+KILLED_NO_WORKER = (
+    "the broker's placement worker died while searching this request and cannot be started "
+    "again for now; the request is not searched in the broker's loop, and nothing was changed"
 )
 _FRAME = struct.Struct("!I")
 
@@ -82,6 +97,10 @@ class Placer:
     has one search at a time (so the pipe never fills and the loop never blocks writing to
     it); the others wait here, each user's in order, users in turn. The placer registers the
     worker's pipe with the loop's ``selector`` itself, since it replaces the worker."""
+
+    worker: tuple[str, ...] = ("-m", "gpualloc.broker.placer")
+    """The worker's arguments to this interpreter: only the broker's own code sets them (a
+    test gives a worker that dies on its first search, as native code that crashes would)."""
 
     def __init__(
         self,
@@ -104,6 +123,11 @@ class Placer:
         """Keys the worker could not answer: searched in the loop, once."""
         self.refused: set[Hashable] = set()
         """Keys whose search failed in the worker: refused, without a search."""
+        self.deaths: dict[Hashable, int] = {}
+        """Keys in flight when a worker died, and how many times: asked of a worker again
+        (never searched in the loop), refused without a search from :data:`MAX_DEATHS` on."""
+        self.again: tuple[Hashable, Any, Any, int] | None = None
+        """The search a worker died on, for the next worker before any other."""
         self.asked: set[Hashable] = set()
         """Keys in the worker or waiting for it."""
         self.searching: tuple[Hashable, Any, Any, int] | None = None
@@ -116,13 +140,14 @@ class Placer:
         self.alive = False
         self.stopped = False
         self.starts: deque[float] = deque(maxlen=RESTARTS)
+        """When the worker was last started again (the first start is not counted)."""
         self.why = ""
         """Why the last worker could not be started."""
 
     @classmethod
     def start(cls, topology: Any, budget_s: float | None, **loop: Any) -> Placer:
         placer = cls(topology, budget_s, **loop)
-        placer._spawn()
+        placer._spawn(restart=False)
         if not placer.alive:
             raise OSError(0, placer.why)
         return placer
@@ -136,6 +161,9 @@ class Placer:
         search that failed there."""
         if key in self.refused:
             raise GpuallocError(FAILED)
+        deaths = self.deaths.get(key, 0)
+        if deaths >= MAX_DEATHS:
+            raise GpuallocError(KILLED)
         if key in self.inline:
             self.inline.discard(key)
             return False
@@ -146,7 +174,11 @@ class Placer:
                 if self.alive
                 else f"warning: the placement worker could not start ({self.why})"
             )
-        return self.alive and self.deferring
+        if deaths and not self.alive:
+            raise GpuallocError(
+                KILLED_NO_WORKER, hint=f"try again in {RESTART_WINDOW_S:g} s, once it can start"
+            )
+        return self.alive and (self.deferring or deaths > 0)
 
     def ask(self, uid: int, pending: PlacementPending) -> None:
         """Have the worker search ``pending``, unless it is asked already."""
@@ -204,6 +236,7 @@ class Placer:
         """Stop the worker for good; every key still asked is answered None (searched in the
         loop)."""
         self.stopped = True
+        self.again = None
         self._retire()
         left = [(key, None) for key in self.asked]
         self.inline.update(self.asked)
@@ -241,22 +274,29 @@ class Placer:
             return None
 
     def _replace(self, how: str, answer: Any) -> list[tuple[Hashable, Any]]:
-        """The worker ``how`` ("ended", "stuck"): its search answered ``answer`` (None: in
-        the loop), the worker replaced, the searches waiting given to the new one."""
+        """The worker ``how`` ("ended", "stuck"): its search answered ``answer`` (None: asked
+        of the new worker if it ended, else searched in the loop), the worker replaced, the
+        searches waiting given to the new one."""
         found: list[tuple[Hashable, Any]] = []
-        if self.searching is not None:
+        if self.searching is not None and how == "ended":
+            found += self._died_on(self.searching)
+        elif self.searching is not None:
             key = self.searching[0]
             found.append((key, answer))
             self.asked.discard(key)
             if answer is None:
                 self.inline.add(key)
-            self.searching = None
+        self.searching = None
         self._retire()
         if self._may_start():
             self._spawn()
         restarted = "started again" if self.alive else "searches run in the loop for now"
         self.log(f"warning: the placement worker {how}: {restarted}")
-        if self.alive and self.turns:
+        if self.again is not None and not self.alive:  # refused by defers(), not searched
+            found.append((self.again[0], None))
+            self.asked.discard(self.again[0])
+            self.again = None
+        if self.alive and (self.again is not None or self.turns):
             self._next()
         elif not self.alive:  # what waits for a worker is searched in the loop
             found += [(key, None) for key in self.asked]
@@ -266,14 +306,32 @@ class Placer:
             self.turns.clear()
         return found
 
-    def _may_start(self) -> bool:
-        return len(self.starts) < RESTARTS or time.monotonic() - self.starts[0] > (RESTART_WINDOW_S)
+    def _died_on(self, searching: tuple[Hashable, Any, Any, int]) -> list[tuple[Hashable, Any]]:
+        """The worker died with ``searching`` in flight: it is asked of the next worker first,
+        or, at its :data:`MAX_DEATHS`-th death, answered (refused by :meth:`defers`)."""
+        key, uid = searching[0], searching[3]
+        if len(self.deaths) >= MAX_REFUSED:
+            self.deaths.clear()
+        deaths = self.deaths[key] = self.deaths.get(key, 0) + 1
+        if deaths < MAX_DEATHS:
+            self.again = searching
+            return []
+        self.log(
+            f"error: the placement worker died {deaths} times while searching a request of "
+            f"uid {uid}: that request is refused from now on, without a search"
+        )
+        self.asked.discard(key)
+        return [(key, None)]
 
-    def _spawn(self) -> None:
-        self.starts.append(time.monotonic())
+    def _may_start(self) -> bool:
+        return len(self.starts) < RESTARTS or time.monotonic() - self.starts[0] > RESTART_WINDOW_S
+
+    def _spawn(self, *, restart: bool = True) -> None:
+        if restart:
+            self.starts.append(time.monotonic())
         try:
             process = subprocess.Popen(
-                [sys.executable, "-m", "gpualloc.broker.placer"],
+                [sys.executable, *self.worker],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 close_fds=True,
@@ -310,15 +368,20 @@ class Placer:
         process.stdout.close()
 
     def _next(self) -> None:
-        """Give the worker the first search of the user whose turn it is."""
-        uid = self.turns.popleft()
-        waiting = self.queued[uid]
-        key, occupancy, want = waiting.popleft()
-        if waiting:
-            self.turns.append(uid)
+        """Give the worker the search a worker died on, else the first search of the user
+        whose turn it is."""
+        if self.again is not None:
+            self.searching, self.again = self.again, None
         else:
-            del self.queued[uid]
-        self.searching = (key, occupancy, want, uid)
+            uid = self.turns.popleft()
+            waiting = self.queued[uid]
+            key, occupancy, want = waiting.popleft()
+            if waiting:
+                self.turns.append(uid)
+            else:
+                del self.queued[uid]
+            self.searching = (key, occupancy, want, uid)
+        key, occupancy, want, _uid = self.searching
         budget = self.budget_s if self.budget_s is not None else UNBUDGETED_S
         self.due = time.monotonic() + 1.5 * budget + STUCK_MARGIN_S
         # the worker died: answers() finds its end of file at the next look

@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from msgspec import Meta, Struct, defstruct
 
+from gpualloc.durations import seconds_given as duration
 from gpualloc.errors import RequestError
 from gpualloc.host.queue import WaitOptions
 from gpualloc.host.queue_policy import QueuePolicy
 from gpualloc.host.terms import MAX_WORD_CHARS
-from gpualloc.job_options import Table, wire_fields
+from gpualloc.job_options import MAX_GPUS, Table, wire_fields
 from gpualloc.ledger.schema import QueuedRequest
 from gpualloc.model.printable import has_surrogates, lease_command, printable
 from gpualloc.model.validation import ValidationError, from_builtins
@@ -69,6 +70,11 @@ def queued_want(raw: Any) -> Want:
         raise RequestError(
             "bad request: it holds text that is not UTF-8", hint="see gpualloc.broker"
         ) from None
+    if request.gpus > MAX_GPUS:  # as -n is bounded: a count a user typed is said back cut
+        raise RequestError(
+            f"bad request: a job asks for 1 to {MAX_GPUS} GPUs, not {shown_repr(request.gpus)}",
+            hint="see gpualloc.broker",
+        )
     try:
         return Want.from_queued(request)
     except RequestError as bad:  # the pattern's own rules (model.request.CommunicationPattern)
@@ -87,7 +93,8 @@ def wait_options(raw: Any, policy: QueuePolicy) -> WaitOptions:
     bypass = raw.get("max_bypass", policy.min_bypass)
     if not isinstance(bypass, int) or isinstance(bypass, bool) or bypass < 0:
         raise RequestError(f"max_bypass {shown_repr(bypass)} is not a count", hint="0 or more")
-    return WaitOptions(priority=priority, max_bypass=bypass, policy=policy)
+    timeout_s = duration(raw.get("timeout_s"), "timeout")
+    return WaitOptions(timeout_s=timeout_s, priority=priority, max_bypass=bypass, policy=policy)
 
 
 def views_asked(raw: Any) -> dict[str, Any] | None:

@@ -282,9 +282,11 @@ class LedgerService:
         views: dict[str, Any] | None,
         args: dict[str, Any],
     ) -> Pending:
-        timeout = wait.get("timeout_s") if isinstance(wait, dict) else None
+        timeout = (
+            wire.duration(wait.get("timeout_s"), "timeout") if isinstance(wait, dict) else None
+        )
         now = time.monotonic()
-        deadline = now + float(timeout) if isinstance(timeout, (int, float)) else None
+        deadline = now + timeout if timeout is not None else None
         return Pending(
             want, terms, deadline, now, views, allow_unhealthy=bool(args.get("allow_unhealthy"))
         )
@@ -354,11 +356,7 @@ class LedgerService:
 
     def evict(self, peer: Peer, args: dict[str, Any]) -> dict[str, Any]:
         """``release --evict-shared``: mark the shared jobs for their watchers."""
-        grace = args.get("grace_s")
-        if grace is not None and (not isinstance(grace, (int, float)) or grace < 0):
-            raise RequestError(
-                f"grace {shown_repr(grace)} is not a duration", hint="seconds, 0 or more"
-            )
+        grace = wire.duration(args.get("grace_s"), "grace")
         result = self.host.evict(
             wire.selectors(args),
             mine=bool(args.get("mine")),

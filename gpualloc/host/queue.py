@@ -248,9 +248,12 @@ class WaitOptions(Struct, frozen=True):
         max_bypass: int | None = None,
     ) -> WaitOptions:
         """The options of a ``--wait``: flags over the configured defaults, under the host's
-        queue policy (one place for the command line and :func:`gpualloc.api.hold`)."""
+        queue policy (one place for the command line and :func:`gpualloc.api.hold`). The
+        timeout is bounded as the broker bounds it, on either ledger."""
+        from gpualloc.durations import seconds_given
+
         return cls(
-            timeout_s=timeout_s,
+            timeout_s=seconds_given(timeout_s, "timeout_s"),
             priority=config.value("queue.priority", priority),
             max_bypass=config.value("queue.max_bypass", max_bypass),
             policy=QueuePolicy.from_config(config),

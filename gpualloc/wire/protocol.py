@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from typing import Any
 
 from gpualloc.errors import BrokerError, ExitCode, GpuallocError
@@ -109,10 +110,36 @@ def error_from(body: dict[str, Any]) -> GpuallocError:
     return found
 
 
+class _NotJson(ValueError):
+    """What Python's :mod:`json` reads but JSON (RFC 8259, section 6) has not: ``NaN``,
+    ``Infinity``, and numbers past a double (``1e400``, read as infinity)."""
+
+
+def _no_constant(name: str) -> float:
+    raise _NotJson(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotJson(f"{shown_repr(text)} is past the largest number")
+    return value
+
+
 def parse_request(line: bytes) -> tuple[str, dict[str, Any]]:
-    """``(op, args)`` of one request line; :class:`BrokerError` for anything else."""
+    """``(op, args)`` of one request line; :class:`BrokerError` for anything else. Strict
+    JSON: a ``NaN`` or an infinity would pass every bound it meets (a wait with a ``NaN``
+    timeout never ended), and a document nested past Python's recursion is refused, not a
+    RecursionError (tests/test_broker_fuzz.py walks every bound)."""
     try:
-        body = json.loads(line)
+        body = json.loads(line, parse_constant=_no_constant, parse_float=_finite)
+    except _NotJson as bad:
+        raise BrokerError(f"the request is not JSON: {bad}", hint="see RFC 8259") from None
+    except RecursionError:
+        raise BrokerError(
+            "the request is not JSON a broker reads: it is nested too deep",
+            hint="see gpualloc.wire.protocol",
+        ) from None
     except (ValueError, UnicodeDecodeError):
         raise BrokerError(
             "the request is not JSON", hint="speak the broker's protocol (gpualloc.broker)"
