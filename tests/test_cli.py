@@ -606,6 +606,18 @@ def test_a_usage_error_is_exit_2_with_one_error_line(cli: Cli, args: list[str]) 
     assert "usage:" not in result.stderr and result.stdout == ""
 
 
+@pytest.mark.parametrize("number", ["1e309", "-1e309"])
+def test_a_number_past_a_double_is_not_called_infinite(cli: Cli, number: str) -> None:
+    """float() reads 1e309 as inf: the error must not name a value the user never wrote
+    (the option fuzzer's rule, tests/fuzz_harness.py)."""
+    result = cli("--topology", "dgx1-v100", "simulate", f"--load={number}", "--generate", "mapa")
+    assert result.exit_code == ExitCode.USAGE
+    error = result.stderr.splitlines()[0]
+    assert error == "error: invalid value for '--load': must be a number a double holds " + (
+        "(at most 1.8e+308)"
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "error", "hint"),
     [

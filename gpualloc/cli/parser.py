@@ -18,6 +18,7 @@ mistyped command or option, where a global option given after the command goes.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -159,6 +160,9 @@ class Reader:
             number = None
         if number is None:
             self._refuse("must be a number")
+        if number in (math.inf, -math.inf) and "inf" not in text.lower():
+            # 1e309 overflows to inf: a value the user never wrote (tests/test_fuzz_options.py)
+            self._refuse(f"must be a number a double holds (at most {sys.float_info.max:.1e})")
         return number
 
     def _refuse(self, why: str) -> NoReturn:
