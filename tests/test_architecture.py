@@ -24,9 +24,6 @@ MAX_MODULE_LINES = 600
 ISSUE_CITATION = re.compile(r"\bissues?\s+#?\d+", re.IGNORECASE)
 """An issue number given as a reason ("issue 40, hole 3"): it says nothing to a reader without
 the tracker and rots (house style, "Comments"); cite the paper, the standard or the test."""
-CITATIONS_NOT_YET_CLEARED = ("cli/", "broker/placer.py", "broker/server.py")
-"""Modules whose comments are rewritten as they are moved or edited now; each leaves this list
-once its citations are gone."""
 
 
 def _modules() -> dict[str, Path]:
@@ -227,7 +224,6 @@ def test_no_comment_cites_an_issue_number() -> None:
     cited = [
         f"{path.relative_to(PACKAGE.parent)}:{line}: {citation}"
         for path in MODULES.values()
-        if not path.relative_to(PACKAGE).as_posix().startswith(CITATIONS_NOT_YET_CLEARED)
         for line, citation in issue_citations(path.read_text(encoding="utf-8"))
     ]
     assert not cited, "\n".join(cited)

@@ -184,8 +184,8 @@ def test_a_users_pipelined_requests_wait_behind_another_users_request(tmp_path: 
             began = time.monotonic()
             connection.sendall(GC * count)
             os.write(sent_write, b"x")
-            reader = connection.makefile("rb")
-            assert all(b'"ok":true' in reader.readline() for _ in range(count))
+            with connection.makefile("rb") as reader:
+                assert all(b'"ok":true' in reader.readline() for _ in range(count))
             said(flood_s=time.monotonic() - began)
 
     def hello() -> None:
@@ -196,7 +196,8 @@ def test_a_users_pipelined_requests_wait_behind_another_users_request(tmp_path: 
             connection.connect(str(broker.socket))
             began = time.monotonic()
             connection.sendall(b'{"v": 1, "op": "hello", "args": {}}\n')
-            assert b'"ok":true' in connection.makefile("rb").readline()
+            with connection.makefile("rb") as reader:
+                assert b'"ok":true' in reader.readline()
             said(hello_s=time.monotonic() - began)
 
     try:
@@ -235,9 +236,8 @@ def test_a_client_that_reads_no_answers_is_cut_off_at_its_bound() -> None:
             connection.sendall(SNAPSHOT * count)
             time.sleep(2.0)  # the broker answers them all meanwhile (half a second here)
             assert broker.hello()["protocol"] == 1
-            reader = connection.makefile("rb")
             answered = 0
-            with contextlib.suppress(OSError):
+            with connection.makefile("rb") as reader, contextlib.suppress(OSError):
                 while reader.readline():
                     answered += 1
         assert 0 < answered < count, answered

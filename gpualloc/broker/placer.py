@@ -1,4 +1,4 @@
-"""Placement searches off the broker's loop (issue 40, hole 2).
+"""Placement searches off the broker's loop.
 
 The broker answers every user from one loop, and a placement search may take up to the host's
 ``placement.time_budget`` (1 s): one user's 10-GPU job on a 32-GPU host would hold everyone

@@ -3,7 +3,7 @@
 One thread owns the ledger, so requests are serialised without any lock a client could hold:
 the loop never waits on a client (every socket is non-blocking, answers are buffered), and a
 request is handled only once its whole line has arrived. What a hostile or broken client can
-do is bounded (issue 31, point 6):
+do is bounded (docs/administration.md lists each bound with its test):
 
 - a request over 64 KiB, or one not complete within :data:`~.protocol.REQUEST_DEADLINE_S`, gets
   an error (if it can be sent) and its connection is closed;
@@ -67,7 +67,7 @@ PROCESS_REFRESH_S = 2.0
 USER_SLICE_S = 0.005
 """Broker time one user's requests may take in one turn of the loop; the rest of them wait for
 the next turn, after the others' (a user who pipelines slow requests delays others by about
-one request, not by all of them: issue 40, hole 2). Root is never put off."""
+one request: tests/test_broker_floods.py). Root is never put off."""
 
 
 class Broker:
@@ -175,10 +175,9 @@ class Broker:
 
     def _in_batch(self, look: bool) -> None:
         """Everything that arrived in this turn of the loop, in one group commit: the answers
-        go out only once the ledger is written. A failed write sends none of them: a write
-        that fails as gpualloc knows (a full disk: issue 40, hole 8) is said to each of their
-        clients instead, and any other failure closes their connections, so that the clients
-        send the requests again."""
+        go out only once the ledger is written. A failed write sends none of them: one that
+        fails as gpualloc knows (a full disk) is said to each of their clients, any other
+        closes their connections, so that the clients send the requests again."""
         self.held_back = []
         queued_before = set(self.waiting)
         try:
@@ -523,7 +522,9 @@ class Broker:
             return
         connection.outbox += data
         if len(connection.outbox) > MAX_UNREAD_BYTES:
-            self._close(connection)
+            self._flush(connection)  # what the socket takes now is the client's to read
+            if len(connection.outbox) > MAX_UNREAD_BYTES:
+                self._close(connection)
             return
         self.unsent[connection] = None  # with the turn's other answers, in one write
 
@@ -544,7 +545,7 @@ class Broker:
 
     def _refuse_flood(self, connection: Connection) -> None:
         """Past its user's request budget: one refusal and the connection closed, so that a
-        flood costs the broker one answer, not one per request (issue 40, hole 10)."""
+        flood costs the broker one answer, not one per request."""
         self._send(
             connection,
             protocol.error_line(
