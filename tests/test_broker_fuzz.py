@@ -269,14 +269,13 @@ def _first_code(connection: socket.socket) -> int | str:
     return (json.loads(raw).get("error") or {}).get("code", 0) if raw else "closed"
 
 
-def _held_limits(path: Path) -> list[tuple[str, int, Any]]:
+def _held_limits(path: Path, gpus: int) -> list[tuple[str, int, Any]]:
     """The bounds a user reaches by holding things open: connections (``broker.
     max_connections``), each answered before the next opens, and waiting jobs
     (``queue.max_waiting``), sent at once behind a lease of every GPU, each answered by its
     first event (a waiter hears it at the broker's next look) or refused; (bound, count,
     code) for the count just under, at and over each."""
     from gpualloc.config import BY_KEY
-    from gpualloc.topologies import load_bundled
 
     found: list[tuple[str, int, Any]] = []
     held: list[socket.socket] = []
@@ -294,7 +293,7 @@ def _held_limits(path: Path) -> list[tuple[str, int, Any]]:
             connection.close()
     held = []
     limit = BY_KEY["queue.max_waiting"].default
-    everything = {"gpus": load_bundled(BOUNDS_TOPOLOGY).gpu_count, "sensitive": False}
+    everything = {"gpus": gpus, "sensitive": False}
     try:
         held.append(_connected(path, request_text("alloc", _args(everything))))
         found.append(("every GPU held, the queue's bound next", 1, _first_code(held[0])))
@@ -316,17 +315,17 @@ def _args(request: dict[str, Any], **more: Any) -> dict[str, Any]:
     return {"lease_id": new_lease_id(), "request": request, "terms": terms, **more}
 
 
-def _walk(path: Path) -> list[list[Any]]:
+def _walk(path: Path, bounds: list[Any], gpus: int) -> list[list[Any]]:
     """Every bound's values, sent as this process's user: [bound, value, what was seen]."""
     seen: list[list[Any]] = []
-    for bound in broker_bounds():
+    for bound in bounds:
         for value in bound.values:
             answer = _answer(path, bound.line(value))
             made = answer.pop("result", None)
             if bound.kept is not None and answer["code"] == 0:
                 answer["kept"] = bound.kept(value, made)
             seen.append([bound.name, repr(value)[:40], answer])
-    for name, value, code in _held_limits(path):
+    for name, value, code in _held_limits(path, gpus):
         seen.append([name, repr(value), {"code": code, "open": True}])
     return seen
 
@@ -371,7 +370,12 @@ def test_every_bound_a_request_meets_is_answered_as_documented_below_at_and_abov
     report.touch()
     os.chown(report, user.uid, user.gid)
     try:
-        as_user(user.uid, user.gid, lambda: report.write_text(json.dumps(_walk(broker.socket))))
+        from gpualloc.topologies import load_bundled
+
+        # Read as root: the checkout (its bundled topologies) may be root's alone.
+        bounds, gpus = list(broker_bounds()), load_bundled(BOUNDS_TOPOLOGY).gpu_count
+        walked = lambda: report.write_text(json.dumps(_walk(broker.socket, bounds, gpus)))  # noqa: E731
+        as_user(user.uid, user.gid, walked)
         seen = json.loads(report.read_text())
         messages = [answer.pop("message", "") for _, _, answer in seen]
         wrong = [(s, w) for s, w in zip(seen, _wanted(), strict=True) if s != w]

@@ -7,6 +7,7 @@ real uids, never faked ones.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import site
@@ -87,10 +88,34 @@ USER_ACTION_S = 600.0
 requests): a deadline, not an estimate."""
 
 
+def _import_all_where_private() -> None:
+    """Where the checkout lies in a directory only root can enter (a clone in a ``mktemp -d``
+    directory), a forked user could not import what gpualloc imports lazily: every module is
+    imported before the fork instead. Files read at run time (bundled topologies) are the
+    test's to read before it forks."""
+    package = ROOT / "gpualloc"
+    if PRELOADED or all(d.stat().st_mode & 0o001 for d in (package, *package.parents)):
+        return
+    import importlib
+    import pkgutil
+
+    import gpualloc
+
+    for module in pkgutil.walk_packages(gpualloc.__path__, "gpualloc."):
+        if not module.name.endswith("__main__"):
+            with contextlib.suppress(Exception):  # an extra's module (matplotlib) may not load
+                importlib.import_module(module.name)
+    PRELOADED.append(True)
+
+
+PRELOADED: list[bool] = []
+
+
 def start_as_user(uid: int, gid: int, action: Callable[[], object]) -> int:
     """Start ``action`` in a forked child that becomes the Unix user ``uid``; its pid (several
     users at once: :func:`wait_for_user` each). The child exits 0 when ``action`` returns, 1
     with the traceback on stderr when it raises."""
+    _import_all_where_private()
     pid = os.fork()
     if pid == 0:
         code = 1

@@ -168,10 +168,10 @@ class Broker:
             self._in_batch(look)
         if look:
             self.next_look = time.monotonic() + LOOK_S
+        self.log.flush()  # before the answers: what a client was answered is in the log
         unsent, self.unsent = self.unsent, {}
         for connection in unsent:
             self._flush(connection)
-        self.log.flush()
 
     def _in_batch(self, look: bool) -> None:
         """Everything that arrived in this turn of the loop, in one group commit: the answers
