@@ -2,18 +2,21 @@
 
 One row per option: its parameter name, spellings, kind and bounds, help, default, the
 environment variable and configuration key that default it, its completion, the commands that
-take it, and whether the broker's lean client sends it. Everything else is made from this
-table, never written again by hand:
+take it, and whether the broker's lean client sends it. The rest is made from this table,
+never written again by hand, but for the typed fields of ``JobOptions``:
 
 - the options of ``run``, ``alloc`` and ``plan`` (:func:`gpualloc.cli.declare.job_options`),
   and so their parser, ``--help``, manual page and completion scripts;
-- :class:`gpualloc.placement.options.JobOptions`, the one struct the command line, the Python API
-  and the broker build a job from (its fields are the ``job`` rows);
+- the bounds :class:`gpualloc.placement.options.JobOptions` checks when it is made, the one
+  struct the command line, the Python API and the broker build a job from (its fields are the
+  ``job`` rows, written there with their types so that a checker reads them; a test holds the
+  two equal);
 - the wire schema of the broker's fast client (:func:`gpualloc.broker.requests.wire_options`,
   the ``wire`` rows) and the options it sends (:data:`gpualloc.cli.brokered.JOB_OPTIONS`).
 
-A new option is one row here plus its use (``tests/test_job_options.py`` adds one and finds it
-in all of them). A leaf module: every command line's parser reads it, so it imports nothing.
+A new option is one row here, its typed field in ``JobOptions`` and its use
+(``tests/test_job_options.py`` adds a row and finds it everywhere else). A leaf module: every
+command line's parser reads it, so it imports nothing.
 """
 
 from typing import Literal, NamedTuple

@@ -31,13 +31,11 @@ PROBE = """
 import json
 import msgspec
 
-from gpualloc.api import _job_options
 from gpualloc.broker.requests import WireOptions
 from gpualloc.cli import brokered, parser
 from gpualloc.cli.commands import entry, load
 from gpualloc.cli.help import page
 from gpualloc.errors import RequestError
-from gpualloc.placement.options import JobOptions
 
 found = {}
 for command in ("run", "alloc", "plan"):
@@ -56,13 +54,6 @@ try:
     found["wire_bounds"] = False
 except msgspec.ValidationError:
     found["wire_bounds"] = True
-found["struct"] = JobOptions(max_temperature=80).max_temperature == 80
-found["api"] = _job_options(2, {"max_temperature": 70}).max_temperature == 70
-try:
-    JobOptions(max_temperature=500)
-    found["struct_bounds"] = False
-except RequestError:
-    found["struct_bounds"] = True
 print(json.dumps(found))
 """
 
@@ -70,8 +61,9 @@ print(json.dumps(found))
 def test_a_row_added_to_the_table_reaches_every_shape_of_the_request() -> None:
     """The row alone, no other edit: the help of run and alloc (not plan, which the row does
     not name), the parser with its bounds, the broker's wire schema and what its lean client
-    sends, JobOptions with its bounds, and the Python API. What a real option needs
-    besides is its use: what it changes in ``JobOptions.want`` (or in the lease's terms)."""
+    sends. What a real option needs besides is its field in ``JobOptions`` (typed, written
+    where a checker reads it: the next test fails until it is there) and its use: what it
+    changes in ``JobOptions.want`` (or in the lease's terms)."""
     script = textwrap.dedent(DUMMY_ROW) + textwrap.dedent(PROBE)
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
@@ -80,6 +72,25 @@ def test_a_row_added_to_the_table_reaches_every_shape_of_the_request() -> None:
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found.pop("plan_help") is False
     assert all(found.values()), found
+
+
+def test_the_structs_fields_are_the_job_rows_with_their_defaults_and_kinds() -> None:
+    """JobOptions is written by hand, so that a type checker reads its fields; the rows stay
+    the one description of the options: the same names in the same order, the same defaults,
+    and a type that takes what the row's kind parses to."""
+    from gpualloc.placement.options import JobOptions
+
+    rows = job_fields()
+    fields = msgspec.structs.fields(JobOptions)
+    assert [field.name for field in fields] == [row.dest for row in rows]
+    kinds = {"flag": bool, "int": int, "float": float, "str": str}
+    for field, row in zip(fields, rows, strict=True):
+        assert field.default == row.default, row.dest
+        assert field.default is not msgspec.NODEFAULT, row.dest
+        example = {"flag": True, "int": 1, "float": 0.5, "str": "0"}[row.kind]
+        assert isinstance(example, kinds[row.kind])
+        assert getattr(JobOptions(**{row.dest: example}), row.dest) == example, row.dest
+        assert kinds[row.kind].__name__ in str(field.type), (row.dest, field.type)
 
 
 def test_every_declared_job_option_is_a_row() -> None:

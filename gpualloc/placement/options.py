@@ -14,9 +14,8 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-import msgspec
 from msgspec import Struct
 
 from gpualloc.errors import RequestError
@@ -34,28 +33,31 @@ GpuSelection = str | Iterable[int] | None
 """``"0,2,4-7"`` as typed, or the indices themselves."""
 
 
-class _JobOptionsMethods(Struct, frozen=True, kw_only=True):
-    """What :class:`JobOptions` does; its fields are the ``job`` rows of
-    :data:`gpualloc.job_options.JOB_OPTIONS` (one row each, with its default)."""
+class JobOptions(Struct, frozen=True, kw_only=True):
+    """What describes a job (see the module docstring): one field per ``job`` row of
+    :data:`gpualloc.job_options.JOB_OPTIONS`, in the table's order, named as on the command
+    line, with the row's default (``tests/test_job_options.py`` holds the two equal; the rows
+    stay the one description of the options' spellings, help and bounds). Bounds (``-n`` at
+    least 1, ``--min-utility`` within 0..1, ...) are checked when it is made, whoever makes it:
+    the command line, the Python API or the broker."""
 
-    if TYPE_CHECKING:  # the rows' fields as a type checker reads them; msgspec never sees these
-        count: int | None = None
-        pattern: str = "ring"
-        sensitive: bool | None = None
-        exclude: GpuSelection = None
-        require: GpuSelection = None
-        policy: str | None = None
-        score: str = "auto"
-        drb_weights: str | tuple[float, float, float] | None = None
-        gpus: GpuSelection = None
-        min_utility: float | None = None
-        min_bandwidth: float | None = None
-        mig: str | None = None
-        mem: str | int | None = None
-        share: bool = False
-        shareable: bool = False
-        background: bool = False
-        sm_share: int | None = None
+    count: int | None = None
+    pattern: str = "ring"
+    sensitive: bool | None = None
+    exclude: GpuSelection = None
+    require: GpuSelection = None
+    policy: str | None = None
+    score: str = "auto"
+    drb_weights: str | tuple[float, float, float] | None = None
+    gpus: GpuSelection = None
+    min_utility: float | None = None
+    min_bandwidth: float | None = None
+    mig: str | None = None
+    mem: str | int | None = None
+    share: bool = False
+    shareable: bool = False
+    background: bool = False
+    sm_share: int | None = None
 
     def __post_init__(self) -> None:
         check_bounds(self, _ROWS)
@@ -204,28 +206,7 @@ class _JobOptionsMethods(Struct, frozen=True, kw_only=True):
         )
 
 
-def job_options_struct(rows: tuple[JobOption, ...]) -> type[_JobOptionsMethods]:
-    """The struct of a job's options: one field per row, with the row's default."""
-    struct = msgspec.defstruct(
-        "JobOptions",
-        [(row.dest, Any, row.default) for row in rows],
-        bases=(_JobOptionsMethods,),
-        module=__name__,
-        frozen=True,
-        kw_only=True,
-    )
-    return cast("type[_JobOptionsMethods]", struct)  # its one base, so a subclass of it
-
-
 _ROWS = job_fields()
-if TYPE_CHECKING:
-    JobOptions = _JobOptionsMethods
-else:
-    JobOptions = job_options_struct(_ROWS)
-"""What describes a job (see the module docstring): one field per ``job`` row of the table,
-named as on the command line. Bounds (``-n`` at least 1, ``--min-utility`` within 0..1, ...)
-are checked when it is made, whoever makes it: the command line, the Python API or the
-broker."""
 
 
 def check_bounds(values: object, rows: tuple[JobOption, ...]) -> None:
