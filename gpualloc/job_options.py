@@ -11,8 +11,9 @@ never written again by hand, but for the typed fields of ``JobOptions``:
   struct the command line, the Python API and the broker build a job from (its fields are the
   ``job`` rows, written there with their types so that a checker reads them; a test holds the
   two equal);
-- the wire schema of the broker's fast client (:func:`gpualloc.broker.requests.wire_options`,
-  the ``wire`` rows) and the options it sends (:data:`gpualloc.cli.brokered.JOB_OPTIONS`).
+- the options the broker's fast client sends (the ``wire`` rows:
+  :data:`gpualloc.cli.brokered.JOB_OPTIONS`) and those the broker reads of it, into a
+  ``JobOptions`` (:data:`gpualloc.broker.requests.WIRE_OPTIONS`).
 
 A new option is one row here, its typed field in ``JobOptions`` and its use
 (``tests/test_job_options.py`` adds a row and finds it everywhere else). A leaf module: every

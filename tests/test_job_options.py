@@ -1,10 +1,12 @@
 """One job request, declared once: the table of :mod:`gpualloc.job_options` makes the options
-of run, alloc and plan (their parser and help), ``JobOptions``, the wire schema and the Python
-API's keywords. A new option is one row; these tests add one and find it everywhere."""
+of run, alloc and plan (their parser and help), ``JobOptions`` (held equal to it), what the
+broker's fast client sends and the Python API's keywords. A new option is one row and its
+field; these tests add a row and find it everywhere else."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -29,9 +31,8 @@ table.JOB_OPTIONS = (
 
 PROBE = """
 import json
-import msgspec
 
-from gpualloc.broker.requests import WireOptions
+from gpualloc.broker.requests import WIRE_OPTIONS
 from gpualloc.cli import brokered, parser
 from gpualloc.cli.commands import entry, load
 from gpualloc.cli.help import page
@@ -47,21 +48,16 @@ try:
     found["parser_bounds"] = False
 except RequestError as refused:
     found["parser_bounds"] = "must be at least 30" in refused.message
-found["wire"] = "max_temperature" in WireOptions.__struct_fields__
 found["fast_client_sends"] = "max_temperature" in brokered.JOB_OPTIONS
-try:
-    msgspec.convert({"policy": "mapa", "max_temperature": 5}, WireOptions)
-    found["wire_bounds"] = False
-except msgspec.ValidationError:
-    found["wire_bounds"] = True
+found["broker_reads"] = "max_temperature" in WIRE_OPTIONS
 print(json.dumps(found))
 """
 
 
 def test_a_row_added_to_the_table_reaches_every_shape_of_the_request() -> None:
     """The row alone, no other edit: the help of run and alloc (not plan, which the row does
-    not name), the parser with its bounds, the broker's wire schema and what its lean client
-    sends. What a real option needs besides is its field in ``JobOptions`` (typed, written
+    not name), the parser with its bounds, what the broker's lean client sends and the broker
+    reads. What a real option needs besides is its field in ``JobOptions`` (typed, written
     where a checker reads it: the next test fails until it is there) and its use: what it
     changes in ``JobOptions.want`` (or in the lease's terms)."""
     script = textwrap.dedent(DUMMY_ROW) + textwrap.dedent(PROBE)
@@ -145,11 +141,25 @@ def test_the_api_takes_the_command_lines_job_options_and_refuses_others() -> Non
     assert set(api.__all__) == {"HeldGpus", "hold", "load_topology", "plan"}
 
 
-def test_the_wire_schema_refuses_what_the_command_line_would() -> None:
-    from gpualloc.broker.requests import WireOptions
+def test_the_broker_decodes_a_fast_clients_options_into_the_struct() -> None:
+    """One struct for the job's options, on the command line and on the wire: the broker
+    decodes the lean client's options into JobOptions, whose bounds refuse what the parser
+    would; the rows it does not send (sharing, which comes with its terms) are refused."""
+    from gpualloc.broker.requests import WIRE_OPTIONS, options_want
+    from gpualloc.config import Config
 
-    assert set(WireOptions.__struct_fields__) == {"policy", *(r.dest for r in wire_fields())}
-    with pytest.raises(msgspec.ValidationError, match="count"):
-        msgspec.convert({"policy": "mapa", "count": 0}, WireOptions)
-    with pytest.raises(msgspec.ValidationError, match="unknown field"):
-        msgspec.convert({"policy": "mapa", "share": True}, WireOptions)
+    assert {"policy", *(r.dest for r in wire_fields())} == WIRE_OPTIONS
+    config = Config.load()
+    want = options_want({"policy": "drb", "count": 2, "exclude": "0-3"}, config)
+    assert want.policy == "drb" and want.request.excluded == {0, 1, 2, 3}
+    refusals = [
+        ({"policy": "mapa", "count": 0}, "-n 0 is out of range"),
+        ({"policy": "mapa", "count": "2"}, "bad options: Expected `int | null`, got `str`"),
+        ({"policy": "mapa", "share": True}, "'share' is not a fast client's option"),
+        ({"policy": "mapa", "colour": "red"}, "unknown field `colour`"),
+        ({"count": 1}, "no policy"),
+        ({"policy": "mapa", "pattern": "/etc/shadow"}, "the broker opens no file"),
+    ]
+    for raw, message in refusals:
+        with pytest.raises(RequestError, match=re.escape(message)):
+            options_want(raw, config)

@@ -1,9 +1,9 @@
 """What a broker client may send, checked as if hostile (:mod:`.service` acts on it).
 
 Every value from a client is decoded into the ledger's own validated structs or bounded here:
-the job as a :class:`~gpualloc.ledger.schema.QueuedRequest` (or the command line's options,
-:class:`WireOptions`), lease ids as 12 hex digits, commands and names by length, counts as
-positive integers. A client can name only what it could have typed.
+the job as a :class:`~gpualloc.ledger.schema.QueuedRequest` (or the command line's options, a
+:class:`~gpualloc.placement.options.JobOptions`), lease ids as 12 hex digits, commands and
+names by length, counts as positive integers. A client can name only what it could have typed.
 
 Text follows the command line's rule (:mod:`gpualloc.host.terms`): JSON may carry a lone
 surrogate (``"\\udcff"``), which the ledger could never read back (UTF-8 cannot encode it); a name
@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-from msgspec import Meta, Struct, defstruct
+import msgspec
 
 from gpualloc.errors import RequestError
 from gpualloc.host.queue import WaitOptions
 from gpualloc.host.queue_policy import QueuePolicy
 from gpualloc.host.terms import MAX_WORD_CHARS
-from gpualloc.job_options import Table, wire_fields
+from gpualloc.job_options import PATTERN_NAMES, wire_fields
 from gpualloc.ledger.schema import QueuedRequest
 from gpualloc.model.printable import has_surrogates, lease_command, printable
 from gpualloc.model.validation import ValidationError, from_builtins
@@ -30,33 +30,12 @@ from gpualloc.placement.want import Want
 from gpualloc.user_files import shown_repr
 
 if TYPE_CHECKING:
+    from gpualloc.config import Config
     from gpualloc.model.topology import Topology
 
 _ID = re.compile(r"^[0-9a-f]{12}$")
-
-
-def wire_options(table: Table | None = None) -> type[Struct]:
-    """The schema of a fast client's job options, as the command line types them: the ``wire``
-    rows of ``table`` (:mod:`gpualloc.job_options`), each with its type and bounds, and the
-    policy the client resolved (required). Unknown fields are refused."""
-    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = [("policy", str)]
-    for row in wire_fields(table):
-        if row.dest == "policy":
-            continue
-        kind: Any = WIRE_TYPES[row.kind]
-        if row.minimum is not None or row.maximum is not None:
-            kind = Annotated[kind, Meta(ge=row.minimum, le=row.maximum)]
-        fields.append((row.dest, kind if row.default is not None else kind | None, row.default))
-    return defstruct(
-        "WireOptions",
-        fields,
-        module=__name__,
-        forbid_unknown_fields=True,
-    )
-
-
-WIRE_TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "flag": bool}
-WireOptions = wire_options()
+WIRE_OPTIONS = frozenset({"policy", *(row.dest for row in wire_fields())})
+"""What a fast client's options may name: the ``wire`` rows and its configured policy."""
 
 
 def queued_want(raw: Any) -> Want:
@@ -73,6 +52,36 @@ def queued_want(raw: Any) -> Want:
         return Want.from_queued(request)
     except RequestError as bad:  # the pattern's own rules (model.request.CommunicationPattern)
         raise RequestError(f"bad request: {bad.message}", hint=bad.hint) from None
+
+
+def options_want(raw: Any, config: Config) -> Want:
+    """The Want of a fast client's options: a :class:`~gpualloc.placement.options.JobOptions`
+    as the command line types it, its bounds checked when it is decoded, with the client's
+    configured policy."""
+    from gpualloc.placement.options import JobOptions
+
+    try:
+        options = msgspec.convert(raw, JobOptions)
+    except msgspec.ValidationError as bad:
+        raise RequestError(f"bad options: {bad}", hint="see gpualloc.broker") from None
+    except UnicodeEncodeError:  # a lone surrogate in a text (the fuzzer found it)
+        raise RequestError(
+            "bad options: a text is not valid UTF-8", hint="see gpualloc.broker"
+        ) from None
+    if options.policy is None:
+        raise RequestError("bad options: no policy (the client's own)", hint="see gpualloc.broker")
+    unsent = sorted(set(raw) - WIRE_OPTIONS)  # sharing comes as a request, with its terms
+    if unsent:
+        raise RequestError(
+            f"bad options: {unsent[0]!r} is not a fast client's option", hint="see gpualloc.broker"
+        )
+    if options.pattern not in PATTERN_NAMES:  # never a path: root would read it for them
+        raise RequestError(
+            f"pattern {printable(options.pattern, 60)!r} is not one of "
+            f"{', '.join(PATTERN_NAMES)}: the broker opens no file a client names",
+            hint="gpualloc reads a pattern file itself and sends its edges",
+        )
+    return options.want(config)
 
 
 def wait_options(raw: Any, policy: QueuePolicy) -> WaitOptions:

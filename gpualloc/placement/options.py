@@ -31,25 +31,29 @@ if TYPE_CHECKING:
 
 GpuSelection = str | Iterable[int] | None
 """``"0,2,4-7"`` as typed, or the indices themselves."""
+GpuList = str | tuple[int, ...] | None
+"""A GPU list as :class:`JobOptions` keeps it: as typed, or the indices (the Python API makes
+a tuple of any iterable); a type the broker decodes (msgspec takes no abstract iterable)."""
 
 
-class JobOptions(Struct, frozen=True, kw_only=True):
+class JobOptions(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What describes a job (see the module docstring): one field per ``job`` row of
     :data:`gpualloc.job_options.JOB_OPTIONS`, in the table's order, named as on the command
     line, with the row's default (``tests/test_job_options.py`` holds the two equal; the rows
     stay the one description of the options' spellings, help and bounds). Bounds (``-n`` at
     least 1, ``--min-utility`` within 0..1, ...) are checked when it is made, whoever makes it:
-    the command line, the Python API or the broker."""
+    the command line, the Python API or the broker (which decodes a client's options into it,
+    unknown fields refused)."""
 
     count: int | None = None
     pattern: str = "ring"
     sensitive: bool | None = None
-    exclude: GpuSelection = None
-    require: GpuSelection = None
+    exclude: GpuList = None
+    require: GpuList = None
     policy: str | None = None
     score: str = "auto"
     drb_weights: str | tuple[float, float, float] | None = None
-    gpus: GpuSelection = None
+    gpus: GpuList = None
     min_utility: float | None = None
     min_bandwidth: float | None = None
     mig: str | None = None
