@@ -7,7 +7,7 @@ never written again by hand, but for the typed fields of ``JobOptions``:
 
 - the options of ``run``, ``alloc`` and ``plan`` (:func:`gpualloc.cli.declare.job_options`),
   and so their parser, ``--help``, manual page and completion scripts;
-- the bounds :class:`gpualloc.placement.options.JobOptions` checks when it is made, the one
+- the bounds :class:`gpualloc.model.job.JobOptions` checks when it is made, the one
   struct the command line, the Python API and the broker build a job from (its fields are the
   ``job`` rows, written there with their types so that a checker reads them; a test holds the
   two equal);
@@ -24,7 +24,7 @@ from typing import Literal, NamedTuple
 
 Kind = Literal["flag", "int", "float", "str"]
 Group = Literal["job", "lease", "wait"]
-"""``job``: what describes the job (:class:`~gpualloc.placement.options.JobOptions`);
+"""``job``: what describes the job (:class:`~gpualloc.model.job.JobOptions`);
 ``lease``: how its lease is held; ``wait``: how it queues (``--wait`` and its options)."""
 
 COMMANDS = ("run", "alloc", "plan")

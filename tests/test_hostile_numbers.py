@@ -84,8 +84,9 @@ def test_a_count_above_the_host_is_exit_9_and_above_the_cap_a_usage_error(cli) -
 
 def test_the_library_refuses_a_count_before_building_a_pattern() -> None:
     from gpualloc.config import Config
+    from gpualloc.model.job import JobOptions
     from gpualloc.placement.mapa.patterns import PatternError, build_pattern
-    from gpualloc.placement.options import JobOptions
+    from gpualloc.placement.options import want_of
 
     with pytest.raises(RequestError, match=f"out of range .1 to {MAX_GPUS}."):
         JobOptions(count=10**17)
@@ -96,7 +97,7 @@ def test_the_library_refuses_a_count_before_building_a_pattern() -> None:
             build_pattern(pattern, 10**17)
     for iterable in ("gpus", "exclude", "require"):
         with pytest.raises(RequestError, match=f"at most {MAX_GPUS}"):
-            JobOptions(**{iterable: range(10**17)}).want(Config.load())
+            want_of(JobOptions(**{iterable: range(10**17)}), Config.load())
 
 
 # ---- GPU lists ----------------------------------------------------------------------------

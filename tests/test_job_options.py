@@ -74,7 +74,7 @@ def test_the_structs_fields_are_the_job_rows_with_their_defaults_and_kinds() -> 
     """JobOptions is written by hand, so that a type checker reads its fields; the rows stay
     the one description of the options: the same names in the same order, the same defaults,
     and a type that takes what the row's kind parses to."""
-    from gpualloc.placement.options import JobOptions
+    from gpualloc.model.job import JobOptions
 
     rows = job_fields()
     fields = msgspec.structs.fields(JobOptions)
@@ -123,7 +123,7 @@ def test_each_row_is_declared_once_with_its_help() -> None:
 def test_the_struct_checks_its_bounds_whoever_builds_it(values: dict, message: str) -> None:
     """The Python API and the broker reach JobOptions without the parser's checks: the
     struct refuses what the parser would, when it is made."""
-    from gpualloc.placement.options import JobOptions
+    from gpualloc.model.job import JobOptions
 
     with pytest.raises(RequestError, match=message):
         JobOptions(**values)

@@ -2,7 +2,7 @@
 
 Every value from a client is decoded into the ledger's own validated structs or bounded here:
 the job as a :class:`~gpualloc.ledger.schema.QueuedRequest` (or the command line's options, a
-:class:`~gpualloc.placement.options.JobOptions`), lease ids as 12 hex digits, commands and
+:class:`~gpualloc.model.job.JobOptions`), lease ids as 12 hex digits, commands and
 names by length, counts as positive integers. A client can name only what it could have typed.
 
 Text follows the command line's rule (:mod:`gpualloc.host.terms`): JSON may carry a lone
@@ -55,10 +55,11 @@ def queued_want(raw: Any) -> Want:
 
 
 def options_want(raw: Any, config: Config) -> Want:
-    """The Want of a fast client's options: a :class:`~gpualloc.placement.options.JobOptions`
+    """The Want of a fast client's options: a :class:`~gpualloc.model.job.JobOptions`
     as the command line types it, its bounds checked when it is decoded, with the client's
     configured policy."""
-    from gpualloc.placement.options import JobOptions
+    from gpualloc.model.job import JobOptions
+    from gpualloc.placement.options import want_of
 
     try:
         options = msgspec.convert(raw, JobOptions)
@@ -81,7 +82,7 @@ def options_want(raw: Any, config: Config) -> Want:
             f"{', '.join(PATTERN_NAMES)}: the broker opens no file a client names",
             hint="gpualloc reads a pattern file itself and sends its edges",
         )
-    return options.want(config)
+    return want_of(options, config)
 
 
 def wait_options(raw: Any, policy: QueuePolicy) -> WaitOptions:
