@@ -149,7 +149,7 @@ def _job_options(count: int, given: dict[str, Any]) -> Any:
     """The JobOptions of ``hold`` and ``plan``: ``count`` GPUs (one where a MIG device or a
     shared place is asked for), and the command line's job options by name."""
     from gpualloc.errors import RequestError
-    from gpualloc.model.job import JobOptions
+    from gpualloc.model.job import JobOptions, gpu_indices
 
     names = set(JobOptions.__struct_fields__) - {"count", "gpus"}
     unknown = sorted(set(given) - names - {"explicit"})
@@ -159,10 +159,10 @@ def _job_options(count: int, given: dict[str, Any]) -> Any:
         )
     values = {key: value for key, value in given.items() if key != "explicit"}
     if given.get("explicit") is not None:
-        values["gpus"] = tuple(given["explicit"])
+        values["gpus"] = gpu_indices(given["explicit"], "--gpus")
     for key in ("exclude", "require"):
         if values.get(key) is not None and not isinstance(values[key], str):
-            values[key] = tuple(values[key])
+            values[key] = gpu_indices(values[key], f"--{key}")
     single = (
         given.get("mig") is not None
         or given.get("share")

@@ -100,6 +100,23 @@ def test_the_library_refuses_a_count_before_building_a_pattern() -> None:
             want_of(JobOptions(**{iterable: range(10**17)}), Config.load())
 
 
+@pytest.mark.parametrize("iterable", ["explicit", "exclude", "require"])
+def test_the_api_reads_a_gpu_list_no_further_than_a_host_could_have(iterable: str) -> None:
+    """``gpualloc.api`` keeps an iterable of GPUs as a tuple: it reads no more of it than
+    MAX_GPUS and one, and refuses the rest as the struct does (``range(10**17)`` was a
+    MemoryError, and an endless generator would never have ended)."""
+    import itertools
+
+    from gpualloc import api
+
+    topology = api.load_topology("dgx1-v100")
+    for values in (range(10**17), itertools.count()):
+        with pytest.raises(
+            RequestError, match=f"names more GPUs than a host has .at most {MAX_GPUS}"
+        ):
+            api.plan(topology, 2, **{iterable: values})
+
+
 # ---- GPU lists ----------------------------------------------------------------------------
 
 

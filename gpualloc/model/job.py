@@ -10,14 +10,15 @@ engine's request.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from msgspec import Struct
 
 from gpualloc.errors import RequestError
-from gpualloc.job_options import JobOption, job_fields
+from gpualloc.job_options import MAX_GPUS, JobOption, job_fields
 from gpualloc.model.option_values import parse_size
 
 GpuList = str | tuple[int, ...] | None
@@ -110,3 +111,16 @@ def _shown(value: float) -> str:
 
 def _a(kind: str) -> str:
     return "a whole number" if kind == "int" else "a number"
+
+
+def gpu_indices(values: Iterable[int], option: str) -> tuple[int, ...]:
+    """The API's indices (any iterable, even ``range(10**17)`` or an endless generator), read
+    no further than :data:`~gpualloc.job_options.MAX_GPUS` of them, as a typed list is
+    bounded (``tests/test_hostile_numbers.py``)."""
+    taken = tuple(int(g) for g in itertools.islice(values, MAX_GPUS + 1))
+    if len(taken) > MAX_GPUS:
+        raise RequestError(
+            f"{option} names more GPUs than a host has (at most {MAX_GPUS})",
+            hint="name each GPU once, e.g. gpus=[0, 1]",
+        )
+    return taken

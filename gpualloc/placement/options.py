@@ -10,13 +10,12 @@ section 2.3).
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from gpualloc.errors import RequestError
-from gpualloc.job_options import MAX_GPUS
+from gpualloc.model.job import gpu_indices
 from gpualloc.model.option_values import gpu_list, gpu_sequence, mig_request
 from gpualloc.model.printable import count_of
 
@@ -98,7 +97,7 @@ def _explicit(job: JobOptions) -> tuple[int, ...] | None:
         return None
     if isinstance(job.gpus, str):
         return gpu_sequence(job.gpus, "--gpus")
-    return _indices(job.gpus, "--gpus")
+    return gpu_indices(job.gpus, "--gpus")
 
 
 def _whole_gpu_options(job: JobOptions, gpus: bool) -> list[str]:
@@ -165,19 +164,7 @@ def _gpu_set(value: GpuSelection, option: str) -> frozenset[int]:
         return frozenset()
     if isinstance(value, str):
         return gpu_list(value, option)
-    return frozenset(_indices(value, option))
-
-
-def _indices(values: Iterable[int], option: str) -> tuple[int, ...]:
-    """The API's indices (any iterable, even ``range(10**17)``), read no further than
-    :data:`~gpualloc.job_options.MAX_GPUS` of them, as a typed list is bounded."""
-    taken = tuple(int(g) for g in itertools.islice(values, MAX_GPUS + 1))
-    if len(taken) > MAX_GPUS:
-        raise RequestError(
-            f"{option} names more GPUs than a host has (at most {MAX_GPUS})",
-            hint="name each GPU once, e.g. gpus=[0, 1]",
-        )
-    return taken
+    return frozenset(gpu_indices(value, option))
 
 
 def effective_model(score: str) -> EffectiveModel:
