@@ -63,7 +63,8 @@ class JobOption(NamedTuple):
     commands: tuple[str, ...] = COMMANDS
     group: Group = "job"
     wire: bool = True
-    """Sent by the broker's fast client in its ``options`` (sharing is sent as a request)."""
+    """Sent by the broker's lean client in its ``options`` (it leaves shared jobs to
+    :class:`~gpualloc.host.brokered.BrokeredHost`, which sends every row)."""
     plan_help: str | None = None
     """``plan``'s help where it differs (plan runs nothing, so some defaults differ)."""
 
@@ -248,5 +249,5 @@ def job_fields(table: Table | None = None) -> Table:
 
 
 def wire_fields(table: Table | None = None) -> Table:
-    """The rows the broker's fast client sends in its ``options``."""
+    """The rows the broker's lean client sends in its ``options``."""
     return tuple(row for row in table_or_default(table) if row.group == "job" and row.wire)

@@ -481,12 +481,10 @@ def test_every_ledger_command_answers_through_the_broker(broker: RunningBroker) 
 
 
 def test_the_fast_clients_options_are_the_jobs_options_but_sharing() -> None:
-    from gpualloc.broker.requests import WIRE_OPTIONS
     from gpualloc.cli.brokered import JOB_OPTIONS, SHARING
     from gpualloc.model.job import JobOptions
 
     assert set(JOB_OPTIONS) | set(SHARING) == set(JobOptions.__struct_fields__)
-    assert {"policy", *JOB_OPTIONS} == WIRE_OPTIONS
 
 
 IMPORTS = """

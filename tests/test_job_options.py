@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -32,7 +33,6 @@ table.JOB_OPTIONS = (
 PROBE = """
 import json
 
-from gpualloc.broker.requests import WIRE_OPTIONS
 from gpualloc.cli import brokered, parser
 from gpualloc.cli.commands import entry, load
 from gpualloc.cli.help import page
@@ -49,17 +49,16 @@ try:
 except RequestError as refused:
     found["parser_bounds"] = "must be at least 30" in refused.message
 found["fast_client_sends"] = "max_temperature" in brokered.JOB_OPTIONS
-found["broker_reads"] = "max_temperature" in WIRE_OPTIONS
 print(json.dumps(found))
 """
 
 
 def test_a_row_added_to_the_table_reaches_every_shape_of_the_request() -> None:
     """The row alone, no other edit: the help of run and alloc (not plan, which the row does
-    not name), the parser with its bounds, what the broker's lean client sends and the broker
-    reads. What a real option needs besides is its field in ``JobOptions`` (typed, written
-    where a checker reads it: the next test fails until it is there) and its use: what it
-    changes in ``JobOptions.want`` (or in the lease's terms)."""
+    not name), the parser with its bounds, what the broker's lean client sends. What a real
+    option needs besides is its field in ``JobOptions`` (typed, written where a checker reads
+    it: the next test fails until it is there) and its use: what it changes in
+    ``placement.options.want_of`` (or in the lease's terms)."""
     script = textwrap.dedent(DUMMY_ROW) + textwrap.dedent(PROBE)
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
@@ -141,24 +140,57 @@ def test_the_api_takes_the_command_lines_job_options_and_refuses_others() -> Non
     assert set(api.__all__) == {"HeldGpus", "hold", "load_topology", "plan"}
 
 
-def test_the_broker_decodes_a_fast_clients_options_into_the_struct() -> None:
-    """One struct for the job's options, on the command line and on the wire: the broker
-    decodes the lean client's options into JobOptions, whose bounds refuse what the parser
-    would; the rows it does not send (sharing, which comes with its terms) are refused."""
-    from gpualloc.broker.requests import WIRE_OPTIONS, options_want
+def test_the_broker_makes_the_want_its_client_made_of_the_options_it_sends(
+    tmp_path: Path,
+) -> None:
+    """One job encoding on the wire: a broker client sends the JobOptions its Want was made
+    of (:func:`gpualloc.host.brokered.sent_options`; a pattern file read by the client goes
+    as its name and edges), and the broker makes the same Want of them."""
+    from gpualloc.broker.requests import options_want
+    from gpualloc.config import Config
+    from gpualloc.host.brokered import sent_options
+    from gpualloc.model.job import JobOptions
+    from gpualloc.placement.options import want_of
+
+    pattern = tmp_path / "pairs.json"
+    pattern.write_text(json.dumps({"edges": [[0, 1], [2, 3]]}))
+    config = Config.load()
+    jobs = [
+        JobOptions(),
+        JobOptions(count=2, exclude="0-3", policy="drb", drb_weights="2,1,1", min_utility=0.3),
+        JobOptions(count=4, pattern=str(pattern), sensitive=True),
+        JobOptions(gpus=(3, 1), score="bottleneck"),
+        JobOptions(mig="1g.5gb"),
+        JobOptions(share=True, mem="4G", sm_share=50, background=True),
+        JobOptions(count=2, shareable=True, mem=2**30, exclude=(0,)),
+    ]
+    for job in jobs:
+        made = want_of(job, config)
+        sent = json.loads(json.dumps(sent_options(made)))  # as the socket carries it
+        assert str(tmp_path) not in json.dumps(sent)  # never a path for root to open
+        again = options_want(sent, config)
+        assert msgspec.structs.replace(again, options=None) == msgspec.structs.replace(
+            made, options=None
+        ), job
+
+
+def test_the_broker_decodes_a_clients_options_into_the_struct() -> None:
+    """The broker decodes a client's options into JobOptions, whose bounds refuse what the
+    parser would; a pattern is a built-in name or sent edges, never a file to open."""
+    from gpualloc.broker.requests import options_want
     from gpualloc.config import Config
 
-    assert {"policy", *(r.dest for r in wire_fields())} == WIRE_OPTIONS
     config = Config.load()
     want = options_want({"policy": "drb", "count": 2, "exclude": "0-3"}, config)
     assert want.policy == "drb" and want.request.excluded == {0, 1, 2, 3}
     refusals = [
         ({"policy": "mapa", "count": 0}, "-n 0 is out of range"),
         ({"policy": "mapa", "count": "2"}, "bad options: Expected `int | null`, got `str`"),
-        ({"policy": "mapa", "share": True}, "'share' is not a fast client's option"),
         ({"policy": "mapa", "colour": "red"}, "unknown field `colour`"),
         ({"count": 1}, "no policy"),
         ({"policy": "mapa", "pattern": "/etc/shadow"}, "the broker opens no file"),
+        ({"policy": "mapa", "count": 2, "edges": [[0, 5]]}, "bad pattern edge (0, 5)"),
+        ({"policy": "mapa", "count": 2, "edges": [[0, "x"]]}, "bad options: Expected `int`"),
     ]
     for raw, message in refusals:
         with pytest.raises(RequestError, match=re.escape(message)):

@@ -1,9 +1,10 @@
 """What a broker client may send, checked as if hostile (:mod:`.service` acts on it).
 
 Every value from a client is decoded into the ledger's own validated structs or bounded here:
-the job as a :class:`~gpualloc.ledger.schema.QueuedRequest` (or the command line's options, a
-:class:`~gpualloc.model.job.JobOptions`), lease ids as 12 hex digits, commands and
-names by length, counts as positive integers. A client can name only what it could have typed.
+the job as the :class:`~gpualloc.model.job.JobOptions` both clients send (or a
+:class:`~gpualloc.ledger.schema.QueuedRequest`, as the queue keeps it), lease ids as 12 hex
+digits, commands and names by length, counts as positive integers. A client can name only
+what it could have typed.
 
 Text follows the command line's rule (:mod:`gpualloc.host.terms`): JSON may carry a lone
 surrogate (``"\\udcff"``), which the ledger could never read back (UTF-8 cannot encode it); a name
@@ -22,7 +23,7 @@ from gpualloc.errors import RequestError
 from gpualloc.host.queue import WaitOptions
 from gpualloc.host.queue_policy import QueuePolicy
 from gpualloc.host.terms import MAX_WORD_CHARS
-from gpualloc.job_options import PATTERN_NAMES, wire_fields
+from gpualloc.job_options import PATTERN_NAMES
 from gpualloc.ledger.schema import QueuedRequest
 from gpualloc.model.printable import has_surrogates, lease_command, printable
 from gpualloc.model.validation import ValidationError, from_builtins
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
     from gpualloc.model.topology import Topology
 
 _ID = re.compile(r"^[0-9a-f]{12}$")
-WIRE_OPTIONS = frozenset({"policy", *(row.dest for row in wire_fields())})
-"""What a fast client's options may name: the ``wire`` rows and its configured policy."""
 
 
 def queued_want(raw: Any) -> Want:
@@ -55,14 +54,19 @@ def queued_want(raw: Any) -> Want:
 
 
 def options_want(raw: Any, config: Config) -> Want:
-    """The Want of a fast client's options: a :class:`~gpualloc.model.job.JobOptions`
-    as the command line types it, its bounds checked when it is decoded, with the client's
-    configured policy."""
+    """The Want of a client's job: the :class:`~gpualloc.model.job.JobOptions` it was made of
+    (as the command line types them, or the Python API's values), its bounds checked when it
+    is decoded, with the client's configured policy; a pattern read from a file comes as its
+    name and ``edges``, never a path to open."""
     from gpualloc.model.job import JobOptions
     from gpualloc.placement.options import want_of
 
+    fields = dict(raw) if isinstance(raw, dict) else raw
+    edges = fields.pop("edges", None) if isinstance(fields, dict) else None
     try:
-        options = msgspec.convert(raw, JobOptions)
+        options = msgspec.convert(fields, JobOptions)
+        if edges is not None:
+            edges = msgspec.convert(edges, tuple[tuple[int, int], ...])
     except msgspec.ValidationError as bad:
         raise RequestError(f"bad options: {bad}", hint="see gpualloc.broker") from None
     except UnicodeEncodeError:  # a lone surrogate in a text (the fuzzer found it)
@@ -71,18 +75,15 @@ def options_want(raw: Any, config: Config) -> Want:
         ) from None
     if options.policy is None:
         raise RequestError("bad options: no policy (the client's own)", hint="see gpualloc.broker")
-    unsent = sorted(set(raw) - WIRE_OPTIONS)  # sharing comes as a request, with its terms
-    if unsent:
-        raise RequestError(
-            f"bad options: {unsent[0]!r} is not a fast client's option", hint="see gpualloc.broker"
-        )
-    if options.pattern not in PATTERN_NAMES:  # never a path: root would read it for them
+    if edges is None and options.pattern not in PATTERN_NAMES:  # root would read it for them
         raise RequestError(
             f"pattern {printable(options.pattern, 60)!r} is not one of "
             f"{', '.join(PATTERN_NAMES)}: the broker opens no file a client names",
             hint="gpualloc reads a pattern file itself and sends its edges",
         )
-    return want_of(options, config)
+    if has_surrogates(options.pattern):
+        raise RequestError("bad options: a text is not valid UTF-8", hint="see gpualloc.broker")
+    return want_of(options, config, edges=edges)
 
 
 def wait_options(raw: Any, policy: QueuePolicy) -> WaitOptions:

@@ -148,8 +148,10 @@ class LedgerService:
 
     def alloc(self, peer: Peer, args: dict[str, Any]) -> tuple[Allocation, dict[str, Any]] | str:
         """Allocate now, or queue (``args["wait"]``): the allocation and its answer, or the
-        waiter's id. The job is ``args["request"]`` (a queued request, as the ledger keeps
-        them) or ``args["options"]`` (the command line's options, the fast clients'); with
+        waiter's id. The job is ``args["options"]``, what both clients send (the JobOptions
+        its Want was made of: :func:`gpualloc.host.brokered.sent_options`, the lean client's
+        ``cli/brokered.py``), or ``args["request"]`` (a queued request, as the ledger keeps
+        them: no client sends it; the tests of hostile requests still do); with
         ``args["views"]`` the answer carries what such a client prints and execs with."""
         lease_id = wire.lease_id(args.get("lease_id"))
         if "request" in args:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from msgspec import structs
 
 from gpualloc.errors import RequestError
 from gpualloc.model.job import gpu_indices
@@ -30,12 +32,15 @@ GpuSelection = str | Iterable[int] | None
 """``"0,2,4-7"`` as typed, or the indices themselves."""
 
 
-def want_of(job: JobOptions, config: Config) -> Want:
+def want_of(
+    job: JobOptions, config: Config, *, edges: tuple[tuple[int, int], ...] | None = None
+) -> Want:
     """The engine's request; usage errors for bad combinations.
 
     ``--mem`` asks for a MIG device, except with ``--share`` (the shared job's memory) and
     ``--shareable`` (what the job declares it uses:
-    :meth:`~gpualloc.model.job.JobOptions.declared_memory_bytes`)."""
+    :meth:`~gpualloc.model.job.JobOptions.declared_memory_bytes`). ``edges``: the pattern's,
+    read by the client from the file it named (the broker opens no file a client names)."""
     _check_sharing(job)
     if job.share:
         return _share_want(job, config)
@@ -71,14 +76,15 @@ def want_of(job: JobOptions, config: Config) -> Want:
     count = count or 1
     request = JobRequest(
         gpus=count,
-        pattern=build_pattern(job.pattern, count),
+        pattern=build_pattern(job.pattern, count) if edges is None else _sent(job, count, edges),
         sensitive=job.sensitive if job.sensitive is not None else count >= 2,
         required=_gpu_set(job.require, "--require"),
         excluded=_gpu_set(job.exclude, "--exclude"),
     )
+    policy = configured_policy(config, job.policy)
     return Want(
         request=request,
-        policy=configured_policy(config, job.policy),
+        policy=policy,
         explicit=chosen,
         effective_model=effective_model(job.score),
         weights=utility_weights(job.drb_weights),
@@ -89,7 +95,21 @@ def want_of(job: JobOptions, config: Config) -> Want:
             if job.mig is not None or mem is not None
             else None
         ),
+        options=structs.replace(job, policy=policy),
     )
+
+
+def _sent(job: JobOptions, count: int, edges: tuple[tuple[int, int], ...]) -> Any:
+    """The pattern a client read from its file and sent as ``edges``, checked as any pattern
+    is (:class:`~gpualloc.model.request.CommunicationPattern`): never opened here."""
+    from gpualloc.model.request import CommunicationPattern
+
+    try:
+        return CommunicationPattern(job.pattern, count, edges)
+    except ValueError as bad:
+        raise RequestError(
+            f"the job's pattern: {bad}", hint="list each pair of ranks that talk once"
+        ) from None
 
 
 def _explicit(job: JobOptions) -> tuple[int, ...] | None:
@@ -152,10 +172,12 @@ def _share_want(job: JobOptions, config: Config) -> Want:
         sm_percent=job.sm_share,
         gpu=chosen[0] if chosen else None,
     )
+    policy = configured_policy(config)
     return Want(
         request=JobRequest(gpus=1, pattern=build_pattern("ring", 1), sensitive=False),
-        policy=configured_policy(config),
+        policy=policy,
         share=request,
+        options=structs.replace(job, policy=policy),
     )
 
 
