@@ -191,6 +191,8 @@ def test_the_broker_decodes_a_clients_options_into_the_struct() -> None:
         ({"policy": "mapa", "pattern": "/etc/shadow"}, "the broker opens no file"),
         ({"policy": "mapa", "count": 2, "edges": [[0, 5]]}, "bad pattern edge (0, 5)"),
         ({"policy": "mapa", "count": 2, "edges": [[0, "x"]]}, "bad options: Expected `int`"),
+        ({"policy": "mapa", "pattern": "ring\udcff"}, "not valid UTF-8"),
+        ({"policy": "mapa", "count": 2, "pattern": "p\udcff", "edges": [[0, 1]]}, "UTF-8"),
     ]
     for raw, message in refusals:
         with pytest.raises(RequestError, match=re.escape(message)):

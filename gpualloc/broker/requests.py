@@ -75,14 +75,14 @@ def options_want(raw: Any, config: Config) -> Want:
         ) from None
     if options.policy is None:
         raise RequestError("bad options: no policy (the client's own)", hint="see gpualloc.broker")
+    if has_surrogates(options.pattern):  # a sent pattern's name is kept in the lease
+        raise RequestError("bad options: a text is not valid UTF-8", hint="see gpualloc.broker")
     if edges is None and options.pattern not in PATTERN_NAMES:  # root would read it for them
         raise RequestError(
             f"pattern {printable(options.pattern, 60)!r} is not one of "
             f"{', '.join(PATTERN_NAMES)}: the broker opens no file a client names",
             hint="gpualloc reads a pattern file itself and sends its edges",
         )
-    if has_surrogates(options.pattern):
-        raise RequestError("bad options: a text is not valid UTF-8", hint="see gpualloc.broker")
     return want_of(options, config, edges=edges)
 
 
