@@ -73,21 +73,21 @@ beyond the 2-GPU ring: such a pattern once ended the placement worker)."""
 LEASE_ID = st.sampled_from(["0123456789ab", "aaaaaaaaaaaa", "", "../../etc/passwd", "x" * 300])
 TEMPLATES: list[tuple[str, dict[str, Any]]] = [
     ("hello", {}),
-    ("alloc", {"lease_id": "0123456789ab", "request": {"gpus": 1, "sensitive": False},
+    ("alloc", {"lease_id": "0123456789ab", "options": {"policy": "mapa", "count": 1},
                "terms": {"source": "alloc", "hold": True}}),
     ("alloc", {"lease_id": "aaaaaaaaaaaa",
-               "request": {"gpus": 2, "sensitive": True, "pattern": "ring", "policy": "drb",
-                           "edges": [[0, 1]], "required": [0], "excluded": [3]},
+               "options": {"count": 2, "sensitive": True, "pattern": "ring", "policy": "drb",
+                           "edges": [[0, 1]], "require": [0], "exclude": [3]},
                "terms": {"source": "alloc", "hold": True, "name": "fuzz"}}),
     ("alloc", {"lease_id": "dddddddddddd",
-               "request": {"gpus": 3, "sensitive": True, "pattern": "file:twice",
+               "options": {"count": 3, "sensitive": True, "pattern": "file:twice",
                            "policy": "drb", "edges": [[0, 1], [1, 0], [0, 2]]},
                "terms": {"source": "alloc", "hold": True}}),
     ("alloc", {"lease_id": "bbbbbbbbbbbb", "options": {"policy": "mapa", "count": 2,
                                                         "pattern": "all"},
                "terms": {"source": "alloc", "hold": True}, "views": True}),
     ("alloc", {"lease_id": "cccccccccccc",
-               "request": {"gpus": 1, "sensitive": False, "share": {"memory_bytes": 1}},
+               "options": {"policy": "mapa", "share": True, "mem": 1},
                "terms": {"source": "run", "pid": 1}}),
     ("release", {"leases": ["0123456789ab"]}),
     ("release", {"mine": True}),
@@ -237,7 +237,7 @@ def _honest(path: Path, seconds: float, report: int) -> None:
         try:
             made = client.call(
                 "alloc",
-                {"lease_id": new_lease_id(), "request": {"gpus": 1, "sensitive": False},
+                {"lease_id": new_lease_id(), "options": {"policy": "mapa", "count": 1},
                  "terms": {"source": "alloc", "hold": True, "name": "honest"}},
             )  # fmt: skip
         except GpuallocError:  # all GPUs held by the fuzzers for now: an answer all the same

@@ -1,8 +1,7 @@
 """What a broker client may send, checked as if hostile (:mod:`.service` acts on it).
 
 Every value from a client is decoded into the ledger's own validated structs or bounded here:
-the job as the :class:`~gpualloc.model.job.JobOptions` both clients send (or a
-:class:`~gpualloc.ledger.schema.QueuedRequest`, as the queue keeps it), lease ids as 12 hex
+the job as the :class:`~gpualloc.model.job.JobOptions` both clients send, lease ids as 12 hex
 digits, commands and names by length, counts as positive integers. A client can name only
 what it could have typed.
 
@@ -24,9 +23,7 @@ from gpualloc.host.queue import WaitOptions
 from gpualloc.host.queue_policy import QueuePolicy
 from gpualloc.host.terms import MAX_WORD_CHARS
 from gpualloc.job_options import PATTERN_NAMES
-from gpualloc.ledger.schema import QueuedRequest
 from gpualloc.model.printable import has_surrogates, lease_command, printable
-from gpualloc.model.validation import ValidationError, from_builtins
 from gpualloc.placement.want import Want
 from gpualloc.user_files import shown_repr
 
@@ -35,22 +32,6 @@ if TYPE_CHECKING:
     from gpualloc.model.topology import Topology
 
 _ID = re.compile(r"^[0-9a-f]{12}$")
-
-
-def queued_want(raw: Any) -> Want:
-    """The job of a request in the queue's own form (the library's and the models' path)."""
-    try:
-        request = from_builtins(raw, QueuedRequest)
-    except ValidationError as bad:
-        raise RequestError(f"bad request: {bad}", hint="see gpualloc.broker") from None
-    except UnicodeEncodeError:  # a lone surrogate ("\\udcff") anywhere in the request
-        raise RequestError(
-            "bad request: it holds text that is not UTF-8", hint="see gpualloc.broker"
-        ) from None
-    try:
-        return Want.from_queued(request)
-    except RequestError as bad:  # the pattern's own rules (model.request.CommunicationPattern)
-        raise RequestError(f"bad request: {bad.message}", hint=bad.hint) from None
 
 
 def options_want(raw: Any, config: Config) -> Want:

@@ -148,16 +148,12 @@ class LedgerService:
 
     def alloc(self, peer: Peer, args: dict[str, Any]) -> tuple[Allocation, dict[str, Any]] | str:
         """Allocate now, or queue (``args["wait"]``): the allocation and its answer, or the
-        waiter's id. The job is ``args["options"]``, what both clients send (the JobOptions
-        its Want was made of: :func:`gpualloc.host.brokered.sent_options`, the lean client's
-        ``cli/brokered.py``), or ``args["request"]`` (a queued request, as the ledger keeps
-        them: no client sends it; the tests of hostile requests still do); with
+        waiter's id. The job is ``args["options"]``, what both clients send: the JobOptions
+        its Want was made of (:func:`gpualloc.host.brokered.sent_options`, the lean client's
+        ``cli/brokered.py``); with
         ``args["views"]`` the answer carries what such a client prints and execs with."""
         lease_id = wire.lease_id(args.get("lease_id"))
-        if "request" in args:
-            want = wire.queued_want(args["request"])
-        else:
-            want = wire.options_want(args.get("options"), self.config)
+        want = wire.options_want(args.get("options"), self.config)
         terms = self._terms(peer, args.get("terms"), lease_id)
         wait, views = args.get("wait"), wire.views_asked(args.get("views"))
         wire.check_before_placing(self.host.topology, want, terms.memory_bytes, views)
