@@ -43,9 +43,9 @@ def _placements(count: int) -> bytes:
     lines = []
     for i in range(count):
         first, second = i % 32, (i * 7 + 3) % 32
-        request = {"gpus": 10, "sensitive": True, "policy": "drb",
-                   "excluded": sorted({first, second})}  # fmt: skip
-        alloc = {"lease_id": new_lease_id(), "request": request,
+        options = {"count": 10, "sensitive": True, "policy": "drb",
+                   "exclude": sorted({first, second})}  # fmt: skip
+        alloc = {"lease_id": new_lease_id(), "options": options,
                  "terms": {"source": "alloc", "hold": True}}  # fmt: skip
         lines.append(json.dumps({"v": 1, "op": "alloc", "args": alloc}).encode() + b"\n")
         lines.append(b'{"v":1,"op":"release","args":{"mine":true}}\n')
@@ -98,7 +98,7 @@ def _work(path: Path, seconds: float, report: int) -> None:
         try:
             made = client.call(
                 "alloc",
-                {"lease_id": new_lease_id(), "request": {"gpus": 1, "sensitive": False},
+                {"lease_id": new_lease_id(), "options": {"policy": "mapa", "count": 1},
                  "terms": {"source": "alloc", "hold": True}},
             )  # fmt: skip
         except GpuallocError:
@@ -178,7 +178,7 @@ def main() -> int:
     if options.flood == "placement":
         import msgspec
 
-        from tests.test_placement_budget import pcie_32
+        from tests.test_set_search import pcie_32
 
         made = Path(tempfile.mkdtemp(prefix="gpualloc-flood-")) / "pcie-32gpu-2socket.json"
         made.write_bytes(msgspec.json.encode(pcie_32()))

@@ -70,9 +70,10 @@ def plan(
     from gpualloc.config import Config
     from gpualloc.model.request import HostState
     from gpualloc.placement.decide import decision_context
+    from gpualloc.placement.options import want_of
     from gpualloc.placement.policies.registry import get_policy
 
-    want = _job_options(gpus, job).want(Config.load())
+    want = want_of(_job_options(gpus, job), Config.load())
     state = HostState.with_busy(topology.gpu_count, frozenset(busy))
     return get_policy(want.policy).place(decision_context(topology, want.request, state))
 
@@ -113,10 +114,11 @@ def hold(
     from gpualloc.host.terms import LeaseTerms
     from gpualloc.launcher.environment import job_variables
     from gpualloc.launcher.sharing import share_mode
+    from gpualloc.placement.options import want_of
 
     config = Config.load()  # read once: the topology, the policy, the state directory, the queue
     options = _job_options(gpus, job)
-    want = options.want(config)  # as plan, run and alloc turn their options into a request
+    want = want_of(options, config)  # as plan, run and alloc turn their options into a request
     terms = LeaseTerms(
         source="alloc",
         pid=os.getpid(),
@@ -147,7 +149,7 @@ def _job_options(count: int, given: dict[str, Any]) -> Any:
     """The JobOptions of ``hold`` and ``plan``: ``count`` GPUs (one where a MIG device or a
     shared place is asked for), and the command line's job options by name."""
     from gpualloc.errors import RequestError
-    from gpualloc.placement.options import JobOptions
+    from gpualloc.model.job import JobOptions, gpu_indices
 
     names = set(JobOptions.__struct_fields__) - {"count", "gpus"}
     unknown = sorted(set(given) - names - {"explicit"})
@@ -157,10 +159,10 @@ def _job_options(count: int, given: dict[str, Any]) -> Any:
         )
     values = {key: value for key, value in given.items() if key != "explicit"}
     if given.get("explicit") is not None:
-        values["gpus"] = tuple(given["explicit"])
+        values["gpus"] = gpu_indices(given["explicit"], "--gpus")
     for key in ("exclude", "require"):
         if values.get(key) is not None and not isinstance(values[key], str):
-            values[key] = tuple(values[key])
+            values[key] = gpu_indices(values[key], f"--{key}")
     single = (
         given.get("mig") is not None
         or given.get("share")

@@ -2,25 +2,29 @@
 
 One row per option: its parameter name, spellings, kind and bounds, help, default, the
 environment variable and configuration key that default it, its completion, the commands that
-take it, and whether the broker's lean client sends it. Everything else is made from this
-table, never written again by hand:
+take it, and whether the broker's lean client sends it. The rest is made from this table,
+never written again by hand, but for the typed fields of ``JobOptions``:
 
 - the options of ``run``, ``alloc`` and ``plan`` (:func:`gpualloc.cli.declare.job_options`),
   and so their parser, ``--help``, manual page and completion scripts;
-- :class:`gpualloc.placement.options.JobOptions`, the one struct the command line, the Python API
-  and the broker build a job from (its fields are the ``job`` rows);
-- the wire schema of the broker's fast client (:func:`gpualloc.broker.requests.wire_options`,
-  the ``wire`` rows) and the options it sends (:data:`gpualloc.cli.brokered.JOB_OPTIONS`).
+- the bounds :class:`gpualloc.model.job.JobOptions` checks when it is made, the one
+  struct the command line, the Python API and the broker build a job from (its fields are the
+  ``job`` rows, written there with their types so that a checker reads them; a test holds the
+  two equal);
+- the options the broker's fast client sends (the ``wire`` rows:
+  :data:`gpualloc.cli.brokered.JOB_OPTIONS`) and those the broker reads of it, into a
+  ``JobOptions`` (:data:`gpualloc.broker.requests.WIRE_OPTIONS`).
 
-A new option is one row here plus its use (``tests/test_job_options.py`` adds one and finds it
-in all of them). A leaf module: every command line's parser reads it, so it imports nothing.
+A new option is one row here, its typed field in ``JobOptions`` and its use
+(``tests/test_job_options.py`` adds a row and finds it everywhere else). A leaf module: every
+command line's parser reads it, so it imports nothing.
 """
 
 from typing import Literal, NamedTuple
 
 Kind = Literal["flag", "int", "float", "str"]
 Group = Literal["job", "lease", "wait"]
-"""``job``: what describes the job (:class:`~gpualloc.placement.options.JobOptions`);
+"""``job``: what describes the job (:class:`~gpualloc.model.job.JobOptions`);
 ``lease``: how its lease is held; ``wait``: how it queues (``--wait`` and its options)."""
 
 COMMANDS = ("run", "alloc", "plan")
@@ -59,7 +63,8 @@ class JobOption(NamedTuple):
     commands: tuple[str, ...] = COMMANDS
     group: Group = "job"
     wire: bool = True
-    """Sent by the broker's fast client in its ``options`` (sharing is sent as a request)."""
+    """Sent by the broker's lean client in its ``options`` (it leaves shared jobs to
+    :class:`~gpualloc.host.brokered.BrokeredHost`, which sends every row)."""
     plan_help: str | None = None
     """``plan``'s help where it differs (plan runs nothing, so some defaults differ)."""
 
@@ -244,5 +249,5 @@ def job_fields(table: Table | None = None) -> Table:
 
 
 def wire_fields(table: Table | None = None) -> Table:
-    """The rows the broker's fast client sends in its ``options``."""
+    """The rows the broker's lean client sends in its ``options``."""
     return tuple(row for row in table_or_default(table) if row.group == "job" and row.wire)

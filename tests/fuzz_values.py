@@ -158,7 +158,7 @@ def _held(**terms: Any) -> dict[str, Any]:
 def _alloc(request: dict[str, Any] | None = None, **args: Any) -> bytes:
     from gpualloc.ledger.store import new_lease_id
 
-    body = {"lease_id": new_lease_id(), "request": request or {"gpus": 1, "sensitive": False}}
+    body = {"lease_id": new_lease_id(), "options": request or {"policy": "mapa", "count": 1}}
     return request_text("alloc", {**body, "terms": _held(), **args})
 
 
@@ -171,7 +171,8 @@ def _options(count: int) -> bytes:
 
 
 def _one(**fields: Any) -> dict[str, Any]:
-    return {"gpus": 1, "sensitive": False, **fields}
+    """A job's options as a client sends them (``host.brokered.sent_options``)."""
+    return {"policy": "mapa", "count": 1, **fields}
 
 
 def _own(pid: Any) -> Any:
@@ -180,7 +181,7 @@ def _own(pid: Any) -> Any:
 
 
 def _shared(**share: Any) -> bytes:
-    return _alloc(_one(share=share), terms={"source": "run", "pid": os.getpid()})
+    return _alloc(_one(share=True, **share), terms={"source": "run", "pid": os.getpid()})
 
 
 def _padded_hello(size: int) -> bytes:
@@ -190,7 +191,7 @@ def _padded_hello(size: int) -> bytes:
 
 def _edges(ranks: int, count: int) -> bytes:
     pairs = [[a, b] for a in range(ranks) for b in range(a + 1, ranks)] * 3  # then repeats
-    request = {"gpus": ranks, "sensitive": True, "pattern": "file:bounds"}
+    request = {"policy": "mapa", "count": ranks, "sensitive": True, "pattern": "bounds.json"}
     return _alloc({**request, "edges": pairs[:count]})
 
 
@@ -248,28 +249,26 @@ def broker_bounds() -> list[Bound]:
               lambda n: request_text("release", {"leases": ["zz"] * n}),
               (MAX_SELECTORS - 1, MAX_SELECTORS, MAX_SELECTORS + 1), (0, 0, 2)),
         Bound("lease id digits (12)", lambda n: _alloc(lease_id="a" * n), (11, 12, 13), (2, 0, 2)),
-        Bound("GPUs of a request (host size, MAX_GPUS)", lambda n: _alloc(_one(gpus=n)),
-              (0, 1, gpus, gpus + 1, MAX_GPUS, MAX_GPUS + 1, 2**64), (2, 0, 0, 9, 9, 2, 2)),
         Bound("GPUs of a request's options (host size, MAX_GPUS)", _options,
-              (0, 1, gpus, gpus + 1, MAX_GPUS, MAX_GPUS + 1), (2, 0, 0, 9, 9, 2)),
+              (0, 1, gpus, gpus + 1, MAX_GPUS, MAX_GPUS + 1, 2**64), (2, 0, 0, 9, 9, 2, 2)),
         Bound("pattern edges of the host's size (max_edges)", lambda e: _edges(gpus, e),
               (max_edges(gpus) - 1, max_edges(gpus), max_edges(gpus) + 1), (0, 0, 2)),
         Bound("pattern edges of two ranks (max_edges)", lambda e: _edges(2, e),
               (max_edges(2) - 1, max_edges(2), max_edges(2) + 1), (0, 0, 2)),
-        Bound("GPU index required", lambda g: _alloc(_one(required=[g])),
+        Bound("GPU index required", lambda g: _alloc(_one(require=[g])),
               (-1, 0, gpus - 1, gpus), (2, 0, 0, 2)),
-        Bound("GPU index excluded", lambda g: _alloc(_one(excluded=[g])),
+        Bound("GPU index excluded", lambda g: _alloc(_one(exclude=[g])),
               (-1, gpus - 1, gpus), (2, 0, 2)),
-        Bound("GPU index explicit", lambda g: _alloc(_one(explicit=[g])),
+        Bound("GPU index explicit", lambda g: _alloc(_one(count=None, gpus=[g])),
               (-1, gpus - 1, gpus), (2, 0, 2)),
         Bound("min_utility (0 to 1)", lambda u: _alloc(_one(min_utility=u)),
               (-1e-9, 0, 1, 1 + 1e-9), (2, 0, 9, 2)),
         Bound("declared memory_bytes (the GPU's, 2**63)",
               lambda m: _alloc(terms=_held(shareable=True, memory_bytes=m)),
               (0, 1, memory, memory + 1, 2**63 - 1, 2**63, 2**64), (2, 0, 0, 9, 9, 9, 9)),
-        Bound("shared job's memory_bytes (the GPU's, 2**63)", lambda m: _shared(memory_bytes=m),
+        Bound("shared job's memory_bytes (the GPU's, 2**63)", lambda m: _shared(mem=m),
               (0, memory, memory + 1, 2**63, 2**64), (2, 0, 9, 9, 9)),
-        Bound("shared job's sm_percent (1 to 100)", lambda p: _shared(sm_percent=p),
+        Bound("shared job's sm_percent (1 to 100)", lambda p: _shared(sm_share=p),
               (0, 1, 100, 101), (2, 0, 0, 2)),
         Bound("pid (one of the sender's)",
               lambda pid: _alloc(terms={"source": "alloc", "pid": _own(pid)}),

@@ -85,7 +85,7 @@ def test_shareable_memory_beyond_the_gpus_is_refused_by_the_broker(
     """A client that sends the terms itself (not through the command line's check)."""
     request = {
         "lease_id": "0123456789ab",
-        "request": {"gpus": 1, "sensitive": False},
+        "options": {"policy": "mapa", "count": 1},
         "terms": {"source": "alloc", "hold": True, "shareable": True, "memory_bytes": 40 << 30},
     }
     error = _raw_error(uuidless_broker, "alloc", request)

@@ -147,7 +147,7 @@ def test_a_broker_a_user_named_that_a_trial_passes_by_is_said(
 def _hold_request(lease_id: str, gpus: int = 1) -> dict:
     return {
         "lease_id": lease_id,
-        "request": {"gpus": gpus, "sensitive": False},
+        "options": {"policy": "mapa", "count": gpus, "sensitive": False},
         "terms": {"source": "alloc", "hold": True},
     }
 
@@ -158,6 +158,16 @@ def test_alloc_sent_again_returns_the_lease_it_made(broker: RunningBroker) -> No
     assert again["lease"]["id"] == first["lease"]["id"] == "aaaaaaaaaaaa"
     assert again["lease"]["gpus"] == first["lease"]["gpus"]
     assert len(broker.call("snapshot")["ledger"]["leases"]) == 1
+
+
+def test_the_broker_decodes_one_job_encoding(broker: RunningBroker) -> None:
+    """A job is the JobOptions both clients send ("options"); the queue's own form of a
+    request ("request"), which BrokeredHost sent once, is no way in any more."""
+    queued = {"gpus": 1, "sensitive": False}
+    args = {"lease_id": "cccccccccccc", "request": queued, "terms": _hold_request("c")["terms"]}
+    with pytest.raises(OSError, match="bad options"):
+        broker.call("alloc", args)
+    assert broker.call("snapshot")["ledger"]["leases"] == []
 
 
 # ---- a run's lease lives with its process ------------------------------------------------------
@@ -314,7 +324,7 @@ opened = []
 for n in range(count):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(path)
-    request = {"lease_id": "%012x" % (0xA0000000 + n), "request": {"gpus": 1, "sensitive": False},
+    request = {"lease_id": "%012x" % (0xA0000000 + n), "options": {"policy": "mapa", "count": 1},
                "terms": {"source": "alloc", "hold": True}, "wait": {}}
     s.sendall(json.dumps({"v": 1, "op": "alloc", "args": request}).encode() + b"\\n")
     opened.append(s)
@@ -481,12 +491,10 @@ def test_every_ledger_command_answers_through_the_broker(broker: RunningBroker) 
 
 
 def test_the_fast_clients_options_are_the_jobs_options_but_sharing() -> None:
-    from gpualloc.broker.requests import WireOptions
     from gpualloc.cli.brokered import JOB_OPTIONS, SHARING
-    from gpualloc.placement.options import JobOptions
+    from gpualloc.model.job import JobOptions
 
     assert set(JOB_OPTIONS) | set(SHARING) == set(JobOptions.__struct_fields__)
-    assert set(WireOptions.__struct_fields__) == set(JOB_OPTIONS)
 
 
 IMPORTS = """

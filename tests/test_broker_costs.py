@@ -33,7 +33,6 @@ from gpualloc.host.queue_policy import QueuePolicy
 from gpualloc.host.terms import LeaseTerms
 from gpualloc.ledger.store import new_lease_id
 from gpualloc.model.request import JobRequest
-from gpualloc.model.validation import to_builtins
 from gpualloc.placement.mapa.patterns import build_pattern
 from gpualloc.placement.want import Want
 from gpualloc.topologies import load_bundled
@@ -243,7 +242,7 @@ def _hold_line(gpus: int = 1) -> bytes:
     """An ``alloc --hold`` request as the broker's clients send it."""
     args = {
         "lease_id": new_lease_id(),
-        "request": to_builtins(_want(gpus).queued()),
+        "options": {"policy": "mapa", "count": gpus, "sensitive": True},  # _want(gpus)
         "terms": {"source": "alloc", "hold": True},
         "wait": None,
     }

@@ -76,7 +76,7 @@ def test_a_stopped_broker_is_said_at_the_deadline_and_the_request_is_not_applied
 def _hold_line(index: int, gpus: int = 1, **more: object) -> bytes:
     args = {
         "lease_id": f"{index:012x}",
-        "request": {"gpus": gpus, "sensitive": False},
+        "options": {"policy": "mapa", "count": gpus, "sensitive": False},
         "terms": {"source": "alloc", "hold": True},
         **more,
     }

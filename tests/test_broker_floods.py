@@ -306,7 +306,7 @@ def test_one_users_connect_flood_leaves_others_calls_answered_at_once(tmp_path: 
         end = time.monotonic() + 3.0
         while time.monotonic() < end:
             time.sleep(0.01)  # within this user's broker.max_connects_per_s
-            alloc = {"lease_id": new_lease_id(), "request": {"gpus": 1, "sensitive": False},
+            alloc = {"lease_id": new_lease_id(), "options": {"policy": "mapa", "count": 1},
                      "terms": {"source": "alloc", "hold": True}}  # fmt: skip
             for op in ("alloc", "release"):
                 before, began = waited(), time.monotonic()
@@ -380,7 +380,7 @@ def test_another_users_processes_do_not_stall_the_loop() -> None:
     def cycles() -> None:
         spent = []
         for turn in range(150):
-            request = {"request": {"gpus": 1, "sensitive": False}}
+            request = {"options": {"policy": "mapa", "count": 1}}
             request["terms"] = {"source": "alloc", "hold": True}
             began = time.perf_counter()
             lease = broker.call("alloc", {**request, "lease_id": f"{turn:012x}"})["lease"]
@@ -390,7 +390,7 @@ def test_another_users_processes_do_not_stall_the_loop() -> None:
         timings.write_text(json.dumps(spent))
 
     try:
-        broker.call("alloc", {"request": {"gpus": 1, "sensitive": False}, "lease_id": "f" * 12,
+        broker.call("alloc", {"options": {"policy": "mapa", "count": 1}, "lease_id": "f" * 12,
                               "terms": {"source": "alloc", "pid": job.pid}})  # fmt: skip
         assert flood.stdout is not None and flood.stdout.readline() == "ok\n"
         # A job whose group outlives its leader, asked of at every reap; started after the
@@ -400,7 +400,7 @@ def test_another_users_processes_do_not_stall_the_loop() -> None:
             text=True, start_new_session=True,
         )  # fmt: skip
         terms = {"source": "alloc", "pid": leader.pid, "process_group": leader.pid}
-        grouped = broker.call("alloc", {"request": {"gpus": 1, "sensitive": False},
+        grouped = broker.call("alloc", {"options": {"policy": "mapa", "count": 1},
                                         "lease_id": "e" * 12, "terms": terms})  # fmt: skip
         assert grouped["lease"]["process_group"] == leader.pid
         leader.communicate("\n", timeout=30)

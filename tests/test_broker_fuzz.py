@@ -77,21 +77,21 @@ beyond the 2-GPU ring: such a pattern once ended the placement worker)."""
 LEASE_ID = st.sampled_from(["0123456789ab", "aaaaaaaaaaaa", "", "../../etc/passwd", "x" * 300])
 TEMPLATES: list[tuple[str, dict[str, Any]]] = [
     ("hello", {}),
-    ("alloc", {"lease_id": "0123456789ab", "request": {"gpus": 1, "sensitive": False},
+    ("alloc", {"lease_id": "0123456789ab", "options": {"policy": "mapa", "count": 1},
                "terms": {"source": "alloc", "hold": True}}),
     ("alloc", {"lease_id": "aaaaaaaaaaaa",
-               "request": {"gpus": 2, "sensitive": True, "pattern": "ring", "policy": "drb",
-                           "edges": [[0, 1]], "required": [0], "excluded": [3]},
+               "options": {"count": 2, "sensitive": True, "pattern": "ring", "policy": "drb",
+                           "edges": [[0, 1]], "require": [0], "exclude": [3]},
                "terms": {"source": "alloc", "hold": True, "name": "fuzz"}}),
     ("alloc", {"lease_id": "dddddddddddd",
-               "request": {"gpus": 3, "sensitive": True, "pattern": "file:twice",
+               "options": {"count": 3, "sensitive": True, "pattern": "file:twice",
                            "policy": "drb", "edges": [[0, 1], [1, 0], [0, 2]]},
                "terms": {"source": "alloc", "hold": True}}),
     ("alloc", {"lease_id": "bbbbbbbbbbbb", "options": {"policy": "mapa", "count": 2,
                                                         "pattern": "all"},
                "terms": {"source": "alloc", "hold": True}, "views": True}),
     ("alloc", {"lease_id": "cccccccccccc",
-               "request": {"gpus": 1, "sensitive": False, "share": {"memory_bytes": 1}},
+               "options": {"policy": "mapa", "share": True, "mem": 1},
                "terms": {"source": "run", "pid": 1}}),
     ("release", {"leases": ["0123456789ab"]}),
     ("release", {"mine": True}),
@@ -293,11 +293,11 @@ def _held_limits(path: Path, gpus: int) -> list[tuple[str, int, Any]]:
             connection.close()
     held = []
     limit = BY_KEY["queue.max_waiting"].default
-    everything = {"gpus": gpus, "sensitive": False}
+    everything = {"policy": "mapa", "count": gpus}
     try:
         held.append(_connected(path, request_text("alloc", _args(everything))))
         found.append(("every GPU held, the queue's bound next", 1, _first_code(held[0])))
-        one = {"gpus": 1, "sensitive": False}
+        one = {"policy": "mapa", "count": 1}
         held += [
             _connected(path, request_text("alloc", _args(one, wait={}))) for _ in range(limit + 1)
         ]
@@ -312,7 +312,7 @@ def _held_limits(path: Path, gpus: int) -> list[tuple[str, int, Any]]:
 
 def _args(request: dict[str, Any], **more: Any) -> dict[str, Any]:
     terms = {"source": "alloc", "hold": True}
-    return {"lease_id": new_lease_id(), "request": request, "terms": terms, **more}
+    return {"lease_id": new_lease_id(), "options": request, "terms": terms, **more}
 
 
 def _walk(path: Path, bounds: list[Any], gpus: int) -> list[list[Any]]:
@@ -423,7 +423,7 @@ def _honest(path: Path, seconds: float, report: int) -> None:
         try:
             made = client.call(
                 "alloc",
-                {"lease_id": new_lease_id(), "request": {"gpus": 1, "sensitive": False},
+                {"lease_id": new_lease_id(), "options": {"policy": "mapa", "count": 1},
                  "terms": {"source": "alloc", "hold": True, "name": "honest"}},
             )  # fmt: skip
         except GpuallocError:  # all GPUs held by the fuzzers for now: an answer all the same

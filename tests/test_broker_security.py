@@ -427,9 +427,9 @@ def test_request_errors_say_a_clients_long_value_back_cut() -> None:
 
 TWICE = """
 import json, socket, sys
-request = {"gpus": 3, "sensitive": True, "policy": "drb", "pattern": "file:twice",
+request = {"count": 3, "sensitive": True, "policy": "drb", "pattern": "file:twice",
            "edges": [[0, 1], [1, 0], [0, 2]]}
-line = {"v": 1, "op": "alloc", "args": {"lease_id": "aaaaaaaaaaaa", "request": request,
+line = {"v": 1, "op": "alloc", "args": {"lease_id": "aaaaaaaaaaaa", "options": request,
                                         "terms": {"source": "alloc", "hold": True}}}
 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
     connection.settimeout(30)

@@ -689,7 +689,7 @@ def test_each_command_function_takes_exactly_its_declared_parameters() -> None:
 
     from gpualloc.cli import jobs
     from gpualloc.cli.commands import every_command
-    from gpualloc.placement.options import JobOptions
+    from gpualloc.model.job import JobOptions
 
     job_fields = {field.name for field in structs.fields(JobOptions)}
     work = {"run": jobs.run_job, "alloc": jobs.alloc_gpus, "release": jobs.release_gpus}

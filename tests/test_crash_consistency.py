@@ -447,7 +447,7 @@ def crashing_broker() -> Iterator[CrashingBroker]:
 def _hold(lease_id: str, gpus: int) -> dict:
     return {
         "lease_id": lease_id,
-        "request": {"gpus": gpus, "sensitive": False},
+        "options": {"policy": "mapa", "count": gpus, "sensitive": False},
         "terms": {"source": "alloc", "hold": True},
     }
 

@@ -35,8 +35,9 @@ from gpualloc.host.queue import WaitOptions
 from gpualloc.host.terms import LeaseTerms
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Lease, Ledger
+from gpualloc.model.job import JobOptions
 from gpualloc.placement.choose import choose
-from gpualloc.placement.options import JobOptions
+from gpualloc.placement.options import want_of
 from gpualloc.placement.want import Want
 from gpualloc.topologies import load_bundled
 from gpualloc.wire import address
@@ -104,7 +105,7 @@ def host(side: Side) -> Host:
 def want(count: int | None = None, **options: Any) -> Want:
     """A job as the command line and the library build it (``run -n COUNT --OPTION ...``;
     ``gpus``: ``--gpus``)."""
-    return JobOptions(count=count, **options).want(Config.load())
+    return want_of(JobOptions(count=count, **options), Config.load())
 
 
 def hold(name: str | None = None) -> LeaseTerms:

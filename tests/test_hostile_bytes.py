@@ -67,6 +67,7 @@ def test_a_name_that_is_not_utf8_is_refused_and_every_command_still_works(cli) -
 
 def test_the_wire_refuses_such_a_name_and_escapes_command_words() -> None:
     from gpualloc.broker import requests as wire
+    from gpualloc.config import Config
 
     assert wire.words(["sh", "\udcff", "caf\udcc3", "\ud800"]) == (
         "sh",
@@ -77,8 +78,8 @@ def test_the_wire_refuses_such_a_name_and_escapes_command_words() -> None:
     assert wire.words(["ü 日本"]) == ("ü 日本",)  # UTF-8 text is kept as it is
     with pytest.raises(RequestError, match="not UTF-8"):
         wire.text(NOT_UTF8, "name")
-    with pytest.raises(RequestError, match="not UTF-8"):
-        wire.queued_want({"gpus": 1, "sensitive": False, "pattern": "ring\udcff"})
+    with pytest.raises(RequestError, match="not valid UTF-8"):
+        wire.options_want({"policy": "mapa", "pattern": "ring\udcff"}, Config.load())
 
 
 def test_lease_terms_keep_the_command_escaped_and_refuse_the_name() -> None:
@@ -138,7 +139,7 @@ def broker() -> Iterator[RunningBroker]:
 def _hold(lease_id: str, **terms: object) -> dict:
     return {
         "lease_id": lease_id,
-        "request": {"gpus": 1, "sensitive": False},
+        "options": {"policy": "mapa", "count": 1},
         "terms": {"source": "alloc", "hold": True, **terms},
     }
 
@@ -149,9 +150,9 @@ def test_lone_surrogates_over_the_wire_brick_neither_the_broker_nor_its_restart(
 ) -> None:
     with pytest.raises(OSError, match="not UTF-8"):
         broker.call("alloc", _hold("aaaaaaaaaaaa", name=NOT_UTF8))
-    bad_request = {**_hold("bbbbbbbbbbbb"), "request": {"gpus": 1, "sensitive": False}}
-    bad_request["request"]["pattern"] = "ring\udcff"
-    with pytest.raises(OSError, match="not UTF-8"):
+    bad_request = {**_hold("bbbbbbbbbbbb")}
+    bad_request["options"] = {**bad_request["options"], "pattern": "ring\udcff"}
+    with pytest.raises(OSError, match=r"not (valid )?UTF-8"):
         broker.call("alloc", bad_request)
     for options in ({"\udcff": 1}, {"policy": "mapa", "count": "\udcff"}):  # the fuzzer's
         fast = {"lease_id": "dddddddddddd", "options": options, "terms": _hold("d")["terms"]}

@@ -84,8 +84,9 @@ def test_a_count_above_the_host_is_exit_9_and_above_the_cap_a_usage_error(cli) -
 
 def test_the_library_refuses_a_count_before_building_a_pattern() -> None:
     from gpualloc.config import Config
+    from gpualloc.model.job import JobOptions
     from gpualloc.placement.mapa.patterns import PatternError, build_pattern
-    from gpualloc.placement.options import JobOptions
+    from gpualloc.placement.options import want_of
 
     with pytest.raises(RequestError, match=f"out of range .1 to {MAX_GPUS}."):
         JobOptions(count=10**17)
@@ -96,7 +97,24 @@ def test_the_library_refuses_a_count_before_building_a_pattern() -> None:
             build_pattern(pattern, 10**17)
     for iterable in ("gpus", "exclude", "require"):
         with pytest.raises(RequestError, match=f"at most {MAX_GPUS}"):
-            JobOptions(**{iterable: range(10**17)}).want(Config.load())
+            want_of(JobOptions(**{iterable: range(10**17)}), Config.load())
+
+
+@pytest.mark.parametrize("iterable", ["explicit", "exclude", "require"])
+def test_the_api_reads_a_gpu_list_no_further_than_a_host_could_have(iterable: str) -> None:
+    """``gpualloc.api`` keeps an iterable of GPUs as a tuple: it reads no more of it than
+    MAX_GPUS and one, and refuses the rest as the struct does (``range(10**17)`` was a
+    MemoryError, and an endless generator would never have ended)."""
+    import itertools
+
+    from gpualloc import api
+
+    topology = api.load_topology("dgx1-v100")
+    for values in (range(10**17), itertools.count()):
+        with pytest.raises(
+            RequestError, match=f"names more GPUs than a host has .at most {MAX_GPUS}"
+        ):
+            api.plan(topology, 2, **{iterable: values})
 
 
 # ---- GPU lists ----------------------------------------------------------------------------
@@ -297,18 +315,19 @@ def test_a_pattern_file_of_many_repeated_edges_is_refused_at_once(
     assert "edge #1 (0, 1) names ranks 0 and 1 again" in result.stderr, result.stderr
 
 
-def test_a_queued_request_of_many_edges_is_refused_before_any_placement() -> None:
-    """What a broker client sends as a queued request: refused as a bad request (exit 2), not
+def test_a_sent_pattern_of_many_edges_is_refused_before_any_placement() -> None:
+    """What a broker client sends as a pattern's edges: refused as a bad request (exit 2), not
     placed, whatever its edge list's length."""
-    from gpualloc.broker.requests import queued_want
+    from gpualloc.broker.requests import options_want
+    from gpualloc.config import Config
 
     raw = {
-        "gpus": 8, "pattern": "file:x", "edges": [[0, 1]] * 5000, "sensitive": True,
-        "required": [], "excluded": [], "policy": "mapa", "score": "auto",
+        "count": 8, "pattern": "file:x", "edges": [[0, 1]] * 5000, "sensitive": True,
+        "policy": "mapa", "score": "auto",
     }  # fmt: skip
     started = time.monotonic()
     with pytest.raises(RequestError, match="at most 28 edges"):
-        queued_want(raw)
+        options_want(raw, Config.load())
     assert time.monotonic() - started < 1
 
 
@@ -318,7 +337,8 @@ def test_a_pattern_naming_a_pair_twice_is_refused_on_every_way_in() -> None:
     and was an internal error on the file ledger. The model refuses it, so that no way in
     (pattern file, library, broker request, queued job) skips the rule; a broker client's is
     a bad request (exit 2)."""
-    from gpualloc.broker.requests import queued_want
+    from gpualloc.broker.requests import options_want
+    from gpualloc.config import Config
     from gpualloc.model.request import CommunicationPattern
     from gpualloc.placement.want import Want
 
@@ -328,13 +348,13 @@ def test_a_pattern_naming_a_pair_twice_is_refused_on_every_way_in() -> None:
     with pytest.raises(ValueError, match="at most 2 edges"):
         CommunicationPattern("custom", 2, ((0, 1),) * 3)
     raw = {
-        "gpus": 3, "pattern": "file:x", "edges": [[0, 1], [2, 0], [0, 1]], "sensitive": True,
-        "required": [], "excluded": [], "policy": "drb", "score": "auto",
+        "count": 3, "pattern": "file:x", "edges": [[0, 1], [2, 0], [0, 1]], "sensitive": True,
+        "policy": "drb", "score": "auto",
     }  # fmt: skip
     with pytest.raises(RequestError, match="names ranks 0 and 1 again") as refused:
-        queued_want(raw)
-    assert refused.value.exit_code == 2 and refused.value.message.startswith("bad request")
-    good = queued_want({**raw, "edges": [[0, 1], [2, 0]]})
+        options_want(raw, Config.load())
+    assert refused.value.exit_code == 2 and refused.value.message.startswith("the job's pattern")
+    good = options_want({**raw, "edges": [[0, 1], [2, 0]]}, Config.load())
     queued = msgspec.structs.replace(good.queued(), edges=((0, 1), (2, 0), (1, 0)))
     with pytest.raises(RequestError, match="names ranks 0 and 1 again"):
         Want.from_queued(queued)

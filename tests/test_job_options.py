@@ -1,13 +1,16 @@
 """One job request, declared once: the table of :mod:`gpualloc.job_options` makes the options
-of run, alloc and plan (their parser and help), ``JobOptions``, the wire schema and the Python
-API's keywords. A new option is one row; these tests add one and find it everywhere."""
+of run, alloc and plan (their parser and help), ``JobOptions`` (held equal to it), what the
+broker's fast client sends and the Python API's keywords. A new option is one row and its
+field; these tests add a row and find it everywhere else."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -29,15 +32,11 @@ table.JOB_OPTIONS = (
 
 PROBE = """
 import json
-import msgspec
 
-from gpualloc.api import _job_options
-from gpualloc.broker.requests import WireOptions
 from gpualloc.cli import brokered, parser
 from gpualloc.cli.commands import entry, load
 from gpualloc.cli.help import page
 from gpualloc.errors import RequestError
-from gpualloc.placement.options import JobOptions
 
 found = {}
 for command in ("run", "alloc", "plan"):
@@ -49,29 +48,17 @@ try:
     found["parser_bounds"] = False
 except RequestError as refused:
     found["parser_bounds"] = "must be at least 30" in refused.message
-found["wire"] = "max_temperature" in WireOptions.__struct_fields__
 found["fast_client_sends"] = "max_temperature" in brokered.JOB_OPTIONS
-try:
-    msgspec.convert({"policy": "mapa", "max_temperature": 5}, WireOptions)
-    found["wire_bounds"] = False
-except msgspec.ValidationError:
-    found["wire_bounds"] = True
-found["struct"] = JobOptions(max_temperature=80).max_temperature == 80
-found["api"] = _job_options(2, {"max_temperature": 70}).max_temperature == 70
-try:
-    JobOptions(max_temperature=500)
-    found["struct_bounds"] = False
-except RequestError:
-    found["struct_bounds"] = True
 print(json.dumps(found))
 """
 
 
 def test_a_row_added_to_the_table_reaches_every_shape_of_the_request() -> None:
     """The row alone, no other edit: the help of run and alloc (not plan, which the row does
-    not name), the parser with its bounds, the broker's wire schema and what its lean client
-    sends, JobOptions with its bounds, and the Python API. What a real option needs
-    besides is its use: what it changes in ``JobOptions.want`` (or in the lease's terms)."""
+    not name), the parser with its bounds, what the broker's lean client sends. What a real
+    option needs besides is its field in ``JobOptions`` (typed, written where a checker reads
+    it: the next test fails until it is there) and its use: what it changes in
+    ``placement.options.want_of`` (or in the lease's terms)."""
     script = textwrap.dedent(DUMMY_ROW) + textwrap.dedent(PROBE)
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
@@ -80,6 +67,25 @@ def test_a_row_added_to_the_table_reaches_every_shape_of_the_request() -> None:
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found.pop("plan_help") is False
     assert all(found.values()), found
+
+
+def test_the_structs_fields_are_the_job_rows_with_their_defaults_and_kinds() -> None:
+    """JobOptions is written by hand, so that a type checker reads its fields; the rows stay
+    the one description of the options: the same names in the same order, the same defaults,
+    and a type that takes what the row's kind parses to."""
+    from gpualloc.model.job import JobOptions
+
+    rows = job_fields()
+    fields = msgspec.structs.fields(JobOptions)
+    assert [field.name for field in fields] == [row.dest for row in rows]
+    kinds = {"flag": bool, "int": int, "float": float, "str": str}
+    for field, row in zip(fields, rows, strict=True):
+        assert field.default == row.default, row.dest
+        assert field.default is not msgspec.NODEFAULT, row.dest
+        example = {"flag": True, "int": 1, "float": 0.5, "str": "0"}[row.kind]
+        assert isinstance(example, kinds[row.kind])
+        assert getattr(JobOptions(**{row.dest: example}), row.dest) == example, row.dest
+        assert kinds[row.kind].__name__ in str(field.type), (row.dest, field.type)
 
 
 def test_every_declared_job_option_is_a_row() -> None:
@@ -116,7 +122,7 @@ def test_each_row_is_declared_once_with_its_help() -> None:
 def test_the_struct_checks_its_bounds_whoever_builds_it(values: dict, message: str) -> None:
     """The Python API and the broker reach JobOptions without the parser's checks: the
     struct refuses what the parser would, when it is made."""
-    from gpualloc.placement.options import JobOptions
+    from gpualloc.model.job import JobOptions
 
     with pytest.raises(RequestError, match=message):
         JobOptions(**values)
@@ -134,11 +140,60 @@ def test_the_api_takes_the_command_lines_job_options_and_refuses_others() -> Non
     assert set(api.__all__) == {"HeldGpus", "hold", "load_topology", "plan"}
 
 
-def test_the_wire_schema_refuses_what_the_command_line_would() -> None:
-    from gpualloc.broker.requests import WireOptions
+def test_the_broker_makes_the_want_its_client_made_of_the_options_it_sends(
+    tmp_path: Path,
+) -> None:
+    """One job encoding on the wire: a broker client sends the JobOptions its Want was made
+    of (:func:`gpualloc.host.brokered.sent_options`; a pattern file read by the client goes
+    as its name and edges), and the broker makes the same Want of them."""
+    from gpualloc.broker.requests import options_want
+    from gpualloc.config import Config
+    from gpualloc.host.brokered import sent_options
+    from gpualloc.model.job import JobOptions
+    from gpualloc.placement.options import want_of
 
-    assert set(WireOptions.__struct_fields__) == {"policy", *(r.dest for r in wire_fields())}
-    with pytest.raises(msgspec.ValidationError, match="count"):
-        msgspec.convert({"policy": "mapa", "count": 0}, WireOptions)
-    with pytest.raises(msgspec.ValidationError, match="unknown field"):
-        msgspec.convert({"policy": "mapa", "share": True}, WireOptions)
+    pattern = tmp_path / "pairs.json"
+    pattern.write_text(json.dumps({"edges": [[0, 1], [2, 3]]}))
+    config = Config.load()
+    jobs = [
+        JobOptions(),
+        JobOptions(count=2, exclude="0-3", policy="drb", drb_weights="2,1,1", min_utility=0.3),
+        JobOptions(count=4, pattern=str(pattern), sensitive=True),
+        JobOptions(gpus=(3, 1), score="bottleneck"),
+        JobOptions(mig="1g.5gb"),
+        JobOptions(share=True, mem="4G", sm_share=50, background=True),
+        JobOptions(count=2, shareable=True, mem=2**30, exclude=(0,)),
+    ]
+    for job in jobs:
+        made = want_of(job, config)
+        sent = json.loads(json.dumps(sent_options(made)))  # as the socket carries it
+        assert str(tmp_path) not in json.dumps(sent)  # never a path for root to open
+        again = options_want(sent, config)
+        assert msgspec.structs.replace(again, options=None) == msgspec.structs.replace(
+            made, options=None
+        ), job
+
+
+def test_the_broker_decodes_a_clients_options_into_the_struct() -> None:
+    """The broker decodes a client's options into JobOptions, whose bounds refuse what the
+    parser would; a pattern is a built-in name or sent edges, never a file to open."""
+    from gpualloc.broker.requests import options_want
+    from gpualloc.config import Config
+
+    config = Config.load()
+    want = options_want({"policy": "drb", "count": 2, "exclude": "0-3"}, config)
+    assert want.policy == "drb" and want.request.excluded == {0, 1, 2, 3}
+    refusals = [
+        ({"policy": "mapa", "count": 0}, "-n 0 is out of range"),
+        ({"policy": "mapa", "count": "2"}, "bad options: Expected `int | null`, got `str`"),
+        ({"policy": "mapa", "colour": "red"}, "unknown field `colour`"),
+        ({"count": 1}, "no policy"),
+        ({"policy": "mapa", "pattern": "/etc/shadow"}, "the broker opens no file"),
+        ({"policy": "mapa", "count": 2, "edges": [[0, 5]]}, "bad pattern edge (0, 5)"),
+        ({"policy": "mapa", "count": 2, "edges": [[0, "x"]]}, "bad options: Expected `int`"),
+        ({"policy": "mapa", "pattern": "ring\udcff"}, "not valid UTF-8"),
+        ({"policy": "mapa", "count": 2, "pattern": "p\udcff", "edges": [[0, 1]]}, "UTF-8"),
+    ]
+    for raw, message in refusals:
+        with pytest.raises(RequestError, match=re.escape(message)):
+            options_want(raw, config)

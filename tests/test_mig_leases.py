@@ -222,9 +222,10 @@ def test_the_ledger_refuses_a_mig_device_held_twice() -> None:
 
 def _mig_want(**options: str) -> Want:
     from gpualloc.config import Config
-    from gpualloc.placement.options import JobOptions
+    from gpualloc.model.job import JobOptions
+    from gpualloc.placement.options import want_of
 
-    return JobOptions(**options).want(Config.load())
+    return want_of(JobOptions(**options), Config.load())
 
 
 def test_a_queued_mig_request_is_the_same_request_for_whoever_places_it() -> None:

@@ -259,9 +259,9 @@ def _pipelined(socket_path: Path, lines: list[dict]) -> list[dict]:
 
 
 def _searching_alloc(lease_id: str) -> dict:
-    request = {"gpus": 10, "sensitive": True, "policy": "drb"}
+    request = {"count": 10, "sensitive": True, "policy": "drb"}
     terms = {"source": "alloc", "hold": True}
-    return {"v": 1, "op": "alloc", "args": {"lease_id": lease_id, "request": request,
+    return {"v": 1, "op": "alloc", "args": {"lease_id": lease_id, "options": request,
                                             "terms": terms}}  # fmt: skip
 
 
@@ -279,7 +279,7 @@ def test_requests_behind_a_search_keep_their_order_and_a_dead_worker_is_replaced
         os.kill(broker.worker(), 9)
         time.sleep(0.5)
         request = _searching_alloc("bbbbbbbbbbbb")
-        request["args"]["request"]["excluded"] = [0]  # not remembered: searched again
+        request["args"]["options"]["exclude"] = [0]  # not remembered: searched again
         (made,) = _pipelined(broker.socket, [request])
         assert made["ok"], made
         assert "placement worker ended" in broker.log_text()
@@ -320,7 +320,7 @@ def test_a_new_users_search_waits_one_budget_per_other_user_searching(
 
     def client(user: str, lease_id: str, request: dict) -> subprocess.Popen[str]:
         line = _searching_alloc(lease_id)
-        line["args"]["request"] = request
+        line["args"]["options"] = request
         return subprocess.Popen(
             [as_user.python, "-c", _TIMED_CLIENT, str(broker.socket), json.dumps(line)],
             env={"PYTHONPATH": as_user.python_path, "PATH": "/usr/bin:/bin"},
@@ -331,11 +331,11 @@ def test_a_new_users_search_waits_one_budget_per_other_user_searching(
     try:
         queued = []
         for number, user in enumerate(searching * 4):
-            request = {"gpus": 16, "sensitive": True, "policy": "mapa-greedy",
-                       "excluded": [number], "min_utility": 1.0}  # fmt: skip
+            request = {"count": 16, "sensitive": True, "policy": "mapa-greedy",
+                       "exclude": [number], "min_utility": 1.0}  # fmt: skip
             queued.append(client(user, f"{number + 1:012x}", request))
         time.sleep(1.0)  # every search is queued, the first has the worker
-        new = client("dave", "dddddddddddd", {"gpus": 1, "sensitive": False})
+        new = client("dave", "dddddddddddd", {"policy": "mapa", "count": 1})
         out, err = finish(new, timeout_s=120)
         answer = json.loads(out)
         bound_s = (len(searching) + 2) * budget_s
@@ -532,9 +532,9 @@ def _until_logged(
 
 def _big_search(lease_id: str) -> dict:
     """16 of the measured 32 GPUs by MAPA's greedy order: past any budget here."""
-    request = {"gpus": 16, "sensitive": True, "policy": "mapa-greedy"}
+    request = {"count": 16, "sensitive": True, "policy": "mapa-greedy"}
     terms = {"source": "alloc", "hold": True}
-    return {"v": 1, "op": "alloc", "args": {"lease_id": lease_id, "request": request,
+    return {"v": 1, "op": "alloc", "args": {"lease_id": lease_id, "options": request,
                                             "terms": terms}}  # fmt: skip
 
 
@@ -589,7 +589,7 @@ def test_a_stuck_worker_is_replaced_and_its_request_answered_greedily(
         assert broker.worker() != stuck
         release = {"v": 1, "op": "release", "args": {"mine": True}}
         again = _big_search("bbbbbbbbbbbb")
-        again["args"]["request"]["excluded"] = [0]  # not remembered: searched by the new one
+        again["args"]["options"]["exclude"] = [0]  # not remembered: searched by the new one
         _released, made = _pipelined(broker.socket, [release, again])
         assert made["ok"], made
         notes = " ".join(made["result"]["notes"])

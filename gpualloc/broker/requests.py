@@ -1,9 +1,9 @@
 """What a broker client may send, checked as if hostile (:mod:`.service` acts on it).
 
 Every value from a client is decoded into the ledger's own validated structs or bounded here:
-the job as a :class:`~gpualloc.ledger.schema.QueuedRequest` (or the command line's options,
-:class:`WireOptions`), lease ids as 12 hex digits, commands and names by length, counts as
-positive integers. A client can name only what it could have typed.
+the job as the :class:`~gpualloc.model.job.JobOptions` both clients send, lease ids as 12 hex
+digits, commands and names by length, counts as positive integers. A client can name only
+what it could have typed.
 
 Text follows the command line's rule (:mod:`gpualloc.host.terms`): JSON may carry a lone
 surrogate (``"\\udcff"``), which the ledger could never read back (UTF-8 cannot encode it); a name
@@ -14,71 +14,58 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-from msgspec import Meta, Struct, defstruct
+import msgspec
 
 from gpualloc.durations import seconds_given as duration
 from gpualloc.errors import RequestError
 from gpualloc.host.queue import WaitOptions
 from gpualloc.host.queue_policy import QueuePolicy
 from gpualloc.host.terms import MAX_WORD_CHARS
-from gpualloc.job_options import MAX_GPUS, Table, wire_fields
-from gpualloc.ledger.schema import QueuedRequest
+from gpualloc.job_options import PATTERN_NAMES
 from gpualloc.model.printable import has_surrogates, lease_command, printable
-from gpualloc.model.validation import ValidationError, from_builtins
 from gpualloc.placement.want import Want
 from gpualloc.user_files import shown_repr
 
 if TYPE_CHECKING:
+    from gpualloc.config import Config
     from gpualloc.model.topology import Topology
 
 _ID = re.compile(r"^[0-9a-f]{12}$")
 
 
-def wire_options(table: Table | None = None) -> type[Struct]:
-    """The schema of a fast client's job options, as the command line types them: the ``wire``
-    rows of ``table`` (:mod:`gpualloc.job_options`), each with its type and bounds, and the
-    policy the client resolved (required). Unknown fields are refused."""
-    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = [("policy", str)]
-    for row in wire_fields(table):
-        if row.dest == "policy":
-            continue
-        kind: Any = WIRE_TYPES[row.kind]
-        if row.minimum is not None or row.maximum is not None:
-            kind = Annotated[kind, Meta(ge=row.minimum, le=row.maximum)]
-        fields.append((row.dest, kind if row.default is not None else kind | None, row.default))
-    return defstruct(
-        "WireOptions",
-        fields,
-        module=__name__,
-        forbid_unknown_fields=True,
-    )
+def options_want(raw: Any, config: Config) -> Want:
+    """The Want of a client's job: the :class:`~gpualloc.model.job.JobOptions` it was made of
+    (as the command line types them, or the Python API's values), its bounds checked when it
+    is decoded, with the client's configured policy; a pattern read from a file comes as its
+    name and ``edges``, never a path to open."""
+    from gpualloc.model.job import JobOptions
+    from gpualloc.placement.options import want_of
 
-
-WIRE_TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "flag": bool}
-WireOptions = wire_options()
-
-
-def queued_want(raw: Any) -> Want:
-    """The job of a request in the queue's own form (the library's and the models' path)."""
+    fields = dict(raw) if isinstance(raw, dict) else raw
+    edges = fields.pop("edges", None) if isinstance(fields, dict) else None
     try:
-        request = from_builtins(raw, QueuedRequest)
-    except ValidationError as bad:
-        raise RequestError(f"bad request: {bad}", hint="see gpualloc.broker") from None
-    except UnicodeEncodeError:  # a lone surrogate ("\\udcff") anywhere in the request
+        options = msgspec.convert(fields, JobOptions)
+        if edges is not None:
+            edges = msgspec.convert(edges, tuple[tuple[int, int], ...])
+    except msgspec.ValidationError as bad:
+        raise RequestError(f"bad options: {bad}", hint="see gpualloc.broker") from None
+    except UnicodeEncodeError:  # a lone surrogate in a text (the fuzzer found it)
         raise RequestError(
-            "bad request: it holds text that is not UTF-8", hint="see gpualloc.broker"
+            "bad options: a text is not valid UTF-8", hint="see gpualloc.broker"
         ) from None
-    if request.gpus > MAX_GPUS:  # as -n is bounded: a count a user typed is said back cut
+    if options.policy is None:
+        raise RequestError("bad options: no policy (the client's own)", hint="see gpualloc.broker")
+    if has_surrogates(options.pattern):  # a sent pattern's name is kept in the lease
+        raise RequestError("bad options: a text is not valid UTF-8", hint="see gpualloc.broker")
+    if edges is None and options.pattern not in PATTERN_NAMES:  # root would read it for them
         raise RequestError(
-            f"bad request: a job asks for 1 to {MAX_GPUS} GPUs, not {shown_repr(request.gpus)}",
-            hint="see gpualloc.broker",
+            f"pattern {printable(options.pattern, 60)!r} is not one of "
+            f"{', '.join(PATTERN_NAMES)}: the broker opens no file a client names",
+            hint="gpualloc reads a pattern file itself and sends its edges",
         )
-    try:
-        return Want.from_queued(request)
-    except RequestError as bad:  # the pattern's own rules (model.request.CommunicationPattern)
-        raise RequestError(f"bad request: {bad.message}", hint=bad.hint) from None
+    return want_of(options, config, edges=edges)
 
 
 def wait_options(raw: Any, policy: QueuePolicy) -> WaitOptions:

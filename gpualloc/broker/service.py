@@ -22,8 +22,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import msgspec
-import msgspec.structs
 from msgspec import Struct
 
 from gpualloc.broker import requests as wire
@@ -44,13 +42,11 @@ from gpualloc.host.queue import (
 )
 from gpualloc.host.queue_policy import QueuePolicy
 from gpualloc.host.terms import Allocation, LeaseTerms
-from gpualloc.job_options import PATTERN_NAMES
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.owned_store import OwnedLedgerStore
 from gpualloc.ledger.schema import Lease, Waiter
 from gpualloc.ledger.statedir import StateDirectory
 from gpualloc.ledger.store import LedgerTransaction, lease_alive
-from gpualloc.model.printable import printable
 from gpualloc.model.request import Placement, Scores
 from gpualloc.model.validation import to_builtins
 from gpualloc.placement.want import Want
@@ -152,14 +148,12 @@ class LedgerService:
 
     def alloc(self, peer: Peer, args: dict[str, Any]) -> tuple[Allocation, dict[str, Any]] | str:
         """Allocate now, or queue (``args["wait"]``): the allocation and its answer, or the
-        waiter's id. The job is ``args["request"]`` (a queued request, as the ledger keeps
-        them) or ``args["options"]`` (the command line's options, the fast clients'); with
+        waiter's id. The job is ``args["options"]``, what both clients send: the JobOptions
+        its Want was made of (:func:`gpualloc.host.brokered.sent_options`, the lean client's
+        ``cli/brokered.py``); with
         ``args["views"]`` the answer carries what such a client prints and execs with."""
         lease_id = wire.lease_id(args.get("lease_id"))
-        if "request" in args:
-            want = wire.queued_want(args["request"])
-        else:
-            want = self._options_want(args.get("options"))
+        want = wire.options_want(args.get("options"), self.config)
         terms = self._terms(peer, args.get("terms"), lease_id)
         wait, views = args.get("wait"), wire.views_asked(args.get("views"))
         wire.check_before_placing(self.host.topology, want, terms.memory_bytes, views)
@@ -176,27 +170,6 @@ class LedgerService:
             made = self._follow(self.host.allocate(want, terms, allow_unhealthy=lenient))
             return made, self.answer(made, want, views)
         return self._enqueue(peer, want, terms, wait, views, args)
-
-    def _options_want(self, raw: Any) -> Want:
-        """The Want of a fast client's options (its configured policy already filled in)."""
-        from gpualloc.placement.options import JobOptions
-
-        try:
-            options = msgspec.structs.asdict(msgspec.convert(raw, wire.WireOptions))
-        except msgspec.ValidationError as bad:
-            raise RequestError(f"bad options: {bad}", hint="see gpualloc.broker") from None
-        except UnicodeEncodeError:  # a lone surrogate in a text (the fuzzer found it)
-            raise RequestError(
-                "bad options: a text is not valid UTF-8", hint="see gpualloc.broker"
-            ) from None
-        pattern = options["pattern"]
-        if pattern not in PATTERN_NAMES:  # never a path: root would read it for them
-            raise RequestError(
-                f"pattern {printable(pattern, 60)!r} is not one of "
-                f"{', '.join(PATTERN_NAMES)}: the broker opens no file a client names",
-                hint="gpualloc reads a pattern file itself and sends its edges",
-            )
-        return JobOptions(**options).want(self.config)
 
     def answer(
         self, allocation: Allocation, want: Want, views: dict[str, Any] | None

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 JOB_OPTIONS = tuple(row.dest for row in wire_fields())
 """The job's options the broker reads (the ``wire`` rows of :mod:`gpualloc.job_options`:
-:class:`gpualloc.placement.options.JobOptions`'s fields, the sharing ones left out)."""
+:class:`gpualloc.model.job.JobOptions`'s fields, the sharing ones left out)."""
 SHARING = tuple(row.dest for row in job_fields() if not row.wire)
 
 

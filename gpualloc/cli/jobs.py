@@ -3,7 +3,7 @@ for the command lines its lean client, :mod:`.brokered`, leaves to this module).
 
 :mod:`gpualloc.cli.run` and :mod:`gpualloc.cli.leases` declare these commands and hand
 :func:`call` every parameter's value, as the parser read it; the options that describe the job
-arrive as one :class:`~gpualloc.placement.options.JobOptions`, the command's own by name, with
+arrive as one :class:`~gpualloc.model.job.JobOptions`, the command's own by name, with
 no default of their own here: the declarations hold them (tests/test_cli.py checks that each
 work function takes exactly its command's parameters).
 """
@@ -26,7 +26,8 @@ from gpualloc.cli.open_ledger import (
 )
 from gpualloc.cli.state import STATE
 from gpualloc.errors import ExitCode, FileAccessError, RequestError
-from gpualloc.placement.options import JobOptions
+from gpualloc.model.job import JobOptions
+from gpualloc.placement.options import want_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -96,7 +97,7 @@ def run_job(
         raise unknown_choice("--numa", numa, [mode.value for mode in NumaMode]) from None
     if as_json and not dry_run:
         raise RequestError("--json applies to --dry-run", hint="add --dry-run")
-    want = job.want(STATE.config())
+    want = want_of(job, STATE.config())
     waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
     resolve_program(command[0], os.environ)  # 127/126 before any GPU is taken
     host = open_host_ledger(
@@ -345,7 +346,7 @@ def alloc_gpus(
     from gpualloc.host.terms import LeaseTerms
 
     owner = alloc_owner(output_format, pid, hold)
-    want = job.want(STATE.config())
+    want = want_of(job, STATE.config())
     waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
     host = open_host_ledger(
         ignore_foreign=STATE.setting("ignore_foreign", ignore_foreign),

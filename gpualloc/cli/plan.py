@@ -8,9 +8,10 @@ from gpualloc.cli.declare import Command, flag, job_options, json_flag, value
 from gpualloc.cli.state import STATE
 from gpualloc.errors import GpusBusy, NoFeasiblePlacement, RequestError
 from gpualloc.json_views import placement_json
+from gpualloc.model.job import JobOptions
 from gpualloc.model.option_values import gpu_list
 from gpualloc.model.printable import count_of
-from gpualloc.placement.options import JobOptions
+from gpualloc.placement.options import want_of
 
 if TYPE_CHECKING:
     from gpualloc.model.mig import MigRequest
@@ -65,7 +66,7 @@ def plan_command(
         )
     if count is None and mig is None and mem is None:
         raise RequestError("how many GPUs?", hint="give -n K (or --mig / --mem for a MIG device)")
-    want = options.want(STATE.config())
+    want = want_of(options, STATE.config())
     host = open_host_ledger(
         create=False,
         check_health=not allow_unhealthy,

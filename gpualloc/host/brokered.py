@@ -117,7 +117,7 @@ class BrokeredHost(HostView, kw_only=True):
             allow_unhealthy = self.allow_unhealthy
         args: dict[str, Any] = {
             "lease_id": terms.lease_id or new_lease_id(),
-            "request": to_builtins(want.queued()),
+            "options": sent_options(want),
             "terms": {
                 "source": terms.source,
                 "pid": terms.pid,
@@ -191,6 +191,21 @@ class BrokeredHost(HostView, kw_only=True):
                 for e in report["expiries"]
             ],
         )
+
+
+def sent_options(want: Want) -> dict[str, Any]:
+    """The job as a broker client sends it: the options ``want`` was made from, its policy
+    resolved (the broker makes the same Want of them); a pattern read from a file goes as its
+    name and edges, for the broker opens no file a client names."""
+    from gpualloc.job_options import PATTERN_NAMES
+
+    if want.options is None:
+        raise ValueError("a Want for the broker is made by gpualloc.placement.options.want_of")
+    sent: dict[str, Any] = to_builtins(want.options)
+    if want.options.pattern not in PATTERN_NAMES:
+        sent["pattern"] = want.request.pattern.name
+        sent["edges"] = to_builtins(want.request.pattern.edges)
+    return sent
 
 
 def _view(client: BrokerClient, *, full: bool) -> dict[str, Any]:

@@ -240,6 +240,9 @@ class LocalHost(HostView, kw_only=True):
         memo = self.placement_memo
         if memo is None or want.explicit is not None or want.mig or want.share:
             return choose(self.topology, occupancy, want, budget_s=self.placement_budget_s)
+        # How the job was typed (``want.options``) is no part of the question: "0-3" and
+        # (0, 1, 2, 3) ask the same one, so they share the remembered answer.
+        want = replace(want, options=None)
         key = (want, occupancy.host_state())
         found = memo.get(key)
         if found is None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from msgspec import Struct
 
 from gpualloc.config import DEFAULT_POLICY
+from gpualloc.model.job import JobOptions
 from gpualloc.model.mig import MigRequest
 from gpualloc.model.request import CommunicationPattern, JobRequest
 from gpualloc.model.share import ShareRequest
@@ -43,6 +44,9 @@ class Want(Struct, frozen=True):
     """A MIG device instead of whole GPUs (``request`` then asks for one GPU)."""
     share: ShareRequest | None = None
     """A shared place on one GPU instead of whole GPUs (``request`` then asks for one)."""
+    options: JobOptions | None = None
+    """The options it was made from (:func:`gpualloc.placement.options.want_of`), its policy
+    resolved: what a broker client sends, for the broker to make the same Want."""
 
     def queued(self) -> QueuedRequest:
         """This request as the queue stores it."""
