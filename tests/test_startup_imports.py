@@ -69,9 +69,8 @@ def _imported(args: list[str], env: dict[str, str]) -> tuple[int, set[str]]:
     return code, set(modules)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("broker", ["named", "none"])
-def test_run_alloc_and_release_import_only_what_they_need(tmp_path: Path, broker: str) -> None:
+def _environment(tmp_path: Path) -> dict[str, str]:
+    """bench_startup.py's setting: a bundled topology, this test's own state and caches."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUALLOC_")}
     env.update(
         GPUALLOC_STATE_DIR=str(tmp_path / "state"),
@@ -79,6 +78,13 @@ def test_run_alloc_and_release_import_only_what_they_need(tmp_path: Path, broker
         GPUALLOC_CACHE_DIR=str(tmp_path / "cache"),
         XDG_CONFIG_HOME=str(tmp_path / "config"),
     )
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("broker", ["named", "none"])
+def test_run_alloc_and_release_import_only_what_they_need(tmp_path: Path, broker: str) -> None:
+    env = _environment(tmp_path)
     if broker == "named":  # as bench_startup.py: a named socket nobody listens on
         env["GPUALLOC_BROKER"] = str(tmp_path / "no-broker.sock")
     assert _imported(["alloc", "--hold", "-n", "2"], env)[0] == 0  # a ledger, as bench_startup
@@ -115,13 +121,7 @@ def test_every_other_command_imports_no_second_parser_nor_rich_in_a_pipe(
 ) -> None:
     """rich draws tables on a terminal only; a help page is the declarations' alone; no
     command imports the modules of the others it does not run."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUALLOC_")}
-    env.update(
-        GPUALLOC_STATE_DIR=str(tmp_path / "state"),
-        GPUALLOC_TOPOLOGY="dgx1-v100",
-        GPUALLOC_CACHE_DIR=str(tmp_path / "cache"),
-        XDG_CONFIG_HOME=str(tmp_path / "config"),
-    )
+    env = _environment(tmp_path)
     code, modules = _imported(args, env)
     assert code == 0, args
     heavy = [
