@@ -73,8 +73,8 @@ def _library_client(args: tuple[str, str, int]) -> list[float]:
     """``cycles`` alloc+release cycles through the library; the latency of each alloc (ms)."""
     topology_name, state, cycles = args
     os.environ["GPUALLOC_STATE_DIR"] = state
+    from gpualloc.host.lease_terms import LeaseTerms
     from gpualloc.host.local import LocalHost
-    from gpualloc.host.terms import LeaseTerms
     from gpualloc.model.request import JobRequest
     from gpualloc.placement.mapa.patterns import build_pattern
     from gpualloc.placement.want import Want

@@ -110,8 +110,8 @@ def hold(
     GpusBusy when they are taken now; with it, queues like ``run --wait`` (WaitTimedOut after
     ``timeout_s``)."""
     from gpualloc.config import Config
-    from gpualloc.host.queue import WaitOptions
-    from gpualloc.host.terms import LeaseTerms
+    from gpualloc.host.lease_terms import LeaseTerms
+    from gpualloc.host.queue_policy import WaitOptions
     from gpualloc.launcher.environment import job_variables
     from gpualloc.launcher.sharing import share_mode
     from gpualloc.placement.options import want_of

@@ -2,7 +2,7 @@
 
 One row per option: its parameter name, spellings, kind and bounds, help, default, the
 environment variable and configuration key that default it, its completion, the commands that
-take it, and whether the broker's lean client sends it. The rest is made from this table,
+take it. The rest is made from this table,
 never written again by hand, but for the typed fields of ``JobOptions``:
 
 - the options of ``run``, ``alloc`` and ``plan`` (:func:`gpualloc.cli.declare.job_options`),
@@ -11,9 +11,9 @@ never written again by hand, but for the typed fields of ``JobOptions``:
   struct the command line, the Python API and the broker build a job from (its fields are the
   ``job`` rows, written there with their types so that a checker reads them; a test holds the
   two equal);
-- the options the broker's fast client sends (the ``wire`` rows:
-  :data:`gpualloc.cli.brokered.JOB_OPTIONS`) and those the broker reads of it, into a
-  ``JobOptions`` (:data:`gpualloc.broker.requests.WIRE_OPTIONS`).
+- the job's one encoding on the broker's socket: every ``job`` row, as
+  :class:`~gpualloc.host.brokered.BrokeredHost` sends a ``JobOptions`` and the broker decodes
+  it (:func:`gpualloc.broker.requests.options_want`).
 
 A new option is one row here, its typed field in ``JobOptions`` and its use
 (``tests/test_job_options.py`` adds a row and finds it everywhere else). A leaf module: every
@@ -62,9 +62,6 @@ class JobOption(NamedTuple):
     """The function of :mod:`gpualloc.cli.complete` that completes its value."""
     commands: tuple[str, ...] = COMMANDS
     group: Group = "job"
-    wire: bool = True
-    """Sent by the broker's lean client in its ``options`` (it leaves shared jobs to
-    :class:`~gpualloc.host.brokered.BrokeredHost`, which sends every row)."""
     plan_help: str | None = None
     """``plan``'s help where it differs (plan runs nothing, so some defaults differ)."""
 
@@ -159,34 +156,34 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
         "jobs use, else a free one; the memory asked for with --mem must be free there and the "
         "GPU must run fewer shared jobs than the host allows (share.max_jobs, default 4). Under "
         "CUDA MPS when its daemon runs, else time-sliced.",
-        default=False, commands=("run",), wire=False,
+        default=False, commands=("run",),
     ),
     JobOption(
         "shareable", "flag",
         "Let shared jobs (run --share) run on these GPUs beside this job, as long as their "
         "memory fits; you may evict them (release --evict-shared).",
-        default=False, commands=RUN_ALLOC, wire=False,
+        default=False, commands=RUN_ALLOC,
     ),
     JobOption(
         "background", "flag",
         "With --share: a low-priority job (DeepPool's background job): its CPU priority is "
         "lowered (nice 10) and status marks it so.",
-        default=False, commands=("run",), wire=False,
+        default=False, commands=("run",),
     ),
     JobOption(
         "sm_share", "int",
         "With --share: the part of one GPU the job asks for; a GPU takes shared jobs while "
         "these parts sum to at most 100. Under CUDA MPS it also caps the job's multiprocessors "
         "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE).",
-        metavar="PERCENT", minimum=1, maximum=100, commands=("run",), wire=False,
+        metavar="PERCENT", minimum=1, maximum=100, commands=("run",),
     ),
     JobOption(
         "name", "str", "A name for the lease, shown by 'gpualloc status'.",
-        metavar="NAME", commands=RUN_ALLOC, group="lease", wire=False,
+        metavar="NAME", commands=RUN_ALLOC, group="lease",
     ),
     JobOption(
         "uuid", "flag", "Export CUDA_VISIBLE_DEVICES as GPU UUIDs instead of indices.",
-        default=False, commands=RUN_ALLOC, group="lease", wire=False,
+        default=False, commands=RUN_ALLOC, group="lease",
     ),
     JobOption(
         "ignore_foreign", "flag",
@@ -194,37 +191,37 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
         "(NVML's process list). Default: heed them (GPUALLOC_IGNORE_FOREIGN, ignore_foreign in "
         "config.toml).",
         flags=("--ignore-foreign",), negative=("--heed-foreign",), commands=RUN_ALLOC,
-        group="lease", wire=False,
+        group="lease",
     ),
     JobOption(
         "allow_unhealthy", "flag",
         "Place on GPUs gpualloc found unhealthy too (uncorrectable ECC errors, pages or rows "
         "waiting for a reset, a critical Xid error; 'gpualloc status' says which).",
-        default=False, group="lease", wire=False,
+        default=False, group="lease",
     ),
     JobOption(
         "wait", "flag",
         "When the GPUs are taken, join the host's queue and start as soon as it is this job's "
         "turn (first come, first served; backfill; priorities).",
-        default=False, commands=RUN_ALLOC, group="wait", wire=False,
+        default=False, commands=RUN_ALLOC, group="wait",
     ),
     JobOption(
         "timeout", "str",
         "With --wait: give up after this long (90, 30s, 5m, 2h, 1h30m) with exit 124.",
-        metavar="DURATION", commands=RUN_ALLOC, group="wait", wire=False,
+        metavar="DURATION", commands=RUN_ALLOC, group="wait",
     ),
     JobOption(
         "priority", "str",
         "With --wait: queue class high, normal or low; arrival order within. Default: normal "
         "(GPUALLOC_PRIORITY, queue.priority in config.toml).",
-        metavar="CLASS", completion="priorities", commands=RUN_ALLOC, group="wait", wire=False,
+        metavar="CLASS", completion="priorities", commands=RUN_ALLOC, group="wait",
     ),
     JobOption(
         "max_bypass", "int",
         "With --wait: how many later jobs may start before this one (backfill) before backfill "
         "past it stops until it starts. Default: 8 (GPUALLOC_MAX_BYPASS, queue.max_bypass in "
         "config.toml).",
-        metavar="N", minimum=0, commands=RUN_ALLOC, group="wait", wire=False,
+        metavar="N", minimum=0, commands=RUN_ALLOC, group="wait",
     ),
 )  # fmt: skip
 
@@ -246,8 +243,3 @@ def options_of(command: str, table: Table | None = None) -> Table:
 def job_fields(table: Table | None = None) -> Table:
     """The rows that describe the job (the fields of ``JobOptions``)."""
     return tuple(row for row in table_or_default(table) if row.group == "job")
-
-
-def wire_fields(table: Table | None = None) -> Table:
-    """The rows the broker's lean client sends in its ``options``."""
-    return tuple(row for row in table_or_default(table) if row.group == "job" and row.wire)

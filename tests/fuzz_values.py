@@ -163,7 +163,7 @@ def _alloc(request: dict[str, Any] | None = None, **args: Any) -> bytes:
 
 
 def _options(count: int) -> bytes:
-    """An alloc as the fast clients send it: the command line's options."""
+    """An alloc as the broker's client sends it: the command line's options."""
     from gpualloc.ledger.store import new_lease_id
 
     options = {"policy": "mapa", "count": count}
@@ -218,7 +218,7 @@ def broker_bounds() -> list[Bound]:
     from gpualloc.broker.requests import MAX_SELECTORS
     from gpualloc.config import BY_KEY
     from gpualloc.durations import MAX_DURATION_S
-    from gpualloc.host.terms import MAX_NAME_CHARS, MAX_WORD_CHARS
+    from gpualloc.host.lease_terms import MAX_NAME_CHARS, MAX_WORD_CHARS
     from gpualloc.job_options import MAX_GPUS
     from gpualloc.model.printable import MAX_COMMAND_CHARS, MAX_COMMAND_WORDS
     from gpualloc.model.request import max_edges

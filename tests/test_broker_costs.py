@@ -28,9 +28,9 @@ from gpualloc.broker.server import Broker
 from gpualloc.broker.service import LedgerService
 from gpualloc.config import Config
 from gpualloc.host import local
+from gpualloc.host.lease_terms import LeaseTerms
 from gpualloc.host.local import LocalHost
 from gpualloc.host.queue_policy import QueuePolicy
-from gpualloc.host.terms import LeaseTerms
 from gpualloc.ledger.store import new_lease_id
 from gpualloc.model.request import JobRequest
 from gpualloc.placement.mapa.patterns import build_pattern

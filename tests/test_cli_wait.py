@@ -146,8 +146,8 @@ def _hold_for_another_user(gpus: str) -> Callable[[], None]:
     """GPUs held by a lease of another uid (what makes a waiting job blocked by others, to
     which ``--max-bypass`` applies), written as the broker writes its peers' leases; returns
     its release."""
+    from gpualloc.host.lease_terms import LeaseTerms
     from gpualloc.host.local import LocalHost
-    from gpualloc.host.terms import LeaseTerms
     from gpualloc.model.request import JobRequest
     from gpualloc.placement.mapa.patterns import build_pattern
     from gpualloc.placement.want import Want
@@ -250,16 +250,19 @@ def test_an_interrupted_waiter_says_where_it_stood_and_what_it_left() -> None:
 
 
 def test_the_brokers_waiting_line_is_drawn_and_interrupted_as_the_ledgers() -> None:
-    """The broker's fast client handed the line a status without its length or wait: on a
-    terminal, drawing it was an AttributeError."""
-    from gpualloc.cli.brokered import _Status
+    """A waiting status as the broker sends it (an event on its socket) reaches the status line
+    as the embedded ledger's does: drawn with its length and wait, and said when interrupted."""
     from gpualloc.cli.open_ledger import StatusLine, wait_line
+    from gpualloc.host.brokered import _reporter
+    from gpualloc.host.terms import WaitStatus
 
-    status = _Status({"position": 3, "queue_length": 5, "reason": "the job needs 8 GPUs",
-                      "holders": "held by bob: 0-7", "waited_s": 65.0, "line": "..."})  # fmt: skip
-    assert wait_line(status, 200).startswith("gpualloc: waiting 1m, #3 of 5 in the queue")  # type: ignore[arg-type]
+    heard: list[WaitStatus] = []
+    _reporter(heard.append)({"position": 3, "queue_length": 5, "reason": "the job needs 8 GPUs",
+                             "holders": "held by bob: 0-7", "waited_s": 65.0})  # fmt: skip
+    (status,) = heard
+    assert wait_line(status, 200).startswith("gpualloc: waiting 1m, #3 of 5 in the queue")
     line = StatusLine()
-    line.show(status)  # type: ignore[arg-type]
+    line.show(status)
     assert line.interrupted().message == (
         "interrupted while waiting in the queue (#3 of 5, for 1m); the job left the queue and "
         "holds no GPU"

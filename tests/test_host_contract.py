@@ -28,11 +28,11 @@ import pytest
 from gpualloc import errors
 from gpualloc.config import Config
 from gpualloc.host.brokered import BrokeredHost
+from gpualloc.host.lease_terms import LeaseTerms
 from gpualloc.host.local import LocalHost
 from gpualloc.host.open import open_host
 from gpualloc.host.protocol import Host
-from gpualloc.host.queue import WaitOptions
-from gpualloc.host.terms import LeaseTerms
+from gpualloc.host.queue_policy import WaitOptions
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Lease, Ledger
 from gpualloc.model.job import JobOptions
@@ -173,6 +173,49 @@ def test_a_pattern_file_reaches_the_host_as_it_was_read(host: Host, tmp_path: Pa
     pattern.write_text("[[0, 1], [1, 2], [2, 3]]")
     job = want(4, pattern=str(pattern))
     assert host.allocate(job, hold()).lease.indices == engine_choice(job)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"count": 2}, {"count": 3, "pattern": "all"}, {"gpus": (2, 6)}],
+    ids=lambda options: ",".join(f"{k}={v}" for k, v in options.items()),
+)
+@pytest.mark.parametrize("uuid", [False, True], ids=["indices", "uuid"])
+def test_a_started_job_is_granted_what_its_launch_needs(
+    side: Side, options: dict[str, Any], uuid: bool
+) -> None:
+    """``Host.start`` (``run``, ``alloc``): the engine's choice, and the job's variables, NUMA
+    nodes and devices in words as :func:`~gpualloc.host.grant.grant_of` makes them on the
+    topology; a host opened as ``run`` opens it (``full=False``) answers it too."""
+    from gpualloc.host.grant import grant_of
+    from gpualloc.host.terms import Allocation
+
+    host = side.open(full=False)
+    job = JobOptions(policy="mapa", **options)
+    config = Config.load()
+    grant = host.start(job, hold("started"), config=config, uuid=uuid)
+    wanted = want_of(job, config)
+    (lease,) = side.open().snapshot().ledger.leases
+    assert lease.id == grant.lease_id and lease.indices == engine_choice(wanted)
+    placement = choose(load_bundled(TOPOLOGY), Occupancy.build(load_bundled(TOPOLOGY),
+                       Ledger(host="contract")), wanted)  # fmt: skip
+    expected = grant_of(
+        load_bundled(TOPOLOGY), Allocation(lease, placement), wanted, uuid=uuid, this_host=False
+    )
+    assert grant[:7] == expected[:7]  # lease id, variables, held, NUMA nodes, host, notes, share
+    assert grant.views()[0]["id"] == lease.id
+    assert grant.views()[1]["gpus"] == list(lease.indices)
+
+
+def test_a_started_job_is_refused_before_any_gpu_is_taken(side: Side) -> None:
+    """A ``--shareable`` job's ``--mem`` beyond every GPU's memory: exit 9 from either host,
+    and no lease."""
+    host = side.open(full=False)
+    job = JobOptions(count=1, policy="mapa", shareable=True, mem="64G")
+    terms = LeaseTerms(source="alloc", hold=True, shareable=True, memory_bytes=64 * 2**30)
+    name, message, _, code = refused(lambda: host.start(job, terms, config=Config.load()))
+    assert (name, code) == ("NoFeasiblePlacement", 9) and "--mem 64 GiB" in message, message
+    assert held_gpus(side.open()) == {}
 
 
 def test_allocations_one_after_another_place_around_the_leases(host: Host) -> None:

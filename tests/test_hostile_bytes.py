@@ -83,7 +83,7 @@ def test_the_wire_refuses_such_a_name_and_escapes_command_words() -> None:
 
 
 def test_lease_terms_keep_the_command_escaped_and_refuse_the_name() -> None:
-    from gpualloc.host.terms import LeaseTerms
+    from gpualloc.host.lease_terms import LeaseTerms
 
     terms = LeaseTerms(source="run", pid=os.getpid(), command=("./tr\udce4in", "--x"))
     assert terms.command == ("./tr\\xe4in", "--x")

@@ -269,7 +269,7 @@ def broker() -> Iterator[_LimitedBroker]:
 
 
 def _alloc(lease_id: str, **options: object) -> dict:
-    """An ``alloc`` as the fast client sends it (gpualloc/cli/brokered.py ``_allocate``)."""
+    """An ``alloc`` as the broker's client sends it (``BrokeredHost._alloc``)."""
     return {
         "lease_id": lease_id,
         "options": {"policy": "mapa", **options},

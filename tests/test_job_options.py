@@ -1,6 +1,6 @@
 """One job request, declared once: the table of :mod:`gpualloc.job_options` makes the options
-of run, alloc and plan (their parser and help), ``JobOptions`` (held equal to it), what the
-broker's fast client sends and the Python API's keywords. A new option is one row and its
+of run, alloc and plan (their parser and help), ``JobOptions`` (held equal to it, and sent
+whole to the broker) and the Python API's keywords. A new option is one row and its
 field; these tests add a row and find it everywhere else."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 from gpualloc.errors import RequestError
-from gpualloc.job_options import JOB_OPTIONS, job_fields, options_of, wire_fields
+from gpualloc.job_options import JOB_OPTIONS, job_fields, options_of
 
 DUMMY_ROW = """
 import gpualloc.job_options as table
@@ -33,7 +33,7 @@ table.JOB_OPTIONS = (
 PROBE = """
 import json
 
-from gpualloc.cli import brokered, parser
+from gpualloc.cli import parser
 from gpualloc.cli.commands import entry, load
 from gpualloc.cli.help import page
 from gpualloc.errors import RequestError
@@ -48,14 +48,14 @@ try:
     found["parser_bounds"] = False
 except RequestError as refused:
     found["parser_bounds"] = "must be at least 30" in refused.message
-found["fast_client_sends"] = "max_temperature" in brokered.JOB_OPTIONS
 print(json.dumps(found))
 """
 
 
 def test_a_row_added_to_the_table_reaches_every_shape_of_the_request() -> None:
     """The row alone, no other edit: the help of run and alloc (not plan, which the row does
-    not name), the parser with its bounds, what the broker's lean client sends. What a real
+    not name), the parser with its bounds (the broker's client sends every field of
+    ``JobOptions``, so the wire needs no edit either). What a real
     option needs besides is its field in ``JobOptions`` (typed, written where a checker reads
     it: the next test fails until it is there) and its use: what it changes in
     ``placement.options.want_of`` (or in the lease's terms)."""
@@ -104,7 +104,6 @@ def test_each_row_is_declared_once_with_its_help() -> None:
     spellings = [s for row in JOB_OPTIONS for s in (*row.spellings, *row.negative)]
     assert len(spellings) == len(set(spellings))
     assert all(row.help.endswith(".") or row.help.endswith(")") for row in JOB_OPTIONS)
-    assert {row.dest for row in wire_fields()} <= {row.dest for row in job_fields()}
 
 
 @pytest.mark.parametrize(

@@ -261,8 +261,8 @@ def test_the_ledger_counts_mig_requests_by_profile() -> None:
 def test_a_mig_lease_adds_its_profile_to_the_ledgers_mix() -> None:
     import os
 
+    from gpualloc.host.lease_terms import LeaseTerms
     from gpualloc.host.local import LocalHost
-    from gpualloc.host.terms import LeaseTerms
     from tests.test_mig_leases import _mig_want
 
     host = LocalHost.open(load_bundled("dgx-a100-mig"))

@@ -113,8 +113,8 @@ def test_a_version_1_ledger_reads_with_an_empty_queue() -> None:
 
 def _host_with_leases(held: dict[int, tuple[int, ...]]):
     """dgx1-v100's embedded host with a lease of uid ``u`` on GPUs ``held[u]`` for each."""
+    from gpualloc.host.lease_terms import LeaseTerms
     from gpualloc.host.local import LocalHost
-    from gpualloc.host.terms import LeaseTerms
     from gpualloc.model.request import JobRequest
     from gpualloc.placement.mapa.patterns import build_pattern
     from gpualloc.topologies import load_bundled

@@ -421,8 +421,8 @@ def test_eviction_marks_the_shared_jobs_beside_a_lease_in_the_ledger() -> None:
     """What ``release --evict-shared`` writes, in-process (the tests above run the watchers that
     act on it): the shared job beside the owner's ``--shareable`` lease is marked with the
     evicter and the grace, and a lease that shares nothing is refused."""
+    from gpualloc.host.lease_terms import LeaseTerms
     from gpualloc.host.local import LocalHost
-    from gpualloc.host.terms import LeaseTerms
     from gpualloc.ledger.shared_files import owner_name
     from gpualloc.model.request import JobRequest
     from gpualloc.placement.mapa.patterns import build_pattern
@@ -587,8 +587,8 @@ def test_a_ledger_with_a_malformed_request_mix_is_refused() -> None:
 
 
 def test_each_lease_adds_its_task_type_to_the_ledgers_mix() -> None:
+    from gpualloc.host.lease_terms import LeaseTerms
     from gpualloc.host.local import LocalHost
-    from gpualloc.host.terms import LeaseTerms
     from gpualloc.model.request import JobRequest
     from gpualloc.placement.mapa.patterns import build_pattern
     from gpualloc.placement.want import Want

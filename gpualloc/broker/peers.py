@@ -85,7 +85,7 @@ def check_owned(peer: Peer, pid: int) -> float:
             peer.facts = process_facts(pid)
         facts = peer.facts
     if facts is None:
-        from gpualloc.host.terms import no_such_process
+        from gpualloc.host.lease_terms import no_such_process
 
         raise no_such_process(pid)
     owner, started = facts

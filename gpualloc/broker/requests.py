@@ -20,9 +20,8 @@ import msgspec
 
 from gpualloc.durations import seconds_given as duration
 from gpualloc.errors import RequestError
-from gpualloc.host.queue import WaitOptions
-from gpualloc.host.queue_policy import QueuePolicy
-from gpualloc.host.terms import MAX_WORD_CHARS
+from gpualloc.host.lease_terms import MAX_WORD_CHARS
+from gpualloc.host.queue_policy import QueuePolicy, WaitOptions
 from gpualloc.job_options import PATTERN_NAMES
 from gpualloc.model.printable import has_surrogates, lease_command, printable
 from gpualloc.placement.want import Want
@@ -30,7 +29,6 @@ from gpualloc.user_files import shown_repr
 
 if TYPE_CHECKING:
     from gpualloc.config import Config
-    from gpualloc.model.topology import Topology
 
 _ID = re.compile(r"^[0-9a-f]{12}$")
 
@@ -109,7 +107,7 @@ def words(raw: Any) -> tuple[str, ...]:
 
 def text(raw: Any, what: str) -> str | None:
     """A name or a lease selector: short UTF-8 text (a lone surrogate is refused, as
-    :func:`~gpualloc.host.terms.lease_name` refuses it)."""
+    :func:`~gpualloc.host.lease_terms.lease_name` refuses it)."""
     if raw is None:
         return None
     if not isinstance(raw, str) or len(raw) > MAX_WORD_CHARS:
@@ -149,23 +147,3 @@ def group_of(pid: int | None) -> int | None:
         return os.getpgid(pid) if pid is not None else None
     except OSError:
         return None
-
-
-def check_before_placing(
-    topology: Topology, want: Want, memory_bytes: int | None, views: dict[str, Any] | None
-) -> None:
-    """What the command line refuses before it takes any GPU, refused by the broker too
-    (before a lease is written or a waiter queued): ``--uuid`` where a GPU the job could be
-    placed on has no UUID ``CUDA_VISIBLE_DEVICES`` can hold (exit 2), and a ``--shareable``
-    job's ``--mem`` beyond every such GPU's memory (exit 9)."""
-    from gpualloc.launcher.environment import check_uuids
-    from gpualloc.placement.want import check_declared_memory
-
-    gpus = topology.gpus
-    if want.explicit is not None:
-        candidates = [gpus[g] for g in want.explicit if 0 <= g < len(gpus)]
-    else:
-        candidates = [g for g in gpus if g.index not in want.request.excluded]
-    if views is not None and views.get("uuid") and want.mig is None:
-        check_uuids(candidates)
-    check_declared_memory(candidates, memory_bytes)

@@ -30,6 +30,9 @@ from gpualloc.broker.peers import Peer, check_owned
 from gpualloc.broker.watch import ProcessWatch
 from gpualloc.config import Config
 from gpualloc.errors import GpuallocError, NoSuchLease, NotPermitted, RequestError
+from gpualloc.host.grant import grant_answer, grant_of
+from gpualloc.host.launching import check_before_placing
+from gpualloc.host.lease_terms import LeaseTerms
 from gpualloc.host.local import LocalHost, taken_id
 from gpualloc.host.queue import (
     Attempt,
@@ -41,7 +44,7 @@ from gpualloc.host.queue import (
     take_turn,
 )
 from gpualloc.host.queue_policy import QueuePolicy
-from gpualloc.host.terms import Allocation, LeaseTerms
+from gpualloc.host.terms import Allocation
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.owned_store import OwnedLedgerStore
 from gpualloc.ledger.schema import Lease, Waiter
@@ -93,8 +96,8 @@ class LedgerService:
         self.host = host
         host.placement_memo = {}  # one search per request and host state, for every user
         self.config = config
-        """The broker's configuration (the system file): fast clients' options are read
-        with it, their own settings already applied."""
+        """The broker's configuration (the system file): clients' job options are read with
+        it, their own settings (the policy) already applied."""
         self.policy = policy
         self.fair = fair
         self.watch = ProcessWatch()
@@ -148,15 +151,16 @@ class LedgerService:
 
     def alloc(self, peer: Peer, args: dict[str, Any]) -> tuple[Allocation, dict[str, Any]] | str:
         """Allocate now, or queue (``args["wait"]``): the allocation and its answer, or the
-        waiter's id. The job is ``args["options"]``, what both clients send: the JobOptions
-        its Want was made of (:func:`gpualloc.host.brokered.sent_options`, the lean client's
-        ``cli/brokered.py``); with
-        ``args["views"]`` the answer carries what such a client prints and execs with."""
+        waiter's id. The job is ``args["options"]``, its one encoding: the JobOptions a client's
+        Want is made of (:class:`gpualloc.host.brokered.BrokeredHost`); with ``args["views"]``
+        the answer carries its :class:`~gpualloc.host.grant.Grant`, what the client prints and
+        execs with."""
         lease_id = wire.lease_id(args.get("lease_id"))
         want = wire.options_want(args.get("options"), self.config)
         terms = self._terms(peer, args.get("terms"), lease_id)
         wait, views = args.get("wait"), wire.views_asked(args.get("views"))
-        wire.check_before_placing(self.host.topology, want, terms.memory_bytes, views)
+        uuid = views is not None and bool(views.get("uuid"))
+        check_before_placing(self.host.topology, want, terms.memory_bytes, uuid=uuid)
         if args.get("retry"):
             with self.host.transaction() as txn:
                 found = self._repeat(peer, txn, lease_id)
@@ -174,32 +178,20 @@ class LedgerService:
     def answer(
         self, allocation: Allocation, want: Want, views: dict[str, Any] | None
     ) -> dict[str, Any]:
-        """What the client gets for an allocation (with ``views``: what it prints and execs
-        with, computed here so that the client needs neither the topology nor the models)."""
-        from gpualloc.launcher.environment import job_variables
-        from gpualloc.ledger.occupancy import held_devices
-
-        lease, placement = allocation.lease, allocation.placement
+        """What the client gets for an allocation (with ``views``: its grant, computed here so
+        that the client needs neither the topology nor the models)."""
         found: dict[str, Any] = {
-            "lease": to_builtins(lease),
-            "placement": to_builtins(placement),
+            "lease": to_builtins(allocation.lease),
+            "placement": to_builtins(allocation.placement),
             "notes": list(allocation.notes),
         }
         if views is None:
             return found
-        from gpualloc.json_views import lease_json, placement_json
-
-        topology = self.host.topology
-        found["environment"] = job_variables(
-            topology, lease.indices, lease.mig_keys, lease_id=lease.id,
-            uuid=bool(views.get("uuid")), share=lease.share,
+        grant = grant_of(
+            self.host.topology, allocation, want, uuid=bool(views.get("uuid")),
+            this_host=self.host.this_host,
         )  # fmt: skip
-        found["numa_nodes"] = [topology.gpu(g).numa_node for g in placement.parent_gpus]
-        found["this_host"] = self.host.this_host
-        found["held"] = held_devices(lease, ranked=True)
-        found["lease_json"] = lease_json(lease)
-        found["placement_json"] = placement_json(topology, want.request, placement)
-        return found
+        return found | grant_answer(grant)
 
     def _repeat(self, peer: Peer, txn: LedgerTransaction, lease_id: str) -> Allocation | str | None:
         """What a request with this id made before (a client sending it again)."""

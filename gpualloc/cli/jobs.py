@@ -1,5 +1,8 @@
-"""What ``run``, ``alloc`` and ``release`` do on the embedded ledger (or through the broker
-for the command lines its lean client, :mod:`.brokered`, leaves to this module).
+"""What ``run``, ``alloc`` and ``release`` do, on whichever host :func:`.open_ledger.
+open_host_ledger` opens: each builds the job's options and the lease's terms and asks the
+:class:`~gpualloc.host.protocol.Host` (``start``, ``release_leases``); the host places and
+records, and :func:`gpualloc.host.launching.launch_granted` execs the job. Through the broker
+no topology and no placement engine is loaded (``tests/test_startup_imports.py``).
 
 :mod:`gpualloc.cli.run` and :mod:`gpualloc.cli.leases` declare these commands and hand
 :func:`call` every parameter's value, as the parser read it; the options that describe the job
@@ -17,45 +20,37 @@ from typing import TYPE_CHECKING
 
 from gpualloc.cli.open_ledger import (
     alloc_owner,
-    allocate,
     open_host_ledger,
     print_allocation,
     say,
+    start,
     wait_options,
     warn,
 )
 from gpualloc.cli.state import STATE
 from gpualloc.errors import ExitCode, FileAccessError, RequestError
 from gpualloc.model.job import JobOptions
-from gpualloc.placement.options import want_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any
 
     from gpualloc.host.protocol import Host
-    from gpualloc.host.queue import WaitOptions
-    from gpualloc.host.terms import Allocation, LeaseTerms
     from gpualloc.launcher.binding import Binding, NumaMode
-    from gpualloc.ledger.schema import Lease
+    from gpualloc.launcher.verify_terms import VerifyTerms
     from gpualloc.model.request import Placement
-    from gpualloc.model.share import LeasedShare
-    from gpualloc.model.topology import Gpu, GpuProcess
+    from gpualloc.model.share import LeasedShare, ShareMode
+    from gpualloc.model.topology import GpuProcess
     from gpualloc.placement.want import Want
 
 WORK = ("run_job", "alloc_gpus", "release_gpus")
 """The functions :func:`call` runs; the first two take a :class:`JobOptions`."""
 
 
-def call(work: str, values: Mapping[str, Any], *, broker_tried: bool = False) -> None:
+def call(work: str, values: Mapping[str, Any]) -> None:
     """Run the function named ``work`` with a command's parameters: the job's options bundled
-    into one JobOptions. Through the broker's lean client first (:mod:`.brokered`), unless the
-    caller tried it already."""
-    from gpualloc.cli import brokered
-
+    into one JobOptions."""
     function = globals()[work]  # looked up now: tests stand in for the functions
-    if not broker_tried and brokered.call(work, values):
-        return
     if work == "release_gpus":
         function(**values)
         return
@@ -84,10 +79,9 @@ def run_job(
     as_json: bool,
 ) -> None:
     """``gpualloc run``: place ``job``, record its lease, exec it (see its ``--help``)."""
-    from gpualloc.host.terms import LeaseTerms
+    from gpualloc.host.lease_terms import LeaseTerms
     from gpualloc.launcher.binding import NumaMode
     from gpualloc.launcher.command import resolve_program
-    from gpualloc.launcher.sharing import share_mode
 
     try:
         mode = NumaMode(STATE.setting("numa", numa))
@@ -97,7 +91,7 @@ def run_job(
         raise unknown_choice("--numa", numa, [mode.value for mode in NumaMode]) from None
     if as_json and not dry_run:
         raise RequestError("--json applies to --dry-run", hint="add --dry-run")
-    want = want_of(job, STATE.config())
+    job = _with_policy(job)
     waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
     resolve_program(command[0], os.environ)  # 127/126 before any GPU is taken
     host = open_host_ledger(
@@ -106,11 +100,19 @@ def run_job(
         allow_unhealthy=allow_unhealthy,
         full=dry_run,
     )
-    declared = _declared_memory(host, want, job)  # --dry-run too: a bad --mem is refused there
     if dry_run:
+        from gpualloc.host.launching import check_before_placing
+        from gpualloc.placement.options import want_of
+
+        want = want_of(job, STATE.config())
+        check_before_placing(host.topology, want, job.declared_memory_bytes(), uuid=False)
         _dry_run(host, want, command, mode, uuid, as_json)
         return
-    _check_uuids(host, want, uuid)
+    sharing: ShareMode = "time-sliced"
+    if job.share:
+        from gpualloc.launcher.sharing import share_mode
+
+        sharing = share_mode(os.environ)
     terms = LeaseTerms(
         source="run",
         pid=os.getpid(),
@@ -119,10 +121,25 @@ def run_job(
         name=name,
         process_group=os.getpid() if os.getpgrp() == os.getpid() else None,
         shareable=job.shareable,
-        memory_bytes=declared,
-        share_mode=share_mode(os.environ) if job.share else "time-sliced",
+        memory_bytes=job.declared_memory_bytes(),
+        share_mode=sharing,
     )
-    _launch(host, want, terms, command, mode, uuid=uuid, quiet=quiet, waiting=waiting)
+    grant = start(host, job, terms, waiting, uuid=uuid)
+    warn(grant.notes)
+    from gpualloc.host.launching import launch_granted
+
+    verify, look = _verifier(host, grant.this_host)
+    launch_granted(
+        host, grant, command, mode, quiet=quiet, verify=verify, look=look, say=say, warn=warn
+    )
+
+
+def _with_policy(job: JobOptions) -> JobOptions:
+    """``job`` with its policy resolved as this user's settings say (``--policy``, else the
+    configured one): the host places with it, the broker with the client's own."""
+    from msgspec.structs import replace
+
+    return replace(job, policy=STATE.setting("policy", job.policy))
 
 
 def _binding(host: Host, placement: Placement, mode: NumaMode) -> Binding:
@@ -147,101 +164,29 @@ def _variables(
     return job_variables(host.topology, gpus, mig, lease_id=lease_id, uuid=uuid, share=share)
 
 
-def _declared_memory(host: Host, want: Want, job: JobOptions) -> int | None:
-    """The memory a ``--shareable`` job declares (``--mem``), refused (exit 9) when it is more
-    than any GPU the job could be placed on has (:func:`~gpualloc.placement.want.
-    check_declared_memory`)."""
-    declared = job.declared_memory_bytes()
-    if declared is not None:
-        from gpualloc.placement.want import check_declared_memory
-
-        check_declared_memory(_candidates(host, want), declared)
-    return declared
-
-
-def _candidates(host: Host, want: Want) -> list[Gpu]:
-    """The GPUs a job could be placed on: those ``--gpus`` names, else all but ``--exclude``."""
-    if want.explicit is not None:
-        return [host.topology.gpu(g) for g in want.explicit]
-    excluded = want.request.excluded
-    return [g for g in host.topology.gpus if g.index not in excluded]
-
-
-def _check_uuids(host: Host, want: Want, uuid: bool) -> None:
-    """With ``--uuid``, refuse before any GPU is taken when a GPU the job could be placed on
-    has no usable UUID: after the lease is written, a refusal changes the ledger."""
-    if not uuid or want.mig is not None:
-        return
-    from gpualloc.launcher.environment import check_uuids
-
-    check_uuids(_candidates(host, want))
-
-
-def _launch(
-    host: Host,
-    want: Want,
-    terms: LeaseTerms,
-    command: list[str],
-    mode: NumaMode,
-    *,
-    uuid: bool,
-    quiet: bool,
-    waiting: WaitOptions | None,
-) -> None:
-    from gpualloc.launcher.launch import JobLaunch, SharedJob, launch
-    from gpualloc.launcher.sharing import share_notes
-    from gpualloc.ledger.occupancy import held_devices
-
-    allocation = allocate(host, want, terms, waiting)
-    warn(allocation.notes)
-    lease = allocation.lease
-    try:
-        shared = None
-        if lease.share is not None:
-            ledger_file = host.ledger_file()
-            assert ledger_file is not None  # the lease was just written there
-            notes = tuple(share_notes(lease.share, os.environ))
-            shared = SharedJob(lease.share.mode, lease.share.background, ledger_file, notes)
-        job = JobLaunch(
-            command=command,
-            lease_id=lease.id,
-            held=held_devices(lease, ranked=True),
-            numa_nodes=[host.topology.gpu(g).numa_node for g in allocation.placement.parent_gpus],
-            this_host=host.this_host,
-            variables=_variables(
-                host, lease.indices, lease.mig_keys, lease_id=lease.id, uuid=uuid, share=lease.share
-            ),
-            shared=shared,
-        )
-        launch(job, mode, quiet=quiet, start_verifier=_verifier(host, lease), say=say, warn=warn)
-    except BaseException:
-        if allocation.lock_fd is not None:
-            os.close(allocation.lock_fd)
-        host.release(lease.id)
-        raise
-
-
-def _verifier(host: Host, lease: Lease) -> Callable[[], None] | None:
-    """What checks for ``verify.grace`` that the job runs on its lease's GPUs
-    (tests/test_verified_launch.py), or None when ``verify.grace`` is 0."""
-    import functools
-
+def _verifier(
+    host: Host, this_host: bool
+) -> tuple[VerifyTerms | None, Callable[[], list[GpuProcess]] | None]:
+    """The terms of the verifier that checks for ``verify.grace`` that the job runs on its
+    lease's GPUs (tests/test_verified_launch.py), and where it looks; no terms when
+    ``verify.grace`` is 0 or, on the embedded ledger, nothing it looks at can change."""
     grace = STATE.setting("verify.grace")
     if grace <= 0:
-        return None
-    look = _process_lister(host)
-    if look is None and host.broker_socket is None:
-        return None  # the embedded ledger verifies nothing that cannot change (a bundled host)
-    from gpualloc.launcher.verify import VerifyTerms
+        return None, None
+    look = None
+    if host.broker_socket is None:  # the broker's verifier asks the broker where jobs run
+        look = _process_lister(host, this_host)
+        if look is None:
+            return None, None  # a bundled host: its processes never change
+    from gpualloc.launcher.verify_terms import VerifyTerms
 
-    terms = VerifyTerms(grace_s=grace, action=STATE.setting("verify.action"))
-    return functools.partial(host.start_verifier, lease, terms, look)
+    return VerifyTerms(grace_s=grace, action=STATE.setting("verify.action")), look
 
 
-def _process_lister(host: Host) -> Callable[[], list[GpuProcess]] | None:
+def _process_lister(host: Host, this_host: bool) -> Callable[[], list[GpuProcess]] | None:
     """Where the verifier looks for the job's processes: NVML on this host, the topology file
     read again on a recorded one; None for a bundled topology (its processes never change)."""
-    if host.this_host:
+    if this_host:
         from gpualloc.discovery.live import live_processes
 
         topology = host.topology
@@ -343,18 +288,16 @@ def alloc_gpus(
     allow_unhealthy: bool,
 ) -> None:
     """``gpualloc alloc``: allocate GPUs without running anything (see its ``--help``)."""
-    from gpualloc.host.terms import LeaseTerms
+    from gpualloc.host.lease_terms import LeaseTerms
 
     owner = alloc_owner(output_format, pid, hold)
-    want = want_of(job, STATE.config())
+    job = _with_policy(job)
     waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
     host = open_host_ledger(
         ignore_foreign=STATE.setting("ignore_foreign", ignore_foreign),
         allow_unhealthy=allow_unhealthy,
         full=False,
     )
-    _check_uuids(host, want, uuid)
-    declared = _declared_memory(host, want, job)
     terms = LeaseTerms(
         source="alloc",
         pid=owner,
@@ -363,40 +306,23 @@ def alloc_gpus(
         name=name,
         announce=True,
         shareable=job.shareable,
-        memory_bytes=declared,
+        memory_bytes=job.declared_memory_bytes(),
     )
-    allocation = allocate(host, want, terms, waiting)
-    warn(allocation.notes)
+    grant = start(host, job, terms, waiting, uuid=uuid)
+    warn(grant.notes)
     try:
-        _print_allocation(host, want, allocation, output_format, uuid)
+        print_allocation(output_format, grant.variables, grant.views)
         sys.stdout.flush()  # the id has reached the reader: only now is the lease confirmed
     except FileAccessError:  # stdout closed or full: nobody has the id, so nobody holds it
-        host.release(allocation.lease.id)
+        host.release(grant.lease_id)
         raise
-    host.confirm(allocation.lease.id)
+    host.confirm(grant.lease_id)
 
 
 def _command_of(pid: int | None) -> tuple[str, ...]:
     from gpualloc.ledger.liveness import command_line
 
     return () if pid is None else command_line(pid)
-
-
-def _print_allocation(
-    host: Host, want: Want, allocation: Allocation, output_format: str, uuid: bool
-) -> None:
-    from gpualloc.json_views import lease_json, placement_json
-
-    lease = allocation.lease
-    variables = _variables(host, lease.indices, lease.mig_keys, lease_id=lease.id, uuid=uuid)
-    print_allocation(
-        output_format,
-        variables,
-        lambda: (
-            lease_json(lease),
-            placement_json(host.topology, want.request, allocation.placement),
-        ),
-    )
 
 
 # ---- release ---------------------------------------------------------------------------------

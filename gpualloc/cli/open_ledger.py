@@ -1,21 +1,22 @@
-"""What the ledger commands share: opening this host's ledger, allocating with or without
+"""What the ledger commands share: opening this host's ledger, starting a job with or without
 --wait (and its status line), and the prefixed lines they tell people on stderr."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpualloc.cli.state import STATE
 
 if TYPE_CHECKING:
     from gpualloc.errors import Interrupted
+    from gpualloc.host.grant import Grant
+    from gpualloc.host.lease_terms import LeaseTerms
     from gpualloc.host.protocol import Host
-    from gpualloc.host.queue import WaitOptions
-    from gpualloc.host.terms import Allocation, LeaseTerms, WaitStatus
-    from gpualloc.placement.want import Want
+    from gpualloc.host.queue_policy import WaitOptions
+    from gpualloc.host.terms import WaitStatus
+    from gpualloc.model.job import JobOptions
 
 
 def open_host_ledger(
@@ -46,7 +47,7 @@ def open_host_ledger(
         full=full,
         env=os.environ,
     )
-    warn(host.processes.notes)
+    warn(host.opening_notes)
     warn(_broker_not_used())
     return host
 
@@ -71,17 +72,6 @@ def _broker_not_used() -> list[str]:
     return [f"the broker {shown_path(configured.value)} ({configured.source}) is not used: {why}"]
 
 
-def broker_for_this_command() -> Path | None:
-    """The broker's socket when this command's ledger is the broker's (see
-    :func:`gpualloc.host.open.broker_for`), for the broker's fast client."""
-    import os
-
-    from gpualloc.host.open import broker_for
-
-    named = STATE.load_topology if _topology_named() else None
-    return broker_for(STATE.setting("host.broker"), os.environ, named)
-
-
 def _topology_named() -> bool:
     import os
 
@@ -100,13 +90,18 @@ def say(line: str) -> None:
     to_stderr(f"gpualloc: {line}")
 
 
-def allocate(host: Host, want: Want, terms: LeaseTerms, waiting: WaitOptions | None) -> Allocation:
-    """Allocate now, or with --wait queue until it is this job's turn (with a status line)."""
+def start(
+    host: Host, job: JobOptions, terms: LeaseTerms, waiting: WaitOptions | None, *, uuid: bool
+) -> Grant:
+    """Start ``job`` on ``host`` now, or with --wait queue until it is this job's turn (with a
+    status line)."""
     if waiting is None:
-        return host.allocate(want, terms)
+        return host.start(job, terms, config=STATE.config(), uuid=uuid)
     line = StatusLine()
     try:
-        return host.allocate(want, terms, wait=waiting, report=line.show)
+        return host.start(
+            job, terms, config=STATE.config(), wait=waiting, report=line.show, uuid=uuid
+        )
     except KeyboardInterrupt:
         raise line.interrupted() from None
     finally:
@@ -203,7 +198,7 @@ def wait_options(
     *, wait: bool, timeout: str | None, priority: str | None, max_bypass: int | None
 ) -> WaitOptions | None:
     """The queue options, or None without --wait (usage errors for options that need it)."""
-    from gpualloc.host.queue import WaitOptions
+    from gpualloc.host.queue_policy import WaitOptions
     from gpualloc.model.option_values import parse_duration
 
     if not check_wait_flags(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass):

@@ -40,16 +40,10 @@ def run_command(**values: Any) -> None:
 
 
 def work(name: str, values: dict[str, Any]) -> None:
-    """Do ``name`` (a :data:`gpualloc.cli.jobs.WORK` function) through the host's broker when
-    it has one and the command line is one the broker's lean client serves, else through
-    :mod:`.jobs`: the broker's route imports neither msgspec nor the placement engine."""
-    from gpualloc.cli import brokered
-
-    if brokered.call(name, values):
-        return
+    """Do ``name`` (a :data:`gpualloc.cli.jobs.WORK` function) on this command's host."""
     from gpualloc.cli import jobs
 
-    jobs.call(name, values, broker_tried=True)
+    jobs.call(name, values)
 
 
 RUN = Command(

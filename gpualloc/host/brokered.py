@@ -3,66 +3,136 @@ broker (``gpualloc serve``), over its socket.
 
 :func:`gpualloc.host.open.open_host` gives a command this host when the host has a broker; its
 topology, processes and ledger are the broker's view, and ``run``, ``alloc``, ``release``, ``gc``
-and the queue behave as with the embedded ledger: the same results, errors and exit codes.
+and the queue behave as with the embedded ledger: the same results, errors and exit codes
+(``tests/test_host_contract.py``).
+
+It is the one client of the broker, and a lean one: it asks for the broker's view only when a
+caller reads it, so :meth:`BrokeredHost.start` (``run``, ``alloc``) decodes no topology and no
+ledger models: the broker sends what the launch needs (:mod:`.grant`). This module imports
+them only where they are read (``tests/test_startup_imports.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable
-from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpualloc.discovery.processes import ProcessReport
-from gpualloc.host.terms import Allocation, GarbageReport, LeaseTerms, ReleaseResult
-from gpualloc.host.view import HostView
-from gpualloc.ledger.store import LedgerTransaction, new_lease_id
-from gpualloc.model.topology import GpuFault, Topology
-from gpualloc.model.validation import from_builtins, to_builtins
+from gpualloc.host.grant import Grant, grant_from_answer
 from gpualloc.wire.client import BrokerClient
 
 if TYPE_CHECKING:
-    from gpualloc.host.queue import WaitOptions
-    from gpualloc.host.terms import WaitStatus
-    from gpualloc.launcher.verify import VerifyTerms
+    from gpualloc.config import Config
+    from gpualloc.discovery.processes import ProcessReport
+    from gpualloc.host.lease_terms import LeaseTerms
+    from gpualloc.host.queue_policy import WaitOptions
+    from gpualloc.host.terms import Allocation, GarbageReport, ReleaseResult, WaitStatus
+    from gpualloc.host.view import HostView
+    from gpualloc.launcher.verify_terms import VerifyTerms
     from gpualloc.ledger.idle import IdlePolicy
-    from gpualloc.ledger.schema import Lease
+    from gpualloc.ledger.occupancy import Occupancy
+    from gpualloc.ledger.schema import Ledger
+    from gpualloc.ledger.store import LedgerTransaction
     from gpualloc.ledger.trust import Trust
+    from gpualloc.model.job import JobOptions
+    from gpualloc.model.share import LeasedShare, ShareMode, ShareRequest
+    from gpualloc.model.topology import GpuFault, Topology
     from gpualloc.placement.want import Want
+    from gpualloc.slurm.job import SlurmJob
 
 
-class BrokeredHost(HostView, kw_only=True):
+class BrokeredHost:
     """The host as the broker at ``socket`` sees it, calling it on one connection."""
 
-    socket: Path
-    client: BrokerClient
-    served: LedgerTransaction | None = None
-    """The ledger as the broker's snapshot showed it when the host was opened (``full``),
-    until this host asks the broker for a change: :meth:`snapshot` then asks again."""
-    _ledger_file: Path | None = None
+    def __init__(self, socket: Path, client: BrokerClient, *, full: bool = True) -> None:
+        self.socket = socket
+        self.client = client
+        self.full = full
+        """Whether the broker's view holds its ledger, processes and faults (else the
+        topology alone: ``run`` and ``alloc`` need no more)."""
+        self.allow_unhealthy = False
+        self.ignore_foreign = False
+        self.placement_budget_s: float | None = None
+        """The broker's own budget applies (``broker.placement_budget``)."""
+        self.slurm_job: SlurmJob | None = None
+        self.served: LedgerTransaction | None = None
+        """The ledger as the broker's view showed it, until this host asks the broker for a
+        change: :meth:`snapshot` then asks again."""
+        self._view: HostView | None = None
+        self._ledger_file: Path | None = None
 
     @classmethod
     def open(
         cls, socket: Path, *, full: bool = True, answer_s: float | None = None
     ) -> BrokeredHost:
         """The host as the broker at ``socket`` sees it (``full``: with its ledger, processes
-        and faults; else the topology alone, for ``run`` and ``alloc``); ``answer_s``: how long
-        to wait for the broker to say anything (``host.broker_timeout``)."""
-        client = BrokerClient(socket, answer_s=answer_s)
-        view = _view(client, full=full)
-        host = cls(
-            topology=from_builtins(view["topology"], Topology),
-            processes=from_builtins(view.get("processes") or {}, ProcessReport),
-            this_host=bool(view["this_host"]),
-            socket=socket,
-            client=client,
-        )
+        and faults, asked for now; else the topology alone, asked for when it is read);
+        ``answer_s``: how long to wait for the broker to say anything
+        (``host.broker_timeout``)."""
+        host = cls(socket, BrokerClient(socket, answer_s=answer_s), full=full)
         if full:
-            host.served = served_snapshot(view)
-            host.faults = from_builtins(view["faults"], list[GpuFault])
-            host.health_notes = list(view["health_notes"])
+            host.view()
         return host
+
+    def view(self) -> HostView:
+        """The broker's view of the host (its topology; with :attr:`full`, its processes,
+        faults and ledger too), asked for once."""
+        if self._view is None:
+            from gpualloc.discovery.processes import ProcessReport
+            from gpualloc.host.view import HostView
+            from gpualloc.model.topology import GpuFault, Topology
+            from gpualloc.model.validation import from_builtins
+
+            seen = _view(self.client, full=self.full)
+            view = HostView(
+                topology=from_builtins(seen["topology"], Topology),
+                processes=from_builtins(seen.get("processes") or {}, ProcessReport),
+                this_host=bool(seen["this_host"]),
+            )
+            if self.full:
+                self.served = served_snapshot(seen)
+                view.faults = from_builtins(seen["faults"], list[GpuFault])
+                view.health_notes = list(seen["health_notes"])
+            self._view = view
+        return self._view
+
+    @property
+    def topology(self) -> Topology:
+        return self.view().topology
+
+    @property
+    def processes(self) -> ProcessReport:
+        return self.view().processes
+
+    @property
+    def this_host(self) -> bool:
+        return self.view().this_host
+
+    @property
+    def faults(self) -> list[GpuFault]:
+        return self.view().faults
+
+    @property
+    def health_notes(self) -> list[str]:
+        return self.view().health_notes
+
+    @property
+    def opening_notes(self) -> list[str]:
+        """The notes of the processes' discovery, which the broker's view holds when
+        :attr:`full` (none are asked for otherwise)."""
+        return list(self.processes.notes) if self.full else []
+
+    def occupancy(self, ledger: Ledger, *, allow_unhealthy: bool | None = None) -> Occupancy:
+        view = self.view()
+        view.ignore_foreign = self.ignore_foreign
+        return view.occupancy(
+            ledger,
+            allow_unhealthy=self.allow_unhealthy if allow_unhealthy is None else allow_unhealthy,
+        )
+
+    def leased_share(self, request: ShareRequest, gpu: int, mode: ShareMode) -> LeasedShare:
+        return self.view().leased_share(request, gpu, mode)
 
     @property
     def broker_socket(self) -> Path:
@@ -79,12 +149,17 @@ class BrokeredHost(HostView, kw_only=True):
         self.served = None
         return self.client.call(command, args, **options)
 
-    def start_verifier(self, lease: Lease, terms: VerifyTerms, look: object = None) -> None:
+    def start_verifier(self, grant: Grant, terms: VerifyTerms, look: object = None) -> None:
         """Fork the verifier of this process, about to exec the job; it asks the broker where
         processes run (:mod:`gpualloc.launcher.verify_brokered`), so ``look`` is not used."""
         from gpualloc.launcher.verify_brokered import start_verifier
 
-        start_verifier(self.socket, to_builtins(lease), terms.grace_s, terms.action)
+        record = grant.record
+        if not isinstance(record, dict):  # a Lease (a grant of the embedded ledger's making)
+            from gpualloc.model.validation import to_builtins
+
+            record = to_builtins(record)
+        start_verifier(self.socket, record, terms.grace_s, terms.action)
 
     def ledger_file(self) -> Path:
         """The broker's ledger file, which every user may read (the shared jobs' watchers
@@ -110,14 +185,65 @@ class BrokeredHost(HostView, kw_only=True):
         report: Callable[[WaitStatus], None] | None = None,
         allow_unhealthy: bool | None = None,
     ) -> Allocation:
+        from gpualloc.host.terms import Allocation
         from gpualloc.ledger.schema import Lease
         from gpualloc.model.request import Placement
+        from gpualloc.model.validation import from_builtins
 
-        if allow_unhealthy is None:
-            allow_unhealthy = self.allow_unhealthy
+        result = self._alloc(sent_options(want), terms, wait, report, allow_unhealthy, None)
+        return Allocation(
+            from_builtins(result["lease"], Lease),
+            from_builtins(result["placement"], Placement),
+            None,
+            list(result.get("notes", [])),
+        )
+
+    def start(
+        self,
+        job: JobOptions,
+        terms: LeaseTerms,
+        *,
+        config: Config,
+        wait: WaitOptions | None = None,
+        report: Callable[[WaitStatus], None] | None = None,
+        uuid: bool = False,
+    ) -> Grant:
+        """The broker places, records and answers with what the launch needs: no topology is
+        read here. A ``--pattern`` file is read here, with this user's rights, and sent as its
+        edges (the broker opens no file a client names)."""
+        from gpualloc.job_options import PATTERN_NAMES
+
+        if job.pattern in PATTERN_NAMES:
+            from msgspec import to_builtins
+
+            options: dict[str, Any] = to_builtins(job)
+        else:
+            from gpualloc.placement.options import want_of
+
+            options = sent_options(want_of(job, config))
+        views = {"uuid": uuid}
+        return grant_from_answer(self._alloc(options, terms, wait, report, None, views))
+
+    def _alloc(
+        self,
+        options: dict[str, Any],
+        terms: LeaseTerms,
+        wait: WaitOptions | None,
+        report: Callable[[WaitStatus], None] | None,
+        allow_unhealthy: bool | None,
+        views: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        """One ``alloc`` request: the job's one encoding (``options``), the lease's terms, the
+        wait, and the ``views`` a :class:`Grant` is made of."""
+        if terms.lease_id is not None:
+            lease_id = terms.lease_id
+        else:
+            import os
+
+            lease_id = os.urandom(6).hex()  # as gpualloc.ledger.store.new_lease_id
         args: dict[str, Any] = {
-            "lease_id": terms.lease_id or new_lease_id(),
-            "options": sent_options(want),
+            "lease_id": lease_id,
+            "options": options,
             "terms": {
                 "source": terms.source,
                 "pid": terms.pid,
@@ -130,9 +256,11 @@ class BrokeredHost(HostView, kw_only=True):
                 "memory_bytes": terms.memory_bytes,
                 "share_mode": terms.share_mode,
             },
-            "allow_unhealthy": allow_unhealthy,
+            "allow_unhealthy": self.allow_unhealthy if allow_unhealthy is None else allow_unhealthy,
             "wait": None,
         }
+        if views is not None:
+            args["views"] = views
         on_event = None
         if wait is not None:
             args["wait"] = {
@@ -142,19 +270,21 @@ class BrokeredHost(HostView, kw_only=True):
             }
             if report is not None:
                 on_event = _reporter(report)
-        result = self._call("alloc", args, on_event=on_event)
-        return Allocation(
-            from_builtins(result["lease"], Lease),
-            from_builtins(result["placement"], Placement),
-            None,
-            list(result.get("notes", [])),
-        )
+        result: dict[str, Any] = self._call("alloc", args, on_event=on_event)
+        return result
+
+    def hang_up(self) -> None:
+        """Close the connection (a later request opens another): the broker watches the
+        job's process, and the verifier about to be forked makes its own."""
+        self.client.close()
 
     def confirm(self, lease_id: str) -> None:
         self._call("confirm", {"lease": lease_id})
 
     def release(self, lease_id: str) -> None:
-        self.release_leases([lease_id])
+        """Quietly: what the broker answers is not read (a job that could not start gives
+        its lease back on the way out, decoding nothing)."""
+        self._call("release", {"leases": [lease_id]})
 
     def release_leases(
         self, selectors: Iterable[str], *, mine: bool = False, include_running: bool = False
@@ -171,8 +301,12 @@ class BrokeredHost(HostView, kw_only=True):
 
     def collect_garbage(self, idle: IdlePolicy | None = None) -> GarbageReport:
         """The broker's own idle policy applies (``idle`` is the embedded ledger's)."""
+        from datetime import timedelta
+
+        from gpualloc.host.terms import GarbageReport
         from gpualloc.ledger.idle import Expiry
         from gpualloc.ledger.schema import Lease, Waiter
+        from gpualloc.model.validation import from_builtins
 
         report = self._call("gc", {})
         return GarbageReport(
@@ -198,6 +332,7 @@ def sent_options(want: Want) -> dict[str, Any]:
     resolved (the broker makes the same Want of them); a pattern read from a file goes as its
     name and edges, for the broker opens no file a client names."""
     from gpualloc.job_options import PATTERN_NAMES
+    from gpualloc.model.validation import to_builtins
 
     if want.options is None:
         raise ValueError("a Want for the broker is made by gpualloc.placement.options.want_of")
@@ -214,7 +349,9 @@ def _view(client: BrokerClient, *, full: bool) -> dict[str, Any]:
 
 
 def _release_result(result: dict[str, Any]) -> ReleaseResult:
+    from gpualloc.host.terms import ReleaseResult
     from gpualloc.ledger.schema import Lease
+    from gpualloc.model.validation import from_builtins
     from gpualloc.wire.protocol import error_from
 
     return ReleaseResult(
@@ -227,6 +364,8 @@ def _release_result(result: dict[str, Any]) -> ReleaseResult:
 def served_snapshot(view: dict[str, Any]) -> LedgerTransaction:
     """The ledger of a broker's snapshot, as :meth:`BrokeredHost.snapshot` returns it."""
     from gpualloc.ledger.schema import Ledger
+    from gpualloc.ledger.store import LedgerTransaction
+    from gpualloc.model.validation import from_builtins
 
     return LedgerTransaction(from_builtins(view["ledger"], Ledger), notes=list(view["notes"]))
 
@@ -234,6 +373,7 @@ def served_snapshot(view: dict[str, Any]) -> LedgerTransaction:
 def _reporter(report: Callable[[WaitStatus], None]) -> Callable[[dict[str, Any]], None]:
     def event(status: dict[str, Any]) -> None:
         from gpualloc.host.terms import WaitStatus
+        from gpualloc.model.validation import from_builtins
 
         with contextlib.suppress(Exception):  # a courtesy: never the end of the wait
             report(from_builtins(status, WaitStatus))

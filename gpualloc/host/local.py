@@ -28,14 +28,9 @@ from gpualloc.boot import boot_id
 from gpualloc.discovery.processes import ProcessReport, declared_processes
 from gpualloc.discovery.this_host import describes_this_host
 from gpualloc.errors import LedgerError, NotPermitted, RequestError
+from gpualloc.host.lease_terms import LeaseTerms, no_such_process
 from gpualloc.host.queue import newcomer_passes
-from gpualloc.host.terms import (
-    Allocation,
-    GarbageReport,
-    LeaseTerms,
-    ReleaseResult,
-    no_such_process,
-)
+from gpualloc.host.terms import Allocation, GarbageReport, ReleaseResult
 from gpualloc.host.view import HostView
 from gpualloc.ledger.liveness import lock_held, take_lease_lock
 from gpualloc.ledger.lookup import find_leases
@@ -54,12 +49,15 @@ from gpualloc.placement.choose import PlacementTooPoor, choose, good_enough, sea
 from gpualloc.placement.want import Want
 
 if TYPE_CHECKING:
-    from gpualloc.host.queue import WaitOptions
+    from gpualloc.config import Config
+    from gpualloc.host.grant import Grant
+    from gpualloc.host.queue_policy import WaitOptions
     from gpualloc.host.terms import WaitStatus
-    from gpualloc.launcher.verify import VerifyTerms
+    from gpualloc.launcher.verify_terms import VerifyTerms
     from gpualloc.ledger.idle import Expiry, IdlePolicy
     from gpualloc.ledger.occupancy import Occupancy
     from gpualloc.ledger.trust import Trust
+    from gpualloc.model.job import JobOptions
     from gpualloc.slurm.job import SlurmJob
 
 ORPHAN_LOCK_AGE_S = 60.0
@@ -162,6 +160,10 @@ class LocalHost(HostView, kw_only=True):
         """None: this process changes the ledger itself."""
         return None
 
+    @property
+    def opening_notes(self) -> list[str]:
+        return list(self.processes.notes)
+
     def refresh_processes(self) -> None:
         """Ask NVML again who runs on the GPUs, and how healthy they are (a waiting job does
         this now and then)."""
@@ -229,6 +231,20 @@ class LocalHost(HostView, kw_only=True):
 
             never_fits(self, want)  # no placement on this host meets it: exit 9, not "wait"
             raise
+
+    def start(
+        self,
+        job: JobOptions,
+        terms: LeaseTerms,
+        *,
+        config: Config,
+        wait: WaitOptions | None = None,
+        report: Callable[[WaitStatus], None] | None = None,
+        uuid: bool = False,
+    ) -> Grant:
+        from gpualloc.host.launching import allocate_grant
+
+        return allocate_grant(self, job, terms, config=config, wait=wait, report=report, uuid=uuid)
 
     def placement(self, occupancy: Occupancy, want: Want) -> Placement:
         """Where ``want`` goes on the GPUs free in ``occupancy`` (:func:`choose`), from
@@ -357,6 +373,9 @@ class LocalHost(HostView, kw_only=True):
             ),
         )
 
+    def hang_up(self) -> None:
+        """Nothing to close: each transaction opens and closes the ledger file."""
+
     def confirm(self, lease_id: str) -> None:
         """Mark the lease announced: its id has reached its user, so ``status`` no longer
         marks it orphaned."""
@@ -440,7 +459,7 @@ class LocalHost(HostView, kw_only=True):
             return result
 
     def start_verifier(
-        self, lease: Lease, terms: VerifyTerms, look: Callable[[], list[GpuProcess]] | None
+        self, grant: Grant, terms: VerifyTerms, look: Callable[[], list[GpuProcess]] | None
     ) -> None:
         """Fork the verifier of this process, about to exec the job (see
         :mod:`gpualloc.launcher.verify`); ``look`` lists the GPUs' processes (None: they never
@@ -448,6 +467,8 @@ class LocalHost(HostView, kw_only=True):
         from gpualloc.launcher.verify import start_verifier
 
         if look is not None and self.store is not None:
+            lease = grant.record
+            assert isinstance(lease, Lease)  # this host's own grant (Host.start)
             start_verifier(lease, self.store.directory.ledger_file, look, terms)
 
     def ledger_file(self) -> Path | None:

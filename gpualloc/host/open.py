@@ -8,9 +8,9 @@ job's own ledger, this host's embedded ledger, and a recorded topology's ledger.
 - Otherwise the embedded ledger (:class:`~gpualloc.host.local.LocalHost`) of the topology: this
   host's, limited to the Slurm job's GPUs inside one, or the named topology's own.
 
-The command line, the Python API and ``plan`` all ask :func:`open_host`; the broker's fast
-client (:mod:`gpualloc.cli.brokered`) asks :func:`broker_for` alone, which imports nothing
-heavy.
+The command line, the Python API and ``plan`` all ask :func:`open_host`; it decides with
+:func:`broker_for`, which imports nothing heavy, so a command through the broker loads no
+topology to find it.
 """
 
 from __future__ import annotations

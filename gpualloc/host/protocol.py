@@ -16,15 +16,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from gpualloc.config import Config
     from gpualloc.discovery.processes import ProcessReport
-    from gpualloc.host.queue import WaitOptions
-    from gpualloc.host.terms import Allocation, GarbageReport, LeaseTerms, ReleaseResult, WaitStatus
-    from gpualloc.launcher.verify import VerifyTerms
+    from gpualloc.host.grant import Grant
+    from gpualloc.host.lease_terms import LeaseTerms
+    from gpualloc.host.queue_policy import WaitOptions
+    from gpualloc.host.terms import Allocation, GarbageReport, ReleaseResult, WaitStatus
+    from gpualloc.launcher.verify_terms import VerifyTerms
     from gpualloc.ledger.idle import IdlePolicy
     from gpualloc.ledger.occupancy import Occupancy
-    from gpualloc.ledger.schema import Lease, Ledger
+    from gpualloc.ledger.schema import Ledger
     from gpualloc.ledger.store import LedgerTransaction
     from gpualloc.ledger.trust import Trust
+    from gpualloc.model.job import JobOptions
     from gpualloc.model.request import Placement
     from gpualloc.model.share import LeasedShare, ShareMode, ShareRequest
     from gpualloc.model.topology import GpuFault, GpuProcess, Topology
@@ -35,13 +39,30 @@ if TYPE_CHECKING:
 class Host(Protocol):
     """A host's GPUs, who uses them, and the ledger of who holds them."""
 
-    topology: Topology
-    processes: ProcessReport
-    """What runs on the GPUs (NVML, nvidia-smi, or a recorded topology's list)."""
-    this_host: bool
-    """Whether the topology is the machine this runs on (then jobs are bound and watched)."""
-    faults: list[GpuFault]
-    health_notes: list[str]
+    @property
+    def topology(self) -> Topology: ...
+
+    @property
+    def processes(self) -> ProcessReport:
+        """What runs on the GPUs (NVML, nvidia-smi, or a recorded topology's list)."""
+        ...
+
+    @property
+    def this_host(self) -> bool:
+        """Whether the topology is the machine this runs on (then jobs are bound and watched)."""
+        ...
+
+    @property
+    def faults(self) -> list[GpuFault]: ...
+
+    @property
+    def health_notes(self) -> list[str]: ...
+
+    @property
+    def opening_notes(self) -> list[str]:
+        """What opening the host found to say (how the GPUs' processes were read)."""
+        ...
+
     allow_unhealthy: bool
     placement_budget_s: float | None
     slurm_job: SlurmJob | None
@@ -78,8 +99,28 @@ class Host(Protocol):
         WaitTimedOut when the wait runs out."""
         ...
 
+    def start(
+        self,
+        job: JobOptions,
+        terms: LeaseTerms,
+        *,
+        config: Config,
+        wait: WaitOptions | None = None,
+        report: Callable[[WaitStatus], None] | None = None,
+        uuid: bool = False,
+    ) -> Grant:
+        """Allocate for ``job`` as :meth:`allocate` does (``config``: the caller's settings,
+        which the job's defaults come from; ``uuid``: the job names its GPUs by UUID) and say
+        what its launch and its printout need (:mod:`gpualloc.host.grant`)."""
+        ...
+
     def confirm(self, lease_id: str) -> None:
         """Mark the lease announced: its id has reached its user."""
+        ...
+
+    def hang_up(self) -> None:
+        """Close what this process holds open to the ledger, before it becomes the job (a lease
+        lives with its job's process, never with a connection)."""
         ...
 
     def release(self, lease_id: str) -> None:
@@ -109,9 +150,9 @@ class Host(Protocol):
         ...
 
     def start_verifier(
-        self, lease: Lease, terms: VerifyTerms, look: Callable[[], list[GpuProcess]] | None
+        self, grant: Grant, terms: VerifyTerms, look: Callable[[], list[GpuProcess]] | None
     ) -> None:
-        """Fork the verifier of this process, about to exec the job on ``lease``'s GPUs: it
+        """Fork the verifier of this process, about to exec the job on ``grant``'s GPUs: it
         checks for ``terms.grace_s`` that the job keeps to them (:mod:`gpualloc.launcher.verify`);
         ``look`` lists the GPUs' processes where this process must ask itself."""
         ...

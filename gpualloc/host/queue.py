@@ -27,15 +27,14 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from msgspec import Struct, field
+from msgspec import Struct
 from msgspec.structs import replace
 
-from gpualloc.config import BY_KEY, Config
 from gpualloc.errors import GpuallocError, GpusBusy, NoFeasiblePlacement
-from gpualloc.host.queue_policy import QueuePolicy
+from gpualloc.host.queue_policy import WaitOptions
 from gpualloc.ledger.liveness import process_start_time
 from gpualloc.ledger.occupancy import Occupancy
-from gpualloc.ledger.schema import PRIORITY_RANK, Priority, QueuedRequest, Waiter
+from gpualloc.ledger.schema import PRIORITY_RANK, QueuedRequest, Waiter
 from gpualloc.ledger.shared_files import owner_name
 from gpualloc.ledger.store import LedgerTransaction, new_lease_id
 from gpualloc.model.printable import count_of
@@ -45,12 +44,7 @@ from gpualloc.placement.choose import Choices, choose
 from gpualloc.placement.want import Want
 
 if TYPE_CHECKING:  # type only: the ledger session imports this module
-    from gpualloc.host.terms import LeaseTerms
-
-POLL_S = 0.25
-"""How often a waiting job looks at the ledger (see :mod:`.wait`)."""
-DEFAULT_MAX_BYPASS: int = BY_KEY["queue.max_bypass"].default
-"""How many later jobs may start before a waiting one, before backfill past it stops."""
+    from gpualloc.host.lease_terms import LeaseTerms
 
 
 class Attempt(Struct, frozen=True):
@@ -228,36 +222,6 @@ def next_start(
             return None
         passed.append(waiter.id)
     return None
-
-
-class WaitOptions(Struct, frozen=True):
-    timeout_s: float | None = None
-    priority: Priority = "normal"
-    max_bypass: int = DEFAULT_MAX_BYPASS
-    poll_s: float = POLL_S
-    policy: QueuePolicy = field(default_factory=QueuePolicy)
-    """The host's bounds (:mod:`.queue_policy`), checked when the job joins the queue."""
-
-    @classmethod
-    def from_config(
-        cls,
-        config: Config,
-        *,
-        timeout_s: float | None = None,
-        priority: Priority | None = None,
-        max_bypass: int | None = None,
-    ) -> WaitOptions:
-        """The options of a ``--wait``: flags over the configured defaults, under the host's
-        queue policy (one place for the command line and :func:`gpualloc.api.hold`). The
-        timeout is bounded as the broker bounds it, on either ledger."""
-        from gpualloc.durations import seconds_given
-
-        return cls(
-            timeout_s=seconds_given(timeout_s, "timeout_s"),
-            priority=config.value("queue.priority", priority),
-            max_bypass=config.value("queue.max_bypass", max_bypass),
-            policy=QueuePolicy.from_config(config),
-        )
 
 
 class AttemptMemo:

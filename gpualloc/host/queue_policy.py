@@ -14,6 +14,10 @@ which users cannot write, and which no user file or variable may override) decid
 
 A request beyond these bounds is refused with exit 12 and the setting that would allow it, never
 silently weakened: a user who asked for ``--max-bypass 0`` must learn that it was not granted.
+
+A waiting job's own options (:class:`WaitOptions`: its timeout, priority and bypass count, under
+these bounds) live here too, beside the bounds and without the queue's rule: a client of the
+host's broker builds them on its way to ``exec``.
 """
 
 from __future__ import annotations
@@ -103,3 +107,39 @@ class QueuePolicy(Struct, frozen=True):
                 f"(queue.max_waiting in {self.source})",
                 hint="wait for some of them to start, or end some ('gpualloc status' lists them)",
             )
+
+
+POLL_S = 0.25
+"""How often a waiting job looks at the ledger (see :mod:`.wait`)."""
+DEFAULT_MAX_BYPASS: int = BY_KEY["queue.max_bypass"].default
+"""How many later jobs may start before a waiting one, before backfill past it stops."""
+
+
+class WaitOptions(Struct, frozen=True):
+    timeout_s: float | None = None
+    priority: Priority = "normal"
+    max_bypass: int = DEFAULT_MAX_BYPASS
+    poll_s: float = POLL_S
+    policy: QueuePolicy = field(default_factory=QueuePolicy)
+    """The host's bounds (:mod:`.queue_policy`), checked when the job joins the queue."""
+
+    @classmethod
+    def from_config(
+        cls,
+        config: Config,
+        *,
+        timeout_s: float | None = None,
+        priority: Priority | None = None,
+        max_bypass: int | None = None,
+    ) -> WaitOptions:
+        """The options of a ``--wait``: flags over the configured defaults, under the host's
+        queue policy (one place for the command line and :func:`gpualloc.api.hold`). The
+        timeout is bounded as the broker bounds it, on either ledger."""
+        from gpualloc.durations import seconds_given
+
+        return cls(
+            timeout_s=seconds_given(timeout_s, "timeout_s"),
+            priority=config.value("queue.priority", priority),
+            max_bypass=config.value("queue.max_bypass", max_bypass),
+            policy=QueuePolicy.from_config(config),
+        )

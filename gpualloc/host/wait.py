@@ -25,15 +25,16 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from gpualloc.errors import GpuallocError, GpusBusy, NoFeasiblePlacement, WaitTimedOut
+from gpualloc.host.lease_terms import LeaseTerms
 from gpualloc.host.queue import (
     Turn,
-    WaitOptions,
     attempts,
     blocked_by_own,
     new_waiter,
     take_turn,
 )
-from gpualloc.host.terms import Allocation, LeaseTerms, WaitStatus
+from gpualloc.host.queue_policy import WaitOptions
+from gpualloc.host.terms import Allocation, WaitStatus
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Ledger
 from gpualloc.ledger.store import LedgerTransaction, new_lease_id

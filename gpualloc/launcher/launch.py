@@ -1,10 +1,10 @@
 """Starting a job on the GPUs a host gave it: one :func:`launch` from plain data.
 
-Whoever placed the job (the embedded ledger, or the broker, whose answer the broker's fast
-client reads without loading any model) describes it as a :class:`JobLaunch`; :func:`launch`
-binds it to its GPUs' NUMA nodes, says the lease line, starts its verifier and, for a shared
-job, its eviction watcher, and execs it. It imports nothing that loads msgspec, so the broker's
-fast client can use it without paying for msgspec on ``run``'s path.
+Whoever placed the job (the embedded ledger, or the broker, whose answer its client reads
+without loading any model: :mod:`gpualloc.host.grant`) describes it as a :class:`JobLaunch`
+(:func:`gpualloc.host.launching.launch_granted` makes it); :func:`launch` binds it to its GPUs'
+NUMA nodes, says the lease line, starts its verifier and, for a shared job, its eviction
+watcher, and execs it. It imports no model, so ``run`` through a broker decodes no topology.
 """
 
 import os

@@ -60,9 +60,10 @@ def share_variables(share: LeasedShare) -> dict[str, str]:
     return variables
 
 
-def share_notes(share: LeasedShare, env: Mapping[str, str]) -> list[str]:
-    """Warnings for a shared job about to start."""
-    if share.sm_percent is not None and share.mode != "mps":
+def share_notes(mode: str, sm_percent: int | None, env: Mapping[str, str]) -> list[str]:
+    """Warnings for a shared job about to start, shared by ``mode`` with ``--sm-share``
+    ``sm_percent``."""
+    if sm_percent is not None and mode != "mps":
         directory = env.get(MPS_PIPE_VARIABLE) or DEFAULT_MPS_PIPE_DIRECTORY
         return [
             f"no CUDA MPS daemon runs (no control pipe in {directory}): the GPU is "

@@ -2,7 +2,8 @@
 the GPUs its lease holds.
 
 A *verifier* (a detached process of the job's user, see :mod:`gpualloc.launcher.watcher`)
-looks at the GPUs' running-process lists every :data:`POLL_S` seconds for the grace period
+looks at the GPUs' running-process lists every ``poll_s`` seconds
+(:class:`~gpualloc.launcher.verify_terms.VerifyTerms`) for the grace period
 (``verify.grace`` of the configuration, default 60 s; a job starts CUDA only after its imports
 and data loading, and data-parallel jobs start their workers later still). When a process of
 the job (see :mod:`gpualloc.ledger.attribution`) shows up on a GPU the lease does not hold, or
@@ -23,22 +24,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from msgspec import Struct
-
+from gpualloc.launcher.verify_terms import VerifyTerms
 from gpualloc.ledger.attribution import Attribution, attribute
 from gpualloc.ledger.schema import Lease
 from gpualloc.model.topology import GpuProcess
 
-POLL_S = 2.0
 KILL_GRACE_S = 10.0
-VerifyAction = Literal["warn", "kill"]
 Verdict = Literal["verified", "unseen", "misplaced", "ended"]
-
-
-class VerifyTerms(Struct, frozen=True):
-    grace_s: float
-    action: VerifyAction = "warn"
-    poll_s: float = POLL_S
 
 
 def start_verifier(

@@ -1,5 +1,5 @@
 """What describes a job, as one typed struct: what ``plan``, ``run``, ``alloc`` and the
-Python API take and the broker's lean client sends, its bounds checked when it is made
+Python API take and the broker's client sends (every field), its bounds checked when it is made
 (house style: the job request and its bounds are pure data, in ``model/``).
 
 The command line fills it with the option values as typed (``exclude="0,2-3"``,

@@ -4,7 +4,7 @@ One request type for every way in: the command line and the Python API build it 
 :mod:`gpualloc.job_options`), the queue stores it (:meth:`Want.queued`) and places it again
 for a waiting job (:meth:`Want.from_queued`), and :func:`gpualloc.placement.choose.choose` answers
 it. Who the lease belongs to and how long it lives is not part of it (that is the ledger's
-:class:`~gpualloc.host.terms.LeaseTerms`).
+:class:`~gpualloc.host.lease_terms.LeaseTerms`).
 """
 
 from __future__ import annotations

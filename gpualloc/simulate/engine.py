@@ -49,7 +49,8 @@ from datetime import datetime, timezone
 from msgspec import structs
 
 from gpualloc.errors import TraceError
-from gpualloc.host.queue import DEFAULT_MAX_BYPASS, AttemptMemo, attempts, next_start, turn_key
+from gpualloc.host.queue import AttemptMemo, attempts, next_start, turn_key
+from gpualloc.host.queue_policy import DEFAULT_MAX_BYPASS
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Lease, LeasedGpu, Ledger, QueuedRequest, Waiter
 from gpualloc.model.option_values import unknown_choice
