@@ -507,6 +507,8 @@ finally:
     models = ("gpualloc.placement", "gpualloc.discovery")
     if sys.argv[1] != "release":  # release reads the leases it gave back, in the ledger's types
         models += ("gpualloc.model.topology", "gpualloc.ledger")
+        heavy += sorted(m for m in sys.modules if m.split(".")[0] == "msgspec")
+        heavy += ["gpualloc.model.job"] if "gpualloc.model.job" in sys.modules else []
     light = ("gpualloc.ledger", "gpualloc.ledger.liveness")  # an alloc's owner: its /proc facts
     heavy += sorted(m for m in sys.modules if m.startswith(models) and m not in light)
     os.write(2, ("IMPORTED " + " ".join(heavy) + "\\n").encode())
@@ -518,7 +520,7 @@ finally:
     [["alloc", "--hold", "-n", "2"], ["release", "--mine"], ["run", "-n", "1", "--", "true"]],
     ids=["alloc", "release", "run"],
 )
-def test_through_the_broker_run_and_alloc_load_no_models_and_release_no_engine(
+def test_through_the_broker_run_and_alloc_load_no_msgspec_and_release_no_engine(
     broker: RunningBroker, args: list[str]
 ) -> None:
     env = {**_clean_env(), "GPUALLOC_BROKER": str(broker.socket)}

@@ -15,6 +15,7 @@ process and a waiter's first status each differed once.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -36,6 +37,7 @@ from gpualloc.host.queue_policy import WaitOptions
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Lease, Ledger
 from gpualloc.model.job import JobOptions
+from gpualloc.model.job_fields import JobFields
 from gpualloc.placement.choose import choose
 from gpualloc.placement.options import want_of
 from gpualloc.placement.want import Want
@@ -191,10 +193,10 @@ def test_a_started_job_is_granted_what_its_launch_needs(
     from gpualloc.host.terms import Allocation
 
     host = side.open(full=False)
-    job = JobOptions(policy="mapa", **options)
+    job: JobFields = {"policy": "mapa", **options}  # type: ignore[typeddict-item]
     config = Config.load()
     grant = host.start(job, hold("started"), config=config, uuid=uuid)
-    wanted = want_of(job, config)
+    wanted = want_of(JobOptions(**job), config)
     (lease,) = side.open().snapshot().ledger.leases
     assert lease.id == grant.lease_id and lease.indices == engine_choice(wanted)
     placement = choose(load_bundled(TOPOLOGY), Occupancy.build(load_bundled(TOPOLOGY),
@@ -202,7 +204,7 @@ def test_a_started_job_is_granted_what_its_launch_needs(
     expected = grant_of(
         load_bundled(TOPOLOGY), Allocation(lease, placement), wanted, uuid=uuid, this_host=False
     )
-    assert grant[:7] == expected[:7]  # lease id, variables, held, NUMA nodes, host, notes, share
+    assert grant.launched() == expected.launched()
     assert grant.views()[0]["id"] == lease.id
     assert grant.views()[1]["gpus"] == list(lease.indices)
 
@@ -211,7 +213,7 @@ def test_a_started_job_is_refused_before_any_gpu_is_taken(side: Side) -> None:
     """A ``--shareable`` job's ``--mem`` beyond every GPU's memory: exit 9 from either host,
     and no lease."""
     host = side.open(full=False)
-    job = JobOptions(count=1, policy="mapa", shareable=True, mem="64G")
+    job: JobFields = {"count": 1, "policy": "mapa", "shareable": True, "mem": "64G"}
     terms = LeaseTerms(source="alloc", hold=True, shareable=True, memory_bytes=64 * 2**30)
     name, message, _, code = refused(lambda: host.start(job, terms, config=Config.load()))
     assert (name, code) == ("NoFeasiblePlacement", 9) and "--mem 64 GiB" in message, message
@@ -240,6 +242,21 @@ def test_a_release_frees_the_gpus_for_the_next_job(side: Side, host: Host) -> No
         second.lease.id: second.lease.indices,
         again.lease.id: again.lease.indices,
     }
+
+
+def test_a_release_receipt_says_what_was_given_back(side: Side, host: Host) -> None:
+    """``release_receipt`` (what ``release`` prints): the lease in words and as ``--json``
+    shows it, from either host, and an unknown id as the error the command says."""
+    from gpualloc.json_views import lease_json
+    from gpualloc.ledger.occupancy import describe_lease
+
+    made = host.allocate(want(2), hold("receipt"))
+    receipt = side.open(full=False).release_receipt([made.lease.id, "0123456789ab"])
+    ((words, view),) = receipt.released
+    assert json.loads(json.dumps(view)) == json.loads(json.dumps(lease_json(made.lease)))
+    assert words == describe_lease(made.lease) and made.lease.id in words
+    assert receipt.kept == [] and [refusal(p) for p in receipt.problems] == [UNKNOWN]
+    assert held_gpus(side.open()) == {}
 
 
 def test_release_by_name_and_by_prefix(host: Host) -> None:

@@ -69,6 +69,29 @@ def test_a_row_added_to_the_table_reaches_every_shape_of_the_request() -> None:
     assert all(found.values()), found
 
 
+def test_the_fields_a_client_sends_are_the_structs_with_their_types() -> None:
+    """``JobFields`` (what the command line builds and the broker's socket carries, without
+    msgspec; a TypedDict only for the checker) names every field of ``JobOptions``, in order,
+    with the same type as written, and nothing else; its names are the table's ``job`` rows."""
+    import ast
+    import inspect
+
+    from gpualloc.model import job as struct_module
+    from gpualloc.model import job_fields as fields_module
+
+    def annotations(module: object, name: str) -> list[tuple[str, str]]:
+        tree = ast.parse(inspect.getsource(module))  # type: ignore[arg-type]
+        (found,) = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name]
+        return [
+            (stmt.target.id, ast.unparse(stmt.annotation))
+            for stmt in found.body
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+        ]
+
+    assert annotations(fields_module, "JobFields") == annotations(struct_module, "JobOptions")
+    assert {row.dest for row in job_fields()} == fields_module.FIELDS
+
+
 def test_the_structs_fields_are_the_job_rows_with_their_defaults_and_kinds() -> None:
     """JobOptions is written by hand, so that a type checker reads its fields; the rows stay
     the one description of the options: the same names in the same order, the same defaults,

@@ -543,17 +543,14 @@ def _placement_of(lease: Lease) -> Placement:
 
 
 def _release_answer(result: Any, problems: list[Any] | None) -> dict[str, Any]:
-    """A release's (or an eviction's) answer: the leases, as the client prints them."""
-    from gpualloc.json_views import lease_json
-    from gpualloc.ledger.occupancy import describe_lease
+    """A release's (or an eviction's) answer: the leases, and their receipt, as the client
+    prints them (:mod:`gpualloc.host.receipt`)."""
+    from gpualloc.host.receipt import receipt_answer
 
     return {
         "released": [to_builtins(lease) for lease in result.released],
-        "described": [describe_lease(lease) for lease in result.released],
-        "released_json": [lease_json(lease) for lease in result.released],
         "kept": [to_builtins(lease) for lease in result.kept],
-        "kept_described": [describe_lease(lease) for lease in result.kept],
-        "kept_json": [lease_json(lease) for lease in result.kept],
+        **receipt_answer(result),
         "problems": [
             {"code": int(p.exit_code), "message": p.message, "hint": p.hint}
             for p in (result.problems if problems is None else problems)

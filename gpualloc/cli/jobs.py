@@ -2,19 +2,19 @@
 open_host_ledger` opens: each builds the job's options and the lease's terms and asks the
 :class:`~gpualloc.host.protocol.Host` (``start``, ``release_leases``); the host places and
 records, and :func:`gpualloc.host.launching.launch_granted` execs the job. Through the broker
-no topology and no placement engine is loaded (``tests/test_startup_imports.py``).
+no topology, no placement engine and no msgspec is loaded (``tests/test_broker.py``).
 
 :mod:`gpualloc.cli.run` and :mod:`gpualloc.cli.leases` declare these commands and hand
 :func:`call` every parameter's value, as the parser read it; the options that describe the job
-arrive as one :class:`~gpualloc.model.job.JobOptions`, the command's own by name, with
-no default of their own here: the declarations hold them (tests/test_cli.py checks that each
-work function takes exactly its command's parameters).
+arrive as one :class:`~gpualloc.model.job_fields.JobFields` (the fields of
+:class:`~gpualloc.model.job.JobOptions`, which the host makes of them), the command's own by
+name, with no default of their own here: the declarations hold them (tests/test_cli.py checks
+that each work function takes exactly its command's parameters).
 """
 
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from typing import TYPE_CHECKING
 
@@ -29,12 +29,13 @@ from gpualloc.cli.open_ledger import (
 )
 from gpualloc.cli.state import STATE
 from gpualloc.errors import ExitCode, FileAccessError, RequestError
-from gpualloc.model.job import JobOptions
+from gpualloc.model.job_fields import JobFields, declared_memory_bytes, pick_fields
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
+    from gpualloc.errors import GpuallocError
     from gpualloc.host.protocol import Host
     from gpualloc.launcher.binding import Binding, NumaMode
     from gpualloc.launcher.verify_terms import VerifyTerms
@@ -44,17 +45,17 @@ if TYPE_CHECKING:
     from gpualloc.placement.want import Want
 
 WORK = ("run_job", "alloc_gpus", "release_gpus")
-"""The functions :func:`call` runs; the first two take a :class:`JobOptions`."""
+"""The functions :func:`call` runs; the first two take the job's :class:`JobFields`."""
 
 
 def call(work: str, values: Mapping[str, Any]) -> None:
     """Run the function named ``work`` with a command's parameters: the job's options bundled
-    into one JobOptions."""
+    into its JobFields."""
     function = globals()[work]  # looked up now: tests stand in for the functions
     if work == "release_gpus":
         function(**values)
         return
-    job, own = JobOptions.pick(values)
+    job, own = pick_fields(values)
     function(job, **own)
 
 
@@ -62,7 +63,7 @@ def call(work: str, values: Mapping[str, Any]) -> None:
 
 
 def run_job(
-    job: JobOptions,
+    job: JobFields,
     *,
     command: list[str],
     numa: str | None,
@@ -102,14 +103,15 @@ def run_job(
     )
     if dry_run:
         from gpualloc.host.launching import check_before_placing
+        from gpualloc.model.job import JobOptions
         from gpualloc.placement.options import want_of
 
-        want = want_of(job, STATE.config())
-        check_before_placing(host.topology, want, job.declared_memory_bytes(), uuid=False)
+        want = want_of(JobOptions(**job), STATE.config())
+        check_before_placing(host.topology, want, declared_memory_bytes(job), uuid=False)
         _dry_run(host, want, command, mode, uuid, as_json)
         return
     sharing: ShareMode = "time-sliced"
-    if job.share:
+    if job.get("share"):
         from gpualloc.launcher.sharing import share_mode
 
         sharing = share_mode(os.environ)
@@ -120,8 +122,8 @@ def run_job(
         command=tuple(command),
         name=name,
         process_group=os.getpid() if os.getpgrp() == os.getpid() else None,
-        shareable=job.shareable,
-        memory_bytes=job.declared_memory_bytes(),
+        shareable=bool(job.get("shareable")),
+        memory_bytes=declared_memory_bytes(job),
         share_mode=sharing,
     )
     grant = start(host, job, terms, waiting, uuid=uuid)
@@ -134,12 +136,10 @@ def run_job(
     )
 
 
-def _with_policy(job: JobOptions) -> JobOptions:
+def _with_policy(job: JobFields) -> JobFields:
     """``job`` with its policy resolved as this user's settings say (``--policy``, else the
     configured one): the host places with it, the broker with the client's own."""
-    from msgspec.structs import replace
-
-    return replace(job, policy=STATE.setting("policy", job.policy))
+    return {**job, "policy": STATE.setting("policy", job.get("policy"))}
 
 
 def _binding(host: Host, placement: Placement, mode: NumaMode) -> Binding:
@@ -207,6 +207,8 @@ def _dry_run(
     uuid: bool,
     as_json: bool,
 ) -> None:
+    import shlex
+
     from gpualloc.cli.output import figure, print_json, write_stdout
     from gpualloc.json_views import placement_json
     from gpualloc.launcher.command import job_argv
@@ -273,7 +275,7 @@ def _dry_run(
 
 
 def alloc_gpus(
-    job: JobOptions,
+    job: JobFields,
     *,
     pid: int | None,
     hold: bool,
@@ -305,8 +307,8 @@ def alloc_gpus(
         command=_command_of(owner),
         name=name,
         announce=True,
-        shareable=job.shareable,
-        memory_bytes=job.declared_memory_bytes(),
+        shareable=bool(job.get("shareable")),
+        memory_bytes=declared_memory_bytes(job),
     )
     grant = start(host, job, terms, waiting, uuid=uuid)
     warn(grant.notes)
@@ -340,8 +342,6 @@ def release_gpus(
     """``gpualloc release``: give the leases named, or all of yours, back (see its ``--help``);
     with ``--evict-shared``, end the shared jobs beside them instead."""
     from gpualloc.cli.open_ledger import check_release, report_release
-    from gpualloc.json_views import lease_json
-    from gpualloc.ledger.occupancy import describe_lease
 
     check_release(leases or [], mine=mine, include_running=include_running)
     if grace is not None and not evict_shared:
@@ -352,24 +352,12 @@ def release_gpus(
     if evict_shared:
         _evict_shared(host, leases or [], mine, grace, as_json)
         return
-    result = host.release_leases(leases or [], mine=mine, include_running=include_running)
-    report_release(
-        mine=mine,
-        as_json=as_json,
-        released=(
-            [describe_lease(lease) for lease in result.released],
-            [lease_json(lease) for lease in result.released],
-        ),
-        kept=(
-            [describe_lease(lease) for lease in result.kept],
-            [lease_json(lease) for lease in result.kept],
-        ),
-        errors=[problem.message for problem in result.problems],
-    )
-    _report_problems(result.problems)
+    receipt = host.release_receipt(leases or [], mine=mine, include_running=include_running)
+    report_release(receipt, mine=mine, as_json=as_json)
+    _report_problems(receipt.problems)
 
 
-def _report_problems(problems: list) -> None:
+def _report_problems(problems: Sequence[GpuallocError]) -> None:
     from gpualloc.cli.output import write_error
 
     for problem in problems:

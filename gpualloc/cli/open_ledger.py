@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from gpualloc.host.lease_terms import LeaseTerms
     from gpualloc.host.protocol import Host
     from gpualloc.host.queue_policy import WaitOptions
+    from gpualloc.host.receipt import Receipt
     from gpualloc.host.terms import WaitStatus
-    from gpualloc.model.job import JobOptions
+    from gpualloc.model.job_fields import JobFields
 
 
 def open_host_ledger(
@@ -91,7 +92,7 @@ def say(line: str) -> None:
 
 
 def start(
-    host: Host, job: JobOptions, terms: LeaseTerms, waiting: WaitOptions | None, *, uuid: bool
+    host: Host, job: JobFields, terms: LeaseTerms, waiting: WaitOptions | None, *, uuid: bool
 ) -> Grant:
     """Start ``job`` on ``host`` now, or with --wait queue until it is this job's turn (with a
     status line)."""
@@ -198,11 +199,11 @@ def wait_options(
     *, wait: bool, timeout: str | None, priority: str | None, max_bypass: int | None
 ) -> WaitOptions | None:
     """The queue options, or None without --wait (usage errors for options that need it)."""
+    if not check_wait_flags(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass):
+        return None
     from gpualloc.host.queue_policy import WaitOptions
     from gpualloc.model.option_values import parse_duration
 
-    if not check_wait_flags(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass):
-        return None
     return WaitOptions.from_config(
         STATE.config(),
         timeout_s=parse_duration(timeout) if timeout is not None else None,
@@ -301,7 +302,7 @@ def _say_lease_on_a_terminal(lease_id: str | None) -> None:
 
 
 def check_release(leases: list[str], *, mine: bool, include_running: bool) -> None:
-    """The usage errors of ``release`` (both paths: :mod:`.jobs` and the broker's client)."""
+    """The usage errors of ``release``."""
     from gpualloc.errors import RequestError
 
     if not leases and not mine:
@@ -315,27 +316,26 @@ def check_release(leases: list[str], *, mine: bool, include_running: bool) -> No
         )
 
 
-def report_release(
-    *,
-    mine: bool,
-    as_json: bool,
-    released: tuple[list[str], list[Any]],
-    kept: tuple[list[str], list[Any]],
-    errors: list[str],
-) -> None:
-    """What ``release`` says: the leases ``released`` and ``kept`` (each as described for
-    people and as JSON) on stdout, the kept ones on stderr too (a person must hear that a
-    running job's GPUs stay reserved), and the errors' messages in ``--json``."""
+def report_release(receipt: Receipt, *, mine: bool, as_json: bool) -> None:
+    """What ``release`` says: the leases released and kept on stdout, the kept ones on stderr
+    too (a person must hear that a running job's GPUs stay reserved), and the problems'
+    messages in ``--json``."""
     from gpualloc.cli.output import print_json, write_stdout
 
     if as_json:
-        print_json({"released": released[1], "kept": kept[1], "errors": errors})
+        print_json(
+            {
+                "released": [view for _, view in receipt.released],
+                "kept": [view for _, view in receipt.kept],
+                "errors": [problem.message for problem in receipt.problems],
+            }
+        )
     else:
-        lines = [f"released {text}" for text in released[0]]
-        if mine and not lines and not kept[0] and not errors:
+        lines = [f"released {text}" for text, _ in receipt.released]
+        if mine and not lines and not receipt.kept and not receipt.problems:
             lines.append("you hold no lease")
         write_stdout("".join(line + "\n" for line in lines))
-    for text in kept[0]:
+    for text, _ in receipt.kept:
         say(f"kept {text} (its job still runs)")
-    if kept[0]:
+    if receipt.kept:
         say("to release a running job's lease too, name it or add --include-running")

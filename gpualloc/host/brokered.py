@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from gpualloc.discovery.processes import ProcessReport
     from gpualloc.host.lease_terms import LeaseTerms
     from gpualloc.host.queue_policy import WaitOptions
+    from gpualloc.host.receipt import Receipt
     from gpualloc.host.terms import Allocation, GarbageReport, ReleaseResult, WaitStatus
     from gpualloc.host.view import HostView
     from gpualloc.launcher.verify_terms import VerifyTerms
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from gpualloc.ledger.schema import Ledger
     from gpualloc.ledger.store import LedgerTransaction
     from gpualloc.ledger.trust import Trust
-    from gpualloc.model.job import JobOptions
+    from gpualloc.model.job_fields import JobFields
     from gpualloc.model.share import LeasedShare, ShareMode, ShareRequest
     from gpualloc.model.topology import GpuFault, Topology
     from gpualloc.placement.want import Want
@@ -200,7 +201,7 @@ class BrokeredHost:
 
     def start(
         self,
-        job: JobOptions,
+        job: JobFields,
         terms: LeaseTerms,
         *,
         config: Config,
@@ -213,14 +214,13 @@ class BrokeredHost:
         edges (the broker opens no file a client names)."""
         from gpualloc.job_options import PATTERN_NAMES
 
-        if job.pattern in PATTERN_NAMES:
-            from msgspec import to_builtins
-
-            options: dict[str, Any] = to_builtins(job)
+        if job.get("pattern", "ring") in PATTERN_NAMES:
+            options: dict[str, Any] = {k: v for k, v in job.items() if v is not None}
         else:
+            from gpualloc.model.job import JobOptions
             from gpualloc.placement.options import want_of
 
-            options = sent_options(want_of(job, config))
+            options = sent_options(want_of(JobOptions(**job), config))
         views = {"uuid": uuid}
         return grant_from_answer(self._alloc(options, terms, wait, report, None, views))
 
@@ -291,6 +291,15 @@ class BrokeredHost:
     ) -> ReleaseResult:
         args = {"leases": list(selectors), "mine": mine, "include_running": include_running}
         return _release_result(self._call("release", args))
+
+    def release_receipt(
+        self, selectors: Iterable[str], *, mine: bool = False, include_running: bool = False
+    ) -> Receipt:
+        """The broker's words and views of what it released: no lease is decoded here."""
+        from gpualloc.host.receipt import receipt_from_answer
+
+        args = {"leases": list(selectors), "mine": mine, "include_running": include_running}
+        return receipt_from_answer(self._call("release", args))
 
     def evict(
         self, selectors: Iterable[str], *, mine: bool = False, grace_s: float | None = None

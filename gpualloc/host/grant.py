@@ -11,7 +11,7 @@ one record.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpualloc.host.terms import Allocation
@@ -19,39 +19,85 @@ if TYPE_CHECKING:
     from gpualloc.placement.want import Want
 
 
-class SharedPlace(NamedTuple):
-    """How a shared job (``run --share``) holds its GPU, as its launch needs it."""
+class SharedPlace:
+    """How a shared job (``run --share``) holds its GPU, as its launch needs it: its share
+    ``mode`` (``time-sliced`` or ``mps``), whether it runs in the ``background``, and its
+    ``--sm-share`` (``sm_percent``), which only CUDA MPS enforces."""
 
-    mode: str
-    """``time-sliced`` or ``mps``."""
-    background: bool
-    sm_percent: int | None
-    """Its ``--sm-share``, which only CUDA MPS enforces."""
+    __slots__ = ("background", "mode", "sm_percent")
+
+    def __init__(self, mode: str, background: bool, sm_percent: int | None) -> None:
+        self.mode = mode
+        self.background = background
+        self.sm_percent = sm_percent
 
 
-class Grant(NamedTuple):
-    """A lease just made, as plain data."""
+class Grant:
+    """A lease just made, as plain data (a plain class: ``run`` makes one on its way to
+    ``exec``).
 
-    lease_id: str
-    variables: dict[str, str]
-    """What the job's environment gains (:mod:`gpualloc.launcher.environment`)."""
-    held: str
-    """The devices held, in words (``GPU 0,3``, ``GPU0/MIG1``)."""
-    numa_nodes: list[int | None]
-    """Each GPU's NUMA node, in rank order (None where unknown)."""
-    this_host: bool
-    """Whether the GPUs are this machine's (only then is the job bound and watched)."""
-    notes: list[str]
-    """What the host said while allocating (warnings for the user)."""
-    share: SharedPlace | None
-    """A shared job's place on its GPU (None: the GPUs are the job's alone)."""
-    record: object
-    """The host's own record of the lease, which only that host reads back
-    (:meth:`~gpualloc.host.protocol.Host.start_verifier`)."""
-    views: Callable[[], tuple[dict[str, Any], dict[str, Any]]]
-    """The lease and its placement as ``--json`` shows them (computed when asked)."""
-    lock_fd: int | None = None
-    """The lease lock's descriptor, kept open for the job to inherit (the embedded ledger)."""
+    - ``variables``: what the job's environment gains (:mod:`gpualloc.launcher.environment`);
+    - ``held``: the devices held, in words (``GPU 0,3``, ``GPU0/MIG1``);
+    - ``numa_nodes``: each GPU's NUMA node, in rank order (None where unknown);
+    - ``this_host``: whether the GPUs are this machine's (only then is the job bound and
+      watched);
+    - ``notes``: what the host said while allocating (warnings for the user);
+    - ``share``: a shared job's place on its GPU (None: the GPUs are the job's alone);
+    - ``record``: the host's own record of the lease, which only that host reads back
+      (:meth:`~gpualloc.host.protocol.Host.start_verifier`);
+    - ``views``: the lease and its placement as ``--json`` shows them (computed when asked);
+    - ``lock_fd``: the lease lock's descriptor, kept open for the job to inherit (the
+      embedded ledger).
+    """
+
+    __slots__ = (
+        "held",
+        "lease_id",
+        "lock_fd",
+        "notes",
+        "numa_nodes",
+        "record",
+        "share",
+        "this_host",
+        "variables",
+        "views",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        *,
+        lease_id: str,
+        variables: dict[str, str],
+        held: str,
+        numa_nodes: list[int | None],
+        this_host: bool,
+        notes: list[str],
+        share: SharedPlace | None,
+        record: object,
+        views: Callable[[], tuple[dict[str, Any], dict[str, Any]]],
+        lock_fd: int | None = None,
+    ) -> None:
+        self.lease_id = lease_id
+        self.variables = variables
+        self.held = held
+        self.numa_nodes = numa_nodes
+        self.this_host = this_host
+        self.notes = notes
+        self.share = share
+        self.record = record
+        self.views = views
+        self.lock_fd = lock_fd
+
+    def launched(self) -> tuple[object, ...]:
+        """What a launch reads of the grant, for comparing two grants
+        (``tests/test_host_contract.py``)."""
+        share = (
+            None
+            if self.share is None
+            else tuple(getattr(self.share, n) for n in SharedPlace.__slots__)
+        )
+        return (self.lease_id, self.variables, self.held, self.numa_nodes, self.this_host,
+                self.notes, share)  # fmt: skip
 
 
 def grant_of(

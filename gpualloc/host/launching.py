@@ -25,14 +25,14 @@ if TYPE_CHECKING:
     from gpualloc.host.terms import WaitStatus
     from gpualloc.launcher.binding import NumaMode
     from gpualloc.launcher.verify_terms import VerifyTerms
-    from gpualloc.model.job import JobOptions
+    from gpualloc.model.job_fields import JobFields
     from gpualloc.model.topology import GpuProcess, Topology
     from gpualloc.placement.want import Want
 
 
 def allocate_grant(
     host: Host,
-    job: JobOptions,
+    job: JobFields,
     terms: LeaseTerms,
     *,
     config: Config,
@@ -43,9 +43,10 @@ def allocate_grant(
     """:meth:`~gpualloc.host.protocol.Host.start` of a host that places itself: the job's Want,
     what is refused before any GPU is taken, the allocation (or the wait for it), its grant."""
     from gpualloc.host.grant import grant_of
+    from gpualloc.model.job import JobOptions
     from gpualloc.placement.options import want_of
 
-    want = want_of(job, config)
+    want = want_of(JobOptions(**job), config)
     check_before_placing(host.topology, want, terms.memory_bytes, uuid=uuid)
     allocation = host.allocate(want, terms, wait=wait, report=report)
     return grant_of(host.topology, allocation, want, uuid=uuid, this_host=host.this_host)

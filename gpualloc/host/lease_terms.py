@@ -10,9 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from msgspec import Struct
-from msgspec.structs import force_setattr
-
 from gpualloc.errors import RequestError
 from gpualloc.model.printable import has_surrogates, lease_command, printable
 
@@ -58,38 +55,79 @@ def no_such_process(pid: int) -> RequestError:
     )
 
 
-class LeaseTerms(Struct, frozen=True):
-    """Who a new lease belongs to and how long it lives (see :class:`Lease`)."""
+class LeaseTerms:
+    """Who a new lease belongs to and how long it lives (see ``gpualloc.ledger.schema.Lease``),
+    checked as they are made: the name (:func:`lease_name`) and the command, cut to what a
+    lease keeps (:func:`~gpualloc.model.printable.lease_command`).
 
-    source: LeaseSource
-    pid: int | None = None
-    hold: bool = False
-    lock: bool = False
-    """Take the lease lock now and keep its descriptor open for the job to inherit."""
-    command: tuple[str, ...] = ()
-    name: str | None = None
-    process_group: int | None = None
-    """The job's own process group, when it leads one (see ``Lease.process_group``)."""
-    announce: bool = False
-    """The lease is unconfirmed until :meth:`Host.confirm` (after its id was printed)."""
-    shareable: bool = False
-    """Shared jobs may join the lease's GPUs (``--shareable``)."""
-    memory_bytes: int | None = None
-    """GPU memory the job declares it uses (``--shareable --mem``)."""
-    share_mode: ShareMode = "time-sliced"
-    """How a shared job shares its GPU (CUDA MPS when its daemon runs)."""
-    uid: int | None = None
-    """Whose lease it is: the broker names its peer; None: this process's user."""
-    pid_start_time: float | None = None
-    """``pid``'s start time when the caller read it already (the broker, checking the pid)."""
-    creator: tuple[int, float | None] | None = None
-    """The process announcing the lease (pid, start time); None: this process."""
-    lease_id: str | None = None
-    """The id the new lease gets; None: a new random one (the broker's clients choose theirs,
-    so that a request sent again after a lost connection finds the lease it made)."""
+    - ``lock``: take the lease lock now and keep its descriptor open for the job to inherit.
+    - ``process_group``: the job's own process group, when it leads one.
+    - ``announce``: the lease is unconfirmed until ``Host.confirm`` (after its id was printed).
+    - ``shareable``: shared jobs may join the lease's GPUs (``--shareable``); ``memory_bytes``:
+      the GPU memory the job declares it uses (``--shareable --mem``); ``share_mode``: how a
+      shared job shares its GPU (CUDA MPS when its daemon runs).
+    - ``uid``: whose lease it is (the broker names its peer; None: this process's user);
+      ``pid_start_time``: ``pid``'s start time when the caller read it already (the broker);
+      ``creator``: the process announcing the lease (pid, start time; None: this process).
+    - ``lease_id``: the id the new lease gets (None: a new random one; the broker's clients
+      choose theirs, so that a request sent again after a lost connection finds its lease).
 
-    def __post_init__(self) -> None:
-        lease_name(self.name)
-        command = lease_command(self.command)
-        if command != self.command:
-            force_setattr(self, "command", command)
+    A plain class, not a struct: ``run`` through a broker builds one on its way to ``exec``,
+    and loads no msgspec for it.
+    """
+
+    __slots__ = (
+        "announce",
+        "command",
+        "creator",
+        "hold",
+        "lease_id",
+        "lock",
+        "memory_bytes",
+        "name",
+        "pid",
+        "pid_start_time",
+        "process_group",
+        "share_mode",
+        "shareable",
+        "source",
+        "uid",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        source: LeaseSource,
+        pid: int | None = None,
+        hold: bool = False,
+        lock: bool = False,
+        command: tuple[str, ...] = (),
+        name: str | None = None,
+        process_group: int | None = None,
+        announce: bool = False,
+        shareable: bool = False,
+        memory_bytes: int | None = None,
+        share_mode: ShareMode = "time-sliced",
+        uid: int | None = None,
+        pid_start_time: float | None = None,
+        creator: tuple[int, float | None] | None = None,
+        lease_id: str | None = None,
+    ) -> None:
+        self.source: LeaseSource = source
+        self.pid = pid
+        self.hold = hold
+        self.lock = lock
+        self.command: tuple[str, ...] = lease_command(command)
+        self.name = lease_name(name)
+        self.process_group = process_group
+        self.announce = announce
+        self.shareable = shareable
+        self.memory_bytes = memory_bytes
+        self.share_mode: ShareMode = share_mode
+        self.uid = uid
+        self.pid_start_time = pid_start_time
+        self.creator = creator
+        self.lease_id = lease_id
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"LeaseTerms({shown})"

@@ -52,12 +52,13 @@ if TYPE_CHECKING:
     from gpualloc.config import Config
     from gpualloc.host.grant import Grant
     from gpualloc.host.queue_policy import WaitOptions
+    from gpualloc.host.receipt import Receipt
     from gpualloc.host.terms import WaitStatus
     from gpualloc.launcher.verify_terms import VerifyTerms
     from gpualloc.ledger.idle import Expiry, IdlePolicy
     from gpualloc.ledger.occupancy import Occupancy
     from gpualloc.ledger.trust import Trust
-    from gpualloc.model.job import JobOptions
+    from gpualloc.model.job_fields import JobFields
     from gpualloc.slurm.job import SlurmJob
 
 ORPHAN_LOCK_AGE_S = 60.0
@@ -234,7 +235,7 @@ class LocalHost(HostView, kw_only=True):
 
     def start(
         self,
-        job: JobOptions,
+        job: JobFields,
         terms: LeaseTerms,
         *,
         config: Config,
@@ -319,7 +320,7 @@ class LocalHost(HostView, kw_only=True):
         lease = self._lease(lease_id, placement, want, terms)
         txn.add(lease)
         txn.ledger.stats.record(
-            placement.policy, decision_s=decision_s, waited_s=waited_s, task=_task_type(lease)
+            placement.policy, decision_s=decision_s, waited_s=waited_s, task=lease.task_type
         )
         cut_short = [placement.cut_short] if placement.cut_short else []
         return Allocation(lease, placement, lock_fd, [*txn.notes, *cut_short])
@@ -437,6 +438,15 @@ class LocalHost(HostView, kw_only=True):
         for lease in result.released:
             _remove_file(store.directory.lease_lock(lease.id))
         return result
+
+    def release_receipt(
+        self, selectors: Iterable[str], *, mine: bool = False, include_running: bool = False
+    ) -> Receipt:
+        from gpualloc.host.receipt import receipt_of
+
+        return receipt_of(
+            self.release_leases(selectors, mine=mine, include_running=include_running)
+        )
 
     def evict(
         self,
@@ -562,8 +572,6 @@ def live_processes(topology: Topology) -> ProcessReport:
 
 
 def _old(path: Path) -> bool:
-    import time
-
     try:
         return time.time() - path.lstat().st_mtime > ORPHAN_LOCK_AGE_S
     except OSError:
@@ -583,13 +591,3 @@ def _drop_lock(fd: int | None, store: LedgerStore, lease_id: str) -> None:
     if fd is not None:
         os.close(fd)
         _remove_file(store.directory.lease_lock(lease_id))
-
-
-def _task_type(lease: Lease) -> tuple[int, float] | str | None:
-    """What the request mix counts a lease as: (GPUs, part of one GPU), or a MIG device's
-    profile."""
-    if lease.mig:
-        return lease.mig[0].profile  # None when the layout did not name it
-    if lease.share is not None:
-        return (1, lease.share.fraction)
-    return (len(lease.gpus), 1.0)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from gpualloc.host.grant import Grant
     from gpualloc.host.lease_terms import LeaseTerms
     from gpualloc.host.queue_policy import WaitOptions
+    from gpualloc.host.receipt import Receipt
     from gpualloc.host.terms import Allocation, GarbageReport, ReleaseResult, WaitStatus
     from gpualloc.launcher.verify_terms import VerifyTerms
     from gpualloc.ledger.idle import IdlePolicy
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from gpualloc.ledger.schema import Ledger
     from gpualloc.ledger.store import LedgerTransaction
     from gpualloc.ledger.trust import Trust
-    from gpualloc.model.job import JobOptions
+    from gpualloc.model.job_fields import JobFields
     from gpualloc.model.request import Placement
     from gpualloc.model.share import LeasedShare, ShareMode, ShareRequest
     from gpualloc.model.topology import GpuFault, GpuProcess, Topology
@@ -101,7 +102,7 @@ class Host(Protocol):
 
     def start(
         self,
-        job: JobOptions,
+        job: JobFields,
         terms: LeaseTerms,
         *,
         config: Config,
@@ -109,9 +110,11 @@ class Host(Protocol):
         report: Callable[[WaitStatus], None] | None = None,
         uuid: bool = False,
     ) -> Grant:
-        """Allocate for ``job`` as :meth:`allocate` does (``config``: the caller's settings,
-        which the job's defaults come from; ``uuid``: the job names its GPUs by UUID) and say
-        what its launch and its printout need (:mod:`gpualloc.host.grant`)."""
+        """Allocate for ``job`` as :meth:`allocate` does (``job``: the options of
+        :class:`~gpualloc.model.job.JobOptions` by name, made one at the host's door, their
+        bounds checked there; ``config``: the caller's settings, which the job's defaults come
+        from; ``uuid``: the job names its GPUs by UUID) and say what its launch and its
+        printout need (:mod:`gpualloc.host.grant`)."""
         ...
 
     def confirm(self, lease_id: str) -> None:
@@ -133,6 +136,12 @@ class Host(Protocol):
         """Release the leases ``selectors`` name (ids, unique prefixes or names), or the
         caller's ``alloc`` leases with ``mine`` (their running jobs' too with
         ``include_running``; the others are ``kept``); only the owner or root may."""
+        ...
+
+    def release_receipt(
+        self, selectors: Iterable[str], *, mine: bool = False, include_running: bool = False
+    ) -> Receipt:
+        """:meth:`release_leases`, as the command line prints it (:mod:`gpualloc.host.receipt`)."""
         ...
 
     def evict(

@@ -158,6 +158,16 @@ class Lease(_Entry, kw_only=True, frozen=True):
         """(parent GPU, MIG device index) of every MIG device held."""
         return tuple(m.key for m in self.mig)
 
+    @property
+    def task_type(self) -> tuple[int, float] | str | None:
+        """What the request mix counts the lease as: (GPUs, part of one GPU), or a MIG
+        device's profile (None when the layout did not name it)."""
+        if self.mig:
+            return self.mig[0].profile
+        if self.share is not None:
+            return (1, self.share.fraction)
+        return (len(self.gpus), 1.0)
+
 
 class Waiter(_Entry, kw_only=True, frozen=True):
     """A job waiting in the host queue (``run --wait``, ``alloc --wait``).

@@ -19,11 +19,7 @@ from msgspec import Struct
 
 from gpualloc.errors import RequestError
 from gpualloc.job_options import MAX_GPUS, JobOption, job_fields
-from gpualloc.model.option_values import parse_size
-
-GpuList = str | tuple[int, ...] | None
-"""A GPU list as :class:`JobOptions` keeps it: as typed, or the indices (the Python API makes
-a tuple of any iterable); a type the broker decodes (msgspec takes no abstract iterable)."""
+from gpualloc.model.job_fields import GpuList, declared_memory_bytes, memory_bytes
 
 
 class JobOptions(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -66,16 +62,11 @@ class JobOptions(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
 
     def memory_bytes(self) -> int | None:
         """``mem`` in bytes, or None."""
-        if self.mem is None:
-            return None
-        if isinstance(self.mem, bool) or (isinstance(self.mem, int) and self.mem < 1):
-            # The API's and the wire's bytes: none is no memory (the ledger keeps >= 1).
-            raise RequestError(f"--mem {self.mem!r} is not a size", hint="give at least 1 byte")
-        return self.mem if isinstance(self.mem, int) else parse_size(self.mem, "--mem")
+        return memory_bytes(self.mem)
 
     def declared_memory_bytes(self) -> int | None:
         """The memory a ``--shareable`` job declares it uses (``--mem``), else None."""
-        return self.memory_bytes() if self.shareable else None
+        return declared_memory_bytes({"mem": self.mem, "shareable": self.shareable})
 
 
 _ROWS = job_fields()
