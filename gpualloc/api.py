@@ -65,17 +65,23 @@ def plan(
     """The placement the policy chooses for a job of ``gpus`` GPUs with ``busy`` taken (the
     ledger is not consulted; see :func:`hold`). ``job`` takes the command line's job options
     by name, as :func:`hold` does (``pattern``: ring, all, tree, star or a JSON edge-list
-    file; ``policy``, ``sensitive``, ``exclude``, ``require``, ...). Raises
-    NoFeasiblePlacement when no set fits."""
+    file; ``policy``, ``sensitive``, ``exclude``, ``require``, ...). It decides as ``run``
+    does, through the placement's front door (:func:`gpualloc.placement.choose.choose`) on
+    an idle host with ``busy`` laid over it. Raises NoFeasiblePlacement when no set fits the
+    host, GpusBusy when one would were the ``busy`` GPUs free."""
+    from msgspec.structs import replace
+
     from gpualloc.config import Config
+    from gpualloc.ledger.occupancy import Occupancy
+    from gpualloc.ledger.schema import Ledger
     from gpualloc.model.request import HostState
-    from gpualloc.placement.decide import decision_context
+    from gpualloc.placement.choose import choose
     from gpualloc.placement.options import want_of
-    from gpualloc.placement.policies.registry import get_policy
 
     want = want_of(_job_options(gpus, job), Config.load())
+    idle = Occupancy.build(topology, Ledger(host="plan"))
     state = HostState.with_busy(topology.gpu_count, frozenset(busy))
-    return get_policy(want.policy).place(decision_context(topology, want.request, state))
+    return choose(topology, replace(idle, known_state=state), want)
 
 
 class HeldGpus(Struct):

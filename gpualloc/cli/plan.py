@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from msgspec.structs import replace
+
 from gpualloc.cli.declare import Command, flag, job_options, json_flag, value
 from gpualloc.cli.state import STATE
 from gpualloc.errors import GpusBusy, NoFeasiblePlacement, RequestError
@@ -72,7 +74,6 @@ def plan_command(
         check_health=not allow_unhealthy,
         allow_unhealthy=allow_unhealthy,
     )
-    host.ignore_foreign = what_if  # a what-if: only --busy and --free say what is taken
     topology = host.topology
     if want.mig is not None:
         if free is not None:
@@ -101,22 +102,23 @@ def plan_command(
     # The host's own exclusions (unhealthy, lost, in MIG mode, not the Slurm job's), from its
     # occupancy of an empty ledger and no other program: what a what-if lays --busy over, and
     # what "now" is held to.
-    counting_foreign, host.ignore_foreign = host.ignore_foreign, True
-    idle = host.occupancy(Ledger(host=boot.hostname()), allow_unhealthy=allow_unhealthy)
-    host.ignore_foreign = counting_foreign  # "now": other programs' processes take GPUs too
+    idle = host.occupancy(
+        Ledger(host=boot.hostname()), allow_unhealthy=allow_unhealthy, ignore_foreign=True
+    )
     for gpu, reason in sorted(idle.unhealthy.items()):
         say(f"skipping unhealthy GPU {gpu}: {reason} (--allow-unhealthy includes it)")
     if host.slurm_job is not None:  # plan as 'run' would place: on the job's GPUs only
         slurm = host.slurm_job
         say(f"inside {slurm.describe()}: planning on its GPUs (GPUALLOC_NO_SLURM=1: the host's)")
-    if what_if:
+    if what_if:  # an overlay of the idle host: only --busy and --free say what is taken
         wanted = HostState.with_busy(n, busy_set & everything)
         state = HostState(free=wanted.free & idle.free, running=wanted.running)
         basis = PlanBasis.what_if(assume_free, busy_set & idle.free, free is not None)
-    else:
+        seen = replace(idle, known_state=state)
+    else:  # the ledger and other programs' processes now, as run would place
         txn = host.snapshot()
         warn(txn.notes)
-        now = host.occupancy(txn.ledger, allow_unhealthy=allow_unhealthy)
+        seen = now = host.occupancy(txn.ledger, allow_unhealthy=allow_unhealthy)
         state = now.host_state()
         taken = sorted(idle.free - state.free)
         basis = PlanBasis("now", tuple(taken), tuple(now.describe(taken)))
@@ -166,7 +168,10 @@ def plan_command(
     if compare:
         _show_compare(ctx, as_json, budget, basis)
     else:
-        _show_plan(ctx, want.policy, explain, as_json, budget, basis)
+        from gpualloc.placement.choose import choose
+
+        chosen = None if explain else choose(topology, seen, want, budget_s=budget)
+        _show_plan(ctx, want.policy, explain, as_json, budget, basis, chosen)
 
 
 class PlanBasis(NamedTuple):
@@ -325,15 +330,18 @@ def _show_plan(
     as_json: bool,
     budget_s: float | None,
     basis: PlanBasis,
+    chosen: Placement | None,
 ) -> None:
+    """The plan: ``chosen`` (what :func:`~gpualloc.placement.choose.choose`, the placement's
+    front door, answers on the GPUs counted free), or with ``explain`` the policy's choice
+    and its runners-up."""
     from gpualloc.cli.open_ledger import warn
     from gpualloc.cli.output import Table, fixed, print_json, print_tables
     from gpualloc.placement.decide import explain as explain_choice
-    from gpualloc.placement.decide import place
-    from gpualloc.placement.policies.registry import get_policy
 
     explanation = explain_choice(ctx, policy, budget_s=budget_s) if explain else None
-    placement = explanation.placement if explanation else place(get_policy(policy), ctx, budget_s)
+    placement = explanation.placement if explanation else chosen
+    assert placement is not None  # chosen unless explained
     warn([placement.cut_short] if placement.cut_short else [])
     if as_json:
         data = placement_json(ctx.topology, ctx.request, placement)

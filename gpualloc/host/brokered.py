@@ -124,12 +124,19 @@ class BrokeredHost:
         :attr:`full` (none are asked for otherwise)."""
         return list(self.processes.notes) if self.full else []
 
-    def occupancy(self, ledger: Ledger, *, allow_unhealthy: bool | None = None) -> Occupancy:
-        view = self.view()
-        view.ignore_foreign = self.ignore_foreign
-        return view.occupancy(
-            ledger,
-            allow_unhealthy=self.allow_unhealthy if allow_unhealthy is None else allow_unhealthy,
+    def occupancy(
+        self,
+        ledger: Ledger,
+        *,
+        allow_unhealthy: bool | None = None,
+        ignore_foreign: bool | None = None,
+    ) -> Occupancy:
+        if allow_unhealthy is None:
+            allow_unhealthy = self.allow_unhealthy
+        if ignore_foreign is None:
+            ignore_foreign = self.ignore_foreign
+        return self.view().occupancy(
+            ledger, allow_unhealthy=allow_unhealthy, ignore_foreign=ignore_foreign
         )
 
     def leased_share(self, request: ShareRequest, gpu: int, mode: ShareMode) -> LeasedShare:

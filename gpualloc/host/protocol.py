@@ -67,9 +67,6 @@ class Host(Protocol):
     allow_unhealthy: bool
     placement_budget_s: float | None
     slurm_job: SlurmJob | None
-    ignore_foreign: bool
-    """Whether GPUs used outside gpualloc count as free (``--ignore-foreign``; ``plan``'s
-    what-ifs)."""
 
     @property
     def broker_socket(self) -> Path | None:
@@ -80,9 +77,16 @@ class Host(Protocol):
         """The ledger now, dead leases left out, without writing anything."""
         ...
 
-    def occupancy(self, ledger: Ledger, *, allow_unhealthy: bool | None = None) -> Occupancy:
-        """Who holds what in ``ledger``; unhealthy GPUs are left out unless ``allow_unhealthy``
-        (default: the host's setting)."""
+    def occupancy(
+        self,
+        ledger: Ledger,
+        *,
+        allow_unhealthy: bool | None = None,
+        ignore_foreign: bool | None = None,
+    ) -> Occupancy:
+        """Who holds what in ``ledger``; unhealthy GPUs are left out unless ``allow_unhealthy``,
+        GPUs used outside gpualloc count as free with ``ignore_foreign`` (defaults: the host's
+        settings; ``plan``'s what-ifs count no foreign process)."""
         ...
 
     def allocate(

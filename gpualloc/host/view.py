@@ -59,16 +59,25 @@ class HostView(Struct, kw_only=True):
         self.max_shared_jobs = config.system_value("share.max_jobs")
         self.share_placement = config.system_value("share.placement")
 
-    def occupancy(self, ledger: Ledger, *, allow_unhealthy: bool | None = None) -> Occupancy:
+    def occupancy(
+        self,
+        ledger: Ledger,
+        *,
+        allow_unhealthy: bool | None = None,
+        ignore_foreign: bool | None = None,
+    ) -> Occupancy:
         """Who holds what in ``ledger`` on this host; unhealthy GPUs are left out unless
-        ``allow_unhealthy`` (default: this host's setting)."""
+        ``allow_unhealthy``, foreign processes count unless ``ignore_foreign`` (defaults: this
+        host's settings)."""
         if allow_unhealthy is None:
             allow_unhealthy = self.allow_unhealthy
+        if ignore_foreign is None:
+            ignore_foreign = self.ignore_foreign
         return Occupancy.build(
             self.topology,
             ledger,
             self.processes.processes,
-            ignore_foreign=self.ignore_foreign,
+            ignore_foreign=ignore_foreign,
             outside=self.outside,
             memory_used=self.processes.memory_used,
             max_shared_jobs=self.max_shared_jobs,
