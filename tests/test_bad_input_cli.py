@@ -14,17 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Result
+from tests.house_rules import refused
 
 Cli = Callable[..., Result]
-
-
-def _refused(result: Result, code: int) -> None:
-    """The answer to bad input: ``code``, one error line, at most one hint, no traceback."""
-    assert result.exit_code == code, (result.exit_code, result.stderr)
-    lines = result.stderr.splitlines()
-    assert len([line for line in lines if line.startswith("error: ")]) == 1, lines
-    assert len([line for line in lines if line.startswith("hint: ")]) <= 1, lines
-    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
 
 
 # ---- point 1: serve --socket -------------------------------------------------------------
@@ -34,7 +26,7 @@ def _refused(result: Result, code: int) -> None:
 def test_serve_refuses_an_empty_socket_path(cli: Cli, tmp_path: Path, socket: str) -> None:
     state = tmp_path / "broker-state"
     result = cli("--topology", "dgx1-v100", "serve", "--socket", socket, "--state-dir", str(state))
-    _refused(result, 2)
+    refused(result, 2)
     assert "--socket is empty" in result.stderr
     assert not state.exists()
 
@@ -45,7 +37,7 @@ def test_serve_refuses_a_socket_path_too_long_for_a_unix_socket(cli: Cli, tmp_pa
     result = cli(
         "--topology", "dgx1-v100", "serve", "--socket", str(socket), "--state-dir", str(state)
     )
-    _refused(result, 2)
+    refused(result, 2)
     assert "a Unix socket's path may have at most" in result.stderr
     assert not state.exists() and not socket.exists()
 
@@ -59,7 +51,7 @@ def test_a_relative_state_dir_variable_is_refused(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GPUALLOC_STATE_DIR", "rel")
     result = cli("--topology", "dgx1-v100", "alloc", "-n", "1")
-    _refused(result, 15)
+    refused(result, 15)
     assert "GPUALLOC_STATE_DIR = 'rel': must be an absolute path" in result.stderr
     assert "hint: give an absolute path" in result.stderr
     assert not (tmp_path / "rel").exists()
@@ -74,7 +66,7 @@ def test_a_relative_state_dir_in_a_config_file_is_refused(
     user_file.parent.mkdir(parents=True)
     user_file.write_text('state_dir = "rel"\n')
     result = cli("--topology", "dgx1-v100", "status")
-    _refused(result, 15)
+    refused(result, 15)
     assert "state_dir = 'rel': must be an absolute path" in result.stderr
     assert not (tmp_path / "rel").exists()
 
@@ -100,7 +92,7 @@ def test_a_variable_set_but_not_understood_is_exit_15(
     monkeypatch.setenv(variable, value)
     topology = [] if variable == "GPUALLOC_TOPOLOGY" else ["--topology", "dgx1-v100"]
     result = cli(*topology, *command)
-    _refused(result, 15)
+    refused(result, 15)
     assert f"error: {message}" in result.stderr
 
 
@@ -114,7 +106,7 @@ def test_an_empty_topology_option_is_a_usage_error(
     """``--topology ''`` fell back to $GPUALLOC_TOPOLOGY (or this host) without a word."""
     monkeypatch.setenv("GPUALLOC_TOPOLOGY", "dgx1-v100")
     result = cli(*given, *command)
-    _refused(result, 2)
+    refused(result, 2)
     assert result.stderr.startswith("error: --topology is empty\nhint: ") and result.stdout == ""
 
 
@@ -125,7 +117,7 @@ def test_a_system_config_that_does_not_exist_is_exit_15(
     (tmp_path / "etc").mkdir()
     monkeypatch.setenv("GPUALLOC_SYSTEM_CONFIG", str(tmp_path / "etc" / "confg.toml"))
     result = cli("--topology", "dgx1-v100", "status")
-    _refused(result, 15)
+    refused(result, 15)
     assert "confg.toml, which does not exist" in result.stderr
 
 
@@ -152,10 +144,6 @@ def _gpualloc_sh(redirect: str, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def _refused_process(done: subprocess.CompletedProcess[str], code: int) -> None:
-    _refused(Result(done.returncode, "", done.stderr), code)
-
-
 @pytest.mark.parametrize(
     "args",
     [
@@ -168,20 +156,20 @@ def _refused_process(done: subprocess.CompletedProcess[str], code: int) -> None:
 )
 def test_output_to_a_full_device_is_exit_8(args: list[str], full_device: Path) -> None:
     done = _gpualloc_sh(f"> {shlex.quote(str(full_device))}", "--topology", "dgx1-v100", *args)
-    _refused_process(done, 8)
+    refused(done, 8)
     assert "error: cannot write the output to stdout: No space left on device" in done.stderr
 
 
 @pytest.mark.parametrize("args", [["topo", "show", "--json"], ["plan", "-n", "2"]])
 def test_output_to_a_closed_stdout_is_exit_8(args: list[str]) -> None:
     done = _gpualloc_sh(">&-", "--topology", "dgx1-v100", *args)
-    _refused_process(done, 8)
+    refused(done, 8)
     assert "error: stdout is closed" in done.stderr
 
 
 def test_alloc_that_cannot_print_its_lease_holds_nothing(cli: Cli) -> None:
     done = _gpualloc_sh(">&-", "--topology", "dgx1-v100", "alloc", "-n", "2")
-    _refused_process(done, 8)
+    refused(done, 8)
     status = cli("--topology", "dgx1-v100", "status", "--json")
     assert json.loads(status.stdout)["free"] == list(range(8))
 
@@ -191,7 +179,7 @@ def test_topo_export_to_a_device_writes_in_place_and_fails_when_it_is_full(
 ) -> None:
     """``-o /dev/full`` said "wrote /dev/full" (as root it replaced the device by a file)."""
     result = cli("--topology", "dgx1-v100", "topo", "export", "-o", str(full_device))
-    _refused(result, 8)
+    refused(result, 8)
     assert "No space left on device" in result.stderr and "wrote" not in result.stderr
     assert full_device.is_char_device()
 
@@ -263,7 +251,7 @@ def test_an_output_file_that_is_an_input_is_refused_and_the_input_kept(
     before = victim.stat()
     content = victim.read_bytes()
     result = cli(*argv, *option, target)
-    _refused(result, 2)
+    refused(result, 2)
     assert "is an input of this command" in result.stderr and result.stdout == ""
     after = victim.stat()
     assert victim.read_bytes() == content
@@ -288,7 +276,7 @@ def test_gres_conf_refuses_a_field_that_would_write_another_line(
     cli: Cli, option: str, value: str
 ) -> None:
     result = cli("--topology", "dgx1-v100", "slurm", "gres-conf", option, value)
-    _refused(result, 2)
+    refused(result, 2)
     assert result.stdout == "" and "evil" not in result.stdout
 
 
@@ -330,7 +318,7 @@ def test_an_inconsistent_topology_file_is_exit_5(
     path = _topology_file(tmp_path, cli, change)
     for args in (["topo", "show"], ["plan", "-n", "1"]):
         result = cli("--topology", str(path), *args)
-        _refused(result, 5)
+        refused(result, 5)
         assert message in result.stderr
 
 
@@ -341,7 +329,7 @@ def test_topo_import_refuses_a_p2p_file_without_a_matrix(cli: Cli, tmp_path: Pat
     p2p.write_bytes(bytes(range(256)) * 4)
     topo = RECORDED / "dgx1-v100_vast_topo.txt"
     result = cli("topo", "import", str(topo), "--p2p", str(p2p), "--json")
-    _refused(result, 4)
+    refused(result, 4)
     assert "no 'nvidia-smi topo -p2p r' matrix" in result.stderr and result.stdout == ""
 
 
@@ -354,7 +342,7 @@ def test_topo_import_refuses_a_p2p_file_without_a_matrix(cli: Cli, tmp_path: Pat
 )
 def test_mem_without_a_unit_is_refused(cli: Cli, command: list[str]) -> None:
     result = cli("--topology", "dgx1-v100", *command)
-    _refused(result, 2)
+    refused(result, 2)
     assert "--mem '8' has no unit" in result.stderr and "8G" in result.stderr
 
 
@@ -382,7 +370,7 @@ def test_drb_weights_say_which_rule_they_break(
 ) -> None:
     """``0,0,0`` was "is not three non-negative numbers": it is three, and none is negative."""
     result = cli("--topology", "dgx1-v100", command[0], "--drb-weights", weights, *command[1:])
-    _refused(result, 2)
+    refused(result, 2)
     assert result.stderr.startswith(f"error: {said}\n"), result.stderr
 
 
@@ -435,7 +423,7 @@ def test_a_bad_value_gets_a_hint_its_help_does_not_already_give(
     not."""
     result = cli("--topology", "dgx1-v100", *args)
     assert result.exit_code in (2, 14), result.stderr
-    _refused(result, result.exit_code)
+    refused(result, result.exit_code)
     hints = [line[6:] for line in result.stderr.splitlines() if line.startswith("hint: ")]
     if meant is not None:
         assert hints == [f"did you mean {meant}?"], result.stderr

@@ -13,21 +13,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Result, run_in_process
+from tests.house_rules import no_control_characters, refused
 from tests.unix_users import in_process_as_nobody
 
 Cli = Callable[..., Result]
 
 ESC = "\x1b[31m"
 TOPOLOGIES = Path(__file__).resolve().parent.parent / "gpualloc" / "topologies"
-
-
-def _refused(result: Result, code: int) -> None:
-    """The answer to bad input: ``code``, one error line, at most one hint, no traceback."""
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    lines = result.stderr.splitlines()
-    assert len([line for line in lines if line.startswith("error: ")]) == 1, lines
-    assert len([line for line in lines if line.startswith("hint: ")]) <= 1, lines
-    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
 
 
 def _process(*args: str, timeout: float = 60) -> Result:
@@ -40,18 +32,13 @@ def _process(*args: str, timeout: float = 60) -> Result:
     return Result(done.returncode, done.stdout, done.stderr)
 
 
-def _no_control_characters(result: Result) -> None:
-    for text in (result.stdout, result.stderr):
-        assert "\x1b" not in text and "\x07" not in text, text
-
-
 # ---- item 1: control characters from users and files ---------------------------------------
 
 
 def test_release_does_not_echo_an_escape_sequence(cli: Cli) -> None:
     result = cli("--topology", "dgx1-v100", "release", ESC + "ab")
-    _refused(result, 13)
-    _no_control_characters(result)
+    refused(result, 13)
+    no_control_characters(result.stdout, result.stderr)
     assert "no lease \\x1b[31mab" in result.stderr
 
 
@@ -62,8 +49,8 @@ def test_topo_import_refuses_a_name_with_control_characters(cli: Cli, tmp_path: 
     source.write_text(recorded("2gpu_pcie_phb_hf-docs_topo.txt"))
     made = tmp_path / "made.json"
     result = cli("topo", "import", str(source), "--name", "x\x1b[2J", "-o", str(made))
-    _refused(result, 2)
-    _no_control_characters(result)
+    refused(result, 2)
+    no_control_characters(result.stdout, result.stderr)
     assert "--name 'x\\x1b[2J' holds control characters" in result.stderr
     assert not made.exists()
 
@@ -90,7 +77,7 @@ def test_a_topology_files_texts_reach_no_terminal_raw(
 ) -> None:
     result = cli("--topology", str(hostile_topology), *command)
     assert "Traceback" not in result.stderr
-    _no_control_characters(result)
+    no_control_characters(result.stdout, result.stderr)
     assert "\\x1b[31m" in result.stdout + result.stderr
 
 
@@ -125,7 +112,7 @@ def test_a_refused_uuid_writes_nothing(
     assert cli("--topology", topology, "alloc", "-n", "1").exit_code == 0  # a ledger to keep
     before = _state_files(tmp_path)
     result = _process("--topology", topology, *command)
-    _refused(result, 2)
+    refused(result, 2)
     assert f"--uuid: {message}" in result.stderr
     assert _state_files(tmp_path) == before
     metrics = cli("--topology", topology, "metrics").stdout
@@ -148,7 +135,7 @@ def test_shareable_memory_beyond_the_gpus_is_refused(
 ) -> None:
     """dgx1-v100's V100s have 32 GiB each."""
     result = _process("--topology", "dgx1-v100", *command)
-    _refused(result, 9)
+    refused(result, 9)
     assert "--mem 40 GiB is more than any GPU here has (32 GiB)" in result.stderr
     assert _state_files(tmp_path) == {}
 
@@ -156,7 +143,7 @@ def test_shareable_memory_beyond_the_gpus_is_refused(
 def test_dry_run_reads_shareable_memory(cli: Cli) -> None:
     dry_run = ["run", "--dry-run", "--shareable", "--mem", "8", "--", "true"]
     result = cli("--topology", "dgx1-v100", *dry_run)
-    _refused(result, 2)
+    refused(result, 2)
     assert "--mem '8' has no unit" in result.stderr
 
 
@@ -200,7 +187,7 @@ def test_a_read_only_state_directory_is_named_as_such(
     monkeypatch.setenv("GPUALLOC_STATE_DIR", str(state))
     monkeypatch.setenv("GPUALLOC_CACHE_DIR", str(world_dir / "cache"))
     (result,) = in_process_as_nobody([["--topology", "dgx1-v100", "alloc", "-n", "1"]], monkeypatch)
-    _refused(result, 8)
+    refused(result, 8)
     assert f"the state directory {state} is read-only for you (root's, mode 0555)" in (
         result.stderr
     )
@@ -225,7 +212,7 @@ def test_a_file_of_roots_is_roots_to_remove_once(
     ledger.unlink()
     os.mkfifo(ledger)
     (result,) = in_process_as_nobody([["--topology", "dgx1-v100", "status"]], monkeypatch)
-    _refused(result, 11)
+    refused(result, 11)
     assert "is a FIFO (owned by root)" in result.stderr
     assert "root or root" not in result.stderr and ": root must remove it" in result.stderr
 
@@ -235,7 +222,7 @@ def test_a_bandwidth_table_error_names_the_fields(cli: Cli, tmp_path: Path) -> N
         table = tmp_path / "table.json"
         table.write_text(text)
         result = cli("--bandwidth-table", str(table), "--topology", "dgx1-v100", "topo", "show")
-        _refused(result, 5)
+        refused(result, 5)
         hint = next(line for line in result.stderr.splitlines() if line.startswith("hint: "))
         assert "pcie_path_factor" in hint and "nvlink_link_gbps" in hint
         assert "BandwidthTable" not in hint
@@ -243,7 +230,7 @@ def test_a_bandwidth_table_error_names_the_fields(cli: Cli, tmp_path: Path) -> N
 
 def test_metrics_serve_on_a_name_that_does_not_resolve_is_no_port_problem(cli: Cli) -> None:
     result = cli("--topology", "dgx1-v100", "metrics", "--serve", "bogus-host.invalid:9400")
-    _refused(result, 2)
+    refused(result, 2)
     assert "the host name does not resolve" in result.stderr
     assert "port" not in result.stderr.split("hint: ", 1)[1]
 
@@ -252,7 +239,7 @@ def test_calibrate_refuses_forget_with_from(cli: Cli, tmp_path: Path) -> None:
     measured = tmp_path / "measured.txt"
     measured.write_text("{}\n")
     result = cli("calibrate", "--forget", "--from", str(measured))
-    _refused(result, 2)
+    refused(result, 2)
     assert "--forget removes the saved calibration; --from is for making one" in result.stderr
 
 
@@ -271,6 +258,6 @@ LONG = "x" * 5000
 def test_a_long_argument_is_cut_in_the_error(cli: Cli, args: list[str]) -> None:
     result = cli(*args)
     assert result.exit_code in (2, 3, 4, 8, 14), result.stderr
-    _refused(result, result.exit_code)
+    refused(result, result.exit_code)
     assert max(len(line) for line in result.stderr.splitlines()) < 300, result.stderr
     assert "..." in result.stderr
