@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, settings
 
 from gpualloc.errors import ExitCode
 from gpualloc.topologies import load_bundled
-from tests.conftest import Result, run_in_process
+from tests.cli_harness import Result, run_in_process
 from tests.house_rules import refused
 
 CASE_TIMEOUT_S = 5.0

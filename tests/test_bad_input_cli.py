@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Result
+from tests.cli_harness import Result
 from tests.house_rules import refused
 
 Cli = Callable[..., Result]
@@ -187,7 +187,7 @@ def test_topo_export_to_a_device_writes_in_place_and_fails_when_it_is_full(
 @pytest.fixture
 def inputs(tmp_path: Path, cli: Cli) -> dict[str, Path]:
     """Copies of the files the commands with an output file read, by what they are."""
-    from tests.conftest import FIXTURES, RECORDED
+    from tests.recordings import FIXTURES, RECORDED
 
     made = {
         "topo.txt": RECORDED / "dgx1-v100_vast_topo.txt",
@@ -323,7 +323,7 @@ def test_an_inconsistent_topology_file_is_exit_5(
 
 
 def test_topo_import_refuses_a_p2p_file_without_a_matrix(cli: Cli, tmp_path: Path) -> None:
-    from tests.conftest import RECORDED
+    from tests.recordings import RECORDED
 
     p2p = tmp_path / "p2p.bin"
     p2p.write_bytes(bytes(range(256)) * 4)

@@ -15,7 +15,7 @@ import pytest
 
 from gpualloc.errors import ExitCode
 from tests.broker_harness import RunningBroker
-from tests.conftest import Result
+from tests.cli_harness import Result
 
 TOPOLOGIES = Path(__file__).resolve().parent.parent / "gpualloc" / "topologies"
 

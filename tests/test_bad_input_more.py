@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Result, run_in_process
+from tests.cli_harness import Result, in_subprocess, run_in_process
 from tests.house_rules import no_control_characters, refused
 from tests.unix_users import in_process_as_nobody
 
@@ -20,16 +18,6 @@ Cli = Callable[..., Result]
 
 ESC = "\x1b[31m"
 TOPOLOGIES = Path(__file__).resolve().parent.parent / "gpualloc" / "topologies"
-
-
-def _process(*args: str, timeout: float = 60) -> Result:
-    """``gpualloc ARGS`` in a process of its own: for a command that may exec a job (in this
-    process it would replace pytest) or must be timed."""
-    done = subprocess.run(
-        [sys.executable, "-m", "gpualloc", *args],
-        capture_output=True, text=True, check=False, timeout=timeout, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    return Result(done.returncode, done.stdout, done.stderr)
 
 
 # ---- item 1: control characters from users and files ---------------------------------------
@@ -43,7 +31,7 @@ def test_release_does_not_echo_an_escape_sequence(cli: Cli) -> None:
 
 
 def test_topo_import_refuses_a_name_with_control_characters(cli: Cli, tmp_path: Path) -> None:
-    from tests.conftest import recorded
+    from tests.recordings import recorded
 
     source = tmp_path / "topo.txt"
     source.write_text(recorded("2gpu_pcie_phb_hf-docs_topo.txt"))
@@ -111,7 +99,7 @@ def test_a_refused_uuid_writes_nothing(
     topology = str(_topology_with_uuids(tmp_path, uuid))
     assert cli("--topology", topology, "alloc", "-n", "1").exit_code == 0  # a ledger to keep
     before = _state_files(tmp_path)
-    result = _process("--topology", topology, *command)
+    result = in_subprocess("--topology", topology, *command)
     refused(result, 2)
     assert f"--uuid: {message}" in result.stderr
     assert _state_files(tmp_path) == before
@@ -134,7 +122,7 @@ def test_shareable_memory_beyond_the_gpus_is_refused(
     cli: Cli, tmp_path: Path, command: list[str]
 ) -> None:
     """dgx1-v100's V100s have 32 GiB each."""
-    result = _process("--topology", "dgx1-v100", *command)
+    result = in_subprocess("--topology", "dgx1-v100", *command)
     refused(result, 9)
     assert "--mem 40 GiB is more than any GPU here has (32 GiB)" in result.stderr
     assert _state_files(tmp_path) == {}
@@ -145,34 +133,6 @@ def test_dry_run_reads_shareable_memory(cli: Cli) -> None:
     result = cli("--topology", "dgx1-v100", *dry_run)
     refused(result, 2)
     assert "--mem '8' has no unit" in result.stderr
-
-
-# ---- item 4: a hung idle.notify --------------------------------------------------------------
-
-
-@pytest.mark.parametrize("notify", ["sleep 60", "sleep 60 & exit 0"])
-def test_gc_kills_an_idle_notify_that_hangs(tmp_path: Path, notify: str) -> None:
-    import time
-
-    from gpualloc.topologies import load_bundled
-    from tests.conftest import run_in_process
-    from tests.test_idle_leases import hold, notice_ran_out, system_config
-
-    data = json.loads(load_bundled("nvlink-pairs-4gpu").to_json())
-    data["utilization"] = [{"gpu": g, "percent": 0} for g in range(4)]
-    host_file = tmp_path / "host.json"
-    host_file.write_text(json.dumps(data))
-    system_config(tmp_path, f'[idle]\nexpire_holds = "4h"\nnotify = "{notify}"\n')
-    lease_id = hold(lambda *args: run_in_process(args), host_file, "0,1")
-    notice_ran_out(host_file, lease_id)
-    started = time.monotonic()
-    result = _process("--topology", str(host_file), "gc", timeout=25)
-    assert time.monotonic() - started < 15
-    assert result.exit_code == 0, result.stderr
-    assert result.stderr == (
-        f"gpualloc: warning: idle.notify for lease {lease_id} ran longer than 5s: killed it\n"
-    )
-    assert f"lease {lease_id}" in result.stdout and "its notice ran out" in result.stdout
 
 
 # ---- item 5: messages that said the wrong thing ----------------------------------------------

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from gpualloc import __version__
 from gpualloc.errors import ExitCode
-from tests.conftest import RECORDED, Result, recorded
+from tests.cli_harness import Result
 from tests.house_rules import refused
+from tests.recordings import RECORDED, recorded
 
 Cli = Callable[..., Result]
 
@@ -243,7 +244,7 @@ WRITERS = {
 
 
 def test_the_writers_are_every_output_option() -> None:
-    from tests.test_user_files import WRITTEN_OR_DIRECTORIES
+    from tests.path_options import WRITTEN_OR_DIRECTORIES
 
     assert set(WRITERS) == WRITTEN_OR_DIRECTORIES - {"serve --state-dir"}
 

@@ -31,9 +31,8 @@ from gpualloc.topologies import load_bundled
 from tests import house_rules
 from tests.broker_harness import RunningBroker, running_broker
 from tests.child_processes import end, end_all, running
+from tests.cli_harness import TIMEOUT_S, gpualloc, gpualloc_argv, status
 from tests.unix_users import as_user, two_test_users
-
-TIMEOUT_S = 120
 
 JOB = """\
 import json, os, sys
@@ -45,26 +44,6 @@ print(json.dumps({
 if "--wait" in sys.argv:
     sys.stdin.read()
 """
-
-
-def gpualloc_argv(*args: str, topology: str = "dgx1-v100") -> list[str]:
-    return [sys.executable, "-m", "gpualloc", "--topology", topology, *args]
-
-
-def gpualloc(*args: str, topology: str = "dgx1-v100", **options) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        gpualloc_argv(*args, topology=topology),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        **options,
-    )
-
-
-def status(topology: str = "dgx1-v100") -> dict:
-    result = gpualloc("status", "--json", topology=topology)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gpualloc.errors import ExitCode
-from tests.conftest import Result
+from tests.cli_harness import Result
 from tests.house_rules import refused
 
 Cli = Callable[..., Result]

@@ -28,7 +28,7 @@ from gpualloc.errors import ExitCode, RequestError
 from gpualloc.job_options import MAX_GPUS
 from gpualloc.model.cpuset import CPU_ID_BOUND, parse_cpulist
 from tests.broker_harness import ROOT, RunningBroker
-from tests.conftest import Result
+from tests.cli_harness import Result
 from tests.house_rules import refused
 
 TOPOLOGY = ("--topology", "dgx1-v100")  # 8 GPUs

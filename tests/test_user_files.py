@@ -12,6 +12,7 @@ import pytest
 from gpualloc.errors import ConfigError, ExitCode, FileAccessError
 from gpualloc.user_files import read_user_text
 from tests.house_rules import refused
+from tests.path_options import WRITTEN_OR_DIRECTORIES
 
 
 def _hostile(tmp_path: Path, kind: str) -> Path:
@@ -92,10 +93,6 @@ READERS: dict[str, tuple[list[str], dict[str, str]]] = {
 }  # fmt: skip
 """Every option, argument and setting that names a file gpualloc reads (keyed as
 :func:`_path_parameters` names the command line's)."""
-WRITTEN_OR_DIRECTORIES = {
-    "simulate --save-trace", "simulate --plot", "simulate --report", "topo record --output",
-    "topo export --output", "topo import --output", "serve --state-dir",
-}  # fmt: skip
 
 
 def _path_parameters() -> set[str]:
