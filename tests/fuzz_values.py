@@ -214,7 +214,7 @@ def _digits(count: int) -> bytes:
 
 def broker_bounds() -> list[Bound]:
     """Every bound a request to the broker meets, from the constants that set them, walked
-    below, at and above (``tests/test_broker_fuzz.py``)."""
+    below, at and above (``tests/test_fuzz_broker.py``)."""
     from gpualloc.broker.requests import MAX_SELECTORS
     from gpualloc.config import BY_KEY
     from gpualloc.durations import MAX_DURATION_S
