@@ -1,25 +1,37 @@
-"""Bad input answered well: one ``error:`` line, at most one ``hint:``, a documented
-exit code, no traceback, nothing written."""
+"""Bad values on the command line answered well: one ``error:`` line, at most one ``hint:``
+(one that says what ``--help`` does not), a documented exit code, no traceback, nothing written
+and no raw control character said back (the rule: :func:`tests.house_rules.refused`); the
+broker refuses what the embedded ledger refuses. Settings are ``test_bad_input_settings.py``'s,
+files read and written ``test_bad_input_files.py``'s."""
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
+import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.cli_harness import Result
-from tests.house_rules import refused
+from gpualloc.errors import ExitCode
+from tests.broker_harness import RunningBroker
+from tests.cli_harness import Result, in_subprocess
+from tests.house_rules import no_control_characters, refused
 
 Cli = Callable[..., Result]
+ESC = "\x1b[31m"
+TOPOLOGIES = Path(__file__).resolve().parent.parent / "gpualloc" / "topologies"
 
 
-# ---- point 1: serve --socket -------------------------------------------------------------
+def _state_files(tmp_path: Path) -> dict[str, bytes]:
+    state = tmp_path / "state"
+    return {p.name: p.read_bytes() for p in state.iterdir()} if state.exists() else {}
+
+
+# ---- serve --socket --------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("socket", ["", "   "])
@@ -42,58 +54,7 @@ def test_serve_refuses_a_socket_path_too_long_for_a_unix_socket(cli: Cli, tmp_pa
     assert not state.exists() and not socket.exists()
 
 
-# ---- point 2: a relative state directory ---------------------------------------------------
-
-
-def test_a_relative_state_dir_variable_is_refused(
-    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("GPUALLOC_STATE_DIR", "rel")
-    result = cli("--topology", "dgx1-v100", "alloc", "-n", "1")
-    refused(result, 15)
-    assert "GPUALLOC_STATE_DIR = 'rel': must be an absolute path" in result.stderr
-    assert "hint: give an absolute path" in result.stderr
-    assert not (tmp_path / "rel").exists()
-
-
-def test_a_relative_state_dir_in_a_config_file_is_refused(
-    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("GPUALLOC_STATE_DIR")
-    user_file = tmp_path / "config" / "gpualloc" / "config.toml"
-    user_file.parent.mkdir(parents=True)
-    user_file.write_text('state_dir = "rel"\n')
-    result = cli("--topology", "dgx1-v100", "status")
-    refused(result, 15)
-    assert "state_dir = 'rel': must be an absolute path" in result.stderr
-    assert not (tmp_path / "rel").exists()
-
-
-# ---- point 3: variables set but empty, or not understood ----------------------------------
-
-
-@pytest.mark.parametrize(
-    ("variable", "value", "message"),
-    [
-        ("GPUALLOC_TOPOLOGY", "", "GPUALLOC_TOPOLOGY is set but empty"),
-        ("GPUALLOC_SYSTEM_CONFIG", "", "GPUALLOC_SYSTEM_CONFIG is set but empty"),
-        ("GPUALLOC_SYSTEM_CONFIG", " ", "GPUALLOC_SYSTEM_CONFIG is set but empty"),
-        ("GPUALLOC_NO_SLURM", "", "GPUALLOC_NO_SLURM is set but empty"),
-        ("GPUALLOC_NO_SLURM", "bogus", "GPUALLOC_NO_SLURM = 'bogus': must be true or false"),
-    ],
-)
-@pytest.mark.parametrize("command", [["status"], ["run", "-n", "1", "--", "true"]])
-def test_a_variable_set_but_not_understood_is_exit_15(
-    cli: Cli, monkeypatch: pytest.MonkeyPatch, variable: str, value: str, message: str,
-    command: list[str],
-) -> None:  # fmt: skip
-    monkeypatch.setenv(variable, value)
-    topology = [] if variable == "GPUALLOC_TOPOLOGY" else ["--topology", "dgx1-v100"]
-    result = cli(*topology, *command)
-    refused(result, 15)
-    assert f"error: {message}" in result.stderr
+# ---- an empty --topology ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("given", [["--topology", ""], ["--topology="], ["-t", " "]])
@@ -110,155 +71,7 @@ def test_an_empty_topology_option_is_a_usage_error(
     assert result.stderr.startswith("error: --topology is empty\nhint: ") and result.stdout == ""
 
 
-def test_a_system_config_that_does_not_exist_is_exit_15(
-    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A typo in GPUALLOC_SYSTEM_CONFIG would silently drop the host's limits."""
-    (tmp_path / "etc").mkdir()
-    monkeypatch.setenv("GPUALLOC_SYSTEM_CONFIG", str(tmp_path / "etc" / "confg.toml"))
-    result = cli("--topology", "dgx1-v100", "status")
-    refused(result, 15)
-    assert "confg.toml, which does not exist" in result.stderr
-
-
-@pytest.mark.parametrize(
-    ("value", "ignored"), [("1", True), ("yes", True), ("0", False), ("false", False)]
-)
-def test_no_slurm_takes_the_boolean_spellings(value: str, ignored: bool) -> None:
-    from gpualloc.slurm.job import slurm_job
-    from gpualloc.topologies import load_bundled
-
-    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0", "GPUALLOC_NO_SLURM": value}
-    assert (slurm_job(load_bundled("dgx1-v100"), env) is None) is ignored
-
-
-# ---- point 4: output that could not be written ---------------------------------------------
-
-
-def _gpualloc_sh(redirect: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """``gpualloc ARGS`` with stdout as the shell's ``redirect`` makes it (``> /dev/full``)."""
-    command = " ".join([shlex.quote(sys.executable), "-m", "gpualloc", *map(shlex.quote, args)])
-    return subprocess.run(
-        ["sh", "-c", f"exec {command} {redirect}"],
-        capture_output=True, text=True, check=False, timeout=60,
-    )  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["topo", "show", "--json"],
-        ["topo", "show"],
-        ["plan", "-n", "2"],
-        ["topo", "--help"],
-        ["--help"],
-    ],
-)
-def test_output_to_a_full_device_is_exit_8(args: list[str], full_device: Path) -> None:
-    done = _gpualloc_sh(f"> {shlex.quote(str(full_device))}", "--topology", "dgx1-v100", *args)
-    refused(done, 8)
-    assert "error: cannot write the output to stdout: No space left on device" in done.stderr
-
-
-@pytest.mark.parametrize("args", [["topo", "show", "--json"], ["plan", "-n", "2"]])
-def test_output_to_a_closed_stdout_is_exit_8(args: list[str]) -> None:
-    done = _gpualloc_sh(">&-", "--topology", "dgx1-v100", *args)
-    refused(done, 8)
-    assert "error: stdout is closed" in done.stderr
-
-
-def test_alloc_that_cannot_print_its_lease_holds_nothing(cli: Cli) -> None:
-    done = _gpualloc_sh(">&-", "--topology", "dgx1-v100", "alloc", "-n", "2")
-    refused(done, 8)
-    status = cli("--topology", "dgx1-v100", "status", "--json")
-    assert json.loads(status.stdout)["free"] == list(range(8))
-
-
-def test_topo_export_to_a_device_writes_in_place_and_fails_when_it_is_full(
-    cli: Cli, full_device: Path
-) -> None:
-    """``-o /dev/full`` said "wrote /dev/full" (as root it replaced the device by a file)."""
-    result = cli("--topology", "dgx1-v100", "topo", "export", "-o", str(full_device))
-    refused(result, 8)
-    assert "No space left on device" in result.stderr and "wrote" not in result.stderr
-    assert full_device.is_char_device()
-
-
-@pytest.fixture
-def inputs(tmp_path: Path, cli: Cli) -> dict[str, Path]:
-    """Copies of the files the commands with an output file read, by what they are."""
-    from tests.recordings import FIXTURES, RECORDED
-
-    made = {
-        "topo.txt": RECORDED / "dgx1-v100_vast_topo.txt",
-        "nvlink.txt": RECORDED / "nvlink_status_v100-sxm2-8gpu_vast.txt",
-        "mig.txt": RECORDED / "mig_nvidia-smi-L_a100-40gb_7x1g.5gb.txt",
-        "matrix.txt": FIXTURES / "bandwidth" / "k8s-proposal-matrix.txt",
-    }
-    found = {name: tmp_path / name for name in made}
-    for name, source in made.items():
-        found[name].write_bytes(source.read_bytes())
-    found["topology.json"] = tmp_path / "topology.json"
-    found["topology.json"].write_text(cli("-t", "dgx1-v100", "topo", "show", "--json").stdout)
-    found["table.json"] = tmp_path / "table.json"
-    found["table.json"].write_text('{"nvlink_link_gbps": {"2": 30}}')
-    found["trace.jsonl"] = tmp_path / "trace.jsonl"
-    found["trace.jsonl"].write_text(
-        '{"id": 1, "arrival_s": 0, "gpus": 2, "duration_s": 60, "sensitive": true}\n'
-    )
-    (tmp_path / "link.txt").symlink_to(found["topo.txt"])
-    os.link(found["nvlink.txt"], tmp_path / "hard-link.txt")
-    return found
-
-
-@pytest.mark.parametrize(
-    ("args", "output", "overwritten"),
-    [
-        (["topo", "import", "@topo.txt"], "@topo.txt", "topo.txt"),
-        (["topo", "import", "@topo.txt"], "link.txt", "topo.txt"),
-        (["topo", "import", "@topo.txt", "--nvlink", "@nvlink.txt"], "hard-link.txt",
-         "nvlink.txt"),
-        (["topo", "import", "--mig", "@mig.txt"], "@mig.txt", "mig.txt"),
-        (["topo", "import", "--bandwidth-matrix", "@matrix.txt"], "@matrix.txt", "matrix.txt"),
-        (["--bandwidth-table", "@table.json", "topo", "import", "@topo.txt"], "@table.json",
-         "table.json"),
-        (["-t", "@topology.json", "topo", "export"], "@topology.json", "topology.json"),
-        (["-t", "@topology.json", "topo", "record"], "@topology.json", "topology.json"),
-        (["-t", "dgx1-v100", "simulate", "--trace", "@trace.jsonl", "--save-trace"],
-         "@trace.jsonl", "trace.jsonl"),
-        (["-t", "dgx1-v100", "simulate", "--trace", "@trace.jsonl", "--report"],
-         "@trace.jsonl", "trace.jsonl"),
-    ],
-    ids=["import", "symlink", "hard-link", "mig", "matrix", "table", "export", "record",
-         "save-trace", "report"],
-)  # fmt: skip
-def test_an_output_file_that_is_an_input_is_refused_and_the_input_kept(
-    cli: Cli,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    inputs: dict[str, Path],
-    args: list[str],
-    output: str,
-    overwritten: str,
-) -> None:
-    """``topo import same.txt -o same.txt`` replaced the recording with JSON: an output that is
-    the same file as an input (by device and inode: a link counts) is refused, untouched."""
-    monkeypatch.chdir(tmp_path)  # "link.txt": another name of an input, relative
-    argv = [str(inputs[word[1:]]) if word.startswith("@") else word for word in args]
-    target = str(inputs[output[1:]]) if output.startswith("@") else output
-    option = [] if "--save-trace" in argv or "--report" in argv else ["-o"]
-    victim = inputs[overwritten]
-    before = victim.stat()
-    content = victim.read_bytes()
-    result = cli(*argv, *option, target)
-    refused(result, 2)
-    assert "is an input of this command" in result.stderr and result.stdout == ""
-    after = victim.stat()
-    assert victim.read_bytes() == content
-    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
-
-
-# ---- point 5: gres.conf fields -------------------------------------------------------------
+# ---- gres.conf fields ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -286,54 +99,7 @@ def test_gres_conf_keeps_a_hostlist_node_name(cli: Cli) -> None:
     assert "NodeName=gpu[01-04] Name=gpu File=/dev/nvidia0 " in result.stdout
 
 
-# ---- point 6: topology files ---------------------------------------------------------------
-
-
-def _topology_file(tmp_path: Path, cli: Cli, change: Callable[[dict], None]) -> Path:
-    document = json.loads(cli("--topology", "dgx1-v100", "topo", "show", "--json").stdout)
-    change(document)
-    path = tmp_path / "topology.json"
-    path.write_text(json.dumps(document))
-    return path
-
-
-def _no_gpus(document: dict) -> None:
-    document.update(gpus=[], links=[], mig_instances=[], processes=[], faults=[], utilization=[])
-
-
-def _gpu_on_numa_node_7(document: dict) -> None:
-    document["gpus"][0]["numa_node"] = 7
-
-
-@pytest.mark.parametrize(
-    ("change", "message"),
-    [
-        (_no_gpus, "a topology has at least one GPU"),
-        (_gpu_on_numa_node_7, "GPU 0 is on NUMA node 7, which numa_nodes does not declare"),
-    ],
-)
-def test_an_inconsistent_topology_file_is_exit_5(
-    cli: Cli, tmp_path: Path, change: Callable[[dict], None], message: str
-) -> None:
-    path = _topology_file(tmp_path, cli, change)
-    for args in (["topo", "show"], ["plan", "-n", "1"]):
-        result = cli("--topology", str(path), *args)
-        refused(result, 5)
-        assert message in result.stderr
-
-
-def test_topo_import_refuses_a_p2p_file_without_a_matrix(cli: Cli, tmp_path: Path) -> None:
-    from tests.recordings import RECORDED
-
-    p2p = tmp_path / "p2p.bin"
-    p2p.write_bytes(bytes(range(256)) * 4)
-    topo = RECORDED / "dgx1-v100_vast_topo.txt"
-    result = cli("topo", "import", str(topo), "--p2p", str(p2p), "--json")
-    refused(result, 4)
-    assert "no 'nvidia-smi topo -p2p r' matrix" in result.stderr and result.stdout == ""
-
-
-# ---- point 7: --mem without a unit ---------------------------------------------------------
+# ---- --mem without a unit, --drb-weights -----------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -374,7 +140,208 @@ def test_drb_weights_say_which_rule_they_break(
     assert result.stderr.startswith(f"error: {said}\n"), result.stderr
 
 
-# ---- hints that only repeated the option's help --------------------------------------------
+# ---- control characters typed ----------------------------------------------------------------
+
+
+def test_release_does_not_echo_an_escape_sequence(cli: Cli) -> None:
+    result = cli("--topology", "dgx1-v100", "release", ESC + "ab")
+    refused(result, 13)
+    no_control_characters(result.stdout, result.stderr)
+    assert "no lease \\x1b[31mab" in result.stderr
+
+
+def test_topo_import_refuses_a_name_with_control_characters(cli: Cli, tmp_path: Path) -> None:
+    from tests.recordings import recorded
+
+    source = tmp_path / "topo.txt"
+    source.write_text(recorded("2gpu_pcie_phb_hf-docs_topo.txt"))
+    made = tmp_path / "made.json"
+    result = cli("topo", "import", str(source), "--name", "x\x1b[2J", "-o", str(made))
+    refused(result, 2)
+    no_control_characters(result.stdout, result.stderr)
+    assert "--name 'x\\x1b[2J' holds control characters" in result.stderr
+    assert not made.exists()
+
+
+# ---- a refused --uuid changes nothing --------------------------------------------------------
+
+
+def _topology_with_uuids(tmp_path: Path, uuid: str | None) -> Path:
+    data = json.loads((TOPOLOGIES / "dgx1-v100.json").read_text())
+    for gpu in data["gpus"]:
+        gpu["uuid"] = uuid
+    path = tmp_path / "uuids.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("uuid", "message"),
+    [(None, "GPU 0 has no UUID"), ("GPU-a,0", "GPU 0's UUID 'GPU-a,0' is not one")],
+)
+@pytest.mark.parametrize(
+    "command", [["run", "--uuid", "-n", "1", "--", "true"], ["alloc", "--uuid", "-n", "1"]]
+)
+def test_a_refused_uuid_writes_nothing(
+    cli: Cli, tmp_path: Path, uuid: str | None, message: str, command: list[str]
+) -> None:
+    topology = str(_topology_with_uuids(tmp_path, uuid))
+    assert cli("--topology", topology, "alloc", "-n", "1").exit_code == 0  # a ledger to keep
+    before = _state_files(tmp_path)
+    result = in_subprocess("--topology", topology, *command)
+    refused(result, 2)
+    assert f"--uuid: {message}" in result.stderr
+    assert _state_files(tmp_path) == before
+    metrics = cli("--topology", topology, "metrics").stdout
+    assert 'gpualloc_placements_total{policy="mapa"} 1\n' in metrics
+
+
+# ---- --shareable --mem -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run", "--shareable", "--mem", "40G", "-n", "1", "--", "true"],
+        ["run", "--dry-run", "--shareable", "--mem", "40G", "--", "true"],
+        ["alloc", "--shareable", "--mem", "40G", "-n", "1"],
+    ],
+)
+def test_shareable_memory_beyond_the_gpus_is_refused(
+    cli: Cli, tmp_path: Path, command: list[str]
+) -> None:
+    """dgx1-v100's V100s have 32 GiB each."""
+    result = in_subprocess("--topology", "dgx1-v100", *command)
+    refused(result, 9)
+    assert "--mem 40 GiB is more than any GPU here has (32 GiB)" in result.stderr
+    assert _state_files(tmp_path) == {}
+
+
+def test_dry_run_reads_shareable_memory(cli: Cli) -> None:
+    dry_run = ["run", "--dry-run", "--shareable", "--mem", "8", "--", "true"]
+    result = cli("--topology", "dgx1-v100", *dry_run)
+    refused(result, 2)
+    assert "--mem '8' has no unit" in result.stderr
+
+
+# ---- the broker refuses what the embedded ledger refuses -------------------------------------
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("GPUALLOC_")}
+
+
+@pytest.fixture
+def uuidless_broker(tmp_path: Path) -> Iterator[RunningBroker]:
+    """A broker of dgx1-v100 (32 GiB V100s) whose GPUs have no UUID."""
+    if os.geteuid() != 0:
+        pytest.skip("the broker's tests run it as root (CI runs as root)")
+    data = json.loads((TOPOLOGIES / "dgx1-v100.json").read_text())
+    for gpu in data["gpus"]:
+        gpu["uuid"] = None
+    topology = tmp_path / "no-uuids.json"
+    topology.write_text(json.dumps(data))
+    topology.chmod(0o644)
+    broker = RunningBroker(str(topology)).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+        shutil.rmtree(broker.directory, ignore_errors=True)
+
+
+def _raw_error(broker: RunningBroker, op: str, args: dict) -> dict:
+    """The error the broker answers one raw request with."""
+    body = broker.raw_call(op, args)
+    assert not body.get("ok"), body
+    return body["error"]
+
+
+def _through(broker: RunningBroker, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**_clean_env(), "GPUALLOC_BROKER": str(broker.socket)}
+    return subprocess.run(
+        [sys.executable, "-m", "gpualloc", *args], env=env, capture_output=True, text=True,
+        check=False, timeout=60, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "command", [["run", "--uuid", "-n", "1", "--", "true"], ["alloc", "--uuid", "-n", "1"]]
+)
+def test_a_refused_uuid_through_the_broker_writes_nothing(
+    uuidless_broker: RunningBroker, command: list[str]
+) -> None:
+    before = uuidless_broker.ledger()
+    result = _through(uuidless_broker, *command)
+    assert result.returncode == ExitCode.USAGE, result.stderr
+    assert result.stderr == (
+        "error: --uuid: GPU 0 has no UUID in this topology\n"
+        "hint: leave out --uuid to export indices\n"
+    )
+    assert result.stdout == ""
+    assert uuidless_broker.ledger() == before  # no lease made, none made and released
+    assert uuidless_broker.call("snapshot")["ledger"]["leases"] == []
+
+
+def test_shareable_memory_beyond_the_gpus_is_refused_by_the_broker(
+    uuidless_broker: RunningBroker,
+) -> None:
+    """A client that sends the terms itself (not through the command line's check)."""
+    request = {
+        "lease_id": "0123456789ab",
+        "options": {"policy": "mapa", "count": 1},
+        "terms": {"source": "alloc", "hold": True, "shareable": True, "memory_bytes": 40 << 30},
+    }
+    error = _raw_error(uuidless_broker, "alloc", request)
+    assert error["code"] == ExitCode.NO_PLACEMENT
+    assert error["message"] == "--mem 40 GiB is more than any GPU here has (32 GiB)"
+    assert uuidless_broker.call("snapshot")["ledger"]["leases"] == []
+    result = _through(uuidless_broker, "alloc", "--shareable", "--mem", "40G", "-n", "1")
+    assert result.returncode == ExitCode.NO_PLACEMENT, result.stderr
+    assert result.stderr.startswith("error: --mem 40 GiB is more than any GPU here has (32 GiB)")
+    assert uuidless_broker.call("snapshot")["ledger"]["leases"] == []
+
+
+# ---- messages that said the wrong thing ------------------------------------------------------
+
+
+def test_metrics_serve_on_a_name_that_does_not_resolve_is_no_port_problem(cli: Cli) -> None:
+    result = cli("--topology", "dgx1-v100", "metrics", "--serve", "bogus-host.invalid:9400")
+    refused(result, 2)
+    assert "the host name does not resolve" in result.stderr
+    assert "port" not in result.stderr.split("hint: ", 1)[1]
+
+
+def test_calibrate_refuses_forget_with_from(cli: Cli, tmp_path: Path) -> None:
+    measured = tmp_path / "measured.txt"
+    measured.write_text("{}\n")
+    result = cli("calibrate", "--forget", "--from", str(measured))
+    refused(result, 2)
+    assert "--forget removes the saved calibration; --from is for making one" in result.stderr
+
+
+LONG = "x" * 5000
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--topology", "dgx1-v100", "plan", "-n", "2", "--drb-weights", LONG],
+        ["topo", "import", "/tmp/" + LONG],
+        ["--topology", "dgx1-v100", "simulate", "--trace", "/tmp/" + LONG],
+        ["--bandwidth-table", "/tmp/" + LONG, "topo", "list"],
+    ],
+)
+def test_a_long_argument_is_cut_in_the_error(cli: Cli, args: list[str]) -> None:
+    result = cli(*args)
+    assert result.exit_code in (2, 3, 4, 8, 14), result.stderr
+    refused(result, result.exit_code)
+    assert max(len(line) for line in result.stderr.splitlines()) < 300, result.stderr
+    assert "..." in result.stderr
+
+
+# ---- hints that only repeated the option's help ----------------------------------------------
+
 
 BAD_VALUES = [
     (["run", "--dry-run", "--numa", "bnid", "--", "true"], "run --numa", "bind"),
@@ -394,6 +361,8 @@ BAD_VALUES = [
     (["run", "--dry-run", "--mig", "big", "--", "true"], "run --mig", None),
     (["run", "--dry-run", "--drb-weights", "1,2", "--", "true"], "run --drb-weights", None),
 ]  # fmt: skip
+
+
 _FILLER = {"the", "a", "an", "of", "to", "or", "and", "in", "is", "for", "on", "with", "as", "by",
            "it", "its", "e.g", "choose", "give", "one", "one of"}  # fmt: skip
 
