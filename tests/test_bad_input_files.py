@@ -6,6 +6,7 @@ most one ``hint:``, a documented exit code, no traceback and no input lost
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shlex
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from gpualloc.atomic import write_user_output
 from tests.cli_harness import Result
 from tests.house_rules import no_control_characters, refused
 
@@ -184,6 +186,30 @@ def test_topo_export_to_a_device_writes_in_place_and_fails_when_it_is_full(
     refused(result, 8)
     assert "No space left on device" in result.stderr and "wrote" not in result.stderr
     assert full_device.is_char_device()
+
+
+def test_a_users_output_path_never_replaces_a_device_a_fifo_or_a_directory(
+    tmp_path: Path,
+) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    write_user_output(Path("/dev/null"), "text\n")  # a device: written in place
+    with pytest.raises(OSError) as unread:
+        write_user_output(fifo, "text\n")  # nobody reads it: at once, not a wait
+    assert unread.value.errno == errno.ENXIO
+    with pytest.raises(IsADirectoryError):
+        write_user_output(tmp_path, "text\n")
+    assert Path("/dev/null").is_char_device() and fifo.is_fifo()
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe"]  # no temporary left either
+
+
+def test_a_users_output_path_through_a_link_replaces_the_file_it_names(tmp_path: Path) -> None:
+    real = tmp_path / "real.json"
+    real.write_text("old\n")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    write_user_output(link, "new\n")
+    assert link.is_symlink() and real.read_text() == "new\n"
 
 
 @pytest.fixture
