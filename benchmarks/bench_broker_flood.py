@@ -178,10 +178,10 @@ def main() -> int:
     if options.flood == "placement":
         import msgspec
 
-        from tests.test_set_search import pcie_32
+        from gpualloc.topologies import load_bundled
 
         made = Path(tempfile.mkdtemp(prefix="gpualloc-flood-")) / "pcie-32gpu-2socket.json"
-        made.write_bytes(msgspec.json.encode(pcie_32()))
+        made.write_bytes(msgspec.json.encode(load_bundled("pcie-32gpu-2socket")))
         made.parent.chmod(0o755)
         topology = str(made)
     broker = RunningBroker(topology).start()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The broker's protocol fuzzer at length: ``tests/test_broker_fuzz.py``
+"""The broker's protocol fuzzer at length: ``tests/test_fuzz_broker.py``
 with more requests than CI sends.
 
 Run as root from the repository root: ``python benchmarks/fuzz_broker.py [--requests 200000]``.
@@ -26,7 +26,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=200_000)
     options = parser.parse_args()
     env = {**os.environ, "GPUALLOC_FUZZ_REQUESTS": str(options.requests)}
-    test = "tests/test_broker_fuzz.py"
+    test = "tests/test_fuzz_broker.py"
     argv = [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", test]
     return subprocess.run(argv, cwd=ROOT, env=env, check=False).returncode
 

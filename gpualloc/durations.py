@@ -48,7 +48,7 @@ def seconds_given(raw: object, what: str) -> float | None:
     :data:`MAX_DURATION_S`, as the command line takes one; a RequestError (exit 2) for
     anything else. A broker's wait with a timeout of ``10**400`` was an internal error that
     left its waiter queued, one that was not a number no timeout at all
-    (tests/test_broker_fuzz.py)."""
+    (tests/test_fuzz_broker.py)."""
     if raw is None:
         return None
     if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw <= MAX_DURATION_S:

@@ -32,7 +32,7 @@ PATTERN_NAMES = ("ring", "all", "tree", "star")
 """The built-in patterns (``placement.patterns.BUILTIN_PATTERNS``; a test holds them equal):
 any other ``--pattern`` names a file, which the client reads with its user's rights and sends
 as edges; the root broker opens no file a user names, which it could read with root's
-rights (tests/test_broker_reads_no_files.py)."""
+rights (tests/test_broker_user_files.py)."""
 
 MAX_GPUS = 256
 """The most GPUs a job may ask for (``-n``), and the bound of a GPU index typed in a list

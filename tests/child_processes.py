@@ -122,3 +122,21 @@ def read_all(descriptor: int, *, timeout_s: float) -> bytes:
             chunks.append(chunk)
     finally:
         os.close(descriptor)
+
+
+def stderr_until(process: subprocess.Popen[Any], text: str, timeout_s: float = 30) -> str:
+    """The job's standard error up to ``text`` (fails after ``timeout_s``), read from the
+    descriptor itself: a buffered readline could hold the line that select waits for."""
+    import select
+
+    seen = ""
+    assert process.stderr is not None
+    fd = process.stderr.fileno()
+    deadline = time.monotonic() + timeout_s
+    while text not in seen:
+        ready, _, _ = select.select([fd], [], [], max(0, deadline - time.monotonic()))
+        assert ready, f"no {text!r} on the job's stderr within {timeout_s}s: {seen!r}"
+        chunk = os.read(fd, 65536).decode()
+        assert chunk, f"the job's stderr closed before {text!r}: {seen!r}"
+        seen += chunk
+    return seen

@@ -1,32 +1,26 @@
-"""Shared fixtures: an isolated environment for every test, recorded outputs, a CLI runner."""
+"""Shared fixtures: an isolated environment for every test, a checkout left as it was found,
+the ``extra`` marker, a CLI runner; the helpers they use are modules of their own
+(``tests/cli_harness.py``, ``tests/checkout.py``)."""
 
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-FIXTURES = Path(__file__).parent / "fixtures"
+from tests.checkout import CHECKOUT, benchmark_module, missing_extra
+from tests.cli_harness import Result, run_in_process
+
 SUMMARY: list[str] = []
 """Lines for the end of the test report (for example Slurm's choice next to gpualloc's)."""
-RECORDED = FIXTURES / "topologies"
-
-
-def recorded(name: str) -> str:
-    """A recorded output without its provenance header (everything up to the first blank line)."""
-    text = (RECORDED / name).read_text(encoding="utf-8")
-    return text.split("\n\n", 1)[1]
 
 
 @pytest.fixture(autouse=True)
@@ -57,7 +51,6 @@ def isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pat
     return cache
 
 
-CHECKOUT = Path(__file__).resolve().parent.parent
 CACHES = ("__pycache__", ".pytest_cache", ".hypothesis")
 """What Python, pytest and hypothesis write into the checkout by design (all git-ignored)."""
 
@@ -96,31 +89,6 @@ def checkout_left_as_found() -> Iterator[None]:
         pytest.fail(f"this test file left files in the checkout ({CHECKOUT}):\n{new}")
 
 
-def extra_modules(extra: str) -> list[str]:
-    """The modules the optional dependency group ``extra`` of pyproject.toml installs (each
-    requirement's name is the module it is imported as)."""
-    import re
-
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10: tomli, a dependency there
-        import tomli as tomllib
-
-    project = tomllib.loads((CHECKOUT / "pyproject.toml").read_text())["project"]
-    requirements = project["optional-dependencies"][extra]  # an unknown extra: KeyError
-    return [re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0] for requirement in requirements]
-
-
-def missing_extra(extra: str) -> str | None:
-    """Why a test that needs ``extra`` cannot run here (what to install), or None."""
-    import importlib.util
-
-    absent = [name for name in extra_modules(extra) if importlib.util.find_spec(name) is None]
-    if not absent:
-        return None
-    return f"needs the {extra} extra ({', '.join(absent)}): pip install -e '.[{extra}]'"
-
-
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """``@pytest.mark.extra("plot")`` (``why=`` the line that needs it): skipped, saying what
     to install, without the extra.
@@ -132,41 +100,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             if reason:
                 where = marker.kwargs.get("why")
                 pytest.skip(f"{where} {reason}" if where else reason)
-
-
-@dataclass
-class Result:
-    exit_code: int
-    stdout: str
-    stderr: str
-
-
-def run_in_process(args: Iterable[str]) -> Result:
-    """Run ``gpualloc ARGS`` in this process through the real entry point: its exit status and
-    what it wrote (the ``cli`` fixture, and the fuzzing harness under its own alarm)."""
-    from gpualloc.cli.main import run
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            run(list(args))
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        else:
-            raise AssertionError("run() returned instead of exiting")
-    return Result(code, out.getvalue(), err.getvalue())
-
-
-def benchmark_module(name: str) -> Iterator[Any]:
-    """A module of ``benchmarks/`` (which is not a package), imported for the test's time."""
-    import importlib
-
-    benchmarks = str(Path(__file__).resolve().parent.parent / "benchmarks")
-    sys.path.insert(0, benchmarks)
-    try:
-        yield importlib.import_module(name)
-    finally:
-        sys.path.remove(benchmarks)
 
 
 @pytest.fixture

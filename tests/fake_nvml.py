@@ -382,3 +382,11 @@ class FakeNvml(SimpleNamespace):
 
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: int, link: int) -> int:
         return self._link(handle, link, "nvmlDeviceGetNvLinkRemoteDeviceType")[1]
+
+
+def probe(fake: FakeNvml) -> Topology:
+    """What gpualloc's NVML source finds on ``fake`` (no NUMA nodes, 256 CPUs)."""
+    from gpualloc.discovery.nvml import NvmlSession
+
+    with NvmlSession(fake) as session:
+        return session.probe(numa_nodes=[], cpu_count=256)

@@ -1,15 +1,17 @@
-"""The rules every generated input is held to, shared by the fuzzing tests (issue 30; issue 42,
-point 3): ``tests/test_fuzz_inputs.py`` (files, job options, variables),
-``tests/test_fuzz_settings.py`` (every command's option values, variables combined, config
-files) and ``tests/test_fuzz_formats.py`` (every file format, mutated from real ones).
+"""How a fuzzing case runs and the rules its answer is held to, shared by the fuzzing tests of
+the command line: ``tests/test_fuzz_inputs.py`` (files, job options, variables),
+``tests/test_fuzz_options.py`` (every command's option values), ``tests/test_fuzz_settings.py``
+(variables combined, config files) and ``tests/test_fuzz_formats.py`` (every file format,
+mutated from real ones). What the cases are made of is ``tests/fuzz_values.py``.
 
 A case runs gpualloc in this process through the real entry point, in a working directory,
 state directory, cache and configuration of its own, under an alarm. Its answer must be:
 
 - an exit code of :class:`~gpualloc.errors.ExitCode`, never 1 (an internal error);
-- on a refusal (not 0), exactly one ``error:`` line (details indented below it), at most one
-  ``hint:``, no traceback, and the ledger exactly as it was (every file of the state directory
-  but the lock files, whose existence is the lock protocol's);
+- on a refusal (not 0), the house rule (:func:`tests.house_rules.refused`: exactly one
+  ``error:`` line, at most one ``hint:``, no traceback), nothing after the error line but its
+  details, indented, and its hint, and the ledger exactly as it was (every file of the state
+  directory but the lock files, whose existence is the lock protocol's);
 - never an ``error:`` line with exit 0 (nor with 17, ``doctor``'s findings, which it prints);
 - no ``nan`` or ``inf`` in what it prints, but where the case itself typed them (or an error
   quotes a file's token), and no stderr line echoing more than :data:`ECHO_LIMIT` characters of
@@ -32,18 +34,18 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from gpualloc.errors import ExitCode
-from gpualloc.topologies import load_bundled
-from tests.conftest import Result, run_in_process
+from tests.cli_harness import Result, run_in_process
+from tests.house_rules import refused
 
 CASE_TIMEOUT_S = 5.0
-"""No input may keep gpualloc busy longer (issue 42, point 3: "a hang over 5 s")."""
+"""No input may keep gpualloc busy longer: a case past it is a hang."""
 MAX_LINE = 2000
 ECHO_LIMIT = 150
-"""The most characters of one value an error line may repeat (issue 42: a 5,000-character
-path was echoed up to 500 characters)."""
+"""The most characters of one value an error line may repeat (a 5,000-character path was
+echoed up to 500 characters: tests/test_fuzz_findings.py)."""
 KNOWN_ECHOES: tuple[str, ...] = ()
-"""Errors that may still say a long value back whole: none since issue 42, point 3 (click's
-usage errors, ``status --idle`` and ``--pattern`` cut theirs)."""
+"""Errors that may still say a long value back whole: none (the usage errors, ``status
+--idle`` and ``--pattern`` cut theirs)."""
 DOCUMENTED = {int(code) for code in ExitCode} - {ExitCode.INTERNAL}
 IN_CI = os.environ.get("CI") == "true"
 """CI tries the same cases every time (a landing gate must not depend on luck); a developer's
@@ -68,13 +70,6 @@ def fast(examples: int) -> settings:
     """The fast loop's settings with ``examples`` cases (tens: CI runs every fast test)."""
     return settings(FAST, max_examples=examples)
 
-
-TOPOLOGY_JSON = load_bundled("dgx1-v100").to_json()
-FILE_KINDS = (
-    "empty", "binary", "huge", "truncated-json", "wrong-json", "text", "fifo", "dev-zero",
-    "directory", "symlink-to-directory", "dangling-symlink", "missing", "topology", "bytes",
-)  # fmt: skip
-WRONG_JSON = ("[]", '"x"', "1", "null", '{"gpus": "x"}', '{"schema_version": 99}', "{}")
 
 NON_FINITE = re.compile(r"(?<![\w.])[-+]?(?:nan|inf(?:inity)?)(?![\w])", re.IGNORECASE)
 
@@ -135,36 +130,6 @@ def workspace() -> Iterator[Path]:
     """A fresh directory for one case (hypothesis runs many in one test: no tmp_path)."""
     with tempfile.TemporaryDirectory(prefix="gpualloc-fuzz-") as temporary:
         yield Path(temporary)
-
-
-def make(path: Path, kind: str, data: bytes) -> Path:
-    """A file (or something else) of ``kind`` at ``path``."""
-    if kind == "empty":
-        path.write_bytes(b"")
-    elif kind in ("binary", "bytes"):
-        path.write_bytes(data)
-    elif kind == "huge":
-        with path.open("wb") as file:
-            file.truncate(65 * 2**20)
-    elif kind == "truncated-json":
-        path.write_text(TOPOLOGY_JSON[: len(data) * 37 % len(TOPOLOGY_JSON)])
-    elif kind == "wrong-json":
-        path.write_text(WRONG_JSON[len(data) % len(WRONG_JSON)])
-    elif kind == "text":
-        path.write_text(data.decode("latin-1"))
-    elif kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "dev-zero":
-        path.symlink_to("/dev/zero")
-    elif kind == "directory":
-        path.mkdir()
-    elif kind == "symlink-to-directory":
-        path.symlink_to(path.parent)
-    elif kind == "dangling-symlink":
-        path.symlink_to(path.parent / "nowhere")
-    elif kind == "topology":
-        path.write_text(TOPOLOGY_JSON)
-    return path  # "missing": nothing there
 
 
 @pytest.fixture
@@ -244,10 +209,9 @@ def check(
     if code in (0, ExitCode.CHECK_FAILED):  # doctor's findings are its output, not an error
         assert not errors, (*said, "an error with exit 0")
         return result
-    assert len(errors) == 1, (*said, "not one error line")
+    refused(stderr, case=said)  # the house rule: one error line, at most one hint
     after = lines[errors[0] :]
     assert all(line.startswith(("  ", "hint: ")) for line in after[1:]), (*said, "after")
-    assert sum(line.startswith("hint: ") for line in after) <= 1, (*said, "hints")
     for directory, files in zip(directories, before, strict=True):
         assert state_files(directory) == files, (*said, f"{directory} changed on a refusal")
     return result

@@ -1,5 +1,8 @@
-"""Hostile values by kind, for the fuzzing tests (issue 42, point 3): numbers, durations, sizes,
-GPU lists, names, and paths that stay inside a case's own directory.
+"""What the fuzzing tests' cases are made of: hostile values by kind (numbers, durations,
+sizes, GPU lists, names), files of every kind a user may name (empty, binary, 65 MiB, truncated
+JSON, a FIFO, ``/dev/zero``, a directory, a dangling link, ...), output paths, and every bound a
+request to the broker meets (``tests/test_fuzz_broker.py``). The rules a case's answer is held
+to are ``tests/fuzz_harness.py``'s.
 
 Every path a strategy makes is relative (a case runs in its own directory) or one of a few
 absolute ones that nothing can be written to by mistake (``/dev/null``, ``/dev/full``, a
@@ -17,7 +20,7 @@ from typing import Any, NamedTuple
 
 from hypothesis import strategies as st
 
-from tests.fuzz_harness import FILE_KINDS, make
+from gpualloc.topologies import load_bundled
 
 LONG_TEXT = "a" * 5000
 HOSTILE = (
@@ -72,6 +75,48 @@ def of(*known: str) -> st.SearchStrategy[str]:
 def anything(strategy: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
     """``strategy``, or a hostile value, or any text."""
     return st.one_of(strategy, hostile, text)
+
+
+# ---- files -------------------------------------------------------------------------------------
+
+TOPOLOGY_JSON = load_bundled("dgx1-v100").to_json()
+
+FILE_KINDS = (
+    "empty", "binary", "huge", "truncated-json", "wrong-json", "text", "fifo", "dev-zero",
+    "directory", "symlink-to-directory", "dangling-symlink", "missing", "topology", "bytes",
+)  # fmt: skip
+
+WRONG_JSON = ("[]", '"x"', "1", "null", '{"gpus": "x"}', '{"schema_version": 99}', "{}")
+
+
+def make(path: Path, kind: str, data: bytes) -> Path:
+    """A file (or something else) of ``kind`` at ``path``."""
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind in ("binary", "bytes"):
+        path.write_bytes(data)
+    elif kind == "huge":
+        with path.open("wb") as file:
+            file.truncate(65 * 2**20)
+    elif kind == "truncated-json":
+        path.write_text(TOPOLOGY_JSON[: len(data) * 37 % len(TOPOLOGY_JSON)])
+    elif kind == "wrong-json":
+        path.write_text(WRONG_JSON[len(data) % len(WRONG_JSON)])
+    elif kind == "text":
+        path.write_text(data.decode("latin-1"))
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "symlink-to-directory":
+        path.symlink_to(path.parent)
+    elif kind == "dangling-symlink":
+        path.symlink_to(path.parent / "nowhere")
+    elif kind == "topology":
+        path.write_text(TOPOLOGY_JSON)
+    return path  # "missing": nothing there
 
 
 # ---- paths -------------------------------------------------------------------------------------
@@ -214,7 +259,7 @@ def _digits(count: int) -> bytes:
 
 def broker_bounds() -> list[Bound]:
     """Every bound a request to the broker meets, from the constants that set them, walked
-    below, at and above (``tests/test_broker_fuzz.py``)."""
+    below, at and above (``tests/test_fuzz_broker.py``)."""
     from gpualloc.broker.requests import MAX_SELECTORS
     from gpualloc.config import BY_KEY
     from gpualloc.durations import MAX_DURATION_S

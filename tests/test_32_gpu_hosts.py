@@ -15,7 +15,7 @@ from gpualloc.placement.mapa.patterns import build_pattern
 from gpualloc.placement.policies.registry import get_policy
 from gpualloc.topologies import load_bundled
 from scripts.build_bundled_topologies import MAPA_TORUS_2D, mapa_torus_edges
-from tests.test_placement_optimality import PATTERNS, _contexts, _expected
+from tests.brute_force import PATTERNS, contexts, optimum
 
 HOSTS = ["pcie-32gpu-2socket", "torus-2d-32"]
 
@@ -48,8 +48,8 @@ def test_the_32_gpu_pcie_host_has_four_gpus_a_switch_and_two_sockets() -> None:
 @pytest.mark.parametrize("policy_name", ["mapa", "mapa-greedy", "drb", "pack", "spread"])
 def test_small_jobs_on_32_gpu_hosts_are_optimal(host_name: str, policy_name: str) -> None:
     policy = get_policy(policy_name)
-    for ctx in _contexts(host_name, seed=zlib.crc32(host_name.encode()), max_k=3):
-        assert policy.place(ctx).gpus == tuple(_expected(ctx, policy_name)), (
+    for ctx in contexts(host_name, seed=zlib.crc32(host_name.encode()), max_k=3):
+        assert policy.place(ctx).gpus == tuple(optimum(ctx, policy_name)), (
             ctx.k, ctx.request.pattern.name, sorted(ctx.state.free)
         )  # fmt: skip
 
@@ -71,6 +71,6 @@ def test_large_jobs_on_a_few_free_gpus_of_32_gpu_hosts(host_name: str, policy_na
             request = JobRequest(k, build_pattern(pattern, k), sensitive)
             state = HostState.with_busy(32, frozenset(range(32)) - free)
             ctx = decision_context(topology, request, state)
-            assert policy.place(ctx).gpus == tuple(_expected(ctx, policy_name)), (
+            assert policy.place(ctx).gpus == tuple(optimum(ctx, policy_name)), (
                 k, pattern, sorted(free)
             )  # fmt: skip

@@ -1,11 +1,12 @@
 """The shape of the house: no import loops between modules or packages, function-level imports
-included, no module too big to read, and no comment that cites an issue number.
+included, no module too big to read, no comment that cites an issue number, and no test module
+that imports another.
 
-The graph is built with :mod:`ast` from every ``import`` in gpualloc, wherever it stands (a
-function-level import runs as surely as one at the top, only later). Imports under ``if
-TYPE_CHECKING:`` never run, so the run-time graph leaves them out; a second check counts them
-too, since a type named from a module that imports you back is a loop for the reader
-and the type checker all the same: the shared type belongs in a module below both.
+The graph is built with :mod:`ast` from every ``import`` in gpualloc, wherever it stands
+(``tests/import_graph.py``). Imports under ``if TYPE_CHECKING:`` never run, so the run-time
+graph leaves them out; a second check counts them too, since a type named from a module that
+imports you back is a loop for the reader and the type checker all the same: the shared type
+belongs in a module below both.
 """
 
 from __future__ import annotations
@@ -14,85 +15,14 @@ import ast
 import io
 import re
 import tokenize
-from collections.abc import Iterator
 from pathlib import Path
 
-import gpualloc
+from tests.import_graph import MODULES, PACKAGE, import_graph, imported_names
 
-PACKAGE = Path(gpualloc.__file__).parent
 MAX_MODULE_LINES = 600
 ISSUE_CITATION = re.compile(r"\bissues?\s+#?\d+", re.IGNORECASE)
 """An issue number given as a reason ("issue 40, hole 3"): it says nothing to a reader without
 the tracker and rots (house style, "Comments"); cite the paper, the standard or the test."""
-
-
-def _modules() -> dict[str, Path]:
-    found = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        found[".".join(parts)] = path
-    return found
-
-
-MODULES = _modules()
-
-
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    skipped: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for statement in node.body:
-                skipped.update(id(sub) for sub in ast.walk(statement))
-    return skipped
-
-
-def _imported_names(
-    module: str, text: str, *, package: bool = False, type_checking: bool = False
-) -> Iterator[str]:
-    """Every name ``text`` (the source of ``module``; ``package``: an ``__init__``) imports at
-    run time, absolute, wherever the import stands; ``type_checking``: those under ``if
-    TYPE_CHECKING:`` too."""
-    tree = ast.parse(text)
-    skipped = set() if type_checking else _type_checking_nodes(tree)
-    for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = module.split(".")
-                if not package:
-                    base.pop()
-                base = base[: len(base) - node.level + 1]
-                source = ".".join([*base, *([node.module] if node.module else [])])
-            else:
-                source = node.module or ""
-            yield source
-            yield from (f"{source}.{alias.name}" for alias in node.names)
-
-
-def _owner(name: str) -> str | None:
-    """The gpualloc module that ``name`` (a module, or a name in one) belongs to."""
-    while name and name not in MODULES:
-        name = name.rpartition(".")[0]
-    return name if name and name != "gpualloc" else None
-
-
-def import_graph(*, type_checking: bool = False) -> dict[str, set[str]]:
-    """Module -> the gpualloc modules it imports at run time (``type_checking``: or under ``if
-    TYPE_CHECKING:``)."""
-    graph: dict[str, set[str]] = {}
-    for module, path in MODULES.items():
-        text = path.read_text(encoding="utf-8")
-        names = _imported_names(
-            module, text, package=path.name == "__init__.py", type_checking=type_checking
-        )
-        targets = {_owner(name) for name in names}
-        graph[module] = {t for t in targets if t is not None and t != module}
-    return graph
 
 
 def _package(module: str) -> str:
@@ -188,11 +118,11 @@ def test_the_checker_finds_a_loop() -> None:
     TYPE_CHECKING import counts only when asked."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     source = "def f():\n    from gpualloc.ledger import store\n    from . import errors\n"
-    names = set(_imported_names("gpualloc.config", source))
+    names = set(imported_names("gpualloc.config", source))
     assert {"gpualloc.ledger", "gpualloc.ledger.store", "gpualloc.errors"} <= names
     typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import gpualloc.api\n"
-    assert "gpualloc.api" not in set(_imported_names("gpualloc.config", typed))
-    assert "gpualloc.api" in set(_imported_names("gpualloc.config", typed, type_checking=True))
+    assert "gpualloc.api" not in set(imported_names("gpualloc.config", typed))
+    assert "gpualloc.api" in set(imported_names("gpualloc.config", typed, type_checking=True))
 
 
 def test_no_module_is_too_long_to_read() -> None:
@@ -306,3 +236,65 @@ def test_placements_packages_say_what_they_hold_and_import_nothing() -> None:
         assert ast.get_docstring(tree), module
         body = [node for node in tree.body if not isinstance(node, ast.Expr)]
         assert not body, f"{module} runs code when a module of it is imported"
+
+
+# ---- the tests' own modules -------------------------------------------------------------------
+
+TESTS = Path(__file__).resolve().parent
+SCRIPT_IMPORT = re.compile(
+    r"^\s*(?:from\s+tests\.(?P<a>test_\w+|conftest)\s+import\b"
+    r"|import\s+tests\.(?P<b>test_\w+|conftest)\b"
+    r"|from\s+tests\s+import\s+(?P<c>[^\n]*\b(?:test_\w+|conftest)\b))",
+    re.MULTILINE,
+)
+"""Such an import in the text, a program a test writes out and runs included."""
+
+
+def is_test_module(name: str) -> bool:
+    return name.startswith("test_") or name == "conftest"
+
+
+def imported_test_modules(text: str) -> set[str]:
+    """The test modules and conftest.py that the source ``text`` imports (``tests.test_x`` as
+    ``test_x``): by its ``import`` statements, wherever they stand, and by the programs it
+    holds as text (a script a test runs with ``python -c``)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "tests" and len(parts) > 1 and is_test_module(parts[1]):
+                found.add(parts[1])
+    for match in SCRIPT_IMPORT.finditer(text):
+        named = match["a"] or match["b"] or match["c"]
+        found.update(re.findall(r"\b(?:test_\w+|conftest)\b", named))
+    return found
+
+
+def test_no_module_of_the_tests_imports_a_test_module_or_conftest() -> None:
+    """What several test files share lives in a helper module named for what it holds
+    (docs/development.md, "The tests"): a test file imported by another runs its module code,
+    markers and fixtures there too, and ties the two files' layouts together; conftest.py
+    holds fixtures, which pytest finds by name, and plain helpers live elsewhere."""
+    wrong = sorted(
+        f"{path.name} imports {name}"
+        for path in sorted(TESTS.glob("*.py"))
+        for name in imported_test_modules(path.read_text(encoding="utf-8"))
+    )
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_test_import_finder_reads_statements_and_scripts() -> None:
+    source = (
+        "from tests.test_cli_run import gpualloc\n"
+        "def f():\n    import tests.conftest\n    from tests import test_api, house_rules\n"
+        'SCRIPT = """\nfrom tests.test_ledger_store import HOST\n"""\n'
+        "from tests.cli_harness import Result  # tests.test_x in a comment\n"
+    )
+    found = imported_test_modules(source)
+    assert found == {"test_cli_run", "conftest", "test_api", "test_ledger_store"}

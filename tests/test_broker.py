@@ -27,8 +27,8 @@ import pytest
 
 from gpualloc.errors import ExitCode
 from tests.broker_harness import ROOT, RunningBroker, running_broker
-from tests.child_processes import end, end_all, finish
-from tests.test_verified_launch import DECLARE, _stderr_until
+from tests.child_processes import end, end_all, finish, stderr_until
+from tests.job_scripts import DECLARE
 from tests.unix_users import UnixUser, UserCommandLine, ensure_user, shared_directory
 
 TOPOLOGY = "nvlink-pairs-4gpu"
@@ -603,7 +603,7 @@ def test_a_brokered_job_that_leaves_its_gpus_is_ended_by_its_verifier() -> None:
     )  # fmt: skip
     try:
         assert job.stdout is not None and job.stdout.readline().strip()  # it declared itself
-        err = _stderr_until(job, "verify.action")
+        err = stderr_until(job, "verify.action")
         assert "runs on GPU 3, which the lease does not hold (it holds GPU 0-1)" in err, err
         assert "ending it (verify.action = kill)" in err
         job.wait(timeout=30)

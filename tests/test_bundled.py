@@ -11,7 +11,7 @@ from gpualloc.discovery.smi import topology_from_smi_texts
 from gpualloc.errors import TopologyNotFound
 from gpualloc.model import PciePath
 from gpualloc.topologies import bundled_names, load_bundled
-from tests.conftest import recorded
+from tests.recordings import recorded
 
 REQUIRED = {
     "dgx1-p100", "dgx1-v100", "dgx2", "dgx-a100", "hgx-h100", "summit-node", "pcie-8gpu-2socket",

@@ -140,7 +140,7 @@ def test_import_bandwidth_matrix_and_plan_on_it(cli, tmp_path: Path) -> None:
 
 
 def test_import_bandwidth_matrix_over_topo_m(cli, tmp_path: Path) -> None:
-    from tests.conftest import recorded
+    from tests.recordings import recorded
 
     topo = tmp_path / "topo.txt"
     topo.write_text(recorded("4gpu_nv4-bridge-pairs_2socket_interleaved-cpus_topo.txt"))

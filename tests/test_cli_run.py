@@ -28,11 +28,11 @@ from msgspec.structs import replace
 from gpualloc.model import NumaNode
 from gpualloc.model.cpuset import parse_cpulist
 from gpualloc.topologies import load_bundled
+from tests import house_rules
 from tests.broker_harness import RunningBroker, running_broker
 from tests.child_processes import end, end_all, running
+from tests.cli_harness import TIMEOUT_S, gpualloc, gpualloc_argv, status
 from tests.unix_users import as_user, two_test_users
-
-TIMEOUT_S = 120
 
 JOB = """\
 import json, os, sys
@@ -44,26 +44,6 @@ print(json.dumps({
 if "--wait" in sys.argv:
     sys.stdin.read()
 """
-
-
-def gpualloc_argv(*args: str, topology: str = "dgx1-v100") -> list[str]:
-    return [sys.executable, "-m", "gpualloc", "--topology", topology, *args]
-
-
-def gpualloc(*args: str, topology: str = "dgx1-v100", **options) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        gpualloc_argv(*args, topology=topology),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        **options,
-    )
-
-
-def status(topology: str = "dgx1-v100") -> dict:
-    result = gpualloc("status", "--json", topology=topology)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
 
 
 @pytest.fixture
@@ -488,7 +468,7 @@ def test_release_takes_a_leases_name_and_refuses_one_that_names_several(ledger: 
     twins = sorted(ledger.lease("--hold", "--name", "twin") for _ in range(2))
     assert _offered(ledger) == twins  # not the name: it names two
     refused = ledger("release", "twin")
-    assert refused.returncode == 13 and refused.stderr.count("error: ") == 1
+    house_rules.refused(refused, 13)
     assert "'twin' names 2 leases" in refused.stderr and all(x in refused.stderr for x in twins)
     assert ledger.leases() == twins
 
@@ -510,7 +490,7 @@ def test_alloc_in_a_subshell_its_shell_reads_is_refused_with_the_fix(ledger: Led
         assert shell.stdout.strip().endswith(" X="), (form, shell.stdout)  # no GPU printed
         assert ledger.leases() == [], form
     refused = bash(f"X=$({alloc} || exit 3)")
-    assert refused.returncode == 3 and refused.stderr.count("error: ") == 1, refused.stderr
+    house_rules.refused(refused, 3)
     assert "subshell" in refused.stderr and "--pid $$" in refused.stderr, refused.stderr
     both = bash(
         f"X=$({shlex_join(ledger.argv('alloc', '-n', '1', '--pid', '$$'))} || exit 3); "

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.child_processes import end_all, finish
-from tests.test_cli_run import TIMEOUT_S, gpualloc, gpualloc_argv, status
+from tests.cli_harness import TIMEOUT_S, gpualloc, gpualloc_argv, status
 
 STARTED: list[subprocess.Popen] = []
 """The waiters the running test started (:func:`_started`)."""

@@ -40,7 +40,7 @@ import pytest
 
 from tests.broker_harness import ROOT, RunningBroker
 from tests.child_processes import finish
-from tests.conftest import run_in_process
+from tests.cli_harness import run_in_process
 from tests.unix_users import UnixUser, UserCommandLine, ensure_user, shared_directory
 
 TOPOLOGY = "dgx1-v100"

@@ -18,7 +18,7 @@ from gpualloc import boot
 from gpualloc.discovery.nvml import normalise_bus_id
 from gpualloc.discovery.this_host import describes_this_host
 from gpualloc.model.topology import Topology
-from tests.conftest import Result
+from tests.cli_harness import Result
 
 DEVICE = Path(__file__).parent / "fixtures" / "device"
 H200 = DEVICE / "h200-vm-2026-11-26"

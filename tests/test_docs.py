@@ -54,3 +54,15 @@ def test_every_test_the_administration_page_cites_exists() -> None:
         tree = ast.parse((ROOT / "tests" / file).read_text())
         defined = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
         assert test in defined, f"{file}::{test}"
+
+
+def test_the_map_of_the_tests_names_every_file_of_them() -> None:
+    """docs/development.md's "The tests" lists every test file and helper module of ``tests/``
+    once (an item ``- `name.py`: what it holds``), and names no file that is not there."""
+    text = (ROOT / "docs" / "development.md").read_text()
+    section = text.split("\n## The tests\n", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^- `([\w.]+\.py)`: ", section, flags=re.MULTILINE)
+    assert len(listed) == len(set(listed)), sorted(n for n in listed if listed.count(n) > 1)
+    present = {p.name for p in (ROOT / "tests").glob("*.py")} - {"__init__.py"}
+    assert sorted(present - set(listed)) == [], "missing from the map"
+    assert sorted(set(listed) - present) == [], "in the map, not in tests/"

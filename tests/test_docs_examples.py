@@ -46,7 +46,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import extra_modules
+from tests.checkout import extra_modules
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -194,7 +194,7 @@ def test_the_documented_window_of_the_whole_trace(load: float, fgd: float, sprea
 
 @pytest.fixture
 def fill_method():
-    from tests.conftest import benchmark_module
+    from tests.checkout import benchmark_module
 
     yield from benchmark_module("fill_method")
 

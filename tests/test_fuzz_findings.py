@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from gpualloc.errors import ExitCode
-from tests.conftest import Result
+from tests.cli_harness import Result
+from tests.house_rules import refused
 
 Cli = Callable[..., Result]
 TOPOLOGIES = Path(__file__).resolve().parent.parent / "gpualloc" / "topologies"
@@ -26,14 +27,10 @@ DEEP = "[" * 100_000 + "]" * 100_000
 
 
 def _refused(result: Result, code: int, *said: str) -> None:
-    """Exit ``code``, one error line saying each of ``said``, at most one hint, no traceback,
-    and no more than 120 characters of one run of digits, letters or brackets (the long
-    values of these tests) said back."""
-    assert result.exit_code == code, (result.exit_code, result.stderr)
-    lines = result.stderr.splitlines()
-    assert sum(line.startswith("error: ") for line in lines) == 1, lines
-    assert sum(line.startswith("hint: ") for line in lines) <= 1, lines
-    assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+    """The house rule's refusal (:func:`tests.house_rules.refused`) with exit ``code``, saying
+    each of ``said``, and no more than 120 characters of one run of digits, letters or
+    brackets (the long values of these tests) said back."""
+    refused(result, code)
     for run in ("0" * 121, "a" * 121, "[" * 121, "9" * 121):
         assert run not in result.stderr, result.stderr
     for words in said:
@@ -189,7 +186,7 @@ def test_a_long_topology_is_echoed_cut(cli: Cli, spec: str) -> None:
     """A 5,000-character --topology was echoed to 500 characters."""
     result = cli("--topology", spec, "topo", "show")
     assert result.exit_code in (ExitCode.TOPOLOGY_NOT_FOUND, ExitCode.IO), result.stderr
-    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    error = refused(result)
     assert "..." in error and error.count("a") <= 120, error
 
 
@@ -405,7 +402,7 @@ def test_an_unknown_policy_of_alloc_is_said_back_cut(cli: Cli) -> None:
     """``alloc --hold --policy`` of 3,000 characters was echoed to 500 (the long fuzz, CI)."""
     result = cli("--topology", "dgx1-v100", "alloc", "--hold", "--policy", "a" * 3000)
     assert result.exit_code == ExitCode.USAGE, result.stderr
-    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    error = refused(result)
     assert "..." in error and error.count("a") <= 130, error
 
 

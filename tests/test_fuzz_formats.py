@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.conftest import FIXTURES
 from tests.fuzz_harness import LONG, check, fast, workspace
+from tests.recordings import FIXTURES
 
 TOPOLOGIES = Path(__file__).resolve().parent.parent / "gpualloc" / "topologies"
 PROFILE = TOPOLOGIES.parent / "simulate" / "drb_profile.json"

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from gpualloc.config import SETTINGS
 from tests import fuzz_harness
-from tests.fuzz_harness import FAST, FILE_KINDS, LONG, Hung, make
+from tests.fuzz_harness import FAST, LONG, Hung
+from tests.fuzz_values import FILE_KINDS, make
 
 
 def _check(

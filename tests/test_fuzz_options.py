@@ -18,7 +18,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.conftest import RECORDED
 from tests.fuzz_harness import (
     LONG,
     check,
@@ -43,6 +42,7 @@ from tests.fuzz_values import (
     sizes,
     text,
 )
+from tests.recordings import RECORDED
 
 TOPO_M = RECORDED / "dgx1-v100_vast_topo.txt"
 BASE: dict[str, tuple[list[str], list[str]]] = {

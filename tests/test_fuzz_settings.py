@@ -21,7 +21,6 @@ from tests.fuzz_harness import (
     LONG,
     check,
     fast,
-    make,
     no_serving_loops,  # noqa: F401 - a fixture
     workspace,
 )
@@ -33,6 +32,7 @@ from tests.fuzz_values import (
     hostile,
     input_kinds,
     integers,
+    make,
     of,
     output_path,
     text,

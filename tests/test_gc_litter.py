@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from gpualloc.host.local import ORPHAN_LOCK_AGE_S
-from tests.test_cli_run import TIMEOUT_S, gpualloc, status
+from tests.cli_harness import TIMEOUT_S, gpualloc, status
 
 # Creates the temporary file, says so, and hangs in fsync until it is killed.
 KILLED_WRITER = """\

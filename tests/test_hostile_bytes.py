@@ -19,7 +19,6 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
 from pathlib import Path
 
 import msgspec
@@ -27,11 +26,11 @@ import pytest
 
 from gpualloc.errors import ExitCode, GpuallocError, LedgerError, RequestError
 from gpualloc.ledger.document import parse_ledger, written_ledger
-from gpualloc.ledger.schema import Lease, LeasedGpu
 from gpualloc.ledger.statedir import open_broker_directory, open_state_directory
-from gpualloc.ledger.store import LedgerStore, new_lease_id
+from gpualloc.ledger.store import LedgerStore
 from tests.broker_harness import ROOT, RunningBroker, running_broker
-from tests.conftest import Result
+from tests.cli_harness import Result
+from tests.leases import held_lease
 
 TOPOLOGY = "dgx1-v100"
 NOT_UTF8 = "\udcff\udcfe"
@@ -172,30 +171,20 @@ def test_lone_surrogates_over_the_wire_brick_neither_the_broker_nor_its_restart(
 # ---- the ledger writes only what it reads back ---------------------------------------------------
 
 
-def _lease(gpu: int, **fields: object) -> Lease:
-    values: dict = {
-        "id": new_lease_id(),
-        "gpus": (LeasedGpu(index=gpu),),
-        "uid": os.geteuid(),
-        "user": "tester",
-        "hold": True,
-        "created": datetime.now(timezone.utc),
-        "source": "alloc",
-        **fields,
-    }
-    return Lease(**values)
-
-
 def test_a_change_the_ledger_could_not_read_back_is_refused_and_nothing_is_written(
     tmp_path: Path,
 ) -> None:
     store = LedgerStore(open_state_directory(tmp_path / "state"), host="h")
-    kept = _lease(0, name="train")
+    kept = held_lease(0, name="train")
     with store.transaction() as txn:
         txn.add(kept)
     before = store.directory.ledger_file.read_bytes()
     good_copy = store.directory.good_copy(os.geteuid()).read_bytes()
-    for bad in (_lease(1, name=NOT_UTF8), _lease(2, command=("sh", "\udcff")), _lease(3, pid=0)):
+    for bad in (
+        held_lease(1, name=NOT_UTF8),
+        held_lease(2, command=("sh", "\udcff")),
+        held_lease(3, pid=0),
+    ):
         with pytest.raises(LedgerError, match="would not read back"), store.transaction() as txn:
             txn.add(bad)
     assert store.directory.ledger_file.read_bytes() == before
@@ -208,10 +197,10 @@ def test_in_a_broker_batch_such_a_change_fails_alone(tmp_path: Path) -> None:
 
     store = OwnedLedgerStore(open_broker_directory(tmp_path / "broker"), host="h")
     assert store.hold_lock()
-    good = _lease(1)
+    good = held_lease(1)
     with store.batch():
         with pytest.raises(LedgerError, match="not UTF-8"), store.transaction() as txn:
-            txn.add(_lease(0, name=NOT_UTF8))
+            txn.add(held_lease(0, name=NOT_UTF8))
         with store.transaction() as txn:
             txn.add(good)
     assert store.read().ledger.leases == [good]
@@ -374,7 +363,7 @@ def test_a_broker_write_that_fails_on_the_ledger_puts_its_good_copy_back(
     directory = open_broker_directory(tmp_path / "broker")
     store = OwnedLedgerStore(directory, host="h")
     assert store.hold_lock()
-    kept = _lease(1)
+    kept = held_lease(1)
     with store.transaction() as txn:
         txn.add(kept)
     if first_write_of_the_run:  # a broker started anew: nothing written by it yet
@@ -393,6 +382,6 @@ def test_a_broker_write_that_fails_on_the_ledger_puts_its_good_copy_back(
     monkeypatch.setattr(owned_store, "rewrite_own_copy", disk_full_for_the_ledger)
     full = r"the file system is full .*the ledger is unchanged"
     with pytest.raises(GpuallocError, match=full), store.transaction() as txn:
-        txn.add(_lease(2))
+        txn.add(held_lease(2))
     assert good.read_bytes() == before
     assert store.read().ledger.leases == [kept]

@@ -28,20 +28,14 @@ from gpualloc.errors import ExitCode, RequestError
 from gpualloc.job_options import MAX_GPUS
 from gpualloc.model.cpuset import CPU_ID_BOUND, parse_cpulist
 from tests.broker_harness import ROOT, RunningBroker
-from tests.conftest import Result
+from tests.cli_harness import Result
+from tests.house_rules import refused
 
 TOPOLOGY = ("--topology", "dgx1-v100")  # 8 GPUs
 HUGE = "100000000000000000"
 MEMORY_LIMIT_BYTES = 2 * 2**30
 """Address space of every gpualloc these tests start: a regression fails the test with a
 MemoryError instead of taking the machine's memory (the 24 GB of the issue)."""
-
-
-def _one_error(stderr: str) -> str:
-    """The ``error:`` line of a refusal, checking there is exactly one and no traceback."""
-    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "Traceback" not in stderr, stderr
-    return errors[0]
 
 
 # ---- counts -------------------------------------------------------------------------------
@@ -66,7 +60,7 @@ def test_a_count_no_host_has_is_refused_before_any_pattern(cli, monkeypatch, arg
     monkeypatch.setattr(patterns, "_BUILDERS", dict.fromkeys(patterns._BUILDERS, built))
     result = cli(*TOPOLOGY, *args)
     assert result.exit_code == ExitCode.USAGE, result.stderr
-    assert f"at most {MAX_GPUS}" in _one_error(result.stderr)
+    assert f"at most {MAX_GPUS}" in refused(result.stderr)
 
 
 def test_a_count_above_the_host_is_exit_9_and_above_the_cap_a_usage_error(cli) -> None:
@@ -79,7 +73,7 @@ def test_a_count_above_the_host_is_exit_9_and_above_the_cap_a_usage_error(cli) -
     for count, code, says in cases:
         result = cli(*TOPOLOGY, "plan", "-n", count, "--pattern", "all")
         assert result.exit_code == code, result.stderr
-        assert says in _one_error(result.stderr)
+        assert says in refused(result.stderr)
 
 
 def test_the_library_refuses_a_count_before_building_a_pattern() -> None:
@@ -134,18 +128,14 @@ def test_the_api_reads_a_gpu_list_no_further_than_a_host_could_have(iterable: st
 def test_a_gpu_range_is_bounded_before_it_is_expanded(cli, args) -> None:
     result = cli(*TOPOLOGY, *args)
     assert result.exit_code == ExitCode.USAGE, result.stderr
-    assert f"GPU index 99999999999 is too large (at most {MAX_GPUS - 1})" in _one_error(
-        result.stderr
-    )
+    assert f"GPU index 99999999999 is too large (at most {MAX_GPUS - 1})" in refused(result.stderr)
 
 
 def test_a_gpu_list_naming_more_gpus_than_a_host_has_is_refused(cli) -> None:
     many = ",".join(["0-200"] * 1000)  # every index small, 201,000 GPUs named
     result = cli(*TOPOLOGY, "run", "--gpus", many, "--", "true")
     assert result.exit_code == ExitCode.USAGE, result.stderr
-    assert f"names 201000 GPUs, more than a host has (at most {MAX_GPUS})" in _one_error(
-        result.stderr
-    )
+    assert f"names 201000 GPUs, more than a host has (at most {MAX_GPUS})" in refused(result.stderr)
 
 
 # ---- CPU and NUMA ranges in recorded text -------------------------------------------------
@@ -172,7 +162,7 @@ def test_a_topo_m_affinity_range_is_bounded_before_it_is_expanded(
     text.write_text(TOPO_M.format(cpus=cpus, numa=numa))
     result = cli("topo", "import", str(text))
     assert result.exit_code == ExitCode.TOPOLOGY_PARSE, result.stderr
-    error = _one_error(result.stderr)
+    error = refused(result.stderr)
     assert "line 2" in error and says in error
 
 
@@ -192,7 +182,7 @@ def test_a_numactl_range_is_bounded_before_it_is_expanded(
     numa.write_text(numactl + "node 0 size: 100 MB\n")
     result = cli("topo", "import", str(topo), "--numa", str(numa))
     assert result.exit_code == ExitCode.TOPOLOGY_PARSE, result.stderr
-    error = _one_error(result.stderr)
+    error = refused(result.stderr)
     assert "line 1" in error or "line 2" in error
     assert f"{says} is too large (at most {CPU_ID_BOUND - 1})" in error
 
@@ -236,7 +226,7 @@ def test_the_issues_commands_answer_at_once(args: tuple[str, ...], code: ExitCod
         preexec_fn=_limited,
     )
     assert result.returncode == code, result.stderr
-    _one_error(result.stderr)
+    refused(result.stderr)
     assert time.monotonic() - started < 10
 
 

@@ -16,6 +16,8 @@ from gpualloc.host.local import LocalHost
 from gpualloc.ledger.idle import IdlePolicy, idle_for, judge, lease_busy, observe
 from gpualloc.ledger.schema import Lease, LeaseActivity, LeasedGpu
 from gpualloc.topologies import load_bundled
+from tests.cli_harness import in_subprocess, run_in_process
+from tests.metrics_text import samples, value
 
 T0 = datetime(2026, 11, 25, 8, 0, tzinfo=timezone.utc)
 MINUTE = timedelta(minutes=1)
@@ -207,8 +209,6 @@ def test_using_the_gpus_withdraws_the_notice(cli, host_file: Path, tmp_path: Pat
 
 
 def test_metrics_give_utilisation_idle_time_and_mismatches(cli, host_file: Path) -> None:
-    from tests.test_metrics import samples, value
-
     idle = hold(cli, host_file, "0,1")
     busy = hold(cli, host_file, "2")
     now = datetime.now(timezone.utc)
@@ -259,3 +259,27 @@ def test_nvml_gives_utilisation_with_memory_and_skips_what_a_gpu_cannot_say(
     assert report.utilization[3] == 87 and report.utilization[0] == 0
     assert 5 not in report.utilization and 5 in report.memory_used
     assert fake.calls["nvmlDeviceGetUtilizationRates"] == 8  # once per GPU, one pass
+
+
+# ---- a hung idle.notify ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("notify", ["sleep 60", "sleep 60 & exit 0"])
+def test_gc_kills_an_idle_notify_that_hangs(tmp_path: Path, notify: str) -> None:
+    import time
+
+    data = json.loads(load_bundled("nvlink-pairs-4gpu").to_json())
+    data["utilization"] = [{"gpu": g, "percent": 0} for g in range(4)]
+    host_file = tmp_path / "host.json"
+    host_file.write_text(json.dumps(data))
+    system_config(tmp_path, f'[idle]\nexpire_holds = "4h"\nnotify = "{notify}"\n')
+    lease_id = hold(lambda *args: run_in_process(args), host_file, "0,1")
+    notice_ran_out(host_file, lease_id)
+    started = time.monotonic()
+    result = in_subprocess("--topology", str(host_file), "gc", timeout=25)
+    assert time.monotonic() - started < 15
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == (
+        f"gpualloc: warning: idle.notify for lease {lease_id} ran longer than 5s: killed it\n"
+    )
+    assert f"lease {lease_id}" in result.stdout and "its notice ran out" in result.stdout

@@ -15,7 +15,7 @@ import pytest
 
 from gpualloc.topologies import load_bundled
 from tests.child_processes import end
-from tests.test_cli_run import TIMEOUT_S, gpualloc, gpualloc_argv, status
+from tests.cli_harness import TIMEOUT_S, gpualloc, gpualloc_argv, status
 
 pytestmark = pytest.mark.slow
 

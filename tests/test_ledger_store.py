@@ -12,7 +12,6 @@ import stat
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -20,28 +19,13 @@ from msgspec.structs import replace
 
 from gpualloc.errors import LedgerError
 from gpualloc.ledger.liveness import lock_held, process_start_time, take_lease_lock
-from gpualloc.ledger.schema import SCHEMA_VERSION, Lease, LeasedGpu, Ledger
+from gpualloc.ledger.schema import SCHEMA_VERSION, Ledger
 from gpualloc.ledger.statedir import check_state_directory, open_state_directory
 from gpualloc.ledger.store import LedgerStore, lease_alive, new_lease_id, parse_ledger
 from gpualloc.model.validation import to_builtins
 from tests.child_processes import STOP_S, end
+from tests.leases import HOST, held_lease
 from tests.unix_users import as_user, two_test_users
-
-HOST = "testhost"
-
-
-def _lease(*gpus: int, **fields) -> Lease:
-    values = {
-        "id": new_lease_id(),
-        "gpus": tuple(LeasedGpu(index=g) for g in gpus),
-        "uid": os.geteuid(),
-        "user": "tester",
-        "hold": True,
-        "created": datetime.now(timezone.utc),
-        "source": "alloc",
-    }
-    values.update(fields)
-    return Lease(**values)
 
 
 def _store(path: Path, **options) -> LedgerStore:
@@ -50,7 +34,7 @@ def _store(path: Path, **options) -> LedgerStore:
 
 def test_a_lease_is_written_read_back_and_the_files_are_shared(tmp_path):
     store = _store(tmp_path / "state")
-    lease = _lease(2, 3, name="train")
+    lease = held_lease(2, 3, name="train")
     with store.transaction() as txn:
         txn.add(lease)
     directory = store.directory
@@ -67,20 +51,20 @@ def test_a_lease_is_written_read_back_and_the_files_are_shared(tmp_path):
 def test_a_gpu_is_never_held_twice(tmp_path):
     store = _store(tmp_path)
     with store.transaction() as txn:
-        txn.add(_lease(0, 1))
+        txn.add(held_lease(0, 1))
     with pytest.raises(LedgerError, match="GPU 1 is already held"), store.transaction() as txn:
-        txn.add(_lease(1, 2))
+        txn.add(held_lease(1, 2))
     assert [lease.indices for lease in store.read().ledger.leases] == [(0, 1)]
     with pytest.raises(ValueError, match="GPU 1 is held by leases"):
-        Ledger(host=HOST, leases=[_lease(0, 1), _lease(1)])
+        Ledger(host=HOST, leases=[held_lease(0, 1), held_lease(1)])
 
 
 def test_dead_leases_are_reaped_by_any_transaction(tmp_path):
-    dead = _lease(0)
+    dead = held_lease(0)
     store = _store(tmp_path, alive=lambda lease, directory: lease.id != dead.id)
     with store.transaction() as txn:
         txn.add(dead)
-        txn.add(_lease(1))
+        txn.add(held_lease(1))
     txn = store.read()
     assert [lease.id for lease in txn.reaped] == [dead.id]
     assert [lease.indices for lease in txn.ledger.leases] == [(1,)]
@@ -92,7 +76,7 @@ def test_a_lease_lives_as_long_as_its_process(tmp_path):
     child = subprocess.Popen(["sleep", "30"])
     try:
         start = process_start_time(child.pid)
-        lease = _lease(0, hold=False, pid=child.pid, pid_start_time=start)
+        lease = held_lease(0, hold=False, pid=child.pid, pid_start_time=start)
         assert lease_alive(lease, directory)
         # The same pid with another start time is another program: the kernel reused the pid.
         assert not lease_alive(replace(lease, pid_start_time=start - 5), directory)
@@ -120,7 +104,7 @@ def test_the_lease_lock_keeps_a_lease_alive_after_its_process(tmp_path):
     )
     try:
         assert holder.stdout.readline().strip() == "ok"
-        lease = _lease(0, id=lease_id, hold=False, lock=True, pid=2**22 - 1, pid_start_time=1.0)
+        lease = held_lease(0, id=lease_id, hold=False, lock=True, pid=2**22 - 1, pid_start_time=1.0)
         assert lock_held(path)
         assert lease_alive(lease, directory)
     finally:
@@ -145,8 +129,8 @@ def test_a_lease_lock_is_inherited_across_exec(tmp_path):
 def test_a_torn_ledger_is_recovered_from_the_good_copy(tmp_path):
     store = _store(tmp_path)
     with store.transaction() as txn:
-        txn.add(_lease(0))
-        txn.add(_lease(5, 6))
+        txn.add(held_lease(0))
+        txn.add(held_lease(5, 6))
     text = store.directory.ledger_file.read_text()
     store.directory.ledger_file.write_text(text[: len(text) // 2])
     txn = store.read()
@@ -159,7 +143,7 @@ def test_a_torn_ledger_is_recovered_from_the_good_copy(tmp_path):
 def test_a_damaged_ledger_without_a_good_copy_is_reported_not_emptied(tmp_path):
     store = _store(tmp_path)
     with store.transaction() as txn:
-        txn.add(_lease(0))
+        txn.add(held_lease(0))
     store.directory.good_copy(os.geteuid()).unlink()
     store.directory.ledger_file.write_text('{"schema_version": 1, "leases": [')
     with pytest.raises(LedgerError, match="no good copy") as caught:
@@ -176,7 +160,7 @@ def test_a_ledger_a_crash_of_the_machine_tore_with_its_good_copies_starts_anew(t
 
     store = _store(tmp_path)
     with store.transaction() as txn:
-        txn.add(_lease(0))
+        txn.add(held_lease(0))
     good = store.directory.good_copy(os.geteuid())
     size = good.stat().st_size
     good.write_bytes(b"\0" * size)
@@ -185,7 +169,7 @@ def test_a_ledger_a_crash_of_the_machine_tore_with_its_good_copies_starts_anew(t
     os.utime(store.directory.ledger_file, (before_boot, before_boot))
     with store.transaction() as txn:
         assert txn.ledger.leases == [] and "before this boot" in txn.notes[0]
-        txn.add(_lease(1))
+        txn.add(held_lease(1))
     assert [lease.indices for lease in store.read().ledger.leases] == [(1,)]
 
 
@@ -194,14 +178,14 @@ def test_an_unsynced_good_copy_is_written_without_fsync(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
     store = _store(tmp_path)
     with store.transaction() as txn:
-        txn.add(_lease(0))
+        txn.add(held_lease(0))
     assert synced == []  # a kill loses nothing from the page cache; a crash ends every lease
 
 
 def test_a_ledger_from_a_newer_gpualloc_is_refused(tmp_path):
     store = _store(tmp_path)
     with store.transaction() as txn:
-        txn.add(_lease(0))
+        txn.add(held_lease(0))
     data = json.loads(store.directory.ledger_file.read_text())
     data["schema_version"] = SCHEMA_VERSION + 1
     store.directory.ledger_file.write_text(json.dumps(data))
@@ -212,7 +196,7 @@ def test_a_ledger_from_a_newer_gpualloc_is_refused(tmp_path):
 
 def test_a_ledger_of_another_host_is_refused(tmp_path):
     with _store(tmp_path).transaction() as txn:
-        txn.add(_lease(0))
+        txn.add(held_lease(0))
     other = LedgerStore(open_state_directory(tmp_path), host="elsewhere")
     with pytest.raises(LedgerError, match="belongs to host 'testhost'"):
         other.read()
@@ -254,7 +238,7 @@ def test_the_ledger_file_is_not_followed_through_a_symlink(tmp_path):
             store.read()
     else:
         with store.transaction() as txn:
-            txn.add(_lease(0))
+            txn.add(held_lease(0))
         assert not store.directory.ledger_file.is_symlink()
         assert [lease.indices for lease in store.read().ledger.leases] == [(0,)]
     assert target.read_text() == "precious\n"
@@ -273,7 +257,7 @@ def _contend(path: str, rounds: int, results) -> None:
                 txn.remove(mine[0].id)
                 released += 1
             elif free:
-                txn.add(_lease(random.choice(free), name=str(os.getpid())))
+                txn.add(held_lease(random.choice(free), name=str(os.getpid())))
                 taken += 1
     results.put((taken, released))
 
@@ -301,7 +285,7 @@ def test_concurrent_transactions_never_double_book_or_lose_an_update(tmp_path):
 _CHURN = """
 import sys
 from pathlib import Path
-from tests.test_ledger_store import HOST, _lease
+from tests.leases import HOST, held_lease
 from gpualloc.ledger.statedir import open_state_directory
 from gpualloc.ledger.store import LedgerStore
 store = LedgerStore(open_state_directory(Path(sys.argv[1])), host=HOST)
@@ -312,7 +296,7 @@ while True:
         if churn:
             txn.remove(churn[0].id)
         else:
-            txn.add(_lease(7, name="churn", command=("x" * 20000,)))
+            txn.add(held_lease(7, name="churn", command=("x" * 20000,)))
 """
 
 
@@ -322,7 +306,7 @@ def test_killing_a_writer_at_random_points_loses_no_live_lease(tmp_path):
     Most kills land outside the short write itself; the deaths inside each write step are
     injected deterministically by the next test."""
     store = _store(tmp_path)
-    keep = _lease(0, 1, 2, name="keep", command=("y" * 50000,))
+    keep = held_lease(0, 1, 2, name="keep", command=("y" * 50000,))
     with store.transaction() as txn:
         txn.add(keep)
     rng = random.Random(7)
@@ -349,7 +333,7 @@ import os, sys
 from pathlib import Path
 import gpualloc.ledger.store as store_module
 from gpualloc.ledger.statedir import open_state_directory
-from tests.test_ledger_store import HOST, _lease
+from tests.leases import HOST, held_lease
 
 def die_half_way(path, data, *_):
     descriptor = os.open(path, os.O_WRONLY)
@@ -370,7 +354,7 @@ store_module.overwrite_in_place = {
 }[sys.argv[2]]
 store = store_module.LedgerStore(open_state_directory(Path(sys.argv[1])), host=HOST)
 with store.transaction() as txn:
-    txn.add(_lease(4, name="new"))
+    txn.add(held_lease(4, name="new"))
 """
 
 
@@ -385,7 +369,7 @@ def test_a_writer_killed_inside_a_write_leaves_a_loadable_ledger(tmp_path, point
     a strict prefix when truncated first), recovered from the writer's good copy (with the new
     lease); dying before it leaves the old ledger, which loads as it was."""
     store = _store(tmp_path)
-    keep = _lease(0, name="keep", command=("z" * 5000,))
+    keep = held_lease(0, name="keep", command=("z" * 5000,))
     with store.transaction() as txn:
         txn.add(keep)
     if point == "half":
@@ -414,7 +398,9 @@ def test_every_mixture_of_two_generations_is_rejected():
 
     texts = [
         written_ledger(Ledger(host=HOST, generation=8 + i, leases=leases), 0)[0]
-        for i, leases in enumerate(([_lease(0)], [_lease(1, 2, name="x" * 40)], [_lease(6)]))
+        for i, leases in enumerate(
+            ([held_lease(0)], [held_lease(1, 2, name="x" * 40)], [held_lease(6)])
+        )
     ]
     assert texts[1].endswith(',"generation_end":10}\n')
     for before, written in itertools.pairwise(texts):
@@ -433,15 +419,15 @@ def test_a_file_is_rewritten_in_place_only_over_an_earlier_generation(tmp_path):
     store = _store(tmp_path)
     for gpu, name in enumerate(("a", "b")):
         with store.transaction() as txn:
-            txn.add(_lease(gpu, name=name))
+            txn.add(held_lease(gpu, name=name))
     ledger_file, own = store.directory.ledger_file, store.directory.good_copy(os.geteuid())
     inodes = (ledger_file.stat().st_ino, own.stat().st_ino)
     with store.transaction() as txn:
-        txn.add(_lease(3, name="c"))
+        txn.add(held_lease(3, name="c"))
     assert (ledger_file.stat().st_ino, own.stat().st_ino) == inodes  # in place, both
     own.write_text(own.read_text().replace('"generation_end"', '"generation_gone"'))
     with store.transaction() as txn:
-        txn.add(_lease(4, name="d"))
+        txn.add(held_lease(4, name="d"))
     assert own.stat().st_ino != inodes[1]  # replaced: it did not end with a generation
     assert parse_ledger(own.read_text(), "own").generation == 4
 
@@ -450,7 +436,7 @@ def test_every_strict_prefix_of_a_ledger_is_rejected():
     """Why a torn rewrite over a file of an older gpualloc is always detected: ledger.json is
     truncated before it is written, so a crash leaves a strict prefix of the new text, and no
     such prefix parses."""
-    ledger = Ledger(host=HOST, generation=3, leases=[_lease(0), _lease(1, 2, name="x")])
+    ledger = Ledger(host=HOST, generation=3, leases=[held_lease(0), held_lease(1, 2, name="x")])
     text = json.dumps(to_builtins(ledger), indent=1, sort_keys=True) + "\n"
     assert parse_ledger(text, "full") == ledger
     for cut in range(len(text) - 1):
@@ -473,7 +459,7 @@ def test_two_unix_users_share_one_sticky_state_directory():
             def action() -> None:
                 store = LedgerStore(open_state_directory(path), host=HOST)
                 with store.transaction() as txn:
-                    txn.add(_lease(gpu, name=name, uid=os.geteuid()))
+                    txn.add(held_lease(gpu, name=name, uid=os.geteuid()))
 
             return action
 
@@ -524,9 +510,9 @@ def test_nothing_survives_a_reboot_not_even_a_held_lease(tmp_path):
     if now is None:
         pytest.skip("this kernel offers no boot id")
     store = _store(tmp_path / "state")
-    this_boot = _lease(0, boot_id=now)
-    last_boot = _lease(1, boot_id="00000000-0000-0000-0000-000000000000")
-    unknown = _lease(2)  # written where no boot id was known: the old rule stands
+    this_boot = held_lease(0, boot_id=now)
+    last_boot = held_lease(1, boot_id="00000000-0000-0000-0000-000000000000")
+    unknown = held_lease(2)  # written where no boot id was known: the old rule stands
     with store.transaction() as txn:
         txn.add(this_boot)
         txn.add(last_boot)

@@ -13,30 +13,21 @@ from pathlib import Path
 
 import pytest
 
+from gpualloc.atomic import write_text_atomic
 from gpualloc.errors import ConfigError, FileAccessError, LedgerLocked
 from gpualloc.host.queue import Attempt, take_turn
 from gpualloc.ledger import journal
 from gpualloc.ledger.locking import SharedLock
-from gpualloc.ledger.schema import Lease, LeasedGpu, Ledger, QueuedRequest, Waiter
+from gpualloc.ledger.schema import Lease, Ledger, QueuedRequest, Waiter
 from gpualloc.ledger.statedir import open_state_directory
-from gpualloc.ledger.store import LedgerStore, new_lease_id
+from gpualloc.ledger.store import LedgerStore
 from gpualloc.model.request import Placement, Scores
 from tests.child_processes import end, running
-
-HOST = "testhost"
+from tests.leases import HOST, held_lease
 
 
 def _lease(*gpus: int, job: str | None = None) -> Lease:
-    return Lease(
-        id=new_lease_id(),
-        gpus=tuple(LeasedGpu(index=g) for g in gpus),
-        uid=os.geteuid(),
-        user="tester",
-        hold=True,
-        created=datetime.now(timezone.utc),
-        source="slurm" if job else "alloc",
-        slurm_job=job,
-    )
+    return held_lease(*gpus, source="slurm" if job else "alloc", slurm_job=job)
 
 
 def test_a_held_lock_is_reported_with_its_holder_and_nothing_changes(tmp_path: Path) -> None:
@@ -117,6 +108,20 @@ def test_a_journal_not_written_by_root_is_ignored(tmp_path: Path) -> None:
     directory.journal_file.chmod(0o666)  # writable by everyone: no longer root's word
     found, notes = journal.read_journal(directory.journal_file, HOST)
     assert found is None and "not root's" in notes[0]
+
+
+def test_gpuallocs_own_atomic_write_replaces_a_planted_link_and_never_follows_it(
+    tmp_path: Path,
+) -> None:
+    """Root's hooks write the journal over whatever a user planted at its name: a link must
+    be replaced, not followed (following it would write where the planter chose)."""
+    target = tmp_path / "victim"
+    target.write_text("untouched\n")
+    planted = tmp_path / "journal.json"
+    planted.symlink_to(target)
+    write_text_atomic(planted, "journal\n")
+    assert not planted.is_symlink() and planted.read_text() == "journal\n"
+    assert target.read_text() == "untouched\n"
 
 
 def _waiter(seq: int, gpus: int, *, waited_s: float, window_s: float | None) -> Waiter:

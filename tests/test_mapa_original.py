@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import benchmark_module
+from tests.checkout import benchmark_module
 
 SEEDS = (1, 6)  # seed 6: a sensitive job's best GPUs predict less than an empty allocation
 

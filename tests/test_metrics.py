@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -20,26 +19,9 @@ import pytest
 from gpualloc.errors import ExitCode
 from gpualloc.prometheus import METRICS
 from tests.child_processes import end, end_all
+from tests.metrics_text import samples, value
 
 MIG_HOST = ("--topology", "dgx-a100-mig")
-_SAMPLE = re.compile(r"^([a-z_]+)(?:\{(.*)\})? (\S+)$")
-
-
-def samples(text: str) -> dict[tuple[str, frozenset], float]:
-    """Metrics text -> {(name, labels): value}."""
-    found = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line:
-            continue
-        match = _SAMPLE.match(line)
-        assert match, line
-        labels = frozenset(re.findall(r'(\w+)="([^"]*)"', match[2] or ""))
-        found[(match[1], labels)] = float(match[3])
-    return found
-
-
-def value(found: dict, name: str, **labels: str) -> float:
-    return found[(name, frozenset(labels.items()))]
 
 
 def test_the_figures_follow_the_ledger(cli) -> None:
@@ -70,7 +52,7 @@ def test_the_figures_follow_the_ledger(cli) -> None:
 
 
 def test_a_job_that_waited_is_in_the_wait_histogram(cli) -> None:
-    from tests.test_cli_run import gpualloc_argv
+    from tests.cli_harness import gpualloc_argv
 
     everything = cli("--topology", "single-gpu", "alloc", "--hold", "--format", "json")
     lease = json.loads(everything.stdout)["lease"]["id"]
@@ -136,7 +118,7 @@ def _free_port() -> int:
     reason="Prometheus is not installed (apt-get install prometheus; .ci/run does)",
 )
 def test_a_real_prometheus_scrapes_the_served_metrics(cli, tmp_path: Path) -> None:
-    from tests.test_cli_run import gpualloc_argv
+    from tests.cli_harness import gpualloc_argv
 
     assert cli(*MIG_HOST, "alloc", "-n", "2", "--hold").exit_code == 0
     ours, theirs = _free_port(), _free_port()

@@ -25,8 +25,8 @@ from gpualloc.errors import ExitCode, TopologyError, TopologyParseError
 from gpualloc.model import MigInstance, Topology, parse_mig_profile
 from gpualloc.model.mig import parse_mig_label
 from gpualloc.topologies import load_bundled
-from tests.conftest import RECORDED, recorded
 from tests.fake_nvml import FakeNvml
+from tests.recordings import RECORDED, recorded
 
 MIB = 1024 * 1024
 SEVEN = "mig_nvidia-smi-L_a100-40gb_7x1g.5gb.txt"

@@ -19,8 +19,9 @@ from gpualloc.model.mig import MigRequest, parse_mig_profile
 from gpualloc.model.validation import ValidationError, from_builtins
 from gpualloc.placement.want import Want
 from gpualloc.topologies import load_bundled
-from tests.conftest import recorded
-from tests.test_cli_run import gpualloc
+from tests.cli_harness import gpualloc
+from tests.leases import want_of_options
+from tests.recordings import recorded
 
 HOST = ("--topology", "dgx-a100-mig")
 
@@ -220,22 +221,14 @@ def test_the_ledger_refuses_a_mig_device_held_twice() -> None:
     assert LeasedMig(gpu=0, device=3).key == (0, 3)
 
 
-def _mig_want(**options: str) -> Want:
-    from gpualloc.config import Config
-    from gpualloc.model.job import JobOptions
-    from gpualloc.placement.options import want_of
-
-    return want_of(JobOptions(**options), Config.load())
-
-
 def test_a_queued_mig_request_is_the_same_request_for_whoever_places_it() -> None:
-    want = _mig_want(mig="3g.20gb", mem="12G")
+    want = want_of_options(mig="3g.20gb", mem="12G")
     assert want.mig == MigRequest(profile="3g.20gb", memory_bytes=12 * 1024**3)
     assert Want.from_queued(want.queued()).mig == want.mig
-    by_uuid = _mig_want(mig="MIG-abc")
+    by_uuid = want_of_options(mig="MIG-abc")
     assert Want.from_queued(by_uuid.queued()).mig == MigRequest(uuid="MIG-abc")
     assert parse_mig_profile(want.mig.profile or "").slices == 3
-    assert _mig_want(mem="4.5GiB").mig == MigRequest(memory_bytes=int(4.5 * 1024**3))
+    assert want_of_options(mem="4.5GiB").mig == MigRequest(memory_bytes=int(4.5 * 1024**3))
 
 
 def test_wait_for_a_mig_device_shows_in_the_queue_and_gets_it(cli) -> None:

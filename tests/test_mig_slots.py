@@ -263,10 +263,10 @@ def test_a_mig_lease_adds_its_profile_to_the_ledgers_mix() -> None:
 
     from gpualloc.host.lease_terms import LeaseTerms
     from gpualloc.host.local import LocalHost
-    from tests.test_mig_leases import _mig_want
+    from tests.leases import want_of_options
 
     host = LocalHost.open(load_bundled("dgx-a100-mig"))
-    host.allocate(_mig_want(mig="3g.20gb"), LeaseTerms(source="alloc", pid=os.getpid()))
+    host.allocate(want_of_options(mig="3g.20gb"), LeaseTerms(source="alloc", pid=os.getpid()))
     assert host.snapshot().ledger.stats.request_mix == {"mig:3g.20gb": 1.0}
 
 

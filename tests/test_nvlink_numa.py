@@ -10,7 +10,7 @@ from gpualloc.discovery.numa import parse_numactl_hardware, read_sysfs_numa
 from gpualloc.discovery.nvlink_status import parse_nvlink_status
 from gpualloc.discovery.recorded import import_smi_texts
 from gpualloc.errors import TopologyParseError
-from tests.conftest import recorded
+from tests.recordings import recorded
 
 GIB = 1024**3
 

@@ -18,7 +18,7 @@ from gpualloc.discovery.processes import parse_compute_apps_csv
 from gpualloc.errors import DiscoveryUnavailable, NoGpuFound
 from gpualloc.model import Health, PciePath, Topology
 from gpualloc.topologies import load_bundled
-from tests.fake_nvml import FakeNvml
+from tests.fake_nvml import FakeNvml, probe
 
 
 @pytest.fixture(autouse=True)
@@ -28,11 +28,6 @@ def fake_sysfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root.mkdir()
     monkeypatch.setattr(nvml_source, "SYSFS_PCI_DEVICES", root)
     return root
-
-
-def probe(fake: FakeNvml) -> Topology:
-    with NvmlSession(fake) as session:
-        return session.probe(numa_nodes=[], cpu_count=256)
 
 
 def link_summary(topology: Topology) -> list[tuple[int, int, str, PciePath | None, bool, float]]:
@@ -262,7 +257,7 @@ def test_without_nvml_and_nvidia_smi_no_gpu_is_found(monkeypatch: pytest.MonkeyP
 
 def test_falls_back_to_nvidia_smi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A fake nvidia-smi on PATH answering with recorded outputs."""
-    from tests.conftest import RECORDED
+    from tests.recordings import RECORDED
 
     fake = FakeNvml([], {})
     fake.init_error = pynvml.NVMLError_DriverNotLoaded()

@@ -16,28 +16,7 @@ import pytest
 from gpualloc.placement.besteffort import partition as partition_module
 from gpualloc.placement.besteffort.best_groups import best_group_scores
 from gpualloc.placement.besteffort.partition import PartitionSearch
-from tests.go_gpuallocator import literal_partitions
-
-
-def _literal_best(weights, k, required):
-    n = len(weights)
-    padding = (-n) % k
-
-    def score(group):
-        real = [i for i in group if i < n]
-        return sum(weights[a][b] for a, b in combinations(real, 2))
-
-    def qualifies(group):
-        return all(i < n for i in group) and required <= set(group)
-
-    best, best_total = None, None
-    for candidate in literal_partitions(list(range(n + padding)), k, padding, n):
-        if not any(qualifies(g) for g in candidate):
-            continue
-        total = sum(score(g) for g in candidate)
-        if best is None or total > best_total:
-            best, best_total = candidate, total
-    return [(sum(1 << i for i in g if i < n), any(i >= n for i in g)) for g in best]
+from tests.go_gpuallocator import literal_best
 
 
 def _random_weights(rng: random.Random, n: int, values: list[int]) -> list[list[int]]:
@@ -76,7 +55,7 @@ def test_partition_search_matches_the_literal_enumeration(bound, monkeypatch) ->
         monkeypatch.setattr(partition_module, "_ESCALATE_AFTER_SETS", 2)
     seed = {"share": 11, "pair": 12, "escalated": 13}[bound]
     for weights, k, required in _cases(seed=seed, count=150):
-        expected = _literal_best(weights, k, required)
+        expected = literal_best(weights, k, required)
         got = PartitionSearch(weights, k, required).best_partition()
         assert got == expected, (weights, k, sorted(required))
 
@@ -147,5 +126,5 @@ def test_twins_under_one_switch_keep_the_enumerations_answer() -> None:
         required = frozenset()
         if rng.random() < 0.3:
             required = frozenset(rng.sample(range(n), rng.randint(1, min(2, k))))
-        expected = _literal_best(weights, k, required)
+        expected = literal_best(weights, k, required)
         assert PartitionSearch(weights, k, required).best_partition() == expected

@@ -14,10 +14,9 @@ from gpualloc.model.bandwidth import DEFAULT_BANDWIDTH_TABLE, bandwidth_table_fr
 from gpualloc.model.paths import PciePath
 from gpualloc.model.rings import allreduce_busbw_gbps
 from gpualloc.topologies import load_bundled
-from tests.conftest import recorded
-from tests.fake_nvml import FakeNvml
+from tests.fake_nvml import FakeNvml, probe
 from tests.measured_fixtures import MEASURED
-from tests.test_nvml import probe
+from tests.recordings import recorded
 
 TWO_2080TI = (MEASURED / "topo" / "rtx2080ti_x2_pix_with_p2p_matrix_autodl.txt").read_text()
 

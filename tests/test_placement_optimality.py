@@ -21,115 +21,11 @@ from gpualloc.placement.decide import decision_context
 from gpualloc.placement.mapa.objectives import AggregatedObjective, evaluate_order
 from gpualloc.placement.mapa.patterns import build_pattern
 from gpualloc.placement.policies.registry import get_policy, policy_names
-from gpualloc.placement.ties import tie_key
 from gpualloc.topologies import bundled_names, load_bundled
+from tests.brute_force import PATTERNS, contexts, optimum
 from tests.go_gpuallocator import literal_partitions
 
 SMALL_HOSTS = [n for n in bundled_names() if load_bundled(n).gpu_count <= 8]
-PATTERNS = ["ring", "tree", "star", "all"]
-
-
-def _sets(ctx):
-    required = ctx.request.required
-    for gpus in combinations(ctx.pool, ctx.k):
-        if required <= set(gpus):
-            yield gpus
-
-
-_BRUTE: dict = {}
-"""Brute-force answers by what they depend on: the same host, pool, pattern and objective
-recur across sensitivities and policies (an empty host's contexts are alike), and each costs
-k! orders per set."""
-
-
-def _memo(key, compute):
-    if key not in _BRUTE:
-        _BRUTE[key] = compute()
-    return _BRUTE[key]
-
-
-def _brute_ordered(ctx, objective):
-    key = (
-        "ordered", ctx.topology.name, ctx.pool, tuple(sorted(ctx.request.required)),
-        ctx.request.pattern.edges, ctx.k, objective.describe(), ctx.state.free,
-    )  # fmt: skip
-    return _memo(key, lambda: _brute_ordered_now(ctx, objective))
-
-
-def _brute_ordered_now(ctx, objective):
-    best = None
-    for gpus in _sets(ctx):
-        rank = tie_key(ctx, gpus).rank()
-        for order in permutations(gpus):
-            key = evaluate_order(ctx.host, ctx.request.pattern, objective, order)
-            candidate = (tuple(-v for v in key), rank, order)
-            if best is None or candidate < best:
-                best = candidate
-    return best[2]
-
-
-def _brute_set(ctx, key_of):
-    """Highest set key, then the tie rule; then the best aggregated order, lowest order."""
-    best = None
-    for gpus in _sets(ctx):
-        candidate = (tuple(-v for v in key_of(gpus)), tie_key(ctx, gpus).rank())
-        if best is None or candidate < best:
-            best = candidate
-    return best[1][-1]
-
-
-def _best_aggregated_order(ctx, gpus):
-    key = ("order", ctx.topology.name, tuple(gpus), ctx.request.pattern.edges)
-    return _memo(key, lambda: _best_aggregated_order_now(ctx, gpus))
-
-
-def _best_aggregated_order_now(ctx, gpus):
-    objective = AggregatedObjective()
-    return min(
-        permutations(gpus),
-        key=lambda order: (
-            tuple(-v for v in evaluate_order(ctx.host, ctx.request.pattern, objective, order)),
-            order,
-        ),
-    )
-
-
-def _contexts(host_name: str, seed: int, max_k: int = 8):
-    topology = load_bundled(host_name)
-    n = topology.gpu_count
-    rng = random.Random(seed)
-    for k in range(1, min(n, max_k) + 1):
-        for pattern in PATTERNS:
-            for sensitive in (True, False):
-                for trial in range(2):
-                    busy = (
-                        frozenset()
-                        if trial == 0
-                        else frozenset(rng.sample(range(n), rng.randint(0, n - k)))
-                    )
-                    required = frozenset()
-                    free = sorted(set(range(n)) - busy)
-                    if trial == 1 and rng.random() < 0.5 and free:
-                        required = frozenset([rng.choice(free)])
-                    request = JobRequest(k, build_pattern(pattern, k), sensitive, required)
-                    yield decision_context(topology, request, HostState.with_busy(n, busy))
-
-
-def _expected(ctx, policy_name: str):
-    policy = get_policy(policy_name)
-    if policy_name == "mapa-greedy":
-        return _brute_ordered(ctx, AggregatedObjective())
-    if policy_name == "mapa":
-        if ctx.request.sensitive and ctx.k > 1:
-            return _brute_ordered(ctx, ctx.sensitive_objective())
-        chosen = _brute_set(
-            ctx, lambda gpus: policy.set_key(ctx, _best_aggregated_order(ctx, gpus))
-        )
-        return _best_aggregated_order(ctx, chosen) if ctx.k > 1 else chosen
-    chosen = _brute_set(ctx, lambda gpus: policy.set_key(ctx, gpus))
-    return _best_aggregated_order(ctx, chosen)
-
-
 SMALL_JOB_GPUS = 5
 """Jobs of up to this many GPUs are checked in the fast loop; bigger ones, whose brute force
 costs k! orders per set (about 95 % of the time), only with the slow tests."""
@@ -152,13 +48,13 @@ def _host_halves() -> list:
 def test_policy_is_optimal_on_small_hosts(host_name: str, policy_name: str, jobs: str) -> None:
     policy = get_policy(policy_name)
     # A stable seed per case: hash() of a str changes from run to run (PYTHONHASHSEED).
-    for ctx in _contexts(host_name, seed=zlib.crc32(f"{host_name}/{policy_name}".encode())):
+    for ctx in contexts(host_name, seed=zlib.crc32(f"{host_name}/{policy_name}".encode())):
         if (ctx.k <= SMALL_JOB_GPUS) != (jobs == "small"):
             continue  # the same contexts as one test, in two halves
         if policy_name == "mapa" and not ctx.request.sensitive and ctx.k > 5:
             continue  # the brute force of the tie-break costs k! per set
         got = policy.place(ctx)
-        expected = tuple(_expected(ctx, policy_name))
+        expected = tuple(optimum(ctx, policy_name))
         assert got.gpus == expected, (
             f"{policy_name} on {host_name}, k={ctx.k} {ctx.request.pattern.name} "
             f"sensitive={ctx.request.sensitive} free={sorted(ctx.state.free)} "
@@ -170,9 +66,9 @@ def test_policy_is_optimal_on_small_hosts(host_name: str, policy_name: str, jobs
 @pytest.mark.parametrize("policy_name", ["mapa", "mapa-greedy"])
 def test_policy_is_optimal_on_16_gpu_hosts_small_jobs(host_name: str, policy_name: str) -> None:
     policy = get_policy(policy_name)
-    for ctx in _contexts(host_name, seed=7, max_k=3):
+    for ctx in contexts(host_name, seed=7, max_k=3):
         got = policy.place(ctx)
-        assert got.gpus == tuple(_expected(ctx, policy_name))
+        assert got.gpus == tuple(optimum(ctx, policy_name))
 
 
 def _go_besteffort(ctx):
@@ -212,7 +108,7 @@ def _go_besteffort(ctx):
 @pytest.mark.parametrize("host_name", SMALL_HOSTS)
 def test_besteffort_returns_what_go_gpuallocator_returns(host_name: str) -> None:
     policy = get_policy("besteffort")
-    for ctx in _contexts(host_name, seed=3):
+    for ctx in contexts(host_name, seed=3):
         if ctx.request.pattern.name != "ring" or not ctx.request.sensitive:
             continue
         assert policy.place(ctx).gpus == _go_besteffort(ctx), (host_name, ctx.k)
@@ -265,7 +161,7 @@ def test_many_link_classes_fall_back_to_branch_and_bound() -> None:
             edges = len(request.pattern.edges)
             assert comb(edges + classes - 1, classes - 1) > MAX_VECTORS
             got = get_policy(policy_name).place(ctx)
-            assert got.gpus == tuple(_expected(ctx, policy_name)), (k, pattern, policy_name)
+            assert got.gpus == tuple(optimum(ctx, policy_name)), (k, pattern, policy_name)
 
 
 @pytest.mark.parametrize(
@@ -288,7 +184,7 @@ def test_large_jobs_on_a_few_free_gpus_of_16_gpu_hosts(host_name: str, pattern: 
             request = JobRequest(k, build_pattern(pattern, k), True)
             ctx = decision_context(topology, request, HostState.with_busy(16, busy))
             got = get_policy("mapa-greedy").place(ctx)
-            assert got.gpus == tuple(_expected(ctx, "mapa-greedy")), (k, sorted(busy))
+            assert got.gpus == tuple(optimum(ctx, "mapa-greedy")), (k, sorted(busy))
 
 
 def _held_karp_best_ring(host, gpus) -> float:

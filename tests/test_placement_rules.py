@@ -31,8 +31,8 @@ from gpualloc.placement.sharing.rules import (
 )
 from gpualloc.placement.want import Want
 from gpualloc.topologies import load_bundled
-from tests.test_architecture import import_graph
-from tests.test_shared_gpus import lease_on
+from tests.import_graph import import_graph
+from tests.leases import lease_on
 
 H100 = ("NVIDIA H100 80GB HBM3", 80 * 1024**3)
 

@@ -11,7 +11,7 @@ from itertools import combinations
 import pytest
 
 from gpualloc.placement.besteffort.partition import PartitionSearch
-from tests.test_partition_search import _literal_best
+from tests.go_gpuallocator import literal_best
 
 
 def _mesh_weights(rng: random.Random, n: int) -> list[list[int]]:
@@ -60,6 +60,6 @@ def test_the_last_two_groups_keep_the_literal_partition(draw, seed: int, cases: 
         n, k = draw(rng)
         weights = (_mesh_weights if rng.random() < 0.7 else _twin_weights)(rng, n)
         required = _required(rng, n, k)
-        expected = _literal_best(weights, k, required)
+        expected = literal_best(weights, k, required)
         got = PartitionSearch(weights, k, required).best_partition()
         assert got == expected, (weights, k, sorted(required))

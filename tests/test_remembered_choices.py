@@ -17,7 +17,7 @@ from gpualloc.placement.mapa.patterns import build_pattern
 from gpualloc.placement.policies.registry import get_policy, policy_names
 from gpualloc.placement.want import Want
 from gpualloc.topologies import load_bundled
-from tests.test_hostile_bytes import _lease
+from tests.leases import held_lease
 
 HOSTS = ("dgx1-v100", "pcie-8gpu-2socket", "summit-node")
 
@@ -25,7 +25,7 @@ HOSTS = ("dgx1-v100", "pcie-8gpu-2socket", "summit-node")
 def _occupancy(topology, holders: list[tuple[int, ...]], sensitive: list[bool]) -> Occupancy:
     leases: dict[int, Lease] = {}
     for gpus, flag in zip(holders, sensitive, strict=True):
-        lease = _lease(gpus[0], gpus=tuple(LeasedGpu(index=g) for g in gpus), sensitive=flag)
+        lease = held_lease(gpus[0], gpus=tuple(LeasedGpu(index=g) for g in gpus), sensitive=flag)
         leases.update(dict.fromkeys(gpus, lease))
     return Occupancy(gpu_count=topology.gpu_count, leases=leases)
 

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -28,24 +27,10 @@ from gpualloc.model.topology import GpuProcess
 from gpualloc.placement.sharing.fit import choose_share
 from gpualloc.topologies import load_bundled
 from tests.child_processes import end, finish
-from tests.test_cli_run import TIMEOUT_S, gpualloc, gpualloc_argv, status
+from tests.cli_harness import TIMEOUT_S, gpualloc, gpualloc_argv, status
+from tests.leases import lease_on
 
 V100 = ("--topology", "dgx1-v100")
-NOW = datetime(2026, 11, 25, tzinfo=timezone.utc)
-
-
-def lease_on(gpu: int, tag: str = "0", **terms) -> Lease:
-    """A held lease of root's on ``gpu`` (``terms``: shareable, memory_bytes, share, ...)."""
-    return Lease(
-        id=f"{tag * 4}{gpu:08x}",
-        gpus=(LeasedGpu(index=gpu),),
-        uid=0,
-        user="root",
-        hold=True,
-        created=NOW,
-        source="alloc",
-        **terms,
-    )
 
 
 def shareable_lease(gpu: int, memory: int | None = None) -> Lease:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.child_processes import end, end_all
+from tests.child_processes import end, end_all, stderr_until
 from tests.unix_users import UnixUser, UserCommandLine, ensure_user, shared_directory
 
 TOPOLOGY = "nvlink-pairs-4gpu"
@@ -353,8 +353,6 @@ def test_a_job_off_its_gpus_is_seen_by_other_users_and_its_own_verifier(
 ) -> None:
     """alice's job also opens GPU 3; bob runs a process on alice's GPU 0. bob's status reads
     alice's process tree through /proc, and alice's verifier (hers, not root's) tells her job."""
-    from tests.test_verified_launch import _stderr_until
-
     alice, bob = users["alice"], users["bob"]
     host = _host_file(shared)
     env = {"GPUALLOC_STATE_DIR": str(shared), "GPUALLOC_VERIFY_GRACE": "60"}
@@ -374,7 +372,7 @@ def test_a_job_off_its_gpus_is_seen_by_other_users_and_its_own_verifier(
                 {"gpu": 0, "pid": stranger.pid, "name": "sleep", "user": bob.name},
             ],
         )
-        said = _stderr_until(job, "verify.action")
+        said = stderr_until(job, "verify.action")
         assert f"pid {pid} (sleep, {alice.name}) runs on GPU 3, which the lease does not" in said
         run = _gpualloc(as_user, shared, str(host))
         status = _status(run, bob)

@@ -16,6 +16,7 @@ import pytest
 
 from gpualloc.errors import ExitCode
 from gpualloc.simulate.trace import parse_trace
+from tests.house_rules import refused
 
 SIMULATE = ("--topology", "dgx1-v100", "simulate")
 HEADER = "id,arrival_s,gpus,duration_s,sensitive"
@@ -23,13 +24,11 @@ LONG = "x" * 5000
 
 
 def _refused(result, code: ExitCode) -> str:
-    """The one ``error:`` line of a refusal with exit ``code``, checked to be the whole answer."""
-    assert result.exit_code == code, (result.exit_code, result.stderr)
-    assert "Traceback" not in result.stderr and result.stdout == ""
-    lines = result.stderr.splitlines()
-    assert [line for line in lines if line.startswith("error: ")] == lines[:1], lines
-    assert sum(line.startswith("hint: ") for line in lines) <= 1, lines
-    return lines[0]
+    """The house rule's refusal (:func:`tests.house_rules.refused`) with exit ``code``: its
+    ``error:`` line first, and nothing on stdout."""
+    error = refused(result, code)
+    assert result.stderr.splitlines()[0] == error and result.stdout == "", result.stderr
+    return error
 
 
 def _jsonl(field: str | None = None, raw: str = "") -> str:

@@ -23,7 +23,7 @@ from gpualloc.simulate.engine import SimOptions, simulate
 from gpualloc.simulate.generate import generate
 from gpualloc.simulate.trace import SimJob
 from gpualloc.topologies import load_bundled
-from tests.test_hostile_bytes import _lease
+from tests.leases import held_lease
 
 
 def _outcome(result: engine.SimResult) -> list[tuple[object, ...]]:
@@ -86,7 +86,7 @@ def _occupancy(topology, busy: list[int], rng: random.Random) -> Occupancy:  # t
     while busy:
         size = rng.randint(1, len(busy))
         gpus, busy = busy[:size], busy[size:]
-        lease = _lease(gpus[0], gpus=tuple(LeasedGpu(index=g) for g in gpus))
+        lease = held_lease(gpus[0], gpus=tuple(LeasedGpu(index=g) for g in gpus))
         leases.update(dict.fromkeys(gpus, lease))
     return Occupancy(gpu_count=topology.gpu_count, leases=leases)
 

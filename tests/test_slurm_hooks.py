@@ -6,13 +6,12 @@ A real single-node Slurm exercises the same commands in the Slurm test suite.
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from msgspec.structs import replace
+
+from tests.slurm_variables import outside_slurm
 
 TOPOLOGY = ("--topology", "dgx1-v100")
 
@@ -29,18 +28,6 @@ def slurmd_env(monkeypatch: pytest.MonkeyPatch):
 
     set_job()
     return set_job
-
-
-@contextmanager
-def outside_slurm() -> Iterator[None]:
-    """A user of the node outside Slurm: none of slurmd's variables."""
-    saved = {name: value for name, value in os.environ.items() if name.startswith("SLURM_")}
-    for name in saved:
-        del os.environ[name]
-    try:
-        yield
-    finally:
-        os.environ.update(saved)
 
 
 def _leases(cli) -> list[dict]:

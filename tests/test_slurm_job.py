@@ -16,7 +16,7 @@ from gpualloc.errors import RequestError
 from gpualloc.model.topology import Topology
 from gpualloc.slurm.job import slurm_job
 from gpualloc.topologies import load_bundled
-from tests.test_slurm_hooks import outside_slurm
+from tests.slurm_variables import outside_slurm
 
 TOPOLOGY = ("--topology", "dgx1-v100")
 

@@ -8,7 +8,7 @@ from gpualloc.discovery.smi import topology_from_smi_texts
 from gpualloc.discovery.topo_matrix import parse_topo_matrix
 from gpualloc.errors import TopologyParseError
 from gpualloc.model import PciePath
-from tests.conftest import RECORDED, recorded
+from tests.recordings import RECORDED, recorded
 
 # file -> (GPUs, devices incl. NICs, {pair: kind}, GPU0 CPU affinity, GPU0 NUMA node)
 EXPECTED = {

@@ -11,6 +11,8 @@ import pytest
 
 from gpualloc.errors import ConfigError, ExitCode, FileAccessError
 from gpualloc.user_files import read_user_text
+from tests.house_rules import refused
+from tests.path_options import WRITTEN_OR_DIRECTORIES
 
 
 def _hostile(tmp_path: Path, kind: str) -> Path:
@@ -91,10 +93,6 @@ READERS: dict[str, tuple[list[str], dict[str, str]]] = {
 }  # fmt: skip
 """Every option, argument and setting that names a file gpualloc reads (keyed as
 :func:`_path_parameters` names the command line's)."""
-WRITTEN_OR_DIRECTORIES = {
-    "simulate --save-trace", "simulate --plot", "simulate --report", "topo record --output",
-    "topo export --output", "topo import --output", "serve --state-dir",
-}  # fmt: skip
 
 
 def _path_parameters() -> set[str]:
@@ -136,10 +134,8 @@ def _reader_case(name: str, path: Path, config_home: Path) -> tuple[list[str], d
 
 def _cannot_be_read(result, path: Path, why: str) -> None:
     """Exit 8, gpualloc's own one error line naming the file and why, at most one hint."""
-    assert result.exit_code == ExitCode.IO, (result.exit_code, result.stderr)
-    lines = result.stderr.splitlines()
-    assert lines[0].startswith("error: ") and str(path) in lines[0] and why in lines[0], lines
-    assert all(line.startswith("hint: ") for line in lines[1:]) and len(lines) <= 2, lines
+    error = refused(result, ExitCode.IO, alone=True)
+    assert str(path) in error and why in error, error
     assert "invalid value for" not in result.stderr  # click's words, exit 2
 
 

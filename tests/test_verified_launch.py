@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -24,9 +22,10 @@ from gpualloc.ledger.attribution import attribute, process_lineage
 from gpualloc.ledger.schema import Lease, LeasedGpu
 from gpualloc.model.topology import GpuProcess
 from gpualloc.topologies import load_bundled
-from tests.child_processes import end, finish
+from tests.child_processes import end, finish, stderr_until
+from tests.cli_harness import TIMEOUT_S, gpualloc_argv
 from tests.fake_nvml import FakeNvml
-from tests.test_cli_run import TIMEOUT_S, gpualloc_argv
+from tests.job_scripts import DECLARE
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=timezone.utc)
 
@@ -188,19 +187,6 @@ def test_the_verifier_passes_a_job_that_keeps_to_its_gpus(
 
 # ---- end to end, on a recorded topology that declares where the job runs ---------------------
 
-DECLARE = """\
-import json, os, sys
-path = sys.argv[1]
-data = json.load(open(path))
-data["processes"] = [{"gpu": int(g), "pid": os.getpid(), "name": "job"} for g in sys.argv[2:]]
-json.dump(data, open(path + ".new", "w"))
-os.replace(path + ".new", path)
-print(os.getpid(), flush=True)
-sys.stdin.read()
-"""
-"""A job that declares itself (in the topology file the host is read from) on the GPUs named
-by its arguments, as NVML would list it there, and then waits."""
-
 
 @pytest.fixture
 def host_file(tmp_path: Path) -> Path:
@@ -231,21 +217,6 @@ def _start(host_file: Path, tmp_path: Path, *gpus: str, env: dict[str, str]) -> 
         text=True,
         env={**os.environ, **env},
     )
-
-
-def _stderr_until(process: subprocess.Popen, text: str, timeout_s: float = 30) -> str:
-    """The job's standard error up to ``text`` (fails after ``timeout_s``), read from the
-    descriptor itself: a buffered readline could hold the line that select waits for."""
-    seen = ""
-    fd = process.stderr.fileno()
-    deadline = time.monotonic() + timeout_s
-    while text not in seen:
-        ready, _, _ = select.select([fd], [], [], max(0, deadline - time.monotonic()))
-        assert ready, f"no {text!r} on the job's stderr within {timeout_s}s: {seen!r}"
-        chunk = os.read(fd, 65536).decode()
-        assert chunk, f"the job's stderr closed before {text!r}: {seen!r}"
-        seen += chunk
-    return seen
 
 
 def _status(host_file: Path, *args: str) -> subprocess.CompletedProcess:
@@ -290,7 +261,7 @@ def test_run_warns_of_or_ends_a_job_that_leaves_its_gpus(
     )
     try:
         job.stdout.readline()
-        said = _stderr_until(job, "verify.action")
+        said = stderr_until(job, "verify.action")
         assert "runs on GPU 3, which the lease does not hold (it holds GPU 0-1)" in said
         if action == "kill":
             assert "ending it (verify.action = kill)" in said
@@ -371,7 +342,7 @@ def test_nvidia_smi_link_outputs_are_read() -> None:
     """The fallback without NVML: ``topo -p2p r`` (recorded on two GeForce boards, where the
     driver turns peer-to-peer off) and ``--query-gpu=pcie.link.*``."""
     from gpualloc.discovery.links import parse_p2p_matrix, parse_pcie_query
-    from tests.conftest import recorded
+    from tests.recordings import recorded
 
     assert parse_p2p_matrix(recorded("p2p_rw_2x-rtx5090_gns.txt")) == {(0, 1): "GNS"}
     (x16, x8) = parse_pcie_query("0, 1, 4, 16, 16\n1, 4, 4, 8, 16\n2, [N/A], [N/A], [N/A], 16\n")[
@@ -387,7 +358,7 @@ def test_doctor_reads_nvidia_smi_where_nvml_is_missing(monkeypatch: pytest.Monke
     from gpualloc.discovery import links as links_source
     from gpualloc.discovery import smi
     from gpualloc.discovery.recorded import load_topology_file
-    from tests.conftest import RECORDED, recorded
+    from tests.recordings import RECORDED, recorded
 
     pynvml_missing = FakeNvml([], {})
     pynvml_missing.init_error = __import__("pynvml").NVMLError_LibraryNotFound()

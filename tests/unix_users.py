@@ -273,14 +273,14 @@ def in_process_as_nobody(
 ) -> list[Any]:
     """``gpualloc ARGS`` for each of ``commands`` (with the variables of ``environments``, one
     mapping a command, when given), in a forked child that became ``nobody``: each
-    :class:`tests.conftest.Result`. The modules they need are imported first, as root (the
+    :class:`tests.cli_harness.Result`. The modules they need are imported first, as root (the
     interpreter may lie where nobody reads), by running each command once in a scratch state
     directory."""
     import json
     import pwd
     import traceback
 
-    from tests.conftest import Result, run_in_process
+    from tests.cli_harness import Result, run_in_process
     from tests.fuzz_harness import environment
 
     if os.geteuid() != 0:

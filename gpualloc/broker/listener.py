@@ -28,7 +28,7 @@ BACKLOG = 256
 """The listen queue's length, which the loop drains each turn. Connections are counted per
 user only once accepted, so the queue is shared by every user: a flood keeps it full whatever
 its length, and a connection that gets in waits behind the whole queue, so a longer one (the
-kernel's ``somaxconn``) makes the others wait longer, not less (``tests/test_broker_floods.py``;
+kernel's ``somaxconn``) makes the others wait longer, not less (``tests/test_broker_limits.py``;
 what holds them is the broker's CPU priority, :data:`~.startup.NICE`)."""
 
 
@@ -52,7 +52,7 @@ def socket_path_too_long(path: Path) -> str | None:
 
 def check_not_a_file(path: Path) -> None:
     """Refuse a path where something other than a socket is: it is never removed
-    (tests/test_broker_cannot_be_bypassed.py::test_serve_keeps_a_file_that_is_not_a_socket)."""
+    (tests/test_broker_access.py::test_serve_keeps_a_file_that_is_not_a_socket)."""
     if os.path.lexists(path) and not stat.S_ISSOCK(os.lstat(path).st_mode):
         raise BrokerError(
             f"{shown_path(path)} exists and is not a socket", hint="give --socket a path of its own"
@@ -108,7 +108,7 @@ def listening_socket(path: Path) -> socket.socket:
 def check_socket_directory(directory: Path) -> None:
     """Refuse to listen in a directory that another user owns or may write: they could swap
     the socket for theirs, and read every request
-    (tests/test_broker_cannot_be_bypassed.py::test_serve_refuses_a_socket_directory_another_user_owns)."""
+    (tests/test_broker_access.py::test_serve_refuses_a_socket_directory_another_user_owns)."""
     info = directory.stat()
     if info.st_uid not in (0, os.geteuid()):
         raise BrokerError(
@@ -140,7 +140,7 @@ def accepted(
     users' limits allow, non-blocking; the others are refused at once (their reason, then the
     close). The queue is shared by every user until a connection is accepted and counted, so
     the loop drains it each turn, and the bound keeps one user's flood from holding the loop
-    off the others' requests (``tests/test_broker_floods.py``)."""
+    off the others' requests (``tests/test_broker_limits.py``)."""
     for _ in range(BACKLOG):
         try:
             sock, _ = listener.accept()

@@ -3,7 +3,7 @@
 The event loop holds the lines of one turn and writes them together, in one write, when the
 turn ends (:class:`TurnLog`): a busy broker logs every lease it makes and releases, and each
 write to the journal's pipe is a system call and a wake-up of journald
-(``tests/test_broker_costs.py``).
+(``tests/test_broker_throughput.py``).
 """
 
 from __future__ import annotations

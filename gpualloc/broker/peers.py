@@ -9,7 +9,7 @@ What ``/proc`` says of the peer itself (its real uid, its start time) is read on
 connection, at its first request that needs it, not at every request: the pid a connection
 names is fixed at ``connect``, and a start time read once pins the process, so that a pid the
 kernel hands out again later never passes for it (the ledger checks that the process still
-runs, against that start time, before it records a lease: ``tests/test_broker_costs.py``).
+runs, against that start time, before it records a lease: ``tests/test_broker_throughput.py``).
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ PROCESS_REFRESH_S = 2.0
 USER_SLICE_S = 0.005
 """Broker time one user's requests may take in one turn of the loop; the rest of them wait for
 the next turn, after the others' (a user who pipelines slow requests delays others by about
-one request: tests/test_broker_floods.py). Root is never put off."""
+one request: tests/test_broker_limits.py). Root is never put off."""
 
 
 class Broker:

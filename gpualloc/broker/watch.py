@@ -15,7 +15,7 @@ the broker itself follows each lease's process and what it starts:
 The pass is cut into steps of at most :data:`STEP_S`, one every :data:`STEP_EVERY_S`, so that
 however many processes other users start (``ulimit -u`` bounds them, ``pid_max`` is 4,194,304
 on systemd hosts) a request waits for one step at most, never for a whole walk of ``/proc``
-(``tests/test_broker_floods.py``); a pass over many processes takes longer instead. The
+(``tests/test_broker_limits.py``); a pass over many processes takes longer instead. The
 members themselves are read by the pass too (one a pass did not find has ended), so a lease
 with thousands of processes of its own costs no step more than its share of the walk.
 

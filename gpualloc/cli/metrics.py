@@ -97,7 +97,7 @@ def _serve(host: str, port: int) -> None:
 def _serve_error(host: str, port: int, exc: OSError) -> RequestError:
     """Why ``--serve`` could not listen, with the remedy for that cause: a port in use or
     reserved wants another port, a name that does not resolve or an address this host does not
-    have wants another address (tests/test_bad_input_more.py)."""
+    have wants another address (tests/test_bad_input_options.py)."""
     import errno
     import socket
 

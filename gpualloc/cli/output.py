@@ -66,7 +66,7 @@ def write_stdout(text: str) -> None:
 
 def flush_stdout() -> None:
     """Whatever is still buffered for stdout, written now: a command's output that cannot be
-    written is an error (exit 8), not a silent success (tests/test_bad_input_cli.py: output to
+    written is an error (exit 8), not a silent success (tests/test_bad_input_files.py: output to
     a full device or a closed stdout)."""
     if sys.stdout is not None:
         with stdout_errors():

@@ -42,7 +42,7 @@ def serve_command(
 def _socket_option(text: str) -> Path:
     """``--socket``'s path, refused before the broker writes anything: an empty one or one
     too long for a Unix socket (exit 2), one where a file that is not a socket is (exit 18;
-    the file is kept); tests/test_bad_input_cli.py."""
+    the file is kept); tests/test_bad_input_options.py."""
     from gpualloc.broker.listener import activated, check_not_a_file, socket_path_too_long
     from gpualloc.errors import RequestError
 

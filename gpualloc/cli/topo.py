@@ -144,7 +144,7 @@ def import_text(
 def _check_topology_name(name: str) -> None:
     """Refuse a ``--name`` that every later ``topo show``, ``status`` and error would print:
     control characters (an escape sequence rewrites the reader's terminal) or bytes that are
-    not UTF-8 (no topology file can hold them) (tests/test_bad_input_last.py)."""
+    not UTF-8 (no topology file can hold them) (tests/test_bad_input_options.py)."""
     from gpualloc.model.printable import has_surrogates, printable
 
     if not name.strip():

@@ -63,7 +63,7 @@ def configured_bandwidth_table(config: Config, flag: Path | None = None) -> Band
 
 def bandwidth_table_hint() -> str:
     """What a bandwidth table holds, for an error about one: its fields, by name, not the Python
-    class (tests/test_bad_input_more.py::test_a_bandwidth_table_error_names_the_fields)."""
+    class (tests/test_bad_input_files.py::test_a_bandwidth_table_error_names_the_fields)."""
     fields = ", ".join(BandwidthTable.__struct_fields__)
     return (
         "a bandwidth table is a JSON object (in config.toml a [bandwidth_table] table) of "

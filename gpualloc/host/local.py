@@ -89,7 +89,7 @@ class LocalHost(HostView, kw_only=True):
     placement_memo: dict[tuple[Want, HostState], Placement] | None = None
     """Placements remembered by request and host state (:meth:`placement`): the broker sets
     one, and answers the same request on the same free GPUs without a search
-    (tests/test_broker_costs.py::test_the_same_request_on_the_same_free_gpus_is_searched_once).
+    (tests/test_broker_throughput.py::test_the_same_request_on_the_same_free_gpus_is_searched_once).
     None: every placement is searched (one request a process)."""
     placer: Any = None
     """The broker's placement worker (:class:`gpualloc.broker.placer.Placer`), which searches
@@ -541,7 +541,7 @@ def taken_id(txn: LedgerTransaction, lease_id: str) -> None:
     """Refuse a new lease or waiter id that names one already in the ledger: the broker's
     clients choose their ids (to find a request again after a lost connection), so one naming
     another's waiter would take its place in the queue
-    (tests/test_broker_queue_attacks.py::test_naming_another_users_waiter_is_refused_and_the_queue_keeps_moving)."""
+    (tests/test_broker_fairness.py::test_naming_another_users_waiter_is_refused_and_the_queue_keeps_moving)."""
     if txn.ledger.find(lease_id) is not None or txn.ledger.waiter(lease_id) is not None:
         raise RequestError(f"id {lease_id} is in use", hint="let gpualloc choose ids")
 

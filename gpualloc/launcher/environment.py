@@ -68,7 +68,7 @@ def check_uuids(gpus: Iterable[Gpu]) -> None:
     """Refuse ``--uuid`` unless each of ``gpus`` has a UUID fit for ``CUDA_VISIBLE_DEVICES``.
     Run and alloc ask this of every GPU they could place the job on before they take any: a
     refusal after the lease was written changed the ledger and the placement counts
-    (tests/test_bad_input_more.py::test_a_refused_uuid_writes_nothing)."""
+    (tests/test_bad_input_options.py::test_a_refused_uuid_writes_nothing)."""
     for gpu in gpus:
         if not gpu.uuid:
             raise RequestError(

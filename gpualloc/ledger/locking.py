@@ -263,7 +263,7 @@ class SharedLock:
         """Why the lock file could not be opened: a directory where it cannot be made (read-only
         for this user, or on a read-only file system) is said as such, not as a missing file
         with a chmod of the file for a hint
-        (tests/test_bad_input_more.py::test_a_read_only_state_directory_is_named_as_such)."""
+        (tests/test_bad_input_settings.py::test_a_read_only_state_directory_is_named_as_such)."""
         directory = self.path.parent
         cannot_make = exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
         if cannot_make and not os.path.lexists(self.path):

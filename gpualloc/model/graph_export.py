@@ -74,7 +74,7 @@ def _flatten(attributes: dict[str, Any]) -> None:
 NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 """A character XML 1.0 cannot hold, even as a character reference (a control character such as
 ESC, a lone surrogate, U+FFFE/U+FFFF): a GPU name with one would make the file unreadable
-(tests/test_bad_input_last.py::test_an_exported_graph_with_control_characters_in_names_parses)."""
+(tests/test_bad_input_files.py::test_an_exported_graph_with_control_characters_in_names_parses)."""
 
 
 def _xml_safe(attributes: dict[str, Any]) -> None:

@@ -43,7 +43,7 @@ def unknown_choice(
 ) -> GpuallocError:
     """``unknown WHAT 'value': not one of a, b, c``: the choices in the error itself, and as
     the hint only what the option's help cannot say, the choice closest to what was typed
-    (a hint that listed them repeated the help: tests/test_bad_input_cli.py)."""
+    (a hint that listed them repeated the help: tests/test_bad_input_options.py)."""
     import difflib
 
     names = list(choices)
@@ -109,7 +109,7 @@ _SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**
 def parse_size(text: str, option: str) -> int:
     """``10G``, ``4.5GiB``, ``512M``, ``20GB``, ``4096B`` -> bytes (K/M/G/T are binary, as
     nvidia-smi's MiB). A bare number is refused: ``--mem 8`` would mean 8 bytes, surely never what
-    was asked (tests/test_bad_input_cli.py::test_mem_without_a_unit_is_refused)."""
+    was asked (tests/test_bad_input_options.py::test_mem_without_a_unit_is_refused)."""
     if re.fullmatch(r"\s*\d+(?:\.\d+)?\s*", text):
         number = shown_text(text.strip())
         raise RequestError(

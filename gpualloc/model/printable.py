@@ -73,7 +73,7 @@ MAX_COMMAND_CHARS = 4096
 cut). So a command as kept always fits a request to the broker
 (:data:`gpualloc.wire.protocol.MAX_REQUEST_BYTES`, even at twelve bytes a character, JSON's
 ``\\udXXX`` pairs), and a job's argv, of any size, never decides whether it runs
-(tests/test_broker_security.py)."""
+(tests/test_broker_access.py, tests/test_broker_limits.py)."""
 
 
 def lease_command(words: Iterable[str]) -> tuple[str, ...]:

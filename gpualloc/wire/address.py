@@ -8,7 +8,7 @@ Every ``run``, ``alloc`` and ``release`` asks this, broker or not, so it costs o
 Broker mode is a property of the host, not the momentary presence of a socket: a broker that stops
 cleanly removes its socket, and clients that took its absence for no broker would fall back to the
 file ledger beside the broker's leases
-(tests/test_broker_cannot_be_bypassed.py::test_a_host_in_broker_mode_never_falls_back_to_the_file_ledger).
+(tests/test_broker_access.py::test_a_host_in_broker_mode_never_falls_back_to_the_file_ledger).
 The mark is :data:`BROKER_DIRECTORY`, a directory root owns (``gpualloc serve`` and the systemd
 units make it; a reboot or ``rmdir`` clears it): while it stands, a missing socket is exit 18, "the
 broker does not answer". A directory another user made there is no mark.

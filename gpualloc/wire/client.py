@@ -186,7 +186,7 @@ class BrokerClient:
 def check_server(connection: socket.socket, path: Path) -> None:
     """Refuse a server that is neither root nor this user (``SO_PEERCRED``): anyone who could
     put a socket where the broker's should be would read every request
-    (tests/test_broker_cannot_be_bypassed.py::test_a_client_sends_nothing_to_a_server_another_user_runs)."""
+    (tests/test_broker_access.py::test_a_client_sends_nothing_to_a_server_another_user_runs)."""
     raw = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
     uid = int.from_bytes(raw[4:8], sys.byteorder)  # struct ucred: pid, uid, gid
     if uid not in (0, os.geteuid()):

@@ -130,7 +130,7 @@ def parse_request(line: bytes) -> tuple[str, dict[str, Any]]:
     """``(op, args)`` of one request line; :class:`BrokerError` for anything else. Strict
     JSON: a ``NaN`` or an infinity would pass every bound it meets (a wait with a ``NaN``
     timeout never ended), and a document nested past Python's recursion is refused, not a
-    RecursionError (tests/test_broker_fuzz.py walks every bound)."""
+    RecursionError (tests/test_fuzz_broker.py walks every bound)."""
     try:
         body = json.loads(line, parse_constant=_no_constant, parse_float=_finite)
     except _NotJson as bad:

@@ -1,4 +1,5 @@
-"""One user cannot jam the broker's queue by naming another's waiter.
+"""The broker's queue stays fair under attack: one user cannot jam it by naming another's
+waiter, nor stall it with jobs that user's own leases block.
 
 Every user may read the ledger (0644), so every waiter's id is public. On b2653dd a user who
 sent an ``alloc`` with another user's waiter id as its ``lease_id`` got a lease under that id;

@@ -1,4 +1,4 @@
-"""The root broker opens no file a user names.
+"""Files a user names, through the broker: the root broker opens none of them.
 
 On b2653dd the broker opened the ``--pattern`` path the client typed, as root: ``--pattern
 /root/x.json`` printed the first item of a root-only file, and the errors told whether any

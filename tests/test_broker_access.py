@@ -1,5 +1,8 @@
-"""Attacks by real Unix users on one another, against a broker-mode host and against the
-cooperative shared-file mode.
+"""Who may do what on a shared host: attacks by real Unix users on one another, against a
+broker-mode host and against the cooperative shared-file mode; and no way around the broker
+(broker mode is the root-owned directory of the default socket, never a fall-back to the file
+ledger; clients talk only to a server run by root or themselves; ``serve`` listens only in a
+directory no other user may change).
 
 Each attack test runs twice: ``broker`` (``gpualloc serve`` owns the ledger; users reach it only
 through its socket), where the attack must fail, and ``shared`` (the README's 1777 directory),
@@ -13,8 +16,11 @@ Skipped, with the reason, where the tests do not run as root.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from gpualloc.wire.address import BROKER_DIRECTORY
 from tests.broker_harness import RunningBroker
 from tests.child_processes import end
 from tests.unix_users import UnixUser, UserCommandLine, ensure_user, shared_directory
@@ -390,41 +397,6 @@ def _processes_of(user: UnixUser) -> list[int]:
     return [p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"].real == user.uid]
 
 
-def test_the_log_escapes_what_clients_wrote_and_indents_what_follows(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """A client's words reach the broker's log (an error quoting a request, a user's lease): an
-    escape sequence was written to the administrator's terminal as it came, and a newline in a
-    message began a line that read as the broker's own."""
-    from gpualloc.broker.log import LOG_LINE_LIMIT, log_line
-
-    log_line("error: bad name '\x1b[2J\x07'\n2026-01-01T00:00:00Z gpualloc serve: stopped")
-    log_line("x" * 100_000)
-    first, forged, long, end = capsys.readouterr().err.split("\n")
-    assert first.endswith("gpualloc serve: error: bad name '\\x1b[2J\\x07'")
-    assert forged == "    2026-01-01T00:00:00Z gpualloc serve: stopped"
-    assert long.endswith("x...") and len(long) < LOG_LINE_LIMIT + 50
-    assert end == ""
-
-
-def test_request_errors_say_a_clients_long_value_back_cut() -> None:
-    """An unknown op, version or priority of 100,000 characters was said back whole."""
-    from gpualloc.broker.requests import wait_options
-    from gpualloc.errors import GpuallocError
-    from gpualloc.wire.protocol import VERSION, parse_request
-
-    long = "x" * 100_000
-    for line in [{"v": VERSION, "op": long}, {"v": long, "op": "status"}]:
-        with pytest.raises(GpuallocError) as raised:
-            parse_request(json.dumps(line).encode())
-        assert "xxx...xxx" in raised.value.message and len(raised.value.message) < 250
-    with pytest.raises(GpuallocError) as raised:
-        wait_options({"priority": [long]}, policy=None)  # type: ignore[arg-type]
-    assert len(raised.value.message) < 250
-    with pytest.raises(GpuallocError, match="unknown request 'frobnicate'"):
-        parse_request(json.dumps({"v": VERSION, "op": "frobnicate"}).encode())
-
-
 TWICE = """
 import json, socket, sys
 request = {"count": 3, "sensitive": True, "policy": "drb", "pattern": "file:twice",
@@ -493,15 +465,134 @@ def test_a_job_with_a_long_command_line_runs_whole_and_its_lease_keeps_it_cut(
     assert sum(map(len, lease["command"])) == 4096 and lease["command"][-1][0] == "a"
 
 
-def test_a_command_as_a_lease_keeps_it_always_fits_a_request() -> None:
-    """Whatever the words (astral characters are twelve bytes of JSON, a byte that is not
-    UTF-8 four characters once escaped), the kept command fits a request, and cutting it
-    again changes nothing: the broker's check of the client's cut keeps it as sent."""
-    from gpualloc.model.printable import MAX_COMMAND_WORDS, lease_command
-    from gpualloc.wire.protocol import MAX_REQUEST_BYTES, request_line
+# ---- no way around the broker ---------------------------------------------------------------
 
-    for word in ["\U0001f600" * 200_000, "\udcff" * 200_000, "\x00" * 200_000, ""]:
-        kept = lease_command([word] * 1000)
-        assert lease_command(kept) == kept
-        assert len(kept) <= MAX_COMMAND_WORDS
-        assert len(request_line("alloc", {"terms": {"command": list(kept)}})) < MAX_REQUEST_BYTES
+
+@pytest.fixture
+def bobs_directory(users: dict[str, UnixUser]) -> Iterator[Path]:
+    directory = Path(tempfile.mkdtemp(prefix="gpualloc-bob-"))
+    directory.chmod(0o755)
+    os.chown(directory, users["bob"].uid, users["bob"].gid)
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_serve_refuses_a_socket_directory_another_user_owns(bobs_directory: Path) -> None:
+    """Root's broker in bob's directory: bob could replace its socket with his own."""
+    done = subprocess.run(
+        [sys.executable, "-m", "gpualloc", "--topology", "dgx1-v100", "serve",
+         "--socket", str(bobs_directory / "broker.sock"),
+         "--state-dir", str(bobs_directory.parent / f"{bobs_directory.name}-state")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 18, done.stderr
+    assert "could replace the socket" in done.stderr
+    assert not (bobs_directory / "broker.sock").exists()
+
+
+def test_serve_keeps_a_file_that_is_not_a_socket(tmp_path: Path) -> None:
+    """``serve --socket FILE`` refuses a regular file there and leaves it be."""
+    keep = tmp_path / "notes.txt"
+    keep.write_text("mine")
+    done = subprocess.run(
+        [sys.executable, "-m", "gpualloc", "--topology", "dgx1-v100", "serve",
+         "--socket", str(keep), "--state-dir", str(tmp_path / "state")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 18 and "is not a socket" in done.stderr
+    assert keep.read_text() == "mine"
+
+
+def test_a_client_sends_nothing_to_a_server_another_user_runs(
+    users: dict[str, UnixUser], bobs_directory: Path
+) -> None:
+    """Bob serves a socket of his own and points alice at it: her gpualloc refuses it (exit
+    18) before sending a byte."""
+    alice, bob = users["alice"], users["bob"]
+    path = bobs_directory / "fake.sock"
+    # The listener is a process of bob's: the kernel names him to alice's client.
+    script = (
+        "import socket, sys, time\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.bind(sys.argv[1]); "
+        "s.listen(4)\nimport os; os.chmod(sys.argv[1], 0o666)\n"
+        "print('ready', flush=True)\n"
+        "c, _ = s.accept(); c.settimeout(5)\n"
+        "try:\n    data = c.recv(65536)\nexcept OSError:\n    data = b''\n"
+        "print(repr(data), flush=True)\n"
+    )
+    as_user = UserCommandLine(alice)
+    server = subprocess.Popen(
+        [as_user.python, "-c", script, str(path)], stdout=subprocess.PIPE, text=True,
+        user=bob.uid, group=bob.gid, extra_groups=[], cwd="/",
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        assert server.stdout.readline().strip() == "ready"
+        asked = as_user(alice, "alloc", "--hold", "-n", "1", env={"GPUALLOC_BROKER": str(path)})
+        assert asked.returncode == 18, asked.stderr
+        assert "not by root" in asked.stderr
+        received, _ = server.communicate(timeout=30)
+    finally:
+        end(server)
+    assert received.strip().endswith("b''"), received  # not one byte of the request
+
+
+@pytest.mark.skipif(os.path.lexists(BROKER_DIRECTORY), reason=f"{BROKER_DIRECTORY} is in use")
+def test_a_host_in_broker_mode_never_falls_back_to_the_file_ledger(
+    users: dict[str, UnixUser],
+) -> None:
+    """The broker's directory stands, its socket is gone (a broker that stopped cleanly):
+    every client says the broker does not answer (exit 18) and writes no file ledger."""
+    alice = users["alice"]
+    state = Path(tempfile.mkdtemp(prefix="gpualloc-fallback-"))
+    state.chmod(0o1777)
+    Path(BROKER_DIRECTORY).mkdir(mode=0o755)
+    try:
+        as_user = UserCommandLine(alice)
+        env = {"GPUALLOC_STATE_DIR": str(state)}
+        asked = as_user(alice, "alloc", "--hold", "-n", "1", env=env)  # this host's ledger
+        assert asked.returncode == 18, asked.stderr
+        assert "does not answer" in asked.stderr and BROKER_DIRECTORY in asked.stderr
+        assert list(state.iterdir()) == []
+    finally:
+        shutil.rmtree(BROKER_DIRECTORY, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def test_a_directory_another_user_made_there_is_no_mark(users: dict[str, UnixUser]) -> None:
+    from gpualloc.wire.address import broker_socket
+
+    if os.path.lexists(BROKER_DIRECTORY):
+        pytest.skip(f"{BROKER_DIRECTORY} is in use")
+    Path(BROKER_DIRECTORY).mkdir(mode=0o755)
+    try:
+        assert broker_socket(None) is not None
+        os.chown(BROKER_DIRECTORY, users["bob"].uid, users["bob"].gid)
+        assert broker_socket(None) is None
+    finally:
+        shutil.rmtree(BROKER_DIRECTORY, ignore_errors=True)
+
+
+def test_doctor_checks_who_owns_the_brokers_files(users: dict[str, UnixUser]) -> None:
+    """Modes alone do not say who may change a file: a ledger another user owns is a problem
+    even at 0644."""
+    broker = RunningBroker("dgx1-v100").start()
+    try:
+        broker.call("hello")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUALLOC_")}
+        env["GPUALLOC_BROKER"] = str(broker.socket)
+        argv = [sys.executable, "-m", "gpualloc", "doctor"]
+        fine = subprocess.run(
+            argv, capture_output=True, text=True, env=env, check=False, timeout=120
+        )
+        assert "socket directory" in fine.stdout and "belongs to uid" not in fine.stdout
+        os.chown(broker.state, users["alice"].uid, users["alice"].gid)
+        planted = subprocess.run(
+            argv, capture_output=True, text=True, env=env, check=False, timeout=120
+        )
+        assert planted.returncode != 0
+        assert f"belongs to uid {users['alice'].uid}, not the broker's 0" in planted.stdout
+    finally:
+        os.chown(broker.state, 0, 0)
+        broker.stop()
+        shutil.rmtree(broker.directory, ignore_errors=True)

@@ -1,12 +1,12 @@
-"""What the broker does not do again on every request: search a placement it found for the
-same request on the same free GPUs, wait for ext4 to write out a ledger it renames into place,
-read ``/proc`` for a peer it has read already, or write once per answer and log line where a
-turn of its loop has several."""
+"""The broker's throughput: what it does not do again on every request. It does not search a
+placement it found for the same request on the same free GPUs, wait for ext4 to write out a
+ledger it renames into place (an unsynced write is preallocated), read ``/proc`` for a peer it
+has read already, or write once per answer and log line where a turn of its loop has several
+(``benchmarks/bench_broker.py`` measures what that buys)."""
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import io
 import json
 import os
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gpualloc.atomic import write_text_atomic, write_user_output
+from gpualloc.atomic import write_text_atomic
 from gpualloc.broker import server
 from gpualloc.broker.fair_share import FairShare
 from gpualloc.broker.limits import Limits
@@ -138,44 +138,6 @@ def test_a_synced_write_is_not_preallocated(
     monkeypatch.setattr(os, "posix_fallocate", lambda *args: pytest.fail("preallocated"))
     write_text_atomic(tmp_path / "x", "text", sync=True)
     assert (tmp_path / "x").read_text() == "text"
-
-
-def test_a_users_output_path_never_replaces_a_device_a_fifo_or_a_directory(
-    tmp_path: Path,
-) -> None:
-    fifo = tmp_path / "pipe"
-    os.mkfifo(fifo)
-    write_user_output(Path("/dev/null"), "text\n")  # a device: written in place
-    with pytest.raises(OSError) as unread:
-        write_user_output(fifo, "text\n")  # nobody reads it: at once, not a wait
-    assert unread.value.errno == errno.ENXIO
-    with pytest.raises(IsADirectoryError):
-        write_user_output(tmp_path, "text\n")
-    assert Path("/dev/null").is_char_device() and fifo.is_fifo()
-    assert [p.name for p in tmp_path.iterdir()] == ["pipe"]  # no temporary left either
-
-
-def test_a_users_output_path_through_a_link_replaces_the_file_it_names(tmp_path: Path) -> None:
-    real = tmp_path / "real.json"
-    real.write_text("old\n")
-    link = tmp_path / "link.json"
-    link.symlink_to(real)
-    write_user_output(link, "new\n")
-    assert link.is_symlink() and real.read_text() == "new\n"
-
-
-def test_gpuallocs_own_atomic_write_replaces_a_planted_link_and_never_follows_it(
-    tmp_path: Path,
-) -> None:
-    """Root's hooks write the journal over whatever a user planted at its name: a link must
-    be replaced, not followed (following it would write where the planter chose)."""
-    target = tmp_path / "victim"
-    target.write_text("untouched\n")
-    planted = tmp_path / "journal.json"
-    planted.symlink_to(target)
-    write_text_atomic(planted, "journal\n")
-    assert not planted.is_symlink() and planted.read_text() == "journal\n"
-    assert target.read_text() == "untouched\n"
 
 
 # ---- the broker's loop, in this process ------------------------------------------------------

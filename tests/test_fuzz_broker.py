@@ -1,4 +1,4 @@
-"""Issue 40, point 9: the broker's protocol, fuzzed by two hostile users while a third works.
+"""The broker's protocol, fuzzed by two hostile users while a third works.
 
 Hypothesis generates requests (a fifth of them; the rest are bred from those, fields crossed
 between them): well-formed ones of every operation with fields replaced by

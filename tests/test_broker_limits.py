@@ -1,11 +1,15 @@
-"""Issue 40, hole 10: floods cost the flooder.
+"""What one user may take of the broker (``gpualloc/broker/limits.py``): floods cost the
+flooder, and what a client writes is bounded where the broker says it back.
 
 On b2653dd a user's 3,200 ``snapshot`` calls a second (under the 5,000-a-second limit, every
 request alike) put another user's calls at p99 434 ms, and connection attempts were not limited
 at all. Now a request costs its user's budget about what it costs the broker (a full snapshot
 ten hellos), connections opened a second are limited per user, and an idle connection is
 closed, and a flood past the budget is hung up on. ``benchmarks/bench_broker_flood.py``
-measures another user's latency under a flood.
+measures another user's latency under a flood. A client's words reach the broker's log
+escaped, its long values come back cut, and a command cut as a lease keeps it fits a request.
+The protocol's own limits (a request's size and deadline, one user's connections and request
+rate) are ``test_broker.py``'s.
 """
 
 from __future__ import annotations
@@ -425,3 +429,58 @@ def test_another_users_processes_do_not_stall_the_loop() -> None:
         job.wait(timeout=60)
         broker.stop()
         shutil.rmtree(broker.directory, ignore_errors=True)
+
+
+# ---- what a client writes, bounded where it is said back ---------------------------------
+
+
+@pytest.mark.slow
+def test_the_log_escapes_what_clients_wrote_and_indents_what_follows(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A client's words reach the broker's log (an error quoting a request, a user's lease): an
+    escape sequence was written to the administrator's terminal as it came, and a newline in a
+    message began a line that read as the broker's own."""
+    from gpualloc.broker.log import LOG_LINE_LIMIT, log_line
+
+    log_line("error: bad name '\x1b[2J\x07'\n2026-01-01T00:00:00Z gpualloc serve: stopped")
+    log_line("x" * 100_000)
+    first, forged, long, end = capsys.readouterr().err.split("\n")
+    assert first.endswith("gpualloc serve: error: bad name '\\x1b[2J\\x07'")
+    assert forged == "    2026-01-01T00:00:00Z gpualloc serve: stopped"
+    assert long.endswith("x...") and len(long) < LOG_LINE_LIMIT + 50
+    assert end == ""
+
+
+@pytest.mark.slow
+def test_request_errors_say_a_clients_long_value_back_cut() -> None:
+    """An unknown op, version or priority of 100,000 characters was said back whole."""
+    from gpualloc.broker.requests import wait_options
+    from gpualloc.errors import GpuallocError
+    from gpualloc.wire.protocol import VERSION, parse_request
+
+    long = "x" * 100_000
+    for line in [{"v": VERSION, "op": long}, {"v": long, "op": "status"}]:
+        with pytest.raises(GpuallocError) as raised:
+            parse_request(json.dumps(line).encode())
+        assert "xxx...xxx" in raised.value.message and len(raised.value.message) < 250
+    with pytest.raises(GpuallocError) as raised:
+        wait_options({"priority": [long]}, policy=None)  # type: ignore[arg-type]
+    assert len(raised.value.message) < 250
+    with pytest.raises(GpuallocError, match="unknown request 'frobnicate'"):
+        parse_request(json.dumps({"v": VERSION, "op": "frobnicate"}).encode())
+
+
+@pytest.mark.slow
+def test_a_command_as_a_lease_keeps_it_always_fits_a_request() -> None:
+    """Whatever the words (astral characters are twelve bytes of JSON, a byte that is not
+    UTF-8 four characters once escaped), the kept command fits a request, and cutting it
+    again changes nothing: the broker's check of the client's cut keeps it as sent."""
+    from gpualloc.model.printable import MAX_COMMAND_WORDS, lease_command
+    from gpualloc.wire.protocol import MAX_REQUEST_BYTES, request_line
+
+    for word in ["\U0001f600" * 200_000, "\udcff" * 200_000, "\x00" * 200_000, ""]:
+        kept = lease_command([word] * 1000)
+        assert lease_command(kept) == kept
+        assert len(kept) <= MAX_COMMAND_WORDS
+        assert len(request_line("alloc", {"terms": {"command": list(kept)}})) < MAX_REQUEST_BYTES
