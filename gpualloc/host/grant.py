@@ -88,17 +88,6 @@ class Grant:
         self.views = views
         self.lock_fd = lock_fd
 
-    def launched(self) -> tuple[object, ...]:
-        """What a launch reads of the grant, for comparing two grants
-        (``tests/test_host_contract.py``)."""
-        share = (
-            None
-            if self.share is None
-            else tuple(getattr(self.share, n) for n in SharedPlace.__slots__)
-        )
-        return (self.lease_id, self.variables, self.held, self.numa_nodes, self.this_host,
-                self.notes, share)  # fmt: skip
-
 
 def grant_of(
     topology: Topology, allocation: Allocation, want: Want, *, uuid: bool, this_host: bool
