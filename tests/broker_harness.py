@@ -7,6 +7,7 @@ systemd: the test is the supervisor (a restart is a new process on the same sock
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from tests.child_processes import end
 
@@ -124,3 +126,61 @@ def running_broker(topology: str) -> Iterator[RunningBroker]:
             os.kill(running.process.pid, signal.SIGCONT)  # a test may have stopped it
         running.stop()
         shutil.rmtree(running.directory, ignore_errors=True)
+
+
+class TurnedBroker:
+    """A broker in this process on a bundled host, whose loop the test turns (no placement
+    worker: searches run in the loop), and the batches of lines it gave its log."""
+
+    def __init__(self, directory: Path) -> None:
+        from gpualloc.broker.fair_share import FairShare
+        from gpualloc.broker.limits import Limits
+        from gpualloc.broker.listener import listening_socket
+        from gpualloc.broker.server import Broker
+        from gpualloc.broker.service import LedgerService
+        from gpualloc.config import Config
+        from gpualloc.host.local import LocalHost
+        from gpualloc.host.queue_policy import QueuePolicy
+        from gpualloc.topologies import load_bundled
+
+        config = Config.load()
+        host = LocalHost.open(load_bundled("dgx1-v100"), state_dir=directory / "b", owner=True)
+        service = LedgerService(host, QueuePolicy.from_config(config), FairShare(3600.0), config)
+        assert service.store.hold_lock()
+        self.socket = directory / "run" / "gpualloc.sock"
+        self.logged: list[list[str]] = []
+        self.broker = Broker(
+            service, listening_socket(self.socket), Limits(64, 1000), log=self.logged.append
+        )
+        self.broker.start()
+
+    def connect(self) -> socket.socket:
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        client.connect(str(self.socket))
+        client.settimeout(5)
+        return client
+
+    def answers(self, client: socket.socket, count: int) -> list[dict[str, Any]]:
+        """The next ``count`` answers ``client`` gets, turning the loop until they came."""
+        found = b""
+        for _ in range(50):
+            self.broker.turn()
+            client.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                found += client.recv(1 << 20)
+            if found.count(b"\n") >= count:
+                break
+        lines = found.splitlines()
+        assert len(lines) == count, found
+        return [json.loads(line) for line in lines]
+
+    def close(self) -> None:
+        for key in list(self.broker.selector.get_map().values()):
+            if isinstance(key.fileobj, socket.socket):
+                key.fileobj.close()
+            else:  # a lease's pidfd
+                os.close(key.fd)
+        self.broker.selector.close()
+        held = self.broker.service.store._held
+        assert held is not None
+        held.__exit__(None, None, None)

@@ -27,7 +27,7 @@ import pytest
 from gpualloc.broker.limits import SNAPSHOT_COST, Limits, request_cost
 from gpualloc.errors import BrokerError
 from gpualloc.wire.client import BrokerClient
-from tests.broker_harness import RunningBroker
+from tests.broker_harness import RunningBroker, TurnedBroker
 from tests.unix_users import ensure_user
 
 
@@ -53,6 +53,39 @@ def test_connection_attempts_are_limited_per_user() -> None:
 
 
 @pytest.mark.slow
+def test_connections_a_user_closed_do_not_count_against_the_next_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user at ``broker.max_connections`` who closes its connections and opens another at
+    once is answered, even when the loop meets the new connection before the old ones' end
+    of file (epoll may report them in either order: the CI run of 1d4dd80 refused the fuzzer's
+    first request after its walk of the connection bound); while they stay open, the next is
+    refused."""
+    from gpualloc.broker import listener
+    from gpualloc.broker.peers import Peer
+
+    monkeypatch.setattr(listener, "peer_of", lambda sock: Peer(pid=1, uid=4242, gid=4242))
+    turned = TurnedBroker(tmp_path)
+    try:
+        turned.broker.limits.max_connections = 3
+        held = [turned.connect() for _ in range(3)]
+        turned.broker._accept()
+        over = turned.connect()
+        turned.broker._accept()  # refused: the three are open
+        with over, over.makefile("rb") as said:
+            assert "max_connections" in said.readline().decode()
+        for client in held:
+            client.close()
+        after = turned.connect()
+        turned.broker._accept()  # before the loop has read the three's end of file
+        assert turned.broker.limits.connections[4242] == 1
+        after.sendall(b'{"v": 1, "op": "hello", "args": {}}\n')
+        with after:
+            assert turned.answers(after, 1)[0]["ok"]
+    finally:
+        turned.close()
+
+
 def test_the_broker_closes_idle_connections_and_refuses_a_connection_storm(
     tmp_path: Path,
 ) -> None:

@@ -6,7 +6,6 @@ has read already, or write once per answer and log line where a turn of its loop
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
@@ -20,22 +19,16 @@ import pytest
 
 from gpualloc.atomic import write_text_atomic
 from gpualloc.broker import server
-from gpualloc.broker.fair_share import FairShare
-from gpualloc.broker.limits import Limits
-from gpualloc.broker.listener import listening_socket
 from gpualloc.broker.log import log_lines
-from gpualloc.broker.server import Broker
-from gpualloc.broker.service import LedgerService
-from gpualloc.config import Config
 from gpualloc.host import local
 from gpualloc.host.lease_terms import LeaseTerms
 from gpualloc.host.local import LocalHost
-from gpualloc.host.queue_policy import QueuePolicy
 from gpualloc.ledger.store import new_lease_id
 from gpualloc.model.request import JobRequest
 from gpualloc.placement.mapa.patterns import build_pattern
 from gpualloc.placement.want import Want
 from gpualloc.topologies import load_bundled
+from tests.broker_harness import TurnedBroker
 
 
 def _want(gpus: int, **fields: Any) -> Want:
@@ -141,54 +134,6 @@ def test_a_synced_write_is_not_preallocated(
 
 
 # ---- the broker's loop, in this process ------------------------------------------------------
-
-
-class TurnedBroker:
-    """A broker in this process on a bundled host, whose loop the test turns (no placement
-    worker: searches run in the loop), and the batches of lines it gave its log."""
-
-    def __init__(self, directory: Path) -> None:
-        config = Config.load()
-        host = LocalHost.open(load_bundled("dgx1-v100"), state_dir=directory / "b", owner=True)
-        service = LedgerService(host, QueuePolicy.from_config(config), FairShare(3600.0), config)
-        assert service.store.hold_lock()
-        self.socket = directory / "run" / "gpualloc.sock"
-        self.logged: list[list[str]] = []
-        self.broker = Broker(
-            service, listening_socket(self.socket), Limits(64, 1000), log=self.logged.append
-        )
-        self.broker.start()
-
-    def connect(self) -> socket.socket:
-        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        client.connect(str(self.socket))
-        client.settimeout(5)
-        return client
-
-    def answers(self, client: socket.socket, count: int) -> list[dict[str, Any]]:
-        """The next ``count`` answers ``client`` gets, turning the loop until they came."""
-        found = b""
-        for _ in range(50):
-            self.broker.turn()
-            client.setblocking(False)
-            with contextlib.suppress(BlockingIOError):
-                found += client.recv(1 << 20)
-            if found.count(b"\n") >= count:
-                break
-        lines = found.splitlines()
-        assert len(lines) == count, found
-        return [json.loads(line) for line in lines]
-
-    def close(self) -> None:
-        for key in list(self.broker.selector.get_map().values()):
-            if isinstance(key.fileobj, socket.socket):
-                key.fileobj.close()
-            else:  # a lease's pidfd
-                os.close(key.fd)
-        self.broker.selector.close()
-        held = self.broker.service.store._held
-        assert held is not None
-        held.__exit__(None, None, None)
 
 
 @pytest.fixture

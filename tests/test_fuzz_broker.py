@@ -263,10 +263,14 @@ def _connected(path: Path, line: bytes) -> socket.socket:
     return connection
 
 
-def _first_code(connection: socket.socket) -> int | str:
-    """The exit code of the first answer on ``connection`` (0: ok, or waiting)."""
+def _first_answer(connection: socket.socket) -> dict[str, Any]:
+    """The exit code (0: ok, or waiting) and the message of the first answer on
+    ``connection``."""
     raw = connection.makefile("rb").readline()
-    return (json.loads(raw).get("error") or {}).get("code", 0) if raw else "closed"
+    if not raw:
+        return {"code": "closed", "message": ""}
+    error = json.loads(raw).get("error") or {}
+    return {"code": error.get("code", 0), "message": error.get("message", "")}
 
 
 def _held_limits(path: Path, gpus: int) -> list[tuple[str, int, Any]]:
@@ -274,7 +278,7 @@ def _held_limits(path: Path, gpus: int) -> list[tuple[str, int, Any]]:
     max_connections``), each answered before the next opens, and waiting jobs
     (``queue.max_waiting``), sent at once behind a lease of every GPU, each answered by its
     first event (a waiter hears it at the broker's next look) or refused; (bound, count,
-    code) for the count just under, at and over each."""
+    answer) for the count just under, at and over each."""
     from gpualloc.config import BY_KEY
 
     found: list[tuple[str, int, Any]] = []
@@ -285,9 +289,9 @@ def _held_limits(path: Path, gpus: int) -> list[tuple[str, int, Any]]:
             held.append(_connected(path, request_text("hello", {})))
             if count >= limit - 1:
                 found.append(("connections per user (broker.max_connections)", count,
-                              _first_code(held[-1])))  # fmt: skip
+                              _first_answer(held[-1])))  # fmt: skip
             else:
-                _first_code(held[-1])
+                _first_answer(held[-1])
     finally:
         for connection in held:
             connection.close()
@@ -296,12 +300,13 @@ def _held_limits(path: Path, gpus: int) -> list[tuple[str, int, Any]]:
     everything = {"policy": "mapa", "count": gpus}
     try:
         held.append(_connected(path, request_text("alloc", _args(everything))))
-        found.append(("every GPU held, the queue's bound next", 1, _first_code(held[0])))
+        found.append(("every GPU held, the queue's bound next", 1, _first_answer(held[0])))
         one = {"policy": "mapa", "count": 1}
         held += [
             _connected(path, request_text("alloc", _args(one, wait={}))) for _ in range(limit + 1)
         ]
-        codes = sorted((_first_code(c) for c in held[1:]), key=str)  # 0 (waiting), then 12
+        answers = [_first_answer(c) for c in held[1:]]
+        codes = sorted(answers, key=lambda answer: str(answer["code"]))  # 0 (waiting), then 12
     finally:
         for connection in held:
             connection.close()
@@ -325,8 +330,8 @@ def _walk(path: Path, bounds: list[Any], gpus: int) -> list[list[Any]]:
             if bound.kept is not None and answer["code"] == 0:
                 answer["kept"] = bound.kept(value, made)
             seen.append([bound.name, repr(value)[:40], answer])
-    for name, value, code in _held_limits(path, gpus):
-        seen.append([name, repr(value), {"code": code, "open": True}])
+    for name, value, answer in _held_limits(path, gpus):
+        seen.append([name, repr(value), {**answer, "open": True}])
     return seen
 
 
@@ -378,8 +383,9 @@ def test_every_bound_a_request_meets_is_answered_as_documented_below_at_and_abov
         as_user(user.uid, user.gid, walked)
         seen = json.loads(report.read_text())
         messages = [answer.pop("message", "") for _, _, answer in seen]
-        wrong = [(s, w) for s, w in zip(seen, _wanted(), strict=True) if s != w]
-        assert not wrong, "\n".join(f"seen {s}, wanted {w[2]}" for s, w in wrong)
+        said = zip(seen, _wanted(), messages, strict=True)
+        wrong = [f"seen {s}, wanted {w[2]}: {m!r}" for s, w, m in said if s != w]
+        assert not wrong, "\n".join(wrong)
         assert not [m for m in messages if "\n" in m], "an answer of more than one line"
         log = broker.log_text()
         assert "internal error" not in log and "Traceback" not in log, log[-3000:]

@@ -9,6 +9,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gpualloc.errors import BrokerError
+from gpualloc.wire import protocol
+
 COSTS = {"hello": 1.0, "confirm": 1.0, "release": 2.0, "evict": 2.0, "alloc": 4.0, "gc": 10.0}
 """What a request costs of its user's budget (``broker.max_requests_per_s``): about what it costs
 the broker, so that a flood of the dearest requests stalls nobody else. A full ``snapshot`` (the
@@ -96,3 +99,21 @@ class Limits:
         cost the user who makes them, not the others
         (tests/test_placement_budget.py::test_a_slow_request_costs_its_own_user)."""
         self.requests.charge(uid, (busy_s - FREE_BUSY_S) / BUSY_TOKEN_S)
+
+
+TOO_MANY_CONNECTS = protocol.error_line(
+    BrokerError(
+        "too many connections opened to the broker (broker.max_connects_per_s)",
+        hint="slow down and try again",
+    )
+)
+"""The refusal of a connection past its user's ``broker.max_connects_per_s``: made once, as a
+connect flood has the broker send it for nearly every connection."""
+TOO_MANY_REQUESTS = protocol.error_line(
+    BrokerError(
+        "too many requests to the broker (broker.max_requests_per_s); this connection is closed",
+        hint="slow down and try again",
+    )
+)
+"""The refusal of a request past its user's ``broker.max_requests_per_s``, its connection then
+closed: a flood costs the broker one answer, not one per request."""

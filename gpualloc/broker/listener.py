@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpualloc.broker.limits import TOO_MANY_CONNECTS
 from gpualloc.broker.peers import Peer, peer_of
 from gpualloc.errors import BrokerError
 from gpualloc.user_files import shown_path
@@ -123,24 +124,19 @@ def check_socket_directory(directory: Path) -> None:
         )
 
 
-TOO_MANY_CONNECTS = protocol.error_line(
-    BrokerError(
-        "too many connections opened to the broker (broker.max_connects_per_s)",
-        hint="slow down and try again",
-    )
-)
-"""The refusal of a connection past its user's ``broker.max_connects_per_s``: made once, as a
-connect flood has the broker send it for nearly every connection."""
-
-
 def accepted(
-    listener: socket.socket, limits: Limits, log: Callable[[str], None]
+    listener: socket.socket,
+    limits: Limits,
+    log: Callable[[str], None],
+    close_gone: Callable[[int], None],
 ) -> Iterator[tuple[socket.socket, Peer]]:
     """The connections the listen queue holds now (at most :data:`BACKLOG`) that their
     users' limits allow, non-blocking; the others are refused at once (their reason, then the
-    close). The queue is shared by every user until a connection is accepted and counted, so
-    the loop drains it each turn, and the bound keeps one user's flood from holding the loop
-    off the others' requests (``tests/test_broker_limits.py``)."""
+    close). A user at ``broker.max_connections`` first has the connections it has hung up on
+    closed (``close_gone``): their end of file may be read after the new connection. The
+    queue is shared by every user until a connection is accepted and counted, so the loop
+    drains it each turn, and the bound keeps one user's flood from holding the loop off the
+    others' requests (``tests/test_broker_limits.py``)."""
     for _ in range(BACKLOG):
         try:
             sock, _ = listener.accept()
@@ -155,6 +151,9 @@ def accepted(
             _send_and_close(sock, TOO_MANY_CONNECTS)
             continue
         count = limits.connections.get(peer.uid, 0)
+        if count >= limits.max_connections and peer.uid != 0:
+            close_gone(peer.uid)
+            count = limits.connections.get(peer.uid, 0)
         if count >= limits.max_connections and peer.uid != 0:
             _send_and_close(
                 sock,
