@@ -219,6 +219,21 @@ def test_lease_ids_for_completion_import_nothing_heavy(cli, tmp_path: Path) -> N
     assert json.loads(result.stderr) == []
 
 
+def test_lease_ids_wait_for_no_broker_that_is_not_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Tab on a host whose configured broker is stopped (its socket gone) offers the state
+    directory's leases at once: it waited a second, the client's wait for a restarting
+    broker (``benchmarks/bench_startup.py`` timed every lease-id Tab at a second)."""
+    from gpualloc.cli.complete import lease_ids
+    from gpualloc.wire import client
+
+    monkeypatch.setenv("GPUALLOC_BROKER", str(tmp_path / "stopped.sock"))
+    monkeypatch.setenv("GPUALLOC_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(client.time, "sleep", lambda s: pytest.fail("a Tab waited"))
+    assert lease_ids("") == []
+
+
 @pytest.mark.slow
 def test_install_completion_writes_the_shells_file(tmp_path: Path) -> None:
     env = {**os.environ, "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "data")}

@@ -136,8 +136,9 @@ def topologies(incomplete: str) -> list[tuple[str, str]]:
 
 
 COMPLETION_BROKER_S = 1.0
-"""How long a Tab waits for the broker to name its ledger: a stopped broker must not hang the
-user's shell for the commands' own deadline."""
+"""How long a Tab waits for the broker's answer naming its ledger: a stuck broker must not hang
+the user's shell for the commands' own deadline. A broker whose socket is missing or refuses
+the connection is not waited for at all (the commands wait for one restarting)."""
 _WORD = re.compile(r"[\w.,+=@%-]+")
 """A name offered on Tab: one word every shell's completion takes as it is (no space, quote,
 ``$``, glob or ``:``, which zsh's descriptions split on)."""
@@ -212,7 +213,7 @@ def _broker_ledger(configured: Path | None) -> list[Path]:
         return []
     from gpualloc.wire.client import BrokerClient
 
-    client = BrokerClient(socket, reconnect_s=COMPLETION_BROKER_S, answer_s=COMPLETION_BROKER_S)
+    client = BrokerClient(socket, reconnect_s=0.0, answer_s=COMPLETION_BROKER_S)
     try:
         with client:
             ledger = client.call("hello", retry=False).get("ledger")
