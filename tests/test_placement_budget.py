@@ -40,7 +40,7 @@ from gpualloc.placement.choose import choose
 from gpualloc.placement.decide import decision_context, place
 from gpualloc.placement.mapa.patterns import build_pattern
 from gpualloc.placement.policies.registry import get_policy, policy_names
-from gpualloc.placement.sets.utility import T_MIN_NODES, cheapest_communication
+from gpualloc.placement.sets.search import T_MIN_NODES, cheapest_communication
 from gpualloc.placement.want import Want
 from gpualloc.topologies import load_bundled
 from tests.broker_harness import RunningBroker

@@ -185,7 +185,8 @@ def test_the_cheapest_set_is_found_exactly(name: str) -> None:
     """t_min(k) of DRB's Eq. 2 on the paper's scale: the search equals brute force."""
     import itertools
 
-    from gpualloc.placement.sets.utility import cheapest_communication, physical_distances
+    from gpualloc.placement.sets.search import cheapest_communication
+    from gpualloc.placement.sets.utility import physical_distances
 
     distance = physical_distances(HostGraph.from_topology(load_bundled(name)))
     n = len(distance)

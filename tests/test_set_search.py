@@ -25,8 +25,7 @@ from gpualloc.placement.policies.pack import PackPolicy
 from gpualloc.placement.policies.registry import get_policy
 from gpualloc.placement.policies.spread import spread_set
 from gpualloc.placement.sets.candidates import candidate_sets
-from gpualloc.placement.sets.search import twin_classes
-from gpualloc.placement.sets.utility import cheapest_communication
+from gpualloc.placement.sets.search import cheapest_communication, twin_classes
 from gpualloc.topologies import load_bundled
 
 MAX_SETS = 13_000

@@ -1,55 +1,26 @@
-"""Start a job on a host and exec it: open, allocate or wait, record, launch.
+"""Start a job on a host and exec it: what is refused before any GPU is taken, and the launch.
 
-:func:`allocate_grant` is :meth:`~gpualloc.host.protocol.Host.start` of a host that places
-itself (the embedded ledger; the broker answers its clients with the same grant): the job's
-Want, what is refused before any GPU is taken (:func:`check_before_placing`, the broker's
-check too), the allocation or the wait for it, and its :class:`~gpualloc.host.grant.Grant`.
-:func:`launch_granted` is the last step of ``run`` on either host: bind, announce, start the
-verifier and, for a shared job, its eviction watcher, then become the job
-(:func:`gpualloc.launcher.launch.launch`). Anything that stops the exec releases the lease, so a
-job that never ran holds no GPU.
+:func:`check_before_placing` is what the embedded ledger (:meth:`.local.LocalHost.start`) and
+the broker both refuse before a lease is written or a waiter queued. :func:`launch_granted` is
+the last step of ``run`` on either host: bind, announce, start the verifier and, for a shared
+job, its eviction watcher, then become the job (:func:`gpualloc.launcher.launch.launch`).
+Anything that stops the exec releases the lease, so a job that never ran holds no GPU.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
-    from gpualloc.config import Config
     from gpualloc.host.grant import Grant
-    from gpualloc.host.lease_terms import LeaseTerms
     from gpualloc.host.protocol import Host
-    from gpualloc.host.queue_policy import WaitOptions
-    from gpualloc.host.terms import WaitStatus
     from gpualloc.launcher.binding import NumaMode
     from gpualloc.launcher.verify_terms import VerifyTerms
-    from gpualloc.model.job_fields import JobFields
     from gpualloc.model.topology import GpuProcess, Topology
     from gpualloc.placement.want import Want
-
-
-def allocate_grant(
-    host: Host,
-    job: JobFields,
-    terms: LeaseTerms,
-    *,
-    config: Config,
-    wait: WaitOptions | None,
-    report: Callable[[WaitStatus], None] | None,
-    uuid: bool,
-) -> Grant:
-    """:meth:`~gpualloc.host.protocol.Host.start` of a host that places itself: the job's Want,
-    what is refused before any GPU is taken, the allocation (or the wait for it), its grant."""
-    from gpualloc.host.grant import grant_of
-    from gpualloc.model.job import JobOptions
-    from gpualloc.placement.options import want_of
-
-    want = want_of(JobOptions(**job), config)
-    check_before_placing(host.topology, want, terms.memory_bytes, uuid=uuid)
-    allocation = host.allocate(want, terms, wait=wait, report=report)
-    return grant_of(host.topology, allocation, want, uuid=uuid, this_host=host.this_host)
 
 
 def check_before_placing(
@@ -106,12 +77,7 @@ def launch_granted(
             variables=grant.variables,
             shared=shared,
         )
-        verifier = None
-        if verify is not None:
-
-            def verifier() -> None:
-                host.start_verifier(grant, verify, look)
-
+        verifier = None if verify is None else partial(host.start_verifier, grant, verify, look)
         host.hang_up()
         launch(job, mode, quiet=quiet, start_verifier=verifier, say=say, warn=warn)
     except BaseException:

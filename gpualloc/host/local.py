@@ -243,9 +243,16 @@ class LocalHost(HostView, kw_only=True):
         report: Callable[[WaitStatus], None] | None = None,
         uuid: bool = False,
     ) -> Grant:
-        from gpualloc.host.launching import allocate_grant
+        """The job's Want, its checks, allocation (or wait) and grant, as the broker's."""
+        from gpualloc.host.grant import grant_of
+        from gpualloc.host.launching import check_before_placing
+        from gpualloc.model.job import JobOptions
+        from gpualloc.placement.options import want_of
 
-        return allocate_grant(self, job, terms, config=config, wait=wait, report=report, uuid=uuid)
+        want = want_of(JobOptions(**job), config)
+        check_before_placing(self.topology, want, terms.memory_bytes, uuid=uuid)
+        allocation = self.allocate(want, terms, wait=wait, report=report)
+        return grant_of(self.topology, allocation, want, uuid=uuid, this_host=self.this_host)
 
     def placement(self, occupancy: Occupancy, want: Want) -> Placement:
         """Where ``want`` goes on the GPUs free in ``occupancy`` (:func:`choose`), from

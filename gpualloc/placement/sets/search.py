@@ -403,3 +403,34 @@ def _or(bits: Iterable[int]) -> int:
     for bit in bits:
         mask |= bit
     return mask
+
+
+@functools.lru_cache(maxsize=64)
+def cheapest_communication(distance: tuple[tuple[float, ...], ...], size: int) -> float:
+    """t_min(k): the lowest communication cost (Eq. 3) of any ``size`` GPUs of the host.
+
+    Exact, by this branch and bound on the cost alone
+    (twins taken lowest first, bounds from the GPUs to come or from those left out). Cached per
+    host and size.
+
+    The search visits at most :data:`T_MIN_NODES` nodes; beyond that it returns the cheapest set
+    found, an upper bound on t_min that is deterministic (a count, not a clock), so a score is
+    the same wherever it is computed. Every bundled host stays exact
+    (``tests/test_placement_budget.py``)."""
+    n = len(distance)
+    if size < 2 or size > n:
+        return 0.0
+
+    def cost_of(gpus: tuple[int, ...]) -> tuple[float]:
+        return (-sum(distance[a][b] for i, a in enumerate(gpus) for b in gpus[i + 1 :]),)
+
+    search = SetSearch(
+        CostOnly(distance), range(n), frozenset(), size, cost_of,
+        lambda cost, _fragmentation, _interference, _free: (-cost,),
+        max_nodes=T_MIN_NODES,
+    )  # fmt: skip
+    return -cost_of(search.run())[0]
+
+
+T_MIN_NODES = 4096
+"""How many nodes :func:`cheapest_communication` visits at most."""

@@ -45,7 +45,7 @@ on the placement on one machine).
 
 Complexity: O(n^3) once per host for the distances (Floyd-Warshall, n <= 32 in practice) and
 the branch and bound of :mod:`.search` once per host and job size for
-``t_min`` (at most :data:`T_MIN_NODES` nodes); then O(k^2 + n) per set scored.
+``t_min`` (at most :data:`~.search.T_MIN_NODES` nodes); then O(k^2 + n) per set scored.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from msgspec import Struct
 from gpualloc.model.paths import PciePath
 from gpualloc.model.request import HostState, RunningJob
 from gpualloc.placement.host_graph import HostGraph
-from gpualloc.placement.sets.search import CostOnly, SetSearch
+from gpualloc.placement.sets.search import cheapest_communication
 
 SWITCH_EDGE, SOCKET_EDGE, HOST_EDGE = 1.0, 20.0, 40.0
 """Edge weights of the physical graph per level (Fig. 7: 1 right above the GPUs, 20 above)."""
@@ -418,37 +418,6 @@ def _slowdown_sum(
         slowdowns.append(min(1.0, level * victim_factor))
     slowdowns.append(min(1.0, own * own_factor))
     return sum(slowdowns), len(slowdowns) - 1
-
-
-@functools.lru_cache(maxsize=64)
-def cheapest_communication(distance: tuple[tuple[float, ...], ...], size: int) -> float:
-    """t_min(k): the lowest communication cost (Eq. 3) of any ``size`` GPUs of the host.
-
-    Exact, by the branch and bound of :mod:`.search` on the cost alone
-    (twins taken lowest first, bounds from the GPUs to come or from those left out). Cached per
-    host and size.
-
-    The search visits at most :data:`T_MIN_NODES` nodes; beyond that it returns the cheapest set
-    found, an upper bound on t_min that is deterministic (a count, not a clock), so a score is
-    the same wherever it is computed. Every bundled host stays exact
-    (``tests/test_placement_budget.py``)."""
-    n = len(distance)
-    if size < 2 or size > n:
-        return 0.0
-
-    def cost_of(gpus: tuple[int, ...]) -> tuple[float]:
-        return (-sum(distance[a][b] for i, a in enumerate(gpus) for b in gpus[i + 1 :]),)
-
-    search = SetSearch(
-        CostOnly(distance), range(n), frozenset(), size, cost_of,
-        lambda cost, _fragmentation, _interference, _free: (-cost,),
-        max_nodes=T_MIN_NODES,
-    )  # fmt: skip
-    return -cost_of(search.run())[0]
-
-
-T_MIN_NODES = 4096
-"""How many nodes :func:`cheapest_communication` visits at most."""
 
 
 def _or(bits: Iterable[int]) -> int:
