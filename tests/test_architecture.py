@@ -150,12 +150,24 @@ def issue_citations(text: str) -> list[tuple[int, str]]:
 
 
 def test_no_comment_cites_an_issue_number() -> None:
-    """Comments and docstrings say why, citing papers, standards and tests."""
+    """Comments and docstrings say why, citing papers, standards and tests: gpualloc's, the
+    tests', the benchmarks' and the scripts' (this file's own examples aside), and the docs."""
+    root = PACKAGE.parent
+    sources = [*MODULES.values()]
+    for folder in ("tests", "benchmarks", "scripts"):
+        sources += sorted((root / folder).glob("*.py"))
+    own = Path(__file__).resolve()
     cited = [
-        f"{path.relative_to(PACKAGE.parent)}:{line}: {citation}"
-        for path in MODULES.values()
+        f"{path.relative_to(root)}:{line}: {citation}"
+        for path in sources
+        if path.resolve() != own
         for line, citation in issue_citations(path.read_text(encoding="utf-8"))
     ]
+    for page in sorted((root / "docs").rglob("*.md")):
+        for number, text in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            cited += [
+                f"{page.relative_to(root)}:{number}: {m}" for m in ISSUE_CITATION.findall(text)
+            ]
     assert not cited, "\n".join(cited)
 
 

@@ -29,7 +29,7 @@ search (a worker that fails is replaced, never lost):
 
 - a search that raises anything but a gpualloc error is answered as a refused request (one
   line; its traceback once in the broker's log) and the same request on the same host state
-  is refused again without a search; the worker goes on (``tests/test_placement_budget.py``);
+  is refused again without a search; the worker goes on (``tests/test_placement_worker.py``);
 - a worker that ends (killed, out of memory, a crash in native code) is started again, at
   once the first :data:`RESTARTS` times in :data:`RESTART_WINDOW_S`, then once that window
   has passed (meanwhile searches run in the loop, under ``broker.placement_budget``); what it
