@@ -1,3 +1,3 @@
 """gpualloc: a topology-aware GPU allocator and job launcher for one shared multi-GPU host."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -66,3 +66,22 @@ def test_the_map_of_the_tests_names_every_file_of_them() -> None:
     present = {p.name for p in (ROOT / "tests").glob("*.py")} - {"__init__.py"}
     assert sorted(present - set(listed)) == [], "missing from the map"
     assert sorted(set(listed) - present) == [], "in the map, not in tests/"
+
+
+def test_the_changelog_is_released_versions_newest_first_the_top_one_this_one() -> None:
+    """Keep a Changelog 1.1.0: an ``[Unreleased]`` section, then released versions with their
+    dates, newest first, each with only the section kinds it defines; the newest is the
+    version gpualloc says it is (``gpualloc --version``, the wheel's name)."""
+    from gpualloc import __version__
+
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    versions = re.findall(r"^## \[([^\]]+)\](.*)$", text, re.MULTILINE)
+    assert versions[0] == ("Unreleased", "")
+    released = [(name, rest) for name, rest in versions[1:] if rest]
+    assert released[0][0] == __version__, (released[0], __version__)
+    dates = [rest.removeprefix(" - ") for _, rest in released]
+    assert all(re.fullmatch(r"\d{4}-\d{2}-\d{2}", date) for date in dates), dates
+    numbers = [tuple(int(part) for part in name.split(".")) for name, _ in versions[1:]]
+    assert numbers == sorted(numbers, reverse=True), numbers
+    kinds = set(re.findall(r"^### (.+)$", text, re.MULTILINE))
+    assert kinds <= {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}, kinds
