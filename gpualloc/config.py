@@ -34,7 +34,7 @@ Reading is cheap (no pydantic): completion and ``--help`` may load this module.
 
 NamedTuples, not msgspec Structs: completion asks for lease ids through this module, and msgspec
 would double what that costs. A leaf: it imports nothing of gpualloc but :mod:`gpualloc.errors`,
-:mod:`gpualloc.durations` and :mod:`gpualloc.user_files`
+:mod:`gpualloc.setting_values` (what a value may be) and what that reads
 (tests/test_architecture.py::test_the_configuration_is_a_leaf). The defaults live here; what a value
 means is checked where it is used (a policy name by
 :func:`gpualloc.placement.policies.registry.configured_policy`, the ``[idle]`` table by
@@ -42,16 +42,29 @@ means is checked where it is used (a policy name by
 :func:`gpualloc.discovery.resolve.configured_bandwidth_table`).
 """
 
-import math
 import os
-import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from gpualloc.durations import checked_duration, parse_duration_text
 from gpualloc.errors import ConfigError
+from gpualloc.setting_values import (
+    absolute_path,
+    absolute_path_or_none,
+    boolean,
+    choice,
+    command_or_none,
+    count_value,
+    duration,
+    duration_or_none,
+    duration_or_off,
+    name_value,
+    names_value,
+    path_or_table,
+    percent,
+    time_limit_or_none,
+)
 
 DEFAULT_POLICY = "mapa"
 DEFAULT_STATE_DIR = Path("/var/tmp/gpualloc")
@@ -77,139 +90,6 @@ NO_SLURM_VARIABLE = "GPUALLOC_NO_SLURM"
 DEFAULT_SOURCE = "default"
 
 
-def _choice(*allowed: str) -> Callable[[Any], Any]:
-    def parse(value: Any) -> str:
-        if value not in allowed:
-            raise ValueError(f"must be one of {', '.join(allowed)}")
-        return value
-
-    return parse
-
-
-def _boolean(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("must be true or false")
-
-
-MAX_COUNT = 10**9
-"""The largest count a setting takes: more connections, jobs or bypasses than a host ever sees,
-and small enough for every C interface a count reaches."""
-
-
-def _count(value: Any) -> int:
-    if isinstance(value, bool):
-        raise ValueError("must be a whole number >= 0")
-    try:
-        number = int(value)
-    except (TypeError, ValueError, OverflowError):  # OverflowError: inf in TOML
-        raise ValueError("must be a whole number >= 0") from None
-    if number < 0 or (isinstance(value, float) and value != number):
-        raise ValueError("must be a whole number >= 0")
-    if number > MAX_COUNT:
-        raise ValueError(f"must be at most {MAX_COUNT}")
-    return number
-
-
-class _Refused(ValueError):
-    """A bad value, with the hint that says what to give instead."""
-
-    def __init__(self, message: str, hint: str) -> None:
-        super().__init__(message)
-        self.hint = hint
-
-
-def _path(value: Any) -> Path:
-    if not isinstance(value, (str, Path)) or not str(value).strip():
-        raise ValueError("must be a path")
-    from gpualloc.user_files import expand_user
-
-    return expand_user(str(value))
-
-
-def _absolute_path(value: Any) -> Path:
-    """A path every process reads alike: a relative one would be taken from each process's
-    working directory, so two shells would keep two ledgers and hand out one GPU twice."""
-    path = _path(value)
-    if not path.is_absolute():
-        raise _Refused(
-            "must be an absolute path (a relative one names another directory in each working "
-            "directory)",
-            hint="give an absolute path (one that starts with /)",
-        )
-    return path
-
-
-def _absolute_path_or_none(value: Any) -> Path | None:
-    return None if value in (None, "") else _absolute_path(value)
-
-
-def _names(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise ValueError('must be a list of user names and @groups, e.g. ["alice", "@gpuadmin"]')
-    return tuple(v.strip() for v in value)
-
-
-def _duration_or_none(value: Any) -> float | None:
-    if isinstance(value, str) and value.strip().lower() in ("", "none", "off"):
-        return None
-    if isinstance(value, bool):
-        raise ValueError('must be a duration such as "2h", "90m" or 3600 (seconds), or "none"')
-    if isinstance(value, (int, float)):
-        try:
-            seconds = checked_duration(float(value), value)  # TOML's nan and inf too
-        except OverflowError:  # an integer past any float
-            seconds = checked_duration(math.inf, value)
-    else:
-        seconds = parse_duration_text(str(value))
-    if seconds <= 0:
-        raise ValueError('must be a positive duration, or "none"')
-    return seconds
-
-
-def _duration_or_off(value: Any) -> float:
-    """A duration, where 0, "off" or "none" turn the thing it times off (0.0)."""
-    if value in (0, "0") or (isinstance(value, str) and value.strip().lower() in ("off", "none")):
-        return 0.0
-    return _duration(value)
-
-
-def _duration(value: Any) -> float:
-    seconds = _duration_or_none(value)
-    if seconds is None:
-        raise ValueError('must be a duration such as "30s" or 30')
-    return seconds
-
-
-def _percent(value: Any) -> int:
-    number = _count(value)
-    if number > 100:
-        raise ValueError("must be a percentage, 0 to 100")
-    return number
-
-
-def _command_or_none(value: Any) -> str | None:
-    if not isinstance(value, str):
-        raise ValueError("must be a shell command (a string)")
-    return value.strip() or None
-
-
-def _name(value: Any) -> str:
-    """A policy's name; which names exist, the placement registry checks where it is used."""
-    if not isinstance(value, str) or not re.fullmatch(r"[a-z][a-z0-9-]*", value.strip()):
-        raise ValueError("must be a policy name such as mapa, drb or pack")
-    return value.strip()
-
-
-def _path_or_table(value: Any) -> Path | dict[str, Any]:
-    return value if isinstance(value, dict) else _path(value)
-
-
 class Setting(NamedTuple):
     """One configurable default."""
 
@@ -226,136 +106,155 @@ class Setting(NamedTuple):
     @property
     def is_duration(self) -> bool:
         """Its value is seconds, which people write as a duration (``15m``, ``30s``)."""
-        return self.parse in (_duration, _duration_or_none, _duration_or_off)
+        return self.parse in (duration, duration_or_none, duration_or_off, time_limit_or_none)
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("policy", "GPUALLOC_POLICY", DEFAULT_POLICY, _name, "placement policy", "--policy"),
     Setting(
-        "numa", "GPUALLOC_NUMA", "auto", _choice("auto", "bind", "none"),
+        "policy", "GPUALLOC_POLICY", DEFAULT_POLICY, name_value, "placement policy", "--policy"
+    ),
+    Setting(
+        "numa", "GPUALLOC_NUMA", "auto", choice("auto", "bind", "none"),
         "NUMA binding of 'run'", "--numa",
     ),
     Setting(
-        "ignore_foreign", "GPUALLOC_IGNORE_FOREIGN", False, _boolean,
+        "ignore_foreign", "GPUALLOC_IGNORE_FOREIGN", False, boolean,
         "treat GPUs running processes gpualloc did not start as free", "--ignore-foreign",
     ),
     Setting(
-        "state_dir", "GPUALLOC_STATE_DIR", DEFAULT_STATE_DIR, _absolute_path,
+        "state_dir", "GPUALLOC_STATE_DIR", DEFAULT_STATE_DIR, absolute_path,
         "the shared ledger's directory",
     ),
     Setting(
-        "lock_timeout", "GPUALLOC_LOCK_TIMEOUT", 30.0, _duration,
+        "lock_timeout", "GPUALLOC_LOCK_TIMEOUT", 30.0, duration,
         "how long a command waits for the ledger's lock before exit 16",
     ),
     Setting(
-        "bandwidth_table", "GPUALLOC_BANDWIDTH_TABLE", None, _path_or_table,
+        "bandwidth_table", "GPUALLOC_BANDWIDTH_TABLE", None, path_or_table,
         "link bandwidth overrides (a JSON file, or an inline table)", "--bandwidth-table",
     ),
     Setting(
-        "placement.time_budget", "GPUALLOC_PLACEMENT_BUDGET", 1.0, _duration,
+        "placement.time_budget", "GPUALLOC_PLACEMENT_BUDGET", 1.0, duration,
         "how long one placement may search before a greedy answer is used (and said)",
     ),
     Setting(
-        "queue.priority", "GPUALLOC_PRIORITY", "normal", _choice("high", "normal", "low"),
+        "queue.priority", "GPUALLOC_PRIORITY", "normal", choice("high", "normal", "low"),
         "queue class of --wait", "--priority",
     ),
     Setting(
-        "queue.max_bypass", "GPUALLOC_MAX_BYPASS", 8, _count,
+        "queue.max_bypass", "GPUALLOC_MAX_BYPASS", 8, count_value,
         "later jobs that may start before a waiting one", "--max-bypass",
     ),
     Setting(
-        "queue.privileged", None, (), _names,
+        "queue.privileged", None, (), names_value,
         "users and @groups who may use --priority high and a lower --max-bypass",
         system_only=True,
     ),
     Setting(
-        "queue.max_waiting", None, 32, _count,
+        "queue.max_waiting", None, 32, count_value,
         "waiting jobs a user may have in the queue at once (0: no limit)", system_only=True,
     ),
     Setting(
-        "queue.backfill_window", None, None, _duration_or_none,
+        "queue.backfill_window", None, None, duration_or_none,
         "no later job starts before one that has waited this long", system_only=True,
     ),
     Setting(
-        "verify.grace", "GPUALLOC_VERIFY_GRACE", 60.0, _duration_or_off,
+        "limits.default_time", None, None, time_limit_or_none,
+        "the time limit of a job that gives no --time (none: no limit)", system_only=True,
+    ),
+    Setting(
+        "limits.max_time", None, None, time_limit_or_none,
+        "the longest --time a job may ask for (run, alloc, and the default)", system_only=True,
+    ),
+    Setting(
+        "limits.max_hold", None, None, time_limit_or_none,
+        "the longest an 'alloc --hold' lease may live; a hold that gives no --time gets it",
+        system_only=True,
+    ),
+    Setting(
+        "limits.kill_wait", None, 30.0, duration,
+        "how long a job past its time limit has between SIGTERM and SIGKILL", system_only=True,
+    ),
+    Setting(
+        "verify.grace", "GPUALLOC_VERIFY_GRACE", 60.0, duration_or_off,
         "how long after 'run' starts a job its GPUs are checked for it (\"off\": not checked)",
     ),
     Setting(
-        "verify.action", "GPUALLOC_VERIFY_ACTION", "warn", _choice("warn", "kill"),
+        "verify.action", "GPUALLOC_VERIFY_ACTION", "warn", choice("warn", "kill"),
         "what 'run' does with a job found on GPUs its lease does not hold",
     ),
     Setting(
-        "idle.busy_percent", None, DEFAULT_BUSY_PERCENT, _percent,
+        "idle.busy_percent", None, DEFAULT_BUSY_PERCENT, percent,
         "GPU utilisation from which a lease's GPUs count as used", system_only=True,
     ),
     Setting(
-        "idle.max_gap", None, DEFAULT_MAX_GAP_S, _duration,
+        "idle.max_gap", None, DEFAULT_MAX_GAP_S, duration,
         "looks ('gc') further apart than this start a new idle stretch", system_only=True,
     ),
     Setting(
-        "idle.expire_holds", None, None, _duration_or_none,
+        "idle.expire_holds", None, None, duration_or_none,
         "release --hold leases idle this long ('gc' does it, after notice)", system_only=True,
     ),
     Setting(
-        "idle.notice", None, DEFAULT_NOTICE_S, _duration,
+        "idle.notice", None, DEFAULT_NOTICE_S, duration,
         "how long before an idle --hold lease expires its holder is told", system_only=True,
     ),
     Setting(
-        "idle.notify", None, None, _command_or_none,
+        "idle.notify", None, None, command_or_none,
         "shell command run for each idle notice and expiry (the lease in GPUALLOC_*; killed "
         "after 5 s)",
         system_only=True,
     ),
     Setting(
-        "host.broker", "GPUALLOC_BROKER", None, _absolute_path_or_none,
+        "host.broker", "GPUALLOC_BROKER", None, absolute_path_or_none,
         "the broker's socket (gpualloc serve); unset: /run/gpualloc/gpualloc.sock if it exists",
     ),
     Setting(
-        "host.broker_timeout", "GPUALLOC_BROKER_TIMEOUT", BROKER_TIMEOUT_S, _duration,
+        "host.broker_timeout", "GPUALLOC_BROKER_TIMEOUT", BROKER_TIMEOUT_S, duration,
         "how long a client waits for the broker to say anything before exit 18 (busy or "
         "stopped)",
     ),
     Setting(
-        "broker.state_dir", None, Path("/var/lib/gpualloc"), _absolute_path,
+        "broker.state_dir", None, Path("/var/lib/gpualloc"), absolute_path,
         "the broker's own state directory (gpualloc serve --state-dir's default)",
         system_only=True,
     ),
     Setting(
-        "broker.max_connections", None, 64, _count,
+        "broker.max_connections", None, 64, count_value,
         "connections one user may hold open to the broker at once", system_only=True,
     ),
     Setting(
-        "broker.max_requests_per_s", None, 5000, _count,
+        "broker.max_requests_per_s", None, 5000, count_value,
         "request cost per second one user may spend at the broker (bursts of twice that; a "
         "hello costs 1, a full snapshot 10)",
         system_only=True,
     ),
     Setting(
-        "broker.max_connects_per_s", None, 200, _count,
+        "broker.max_connects_per_s", None, 200, count_value,
         "connections per second one user may open to the broker (bursts of twice that)",
         system_only=True,
     ),
     Setting(
-        "broker.placement_budget", None, 0.015, _duration,
+        "broker.placement_budget", None, 0.015, duration,
         "how long the broker lets one placement search (seconds) before a greedy answer",
         system_only=True,
     ),
     Setting(
-        "broker.idle_timeout", None, 60.0, _duration,
+        "broker.idle_timeout", None, 60.0, duration,
         "how long a connection may stay open with nothing asked and nothing waiting",
         system_only=True,
     ),
     Setting(
-        "queue.fair_share_half_life", None, 3600.0, _duration,
+        "queue.fair_share_half_life", None, 3600.0, duration,
         "broker queue: how fast a user's past GPU-seconds stop counting against them",
         system_only=True,
     ),
     Setting(
-        "share.max_jobs", None, DEFAULT_MAX_SHARED_JOBS, _count,
+        "share.max_jobs", None, DEFAULT_MAX_SHARED_JOBS, count_value,
         "shared jobs (run --share) one GPU may run at once (0: no sharing)", system_only=True,
     ),
     Setting(
-        "share.placement", None, SHARE_PLACEMENT_NAMES[0], _choice(*SHARE_PLACEMENT_NAMES),
+        "share.placement", None, SHARE_PLACEMENT_NAMES[0], choice(*SHARE_PLACEMENT_NAMES),
         "how a shared job's GPU is chosen: fgd (least growth of expected fragmentation), "
         "best-fit, first-fit or spread", system_only=True,
     ),
@@ -399,7 +298,7 @@ def no_slurm(env: Mapping[str, str]) -> bool:
     if not raw.strip():
         raise _empty(NO_SLURM_VARIABLE, "inside a Slurm job, the job's GPUs")
     try:
-        return _boolean(raw)
+        return boolean(raw)
     except ValueError as exc:
         raise ConfigError(
             f"{NO_SLURM_VARIABLE} = {_shown(raw)}: {exc}",

@@ -108,9 +108,17 @@ def test_no_import_loop_between_packages() -> None:
 
 def test_the_configuration_is_a_leaf() -> None:
     """Every command reads it, so it must not pull in the ledger, placement or discovery."""
-    leaves = {"gpualloc.errors", "gpualloc.durations", "gpualloc.user_files"}
+    leaves = {
+        "gpualloc.errors",
+        "gpualloc.durations",
+        "gpualloc.user_files",
+        "gpualloc.setting_values",
+        "gpualloc.time_limits",
+    }
     assert import_graph()["gpualloc.config"] <= leaves
     assert import_graph()["gpualloc.user_files"] <= {"gpualloc.errors"}
+    assert import_graph()["gpualloc.setting_values"] <= leaves | {"gpualloc.time_limits"}
+    assert import_graph()["gpualloc.time_limits"] <= leaves
 
 
 def test_the_checker_finds_a_loop() -> None:

@@ -1,0 +1,74 @@
+"""A job's time limit as Slurm and gpualloc users write it, read (:func:`parse_time_limit`)
+and written (:func:`format_time_limit`).
+
+Slurm's forms (sbatch(1), ``--time``): ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``,
+``D-HH:MM``, ``D-HH:MM:SS``; a bare number is minutes, as there, so that a job script moves
+to ``sbatch`` unchanged. gpualloc's: a duration with units (``90s``, ``30m``, ``2h``,
+``1h30m``, ``1.5d``; :mod:`gpualloc.durations`). ``0``, ``none``, ``UNLIMITED`` and
+``INFINITE`` ask for no limit (None). A limit is at most a year
+(:data:`gpualloc.durations.MAX_DURATION_S`).
+
+A leaf module: the command line reads limits on its way to ``exec``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gpualloc.durations import DurationTooLong, checked_duration, parse_duration_text
+
+NO_LIMIT = ("0", "none", "unlimited", "infinite")
+"""What asks for no time limit (Slurm's ``0``, ``UNLIMITED`` and ``INFINITE``)."""
+EXAMPLES = "e.g. 30 (minutes), 1:30:00, 2-12, 2h, 90m, or 0 for none"
+_SLURM = re.compile(
+    r"(?:(?P<days>\d+)-(?P<d_hours>\d+)(?::(?P<d_minutes>\d+)(?::(?P<d_seconds>\d+))?)?)"
+    r"|(?:(?P<hours>\d+):(?P<h_minutes>\d+):(?P<h_seconds>\d+))"
+    r"|(?:(?P<minutes>\d+)(?::(?P<m_seconds>\d+))?)"
+)
+
+
+def parse_time_limit(text: str) -> float | None:
+    """Seconds (None: no limit); ValueError with the forms when ``text`` is none of them."""
+    cleaned = text.strip().lower()
+    if cleaned in NO_LIMIT:
+        return None
+    found = _SLURM.fullmatch(cleaned)
+    if found is None:
+        try:
+            seconds = parse_duration_text(cleaned)
+        except DurationTooLong:
+            raise
+        except ValueError:
+            from gpualloc.user_files import shown_value
+
+            raise ValueError(f"{shown_value(text)} is not a time limit ({EXAMPLES})") from None
+    else:
+        parts = {key: int(value) for key, value in found.groupdict().items() if value}
+        seconds = float(
+            (parts.get("days", 0) * 24 + parts.get("d_hours", 0) + parts.get("hours", 0)) * 3600
+            + (parts.get("d_minutes", 0) + parts.get("h_minutes", 0) + parts.get("minutes", 0)) * 60
+            + parts.get("d_seconds", 0)
+            + parts.get("h_seconds", 0)
+            + parts.get("m_seconds", 0)
+        )
+        seconds = checked_duration(seconds, text)
+    if seconds == 0:
+        return None
+    return seconds
+
+
+def format_time_limit(seconds: float | None) -> str:
+    """``seconds`` as Slurm's ``squeue`` shows a limit: ``MM:SS``, ``H:MM:SS``,
+    ``D-HH:MM:SS``; ``UNLIMITED`` for None. :func:`parse_time_limit` reads it back (to the
+    second)."""
+    if seconds is None:
+        return "UNLIMITED"
+    whole = round(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
+    if hours:
+        return f"{hours}:{minutes:02d}:{secs:02d}"
+    return f"{minutes}:{secs:02d}"
