@@ -269,6 +269,8 @@ class Broker:
                         )
                     ),
                 )
+        for line in self._guarded(self.service.end_overdue) or ():
+            self.log(line)
         self._tell_waiters()
         now = time.monotonic()
         for key in list(self.selector.get_map().values()):

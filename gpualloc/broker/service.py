@@ -26,9 +26,11 @@ from msgspec import Struct
 
 from gpualloc.broker import requests as wire
 from gpualloc.broker.fair_share import FairShare
+from gpualloc.broker.overdue import Overdue
 from gpualloc.broker.peers import Peer, check_owned
 from gpualloc.broker.watch import ProcessWatch
 from gpualloc.config import Config
+from gpualloc.durations import seconds_given
 from gpualloc.errors import GpuallocError, NoSuchLease, NotPermitted, RequestError
 from gpualloc.host.grant import grant_answer, grant_of
 from gpualloc.host.launching import check_before_placing
@@ -102,6 +104,7 @@ class LedgerService:
         self.fair = fair
         self.watch = ProcessWatch()
         self.pending: dict[str, Pending] = {}
+        self.overdue = Overdue()
         self.placements = AttemptMemo()
         """Where each waiting request would start, by request and host state: a turn places
         a waiter again only when the host has changed, so a long queue costs one search a
@@ -146,6 +149,11 @@ class LedgerService:
                 self._follow(Allocation(lease, _placement_of(lease)))
             self.fair.account(txn.ledger.leases)
         return [lease.id for lease in txn.reaped]
+
+    def end_overdue(self) -> list[str]:
+        """Signal the jobs past their time limits (:mod:`.overdue`); the log's lines."""
+        leases = self.host.snapshot().ledger.leases
+        return self.overdue.look(leases, self.host.time_rules.kill_wait_s)
 
     # ---- requests ------------------------------------------------------------------------
 
@@ -276,7 +284,7 @@ class LedgerService:
         if group is not None and (group != pid or wire.group_of(pid) != pid):
             group = None  # only a process that leads its own group lends the lease its group
         try:
-            return LeaseTerms(
+            terms = LeaseTerms(
                 source=source,
                 pid=pid,
                 pid_start_time=started,
@@ -291,9 +299,12 @@ class LedgerService:
                 uid=peer.uid,
                 creator=(peer.pid, started if pid == peer.pid else check_owned(peer, peer.pid)),
                 lease_id=lease_id,
+                time_limit_s=seconds_given(raw.get("time_limit_s"), "time_limit_s"),
             )
         except (TypeError, ValueError) as bad:
             raise RequestError(f"bad lease terms: {bad}", hint="see gpualloc.broker") from None
+        self.host.time_rules.grant(terms)  # the broker's own system file: exit 12 at its door
+        return terms
 
     def confirm(self, peer: Peer, args: dict[str, Any]) -> None:
         lease_id = wire.lease_id(args.get("lease"))

@@ -29,6 +29,7 @@ from gpualloc.config import Config
 from gpualloc.errors import BrokerError
 from gpualloc.host.local import LocalHost
 from gpualloc.host.queue_policy import QueuePolicy
+from gpualloc.host.time_rules import TimeRules
 from gpualloc.ledger.idle import IdlePolicy
 from gpualloc.model.printable import count_of
 from gpualloc.model.topology import Topology
@@ -49,6 +50,7 @@ def serve(
     host = LocalHost.open(topology, state_dir=state_dir, owner=True, ignore_foreign=ignore_foreign)
     host.take_share_settings(config)
     host.placement_budget_s = config.system_value("broker.placement_budget")
+    host.time_rules = TimeRules.from_config(config)
     service = LedgerService(
         host,
         QueuePolicy.from_config(config),

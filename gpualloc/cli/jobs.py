@@ -68,6 +68,7 @@ def run_job(
     command: list[str],
     numa: str | None,
     name: str | None,
+    time: str | None,
     uuid: bool,
     ignore_foreign: bool | None,
     wait: bool,
@@ -125,6 +126,7 @@ def run_job(
         shareable=bool(job.get("shareable")),
         memory_bytes=declared_memory_bytes(job),
         share_mode=sharing,
+        time_limit_s=asked_time_limit(time),
     )
     grant = start(host, job, terms, waiting, uuid=uuid)
     warn(grant.notes)
@@ -281,6 +283,7 @@ def alloc_gpus(
     hold: bool,
     output_format: str,
     name: str | None,
+    time: str | None,
     uuid: bool,
     ignore_foreign: bool | None,
     wait: bool,
@@ -309,6 +312,7 @@ def alloc_gpus(
         announce=True,
         shareable=bool(job.get("shareable")),
         memory_bytes=declared_memory_bytes(job),
+        time_limit_s=asked_time_limit(time),
     )
     grant = start(host, job, terms, waiting, uuid=uuid)
     warn(grant.notes)
@@ -408,3 +412,16 @@ def _evict_shared(
     _report_problems(result.problems)
     if remaining:
         sys.exit(int(ExitCode.BUSY))
+
+
+def asked_time_limit(text: str | None) -> float | None:
+    """``--time`` as a lease's terms carry it: None when not given (the host's default
+    applies), 0 for no limit, else seconds; exit 2 naming the forms for anything else."""
+    if text is None:
+        return None
+    from gpualloc.time_limits import parse_time_limit
+
+    try:
+        return parse_time_limit(text) or 0.0
+    except ValueError as bad:
+        raise RequestError(f"--time: {bad}", hint="see 'gpualloc run --help'") from None

@@ -10,6 +10,7 @@ from gpualloc.model.printable import count_of
 
 if TYPE_CHECKING:
     from gpualloc.ledger.idle import Expiry
+    from gpualloc.ledger.schema import Lease
 
 
 def alloc_command(**values: Any) -> None:
@@ -86,7 +87,7 @@ def gc_command(as_json: bool) -> None:
             }
         )
         return
-    lines = [f"freed {describe_lease(lease)} (its job is gone)" for lease in report.reaped]
+    lines = [f"freed {describe_lease(lease)} ({_why_freed(lease)})" for lease in report.reaped]
     lines += [
         f"dropped {w.user}'s waiting {w.request.gpus}-GPU job from the queue (pid {w.pid} is gone)"
         for w in report.dropped_waiters
@@ -226,3 +227,13 @@ RELEASE = Command(
     argument=Arg("leases", "[LEASE]...", many=True, completion="lease_ids"),
 )
 GC = Command("gc", gc_command, options=(json_flag(),))
+
+
+def _why_freed(lease: Lease) -> str:
+    """Why ``gc`` found ``lease`` ended: its time limit, or its job gone."""
+    from datetime import datetime, timezone
+
+    ends = lease.ends
+    if lease.hold and ends is not None and ends <= datetime.now(timezone.utc):
+        return "its time limit ran out"
+    return "its job is gone"

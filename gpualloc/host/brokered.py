@@ -157,6 +157,10 @@ class BrokeredHost:
         self.served = None
         return self.client.call(command, args, **options)
 
+    def start_time_limit_watch(self, grant: Grant) -> None:
+        """Nothing: the broker keeps every lease's time limit itself, as root
+        (:mod:`gpualloc.broker.overdue`)."""
+
     def start_verifier(self, grant: Grant, terms: VerifyTerms, look: object = None) -> None:
         """Fork the verifier of this process, about to exec the job; it asks the broker where
         processes run (:mod:`gpualloc.launcher.verify_brokered`), so ``look`` is not used."""
@@ -262,6 +266,7 @@ class BrokeredHost:
                 "shareable": terms.shareable,
                 "memory_bytes": terms.memory_bytes,
                 "share_mode": terms.share_mode,
+                "time_limit_s": terms.time_limit_s,
             },
             "allow_unhealthy": self.allow_unhealthy if allow_unhealthy is None else allow_unhealthy,
             "wait": None,

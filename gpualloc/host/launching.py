@@ -78,6 +78,7 @@ def launch_granted(
             shared=shared,
         )
         verifier = None if verify is None else partial(host.start_verifier, grant, verify, look)
+        host.start_time_limit_watch(grant)
         host.hang_up()
         launch(job, mode, quiet=quiet, start_verifier=verifier, say=say, warn=warn)
     except BaseException:

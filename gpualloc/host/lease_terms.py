@@ -71,6 +71,9 @@ class LeaseTerms:
       ``creator``: the process announcing the lease (pid, start time; None: this process).
     - ``lease_id``: the id the new lease gets (None: a new random one; the broker's clients
       choose theirs, so that a request sent again after a lost connection finds its lease).
+    - ``time_limit_s``: how long the lease may live, as asked (None: not given, 0: no limit)
+      until the host grants it (:meth:`.time_rules.TimeRules.grant`, ``time_granted``), then
+      as granted (None: no limit).
 
     A plain class, not a struct: ``run`` through a broker builds one on its way to ``exec``,
     and loads no msgspec for it.
@@ -91,6 +94,8 @@ class LeaseTerms:
         "share_mode",
         "shareable",
         "source",
+        "time_granted",
+        "time_limit_s",
         "uid",
     )  # fmt: skip
 
@@ -111,6 +116,7 @@ class LeaseTerms:
         pid_start_time: float | None = None,
         creator: tuple[int, float | None] | None = None,
         lease_id: str | None = None,
+        time_limit_s: float | None = None,
     ) -> None:
         self.source: LeaseSource = source
         self.pid = pid
@@ -127,6 +133,8 @@ class LeaseTerms:
         self.pid_start_time = pid_start_time
         self.creator = creator
         self.lease_id = lease_id
+        self.time_limit_s = time_limit_s
+        self.time_granted = False
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)

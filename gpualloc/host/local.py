@@ -24,19 +24,19 @@ from typing import TYPE_CHECKING, Any
 from msgspec.structs import replace
 
 from gpualloc import boot
-from gpualloc.boot import boot_id
 from gpualloc.discovery.processes import ProcessReport, declared_processes
 from gpualloc.discovery.this_host import describes_this_host
 from gpualloc.errors import LedgerError, NotPermitted, RequestError
-from gpualloc.host.lease_terms import LeaseTerms, no_such_process
+from gpualloc.host.lease_terms import LeaseTerms
+from gpualloc.host.new_lease import new_lease
 from gpualloc.host.queue import newcomer_passes
 from gpualloc.host.terms import Allocation, GarbageReport, ReleaseResult
+from gpualloc.host.time_rules import TimeRules
 from gpualloc.host.view import HostView
 from gpualloc.ledger.liveness import lock_held, take_lease_lock
 from gpualloc.ledger.lookup import find_leases
-from gpualloc.ledger.schema import Lease, LeasedGpu, LeasedMig, Ledger
+from gpualloc.ledger.schema import Lease, Ledger
 from gpualloc.ledger.scope import job_ledger_scope, ledger_scope
-from gpualloc.ledger.shared_files import owner_name
 from gpualloc.ledger.statedir import (
     StateDirectoryMissing,
     open_broker_directory,
@@ -94,6 +94,8 @@ class LocalHost(HostView, kw_only=True):
     placer: Any = None
     """The broker's placement worker (:class:`gpualloc.broker.placer.Placer`), which searches
     what the memo does not hold while the broker serves others; None: searched here."""
+    time_rules: TimeRules = TimeRules()
+    """The system configuration's time limits, granted at :meth:`allocate`'s door."""
 
     @classmethod
     def open(
@@ -208,6 +210,7 @@ class LocalHost(HostView, kw_only=True):
         NoFeasiblePlacement when it never fits. With ``wait``, queue as
         :func:`gpualloc.host.wait.wait_and_allocate` does. ``allow_unhealthy``: whether
         unhealthy GPUs may be chosen (default: this host's setting)."""
+        self.time_rules.grant(terms)  # exit 12 before any GPU is taken or place in the queue
         if wait is not None:
             from gpualloc.host.wait import wait_and_allocate
 
@@ -324,7 +327,7 @@ class LocalHost(HostView, kw_only=True):
         lock_fd = take_lease_lock(store.directory.lease_lock(lease_id)) if terms.lock else None
         if lock_fd is not None:
             self._pending_lock = (lock_fd, lease_id)
-        lease = self._lease(lease_id, placement, want, terms)
+        lease = new_lease(self, lease_id, placement, want, terms)
         txn.add(lease)
         txn.ledger.stats.record(
             placement.policy, decision_s=decision_s, waited_s=waited_s, task=lease.task_type
@@ -332,54 +335,14 @@ class LocalHost(HostView, kw_only=True):
         cut_short = [placement.cut_short] if placement.cut_short else []
         return Allocation(lease, placement, lock_fd, [*txn.notes, *cut_short])
 
-    def _lease(self, lease_id: str, placement: Placement, want: Want, terms: LeaseTerms) -> Lease:
-        from gpualloc.ledger.liveness import process_alive, process_start_time
+    def start_time_limit_watch(self, grant: Grant) -> None:
+        """Fork the watch that ends the job at its lease's time limit, if it has one: on the
+        file ledger it is the job's user's (:mod:`gpualloc.launcher.time_limit`)."""
+        lease = grant.record
+        if isinstance(lease, Lease) and lease.ends is not None and lease.time_limit_s:
+            from gpualloc.launcher.time_limit import start_time_limit_watch
 
-        start_time = terms.pid_start_time
-        if terms.pid is not None:
-            # A start time the caller read (the broker, when the request came) may belong to
-            # a process that ended since, in the queue: a lease of it would be dead at once.
-            if start_time is None:
-                start_time = process_start_time(terms.pid)
-            if start_time is None or not process_alive(terms.pid, start_time):
-                raise no_such_process(terms.pid)
-        uid = os.geteuid() if terms.uid is None else terms.uid
-        creator_pid, creator_start = terms.creator or (os.getpid(), None)
-        if terms.announce and creator_start is None:
-            creator_start = process_start_time(creator_pid)
-        mig = [self.topology.mig_device(*key) for key in placement.mig_devices]
-        return Lease(
-            id=lease_id,
-            gpus=tuple(LeasedGpu(index=g, uuid=self.topology.gpu(g).uuid) for g in placement.gpus),
-            mig=tuple(
-                LeasedMig(gpu=m.gpu, device=m.device, uuid=m.uuid, profile=m.profile) for m in mig
-            ),
-            uid=uid,
-            user=owner_name(uid),
-            pid=terms.pid,
-            pid_start_time=start_time,
-            lock=terms.lock,
-            hold=terms.hold,
-            command=terms.command,
-            name=terms.name,
-            policy=placement.policy,
-            sensitive=want.request.sensitive,
-            scores=placement.score_values(),
-            created=datetime.now(timezone.utc),
-            source=terms.source,
-            boot_id=boot_id(),
-            process_group=terms.process_group,
-            announced=not terms.announce,
-            creator_pid=creator_pid if terms.announce else None,
-            creator_start_time=creator_start if terms.announce else None,
-            shareable=terms.shareable,
-            memory_bytes=want.share.memory_bytes if want.share else terms.memory_bytes,
-            share=(
-                self.leased_share(want.share, placement.gpus[0], terms.share_mode)
-                if want.share is not None
-                else None
-            ),
-        )
+            start_time_limit_watch(lease.ends, lease.time_limit_s, self.time_rules.kill_wait_s)
 
     def hang_up(self) -> None:
         """Nothing to close: each transaction opens and closes the ledger file."""

@@ -100,6 +100,7 @@ def open_host(
         host = BrokeredHost.open(socket, full=full, answer_s=config.value("host.broker_timeout"))
     else:
         from gpualloc.host.local import LocalHost
+        from gpualloc.host.time_rules import TimeRules
 
         topology = load_topology()
         job = None
@@ -118,6 +119,7 @@ def open_host(
         )
         local.take_share_settings(config)
         local.placement_budget_s = config.value("placement.time_budget")
+        local.time_rules = TimeRules.from_config(config)
         host = local
     host.allow_unhealthy = allow_unhealthy
     return host

@@ -162,6 +162,12 @@ class Host(Protocol):
         """How a shared job for ``request`` would hold ``gpu``."""
         ...
 
+    def start_time_limit_watch(self, grant: Grant) -> None:
+        """Have the job about to exec on ``grant``'s lease ended at its time limit: a watch of
+        the job's own user on the file ledger; nothing through a broker, which keeps every
+        limit itself."""
+        ...
+
     def start_verifier(
         self, grant: Grant, terms: VerifyTerms, look: Callable[[], list[GpuProcess]] | None
     ) -> None:

@@ -5,7 +5,7 @@ gpualloc is refused, never half-understood. ``generation`` grows by one with eve
 write, so that the freshest of several copies can be told apart (see :mod:`.store`).
 """
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Literal
 
 from msgspec import Meta, Struct, field
@@ -16,7 +16,7 @@ from gpualloc.model.queued import QueuedRequest
 from gpualloc.model.share import LeasedShare
 from gpualloc.model.validation import NonNegativeInt, PositiveInt
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 """2 added the waiting queue (``queue``, ``next_seq``) and ``Lease.sensitive``; 3 added
 ``writer_uid``, ``root_journal_seq``, ``Lease.process_group`` and the confirmation of a new
 lease (``announced``, ``creator_pid``); 4 added ``Lease.mig`` (MIG devices held; such a lease
@@ -139,6 +139,10 @@ class Lease(_Entry, kw_only=True, frozen=True):
     records them too, so they are not handed out again until the job ends, whatever this
     lease does; ``status`` and the metrics tell the lease's owner. Cleared when the job's
     Epilog runs."""
+    time_limit_s: Annotated[float, Meta(gt=0)] | None = None
+    """How long the lease may live from ``created`` (``--time``, as the system configuration's
+    ``limits.*`` granted it; None: no limit). At its end the job is signalled (SIGTERM, SIGKILL
+    ``limits.kill_wait`` later) and a ``--hold`` lease released (:mod:`gpualloc.host.deadlines`)."""
 
     def __post_init__(self) -> None:
         if not self.gpus and not self.mig:
@@ -147,6 +151,13 @@ class Lease(_Entry, kw_only=True, frozen=True):
             raise ValueError(f"shared lease {self.id} must hold exactly one whole GPU")
         if self.shareable and self.mig:
             raise ValueError(f"lease {self.id} holds MIG devices, which cannot be shared")
+
+    @property
+    def ends(self) -> datetime | None:
+        """When the lease's time limit runs out (None: no limit)."""
+        if self.time_limit_s is None:
+            return None
+        return self.created + timedelta(seconds=self.time_limit_s)
 
     @property
     def indices(self) -> tuple[int, ...]:

@@ -50,6 +50,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 
 from msgspec import Struct, field
@@ -99,8 +100,9 @@ def lease_alive(
     :func:`~gpualloc.ledger.liveness.group_alive` takes it."""
     if lease.boot_id is not None and lease.boot_id != boot_id():
         return False  # nothing survives a reboot: a held lease of a crashed node included
-    if lease.hold:
-        return True
+    if lease.hold:  # until released, or its time limit runs out (--time, limits.max_hold)
+        ends = lease.ends
+        return ends is None or datetime.now(timezone.utc) < ends
     if lease.lock and lock_held(directory.lease_lock(lease.id)):
         return True
     if lease.pid is not None and process_alive(lease.pid, lease.pid_start_time):

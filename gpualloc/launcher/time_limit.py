@@ -1,0 +1,42 @@
+"""The time limit of a job on the file ledger, kept by a watch of the job's own user: forked
+before the exec (:mod:`.watcher`), it sleeps until the lease's limit, then tells the job and
+sends SIGTERM (its process group when it leads one), and SIGKILL ``limits.kill_wait`` later,
+as Slurm ends a job at its ``--time``. Cooperative, as the file ledger is: a user who kills
+the watch escapes the limit. Through a broker the broker keeps the limit itself, as root
+(:mod:`gpualloc.broker.overdue`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime, timezone
+
+STEP_S = 5.0
+"""How often the watch looks whether the job has ended before its limit (then it leaves)."""
+
+
+def start_time_limit_watch(ends: datetime, limit_s: float, kill_wait_s: float) -> None:
+    """Fork the watch of this process, about to become the job, and return at once."""
+    from gpualloc.launcher.watcher import end_job, fork_detached, job_speaker
+    from gpualloc.ledger.liveness import process_alive, process_start_time
+    from gpualloc.time_limits import format_time_limit
+
+    job = os.getpid()
+    started = process_start_time(job)
+    leads_group = os.getpgrp() == job
+    say, kept = job_speaker()
+
+    def watch() -> None:
+        while process_alive(job, started):
+            left = (ends - datetime.now(timezone.utc)).total_seconds()
+            if left <= 0:
+                say(
+                    f"the lease's time limit ({format_time_limit(limit_s)}) ran out: SIGTERM "
+                    f"now, SIGKILL in {kill_wait_s:g} s"
+                )
+                end_job(job, leads_group, started, kill_wait_s)
+                return
+            time.sleep(min(left, STEP_S))
+
+    fork_detached(watch, keep=kept)

@@ -1,0 +1,203 @@
+"""A lease's time limit (``--time``): written as Slurm's ``--time`` or with units, granted at
+the door under the system configuration's ``limits.*`` (exit 12 above a maximum), and kept:
+a ``--hold`` lease is released at its limit, a job gets SIGTERM and, ``limits.kill_wait``
+later, SIGKILL; on the file ledger by a watch of the job's user, through a broker by the
+broker itself, as root (sbatch(1) ``--time``, slurm.conf(5) ``KillWait``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from gpualloc.errors import ExitCode
+from gpualloc.host.time_rules import TimeRules
+from gpualloc.time_limits import format_time_limit, parse_time_limit
+from tests.broker_harness import RunningBroker
+from tests.cli_harness import TIMEOUT_S, gpualloc_argv, status
+from tests.house_rules import refused
+
+SLURM_FORMS = [
+    ("30", 30 * 60.0),  # a bare number is minutes, as in Slurm
+    ("30:15", 30 * 60 + 15.0),
+    ("1:30:00", 5400.0),
+    ("2-12", (2 * 24 + 12) * 3600.0),
+    ("2-12:30", (2 * 24 + 12) * 3600 + 30 * 60.0),
+    ("2-12:30:15", (2 * 24 + 12) * 3600 + 30 * 60 + 15.0),
+]
+UNIT_FORMS = [("2h", 7200.0), ("90m", 5400.0), ("1h30m", 5400.0), ("45s", 45.0), ("1.5d", 129600.0)]
+
+
+@pytest.mark.parametrize(("text", "seconds"), SLURM_FORMS + UNIT_FORMS)
+def test_a_limit_reads_in_slurms_forms_and_with_units(text: str, seconds: float) -> None:
+    assert parse_time_limit(text) == seconds
+    assert parse_time_limit(format_time_limit(seconds)) == seconds  # squeue's form reads back
+
+
+@pytest.mark.parametrize("text", ["0", "none", "UNLIMITED", "infinite", "0:00"])
+def test_zero_unlimited_and_none_ask_for_no_limit(text: str) -> None:
+    assert parse_time_limit(text) is None
+    assert format_time_limit(None) == "UNLIMITED"
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [("abc", "not a time limit"), ("1:2:3:4", "not a time limit"), ("-5", "not a time limit"),
+     ("2-", "not a time limit"), ("400d", "longer than a year"), ("9000-00", "longer than a year")],
+)  # fmt: skip
+def test_what_is_no_limit_is_one_usage_error(cli, text: str, said: str) -> None:
+    result = cli("--topology", "dgx1-v100", "alloc", "--hold", "--time", text)
+    assert said in refused(result, ExitCode.USAGE)
+    assert status()["leases"] == []
+
+
+def _system_file(text: str) -> Path:
+    path = Path(os.environ["GPUALLOC_SYSTEM_CONFIG"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def _limits(topology: str = "dgx1-v100") -> list[tuple[bool, float | None]]:
+    return [(lease["hold"], lease.get("time_limit_s")) for lease in status(topology)["leases"]]
+
+
+def test_the_system_file_sets_the_default_and_refuses_past_its_maxima(cli) -> None:
+    path = _system_file('[limits]\ndefault_time = "30"\nmax_time = "2h"\nmax_hold = "1h"\n')
+    alloc = ("--topology", "dgx1-v100", "alloc", "-n", "1", "--format", "env")
+    assert cli(*alloc, "--hold").exit_code == 0  # the default: 30 minutes
+    assert cli(*alloc, "--hold", "--time", "45m").exit_code == 0
+    assert _limits() == [(True, 1800.0), (True, 2700.0)]
+    over = cli(*alloc, "--hold", "--time", "3h")
+    assert f"1:00:00, limits.max_hold in {path}" in refused(over, ExitCode.NOT_PERMITTED)
+    assert "--time 1:00:00 or less" in over.stderr
+    assert "--time 0 (no limit)" in refused(
+        cli(*alloc, "--hold", "--time", "0"), ExitCode.NOT_PERMITTED
+    )
+    run_over = cli("--topology", "dgx1-v100", "run", "-n", "1", "--time", "2-00", "--", "true")
+    assert "limits.max_time" in refused(run_over, ExitCode.NOT_PERMITTED)
+    assert len(_limits()) == 2  # nothing was taken by a refusal
+
+
+def test_a_user_file_cannot_lift_the_limits(cli, tmp_path: Path) -> None:
+    user = tmp_path / "config" / "gpualloc" / "config.toml"
+    user.parent.mkdir(parents=True)
+    user.write_text('[limits]\nmax_time = "none"\n')
+    assert "limits.max_time" in refused(
+        cli("--topology", "dgx1-v100", "config", "show"), ExitCode.CONFIG
+    )
+
+
+def test_a_hold_with_no_limit_asked_gets_the_hosts_longest() -> None:
+    rules = TimeRules(max_s=7200.0, max_hold_s=3600.0)
+    assert rules.granted(None, hold=True) == 3600.0
+    assert rules.granted(None, hold=False) == 7200.0
+    assert TimeRules(default_s=600.0, max_s=300.0).granted(None, hold=False) == 300.0
+    assert TimeRules().granted(None, hold=True) is None
+    assert TimeRules().granted(0.0, hold=False) is None  # --time 0: none, where none is allowed
+
+
+def test_a_bare_number_in_the_system_file_is_refused_as_ambiguous(cli) -> None:
+    _system_file("[limits]\nmax_time = 30\n")
+    assert "in quotes" in refused(cli("--topology", "dgx1-v100", "config", "show"), ExitCode.CONFIG)
+
+
+def test_a_hold_is_released_at_its_limit(cli) -> None:
+    alloc = ("--topology", "dgx1-v100", "alloc", "--hold", "-n", "2", "--format", "env")
+    assert cli(*alloc, "--time", "1s").exit_code == 0
+    assert [hold for hold, _ in _limits()] == [True]
+    time.sleep(1.2)
+    assert _limits() == []  # reaped by the next look
+    assert cli("--topology", "dgx1-v100", "alloc", "--hold", "-n", "8").exit_code == 0
+
+
+IGNORES_TERM = "trap 'echo TERM >&2' TERM; while :; do sleep 0.1; done"
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        gpualloc_argv("run", "-n", "1", *args), capture_output=True, text=True,
+        timeout=TIMEOUT_S, env=env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def test_a_job_on_the_file_ledger_is_ended_at_its_limit() -> None:
+    """SIGTERM at the limit (the job's exit is the signal's), the job told on its stderr."""
+    started = time.monotonic()
+    ended = _run("--time", "1s", "--", "sleep", "30")
+    assert ended.returncode == -15 or ended.returncode == 128 + 15, ended
+    assert time.monotonic() - started < 20
+    assert "time limit (0:01) ran out: SIGTERM now" in ended.stderr
+    assert status()["leases"] == []
+
+
+def test_a_job_that_ignores_sigterm_is_killed_after_the_kill_wait() -> None:
+    _system_file('[limits]\nkill_wait = "1s"\n')
+    ended = _run("--time", "1s", "--", "bash", "-c", IGNORES_TERM)
+    assert ended.returncode in (-9, 128 + 9), ended
+    assert "TERM" in ended.stderr and "SIGKILL in 1 s" in ended.stderr
+    assert status()["leases"] == []
+
+
+def test_a_job_that_ends_in_time_is_not_signalled() -> None:
+    ended = _run("--time", "30s", "--", "true")
+    assert ended.returncode == 0 and "time limit" not in ended.stderr, ended
+
+
+# ---- through a broker ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def limited_broker(tmp_path: Path) -> RunningBroker:
+    if os.geteuid() != 0:
+        pytest.skip("the broker's tests run it as root (CI runs as root)")
+    config = tmp_path / "broker-system.toml"
+    config.write_text('[limits]\nkill_wait = "1s"\nmax_hold = "1h"\n')
+    config.chmod(0o644)
+    broker = RunningBroker("dgx1-v100", system_config=config).start()
+    yield broker
+    broker.stop()
+    shutil.rmtree(broker.directory, ignore_errors=True)
+
+
+def _through(broker: RunningBroker) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "GPUALLOC_TOPOLOGY"}
+    return env | {"GPUALLOC_BROKER": str(broker.socket)}
+
+
+def test_the_broker_ends_a_job_at_its_limit_and_kills_one_that_ignores_sigterm(
+    limited_broker: RunningBroker,
+) -> None:
+    """The broker signals as root, so the job's user has nothing to kill to escape the limit
+    (no watch of theirs runs: the client forks none through a broker)."""
+    env = _through(limited_broker)
+    argv = ["run", "-n", "1", "--time", "1s", "--", "bash", "-c", IGNORES_TERM]
+    ended = subprocess.run(
+        [*gpualloc_argv(*argv)[:3], *argv], capture_output=True, text=True, timeout=TIMEOUT_S,
+        env=env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert ended.returncode in (-9, 128 + 9), ended
+    assert "SIGKILL in" not in ended.stderr  # no client-side watch spoke
+    log = limited_broker.log_text()
+    assert "time limit (0:01) ran out: SIGTERM" in log and "SIGKILL" in log, log[-2000:]
+    deadline = time.monotonic() + 10
+    while limited_broker.call("snapshot")["ledger"]["leases"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert limited_broker.call("snapshot")["ledger"]["leases"] == []
+
+
+def test_the_brokers_own_system_file_grants_the_limits(limited_broker: RunningBroker) -> None:
+    env = _through(limited_broker)
+    argv = [*gpualloc_argv("alloc")[:3], "alloc", "--hold", "-n", "1", "--format", "json"]
+    over = subprocess.run([*argv, "--time", "2h"], capture_output=True, text=True, env=env)
+    assert "limits.max_hold" in refused(over, ExitCode.NOT_PERMITTED)
+    held = subprocess.run(argv, capture_output=True, text=True, env=env)  # gets max_hold
+    assert held.returncode == 0, held.stderr
+    (lease,) = limited_broker.call("snapshot")["ledger"]["leases"]
+    assert lease["time_limit_s"] == 3600.0 and lease["id"] == json.loads(held.stdout)["lease"]["id"]
