@@ -327,7 +327,7 @@ class LocalHost(HostView, kw_only=True):
         lock_fd = take_lease_lock(store.directory.lease_lock(lease_id)) if terms.lock else None
         if lock_fd is not None:
             self._pending_lock = (lock_fd, lease_id)
-        lease = new_lease(self, lease_id, placement, want, terms)
+        lease = new_lease(self, lease_id, placement, want, terms, waited_s=waited_s)
         txn.add(lease)
         txn.ledger.stats.record(
             placement.policy, decision_s=decision_s, waited_s=waited_s, task=lease.task_type

@@ -4,7 +4,7 @@ and the broker's, which is an embedded ledger of root's)."""
 from __future__ import annotations
 
 import os
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
 from gpualloc.boot import boot_id
@@ -19,11 +19,18 @@ if TYPE_CHECKING:
 
 
 def new_lease(
-    host: HostView, lease_id: str, placement: Placement, want: Want, terms: LeaseTerms
+    host: HostView,
+    lease_id: str,
+    placement: Placement,
+    want: Want,
+    terms: LeaseTerms,
+    *,
+    waited_s: float = 0.0,
 ) -> Lease:
     """The lease ``terms`` ask for on ``placement``'s GPUs: its process checked alive (a start
     time the caller read may belong to one that ended since, in the queue), its owner and
-    creator named, its time limit as granted (:mod:`gpualloc.host.time_rules`)."""
+    creator named, its time limit as granted (:mod:`gpualloc.host.time_rules`); ``waited_s``:
+    how long its job waited in the queue."""
     from gpualloc.ledger.liveness import process_alive, process_start_time
 
     start_time = terms.pid_start_time
@@ -39,6 +46,7 @@ def new_lease(
     if terms.announce and creator_start is None:
         creator_start = process_start_time(creator_pid)
     mig = [host.topology.mig_device(*key) for key in placement.mig_devices]
+    now = datetime.now(timezone.utc)
     return Lease(
         id=lease_id,
         gpus=tuple(LeasedGpu(index=g, uuid=host.topology.gpu(g).uuid) for g in placement.gpus),
@@ -56,7 +64,8 @@ def new_lease(
         policy=placement.policy,
         sensitive=want.request.sensitive,
         scores=placement.score_values(),
-        created=datetime.now(timezone.utc),
+        created=now,
+        queued=now - timedelta(seconds=waited_s) if waited_s > 0 else None,
         source=terms.source,
         boot_id=boot_id(),
         process_group=terms.process_group,

@@ -51,8 +51,9 @@ from gpualloc.ledger.document import (
 from gpualloc.ledger.in_place import open_own_file, put_back, rewrite_own_copy
 from gpualloc.ledger.locking import SharedLock
 from gpualloc.ledger.quarantine import SetAside
-from gpualloc.ledger.schema import Ledger
-from gpualloc.ledger.store import LedgerStore, LedgerTransaction, access_error
+from gpualloc.ledger.schema import Lease, Ledger
+from gpualloc.ledger.shared_files import access_error
+from gpualloc.ledger.store import LedgerStore, LedgerTransaction
 
 LEDGER_MODE = 0o644
 """The broker's ledger: everyone reads it, only the broker writes it."""
@@ -171,6 +172,7 @@ class OwnedLedgerStore(LedgerStore):
             if self._batch.txn is not None and self._batch.changed:
                 self._keep_aside(self._batch.aside, self._batch.txn.notes)
                 self._write(self._batch.txn.ledger)
+                self._append_history(self._batch.before, self._batch.txn.ledger, LEDGER_MODE)
         finally:
             self._batch = None
 
@@ -204,6 +206,7 @@ class OwnedLedgerStore(LedgerStore):
         assert batch is not None
         if batch.txn is None:
             ledger, notes, batch.aside = self._load()
+            batch.before = {lease.id: lease for lease in ledger.leases}
             batch.txn = LedgerTransaction(ledger, notes=notes)
             batch.changed = bool(notes)
             self._apply_journal(batch.txn)
@@ -314,3 +317,5 @@ class _Batch:
         """Records the batch's load left out: kept aside before its write."""
         self.saved: bytes | None = None
         """The ledger as the last transaction of the batch left it, encoded."""
+        self.before: dict[str, Lease] = {}
+        """The leases the batch's load found: those its write drops are the history's."""

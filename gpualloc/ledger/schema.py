@@ -139,6 +139,8 @@ class Lease(_Entry, kw_only=True, frozen=True):
     records them too, so they are not handed out again until the job ends, whatever this
     lease does; ``status`` and the metrics tell the lease's owner. Cleared when the job's
     Epilog runs."""
+    queued: datetime | None = None
+    """When its job joined the host's queue (None: it did not wait), for the history."""
     time_limit_s: Annotated[float, Meta(gt=0)] | None = None
     """How long the lease may live from ``created`` (``--time``, as the system configuration's
     ``limits.*`` granted it; None: no limit). At its end the job is signalled (SIGTERM, SIGKILL

@@ -26,7 +26,7 @@ import os
 import stat
 from pathlib import Path
 
-from gpualloc.errors import LedgerError
+from gpualloc.errors import FileAccessError, GpuallocError, LedgerError
 from gpualloc.user_files import describe_kind
 
 SAFE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -146,3 +146,32 @@ def adopt(descriptor: int, info: os.stat_result, mode: int) -> None:
         os.fchown(descriptor, 0, 0)
     if stat.S_IMODE(info.st_mode) != mode:
         os.fchmod(descriptor, mode)
+
+
+def access_error(path: Path, exc: OSError, doing: str, *, changed: bool = False) -> GpuallocError:
+    """Why ``path`` could not be read or written, with the remedy that fits the cause."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        state = (
+            "the ledger may be torn; the next gpualloc recovers it from your good copy"
+            if changed
+            else "the ledger is unchanged"
+        )
+        return FileAccessError(
+            f"cannot {doing} {path}: the file system is full ({exc.strerror}); {state}",
+            hint=f"free space on the file system of {path.parent}",
+        )
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        try:
+            info = os.lstat(path)
+            whose = f"{owner_name(info.st_uid)}'s, mode {info.st_mode & 0o7777:04o}"
+        except OSError:
+            whose = "of unknown owner"
+        return LedgerError(
+            f"cannot {doing} {path} ({whose}): {exc.strerror}",
+            hint=f"every user of the host must be able to read and write it: its owner or "
+            f"root must 'chmod 0666 {path}' (a gpualloc run as root fixes it)",
+        )
+    return FileAccessError(
+        f"cannot {doing} {path}: {exc.strerror}",
+        hint=f"check the state directory {path.parent}",
+    )

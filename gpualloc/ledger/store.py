@@ -59,7 +59,7 @@ from msgspec.structs import replace
 from gpualloc import boot
 from gpualloc.atomic import write_text_atomic
 from gpualloc.boot import boot_id
-from gpualloc.errors import FileAccessError, GpuallocError, LedgerError
+from gpualloc.errors import LedgerError
 from gpualloc.ledger.document import (
     HEADER,
     LedgerFromNewerVersion,
@@ -81,6 +81,7 @@ from gpualloc.ledger.quarantine import SetAside, keep
 from gpualloc.ledger.schema import Lease, Ledger, Waiter
 from gpualloc.ledger.shared_files import (
     UnsafeFile,
+    access_error,
     owner_name,
     owner_or_root,
     read_shared,
@@ -225,6 +226,7 @@ class LedgerStore:
         reap = self.reap_in_transactions if reap is None else reap
         with self._lock(lock_timeout_s):
             ledger, notes, aside = self._load()
+            before = {lease.id: lease for lease in ledger.leases}  # for the history
             txn = LedgerTransaction(ledger, notes=notes, changed=bool(notes))
             self._apply_journal(txn)
             if reap:
@@ -237,6 +239,7 @@ class LedgerStore:
                 # good copy alone: that copy is replaced whole then, never rewritten in place,
                 # so that a second writer stopped midway still leaves one copy to recover from.
                 self._write(txn.ledger, in_place=not notes and not aside)
+                self._append_history(before, txn.ledger, SHARED_LEDGER_MODE)
                 for lease in txn.reaped:
                     _unlink_quietly(self.directory.lease_lock(lease.id))
         if os.geteuid() == 0 and os.path.lexists(self.directory.journal_file):
@@ -251,6 +254,14 @@ class LedgerStore:
                     self.host,
                     txn.ledger.root_journal_seq,
                 )
+
+    def _append_history(self, before: dict[str, Lease], ledger: Ledger, mode: int) -> None:
+        """A record for each lease the ledger just written no longer holds (:mod:`.history`)."""
+        from gpualloc.ledger.history import append_ended
+
+        append_ended(
+            self.directory, before, ledger, lambda x: self.alive(x, self.directory), mode=mode
+        )
 
     def read(self) -> LedgerTransaction:
         """One transaction that changes nothing but the reaping; its result."""
@@ -557,37 +568,6 @@ def _check_own_copy(path: Path, uid: int) -> None:
             "copy of the ledger there, and cannot replace another user's file",
             hint=f"{owner_or_root(owner_name(info.st_uid))} must remove it ('rm {path}')",
         )
-
-
-def access_error(path: Path, exc: OSError, doing: str, *, changed: bool = False) -> GpuallocError:
-    """Why ``path`` could not be read or written, with the remedy that fits the cause."""
-    import errno
-
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        state = (
-            "the ledger may be torn; the next gpualloc recovers it from your good copy"
-            if changed
-            else "the ledger is unchanged"
-        )
-        return FileAccessError(
-            f"cannot {doing} {path}: the file system is full ({exc.strerror}); {state}",
-            hint=f"free space on the file system of {path.parent}",
-        )
-    if exc.errno in (errno.EACCES, errno.EPERM):
-        try:
-            info = os.lstat(path)
-            whose = f"{owner_name(info.st_uid)}'s, mode {info.st_mode & 0o7777:04o}"
-        except OSError:
-            whose = "of unknown owner"
-        return LedgerError(
-            f"cannot {doing} {path} ({whose}): {exc.strerror}",
-            hint=f"every user of the host must be able to read and write it: its owner or "
-            f"root must 'chmod 0666 {path}' (a gpualloc run as root fixes it)",
-        )
-    return FileAccessError(
-        f"cannot {doing} {path}: {exc.strerror}",
-        hint=f"check the state directory {path.parent}",
-    )
 
 
 def _unlink_quietly(path: Path) -> None:
