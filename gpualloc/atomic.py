@@ -68,7 +68,7 @@ def write_text_atomic(
 def write_output(path: Path, text: str, option: str) -> None:
     """:func:`write_user_output`, a failure one :class:`~gpualloc.errors.FileAccessError`
     (exit 8) naming ``option`` and the path, for every command that writes a file a user
-    named; a missing directory is named, never made (``tests/test_cli.py``)."""
+    named; a missing directory is named, never made (``tests/test_bad_input_files.py``)."""
     try:
         write_user_output(path, text)
     except OSError as exc:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ class RunningBroker:
         ]  # fmt: skip
 
     def start(self, *, timeout_s: float = 30) -> RunningBroker:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUALLOC_")}
+        env = clean_env()
         env["PYTHONPATH"] = str(ROOT)
         if self.system_config is not None:
             env["GPUALLOC_SYSTEM_CONFIG"] = str(self.system_config)
@@ -107,6 +107,43 @@ class RunningBroker:
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without gpualloc's variables (the test's own state and
+    caches included): a client that reaches only the broker it is told of."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("GPUALLOC_")}
+
+
+def through_broker(broker: RunningBroker, *args: str) -> subprocess.Popen[str]:
+    """``gpualloc ARGS`` in a process of its own, a client of ``broker`` (GPUALLOC_BROKER)."""
+    env = {**clean_env(), "GPUALLOC_BROKER": str(broker.socket)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpualloc", *args], env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def broker_leases(broker: RunningBroker) -> list[dict]:
+    """The leases of ``broker``'s ledger, as its ``snapshot`` answers them."""
+    return broker.call("snapshot")["ledger"]["leases"]
+
+
+def hold_request(lease_id: str, gpus: int = 1) -> dict:
+    """The arguments of a raw ``alloc`` that holds ``gpus`` GPUs under ``lease_id``."""
+    return {
+        "lease_id": lease_id,
+        "options": {"policy": "mapa", "count": gpus, "sensitive": False},
+        "terms": {"source": "alloc", "hold": True},
+    }
+
+
+def until(condition: Callable[[], bool], what: str, timeout_s: float = 30) -> None:
+    """Wait for ``condition``, polling, and fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def running_broker(topology: str) -> Iterator[RunningBroker]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -68,3 +69,9 @@ def status(topology: str = "dgx1-v100") -> dict:
     result = gpualloc("status", "--json", topology=topology)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+def shlex_join(argv: list[str]) -> str:
+    """``argv`` as one shell command line: each word quoted but ``$$``, which must reach the
+    shell unquoted (the shell's pid, for ``alloc --pid $$``)."""
+    return " ".join(word if word == "$$" else shlex.quote(word) for word in argv)

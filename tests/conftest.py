@@ -1,6 +1,6 @@
 """Shared fixtures: an isolated environment for every test, a checkout left as it was found,
-the ``extra`` marker, a CLI runner; the helpers they use are modules of their own
-(``tests/cli_harness.py``, ``tests/checkout.py``)."""
+the ``extra`` marker, a CLI runner, real Unix users; the helpers they use are modules of their
+own (``tests/cli_harness.py``, ``tests/checkout.py``, ``tests/unix_users.py``)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import pytest
 
 from tests.checkout import CHECKOUT, benchmark_module, missing_extra
 from tests.cli_harness import Result, run_in_process
+from tests.unix_users import UnixUser, UserCommandLine, ensure_user
 
 SUMMARY: list[str] = []
 """Lines for the end of the test report (for example Slurm's choice next to gpualloc's)."""
@@ -151,6 +152,20 @@ def full_device(tmp_path: Path) -> Path:
 def cli() -> Callable[..., Result]:
     """Run ``gpualloc ARGS`` in this process through the real entry point."""
     return lambda *args: run_in_process(args)
+
+
+@pytest.fixture(scope="module")
+def users() -> dict[str, UnixUser]:
+    """Three real Unix users, ``gpualloc-t-alice``, ``-bob`` and ``-carol`` (root only: skips
+    otherwise), by their short names."""
+    return {name: ensure_user(f"gpualloc-t-{name}") for name in ("alice", "bob", "carol")}
+
+
+@pytest.fixture(scope="module")
+def as_user(users: dict[str, UnixUser]) -> UserCommandLine:
+    """``gpualloc`` as any of ``users`` runs it, a process of its own with their uid, on an
+    interpreter alice was found to execute (``tests/unix_users.py``)."""
+    return UserCommandLine(users["alice"])
 
 
 @pytest.fixture

@@ -14,3 +14,16 @@ sys.stdin.read()
 """
 """A job that declares itself (in the topology file the host is read from) on the GPUs named
 by its arguments, as NVML would list it there, and then waits."""
+
+REPORT = """\
+import json, os, sys
+print(json.dumps({
+    "pid": os.getpid(),
+    "env": {k: v for k, v in os.environ.items() if k.startswith(("CUDA_", "GPUALLOC_"))},
+    "affinity": sorted(os.sched_getaffinity(0)),
+}), flush=True)
+if "--wait" in sys.argv:
+    sys.stdin.read()
+"""
+"""A job that prints, as one JSON line, its pid, its ``CUDA_*`` and ``GPUALLOC_*`` variables and
+the CPUs it may run on; with ``--wait`` it then waits for its stdin to close."""

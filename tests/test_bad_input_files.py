@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 
 from gpualloc.atomic import write_user_output
+from gpualloc.errors import ExitCode
 from tests.cli_harness import Result
 from tests.house_rules import no_control_characters, refused
+from tests.recordings import RECORDED
 
 Cli = Callable[..., Result]
 ESC = "\x1b[31m"
@@ -171,6 +173,20 @@ def test_output_to_a_closed_stdout_is_exit_8(args: list[str]) -> None:
     assert "error: stdout is closed" in done.stderr
 
 
+@pytest.mark.slow
+def test_quiet_on_closed_pipe() -> None:
+    # `true` exits at once, long before Python has started, so every write meets a closed pipe.
+    script = (
+        f"{sys.executable} -m gpualloc --topology dgx2 topo show --json | true; "
+        "echo ${PIPESTATUS[0]}"
+    )
+    result = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, check=False, timeout=120
+    )
+    assert result.stderr == ""
+    assert result.stdout.strip() == str(int(ExitCode.BROKEN_PIPE))
+
+
 def test_alloc_that_cannot_print_its_lease_holds_nothing(cli: Cli) -> None:
     done = _gpualloc_sh(">&-", "--topology", "dgx1-v100", "alloc", "-n", "2")
     refused(done, 8)
@@ -284,3 +300,55 @@ def test_an_output_file_that_is_an_input_is_refused_and_the_input_kept(
     after = victim.stat()
     assert victim.read_bytes() == content
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_unwritable_output_is_an_io_error(cli: Cli, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = cli("--topology", "single-gpu", "topo", "record", "-o", str(blocker / "x.json"))
+    assert result.exit_code == ExitCode.IO and "cannot write" in result.stderr
+
+
+WRITERS = {
+    "topo record --output": ["topo", "record", "-o", "{out}"],
+    "topo export --output": ["topo", "export", "-o", "{out}"],
+    "topo import --output": [
+        "topo",
+        "import",
+        str(RECORDED / "dgx1-v100_vast_topo.txt"),
+        "-o",
+        "{out}",
+    ],
+    "simulate --save-trace": ["simulate", "--generate", "mapa:jobs=3", "--save-trace", "{out}"],
+    "simulate --report": ["simulate", "--generate", "mapa:jobs=3", "--report", "{out}"],
+    "simulate --plot": ["simulate", "--generate", "mapa:jobs=3", "--plot", "{out}"],
+}
+"""Every option that writes a file (or, --plot, a directory) a user named."""
+
+
+def test_the_writers_are_every_output_option() -> None:
+    from tests.path_options import WRITTEN_OR_DIRECTORIES
+
+    assert set(WRITERS) == WRITTEN_OR_DIRECTORIES - {"serve --state-dir"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.extra("plot")) if "--plot" in n else n for n in WRITERS],
+)
+def test_output_into_a_missing_directory_is_refused_and_makes_none(
+    cli: Cli, tmp_path: Path, name: str
+) -> None:
+    """Some writers made the missing directories (``-o /resluts/x.json`` made ``/resluts`` at
+    the root of the file system), others refused: now every one refuses, naming the first
+    missing directory, before any work."""
+    out = tmp_path / "no" / "such" / "out.json"
+    args = [str(out) if arg == "{out}" else arg for arg in WRITERS[name]]
+    result = cli("--topology", "dgx1-v100", *args)
+    assert result.exit_code == ExitCode.IO, result.stderr
+    option = "-o" if "--output" in name else name.split()[-1]
+    assert result.stderr == (
+        f"error: cannot write {option} {out}: the directory {tmp_path / 'no'} does not exist\n"
+        f"hint: create it first (mkdir -p {out.parent}), or give another path\n"
+    )
+    assert result.stdout == "" and not (tmp_path / "no").exists()

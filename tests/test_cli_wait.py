@@ -1,4 +1,5 @@
-"""``run --wait`` / ``alloc --wait`` end to end: real processes on a bundled topology.
+"""``run --wait`` / ``alloc --wait`` end to end: real processes on a bundled topology, and a
+waiter's timeout through the broker.
 
 Tests synchronise on what the processes report (the queue as ``status --json`` shows it, lines
 the jobs print, exits), never on fixed sleeps.
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.broker_harness import RunningBroker, hold_request, running_broker, through_broker
 from tests.child_processes import end_all, finish
 from tests.cli_harness import TIMEOUT_S, gpualloc, gpualloc_argv, status
 
@@ -268,6 +270,22 @@ def test_the_brokers_waiting_line_is_drawn_and_interrupted_as_the_ledgers() -> N
         "holds no GPU"
     )
     assert line.interrupted().exit_code == 130
+
+
+@pytest.fixture
+def broker() -> Iterator[RunningBroker]:
+    yield from running_broker("nvlink-pairs-4gpu")
+
+
+def test_a_waiters_timeout_is_kept_to_and_says_why(broker: RunningBroker) -> None:
+    broker.call("alloc", hold_request("ffffffffffff", gpus=4))
+    started = time.monotonic()
+    waiter = through_broker(broker, "alloc", "--wait", "--timeout", "1.5", "--hold")
+    _, err = finish(waiter, timeout_s=30)
+    assert waiter.returncode == 124, err
+    assert time.monotonic() - started < 5
+    assert "no GPUs for this job within 1.5 s (the job needs 1 GPU and" in err
+    assert not broker.call("snapshot")["ledger"]["queue"]
 
 
 def _ledger_file() -> str:

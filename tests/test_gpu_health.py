@@ -1,5 +1,6 @@
 """Unhealthy GPUs are never handed out: faults injected into the fake NVML
-and the kernel log, and declared in a recorded topology, each flagged and skipped.
+and the kernel log, and declared in a recorded topology, each flagged and skipped; a job that
+allows unhealthy GPUs gets one, at once or, through the broker, when its queued turn comes.
 
 The lines below follow the driver's
 ``NVRM: Xid (PCI:<domain>:<bus>:<device>): <code>, pid=..., ...`` format.
@@ -8,6 +9,8 @@ The lines below follow the driver's
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,8 @@ from gpualloc.errors import ExitCode
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.schema import Ledger
 from gpualloc.topologies import load_bundled
+from tests.broker_harness import RunningBroker, broker_leases, hold_request, through_broker
+from tests.child_processes import finish
 from tests.fake_nvml import FakeNvml
 
 KERNEL_LOG = """\
@@ -169,3 +174,54 @@ def test_a_waiting_job_hears_which_gpus_are_unhealthy_not_that_nobody_holds_them
     stranger = GpuProcess(gpu=2, pid=4242, name="python", user="eve")
     occupancy = Occupancy.build(topology, Ledger(host="h"), [stranger], faults=[fault])
     assert who_holds(occupancy) == "held by unhealthy: 1, not gpualloc: 2"
+
+
+# ---- through the broker ------------------------------------------------------------------------
+
+TOPOLOGY = "nvlink-pairs-4gpu"
+"""The host the broker serves, GPU 1 unhealthy."""
+
+
+def test_a_waiter_that_allows_unhealthy_gpus_is_placed_on_one_when_its_turn_comes(
+    tmp_path: Path,
+) -> None:
+    """--allow-unhealthy through the broker, at once and for a queued turn, which the broker
+    places itself (GPU 1 is unhealthy; then the healthy three are held)."""
+    if os.geteuid() != 0:
+        pytest.skip("the broker's tests run it as root (CI runs as root)")
+    from gpualloc.topologies import load_bundled
+
+    data = json.loads(load_bundled(TOPOLOGY).to_json())
+    data["faults"] = [{"gpu": 1, "kind": "ecc", "detail": "3 uncorrectable ECC errors"}]
+    sick = tmp_path / "sick.json"
+    sick.write_text(json.dumps(data))
+    sick.chmod(0o644)
+    running = RunningBroker(str(sick)).start()
+    try:
+        named = through_broker(running, "alloc", "--gpus", "1", "--hold")
+        finish(named, timeout_s=30)
+        assert named.returncode == ExitCode.NO_PLACEMENT
+        forced = through_broker(
+            running, "alloc", "--gpus", "1", "--hold", "--allow-unhealthy", "--format", "json"
+        )
+        out, err = finish(forced, timeout_s=30)
+        assert forced.returncode == 0, err
+        released = through_broker(running, "release", json.loads(out)["lease"]["id"])
+        finish(released, timeout_s=30)
+        assert released.returncode == 0 and not broker_leases(running)
+        running.call("alloc", hold_request("ffffffffffff", gpus=3))
+        held = {g["index"] for g in broker_leases(running)[0]["gpus"]}
+        assert held == {0, 2, 3}
+        strict = through_broker(running, "alloc", "--wait", "--timeout", "1", "--hold")
+        finish(strict, timeout_s=30)
+        assert strict.returncode == 124  # healthy GPUs only: none comes free
+        lenient = through_broker(
+            running, "alloc", "--wait", "--timeout", "20", "--hold", "--allow-unhealthy",
+            "--format", "json",
+        )  # fmt: skip
+        out, err = finish(lenient, timeout_s=30)
+        assert lenient.returncode == 0, err
+        assert json.loads(out)["placement"]["gpus"] == [1]
+    finally:
+        running.stop()
+        shutil.rmtree(running.directory, ignore_errors=True)

@@ -385,7 +385,7 @@ def test_the_evaluation_script_regenerates_its_document(tmp_path: Path) -> None:
 
 def test_report_and_timeline(cli, tmp_path: Path) -> None:
     report = tmp_path / "out" / "report.md"
-    report.parent.mkdir()  # gpualloc makes no directory (tests/test_cli.py)
+    report.parent.mkdir()  # gpualloc makes no directory (tests/test_bad_input_files.py)
     result = cli(
         "--topology", "dgx1-v100", "simulate", "--trace", str(ROOT / "examples/trace.csv"),
         "--policy", "baseline,mapa", "--report", str(report), "--json",

@@ -4,8 +4,9 @@
 ``python -c pass``, timed from a wheel by ``benchmarks/bench_startup.py`` (nothing is timed
 here: shared machines make timed tests flaky). These tests pin instead what each command
 imports, in the benchmark's setting (a bundled topology, a broker named but not running) and
-without a broker named: nothing is kept out by standing in for a module (no ``sys.modules``
-patching), only by not importing it.
+without a broker named, and through a running broker (``run`` and ``alloc`` load no msgspec,
+``release`` no placement engine): nothing is kept out by standing in for a module (no
+``sys.modules`` patching), only by not importing it.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.broker_harness import RunningBroker, clean_env, running_broker
 
 NOT_ON_ANY_PATH = (
     # a second parser, and what only a terminal or discovery needs
@@ -151,3 +155,54 @@ def test_no_module_stands_in_for_another() -> None:
         if writes.search(line)
     ]
     assert found == []
+
+
+# ---- through a running broker ------------------------------------------------------------------
+
+
+@pytest.fixture
+def broker() -> Iterator[RunningBroker]:
+    yield from running_broker("nvlink-pairs-4gpu")
+
+
+IMPORTS = """
+import os, sys
+import gpualloc.launcher.exec as launch
+def exec_job(argv, environment, binding):  # stands in for the exec, which would end the process
+    raise SystemExit(0)
+launch.exec_job = exec_job
+sys.argv = ["gpualloc", *sys.argv[1:]]
+try:
+    from gpualloc.cli.main import run
+    run()
+except SystemExit:
+    pass
+finally:
+    heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("typer", "rich", "networkx"))
+    models = ("gpualloc.placement", "gpualloc.discovery")
+    if sys.argv[1] != "release":  # release reads the leases it gave back, in the ledger's types
+        models += ("gpualloc.model.topology", "gpualloc.ledger")
+        heavy += sorted(m for m in sys.modules if m.split(".")[0] == "msgspec")
+        heavy += ["gpualloc.model.job"] if "gpualloc.model.job" in sys.modules else []
+    light = ("gpualloc.ledger", "gpualloc.ledger.liveness")  # an alloc's owner: its /proc facts
+    heavy += sorted(m for m in sys.modules if m.startswith(models) and m not in light)
+    os.write(2, ("IMPORTED " + " ".join(heavy) + "\\n").encode())
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["alloc", "--hold", "-n", "2"], ["release", "--mine"], ["run", "-n", "1", "--", "true"]],
+    ids=["alloc", "release", "run"],
+)
+def test_through_the_broker_run_and_alloc_load_no_msgspec_and_release_no_engine(
+    broker: RunningBroker, args: list[str]
+) -> None:
+    env = {**clean_env(), "GPUALLOC_BROKER": str(broker.socket)}
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORTS, *args], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert "IMPORTED" in result.stderr, result.stderr
+    imported = result.stderr.rsplit("IMPORTED", 1)[1].split()
+    assert imported == [], imported
+    assert result.returncode == 0, result.stderr

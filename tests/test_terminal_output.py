@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,9 @@ from gpualloc.cli.table_fit import ColumnSize, fit_widths, layout, table_width
 from gpualloc.cli.topology_view import LEGEND, topology_tables
 from gpualloc.topologies import load_bundled
 from tests.child_processes import finish, running
+from tests.cli_harness import Result
 
+Cli = Callable[..., Result]
 FIXTURES = Path(__file__).parent / "fixtures"
 SIXTEEN_GPUS = ["torus-2d-16", "cube-mesh-16", "dgx2"]
 
@@ -302,6 +305,20 @@ def test_config_show_writes_durations_as_the_config_file_would(cli, tmp_path: Pa
     assert values["broker.placement_budget"] == "0.015s"
     shown = json.loads(cli("config", "show", "--json").stdout)["settings"]
     assert next(s for s in shown if s["key"] == "idle.max_gap")["value"] == 900.0
+
+
+def test_a_count_of_one_is_singular(cli: Cli, tmp_path: Path) -> None:
+    """Counts were written by hand: "wrote host.json (1 GPUs)", "1 lease(s)", "-n 2 but --gpus
+    names 1 GPU(s)", "passed over 1 times"."""
+    out = tmp_path / "one.json"
+    one = ("--topology", "single-gpu")
+    assert cli(*one, "topo", "record", "-o", str(out)).stderr == f"wrote {out} (1 GPU)\n"
+    assert cli(*one, "alloc", "--hold").exit_code == 0
+    assert "0 of 1 GPU free; 1 lease, 0 waiting" in cli(*one, "status").stdout
+    refused = cli("--topology", "dgx1-v100", "alloc", "-n", "2", "--gpus", "0")
+    assert "-n 2 but --gpus names 1 GPU" in refused.stderr and "GPU(s)" not in refused.stderr
+    busy = cli(*one, "alloc", "-n", "2")
+    assert "the job asks for 2 GPUs but 1 of 1 GPU is usable" in busy.stderr, busy.stderr
 
 
 # ---- --watch with --json: JSON Lines ------------------------------------------------------

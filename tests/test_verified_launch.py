@@ -1,12 +1,13 @@
 """Verified launch: a job's processes are matched to its lease, and a job
 on a GPU its lease does not hold, or a stranger on a leased GPU, is flagged by ``status`` and by
 the verifier ``run`` leaves beside the job; fault injection on the fake NVML and on a recorded
-topology whose file declares where the job runs."""
+topology whose file declares where the job runs, through a broker too."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from gpualloc.ledger.attribution import attribute, process_lineage
 from gpualloc.ledger.schema import Lease, LeasedGpu
 from gpualloc.model.topology import GpuProcess
 from gpualloc.topologies import load_bundled
+from tests.broker_harness import RunningBroker, broker_leases, clean_env, until
 from tests.child_processes import end, finish, stderr_until
 from tests.cli_harness import TIMEOUT_S, gpualloc_argv
 from tests.fake_nvml import FakeNvml
@@ -273,6 +275,56 @@ def test_run_warns_of_or_ends_a_job_that_leaves_its_gpus(
     finally:
         if job.returncode is None:
             finish(job, input="", timeout_s=TIMEOUT_S)
+
+
+TOPOLOGY = "nvlink-pairs-4gpu"
+"""The host of the job that runs through a broker."""
+
+
+@pytest.mark.slow
+def test_a_brokered_job_that_leaves_its_gpus_is_ended_by_its_verifier() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the broker's tests run it as root (CI runs as root)")
+    from gpualloc.topologies import load_bundled
+
+    broker = RunningBroker(TOPOLOGY)
+    host_file = broker.directory / "host.json"
+    host_file.write_text(load_bundled(TOPOLOGY).to_json())
+    broker.topology = str(host_file)
+    broker.start()
+    script = broker.directory / "declare.py"
+    script.write_text(DECLARE)
+    env = {
+        **clean_env(), "GPUALLOC_BROKER": str(broker.socket),
+        "GPUALLOC_VERIFY_GRACE": "60", "GPUALLOC_VERIFY_ACTION": "kill",
+    }  # fmt: skip
+    run = ["run", "--gpus", "0,1", "--"]
+    argv = [
+        sys.executable,
+        "-m",
+        "gpualloc",
+        *run,
+        sys.executable,
+        str(script),
+        str(host_file),
+        "3",
+    ]
+    job = subprocess.Popen(
+        argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert job.stdout is not None and job.stdout.readline().strip()  # it declared itself
+        err = stderr_until(job, "verify.action")
+        assert "runs on GPU 3, which the lease does not hold (it holds GPU 0-1)" in err, err
+        assert "ending it (verify.action = kill)" in err
+        job.wait(timeout=30)
+        assert job.returncode == -15
+        until(lambda: not broker_leases(broker), "the ended job's lease to go", 5)
+    finally:
+        end(job)
+        broker.stop()
+        shutil.rmtree(broker.directory, ignore_errors=True)
 
 
 # ---- gpualloc doctor, on the fake NVML --------------------------------------------------------

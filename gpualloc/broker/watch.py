@@ -27,7 +27,7 @@ the broker never walks ``/proc`` whole to ask it (:meth:`ProcessWatch.group_memb
 A child is adopted only while its parent is a live member with the recorded start time,
 read again after the child's own ``stat`` (whose parent pid then named the member): a member
 that ended adopts nothing, so a process that got its pid later, or that process's children,
-never keep the lease (``tests/test_broker.py``).
+never keep the lease (``tests/test_broker_lease_lifetime.py``).
 
 After a broker restart the watch is rebuilt from the ledger (pid and start time); descendants
 of a process that ended while no broker ran are not known, and a lease whose own pid ended

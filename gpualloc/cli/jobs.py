@@ -2,7 +2,7 @@
 open_host_ledger` opens: each builds the job's options and the lease's terms and asks the
 :class:`~gpualloc.host.protocol.Host` (``start``, ``release_leases``); the host places and
 records, and :func:`gpualloc.host.launching.launch_granted` execs the job. Through the broker
-no topology, no placement engine and no msgspec is loaded (``tests/test_broker.py``).
+no topology, no placement engine and no msgspec is loaded (``tests/test_startup_imports.py``).
 
 :mod:`gpualloc.cli.run` and :mod:`gpualloc.cli.leases` declare these commands and hand
 :func:`call` every parameter's value, as the parser read it; the options that describe the job

@@ -32,7 +32,7 @@ STYLE_BY_CLASS = {
 class Table(NamedTuple):
     """A titled table; ``styles`` optionally gives a rich style per cell. (A NamedTuple: every
     command loads this module, ``--help`` too, which imports no msgspec:
-    tests/test_cli.py::test_help_imports_nothing_heavy.)"""
+    tests/test_cli_help.py::test_help_imports_nothing_heavy.)"""
 
     title: str
     columns: list[str]

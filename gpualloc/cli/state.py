@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 class GlobalState:
     """A plain class, not a msgspec Struct: ``--help`` and completion load this module, and
-    import no msgspec (tests/test_cli.py::test_help_imports_nothing_heavy)."""
+    import no msgspec (tests/test_cli_help.py::test_help_imports_nothing_heavy)."""
 
     def __init__(self) -> None:
         self.reset()

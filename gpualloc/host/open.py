@@ -55,7 +55,7 @@ def passed_by(
 ) -> str | None:
     """Why a request does not go to the host's broker, in words (None when it does, if there
     is one): inside a Slurm job, or on a named topology that is not this host. A front end
-    tells a user who configured a broker themselves (``tests/test_broker.py``)."""
+    tells a user who configured a broker themselves (``tests/test_broker_clients.py``)."""
     from gpualloc.config import no_slurm
 
     if env.get("SLURM_JOB_ID") and not no_slurm(env) and not node_hook:

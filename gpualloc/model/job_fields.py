@@ -5,7 +5,7 @@ The command line builds one (:func:`pick_fields`) and hands it to
 :meth:`gpualloc.host.protocol.Host.start`; the host that places the job makes the
 ``JobOptions`` of it there, its bounds checked at that door (the embedded ledger in this
 process, the broker when it decodes the request). ``run`` through a broker thus never loads
-msgspec (``tests/test_broker.py``); ``tests/test_job_options.py`` holds the fields equal to
+msgspec (``tests/test_startup_imports.py``); ``tests/test_job_options.py`` holds the fields equal to
 ``JobOptions``' own.
 """
 

@@ -16,7 +16,7 @@ that picks one.
 
 What it proves: a shared job lands only on a GPU with its declared memory free and its part of
 the GPU not held by other shared jobs, at most the limit of shared jobs on it, the one the
-host's rule ranks first (``tests/test_shared_gpus.py``; ``tests/test_placement_rules.py`` for
-the rules' registry and the host read through
+host's rule ranks first (``tests/test_shared_gpus.py``, ``tests/test_shared_gpu_fractions.py``;
+``tests/test_placement_rules.py`` for the rules' registry and the host read through
 :class:`~gpualloc.model.occupancy_view.OccupancyView` alone).
 """

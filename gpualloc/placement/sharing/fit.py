@@ -1,5 +1,5 @@
 """Where a shared job goes: the GPU the host's share placement rule picks among those it may
-share (``tests/test_shared_gpus.py``).
+share (``tests/test_shared_gpus.py``, ``tests/test_shared_gpu_fractions.py``).
 
 A shared job (``run --share``) may run on a GPU that
 
