@@ -109,9 +109,7 @@ def test_searches_past_their_budget_on_32_gpus_are_cut_short(
     for policy in ("drb", "spread", "pack"):
         want = Want(JobRequest(10, build_pattern("ring", 10), True), policy=policy)
         placement = choose(host32, occupancy, want, budget_s=0.05)
-        assert not placement.cut_short, (
-            f"{policy} is exact on the PCIe host (twins)"
-        )
+        assert not placement.cut_short, f"{policy} is exact on the PCIe host (twins)"
     spread = choose(
         host32, occupancy, Want(JobRequest(4, build_pattern("ring", 4), True), policy="spread"),
         budget_s=0.05,
