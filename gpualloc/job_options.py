@@ -191,6 +191,13 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
         metavar="LIMIT", commands=RUN_ALLOC, group="lease",
     ),
     JobOption(
+        "signal", "str",
+        "Send the job SIG (USR1, SIGUSR1, 10) SECONDS (default 60) before its time limit, as "
+        "Slurm's --signal: to its process group, or with B: to its own process alone (the "
+        "batch script); needs a time limit.",
+        metavar="[B:]SIG[@SECONDS]", commands=RUN_ALLOC, group="lease",
+    ),
+    JobOption(
         "uuid", "flag", "Export CUDA_VISIBLE_DEVICES as GPU UUIDs instead of indices.",
         default=False, commands=RUN_ALLOC, group="lease",
     ),

@@ -72,3 +72,49 @@ def format_time_limit(seconds: float | None) -> str:
     if hours:
         return f"{hours}:{minutes:02d}:{secs:02d}"
     return f"{minutes}:{secs:02d}"
+
+
+DEFAULT_SIGNAL_BEFORE_S = 60.0
+"""How long before the time limit ``--signal SIG`` is sent when no ``@SECONDS`` is given
+(Slurm's default)."""
+MAX_SIGNAL_BEFORE_S = 65535.0
+"""The most seconds ``@SECONDS`` may say (Slurm's bound)."""
+SIGNAL_FORMS = "e.g. USR1, SIGUSR1@120, 10@30, B:USR1@60"
+
+
+def parse_signal(text: str) -> tuple[int, float, bool]:
+    """``--signal [{R|B}:]SIG[@SECONDS]`` as Slurm's sbatch(1) reads it: the signal's number,
+    how long before the limit it is sent, and whether only the job's own process gets it
+    (``B:``, Slurm's batch shell alone; else its whole process group). ValueError otherwise."""
+    import signal
+
+    from gpualloc.user_files import shown_value
+
+    where, _, spec = text.strip().rpartition(":")
+    if where.upper() not in ("", "R", "B"):
+        raise ValueError(
+            f"{shown_value(text)}: {shown_value(where)} is not R or B ({SIGNAL_FORMS})"
+        )
+    name, at, seconds = spec.partition("@")
+    before = DEFAULT_SIGNAL_BEFORE_S
+    if at:
+        if not seconds.isdigit() or not 0 <= int(seconds) <= MAX_SIGNAL_BEFORE_S:
+            raise ValueError(
+                f"{shown_value(text)}: @{shown_value(seconds)} is not a number of seconds from "
+                f"0 to {MAX_SIGNAL_BEFORE_S:.0f}"
+            )
+        before = float(seconds)
+    upper = name.upper()
+    if upper.isdigit():
+        number = int(upper)
+    else:
+        member = signal.Signals.__members__.get(upper if upper.startswith("SIG") else "SIG" + upper)
+        number = member.value if member is not None else 0
+    if number not in {s.value for s in signal.valid_signals() if isinstance(s, signal.Signals)}:
+        said = (
+            shown_value(text)
+            if name == text.strip()
+            else f"{shown_value(text)}: {shown_value(name)}"
+        )
+        raise ValueError(f"{said} is not a signal ({SIGNAL_FORMS})")
+    return number, before, where.upper() == "B"

@@ -283,8 +283,8 @@ def test_manual_option_shows_the_installed_page(tmp_path: Path) -> None:
 
 FREE_TEXT = {
     "--num-gpus", "--exclude", "--require", "--drb-weights", "--mem", "--busy", "--free",
-    "--gpus", "--min-utility", "--min-bandwidth", "--sm-share", "--name", "--time", "--timeout",
-    "--max-bypass", "--pid", "--grace", "--interval", "--idle", "--serve", "--sharing",
+    "--gpus", "--min-utility", "--min-bandwidth", "--sm-share", "--name", "--time", "--signal",
+    "--timeout", "--max-bypass", "--pid", "--grace", "--interval", "--idle", "--serve", "--sharing",
     "--gpu-busy", "--start", "--limit", "--load", "--seed", "--size-mib", "--repeats", "--node",
     "--threads-per-core", "--gpu-type",
 }  # fmt: skip

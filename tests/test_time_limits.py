@@ -18,7 +18,7 @@ import pytest
 
 from gpualloc.errors import ExitCode
 from gpualloc.host.time_rules import TimeRules
-from gpualloc.time_limits import format_time_limit, parse_time_limit
+from gpualloc.time_limits import format_time_limit, parse_signal, parse_time_limit
 from tests.broker_harness import RunningBroker
 from tests.cli_harness import TIMEOUT_S, gpualloc_argv, status
 from tests.house_rules import refused
@@ -54,6 +54,31 @@ def test_zero_unlimited_and_none_ask_for_no_limit(text: str) -> None:
 def test_what_is_no_limit_is_one_usage_error(cli, text: str, said: str) -> None:
     result = cli("--topology", "dgx1-v100", "alloc", "--hold", "--time", text)
     assert said in refused(result, ExitCode.USAGE)
+    assert status()["leases"] == []
+
+
+@pytest.mark.parametrize(
+    ("text", "read"),
+    [("USR1", (10, 60.0, False)), ("SIGUSR2@120", (12, 120.0, False)), ("10@0", (10, 0.0, False)),
+     ("B:USR1@30", (10, 30.0, True)), ("R:TERM", (15, 60.0, False))],
+)  # fmt: skip
+def test_signal_reads_as_slurms(text: str, read: tuple[int, float, bool]) -> None:
+    assert parse_signal(text) == read
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [("FOO", "'FOO' is not a signal"), ("99", "is not a signal"), ("X:USR1", "'X' is not R or B"),
+     ("USR1@70000", "from 0 to 65535"), ("USR1@-1", "from 0 to 65535")],
+)  # fmt: skip
+def test_a_signal_that_is_none_is_one_usage_error(cli, text: str, said: str) -> None:
+    result = cli("--topology", "dgx1-v100", "alloc", "--hold", "--time", "1h", "--signal", text)
+    assert said in refused(result, ExitCode.USAGE)
+
+
+def test_a_signal_needs_a_time_limit(cli) -> None:
+    result = cli("--topology", "dgx1-v100", "alloc", "--pid", str(os.getpid()), "--signal", "USR1")
+    assert "has none" in refused(result, ExitCode.USAGE)
     assert status()["leases"] == []
 
 
@@ -145,6 +170,14 @@ def test_a_job_that_ignores_sigterm_is_killed_after_the_kill_wait() -> None:
     assert status()["leases"] == []
 
 
+WAITS_FOR_USR1 = "trap 'echo USR1 >&2; exit 7' USR1; while :; do sleep 0.1; done"
+
+
+def test_signal_reaches_the_job_before_its_limit() -> None:
+    ended = _run("--time", "30s", "--signal", "USR1@29", "--", "bash", "-c", WAITS_FOR_USR1)
+    assert ended.returncode == 7 and "USR1" in ended.stderr, ended
+
+
 def test_a_job_that_ends_in_time_is_not_signalled() -> None:
     ended = _run("--time", "30s", "--", "true")
     assert ended.returncode == 0 and "time limit" not in ended.stderr, ended
@@ -190,6 +223,16 @@ def test_the_broker_ends_a_job_at_its_limit_and_kills_one_that_ignores_sigterm(
     while limited_broker.call("snapshot")["ledger"]["leases"] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert limited_broker.call("snapshot")["ledger"]["leases"] == []
+
+
+def test_the_broker_sends_the_signal_before_the_limit(limited_broker: RunningBroker) -> None:
+    argv = ["run", "-n", "1", "--time", "30s", "--signal", "B:USR1@29", "--", "bash", "-c"]
+    ended = subprocess.run(
+        [*gpualloc_argv()[:3], *argv, WAITS_FOR_USR1], capture_output=True, text=True,
+        timeout=TIMEOUT_S, env=_through(limited_broker), stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert ended.returncode == 7 and "USR1" in ended.stderr, ended
+    assert "SIGUSR1, 29 s before" in limited_broker.log_text()
 
 
 def test_the_brokers_own_system_file_grants_the_limits(limited_broker: RunningBroker) -> None:

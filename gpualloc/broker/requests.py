@@ -142,6 +142,29 @@ def positive(raw: Any) -> int | None:
     return raw
 
 
+def lease_signal(raw: Any) -> tuple[int, float, bool] | None:
+    """A lease's ``--signal`` as the client sends it: ``[number, seconds before, leader only]``
+    (None: none); a RequestError (exit 2) for anything else."""
+    if raw is None:
+        return None
+    import signal
+
+    valid = {s.value for s in signal.valid_signals() if isinstance(s, signal.Signals)}
+    if (
+        not isinstance(raw, list)
+        or len(raw) != 3
+        or type(raw[0]) is not int
+        or raw[0] not in valid
+        or type(raw[2]) is not bool
+    ):
+        raise RequestError(
+            f"signal {shown_repr(raw)} is not [number, seconds, leader only]",
+            hint="see gpualloc.broker",
+        )
+    before = duration(raw[1], "signal's seconds")
+    return raw[0], before if before is not None else 60.0, raw[2]
+
+
 def group_of(pid: int | None) -> int | None:
     try:
         return os.getpgid(pid) if pid is not None else None

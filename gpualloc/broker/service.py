@@ -300,6 +300,7 @@ class LedgerService:
                 creator=(peer.pid, started if pid == peer.pid else check_owned(peer, peer.pid)),
                 lease_id=lease_id,
                 time_limit_s=seconds_given(raw.get("time_limit_s"), "time_limit_s"),
+                signal=wire.lease_signal(raw.get("signal")),
             )
         except (TypeError, ValueError) as bad:
             raise RequestError(f"bad lease terms: {bad}", hint="see gpualloc.broker") from None

@@ -69,6 +69,7 @@ def run_job(
     numa: str | None,
     name: str | None,
     time: str | None,
+    signal: str | None,
     uuid: bool,
     ignore_foreign: bool | None,
     wait: bool,
@@ -127,6 +128,7 @@ def run_job(
         memory_bytes=declared_memory_bytes(job),
         share_mode=sharing,
         time_limit_s=asked_time_limit(time),
+        signal=asked_signal(signal),
     )
     grant = start(host, job, terms, waiting, uuid=uuid)
     warn(grant.notes)
@@ -284,6 +286,7 @@ def alloc_gpus(
     output_format: str,
     name: str | None,
     time: str | None,
+    signal: str | None,
     uuid: bool,
     ignore_foreign: bool | None,
     wait: bool,
@@ -313,6 +316,7 @@ def alloc_gpus(
         shareable=bool(job.get("shareable")),
         memory_bytes=declared_memory_bytes(job),
         time_limit_s=asked_time_limit(time),
+        signal=asked_signal(signal),
     )
     grant = start(host, job, terms, waiting, uuid=uuid)
     warn(grant.notes)
@@ -425,3 +429,16 @@ def asked_time_limit(text: str | None) -> float | None:
         return parse_time_limit(text) or 0.0
     except ValueError as bad:
         raise RequestError(f"--time: {bad}", hint="see 'gpualloc run --help'") from None
+
+
+def asked_signal(text: str | None) -> tuple[int, float, bool] | None:
+    """``--signal`` as a lease's terms carry it (:func:`gpualloc.time_limits.parse_signal`);
+    exit 2 naming the forms for anything else."""
+    if text is None:
+        return None
+    from gpualloc.time_limits import parse_signal
+
+    try:
+        return parse_signal(text)
+    except ValueError as bad:
+        raise RequestError(f"--signal: {bad}", hint="see 'gpualloc run --help'") from None

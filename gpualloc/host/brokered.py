@@ -267,6 +267,7 @@ class BrokeredHost:
                 "memory_bytes": terms.memory_bytes,
                 "share_mode": terms.share_mode,
                 "time_limit_s": terms.time_limit_s,
+                "signal": None if terms.signal is None else list(terms.signal),
             },
             "allow_unhealthy": self.allow_unhealthy if allow_unhealthy is None else allow_unhealthy,
             "wait": None,

@@ -73,7 +73,8 @@ class LeaseTerms:
       choose theirs, so that a request sent again after a lost connection finds its lease).
     - ``time_limit_s``: how long the lease may live, as asked (None: not given, 0: no limit)
       until the host grants it (:meth:`.time_rules.TimeRules.grant`, ``time_granted``), then
-      as granted (None: no limit).
+      as granted (None: no limit); ``signal``: ``--signal`` (number, seconds before the
+      limit, the job's own process alone), which needs a limit.
 
     A plain class, not a struct: ``run`` through a broker builds one on its way to ``exec``,
     and loads no msgspec for it.
@@ -93,6 +94,7 @@ class LeaseTerms:
         "process_group",
         "share_mode",
         "shareable",
+        "signal",
         "source",
         "time_granted",
         "time_limit_s",
@@ -117,6 +119,7 @@ class LeaseTerms:
         creator: tuple[int, float | None] | None = None,
         lease_id: str | None = None,
         time_limit_s: float | None = None,
+        signal: tuple[int, float, bool] | None = None,
     ) -> None:
         self.source: LeaseSource = source
         self.pid = pid
@@ -135,6 +138,7 @@ class LeaseTerms:
         self.lease_id = lease_id
         self.time_limit_s = time_limit_s
         self.time_granted = False
+        self.signal = signal
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)

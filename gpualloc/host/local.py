@@ -342,7 +342,10 @@ class LocalHost(HostView, kw_only=True):
         if isinstance(lease, Lease) and lease.ends is not None and lease.time_limit_s:
             from gpualloc.launcher.time_limit import start_time_limit_watch
 
-            start_time_limit_watch(lease.ends, lease.time_limit_s, self.time_rules.kill_wait_s)
+            sent = lease.signal
+            warning = None if sent is None else (sent.number, sent.before_s, sent.leader_only)
+            kill_wait_s = self.time_rules.kill_wait_s
+            start_time_limit_watch(lease.ends, lease.time_limit_s, kill_wait_s, warning)
 
     def hang_up(self) -> None:
         """Nothing to close: each transaction opens and closes the ledger file."""

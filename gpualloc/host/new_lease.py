@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from gpualloc.boot import boot_id
 from gpualloc.host.lease_terms import LeaseTerms, no_such_process
-from gpualloc.ledger.schema import Lease, LeasedGpu, LeasedMig
+from gpualloc.ledger.schema import Lease, LeasedGpu, LeasedMig, LeaseSignal
 from gpualloc.ledger.shared_files import owner_name
 
 if TYPE_CHECKING:
@@ -80,4 +80,9 @@ def new_lease(
             else None
         ),
         time_limit_s=terms.time_limit_s,
+        signal=None
+        if terms.signal is None
+        else LeaseSignal(
+            number=terms.signal[0], before_s=terms.signal[1], leader_only=terms.signal[2]
+        ),
     )

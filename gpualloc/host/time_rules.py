@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from gpualloc.errors import NotPermitted
+from gpualloc.errors import NotPermitted, RequestError
 from gpualloc.time_limits import format_time_limit
 
 if TYPE_CHECKING:
@@ -73,3 +73,8 @@ class TimeRules(NamedTuple):
             return
         terms.time_limit_s = self.granted(terms.time_limit_s, hold=terms.hold)
         terms.time_granted = True
+        if terms.signal is not None and terms.time_limit_s is None:
+            raise RequestError(
+                "--signal is sent before the time limit, and this lease has none",
+                hint="give --time too (or ask the administrator for limits.default_time)",
+            )

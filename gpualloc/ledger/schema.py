@@ -77,6 +77,15 @@ class LeaseActivity(_Entry, kw_only=True, frozen=True):
     are used before (its holder was given notice)."""
 
 
+class LeaseSignal(_Entry, kw_only=True, frozen=True):
+    """``--signal``: a signal the job gets before its time limit (Slurm's sbatch(1))."""
+
+    number: PositiveInt
+    before_s: Annotated[float, Meta(ge=0)] = 60.0
+    leader_only: bool = False
+    """``B:``: the job's own process alone (Slurm's batch shell); else its process group."""
+
+
 class Lease(_Entry, kw_only=True, frozen=True):
     """GPUs held by one job or one allocation.
 
@@ -145,6 +154,9 @@ class Lease(_Entry, kw_only=True, frozen=True):
     """How long the lease may live from ``created`` (``--time``, as the system configuration's
     ``limits.*`` granted it; None: no limit). At its end the job is signalled (SIGTERM, SIGKILL
     ``limits.kill_wait`` later) and a ``--hold`` lease released (:mod:`gpualloc.host.deadlines`)."""
+
+    signal: LeaseSignal | None = None
+    """``--signal``: sent ``before_s`` before :attr:`ends`."""
 
     def __post_init__(self) -> None:
         if not self.gpus and not self.mig:
