@@ -59,6 +59,7 @@ from gpualloc.setting_values import (
     duration,
     duration_or_none,
     duration_or_off,
+    limit_tables,
     name_value,
     names_value,
     path_or_table,
@@ -169,6 +170,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "limits.max_hold", None, None, time_limit_or_none,
         "the longest an 'alloc --hold' lease may live; a hold that gives no --time gets it",
+        system_only=True,
+    ),
+    Setting(
+        "limits.users", None, {}, limit_tables,
+        "per user, time limits that replace [limits]' ([limits.users.alice] max_time = ...)",
+        system_only=True,
+    ),
+    Setting(
+        "limits.groups", None, {}, limit_tables,
+        "per Unix group, time limits for its members (the longest of their groups' wins)",
         system_only=True,
     ),
     Setting(

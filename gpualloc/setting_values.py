@@ -154,3 +154,26 @@ def time_limit_or_none(value: Any) -> float | None:
     if not isinstance(value, str):
         raise ValueError('must be a time limit in quotes, such as "2h", "1-00" or "none"')
     return parse_time_limit(value)
+
+
+TIME_LIMIT_KEYS = ("default_time", "max_time", "max_hold")
+"""What a ``[limits.users.NAME]`` or ``[limits.groups.NAME]`` table may set."""
+
+
+def limit_tables(value: Any) -> dict[str, dict[str, float | None]]:
+    """``[limits.users.NAME]`` / ``[limits.groups.NAME]`` tables: per name, the time limits
+    of :data:`TIME_LIMIT_KEYS` it sets (each as :func:`time_limit_or_none` reads it)."""
+    if not isinstance(value, dict):
+        raise ValueError("must be tables of names, such as [limits.users.alice]")
+    tables: dict[str, dict[str, float | None]] = {}
+    for name, table in value.items():
+        if not isinstance(table, dict):
+            raise ValueError(f"{name}: must be a table, such as [limits.users.{name}]")
+        unknown = sorted(set(table) - set(TIME_LIMIT_KEYS))
+        if unknown:
+            raise ValueError(f"{name}: {unknown[0]} is not one of {', '.join(TIME_LIMIT_KEYS)}")
+        try:
+            tables[name] = {key: time_limit_or_none(raw) for key, raw in table.items()}
+        except ValueError as bad:
+            raise ValueError(f"{name}: {bad}") from None
+    return tables

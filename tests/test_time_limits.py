@@ -128,6 +128,40 @@ def test_a_hold_with_no_limit_asked_gets_the_hosts_longest() -> None:
     assert TimeRules().granted(0.0, hold=False) is None  # --time 0: none, where none is allowed
 
 
+def test_a_users_own_table_then_their_groups_replace_the_hosts_limits(cli) -> None:
+    """Key by key: a user's ``[limits.users.NAME]``, else the longest of their groups'
+    ``[limits.groups.NAME]`` (here root's primary group, and one that does not exist)."""
+    import grp
+    import pwd
+
+    me = pwd.getpwuid(os.geteuid())
+    group = grp.getgrgid(me.pw_gid).gr_name
+    path = _system_file(
+        f'[limits]\nmax_time = "1h"\nmax_hold = "1h"\n[limits.users.{me.pw_name}]\n'
+        f'max_time = "3h"\n[limits.groups.{group}]\nmax_hold = "10m"\n'
+        '[limits.groups.gpualloc-no-such-group]\nmax_hold = "5h"\n'
+    )
+    alloc = ("--topology", "dgx1-v100", "alloc", "-n", "1", "--format", "env")
+    assert cli(*alloc, "--pid", str(os.getpid()), "--time", "2h").exit_code == 0  # own table
+    over = cli(*alloc, "--hold", "--time", "20m")
+    assert f"limits.groups.{group}.max_hold in {path}" in refused(over, ExitCode.NOT_PERMITTED)
+    rules = TimeRules(max_hold_s=60.0, groups={group: {"max_hold": 600.0}, "x": {}})
+    assert rules.for_uid(os.geteuid()).max_hold_s == 600.0
+    unlimited = TimeRules(max_s=60.0, groups={group: {"max_time": None}})
+    assert unlimited.for_uid(os.geteuid()).max_s is None  # none: the longest of all
+
+
+@pytest.mark.parametrize(
+    ("table", "said"),
+    [("[limits.users.alice]\nmax_gpus = 3\n", "max_gpus is not one of"),
+     ('[limits.users]\nalice = "1h"\n', "must be a table"),
+     ('[limits.groups.lab]\nmax_time = "soon"\n', "not a time limit")],
+)  # fmt: skip
+def test_a_bad_user_or_group_table_is_a_config_error(cli, table: str, said: str) -> None:
+    _system_file(table)
+    assert said in refused(cli("--topology", "dgx1-v100", "config", "show"), ExitCode.CONFIG)
+
+
 def test_a_bare_number_in_the_system_file_is_refused_as_ambiguous(cli) -> None:
     _system_file("[limits]\nmax_time = 30\n")
     assert "in quotes" in refused(cli("--topology", "dgx1-v100", "config", "show"), ExitCode.CONFIG)
