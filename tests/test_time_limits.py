@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -165,6 +166,13 @@ def test_a_bad_user_or_group_table_is_a_config_error(cli, table: str, said: str)
 def test_a_bare_number_in_the_system_file_is_refused_as_ambiguous(cli) -> None:
     _system_file("[limits]\nmax_time = 30\n")
     assert "in quotes" in refused(cli("--topology", "dgx1-v100", "config", "show"), ExitCode.CONFIG)
+
+
+def test_a_limited_lease_says_when_it_ends(cli) -> None:
+    alloc = ("--topology", "dgx1-v100", "alloc", "--hold", "-n", "1", "--format", "env")
+    lease = next(x for x in cli(*alloc, "--time", "90m").stdout.split() if "LEASE_ID" in x)
+    released = cli("--topology", "dgx1-v100", "release", lease.split("=")[1])
+    assert re.search(r"until \d\d:\d\d \(its time limit, in 1h (29|30)m\)", released.stdout)
 
 
 def test_a_hold_is_released_at_its_limit(cli) -> None:

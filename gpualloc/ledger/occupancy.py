@@ -333,15 +333,26 @@ def describe_lease(lease: Lease, *, now: datetime | None = None) -> str:
         text += f" ({printable(lease.name, 40)})"
     if lease.shareable:
         text += ", shareable"
+    ends = lease.ends
     if lease.hold:
-        text += ", until released"
+        text += ", until released" if ends is None else f", until {_when(ends, now)}"
     elif lease.pid is not None:
         text += f", pid {lease.pid}"
+        if ends is not None:
+            text += f" until {_when(ends, now)}"
     if lease.command:
         text += f": {printable(' '.join(lease.command), 60)}"
     if orphaned(lease):
         text += f" ({ORPHANED})"
     return text
+
+
+def _when(ends: datetime, now: datetime) -> str:
+    """When a time limit runs out, for people: ``14:05 (in 25m 10s)``, or that it has."""
+    if ends <= now:
+        return "its time limit (passed)"
+    local = ends.astimezone().strftime("%H:%M" if ends - now < timedelta(days=1) else "%b %d %H:%M")
+    return f"{local} (its time limit, in {format_age(ends - now)})"
 
 
 def held_devices(lease: Lease, *, ranked: bool = False) -> str:
