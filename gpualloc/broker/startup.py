@@ -50,6 +50,7 @@ def serve(
     host = LocalHost.open(topology, state_dir=state_dir, owner=True, ignore_foreign=ignore_foreign)
     host.take_share_settings(config)
     host.placement_budget_s = config.system_value("broker.placement_budget")
+    host.budget_setting = "broker.placement_budget"
     host.time_rules = TimeRules.from_config(config)
     service = LedgerService(
         host,

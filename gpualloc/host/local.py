@@ -266,7 +266,9 @@ class LocalHost(HostView, kw_only=True):
         broker's worker: :class:`PlacementPending`."""
         memo = self.placement_memo
         if memo is None or want.explicit is not None or want.mig or want.share:
-            return choose(self.topology, occupancy, want, budget_s=self.placement_budget_s)
+            return self._named(
+                choose(self.topology, occupancy, want, budget_s=self.placement_budget_s)
+            )
         # How the job was typed (``want.options``) is no part of the question: "0-3" and
         # (0, 1, 2, 3) ask the same one, so they share the remembered answer.
         want = replace(want, options=None)
@@ -276,9 +278,18 @@ class LocalHost(HostView, kw_only=True):
             placer = self.placer
             if placer is not None and placer.defers(key):
                 raise PlacementPending(key, occupancy, want)
-            found = searched(self.topology, occupancy, want, budget_s=self.placement_budget_s)
+            found = self._named(
+                searched(self.topology, occupancy, want, budget_s=self.placement_budget_s)
+            )
             self.remember(key, found)
         return good_enough(found, want)
+
+    def _named(self, placement: Placement) -> Placement:
+        """``placement``, its cut-short note naming the budget this host searched under."""
+        note, default = placement.cut_short, "(placement.time_budget)"
+        if not note or self.budget_setting == "placement.time_budget" or default not in note:
+            return placement
+        return replace(placement, cut_short=note.replace(default, f"({self.budget_setting})"))
 
     def remember(self, key: tuple[Want, HostState], placement: Placement) -> None:
         """Keep ``placement`` in :attr:`placement_memo` (forgotten all at once at its bound)."""

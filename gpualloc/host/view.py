@@ -45,6 +45,8 @@ class HostView(Struct, kw_only=True):
     placement_budget_s: float | None = 1.0
     """How long one placement may search before a greedy answer is used
     (``placement.time_budget``; the broker's ``broker.placement_budget``)."""
+    budget_setting: str = "placement.time_budget"
+    """The setting :attr:`placement_budget_s` came from, which a cut-short answer names."""
 
     @property
     def outside(self) -> frozenset[int]:
