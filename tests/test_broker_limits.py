@@ -327,18 +327,43 @@ def test_a_client_that_reads_no_answers_is_cut_off_at_its_bound() -> None:
     broker = RunningBroker("dgx1-v100").start()
     count = 1000  # 11 MB of answers: past the bound and what the socket buffers hold
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-            connection.settimeout(30)
-            connection.connect(str(broker.socket))
-            connection.sendall(SNAPSHOT * count)
-            time.sleep(2.0)  # the broker answers them all meanwhile (half a second here)
-            assert broker.hello()["protocol"] == 1
-            answered = 0
-            with connection.makefile("rb") as reader, contextlib.suppress(OSError):
-                while reader.readline():
-                    answered += 1
+        answered = _answers_read_after(broker, count, 2.0)  # all answered in half a second
         assert 0 < answered < count, answered
         assert broker.hello()["protocol"] == 1
+    finally:
+        broker.stop()
+        shutil.rmtree(broker.directory, ignore_errors=True)
+
+
+def _answers_read_after(broker: RunningBroker, count: int, unread_s: float) -> int:
+    """Send ``count`` full snapshots at once, read nothing for ``unread_s`` (another user's
+    call answered meanwhile), then read until the broker closes: how many answers came (a
+    timeout: it never closed)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.settimeout(30)
+        connection.connect(str(broker.socket))
+        connection.sendall(SNAPSHOT * count)
+        time.sleep(unread_s)
+        assert broker.hello()["protocol"] == 1
+        answered = 0
+        with connection.makefile("rb") as reader, contextlib.suppress(ConnectionError):
+            while reader.readline():
+                answered += 1
+    return answered
+
+
+def test_a_client_that_stops_reading_is_closed_after_the_idle_timeout(tmp_path: Path) -> None:
+    """Answers a client leaves unread, under MAX_UNREAD_BYTES, no longer hold its connection
+    open for good: one that takes nothing for ``broker.idle_timeout`` is closed, as an idle
+    one is (64 such connections of one user held 256 MiB of the broker's memory)."""
+    config = tmp_path / "system.toml"
+    config.write_text('[broker]\nidle_timeout = "1s"\n')
+    config.chmod(0o644)
+    broker = RunningBroker("dgx1-v100", system_config=config).start()
+    count = 200  # about 2 MB of answers: more than the socket buffers, less than the bound
+    try:
+        answered = _answers_read_after(broker, count, 3.0)
+        assert 0 < answered < count, answered
     finally:
         broker.stop()
         shutil.rmtree(broker.directory, ignore_errors=True)

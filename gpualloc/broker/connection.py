@@ -28,6 +28,9 @@ class Connection:
         """Closed once the batch's answers are out: its further requests are not read."""
         self.active = time.monotonic()
         """When it last sent anything (idle connections are closed: ``broker.idle_timeout``)."""
+        self.progress = self.active
+        """When its client last took some of what it was sent: one that reads nothing for
+        ``broker.idle_timeout`` is closed too, whatever its unread answers hold."""
         self.parked: list[bytes] | None = None
         """Its requests waiting for the placement worker, in order (:mod:`.placer`)."""
         self.asks = 0

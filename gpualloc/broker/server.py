@@ -285,10 +285,9 @@ class Broker:
                 isinstance(connection, Connection)
                 and connection.open
                 and not connection.waiters
-                and not connection.outbox
-                and now - connection.active > self.limits.idle_timeout_s
+                and now - max(connection.active, connection.progress) > self.limits.idle_timeout_s
             ):
-                self._close(connection)  # idle: asks nothing, waits for nothing
+                self._close(connection)  # idle: asks nothing, waits for nothing, reads nothing
 
     def _guarded(self, work: Callable[[], Any]) -> Any:
         """Run ``work``; a failure is logged, never the end of the broker."""
@@ -540,6 +539,7 @@ class Broker:
             while connection.outbox:
                 sent = connection.sock.send(connection.outbox)
                 del connection.outbox[:sent]
+                connection.progress = time.monotonic()
         except (BlockingIOError, InterruptedError):
             pass
         except OSError:
