@@ -184,8 +184,9 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption(
         "time", "str",
         "The lease's time limit, as Slurm's --time writes it (30 is 30 minutes, MM:SS, "
-        "HH:MM:SS, D-HH[:MM[:SS]]) or with units (2h, 90m); 0: none. At the limit the job gets "
-        "SIGTERM, and SIGKILL limits.kill_wait (30 s) later; a --hold lease is released. "
+        "HH:MM:SS, D-HH[:MM[:SS]]) or with units (2h, 90m); 0: none. At the limit the process "
+        "the lease lives with (run's job; alloc's --pid, else its shell) gets SIGTERM, and "
+        "SIGKILL limits.kill_wait (30 s) later; a --hold lease is released. "
         "Default and maximum: limits.default_time and limits.max_time (limits.max_hold for "
         "--hold) in the system configuration (none unless set).",
         metavar="LIMIT", commands=RUN_ALLOC, group="lease",

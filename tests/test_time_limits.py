@@ -220,6 +220,20 @@ def test_signal_reaches_the_job_before_its_limit() -> None:
     assert ended.returncode == 7 and "USR1" in ended.stderr, ended
 
 
+def test_the_process_an_alloc_lease_lives_with_is_ended_at_its_limit(cli) -> None:
+    """``alloc --pid``: the file ledger's watch ends that process, as the broker would."""
+    _system_file('[limits]\nkill_wait = "1s"\n')
+    with subprocess.Popen(["bash", "-c", IGNORES_TERM], stderr=subprocess.PIPE, text=True) as job:
+        try:
+            alloc = ("--topology", "dgx1-v100", "alloc", "-n", "1", "--format", "env")
+            assert cli(*alloc, "--pid", str(job.pid), "--time", "1s").exit_code == 0
+            assert job.wait(timeout=20) == -9
+            assert job.stderr is not None and "TERM" in job.stderr.read()
+        finally:
+            job.kill()
+    assert status()["leases"] == []
+
+
 def test_a_job_that_ends_in_time_is_not_signalled() -> None:
     ended = _run("--time", "30s", "--", "true")
     assert ended.returncode == 0 and "time limit" not in ended.stderr, ended

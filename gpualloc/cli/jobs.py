@@ -320,6 +320,7 @@ def alloc_gpus(
     )
     grant = start(host, job, terms, waiting, uuid=uuid)
     warn(grant.notes)
+    host.start_time_limit_watch(grant)  # alloc --pid's process, on the file ledger
     try:
         print_allocation(output_format, grant.variables, grant.views)
         sys.stdout.flush()  # the id has reached the reader: only now is the lease confirmed

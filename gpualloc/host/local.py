@@ -347,16 +347,23 @@ class LocalHost(HostView, kw_only=True):
         return Allocation(lease, placement, lock_fd, [*txn.notes, *cut_short])
 
     def start_time_limit_watch(self, grant: Grant) -> None:
-        """Fork the watch that ends the job at its lease's time limit, if it has one: on the
-        file ledger it is the job's user's (:mod:`gpualloc.launcher.time_limit`)."""
+        """Fork the watch that ends the job at its lease's time limit, if it has one and a
+        process (``run``'s, or ``alloc --pid``'s): on the file ledger it is the job's user's
+        (:mod:`gpualloc.launcher.time_limit`)."""
         lease = grant.record
-        if isinstance(lease, Lease) and lease.ends is not None and lease.time_limit_s:
+        if not isinstance(lease, Lease) or lease.pid is None:
+            return
+        if lease.ends is not None and lease.time_limit_s:
             from gpualloc.launcher.time_limit import start_time_limit_watch
 
             sent = lease.signal
             warning = None if sent is None else (sent.number, sent.before_s, sent.leader_only)
             kill_wait_s = self.time_rules.kill_wait_s
-            start_time_limit_watch(lease.ends, lease.time_limit_s, kill_wait_s, warning)
+            job = None if lease.pid == os.getpid() else lease.pid  # run's job: this process
+            start_time_limit_watch(
+                lease.ends, lease.time_limit_s, kill_wait_s, warning,
+                job=job, started=lease.pid_start_time,
+            )  # fmt: skip
 
     def hang_up(self) -> None:
         """Nothing to close: each transaction opens and closes the ledger file."""

@@ -23,18 +23,33 @@ def start_time_limit_watch(
     limit_s: float,
     kill_wait_s: float,
     warning: tuple[int, float, bool] | None = None,
+    *,
+    job: int | None = None,
+    started: float | None = None,
 ) -> None:
-    """Fork the watch of this process, about to become the job, and return at once;
+    """Fork the watch of ``job`` (None: this process, about to become the job; else the
+    process ``alloc --pid`` named, which started at ``started``) and return at once;
     ``warning``: ``--signal``'s signal, seconds before the limit, and whether the job's own
     process alone gets it."""
-    from gpualloc.launcher.watcher import end_job, fork_detached, job_speaker
+    from gpualloc.launcher.watcher import end_job, fork_detached, job_speaker, tell_job
     from gpualloc.ledger.liveness import process_alive, process_start_time
     from gpualloc.time_limits import format_time_limit
 
-    job = os.getpid()
-    started = process_start_time(job)
-    leads_group = os.getpgrp() == job
-    say, kept = job_speaker()
+    kept: int | None = None
+    if job is None:
+        job = os.getpid()
+        started = process_start_time(job)
+        say, kept = job_speaker()
+    else:
+        pid = job
+
+        def say(text: str) -> None:
+            tell_job(pid, f"gpualloc: warning: {text}\n")
+
+    try:
+        leads_group = os.getpgid(job) == job
+    except OSError:
+        return  # gone already: nothing to end
 
     warn = warning
 
