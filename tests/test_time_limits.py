@@ -171,6 +171,8 @@ def test_a_bare_number_in_the_system_file_is_refused_as_ambiguous(cli) -> None:
 def test_a_limited_lease_says_when_it_ends(cli) -> None:
     alloc = ("--topology", "dgx1-v100", "alloc", "--hold", "-n", "1", "--format", "env")
     lease = next(x for x in cli(*alloc, "--time", "90m").stdout.split() if "LEASE_ID" in x)
+    shown = cli("--topology", "dgx1-v100", "status").stdout
+    assert re.search(r"0s, 1h (29|30)m left", shown), shown  # as squeue's TIME_LEFT
     released = cli("--topology", "dgx1-v100", "release", lease.split("=")[1])
     assert re.search(r"until \d\d:\d\d \(its time limit, in 1h (29|30)m\)", released.stdout)
 

@@ -365,13 +365,11 @@ def _lease_cells(lease: Lease, now: datetime) -> list[str]:
     job = ": ".join(part for part in (_name(lease.name), command) if part) or "-"
     if orphaned(lease):
         job = f"ORPHANED, {ORPHANED} ({job})"
-    return [
-        lease.user,
-        lease.id,
-        format_age(now - lease.created),
-        "hold" if lease.hold else str(lease.pid or "-"),
-        job,
-    ]
+    since = format_age(now - lease.created)
+    ends = lease.ends
+    if ends is not None:  # the time its limit leaves it, as squeue's TIME_LEFT
+        since += f", {format_age(ends - now)} left" if ends > now else ", over its limit"
+    return [lease.user, lease.id, since, "hold" if lease.hold else str(lease.pid or "-"), job]
 
 
 def _mig_table(host: Host, occupancy: Occupancy) -> Table:
