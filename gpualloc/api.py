@@ -105,6 +105,7 @@ def hold(
     name: str | None = None,
     wait: bool = False,
     timeout_s: float | None = None,
+    time_limit_s: float | None = None,
     **job: Any,
 ) -> Iterator[HeldGpus]:
     """Hold the best free GPUs for the ``with`` block, through the ledger every user of the
@@ -114,9 +115,12 @@ def hold(
     ``min_utility``, ``min_bandwidth``, ``mig``, ``mem``, ``share``, ``shareable``,
     ``background``, ``sm_share``; ``explicit`` for ``--gpus``). Without ``wait``, raises
     GpusBusy when they are taken now; with it, queues like ``run --wait`` (WaitTimedOut after
-    ``timeout_s``)."""
+    ``timeout_s``). ``time_limit_s`` is ``--time`` in seconds (None: the host's default; 0:
+    none): at the limit this process gets SIGTERM, and SIGKILL ``limits.kill_wait`` later."""
     from gpualloc.config import Config
+    from gpualloc.durations import seconds_given
     from gpualloc.host.lease_terms import LeaseTerms
+    from gpualloc.host.local import LocalHost
     from gpualloc.host.queue_policy import WaitOptions
     from gpualloc.launcher.environment import job_variables
     from gpualloc.launcher.sharing import share_mode
@@ -132,11 +136,19 @@ def hold(
         shareable=options.shareable,
         memory_bytes=options.declared_memory_bytes(),
         share_mode=share_mode(os.environ) if options.share else "time-sliced",
+        time_limit_s=seconds_given(time_limit_s, "time_limit_s"),
     )
     waiting = WaitOptions.from_config(config, timeout_s=timeout_s) if wait else None
     host = _host(config, topology)
     allocation = host.allocate(want, terms, wait=waiting)
     placement, lease = allocation.placement, allocation.lease
+    if lease.time_limit_s and isinstance(host, LocalHost):  # a broker keeps limits itself
+        from gpualloc.host.grant import grant_of
+
+        this_host = host.this_host
+        host.start_time_limit_watch(
+            grant_of(host.topology, allocation, want, uuid=False, this_host=this_host)
+        )
     held = HeldGpus(
         lease,
         placement,

@@ -47,3 +47,22 @@ def test_hold_takes_a_timeout_the_broker_takes_on_either_ledger(timeout_s: float
     held = gpualloc.hold(1, topology=topology, wait=True, timeout_s=timeout_s)
     with pytest.raises(RequestError, match="is not a duration"), held:
         pass
+
+
+def test_hold_keeps_a_time_limit_by_ending_this_process() -> None:
+    """``time_limit_s`` is ``--time``: at the limit the holding process gets SIGTERM (the
+    file ledger's watch; a broker sends it itself), and a bad one is refused first."""
+    import subprocess
+    import sys
+
+    program = (
+        "import time, gpualloc.api as g\n"
+        "with g.hold(1, topology=g.load_topology('dgx1-v100'), time_limit_s=1.0):\n"
+        "    time.sleep(30)\n"
+    )
+    ended = subprocess.run([sys.executable, "-c", program], capture_output=True, timeout=60)
+    assert ended.returncode == -15, ended
+    assert b"time limit (0:01) ran out" in ended.stderr
+    held = gpualloc.hold(1, topology=gpualloc.load_topology("dgx1-v100"), time_limit_s=-1)
+    with pytest.raises(RequestError, match="is not a duration"), held:
+        pass
