@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Set
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -66,31 +66,34 @@ def record_of(lease: Lease, state: str, ended: datetime) -> dict[str, Any]:
     }
 
 
-def why_ended(lease: Lease, alive: Callable[[Lease], bool], now: datetime) -> str:
-    """``state`` of a record: ``released`` when the lease still lived as it left the ledger."""
+def why_ended(lease: Lease, dead: bool, now: datetime) -> str:
+    """``state`` of a record; ``dead``: the reaper took it (else it was released)."""
     if lease.boot_id is not None and lease.boot_id != boot_id():
         return "rebooted"
     ends = lease.ends
     if ends is not None and now >= ends:
         return "timeout"
-    return "released" if alive(lease) else "ended"
+    return "ended" if dead else "released"
 
 
 def append_ended(
     directory: StateDirectory,
     before: Mapping[str, Lease],
     ledger: Ledger,
-    alive: Callable[[Lease], bool],
+    dead: Set[str],
     *,
     mode: int,
 ) -> None:
-    """Append a record for each lease that ``ledger``, just written, no longer holds; one write,
-    the file created with ``mode`` (every user's, or the broker's alone)."""
+    """Append a record for each lease that ``ledger``, just written, no longer holds (``dead``:
+    those the reaper took); one write, the file created with ``mode`` (every user's, or the
+    broker's alone)."""
     gone = ended_leases(before, ledger)
     if not gone:
         return
     now = datetime.now(timezone.utc)
-    text = "".join(json.dumps(record_of(x, why_ended(x, alive, now), now)) + "\n" for x in gone)
+    text = "".join(
+        json.dumps(record_of(x, why_ended(x, x.id in dead, now), now)) + "\n" for x in gone
+    )
     from gpualloc.errors import GpuallocError
     from gpualloc.ledger.shared_files import open_shared
 

@@ -209,6 +209,8 @@ class LedgerStore:
         """What runs on the GPUs now (NVML's process lists, or a recorded topology's)."""
         self.reap_in_transactions = True
         """Reap dead leases in every transaction (the broker's store reaps when asked)."""
+        self.seen_dead: set[str] = set()
+        """Leases the reaper found dead since the last write: the history's ``ended``."""
         self._recovered_from: Path | None = None
         """The good copy the last load recovered the ledger from (:meth:`_finish_interrupted`)."""
 
@@ -259,9 +261,8 @@ class LedgerStore:
         """A record for each lease the ledger just written no longer holds (:mod:`.history`)."""
         from gpualloc.ledger.history import append_ended
 
-        append_ended(
-            self.directory, before, ledger, lambda x: self.alive(x, self.directory), mode=mode
-        )
+        dead, self.seen_dead = self.seen_dead, set()
+        append_ended(self.directory, before, ledger, dead, mode=mode)
 
     def read(self) -> LedgerTransaction:
         """One transaction that changes nothing but the reaping; its result."""
@@ -319,6 +320,7 @@ class LedgerStore:
             if not self.alive(lease, self.directory) and not self._runs_on_its_gpus(lease):
                 txn.remove(lease.id)
                 txn.reaped.append(lease)
+                self.seen_dead.add(lease.id)
         for waiter in list(txn.ledger.queue):
             if not process_alive(waiter.pid, waiter.pid_start_time):
                 txn.dequeue(waiter.id)
