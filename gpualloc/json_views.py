@@ -33,8 +33,14 @@ def placement_json(topology: Topology, request: JobRequest, placement: Placement
 
 def lease_json(lease: Lease) -> dict[str, Any]:
     """A lease as ``status --json`` and ``alloc --format json`` print it, with ``orphaned``:
-    its id never reached anyone (see :func:`gpualloc.ledger.occupancy.orphaned`)."""
+    its id never reached anyone (see :func:`gpualloc.ledger.occupancy.orphaned`), and
+    ``ends``: when its time limit runs out (None: it has none)."""
     from gpualloc.ledger.occupancy import orphaned
     from gpualloc.model.validation import to_builtins
 
-    return {**to_builtins(lease), "orphaned": orphaned(lease)}
+    ends = lease.ends
+    return {
+        **to_builtins(lease),
+        "orphaned": orphaned(lease),
+        "ends": ends.isoformat() if ends is not None else None,
+    }

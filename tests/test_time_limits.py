@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,9 @@ def test_the_system_file_sets_the_default_and_refuses_past_its_maxima(cli) -> No
     assert cli(*alloc, "--hold").exit_code == 0  # the default: 30 minutes
     assert cli(*alloc, "--hold", "--time", "45m").exit_code == 0
     assert _limits() == [(True, 1800.0), (True, 2700.0)]
+    first = status()["leases"][0]
+    ends = datetime.fromisoformat(first["ends"]) - datetime.fromisoformat(first["created"])
+    assert ends.total_seconds() == 1800.0  # status --json says when
     over = cli(*alloc, "--hold", "--time", "3h")
     assert f"1:00:00, limits.max_hold in {path}" in refused(over, ExitCode.NOT_PERMITTED)
     assert "--time 1:00:00 or less" in over.stderr
