@@ -245,6 +245,29 @@ def test_a_job_that_ends_in_time_is_not_signalled() -> None:
     assert ended.returncode == 0 and "time limit" not in ended.stderr, ended
 
 
+def test_the_broker_signals_no_group_whose_number_another_process_took() -> None:
+    """A job's group ended and its number reused: the broker, as root, leaves the newcomer
+    alone (a lease still in the ledger names the old group until the reaper's next look)."""
+    from datetime import timedelta, timezone
+
+    from gpualloc.broker.overdue import Overdue
+    from gpualloc.ledger.schema import Lease, LeasedGpu
+
+    stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        started = datetime.now(timezone.utc) - timedelta(hours=1)
+        lease = Lease(
+            id="a" * 12, gpus=(LeasedGpu(index=0),), uid=os.geteuid(), user="old",
+            pid=stranger.pid, pid_start_time=1.0, process_group=stranger.pid,
+            created=started, source="run", time_limit_s=60.0,
+        )  # fmt: skip
+        assert Overdue().look([lease], kill_wait_s=0.0) == []
+        assert stranger.poll() is None  # not signalled
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
 # ---- through a broker ----------------------------------------------------------------------
 
 

@@ -80,8 +80,11 @@ def _signal(lease: Lease, sig: signal.Signals, leader_only: bool = False) -> boo
     to its process if it is still the one the lease names (a pid reused since is left alone);
     whether anything was signalled."""
     try:
-        if lease.process_group is not None and not leader_only:
-            os.killpg(lease.process_group, sig)
+        group = lease.process_group
+        if group is not None and not leader_only:
+            if group == lease.pid and _reused(group, lease.pid_start_time):
+                return False  # the job's group is gone and its number another process's
+            os.killpg(group, sig)
             return True
         if lease.pid is not None and process_alive(lease.pid, lease.pid_start_time):
             os.kill(lease.pid, sig)
@@ -89,3 +92,12 @@ def _signal(lease: Lease, sig: signal.Signals, leader_only: bool = False) -> boo
     except (ProcessLookupError, PermissionError):
         pass
     return False
+
+
+def _reused(pid: int, start_time: float | None) -> bool:
+    """Whether a process runs as ``pid`` that is not the one that started at ``start_time``:
+    then the group the job led has ended (the kernel reuses no pid that names a live group),
+    and signalling that number as root would reach a stranger's processes."""
+    from gpualloc.ledger.liveness import process_start_time
+
+    return process_start_time(pid) is not None and not process_alive(pid, start_time)
