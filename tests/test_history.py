@@ -87,6 +87,26 @@ def test_the_history_is_rotated_past_its_size(cli, monkeypatch: pytest.MonkeyPat
     assert current.stat().st_size < 400
 
 
+def test_a_writer_that_may_not_rotate_the_history_still_appends(
+    cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a shared sticky directory only the file's owner (or root) may rename it: another
+    user's write past the size appends to the full file instead of losing its records."""
+    monkeypatch.setattr(history, "MAX_BYTES", 10)
+    alloc = ("--topology", "dgx1-v100", "alloc", "--hold", "--format", "env", "-n", "1")
+    lease = _lease_id(cli(*alloc))
+    assert cli("--topology", "dgx1-v100", "release", lease).exit_code == 0
+
+    def refused(self: Path, target: Path) -> None:
+        raise PermissionError(1, "Operation not permitted", str(self))
+
+    monkeypatch.setattr(Path, "replace", refused)
+    lease = _lease_id(cli(*alloc))
+    assert cli("--topology", "dgx1-v100", "release", lease).exit_code == 0
+    state = Path(os.environ["GPUALLOC_STATE_DIR"])
+    assert [r["lease"] for r in _records(state)][-1] == lease
+
+
 def test_a_file_planted_at_the_history_stops_no_release(cli, tmp_path: Path) -> None:
     alloc = ("--topology", "dgx1-v100", "alloc", "--hold", "--format", "env", "-n", "1")
     lease = _lease_id(cli(*alloc))

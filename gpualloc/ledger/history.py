@@ -98,8 +98,9 @@ def append_ended(
     from gpualloc.ledger.shared_files import open_shared
 
     path = history_file(directory)
-    with contextlib.suppress(OSError, GpuallocError):
+    with contextlib.suppress(OSError):  # another user's file in a sticky directory: append
         _rotate_if_full(path)
+    with contextlib.suppress(OSError, GpuallocError):
         descriptor, _ = open_shared(path, os.O_WRONLY | os.O_APPEND, create_mode=mode)
         try:
             os.write(descriptor, text.encode())
