@@ -32,6 +32,13 @@ def parse_time_limit(text: str) -> float | None:
     cleaned = text.strip().lower()
     if cleaned in NO_LIMIT:
         return None
+    if re.fullmatch(r"\d*\.\d*", cleaned):  # a bare number is minutes, and whole, in Slurm
+        from gpualloc.user_files import shown_value
+
+        raise ValueError(
+            f"{shown_value(text)} is not a time limit: a number alone is whole minutes "
+            "(Slurm's MM); give a unit for a fraction (90s, 1.5m)"
+        )
     found = _SLURM.fullmatch(cleaned)
     if found is None:
         try:

@@ -51,7 +51,8 @@ def test_zero_unlimited_and_none_ask_for_no_limit(text: str) -> None:
 @pytest.mark.parametrize(
     ("text", "said"),
     [("abc", "not a time limit"), ("1:2:3:4", "not a time limit"), ("-5", "not a time limit"),
-     ("2-", "not a time limit"), ("400d", "longer than a year"), ("9000-00", "longer than a year")],
+     ("2-", "not a time limit"), ("400d", "longer than a year"), ("9000-00", "longer than a year"),
+     ("1.5", "whole minutes"), ("30.0", "whole minutes")],
 )  # fmt: skip
 def test_what_is_no_limit_is_one_usage_error(cli, text: str, said: str) -> None:
     result = cli("--topology", "dgx1-v100", "alloc", "--hold", "--time", text)
@@ -76,6 +77,11 @@ def test_signal_reads_as_slurms(text: str, read: tuple[int, float, bool]) -> Non
 def test_a_signal_that_is_none_is_one_usage_error(cli, text: str, said: str) -> None:
     result = cli("--topology", "dgx1-v100", "alloc", "--hold", "--time", "1h", "--signal", text)
     assert said in refused(result, ExitCode.USAGE)
+
+
+def test_a_signal_needs_a_process_to_go_to(cli) -> None:
+    result = cli("--topology", "dgx1-v100", "alloc", "--hold", "--time", "1h", "--signal", "USR1")
+    assert "a --hold lease has none" in refused(result, ExitCode.USAGE)
 
 
 def test_a_signal_needs_a_time_limit(cli) -> None:
@@ -240,14 +246,54 @@ def test_the_process_an_alloc_lease_lives_with_is_ended_at_its_limit(cli) -> Non
     assert status()["leases"] == []
 
 
+def _gone(pid: int, within_s: float) -> bool:
+    """Whether ``pid`` has ended (or is a zombie) within ``within_s``."""
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z":
+                return True
+        except (OSError, IndexError):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_lease_released_before_its_limit_leaves_its_process_alone(cli) -> None:
+    with subprocess.Popen(["sleep", "30"]) as job:
+        try:
+            alloc = ("--topology", "dgx1-v100", "alloc", "-n", "1", "--format", "env")
+            made = cli(*alloc, "--pid", str(job.pid), "--time", "2s")
+            lease = next(x for x in made.stdout.split() if "LEASE_ID" in x).split("=")[1]
+            assert cli("--topology", "dgx1-v100", "release", lease).exit_code == 0
+            assert not _gone(job.pid, 4.0), "the watch ended a process its lease had left"
+        finally:
+            job.kill()
+
+
+def test_children_a_job_leaves_behind_are_ended_at_its_limit(tmp_path: Path) -> None:
+    """The job's first process exits, its child keeps the lease (its process group): the
+    watch follows the lease, not the first process."""
+    child = tmp_path / "child.pid"
+    script = f"sleep 30 >/dev/null 2>&1 & echo $! > {child}; exit 0"
+    ran = subprocess.run(
+        gpualloc_argv("run", "-n", "1", "--time", "2s", "--", "sh", "-c", script),
+        capture_output=True, text=True, timeout=TIMEOUT_S, start_new_session=True,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    pid = int(child.read_text())
+    assert not _gone(pid, 0.5) and status()["leases"]  # the child holds the lease
+    assert _gone(pid, 10.0), "the child outlived the job's time limit"
+
+
 def test_a_job_that_ends_in_time_is_not_signalled() -> None:
     ended = _run("--time", "30s", "--", "true")
     assert ended.returncode == 0 and "time limit" not in ended.stderr, ended
 
 
 def test_the_broker_signals_no_group_whose_number_another_process_took() -> None:
-    """A job's group ended and its number reused: the broker, as root, leaves the newcomer
-    alone (a lease still in the ledger names the old group until the reaper's next look)."""
+    """A job's process and group ended and their number reused: the broker, as root, leaves
+    the newcomer alone (a lease still in the ledger names them until the reaper's next look)."""
     from datetime import timedelta, timezone
 
     from gpualloc.broker.overdue import Overdue
@@ -261,7 +307,7 @@ def test_the_broker_signals_no_group_whose_number_another_process_took() -> None
             pid=stranger.pid, pid_start_time=1.0, process_group=stranger.pid,
             created=started, source="run", time_limit_s=60.0,
         )  # fmt: skip
-        assert Overdue().look([lease], kill_wait_s=0.0) == []
+        assert Overdue().look([lease], 0.0, lambda _: [(stranger.pid, 1.0)]) == []
         assert stranger.poll() is None  # not signalled
     finally:
         stranger.kill()
@@ -318,6 +364,28 @@ def test_the_broker_sends_the_signal_before_the_limit(limited_broker: RunningBro
     )  # fmt: skip
     assert ended.returncode == 7 and "USR1" in ended.stderr, ended
     assert "SIGUSR1, 29 s before" in limited_broker.log_text()
+
+
+def test_the_broker_ends_what_the_job_left_whatever_its_group(
+    limited_broker: RunningBroker, tmp_path: Path
+) -> None:
+    """A job started from a script leads no process group: the broker still ends the child
+    it started, found by its watch's passes over /proc, at the limit, not only its first
+    process (the child survived that, holding the lease)."""
+    child = tmp_path / "child.pid"
+    script = f"sleep 30 & echo $! > {child}; wait"
+    argv = ["run", "-n", "1", "--time", "2s", "--", "sh", "-c", script]
+    with subprocess.Popen(
+        [*gpualloc_argv()[:3], *argv], env=_through(limited_broker), stdin=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    ) as job:  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not child.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        pid = int(child.read_text())
+        assert _gone(pid, 15.0), limited_broker.log_text()[-2000:]
+        job.wait(timeout=30)
 
 
 def test_the_brokers_own_system_file_grants_the_limits(limited_broker: RunningBroker) -> None:

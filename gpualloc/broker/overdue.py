@@ -1,10 +1,15 @@
 """Jobs past their time limit, ended by the broker as root: their ``--signal`` before it,
-SIGTERM at the limit, SIGKILL ``limits.kill_wait`` later, as Slurm ends a job at its
-``--time`` (``KillWait``, slurm.conf(5)). The broker signals the job's process group (or its
-process, when it leads none) itself, so a user who kills a process of theirs does not escape
-the limit; the lease ends when its last process has gone, as every lease does (the GPUs are
-never handed out while a process of the job may still use them). A ``--hold`` lease with no
-process is released by the reaper at its limit (:func:`gpualloc.ledger.store.lease_alive`).
+SIGTERM at the limit, SIGKILL ``limits.kill_wait`` later and at every look after, as Slurm
+ends a job at its ``--time`` (``KillWait``, slurm.conf(5)).
+
+The broker signals each process it follows for the lease (:class:`.watch.ProcessWatch`: the
+job's process and the descendants its passes over ``/proc`` found, each known by its start
+time), one by one through a pidfd opened before the start time is checked, so that a pid
+reused since, or a process group's number another user's daemon took, is never signalled as
+root; a child that left the job's process group is still the job's. A signal nothing received
+(a zombie leader, members not found yet) is sent again at the next look. The lease ends when
+its last process has gone, as every lease does. A ``--hold`` lease with no process is
+released by the reaper at its limit (:func:`gpualloc.ledger.store.lease_alive`).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
@@ -22,10 +27,13 @@ from gpualloc.time_limits import format_time_limit
 if TYPE_CHECKING:
     from gpualloc.ledger.schema import Lease
 
+Members = Callable[[str], Iterable[tuple[int, "float | None"]]]
+"""A lease's processes, as (pid, start time), by lease id."""
+
 
 class Overdue:
     """What the broker has sent the jobs past their limits: when each got SIGTERM, and
-    whether SIGKILL followed (a restarted broker sends SIGTERM again: harmless, and the
+    whether its ``--signal`` went (a restarted broker sends SIGTERM again: harmless, and the
     kill wait starts anew)."""
 
     def __init__(self) -> None:
@@ -34,7 +42,7 @@ class Overdue:
         self.warned: set[str] = set()
         """Leases whose ``--signal`` was sent."""
 
-    def look(self, leases: Iterable[Lease], kill_wait_s: float) -> list[str]:
+    def look(self, leases: Iterable[Lease], kill_wait_s: float, members: Members) -> list[str]:
         """Signal every job whose limit has run out as its turn says; the log's lines."""
         now, clock = datetime.now(timezone.utc), time.monotonic()
         said: list[str] = []
@@ -43,31 +51,31 @@ class Overdue:
             ends = lease.ends
             if ends is None or (lease.pid is None and lease.process_group is None):
                 continue
+            current.add(lease.id)
             warning = lease.signal
             if (
                 warning is not None
                 and lease.id not in self.warned
                 and now >= ends - timedelta(seconds=warning.before_s)
             ):
-                self.warned.add(lease.id)
                 sig = signal.Signals(warning.number)
-                if _signal(lease, sig, warning.leader_only):
+                if _send(lease, sig, members, leader_only=warning.leader_only):
+                    self.warned.add(lease.id)
                     said.append(f"lease {lease.id}: {sig.name}, {warning.before_s:g} s before")
-            current.add(lease.id)
             if now < ends:
                 continue
             first = self.terminated.get(lease.id)
-            limit = format_time_limit(lease.time_limit_s)
             if first is None:
-                self.terminated[lease.id] = clock
-                if _signal(lease, signal.SIGTERM):
+                if _send(lease, signal.SIGTERM, members):
+                    self.terminated[lease.id] = clock
+                    limit = format_time_limit(lease.time_limit_s)
                     said.append(f"lease {lease.id}: its time limit ({limit}) ran out: SIGTERM")
-            elif clock - first >= kill_wait_s and lease.id not in self.killed:
-                self.killed.add(lease.id)
-                if _signal(lease, signal.SIGKILL):
-                    said.append(
-                        f"lease {lease.id}: still running {kill_wait_s:g} s after SIGTERM: SIGKILL"
-                    )
+            elif clock - first >= kill_wait_s:
+                sent = _send(lease, signal.SIGKILL, members)  # at every look: late children too
+                if sent and lease.id not in self.killed:
+                    self.killed.add(lease.id)
+                    waited = f"{kill_wait_s:g} s after SIGTERM"
+                    said.append(f"lease {lease.id}: still running {waited}: SIGKILL")
         for gone in (set(self.terminated) | self.warned) - current:
             self.terminated.pop(gone, None)
             self.killed.discard(gone)
@@ -75,29 +83,33 @@ class Overdue:
         return said
 
 
-def _signal(lease: Lease, sig: signal.Signals, leader_only: bool = False) -> bool:
-    """Send ``sig`` to the lease's process group (``leader_only``: to its process alone), else
-    to its process if it is still the one the lease names (a pid reused since is left alone);
-    whether anything was signalled."""
+def _send(
+    lease: Lease, sig: signal.Signals, members: Members, *, leader_only: bool = False
+) -> bool:
+    """``sig`` to each live process of ``lease`` (``leader_only``: its own process alone);
+    whether any received it."""
+    known = {(lease.pid, lease.pid_start_time)} if lease.pid is not None else set()
+    if not leader_only:
+        known |= set(members(lease.id))
+    return sum(_send_one(pid, started, sig) for pid, started in known) > 0
+
+
+def _send_one(pid: int, started: float | None, sig: signal.Signals) -> bool:
+    """``sig`` to ``pid`` if it is the process that started at ``started`` (None: unknown, so
+    not signalled as root); through a pidfd opened first, so a pid reused between the check
+    and the signal is not reached."""
+    if started is None:
+        return False
     try:
-        group = lease.process_group
-        if group is not None and not leader_only:
-            if group == lease.pid and _reused(group, lease.pid_start_time):
-                return False  # the job's group is gone and its number another process's
-            os.killpg(group, sig)
-            return True
-        if lease.pid is not None and process_alive(lease.pid, lease.pid_start_time):
-            os.kill(lease.pid, sig)
-            return True
-    except (ProcessLookupError, PermissionError):
-        pass
-    return False
-
-
-def _reused(pid: int, start_time: float | None) -> bool:
-    """Whether a process runs as ``pid`` that is not the one that started at ``start_time``:
-    then the group the job led has ended (the kernel reuses no pid that names a live group),
-    and signalling that number as root would reach a stranger's processes."""
-    from gpualloc.ledger.liveness import process_start_time
-
-    return process_start_time(pid) is not None and not process_alive(pid, start_time)
+        descriptor = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:
+        if not process_alive(pid, started):
+            return False
+        signal.pidfd_send_signal(descriptor, sig)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(descriptor)

@@ -153,7 +153,8 @@ class LedgerService:
     def end_overdue(self) -> list[str]:
         """Signal the jobs past their time limits (:mod:`.overdue`); the log's lines."""
         leases = self.host.snapshot().ledger.leases
-        return self.overdue.look(leases, self.host.time_rules.kill_wait_s)
+        members = lambda lease_id: self.watch.members.get(lease_id, ())  # noqa: E731
+        return self.overdue.look(leases, self.host.time_rules.kill_wait_s, members)
 
     # ---- requests ------------------------------------------------------------------------
 

@@ -360,9 +360,14 @@ class LocalHost(HostView, kw_only=True):
             warning = None if sent is None else (sent.number, sent.before_s, sent.leader_only)
             kill_wait_s = self.time_rules.kill_wait_s
             job = None if lease.pid == os.getpid() else lease.pid  # run's job: this process
+            store, lease_id = self.ledger_store(), lease.id
+
+            def alive() -> bool:  # in the ledger, and living by its rule
+                return store.snapshot().ledger.find(lease_id) is not None
+
             start_time_limit_watch(
                 lease.ends, lease.time_limit_s, kill_wait_s, warning,
-                job=job, started=lease.pid_start_time,
+                lease_alive=alive, job=job, started=lease.pid_start_time,
             )  # fmt: skip
 
     def hang_up(self) -> None:

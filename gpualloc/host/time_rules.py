@@ -1,13 +1,15 @@
 """How long a lease may live: the time limits the host's administrator sets, applied at the
 door (before a lease is written or a waiter queued) by the embedded ledger and the broker alike.
 
-The system configuration alone decides (a limit a user could lift for themselves would bind
-nobody): ``limits.default_time`` is the limit of a job that asks for none, ``limits.max_time``
-the longest one may ask for, ``limits.max_hold`` the longest an ``alloc --hold`` lease lives
-(and the limit of a hold that asks for none), as Slurm's partitions have ``DefaultTime`` and
-``MaxTime`` (slurm.conf(5)). A request above a maximum is refused with exit 12 naming the
-setting, never cut down silently: a user who asked for two days must learn they did not get
-them. What happens at the limit is :mod:`gpualloc.host.deadlines`'.
+The system configuration decides (a limit a user could lift for themselves would bind nobody;
+on the cooperative file ledger a user can, as they can rewrite the ledger):
+``limits.default_time`` is the limit of a lease that asks for none, cut to the maximum that
+applies, and where it is unset the maximum is; ``limits.max_time`` is the longest one may ask
+for, ``limits.max_hold`` the longest an ``alloc --hold`` lease lives, as Slurm's partitions
+have ``DefaultTime`` and ``MaxTime`` (slurm.conf(5)). A request above a maximum is refused
+with exit 12 naming the setting, never cut down silently: a user who asked for two days must
+learn they did not get them. What happens at the limit is :mod:`gpualloc.broker.overdue`'s
+through a broker, :mod:`gpualloc.launcher.time_limit`'s on the file ledger.
 """
 
 from __future__ import annotations
@@ -118,6 +120,11 @@ class TimeRules(NamedTuple):
         rules = self.for_uid(uid)
         terms.time_limit_s = rules.granted(terms.time_limit_s, hold=terms.hold)
         terms.time_granted = True
+        if terms.signal is not None and terms.hold and terms.pid is None:
+            raise RequestError(
+                "--signal goes to the lease's process, and a --hold lease has none",
+                hint="give --pid PID instead of --hold, or drop --signal",
+            )
         if terms.signal is not None and terms.time_limit_s is None:
             raise RequestError(
                 "--signal is sent before the time limit, and this lease has none",

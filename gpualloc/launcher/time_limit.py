@@ -9,10 +9,12 @@ the watch escapes the limit. Through a broker the broker keeps the limit itself,
 
 from __future__ import annotations
 
-import contextlib
 import os
+import signal
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
+from functools import partial
 
 STEP_S = 5.0
 """How often the watch looks whether the job has ended before its limit (then it leaves)."""
@@ -24,15 +26,18 @@ def start_time_limit_watch(
     kill_wait_s: float,
     warning: tuple[int, float, bool] | None = None,
     *,
+    lease_alive: Callable[[], bool],
     job: int | None = None,
     started: float | None = None,
 ) -> None:
     """Fork the watch of ``job`` (None: this process, about to become the job; else the
-    process ``alloc --pid`` named, which started at ``started``) and return at once;
-    ``warning``: ``--signal``'s signal, seconds before the limit, and whether the job's own
-    process alone gets it."""
-    from gpualloc.launcher.watcher import end_job, fork_detached, job_speaker, tell_job
-    from gpualloc.ledger.liveness import process_alive, process_start_time
+    process ``alloc --pid`` named, which started at ``started``) and return at once. It
+    watches for as long as ``lease_alive()`` (the lease is in the ledger and lives by its
+    rule: a job whose first process left children behind is still the job; a lease released
+    early is left alone); ``warning``: ``--signal``'s signal, seconds before the limit, and
+    whether the job's own process alone gets it."""
+    from gpualloc.launcher.watcher import fork_detached, job_speaker, tell_job
+    from gpualloc.ledger.liveness import process_start_time
     from gpualloc.time_limits import format_time_limit
 
     kept: int | None = None
@@ -50,26 +55,50 @@ def start_time_limit_watch(
         leads_group = os.getpgid(job) == job
     except OSError:
         return  # gone already: nothing to end
-
+    send = partial(_send, job, started, leads_group)
     warn = warning
 
     def watch() -> None:
         nonlocal warn
-        while process_alive(job, started):
+        while lease_alive():
             left = (ends - datetime.now(timezone.utc)).total_seconds()
             if warn is not None and left <= warn[1]:
-                with contextlib.suppress(ProcessLookupError):
-                    (os.kill if warn[2] or not leads_group else os.killpg)(job, warn[0])
+                send(warn[0], leader_only=warn[2])
                 warn = None
                 continue
             if left <= 0:
-                say(
-                    f"the lease's time limit ({format_time_limit(limit_s)}) ran out: SIGTERM "
-                    f"now, SIGKILL in {kill_wait_s:g} s"
-                )
-                end_job(job, leads_group, started, kill_wait_s)
+                limit = format_time_limit(limit_s)
+                then = f"SIGKILL in {kill_wait_s:g} s"
+                say(f"the lease's time limit ({limit}) ran out: SIGTERM now, {then}")
+                send(signal.SIGTERM)
+                deadline = time.monotonic() + kill_wait_s
+                while lease_alive() and time.monotonic() < deadline:
+                    time.sleep(min(0.2, kill_wait_s))
+                while lease_alive() and send(signal.SIGKILL):
+                    time.sleep(0.2)  # until the last process it can reach has gone
                 return
             until_warning = left - warn[1] if warn is not None else left
             time.sleep(max(0.0, min(left, until_warning, STEP_S)))
 
     fork_detached(watch, keep=kept)
+
+
+def _send(
+    job: int, started: float | None, leads_group: bool, sig: int, *, leader_only: bool = False
+) -> bool:
+    """``sig`` to the job's process group while the lease lives (its number is the job's
+    then), else to its process if it is still the one that started at ``started``; whether
+    anything could be reached. The watch is the job's user's: the kernel lets it signal
+    nobody else's process."""
+    from gpualloc.ledger.liveness import process_alive
+
+    try:
+        if leads_group and not leader_only:
+            os.killpg(job, sig)
+            return True
+        if process_alive(job, started):
+            os.kill(job, sig)
+            return True
+    except OSError:
+        pass
+    return False
