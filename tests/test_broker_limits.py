@@ -335,15 +335,22 @@ def test_a_client_that_reads_no_answers_is_cut_off_at_its_bound() -> None:
         shutil.rmtree(broker.directory, ignore_errors=True)
 
 
-def _answers_read_after(broker: RunningBroker, count: int, unread_s: float) -> int:
+def _answers_read_after(
+    broker: RunningBroker, count: int, unread_s: float, *, nudge_s: float | None = None
+) -> int:
     """Send ``count`` full snapshots at once, read nothing for ``unread_s`` (another user's
-    call answered meanwhile), then read until the broker closes: how many answers came (a
-    timeout: it never closed)."""
+    call answered meanwhile; with ``nudge_s``, a hello sent that often meanwhile), then read
+    until the broker closes: how many answers came (a timeout: it never closed)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.settimeout(30)
         connection.connect(str(broker.socket))
         connection.sendall(SNAPSHOT * count)
-        time.sleep(unread_s)
+        end = time.monotonic() + unread_s
+        while nudge_s is not None and time.monotonic() < end:
+            time.sleep(nudge_s)
+            with contextlib.suppress(OSError):
+                connection.sendall(b'{"v": 1, "op": "hello", "args": {}}\n')
+        time.sleep(max(0.0, end - time.monotonic()))
         assert broker.hello()["protocol"] == 1
         answered = 0
         with connection.makefile("rb") as reader, contextlib.suppress(ConnectionError):
@@ -364,6 +371,8 @@ def test_a_client_that_stops_reading_is_closed_after_the_idle_timeout(tmp_path: 
     try:
         answered = _answers_read_after(broker, count, 3.0)
         assert 0 < answered < count, answered
+        nudged = _answers_read_after(broker, count, 3.0, nudge_s=0.3)  # requests, no reads
+        assert 0 < nudged < count, nudged
     finally:
         broker.stop()
         shutil.rmtree(broker.directory, ignore_errors=True)

@@ -54,6 +54,15 @@ class Connection:
             return False
         return struct.unpack("i", queued)[0] == 0
 
+    def last_heard(self) -> float:
+        """When the client last showed it is there (monotonic): while answers it was sent wait
+        unread, when it last took some of them, whatever it sent since (a request a minute
+        kept a connection that read nothing, and its 4 MiB of answers, open for good); else
+        that or its last request."""
+        if self.outbox or not self.read_all():
+            return self.progress
+        return max(self.active, self.progress)
+
     def gone(self) -> bool:
         """Whether the client closed its end (a request it sent before leaving is not applied:
         it timed out waiting, or was killed, and will not hear the answer)."""

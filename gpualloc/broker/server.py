@@ -285,7 +285,7 @@ class Broker:
                 isinstance(connection, Connection)
                 and connection.open
                 and not connection.waiters
-                and now - max(connection.active, connection.progress) > self.limits.idle_timeout_s
+                and now - connection.last_heard() > self.limits.idle_timeout_s
             ):
                 self._close(connection)  # idle: asks nothing, waits for nothing, reads nothing
 
