@@ -169,7 +169,8 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "limits.max_hold", None, None, time_limit_or_none,
-        "the longest an 'alloc --hold' lease may live; a hold that gives no --time gets it",
+        "the longest an 'alloc --hold' lease may live (and its limit when it gives no --time "
+        "and limits.default_time is unset)",
         system_only=True,
     ),
     Setting(

@@ -5,8 +5,10 @@ one per batch of the broker's), rotated past its size, never in the ledger's way
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 
 from gpualloc.ledger import history
 from gpualloc.ledger.statedir import StateDirectory
-from tests.broker_harness import RunningBroker
+from tests.broker_harness import RunningBroker, hold_request
 from tests.cli_harness import TIMEOUT_S, gpualloc_argv
 
 
@@ -138,6 +140,17 @@ def test_the_broker_writes_the_history_as_root(tmp_path: Path) -> None:
         assert info.st_uid == 0 and info.st_mode & 0o777 == 0o644
         (record,) = _records(broker.state)
         assert record["lease"] == lease and record["state"] == "released"
+        quick = "c" * 12  # made and released in one batch of the broker's
+        both = [
+            {"v": 1, "op": "alloc", "args": hold_request(quick)},
+            {"v": 1, "op": "release", "args": {"leases": [quick]}},
+        ]
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(str(broker.socket))
+            connection.sendall(b"".join(json.dumps(x).encode() + b"\n" for x in both))
+            with connection.makefile("rb") as answers:
+                assert all(json.loads(answers.readline())["ok"] for _ in both)
+        assert [r["lease"] for r in _records(broker.state)][-1] == quick
     finally:
         broker.stop()
         shutil.rmtree(broker.directory, ignore_errors=True)

@@ -161,8 +161,15 @@ def lease_signal(raw: Any) -> tuple[int, float, bool] | None:
             f"signal {shown_repr(raw)} is not [number, seconds, leader only]",
             hint="see gpualloc.broker",
         )
+    from gpualloc.time_limits import DEFAULT_SIGNAL_BEFORE_S, MAX_SIGNAL_BEFORE_S
+
     before = duration(raw[1], "signal's seconds")
-    return raw[0], before if before is not None else 60.0, raw[2]
+    if before is not None and before > MAX_SIGNAL_BEFORE_S:
+        raise RequestError(
+            f"signal's seconds {shown_repr(raw[1])} is past {MAX_SIGNAL_BEFORE_S:.0f}",
+            hint="see gpualloc.broker",
+        )
+    return raw[0], before if before is not None else DEFAULT_SIGNAL_BEFORE_S, raw[2]
 
 
 def group_of(pid: int | None) -> int | None:

@@ -429,7 +429,7 @@ def asked_time_limit(text: str | None) -> float | None:
     try:
         return parse_time_limit(text) or 0.0
     except ValueError as bad:
-        raise RequestError(f"--time: {bad}", hint="see 'gpualloc run --help'") from None
+        raise RequestError(f"--time: {bad}", hint="see --help for the forms") from None
 
 
 def asked_signal(text: str | None) -> tuple[int, float, bool] | None:
@@ -442,4 +442,4 @@ def asked_signal(text: str | None) -> tuple[int, float, bool] | None:
     try:
         return parse_signal(text)
     except ValueError as bad:
-        raise RequestError(f"--signal: {bad}", hint="see 'gpualloc run --help'") from None
+        raise RequestError(f"--signal: {bad}", hint="see --help for the forms") from None

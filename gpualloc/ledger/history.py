@@ -5,11 +5,12 @@ transactions is one append (group commit), and a transaction that fails appends 
 
 A record (one JSON object a line) says who held which GPUs, the placement's predicted
 bandwidth, when the lease was queued, started and ended, why it ended (``state``:
-``released`` by its owner or root, ``ended`` when its job's last process had gone,
-``timeout`` past its time limit, ``rebooted``), its exit status where the ledger knows it
-(None: the ledger execs jobs and does not wait for them) and its declared limit. The file is
-rotated past :data:`MAX_BYTES` into ``.1`` to ``.{KEEP}`` (the oldest dropped) by a writer
-that may rename it: in a shared sticky directory only its owner or root; others append.
+``released`` by its owner or root, or by ``gc`` under ``idle.expire_holds``; ``ended`` when
+its job's last process had gone; ``timeout`` when it left the ledger past its time limit;
+``rebooted``), its exit status where the ledger knows it (None: the ledger execs jobs and
+does not wait for them) and its declared limit. The file is rotated past :data:`MAX_BYTES`
+into ``.1`` to ``.{KEEP}`` (the oldest dropped) by a writer that may rename it: in a shared
+sticky directory only its owner or root; others append.
 What cannot be appended (a full disk, a file planted there) is left out: the ledger's own
 write has succeeded, and the history never stands in its way.
 """

@@ -227,6 +227,8 @@ class OwnedLedgerStore(LedgerStore):
             raise
         batch.txn.ledger = txn.ledger
         batch.changed = batch.changed or txn.changed
+        for lease in txn.ledger.leases:  # made in this batch: its end in it is the history's too
+            batch.before.setdefault(lease.id, lease)
 
     # ---- reading and writing -----------------------------------------------------------------
 

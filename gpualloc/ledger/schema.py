@@ -153,7 +153,8 @@ class Lease(_Entry, kw_only=True, frozen=True):
     time_limit_s: Annotated[float, Meta(gt=0)] | None = None
     """How long the lease may live from ``created`` (``--time``, as the system configuration's
     ``limits.*`` granted it; None: no limit). At its end the job is signalled (SIGTERM, SIGKILL
-    ``limits.kill_wait`` later) and a ``--hold`` lease released (:mod:`gpualloc.host.deadlines`)."""
+    ``limits.kill_wait`` later) and a ``--hold`` lease released (:mod:`gpualloc.broker.overdue`,
+    :mod:`gpualloc.launcher.time_limit`)."""
 
     signal: LeaseSignal | None = None
     """``--signal``: sent ``before_s`` before :attr:`ends`."""
