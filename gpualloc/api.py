@@ -120,7 +120,6 @@ def hold(
     from gpualloc.config import Config
     from gpualloc.durations import seconds_given
     from gpualloc.host.lease_terms import LeaseTerms
-    from gpualloc.host.local import LocalHost
     from gpualloc.host.queue_policy import WaitOptions
     from gpualloc.launcher.environment import job_variables
     from gpualloc.launcher.sharing import share_mode
@@ -142,7 +141,7 @@ def hold(
     host = _host(config, topology)
     allocation = host.allocate(want, terms, wait=waiting)
     placement, lease = allocation.placement, allocation.lease
-    if lease.time_limit_s and isinstance(host, LocalHost):  # a broker keeps limits itself
+    if lease.time_limit_s and host.broker_socket is None:  # a broker keeps limits itself
         from gpualloc.host.grant import grant_of
 
         this_host = host.this_host
