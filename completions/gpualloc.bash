@@ -3,7 +3,7 @@
 
 _gpualloc_commands() {
     case $1 in
-        '') echo plan run alloc release status gc metrics doctor serve simulate calibrate topo slurm config ;;
+        '') echo plan run alloc release submit jobs log cancel show status gc metrics doctor serve simulate calibrate topo slurm config ;;
         'topo') echo show list import record export ;;
         'slurm') echo gres-conf prolog epilog taskprolog ;;
         'config') echo show ;;
@@ -17,6 +17,11 @@ _gpualloc_options() {
         'run') echo '-n --num-gpus --pattern --sensitive --insensitive --exclude --require --policy --score --drb-weights --gpus --min-utility --min-bandwidth --mig --mem --share --shareable --background --sm-share --name --time --signal --uuid --ignore-foreign --heed-foreign --allow-unhealthy --wait --timeout --priority --max-bypass --numa --dry-run --quiet -q --json --help -h' ;;
         'alloc') echo '-n --num-gpus --pattern --sensitive --insensitive --exclude --require --policy --score --drb-weights --gpus --min-utility --min-bandwidth --mig --mem --shareable --name --time --signal --uuid --ignore-foreign --heed-foreign --allow-unhealthy --wait --timeout --priority --max-bypass --pid --hold --format --help -h' ;;
         'release') echo '--mine --include-running --evict-shared --grace --json --help -h' ;;
+        'submit') echo '-n --num-gpus --pattern --sensitive --insensitive --exclude --require --policy --score --drb-weights --gpus --min-utility --min-bandwidth --mig --mem --shareable --name --time --signal --uuid --ignore-foreign --heed-foreign --allow-unhealthy --priority --max-bypass --output -o --error -e --dependency -d --array -a --chdir -D --numa --parsable --json --help -h' ;;
+        'jobs') echo '--since --json --help -h' ;;
+        'log') echo '--follow -f --help -h' ;;
+        'cancel') echo '--json --help -h' ;;
+        'show') echo '--json --help -h' ;;
         'status') echo '--json --watch -w --interval --idle --help -h' ;;
         'gc') echo '--json --help -h' ;;
         'metrics') echo '--serve --help -h' ;;
@@ -42,7 +47,7 @@ _gpualloc_options() {
 
 _gpualloc_takes_value() {
     case "$1|$2" in
-        '|--topology'|'|-t'|'|--bandwidth-table'|'|--install-completion'|'|--show-completion'|'plan|-n'|'plan|--num-gpus'|'plan|--pattern'|'plan|--exclude'|'plan|--require'|'plan|--policy'|'plan|--score'|'plan|--drb-weights'|'plan|--mig'|'plan|--mem'|'plan|--busy'|'plan|--free'|'run|-n'|'run|--num-gpus'|'run|--pattern'|'run|--exclude'|'run|--require'|'run|--policy'|'run|--score'|'run|--drb-weights'|'run|--gpus'|'run|--min-utility'|'run|--min-bandwidth'|'run|--mig'|'run|--mem'|'run|--sm-share'|'run|--name'|'run|--time'|'run|--signal'|'run|--timeout'|'run|--priority'|'run|--max-bypass'|'run|--numa'|'alloc|-n'|'alloc|--num-gpus'|'alloc|--pattern'|'alloc|--exclude'|'alloc|--require'|'alloc|--policy'|'alloc|--score'|'alloc|--drb-weights'|'alloc|--gpus'|'alloc|--min-utility'|'alloc|--min-bandwidth'|'alloc|--mig'|'alloc|--mem'|'alloc|--name'|'alloc|--time'|'alloc|--signal'|'alloc|--timeout'|'alloc|--priority'|'alloc|--max-bypass'|'alloc|--pid'|'alloc|--format'|'release|--grace'|'status|--interval'|'status|--idle'|'metrics|--serve'|'doctor|--measured'|'serve|--socket'|'serve|--state-dir'|'simulate|--trace'|'simulate|--generate'|'simulate|--policy'|'simulate|--queue'|'simulate|--runtime'|'simulate|--profile'|'simulate|--sharing'|'simulate|--share-placement'|'simulate|--gpu-busy'|'simulate|--start'|'simulate|--limit'|'simulate|--load'|'simulate|--seed'|'simulate|--save-trace'|'simulate|--plot'|'simulate|--report'|'calibrate|--size-mib'|'calibrate|--repeats'|'calibrate|--from'|'topo import|--nvlink'|'topo import|--numa'|'topo import|--p2p'|'topo import|--output'|'topo import|-o'|'topo import|--name'|'topo import|--bandwidth-matrix'|'topo import|--mig'|'topo record|--output'|'topo record|-o'|'topo export|--format'|'topo export|--output'|'topo export|-o'|'slurm gres-conf|--node'|'slurm gres-conf|--threads-per-core'|'slurm gres-conf|--device-dir'|'slurm gres-conf|--mig-minors'|'slurm gres-conf|--gpu-type') return 0 ;;
+        '|--topology'|'|-t'|'|--bandwidth-table'|'|--install-completion'|'|--show-completion'|'plan|-n'|'plan|--num-gpus'|'plan|--pattern'|'plan|--exclude'|'plan|--require'|'plan|--policy'|'plan|--score'|'plan|--drb-weights'|'plan|--mig'|'plan|--mem'|'plan|--busy'|'plan|--free'|'run|-n'|'run|--num-gpus'|'run|--pattern'|'run|--exclude'|'run|--require'|'run|--policy'|'run|--score'|'run|--drb-weights'|'run|--gpus'|'run|--min-utility'|'run|--min-bandwidth'|'run|--mig'|'run|--mem'|'run|--sm-share'|'run|--name'|'run|--time'|'run|--signal'|'run|--timeout'|'run|--priority'|'run|--max-bypass'|'run|--numa'|'alloc|-n'|'alloc|--num-gpus'|'alloc|--pattern'|'alloc|--exclude'|'alloc|--require'|'alloc|--policy'|'alloc|--score'|'alloc|--drb-weights'|'alloc|--gpus'|'alloc|--min-utility'|'alloc|--min-bandwidth'|'alloc|--mig'|'alloc|--mem'|'alloc|--name'|'alloc|--time'|'alloc|--signal'|'alloc|--timeout'|'alloc|--priority'|'alloc|--max-bypass'|'alloc|--pid'|'alloc|--format'|'release|--grace'|'submit|-n'|'submit|--num-gpus'|'submit|--pattern'|'submit|--exclude'|'submit|--require'|'submit|--policy'|'submit|--score'|'submit|--drb-weights'|'submit|--gpus'|'submit|--min-utility'|'submit|--min-bandwidth'|'submit|--mig'|'submit|--mem'|'submit|--name'|'submit|--time'|'submit|--signal'|'submit|--priority'|'submit|--max-bypass'|'submit|--output'|'submit|-o'|'submit|--error'|'submit|-e'|'submit|--dependency'|'submit|-d'|'submit|--array'|'submit|-a'|'submit|--chdir'|'submit|-D'|'submit|--numa'|'jobs|--since'|'status|--interval'|'status|--idle'|'metrics|--serve'|'doctor|--measured'|'serve|--socket'|'serve|--state-dir'|'simulate|--trace'|'simulate|--generate'|'simulate|--policy'|'simulate|--queue'|'simulate|--runtime'|'simulate|--profile'|'simulate|--sharing'|'simulate|--share-placement'|'simulate|--gpu-busy'|'simulate|--start'|'simulate|--limit'|'simulate|--load'|'simulate|--seed'|'simulate|--save-trace'|'simulate|--plot'|'simulate|--report'|'calibrate|--size-mib'|'calibrate|--repeats'|'calibrate|--from'|'topo import|--nvlink'|'topo import|--numa'|'topo import|--p2p'|'topo import|--output'|'topo import|-o'|'topo import|--name'|'topo import|--bandwidth-matrix'|'topo import|--mig'|'topo record|--output'|'topo record|-o'|'topo export|--format'|'topo export|--output'|'topo export|-o'|'slurm gres-conf|--node'|'slurm gres-conf|--threads-per-core'|'slurm gres-conf|--device-dir'|'slurm gres-conf|--mig-minors'|'slurm gres-conf|--gpu-type') return 0 ;;
     esac
     return 1
 }
@@ -93,6 +98,13 @@ _gpualloc_values() {
         'alloc|--mig') _gpualloc_offer '1g.5gb' '1g.10gb' '2g.10gb' '3g.20gb' '4g.20gb' '7g.40gb' '1g.20gb' '2g.20gb' '3g.40gb' '4g.40gb' '7g.80gb' '1g.6gb' '2g.12gb' '4g.24gb' '1g.18gb' '1g.35gb' '2g.35gb' '3g.71gb' '4g.71gb' '7g.141gb' ;;
         'alloc|--priority') _gpualloc_offer 'high' 'normal' 'low' ;;
         'alloc|--format') _gpualloc_offer 'ids' 'env' 'json' ;;
+        'submit|--pattern') _gpualloc_offer 'ring' 'all' 'tree' 'star' '@files' ;;
+        'submit|--policy') _gpualloc_offer 'mapa' 'mapa-greedy' 'drb' 'pack' 'spread' 'besteffort' 'slurm' 'baseline' ;;
+        'submit|--score') _gpualloc_offer 'auto' 'mapa' 'bottleneck' ;;
+        'submit|--mig') _gpualloc_offer '1g.5gb' '1g.10gb' '2g.10gb' '3g.20gb' '4g.20gb' '7g.40gb' '1g.20gb' '2g.20gb' '3g.40gb' '4g.40gb' '7g.80gb' '1g.6gb' '2g.12gb' '4g.24gb' '1g.18gb' '1g.35gb' '2g.35gb' '3g.71gb' '4g.71gb' '7g.141gb' ;;
+        'submit|--priority') _gpualloc_offer 'high' 'normal' 'low' ;;
+        'submit|--chdir'|'submit|-D') _gpualloc_offer '@dirs' ;;
+        'submit|--numa') _gpualloc_offer 'auto' 'bind' 'none' ;;
         'doctor|--measured') _gpualloc_offer '@files' ;;
         'serve|--socket') _gpualloc_offer '@files' ;;
         'serve|--state-dir') _gpualloc_offer '@dirs' ;;
@@ -125,6 +137,7 @@ _gpualloc_arguments() {
     case $1 in
         'run') COMPREPLY+=($(compgen -c -- "$cur")) ;;
         'release') _gpualloc_offer '@leases' ;;
+        'submit') COMPREPLY+=($(compgen -c -- "$cur")) ;;
         'topo import') _gpualloc_offer '@files' ;;
     esac
 }

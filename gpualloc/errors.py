@@ -50,8 +50,8 @@ class ExitCode(IntEnum):
     configuration does not let this user ask for that (``--priority high``, a lower
     ``--max-bypass``, more waiting jobs)."""
     NO_LEASE = 13
-    """No lease has the given id or name (it may have been released or reaped already), or
-    the name or prefix given fits several (the message lists them)."""
+    """No lease or submitted job has the given id or name (a lease may have been released or
+    reaped already), or the name or prefix given fits several (the message lists them)."""
     TRACE = 14
     """A simulation trace or generator spec could not be understood."""
     CONFIG = 15
@@ -92,7 +92,7 @@ EXIT_CODE_DESCRIPTIONS: dict[ExitCode, str] = {
     ExitCode.BUSY: "the GPUs needed are held by others now",
     ExitCode.LEDGER: "the shared ledger cannot be used (unsafe directory, newer or corrupt file)",
     ExitCode.NOT_PERMITTED: "the lease is another user's, or the host's configuration forbids it",
-    ExitCode.NO_LEASE: "no lease with that id or name, or one that names several",
+    ExitCode.NO_LEASE: "no lease or job with that id or name, or one that names several",
     ExitCode.TRACE: "a simulation trace or --generate spec is not understood",
     ExitCode.CONFIG: "a config.toml file or a GPUALLOC_* setting is not understood",
     ExitCode.LOCKED: "another process held the ledger's lock too long (named in the message)",
@@ -250,6 +250,12 @@ class NotPermitted(GpuallocError):
 
 class NoSuchLease(GpuallocError):
     """No lease has the given id."""
+
+    exit_code = ExitCode.NO_LEASE
+
+
+class NoSuchJob(GpuallocError):
+    """No submitted job of the caller's has the given id (or the prefix fits several)."""
 
     exit_code = ExitCode.NO_LEASE
 

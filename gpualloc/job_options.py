@@ -27,7 +27,7 @@ Group = Literal["job", "lease", "wait"]
 """``job``: what describes the job (:class:`~gpualloc.model.job.JobOptions`);
 ``lease``: how its lease is held; ``wait``: how it queues (``--wait`` and its options)."""
 
-COMMANDS = ("run", "alloc", "plan")
+COMMANDS = ("run", "alloc", "plan", "submit")
 PATTERN_NAMES = ("ring", "all", "tree", "star")
 """The built-in patterns (``placement.patterns.BUILTIN_PATTERNS``; a test holds them equal):
 any other ``--pattern`` names a file, which the client reads with its user's rights and sends
@@ -79,6 +79,8 @@ POLICY_HELP = (
     "Else GPUALLOC_POLICY, else policy in config.toml."
 )
 RUN_ALLOC = ("run", "alloc")
+LAUNCHING = ("run", "alloc", "submit")
+"""The commands that make a lease (``plan`` makes none; ``submit`` always waits)."""
 
 JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption(
@@ -120,20 +122,20 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption(
         "gpus", "str",
         "Take exactly these GPUs, in this order (e.g. 3,1); -n is then their number.",
-        metavar="LIST", commands=RUN_ALLOC,
+        metavar="LIST", commands=LAUNCHING,
     ),
     JobOption(
         "min_utility", "float",
         "Only start on a placement whose DRB utility (Eq. 2, 0..1; the DRB paper uses 0.3 for "
         "1-GPU and 0.5 for 2-GPU jobs) is at least this; with --wait, keep waiting for a "
         "better one even when enough GPUs are free (DRB's postponement).",
-        metavar="U", minimum=0.0, maximum=1.0, commands=RUN_ALLOC,
+        metavar="U", minimum=0.0, maximum=1.0, commands=LAUNCHING,
     ),
     JobOption(
         "min_bandwidth", "float",
         "Only start on a placement whose predicted effective bandwidth is at least this many "
         "GB/s (e.g. wait for an NVLinked pair); with --wait, keep waiting.",
-        metavar="GBPS", minimum=0.0, commands=RUN_ALLOC,
+        metavar="GBPS", minimum=0.0, commands=LAUNCHING,
     ),
     JobOption(
         "mig", "str",
@@ -162,7 +164,7 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
         "shareable", "flag",
         "Let shared jobs (run --share) run on these GPUs beside this job, as long as their "
         "memory fits; you may evict them (release --evict-shared).",
-        default=False, commands=RUN_ALLOC,
+        default=False, commands=LAUNCHING,
     ),
     JobOption(
         "background", "flag",
@@ -179,7 +181,7 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     ),
     JobOption(
         "name", "str", "A name for the lease, shown by 'gpualloc status'.",
-        metavar="NAME", commands=RUN_ALLOC, group="lease",
+        metavar="NAME", commands=LAUNCHING, group="lease",
     ),
     JobOption(
         "time", "str",
@@ -189,25 +191,25 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
         "SIGKILL limits.kill_wait (30 s) later; a --hold lease is released. "
         "Default and maximum: limits.default_time and limits.max_time (limits.max_hold for "
         "--hold) in the system configuration (none unless set).",
-        metavar="LIMIT", commands=RUN_ALLOC, group="lease",
+        metavar="LIMIT", commands=LAUNCHING, group="lease",
     ),
     JobOption(
         "signal", "str",
         "Send the job SIG (USR1, SIGUSR1, 10) SECONDS (default 60) before its time limit, as "
         "Slurm's --signal: to its process group, or with B: to its own process alone (the "
         "batch script); needs a time limit.",
-        metavar="[B:]SIG[@SECONDS]", commands=RUN_ALLOC, group="lease",
+        metavar="[B:]SIG[@SECONDS]", commands=LAUNCHING, group="lease",
     ),
     JobOption(
         "uuid", "flag", "Export CUDA_VISIBLE_DEVICES as GPU UUIDs instead of indices.",
-        default=False, commands=RUN_ALLOC, group="lease",
+        default=False, commands=LAUNCHING, group="lease",
     ),
     JobOption(
         "ignore_foreign", "flag",
         "Treat GPUs as free even when processes that did not come through gpualloc run on them "
         "(NVML's process list). Default: heed them (GPUALLOC_IGNORE_FOREIGN, ignore_foreign in "
         "config.toml).",
-        flags=("--ignore-foreign",), negative=("--heed-foreign",), commands=RUN_ALLOC,
+        flags=("--ignore-foreign",), negative=("--heed-foreign",), commands=LAUNCHING,
         group="lease",
     ),
     JobOption(
@@ -231,14 +233,14 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
         "priority", "str",
         "With --wait: queue class high, normal or low; arrival order within. Default: normal "
         "(GPUALLOC_PRIORITY, queue.priority in config.toml).",
-        metavar="CLASS", completion="priorities", commands=RUN_ALLOC, group="wait",
+        metavar="CLASS", completion="priorities", commands=LAUNCHING, group="wait",
     ),
     JobOption(
         "max_bypass", "int",
         "With --wait: how many later jobs may start before this one (backfill) before backfill "
         "past it stops until it starts. Default: 8 (GPUALLOC_MAX_BYPASS, queue.max_bypass in "
         "config.toml).",
-        metavar="N", minimum=0, commands=RUN_ALLOC, group="wait",
+        metavar="N", minimum=0, commands=LAUNCHING, group="wait",
     ),
 )  # fmt: skip
 

@@ -46,6 +46,7 @@ def isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pat
     monkeypatch.setenv("GPUALLOC_STATE_DIR", str(tmp_path / "state"))
     # No configuration file of the developer's or the machine's: a fresh user on a bare host.
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))  # submitted jobs
     monkeypatch.setenv("GPUALLOC_SYSTEM_CONFIG", str(tmp_path / "etc" / "config.toml"))
     for name in [n for n in os.environ if n.startswith("SLURM_") or n == "GPUALLOC_NO_SLURM"]:
         monkeypatch.delenv(name)  # a suite run inside a Slurm job must not act as a sub-job

@@ -159,7 +159,7 @@ def test_the_static_script_completes_commands_options_and_values(
     assert offered("release", "") == [lease["id"]]
     os.mkfifo(state / "ledger@planted.json")  # another user's FIFO must not hang the shell
     assert offered("release", "") == [lease["id"]]
-    assert offered("s") == ["status", "serve", "simulate", "slurm"]
+    assert offered("s") == ["submit", "show", "status", "serve", "simulate", "slurm"]
     assert offered("-t", "dgx2", "run", "--numa", "") == ["auto", "bind", "none"]
     assert offered("run", "--mig", "3g") == ["3g.20gb", "3g.40gb", "3g.71gb"]
     assert offered("topo", "s") == ["show"]
@@ -286,7 +286,7 @@ FREE_TEXT = {
     "--gpus", "--min-utility", "--min-bandwidth", "--sm-share", "--name", "--time", "--signal",
     "--timeout", "--max-bypass", "--pid", "--grace", "--interval", "--idle", "--serve", "--sharing",
     "--gpu-busy", "--start", "--limit", "--load", "--seed", "--size-mib", "--repeats", "--node",
-    "--threads-per-core", "--gpu-type",
+    "--threads-per-core", "--gpu-type", "--output", "--error", "--dependency", "--array", "--since",
 }  # fmt: skip
 """Options whose value is free text (a number, a GPU list, a duration, a name): a Tab offers
 nothing for them, and never file names."""
@@ -330,7 +330,9 @@ def _every_value() -> list[tuple[list[str], set[str]]]:
                 offered = expected(opt.names, opt.kind, opt.metavar, opt.completion)
                 cases += [([*words, name], offered) for name in opt.names]
         argument = command.argument if command else None
-        if argument is not None and argument.dest not in ("command", "leases"):
+        if argument is not None and argument.dest in ("job", "jobs"):
+            cases.append((words, set()))  # a job's id: free text, as a lease's number is
+        elif argument is not None and argument.dest not in ("command", "leases"):
             # the job of 'run' and release's lease ids are tested above
             offered = expected((), argument.kind, argument.metavar, argument.completion)
             cases.append((words, offered))
@@ -551,7 +553,14 @@ def test_zsh_completes_when_the_script_is_sourced_or_autoloaded(
     try:
         assert "_gpualloc" not in session.started  # no error while loading it
         assert session.tab("gpualloc alloc --format ") == ["ids", "env", "json"]
-        assert session.tab("gpualloc s") == ["status", "serve", "simulate", "slurm"]
+        assert session.tab("gpualloc s") == [
+            "submit",
+            "show",
+            "status",
+            "serve",
+            "simulate",
+            "slurm",
+        ]
         assert session.tab("gpualloc run --numa ") == ["auto", "bind", "none"]
     finally:
         session.close()

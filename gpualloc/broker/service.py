@@ -269,7 +269,7 @@ class LedgerService:
         if not isinstance(raw, dict):
             raise RequestError("the request has no lease terms", hint="see gpualloc.broker")
         source = raw.get("source", "alloc")
-        if source not in ("run", "alloc") and not (source == "slurm" and peer.root):
+        if source not in ("run", "alloc", "submit") and not (source == "slurm" and peer.root):
             raise NotPermitted(f"a lease of source {shown_repr(source)} is root's to make")
         pid, hold = raw.get("pid"), bool(raw.get("hold"))
         started = None

@@ -90,6 +90,15 @@ COMMANDS = (
         "release", "gpualloc.cli.leases:RELEASE", "Give GPUs back: leases by id, or all of yours."
     ),
     Entry(
+        "submit",
+        "gpualloc.cli.submit:SUBMIT",
+        "Queue a job that runs after you log out; print its id.",
+    ),
+    Entry("jobs", "gpualloc.cli.batch_jobs:JOBS", "Your submitted jobs and their states."),
+    Entry("log", "gpualloc.cli.batch_jobs:LOG", "Print a submitted job's log (-f: follow it)."),
+    Entry("cancel", "gpualloc.cli.batch_jobs:CANCEL", "Cancel submitted jobs."),
+    Entry("show", "gpualloc.cli.batch_jobs:SHOW", "Everything known of one submitted job."),
+    Entry(
         "status", "gpualloc.cli.status:STATUS", "Who holds which GPU, since when, and who waits."
     ),
     Entry("gc", "gpualloc.cli.leases:GC", "Free the GPUs of leases whose jobs are gone, now."),
@@ -148,9 +157,12 @@ ENVIRONMENT_VARIABLES = (
     ("GPUALLOC_LOCK_TIMEOUT", "how long to wait for the ledger's lock (default 30s)"),
     ("GPUALLOC_PLACEMENT_BUDGET", "one placement's search, then a greedy answer (default 1s)"),
     ("XDG_CONFIG_HOME", "the user's config file is $XDG_CONFIG_HOME/gpualloc/config.toml"),
+    ("XDG_STATE_HOME", "submitted jobs' records and logs: $XDG_STATE_HOME/gpualloc/jobs"),
     ("COLUMNS", "piped tables fit this width (without it a row stays on one line)"),
     ("GPUALLOC_NO_SLURM=1", "inside a Slurm job, use the host's ledger and GPUs"),
     ("GPUALLOC_LEASE_ID, GPUALLOC_GPUS", "set for jobs: their lease id and GPU indices"),
+    ("GPUALLOC_JOB_ID, GPUALLOC_JOB_NAME", "set for submitted jobs: their id and name"),
+    ("GPUALLOC_ARRAY_JOB_ID, GPUALLOC_ARRAY_TASK_ID", "set for tasks of submit --array"),
 )
 """Every variable gpualloc reads or sets, for ``--help``, the manual and the README."""
 

@@ -94,7 +94,7 @@ def run_job(
         raise unknown_choice("--numa", numa, [mode.value for mode in NumaMode]) from None
     if as_json and not dry_run:
         raise RequestError("--json applies to --dry-run", hint="add --dry-run")
-    job = _with_policy(job)
+    job = with_policy(job)
     waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
     resolve_program(command[0], os.environ)  # 127/126 before any GPU is taken
     host = open_host_ledger(
@@ -134,13 +134,13 @@ def run_job(
     warn(grant.notes)
     from gpualloc.host.launching import launch_granted
 
-    verify, look = _verifier(host, grant.this_host)
+    verify, look = job_verifier(host, grant.this_host)
     launch_granted(
         host, grant, command, mode, quiet=quiet, verify=verify, look=look, say=say, warn=warn
     )
 
 
-def _with_policy(job: JobFields) -> JobFields:
+def with_policy(job: JobFields) -> JobFields:
     """``job`` with its policy resolved as this user's settings say (``--policy``, else the
     configured one): the host places with it, the broker with the client's own."""
     return {**job, "policy": STATE.setting("policy", job.get("policy"))}
@@ -168,7 +168,7 @@ def _variables(
     return job_variables(host.topology, gpus, mig, lease_id=lease_id, uuid=uuid, share=share)
 
 
-def _verifier(
+def job_verifier(
     host: Host, this_host: bool
 ) -> tuple[VerifyTerms | None, Callable[[], list[GpuProcess]] | None]:
     """The terms of the verifier that checks for ``verify.grace`` that the job runs on its
@@ -299,7 +299,7 @@ def alloc_gpus(
     from gpualloc.host.lease_terms import LeaseTerms
 
     owner = alloc_owner(output_format, pid, hold)
-    job = _with_policy(job)
+    job = with_policy(job)
     waiting = wait_options(wait=wait, timeout=timeout, priority=priority, max_bypass=max_bypass)
     host = open_host_ledger(
         ignore_foreign=STATE.setting("ignore_foreign", ignore_foreign),

@@ -157,7 +157,7 @@ class BrokeredHost:
         self.served = None
         return self.client.call(command, args, **options)
 
-    def start_time_limit_watch(self, grant: Grant) -> None:
+    def start_time_limit_watch(self, grant: Grant, *, here: bool = False) -> None:
         """Nothing: the broker keeps every lease's time limit itself, as root
         (:mod:`gpualloc.broker.overdue`)."""
 

@@ -54,9 +54,12 @@ def launch_granted(
     look: Callable[[], list[GpuProcess]] | None,
     say: Callable[[str], None],
     warn: Callable[[Iterable[str]], None],
+    forked: bool = False,
 ) -> NoReturn:
     """Exec ``command`` on ``grant``'s GPUs, bound as ``mode`` says; ``verify``: the verifier's
-    terms (None: no verifier), which looks with ``look`` where the host needs it to."""
+    terms (None: no verifier), which looks with ``look`` where the host needs it to;
+    ``forked``: this process is a submitted job's, forked by its supervisor (which holds the
+    lease: :mod:`gpualloc.cli.supervisor`)."""
     from gpualloc.launcher.launch import JobLaunch, SharedJob, launch
 
     try:
@@ -78,7 +81,7 @@ def launch_granted(
             shared=shared,
         )
         verifier = None if verify is None else partial(host.start_verifier, grant, verify, look)
-        host.start_time_limit_watch(grant)
+        host.start_time_limit_watch(grant, here=forked)
         host.hang_up()
         launch(job, mode, quiet=quiet, start_verifier=verifier, say=say, warn=warn)
     except BaseException:

@@ -346,7 +346,7 @@ class LocalHost(HostView, kw_only=True):
         cut_short = [placement.cut_short] if placement.cut_short else []
         return Allocation(lease, placement, lock_fd, [*txn.notes, *cut_short])
 
-    def start_time_limit_watch(self, grant: Grant) -> None:
+    def start_time_limit_watch(self, grant: Grant, *, here: bool = False) -> None:
         """Fork the watch that ends the job at its lease's time limit, if it has one and a
         process (``run``'s, or ``alloc --pid``'s): on the file ledger it is the job's user's
         (:mod:`gpualloc.launcher.time_limit`)."""
@@ -359,7 +359,7 @@ class LocalHost(HostView, kw_only=True):
             sent = lease.signal
             warning = None if sent is None else (sent.number, sent.before_s, sent.leader_only)
             kill_wait_s = self.time_rules.kill_wait_s
-            job = None if lease.pid == os.getpid() else lease.pid  # run's job: this process
+            job = None if here or lease.pid == os.getpid() else lease.pid  # the job: this process
             store, lease_id = self.ledger_store(), lease.id
 
             def alive() -> bool:  # in the ledger, and living by its rule

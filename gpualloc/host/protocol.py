@@ -162,10 +162,11 @@ class Host(Protocol):
         """How a shared job for ``request`` would hold ``gpu``."""
         ...
 
-    def start_time_limit_watch(self, grant: Grant) -> None:
+    def start_time_limit_watch(self, grant: Grant, *, here: bool = False) -> None:
         """Have the job about to exec on ``grant``'s lease ended at its time limit: a watch of
         the job's own user on the file ledger; nothing through a broker, which keeps every
-        limit itself."""
+        limit itself. ``here``: this process becomes the job though it is not the lease's
+        process (a submitted job, forked by its supervisor, which holds the lease)."""
         ...
 
     def start_verifier(

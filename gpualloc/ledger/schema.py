@@ -16,7 +16,7 @@ from gpualloc.model.queued import QueuedRequest
 from gpualloc.model.share import LeasedShare
 from gpualloc.model.validation import NonNegativeInt, PositiveInt
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 """2 added the waiting queue (``queue``, ``next_seq``) and ``Lease.sensitive``; 3 added
 ``writer_uid``, ``root_journal_seq``, ``Lease.process_group`` and the confirmation of a new
 lease (``announced``, ``creator_pid``); 4 added ``Lease.mig`` (MIG devices held; such a lease
@@ -27,7 +27,7 @@ may hold no whole GPU); 5 added shared GPUs (``Lease.shareable``, ``Lease.memory
 :mod:`.document`, since the store rewrites its files in place). Older files read as version 8:
 every added field has a default that means what the older file meant."""
 
-LeaseSource = Literal["run", "alloc", "slurm"]
+LeaseSource = Literal["run", "alloc", "slurm", "submit"]
 Priority = Literal["high", "normal", "low"]
 PRIORITY_RANK: dict[str, int] = {"high": 0, "normal": 1, "low": 2}
 ItemId = Annotated[str, Meta(pattern=r"^[0-9a-f]{12}$")]

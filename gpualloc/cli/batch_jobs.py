@@ -1,0 +1,255 @@
+"""``gpualloc jobs``, ``log``, ``cancel`` and ``show``: a user's submitted jobs, read by the
+client from the user's own job records (:mod:`gpualloc.batch.record`); and what ``submit``
+prints."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpualloc.cli.declare import Arg, Command, flag, json_flag, value
+
+if TYPE_CHECKING:
+    from gpualloc.batch.record import JobRecord
+    from gpualloc.ledger.schema import Lease, Waiter
+
+HIDDEN = ("environment",)
+"""What ``show --json`` and ``jobs --json`` leave out of a record (the submitting shell's
+variables may hold secrets; the record file keeps them, 0600)."""
+
+
+def submitted(values: dict[str, Any]) -> None:
+    """``submit``'s work: submit, then print the id as sbatch does."""
+    from gpualloc.cli.open_ledger import warn
+    from gpualloc.cli.output import print_json, write_stdout
+    from gpualloc.cli.state import STATE
+    from gpualloc.cli.submission import submit
+
+    parsable, as_json = values.pop("parsable"), values.pop("as_json")
+    done = submit(values, topology=STATE.topology)
+    warn(done.notes)
+    first = done.records[0]
+    shown = first.array_id or first.id
+    if as_json:
+        print_json({"id": shown, "jobs": [_view(r) for r in done.records]})
+    elif parsable:
+        write_stdout(f"{shown}\n")
+    else:
+        write_stdout(f"Submitted batch job {shown}\n")
+
+
+def _view(record: JobRecord) -> dict[str, Any]:
+    from gpualloc.batch.record import seen_state, shown_id
+    from gpualloc.model.validation import to_builtins
+
+    view = {k: v for k, v in to_builtins(record).items() if k not in HIDDEN}
+    view["state"] = seen_state(record)
+    view["shown_id"] = shown_id(record)
+    return view
+
+
+def jobs_command(since: str | None, as_json: bool) -> None:
+    """Your submitted jobs, as squeue shows them: pending, running and those that ended in
+    the last day (--since), oldest first.
+
+    STATE is pending, running, completing (the job's first process has exited, others of
+    its process group have not), completed (exit 0), failed, cancelled, timeout (ended at its
+    time limit) or lost (its supervisor has gone without a word: the machine rebooted, or
+    it was killed). REASON says why a pending job waits: Dependency, Priority (others are
+    ahead), Resources (it is next, and waits for GPUs), JobArrayTaskLimit.
+    """
+    from gpualloc.batch.record import FINAL_STATES, own_records, seen_state, shown_id
+    from gpualloc.cli.output import Table, print_json, print_tables
+    from gpualloc.model.option_values import parse_duration
+    from gpualloc.time_limits import format_time_limit
+
+    window = timedelta(seconds=parse_duration(since) if since else 86400.0)
+    now = datetime.now(timezone.utc)
+    shown = []
+    for record in own_records():
+        state = seen_state(record)
+        ended = record.ended or record.submitted
+        if state in FINAL_STATES and now - ended > window:
+            continue
+        shown.append((record, state))
+    if as_json:
+        print_json([_view(record) for record, _ in shown])
+        return
+    rows = []
+    for record, state in shown:
+        started = record.started
+        if started is None:
+            elapsed = "0:00"
+        else:
+            end = record.ended if record.ended is not None else now
+            elapsed = format_time_limit(max(0.0, (end - started).total_seconds())) or "0:00"
+        limit = format_time_limit(record.time_limit_s) if record.time_limit_s else "UNLIMITED"
+        if state == "pending":
+            where = f"({record.reason})"
+        elif state in FINAL_STATES and record.exit_code is not None:
+            where = f"{record.gpus or '-'} exit {record.exit_code}"
+        elif state in FINAL_STATES and record.exit_signal is not None:
+            where = f"{record.gpus or '-'} {signal.Signals(record.exit_signal).name}"
+        else:
+            where = record.gpus or "-"
+        rows.append([shown_id(record), record.name, state, elapsed, limit, where])
+    columns = ["JOBID", "NAME", "STATE", "TIME", "TIME_LIMIT", "GPUS(REASON)"]
+    print_tables([Table("", columns, rows, wrap=(1,))])
+
+
+def log_command(job: str, follow: bool) -> None:
+    """Print a job's log (its stdout, and stderr unless --error parted them); with -f, follow
+    it until the job has ended, as tail -f does. Read with your own rights: another user's
+    log is theirs."""
+    from gpualloc.batch.record import FINAL_STATES, find_record, seen_state
+    from gpualloc.cli.output import flush_stdout
+    from gpualloc.errors import FileAccessError
+
+    record = find_record(job)
+    try:
+        handle = Path(record.output).open("rb")  # noqa: SIM115 - followed below
+    except OSError as exc:
+        raise FileAccessError(
+            f"cannot read job {record.id}'s log {record.output}: {exc.strerror}"
+        ) from None
+    import sys
+
+    out = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else None
+    with handle:
+        while True:
+            chunk = handle.read(65536)
+            if chunk:
+                if out is not None:
+                    out.write(chunk)
+                else:
+                    sys.stdout.write(chunk.decode(errors="replace"))
+                continue
+            if not follow:
+                break
+            flush_stdout()
+            if out is not None:
+                out.flush()
+            from gpualloc.batch.record import job_directory, read_record
+
+            if seen_state(read_record(job_directory(record.id))) in FINAL_STATES:
+                rest = handle.read()
+                if rest and out is not None:
+                    out.write(rest)
+                break
+            time.sleep(0.25)
+
+
+def cancel_command(jobs: list[str], as_json: bool) -> None:
+    """Cancel jobs: a pending job leaves the queue; a running job's process group gets
+    SIGTERM, and SIGKILL limits.kill_wait (30 s) later, its GPUs free once its last process
+    has gone. Yours, or as root anyone's (by id, found in the host's ledger). A job that has
+    ended already is said so and left alone."""
+    from gpualloc.batch.record import FINAL_STATES, find_record, seen_state, supervisor_alive
+    from gpualloc.cli.open_ledger import say
+    from gpualloc.cli.output import print_json
+    from gpualloc.errors import NoSuchJob
+
+    done = []
+    for selector in jobs:
+        try:
+            record = find_record(selector)
+        except NoSuchJob:
+            if os.geteuid() == 0:
+                done.append(_cancel_from_ledger(selector))
+                continue
+            _refuse_others(selector)
+            raise
+        state = seen_state(record)
+        if state in FINAL_STATES:
+            say(f"job {record.id} has ended already ({state})")
+            done.append({"id": record.id, "state": state, "signalled": False})
+            continue
+        if record.supervisor_pid is not None and supervisor_alive(record):
+            os.kill(record.supervisor_pid, signal.SIGTERM)
+        done.append({"id": record.id, "state": state, "signalled": True})
+    if as_json:
+        print_json(done)
+    else:
+        for each in done:
+            if each["signalled"]:
+                say(f"job {each['id']} cancelled ({each['state']} until now)")
+
+
+def _refuse_others(selector: str) -> None:
+    """Exit 12 when ``selector`` is another user's job in the host's ledger."""
+    from gpualloc.cli.open_ledger import open_host_ledger
+    from gpualloc.errors import NotPermitted
+
+    try:
+        ledger = open_host_ledger(check_health=False, create=False, full=True).snapshot().ledger
+    except Exception:
+        return
+    items: list[Lease | Waiter] = [*ledger.leases, *ledger.queue]
+    for item in items:
+        if item.id == selector and item.uid != os.geteuid():
+            raise NotPermitted(
+                f"job {selector} is {item.user}'s", hint="only its owner or root may cancel it"
+            )
+
+
+def _cancel_from_ledger(selector: str) -> dict[str, Any]:
+    """Root's cancel of another user's job: its supervisor, found by the lease or waiter the
+    job's id names in the host's ledger, gets SIGTERM."""
+    from gpualloc.cli.open_ledger import open_host_ledger
+    from gpualloc.errors import NoSuchJob
+    from gpualloc.ledger.liveness import process_alive
+
+    ledger = open_host_ledger(check_health=False, create=False, full=True).snapshot().ledger
+    items: list[Lease | Waiter] = [*ledger.leases, *ledger.queue]
+    for item in items:
+        if (
+            item.id == selector
+            and item.pid is not None
+            and process_alive(item.pid, item.pid_start_time)
+        ):
+            os.kill(item.pid, signal.SIGTERM)
+            return {"id": item.id, "state": "running", "signalled": True}
+    raise NoSuchJob(f"no job {selector} in this host's ledger")
+
+
+def show_command(job: str, as_json: bool) -> None:
+    """Everything gpualloc knows of one of your jobs (scontrol show job)."""
+    from gpualloc.batch.record import find_record
+    from gpualloc.cli.output import print_json, print_lines
+
+    view = _view(find_record(job))
+    if as_json:
+        print_json(view)
+        return
+    print_lines([f"{key} = {value}" for key, value in view.items() if value not in (None, {}, [])])
+
+
+JOBS = Command(
+    "jobs",
+    jobs_command,
+    options=(
+        value(
+            "--since", metavar="DURATION", help="Show jobs that ended this long ago (default 1d)."
+        ),
+        json_flag(),
+    ),
+)
+LOG = Command(
+    "log",
+    log_command,
+    options=(flag("--follow", "-f", help="Keep printing what the job writes until it ends."),),
+    argument=Arg("job", "ID", required=True),
+)
+CANCEL = Command(
+    "cancel",
+    cancel_command,
+    options=(json_flag(),),
+    argument=Arg("jobs", "ID...", many=True, required=True),
+)
+SHOW = Command(
+    "show", show_command, options=(json_flag(),), argument=Arg("job", "ID", required=True)
+)

@@ -1,0 +1,172 @@
+"""Submitted jobs on the embedded file ledger: ``submit`` returns at once, the supervisor
+runs the job detached, and ``jobs``, ``log``, ``cancel`` and ``show`` read its record
+(gpualloc/batch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpualloc.batch.record import FINAL_STATES
+from gpualloc.batch.script import read_directives
+from gpualloc.cli.submission import array_tasks
+from gpualloc.errors import ExitCode, RequestError
+from tests.cli_harness import gpualloc, status
+
+
+def submit(*args: str) -> str:
+    done = gpualloc("submit", "--parsable", *args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def job(job_id: str) -> dict:
+    done = gpualloc("show", "--json", job_id)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def until_state(job_id: str, states: set[str], timeout_s: float = 60) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        record = job(job_id)
+        if record["state"] in states:
+            return record
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} never reached {states}: {record}")
+
+
+def test_a_submitted_job_runs_detached_and_its_log_holds_its_output() -> None:
+    job_id = submit("-n", "2", "--name", "hello", "--", "sh", "-c",
+                    'echo "on $CUDA_VISIBLE_DEVICES as $GPUALLOC_JOB_ID"; exit 3')  # fmt: skip
+    record = until_state(job_id, FINAL_STATES)
+    assert record["state"] == "failed" and record["exit_code"] == 3
+    assert record["name"] == "hello" and record["gpus"].startswith("GPU ")
+    log = gpualloc("log", job_id)
+    assert log.returncode == 0
+    assert f"as {job_id}" in log.stdout and "on " in log.stdout
+    listed = gpualloc("jobs")
+    assert job_id in listed.stdout and "failed" in listed.stdout
+    assert status()["leases"] == []  # the lease ended with the job
+
+
+def test_the_job_survives_the_hang_up_of_the_session_that_submitted_it(tmp_path: Path) -> None:
+    marker = tmp_path / "done"
+    session = subprocess.Popen(
+        [sys.executable, "-m", "gpualloc", "--topology", "dgx1-v100", "submit", "--parsable",
+         "--", "sh", "-c", f"sleep 1; touch {marker}"],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    out, _ = session.communicate(timeout=60)
+    os.killpg(session.pid, signal.SIGHUP) if _group_alive(session.pid) else None
+    record = until_state(out.strip(), FINAL_STATES)
+    assert record["state"] == "completed" and marker.exists()
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except OSError:
+        return False
+    return True
+
+
+def test_cancel_ends_a_job_that_ignores_sigterm_after_the_grace(tmp_path: Path) -> None:
+    system = Path(os.environ["GPUALLOC_SYSTEM_CONFIG"])
+    system.parent.mkdir(parents=True, exist_ok=True)
+    system.write_text("[limits]\nkill_wait = 1\n")
+    job_id = submit("--", "sh", "-c", "trap '' TERM; echo started; sleep 60")
+    until_state(job_id, {"running"})
+    time.sleep(0.5)
+    assert len(status()["leases"]) == 1
+    assert gpualloc("cancel", job_id).returncode == 0
+    record = until_state(job_id, FINAL_STATES, timeout_s=30)
+    assert record["state"] == "cancelled" and record["exit_signal"] == signal.SIGKILL
+    assert status()["leases"] == []
+
+
+def test_a_pending_job_cancelled_leaves_the_queue() -> None:
+    holder = submit("-n", "8", "--", "sleep", "30")
+    until_state(holder, {"running"})
+    waiting = submit("-n", "1", "--", "true")
+    deadline = time.monotonic() + 30
+    while not status()["queue"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert job(waiting)["reason"] in ("Resources", "Priority")
+    assert gpualloc("cancel", waiting, holder).returncode == 0
+    assert until_state(waiting, FINAL_STATES)["state"] == "cancelled"
+    assert until_state(holder, FINAL_STATES)["state"] == "cancelled"
+    assert status()["queue"] == [] and status()["leases"] == []
+
+
+def test_a_job_past_its_time_limit_ends_as_timeout() -> None:
+    job_id = submit("--time", "0:02", "--", "sleep", "60")
+    record = until_state(job_id, FINAL_STATES, timeout_s=60)
+    assert record["state"] == "timeout" and record["reason"] == "TimeLimit"
+
+
+def test_a_dependency_that_can_never_be_met_cancels_the_job() -> None:
+    failing = submit("--", "false")
+    after = submit("--dependency", f"afterok:{failing}", "--", "true")
+    also = submit("--dependency", f"afternotok:{failing[:6]}", "--", "true")
+    assert until_state(after, FINAL_STATES)["reason"] == "DependencyNeverSatisfied"
+    assert until_state(also, FINAL_STATES)["state"] == "completed"
+
+
+def test_an_array_runs_each_task_once_within_its_limit(tmp_path: Path) -> None:
+    out = tmp_path / "task-%a.out"
+    echo = 'echo "task $GPUALLOC_ARRAY_TASK_ID of $GPUALLOC_ARRAY_JOB_ID"'
+    done = gpualloc("submit", "--json", "--array", "0-3%2", "--output", str(out), "--",
+                    "sh", "-c", echo)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert len(answer["jobs"]) == 4
+    for each in answer["jobs"]:
+        until_state(each["id"], FINAL_STATES)
+    for task in range(4):
+        text = (tmp_path / f"task-{task}.out").read_text()
+        assert f"task {task} of {answer['id']}" in text
+
+
+def test_another_users_job_id_is_not_yours_to_read() -> None:
+    done = gpualloc("log", "0123456789ab")
+    assert done.returncode == ExitCode.NO_LEASE and "no job" in done.stderr
+
+
+def test_submit_refuses_what_it_can_before_writing_anything() -> None:
+    assert gpualloc("submit", "--", "no-such-program-x").returncode == ExitCode.COMMAND_NOT_FOUND
+    assert gpualloc("submit", "--time", "soon", "--", "true").returncode == ExitCode.USAGE
+    bad = gpualloc("submit", "--dependency", "afterok:ffffffffffff", "--", "true")
+    assert bad.returncode == ExitCode.NO_LEASE
+    assert gpualloc("jobs", "--json").stdout.strip() == "[]"
+
+
+def test_sbatch_lines_are_read_and_the_rest_ignored_by_name(tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text(
+        "#!/bin/bash\n#SBATCH --job-name=sweep -t 10\n#SBATCH --gres=gpu:a100:4 --partition gpu\n"
+        "#SBATCH --nodes=1\n#GPUALLOC --sensitive --policy drb\n\necho run\n#SBATCH --time=99\n"
+    )
+    found = read_directives(script)
+    assert found.options == ["--name", "sweep", "--time", "10", "-n", "4",
+                             "--sensitive", "--policy", "drb"]  # fmt: skip
+    assert found.ignored == ["--partition=gpu"]
+    script.write_text("#!/bin/sh\n#SBATCH --nodes=2\n")
+    with pytest.raises(RequestError, match="one host"):
+        read_directives(script)
+
+
+def test_array_specs_read_as_slurm_writes_them() -> None:
+    assert array_tasks("0-3%2") == ([0, 1, 2, 3], 2)
+    assert array_tasks("1,3,5-7") == ([1, 3, 5, 6, 7], None)
+    assert array_tasks("0-10:5") == ([0, 5, 10], None)
+    for bad in ("3-1", "a", "0-1%0", "0-9999"):
+        with pytest.raises(RequestError):
+            array_tasks(bad)

@@ -1,0 +1,79 @@
+"""Submitted jobs through a real broker: a job keeps its place in the queue and its lease
+across a ``kill -9`` and restart of the broker, and the broker ends a job at its time limit
+even when its user has killed the job's supervisor (gpualloc/cli/supervisor.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from gpualloc.batch.record import FINAL_STATES
+from gpualloc.broker.watch import LOOK_S
+from gpualloc.ledger.liveness import process_alive
+from tests.broker_harness import (
+    RunningBroker,
+    broker_leases,
+    clean_env,
+    running_broker,
+    until,
+)
+
+
+@pytest.fixture
+def broker() -> Iterator[RunningBroker]:
+    yield from running_broker("dgx1-v100")
+
+
+def client(broker: RunningBroker, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**clean_env(), "GPUALLOC_BROKER": str(broker.socket)}
+    return subprocess.run(
+        [sys.executable, "-m", "gpualloc", *args], env=env, text=True, capture_output=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+
+
+def submit(broker: RunningBroker, *args: str) -> str:
+    done = client(broker, "submit", "--parsable", *args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def record(broker: RunningBroker, job_id: str) -> dict:
+    done = client(broker, "show", "--json", job_id)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_kill_9_of_the_broker_mid_queue_and_mid_run_loses_no_job(broker: RunningBroker) -> None:
+    running = submit(broker, "-n", "8", "--", "sleep", "4")
+    until(lambda: record(broker, running)["state"] == "running", "the first job to start")
+    waiting = submit(broker, "-n", "1", "--", "true")
+    until(lambda: broker.call("snapshot")["ledger"]["queue"] != [], "the second job to queue")
+    broker.kill9()
+    broker.start()
+    until(lambda: record(broker, waiting)["state"] in FINAL_STATES, "the second job to end", 60)
+    assert record(broker, running)["state"] == "completed"
+    assert record(broker, waiting)["state"] == "completed"
+    until(lambda: broker_leases(broker) == [], "every GPU to be free")
+
+
+def test_a_job_whose_supervisor_was_killed_still_ends_at_its_limit(broker: RunningBroker) -> None:
+    job_id = submit(broker, "--time", "0:03", "--", "sleep", "120")
+    until(lambda: record(broker, job_id)["state"] == "running", "the job to start")
+    found = record(broker, job_id)
+    time.sleep(2 * LOOK_S)  # the broker's pass over /proc has adopted the job as the lease's
+    os.kill(found["supervisor_pid"], signal.SIGKILL)
+    time.sleep(0.5)
+    assert len(broker_leases(broker)) == 1  # the job still holds its GPU
+    until(lambda: broker_leases(broker) == [], "the broker to end the job at its limit", 45)
+    assert not process_alive(
+        found["job_pgid"], None
+    )  # ended (a zombie of an init that never reaps)
+    assert record(broker, job_id)["state"] == "lost"
