@@ -192,7 +192,7 @@ def test_the_fish_script_completes_commands_options_and_values(cli, tmp_path: Pa
         assert result.returncode == 0, result.stderr
         return [entry.split("\t")[0] for entry in result.stdout.splitlines()]
 
-    assert offered("gpualloc s") == ["serve", "simulate", "slurm", "status"]
+    assert offered("gpualloc s") == ["serve", "show", "simulate", "slurm", "status", "submit"]
     assert offered("gpualloc plan --policy mapa") == ["mapa", "mapa-greedy"]
     assert offered("gpualloc release ") == [lease["id"]]
     assert offered("gpualloc topo s") == ["show"]
