@@ -34,6 +34,7 @@ def submit(values: dict[str, Any], *, topology: str | None) -> Submitted:
     """Submit the job ``values`` describes (``submit``'s parameters by name)."""
     from gpualloc.batch.script import is_script, read_directives
     from gpualloc.cli.batch_options import OWN_OPTIONS
+    from gpualloc.cli.jobs import numa_mode
     from gpualloc.model.job_fields import FIELDS
 
     command = list(values["command"])
@@ -54,6 +55,7 @@ def submit(values: dict[str, Any], *, topology: str | None) -> Submitted:
         raise RequestError(f"--chdir {cwd}: no such directory")
     check_command(command, cwd)
     check_time_limit(values.get("time"), values.get("signal"))
+    numa_mode(values.get("numa"))  # exit 2 now, not in the job's log
     dependency = None
     if values.get("dependency"):
         from gpualloc.batch.dependency import parse_dependency
@@ -147,20 +149,21 @@ def check_command(command: list[str], cwd: Path) -> None:
 
 
 def check_time_limit(time: str | None, signal: str | None) -> None:
-    """``--time`` and ``--signal`` read, and the host's maximum applied (exit 12) now, as the
-    host applies it at its door."""
+    """``--time`` and ``--signal`` read, and the host's time rules applied now, through the
+    same door the host's ledger applies them at (:meth:`TimeRules.grant`): exit 12 for a limit
+    above the maximum, exit 2 for a ``--signal`` with no limit to come before."""
     from gpualloc.cli.jobs import asked_signal, asked_time_limit
     from gpualloc.cli.state import STATE
+    from gpualloc.host.lease_terms import LeaseTerms
     from gpualloc.host.time_rules import TimeRules
 
-    asked = asked_time_limit(time)
-    warning = asked_signal(signal)
-    granted = TimeRules.from_config(STATE.config()).for_uid(os.geteuid()).granted(asked, hold=False)
-    if warning is not None and granted is None:
-        raise RequestError(
-            "--signal is sent before the time limit, and this job has none",
-            hint="give --time too (or ask the administrator for limits.default_time)",
-        )
+    terms = LeaseTerms(
+        source="submit",
+        pid=os.getpid(),
+        time_limit_s=asked_time_limit(time),
+        signal=asked_signal(signal),
+    )
+    TimeRules.from_config(STATE.config()).grant(terms)
 
 
 def array_tasks(text: str | None) -> tuple[list[int | None], int | None]:
