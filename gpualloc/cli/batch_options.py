@@ -1,5 +1,5 @@
 """A submitted job's options, as its record keeps them, turned into what ``run --wait`` asks a
-host for: the lease's terms, the wait and the NUMA mode (the same helpers as ``run``'s, so a
+host for: the lease's terms and the wait (the same helpers as ``run``'s, so a
 job behaves alike whether run or submitted)."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ if TYPE_CHECKING:
     from gpualloc.batch.record import JobRecord
     from gpualloc.host.lease_terms import LeaseTerms
     from gpualloc.host.queue_policy import WaitOptions
-    from gpualloc.launcher.binding import NumaMode
 
 OWN_OPTIONS = ("numa", "name", "time", "signal", "uuid", "ignore_foreign", "allow_unhealthy",
                "priority", "max_bypass")  # fmt: skip
@@ -50,16 +49,3 @@ def wait_of(own: Mapping[str, Any]) -> WaitOptions:
     )
     assert waiting is not None
     return waiting
-
-
-def numa_mode(text: str | None) -> NumaMode:
-    """``--numa`` (else the setting) as ``run`` reads it; exit 2 naming the modes."""
-    from gpualloc.cli.state import STATE
-    from gpualloc.launcher.binding import NumaMode
-
-    try:
-        return NumaMode(STATE.setting("numa", text))
-    except ValueError:
-        from gpualloc.model.option_values import unknown_choice
-
-        raise unknown_choice("--numa", text, [mode.value for mode in NumaMode]) from None

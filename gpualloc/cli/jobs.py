@@ -83,15 +83,9 @@ def run_job(
 ) -> None:
     """``gpualloc run``: place ``job``, record its lease, exec it (see its ``--help``)."""
     from gpualloc.host.lease_terms import LeaseTerms
-    from gpualloc.launcher.binding import NumaMode
     from gpualloc.launcher.command import resolve_program
 
-    try:
-        mode = NumaMode(STATE.setting("numa", numa))
-    except ValueError:
-        from gpualloc.model.option_values import unknown_choice
-
-        raise unknown_choice("--numa", numa, [mode.value for mode in NumaMode]) from None
+    mode = numa_mode(numa)
     if as_json and not dry_run:
         raise RequestError("--json applies to --dry-run", hint="add --dry-run")
     job = with_policy(job)
@@ -138,6 +132,18 @@ def run_job(
     launch_granted(
         host, grant, command, mode, quiet=quiet, verify=verify, look=look, say=say, warn=warn
     )
+
+
+def numa_mode(text: str | None) -> NumaMode:
+    """``--numa`` (else the ``numa`` setting) read; exit 2 naming the modes."""
+    from gpualloc.launcher.binding import NumaMode
+
+    try:
+        return NumaMode(STATE.setting("numa", text))
+    except ValueError:
+        from gpualloc.model.option_values import unknown_choice
+
+        raise unknown_choice("--numa", text, [mode.value for mode in NumaMode]) from None
 
 
 def with_policy(job: JobFields) -> JobFields:

@@ -213,8 +213,7 @@ class Supervisor:
         self.say(status.line())
 
     def launch(self, grant: Grant, host: Host) -> int:
-        from gpualloc.cli.batch_options import numa_mode
-        from gpualloc.cli.jobs import job_verifier
+        from gpualloc.cli.jobs import job_verifier, numa_mode
         from gpualloc.cli.open_ledger import say, warn
 
         record = self.record
