@@ -27,12 +27,14 @@ def open_host_ledger(
     check_health: bool = True,
     allow_unhealthy: bool = False,
     full: bool = True,
+    reconnect_s: float | None = None,
 ) -> Host:
     """The host this command is on (:func:`gpualloc.host.open.open_host` decides: the broker,
     a Slurm job's ledger, this host's or a named topology's), with its ledger, GPU processes
     and faults; warnings go to stderr. ``check_health``: placing or showing needs it;
     releasing does not. ``full``: through the broker, with its ledger and the GPUs'
-    processes, which ``run`` and ``alloc`` do not need."""
+    processes, which ``run`` and ``alloc`` do not need. ``reconnect_s``: how long a broker
+    that went away is tried again (None: a command's default)."""
     import os
 
     from gpualloc.host.open import open_host
@@ -47,6 +49,7 @@ def open_host_ledger(
         allow_unhealthy=allow_unhealthy,
         full=full,
         env=os.environ,
+        reconnect_s=reconnect_s,
     )
     warn(host.opening_notes)
     warn(_broker_not_used())

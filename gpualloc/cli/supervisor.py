@@ -185,8 +185,8 @@ class Supervisor:
             ignore_foreign=STATE.setting("ignore_foreign", own.get("ignore_foreign")),
             allow_unhealthy=bool(own.get("allow_unhealthy")),
             full=False,
+            reconnect_s=RECONNECT_S,  # the request keeps its id, and the broker its place
         )
-        _patient(host)
         self.kill_wait_s = TimeRules.from_config(STATE.config()).kill_wait_s
         terms = lease_terms(record, pid=os.getpid())
         self.save(reason="Priority", detail=None)
@@ -340,14 +340,6 @@ def _job_variables(record: JobRecord) -> dict[str, str]:
         variables["GPUALLOC_ARRAY_JOB_ID"] = record.array_id
         variables["GPUALLOC_ARRAY_TASK_ID"] = str(record.array_task)
     return variables
-
-
-def _patient(host: Host) -> None:
-    """A broker that goes away is waited for longer than a command waits (:data:`RECONNECT_S`):
-    the supervisor's request keeps its id, and the broker its place."""
-    client = getattr(host, "client", None)
-    if client is not None and hasattr(client, "reconnect_s"):
-        client.reconnect_s = RECONNECT_S
 
 
 def _become_subreaper() -> None:

@@ -65,13 +65,20 @@ class BrokeredHost:
 
     @classmethod
     def open(
-        cls, socket: Path, *, full: bool = True, answer_s: float | None = None
+        cls,
+        socket: Path,
+        *,
+        full: bool = True,
+        answer_s: float | None = None,
+        reconnect_s: float | None = None,
     ) -> BrokeredHost:
         """The host as the broker at ``socket`` sees it (``full``: with its ledger, processes
         and faults, asked for now; else the topology alone, asked for when it is read);
         ``answer_s``: how long to wait for the broker to say anything
-        (``host.broker_timeout``)."""
-        host = cls(socket, BrokerClient(socket, answer_s=answer_s), full=full)
+        (``host.broker_timeout``); ``reconnect_s``: how long to try again for a broker that
+        went away (None: :data:`gpualloc.wire.client.RECONNECT_S`)."""
+        client = BrokerClient(socket, answer_s=answer_s, reconnect_s=reconnect_s)
+        host = cls(socket, client, full=full)
         if full:
             host.view()
         return host

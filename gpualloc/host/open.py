@@ -83,6 +83,7 @@ def open_host(
     check_health: bool = True,
     allow_unhealthy: bool = False,
     full: bool = True,
+    reconnect_s: float | None = None,
 ) -> Host:
     """The host a request is on (module docstring).
 
@@ -90,14 +91,20 @@ def open_host(
     was named. ``ignore_foreign``: GPUs used outside gpualloc count as free. ``create``: make
     the state directory if missing. ``check_health``: ask which GPUs are unhealthy (placing and
     showing need it, releasing does not). ``full``: through the broker, fetch its ledger,
-    processes and faults too (``run`` and ``alloc`` need only the topology)."""
+    processes and faults too (``run`` and ``alloc`` need only the topology). ``reconnect_s``:
+    how long a broker that went away is tried again (None: the client's default)."""
     env = os.environ if env is None else env
     socket = broker_for(config.value("host.broker"), env, load_topology if named else None)
     host: Host
     if socket is not None:
         from gpualloc.host.brokered import BrokeredHost
 
-        host = BrokeredHost.open(socket, full=full, answer_s=config.value("host.broker_timeout"))
+        host = BrokeredHost.open(
+            socket,
+            full=full,
+            answer_s=config.value("host.broker_timeout"),
+            reconnect_s=reconnect_s,
+        )
     else:
         from gpualloc.host.local import LocalHost
         from gpualloc.host.time_rules import TimeRules

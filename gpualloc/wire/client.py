@@ -47,10 +47,14 @@ class BrokerClient:
     """A connection to the broker; :meth:`call` sends one request and returns its result."""
 
     def __init__(
-        self, path: Path, *, reconnect_s: float = RECONNECT_S, answer_s: float | None = None
+        self,
+        path: Path,
+        *,
+        reconnect_s: float | None = RECONNECT_S,
+        answer_s: float | None = None,
     ) -> None:
         self.path = path
-        self.reconnect_s = reconnect_s
+        self.reconnect_s = RECONNECT_S if reconnect_s is None else reconnect_s
         self.answer_s = ANSWER_S if answer_s is None else answer_s
         self._socket: socket.socket | None = None
         self._reader: Any = None
