@@ -14,6 +14,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 STOP_S = 30.0
@@ -140,3 +141,20 @@ def stderr_until(process: subprocess.Popen[Any], text: str, timeout_s: float = 3
         assert chunk, f"the job's stderr closed before {text!r}: {seen!r}"
         seen += chunk
     return seen
+
+
+def live_members(pgid: int) -> list[int]:
+    """The processes of group ``pgid`` that have not exited (``/proc/PID/stat``; a zombie whose
+    parent, init here, has not reaped it yet holds nothing and does not count)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members

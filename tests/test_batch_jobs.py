@@ -4,6 +4,7 @@ runs the job detached, and ``jobs``, ``log``, ``cancel`` and ``show`` read its r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from gpualloc.batch.record import FINAL_STATES
 from gpualloc.batch.script import read_directives
 from gpualloc.cli.submission import array_tasks
 from gpualloc.errors import ExitCode, RequestError
+from tests.child_processes import live_members
 from tests.cli_harness import gpualloc, status
 
 
@@ -61,21 +63,20 @@ def test_the_job_survives_the_hang_up_of_the_session_that_submitted_it(tmp_path:
     marker = tmp_path / "done"
     session = subprocess.Popen(
         [sys.executable, "-m", "gpualloc", "--topology", "dgx1-v100", "submit", "--parsable",
-         "--", "sh", "-c", f"sleep 1; touch {marker}"],
+         "--", "sh", "-c", f"sleep 2; touch {marker}"],
         stdout=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     out, _ = session.communicate(timeout=60)
-    os.killpg(session.pid, signal.SIGHUP) if _group_alive(session.pid) else None
-    record = until_state(out.strip(), FINAL_STATES)
+    record = until_state(out.strip(), {"running"})
+    supervisor = record["supervisor_pid"]
+    # A session of its own, which it does not lead (the first child of the double fork did,
+    # and is gone), so no terminal's hang-up reaches it and it can never acquire a terminal.
+    assert os.getsid(supervisor) not in (supervisor, session.pid, os.getsid(0))
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(session.pid, signal.SIGHUP)
+    os.kill(supervisor, signal.SIGHUP)  # as a terminal's hang-up would reach a session leader
+    record = until_state(record["id"], FINAL_STATES)
     assert record["state"] == "completed" and marker.exists()
-
-
-def _group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except OSError:
-        return False
-    return True
 
 
 def test_cancel_ends_a_job_that_ignores_sigterm_after_the_grace(tmp_path: Path) -> None:
@@ -90,6 +91,23 @@ def test_cancel_ends_a_job_that_ignores_sigterm_after_the_grace(tmp_path: Path) 
     record = until_state(job_id, FINAL_STATES, timeout_s=30)
     assert record["state"] == "cancelled" and record["exit_signal"] == signal.SIGKILL
     assert status()["leases"] == []
+
+
+def test_cancel_ends_a_lost_jobs_process_group_itself() -> None:
+    system = Path(os.environ["GPUALLOC_SYSTEM_CONFIG"])
+    system.parent.mkdir(parents=True, exist_ok=True)
+    system.write_text("[limits]\nkill_wait = 1\n")
+    job_id = submit("--", "sh", "-c", "trap '' TERM; echo started; sleep 60")
+    record = until_state(job_id, {"running"})
+    os.kill(record["supervisor_pid"], signal.SIGKILL)
+    assert until_state(job_id, {"lost"})["job_pgid"] == record["job_pgid"]
+    done = gpualloc("cancel", job_id)
+    assert done.returncode == 0 and "SIGKILL" in done.stderr, done.stderr
+    assert job(job_id)["state"] == "cancelled"
+    deadline = time.monotonic() + 10
+    while (status()["leases"] or live_members(record["job_pgid"])) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert live_members(record["job_pgid"]) == [] and status()["leases"] == []
 
 
 def test_a_pending_job_cancelled_leaves_the_queue() -> None:
@@ -135,7 +153,7 @@ def test_an_array_runs_each_task_once_within_its_limit(tmp_path: Path) -> None:
         assert f"task {task} of {answer['id']}" in text
 
 
-def test_another_users_job_id_is_not_yours_to_read() -> None:
+def test_an_id_that_names_no_job_of_yours_exits_13() -> None:
     done = gpualloc("log", "0123456789ab")
     assert done.returncode == ExitCode.NO_LEASE and "no job" in done.stderr
 

@@ -164,6 +164,9 @@ def cancel_command(jobs: list[str], as_json: bool) -> None:
             _refuse_others(selector)
             raise
         state = seen_state(record)
+        if state == "lost" and _end_orphaned_group(record):
+            done.append({"id": record.id, "state": state, "signalled": True})
+            continue
         if state in FINAL_STATES:
             say(f"job {record.id} has ended already ({state})")
             done.append({"id": record.id, "state": state, "signalled": False})
@@ -177,6 +180,47 @@ def cancel_command(jobs: list[str], as_json: bool) -> None:
         for each in done:
             if each["signalled"]:
                 say(f"job {each['id']} cancelled ({each['state']} until now)")
+
+
+def _end_orphaned_group(record: JobRecord) -> bool:
+    """A lost job whose process group lives on (its supervisor was killed): the client does
+    what the supervisor would have, SIGTERM to the group and SIGKILL ``limits.kill_wait``
+    later, then records the job ``cancelled``. False when no process of the group is left."""
+    import msgspec
+
+    from gpualloc.batch.record import write_record
+    from gpualloc.cli.open_ledger import say
+    from gpualloc.cli.state import STATE
+    from gpualloc.host.time_rules import TimeRules
+
+    pgid = record.job_pgid
+    if pgid is None or not _group_signalled(pgid, signal.SIGTERM):
+        return False
+    kill_wait = TimeRules.from_config(STATE.config()).kill_wait_s
+    say(f"job {record.id} has no supervisor; its process group {pgid} got SIGTERM")
+    deadline = time.monotonic() + kill_wait
+    while _group_signalled(pgid, 0):
+        if time.monotonic() >= deadline:
+            _group_signalled(pgid, signal.SIGKILL)
+            say(f"job {record.id} outlived limits.kill_wait ({kill_wait:g} s): SIGKILL")
+            break
+        time.sleep(0.2)
+    ended = record.ended or datetime.now(timezone.utc)
+    record = msgspec.structs.replace(
+        record, state="cancelled", reason="Cancelled", detail="cancelled without its supervisor",
+        ended=ended,
+    )  # fmt: skip
+    write_record(record, record.directory)
+    return True
+
+
+def _group_signalled(pgid: int, sig: int) -> bool:
+    """``killpg(pgid, sig)``: False when the group has no process this user may signal."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def _refuse_others(selector: str) -> None:
