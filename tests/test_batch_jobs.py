@@ -57,6 +57,9 @@ def test_a_submitted_job_runs_detached_and_its_log_holds_its_output() -> None:
     listed = gpualloc("jobs")
     assert job_id in listed.stdout and "failed" in listed.stdout
     assert status()["leases"] == []  # the lease ended with the job
+    (history,) = Path(os.environ["GPUALLOC_STATE_DIR"]).glob("*.history.jsonl")
+    (ended,) = [json.loads(line) for line in history.read_text().splitlines()]
+    assert (ended["lease"], ended["source"], ended["exit_status"]) == (job_id, "submit", 3)
 
 
 def test_the_job_survives_the_hang_up_of_the_session_that_submitted_it(tmp_path: Path) -> None:

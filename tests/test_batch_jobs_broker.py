@@ -62,6 +62,10 @@ def test_kill_9_of_the_broker_mid_queue_and_mid_run_loses_no_job(broker: Running
     assert record(broker, running)["state"] == "completed"
     assert record(broker, waiting)["state"] == "completed"
     until(lambda: broker_leases(broker) == [], "every GPU to be free")
+    # The supervisors told the restarted broker how their jobs exited, as root's history keeps.
+    (history,) = broker.state.glob("*.history.jsonl")
+    ended = {r["lease"]: r for r in map(json.loads, history.read_text().splitlines())}
+    assert {ended[running]["exit_status"], ended[waiting]["exit_status"]} == {0}
 
 
 def test_a_job_whose_supervisor_was_killed_still_ends_at_its_limit(broker: RunningBroker) -> None:

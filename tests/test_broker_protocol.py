@@ -99,6 +99,14 @@ def test_alloc_sent_again_returns_the_lease_it_made(broker: RunningBroker) -> No
     assert len(broker.call("snapshot")["ledger"]["leases"]) == 1
 
 
+@pytest.mark.parametrize("status", [256, -65, True, "0", 1.5, None])
+def test_exited_takes_only_a_status_a_wait_can_give(broker: RunningBroker, status: object) -> None:
+    broker.call("alloc", hold_request("dddddddddddd"))
+    with pytest.raises(OSError, match="an exit status is 0 to 255"):
+        broker.call("exited", {"lease": "dddddddddddd", "status": status})
+    assert len(broker.call("snapshot")["ledger"]["leases"]) == 1
+
+
 def test_the_broker_decodes_one_job_encoding(broker: RunningBroker) -> None:
     """A job is the JobOptions both clients send ("options"); the queue's own form of a
     request ("request"), which BrokeredHost sent once, is no way in any more."""

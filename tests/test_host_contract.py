@@ -52,9 +52,11 @@ KINDS = ("local", "brokered")
 class Side:
     """One implementation of the contract: how to open its host, as a command opens it."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, state: Path | None = None) -> None:
         self.kind = kind
         self.opened: list[Host] = []
+        self.state = state
+        """The broker's state directory (None: the embedded ledger's, the host's own)."""
 
     def open(self, **options: Any) -> Host:
         """The host, as a new command opens it (each call: another client)."""
@@ -85,7 +87,7 @@ def side(
         pytest.skip("the broker's tests run it as root (CI runs as root)")
     broker = RunningBroker(TOPOLOGY).start()
     monkeypatch.setenv("GPUALLOC_BROKER", str(broker.socket))
-    brokered = Side(kind)
+    brokered = Side(kind, broker.state)
     try:
         yield brokered
     finally:
@@ -293,6 +295,28 @@ def test_an_announced_lease_is_confirmed(side: Side, host: Host) -> None:
     host.confirm(made.lease.id)
     (lease,) = side.open().snapshot().ledger.leases
     assert lease.announced
+
+
+def test_an_exited_jobs_lease_ends_and_its_history_keeps_the_status(
+    side: Side, host: Host
+) -> None:
+    from gpualloc.ledger.history import read_history
+    from gpualloc.ledger.statedir import StateDirectory
+
+    made = host.allocate(want(2), LeaseTerms(source="submit", pid=os.getpid()))
+    host.exited(made.lease.id, -9)
+    assert held_gpus(side.open()) == {}
+    host.exited(made.lease.id, 0)  # told twice (a supervisor's retry): the first word stands
+    if side.state is None:
+        assert isinstance(host, LocalHost)
+        directory = host.ledger_store().directory
+    else:
+        (path,) = side.state.glob("*.history.jsonl")
+        scope = path.name.removesuffix(".history.jsonl").partition("@")[2]
+        directory = StateDirectory(side.state, scope or None)
+    (record,) = read_history(directory)
+    assert (record["lease"], record["exit_status"]) == (made.lease.id, -9)
+    assert (record["state"], record["source"]) == ("ended", "submit")
 
 
 # ---- wait and queue ----------------------------------------------------------------------

@@ -96,6 +96,16 @@ def lease_id(raw: Any) -> str:
     return raw
 
 
+def exit_status(raw: Any) -> int:
+    """A job's exit status as ``os.waitstatus_to_exitcode`` gives it: 0 to 255, or minus the
+    signal (1 to 64) that ended it."""
+    if isinstance(raw, bool) or not isinstance(raw, int) or not -64 <= raw <= 255:
+        raise RequestError(
+            f"an exit status is 0 to 255, or minus a signal's number, not {shown_repr(raw)}"
+        )
+    return raw
+
+
 def words(raw: Any) -> tuple[str, ...]:
     """A command as its lease keeps it (:func:`~gpualloc.model.printable.lease_command`: the
     first words, cut, with bytes that are not UTF-8 escaped), as ``run`` without a broker keeps

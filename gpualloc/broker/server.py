@@ -479,6 +479,11 @@ class Broker:
                 self.log(f"{lease['user']}: lease {lease['id']} released by uid {peer.uid}")
             self._started(service.turns())
             return protocol.result_line(result)
+        if op == "exited":
+            service.exited(peer, args)
+            self.log(f"lease {args['lease']} released: its job exited ({args['status']})")
+            self._started(service.turns())
+            return protocol.result_line({})
         if op == "evict":
             return protocol.result_line(service.evict(peer, args))
         if op == "snapshot":

@@ -332,6 +332,13 @@ class LedgerService:
             self.forget(lease.id)
         return _release_answer(result, problems)
 
+    def exited(self, peer: Peer, args: dict[str, Any]) -> None:
+        """A submitted job's supervisor says its job exited, with what status: the lease ends,
+        and its history record keeps the status. Its owner's or root's word alone."""
+        lease_id = wire.lease_id(args.get("lease"))
+        self.host.exited(lease_id, wire.exit_status(args.get("status")), uid=peer.uid)
+        self.forget(lease_id)
+
     def evict(self, peer: Peer, args: dict[str, Any]) -> dict[str, Any]:
         """``release --evict-shared``: mark the shared jobs for their watchers."""
         grace = wire.duration(args.get("grace_s"), "grace")

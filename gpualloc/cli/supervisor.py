@@ -261,6 +261,7 @@ class Supervisor:
         else:
             state, reason = "failed", "NonZeroExitCode" if code > 0 else "Signal"
         self.finish(state, reason=reason, exit_code=exit_code, exit_signal=exit_signal)
+        _tell_exit(host, record.id, code)
         return 0
 
     def _become_job(
@@ -318,6 +319,13 @@ class Supervisor:
         self.save(
             state=state, reason=reason, detail=detail, ended=datetime.now(timezone.utc), **more
         )
+
+
+def _tell_exit(host: Host, lease_id: str, code: int) -> None:
+    """The host's history keeps the job's exit status (:meth:`Host.exited`); where it cannot
+    be told (a broker gone for good), the lease still ends with this process, as ``ended``."""
+    with contextlib.suppress(GpuallocError, OSError):
+        host.exited(lease_id, code)
 
 
 def _wait(pid: int) -> int:

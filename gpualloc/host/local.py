@@ -390,6 +390,26 @@ class LocalHost(HostView, kw_only=True):
             txn.remove(lease_id)
         _remove_file(store.directory.lease_lock(lease_id))
 
+    def exited(self, lease_id: str, status: int, *, uid: int | None = None) -> None:
+        """End the lease whose job exited with ``status``; ``uid``: the caller (None: this
+        process's user; the broker names its peer), who must own it or be root."""
+        from gpualloc.errors import NotPermitted
+
+        store = self.ledger_store()
+        uid = os.geteuid() if uid is None else uid
+        with store.transaction() as txn:
+            lease = txn.ledger.find(lease_id)
+            if lease is None:
+                return
+            if lease.uid != uid and uid != 0:
+                raise NotPermitted(
+                    f"lease {lease.id} belongs to {lease.user} (uid {lease.uid})",
+                    hint="only its owner or root says how its job ended",
+                )
+            txn.remove(lease_id)
+            store.exit_statuses[lease_id] = status
+        _remove_file(store.directory.lease_lock(lease_id))
+
     # ---- release and gc --------------------------------------------------------------------
 
     def release_leases(

@@ -134,6 +134,12 @@ class Host(Protocol):
         """Drop one lease of the caller's, quietly (an exec that failed, a lost race)."""
         ...
 
+    def exited(self, lease_id: str, status: int) -> None:
+        """End the lease whose job has exited with ``status`` (its exit code, or minus the
+        signal that ended it, as ``os.waitstatus_to_exitcode`` gives it): the history record
+        keeps the status. Only the lease's owner or root; a lease gone already is left so."""
+        ...
+
     def release_leases(
         self, selectors: Iterable[str], *, mine: bool = False, include_running: bool = False
     ) -> ReleaseResult:

@@ -7,10 +7,11 @@ A record (one JSON object a line) says who held which GPUs, the placement's pred
 bandwidth, when the lease was queued, started and ended, why it ended (``state``:
 ``released`` by its owner or root, or by ``gc`` under ``idle.expire_holds``; ``ended`` when
 its job's last process had gone; ``timeout`` when it left the ledger past its time limit;
-``rebooted``), its exit status where the ledger knows it (None: the ledger execs jobs and
-does not wait for them) and its declared limit. The file is rotated past :data:`MAX_BYTES`
-into ``.1`` to ``.{KEEP}`` (the oldest dropped) by a writer that may rename it: in a shared
-sticky directory only its owner or root; others append.
+``rebooted``), its exit status where the ledger was told it (a submitted job's supervisor
+waits for its job and says, :meth:`gpualloc.host.protocol.Host.exited`; None for ``run``,
+which execs the job and waits for nothing) and its declared limit. The file is rotated
+past :data:`MAX_BYTES` into ``.1`` to ``.{KEEP}`` (the oldest dropped) by a writer that may
+rename it: in a shared sticky directory only its owner or root; others append.
 What cannot be appended (a full disk, a file planted there) is left out: the ledger's own
 write has succeeded, and the history never stands in its way.
 """
@@ -48,7 +49,9 @@ def ended_leases(before: Mapping[str, Lease], ledger: Ledger) -> list[Lease]:
     return [lease for lease_id, lease in before.items() if lease_id not in now]
 
 
-def record_of(lease: Lease, state: str, ended: datetime) -> dict[str, Any]:
+def record_of(
+    lease: Lease, state: str, ended: datetime, exit_status: int | None = None
+) -> dict[str, Any]:
     return {
         "lease": lease.id,
         "user": lease.user,
@@ -62,7 +65,7 @@ def record_of(lease: Lease, state: str, ended: datetime) -> dict[str, Any]:
         "start": lease.created.isoformat(),
         "end": ended.isoformat(),
         "state": state,
-        "exit_status": None,
+        "exit_status": exit_status,
         "time_limit_s": lease.time_limit_s,
     }
 
@@ -82,18 +85,21 @@ def append_ended(
     before: Mapping[str, Lease],
     ledger: Ledger,
     dead: Set[str],
+    statuses: Mapping[str, int] | None = None,
     *,
     mode: int,
 ) -> None:
     """Append a record for each lease that ``ledger``, just written, no longer holds (``dead``:
-    those the reaper took); one write, the file created with ``mode`` (every user's, or the
-    broker's alone)."""
+    those the reaper took or whose job's exit was told, ``statuses`` the exit statuses told);
+    one write, the file created with ``mode`` (every user's, or the broker's alone)."""
+    statuses = statuses or {}
     gone = ended_leases(before, ledger)
     if not gone:
         return
     now = datetime.now(timezone.utc)
     text = "".join(
-        json.dumps(record_of(x, why_ended(x, x.id in dead, now), now)) + "\n" for x in gone
+        json.dumps(record_of(x, why_ended(x, x.id in dead, now), now, statuses.get(x.id))) + "\n"
+        for x in gone
     )
     from gpualloc.errors import GpuallocError
     from gpualloc.ledger.shared_files import open_shared

@@ -211,6 +211,9 @@ class LedgerStore:
         """Reap dead leases in every transaction (the broker's store reaps when asked)."""
         self.seen_dead: set[str] = set()
         """Leases the reaper found dead since the last write: the history's ``ended``."""
+        self.exit_statuses: dict[str, int] = {}
+        """Leases ended since the last write by their job's exit, with its status
+        (:meth:`gpualloc.host.local.LocalHost.exited`): the history's ``ended`` too."""
         self._recovered_from: Path | None = None
         """The good copy the last load recovered the ledger from (:meth:`_finish_interrupted`)."""
 
@@ -262,7 +265,8 @@ class LedgerStore:
         from gpualloc.ledger.history import append_ended
 
         dead, self.seen_dead = self.seen_dead, set()
-        append_ended(self.directory, before, ledger, dead, mode=mode)
+        statuses, self.exit_statuses = self.exit_statuses, {}
+        append_ended(self.directory, before, ledger, dead | statuses.keys(), statuses, mode=mode)
 
     def read(self) -> LedgerTransaction:
         """One transaction that changes nothing but the reaping; its result."""
