@@ -26,7 +26,8 @@ from msgspec.structs import replace
 from gpualloc import boot
 from gpualloc.discovery.processes import ProcessReport, declared_processes
 from gpualloc.discovery.this_host import describes_this_host
-from gpualloc.errors import LedgerError, NotPermitted, RequestError
+from gpualloc.errors import LedgerError, RequestError
+from gpualloc.host.ending import remove_file
 from gpualloc.host.lease_terms import LeaseTerms
 from gpualloc.host.new_lease import new_lease
 from gpualloc.host.queue import newcomer_passes
@@ -34,7 +35,6 @@ from gpualloc.host.terms import Allocation, GarbageReport, ReleaseResult
 from gpualloc.host.time_rules import TimeRules
 from gpualloc.host.view import HostView
 from gpualloc.ledger.liveness import lock_held, take_lease_lock
-from gpualloc.ledger.lookup import find_leases
 from gpualloc.ledger.schema import Lease, Ledger
 from gpualloc.ledger.scope import job_ledger_scope, ledger_scope
 from gpualloc.ledger.statedir import (
@@ -388,27 +388,16 @@ class LocalHost(HostView, kw_only=True):
         store = self.ledger_store()
         with store.transaction() as txn:
             txn.remove(lease_id)
-        _remove_file(store.directory.lease_lock(lease_id))
+        remove_file(store.directory.lease_lock(lease_id))
 
-    def exited(self, lease_id: str, status: int, *, uid: int | None = None) -> None:
-        """End the lease whose job exited with ``status``; ``uid``: the caller (None: this
-        process's user; the broker names its peer), who must own it or be root."""
-        from gpualloc.errors import NotPermitted
+    def exited(
+        self, lease_id: str, status: int, *, cancelled: bool = False, uid: int | None = None
+    ) -> None:
+        """:meth:`Host.exited`; ``uid``: the caller (None: this process's user; the broker
+        names its peer), who must own the lease or be root."""
+        from gpualloc.host.ending import end_exited
 
-        store = self.ledger_store()
-        uid = os.geteuid() if uid is None else uid
-        with store.transaction() as txn:
-            lease = txn.ledger.find(lease_id)
-            if lease is None:
-                return
-            if lease.uid != uid and uid != 0:
-                raise NotPermitted(
-                    f"lease {lease.id} belongs to {lease.user} (uid {lease.uid})",
-                    hint="only its owner or root says how its job ended",
-                )
-            txn.remove(lease_id)
-            store.exit_statuses[lease_id] = status
-        _remove_file(store.directory.lease_lock(lease_id))
+        end_exited(self.ledger_store(), lease_id, status, cancelled=cancelled, uid=uid)
 
     # ---- release and gc --------------------------------------------------------------------
 
@@ -426,34 +415,11 @@ class LocalHost(HostView, kw_only=True):
         owner or root may release a lease; ``uid`` is the caller (None: this process's user;
         the broker names its peer). A release that releases nothing and is refused writes
         nothing, not even the reaping (the ledger is as the refusal found it)."""
-        store = self.ledger_store()
-        uid = os.geteuid() if uid is None else uid
-        result = ReleaseResult()
-        with store.transaction() as txn:
-            targets = find_leases(txn, selectors, result.problems, uid=uid)
-            for lease in txn.ledger.leases if mine else ():
-                if lease.uid != uid or lease in targets:
-                    continue
-                if keeps_its_job(lease) and not include_running:
-                    result.kept.append(lease)
-                else:
-                    targets.append(lease)
-            for lease in targets:
-                if lease.uid != uid and uid != 0:
-                    result.problems.append(
-                        NotPermitted(
-                            f"lease {lease.id} belongs to {lease.user} (uid {lease.uid})",
-                            hint="only its owner or root may release it",
-                        )
-                    )
-                    continue
-                txn.remove(lease.id)
-                result.released.append(lease)
-            if result.problems and not result.released:
-                txn.changed = False
-        for lease in result.released:
-            _remove_file(store.directory.lease_lock(lease.id))
-        return result
+        from gpualloc.host.ending import release_leases
+
+        return release_leases(
+            self.ledger_store(), selectors, mine=mine, include_running=include_running, uid=uid
+        )
 
     def release_receipt(
         self, selectors: Iterable[str], *, mine: bool = False, include_running: bool = False
@@ -530,27 +496,19 @@ class LocalHost(HostView, kw_only=True):
             litter = [
                 path.name
                 for path in store.directory.temporary_files()
-                if _old(path) and _remove_file(path)
+                if _old(path) and remove_file(path)
             ]
         removed = []
         for path in store.directory.lease_locks():
             lease_id = path.name[len("lease-") : -len(".lock")]
             if lease_id in named or not _old(path) or lock_held(path):
                 continue
-            if _remove_file(path):
+            if remove_file(path):
                 removed.append(path.name)
         return GarbageReport(reaped, dropped, removed, txn.notes, expiries, litter)
 
 
 # ---- helpers -----------------------------------------------------------------------------------
-
-
-def keeps_its_job(lease: Lease) -> bool:
-    """Whether ``release --mine`` leaves ``lease`` unless asked (``--include-running``): the
-    lease of a job that runs (``run``; a Slurm job's, which its Epilog releases). Its GPUs
-    would go to the next job while it still runs on them. An ``alloc`` lease, ``--hold`` or
-    tied to a pid, is what ``--mine`` is for. Dead leases are reaped before this is asked."""
-    return lease.source != "alloc"
 
 
 def taken_id(txn: LedgerTransaction, lease_id: str) -> None:
@@ -594,16 +552,7 @@ def _old(path: Path) -> bool:
         return False
 
 
-def _remove_file(path: Path) -> bool:
-    """Remove ``path`` whoever holds it (the lease is gone); False if it could not be."""
-    try:
-        path.unlink()
-    except OSError:
-        return False  # gone already, or another user's file in a sticky directory
-    return True
-
-
 def _drop_lock(fd: int | None, store: LedgerStore, lease_id: str) -> None:
     if fd is not None:
         os.close(fd)
-        _remove_file(store.directory.lease_lock(lease_id))
+        remove_file(store.directory.lease_lock(lease_id))

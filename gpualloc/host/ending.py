@@ -1,0 +1,100 @@
+"""How leases end at their owner's word: released (``release``, an exec that failed) or
+exited (a submitted job's supervisor saying how its job ended), on the embedded ledger and,
+for the broker, on the ledger it owns. Only a lease's owner or root may end it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from gpualloc.errors import NotPermitted
+from gpualloc.host.terms import ReleaseResult
+from gpualloc.ledger.lookup import find_leases
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from gpualloc.ledger.schema import Lease
+    from gpualloc.ledger.store import LedgerStore
+
+
+def release_leases(
+    store: LedgerStore,
+    selectors: Iterable[str],
+    *,
+    mine: bool = False,
+    include_running: bool = False,
+    uid: int | None = None,
+) -> ReleaseResult:
+    """:meth:`gpualloc.host.local.LocalHost.release_leases`, on ``store``."""
+    uid = os.geteuid() if uid is None else uid
+    result = ReleaseResult()
+    with store.transaction() as txn:
+        targets = find_leases(txn, selectors, result.problems, uid=uid)
+        for lease in txn.ledger.leases if mine else ():
+            if lease.uid != uid or lease in targets:
+                continue
+            if keeps_its_job(lease) and not include_running:
+                result.kept.append(lease)
+            else:
+                targets.append(lease)
+        for lease in targets:
+            if lease.uid != uid and uid != 0:
+                result.problems.append(
+                    NotPermitted(
+                        f"lease {lease.id} belongs to {lease.user} (uid {lease.uid})",
+                        hint="only its owner or root may release it",
+                    )
+                )
+                continue
+            txn.remove(lease.id)
+            result.released.append(lease)
+        if result.problems and not result.released:
+            txn.changed = False
+    for lease in result.released:
+        remove_file(store.directory.lease_lock(lease.id))
+    return result
+
+
+def end_exited(
+    store: LedgerStore,
+    lease_id: str,
+    status: int,
+    *,
+    cancelled: bool = False,
+    uid: int | None = None,
+) -> None:
+    """End the lease whose job exited with ``status`` (``cancelled``: by ``cancel``): the
+    store's next history record of it keeps both (:mod:`gpualloc.ledger.history`). A lease
+    gone already is left so; another user's is refused (exit 12)."""
+    uid = os.geteuid() if uid is None else uid
+    with store.transaction() as txn:
+        lease = txn.ledger.find(lease_id)
+        if lease is None:
+            return
+        if lease.uid != uid and uid != 0:
+            raise NotPermitted(
+                f"lease {lease.id} belongs to {lease.user} (uid {lease.uid})",
+                hint="only its owner or root says how its job ended",
+            )
+        txn.remove(lease_id)
+        store.exit_statuses[lease_id] = (status, cancelled)
+    remove_file(store.directory.lease_lock(lease_id))
+
+
+def keeps_its_job(lease: Lease) -> bool:
+    """Whether ``release --mine`` leaves ``lease`` unless asked (``--include-running``): the
+    lease of a job that runs (``run``; a Slurm job's, which its Epilog releases). Its GPUs
+    would go to the next job while it still runs on them. An ``alloc`` lease, ``--hold`` or
+    tied to a pid, is what ``--mine`` is for. Dead leases are reaped before this is asked."""
+    return lease.source != "alloc"
+
+
+def remove_file(path: Path) -> bool:
+    """Remove ``path`` whoever holds it (the lease is gone); False if it could not be."""
+    try:
+        path.unlink()
+    except OSError:
+        return False  # gone already, or another user's file in a sticky directory
+    return True
