@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -159,6 +160,38 @@ def test_an_array_runs_each_task_once_within_its_limit(tmp_path: Path) -> None:
 def test_an_id_that_names_no_job_of_yours_exits_13() -> None:
     done = gpualloc("log", "0123456789ab")
     assert done.returncode == ExitCode.NO_LEASE and "no job" in done.stderr
+
+
+def test_jobs_all_shows_other_users_jobs_from_the_ledger_and_its_history() -> None:
+    from gpualloc.cli.all_jobs import host_jobs, row_of
+    from gpualloc.config import Config
+    from gpualloc.host.local import LocalHost
+    from gpualloc.host.open import open_host
+    from gpualloc.topologies import load_bundled
+    from tests.leases import held_lease
+
+    host = open_host(lambda: load_bundled("dgx1-v100"), Config.load(), named=True)
+    assert isinstance(host, LocalHost)
+    alice = {"uid": 4242, "user": "alice", "source": "submit"}
+    running = held_lease(4, 5, name="sweep", time_limit_s=3600.0, **alice)
+    failed, cancelled = held_lease(0, name="bad", **alice), held_lease(1, name="cut", **alice)
+    mine, not_a_job = held_lease(2, source="submit"), held_lease(3, **{**alice, "source": "alloc"})
+    with host.ledger_store().transaction() as txn:
+        for lease in (running, failed, cancelled, mine, not_a_job):
+            txn.add(lease)
+    host.exited(failed.id, 3)
+    host.exited(cancelled.id, -signal.SIGTERM, cancelled=True)
+    host.exited(mine.id, 0)
+    since = datetime.now(timezone.utc) - timedelta(hours=1)
+    seen = {view["id"]: view for view in host_jobs(host, since, known=[mine.id])}
+    assert set(seen) == {running.id, failed.id, cancelled.id}
+    assert all(view["user"] == "alice" and "command" not in view for view in seen.values())
+    now = datetime.now(timezone.utc)
+    assert row_of(seen[running.id], now)[2:] == ["sweep", "running", "0:00", "1:00:00", "GPU 4-5"]
+    assert row_of(seen[failed.id], now)[3::3] == ["failed", "GPU 0 exit 3"]
+    assert row_of(seen[cancelled.id], now)[3::3] == ["cancelled", "GPU 1 SIGTERM"]
+    later = datetime.now(timezone.utc) + timedelta(minutes=1)
+    assert [view["id"] for view in host_jobs(host, later, known=[])] == [running.id]
 
 
 def test_submit_refuses_what_it_can_before_writing_anything() -> None:

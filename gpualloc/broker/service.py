@@ -336,7 +336,9 @@ class LedgerService:
         """A submitted job's supervisor says its job exited, with what status: the lease ends,
         and its history record keeps the status. Its owner's or root's word alone."""
         lease_id = wire.lease_id(args.get("lease"))
-        self.host.exited(lease_id, wire.exit_status(args.get("status")), uid=peer.uid)
+        status = wire.exit_status(args.get("status"))
+        cancelled = args.get("cancelled") is True
+        self.host.exited(lease_id, status, cancelled=cancelled, uid=peer.uid)
         self.forget(lease_id)
 
     def evict(self, peer: Peer, args: dict[str, Any]) -> dict[str, Any]:

@@ -52,52 +52,46 @@ def _view(record: JobRecord) -> dict[str, Any]:
     return view
 
 
-def jobs_command(since: str | None, as_json: bool) -> None:
+def jobs_command(since: str | None, every: bool, as_json: bool) -> None:
     """Your submitted jobs, as squeue shows them: pending, running and those that ended in
-    the last day (--since), oldest first.
+    the last day (--since), oldest first; with --all, every user's.
 
     STATE is pending, running, completing (the job's first process has exited, others of
     its process group have not), completed (exit 0), failed, cancelled, timeout (ended at its
     time limit) or lost (its supervisor has gone without a word: the machine rebooted, or
     it was killed). REASON says why a pending job waits: Dependency, Priority (others are
     ahead), Resources (it is next, and waits for GPUs), JobArrayTaskLimit.
+
+    --all adds other users' jobs as the host's ledger and history show them: queued,
+    running, or ended within --since; never their logs or commands, and not those still
+    waiting for a dependency or their array's turn, which have not reached the queue.
     """
-    from gpualloc.batch.record import FINAL_STATES, own_records, seen_state, shown_id
+    from gpualloc.batch.record import FINAL_STATES, own_records, seen_state
+    from gpualloc.cli.all_jobs import row_of
     from gpualloc.cli.output import Table, print_json, print_tables
     from gpualloc.model.option_values import parse_duration
-    from gpualloc.time_limits import format_time_limit
 
     window = timedelta(seconds=parse_duration(since) if since else 86400.0)
     now = datetime.now(timezone.utc)
-    shown = []
+    views = []
     for record in own_records():
         state = seen_state(record)
         ended = record.ended or record.submitted
         if state in FINAL_STATES and now - ended > window:
             continue
-        shown.append((record, state))
+        views.append(_view(record))
+    if every:
+        from gpualloc.cli.all_jobs import others_jobs
+
+        views += others_jobs(now - window, [view["id"] for view in views])
     if as_json:
-        print_json([_view(record) for record, _ in shown])
+        print_json(views)
         return
-    rows = []
-    for record, state in shown:
-        started = record.started
-        if started is None:
-            elapsed = "0:00"
-        else:
-            end = record.ended if record.ended is not None else now
-            elapsed = format_time_limit(max(0.0, (end - started).total_seconds())) or "0:00"
-        limit = format_time_limit(record.time_limit_s) if record.time_limit_s else "UNLIMITED"
-        if state == "pending":
-            where = f"({record.reason})"
-        elif state in FINAL_STATES and record.exit_code is not None:
-            where = f"{record.gpus or '-'} exit {record.exit_code}"
-        elif state in FINAL_STATES and record.exit_signal is not None:
-            where = f"{record.gpus or '-'} {signal.Signals(record.exit_signal).name}"
-        else:
-            where = record.gpus or "-"
-        rows.append([shown_id(record), record.name, state, elapsed, limit, where])
-    columns = ["JOBID", "NAME", "STATE", "TIME", "TIME_LIMIT", "GPUS(REASON)"]
+    columns = ["JOBID", "USER", "NAME", "STATE", "TIME", "TIME_LIMIT", "GPUS(REASON)"]
+    rows = [row_of(view, now) for view in views]
+    if not every:
+        columns.pop(1)
+        rows = [row[:1] + row[2:] for row in rows]
     print_tables([Table("", columns, rows, wrap=(1,))])
 
 
@@ -278,6 +272,12 @@ JOBS = Command(
     options=(
         value(
             "--since", metavar="DURATION", help="Show jobs that ended this long ago (default 1d)."
+        ),
+        flag(
+            "--all",
+            "-a",
+            dest="every",
+            help="Every user's jobs, as the host's ledger and history show them (no logs).",
         ),
         json_flag(),
     ),

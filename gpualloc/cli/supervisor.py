@@ -261,7 +261,7 @@ class Supervisor:
         else:
             state, reason = "failed", "NonZeroExitCode" if code > 0 else "Signal"
         self.finish(state, reason=reason, exit_code=exit_code, exit_signal=exit_signal)
-        _tell_exit(host, record.id, code)
+        _tell_exit(host, record.id, code, cancelled=state == "cancelled")
         return 0
 
     def _become_job(
@@ -321,11 +321,11 @@ class Supervisor:
         )
 
 
-def _tell_exit(host: Host, lease_id: str, code: int) -> None:
+def _tell_exit(host: Host, lease_id: str, code: int, *, cancelled: bool) -> None:
     """The host's history keeps the job's exit status (:meth:`Host.exited`); where it cannot
     be told (a broker gone for good), the lease still ends with this process, as ``ended``."""
     with contextlib.suppress(GpuallocError, OSError):
-        host.exited(lease_id, code)
+        host.exited(lease_id, code, cancelled=cancelled)
 
 
 def _wait(pid: int) -> int:

@@ -306,8 +306,8 @@ class BrokeredHost:
         its lease back on the way out, decoding nothing)."""
         self._call("release", {"leases": [lease_id]})
 
-    def exited(self, lease_id: str, status: int) -> None:
-        self._call("exited", {"lease": lease_id, "status": status})
+    def exited(self, lease_id: str, status: int, *, cancelled: bool = False) -> None:
+        self._call("exited", {"lease": lease_id, "status": status, "cancelled": cancelled})
 
     def release_leases(
         self, selectors: Iterable[str], *, mine: bool = False, include_running: bool = False

@@ -134,10 +134,11 @@ class Host(Protocol):
         """Drop one lease of the caller's, quietly (an exec that failed, a lost race)."""
         ...
 
-    def exited(self, lease_id: str, status: int) -> None:
+    def exited(self, lease_id: str, status: int, *, cancelled: bool = False) -> None:
         """End the lease whose job has exited with ``status`` (its exit code, or minus the
-        signal that ended it, as ``os.waitstatus_to_exitcode`` gives it): the history record
-        keeps the status. Only the lease's owner or root; a lease gone already is left so."""
+        signal that ended it, as ``os.waitstatus_to_exitcode`` gives it; ``cancelled``: ended
+        by ``cancel``): the history record keeps both. Only the lease's owner or root; a lease
+        gone already is left so."""
         ...
 
     def release_leases(

@@ -6,12 +6,13 @@ transactions is one append (group commit), and a transaction that fails appends 
 A record (one JSON object a line) says who held which GPUs, the placement's predicted
 bandwidth, when the lease was queued, started and ended, why it ended (``state``:
 ``released`` by its owner or root, or by ``gc`` under ``idle.expire_holds``; ``ended`` when
-its job's last process had gone; ``timeout`` when it left the ledger past its time limit;
-``rebooted``), its exit status where the ledger was told it (a submitted job's supervisor
-waits for its job and says, :meth:`gpualloc.host.protocol.Host.exited`; None for ``run``,
-which execs the job and waits for nothing) and its declared limit. The file is rotated
-past :data:`MAX_BYTES` into ``.1`` to ``.{KEEP}`` (the oldest dropped) by a writer that may
-rename it: in a shared sticky directory only its owner or root; others append.
+its job's last process had gone; ``cancelled`` when ``cancel`` ended a submitted job;
+``timeout`` when it left the ledger past its time limit; ``rebooted``), its exit status
+where the ledger was told it (a submitted job's supervisor waits for its job and says,
+:meth:`gpualloc.host.protocol.Host.exited`; None for ``run``, which execs the job and waits
+for nothing) and its declared limit. The file is rotated past :data:`MAX_BYTES` into ``.1``
+to ``.{KEEP}`` (the oldest dropped) by a writer that may rename it: in a shared sticky
+directory only its owner or root; others append.
 What cannot be appended (a full disk, a file planted there) is left out: the ledger's own
 write has succeeded, and the history never stands in its way.
 """
@@ -85,22 +86,25 @@ def append_ended(
     before: Mapping[str, Lease],
     ledger: Ledger,
     dead: Set[str],
-    statuses: Mapping[str, int] | None = None,
+    statuses: Mapping[str, tuple[int, bool]] | None = None,
     *,
     mode: int,
 ) -> None:
     """Append a record for each lease that ``ledger``, just written, no longer holds (``dead``:
-    those the reaper took or whose job's exit was told, ``statuses`` the exit statuses told);
-    one write, the file created with ``mode`` (every user's, or the broker's alone)."""
+    those the reaper took or whose job's exit was told; ``statuses``: the exit statuses told,
+    and whether ``cancel`` ended the job); one write, the file created with ``mode`` (every
+    user's, or the broker's alone)."""
     statuses = statuses or {}
     gone = ended_leases(before, ledger)
     if not gone:
         return
     now = datetime.now(timezone.utc)
-    text = "".join(
-        json.dumps(record_of(x, why_ended(x, x.id in dead, now), now, statuses.get(x.id))) + "\n"
-        for x in gone
-    )
+    lines = []
+    for lease in gone:
+        status, cancelled = statuses.get(lease.id, (None, False))
+        state = "cancelled" if cancelled else why_ended(lease, lease.id in dead, now)
+        lines.append(json.dumps(record_of(lease, state, now, status)) + "\n")
+    text = "".join(lines)
     from gpualloc.errors import GpuallocError
     from gpualloc.ledger.shared_files import open_shared
 
@@ -145,3 +149,33 @@ def read_history(directory: StateDirectory) -> list[dict[str, Any]]:
             if isinstance(found, dict):
                 records.append(found)
     return records
+
+
+RECENT_BYTES = 8 * 1024 * 1024
+"""How much of a history file's end :func:`recent_records` reads (some 30,000 records)."""
+
+
+def recent_records(ledger_file: Path, since: datetime) -> list[dict[str, Any]]:
+    """The records of the history beside ``ledger_file`` (:meth:`Host.ledger_file
+    <gpualloc.host.protocol.Host.ledger_file>`: the broker's is every user's to read) of
+    leases that ended at or after ``since``, oldest first, read from the file's last
+    :data:`RECENT_BYTES` (a reader never parses a rotated 64 MiB to list yesterday's jobs)."""
+    from gpualloc.errors import GpuallocError
+    from gpualloc.ledger.shared_files import open_shared
+
+    try:
+        descriptor, info = open_shared(ledger_file.with_suffix(".history.jsonl"), os.O_RDONLY)
+    except (OSError, GpuallocError):
+        return []
+    with os.fdopen(descriptor, "rb") as handle:
+        start = max(0, info.st_size - RECENT_BYTES)
+        handle.seek(start)
+        text = handle.read(RECENT_BYTES).decode("utf-8", errors="replace")
+    lines = text.splitlines()[1 if start else 0 :]  # a line cut by the seek is left out
+    found = []
+    for line in lines:
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            record = json.loads(line)
+            if datetime.fromisoformat(record["end"]) >= since:
+                found.append(record)
+    return found

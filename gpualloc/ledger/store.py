@@ -211,9 +211,9 @@ class LedgerStore:
         """Reap dead leases in every transaction (the broker's store reaps when asked)."""
         self.seen_dead: set[str] = set()
         """Leases the reaper found dead since the last write: the history's ``ended``."""
-        self.exit_statuses: dict[str, int] = {}
-        """Leases ended since the last write by their job's exit, with its status
-        (:meth:`gpualloc.host.local.LocalHost.exited`): the history's ``ended`` too."""
+        self.exit_statuses: dict[str, tuple[int, bool]] = {}
+        """Leases ended since the last write by their job's exit: its status, and whether
+        ``cancel`` ended it (:meth:`gpualloc.host.local.LocalHost.exited`)."""
         self._recovered_from: Path | None = None
         """The good copy the last load recovered the ledger from (:meth:`_finish_interrupted`)."""
 
