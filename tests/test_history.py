@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,33 @@ def test_one_transaction_is_one_append(cli, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(history.os, "write", counted)
     assert cli("--topology", "dgx1-v100", "release", *leases).exit_code == 0
     assert len(writes) == 1 and writes[0].count(b"\n") == 3
+
+
+def test_a_lease_ended_in_a_batch_ends_when_it_left_not_when_the_batch_was_written(
+    tmp_path: Path,
+) -> None:
+    """The broker writes a batch once, at its end: a lease released early in it, whose GPU
+    went to the next lease later in it, must not read as overlapping that lease."""
+    from gpualloc.ledger.owned_store import OwnedLedgerStore
+    from gpualloc.ledger.statedir import open_broker_directory
+    from tests.leases import held_lease
+
+    store = OwnedLedgerStore(open_broker_directory(tmp_path / "broker"), host="h")
+    assert store.hold_lock()
+    first = held_lease(0)
+    with store.transaction() as txn:
+        txn.add(first)
+    with store.batch():
+        with store.transaction() as txn:
+            txn.remove(first.id)
+        time.sleep(0.05)
+        second = held_lease(0)
+        with store.transaction() as txn:
+            txn.add(second)
+        time.sleep(0.05)
+    (record,) = history.read_history(store.directory)
+    assert record["lease"] == first.id
+    assert datetime.fromisoformat(record["end"]) < second.created
 
 
 def test_the_history_is_rotated_past_its_size(cli, monkeypatch: pytest.MonkeyPatch) -> None:

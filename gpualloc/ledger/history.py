@@ -87,14 +87,15 @@ def append_ended(
     ledger: Ledger,
     dead: Set[str],
     statuses: Mapping[str, tuple[int, bool]] | None = None,
+    ended_at: Mapping[str, datetime] | None = None,
     *,
     mode: int,
 ) -> None:
     """Append a record for each lease that ``ledger``, just written, no longer holds (``dead``:
     those the reaper took or whose job's exit was told; ``statuses``: the exit statuses told,
-    and whether ``cancel`` ended the job); one write, the file created with ``mode`` (every
-    user's, or the broker's alone)."""
-    statuses = statuses or {}
+    and whether ``cancel`` ended the job; ``ended_at``: when each left the ledger, else now);
+    one write, the file created with ``mode`` (every user's, or the broker's alone)."""
+    statuses, ended_at = statuses or {}, ended_at or {}
     gone = ended_leases(before, ledger)
     if not gone:
         return
@@ -102,8 +103,9 @@ def append_ended(
     lines = []
     for lease in gone:
         status, cancelled = statuses.get(lease.id, (None, False))
-        state = "cancelled" if cancelled else why_ended(lease, lease.id in dead, now)
-        lines.append(json.dumps(record_of(lease, state, now, status)) + "\n")
+        end = ended_at.get(lease.id, now)
+        state = "cancelled" if cancelled else why_ended(lease, lease.id in dead, end)
+        lines.append(json.dumps(record_of(lease, state, end, status)) + "\n")
     text = "".join(lines)
     from gpualloc.errors import GpuallocError
     from gpualloc.ledger.shared_files import open_shared

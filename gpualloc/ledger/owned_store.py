@@ -35,6 +35,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 
 import msgspec
@@ -166,13 +167,13 @@ class OwnedLedgerStore(LedgerStore):
         if self._batch is not None:
             yield
             return
-        self._batch = _Batch()
+        self._batch = batch = _Batch()
         try:
             yield
-            if self._batch.txn is not None and self._batch.changed:
-                self._keep_aside(self._batch.aside, self._batch.txn.notes)
-                self._write(self._batch.txn.ledger)
-                self._append_history(self._batch.before, self._batch.txn.ledger, LEDGER_MODE)
+            if batch.txn is not None and batch.changed:
+                self._keep_aside(batch.aside, batch.txn.notes)
+                self._write(batch.txn.ledger)
+                self._append_history(batch.before, batch.txn.ledger, LEDGER_MODE, batch.ended)
         finally:
             self._batch = None
 
@@ -227,6 +228,8 @@ class OwnedLedgerStore(LedgerStore):
             raise
         batch.txn.ledger = txn.ledger
         batch.changed = batch.changed or txn.changed
+        for lease_id, when in txn.ended.items():
+            batch.ended.setdefault(lease_id, when)
         for lease in txn.ledger.leases:  # made in this batch: its end in it is the history's too
             batch.before.setdefault(lease.id, lease)
 
@@ -321,3 +324,5 @@ class _Batch:
         """The ledger as the last transaction of the batch left it, encoded."""
         self.before: dict[str, Lease] = {}
         """The leases the batch's load found: those its write drops are the history's."""
+        self.ended: dict[str, datetime] = {}
+        """When each lease the batch's transactions removed left the ledger."""

@@ -124,6 +124,10 @@ class LedgerTransaction(Struct):
     notes: list[str] = field(default_factory=list)
     """Things the user should hear about (a recovered ledger)."""
     changed: bool = False
+    ended: dict[str, datetime] = field(default_factory=dict)
+    """When each lease this transaction removed left the ledger: the history's ``end``. A
+    batch of the broker's writes once, after the batch; a lease ended in it and its GPUs
+    given to the next lease in a later change must not read as ending after that start."""
 
     def add(self, lease: Lease) -> None:
         held = self.ledger.held_gpus()
@@ -157,6 +161,7 @@ class LedgerTransaction(Struct):
         if lease is not None:
             self.ledger.leases = [other for other in self.ledger.leases if other.id != lease_id]
             self.changed = True
+            self.ended.setdefault(lease_id, datetime.now(timezone.utc))
         return lease
 
     # ---- the waiting queue -----------------------------------------------------------------
@@ -244,7 +249,7 @@ class LedgerStore:
                 # good copy alone: that copy is replaced whole then, never rewritten in place,
                 # so that a second writer stopped midway still leaves one copy to recover from.
                 self._write(txn.ledger, in_place=not notes and not aside)
-                self._append_history(before, txn.ledger, SHARED_LEDGER_MODE)
+                self._append_history(before, txn.ledger, SHARED_LEDGER_MODE, txn.ended)
                 for lease in txn.reaped:
                     _unlink_quietly(self.directory.lease_lock(lease.id))
         if os.geteuid() == 0 and os.path.lexists(self.directory.journal_file):
@@ -260,13 +265,22 @@ class LedgerStore:
                     txn.ledger.root_journal_seq,
                 )
 
-    def _append_history(self, before: dict[str, Lease], ledger: Ledger, mode: int) -> None:
-        """A record for each lease the ledger just written no longer holds (:mod:`.history`)."""
+    def _append_history(
+        self,
+        before: dict[str, Lease],
+        ledger: Ledger,
+        mode: int,
+        ended: dict[str, datetime] | None = None,
+    ) -> None:
+        """A record for each lease the ledger just written no longer holds (:mod:`.history`),
+        ended when ``ended`` says (else now)."""
         from gpualloc.ledger.history import append_ended
 
         dead, self.seen_dead = self.seen_dead, set()
         statuses, self.exit_statuses = self.exit_statuses, {}
-        append_ended(self.directory, before, ledger, dead | statuses.keys(), statuses, mode=mode)
+        append_ended(
+            self.directory, before, ledger, dead | statuses.keys(), statuses, ended, mode=mode
+        )
 
     def read(self) -> LedgerTransaction:
         """One transaction that changes nothing but the reaping; its result."""
