@@ -72,9 +72,12 @@ def test_a_job_whose_supervisor_was_killed_still_ends_at_its_limit(broker: Runni
     job_id = submit(broker, "--time", "0:03", "--", "sleep", "120")
     until(lambda: record(broker, job_id)["state"] == "running", "the job to start")
     found = record(broker, job_id)
-    time.sleep(2 * LOOK_S)  # the broker's pass over /proc has adopted the job as the lease's
+    # At once: the supervisor bound its lease to the job's group before the job began
+    # (Host.adopt), not at the broker's next pass over /proc (LOOK_S).
     os.kill(found["supervisor_pid"], signal.SIGKILL)
-    time.sleep(0.5)
+    (lease,) = broker_leases(broker)
+    assert lease["process_group"] == found["job_pgid"]
+    time.sleep(2 * LOOK_S)
     assert len(broker_leases(broker)) == 1  # the job still holds its GPU
     until(lambda: broker_leases(broker) == [], "the broker to end the job at its limit", 45)
     assert not process_alive(

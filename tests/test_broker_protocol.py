@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 
@@ -105,6 +107,28 @@ def test_exited_takes_only_a_status_a_wait_can_give(broker: RunningBroker, statu
     with pytest.raises(OSError, match="an exit status is 0 to 255"):
         broker.call("exited", {"lease": "dddddddddddd", "status": status})
     assert len(broker.call("snapshot")["ledger"]["leases"]) == 1
+
+
+def test_adopt_binds_a_lease_only_to_its_holders_child_leading_a_group(
+    broker: RunningBroker,
+) -> None:
+    args = hold_request("eeeeeeeeeeee")
+    args["terms"] = {"source": "submit", "pid": os.getpid()}
+    broker.call("alloc", args)
+    with (
+        subprocess.Popen(["sleep", "30"]) as same_group,
+        subprocess.Popen(["sleep", "30"], start_new_session=True) as leader,
+    ):
+        try:
+            for refused in (same_group.pid, 1):
+                with pytest.raises(OSError, match="is not a child of lease"):
+                    broker.call("adopt", {"lease": "eeeeeeeeeeee", "pid": refused})
+            broker.call("adopt", {"lease": "eeeeeeeeeeee", "pid": leader.pid})
+            (lease,) = broker.call("snapshot")["ledger"]["leases"]
+            assert lease["process_group"] == leader.pid
+        finally:
+            same_group.kill()
+            leader.kill()
 
 
 def test_the_broker_decodes_one_job_encoding(broker: RunningBroker) -> None:

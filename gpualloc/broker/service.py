@@ -32,6 +32,7 @@ from gpualloc.broker.watch import ProcessWatch
 from gpualloc.config import Config
 from gpualloc.durations import seconds_given
 from gpualloc.errors import GpuallocError, NoSuchLease, NotPermitted, RequestError
+from gpualloc.host.ending import adopted
 from gpualloc.host.grant import grant_answer, grant_of
 from gpualloc.host.launching import check_before_placing
 from gpualloc.host.lease_terms import LeaseTerms
@@ -331,6 +332,25 @@ class LedgerService:
         for lease in result.released:
             self.forget(lease.id)
         return _release_answer(result, problems)
+
+    def adopt_job(self, peer: Peer, args: dict[str, Any]) -> None:
+        """A lease's holder has forked its job (``pid``, leading a group of its own): the
+        watch follows it now, not at its next pass, so the holder killed at once leaves the
+        lease to its job (and its limit to the broker)."""
+        lease_id = wire.lease_id(args.get("lease"))
+        pid = args.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            raise RequestError(f"pid {shown_repr(pid)} is not a process id")
+        started = check_owned(peer, pid)
+        with self.host.transaction() as txn:
+            lease = adopted(txn.ledger.find(lease_id), lease_id, pid, uid=peer.uid)
+            if lease is None:
+                return
+            txn.replace(lease)
+        fd = self.watch.watch(lease_id, pid, started)
+        if fd is not None:
+            self.new_fds.append((fd, lease_id))
+        self.watch.watch_group(lease_id, pid)
 
     def exited(self, peer: Peer, args: dict[str, Any]) -> None:
         """A submitted job's supervisor says its job exited, with what status: the lease ends,

@@ -228,11 +228,19 @@ class Supervisor:
             signal.signal(sig, self.on_cancel_while_running)
         signal.signal(signal.SIGALRM, self.on_kill_wait_over)
         signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # a cancel now waits for job_pid
+        gate, opener = os.pipe()
         pid = os.fork()
         if pid == 0:
-            self._become_job(host, grant, verify, look, mode, say, warn)
+            os.close(opener)
+            self._become_job(host, grant, verify, look, mode, say, warn, gate=gate)
+        os.close(gate)
         self.job_pid = pid
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)  # the child does too: whichever runs first (setpgid(2))
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+        _bind(host, record.id, pid)
+        os.write(opener, b"go")  # the job runs once its lease lives with it
+        os.close(opener)
         if grant.lock_fd is not None:
             os.close(grant.lock_fd)  # the job holds the lease lock; this process the lease
         host.hang_up()
@@ -273,12 +281,21 @@ class Supervisor:
         mode: NumaMode,
         say: Callable[[str], None],
         warn: Callable[[Iterable[str]], None],
+        *,
+        gate: int,
     ) -> NoReturn:
-        """The forked child: a process group of its own, then ``run``'s launch (it execs)."""
+        """The forked child: a process group of its own; once the supervisor opens ``gate``
+        (its lease bound to this group: :meth:`Host.adopt`), ``run``'s launch (it execs). A
+        supervisor killed before that closes the gate unopened, and no job runs unwatched."""
         from gpualloc.host.launching import launch_granted
 
         try:
             os.setpgid(0, 0)
+            if os.read(gate, 2) != b"go":
+                sys.stderr.write("gpualloc: error: the job's supervisor is gone: not started\n")
+                sys.stderr.flush()
+                os._exit(1)
+            os.close(gate)
             signal.setitimer(signal.ITIMER_REAL, 0)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
@@ -319,6 +336,14 @@ class Supervisor:
         self.save(
             state=state, reason=reason, detail=detail, ended=datetime.now(timezone.utc), **more
         )
+
+
+def _bind(host: Host, lease_id: str, pid: int) -> None:
+    """Bind the lease to the job's process group (:meth:`Host.adopt`): through a broker the
+    job keeps its lease, and meets its limit, even if this process is killed a moment
+    later. A broker that cannot be asked leaves the job to its watch's next pass."""
+    with contextlib.suppress(GpuallocError, OSError):
+        host.adopt(lease_id, pid)
 
 
 def _tell_exit(host: Host, lease_id: str, code: int, *, cancelled: bool) -> None:

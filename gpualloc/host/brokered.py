@@ -306,6 +306,9 @@ class BrokeredHost:
         its lease back on the way out, decoding nothing)."""
         self._call("release", {"leases": [lease_id]})
 
+    def adopt(self, lease_id: str, pid: int) -> None:
+        self._call("adopt", {"lease": lease_id, "pid": pid})
+
     def exited(self, lease_id: str, status: int, *, cancelled: bool = False) -> None:
         self._call("exited", {"lease": lease_id, "status": status, "cancelled": cancelled})
 

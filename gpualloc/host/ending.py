@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpualloc.errors import NotPermitted
@@ -13,8 +14,6 @@ from gpualloc.host.terms import ReleaseResult
 from gpualloc.ledger.lookup import find_leases
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from gpualloc.ledger.schema import Lease
     from gpualloc.ledger.store import LedgerStore
 
@@ -81,6 +80,35 @@ def end_exited(
         txn.remove(lease_id)
         store.exit_statuses[lease_id] = (status, cancelled)
     remove_file(store.directory.lease_lock(lease_id))
+
+
+def adopted(lease: Lease | None, lease_id: str, pid: int, *, uid: int | None) -> Lease | None:
+    """``lease`` bound to the process group ``pid`` leads (:meth:`Host.adopt
+    <gpualloc.host.protocol.Host.adopt>`), or None where nothing changes: no such lease any
+    more, or ``pid`` leads no group. Exit 12 for another user's lease or process."""
+    from msgspec.structs import replace
+
+    from gpualloc.ledger.liveness import stat_fields
+
+    uid = os.geteuid() if uid is None else uid
+    if lease is None:
+        return None
+    if lease.uid != uid and uid != 0:
+        raise NotPermitted(
+            f"lease {lease_id} belongs to {lease.user} (uid {lease.uid})",
+            hint="only its owner or root binds it to a process",
+        )
+    try:
+        fields = stat_fields(pid)
+        owner = Path(f"/proc/{pid}").stat().st_uid
+    except OSError:
+        return None  # ended already: its lease lives as it would have
+    if owner != lease.uid or int(fields[1]) != lease.pid or os.getpgid(pid) != pid:
+        raise NotPermitted(
+            f"process {pid} is not a child of lease {lease_id}'s process leading its own group",
+            hint="adopt binds a lease to the job its holder has just started",
+        )
+    return replace(lease, process_group=pid)
 
 
 def keeps_its_job(lease: Lease) -> bool:

@@ -383,6 +383,16 @@ class LocalHost(HostView, kw_only=True):
                     replace(lease, announced=True, creator_pid=None, creator_start_time=None)
                 )
 
+    def adopt(self, lease_id: str, pid: int, *, uid: int | None = None) -> None:
+        """:meth:`Host.adopt`: the lease records ``pid``'s process group (the job holds the
+        lease lock too, which it inherited); ``uid``: the caller, as for :meth:`exited`."""
+        from gpualloc.host.ending import adopted
+
+        with self.ledger_store().transaction() as txn:
+            lease = adopted(txn.ledger.find(lease_id), lease_id, pid, uid=uid)
+            if lease is not None:
+                txn.replace(lease)
+
     def release(self, lease_id: str) -> None:
         """Drop one lease of the caller's, quietly (an exec that failed, a lost race)."""
         store = self.ledger_store()

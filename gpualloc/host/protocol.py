@@ -134,6 +134,13 @@ class Host(Protocol):
         """Drop one lease of the caller's, quietly (an exec that failed, a lost race)."""
         ...
 
+    def adopt(self, lease_id: str, pid: int) -> None:
+        """Bind the lease to ``pid``, the job its holder has just forked as the leader of a
+        process group of its own: the lease lives with that group from now on, even once
+        the holder has gone (a broker's watch would find the child only at its next pass).
+        Only the lease's owner or root, for a process of theirs."""
+        ...
+
     def exited(self, lease_id: str, status: int, *, cancelled: bool = False) -> None:
         """End the lease whose job has exited with ``status`` (its exit code, or minus the
         signal that ended it, as ``os.waitstatus_to_exitcode`` gives it; ``cancelled``: ended

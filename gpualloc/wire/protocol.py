@@ -32,10 +32,10 @@ KEEPALIVE_S = 5.0
 """How often the broker tells a waiting client that it is still waiting, whether or not its
 place changed: the client's silence deadline (``host.broker_timeout``) then only runs out on a
 broker that is stopped or stalled."""
-CHANGES = ("alloc", "confirm", "release", "exited", "evict", "gc", "slurm")
+CHANGES = ("alloc", "confirm", "adopt", "release", "exited", "evict", "gc", "slurm")
 """The operations that change the ledger: not applied once their client has gone."""
-OPERATIONS = ("hello", "alloc", "confirm", "release", "exited", "evict", "snapshot", "gc",
-              "slurm")  # fmt: skip
+OPERATIONS = ("hello", "alloc", "confirm", "adopt", "release", "exited", "evict", "snapshot",
+              "gc", "slurm")  # fmt: skip
 
 
 def request_line(op: str, args: dict[str, Any]) -> bytes:
