@@ -113,6 +113,11 @@ class GpuallocError(Exception):
     """
 
     exit_code: ExitCode = ExitCode.INTERNAL
+    transient: str | None = None
+    """Set for a refusal the same request may well not meet a little later (a broker over
+    its user's request budget, a queue holding the user's most waiting jobs): why the
+    request waits, as squeue names it. A batch job's supervisor waits and asks again; a
+    command the user typed says it and exits."""
 
     def __init__(
         self,
@@ -248,6 +253,12 @@ class NotPermitted(GpuallocError):
     exit_code = ExitCode.NOT_PERMITTED
 
 
+class QueueFull(NotPermitted):
+    """The user has ``queue.max_waiting`` jobs waiting already."""
+
+    transient = "QOSMaxJobsPerUserLimit"
+
+
 class NoSuchLease(GpuallocError):
     """No lease has the given id."""
 
@@ -301,3 +312,9 @@ class BrokerError(GpuallocError):
     """The host's broker is configured but cannot serve this call (see ``ExitCode.BROKER``)."""
 
     exit_code = ExitCode.BROKER
+
+
+class BrokerBusy(BrokerError):
+    """The user is over the broker's budget of connections or requests for now."""
+
+    transient = "BrokerBusy"

@@ -163,6 +163,21 @@ def test_the_log_escapes_what_clients_wrote_and_indents_what_follows(
 
 
 @pytest.mark.slow
+def test_a_transient_refusal_stays_transient_over_the_wire() -> None:
+    """A batch job's supervisor asks again after a refusal that may pass (the broker over
+    the user's budget, a full queue): the broker's answer must say which refusals those are."""
+    from gpualloc.errors import BrokerBusy, NotPermitted, QueueFull
+    from gpualloc.wire.protocol import error_from, error_line
+
+    for sent, reason in (
+        (QueueFull("full"), "QOSMaxJobsPerUserLimit"),
+        (BrokerBusy("busy"), "BrokerBusy"),
+    ):
+        got = error_from(json.loads(error_line(sent)))
+        assert (got.transient, got.exit_code, got.message) == (reason, sent.exit_code, sent.message)
+    assert error_from(json.loads(error_line(NotPermitted("no")))).transient is None
+
+
 def test_request_errors_say_a_clients_long_value_back_cut() -> None:
     """An unknown op, version or priority of 100,000 characters was said back whole."""
     from gpualloc.broker.requests import wait_options

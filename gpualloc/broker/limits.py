@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gpualloc.errors import BrokerError
+from gpualloc.errors import BrokerBusy
 from gpualloc.wire import protocol
 
 COSTS = {"hello": 1.0, "confirm": 1.0, "release": 2.0, "evict": 2.0, "alloc": 4.0, "gc": 10.0}
@@ -102,7 +102,7 @@ class Limits:
 
 
 TOO_MANY_CONNECTS = protocol.error_line(
-    BrokerError(
+    BrokerBusy(
         "too many connections opened to the broker (broker.max_connects_per_s)",
         hint="slow down and try again",
     )
@@ -110,7 +110,7 @@ TOO_MANY_CONNECTS = protocol.error_line(
 """The refusal of a connection past its user's ``broker.max_connects_per_s``: made once, as a
 connect flood has the broker send it for nearly every connection."""
 TOO_MANY_REQUESTS = protocol.error_line(
-    BrokerError(
+    BrokerBusy(
         "too many requests to the broker (broker.max_requests_per_s); this connection is closed",
         hint="slow down and try again",
     )

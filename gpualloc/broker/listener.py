@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from gpualloc.broker.limits import TOO_MANY_CONNECTS
 from gpualloc.broker.peers import Peer, peer_of
-from gpualloc.errors import BrokerError
+from gpualloc.errors import BrokerBusy, BrokerError
 from gpualloc.user_files import shown_path
 from gpualloc.wire import protocol
 
@@ -158,7 +158,7 @@ def accepted(
             _send_and_close(
                 sock,
                 protocol.error_line(
-                    BrokerError(
+                    BrokerBusy(
                         f"you have {count} connections to the broker open, this host's "
                         "limit (broker.max_connections)",
                         hint="close some (end idle gpualloc processes) and try again",

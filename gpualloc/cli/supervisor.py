@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import sys
 import time
@@ -53,6 +54,12 @@ if TYPE_CHECKING:
 
 TIMEOUT_TOLERANCE_S = 2.0
 """A job that ended this close to its time limit, or after it, ended at the limit."""
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 30.0
+"""A refusal that may pass later (:attr:`GpuallocError.transient`: the broker over this user's
+budget, the user's queue full) is asked again after a pause that doubles from the first to
+the most, spread by up to as much again so that an array's tasks do not come back at once;
+the job stays pending, with the refusal's reason."""
 RECONNECT_S = 300.0
 """How long a supervisor tries to reach a broker that went away (a restart by systemd takes
 seconds; a broker down longer leaves the job ``failed`` with the reason)."""
@@ -190,16 +197,27 @@ class Supervisor:
         self.kill_wait_s = TimeRules.from_config(STATE.config()).kill_wait_s
         terms = lease_terms(record, pid=os.getpid())
         self.save(reason="Priority", detail=None)
-        grant = host.start(
-            job,
-            terms,
-            config=STATE.config(),
-            wait=wait_of(own),
-            report=self.report,
-            uuid=bool(own.get("uuid")),
-        )
-        warn(grant.notes)
-        return grant, host
+        pause = RETRY_FIRST_S
+        while True:
+            try:
+                grant = host.start(
+                    job,
+                    terms,
+                    config=STATE.config(),
+                    wait=wait_of(own),
+                    report=self.report,
+                    uuid=bool(own.get("uuid")),
+                )
+            except GpuallocError as refusal:
+                if refusal.transient is None:
+                    raise
+                self.save(reason=refusal.transient, detail=refusal.message)
+                time.sleep(pause * random.uniform(1.0, 2.0))
+                pause = min(pause * 2, RETRY_MAX_S)
+                terms = lease_terms(record, pid=os.getpid())  # granted afresh by the next try
+                continue
+            warn(grant.notes)
+            return grant, host
 
     def report(self, status: WaitStatus) -> None:
         """The queue's word on the wait: the record's reason (squeue's ``Resources`` for the

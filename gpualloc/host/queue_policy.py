@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from msgspec import Struct, field
 
 from gpualloc.config import BY_KEY, Config, system_file
-from gpualloc.errors import NotPermitted
+from gpualloc.errors import NotPermitted, QueueFull
 from gpualloc.model.printable import count_of
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ class QueuePolicy(Struct, frozen=True):
             )
         mine = sum(1 for waiter in queue if waiter.uid == uid)
         if self.max_waiting and mine >= self.max_waiting and not privileged:
-            raise NotPermitted(
+            raise QueueFull(
                 f"you have {count_of(mine, 'job')} waiting already, this host's limit "
                 f"(queue.max_waiting in {self.source})",
                 hint="wait for some of them to start, or end some ('gpualloc status' lists them)",

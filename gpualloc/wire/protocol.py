@@ -63,6 +63,8 @@ def error_line(error: GpuallocError) -> bytes:
         "message": error.message,
         "hint": error.hint,
     }
+    if error.transient is not None:
+        body["transient"] = error.transient
     details = error.details
     if details:
         shown = list(details[:MAX_ERROR_DETAILS])
@@ -87,9 +89,7 @@ def _line(body: dict[str, Any]) -> bytes:
 
 def error_from(body: dict[str, Any]) -> GpuallocError:
     """The error an answer carries, as the exception the embedded ledger would have raised
-    (the same exit code, message, hint and supporting lines)."""
-    from gpualloc import errors
-
+    (the same exit code, message, hint and supporting lines, and whether it is transient)."""
     error = body.get("error") or {}
     code = error.get("code", ExitCode.INTERNAL)
     message = str(error.get("message", "the broker gave no reason"))
@@ -98,6 +98,18 @@ def error_from(body: dict[str, Any]) -> GpuallocError:
     details = (
         tuple(str(line) for line in sent[: MAX_ERROR_DETAILS + 1]) if isinstance(sent, list) else ()
     )
+    found = _error_of_code(code, message, hint, details)
+    transient = error.get("transient")
+    if isinstance(transient, str):
+        found.transient = transient[:64]
+    return found
+
+
+def _error_of_code(
+    code: object, message: str, hint: str | None, details: tuple[str, ...]
+) -> GpuallocError:
+    from gpualloc import errors
+
     for kind in vars(errors).values():
         if (
             isinstance(kind, type)
@@ -106,8 +118,9 @@ def error_from(body: dict[str, Any]) -> GpuallocError:
         ):
             return kind(message, hint=hint, details=details)
     found = GpuallocError(message, hint=hint, details=details)
-    with contextlib.suppress(ValueError):
-        found.exit_code = ExitCode(code)
+    if isinstance(code, int):
+        with contextlib.suppress(ValueError):
+            found.exit_code = ExitCode(code)
     return found
 
 
