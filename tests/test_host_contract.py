@@ -297,9 +297,7 @@ def test_an_announced_lease_is_confirmed(side: Side, host: Host) -> None:
     assert lease.announced
 
 
-def test_an_exited_jobs_lease_ends_and_its_history_keeps_the_status(
-    side: Side, host: Host
-) -> None:
+def test_an_exited_jobs_lease_ends_and_its_history_keeps_the_status(side: Side, host: Host) -> None:
     from gpualloc.ledger.history import read_history
     from gpualloc.ledger.statedir import StateDirectory
 
