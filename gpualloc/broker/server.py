@@ -479,12 +479,8 @@ class Broker:
                 self.log(f"{lease['user']}: lease {lease['id']} released by uid {peer.uid}")
             self._started(service.turns())
             return protocol.result_line(result)
-        if op == "adopt":
-            service.adopt_job(peer, args)
-            return protocol.result_line({})
-        if op == "exited":
-            service.exited(peer, args)
-            self.log(f"lease {args['lease']} released: its job exited ({args['status']})")
+        if op in ("adopt", "exited"):
+            self.log((service.adopt_job if op == "adopt" else service.exited)(peer, args))
             self._started(service.turns())
             return protocol.result_line({})
         if op == "evict":

@@ -333,7 +333,7 @@ class LedgerService:
             self.forget(lease.id)
         return _release_answer(result, problems)
 
-    def adopt_job(self, peer: Peer, args: dict[str, Any]) -> None:
+    def adopt_job(self, peer: Peer, args: dict[str, Any]) -> str:
         """A lease's holder has forked its job (``pid``, leading a group of its own): the
         watch follows it now, not at its next pass, so the holder killed at once leaves the
         lease to its job (and its limit to the broker)."""
@@ -345,21 +345,21 @@ class LedgerService:
         with self.host.transaction() as txn:
             lease = adopted(txn.ledger.find(lease_id), lease_id, pid, uid=peer.uid)
             if lease is None:
-                return
+                return f"lease {lease_id}: not bound to process {pid}, which has ended or left"
             txn.replace(lease)
         fd = self.watch.watch(lease_id, pid, started)
         if fd is not None:
             self.new_fds.append((fd, lease_id))
         self.watch.watch_group(lease_id, pid)
+        return f"lease {lease_id} lives with its job's process group {pid}"
 
-    def exited(self, peer: Peer, args: dict[str, Any]) -> None:
+    def exited(self, peer: Peer, args: dict[str, Any]) -> str:
         """A submitted job's supervisor says its job exited, with what status: the lease ends,
         and its history record keeps the status. Its owner's or root's word alone."""
-        lease_id = wire.lease_id(args.get("lease"))
-        status = wire.exit_status(args.get("status"))
-        cancelled = args.get("cancelled") is True
-        self.host.exited(lease_id, status, cancelled=cancelled, uid=peer.uid)
+        lease_id, status = wire.lease_id(args.get("lease")), wire.exit_status(args.get("status"))
+        self.host.exited(lease_id, status, cancelled=args.get("cancelled") is True, uid=peer.uid)
         self.forget(lease_id)
+        return f"lease {lease_id} released: its job exited ({status})"
 
     def evict(self, peer: Peer, args: dict[str, Any]) -> dict[str, Any]:
         """``release --evict-shared``: mark the shared jobs for their watchers."""
