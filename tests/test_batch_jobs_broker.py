@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +86,24 @@ def test_a_job_whose_supervisor_was_killed_still_ends_at_its_limit(broker: Runni
         found["job_pgid"], None
     )  # ended (a zombie of an init that never reaps)
     assert record(broker, job_id)["state"] == "lost"
+
+
+def test_at_its_limit_the_job_is_signalled_and_its_supervisor_records_timeout(
+    tmp_path: Path,
+) -> None:
+    """The broker's --signal and SIGKILL go to the job, whose group the supervisor bound the
+    lease to, never to the supervisor: it lives to record ``timeout`` (not ``lost``)."""
+    system = tmp_path / "system.toml"
+    system.write_text('[limits]\nkill_wait = "1s"\n')
+    broker = RunningBroker("dgx1-v100", system_config=system).start()
+    try:
+        job = "trap 'echo warned' USR1; trap '' TERM; while :; do sleep 0.1; done"
+        job_id = submit(broker, "--time", "0:03", "--signal", "B:USR1@2", "--", "sh", "-c", job)
+        until(lambda: record(broker, job_id)["state"] in FINAL_STATES, "the job to end", 45)
+        ended = record(broker, job_id)
+        assert (ended["state"], ended["exit_signal"]) == ("timeout", signal.SIGKILL)
+        assert "warned" in Path(ended["output"]).read_text()
+        until(lambda: broker_leases(broker) == [], "the job's lease to end")
+    finally:
+        broker.stop()
+        shutil.rmtree(broker.directory, ignore_errors=True)

@@ -86,11 +86,21 @@ class Overdue:
 def _send(
     lease: Lease, sig: signal.Signals, members: Members, *, leader_only: bool = False
 ) -> bool:
-    """``sig`` to each live process of ``lease`` (``leader_only``: its own process alone);
-    whether any received it."""
-    known = {(lease.pid, lease.pid_start_time)} if lease.pid is not None else set()
+    """``sig`` to each live process of ``lease`` (``leader_only``: the job's own process
+    alone); whether any received it.
+
+    A lease bound to a job its holder forked (:meth:`gpualloc.host.protocol.Host.adopt`: a
+    submitted job's supervisor) is the job's: the job's group leader is its own process, and
+    the holder, which waits to record how the job ended, is never signalled."""
+    held_by_job = lease.process_group is None or lease.process_group == lease.pid
+    if held_by_job:
+        known = {(lease.pid, lease.pid_start_time)} if lease.pid is not None else set()
+    else:
+        known = {m for m in members(lease.id) if m[0] == lease.process_group}
     if not leader_only:
         known |= set(members(lease.id))
+    if not held_by_job:
+        known = {m for m in known if m[0] != lease.pid}
     return sum(_send_one(pid, started, sig) for pid, started in known) > 0
 
 
