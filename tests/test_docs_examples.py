@@ -28,6 +28,8 @@ An HTML comment just before a block (invisible on GitHub and in the site) change
     after: CMD                 run last, must exit 0
     until-interrupted: S       each command gets SIGINT after S seconds; 0 or 130 is success
     then: CMD                  a toml block: a command run with it as the system file
+    file: NAME                 a block of any language (a batch script) is written to NAME
+                               in the page's directory, for the blocks after it
     -->
 """
 
@@ -119,7 +121,8 @@ def _quotes_closed(command: str) -> bool:
 
 
 def blocks(page: Path) -> list[Block]:
-    """Every ``console`` and ``toml`` block of ``page``."""
+    """Every ``console`` and ``toml`` block of ``page``, and every block it says to write
+    as a file (``file: NAME``)."""
     lines = page.read_text(encoding="utf-8").splitlines()
     found: list[Block] = []
     index = 0
@@ -131,9 +134,10 @@ def blocks(page: Path) -> list[Block]:
         start = index
         end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("```"))
         directive = _comment_before(lines, start)
-        if fence.group(1) in ("console", "toml"):
-            text = "\n".join(lines[start + 1 : end])
-            found.append(Block(page, start + 1, fence.group(1), text, directive))
+        text = "\n".join(lines[start + 1 : end])
+        block = Block(page, start + 1, fence.group(1), text, directive)
+        if fence.group(1) in ("console", "toml") or "file" in block.settings:
+            found.append(block)
         index = end + 1
     return found
 
@@ -212,6 +216,14 @@ def _run_block(block: Block, work: Path, env: dict[str, str], tmp_path: Path) ->
     """Run one block; what went wrong, or None."""
     env = dict(env)
     env["GPUALLOC_TOPOLOGY"] = block.setting("topology", DEFAULT_TOPOLOGY)
+    if "file" in block.settings:
+        name = block.setting("file", "")
+        target = (work / name).resolve()
+        if not name or not target.is_relative_to(work.resolve()):
+            return f"{block.where()}: file: {name!r} is not a name inside the page's directory"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(block.text + "\n", encoding="utf-8")
+        return None
     if block.language == "toml":
         config = tmp_path / "system-config.toml"
         config.write_text(block.text + "\n")
