@@ -114,6 +114,28 @@ def test_cancel_ends_a_lost_jobs_process_group_itself() -> None:
     assert live_members(record["job_pgid"]) == [] and status()["leases"] == []
 
 
+def test_a_job_cancelled_before_its_supervisor_began_never_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before its supervisor has recorded its pid no signal can reach it: cancel leaves a
+    mark, which the supervisor reads once it has."""
+    from gpualloc.batch import spawn
+    from gpualloc.cli.parser import parse_command
+    from gpualloc.cli.submission import submit as submit_job
+
+    ran = tmp_path / "ran"
+    held: list[tuple[Path, Path]] = []
+    values = parse_command(["submit", "--", "sh", "-c", f"touch {ran}"]).values
+    values.pop("parsable"), values.pop("as_json")
+    with monkeypatch.context() as patched:
+        patched.setattr(spawn, "start_supervisor", lambda *where: held.append(where))
+        (record,) = submit_job(values, topology="dgx1-v100").records
+    assert gpualloc("cancel", record.id).returncode == 0
+    spawn.start_supervisor(*held[0])  # it begins only now
+    assert until_state(record.id, FINAL_STATES)["state"] == "cancelled"
+    assert not ran.exists()
+
+
 def test_a_pending_job_cancelled_leaves_the_queue() -> None:
     holder = submit("-n", "8", "--", "sleep", "30")
     until_state(holder, {"running"})

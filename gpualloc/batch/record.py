@@ -33,6 +33,9 @@ POLL_S = 0.5
 process has exited, at the job's process group."""
 RECORD_FILE = "job.json"
 LOG_FILE = "output.log"
+CANCEL_FILE = "cancel"
+"""Left in a job's directory by ``cancel``: a supervisor that had not recorded its pid yet,
+which no signal could reach, reads it once it has (:func:`cancel_asked`)."""
 
 
 class JobRecord(Struct, kw_only=True):
@@ -167,6 +170,20 @@ def own_records() -> Iterator[JobRecord]:
             continue  # a directory being made, or not a job's
     records.sort(key=lambda r: (r.submitted, r.array_task or 0, r.id))
     return iter(records)
+
+
+def ask_cancel(record: JobRecord) -> None:
+    """Leave ``cancel``'s mark in the job's directory (:data:`CANCEL_FILE`)."""
+    try:
+        (record.directory / CANCEL_FILE).touch(mode=0o600)
+    except OSError as exc:
+        raise FileAccessError(
+            f"cannot mark job {record.id} cancelled in {record.directory}: {exc.strerror}"
+        ) from None
+
+
+def cancel_asked(directory: Path) -> bool:
+    return (directory / CANCEL_FILE).exists()
 
 
 def supervisor_alive(record: JobRecord) -> bool:

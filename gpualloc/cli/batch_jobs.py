@@ -142,7 +142,14 @@ def cancel_command(jobs: list[str], as_json: bool) -> None:
     SIGTERM, and SIGKILL limits.kill_wait (30 s) later, its GPUs free once its last process
     has gone. Yours, or as root anyone's (by id, found in the host's ledger). A job that has
     ended already is said so and left alone."""
-    from gpualloc.batch.record import FINAL_STATES, find_record, seen_state, supervisor_alive
+    from gpualloc.batch.record import (
+        FINAL_STATES,
+        ask_cancel,
+        find_record,
+        read_record,
+        seen_state,
+        supervisor_alive,
+    )
     from gpualloc.cli.open_ledger import say
     from gpualloc.cli.output import print_json
     from gpualloc.errors import NoSuchJob
@@ -165,6 +172,8 @@ def cancel_command(jobs: list[str], as_json: bool) -> None:
             say(f"job {record.id} has ended already ({state})")
             done.append({"id": record.id, "state": state, "signalled": False})
             continue
+        ask_cancel(record)  # a supervisor that has not recorded its pid yet reads it then
+        record = read_record(record.directory)  # a pid recorded since the mark is signalled
         if record.supervisor_pid is not None and supervisor_alive(record):
             os.kill(record.supervisor_pid, signal.SIGTERM)
         done.append({"id": record.id, "state": state, "signalled": True})

@@ -39,7 +39,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from gpualloc.batch.record import POLL_S, JobRecord, read_record, write_record
+from gpualloc.batch.record import POLL_S, JobRecord, cancel_asked, read_record, write_record
 from gpualloc.errors import GpuallocError, Interrupted
 
 if TYPE_CHECKING:
@@ -126,9 +126,9 @@ class Supervisor:
         from gpualloc.batch.dependency import NeverSatisfied, wait_for_dependencies
 
         record = self.record
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self.on_cancel_while_pending)
         try:
+            if cancel_asked(self.directory):  # cancelled before its pid was recorded
+                raise Cancelled("cancel")
             if record.dependency:
                 wait_for_dependencies(record, self.save)
             if record.array_limit is not None:
@@ -418,6 +418,8 @@ def main(argv: list[str]) -> int:
     supervisor = Supervisor(directory, record)
     from gpualloc.ledger.liveness import process_start_time
 
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before the pid is there for cancel to read
+        signal.signal(sig, supervisor.on_cancel_while_pending)
     supervisor.save(supervisor_pid=os.getpid(), supervisor_start=process_start_time(os.getpid()))
     try:
         os.chdir(record.cwd)
@@ -426,6 +428,9 @@ def main(argv: list[str]) -> int:
         STATE.reset()
         STATE.apply_global_options(topology=record.topology)
         return supervisor.run()
+    except Cancelled:  # before run() took over its signals
+        supervisor.finish("cancelled", reason="Cancelled", detail="cancelled before it started")
+        return 0
     except GpuallocError as exc:
         supervisor.say(f"error: {exc.message}")
         if exc.hint:
