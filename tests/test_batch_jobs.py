@@ -179,6 +179,18 @@ def test_an_array_runs_each_task_once_within_its_limit(tmp_path: Path) -> None:
         assert f"task {task} of {answer['id']}" in text
 
 
+def test_an_arrays_id_names_every_task_in_cancel_and_in_a_dependency() -> None:
+    last_fails = 'sleep 0.5; test "$GPUALLOC_ARRAY_TASK_ID" != 2'
+    failing = submit("--array", "0-2", "--", "sh", "-c", last_fails)
+    after = submit("--dependency", f"afterok:{failing}", "--", "true")
+    assert until_state(after, FINAL_STATES)["reason"] == "DependencyNeverSatisfied"
+    sleeping = submit("--array", "0-2", "--", "sleep", "60")
+    until_state(f"{sleeping}_2", {"running"})
+    assert gpualloc("cancel", sleeping).returncode == 0
+    for task in range(3):
+        assert until_state(f"{sleeping}_{task}", FINAL_STATES)["state"] == "cancelled"
+
+
 def test_an_id_that_names_no_job_of_yours_exits_13() -> None:
     done = gpualloc("log", "0123456789ab")
     assert done.returncode == ExitCode.NO_LEASE and "no job" in done.stderr

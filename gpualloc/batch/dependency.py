@@ -4,8 +4,9 @@
 completed with exit status 0), ``afternotok:`` (each ended otherwise), ``singleton`` (no
 earlier job of the same user and name is still pending or running). Conditions joined by
 ``,`` must all hold, by ``?`` any one (one separator per list, as Slurm has it). The jobs are
-the submitting user's, named by id or a unique prefix, and resolved to full ids when the job
-is submitted (:func:`parse_dependency`), so a later job cannot change what a prefix meant.
+the submitting user's, named by id or a unique prefix (an array's id names each of its
+tasks, as in Slurm), and resolved to full ids when the job is submitted
+(:func:`parse_dependency`), so a later job cannot change what a prefix meant.
 
 A condition that can never hold (``afterok`` on a job that failed) is *never satisfied*: the
 job is cancelled with that reason, Slurm's ``DependencyNeverSatisfied`` with its
@@ -43,7 +44,7 @@ class Dependency(NamedTuple):
 def parse_dependency(text: str) -> Dependency:
     """``--dependency`` read, its jobs resolved to this user's full ids; exit 2 for bad
     syntax, 13 for a job that is not the user's."""
-    from gpualloc.batch.record import find_record
+    from gpualloc.batch.record import find_records
 
     if "," in text and "?" in text:
         raise RequestError(
@@ -67,7 +68,8 @@ def parse_dependency(text: str) -> Dependency:
         names = [name for name in ids.split(":") if name]
         if not names:
             raise RequestError(f"--dependency: {kind} needs a job id ({kind}:ID[:ID...])")
-        conditions.append(Condition(kind, tuple(find_record(name).id for name in names)))
+        ids_named = [record.id for name in names for record in find_records(name)]
+        conditions.append(Condition(kind, tuple(ids_named)))
     return Dependency(tuple(conditions), any_of)
 
 

@@ -239,6 +239,26 @@ def find_record(selector: str) -> JobRecord:
     raise NoSuchJob(f"{selector} names {len(hits)} jobs ({listed})", hint="give more of the id")
 
 
+def find_records(selector: str) -> list[JobRecord]:
+    """The caller's jobs ``selector`` names, as ``cancel`` and ``--dependency`` read it: an
+    array's id (or a prefix of 4 or more that names one array and no other job) names every
+    task of it, as in Slurm's scancel(1) and sbatch(1); anything else one job
+    (:func:`find_record`). Raises NoSuchJob."""
+    if "_" not in selector:
+        records = list(own_records())
+        arrays = {r.array_id for r in records if r.array_id is not None}
+        named = {selector} & arrays
+        if not named and len(selector) >= 4:
+            named = {a for a in arrays if a.startswith(selector)}
+            others = [r for r in records if r.array_id is None and r.id.startswith(selector)]
+            if len(named) != 1 or others:
+                named = set()
+        if named:
+            (array,) = named
+            return [r for r in records if r.array_id == array]
+    return [find_record(selector)]
+
+
 def shown_id(record: JobRecord) -> str:
     """The id ``jobs`` shows: an array task as ``ARRAY_TASK`` (Slurm's ``%A_%a``)."""
     if record.array_id is not None:

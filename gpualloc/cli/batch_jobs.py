@@ -140,16 +140,10 @@ def log_command(job: str, follow: bool) -> None:
 def cancel_command(jobs: list[str], as_json: bool) -> None:
     """Cancel jobs: a pending job leaves the queue; a running job's process group gets
     SIGTERM, and SIGKILL limits.kill_wait (30 s) later, its GPUs free once its last process
-    has gone. Yours, or as root anyone's (by id, found in the host's ledger). A job that has
-    ended already is said so and left alone."""
-    from gpualloc.batch.record import (
-        FINAL_STATES,
-        ask_cancel,
-        find_record,
-        read_record,
-        seen_state,
-        supervisor_alive,
-    )
+    has gone. An array's id cancels each of its tasks (ID_TASK: one). Yours, or as root
+    anyone's (by id, found in the host's ledger). A job that has ended already is said so
+    and left alone."""
+    from gpualloc.batch.record import find_records
     from gpualloc.cli.open_ledger import say
     from gpualloc.cli.output import print_json
     from gpualloc.errors import NoSuchJob
@@ -157,32 +151,45 @@ def cancel_command(jobs: list[str], as_json: bool) -> None:
     done = []
     for selector in jobs:
         try:
-            record = find_record(selector)
+            records = find_records(selector)
         except NoSuchJob:
             if os.geteuid() == 0:
                 done.append(_cancel_from_ledger(selector))
                 continue
             _refuse_others(selector)
             raise
-        state = seen_state(record)
-        if state == "lost" and _end_orphaned_group(record):
-            done.append({"id": record.id, "state": state, "signalled": True})
-            continue
-        if state in FINAL_STATES:
-            say(f"job {record.id} has ended already ({state})")
-            done.append({"id": record.id, "state": state, "signalled": False})
-            continue
-        ask_cancel(record)  # a supervisor that has not recorded its pid yet reads it then
-        record = read_record(record.directory)  # a pid recorded since the mark is signalled
-        if record.supervisor_pid is not None and supervisor_alive(record):
-            os.kill(record.supervisor_pid, signal.SIGTERM)
-        done.append({"id": record.id, "state": state, "signalled": True})
+        for record in records:
+            done.append(_cancel_one(record, say_ended=len(records) == 1))
     if as_json:
         print_json(done)
     else:
         for each in done:
             if each["signalled"]:
                 say(f"job {each['id']} cancelled ({each['state']} until now)")
+
+
+def _cancel_one(record: JobRecord, *, say_ended: bool) -> dict[str, Any]:
+    from gpualloc.batch.record import (
+        FINAL_STATES,
+        ask_cancel,
+        read_record,
+        seen_state,
+        supervisor_alive,
+    )
+    from gpualloc.cli.open_ledger import say
+
+    state = seen_state(record)
+    if state == "lost" and _end_orphaned_group(record):
+        return {"id": record.id, "state": state, "signalled": True}
+    if state in FINAL_STATES:
+        if say_ended:
+            say(f"job {record.id} has ended already ({state})")
+        return {"id": record.id, "state": state, "signalled": False}
+    ask_cancel(record)  # a supervisor that has not recorded its pid yet reads it then
+    record = read_record(record.directory)  # a pid recorded since the mark is signalled
+    if record.supervisor_pid is not None and supervisor_alive(record):
+        os.kill(record.supervisor_pid, signal.SIGTERM)
+    return {"id": record.id, "state": state, "signalled": True}
 
 
 def _end_orphaned_group(record: JobRecord) -> bool:
