@@ -139,11 +139,13 @@ def test_a_job_cancelled_before_its_supervisor_began_never_runs(
 def test_a_pending_job_cancelled_leaves_the_queue() -> None:
     holder = submit("-n", "8", "--", "sleep", "30")
     until_state(holder, {"running"})
-    waiting = submit("-n", "1", "--", "true")
+    waiting = submit("-n", "1", "--time", "10", "--", "true")
     deadline = time.monotonic() + 30
     while not status()["queue"] and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert job(waiting)["reason"] in ("Resources", "Priority")
+    pending = job(waiting)
+    assert pending["reason"] in ("Resources", "Priority")
+    assert pending["time_limit_s"] == 600  # granted at submission, shown while it waits
     assert gpualloc("cancel", waiting, holder).returncode == 0
     assert until_state(waiting, FINAL_STATES)["state"] == "cancelled"
     assert until_state(holder, FINAL_STATES)["state"] == "cancelled"
@@ -249,6 +251,21 @@ def test_sbatch_lines_are_read_and_the_rest_ignored_by_name(tmp_path: Path) -> N
     script.write_text("#!/bin/sh\n#SBATCH --nodes=2\n")
     with pytest.raises(RequestError, match="one host"):
         read_directives(script)
+
+
+def test_a_batch_script_is_run_by_its_bare_name_and_need_not_be_executable(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\n#SBATCH --job-name=plain\necho ran as $GPUALLOC_JOB_NAME\n")
+    script.chmod(0o644)  # as sbatch takes it: a file, not a program
+    done = gpualloc("submit", "--parsable", "train.sh", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    record = until_state(done.stdout.strip(), FINAL_STATES)
+    assert record["state"] == "completed"
+    assert "ran as plain" in gpualloc("log", record["id"]).stdout
+    script.write_text("#!/bin/sh\necho no directives: a program\n")  # run as run runs one
+    assert gpualloc("submit", "train.sh", cwd=tmp_path).returncode == ExitCode.COMMAND_NOT_FOUND
 
 
 def test_array_specs_read_as_slurm_writes_them() -> None:

@@ -53,8 +53,9 @@ def submit(values: dict[str, Any], *, topology: str | None) -> Submitted:
     cwd = Path(values.get("chdir") or Path.cwd())
     if not cwd.is_dir():
         raise RequestError(f"--chdir {cwd}: no such directory")
-    check_command(command, cwd)
-    check_time_limit(values.get("time"), values.get("signal"))
+    if not copied:  # a batch script runs as its copy (0700), wherever and whatever mode it had
+        check_command(command, cwd)
+    time_limit_s = check_time_limit(values.get("time"), values.get("signal"))
     numa_mode(values.get("numa"))  # exit 2 now, not in the job's log
     dependency = None
     if values.get("dependency"):
@@ -104,6 +105,7 @@ def submit(values: dict[str, Any], *, topology: str | None) -> Submitted:
             output=str(output),
             error=str(error) if error is not None else None,
             time_limit=values.get("time"),
+            time_limit_s=time_limit_s,
             dependency=dependency,
             array_id=array_id if task is not None else None,
             array_task=task,
@@ -148,10 +150,12 @@ def check_command(command: list[str], cwd: Path) -> None:
     resolve_program(program, os.environ)
 
 
-def check_time_limit(time: str | None, signal: str | None) -> None:
-    """``--time`` and ``--signal`` read, and the host's time rules applied now, through the
-    same door the host's ledger applies them at (:meth:`TimeRules.grant`): exit 12 for a limit
-    above the maximum, exit 2 for a ``--signal`` with no limit to come before."""
+def check_time_limit(time: str | None, signal: str | None) -> float | None:
+    """The limit the job will have (None: none), ``--time`` and ``--signal`` read and the
+    host's time rules applied now, through the same door the host's ledger applies them at
+    (:meth:`TimeRules.grant`): exit 12 for a limit above the maximum, exit 2 for a
+    ``--signal`` with no limit to come before. Through a broker, its own system file
+    decides again when the job starts."""
     from gpualloc.cli.jobs import asked_signal, asked_time_limit
     from gpualloc.cli.state import STATE
     from gpualloc.host.lease_terms import LeaseTerms
@@ -164,6 +168,7 @@ def check_time_limit(time: str | None, signal: str | None) -> None:
         signal=asked_signal(signal),
     )
     TimeRules.from_config(STATE.config()).grant(terms)
+    return terms.time_limit_s
 
 
 def array_tasks(text: str | None) -> tuple[list[int | None], int | None]:
