@@ -180,7 +180,7 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
         metavar="PERCENT", minimum=1, maximum=100, commands=("run",),
     ),
     JobOption(
-        "name", "str", "A name for the lease, shown by 'gpualloc status'.",
+        "name", "str", "A name for the lease (a submitted job's name), shown by 'status', 'jobs'.",
         metavar="NAME", commands=LAUNCHING, group="lease",
     ),
     JobOption(

@@ -55,6 +55,11 @@ def test_a_submitted_job_runs_detached_and_its_log_holds_its_output() -> None:
     log = gpualloc("log", job_id)
     assert log.returncode == 0
     assert f"as {job_id}" in log.stdout and "on " in log.stdout
+    shown = gpualloc("show", job_id).stdout.splitlines()
+    command = """sh -c 'echo "on $CUDA_VISIBLE_DEVICES as $GPUALLOC_JOB_ID"; exit 3'"""
+    assert f"command = {command}" in shown  # as a shell reads it, not a Python tuple
+    (options,) = [line for line in shown if line.startswith("options = ")]
+    assert 'count=2 name="hello"' in options and "None" not in options
     listed = gpualloc("jobs")
     assert job_id in listed.stdout and "failed" in listed.stdout
     assert status()["leases"] == []  # the lease ended with the job
@@ -164,6 +169,8 @@ def test_a_dependency_that_can_never_be_met_cancels_the_job() -> None:
     also = submit("--dependency", f"afternotok:{failing[:6]}", "--", "true")
     assert until_state(after, FINAL_STATES)["reason"] == "DependencyNeverSatisfied"
     assert until_state(also, FINAL_STATES)["state"] == "completed"
+    (row,) = [line for line in gpualloc("jobs").stdout.splitlines() if after in line]
+    assert row.split()[2:] == ["cancelled", "0:00", "UNLIMITED", "(DependencyNeverSatisfied)"]
 
 
 def test_an_array_runs_each_task_once_within_its_limit(tmp_path: Path) -> None:
@@ -235,6 +242,8 @@ def test_submit_refuses_what_it_can_before_writing_anything() -> None:
     assert gpualloc("submit", "--time", "soon", "--", "true").returncode == ExitCode.USAGE
     bad = gpualloc("submit", "--dependency", "afterok:ffffffffffff", "--", "true")
     assert bad.returncode == ExitCode.NO_LEASE
+    inside = gpualloc("submit", "--", "true", env={**os.environ, "SLURM_JOB_ID": "4242"})
+    assert inside.returncode == ExitCode.USAGE and "inside Slurm job 4242" in inside.stderr
     assert gpualloc("jobs", "--json").stdout.strip() == "[]"
 
 

@@ -104,7 +104,8 @@ def _translated(words: list[str], where: str, ignored: list[str]) -> list[str]:
             if takes_next and not words[index].startswith("-"):
                 value = words[index]
                 index += 1
-            ignored.append(word if value is None else f"{name}={value}")
+            separator = "=" if name.startswith("--") else " "  # as sbatch(1) writes each
+            ignored.append(word if value is None else f"{name}{separator}{value}")
             continue
         if value is None:
             if index >= len(words):

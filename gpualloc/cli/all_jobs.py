@@ -132,8 +132,9 @@ def row_of(view: dict[str, Any], now: datetime) -> list[str]:
     shown_limit = format_time_limit(limit) if limit else "UNLIMITED"
     state = view["state"]
     gpus = view.get("gpus") or "-"
-    if state == "pending":
-        where = f"({view.get('reason')})"
+    reason = view.get("reason")
+    if state == "pending" or (not view.get("gpus") and reason not in (None, "None")):
+        where = f"({reason})"  # why it waits, or why it ended before it had GPUs
     elif view.get("exit_code") is not None and state not in ("running", "completing"):
         where = f"{gpus} exit {view['exit_code']}"
     elif view.get("exit_signal") is not None:

@@ -71,7 +71,7 @@ def jobs_command(since: str | None, every: bool, as_json: bool) -> None:
     from gpualloc.cli.output import Table, print_json, print_tables
     from gpualloc.model.option_values import parse_duration
 
-    window = timedelta(seconds=parse_duration(since) if since else 86400.0)
+    window = timedelta(seconds=parse_duration(since, "--since") if since else 86400.0)
     now = datetime.now(timezone.utc)
     views = []
     for record in own_records():
@@ -279,7 +279,24 @@ def show_command(job: str, as_json: bool) -> None:
     if as_json:
         print_json(view)
         return
-    print_lines([f"{key} = {value}" for key, value in view.items() if value not in (None, {}, [])])
+    print_lines([f"{key} = {_shown(key, value)}" for key, value in view.items()
+                 if value not in (None, {}, [])])  # fmt: skip
+
+
+def _shown(key: str, value: Any) -> str:
+    """A record's value as ``show`` writes it: a command as a shell would read it, the
+    options given (not every default), a list or table as JSON."""
+    import json
+    import shlex
+
+    if key == "command":
+        return shlex.join(value)
+    if key == "options":
+        given = {k: v for k, v in value.items() if v not in (None, False, ())}
+        return " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(given.items()))
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return str(value)
 
 
 JOBS = Command(

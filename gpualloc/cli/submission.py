@@ -37,6 +37,7 @@ def submit(values: dict[str, Any], *, topology: str | None) -> Submitted:
     from gpualloc.cli.jobs import numa_mode
     from gpualloc.model.job_fields import FIELDS
 
+    refuse_inside_slurm()
     command = list(values["command"])
     notes: list[str] = []
     script: Path | None = None
@@ -126,6 +127,24 @@ def submit(values: dict[str, Any], *, topology: str | None) -> Submitted:
                 f"cannot start job {record.id}'s supervisor: {exc.strerror or exc}"
             ) from None
     return Submitted(records, notes)
+
+
+def refuse_inside_slurm() -> None:
+    """Exit 2 inside a Slurm job: the submitted job would outlive the allocation it is
+    confined to (its environment names the Slurm job's GPUs, which Slurm gives to the next
+    job once this one ends), unless ``GPUALLOC_NO_SLURM`` says to ignore Slurm."""
+    if not os.environ.get("SLURM_JOB_ID", "").strip():
+        return
+    from gpualloc.config import NO_SLURM_VARIABLE, no_slurm
+
+    if no_slurm(os.environ):
+        return
+    raise RequestError(
+        f"submit inside Slurm job {os.environ['SLURM_JOB_ID'].strip()}: the job would outlive "
+        "the Slurm job whose GPUs it is confined to",
+        hint=f"submit from a shell outside Slurm, use 'gpualloc run' in the Slurm job, or set "
+        f"{NO_SLURM_VARIABLE}=1",
+    )
 
 
 def merged(script_options: list[str], given: dict[str, Any]) -> dict[str, Any]:
