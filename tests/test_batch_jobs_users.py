@@ -203,6 +203,14 @@ def test_another_user_can_neither_read_a_jobs_log_nor_cancel_it(
     )
     assert opened.returncode == 0 and opened.stdout.startswith("refused"), opened.stdout
 
+    mine = site(bob, "jobs", "--json")
+    assert mine.returncode == 0 and json.loads(mine.stdout) == [], mine.stderr
+    every = site(bob, "jobs", "--all", "--json")  # squeue: every user's, from the host's ledger
+    assert every.returncode == 0, every.stderr
+    (seen,) = [view for view in json.loads(every.stdout) if view["id"] == job_id]
+    assert (seen["user"], seen["state"]) == (alice.name, "running")
+    assert "command" not in seen and secret not in every.stdout
+
     cancelled = site(bob, "cancel", job_id)
     refused(cancelled, ExitCode.NOT_PERMITTED)
     assert alice.name in cancelled.stderr, cancelled.stderr
