@@ -237,6 +237,36 @@ def test_jobs_all_shows_other_users_jobs_from_the_ledger_and_its_history() -> No
     assert [view["id"] for view in host_jobs(host, later, known=[])] == [running.id]
 
 
+def test_jobs_ended_a_month_ago_and_spent_array_slots_are_removed() -> None:
+    from gpualloc.batch.record import (
+        JobRecord,
+        jobs_directory,
+        make_job_directory,
+        own_records,
+        remove_old_jobs,
+        write_record,
+    )
+
+    now = datetime.now(timezone.utc)
+    month = timedelta(days=31)
+
+    def made(job_id: str, **fields: object) -> None:
+        values: dict = {"name": "j", "user": "u", "uid": os.geteuid(), "command": ("true",),
+                        "cwd": "/", "output": "/dev/null", "submitted": now - 2 * month}  # fmt: skip
+        record = JobRecord(id=job_id, **{**values, **fields})
+        write_record(record, make_job_directory(job_id))
+
+    made("a" * 12, state="completed", ended=now - month)
+    made("b" * 12, state="failed", ended=now - timedelta(days=1))
+    made("c" * 12, state="running", supervisor_pid=os.getpid(), array_id="c" * 12, array_task=0)
+    made("d" * 12, state="completed", ended=now, array_id="d" * 12, array_task=0)
+    for array in ("c" * 12, "d" * 12):
+        (jobs_directory() / f".array-{array}.slot0").touch()
+    assert remove_old_jobs() == ["a" * 12]
+    assert sorted(r.id for r in own_records()) == ["b" * 12, "c" * 12, "d" * 12]
+    assert [p.name for p in jobs_directory().glob(".array-*")] == [f".array-{'c' * 12}.slot0"]
+
+
 def test_submit_refuses_what_it_can_before_writing_anything() -> None:
     assert gpualloc("submit", "--", "no-such-program-x").returncode == ExitCode.COMMAND_NOT_FOUND
     assert gpualloc("submit", "--time", "soon", "--", "true").returncode == ExitCode.USAGE

@@ -211,6 +211,41 @@ SUPERVISOR_START_S = 30.0
 (a Python start on a loaded host takes well under a second)."""
 
 
+KEEP_ENDED_DAYS = 30
+"""How long a job's directory (its record, and its log unless ``--output`` put it elsewhere)
+is kept after the job ended, as sacct's records outlive squeue's: :func:`remove_old_jobs`."""
+
+
+def remove_old_jobs(now: datetime | None = None) -> list[str]:
+    """Remove this user's job directories of jobs that ended (or were lost) more than
+    :data:`KEEP_ENDED_DAYS` ago, and the slot files of arrays none of whose tasks is still
+    to end (no supervisor holds or will take one then); the ids removed. Each supervisor
+    calls it as its job ends, so that ``jobs`` and a dependency's wait read a bounded
+    directory."""
+    import shutil
+    from datetime import timedelta
+
+    now = now or datetime.now(timezone.utc)
+    cutoff = now - timedelta(days=KEEP_ENDED_DAYS)
+    removed = []
+    open_arrays: set[str] = set()
+    for record in own_records():
+        state = seen_state(record)
+        if state not in FINAL_STATES:
+            if record.array_id is not None:
+                open_arrays.add(record.array_id)
+            continue
+        if (record.ended or record.submitted) < cutoff:
+            shutil.rmtree(record.directory, ignore_errors=True)
+            removed.append(record.id)
+    base = jobs_directory()
+    for slot in base.glob(".array-*.slot*"):
+        array = slot.name.removeprefix(".array-").partition(".slot")[0]
+        if array not in open_arrays:
+            slot.unlink(missing_ok=True)
+    return removed
+
+
 def find_record(selector: str) -> JobRecord:
     """The caller's job ``selector`` names: its id, a unique prefix of 4 or more characters,
     or an array task as ``ARRAY_TASK``. Raises NoSuchJob."""

@@ -354,6 +354,16 @@ class Supervisor:
         self.save(
             state=state, reason=reason, detail=detail, ended=datetime.now(timezone.utc), **more
         )
+        _tidy()
+
+
+def _tidy() -> None:
+    """The user's old job directories and spent array slots removed (best effort: another
+    supervisor may be removing the same)."""
+    from gpualloc.batch.record import remove_old_jobs
+
+    with contextlib.suppress(OSError, GpuallocError):
+        remove_old_jobs()
 
 
 def _bind(host: Host, lease_id: str, pid: int) -> None:
