@@ -251,8 +251,15 @@ def test_jobs_ended_a_month_ago_and_spent_array_slots_are_removed() -> None:
     month = timedelta(days=31)
 
     def made(job_id: str, **fields: object) -> None:
-        values: dict = {"name": "j", "user": "u", "uid": os.geteuid(), "command": ("true",),
-                        "cwd": "/", "output": "/dev/null", "submitted": now - 2 * month}  # fmt: skip
+        values: dict = {
+            "name": "j",
+            "user": "u",
+            "uid": os.geteuid(),
+            "command": ("true",),
+            "cwd": "/",
+            "output": "/dev/null",
+            "submitted": now - 2 * month,
+        }
         record = JobRecord(id=job_id, **{**values, **fields})
         write_record(record, make_job_directory(job_id))
 
