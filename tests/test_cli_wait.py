@@ -144,7 +144,7 @@ def test_min_utility_postpones_by_drb_utility() -> None:
     assert out.strip() == ",".join(map(str, idle["gpus"]))
 
 
-def _hold_for_another_user(gpus: str) -> Callable[[], None]:
+def _hold_for_another_user(gpus: str, time_limit_s: float | None = None) -> Callable[[], None]:
     """GPUs held by a lease of another uid (what makes a waiting job blocked by others, to
     which ``--max-bypass`` applies), written as the broker writes its peers' leases; returns
     its release."""
@@ -160,9 +160,30 @@ def _hold_for_another_user(gpus: str) -> Callable[[], None]:
     request = JobRequest(len(chosen), build_pattern("ring", len(chosen)), sensitive=False)
     other = 54321
     lease = host.allocate(
-        Want(request, explicit=chosen), LeaseTerms(source="alloc", hold=True, uid=other)
+        Want(request, explicit=chosen),
+        LeaseTerms(source="alloc", hold=True, uid=other, time_limit_s=time_limit_s),
     ).lease
     return lambda: host.release_leases([lease.id], uid=other) and None
+
+
+def test_a_job_that_ends_before_a_blocked_jobs_reservation_starts_and_passes_nobody() -> None:
+    """EASY backfill (gpualloc/host/backfill.py): another user's hour on GPUs 0-5 is the
+    blocked 8-GPU job's wait; a 1-GPU job of ten minutes ends before it and starts without
+    counting as a pass, while one with no --time waits, told why."""
+    _hold_for_another_user("0-5", time_limit_s=3600.0)
+    big = _waiter("-n", "8", "--max-bypass", "1", "--", "true")
+    _until(_queued(1), "the 8-GPU job to queue")
+    for _ in range(2):  # more than its --max-bypass: these passes prove they delay it not
+        short = gpualloc("run", "-n", "1", "--wait", "--timeout", "60", "--time", "10", "--",
+                         "true")  # fmt: skip
+        assert short.returncode == 0, short.stderr
+    assert status()["queue"][0]["passed_over"] == 0
+    endless = gpualloc("run", "-n", "1", "--wait", "--timeout", "0.5", "--", "true")
+    assert endless.returncode == 124
+    assert "8-GPU job starts by " in endless.stderr and "no --time" in endless.stderr
+    assert big.poll() is None
+    shown = gpualloc("status").stdout  # the head's reservation, in squeue's words
+    assert "it starts by " in shown and "on GPU 0-7, by the running jobs' time limits" in shown
 
 
 def test_backfill_lets_small_jobs_pass_a_blocked_big_one_but_not_forever() -> None:

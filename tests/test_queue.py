@@ -157,3 +157,91 @@ def test_the_pending_reason_says_why_a_job_waits_in_squeues_words() -> None:
     assert reasons[small.id] == (
         "Priority: bob's 4-GPU job was passed over 8 times: no more backfill until it starts"
     )
+
+
+# ---- EASY backfill on declared limits (gpualloc/host/backfill.py) ---------------------------
+
+
+def _timed_host(leases: list[tuple[tuple[int, ...], float | None]]):
+    """dgx1-v100's embedded host with a held lease on each ``(gpus, limit_s)``."""
+    from gpualloc.host.lease_terms import LeaseTerms
+    from gpualloc.host.local import LocalHost
+    from gpualloc.model.request import JobRequest
+    from gpualloc.placement.mapa.patterns import build_pattern
+    from gpualloc.topologies import load_bundled
+
+    host = LocalHost.open(load_bundled("dgx1-v100"), ignore_foreign=True)
+    for uid, (gpus, limit) in enumerate(leases, start=2000):
+        request = JobRequest(len(gpus), build_pattern("ring", len(gpus)), sensitive=False)
+        terms = LeaseTerms(source="alloc", hold=True, uid=uid, time_limit_s=limit)
+        host.allocate(Want(request, explicit=gpus), terms)
+    return host
+
+
+def _easy(host, queue: list[Waiter]) -> dict[str, object]:
+    """Each waiter's turn under EASY backfill on ``host`` now, by id."""
+    from gpualloc.host.queue import attempts, backfill_of, walk
+
+    occupancy = host.occupancy(host.snapshot().ledger)
+    attempt = attempts(host.topology, occupancy)
+    backfill = backfill_of(host.topology, occupancy, attempt)
+    return {t.waiter.id: t for t in walk(turn_order(queue), attempt, backfill=backfill)}
+
+
+def test_a_job_backfills_ahead_of_a_blocked_8_gpu_job_only_if_it_ends_by_its_shadow_time() -> None:
+    """An hour's lease holds GPUs 0-3; an 8-GPU job waits for them: its reservation is all
+    eight GPUs from that lease's end. A 2-GPU job of 30 minutes ends before and starts, and
+    passes nobody (it provably delays no one); one of 2 hours, or with no limit, waits."""
+    host = _timed_host([((0, 1, 2, 3), 3600.0)])
+    head = _waiter("big", 0, gpus=8)
+    short = _waiter("short", 1, gpus=2, time_limit_s=1800.0)
+    long = _waiter("long", 2, gpus=2, time_limit_s=7200.0)
+    endless = _waiter("endless", 3, gpus=2)
+    turns = _easy(host, [head, short, long])
+    reserved = turns[head.id].reservation
+    (lease,) = host.snapshot().ledger.leases
+    assert reserved is not None and reserved.at == lease.ends
+    assert reserved.gpus == frozenset(range(8))
+    assert turns[short.id].go and turns[short.id].passed == ()
+    assert set(turns[short.id].placement.gpus).isdisjoint({0, 1, 2, 3})
+    for late in (long, endless):
+        turn = _easy(host, [head, late])[late.id]
+        assert not turn.go and turn.held_by == "Priority"
+        assert turn.reason.startswith("big's 8-GPU job starts by ")
+        assert "on GPU 0-7" in turn.reason
+
+
+def test_a_job_with_no_limit_backfills_only_off_the_shadow_set() -> None:
+    """A blocked job's reservation is the placement it will get, not a count of GPUs: a later
+    job with no limit starts now placed off those GPUs, and passes nobody."""
+    host = _timed_host([((2, 3), 3600.0)])
+    pinned = QueuedRequest(gpus=4, sensitive=True, explicit=(0, 1, 2, 3))
+    head = replace(_waiter("pinned", 0, gpus=4), request=pinned)
+    endless = _waiter("endless", 1, gpus=2)
+    turns = _easy(host, [head, endless])
+    assert turns[head.id].reservation.gpus == frozenset({0, 1, 2, 3})
+    turn = turns[endless.id]
+    assert turn.go and turn.passed == ()
+    assert set(turn.placement.gpus).isdisjoint({0, 1, 2, 3})
+    # Off the shadow set even where the engine's own choice would sit on it:
+    from gpualloc.host.queue import attempts, backfill_of
+
+    occupancy = host.occupancy(host.snapshot().ledger)
+    attempt = attempts(host.topology, occupancy)
+    off = backfill_of(host.topology, occupancy, attempt).off(endless, frozenset({4, 5, 6, 7}))
+    assert off.placement is not None and set(off.placement.gpus) == {0, 1}
+
+
+def test_behind_a_lease_with_no_limit_backfill_stays_bounded_by_max_bypass() -> None:
+    """No limit says when GPUs held with none come free: the head's reservation has no time
+    and proves nothing, so a later job passes it only as before, counted, within its
+    max_bypass."""
+    host = _timed_host([((0, 1, 2, 3), None)])
+    head = _waiter("big", 0, gpus=8)
+    short = _waiter("short", 1, gpus=2, time_limit_s=60.0)
+    turns = _easy(host, [head, short])
+    assert turns[head.id].reservation.at is None
+    assert turns[short.id].go and turns[short.id].passed == (head.id,)
+    starving = replace(head, passed_over=8, max_bypass=8)
+    turn = _easy(host, [starving, short])[short.id]
+    assert not turn.go and "passed over 8 times" in turn.reason

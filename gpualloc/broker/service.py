@@ -25,6 +25,7 @@ from typing import Any
 from msgspec import Struct
 
 from gpualloc.broker import requests as wire
+from gpualloc.broker.answers import placement_of, release_answer
 from gpualloc.broker.fair_share import FairShare
 from gpualloc.broker.overdue import Overdue
 from gpualloc.broker.peers import Peer, check_owned
@@ -32,6 +33,7 @@ from gpualloc.broker.watch import ProcessWatch
 from gpualloc.config import Config
 from gpualloc.durations import seconds_given
 from gpualloc.errors import GpuallocError, NoSuchLease, NotPermitted, RequestError
+from gpualloc.host.backfill import Backfill
 from gpualloc.host.ending import adopted
 from gpualloc.host.grant import grant_answer, grant_of
 from gpualloc.host.launching import check_before_placing
@@ -41,19 +43,19 @@ from gpualloc.host.queue import (
     Attempt,
     AttemptMemo,
     attempts,
+    backfill_of,
     blocked_by_own,
     new_waiter,
     next_start,
-    take_turn,
+    walk,
 )
 from gpualloc.host.queue_policy import QueuePolicy
 from gpualloc.host.terms import Allocation
 from gpualloc.ledger.occupancy import Occupancy
 from gpualloc.ledger.owned_store import OwnedLedgerStore
-from gpualloc.ledger.schema import Lease, Waiter
+from gpualloc.ledger.schema import Waiter
 from gpualloc.ledger.statedir import StateDirectory
 from gpualloc.ledger.store import LedgerTransaction, lease_alive
-from gpualloc.model.request import Placement, Scores
 from gpualloc.model.validation import to_builtins
 from gpualloc.placement.want import Want
 from gpualloc.user_files import shown_repr
@@ -147,7 +149,7 @@ class LedgerService:
         self.fair.load(self.fair_share_file)
         with self.store.transaction(reap=True) as txn:
             for lease in txn.ledger.leases:
-                self._follow(Allocation(lease, _placement_of(lease)))
+                self._follow(Allocation(lease, placement_of(lease)))
             self.fair.account(txn.ledger.leases)
         return [lease.id for lease in txn.reaped]
 
@@ -211,7 +213,7 @@ class LedgerService:
                 raise NotPermitted(
                     f"lease id {lease_id} is another user's", hint="let gpualloc choose ids"
                 )
-            return Allocation(lease, _placement_of(lease))
+            return Allocation(lease, placement_of(lease))
         waiter = txn.ledger.waiter(lease_id)
         if waiter is not None:
             if waiter.uid != peer.uid:
@@ -331,7 +333,7 @@ class LedgerService:
             problems = [p for p in problems if not isinstance(p, NoSuchLease)]
         for lease in result.released:
             self.forget(lease.id)
-        return _release_answer(result, problems)
+        return release_answer(result, problems)
 
     def adopt_job(self, peer: Peer, args: dict[str, Any]) -> str:
         """A lease's holder has forked its job (``pid``, leading a group of its own): the
@@ -370,7 +372,7 @@ class LedgerService:
             grace_s=grace,
             uid=peer.uid,
         )
-        return _release_answer(result, None)
+        return release_answer(result, None)
 
     def snapshot(self, args: dict[str, Any]) -> dict[str, Any]:
         """The host as the broker sees it; without ``full``, its topology alone."""
@@ -483,6 +485,10 @@ class LedgerService:
 
         return attempt
 
+    def _backfill(self, occupancy: Occupancy, attempt: Callable[[Waiter], Attempt]) -> Backfill:
+        topology, budget = self.host.topology, self.host.placement_budget_s
+        return backfill_of(topology, occupancy, attempt, budget_s=budget)
+
     def turns(self) -> list[Started]:
         """Start every waiter whose turn it is, in one transaction (fair-share order)."""
         if not self.pending:
@@ -493,11 +499,13 @@ class LedgerService:
             while True:
                 queue = [w for w in txn.ledger.queue if w.id in self.pending]
                 occupancy = self.host.occupancy(txn.ledger)  # once a turn, for both questions
+                attempt = self._attempts(txn, occupancy)
                 turn = next_start(
                     queue,
-                    self._attempts(txn, occupancy),
+                    attempt,
                     order_of=self.fair.order,
                     self_blocked=blocked_by_own(occupancy),
+                    backfill=self._backfill(occupancy, attempt),
                 )
                 if turn is None or turn.waiter is None or turn.placement is None:
                     break
@@ -537,10 +545,14 @@ class LedgerService:
         holders = who_holds(occupancy)
         blocked = blocked_by_own(occupancy)
         found = {}
-        for waiter in queue:
-            turn = take_turn(
-                queue, waiter.id, attempt, order_of=self.fair.order, self_blocked=blocked
-            )
+        for turn in walk(
+            self.fair.order(queue),
+            attempt,
+            self_blocked=blocked,
+            backfill=self._backfill(occupancy, attempt),
+        ):
+            waiter = turn.waiter
+            assert waiter is not None
             status = WaitStatus(
                 position=turn.position,
                 queue_length=len(queue),
@@ -563,38 +575,3 @@ class LedgerService:
     def next_deadline(self) -> float | None:
         """When the first waiter's ``--timeout`` runs out (the loop wakes for it)."""
         return min((p.deadline for p in self.pending.values() if p.deadline), default=None)
-
-
-def _placement_of(lease: Lease) -> Placement:
-    """The placement a lease records (for a request sent again: its first answer is gone)."""
-    scores = lease.scores
-    return Placement(
-        policy=lease.policy or "",
-        gpus=() if lease.mig else lease.indices,
-        scores=Scores(
-            aggregated_gbps=scores.get("aggregated_gbps"),
-            effective_gbps=scores.get("effective_gbps"),
-            preserved_gbps=scores.get("preserved_gbps") or 0.0,
-            bottleneck_gbps=scores.get("bottleneck_gbps"),
-            utility=scores.get("utility") or 0.0,
-        ),
-        objective="the lease this request made before",
-        mig_devices=lease.mig_keys,
-        shared=lease.share is not None,
-    )
-
-
-def _release_answer(result: Any, problems: list[Any] | None) -> dict[str, Any]:
-    """A release's (or an eviction's) answer: the leases, and their receipt, as the client
-    prints them (:mod:`gpualloc.host.receipt`)."""
-    from gpualloc.host.receipt import receipt_answer
-
-    return {
-        "released": [to_builtins(lease) for lease in result.released],
-        "kept": [to_builtins(lease) for lease in result.kept],
-        **receipt_answer(result),
-        "problems": [
-            {"code": int(p.exit_code), "message": p.message, "hint": p.hint}
-            for p in (result.problems if problems is None else problems)
-        ],
-    }

@@ -11,7 +11,10 @@ TOPO-AWARE-P, seed 000 section 4.4) and every waiter ahead of it
   host's backfill window where one is set (backfill: a later job may start before an earlier
   one that cannot start anyway, but not forever, so no job starves).
 
-A waiter that starts past earlier ones counts as one more pass for each of them.
+A waiter that starts past earlier ones counts as one more pass for each of them, but for the
+first that cannot start where the running leases' limits time its start: that one holds
+EASY backfill's reservation (:mod:`.backfill`), which a later waiter passes only by ending
+before it or keeping off its GPUs, proved, not counted.
 
 There is no daemon: each waiting gpualloc applies this rule to itself, under the ledger lock,
 every time it looks (see :mod:`.wait`), and so does a job that does not wait
@@ -23,7 +26,7 @@ each waiter would start; the simulator applies the same rule to its own queue.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
@@ -31,6 +34,7 @@ from msgspec import Struct
 from msgspec.structs import replace
 
 from gpualloc.errors import GpuallocError, GpusBusy, NoFeasiblePlacement
+from gpualloc.host.backfill import Backfill, Reservation
 from gpualloc.host.queue_policy import WaitOptions
 from gpualloc.ledger.liveness import process_start_time
 from gpualloc.ledger.occupancy import Occupancy
@@ -76,7 +80,9 @@ class Turn(Struct, frozen=True):
     position: int = 0
     """1-based position in turn order."""
     waiter: Waiter | None = None
-    """The waiter this turn is for (set by :func:`next_start`)."""
+    """The waiter this turn is for (set by :func:`walk`)."""
+    reservation: Reservation | None = None
+    """The waiter's reservation, where it is the first that cannot start (EASY backfill)."""
 
     @property
     def go(self) -> bool:
@@ -101,50 +107,111 @@ def take_turn(
     now: datetime | None = None,
     order_of: Callable[[Sequence[Waiter]], list[Waiter]] = turn_order,
     self_blocked: Callable[[Waiter], bool] = lambda waiter: False,
+    backfill: Backfill | None = None,
 ) -> Turn:
     """May ``waiter_id`` start now? ``attempt`` places a waiter on the GPUs free now;
     ``order_of`` puts the queue in turn order (the broker's adds fair share between users).
     A waiter that cannot start now and that its own owner's leases keep from starting
     (``self_blocked``, see :func:`blocked_by_own`) neither holds back nor counts as passed
-    over."""
-    now = now or datetime.now(timezone.utc)
+    over. With ``backfill``, the first waiter that cannot start holds a reservation
+    (:mod:`.backfill`, EASY backfill), which a later one must keep."""
     order = order_of(queue)
     ids = [w.id for w in order]
     if waiter_id not in ids:
         raise KeyError(f"waiter {waiter_id} is not in the queue")
     position = ids.index(waiter_id) + 1
+    for turn in walk(order[:position], attempt, now=now, self_blocked=self_blocked,
+                     backfill=backfill):  # fmt: skip
+        if turn.position == position:
+            return turn
+    raise AssertionError("walk gives every waiter a turn")  # pragma: no cover
+
+
+def walk(
+    order: Sequence[Waiter],
+    attempt: Callable[[Waiter], Attempt],
+    *,
+    now: datetime | None = None,
+    self_blocked: Callable[[Waiter], bool] = lambda waiter: False,
+    backfill: Backfill | None = None,
+) -> Iterator[Turn]:
+    """Each waiter's turn, in turn order (``order``): the queue rule (module docstring) in
+    one pass. A waiter may start when it can be placed and no waiter ahead of it may start;
+    those ahead that cannot are passed over within their ``max_bypass`` and the backfill
+    window, except that with ``backfill`` the first of them holds EASY's reservation: a
+    later waiter starts only on a placement that keeps it (:meth:`Reservation.kept_by
+    <gpualloc.host.backfill.Reservation.kept_by>`), placed off its GPUs where it must be,
+    and such a start is no pass. A reservation no declared limit can time (a lease without
+    one stands in its way) proves nothing: it is passed within the same bounds, counted."""
+    now = now or datetime.now(timezone.utc)
     passed: list[str] = []
-    for earlier in order[: position - 1]:
-        if attempt(earlier).placement is not None:
-            return Turn(
-                None,
-                reason=f"{_who(earlier)} is ahead and can start now",
-                held_by="Priority",
-                position=position,
-            )
-        if self_blocked(earlier):
+    stop = ""
+    reservation: Reservation | None = None
+    holder: Waiter | None = None
+    for position, waiter in enumerate(order, start=1):
+        if stop:
+            yield Turn(None, reason=stop, held_by="Priority", position=position, waiter=waiter)
             continue
-        if earlier.passed_over >= earlier.max_bypass:
-            return Turn(
-                None,
-                reason=f"{_who(earlier)} was passed over {count_of(earlier.passed_over, 'time')}: "
-                "no more backfill until it starts",
-                held_by="Priority",
-                position=position,
-            )
-        if _window_over(earlier, now):
-            return Turn(
-                None,
-                reason=f"{_who(earlier)} has waited longer than this host's backfill window "
-                f"({earlier.backfill_window_s:g} s): no more backfill until it starts",
-                held_by="Priority",
-                position=position,
-            )
-        passed.append(earlier.id)
-    mine = attempt(order[position - 1])
-    if mine.placement is None:
-        return Turn(None, reason=mine.reason, held_by="Resources", position=position)
-    return Turn(mine.placement, passed=tuple(passed), position=position)
+        placed = attempt(waiter)
+        if placed.placement is None:
+            blocked = self_blocked(waiter)
+            reserved = None
+            if backfill is not None and reservation is None and not blocked:
+                reservation = reserved = backfill.reservation(waiter)
+                holder = waiter
+            yield Turn(None, reason=placed.reason, held_by="Resources", position=position,
+                       waiter=waiter, reservation=reserved)  # fmt: skip
+            if blocked:
+                continue
+            if reserved is not None and reserved.at is not None:
+                continue  # timed: what passes it is proved to keep its reservation, not counted
+            stop = _backfill_over(waiter, now)
+            if not stop:
+                passed.append(waiter.id)
+            continue
+        placement = placed.placement
+        if reservation is not None and reservation.at is not None and backfill is not None:
+            assert holder is not None
+            limit = waiter.time_limit_s
+            if not reservation.kept_by(placement, limit, now):  # placed off it, or it waits
+                placement = backfill.off(waiter, reservation.gpus).placement or placement
+            if not reservation.kept_by(placement, limit, now):
+                yield Turn(None, reason=_reserved(holder, reservation, waiter),
+                           held_by="Priority", position=position, waiter=waiter)  # fmt: skip
+                continue
+        yield Turn(placement, passed=tuple(passed), position=position, waiter=waiter)
+        stop = f"{_who(waiter)} is ahead and can start now"
+
+
+def _backfill_over(waiter: Waiter, now: datetime) -> str:
+    """Why no later waiter may start before ``waiter`` any more (empty: they may)."""
+    if waiter.passed_over >= waiter.max_bypass:
+        return (
+            f"{_who(waiter)} was passed over {count_of(waiter.passed_over, 'time')}: "
+            "no more backfill until it starts"
+        )
+    if _window_over(waiter, now):
+        return (
+            f"{_who(waiter)} has waited longer than this host's backfill window "
+            f"({waiter.backfill_window_s:g} s): no more backfill until it starts"
+        )
+    return ""
+
+
+def _reserved(holder: Waiter, reservation: Reservation, waiter: Waiter) -> str:
+    """Why ``waiter``, placeable now, waits for ``holder``'s reservation."""
+    from gpualloc.model.cpuset import format_cpulist
+    from gpualloc.time_limits import format_time_limit
+
+    assert reservation.at is not None
+    at = reservation.at.astimezone().strftime("%H:%M:%S")
+    gpus = format_cpulist(sorted(reservation.gpus))
+    why = (
+        "this job has no --time to end by then"
+        if waiter.time_limit_s is None
+        else f"this job's --time {format_time_limit(waiter.time_limit_s)} ends after that"
+    )
+    return f"{_who(holder)} starts by {at} on GPU {gpus}, and {why}"
 
 
 def pending_reasons(
@@ -161,10 +228,11 @@ def pending_reasons(
     ``gpualloc status``; the rule is :func:`take_turn`'s, applied to each waiter."""
     attempt = attempts(topology, occupancy, budget_s=budget_s)
     blocked = blocked_by_own(occupancy)
+    backfill = backfill_of(topology, occupancy, attempt, budget_s=budget_s)
     reasons: dict[str, str] = {}
-    for waiter in queue:
-        turn = take_turn(queue, waiter.id, attempt, self_blocked=blocked)
-        reasons[waiter.id] = _pending_reason(turn, waiter, own=blocked(waiter))
+    for turn in walk(turn_order(queue), attempt, self_blocked=blocked, backfill=backfill):
+        assert turn.waiter is not None
+        reasons[turn.waiter.id] = _pending_reason(turn, turn.waiter, own=blocked(turn.waiter))
     return reasons
 
 
@@ -176,6 +244,16 @@ def _pending_reason(turn: Turn, waiter: Waiter, *, own: bool) -> str:
         return (
             f"{said}; its owner's own leases hold GPUs it needs, so later jobs start before it "
             "on GPUs it cannot use yet, and do not count against its --max-bypass"
+        )
+    reserved = turn.reservation
+    if reserved is not None and reserved.at is not None:
+        from gpualloc.model.cpuset import format_cpulist
+
+        at = reserved.at.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+        return (
+            f"{said}; it starts by {at} on GPU {format_cpulist(sorted(reserved.gpus))}, by the "
+            "running jobs' time limits: later jobs start before it only if they end by then or "
+            "keep off those GPUs"
         )
     if waiter.passed_over >= waiter.max_bypass:
         times = count_of(waiter.passed_over, "time")
@@ -203,25 +281,14 @@ def next_start(
     *,
     order_of: Callable[[Sequence[Waiter]], Sequence[Waiter]] = turn_order,
     self_blocked: Callable[[Waiter], bool] = lambda waiter: False,
+    backfill: Backfill | None = None,
 ) -> Turn | None:
     """The one waiter :func:`take_turn` lets start now, found in a single pass (the simulator
-    asks this after every change; a live gpualloc asks :func:`take_turn` about itself).
-
-    It is the first waiter in turn order that can be placed, provided every waiter before it
-    may still be passed; any later waiter is behind a placeable one and must wait. ``None``
-    when nobody may start. The returned turn's ``waiter`` names it.
-    """
-    passed: list[str] = []
-    for position, waiter in enumerate(order_of(queue), start=1):
-        placed = attempt(waiter)
-        if placed.placement is not None:
-            return Turn(placed.placement, passed=tuple(passed), position=position, waiter=waiter)
-        if self_blocked(waiter):
-            continue
-        if waiter.passed_over >= waiter.max_bypass:
-            return None
-        passed.append(waiter.id)
-    return None
+    asks this after every change; a live gpualloc asks :func:`take_turn` about itself):
+    the first that :func:`walk` lets go, or ``None``. The returned turn's ``waiter`` names
+    it."""
+    turns = walk(order_of(queue), attempt, self_blocked=self_blocked, backfill=backfill)
+    return next((turn for turn in turns if turn.go), None)
 
 
 class AttemptMemo:
@@ -293,6 +360,26 @@ def attempts(
     return attempt
 
 
+def backfill_of(
+    topology: Topology,
+    occupancy: Occupancy,
+    attempt: Callable[[Waiter], Attempt],
+    *,
+    budget_s: float | None = None,
+    now: datetime | None = None,
+) -> Backfill:
+    """EASY backfill's view of ``occupancy`` (:mod:`.backfill`): ``attempt`` places a waiter
+    now, and a reservation is placed on the occupancy as the running leases' limits leave
+    it."""
+    return Backfill(
+        topology,
+        occupancy,
+        attempt,
+        lambda later: attempts(topology, later, budget_s=budget_s),
+        now or datetime.now(timezone.utc),
+    )
+
+
 def blocked_by_own(occupancy: Occupancy) -> Callable[[Waiter], bool]:
     """Whether a waiter cannot start while its own owner's leases stand, whatever anyone else
     releases: it names a GPU its owner holds (``--gpus``, ``--require``), or asks for more GPUs than
@@ -334,11 +421,13 @@ def newcomer_passes(
     newcomer = replace(
         new_waiter(new_lease_id(), want, terms, WaitOptions()), seq=txn.ledger.next_seq
     )
+    attempt = attempts(topology, occupancy, budget_s=budget_s)
     turn = take_turn(
         [*txn.ledger.queue, newcomer],
         newcomer.id,
-        attempts(topology, occupancy, budget_s=budget_s),
+        attempt,
         self_blocked=blocked_by_own(occupancy),
+        backfill=backfill_of(topology, occupancy, attempt, budget_s=budget_s),
     )
     if not turn.go:
         raise GpusBusy(
@@ -384,4 +473,5 @@ def new_waiter(
         name=terms.name,
         source=terms.source,
         created=datetime.now(timezone.utc),
+        time_limit_s=terms.time_limit_s,
     )

@@ -29,6 +29,7 @@ from gpualloc.host.lease_terms import LeaseTerms
 from gpualloc.host.queue import (
     Turn,
     attempts,
+    backfill_of,
     blocked_by_own,
     new_waiter,
     take_turn,
@@ -125,11 +126,14 @@ def _look(
 ) -> tuple[Allocation | None, WaitStatus]:
     """Apply the queue rule for ``waiter_id`` in ``txn``; start it if it may."""
     occupancy = host.occupancy(txn.ledger)
+    budget = host.placement_budget_s
+    attempt = attempts(host.topology, occupancy, budget_s=budget)
     turn = take_turn(
         txn.ledger.queue,
         waiter_id,
-        attempts(host.topology, occupancy, budget_s=host.placement_budget_s),
+        attempt,
         self_blocked=blocked_by_own(occupancy),
+        backfill=backfill_of(host.topology, occupancy, attempt, budget_s=budget),
     )
     status = WaitStatus(
         position=turn.position,

@@ -16,7 +16,7 @@ from gpualloc.model.queued import QueuedRequest
 from gpualloc.model.share import LeasedShare
 from gpualloc.model.validation import NonNegativeInt, PositiveInt
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 """2 added the waiting queue (``queue``, ``next_seq``) and ``Lease.sensitive``; 3 added
 ``writer_uid``, ``root_journal_seq``, ``Lease.process_group`` and the confirmation of a new
 lease (``announced``, ``creator_pid``); 4 added ``Lease.mig`` (MIG devices held; such a lease
@@ -24,8 +24,10 @@ may hold no whole GPU); 5 added shared GPUs (``Lease.shareable``, ``Lease.memory
 ``Lease.share``, ``QueuedRequest.share``), ``stats`` and ``Lease.activity``; 6 added
 ``stats.request_mix`` (what fragmentation-aware placement weighs); 7 added
 ``Lease.slurm_conflict``; 8 ends the file with its generation again (the trailer of
-:mod:`.document`, since the store rewrites its files in place). Older files read as version 8:
-every added field has a default that means what the older file meant."""
+:mod:`.document`, since the store rewrites its files in place); 9 added ``Lease.time_limit_s``
+and ``Lease.signal``; 10 the ``submit`` source; 11 ``Waiter.time_limit_s`` (EASY backfill,
+:mod:`gpualloc.host.backfill`). Older files read as version 8: every added field has a default
+that means what the older file meant."""
 
 LeaseSource = Literal["run", "alloc", "slurm", "submit"]
 Priority = Literal["high", "normal", "low"]
@@ -224,6 +226,9 @@ class Waiter(_Entry, kw_only=True, frozen=True):
     name: str | None = None
     source: LeaseSource = "run"
     created: datetime
+    time_limit_s: Annotated[float, Meta(gt=0)] | None = None
+    """The limit its lease will have (granted at the door; None: none): how long it holds its
+    GPUs at most once started, which EASY backfill weighs (:mod:`gpualloc.host.backfill`)."""
 
 
 class Ledger(Struct, kw_only=True, forbid_unknown_fields=True):
