@@ -70,8 +70,31 @@ def test_kill_9_of_the_broker_mid_queue_and_mid_run_loses_no_job(broker: Running
     assert {ended[running]["exit_status"], ended[waiting]["exit_status"]} == {0}
 
 
+def test_a_jobs_lease_outlives_its_exit_while_a_process_it_left_runs(
+    broker: RunningBroker,
+) -> None:
+    """A job that leaves a process behind in a session of its own (setsid) has exited, but
+    its GPUs are not free until that process has gone; the history keeps the exit status."""
+    job_id = submit(broker, "--time", "1:00", "--", "sh", "-c",
+                    "setsid sleep 37 & sleep 1.5; exit 0")  # fmt: skip
+    until(lambda: record(broker, job_id)["state"] in FINAL_STATES, "the job to end", 60)
+    assert record(broker, job_id)["state"] == "completed"
+    assert [lease["id"] for lease in broker_leases(broker)] == [job_id]
+    left = subprocess.run(["pgrep", "-f", "^sleep 37$"], capture_output=True, text=True)
+    for pid in left.stdout.split():
+        os.kill(int(pid), signal.SIGKILL)
+    until(lambda: broker_leases(broker) == [], "the lease to end with its last process")
+
+    def ended() -> list[dict]:
+        return [json.loads(line) for path in broker.state.glob("*.history.jsonl")
+                for line in path.read_text().splitlines()]  # fmt: skip
+
+    until(lambda: ended() != [], "the lease's history record")
+    assert [(r["lease"], r["exit_status"]) for r in ended()] == [(job_id, 0)]
+
+
 def test_a_job_whose_supervisor_was_killed_still_ends_at_its_limit(broker: RunningBroker) -> None:
-    job_id = submit(broker, "--time", "0:03", "--", "sleep", "120")
+    job_id = submit(broker, "--time", "0:06", "--", "sleep", "120")
     until(lambda: record(broker, job_id)["state"] == "running", "the job to start")
     found = record(broker, job_id)
     # At once: the supervisor bound its lease to the job's group before the job began
@@ -81,6 +104,10 @@ def test_a_job_whose_supervisor_was_killed_still_ends_at_its_limit(broker: Runni
     assert lease["process_group"] == found["job_pgid"]
     time.sleep(2 * LOOK_S)
     assert len(broker_leases(broker)) == 1  # the job still holds its GPU
+    broker.kill9()  # and a broker that restarts knows the job for itself, not by its holder
+    broker.start()
+    time.sleep(2 * LOOK_S)
+    assert len(broker_leases(broker)) == 1
     until(lambda: broker_leases(broker) == [], "the broker to end the job at its limit", 45)
     assert not process_alive(
         found["job_pgid"], None

@@ -11,7 +11,9 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -386,6 +388,49 @@ def test_the_broker_ends_what_the_job_left_whatever_its_group(
         pid = int(child.read_text())
         assert _gone(pid, 15.0), limited_broker.log_text()[-2000:]
         job.wait(timeout=30)
+
+
+BINDS_A_DECOY = """
+import os, signal, sys, time
+from pathlib import Path
+from gpualloc.wire.client import BrokerClient
+
+client = BrokerClient(Path(sys.argv[1]))
+terms = {"source": "submit", "pid": os.getpid(), "time_limit_s": 2}
+options = {"policy": "mapa", "count": 1, "sensitive": False}
+client.call("alloc", {"lease_id": "abababababab", "options": options, "terms": terms})
+decoy = os.fork()
+if decoy == 0:
+    os.setsid()
+    time.sleep(60)
+    os._exit(0)
+time.sleep(0.2)
+client.call("adopt", {"lease": "abababababab", "pid": decoy})
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("bound", flush=True)
+while True:
+    time.sleep(1)
+"""
+"""A holder that binds its lease to a throwaway child of its own (``adopt``), then ignores
+SIGTERM and works on: the broker must not spare it once the child is gone."""
+
+
+def test_binding_a_lease_to_a_decoy_child_buys_its_holder_no_time(
+    limited_broker: RunningBroker,
+) -> None:
+    with subprocess.Popen(
+        [sys.executable, "-c", BINDS_A_DECOY, str(limited_broker.socket)],
+        stdout=subprocess.PIPE, text=True, env=_through(limited_broker),
+    ) as holder:  # fmt: skip
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "bound\n"
+            (lease,) = limited_broker.call("snapshot")["ledger"]["leases"]
+            assert lease["process_group"] != holder.pid  # bound to the decoy
+            holder.wait(timeout=20)  # the decoy's SIGTERM at 2 s, then the holder's SIGKILL
+        finally:
+            holder.kill()
+    assert holder.returncode == -signal.SIGKILL
+    assert limited_broker.call("snapshot")["ledger"]["leases"] == []
 
 
 def test_the_brokers_own_system_file_grants_the_limits(limited_broker: RunningBroker) -> None:

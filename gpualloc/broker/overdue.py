@@ -91,17 +91,22 @@ def _send(
 
     A lease bound to a job its holder forked (:meth:`gpualloc.host.protocol.Host.adopt`: a
     submitted job's supervisor) is the job's: the job's group leader is its own process, and
-    the holder, which waits to record how the job ended, is never signalled."""
-    held_by_job = lease.process_group is None or lease.process_group == lease.pid
-    if held_by_job:
-        known = {(lease.pid, lease.pid_start_time)} if lease.pid is not None else set()
-    else:
-        known = {m for m in members(lease.id) if m[0] == lease.process_group}
-    if not leader_only:
-        known |= set(members(lease.id))
-    if not held_by_job:
-        known = {m for m in known if m[0] != lease.pid}
-    return sum(_send_one(pid, started, sig) for pid, started in known) > 0
+    the holder, which waits to record how the job ended, is spared while any other process of
+    the lease receives the signal. Once none does, the holder gets SIGTERM and SIGKILL too
+    (``--signal`` alone spares it): binding a lease to a throwaway child never buys its holder
+    time past the limit."""
+    holder = (lease.pid, lease.pid_start_time) if lease.pid is not None else None
+    if lease.process_group is None or lease.process_group == lease.pid:
+        known = {holder} if holder is not None else set()
+        if not leader_only:
+            known |= set(members(lease.id))
+        return sum(_send_one(pid, started, sig) for pid, started in known) > 0
+    job = {m for m in members(lease.id) if m != holder and m[0] != lease.pid}
+    if leader_only:
+        job = {m for m in job if m[0] == lease.process_group}
+    if sum(_send_one(pid, started, sig) for pid, started in job) > 0:
+        return True
+    return not leader_only and holder is not None and _send_one(*holder, sig)
 
 
 def _send_one(pid: int, started: float | None, sig: signal.Signals) -> bool:

@@ -135,6 +135,10 @@ class LedgerService:
                 self.new_fds.append((fd, lease.id))
         if lease.process_group is not None:
             self.watch.watch_group(lease.id, lease.process_group)
+            if lease.process_group_start is not None:  # a job its holder forked: a member
+                fd = self.watch.watch(lease.id, lease.process_group, lease.process_group_start)
+                if fd is not None:
+                    self.new_fds.append((fd, lease.id))
         return allocation
 
     def _alive(self, lease: Any, directory: StateDirectory) -> bool:
@@ -359,7 +363,14 @@ class LedgerService:
         """A submitted job's supervisor says its job exited, with what status: the lease ends,
         and its history record keeps the status. Its owner's or root's word alone."""
         lease_id, status = wire.lease_id(args.get("lease")), wire.exit_status(args.get("status"))
-        self.host.exited(lease_id, status, cancelled=args.get("cancelled") is True, uid=peer.uid)
+        lease = self.host.snapshot().ledger.find(lease_id)
+        if lease is None:
+            return f"uid {peer.uid}: exited of lease {lease_id}, which has ended already"
+        running = self.watch.alive(lease_id, but=lease.pid)  # a job's escaped descendants
+        cancelled = args.get("cancelled") is True
+        self.host.exited(lease_id, status, cancelled=cancelled, uid=peer.uid, running=running)
+        if running:
+            return f"lease {lease_id}: its job exited ({status}); it lives while its rest runs"
         self.forget(lease_id)
         return f"lease {lease_id} released: its job exited ({status})"
 

@@ -126,9 +126,10 @@ class ProcessWatch:
         unregisters and closes the descriptor, then asks whether the lease still lives)."""
         return self.pidfds.pop(descriptor, None)
 
-    def alive(self, lease_id: str) -> bool:
-        """Any process the lease lives with still runs."""
-        return any(process_alive(pid, started) for pid, started in self.members.get(lease_id, ()))
+    def alive(self, lease_id: str, *, but: int | None = None) -> bool:
+        """Any process the lease lives with still runs (``but``: other than that pid)."""
+        members = self.members.get(lease_id, ())
+        return any(process_alive(pid, started) for pid, started in members if pid != but)
 
     def wake_at(self) -> float | None:
         """When the loop should call :meth:`step` next (monotonic); None: nothing to watch."""

@@ -63,23 +63,34 @@ def end_exited(
     *,
     cancelled: bool = False,
     uid: int | None = None,
-) -> None:
+    running: bool | None = None,
+) -> bool:
     """End the lease whose job exited with ``status`` (``cancelled``: by ``cancel``): the
-    store's next history record of it keeps both (:mod:`gpualloc.ledger.history`). A lease
-    gone already is left so; another user's is refused (exit 12)."""
+    store's history record of it keeps both (:mod:`gpualloc.ledger.history`). Where processes
+    of the job still run (``running``; None: some process holds the lease lock, which its
+    holder closed when it forked the job), the lease lives on with them and its record waits
+    for their end. Whether it ended; a lease gone already is left so; another user's is
+    refused (exit 12)."""
+    from gpualloc.ledger.liveness import lock_held
+
     uid = os.geteuid() if uid is None else uid
     with store.transaction() as txn:
         lease = txn.ledger.find(lease_id)
         if lease is None:
-            return
+            return False
         if lease.uid != uid and uid != 0:
             raise NotPermitted(
                 f"lease {lease.id} belongs to {lease.user} (uid {lease.uid})",
                 hint="only its owner or root says how its job ended",
             )
-        txn.remove(lease_id)
         store.exit_statuses[lease_id] = (status, cancelled)
+        if running is None:
+            running = lease.lock and lock_held(store.directory.lease_lock(lease_id))
+        if running:
+            return False
+        txn.remove(lease_id)
     remove_file(store.directory.lease_lock(lease_id))
+    return True
 
 
 def adopted(lease: Lease | None, lease_id: str, pid: int, *, uid: int | None) -> Lease | None:
@@ -88,7 +99,7 @@ def adopted(lease: Lease | None, lease_id: str, pid: int, *, uid: int | None) ->
     more, or ``pid`` leads no group. Exit 12 for another user's lease or process."""
     from msgspec.structs import replace
 
-    from gpualloc.ledger.liveness import stat_fields
+    from gpualloc.ledger.liveness import process_start_time, stat_fields
 
     uid = os.geteuid() if uid is None else uid
     if lease is None:
@@ -108,7 +119,10 @@ def adopted(lease: Lease | None, lease_id: str, pid: int, *, uid: int | None) ->
             f"process {pid} is not a child of lease {lease_id}'s process leading its own group",
             hint="adopt binds a lease to the job its holder has just started",
         )
-    return replace(lease, process_group=pid)
+    started = process_start_time(pid)
+    if started is None:
+        return None
+    return replace(lease, process_group=pid, process_group_start=started)
 
 
 def keeps_its_job(lease: Lease) -> bool:

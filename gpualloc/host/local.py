@@ -401,13 +401,22 @@ class LocalHost(HostView, kw_only=True):
         remove_file(store.directory.lease_lock(lease_id))
 
     def exited(
-        self, lease_id: str, status: int, *, cancelled: bool = False, uid: int | None = None
+        self,
+        lease_id: str,
+        status: int,
+        *,
+        cancelled: bool = False,
+        uid: int | None = None,
+        running: bool | None = None,
     ) -> None:
         """:meth:`Host.exited`; ``uid``: the caller (None: this process's user; the broker
-        names its peer), who must own the lease or be root."""
+        names its peer), who must own the lease or be root; ``running``: whether processes
+        of the job still run (:func:`gpualloc.host.ending.end_exited`)."""
         from gpualloc.host.ending import end_exited
 
-        end_exited(self.ledger_store(), lease_id, status, cancelled=cancelled, uid=uid)
+        end_exited(
+            self.ledger_store(), lease_id, status, cancelled=cancelled, uid=uid, running=running
+        )
 
     # ---- release and gc --------------------------------------------------------------------
 

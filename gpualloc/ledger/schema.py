@@ -26,8 +26,8 @@ may hold no whole GPU); 5 added shared GPUs (``Lease.shareable``, ``Lease.memory
 ``Lease.slurm_conflict``; 8 ends the file with its generation again (the trailer of
 :mod:`.document`, since the store rewrites its files in place); 9 added ``Lease.time_limit_s``
 and ``Lease.signal``; 10 the ``submit`` source; 11 ``Waiter.time_limit_s`` (EASY backfill,
-:mod:`gpualloc.host.backfill`). Older files read as version 8: every added field has a default
-that means what the older file meant."""
+:mod:`gpualloc.host.backfill`) and ``Lease.process_group_start``. Older files read as version
+8: every added field has a default that means what the older file meant."""
 
 LeaseSource = Literal["run", "alloc", "slurm", "submit"]
 Priority = Literal["high", "normal", "low"]
@@ -125,6 +125,10 @@ class Lease(_Entry, kw_only=True, frozen=True):
     boot_id: str | None = None
     """The boot the lease was made in; a lease from an earlier boot is dead, ``hold`` or not."""
     process_group: PositiveInt | None = None
+    process_group_start: float | None = None
+    """The start time of the process leading :attr:`process_group` where that is not the
+    lease's own process (a submitted job its supervisor bound the lease to:
+    :meth:`gpualloc.host.protocol.Host.adopt`), so that the job is known for itself."""
     """The job's own process group, recorded when the job leads it (``run`` from a shell with
     job control, a Slurm task, ``setsid``): the lease lives while any process of the group does,
     so a child that closed the inherited lease lock (a daemon's ``closerange``) still holds the

@@ -108,7 +108,10 @@ def lease_alive(
         return True
     if lease.pid is not None and process_alive(lease.pid, lease.pid_start_time):
         return True
-    return lease.process_group is not None and group_alive(lease.process_group, live_member)
+    group, leader_started = lease.process_group, lease.process_group_start
+    if group is not None and leader_started is not None and process_alive(group, leader_started):
+        return True  # the job its holder forked leads its group, and lives
+    return group is not None and group_alive(group, live_member)
 
 
 def new_lease_id() -> str:
@@ -277,7 +280,9 @@ class LedgerStore:
         from gpualloc.ledger.history import append_ended
 
         dead, self.seen_dead = self.seen_dead, set()
-        statuses, self.exit_statuses = self.exit_statuses, {}
+        held = {lease.id for lease in ledger.leases}
+        statuses = {k: v for k, v in self.exit_statuses.items() if k not in held}
+        self.exit_statuses = {k: v for k, v in self.exit_statuses.items() if k in held}
         append_ended(
             self.directory, before, ledger, dead | statuses.keys(), statuses, ended, mode=mode
         )
