@@ -15,6 +15,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 from gpualloc.batch.record import FINAL_STATES
 from gpualloc.batch.script import read_directives
@@ -272,6 +273,43 @@ def test_jobs_ended_a_month_ago_and_spent_array_slots_are_removed() -> None:
     assert remove_old_jobs() == ["a" * 12]
     assert sorted(r.id for r in own_records()) == ["b" * 12, "c" * 12, "d" * 12]
     assert [p.name for p in jobs_directory().glob(".array-*")] == [f".array-{'c' * 12}.slot0"]
+
+
+def test_a_lost_job_that_still_runs_is_kept_and_a_reused_group_is_never_signalled() -> None:
+    """A lost job's processes are known by its boot, user and start, not its group's number
+    alone: one still running keeps its record however old, and a group that took the number
+    since (started before the job) is neither the job's to keep nor cancel's to signal."""
+    from gpualloc.batch.record import (
+        JobRecord,
+        make_job_directory,
+        own_records,
+        remove_old_jobs,
+        write_record,
+    )
+    from gpualloc.boot import boot_id
+    from gpualloc.ledger.liveness import process_start_time
+
+    old = datetime.now(timezone.utc) - timedelta(days=40)
+    with subprocess.Popen(["sleep", "60"], start_new_session=True) as group:
+        try:
+            started = process_start_time(group.pid)
+            assert started is not None
+            for job_id, job_start in (("e" * 12, started), ("f" * 12, started + 60)):
+                record = JobRecord(
+                    id=job_id, name="j", user="u", uid=os.geteuid(), command=("true",), cwd="/",
+                    output="/dev/null", submitted=old, state="running", supervisor_pid=2**22 - 1,
+                    job_pgid=group.pid, job_start=job_start, boot_id=boot_id(),
+                )  # fmt: skip
+                write_record(record, make_job_directory(job_id))
+                os.utime(record.directory / "job.json", (old.timestamp(), old.timestamp()))
+            assert remove_old_jobs() == ["f" * 12]  # its group's process predates it
+            assert [r.id for r in own_records()] == ["e" * 12]
+            write_record(replace(record, id="f" * 12), make_job_directory("f" * 12))
+            done = gpualloc("cancel", "f" * 12)
+            assert done.returncode == 0 and "ended already (lost)" in done.stderr, done.stderr
+            assert group.poll() is None  # not the job's: left alone
+        finally:
+            group.kill()
 
 
 def test_submit_refuses_what_it_can_before_writing_anything() -> None:

@@ -82,6 +82,11 @@ class JobRecord(Struct, kw_only=True):
     """The supervisor's start time, as :func:`gpualloc.ledger.liveness.process_start_time`."""
     job_pgid: int | None = None
     """The job's process group (the job leads it); what ``cancel`` signals."""
+    job_start: float | None = None
+    """The start time of the job's first process, which leads :attr:`job_pgid`."""
+    boot_id: str | None = None
+    """The boot the job ran in (:func:`gpualloc.boot.boot_id`): after a reboot its group's
+    number names whatever process has it now."""
     gpus: str | None = None
     """The devices held, in words (``GPU 0,3``)."""
     queued: datetime | None = None
@@ -186,6 +191,32 @@ def cancel_asked(directory: Path) -> bool:
     return (directory / CANCEL_FILE).exists()
 
 
+def job_processes(record: JobRecord) -> list[int]:
+    """The processes of the job's group that run now, and are the job's: this boot's, of its
+    user, started no earlier than the job (a group number reused since names another's
+    processes). For a lost job, whose supervisor can say nothing."""
+    from gpualloc.boot import boot_id
+    from gpualloc.ledger.liveness import WALL_CLOCK_SLACK_S, started_at, stat_fields
+
+    group, started = record.job_pgid, record.job_start
+    if group is None or started is None or record.boot_id != boot_id():
+        return []
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = stat_fields(int(entry.name))
+            owner = entry.stat().st_uid
+        except OSError:
+            continue
+        if fields[0] in ("Z", "X") or int(fields[2]) != group or owner != record.uid:
+            continue
+        if started_at(fields) >= started - WALL_CLOCK_SLACK_S:
+            found.append(int(entry.name))
+    return found
+
+
 def supervisor_alive(record: JobRecord) -> bool:
     from gpualloc.ledger.liveness import process_alive
 
@@ -235,15 +266,43 @@ def remove_old_jobs(now: datetime | None = None) -> list[str]:
             if record.array_id is not None:
                 open_arrays.add(record.array_id)
             continue
-        if (record.ended or record.submitted) < cutoff:
+        last = record.ended or _written(record)
+        if last < cutoff and not (state == "lost" and job_processes(record)):
             shutil.rmtree(record.directory, ignore_errors=True)
             removed.append(record.id)
-    base = jobs_directory()
-    for slot in base.glob(".array-*.slot*"):
+    for slot in jobs_directory().glob(".array-*.slot*"):
         array = slot.name.removeprefix(".array-").partition(".slot")[0]
         if array not in open_arrays:
-            slot.unlink(missing_ok=True)
+            _remove_free_slot(slot)
     return removed
+
+
+def _written(record: JobRecord) -> datetime:
+    """When the record was last written (a lost job's last word), else its submission."""
+    try:
+        return datetime.fromtimestamp(
+            (record.directory / RECORD_FILE).stat().st_mtime, tz=timezone.utc
+        )
+    except OSError:
+        return record.submitted
+
+
+def _remove_free_slot(path: Path) -> None:
+    """Unlink an array slot file that no supervisor holds (a new array's task that opened it
+    meanwhile finds it unnamed after its lock, and takes another)."""
+    import fcntl
+
+    try:
+        descriptor = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass  # held: an array's task uses it
+    finally:
+        os.close(descriptor)
 
 
 def find_record(selector: str) -> JobRecord:

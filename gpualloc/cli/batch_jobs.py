@@ -193,25 +193,26 @@ def _cancel_one(record: JobRecord, *, say_ended: bool) -> dict[str, Any]:
 
 
 def _end_orphaned_group(record: JobRecord) -> bool:
-    """A lost job whose process group lives on (its supervisor was killed): the client does
-    what the supervisor would have, SIGTERM to the group and SIGKILL ``limits.kill_wait``
-    later, then records the job ``cancelled``. False when no process of the group is left."""
+    """A lost job whose processes live on (its supervisor was killed): the client does what
+    the supervisor would have, SIGTERM to them and SIGKILL ``limits.kill_wait`` later, then
+    records the job ``cancelled``. Only processes that are the job's (this boot's, its
+    user's, started since the job: :func:`gpualloc.batch.record.job_processes`) are
+    signalled, never a group that took the number since. False when none is left."""
     import msgspec
 
-    from gpualloc.batch.record import write_record
+    from gpualloc.batch.record import job_processes, write_record
     from gpualloc.cli.open_ledger import say
     from gpualloc.cli.state import STATE
     from gpualloc.host.time_rules import TimeRules
 
-    pgid = record.job_pgid
-    if pgid is None or not _group_signalled(pgid, signal.SIGTERM):
+    if not _signalled(job_processes(record), signal.SIGTERM):
         return False
     kill_wait = TimeRules.from_config(STATE.config()).kill_wait_s
-    say(f"job {record.id} has no supervisor; its process group {pgid} got SIGTERM")
+    say(f"job {record.id} has no supervisor; its processes got SIGTERM")
     deadline = time.monotonic() + kill_wait
-    while _group_signalled(pgid, 0):
+    while left := job_processes(record):
         if time.monotonic() >= deadline:
-            _group_signalled(pgid, signal.SIGKILL)
+            _signalled(left, signal.SIGKILL)
             say(f"job {record.id} outlived limits.kill_wait ({kill_wait:g} s): SIGKILL")
             break
         time.sleep(0.2)
@@ -224,13 +225,16 @@ def _end_orphaned_group(record: JobRecord) -> bool:
     return True
 
 
-def _group_signalled(pgid: int, sig: int) -> bool:
-    """``killpg(pgid, sig)``: False when the group has no process this user may signal."""
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
+def _signalled(pids: list[int], sig: int) -> bool:
+    """``sig`` to each of ``pids``; whether any received it."""
+    sent = False
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            continue
+        sent = True
+    return sent
 
 
 def _refuse_others(selector: str) -> None:

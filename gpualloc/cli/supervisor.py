@@ -168,6 +168,9 @@ class Supervisor:
                 except BlockingIOError:
                     os.close(descriptor)
                     continue
+                if not _still_named(descriptor, path):  # removed as spent meanwhile
+                    os.close(descriptor)
+                    continue
                 self.slot = descriptor
                 return
             if not said:
@@ -231,8 +234,10 @@ class Supervisor:
         self.say(status.line())
 
     def launch(self, grant: Grant, host: Host) -> int:
+        from gpualloc.boot import boot_id as this_boot
         from gpualloc.cli.jobs import job_verifier, numa_mode
         from gpualloc.cli.open_ledger import say, warn
+        from gpualloc.ledger.liveness import process_start_time
 
         record = self.record
         lease_view, _ = grant.views()
@@ -270,6 +275,8 @@ class Supervisor:
             started=datetime.now(timezone.utc),
             time_limit_s=lease_view.get("time_limit_s"),
             job_pgid=pid,
+            job_start=process_start_time(pid),
+            boot_id=this_boot(),
         )
         status = _wait(pid)
         ended = time.time()
@@ -355,6 +362,15 @@ class Supervisor:
             state=state, reason=reason, detail=detail, ended=datetime.now(timezone.utc), **more
         )
         _tidy()
+
+
+def _still_named(descriptor: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open at ``descriptor`` (a slot unlinked by
+    :func:`gpualloc.batch.record.remove_old_jobs` after it was opened names it no more)."""
+    try:
+        return os.fstat(descriptor).st_ino == path.stat().st_ino
+    except OSError:
+        return False
 
 
 def _tidy() -> None:
