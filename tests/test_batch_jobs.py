@@ -275,6 +275,25 @@ def test_jobs_ended_a_month_ago_and_spent_array_slots_are_removed() -> None:
     assert [p.name for p in jobs_directory().glob(".array-*")] == [f".array-{'c' * 12}.slot0"]
 
 
+def test_a_prefix_names_a_whole_array_only_where_it_names_nothing_else() -> None:
+    from gpualloc.batch.record import JobRecord, find_records, make_job_directory, write_record
+    from gpualloc.errors import NoSuchJob
+
+    now = datetime.now(timezone.utc)
+    for job_id, array, task in (("abcd00000000", "abcd00000000", 0),
+                                ("abcd00000001", "abcd00000000", 1),
+                                ("9999aaaaaaaa", "9999aaaaaaaa", 0),
+                                ("abcd99999999", "9999aaaaaaaa", 1)):  # fmt: skip
+        record = JobRecord(id=job_id, name="j", user="u", uid=os.geteuid(), command=("true",),
+                           cwd="/", output="/dev/null", submitted=now, array_id=array,
+                           array_task=task)  # fmt: skip
+        write_record(record, make_job_directory(job_id))
+    assert len(find_records("abcd00000000")) == 2  # the array's own id: every task
+    assert len(find_records("9999")) == 2
+    with pytest.raises(NoSuchJob, match="names 3 jobs"):
+        find_records("abcd")  # one array's tasks and another's: which, is not for us to guess
+
+
 def test_a_lost_job_that_still_runs_is_kept_and_a_reused_group_is_never_signalled() -> None:
     """A lost job's processes are known by its boot, user and start, not its group's number
     alone: one still running keeps its record however old, and a group that took the number

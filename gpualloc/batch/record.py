@@ -344,7 +344,7 @@ def find_records(selector: str) -> list[JobRecord]:
         named = {selector} & arrays
         if not named and len(selector) >= 4:
             named = {a for a in arrays if a.startswith(selector)}
-            others = [r for r in records if r.array_id is None and r.id.startswith(selector)]
+            others = [r for r in records if r.id.startswith(selector) and r.array_id not in named]
             if len(named) != 1 or others:
                 named = set()
         if named:

@@ -1,5 +1,6 @@
 """``gpualloc jobs --all``: every user's submitted jobs, as the host's ledger and history show
-them, without what is each user's own (their logs, commands, environment).
+them, without what is each user's own (their logs and environment; a running job's command
+is its lease's, which ``status`` shows every user).
 
 A job's record is its user's alone (mode 0700, :mod:`gpualloc.batch.record`), so another
 user's job is seen where the host keeps it: its lease while it runs, its waiter while it is

@@ -63,7 +63,7 @@ def jobs_command(since: str | None, every: bool, as_json: bool) -> None:
     ahead), Resources (it is next, and waits for GPUs), JobArrayTaskLimit.
 
     --all adds other users' jobs as the host's ledger and history show them: queued,
-    running, or ended within --since; never their logs or commands, and not those still
+    running, or ended within --since; never their logs or environment, and not those still
     waiting for a dependency or their array's turn, which have not reached the queue.
     """
     from gpualloc.batch.record import FINAL_STATES, own_records, seen_state
@@ -179,6 +179,9 @@ def _cancel_one(record: JobRecord, *, say_ended: bool) -> dict[str, Any]:
     from gpualloc.cli.open_ledger import say
 
     state = seen_state(record)
+    if state == "lost" and record.supervisor_pid is None:  # a supervisor slow to begin
+        ask_cancel(record)
+        return {"id": record.id, "state": "pending", "signalled": True}
     if state == "lost" and _end_orphaned_group(record):
         return {"id": record.id, "state": state, "signalled": True}
     if state in FINAL_STATES:
@@ -266,6 +269,7 @@ def _cancel_from_ledger(selector: str) -> dict[str, Any]:
     for item in items:
         if (
             item.id == selector
+            and item.source == "submit"  # a supervisor; never a run's or alloc's holder
             and item.pid is not None
             and process_alive(item.pid, item.pid_start_time)
         ):
