@@ -247,10 +247,10 @@ class Supervisor:
         verify, look = job_verifier(host, grant.this_host)
         mode = numa_mode(record.options.get("numa"))
         stops = {signal.SIGTERM, signal.SIGINT}
-        for sig in stops:
+        signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # a cancel now waits for job_pid
+        for sig in stops:  # blocked first: none is dropped between the two handlers
             signal.signal(sig, self.on_cancel_while_running)
         signal.signal(signal.SIGALRM, self.on_kill_wait_over)
-        signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # a cancel now waits for job_pid
         gate, opener = os.pipe()
         pid = os.fork()
         if pid == 0:
