@@ -18,7 +18,7 @@ _gpualloc_options() {
         'alloc') echo '-n --num-gpus --pattern --sensitive --insensitive --exclude --require --policy --score --drb-weights --gpus --min-utility --min-bandwidth --mig --mem --shareable --name --time --signal --uuid --ignore-foreign --heed-foreign --allow-unhealthy --wait --timeout --priority --max-bypass --pid --hold --format --help -h' ;;
         'release') echo '--mine --include-running --evict-shared --grace --json --help -h' ;;
         'submit') echo '-n --num-gpus --pattern --sensitive --insensitive --exclude --require --policy --score --drb-weights --gpus --min-utility --min-bandwidth --mig --mem --shareable --name --time --signal --uuid --ignore-foreign --heed-foreign --allow-unhealthy --priority --max-bypass --output -o --error -e --dependency -d --array -a --chdir -D --numa --parsable --json --help -h' ;;
-        'jobs') echo '--since --all -a --json --help -h' ;;
+        'jobs') echo '--since --all -a --start --json --help -h' ;;
         'log') echo '--follow -f --help -h' ;;
         'cancel') echo '--json --help -h' ;;
         'show') echo '--json --help -h' ;;

@@ -157,6 +157,7 @@ complete -c gpualloc -n '__fish_seen_subcommand_from submit' -l help -s h -d 'Sh
 complete -c gpualloc -n '__fish_seen_subcommand_from submit' -a '(__fish_complete_command)'
 complete -c gpualloc -n '__fish_seen_subcommand_from jobs' -l since -r -f -d 'Show jobs that ended this long ago (default 1d).'
 complete -c gpualloc -n '__fish_seen_subcommand_from jobs' -l all -s a -d 'Every user\'s jobs, as the host\'s ledger and history show them (no logs).'
+complete -c gpualloc -n '__fish_seen_subcommand_from jobs' -l start -d 'Pending jobs, with when and on which GPUs each is expected to start.'
 complete -c gpualloc -n '__fish_seen_subcommand_from jobs' -l json -d 'Print JSON instead.'
 complete -c gpualloc -n '__fish_seen_subcommand_from jobs' -l help -s h -d 'Show the help and exit.'
 complete -c gpualloc -n '__fish_seen_subcommand_from log' -l follow -s f -d 'Keep printing what the job writes until it ends.'

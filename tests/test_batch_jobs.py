@@ -158,6 +158,28 @@ def test_a_pending_job_cancelled_leaves_the_queue() -> None:
     assert status()["queue"] == [] and status()["leases"] == []
 
 
+def test_jobs_start_says_when_and_where_a_pending_job_is_expected_to_start() -> None:
+    holder = submit("-n", "6", "--time", "10", "--", "sleep", "60")
+    running = until_state(holder, {"running"})
+    big = submit("-n", "8", "--time", "5", "--name", "big", "--", "true")
+    deadline = time.monotonic() + 30
+    while not status()["queue"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    done = gpualloc("jobs", "--start", "--json")
+    assert done.returncode == 0, done.stderr
+    (pending,) = json.loads(done.stdout)
+    assert pending["id"] == big and pending["expected_gpus"] == list(range(8))
+    expected = datetime.fromisoformat(pending["expected_start"])
+    started = datetime.fromisoformat(running["started"].replace("Z", "+00:00"))
+    assert abs((expected - started).total_seconds() - 600) < 5  # when the holder's 10 min end
+    table = gpualloc("jobs", "--start").stdout
+    assert "START_TIME" in table and "0-7" in table
+    (waiting,) = status()["queue"]  # status says the same
+    assert (waiting["expected_start"], waiting["expected_gpus"]) == (
+        pending["expected_start"], list(range(8)))  # fmt: skip
+    assert gpualloc("cancel", holder, big).returncode == 0
+
+
 def test_a_job_past_its_time_limit_ends_as_timeout() -> None:
     job_id = submit("--time", "0:02", "--", "sleep", "60")
     record = until_state(job_id, FINAL_STATES, timeout_s=60)

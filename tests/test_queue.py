@@ -245,3 +245,33 @@ def test_behind_a_lease_with_no_limit_backfill_stays_bounded_by_max_bypass() -> 
     starving = replace(head, passed_over=8, max_bypass=8)
     turn = _easy(host, [starving, short])[short.id]
     assert not turn.go and "passed over 8 times" in turn.reason
+
+
+def test_each_waiting_job_is_expected_where_the_declared_limits_leave_room() -> None:
+    """The plan of conservative backfill (gpualloc/host/backfill.py expected_starts): each
+    waiter, in turn order, at the first moment the running leases and the waiters planned
+    before it, each held for its whole limit, leave a placement for its own run."""
+    from datetime import timedelta
+
+    from gpualloc.host.backfill import expected_starts
+    from gpualloc.host.queue import attempts
+
+    host = _timed_host([((0, 1, 2, 3), 3600.0), ((4, 5), 1800.0)])
+    first = max(lease.ends for lease in host.snapshot().ledger.leases)
+    whole = _waiter("whole", 0, gpus=8, time_limit_s=3600.0)
+    quick = _waiter("quick", 1, gpus=2, time_limit_s=1200.0)
+    endless = _waiter("endless", 2, gpus=4)
+    another = _waiter("another", 3, gpus=2)
+    occupancy = host.occupancy(host.snapshot().ledger)
+    now = datetime.now(timezone.utc)
+    plan = expected_starts(
+        occupancy,
+        [whole, quick, endless, another],
+        lambda later: attempts(host.topology, later),
+        now,
+    )
+    assert plan[whole.id].at == first and plan[whole.id].gpus == frozenset(range(8))
+    assert plan[quick.id].at == now and plan[quick.id].gpus == frozenset({6, 7})  # done in time
+    after = first + timedelta(hours=1)  # once the 8-GPU job's hour is over
+    assert plan[endless.id].at == after and plan[another.id].at == after
+    assert plan[endless.id].gpus.isdisjoint(plan[another.id].gpus)

@@ -52,7 +52,7 @@ def _view(record: JobRecord) -> dict[str, Any]:
     return view
 
 
-def jobs_command(since: str | None, every: bool, as_json: bool) -> None:
+def jobs_command(since: str | None, every: bool, start: bool, as_json: bool) -> None:
     """Your submitted jobs, as squeue shows them: pending, running and those that ended in
     the last day (--since), oldest first; with --all, every user's.
 
@@ -65,6 +65,11 @@ def jobs_command(since: str | None, every: bool, as_json: bool) -> None:
     --all adds other users' jobs as the host's ledger and history show them: queued,
     running, or ended within --since; never their logs or environment, and not those still
     waiting for a dependency or their array's turn, which have not reached the queue.
+
+    --start lists the pending jobs with when and on which GPUs each is expected to start, as
+    squeue --start does: if every running and earlier job holds its GPUs for its whole time
+    limit, so an estimate (jobs that end early make it sooner); N/A where no limit says when,
+    or the job has not reached the host's queue.
     """
     from gpualloc.batch.record import FINAL_STATES, own_records, seen_state
     from gpualloc.cli.all_jobs import row_of
@@ -84,11 +89,45 @@ def jobs_command(since: str | None, every: bool, as_json: bool) -> None:
         from gpualloc.cli.all_jobs import others_jobs
 
         views += others_jobs(now - window, [view["id"] for view in views])
+    if start:
+        _print_starts([view for view in views if view["state"] == "pending"], every, as_json)
+        return
     if as_json:
         print_json(views)
         return
     columns = ["JOBID", "USER", "NAME", "STATE", "TIME", "TIME_LIMIT", "GPUS(REASON)"]
     rows = [row_of(view, now) for view in views]
+    if not every:
+        columns.pop(1)
+        rows = [row[:1] + row[2:] for row in rows]
+    print_tables([Table("", columns, rows, wrap=(1,))])
+
+
+def _print_starts(views: list[dict[str, Any]], every: bool, as_json: bool) -> None:
+    """``jobs --start``: each pending job's expected start, from the host's queue now."""
+    from gpualloc.cli.open_ledger import open_host_ledger
+    from gpualloc.cli.output import Table, print_json, print_tables
+    from gpualloc.cli.queue_view import expected_starts_of, start_json
+    from gpualloc.model.cpuset import format_cpulist
+
+    starts = {}
+    if views:
+        host = open_host_ledger(check_health=False, create=False, full=True)
+        ledger = host.snapshot().ledger
+        starts = expected_starts_of(host, ledger.queue, host.occupancy(ledger))
+    if as_json:
+        print_json([{**view, **start_json(starts.get(view["id"]))} for view in views])
+        return
+    rows = []
+    for view in views:
+        expected = starts.get(view["id"])
+        when, gpus = "N/A", "(null)"
+        if expected is not None and expected.at is not None:
+            when = expected.at.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+            gpus = format_cpulist(sorted(expected.gpus))
+        rows.append([view["shown_id"], str(view.get("user")), view["name"], "pending", when,
+                     gpus, view.get("reason") or "None"])  # fmt: skip
+    columns = ["JOBID", "USER", "NAME", "STATE", "START_TIME", "SCHED_GPUS", "REASON"]
     if not every:
         columns.pop(1)
         rows = [row[:1] + row[2:] for row in rows]
@@ -319,6 +358,10 @@ JOBS = Command(
             "-a",
             dest="every",
             help="Every user's jobs, as the host's ledger and history show them (no logs).",
+        ),
+        flag(
+            "--start",
+            help="Pending jobs, with when and on which GPUs each is expected to start.",
         ),
         json_flag(),
     ),

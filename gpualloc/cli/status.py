@@ -10,11 +10,18 @@ from typing import TYPE_CHECKING, Any
 from gpualloc import boot
 from gpualloc.cli.declare import Command, flag, json_flag, value
 from gpualloc.cli.open_ledger import open_host_ledger
+from gpualloc.cli.queue_view import (
+    expected_starts_of,
+    pending_reasons_of,
+    queue_table,
+    start_json,
+)
 from gpualloc.json_views import lease_json
-from gpualloc.model.printable import count_of, printable
+from gpualloc.model.printable import count_of, printable, shown_name
 
 if TYPE_CHECKING:
     from gpualloc.cli.output import Table
+    from gpualloc.host.backfill import Expected
     from gpualloc.host.protocol import Host
     from gpualloc.ledger.attribution import Attribution
     from gpualloc.ledger.idle import LeaseUse
@@ -130,9 +137,10 @@ def _show(
             for lease_id, use in uses.items()
             if use.idle is not None and use.idle >= idle_at_least
         }
-    reasons = _pending_reasons(host, txn, occupancy)
+    reasons = pending_reasons_of(host, txn.ledger.queue, occupancy)
+    starts = expected_starts_of(host, txn.ledger.queue, occupancy)
     if as_json:
-        data = status_json(host, txn, occupancy, attribution, uses, shown, reasons)
+        data = status_json(host, txn, occupancy, attribution, uses, shown, reasons, starts)
         if json_line:
             print_json_line(data)
         else:
@@ -175,7 +183,7 @@ def _show(
         footer[0] += f"; {count_of(len(shares), 'shared job')}"
         tables.append(_share_table(host, occupancy))
     if txn.ledger.queue:
-        tables.append(_queue_table(txn, reasons))
+        tables.append(queue_table(txn.ledger.queue, reasons, starts))
     if shown is not None and idle_at_least is not None:
         from gpualloc.ledger.occupancy import format_age
 
@@ -186,55 +194,6 @@ def _show(
         if not shown:  # a table of headers only reads as a broken command
             tables = []
     print_tables(tables, footer=footer)
-
-
-def _pending_reasons(host: Host, txn: LedgerTransaction, occupancy: Occupancy) -> dict[str, str]:
-    """Why each waiter waits (:func:`gpualloc.host.queue.pending_reasons`)."""
-    if not txn.ledger.queue:
-        return {}
-    from gpualloc.host.queue import pending_reasons
-
-    budget = host.placement_budget_s
-    return pending_reasons(host.topology, occupancy, txn.ledger.queue, budget_s=budget)
-
-
-def _queue_table(txn: LedgerTransaction, reasons: dict[str, str]) -> Table:
-    from gpualloc.cli.output import Table
-    from gpualloc.host.queue import turn_order
-    from gpualloc.ledger.occupancy import format_age
-
-    now = datetime.now(timezone.utc)
-    rows = []
-    for position, waiter in enumerate(turn_order(txn.ledger.queue), start=1):
-        request = waiter.request
-        wants = count_of(request.gpus, "GPU") + (" sensitive" if request.sensitive else "")
-        if request.mig is not None:
-            wants = f"MIG {request.mig.describe()}"
-        if request.share is not None:
-            wants = request.share.describe()
-        if request.min_bandwidth_gbps is not None:
-            wants += f", >= {request.min_bandwidth_gbps:g} GB/s"
-        if request.min_utility is not None:
-            wants += f", utility >= {request.min_utility:g}"
-        command = printable(" ".join(waiter.command), 40)
-        rows.append(
-            [
-                str(position),
-                waiter.user,
-                waiter.priority,
-                wants,
-                format_age(now - waiter.created),
-                f"{waiter.passed_over}/{waiter.max_bypass}",
-                ": ".join(part for part in (_name(waiter.name), command) if part) or "-",
-                reasons.get(waiter.id, ""),
-            ]
-        )
-    return Table(
-        "Queue (turn order)",
-        ["#", "User", "Priority", "Wants", "Waiting", "Passed/max", "Job", "Reason"],
-        rows,
-        wrap=(3, 6, 7),
-    )
 
 
 def _gpu_table(
@@ -362,7 +321,7 @@ def _lease_cells(lease: Lease, now: datetime) -> list[str]:
     from gpualloc.ledger.occupancy import ORPHANED, format_age, orphaned
 
     command = printable(" ".join(lease.command), 40)
-    job = ": ".join(part for part in (_name(lease.name), command) if part) or "-"
+    job = ": ".join(part for part in (shown_name(lease.name), command) if part) or "-"
     if orphaned(lease):
         job = f"ORPHANED, {ORPHANED} ({job})"
     since = format_age(now - lease.created)
@@ -440,6 +399,7 @@ def status_json(
     uses: dict[str, LeaseUse],
     shown: set[str] | None = None,
     reasons: dict[str, str] | None = None,
+    starts: dict[str, Expected] | None = None,
 ) -> dict[str, Any]:
     from gpualloc.host.queue import turn_order
     from gpualloc.model.validation import to_builtins
@@ -510,16 +470,16 @@ def status_json(
             if shown is None or lease.id in shown
         ],
         "queue": [
-            {"position": position, **to_builtins(waiter), "reason": (reasons or {}).get(waiter.id)}
+            {
+                "position": position,
+                **to_builtins(waiter),
+                "reason": (reasons or {}).get(waiter.id),
+                **start_json((starts or {}).get(waiter.id)),
+            }
             for position, waiter in enumerate(turn_order(txn.ledger.queue), start=1)
         ],
         "notes": [*host.processes.notes, *host.health_notes, *txn.notes],
     }
-
-
-def _name(name: str | None) -> str | None:
-    """A lease's name as other users' terminals may show it (:mod:`gpualloc.model.printable`)."""
-    return printable(name, 40) if name else name
 
 
 def ledger_place(host: Host) -> str:

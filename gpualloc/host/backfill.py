@@ -20,7 +20,7 @@ moment, in the broker, in the file ledger's waiters and in the simulator alike.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -125,4 +125,81 @@ def _without(occupancy: Occupancy, gone: set[str]) -> Occupancy:
         mig_leases={k: x for k, x in occupancy.mig_leases.items() if x.id not in gone},
         shares={g: held for g, held in shares.items() if held},
         known_state=None,
+    )
+
+
+MAX_PLANNED = 64
+"""How many waiters, in turn order, :func:`expected_starts` plans (each costs a placement for
+every moment it is tried at); later ones are not estimated."""
+
+
+class Expected(NamedTuple):
+    """When and where a waiter is expected to start (``at`` None: no declared limit says
+    when; ``gpus`` empty: not estimated)."""
+
+    at: datetime | None
+    gpus: frozenset[int]
+
+
+def expected_starts(
+    occupancy: Occupancy,
+    order: Sequence[Waiter],
+    attempts_on: Callable[[Occupancy], Callable[[Waiter], Attempt]],
+    now: datetime,
+) -> dict[str, Expected]:
+    """When and on which GPUs each waiter of ``order`` (turn order) is expected to start, if
+    every running lease and every waiter planned before it holds its GPUs for its whole
+    declared limit (the profile of conservative backfill, Mu'alem and Feitelson section 2,
+    which squeue ``--start`` reports too): the first of now and the planned ends at which it
+    can be placed with every job that overlaps its own run on the host. A waiter with no
+    limit holds its GPUs for ever in the plan, and the ends of leases without one are never
+    known. An estimate: jobs that end before their limits make it earlier, and EASY's
+    backfill (the queue's rule) may start a later job first on GPUs the plan gave another,
+    which no reservation but the first job's forbids."""
+    running = _leases(occupancy)
+    base = _without(occupancy, {lease.id for lease in running})
+    planned: list[Lease] = []
+    found: dict[str, Expected] = {}
+    for waiter in order[:MAX_PLANNED]:
+        times = sorted({now, *(x.ends for x in (*running, *planned) if x.ends and x.ends > now)})
+        chosen: Expected | None = None
+        for at in times:
+            ends = at + timedelta(seconds=waiter.time_limit_s) if waiter.time_limit_s else None
+            present = [x for x in (*running, *planned) if _overlaps(x, at, ends, now)]
+            placed = attempts_on(_with(base, present))(waiter).placement
+            if placed is not None:
+                chosen = Expected(at, frozenset(placed.parent_gpus))
+                planned.append(_planned(waiter, placed.parent_gpus, at))
+                break
+        found[waiter.id] = chosen or Expected(None, frozenset())
+    return found
+
+
+def _overlaps(lease: Lease, start: datetime, end: datetime | None, now: datetime) -> bool:
+    """Whether ``lease`` (running, or planned from its ``created``) holds its GPUs at some
+    moment of ``[start, end)`` (``end`` None: for ever)."""
+    began = max(lease.created, now)
+    ends = lease.ends
+    return (ends is None or ends > start) and (end is None or began < end)
+
+
+def _with(base: Occupancy, present: Sequence[Lease]) -> Occupancy:
+    """``base`` (the host with no lease) holding ``present``."""
+    held = {gpu.index: lease for lease in present for gpu in lease.gpus}
+    return replace(base, leases={**base.leases, **held}, known_state=None)
+
+
+def _planned(waiter: Waiter, gpus: Sequence[int], at: datetime) -> Lease:
+    """The plan's stand-in lease of ``waiter`` started ``at`` on ``gpus``."""
+    from gpualloc.ledger.schema import Lease, LeasedGpu
+
+    return Lease(
+        id=waiter.id,
+        gpus=tuple(LeasedGpu(index=g) for g in sorted(gpus)),
+        uid=waiter.uid,
+        user=waiter.user,
+        hold=True,
+        created=at,
+        source=waiter.source,
+        time_limit_s=waiter.time_limit_s,
     )

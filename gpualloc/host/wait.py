@@ -65,7 +65,7 @@ def wait_and_allocate(
     """
     never_fits(host, want)
     started = time.monotonic()
-    waiter_id = new_lease_id()
+    waiter_id = terms.lease_id or new_lease_id()  # a submitted job's id, as the broker's
     with host.transaction() as txn:
         options.policy.admit(
             uid=os.geteuid(),

@@ -119,3 +119,8 @@ def _escaped(char: str) -> str:
 def count_of(n: int, noun: str) -> str:
     """``1 GPU``, ``2 GPUs``: a count with its noun, singular where it is one."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def shown_name(name: str | None) -> str | None:
+    """A lease's or waiter's name as other users' terminals may show it (escaped, cut)."""
+    return printable(name, 40) if name else name
