@@ -1,7 +1,8 @@
-"""Submitted jobs of real Unix users through a real broker (``gpualloc serve`` as root): a job's
-record and log are its user's alone (another user can neither read its log nor cancel it; root
-cancels it through the host's ledger), and many users' submissions each run exactly once, with
-no GPU held by two jobs at once and every GPU free at the end (gpualloc/batch,
+"""Submitted jobs of real Unix users, through a real broker (``gpualloc serve`` as root) and on
+the file ledger of a shared 1777 state directory: a job's record and log are its user's alone
+(another user can neither read its log nor cancel it; root cancels it through the host's
+ledger), and, through the broker, many users' submissions each run exactly once, with no GPU
+held by two jobs at once and every GPU free at the end (gpualloc/batch,
 gpualloc/cli/batch_jobs.py, gpualloc/cli/supervisor.py).
 
 Users are made with useradd and removed after (tests/unix_users.py); each has a state home of
@@ -33,7 +34,7 @@ from gpualloc.batch.record import FINAL_STATES, LOG_FILE, RECORD_FILE
 from gpualloc.errors import ExitCode
 from tests.broker_harness import RunningBroker
 from tests.house_rules import refused
-from tests.unix_users import UnixUser, UserCommandLine, ensure_user
+from tests.unix_users import UnixUser, UserCommandLine, ensure_user, shared_directory
 
 TOPOLOGY = "nvlink-pairs-4gpu"
 GPUS = 4
@@ -61,12 +62,22 @@ def _until(condition: Callable[[], bool], what: str, timeout_s: float) -> None:
 
 
 class Site:
-    """A broker, and the users who submit to it, each with a state home of their own."""
+    """A host, and the users who submit to it, each with a state home of their own: through a
+    broker (``broker``), or on the file ledger in a 1777 state directory (``shared``)."""
 
-    def __init__(self, as_user: UserCommandLine, users: dict[str, UnixUser]) -> None:
+    def __init__(
+        self, as_user: UserCommandLine, users: dict[str, UnixUser], mode: str = "broker"
+    ) -> None:
         self.as_user = as_user
         self.homes: dict[str, Path] = {}
-        self.broker = RunningBroker(TOPOLOGY).start()
+        self.broker: RunningBroker | None = None
+        if mode == "broker":
+            self.broker = RunningBroker(TOPOLOGY).start()
+            self.state = self.broker.state
+            self.host_env = {"GPUALLOC_BROKER": str(self.broker.socket)}
+        else:
+            self.state = shared_directory("gpualloc-shared-")
+            self.host_env = {"GPUALLOC_STATE_DIR": str(self.state), "GPUALLOC_TOPOLOGY": TOPOLOGY}
         for user in users.values():
             home = Path(tempfile.mkdtemp(prefix="gpualloc-state-home-", dir="/tmp"))
             os.chown(home, user.uid, user.gid)
@@ -74,7 +85,7 @@ class Site:
             self.homes[user.name] = home
 
     def env(self, user: UnixUser) -> dict[str, str]:
-        env = {"GPUALLOC_BROKER": str(self.broker.socket)}
+        env = dict(self.host_env)
         if user.name in self.homes:
             env["XDG_STATE_HOME"] = str(self.homes[user.name])
         return env
@@ -114,7 +125,7 @@ class Site:
     def history(self) -> list[dict[str, Any]]:
         """The broker's history of ended leases (gpualloc/ledger/history.py)."""
         records = []
-        for path in self.broker.state.glob("*.history.jsonl"):
+        for path in self.state.glob("*.history.jsonl"):
             records += [json.loads(line) for line in path.read_text().splitlines() if line]
         return records
 
@@ -149,8 +160,11 @@ class Site:
                             with contextlib.suppress(OSError):
                                 os.killpg(record["job_pgid"], signal.SIGKILL)
         finally:
-            self.broker.stop()
-            shutil.rmtree(self.broker.directory, ignore_errors=True)
+            if self.broker is not None:
+                self.broker.stop()
+                shutil.rmtree(self.broker.directory, ignore_errors=True)
+            else:
+                shutil.rmtree(self.state, ignore_errors=True)
             for home in self.homes.values():
                 shutil.rmtree(home, ignore_errors=True)
 
@@ -158,6 +172,18 @@ class Site:
 @pytest.fixture
 def site(as_user: UserCommandLine, users: dict[str, UnixUser]) -> Iterator[Site]:
     made = Site(as_user, users)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture(params=["broker", "shared"])
+def either_site(
+    request: pytest.FixtureRequest, as_user: UserCommandLine, users: dict[str, UnixUser]
+) -> Iterator[Site]:
+    """Both ledgers: what a job's record keeps its user's holds on the file ledger too."""
+    made = Site(as_user, users, request.param)
     try:
         yield made
     finally:
@@ -174,8 +200,9 @@ except OSError as exc:
 
 
 def test_another_user_can_neither_read_a_jobs_log_nor_cancel_it(
-    site: Site, users: dict[str, UnixUser]
+    either_site: Site, users: dict[str, UnixUser]
 ) -> None:
+    site = either_site
     alice, bob = users["alice"], users["bob"]
     secret = f"s3cret-{os.urandom(8).hex()}"
     submitted = site(alice, "submit", "--parsable", "--", "sh", "-c", f"echo {secret}; sleep 60")

@@ -22,16 +22,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from msgspec.structs import replace
 
 if TYPE_CHECKING:
-    from gpualloc.host.queue import Attempt
     from gpualloc.ledger.occupancy import Occupancy
     from gpualloc.ledger.schema import Lease, Waiter
     from gpualloc.model.request import Placement
     from gpualloc.model.topology import Topology
+
+
+class Attempt(Protocol):
+    """What the queue's attempt function gives (:class:`gpualloc.host.queue.Attempt`): where a
+    waiter would start now, or None."""
+
+    @property
+    def placement(self) -> Placement | None: ...
 
 
 class Reservation(NamedTuple):

@@ -128,9 +128,8 @@ class LedgerTransaction(Struct):
     """Things the user should hear about (a recovered ledger)."""
     changed: bool = False
     ended: dict[str, datetime] = field(default_factory=dict)
-    """When each lease this transaction removed left the ledger: the history's ``end``. A
-    batch of the broker's writes once, after the batch; a lease ended in it and its GPUs
-    given to the next lease in a later change must not read as ending after that start."""
+    """When each lease this transaction removed left the ledger: the history's ``end`` (a
+    broker's batch writes once, after all its changes)."""
 
     def add(self, lease: Lease) -> None:
         held = self.ledger.held_gpus()
@@ -220,8 +219,7 @@ class LedgerStore:
         self.seen_dead: set[str] = set()
         """Leases the reaper found dead since the last write: the history's ``ended``."""
         self.exit_statuses: dict[str, tuple[int, bool]] = {}
-        """Leases ended since the last write by their job's exit: its status, and whether
-        ``cancel`` ended it (:meth:`gpualloc.host.local.LocalHost.exited`)."""
+        """Exit statuses told (:func:`gpualloc.host.ending.end_exited`), for the history."""
         self._recovered_from: Path | None = None
         """The good copy the last load recovered the ledger from (:meth:`_finish_interrupted`)."""
 
@@ -275,8 +273,7 @@ class LedgerStore:
         mode: int,
         ended: dict[str, datetime] | None = None,
     ) -> None:
-        """A record for each lease the ledger just written no longer holds (:mod:`.history`),
-        ended when ``ended`` says (else now)."""
+        """A record of each lease the ledger just written dropped (:mod:`.history`)."""
         from gpualloc.ledger.history import append_ended
 
         dead, self.seen_dead = self.seen_dead, set()
