@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -301,10 +302,14 @@ def test_an_exited_jobs_lease_ends_and_its_history_keeps_the_status(side: Side, 
     from gpualloc.ledger.history import read_history
     from gpualloc.ledger.statedir import StateDirectory
 
-    made = host.allocate(want(2), LeaseTerms(source="submit", pid=os.getpid()))
-    host.exited(made.lease.id, -9)
-    assert held_gpus(side.open()) == {}
-    host.exited(made.lease.id, 0)  # told twice (a supervisor's retry): the first word stands
+    with subprocess.Popen(["sleep", "60"]) as supervisor:  # a holder with no other process
+        try:
+            made = host.allocate(want(2), LeaseTerms(source="submit", pid=supervisor.pid))
+            host.exited(made.lease.id, -9)
+            assert held_gpus(side.open()) == {}
+            host.exited(made.lease.id, 0)  # told twice (a retry): the first word stands
+        finally:
+            supervisor.kill()
     if side.state is None:
         assert isinstance(host, LocalHost)
         directory = host.ledger_store().directory
