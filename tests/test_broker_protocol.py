@@ -126,6 +126,13 @@ def test_adopt_binds_a_lease_only_to_its_holders_child_leading_a_group(
             broker.call("adopt", {"lease": "eeeeeeeeeeee", "pid": leader.pid})
             (lease,) = broker.call("snapshot")["ledger"]["leases"]
             assert lease["process_group"] == leader.pid
+            broker.call("adopt", {"lease": "eeeeeeeeeeee", "pid": leader.pid})  # said again
+            with subprocess.Popen(["sleep", "30"], start_new_session=True) as decoy:
+                try:  # bound once: a second job cannot take the first one's place
+                    with pytest.raises(OSError, match="is bound to its job"):
+                        broker.call("adopt", {"lease": "eeeeeeeeeeee", "pid": decoy.pid})
+                finally:
+                    decoy.kill()
         finally:
             same_group.kill()
             leader.kill()

@@ -71,7 +71,11 @@ class Overdue:
                     limit = format_time_limit(lease.time_limit_s)
                     said.append(f"lease {lease.id}: its time limit ({limit}) ran out: SIGTERM")
             elif clock - first >= kill_wait_s:
-                sent = _send(lease, signal.SIGKILL, members)  # at every look: late children too
+                # A holder its job's processes still stand in for is spared one more kill wait
+                # (it records how the job ended), then no longer: a lease whose processes keep
+                # coming back under SIGKILL does not keep its holder for ever.
+                spare = clock - first < 2 * kill_wait_s
+                sent = _send(lease, signal.SIGKILL, members, spare_holder=spare)
                 if sent and lease.id not in self.killed:
                     self.killed.add(lease.id)
                     waited = f"{kill_wait_s:g} s after SIGTERM"
@@ -84,7 +88,12 @@ class Overdue:
 
 
 def _send(
-    lease: Lease, sig: signal.Signals, members: Members, *, leader_only: bool = False
+    lease: Lease,
+    sig: signal.Signals,
+    members: Members,
+    *,
+    leader_only: bool = False,
+    spare_holder: bool = True,
 ) -> bool:
     """``sig`` to each live process of ``lease`` (``leader_only``: the job's own process
     alone); whether any received it.
@@ -92,9 +101,9 @@ def _send(
     A lease bound to a job its holder forked (:meth:`gpualloc.host.protocol.Host.adopt`: a
     submitted job's supervisor) is the job's: the job's group leader is its own process, and
     the holder, which waits to record how the job ended, is spared while any other process of
-    the lease receives the signal. Once none does, the holder gets SIGTERM and SIGKILL too
-    (``--signal`` alone spares it): binding a lease to a throwaway child never buys its holder
-    time past the limit."""
+    the lease receives the signal. Once none does, or without ``spare_holder``, the holder
+    gets SIGTERM and SIGKILL too (``--signal`` alone spares it): binding a lease to a
+    throwaway child never buys its holder time past the limit."""
     holder = (lease.pid, lease.pid_start_time) if lease.pid is not None else None
     if lease.process_group is None or lease.process_group == lease.pid:
         known = {holder} if holder is not None else set()
@@ -104,9 +113,10 @@ def _send(
     job = {m for m in members(lease.id) if m != holder and m[0] != lease.pid}
     if leader_only:
         job = {m for m in job if m[0] == lease.process_group}
-    if sum(_send_one(pid, started, sig) for pid, started in job) > 0:
-        return True
-    return not leader_only and holder is not None and _send_one(*holder, sig)
+    received = sum(_send_one(pid, started, sig) for pid, started in job) > 0
+    if leader_only or holder is None or (received and spare_holder):
+        return received
+    return _send_one(*holder, sig) or received
 
 
 def _send_one(pid: int, started: float | None, sig: signal.Signals) -> bool:

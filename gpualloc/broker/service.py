@@ -351,7 +351,7 @@ class LedgerService:
         with self.host.transaction() as txn:
             lease = adopted(txn.ledger.find(lease_id), lease_id, pid, uid=peer.uid)
             if lease is None:
-                return f"lease {lease_id}: not bound to process {pid}, which has ended or left"
+                return f"lease {lease_id}: process {pid} not bound (ended, or bound already)"
             txn.replace(lease)
         fd = self.watch.watch(lease_id, pid, started)
         if fd is not None:

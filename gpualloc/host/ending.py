@@ -120,8 +120,13 @@ def adopted(lease: Lease | None, lease_id: str, pid: int, *, uid: int | None) ->
             hint="adopt binds a lease to the job its holder has just started",
         )
     started = process_start_time(pid)
-    if started is None:
-        return None
+    if started is None or (lease.process_group == pid and lease.process_group_start == started):
+        return None  # ended already, or bound to it already: nothing to write
+    if lease.process_group_start is not None:
+        raise NotPermitted(
+            f"lease {lease_id} is bound to its job (process {lease.process_group}) already",
+            hint="a lease is bound once, to the job its holder started",
+        )
     return replace(lease, process_group=pid, process_group_start=started)
 
 
