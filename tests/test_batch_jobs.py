@@ -297,6 +297,20 @@ def test_jobs_ended_a_month_ago_and_spent_array_slots_are_removed() -> None:
     assert [p.name for p in jobs_directory().glob(".array-*")] == [f".array-{'c' * 12}.slot0"]
 
 
+def test_a_lost_jobs_time_stops_at_its_supervisors_last_word() -> None:
+    from gpualloc.batch.record import JobRecord, make_job_directory, write_record
+
+    started = datetime.now(timezone.utc) - timedelta(hours=1)
+    record = JobRecord(id="a1" * 6, name="gone", user="u", uid=os.geteuid(), command=("true",),
+                       cwd="/", output="/dev/null", submitted=started, started=started,
+                       state="running", supervisor_pid=2**22 - 1)  # fmt: skip
+    write_record(record, make_job_directory(record.id))
+    last = started.timestamp() + 300  # it last wrote its record five minutes in
+    os.utime(record.directory / "job.json", (last, last))
+    (row,) = [line.split() for line in gpualloc("jobs").stdout.splitlines() if record.id in line]
+    assert row[1:4] == ["gone", "lost", "5:00"]  # not an hour and counting
+
+
 def test_a_prefix_names_a_whole_array_only_where_it_names_nothing_else() -> None:
     from gpualloc.batch.record import JobRecord, find_records, make_job_directory, write_record
     from gpualloc.errors import NoSuchJob

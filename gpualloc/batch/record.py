@@ -266,7 +266,7 @@ def remove_old_jobs(now: datetime | None = None) -> list[str]:
             if record.array_id is not None:
                 open_arrays.add(record.array_id)
             continue
-        last = record.ended or _written(record)
+        last = record.ended or last_written(record)
         if last < cutoff and not (state == "lost" and job_processes(record)):
             shutil.rmtree(record.directory, ignore_errors=True)
             removed.append(record.id)
@@ -277,7 +277,7 @@ def remove_old_jobs(now: datetime | None = None) -> list[str]:
     return removed
 
 
-def _written(record: JobRecord) -> datetime:
+def last_written(record: JobRecord) -> datetime:
     """When the record was last written (a lost job's last word), else its submission."""
     try:
         return datetime.fromtimestamp(

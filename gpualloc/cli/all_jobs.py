@@ -124,7 +124,8 @@ def row_of(view: dict[str, Any], now: datetime) -> list[str]:
     as :func:`host_jobs` or the caller's own records give it."""
     from gpualloc.time_limits import format_time_limit
 
-    started, ended = _moment(view.get("started")), _moment(view.get("ended"))
+    started = _moment(view.get("started"))
+    ended = _moment(view.get("ended")) or _moment(view.get("last_seen"))  # a lost job's
     elapsed = "0:00"
     if started is not None:
         seconds = max(0.0, ((ended or now) - started).total_seconds())

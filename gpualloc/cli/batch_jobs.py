@@ -49,6 +49,10 @@ def _view(record: JobRecord) -> dict[str, Any]:
     view = {k: v for k, v in to_builtins(record).items() if k not in HIDDEN}
     view["state"] = seen_state(record)
     view["shown_id"] = shown_id(record)
+    if view["state"] == "lost" and record.ended is None:
+        from gpualloc.batch.record import last_written
+
+        view["last_seen"] = last_written(record).isoformat()  # its supervisor's last word
     return view
 
 
