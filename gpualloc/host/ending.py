@@ -39,13 +39,9 @@ def release_leases(
             else:
                 targets.append(lease)
         for lease in targets:
-            if lease.uid != uid and uid != 0:
-                result.problems.append(
-                    NotPermitted(
-                        f"lease {lease.id} belongs to {lease.user} (uid {lease.uid})",
-                        hint="only its owner or root may release it",
-                    )
-                )
+            refusal = not_yours(lease, uid, "may release it")
+            if refusal is not None:
+                result.problems.append(refusal)
                 continue
             txn.remove(lease.id)
             result.released.append(lease)
@@ -78,11 +74,7 @@ def end_exited(
         lease = txn.ledger.find(lease_id)
         if lease is None:
             return False
-        if lease.uid != uid and uid != 0:
-            raise NotPermitted(
-                f"lease {lease.id} belongs to {lease.user} (uid {lease.uid})",
-                hint="only its owner or root says how its job ended",
-            )
+        refuse_others(lease, uid, "says how its job ended")
         store.exit_statuses[lease_id] = (status, cancelled)
         if running is None:
             running = lease.lock and lock_held(store.directory.lease_lock(lease_id))
@@ -104,11 +96,7 @@ def adopted(lease: Lease | None, lease_id: str, pid: int, *, uid: int | None) ->
     uid = os.geteuid() if uid is None else uid
     if lease is None:
         return None
-    if lease.uid != uid and uid != 0:
-        raise NotPermitted(
-            f"lease {lease_id} belongs to {lease.user} (uid {lease.uid})",
-            hint="only its owner or root binds it to a process",
-        )
+    refuse_others(lease, uid, "binds it to a process")
     try:
         fields = stat_fields(pid)
         owner = Path(f"/proc/{pid}").stat().st_uid
@@ -128,6 +116,24 @@ def adopted(lease: Lease | None, lease_id: str, pid: int, *, uid: int | None) ->
             hint="a lease is bound once, to the job its holder started",
         )
     return replace(lease, process_group=pid, process_group_start=started)
+
+
+def not_yours(lease: Lease, uid: int, may: str) -> NotPermitted | None:
+    """The refusal (exit 12) of ``uid``'s word on ``lease`` where it is neither the lease's
+    owner nor root: only they ``may`` (``"may release it"``)."""
+    if lease.uid == uid or uid == 0:
+        return None
+    return NotPermitted(
+        f"lease {lease.id} belongs to {lease.user} (uid {lease.uid})",
+        hint=f"only its owner or root {may}",
+    )
+
+
+def refuse_others(lease: Lease, uid: int, may: str) -> None:
+    """Raise :func:`not_yours`'s refusal, if any."""
+    refusal = not_yours(lease, uid, may)
+    if refusal is not None:
+        raise refusal
 
 
 def keeps_its_job(lease: Lease) -> bool:
